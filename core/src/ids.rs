@@ -1,0 +1,85 @@
+//! Typed identifiers.
+
+use alloc::string::String;
+use core::fmt;
+
+/// A unit's id, assigned by the store and unique across actors.
+///
+/// It is the idempotency key sent with every attempt (`Idempotency-Key`, `webhook-id`).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct UnitId(pub u64);
+
+/// A row's enqueue sequence number within its actor's outbox. Immutable once assigned:
+/// handing a unit back never changes it (OL-10).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct Seq(pub u64);
+
+/// A lane interned by one scheduler: a dense integer, valid only for the scheduler that
+/// issued it.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LaneId(pub(crate) u32);
+
+impl LaneId {
+    /// The dense index of this lane.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// A canonical actor id: the name of one outbox.
+///
+/// Aliases (a short id, a full URI) are mapped to one `ActorId` by the runtime's resolver
+/// hook before they reach the core.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct ActorId(String);
+
+impl ActorId {
+    /// Wraps an already canonical actor id.
+    pub fn new(id: impl Into<String>) -> Self {
+        ActorId(id.into())
+    }
+
+    /// The id as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for UnitId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "u{}", self.0)
+    }
+}
+
+impl fmt::Display for UnitId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl fmt::Debug for Seq {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
+
+impl fmt::Debug for LaneId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "L{}", self.0)
+    }
+}
+
+impl fmt::Debug for ActorId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
+impl fmt::Display for ActorId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}

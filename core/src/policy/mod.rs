@@ -1,0 +1,12 @@
+//! Pure delivery policy shared by every runtime: status classification, Retry-After,
+//! recipient URL canonicalisation and the SSRF guard's address policy.
+
+pub mod addr;
+pub mod classify;
+pub mod retry_after;
+pub mod url;
+
+pub use addr::{AddrClass, AddressPolicy, DestinationRefused};
+pub use classify::{Classifier, TransportError, classify};
+pub use retry_after::parse_retry_after;
+pub use url::{Host, Recipient, Scheme, UrlError};
