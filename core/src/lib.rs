@@ -19,5 +19,5 @@ pub mod time;
 
 pub use ids::{ActorId, LaneId, Seq, UnitId};
 pub use lane::{LaneKey, LaneTable};
-pub use outcome::Outcome;
+pub use outcome::{DeadReason, Outcome};
 pub use time::Timestamp;

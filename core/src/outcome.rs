@@ -47,3 +47,55 @@ impl Outcome {
         }
     }
 }
+
+/// Why a unit (for one recipient) became a dead letter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
+pub enum DeadReason {
+    /// Its persisted attempt count reached the maximum (OL-8).
+    Exhausted,
+    /// The recipient refused it permanently: a 4xx other than 408/425/429, or a 3xx (OL-9).
+    Permanent,
+    /// The recipient answered 410 Gone (OL-9).
+    Gone,
+    /// Its lane was retired by a 410 Gone to an earlier unit of the lane (OL-9).
+    LaneRetired,
+    /// It was older than the configured maximum age when it was due (OL-8).
+    Expired,
+    /// The SSRF guard refused its destination address (OL-4).
+    DestinationRefused,
+}
+
+impl DeadReason {
+    /// The stable snake_case code stored with the dead letter and shown by the CLI.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadReason::Exhausted => "exhausted",
+            DeadReason::Permanent => "permanent",
+            DeadReason::Gone => "gone",
+            DeadReason::LaneRetired => "lane_retired",
+            DeadReason::Expired => "expired",
+            DeadReason::DestinationRefused => "destination_refused",
+        }
+    }
+
+    /// Parses a code produced by [`DeadReason::as_str`].
+    pub fn from_code(code: &str) -> Option<Self> {
+        Some(match code {
+            "exhausted" => DeadReason::Exhausted,
+            "permanent" => DeadReason::Permanent,
+            "gone" => DeadReason::Gone,
+            "lane_retired" => DeadReason::LaneRetired,
+            "expired" => DeadReason::Expired,
+            "destination_refused" => DeadReason::DestinationRefused,
+            _ => return None,
+        })
+    }
+}
+
+impl core::fmt::Display for DeadReason {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
