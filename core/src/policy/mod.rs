@@ -7,6 +7,8 @@ pub mod retry_after;
 pub mod url;
 
 pub use addr::{AddrClass, AddressPolicy, DestinationRefused};
-pub use classify::{Classifier, TransportError, classify};
+pub use classify::{
+    Classifier, StatusClass, StatusOverride, TransportError, classify, default_class,
+};
 pub use retry_after::parse_retry_after;
 pub use url::{Host, Recipient, Scheme, UrlError};
