@@ -10,5 +10,5 @@ pub use addr::{AddrClass, AddressPolicy, DestinationRefused};
 pub use classify::{
     Classifier, StatusClass, StatusOverride, TransportError, classify, default_class,
 };
-pub use retry_after::parse_retry_after;
+pub use retry_after::{DEFAULT_RETRY_AFTER_CAP, parse_retry_after};
 pub use url::{Host, Recipient, Scheme, UrlError};
