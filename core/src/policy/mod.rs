@@ -6,7 +6,7 @@ pub mod classify;
 pub mod retry_after;
 pub mod url;
 
-pub use addr::{AddrClass, AddressPolicy, DestinationRefused};
+pub use addr::{AddrClass, AddressPolicy, DestinationRefused, classify_addr};
 pub use classify::{
     Classifier, StatusClass, StatusOverride, TransportError, classify, default_class,
 };
