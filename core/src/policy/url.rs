@@ -20,7 +20,7 @@
 
 use alloc::string::String;
 use core::fmt;
-use core::net::{Ipv4Addr, Ipv6Addr};
+use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use core::str::FromStr;
 
 /// URL scheme of a recipient.
@@ -65,6 +65,18 @@ pub enum Host {
     Ipv4(Ipv4Addr),
     /// An IPv6 literal (written in brackets in the URL).
     Ipv6(Ipv6Addr),
+}
+
+impl Host {
+    /// The address of an IP-literal host (which the SSRF guard checks before any request,
+    /// since no resolver sees it), or `None` for a domain.
+    pub fn ip_addr(&self) -> Option<IpAddr> {
+        match self {
+            Host::Domain(_) => None,
+            Host::Ipv4(a) => Some(IpAddr::V4(*a)),
+            Host::Ipv6(a) => Some(IpAddr::V6(*a)),
+        }
+    }
 }
 
 impl fmt::Display for Host {
@@ -750,6 +762,16 @@ mod tests {
         assert_eq!(format!("{r}"), "https://[::1]:8443/a?b");
         assert_eq!(Recipient::parse(r.as_str()).unwrap(), r);
         assert_eq!(format!("{}", r.host()), "[::1]");
+        assert_eq!(r.host().ip_addr(), Some(IpAddr::V6(Ipv6Addr::LOCALHOST)));
+        let v4 = Recipient::parse("http://10.0.0.1/").unwrap();
+        assert_eq!(
+            v4.host().ip_addr(),
+            Some(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)))
+        );
+        assert_eq!(
+            Recipient::parse("http://a.test/").unwrap().host().ip_addr(),
+            None
+        );
         assert!(!format!("{}", UrlError::NonAsciiHost).is_empty());
     }
 
