@@ -8,6 +8,7 @@ use core::time::Duration;
 /// recorded, so a fault never loses the record of what arrived. See the crate documentation
 /// for the exact socket-level behaviour of each variant.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Reply {
     /// Answer with this status, no extra headers and an empty body (`Content-Length: 0`).
     Status(u16),

@@ -529,7 +529,8 @@ impl Conn {
     fn refuse_unrecorded(&mut self, error: ReadError) -> Flow {
         let status = match error {
             ReadError::Closed { mid_request } => {
-                if mid_request {
+                // A request cut short by the recipient's own shutdown is not the client's fault.
+                if mid_request && !self.shared.stop.is_set() {
                     self.note("connection ended in the middle of a request");
                 }
                 return Flow::Close;
