@@ -182,6 +182,48 @@ impl ModelStore {
     }
 }
 
+impl ModelStore {
+    /// Like [`ModelStore::apply`], except that `RetireLane` dead-letters only the recipients
+    /// of the lane that are still pending (a joined unit already served on the lane keeps
+    /// that recipient delivered).
+    pub fn apply_exact(&mut self, cmd: &Command) {
+        match *cmd {
+            Command::RetireLane { lane } => {
+                for id in self.unresolved_in(lane) {
+                    self.dead.push((id, lane, DeadReason::LaneRetired));
+                    self.resolve(id, lane);
+                }
+            }
+            _ => self.apply(cmd),
+        }
+    }
+
+    /// The units still pending for `lane`'s recipient, in `seq` order.
+    pub fn unresolved_in(&self, lane: LaneId) -> Vec<UnitId> {
+        self.pending_in(lane)
+            .into_iter()
+            .filter(|u| {
+                u.admit
+                    .slots
+                    .iter()
+                    .zip(&u.resolved)
+                    .any(|(s, r)| s.lane == lane && !*r)
+            })
+            .map(|u| u.admit.id)
+            .collect()
+    }
+
+    /// The persisted attempt count of `unit` for `lane`, if it is still stored.
+    pub fn attempts(&self, unit: UnitId, lane: LaneId) -> Option<u32> {
+        let u = self.units.get(&unit)?;
+        u.admit
+            .slots
+            .iter()
+            .find(|s| s.lane == lane)
+            .map(|s| s.attempts)
+    }
+}
+
 /// The scheduler, the model store, a virtual clock and the transcript of commands.
 pub struct World {
     pub s: Scheduler,
