@@ -316,18 +316,27 @@ struct Lane {
     stalled: bool,
     blocked: bool,
     in_claim_queue: bool,
-    /// A claim for this lane is outstanding, for this many units.
+    /// A claim for this lane is outstanding, for this many units…
     planned: Option<u32>,
-    /// Lanes whose next unit is a joined unit that also waits in this lane.
-    parked: Vec<LaneId>,
-    /// During `handle_claimed`: the index of this lane's chunk.
-    chunk: Option<u32>,
+    /// …from this sequence number on.
+    planned_from: Seq,
+    /// The read reached this joined unit, which is not admitted yet: read nothing further.
+    waiting_on: Option<UnitId>,
+    /// Its next unit did not fit the window: read nothing until a unit leaves it.
+    room_wait: bool,
 }
 
 impl Lane {
     fn open(&self, now: Timestamp) -> bool {
         self.not_before.is_none_or(|t| t <= now)
     }
+}
+
+/// A joined unit that some of its lanes' reads have reached.
+#[derive(Clone, Debug)]
+struct Reached {
+    admit: Admit,
+    lanes: SmallVec<[LaneId; 4]>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -426,11 +435,12 @@ pub struct Scheduler {
     units: Vec<Unit>,
     free: Vec<u32>,
     index: HashMap<UnitId, u32, BuildHasherDefault<IdHasher>>,
+    joined: HashMap<UnitId, Reached, BuildHasherDefault<IdHasher>>,
     commands: VecDeque<Command>,
     ready: VecDeque<(u32, UnitId)>,
     capacity_wait: VecDeque<(u32, UnitId)>,
     claim_queue: VecDeque<LaneId>,
-    bytes_waiters: Vec<LaneId>,
+    room_waiters: Vec<LaneId>,
     timers: BinaryHeap<Reverse<(Timestamp, Timer)>>,
     admitted: usize,
     admitted_bytes: u64,
@@ -453,11 +463,12 @@ impl Scheduler {
             units: Vec::new(),
             free: Vec::new(),
             index: HashMap::default(),
+            joined: HashMap::default(),
             commands: VecDeque::new(),
             ready: VecDeque::new(),
             capacity_wait: VecDeque::new(),
             claim_queue: VecDeque::new(),
-            bytes_waiters: Vec::new(),
+            room_waiters: Vec::new(),
             timers: BinaryHeap::new(),
             admitted: 0,
             admitted_bytes: 0,
@@ -554,6 +565,7 @@ impl Scheduler {
             };
             let limit = limit.min(u32::try_from(room).unwrap_or(u32::MAX));
             l.planned = Some(limit);
+            l.planned_from = l.next_from;
             room -= limit as usize;
             self.reserved += limit as usize;
             out.push(LaneClaim {
@@ -567,13 +579,23 @@ impl Scheduler {
 
     /// How many units `l` may be asked for now, or `None` if it must not be claimed.
     fn claimable(l: &Lane, now: Timestamp, max_per_lane: u32) -> Option<u32> {
-        if !l.more || l.stalled || l.planned.is_some() || !l.open(now) {
+        if !l.more
+            || l.stalled
+            || l.room_wait
+            || l.planned.is_some()
+            || l.waiting_on.is_some()
+            || !l.open(now)
+        {
             return None;
         }
         let queued = u32::try_from(l.queue.len()).unwrap_or(u32::MAX);
         // A lane in probe mode (backoff level above zero) gets its head only: a dead
         // recipient costs one probe per interval, not one per unit (OL-11).
         let cap = if l.level > 0 { 1 } else { max_per_lane.max(1) };
+        // Refill a lane once it is down to half, not one unit at a time: fewer, larger reads.
+        if queued > 0 && queued * 2 > cap {
+            return None;
+        }
         let room = cap.saturating_sub(queued);
         (room > 0).then_some(room)
     }
@@ -593,138 +615,147 @@ impl Scheduler {
     /// The store's answer to the last [`Scheduler::poll_claim`]: for each lane, its next
     /// pending units in `seq` order.
     ///
-    /// A unit is admitted only once it heads the rest of every chunk of its lanes: a joined
-    /// unit whose other lane was not read (or not far enough) is left, with everything behind
-    /// it in the chunk, for a later claim (OL-3). Units it refuses are listed in the report;
-    /// the others are admitted regardless.
+    /// A joined unit is admitted only once the reads of all its lanes have reached it, so it
+    /// always sits behind the earlier units of every lane (OL-3); a lane whose read reached
+    /// one waits there, reading nothing further, until it is admitted. Units it refuses are
+    /// listed in the report, and the rest of their chunk is left; the other chunks are
+    /// admitted regardless.
     pub fn handle_claimed(&mut self, chunks: Vec<LaneChunk>, now: Timestamp) -> ClaimReport {
         self.advance(now);
         let mut report = ClaimReport::default();
-        let mut heads: Vec<usize> = alloc::vec![0; chunks.len()];
-        let mut voted: Vec<bool> = alloc::vec![false; chunks.len()];
-        let mut stopped: Vec<bool> = alloc::vec![false; chunks.len()];
-        let mut refused_chunk: Vec<bool> = alloc::vec![false; chunks.len()];
-        let mut votes: HashMap<UnitId, usize, BuildHasherDefault<IdHasher>> = HashMap::default();
-
-        for (ci, chunk) in chunks.iter().enumerate() {
-            match self.lanes.get_mut(chunk.lane.index()) {
-                Some(l) if l.planned.is_some() && l.chunk.is_none() => {
-                    let limit = l.planned.take().unwrap_or(0);
-                    self.reserved -= limit as usize;
-                    l.chunk = Some(ci as u32);
-                }
-                _ => {
-                    report.refused.push(AdmitError::Unclaimed(chunk.lane));
-                    stopped[ci] = true;
-                    refused_chunk[ci] = true;
+        for chunk in chunks {
+            let lane = chunk.lane;
+            match self
+                .lanes
+                .get_mut(lane.index())
+                .and_then(|l| l.planned.take())
+            {
+                Some(limit) => self.reserved -= limit as usize,
+                None => {
+                    report.refused.push(AdmitError::Unclaimed(lane));
+                    continue;
                 }
             }
-        }
-
-        let mut work: Vec<usize> = (0..chunks.len()).rev().collect();
-        while let Some(ci) = work.pop() {
-            while !stopped[ci] {
-                let Some(u) = chunks[ci].units.get(heads[ci]) else {
-                    break;
-                };
-                let lane = chunks[ci].lane;
+            let l = &mut self.lanes[lane.index()];
+            if l.next_from < l.planned_from {
+                // Units of this lane were handed back while the read was outstanding: the
+                // answer starts after them. Read the lane again from its new position.
+                l.more = true;
+                self.consider_claim(lane);
+                continue;
+            }
+            let mut consumed = true;
+            for u in &chunk.units {
                 if let Err(e) = self.validate(u, lane) {
                     report.refused.push(e);
-                    stopped[ci] = true;
-                    refused_chunk[ci] = true;
+                    // Reading it again would only repeat it; the lane waits for the next
+                    // discovery.
+                    self.lanes[lane.index()].more = false;
+                    consumed = false;
                     break;
                 }
                 if u.slots.len() > 1 {
-                    if voted[ci] {
-                        break;
-                    }
-                    voted[ci] = true;
-                    let v = votes.entry(u.id).or_insert(0);
-                    *v += 1;
-                    if *v < u.slots.len() {
-                        break;
-                    }
-                }
-                if !self.bytes_fit(u.bytes) {
-                    for s in &u.slots {
-                        if let Some(c) = self.lanes[s.lane.index()].chunk {
-                            stopped[c as usize] = true;
+                    // The lane waits at the joined unit until all its lanes have reached it.
+                    consumed = false;
+                    match self.reach_joined(u, lane) {
+                        Ok(admitted) => report.admitted += usize::from(admitted),
+                        Err(e) => {
+                            report.refused.push(e);
+                            self.lanes[lane.index()].more = false;
                         }
                     }
+                    break;
+                }
+                if !self.room_for(u.bytes) {
+                    let l = &mut self.lanes[lane.index()];
+                    l.more = true;
+                    if !l.room_wait {
+                        // Read it again only once a unit leaves the window.
+                        l.room_wait = true;
+                        self.room_waiters.push(lane);
+                    }
+                    consumed = false;
                     break;
                 }
                 self.admit(u);
                 report.admitted += 1;
-                for s in &u.slots {
-                    if let Some(c) = self.lanes[s.lane.index()].chunk {
-                        let c = c as usize;
-                        heads[c] += 1;
-                        voted[c] = false;
-                        if c != ci {
-                            work.push(c);
-                        }
-                    }
-                }
             }
-        }
-
-        // Settle every chunk's lane: where its cursor now stands and whether more waits.
-        for (ci, chunk) in chunks.iter().enumerate() {
-            let lane = chunk.lane;
-            if self.lanes[lane.index()].chunk != Some(ci as u32) {
-                continue;
-            }
-            self.lanes[lane.index()].chunk = None;
-            match chunk.units.get(heads[ci]) {
-                None => {
-                    let l = &mut self.lanes[lane.index()];
-                    l.more = !chunk.exhausted;
-                    self.consider_claim(lane);
-                }
-                Some(_) if refused_chunk[ci] => {
-                    // A store answer the scheduler cannot use: reading it again would only
-                    // repeat it. The lane waits for the next discovery.
-                    self.lanes[lane.index()].more = false;
-                }
-                Some(blocker) => {
-                    self.lanes[lane.index()].more = true;
-                    self.park_behind(lane, blocker);
-                }
+            if consumed {
+                self.lanes[lane.index()].more = !chunk.exhausted;
+                self.consider_claim(lane);
             }
         }
         self.pump();
         report
     }
 
-    /// Decides where a lane whose chunk stopped at `blocker` waits.
-    fn park_behind(&mut self, lane: LaneId, blocker: &Admit) {
-        if !self.bytes_fit(blocker.bytes) {
-            if !self.bytes_waiters.contains(&lane) {
-                self.bytes_waiters.push(lane);
-            }
-            return;
+    /// `lane`'s read reached joined unit `u`; admits it if that was its last lane and there
+    /// is room. Returns whether it was admitted.
+    fn reach_joined(&mut self, u: &Admit, lane: LaneId) -> Result<bool, AdmitError> {
+        let entry = self.joined.entry(u.id).or_insert_with(|| Reached {
+            admit: u.clone(),
+            lanes: SmallVec::new(),
+        });
+        if entry.admit.seq != u.seq || entry.lanes.contains(&lane) {
+            return Err(AdmitError::Duplicate(u.id));
         }
-        // A joined unit that some of its lanes did not present: those lanes have work, and
-        // this lane cannot move before them.
-        let mut parked = false;
-        for s in &blocker.slots {
-            if s.lane == lane || s.lane.index() >= self.lanes.len() {
-                continue;
-            }
-            let other = &mut self.lanes[s.lane.index()];
-            other.more = true;
-            let ready = Self::claimable(other, self.now, self.config.max_per_lane).is_some();
-            if !ready && !parked {
-                if !other.parked.contains(&lane) {
-                    other.parked.push(lane);
+        entry.lanes.push(lane);
+        let complete = entry.lanes.len() == entry.admit.slots.len();
+        let l = &mut self.lanes[lane.index()];
+        l.waiting_on = Some(u.id);
+        l.more = true;
+        l.next_from = u.seq;
+        if !complete {
+            // Its other lanes have work: they must read up to it.
+            for s in &u.slots {
+                if s.lane != lane {
+                    self.lanes[s.lane.index()].more = true;
+                    self.consider_claim(s.lane);
                 }
-                parked = true;
             }
-            self.consider_claim(s.lane);
+            return Ok(false);
         }
-        if !parked {
-            self.consider_claim(lane);
+        Ok(self.admit_joined(u.id))
+    }
+
+    /// Admits a joined unit every lane of which has reached it, if there is room.
+    fn admit_joined(&mut self, id: UnitId) -> bool {
+        let Some(r) = self.joined.get(&id) else {
+            return false;
+        };
+        if r.lanes.len() != r.admit.slots.len() || !self.room_for(r.admit.bytes) {
+            return false;
         }
+        let Some(r) = self.joined.remove(&id) else {
+            return false;
+        };
+        for s in &r.admit.slots {
+            self.lanes[s.lane.index()].waiting_on = None;
+        }
+        self.admit(&r.admit);
+        true
+    }
+
+    /// Whether one more unit of `bytes` fits the window.
+    fn room_for(&self, bytes: u32) -> bool {
+        self.admitted < self.config.max_units.max(1) && self.bytes_fit(bytes)
+    }
+
+    /// Whether `seq` may be appended to `lane`'s admitted units.
+    fn in_order(&self, lane: LaneId, seq: Seq) -> bool {
+        let l = &self.lanes[lane.index()];
+        seq >= l.next_from
+            && l.queue
+                .back()
+                .is_none_or(|&back| self.units[back as usize].seq < seq)
+    }
+
+    /// Whether unit `idx` heads every lane it occupies.
+    fn heads_all(&self, idx: u32) -> bool {
+        self.units[idx as usize]
+            .slots
+            .iter()
+            .all(|s| self.lanes[s.lane.index()].queue.front() == Some(&idx))
     }
 
     fn validate(&self, u: &Admit, lane: LaneId) -> Result<(), AdmitError> {
@@ -738,22 +769,12 @@ impl Scheduler {
             return Err(AdmitError::NotInLane(u.id));
         }
         for (i, s) in u.slots.iter().enumerate() {
-            if u.slots[..i].iter().any(|o| o.lane == s.lane) {
+            if s.lane.index() >= self.lanes.len() || u.slots[..i].iter().any(|o| o.lane == s.lane) {
                 return Err(AdmitError::NoLane(u.id));
             }
         }
-        for s in &u.slots {
-            let Some(l) = self.lanes.get(s.lane.index()) else {
-                return Err(AdmitError::NotInLane(u.id));
-            };
-            if u.seq < l.next_from {
-                return Err(AdmitError::OutOfOrder(u.id));
-            }
-            if let Some(&back) = l.queue.back() {
-                if self.units[back as usize].seq >= u.seq {
-                    return Err(AdmitError::OutOfOrder(u.id));
-                }
-            }
+        if !self.in_order(lane, u.seq) {
+            return Err(AdmitError::OutOfOrder(u.id));
         }
         Ok(())
     }
@@ -763,6 +784,14 @@ impl Scheduler {
     }
 
     fn admit(&mut self, u: &Admit) {
+        if u.slots.iter().all(|s| s.served) {
+            // Nothing left to deliver (its last recipients were resolved while it waited to
+            // be admitted): the store finished it with its last recipient.
+            for s in &u.slots {
+                self.consider_claim(s.lane);
+            }
+            return;
+        }
         let unit = Unit {
             id: u.id,
             seq: u.seq,
@@ -794,32 +823,17 @@ impl Scheduler {
         self.index.insert(u.id, idx);
         self.admitted += 1;
         self.admitted_bytes += u64::from(u.bytes);
-        let mut heads_all = true;
         for s in &u.slots {
             let l = &mut self.lanes[s.lane.index()];
             l.queue.push_back(idx);
             l.next_from = Seq(u.seq.0.saturating_add(1)).max(l.next_from);
-            heads_all &= l.queue.len() == 1;
-        }
-        if u.slots.iter().all(|s| s.served) {
-            // Every recipient was served in an earlier pass; only the store's bookkeeping
-            // lagged. Finish it now.
-            for s in &u.slots {
-                self.commands.push_back(Command::Delivered {
-                    unit: u.id,
-                    lane: s.lane,
-                });
+            if u.slots.len() > 1 {
+                // A joined unit's lanes waited at it; they may read on.
+                self.consider_claim(s.lane);
             }
         }
-        if heads_all {
+        if self.heads_all(idx) {
             self.ready.push_back((idx, u.id));
-        }
-        if self.units[idx as usize]
-            .slots
-            .iter()
-            .all(|s| s.phase.resolved())
-        {
-            self.finish(idx);
         }
     }
 
@@ -835,7 +849,9 @@ impl Scheduler {
         outcome: Outcome,
         now: Timestamp,
     ) -> Result<(), EventError> {
-        self.advance(now);
+        // The input applies to the state the runtime saw: timers that fell due meanwhile
+        // fire after it, so a stale answer never lands on a restarted attempt.
+        self.set_now(now);
         let &idx = self.index.get(&unit).ok_or(EventError::UnknownUnit(unit))?;
         let s = self.units[idx as usize]
             .slots
@@ -891,10 +907,7 @@ impl Scheduler {
                 self.finish_if_resolved(idx);
             }
         }
-        while let Some(w) = self.capacity_wait.pop_front() {
-            self.ready.push_back(w);
-        }
-        self.pump();
+        self.fire_timers();
         Ok(())
     }
 
@@ -1048,6 +1061,13 @@ impl Scheduler {
             }
             self.finish_if_resolved(idx);
         }
+        // A joined unit this lane's read reached but that is not admitted yet lost this
+        // recipient too: it must not be posted to it when it is admitted.
+        for r in self.joined.values_mut() {
+            for slot in r.admit.slots.iter_mut().filter(|s| s.lane == lane) {
+                slot.served = true;
+            }
+        }
         self.lanes[lane.index()].more = false;
     }
 
@@ -1108,8 +1128,20 @@ impl Scheduler {
         self.admitted -= 1;
         self.admitted_bytes -= u64::from(u.bytes);
         self.free.push(idx);
-        if !self.bytes_waiters.is_empty() {
-            for lane in core::mem::take(&mut self.bytes_waiters) {
+        if !self.joined.is_empty() {
+            let complete: SmallVec<[UnitId; 4]> = self
+                .joined
+                .iter()
+                .filter(|(_, r)| r.lanes.len() == r.admit.slots.len())
+                .map(|(id, _)| *id)
+                .collect();
+            for id in complete {
+                self.admit_joined(id);
+            }
+        }
+        if !self.room_waiters.is_empty() {
+            for lane in core::mem::take(&mut self.room_waiters) {
+                self.lanes[lane.index()].room_wait = false;
                 self.lanes[lane.index()].more = true;
                 self.consider_claim(lane);
             }
@@ -1146,6 +1178,12 @@ impl Scheduler {
                 }
                 ml.next_from = ml.next_from.min(seq);
                 ml.more = true;
+                if let Some(j) = ml.waiting_on.take() {
+                    // It will read up to that joined unit again, behind the units handed back.
+                    if let Some(r) = self.joined.get_mut(&j) {
+                        r.lanes.retain(|x| *x != m);
+                    }
+                }
                 if !touched.contains(&m) {
                     touched.push(m);
                 }
@@ -1174,11 +1212,6 @@ impl Scheduler {
         if l.more && !l.in_claim_queue && !l.stalled && l.planned.is_none() {
             l.in_claim_queue = true;
             self.claim_queue.push_back(lane);
-            if !l.parked.is_empty() {
-                for p in core::mem::take(&mut l.parked) {
-                    self.consider_claim(p);
-                }
-            }
         }
     }
 
@@ -1192,7 +1225,7 @@ impl Scheduler {
     /// flight finish, nothing new starts or is claimed, and [`Scheduler::is_done`] turns true
     /// once nothing is in flight.
     pub fn handle_stop(&mut self, now: Timestamp) {
-        self.advance(now);
+        self.set_now(now);
         self.stopping = true;
     }
 
@@ -1201,7 +1234,8 @@ impl Scheduler {
     /// OL-14). Completions that arrive later are refused with [`EventError::UnknownUnit`].
     /// The scheduler can then start a new pass.
     pub fn handle_pass_end(&mut self, now: Timestamp) {
-        self.advance(now);
+        // Nothing due fires first: what was waiting goes back, it does not start.
+        self.set_now(now);
         let mut live: Vec<(Seq, UnitId)> = self
             .units
             .iter()
@@ -1215,10 +1249,11 @@ impl Scheduler {
         self.units.clear();
         self.free.clear();
         self.index.clear();
+        self.joined.clear();
         self.ready.clear();
         self.capacity_wait.clear();
         self.claim_queue.clear();
-        self.bytes_waiters.clear();
+        self.room_waiters.clear();
         self.timers.clear();
         for l in &mut self.lanes {
             *l = Lane::default();
@@ -1289,9 +1324,19 @@ impl Scheduler {
 
     /// Moves time forward (never backward) and fires due timers.
     fn advance(&mut self, now: Timestamp) {
+        self.set_now(now);
+        self.fire_timers();
+    }
+
+    /// Moves time forward, never backward (a clock that steps back is clamped).
+    fn set_now(&mut self, now: Timestamp) {
         if now > self.now {
             self.now = now;
         }
+    }
+
+    /// Fires every timer due at `self.now`, then starts what may start.
+    fn fire_timers(&mut self) {
         while let Some(&Reverse((t, timer))) = self.timers.peek() {
             if t > self.now {
                 break;
@@ -1332,22 +1377,25 @@ impl Scheduler {
         self.pump();
     }
 
-    /// Starts every unit that may start.
+    /// Starts every unit that may start, units held up by the in-flight bound first.
     fn pump(&mut self) {
         if self.stopping {
             return;
         }
-        while let Some((idx, id)) = self.ready.pop_front() {
+        while self.in_flight < self.config.max_in_flight || self.in_flight == 0 {
+            let Some((idx, id)) = self
+                .capacity_wait
+                .pop_front()
+                .or_else(|| self.ready.pop_front())
+            else {
+                break;
+            };
             let u = &self.units[idx as usize];
             if !u.live || u.id != id {
                 continue;
             }
             if !self.try_start(idx) {
-                self.capacity_wait.push_back((idx, id));
-                // Nothing else can start either until an attempt finishes.
-                while let Some(w) = self.ready.pop_front() {
-                    self.capacity_wait.push_back(w);
-                }
+                self.capacity_wait.push_front((idx, id));
                 break;
             }
         }
@@ -1357,12 +1405,10 @@ impl Scheduler {
     /// bound only.
     fn try_start(&mut self, idx: u32) -> bool {
         let now = self.now;
-        let u = &self.units[idx as usize];
-        for s in &u.slots {
-            if self.lanes[s.lane.index()].queue.front() != Some(&idx) {
-                return true;
-            }
+        if !self.heads_all(idx) {
+            return true;
         }
+        let u = &self.units[idx as usize];
         let mut startable: SmallVec<[usize; 4]> = SmallVec::new();
         for (i, s) in u.slots.iter().enumerate() {
             let l = &self.lanes[s.lane.index()];

@@ -56,21 +56,21 @@ const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
 /// While it is open, the driver stops asking after one fruitless repeat until the next input
 /// (a runtime's iteration budget) and counts it; set to `false` once the bug is fixed, so
 /// that any such spin fails the simulation.
-const TOLERATE_CLAIM_SPIN: bool = true;
+const TOLERATE_CLAIM_SPIN: bool = false;
 
 /// Known scheduler bug (see `a_joined_unit_is_admitted_with_a_window_of_one` and
 /// `joined_units_whose_lanes_fall_in_different_claim_batches_are_admitted`): a joined unit is
 /// admitted only if one poll claims all of its lanes, which a room narrower than every lane's
 /// claim need not do. While it is open, the window is drawn wide enough to claim every lane
 /// at once; set to `false` once the bug is fixed.
-const AVOID_NARROW_WINDOWS: bool = true;
+const AVOID_NARROW_WINDOWS: bool = false;
 
 /// Known scheduler bug (see
 /// `a_claim_answered_after_a_hand_back_does_not_admit_past_the_handed_back_units`): a claim
 /// answered after a hand-back in one of its lanes admits units past the handed-back ones.
 /// While it is open, the driver fails such a claim (`handle_claim_failed`) instead of
 /// answering it; set to `false` once the bug is fixed.
-const FAIL_CLAIMS_CROSSING_HAND_BACKS: bool = true;
+const FAIL_CLAIMS_CROSSING_HAND_BACKS: bool = false;
 
 /// Known scheduler bug (see `an_interruption_when_a_retry_falls_due_starts_nothing`,
 /// `a_stop_when_a_retry_falls_due_starts_nothing` and
@@ -78,7 +78,7 @@ const FAIL_CLAIMS_CROSSING_HAND_BACKS: bool = true;
 /// and `handle_outcome` start what falls due at their `now` before they apply their input.
 /// While it is open, the driver calls `handle_timeout(now)` (and executes its commands)
 /// before those inputs where it matters; set to `false` once the bug is fixed.
-const FIRE_DUE_TIMERS_FIRST: bool = true;
+const FIRE_DUE_TIMERS_FIRST: bool = false;
 
 macro_rules! ensure {
     ($cond:expr, $($arg:tt)+) => {
@@ -381,7 +381,7 @@ struct Sim {
     /// rows, completions, due deadlines, pass boundaries.
     inputs: u64,
     /// Lanes whose claims admitted nothing since that input.
-    fruitless: (u64, BTreeSet<LaneId>),
+    fruitless: (u64, BTreeSet<(LaneId, Seq)>),
     /// Claims are not asked for again until the next input (a spin was seen).
     spin_at: Option<u64>,
     stopping: bool,
@@ -1020,13 +1020,17 @@ impl Sim {
             .collect();
         let report = self.s.handle_claimed(chunks, self.now);
         self.note(|| format!("claimed {ids:?} -> {report:?}"));
-        // Without an input in between, asking again for lanes whose claim admitted nothing
-        // can only admit nothing again.
+        // Without an input in between, asking again for lanes, from the same positions,
+        // whose claim admitted nothing can only admit nothing again. (A lane read again from
+        // an earlier position, after a hand-back crossed its outstanding read, is progress.)
         if self.fruitless.0 != self.inputs {
             self.fruitless = (self.inputs, BTreeSet::new());
         }
         if report.admitted == 0 {
-            if claims.iter().all(|c| self.fruitless.1.contains(&c.lane)) {
+            if claims
+                .iter()
+                .all(|c| self.fruitless.1.contains(&(c.lane, c.from)))
+            {
                 ensure!(
                     TOLERATE_CLAIM_SPIN,
                     "poll_claim asks again for {claims:?}, which admitted nothing since the \
@@ -1035,7 +1039,9 @@ impl Sim {
                 self.stats.claim_spins += 1;
                 self.spin_at = Some(self.inputs);
             }
-            self.fruitless.1.extend(claims.iter().map(|c| c.lane));
+            self.fruitless
+                .1
+                .extend(claims.iter().map(|c| (c.lane, c.from)));
         } else {
             self.fruitless.1.clear();
         }
@@ -1773,9 +1779,6 @@ fn claim_rounds(w: &mut common::World, rounds: usize) -> usize {
 }
 
 #[test]
-#[ignore = "scheduler bug: a joined unit whose other lane is full makes poll_claim ask for the \
-            same lane until that lane drains (consider_claim wakes parked lanes of a lane that \
-            is queued but not claimable)"]
 fn a_joined_unit_behind_a_full_lane_does_not_make_claims_spin() {
     // Simulation seed 1, reduced. One unit per lane may be admitted; b's head is in flight,
     // so the joined unit j, next in both lanes, cannot be admitted yet.
@@ -1808,9 +1811,6 @@ fn a_joined_unit_behind_a_full_lane_does_not_make_claims_spin() {
 }
 
 #[test]
-#[ignore = "scheduler bug: a joined unit whose other lane is in backoff makes poll_claim ask \
-            for the same lane forever (consider_claim wakes parked lanes of a lane that is \
-            queued but not open)"]
 fn a_joined_head_waiting_for_a_lane_in_backoff_does_not_make_claims_spin() {
     // Simulation seed 0. Lane b is in backoff (a Retry-After from an earlier pass); the
     // joined unit j heads both lanes.
@@ -1851,9 +1851,6 @@ fn a_joined_head_waiting_for_a_lane_in_backoff_does_not_make_claims_spin() {
 }
 
 #[test]
-#[ignore = "scheduler bug: a joined unit is never admitted when the admission room is smaller \
-            than what its lanes' claims reserve (poll_claim gives the whole room to the first \
-            lane, and votes only count within one handle_claimed)"]
 fn a_joined_unit_is_admitted_with_a_window_of_one() {
     // Simulation seed 2, reduced. The window holds one unit; the joined unit j is one unit.
     let mut w = common::World::new(Config {
@@ -1874,9 +1871,6 @@ fn a_joined_unit_is_admitted_with_a_window_of_one() {
 }
 
 #[test]
-#[ignore = "scheduler bug: joined units whose lanes poll_claim puts in different claim batches \
-            are never admitted (votes only count within one handle_claimed), and the pass \
-            neither starts anything nor ends"]
 fn joined_units_whose_lanes_fall_in_different_claim_batches_are_admitted() {
     // Simulation seed 11, reduced. The window holds two units, one per lane; the room of a
     // poll covers two lanes, and the claim queue rotates a, b | c, d | a, b | …
@@ -1919,9 +1913,6 @@ fn drain_into(w: &mut common::World) {
 }
 
 #[test]
-#[ignore = "scheduler bug: a claim answered after a stall handed back units of its lane \
-            admits units past the handed-back ones (the rewound cursor is not checked against \
-            the outstanding claim), so a later unit starts before earlier pending ones"]
 fn a_claim_answered_after_a_hand_back_does_not_admit_past_the_handed_back_units() {
     // Simulation seed 24, reduced. The store's answer to a claim arrives after a completion
     // (an async runtime reads the store off its event loop).
@@ -1964,7 +1955,6 @@ fn a_claim_answered_after_a_hand_back_does_not_admit_past_the_handed_back_units(
             "backoff a until +30s level 1",
             "hold u2 a Stalled",
             "back u3",
-            "back u4",
         ]
     );
     // The answer arrives: u5 must not be admitted ahead of j and b3, nor start.
@@ -1976,9 +1966,6 @@ fn a_claim_answered_after_a_hand_back_does_not_admit_past_the_handed_back_units(
 }
 
 #[test]
-#[ignore = "scheduler bug: handle_interrupt (and handle_pass_end) first advance time and start \
-            what fell due, so the batch that hands a unit back also tells the runtime to \
-            deliver it"]
 fn an_interruption_when_a_retry_falls_due_starts_nothing() {
     // Simulation seed 1121, reduced.
     let mut w = common::World::new(common::transcript_config());
@@ -1996,8 +1983,6 @@ fn an_interruption_when_a_retry_falls_due_starts_nothing() {
 }
 
 #[test]
-#[ignore = "scheduler bug: handle_stop first advances time and starts what fell due, although \
-            after a stop nothing new starts"]
 fn a_stop_when_a_retry_falls_due_starts_nothing() {
     // Simulation seed 2106, reduced.
     let mut w = common::World::new(common::transcript_config());
@@ -2016,9 +2001,6 @@ fn a_stop_when_a_retry_falls_due_starts_nothing() {
 }
 
 #[test]
-#[ignore = "scheduler bug: handle_outcome first advances time, restarts a retry that fell due, \
-            and then applies a late or duplicate completion to that new attempt instead of \
-            refusing it"]
 fn a_late_completion_when_a_retry_falls_due_is_refused() {
     // Simulation seed 6442, reduced: there the late answer came from an interrupted pass.
     let mut w = common::World::new(common::transcript_config());
@@ -2036,9 +2018,6 @@ fn a_late_completion_when_a_retry_falls_due_is_refused() {
 }
 
 #[test]
-#[ignore = "scheduler bug: a chain of joined units (j2 in c and a waits for j1 in a and b, b in \
-            backoff) makes poll_claim ask for a and c forever (each lane's park re-queues the \
-            other, which is claimable but parked)"]
 fn a_chain_of_joined_units_waiting_for_a_lane_in_backoff_does_not_make_claims_spin() {
     // Simulation seed 1 (with a fix of the simpler spins), reduced.
     let mut w = common::World::new(common::transcript_config());

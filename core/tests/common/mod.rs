@@ -172,8 +172,7 @@ impl ModelStore {
                 self.resolve(unit, lane);
             }
             Command::RetireLane { lane } => {
-                let ids: Vec<UnitId> = self.pending_in(lane).iter().map(|u| u.admit.id).collect();
-                for id in ids {
+                for id in self.unresolved_in(lane) {
                     self.dead.push((id, lane, DeadReason::LaneRetired));
                     self.resolve(id, lane);
                 }
