@@ -1,0 +1,2 @@
+//! Store benchmarks (filled below).
+fn main() {}
