@@ -6,7 +6,9 @@ pub mod classify;
 pub mod retry_after;
 pub mod url;
 
-pub use addr::{AddrClass, AddressPolicy, DestinationRefused};
-pub use classify::{Classifier, TransportError, classify};
-pub use retry_after::parse_retry_after;
+pub use addr::{AddrClass, AddressPolicy, DestinationRefused, classify_addr};
+pub use classify::{
+    Classifier, StatusClass, StatusOverride, TransportError, classify, default_class,
+};
+pub use retry_after::{DEFAULT_RETRY_AFTER_CAP, parse_retry_after};
 pub use url::{Host, Recipient, Scheme, UrlError};
