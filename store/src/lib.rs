@@ -41,6 +41,7 @@ mod prepare;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 mod types;
+mod util;
 
 use core::time::Duration;
 

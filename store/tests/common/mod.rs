@@ -193,7 +193,7 @@ impl H {
             Kind::Pg { url, schema, opts } => {
                 let store = PgStore::connect(url, opts.clone()).expect("connect");
                 let mut client =
-                    postgres::Client::connect(url, postgres::NoTls).expect("caller client");
+                    ::postgres::Client::connect(url, ::postgres::NoTls).expect("caller client");
                 client
                     .batch_execute(&format!("SET search_path TO {schema}"))
                     .expect("search_path");
@@ -237,7 +237,7 @@ impl H {
             Kind::Pg { url, schema, opts } => {
                 let store = PgStore::connect(url, opts.clone()).expect("connect");
                 let mut client =
-                    postgres::Client::connect(url, postgres::NoTls).expect("caller client");
+                    ::postgres::Client::connect(url, ::postgres::NoTls).expect("caller client");
                 client
                     .batch_execute(&format!("SET search_path TO {schema}"))
                     .expect("search_path");
@@ -274,7 +274,7 @@ impl Drop for H {
         if let Kind::Pg { url, schema, .. } = &self.kind {
             // Drop the store first: its connections must not hold locks on the schema.
             self.store = Arc::new(SqliteStore::in_memory().expect("placeholder"));
-            if let Ok(mut c) = postgres::Client::connect(url, postgres::NoTls) {
+            if let Ok(mut c) = ::postgres::Client::connect(url, ::postgres::NoTls) {
                 let _ = c.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
             }
         }
