@@ -517,10 +517,18 @@ impl PgStore {
         self.freed.notify_one();
     }
 
+    /// Drops a lost connection and every idle one: whatever killed one (a server restart, a
+    /// network cut) most likely killed the others, and a retry must not pick up a corpse.
     fn discard(&self, conn: Conn) {
+        let idle = {
+            let mut pool = self.lock_pool();
+            let idle = core::mem::take(&mut pool.idle);
+            pool.open -= 1 + idle.len();
+            idle
+        };
         drop(conn);
-        self.lock_pool().open -= 1;
-        self.freed.notify_one();
+        drop(idle);
+        self.freed.notify_all();
     }
 
     /// Runs `f` in a transaction and commits; retries once on a lost connection when safe
