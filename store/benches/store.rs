@@ -81,7 +81,10 @@ fn outbox(store: &dyn Store, tag: &str) -> Figures {
 /// One pass: claim up to BATCH units at the head of each lane, ack them (one transaction per
 /// claimed lane batch), until nothing is left. Returns the units acked.
 fn drain(store: &dyn Store, a: &ActorId) -> usize {
-    let t = match store.acquire_slot(a, "bench", Duration::from_secs(600)).unwrap() {
+    let t = match store
+        .acquire_slot(a, "bench", Duration::from_secs(600))
+        .unwrap()
+    {
         Acquire::Acquired(t) => t,
         Acquire::Held => panic!("slot held"),
     };
@@ -114,9 +117,20 @@ fn drain(store: &dyn Store, a: &ActorId) -> usize {
 fn report(name: &str, f: &Figures) {
     let bare = f.bare_insert_us + f.bare_delete_us;
     println!("{name}:");
-    println!("  enqueue, 1 row per transaction:    {:>10.0} rows/s", f.enqueue_single);
-    println!("  enqueue, {BATCH} rows per transaction:  {:>10.0} rows/s", f.enqueue_batched);
-    println!("  per unit: enqueue {:.1} us + claim+ack {:.1} us = {:.1} us", f.enqueue_us, f.claim_ack_us, f.enqueue_us + f.claim_ack_us);
+    println!(
+        "  enqueue, 1 row per transaction:    {:>10.0} rows/s",
+        f.enqueue_single
+    );
+    println!(
+        "  enqueue, {BATCH} rows per transaction:  {:>10.0} rows/s",
+        f.enqueue_batched
+    );
+    println!(
+        "  per unit: enqueue {:.1} us + claim+ack {:.1} us = {:.1} us",
+        f.enqueue_us,
+        f.claim_ack_us,
+        f.enqueue_us + f.claim_ack_us
+    );
     println!(
         "  bare INSERT {:.1} us + DELETE {:.1} us = {:.1} us per row ({BATCH} per transaction)",
         f.bare_insert_us, f.bare_delete_us, bare
@@ -144,8 +158,16 @@ fn sqlite(synchronous: Synchronous) {
     let mut f = outbox(&*store, "sqlite");
     // The floor on the same file with the same pragmas: a plain table, same rows, same batches.
     let mut c = outbox_lanes_store::sqlite::rusqlite::Connection::open(&path).unwrap();
-    c.pragma_update(None, "synchronous", if synchronous == Synchronous::Full { "FULL" } else { "NORMAL" })
-        .unwrap();
+    c.pragma_update(
+        None,
+        "synchronous",
+        if synchronous == Synchronous::Full {
+            "FULL"
+        } else {
+            "NORMAL"
+        },
+    )
+    .unwrap();
     c.execute_batch("CREATE TABLE bare (id INTEGER PRIMARY KEY, actor TEXT NOT NULL, row_id TEXT NOT NULL, body BLOB NOT NULL)")
         .unwrap();
     let all = rows("bare", BATCHED, 0);
@@ -153,9 +175,14 @@ fn sqlite(synchronous: Synchronous) {
     for chunk in all.chunks(BATCH) {
         let tx = c.transaction().unwrap();
         {
-            let mut st = tx.prepare_cached("INSERT INTO bare (actor, row_id, body) VALUES (?1, ?2, ?3)").unwrap();
+            let mut st = tx
+                .prepare_cached("INSERT INTO bare (actor, row_id, body) VALUES (?1, ?2, ?3)")
+                .unwrap();
             for r in chunk {
-                st.execute(outbox_lanes_store::sqlite::rusqlite::params!["bench", r.id, r.body]).unwrap();
+                st.execute(outbox_lanes_store::sqlite::rusqlite::params![
+                    "bench", r.id, r.body
+                ])
+                .unwrap();
             }
         }
         tx.commit().unwrap();
@@ -165,8 +192,13 @@ fn sqlite(synchronous: Synchronous) {
     loop {
         let tx = c.transaction().unwrap();
         let ids: Vec<i64> = {
-            let mut st = tx.prepare_cached("SELECT id FROM bare ORDER BY id LIMIT ?1").unwrap();
-            st.query_map([BATCH as i64], |r| r.get(0)).unwrap().map(Result::unwrap).collect()
+            let mut st = tx
+                .prepare_cached("SELECT id FROM bare ORDER BY id LIMIT ?1")
+                .unwrap();
+            st.query_map([BATCH as i64], |r| r.get(0))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect()
         };
         if ids.is_empty() {
             break;
@@ -213,12 +245,19 @@ fn postgres(url: &str) {
         tx.commit().unwrap();
     }
     f.bare_insert_us = us_per(BATCHED, t0.elapsed());
-    let sel = c.prepare("SELECT id FROM bare ORDER BY id LIMIT $1").unwrap();
+    let sel = c
+        .prepare("SELECT id FROM bare ORDER BY id LIMIT $1")
+        .unwrap();
     let del = c.prepare("DELETE FROM bare WHERE id = ANY($1)").unwrap();
     let t0 = Instant::now();
     loop {
         let mut tx = c.transaction().unwrap();
-        let ids: Vec<i64> = tx.query(&sel, &[&(BATCH as i64)]).unwrap().iter().map(|r| r.get(0)).collect();
+        let ids: Vec<i64> = tx
+            .query(&sel, &[&(BATCH as i64)])
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
         if ids.is_empty() {
             break;
         }
@@ -232,7 +271,9 @@ fn postgres(url: &str) {
 }
 
 fn main() {
-    println!("outbox-lanes-store bench: {SINGLE} single-row enqueues, {BATCHED} units ({BATCH} per transaction, {LANES} lanes, {BODY}-byte payloads)");
+    println!(
+        "outbox-lanes-store bench: {SINGLE} single-row enqueues, {BATCHED} units ({BATCH} per transaction, {LANES} lanes, {BODY}-byte payloads)"
+    );
     sqlite(Synchronous::Full);
     sqlite(Synchronous::Normal);
     #[cfg(feature = "postgres")]

@@ -125,7 +125,7 @@ CREATE INDEX ol_lanes_tail ON ol_lanes (actor, tail_seq);
 CREATE TABLE ol_units (
     id        BIGSERIAL PRIMARY KEY,
     actor     TEXT NOT NULL,
-    row_ref   BIGINT NOT NULL REFERENCES ol_rows (id),
+    row_ref   BIGINT NOT NULL,
     seq       BIGINT NOT NULL,
     lanes     BIGINT NOT NULL,
     pending   BIGINT NOT NULL,
@@ -134,8 +134,8 @@ CREATE TABLE ol_units (
 CREATE INDEX ol_units_row ON ol_units (row_ref);
 CREATE INDEX ol_units_acked ON ol_units (acked_at) WHERE acked_at IS NOT NULL;
 CREATE TABLE ol_deliveries (
-    unit_id           BIGINT NOT NULL REFERENCES ol_units (id),
-    lane_id           BIGINT NOT NULL REFERENCES ol_lanes (id),
+    unit_id           BIGINT NOT NULL,
+    lane_id           BIGINT NOT NULL,
     seq               BIGINT NOT NULL,
     state             BIGINT NOT NULL DEFAULT 0,
     attempts          BIGINT NOT NULL DEFAULT 0,
@@ -145,14 +145,14 @@ CREATE TABLE ol_deliveries (
     last_attempt_at   BIGINT,
     PRIMARY KEY (unit_id, lane_id)
 );
-CREATE INDEX ol_deliveries_lane ON ol_deliveries (lane_id, seq);
+CREATE INDEX ol_deliveries_lane ON ol_deliveries (lane_id, seq, unit_id);
 CREATE TABLE ol_dead_letters (
     id                BIGSERIAL PRIMARY KEY,
     unit_id           BIGINT NOT NULL,
-    row_ref           BIGINT NOT NULL REFERENCES ol_rows (id),
+    row_ref           BIGINT NOT NULL,
     row_id            TEXT NOT NULL,
     actor             TEXT NOT NULL,
-    lane_id           BIGINT NOT NULL REFERENCES ol_lanes (id),
+    lane_id           BIGINT NOT NULL,
     recipient         TEXT NOT NULL,
     ordering_key      TEXT NOT NULL,
     reason            TEXT NOT NULL,
@@ -176,7 +176,6 @@ CREATE TABLE ol_slots (
 ";
 
 const STATE_PENDING: i64 = 0;
-const STATE_SERVED: i64 = 1;
 const STATE_DEAD: i64 = 2;
 
 type P<'a> = &'a (dyn ToSql + Sync);
@@ -431,7 +430,14 @@ impl PgStore {
                     }
                 })?;
         }
-        client.batch_execute(&format!("SET search_path TO {}", self.opts.schema))?;
+        // Queue tables churn faster than their statistics follow: a plan made while a table
+        // looked empty would scan it whole once it is deep. Every statement of the store has an
+        // index path, so its own connections never plan a sequential scan of them, and plan
+        // each execution with the actual parameters (claims must cost what they return).
+        client.batch_execute(&format!(
+            "SET search_path TO {}; SET plan_cache_mode = force_custom_plan; SET enable_seqscan = off",
+            self.opts.schema
+        ))?;
         Ok(Conn {
             client,
             cache: HashMap::new(),
@@ -641,15 +647,12 @@ fn fence(t: &mut impl Exec, token: &SlotToken, lock: bool) -> Result<(), StoreEr
 }
 
 fn alloc_seqs(t: &mut impl Exec, actor: &str, n: i64) -> Result<i64, postgres::Error> {
-    t.x(
-        "INSERT INTO ol_actors (actor) VALUES ($1) ON CONFLICT (actor) DO NOTHING",
-        &[&actor],
-    )?;
     // The row lock taken here is held to commit: enqueues of one actor commit in seq order,
     // so a pass never sees seq n+1 before seq n.
     let last: i64 = t
         .one(
-            "UPDATE ol_actors SET last_seq = last_seq + $2 WHERE actor = $1 RETURNING last_seq",
+            "INSERT INTO ol_actors AS a (actor, last_seq) VALUES ($1, $2) \
+             ON CONFLICT (actor) DO UPDATE SET last_seq = a.last_seq + excluded.last_seq RETURNING last_seq",
             &[&actor, &n],
         )?
         .get(0);
@@ -676,7 +679,7 @@ fn enqueue_tx(
     let ids: Vec<&str> = rows.iter().map(|p| p.row.id.as_str()).collect();
     let taken: HashSet<String> = t
         .q(
-            "SELECT row_id FROM ol_rows WHERE actor = $1 AND row_id = ANY($2)",
+            "SELECT r.row_id FROM unnest($2::text[]) AS k(row_id) JOIN ol_rows r ON r.actor = $1 AND r.row_id = k.row_id",
             &[&a, &ids],
         )?
         .iter()
@@ -738,7 +741,7 @@ fn enqueue_tx(
         for r in t.q(
             "SELECT DISTINCT r.dedup_key, l.recipient FROM ol_rows r JOIN ol_units u ON u.row_ref = r.id \
              JOIN ol_deliveries d ON d.unit_id = u.id JOIN ol_lanes l ON l.id = d.lane_id \
-             WHERE r.actor = $1 AND r.dedup_key = ANY($2) AND d.state = 0",
+             WHERE r.actor = $1 AND r.dedup_key IN (SELECT unnest($2::text[])) AND d.state = 0",
             &[&a, &dks],
         )? {
             pending.insert((r.get(0), r.get(1)));
@@ -792,16 +795,15 @@ fn enqueue_tx(
 
     let mut out = Vec::with_capacity(rows.len());
     if nrows > 0 {
-        let row_keys: Vec<i64> = t
-            .q("SELECT nextval(pg_get_serial_sequence('ol_rows', 'id')) FROM generate_series(1::bigint, $1::bigint)", &[&nrows])?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        let unit_keys: Vec<i64> = t
-            .q("SELECT nextval(pg_get_serial_sequence('ol_units', 'id')) FROM generate_series(1::bigint, $1::bigint)", &[&nunits])?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
+        let keys = t.one(
+            "SELECT (SELECT array_agg(nextval(pg_get_serial_sequence('ol_rows', 'id'))) \
+                     FROM generate_series(1::bigint, $1::bigint)), \
+                    (SELECT array_agg(nextval(pg_get_serial_sequence('ol_units', 'id'))) \
+                     FROM generate_series(1::bigint, $2::bigint))",
+            &[&nrows, &nunits],
+        )?;
+        let row_keys: Vec<i64> = keys.get(0);
+        let unit_keys: Vec<i64> = keys.get(1);
         let (mut r_id, mut r_row, mut r_seq, mut r_ct, mut r_body, mut r_len, mut r_dk, mut r_ok) = (
             vec![],
             vec![],
@@ -852,35 +854,36 @@ fn enqueue_tx(
                 skipped: plan.skipped,
             });
         }
+        // One statement, one round trip: the tables have no foreign keys, so the order of
+        // the inserts within it does not matter. The NOTIFY is delivered on commit only.
         t.x(
-            "INSERT INTO ol_rows (id, actor, row_id, seq, content_type, body, body_len, dedup_key, ordering_key, enqueued_at) \
-             SELECT id, $1, row_id, seq, ct, body, len, dk, ok, $2 FROM unnest($3::bigint[], $4::text[], $5::bigint[], \
-             $6::text[], $7::bytea[], $8::bigint[], $9::text[], $10::text[]) AS t(id, row_id, seq, ct, body, len, dk, ok)",
-            &[&a, &now, &r_id, &r_row, &r_seq, &r_ct, &r_body, &r_len, &r_dk, &r_ok],
+            "WITH r AS (INSERT INTO ol_rows (id, actor, row_id, seq, content_type, body, body_len, dedup_key, \
+                 ordering_key, enqueued_at) \
+               SELECT id, $1, row_id, seq, ct, body, len, dk, ok, $2 FROM unnest($3::bigint[], $4::text[], \
+                 $5::bigint[], $6::text[], $7::bytea[], $8::bigint[], $9::text[], $10::text[]) \
+                 AS t(id, row_id, seq, ct, body, len, dk, ok)), \
+             u AS (INSERT INTO ol_units (id, actor, row_ref, seq, lanes, pending) SELECT id, $1, rr, seq, n, n \
+               FROM unnest($11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[]) AS t(id, rr, seq, n)), \
+             d AS (INSERT INTO ol_deliveries (unit_id, lane_id, seq) \
+               SELECT * FROM unnest($15::bigint[], $16::bigint[], $17::bigint[])), \
+             l AS (UPDATE ol_lanes l SET tail_seq = GREATEST(l.tail_seq, v.seq) FROM (SELECT lane, max(seq) AS seq \
+               FROM unnest($16::bigint[], $17::bigint[]) AS t(lane, seq) GROUP BY lane) v WHERE l.id = v.lane) \
+             SELECT pg_notify($18, $1)",
+            &[
+                &a, &now, &r_id, &r_row, &r_seq, &r_ct, &r_body, &r_len, &r_dk, &r_ok, &u_id, &u_row, &u_seq,
+                &u_n, &d_unit, &d_lane, &d_seq, &channel,
+            ],
         )?;
-        t.x(
-            "INSERT INTO ol_units (id, actor, row_ref, seq, lanes, pending) SELECT id, $1, rr, seq, n, n \
-             FROM unnest($2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[]) AS t(id, rr, seq, n)",
-            &[&a, &u_id, &u_row, &u_seq, &u_n],
-        )?;
-        t.x(
-            "INSERT INTO ol_deliveries (unit_id, lane_id, seq) SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[])",
-            &[&d_unit, &d_lane, &d_seq],
-        )?;
-        t.x(
-            "UPDATE ol_lanes l SET tail_seq = GREATEST(l.tail_seq, v.seq) FROM (SELECT lane, max(seq) AS seq \
-             FROM unnest($1::bigint[], $2::bigint[]) AS t(lane, seq) GROUP BY lane) v WHERE l.id = v.lane",
-            &[&d_lane, &d_seq],
-        )?;
-    } else {
-        for (p, plan) in rows.iter().zip(plans) {
-            out.push(Enqueued {
-                row_id: p.row.id.clone(),
-                seq: Seq(u(plan.seq)),
-                units: Vec::new(),
-                skipped: plan.skipped,
-            });
-        }
+        return Ok(out);
+    }
+    // Every recipient was skipped by dedup: nothing to write but the answer.
+    for (p, plan) in rows.iter().zip(plans) {
+        out.push(Enqueued {
+            row_id: p.row.id.clone(),
+            seq: Seq(u(plan.seq)),
+            units: Vec::new(),
+            skipped: plan.skipped,
+        });
     }
     // Delivered to listeners when (and only if) the transaction commits.
     t.x("SELECT pg_notify($1, $2)", &[&channel, &a])?;
@@ -1190,8 +1193,10 @@ impl Store for PgStore {
                 let key = key_of(lane.get(0), lane.get(1));
                 let heads = t.q(
                     "SELECT d.unit_id, d.seq, d.attempts, d.state, r.row_id, r.body_len, r.enqueued_at, u.lanes \
-                     FROM ol_deliveries d JOIN ol_units u ON u.id = d.unit_id JOIN ol_rows r ON r.id = u.row_ref \
-                     WHERE d.lane_id = $1 AND d.seq >= $2 ORDER BY d.seq, d.unit_id LIMIT $3",
+                     FROM (SELECT unit_id, seq, attempts, state FROM ol_deliveries \
+                           WHERE lane_id = $1 AND seq >= $2 ORDER BY lane_id, seq, unit_id LIMIT $3) d \
+                     JOIN ol_units u ON u.id = d.unit_id JOIN ol_rows r ON r.id = u.row_ref \
+                     ORDER BY d.seq, d.unit_id",
                     &[&req.lane.0, &i(req.from.0), &i64::from(req.limit)],
                 )?;
                 let exhausted = heads.len() < req.limit as usize;
@@ -1253,18 +1258,56 @@ impl Store for PgStore {
         token: &SlotToken,
         delivered: &[(UnitId, StoreLaneId)],
     ) -> Result<(), StoreError> {
+        if delivered.is_empty() {
+            return Ok(());
+        }
         let retention = self.opts.common.ack_retention.is_some();
+        let units: Vec<i64> = delivered.iter().map(|(u, _)| i(u.0)).collect();
+        let lanes: Vec<i64> = delivered.iter().map(|(_, l)| l.0).collect();
+        // Set-based: a fixed number of round trips per batch, whatever its size.
         self.fenced(token, true, |t| {
-            let actor = token.actor().as_str();
-            for (unit, lane) in delivered {
-                let n = t.x(
-                    "UPDATE ol_deliveries SET state = $3 WHERE unit_id = $1 AND lane_id = $2 AND state = 0 \
-                     AND EXISTS (SELECT 1 FROM ol_units WHERE id = $1 AND actor = $4)",
-                    &[&i(unit.0), &lane.0, &STATE_SERVED, &actor],
+            let done: Vec<(i64, i64)> = t
+                .q(
+                    "WITH acked AS ( \
+                       UPDATE ol_deliveries d SET state = 1 \
+                       FROM unnest($1::bigint[], $2::bigint[]) AS a(unit_id, lane_id) \
+                       WHERE d.unit_id = a.unit_id AND d.lane_id = a.lane_id AND d.state = 0 \
+                       AND EXISTS (SELECT 1 FROM ol_units x WHERE x.id = d.unit_id AND x.actor = $3) \
+                       RETURNING d.unit_id), \
+                     dec AS ( \
+                       UPDATE ol_units u SET pending = u.pending - c.n \
+                       FROM (SELECT unit_id, count(*) AS n FROM acked GROUP BY unit_id) c \
+                       WHERE u.id = c.unit_id RETURNING u.id, u.pending, u.row_ref) \
+                     SELECT id, row_ref FROM dec WHERE pending = 0",
+                    &[&units, &lanes, &token.actor().as_str()],
+                )?
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect();
+            if done.is_empty() {
+                return Ok(());
+            }
+            let ids: Vec<i64> = done.iter().map(|d| d.0).collect();
+            if retention {
+                t.x(
+                    &format!(
+                        "WITH d AS (DELETE FROM ol_deliveries USING unnest($1::bigint[]) AS k(id) WHERE unit_id = k.id) \
+                         UPDATE ol_units u SET acked_at = {NOW} FROM unnest($1::bigint[]) AS k(id) WHERE u.id = k.id"
+                    ),
+                    &[&ids],
                 )?;
-                if n == 1 {
-                    settle(t, i(unit.0), retention)?;
-                }
+            } else {
+                let rows: Vec<i64> = done.iter().map(|d| d.1).collect();
+                // One round trip: the row delete runs on the statement's snapshot, which still
+                // shows the finished units, so it skips them by id.
+                t.x(
+                    "WITH d AS (DELETE FROM ol_deliveries USING unnest($1::bigint[]) AS k(id) WHERE unit_id = k.id), \
+                          u AS (DELETE FROM ol_units u USING unnest($1::bigint[]) AS k(id) WHERE u.id = k.id) \
+                     DELETE FROM ol_rows r USING (SELECT DISTINCT unnest($2::bigint[]) AS id) k WHERE r.id = k.id \
+                     AND NOT EXISTS (SELECT 1 FROM ol_units x WHERE x.row_ref = r.id AND NOT (x.id = ANY($1))) \
+                     AND NOT EXISTS (SELECT 1 FROM ol_dead_letters x WHERE x.row_ref = r.id)",
+                    &[&ids, &rows],
+                )?;
             }
             Ok(())
         })

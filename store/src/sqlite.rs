@@ -173,8 +173,8 @@ CREATE TABLE ol_deliveries (
     first_attempt_at  INTEGER,
     last_attempt_at   INTEGER,
     PRIMARY KEY (unit_id, lane_id)
-);
-CREATE INDEX ol_deliveries_lane ON ol_deliveries (lane_id, seq);
+) WITHOUT ROWID;
+CREATE INDEX ol_deliveries_lane ON ol_deliveries (lane_id, seq, unit_id);
 CREATE TABLE ol_dead_letters (
     id                INTEGER PRIMARY KEY AUTOINCREMENT,
     unit_id           INTEGER NOT NULL,
@@ -529,11 +529,10 @@ fn lane_id(c: &Connection, actor: &str, key: &LaneKey) -> Result<i64, rusqlite::
 }
 
 fn alloc_seqs(c: &Connection, actor: &str, n: i64) -> Result<i64, rusqlite::Error> {
-    c.prepare_cached("INSERT INTO ol_actors (actor) VALUES (?1) ON CONFLICT (actor) DO NOTHING")?
-        .execute([actor])?;
     let last: i64 = c
         .prepare_cached(
-            "UPDATE ol_actors SET last_seq = last_seq + ?2 WHERE actor = ?1 RETURNING last_seq",
+            "INSERT INTO ol_actors AS a (actor, last_seq) VALUES (?1, ?2) \
+             ON CONFLICT (actor) DO UPDATE SET last_seq = a.last_seq + excluded.last_seq RETURNING last_seq",
         )?
         .query_row(params![actor, n], |r| r.get(0))?;
     Ok(last - n + 1)
@@ -549,20 +548,11 @@ fn enqueue_tx(
     let n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
     let first = alloc_seqs(c, a, n)?;
     let mut lanes: HashMap<&LaneKey, i64> = HashMap::new();
+    let mut tails: HashMap<i64, i64> = HashMap::new();
     let mut out = Vec::with_capacity(rows.len());
     for (k, p) in rows.iter().enumerate() {
         let seq = first + i64::try_from(k).unwrap_or(i64::MAX);
         let row = p.row;
-        let taken: bool = c
-            .prepare_cached(
-                "SELECT EXISTS (SELECT 1 FROM ol_rows WHERE actor = ?1 AND row_id = ?2)",
-            )?
-            .query_row(params![a, row.id], |r| r.get(0))?;
-        if taken {
-            return Err(EnqueueError::DuplicateRowId {
-                row: row.id.clone(),
-            });
-        }
         let row_ref: i64 = c
             .prepare_cached(
                 "INSERT INTO ol_rows (actor, row_id, seq, content_type, body, body_len, dedup_key, \
@@ -581,7 +571,15 @@ fn enqueue_tx(
                     now
                 ],
                 |r| r.get(0),
-            )?;
+            )
+            .map_err(|e| {
+                // UNIQUE (actor, row_id): the id is already stored for this actor.
+                if e.sqlite_error_code() == Some(ErrorCode::ConstraintViolation) {
+                    EnqueueError::DuplicateRowId { row: row.id.clone() }
+                } else {
+                    EnqueueError::from(e)
+                }
+            })?;
         let mut kept = Vec::with_capacity(p.lanes.len());
         let mut skipped = Vec::new();
         for key in &p.lanes {
@@ -633,10 +631,7 @@ fn enqueue_tx(
                         "INSERT INTO ol_deliveries (unit_id, lane_id, seq) VALUES (?1, ?2, ?3)",
                     )?
                     .execute(params![unit, lane, seq])?;
-                    c.prepare_cached(
-                        "UPDATE ol_lanes SET tail_seq = max(tail_seq, ?2) WHERE id = ?1",
-                    )?
-                    .execute(params![lane, seq])?;
+                    tails.insert(lane, seq);
                 }
                 units.push(UnitId(u(unit)));
             }
@@ -648,29 +643,41 @@ fn enqueue_tx(
             skipped,
         });
     }
+    // Once per lane: seqs grow through the batch, so the last one seen is the tail.
+    for (lane, seq) in tails {
+        c.prepare_cached("UPDATE ol_lanes SET tail_seq = max(tail_seq, ?2) WHERE id = ?1")?
+            .execute(params![lane, seq])?;
+    }
     Ok(out)
 }
 
 /// Decrements a unit's pending recipients; finishes it at zero.
 fn settle(c: &Connection, unit: i64, retention: bool) -> Result<(), rusqlite::Error> {
-    let (pending, row_ref): (i64, i64) = c
+    let pending: i64 = c
         .prepare_cached(
-            "UPDATE ol_units SET pending = pending - 1 WHERE id = ?1 RETURNING pending, row_ref",
+            "UPDATE ol_units SET pending = pending - 1 WHERE id = ?1 RETURNING pending",
         )?
-        .query_row([unit], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        .query_row([unit], |r| r.get(0))?;
     if pending > 0 {
         return Ok(());
     }
     c.prepare_cached("DELETE FROM ol_deliveries WHERE unit_id = ?1")?
         .execute([unit])?;
+    finish(c, unit, retention)
+}
+
+/// Removes a unit whose deliveries are gone (or keeps it for the retention), and its row
+/// once nothing refers to it.
+fn finish(c: &Connection, unit: i64, retention: bool) -> Result<(), rusqlite::Error> {
     if retention {
         c.prepare_cached(&format!(
-            "UPDATE ol_units SET acked_at = {NOW} WHERE id = ?1"
+            "UPDATE ol_units SET acked_at = {NOW}, pending = 0 WHERE id = ?1"
         ))?
         .execute([unit])?;
     } else {
-        c.prepare_cached("DELETE FROM ol_units WHERE id = ?1")?
-            .execute([unit])?;
+        let row_ref: i64 = c
+            .prepare_cached("DELETE FROM ol_units WHERE id = ?1 RETURNING row_ref")?
+            .query_row([unit], |r| r.get(0))?;
         drop_row_if_unused(c, row_ref)?;
     }
     Ok(())
@@ -1058,14 +1065,27 @@ impl Store for SqliteStore {
             fence(c, token)?;
             let actor = token.actor().as_str();
             for (unit, lane) in delivered {
+                let unit = i(unit.0);
+                // A unit with one lane (the common case) is finished by its ack: delete it
+                // outright instead of marking, counting down and then deleting.
+                let single = c
+                    .prepare_cached(
+                        "DELETE FROM ol_deliveries WHERE unit_id = ?1 AND lane_id = ?2 AND state = 0 \
+                         AND (SELECT lanes FROM ol_units WHERE id = ?1 AND actor = ?3) = 1",
+                    )?
+                    .execute(params![unit, lane.0, actor])?;
+                if single == 1 {
+                    finish(c, unit, retention)?;
+                    continue;
+                }
                 let n = c
                     .prepare_cached(
                         "UPDATE ol_deliveries SET state = ?3 WHERE unit_id = ?1 AND lane_id = ?2 AND state = 0 \
                          AND EXISTS (SELECT 1 FROM ol_units WHERE id = ?1 AND actor = ?4)",
                     )?
-                    .execute(params![i(unit.0), lane.0, STATE_SERVED, actor])?;
+                    .execute(params![unit, lane.0, STATE_SERVED, actor])?;
                 if n == 1 {
-                    settle(c, i(unit.0), retention)?;
+                    settle(c, unit, retention)?;
                 }
             }
             Ok(())
