@@ -198,6 +198,24 @@ pub trait Store: Send + Sync {
     /// Database failures.
     fn actors_with_work(&self, now: Timestamp) -> Result<ActorsDue, StoreError>;
 
+    /// Picks up to `max` actors with work admissible at `now` whose drain slot is free (or
+    /// expired), and acquires their slots for `holder` — the monitor's "what do I drain next".
+    /// Actors with work whose slot is held by a live lease get "look again" set, as
+    /// [`Store::acquire_slot`] would. On Postgres the slot rows are locked
+    /// `FOR UPDATE SKIP LOCKED`: several relays calling this at once spread over the actors
+    /// instead of queueing on the same rows (a slot skipped because another relay is touching
+    /// it at that instant is left to that relay or to the next poll).
+    ///
+    /// # Errors
+    /// Database failures.
+    fn acquire_ready(
+        &self,
+        holder: &str,
+        lease: Duration,
+        now: Timestamp,
+        max: usize,
+    ) -> Result<Vec<SlotToken>, StoreError>;
+
     /// Every actor with pending units or dead letters, at a glance.
     ///
     /// # Errors

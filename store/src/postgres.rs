@@ -1406,6 +1406,67 @@ impl Store for PgStore {
         })
     }
 
+    fn acquire_ready(
+        &self,
+        holder: &str,
+        lease: Duration,
+        now: Timestamp,
+        max: usize,
+    ) -> Result<Vec<SlotToken>, StoreError> {
+        let lease = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+        self.tx(false, |t| {
+            t.x(
+                "INSERT INTO ol_slots (actor) SELECT DISTINCT l.actor FROM ol_lanes l \
+                 WHERE NOT l.paused AND (l.not_before IS NULL OR l.not_before <= $1) \
+                 AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0) \
+                 ON CONFLICT (actor) DO NOTHING",
+                &[&ms(now)],
+            )?;
+            // Rows another relay is acquiring or releasing right now are skipped, not waited on.
+            let slots: Vec<(String, bool)> = t
+                .q(
+                    &format!(
+                        "SELECT s.actor, (s.holder IS NULL OR s.lease_expires <= {NOW}) FROM ol_slots s \
+                         WHERE s.actor IN (SELECT l.actor FROM ol_lanes l WHERE NOT l.paused \
+                           AND (l.not_before IS NULL OR l.not_before <= $1) \
+                           AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0)) \
+                         ORDER BY s.lease_expires, s.actor FOR UPDATE OF s SKIP LOCKED"
+                    ),
+                    &[&ms(now)],
+                )?
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect();
+            let take: Vec<&str> = slots.iter().filter(|s| s.1).take(max).map(|s| s.0.as_str()).collect();
+            let held: Vec<&str> = slots.iter().filter(|s| !s.1).map(|s| s.0.as_str()).collect();
+            if !held.is_empty() {
+                t.x(
+                    "UPDATE ol_slots SET look_again = TRUE WHERE actor IN (SELECT unnest($1::text[]))",
+                    &[&held],
+                )?;
+            }
+            if take.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut got: Vec<(String, i64)> = t
+                .q(
+                    &format!(
+                        "UPDATE ol_slots SET token = token + 1, holder = $2, lease_expires = {NOW} + $3, \
+                         look_again = FALSE WHERE actor IN (SELECT unnest($1::text[])) RETURNING actor, token"
+                    ),
+                    &[&take, &holder, &lease],
+                )?
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect();
+            got.sort();
+            Ok(got
+                .into_iter()
+                .map(|(a, tok)| SlotToken::new(ActorId::new(a), u(tok), holder.to_string()))
+                .collect())
+        })
+    }
+
     fn actors_with_work(&self, now: Timestamp) -> Result<ActorsDue, StoreError> {
         self.tx(true, |t| {
             let ready = t

@@ -113,6 +113,12 @@ impl core::fmt::Debug for SqliteStore {
     }
 }
 
+/// Makes sure every actor with admissible work has a slot row.
+const READY_SLOTS_SQLITE: &str = "INSERT INTO ol_slots (actor) SELECT DISTINCT l.actor FROM ol_lanes l \
+     WHERE l.paused = 0 AND (l.not_before IS NULL OR l.not_before <= ?1) \
+     AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0) \
+     ON CONFLICT (actor) DO NOTHING";
+
 /// SQLite's clock in milliseconds, read inside the statement.
 const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
@@ -1193,6 +1199,45 @@ impl Store for SqliteStore {
                 }
             }
             Ok(n)
+        })
+    }
+
+    fn acquire_ready(
+        &self,
+        holder: &str,
+        lease: Duration,
+        now: Timestamp,
+        max: usize,
+    ) -> Result<Vec<SlotToken>, StoreError> {
+        // SQLite has one writer at a time: the write lock does what SKIP LOCKED does on Postgres.
+        self.write(|c| {
+            c.prepare_cached(READY_SLOTS_SQLITE)?.execute([ms(now)])?;
+            let slots: Vec<(String, bool)> = c
+                .prepare_cached(&format!(
+                    "SELECT s.actor, (s.holder IS NULL OR s.lease_expires <= {NOW}) FROM ol_slots s \
+                     WHERE s.actor IN (SELECT l.actor FROM ol_lanes l WHERE l.paused = 0 \
+                       AND (l.not_before IS NULL OR l.not_before <= ?1) \
+                       AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0)) \
+                     ORDER BY s.lease_expires, s.actor"
+                ))?
+                .query_map([ms(now)], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<Result<_, _>>()?;
+            let mut out = Vec::new();
+            for (actor, free) in slots {
+                if free && out.len() < max {
+                    let token: i64 = c
+                        .prepare_cached(&format!(
+                            "UPDATE ol_slots SET token = token + 1, holder = ?2, lease_expires = {NOW} + ?3, \
+                             look_again = 0 WHERE actor = ?1 RETURNING token"
+                        ))?
+                        .query_row(params![actor, holder, dur_ms(lease)], |r| r.get(0))?;
+                    out.push(SlotToken::new(ActorId::new(actor), u(token), holder.to_string()));
+                } else if !free {
+                    c.prepare_cached("UPDATE ol_slots SET look_again = 1 WHERE actor = ?1")?
+                        .execute([actor])?;
+                }
+            }
+            Ok(out)
         })
     }
 

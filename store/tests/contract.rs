@@ -53,6 +53,7 @@ contract!(
     wake_ups_after_enqueue,
     watermark_finds_new_lanes,
     ack_retention_and_purge,
+    acquire_ready_picks_free_actors_with_work,
 );
 
 fn enqueue_order_and_claim_order(b: Backend) {
@@ -1106,5 +1107,72 @@ fn ack_retention_and_purge(b: Backend) {
         assert_eq!(s.purge_acked(now() + Duration::from_secs(60)), Ok(1));
         s.enqueue(&a, &[row("r0", &[A])])
             .expect("id free after purge");
+    });
+}
+
+fn acquire_ready_picks_free_actors_with_work(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        for name in ["a1", "a2", "a3", "a4"] {
+            s.enqueue(&actor(name), &[row("r", &[A])]).expect("enqueue");
+        }
+        // a3 is being drained elsewhere; a4's only lane is in backoff.
+        let held = acquire(s, &actor("a3"), "other-relay", LEASE);
+        let t4 = acquire(s, &actor("a4"), "x", LEASE);
+        let l4 = lane_of(s, &actor("a4"), A);
+        s.set_lane_state(&t4, l4, Some(now() + Duration::from_secs(3600)), 1)
+            .expect("backoff");
+        assert_eq!(s.release_slot(&t4), Ok(Release::Released));
+
+        let got = s.acquire_ready("relay", LEASE, now(), 1).expect("ready");
+        assert_eq!(got.len(), 1);
+        let rest = s.acquire_ready("relay", LEASE, now(), 10).expect("ready");
+        let mut names: Vec<&str> = got
+            .iter()
+            .chain(&rest)
+            .map(|t| t.actor().as_str())
+            .collect();
+        names.sort_unstable();
+        assert_eq!(names, ["a1", "a2"]);
+        // The running pass of a3 was told to look again.
+        assert_eq!(s.release_slot(&held), Ok(Release::LookAgain));
+        assert!(
+            s.acquire_ready("relay", LEASE, now(), 10)
+                .expect("ready")
+                .is_empty()
+        );
+        // Later calls saw those slots held, so they too must look again before letting go.
+        for t in got.iter().chain(&rest) {
+            assert_eq!(s.release_slot(t), Ok(Release::LookAgain));
+            assert_eq!(s.release_slot(t), Ok(Release::Released));
+        }
+        // Two relays at once on two instances: no actor is acquired twice.
+        let other = h.second();
+        let picked: Vec<String> = std::thread::scope(|sc| {
+            let hs: Vec<_> = [h.store.clone(), other.clone()]
+                .into_iter()
+                .enumerate()
+                .map(|(k, st)| {
+                    sc.spawn(move || {
+                        st.acquire_ready(&format!("relay-{k}"), LEASE, now(), 10)
+                            .expect("ready")
+                            .into_iter()
+                            .map(|t| t.actor().as_str().to_string())
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .flat_map(|j| j.join().expect("join"))
+                .collect()
+        });
+        let mut sorted = picked.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(
+            sorted.len(),
+            picked.len(),
+            "an actor acquired twice: {picked:?}"
+        );
     });
 }
