@@ -1,5 +1,303 @@
-//! The store of outbox-lanes: the Store trait, SQLite (embedded default) and Postgres.
+//! The store of outbox-lanes: the [`Store`] trait, SQLite (embedded default, feature
+//! `sqlite`) and Postgres (feature `postgres`).
 //!
-//! This crate is filled by its own issue; for now it only re-exports the core.
+//! # How a pass uses the store
+//!
+//! 1. [`Store::acquire_slot`] takes the actor's drain slot (OL-12). Nothing is written per
+//!    unit at claim time: the slot's lease *is* the lease of every unit the pass reads. A
+//!    crash lets the lease expire, and the next holder reads every lane from its head again
+//!    (at-least-once, OL-16).
+//! 2. [`Store::lanes_with_work`] lists lanes with pending units (and, with a watermark, only
+//!    lanes that received units since the last look — admission streams, OL-3).
+//! 3. [`Store::claim`] reads the next few units at the heads of chosen lanes, from a cursor,
+//!    at a cost proportional to what it returns, never to a lane's depth.
+//! 4. [`Store::payload`] fetches a unit's bytes when it starts.
+//! 5. Outcomes: [`Store::ack`] (group-committed through [`AckWriter`]),
+//!    [`Store::record_attempts`], [`Store::dead_letter`] and [`Store::retire_lane`] (durable
+//!    when they return, OL-16), [`Store::set_lane_state`], [`Store::block_lane`].
+//! 6. **Hand-back needs no write.** Since a claim writes nothing, handing a unit back (OL-10,
+//!    OL-14) is a reset of the pass's cursor in that lane to the unit's `seq`; the unit stays
+//!    where it was and is claimed again by the next claim or the next pass.
+//! 7. [`Store::release_slot`]; on [`Release::LookAgain`] re-read the outbox and release again.
+//!
+//! Every pass operation takes the [`SlotToken`] and checks it in its own transaction: a stale
+//! token gets [`StoreError::StaleToken`] and nothing is written.
+//!
+//! # Blocking
+//!
+//! Every method blocks. Async runtimes call them through `spawn_blocking`. The Postgres
+//! client owns a tokio runtime of its own: every call *and the drop* of a [`PgStore`] must stay
+//! off an async executor thread.
+//!
+//! The schema is documented in `SCHEMA.md` next to this crate's manifest, with the plain SQL
+//! a service on another SQL library uses to enqueue (OL-15).
 
-pub use outbox_lanes_core as core;
+pub mod ack;
+mod error;
+pub mod notify;
+#[cfg(feature = "postgres")]
+pub mod postgres;
+mod prepare;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
+mod types;
+mod util;
+
+use core::time::Duration;
+
+pub use outbox_lanes_core as core_types;
+use outbox_lanes_core::{ActorId, Timestamp, UnitId};
+
+pub use ack::{AckWriter, AckWriterOptions};
+pub use error::{EnqueueError, StoreError};
+pub use notify::{Notifier, PendingWake, Subscription};
+#[cfg(feature = "postgres")]
+pub use postgres::{PgOptions, PgStore};
+#[cfg(feature = "sqlite")]
+pub use sqlite::{SqliteOptions, SqliteStore, Synchronous};
+pub use types::*;
+
+/// The newest schema version this build writes and understands.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// The blocking store interface shared by every runtime. Object-safe: used as
+/// `Arc<dyn Store>`.
+pub trait Store: Send + Sync {
+    /// Enqueues rows for `actor`, all or nothing, and fires the wake-up after the commit.
+    ///
+    /// Each row gets the next sequence number of the actor. A normal row with k recipients
+    /// becomes k units (one lane each); a `joined` row becomes one unit with k lanes.
+    /// Recipients for which a unit with the same dedup key is still pending (neither finished
+    /// nor dead-lettered) are skipped and reported (OL-17); if that pending unit is later
+    /// dead-lettered, the skipped recipient is NOT revived.
+    ///
+    /// # Errors
+    /// A row with no recipient, a recipient that is not an absolute http(s) URL, a duplicate
+    /// row id or a payload over the limit refuses the whole batch with an error naming the row;
+    /// nothing is written.
+    fn enqueue(&self, actor: &ActorId, rows: &[NewRow]) -> Result<Vec<Enqueued>, EnqueueError>;
+
+    /// Takes `actor`'s drain slot if it is free or its lease expired (judged by the database's
+    /// clock), with a fresh fencing token. If another holder's lease is live, sets its
+    /// "look again" flag and returns [`Acquire::Held`] without waiting.
+    ///
+    /// # Errors
+    /// Database failures.
+    fn acquire_slot(
+        &self,
+        actor: &ActorId,
+        holder: &str,
+        lease: Duration,
+    ) -> Result<Acquire, StoreError>;
+
+    /// Extends the lease of a held slot to `lease` from now.
+    ///
+    /// # Errors
+    /// [`StoreError::StaleToken`] if the slot was lost.
+    fn renew_slot(&self, token: &SlotToken, lease: Duration) -> Result<(), StoreError>;
+
+    /// Releases the slot, unless "look again" was set: then the flag is cleared, the slot is
+    /// kept and [`Release::LookAgain`] tells the holder to re-read the outbox first.
+    ///
+    /// # Errors
+    /// [`StoreError::StaleToken`] if the slot was lost.
+    fn release_slot(&self, token: &SlotToken) -> Result<Release, StoreError>;
+
+    /// The actor's lanes holding pending units whose last enqueued `seq` is above `since`
+    /// (0: every lane with pending units), and the new watermark to pass next time.
+    ///
+    /// # Errors
+    /// [`StoreError::StaleToken`], database failures.
+    fn lanes_with_work(
+        &self,
+        token: &SlotToken,
+        since: u64,
+    ) -> Result<(Vec<LaneInfo>, u64), StoreError>;
+
+    /// For each requested lane, up to `limit` units with `seq >= from`, in `seq` order.
+    /// Writes nothing. A paused lane, or a lane of another actor, returns no unit.
+    ///
+    /// # Errors
+    /// [`StoreError::StaleToken`], database failures.
+    fn claim(&self, token: &SlotToken, lanes: &[LaneClaim])
+    -> Result<Vec<ClaimedLane>, StoreError>;
+
+    /// The payload of a unit.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] if the unit is finished or unknown.
+    fn payload(&self, unit: UnitId) -> Result<Payload, StoreError>;
+
+    /// Marks these recipients of these units served, in one transaction. A unit whose
+    /// recipients are all served or dead-lettered is finished (deleted, or kept for the
+    /// retention). Acks of unknown or already finished deliveries are ignored, so a retried
+    /// ack is harmless.
+    ///
+    /// # Errors
+    /// [`StoreError::StaleToken`] (nothing written), database failures.
+    fn ack(&self, token: &SlotToken, delivered: &[(UnitId, StoreLaneId)])
+    -> Result<(), StoreError>;
+
+    /// Persists attempt counts and last status/error per recipient, and the lane's last
+    /// status/error (OL-5).
+    ///
+    /// # Errors
+    /// [`StoreError::StaleToken`] (nothing written), database failures.
+    fn record_attempts(
+        &self,
+        token: &SlotToken,
+        attempts: &[AttemptRecord],
+    ) -> Result<(), StoreError>;
+
+    /// Moves one recipient's delivery of a unit to the dead letters; durable when it returns
+    /// (OL-16). Finishes the unit if it has no other pending recipient. A delivery that is not
+    /// pending is left alone.
+    ///
+    /// # Errors
+    /// [`StoreError::StaleToken`] (nothing written), database failures.
+    fn dead_letter(&self, token: &SlotToken, dead: &DeadLetterRequest) -> Result<(), StoreError>;
+
+    /// Persists a lane's backoff (OL-11): `None` opens it.
+    ///
+    /// # Errors
+    /// [`StoreError::StaleToken`] (nothing written), database failures.
+    fn set_lane_state(
+        &self,
+        token: &SlotToken,
+        lane: StoreLaneId,
+        not_before: Option<Timestamp>,
+        backoff_level: u32,
+    ) -> Result<(), StoreError>;
+
+    /// Pauses a strict lane on its failing head until an operator resumes it (OL-8).
+    ///
+    /// # Errors
+    /// [`StoreError::StaleToken`] (nothing written), database failures.
+    fn block_lane(
+        &self,
+        token: &SlotToken,
+        lane: StoreLaneId,
+        reason: &str,
+    ) -> Result<(), StoreError>;
+
+    /// Dead-letters every pending delivery of the lane with reason `lane_retired` (for a joined
+    /// unit, only this recipient); durable when it returns. Returns how many.
+    ///
+    /// # Errors
+    /// [`StoreError::StaleToken`] (nothing written), database failures.
+    fn retire_lane(
+        &self,
+        token: &SlotToken,
+        lane: StoreLaneId,
+        at: Timestamp,
+    ) -> Result<u64, StoreError>;
+
+    /// Actors with work admissible at `now`, and the earliest future `not_before` (OL-13).
+    ///
+    /// # Errors
+    /// Database failures.
+    fn actors_with_work(&self, now: Timestamp) -> Result<ActorsDue, StoreError>;
+
+    /// Picks up to `max` actors with work admissible at `now` whose drain slot is free (or
+    /// expired), and acquires their slots for `holder` — the monitor's "what do I drain next".
+    /// Actors with work whose slot is held by a live lease get "look again" set, as
+    /// [`Store::acquire_slot`] would. On Postgres the slot rows are locked
+    /// `FOR UPDATE SKIP LOCKED`: several relays calling this at once spread over the actors
+    /// instead of queueing on the same rows (a slot skipped because another relay is touching
+    /// it at that instant is left to that relay or to the next poll).
+    ///
+    /// # Errors
+    /// Database failures.
+    fn acquire_ready(
+        &self,
+        holder: &str,
+        lease: Duration,
+        now: Timestamp,
+        max: usize,
+    ) -> Result<Vec<SlotToken>, StoreError>;
+
+    /// Every actor with pending units or dead letters, at a glance.
+    ///
+    /// # Errors
+    /// Database failures.
+    fn status(&self) -> Result<Vec<ActorStatus>, StoreError>;
+
+    /// The actor's lanes with pending units or a non-default state.
+    ///
+    /// # Errors
+    /// Database failures.
+    fn lanes(&self, actor: &ActorId) -> Result<Vec<LaneStatus>, StoreError>;
+
+    /// Dead letters, of one actor or all, in (actor, original seq) order.
+    ///
+    /// # Errors
+    /// Database failures.
+    fn dead_letters(&self, actor: Option<&ActorId>) -> Result<Vec<DeadLetter>, StoreError>;
+
+    /// Puts dead letters back at the tail of their lanes in their original order: new `seq`,
+    /// attempts reset, the SAME unit id (the idempotency key stays stable, so a recipient that
+    /// did get an earlier attempt can recognise it). Returns the units re-enqueued.
+    /// Not fenced (an operator action).
+    ///
+    /// # Errors
+    /// Database failures.
+    fn replay_dead_letters(&self, which: &DeadLetterSelection) -> Result<Vec<UnitId>, StoreError>;
+
+    /// Deletes dead letters (and payloads nothing references any more). Returns how many.
+    ///
+    /// # Errors
+    /// Database failures.
+    fn purge_dead_letters(&self, which: &DeadLetterSelection) -> Result<u64, StoreError>;
+
+    /// Pauses a lane (operator).
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`], database failures.
+    fn pause_lane(&self, lane: StoreLaneId, reason: &str) -> Result<(), StoreError>;
+
+    /// Resumes a paused lane (operator).
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`], database failures.
+    fn resume_lane(&self, lane: StoreLaneId) -> Result<(), StoreError>;
+
+    /// Clears a lane's backoff so its head is attempted at once (operator).
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`], database failures.
+    fn retry_lane_now(&self, lane: StoreLaneId) -> Result<(), StoreError>;
+
+    /// Sets a lane's strict mode (OL-8).
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`], database failures.
+    fn set_lane_strict(&self, lane: StoreLaneId, strict: bool) -> Result<(), StoreError>;
+
+    /// The id of an actor's lane, if it exists.
+    ///
+    /// # Errors
+    /// Database failures.
+    fn find_lane(
+        &self,
+        actor: &ActorId,
+        key: &outbox_lanes_core::LaneKey,
+    ) -> Result<Option<StoreLaneId>, StoreError>;
+
+    /// Deletes finished units kept for the retention that finished before `older_than`.
+    ///
+    /// # Errors
+    /// Database failures.
+    fn purge_acked(&self, older_than: Timestamp) -> Result<u64, StoreError>;
+
+    /// The in-process wake-up fired after every enqueue through this store.
+    fn notifier(&self) -> Notifier;
+
+    /// Starts (once) the cross-process watcher — Postgres LISTEN/NOTIFY, or SQLite
+    /// `PRAGMA data_version` polled every few milliseconds on its own connection — and returns
+    /// the notifier that both it and in-process enqueues fire. The watcher stops when the
+    /// store is dropped.
+    ///
+    /// # Errors
+    /// The watcher's connection could not be opened.
+    fn watch(&self) -> Result<Notifier, StoreError>;
+}

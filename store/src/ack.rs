@@ -1,0 +1,173 @@
+//! The group-committing ack writer (OL-16).
+//!
+//! Delivery workers hand acks to one writer thread, which commits them in batches: every
+//! `max_delay`, or as soon as `max_batch` acks are waiting. At-least-once delivery allows
+//! this: an ack lost to a crash only means a resend. Outcomes that are *not* deliveries
+//! (dead letters, retired lanes) do not go through here; they are written synchronously so a
+//! lane never moves past an undelivered unit before that outcome is durable.
+
+use core::time::Duration;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use outbox_lanes_core::UnitId;
+
+use crate::{SlotToken, Store, StoreError, StoreLaneId};
+
+/// How the [`AckWriter`] batches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AckWriterOptions {
+    /// Commit as soon as this many acks wait.
+    pub max_batch: usize,
+    /// Commit at most this long after the first waiting ack arrived.
+    pub max_delay: Duration,
+}
+
+impl Default for AckWriterOptions {
+    fn default() -> Self {
+        AckWriterOptions {
+            max_batch: 512,
+            max_delay: Duration::from_millis(2),
+        }
+    }
+}
+
+enum Msg {
+    Ack(SlotToken, UnitId, StoreLaneId),
+    Flush(SyncSender<Result<(), StoreError>>),
+}
+
+/// One writer thread owning a batch of acks; see the module docs.
+///
+/// Dropping it commits what is waiting and joins the thread.
+pub struct AckWriter {
+    tx: Option<Sender<Msg>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl core::fmt::Debug for AckWriter {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("AckWriter").finish_non_exhaustive()
+    }
+}
+
+impl AckWriter {
+    /// Starts the writer thread.
+    ///
+    /// # Errors
+    /// The thread could not be spawned.
+    pub fn spawn(store: Arc<dyn Store>, opts: AckWriterOptions) -> std::io::Result<AckWriter> {
+        let (tx, rx) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("outbox-lanes-acks".into())
+            .spawn(move || run(&*store, &rx, opts))?;
+        Ok(AckWriter {
+            tx: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    /// Hands one delivered recipient over for the next group commit. Not durable until a
+    /// [`AckWriter::flush`] returns (or the next batch commits).
+    pub fn ack(&self, token: &SlotToken, unit: UnitId, lane: StoreLaneId) {
+        if let Some(tx) = &self.tx {
+            // The thread only exits when `tx` is dropped, so a send cannot fail while we hold it.
+            let _ = tx.send(Msg::Ack(token.clone(), unit, lane));
+        }
+    }
+
+    /// Returns once every ack handed over before the call is committed.
+    ///
+    /// # Errors
+    /// The first error met by a commit since the previous flush (e.g.
+    /// [`StoreError::StaleToken`]: the acks of that pass were not written).
+    pub fn flush(&self) -> Result<(), StoreError> {
+        let (done_tx, done_rx) = mpsc::sync_channel(1);
+        let tx = self
+            .tx
+            .as_ref()
+            .ok_or_else(|| StoreError::Database("ack writer stopped".into()))?;
+        tx.send(Msg::Flush(done_tx))
+            .map_err(|_| StoreError::Database("ack writer thread stopped".into()))?;
+        done_rx
+            .recv()
+            .map_err(|_| StoreError::Database("ack writer thread stopped".into()))?
+    }
+}
+
+impl Drop for AckWriter {
+    fn drop(&mut self) {
+        // Closing the channel makes the thread commit what waits and exit.
+        drop(self.tx.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(store: &dyn Store, rx: &Receiver<Msg>, opts: AckWriterOptions) {
+    let mut batch: Vec<(SlotToken, UnitId, StoreLaneId)> = Vec::new();
+    let mut first_error: Option<StoreError> = None;
+    loop {
+        let msg = match rx.recv() {
+            Ok(m) => m,
+            Err(_) => {
+                commit(store, &mut batch, &mut first_error);
+                return;
+            }
+        };
+        let mut flushes = Vec::new();
+        match msg {
+            Msg::Ack(t, u, l) => batch.push((t, u, l)),
+            Msg::Flush(done) => flushes.push(done),
+        }
+        // Gather more until the batch is full, the delay passed, or a flush asks for it now.
+        let deadline = Instant::now() + opts.max_delay;
+        let mut closed = false;
+        while flushes.is_empty() && batch.len() < opts.max_batch {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            match rx.recv_timeout(deadline - now) {
+                Ok(Msg::Ack(t, u, l)) => batch.push((t, u, l)),
+                Ok(Msg::Flush(done)) => flushes.push(done),
+                Err(RecvTimeoutError::Timeout) => break,
+                Err(RecvTimeoutError::Disconnected) => {
+                    closed = true;
+                    break;
+                }
+            }
+        }
+        commit(store, &mut batch, &mut first_error);
+        for done in flushes {
+            let _ = done.send(first_error.take().map_or(Ok(()), Err));
+        }
+        if closed {
+            return;
+        }
+    }
+}
+
+fn commit(
+    store: &dyn Store,
+    batch: &mut Vec<(SlotToken, UnitId, StoreLaneId)>,
+    first_error: &mut Option<StoreError>,
+) {
+    if batch.is_empty() {
+        return;
+    }
+    // One transaction per pass (token): a stale token refuses only its own pass's acks.
+    let mut groups: HashMap<SlotToken, Vec<(UnitId, StoreLaneId)>> = HashMap::new();
+    for (t, u, l) in batch.drain(..) {
+        groups.entry(t).or_default().push((u, l));
+    }
+    for (token, items) in groups {
+        if let Err(e) = store.ack(&token, &items) {
+            first_error.get_or_insert(e);
+        }
+    }
+}

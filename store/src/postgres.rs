@@ -1,0 +1,1801 @@
+//! The Postgres store: several relay processes (on several machines) sharing one database.
+//!
+//! # Keep it off the async executor
+//!
+//! The `postgres` crate is a blocking wrapper that owns a tokio runtime per connection. Every
+//! call into a [`PgStore`] — and its drop, which closes connections — must run on a plain
+//! thread (an async runtime calls it through `spawn_blocking`), never on an executor thread:
+//! blocking there panics or stalls the executor.
+//!
+//! # Connections and reconnection
+//!
+//! A small pool of connections (created on demand up to [`PgOptions::pool_size`]), each with
+//! its own cache of prepared statements. When an operation fails because the connection was
+//! lost (server restart, `pg_terminate_backend`, network cut) the connection is dropped and
+//! the operation is retried ONCE on a new connection when that is safe:
+//! - the failure came before the commit was sent: the transaction was certainly rolled back,
+//!   so any operation is retried;
+//! - the failure came from the commit itself (did it commit?): only idempotent operations are
+//!   retried — reads, `ack` (acking a served unit is a no-op), `record_attempts` (absolute
+//!   values), `dead_letter` (a delivery no longer pending is left alone), lane state writes,
+//!   `renew_slot`. `enqueue`, `acquire_slot`, `release_slot`, `retire_lane`, replay and purge
+//!   return [`StoreError::ConnectionLost`] instead: the caller must check (a re-sent enqueue
+//!   would be refused as a duplicate row id if the first one committed).
+//!
+//! # Clock, slots and wake-ups
+//!
+//! Drain-slot leases are judged by the server's `clock_timestamp()` (OL-12), so relays on
+//! machines with skewed clocks agree. Pass operations lock the slot row `FOR SHARE` while
+//! they check the token, so a take-over waits for them to commit and cannot slip between the
+//! check and the write. Every enqueue sends `NOTIFY` in its transaction (delivered on commit,
+//! coalesced by the server per transaction); [`Store::watch`] LISTENs on its own connection.
+//!
+//! Each store lives in one schema ([`PgOptions::schema`]), created if missing.
+
+use core::time::Duration;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+
+use core::sync::atomic::{AtomicBool, Ordering};
+
+pub use postgres;
+use postgres::error::SqlState;
+use postgres::fallible_iterator::FallibleIterator;
+use postgres::types::ToSql;
+use postgres::{Client, Config, NoTls, Row, Statement, Transaction};
+
+use outbox_lanes_core::{ActorId, DeadReason, LaneKey, Seq, Timestamp, UnitId};
+
+use crate::notify::{Notifier, PendingWake};
+use crate::prepare::{PreparedRow, prepare};
+use crate::types::*;
+use crate::util::{assemble_status, i, key_of, ms, status_of, ts, u, u32_of};
+use crate::{EnqueueError, SCHEMA_VERSION, Store, StoreError};
+
+/// How a [`PgStore`] connects.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PgOptions {
+    /// The schema holding the tables; created if missing. Letters, digits and `_` only.
+    pub schema: String,
+    /// Payload limit and ack retention.
+    pub common: CommonOptions,
+    /// Most connections kept open at once.
+    pub pool_size: usize,
+    /// `application_name` of the connections (shows in `pg_stat_activity`).
+    pub application_name: String,
+    /// Timeout for establishing a connection.
+    pub connect_timeout: Duration,
+    /// How long the LISTEN watcher waits between checks of its stop flag.
+    pub watch_interval: Duration,
+}
+
+impl Default for PgOptions {
+    fn default() -> Self {
+        PgOptions {
+            schema: "outbox_lanes".into(),
+            common: CommonOptions::default(),
+            pool_size: 4,
+            application_name: "outbox-lanes".into(),
+            connect_timeout: Duration::from_secs(10),
+            watch_interval: Duration::from_millis(100),
+        }
+    }
+}
+
+/// The server's clock in milliseconds (not the transaction start: a long transaction must not
+/// see a lease as live after it expired).
+const NOW: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
+
+const SCHEMA_V1: &str = "
+CREATE TABLE ol_actors (
+    actor     TEXT PRIMARY KEY,
+    last_seq  BIGINT NOT NULL DEFAULT 0
+);
+CREATE TABLE ol_rows (
+    id            BIGSERIAL PRIMARY KEY,
+    actor         TEXT NOT NULL,
+    row_id        TEXT NOT NULL,
+    seq           BIGINT NOT NULL,
+    content_type  TEXT NOT NULL,
+    body          BYTEA NOT NULL,
+    body_len      BIGINT NOT NULL,
+    dedup_key     TEXT,
+    ordering_key  TEXT NOT NULL DEFAULT '',
+    enqueued_at   BIGINT NOT NULL,
+    UNIQUE (actor, row_id)
+);
+CREATE INDEX ol_rows_dedup ON ol_rows (actor, dedup_key) WHERE dedup_key IS NOT NULL;
+CREATE TABLE ol_lanes (
+    id             BIGSERIAL PRIMARY KEY,
+    actor          TEXT NOT NULL,
+    recipient      TEXT NOT NULL,
+    ordering_key   TEXT NOT NULL DEFAULT '',
+    not_before     BIGINT,
+    backoff_level  BIGINT NOT NULL DEFAULT 0,
+    strict         BOOLEAN NOT NULL DEFAULT FALSE,
+    paused         BOOLEAN NOT NULL DEFAULT FALSE,
+    pause_reason   TEXT,
+    last_status    BIGINT,
+    last_error     TEXT,
+    tail_seq       BIGINT NOT NULL DEFAULT 0,
+    UNIQUE (actor, recipient, ordering_key)
+);
+CREATE INDEX ol_lanes_tail ON ol_lanes (actor, tail_seq);
+CREATE TABLE ol_units (
+    id        BIGSERIAL PRIMARY KEY,
+    actor     TEXT NOT NULL,
+    row_ref   BIGINT NOT NULL,
+    seq       BIGINT NOT NULL,
+    lanes     BIGINT NOT NULL,
+    pending   BIGINT NOT NULL,
+    acked_at  BIGINT
+);
+CREATE INDEX ol_units_row ON ol_units (row_ref);
+CREATE INDEX ol_units_acked ON ol_units (acked_at) WHERE acked_at IS NOT NULL;
+CREATE TABLE ol_deliveries (
+    unit_id           BIGINT NOT NULL,
+    lane_id           BIGINT NOT NULL,
+    seq               BIGINT NOT NULL,
+    state             BIGINT NOT NULL DEFAULT 0,
+    attempts          BIGINT NOT NULL DEFAULT 0,
+    last_status       BIGINT,
+    last_error        TEXT,
+    first_attempt_at  BIGINT,
+    last_attempt_at   BIGINT,
+    PRIMARY KEY (unit_id, lane_id)
+);
+CREATE INDEX ol_deliveries_lane ON ol_deliveries (lane_id, seq, unit_id);
+CREATE TABLE ol_dead_letters (
+    id                BIGSERIAL PRIMARY KEY,
+    unit_id           BIGINT NOT NULL,
+    row_ref           BIGINT NOT NULL,
+    row_id            TEXT NOT NULL,
+    actor             TEXT NOT NULL,
+    lane_id           BIGINT NOT NULL,
+    recipient         TEXT NOT NULL,
+    ordering_key      TEXT NOT NULL,
+    reason            TEXT NOT NULL,
+    last_status       BIGINT,
+    last_error        TEXT,
+    attempts          BIGINT NOT NULL,
+    first_attempt_at  BIGINT,
+    last_attempt_at   BIGINT,
+    seq               BIGINT NOT NULL,
+    dead_at           BIGINT NOT NULL
+);
+CREATE INDEX ol_dead_letters_actor ON ol_dead_letters (actor, seq);
+CREATE INDEX ol_dead_letters_row ON ol_dead_letters (row_ref);
+CREATE TABLE ol_slots (
+    actor          TEXT PRIMARY KEY,
+    token          BIGINT NOT NULL DEFAULT 0,
+    holder         TEXT,
+    lease_expires  BIGINT NOT NULL DEFAULT 0,
+    look_again     BOOLEAN NOT NULL DEFAULT FALSE
+);
+";
+
+const STATE_PENDING: i64 = 0;
+const STATE_DEAD: i64 = 2;
+
+type P<'a> = &'a (dyn ToSql + Sync);
+
+fn pg_err(e: &postgres::Error) -> StoreError {
+    if e.is_closed() {
+        return StoreError::ConnectionLost(e.to_string());
+    }
+    match e.code() {
+        Some(c)
+            if *c == SqlState::ADMIN_SHUTDOWN
+                || *c == SqlState::CRASH_SHUTDOWN
+                || c.code().starts_with("08") =>
+        {
+            StoreError::ConnectionLost(e.to_string())
+        }
+        Some(c)
+            if *c == SqlState::T_R_SERIALIZATION_FAILURE
+                || *c == SqlState::T_R_DEADLOCK_DETECTED
+                || *c == SqlState::LOCK_NOT_AVAILABLE =>
+        {
+            StoreError::Busy
+        }
+        Some(c) if *c == SqlState::READ_ONLY_SQL_TRANSACTION => StoreError::ReadOnly {
+            path: "(postgres)".into(),
+        },
+        Some(_) => StoreError::Database(e.to_string()),
+        // No SQLSTATE: an I/O failure means the connection is gone; anything else (a value
+        // that does not convert) is an ordinary error.
+        None => {
+            let io = core::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>());
+            if io {
+                StoreError::ConnectionLost(e.to_string())
+            } else {
+                StoreError::Database(e.to_string())
+            }
+        }
+    }
+}
+
+impl From<postgres::Error> for StoreError {
+    fn from(e: postgres::Error) -> Self {
+        pg_err(&e)
+    }
+}
+
+impl From<postgres::Error> for EnqueueError {
+    fn from(e: postgres::Error) -> Self {
+        EnqueueError::Store(pg_err(&e))
+    }
+}
+
+/// Runs SQL on a transaction, with or without the statement cache.
+trait Exec {
+    fn q(&mut self, sql: &str, p: &[P<'_>]) -> Result<Vec<Row>, postgres::Error>;
+    fn x(&mut self, sql: &str, p: &[P<'_>]) -> Result<u64, postgres::Error>;
+    fn opt(&mut self, sql: &str, p: &[P<'_>]) -> Result<Option<Row>, postgres::Error> {
+        Ok(self.q(sql, p)?.into_iter().next())
+    }
+    fn one(&mut self, sql: &str, p: &[P<'_>]) -> Result<Row, postgres::Error> {
+        let mut rows = self.q(sql, p)?;
+        // Every caller's SQL returns exactly one row (an aggregate, or RETURNING of a row
+        // the same transaction just wrote or locked).
+        Ok(rows.swap_remove(0))
+    }
+}
+
+impl Exec for Transaction<'_> {
+    fn q(&mut self, sql: &str, p: &[P<'_>]) -> Result<Vec<Row>, postgres::Error> {
+        self.query(sql, p)
+    }
+    fn x(&mut self, sql: &str, p: &[P<'_>]) -> Result<u64, postgres::Error> {
+        self.execute(sql, p)
+    }
+}
+
+struct Tx<'a> {
+    tx: Transaction<'a>,
+    cache: &'a mut HashMap<String, Statement>,
+}
+
+impl Tx<'_> {
+    fn st(&mut self, sql: &str) -> Result<Statement, postgres::Error> {
+        if let Some(s) = self.cache.get(sql) {
+            return Ok(s.clone());
+        }
+        let s = self.tx.prepare(sql)?;
+        self.cache.insert(sql.to_string(), s.clone());
+        Ok(s)
+    }
+}
+
+impl Exec for Tx<'_> {
+    fn q(&mut self, sql: &str, p: &[P<'_>]) -> Result<Vec<Row>, postgres::Error> {
+        let st = self.st(sql)?;
+        self.tx.query(&st, p)
+    }
+    fn x(&mut self, sql: &str, p: &[P<'_>]) -> Result<u64, postgres::Error> {
+        let st = self.st(sql)?;
+        self.tx.execute(&st, p)
+    }
+}
+
+struct Conn {
+    client: Client,
+    cache: HashMap<String, Statement>,
+}
+
+struct Pool {
+    idle: Vec<Conn>,
+    open: usize,
+}
+
+struct Watcher {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The Postgres implementation of [`Store`]; see the module docs.
+pub struct PgStore {
+    config: Config,
+    target: String,
+    opts: PgOptions,
+    pool: Mutex<Pool>,
+    freed: Condvar,
+    notifier: Notifier,
+    channel: String,
+    watcher: Mutex<Option<Watcher>>,
+}
+
+impl core::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("target", &self.target)
+            .field("opts", &self.opts)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A URL without its password, for error messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let userinfo = &url[s + 3..at];
+            match userinfo.find(':') {
+                Some(c) => format!("{}{}:***{}", &url[..s + 3], &userinfo[..c], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+fn valid_schema(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 48
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        && !s.as_bytes()[0].is_ascii_digit()
+}
+
+/// Errors that can tell "the connection was lost".
+trait Lost {
+    fn lost(&self) -> bool;
+}
+
+impl Lost for StoreError {
+    fn lost(&self) -> bool {
+        matches!(self, StoreError::ConnectionLost(_))
+    }
+}
+
+impl Lost for EnqueueError {
+    fn lost(&self) -> bool {
+        matches!(self, EnqueueError::Store(StoreError::ConnectionLost(_)))
+    }
+}
+
+impl PgStore {
+    /// Connects to `url` (a `postgres://` URL or key=value string), creating the schema and
+    /// tables if missing.
+    ///
+    /// # Errors
+    /// [`StoreError::Open`] if the URL is malformed, the server unreachable or the schema name
+    /// invalid; [`StoreError::SchemaTooNew`] for a database from a newer version.
+    pub fn connect(url: &str, opts: PgOptions) -> Result<PgStore, StoreError> {
+        let target = redact(url);
+        if !valid_schema(&opts.schema) {
+            return Err(StoreError::Open {
+                target,
+                reason: format!(
+                    "invalid schema name {:?} (use lower-case letters, digits, _)",
+                    opts.schema
+                ),
+            });
+        }
+        let mut config: Config = url.parse().map_err(|e: postgres::Error| StoreError::Open {
+            target: target.clone(),
+            reason: e.to_string(),
+        })?;
+        config.application_name(&opts.application_name);
+        config.connect_timeout(opts.connect_timeout);
+        let store = PgStore {
+            channel: format!("outbox_lanes_{}", opts.schema),
+            config,
+            target,
+            pool: Mutex::new(Pool {
+                idle: Vec::new(),
+                open: 0,
+            }),
+            freed: Condvar::new(),
+            notifier: Notifier::new(),
+            watcher: Mutex::new(None),
+            opts,
+        };
+        let mut conn = store.new_conn(true)?;
+        store.init_schema(&mut conn)?;
+        store.lock_pool().open += 1;
+        store.checkin(conn);
+        Ok(store)
+    }
+
+    fn new_conn(&self, first: bool) -> Result<Conn, StoreError> {
+        let mut client = self.config.connect(NoTls).map_err(|e| {
+            if first {
+                StoreError::Open {
+                    target: self.target.clone(),
+                    reason: e.to_string(),
+                }
+            } else {
+                StoreError::ConnectionLost(e.to_string())
+            }
+        })?;
+        if first {
+            client
+                .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {}", self.opts.schema))
+                .or_else(|e| {
+                    // Two stores creating the schema at once: the loser sees a unique violation.
+                    if e.code() == Some(&SqlState::UNIQUE_VIOLATION) {
+                        Ok(())
+                    } else {
+                        Err(e)
+                    }
+                })?;
+        }
+        // Queue tables churn faster than their statistics follow: a plan made while a table
+        // looked empty would scan it whole once it is deep. Every statement of the store has an
+        // index path, so its own connections never plan a sequential scan of them, and plan
+        // each execution with the actual parameters (claims must cost what they return).
+        client.batch_execute(&format!(
+            "SET search_path TO {}; SET plan_cache_mode = force_custom_plan; SET enable_seqscan = off",
+            self.opts.schema
+        ))?;
+        Ok(Conn {
+            client,
+            cache: HashMap::new(),
+        })
+    }
+
+    fn init_schema(&self, conn: &mut Conn) -> Result<(), StoreError> {
+        let mut tx = conn.client.transaction()?;
+        // Serialise concurrent first connections to one schema.
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(hashtext($1))",
+            &[&self.channel],
+        )?;
+        tx.batch_execute(
+            "CREATE TABLE IF NOT EXISTS ol_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        )?;
+        let found = tx.query_opt(
+            "SELECT value FROM ol_meta WHERE key = 'schema_version'",
+            &[],
+        )?;
+        match found {
+            None => {
+                tx.batch_execute(SCHEMA_V1)?;
+                tx.execute(
+                    "INSERT INTO ol_meta (key, value) VALUES ('schema_version', $1)",
+                    &[&SCHEMA_VERSION.to_string()],
+                )?;
+            }
+            Some(row) => {
+                let v: String = row.get(0);
+                let found: u32 = v.parse().map_err(|_| {
+                    StoreError::Database(format!("unreadable schema_version {v:?}"))
+                })?;
+                if found > SCHEMA_VERSION {
+                    return Err(StoreError::SchemaTooNew {
+                        found,
+                        supported: SCHEMA_VERSION,
+                    });
+                }
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn lock_pool(&self) -> MutexGuard<'_, Pool> {
+        self.pool.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn checkout(&self) -> Result<Conn, StoreError> {
+        let mut pool = self.lock_pool();
+        loop {
+            if let Some(c) = pool.idle.pop() {
+                if !c.client.is_closed() {
+                    return Ok(c);
+                }
+                pool.open -= 1;
+                continue;
+            }
+            if pool.open < self.opts.pool_size.max(1) {
+                pool.open += 1;
+                drop(pool);
+                return self.new_conn(false).inspect_err(|_| {
+                    self.lock_pool().open -= 1;
+                    self.freed.notify_one();
+                });
+            }
+            pool = self
+                .freed
+                .wait(pool)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    fn checkin(&self, conn: Conn) {
+        let mut pool = self.lock_pool();
+        if conn.client.is_closed() {
+            pool.open -= 1;
+        } else {
+            pool.idle.push(conn);
+        }
+        drop(pool);
+        self.freed.notify_one();
+    }
+
+    /// Drops a lost connection and every idle one: whatever killed one (a server restart, a
+    /// network cut) most likely killed the others, and a retry must not pick up a corpse.
+    fn discard(&self, conn: Conn) {
+        let idle = {
+            let mut pool = self.lock_pool();
+            let idle = core::mem::take(&mut pool.idle);
+            pool.open -= 1 + idle.len();
+            idle
+        };
+        drop(conn);
+        drop(idle);
+        self.freed.notify_all();
+    }
+
+    /// Runs `f` in a transaction and commits; retries once on a lost connection when safe
+    /// (see the module docs).
+    fn with_tx<T, E: From<StoreError> + Lost>(
+        &self,
+        idempotent: bool,
+        mut f: impl FnMut(&mut Tx<'_>) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let mut conn = self.checkout()?;
+            let (res, at_commit) = {
+                let Conn { client, cache } = &mut conn;
+                match client.transaction() {
+                    Err(e) => (Err(E::from(pg_err(&e))), false),
+                    Ok(tx) => {
+                        let mut t = Tx { tx, cache };
+                        match f(&mut t) {
+                            Err(e) => (Err(e), false),
+                            Ok(v) => match t.tx.commit() {
+                                Ok(()) => (Ok(v), false),
+                                Err(e) => (Err(E::from(pg_err(&e))), true),
+                            },
+                        }
+                    }
+                }
+            };
+            match res {
+                Ok(v) => {
+                    self.checkin(conn);
+                    return Ok(v);
+                }
+                Err(e) if e.lost() || conn.client.is_closed() => {
+                    self.discard(conn);
+                    if attempt < 2 && (!at_commit || idempotent) {
+                        continue;
+                    }
+                    return Err(e);
+                }
+                Err(e) => {
+                    self.checkin(conn);
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Enqueues inside the caller's own transaction (the transactional outbox, OL-15). The
+    /// transaction's connection must have this store's schema on its `search_path`
+    /// (`SET search_path TO <schema>`). The `NOTIFY` is part of the transaction, so other
+    /// processes are woken on commit; call the returned [`PendingWake::fire`] after the commit
+    /// to wake this process's waiters.
+    ///
+    /// # Errors
+    /// As [`Store::enqueue`]. The enqueue runs under a savepoint: a refused batch leaves the
+    /// caller's transaction usable.
+    pub fn enqueue_in(
+        &self,
+        tx: &mut Transaction<'_>,
+        actor: &ActorId,
+        rows: &[NewRow],
+    ) -> Result<(Vec<Enqueued>, PendingWake), EnqueueError> {
+        let prepared = prepare(rows, self.opts.common.max_payload)?;
+        let mut sp = tx.savepoint("ol_enqueue")?;
+        let out = enqueue_tx(&mut sp, actor, &prepared, &self.channel)?;
+        sp.commit()?;
+        Ok((out, PendingWake::new(self.notifier.clone())))
+    }
+
+    /// The options the store connected with.
+    pub fn options(&self) -> &PgOptions {
+        &self.opts
+    }
+
+    fn tx<T>(
+        &self,
+        idempotent: bool,
+        f: impl FnMut(&mut Tx<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.with_tx(idempotent, f)
+    }
+
+    fn fenced<T>(
+        &self,
+        token: &SlotToken,
+        idempotent: bool,
+        mut f: impl FnMut(&mut Tx<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.tx(idempotent, |t| {
+            fence(t, token, true)?;
+            f(t)
+        })
+    }
+}
+
+fn fence(t: &mut impl Exec, token: &SlotToken, lock: bool) -> Result<(), StoreError> {
+    let sql = if lock {
+        "SELECT 1 FROM ol_slots WHERE actor = $1 AND token = $2 AND holder IS NOT NULL \
+         AND lease_expires > (extract(epoch from clock_timestamp()) * 1000)::bigint FOR SHARE"
+    } else {
+        "SELECT 1 FROM ol_slots WHERE actor = $1 AND token = $2 AND holder IS NOT NULL \
+         AND lease_expires > (extract(epoch from clock_timestamp()) * 1000)::bigint"
+    };
+    match t.opt(sql, &[&token.actor().as_str(), &i(token.fencing())])? {
+        Some(_) => Ok(()),
+        None => Err(StoreError::StaleToken),
+    }
+}
+
+fn alloc_seqs(t: &mut impl Exec, actor: &str, n: i64) -> Result<i64, postgres::Error> {
+    // The row lock taken here is held to commit: enqueues of one actor commit in seq order,
+    // so a pass never sees seq n+1 before seq n.
+    let last: i64 = t
+        .one(
+            "INSERT INTO ol_actors AS a (actor, last_seq) VALUES ($1, $2) \
+             ON CONFLICT (actor) DO UPDATE SET last_seq = a.last_seq + excluded.last_seq RETURNING last_seq",
+            &[&actor, &n],
+        )?
+        .get(0);
+    Ok(last - n + 1)
+}
+
+/// Set-based: a fixed number of statements per batch whatever its size, because every
+/// statement costs a round trip to the server.
+fn enqueue_tx(
+    t: &mut impl Exec,
+    actor: &ActorId,
+    rows: &[PreparedRow<'_>],
+    channel: &str,
+) -> Result<Vec<Enqueued>, EnqueueError> {
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let a = actor.as_str();
+    let now = ms(Timestamp::from_system_time(std::time::SystemTime::now()));
+    let n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
+    // First: the actor row lock serialises this actor's enqueues (seq order = commit order).
+    let first = alloc_seqs(t, a, n)?;
+
+    let ids: Vec<&str> = rows.iter().map(|p| p.row.id.as_str()).collect();
+    let taken: HashSet<String> = t
+        .q(
+            "SELECT r.row_id FROM unnest($2::text[]) AS k(row_id) JOIN ol_rows r ON r.actor = $1 AND r.row_id = k.row_id",
+            &[&a, &ids],
+        )?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    if let Some(p) = rows.iter().find(|p| taken.contains(&p.row.id)) {
+        return Err(EnqueueError::DuplicateRowId {
+            row: p.row.id.clone(),
+        });
+    }
+
+    // Lanes: look up the batch's distinct keys, create the missing ones.
+    let mut lane_ids: HashMap<(String, String), i64> = HashMap::new();
+    let mut recs: Vec<&str> = Vec::new();
+    let mut oks: Vec<&str> = Vec::new();
+    {
+        let mut seen: HashSet<(&str, &str)> = HashSet::new();
+        for p in rows {
+            for k in &p.lanes {
+                let pair = (k.recipient(), k.ordering_key().unwrap_or(""));
+                if seen.insert(pair) {
+                    recs.push(pair.0);
+                    oks.push(pair.1);
+                }
+            }
+        }
+    }
+    for r in t.q(
+        "SELECT l.id, l.recipient, l.ordering_key FROM ol_lanes l \
+         JOIN unnest($2::text[], $3::text[]) AS k(recipient, ordering_key) \
+         ON l.recipient = k.recipient AND l.ordering_key = k.ordering_key WHERE l.actor = $1",
+        &[&a, &recs, &oks],
+    )? {
+        lane_ids.insert((r.get(1), r.get(2)), r.get(0));
+    }
+    if lane_ids.len() < recs.len() {
+        let (mr, mo): (Vec<&str>, Vec<&str>) = recs
+            .iter()
+            .zip(&oks)
+            .filter(|(r, o)| !lane_ids.contains_key(&((**r).to_string(), (**o).to_string())))
+            .map(|(r, o)| (*r, *o))
+            .unzip();
+        for r in t.q(
+            "INSERT INTO ol_lanes (actor, recipient, ordering_key) SELECT $1, * FROM unnest($2::text[], $3::text[]) \
+             ON CONFLICT (actor, recipient, ordering_key) DO NOTHING RETURNING id, recipient, ordering_key",
+            &[&a, &mr, &mo],
+        )? {
+            lane_ids.insert((r.get(1), r.get(2)), r.get(0));
+        }
+    }
+
+    // Dedup (OL-17): what is pending now, plus what this batch adds as it goes.
+    let dks: Vec<&str> = rows
+        .iter()
+        .filter_map(|p| p.row.dedup_key.as_deref())
+        .collect();
+    let mut pending: HashSet<(String, String)> = HashSet::new();
+    if !dks.is_empty() {
+        for r in t.q(
+            "SELECT DISTINCT r.dedup_key, l.recipient FROM ol_rows r JOIN ol_units u ON u.row_ref = r.id \
+             JOIN ol_deliveries d ON d.unit_id = u.id JOIN ol_lanes l ON l.id = d.lane_id \
+             WHERE r.actor = $1 AND r.dedup_key IN (SELECT unnest($2::text[])) AND d.state = 0",
+            &[&a, &dks],
+        )? {
+            pending.insert((r.get(0), r.get(1)));
+        }
+    }
+
+    struct Plan {
+        seq: i64,
+        units: Vec<Vec<i64>>,
+        skipped: Vec<String>,
+    }
+    let mut plans = Vec::with_capacity(rows.len());
+    let (mut nrows, mut nunits) = (0i64, 0i64);
+    for (k, p) in rows.iter().enumerate() {
+        let seq = first + i64::try_from(k).unwrap_or(i64::MAX);
+        let mut kept = Vec::with_capacity(p.lanes.len());
+        let mut skipped = Vec::new();
+        for key in &p.lanes {
+            if let Some(dk) = &p.row.dedup_key {
+                if !pending.insert((dk.clone(), key.recipient().to_string())) {
+                    skipped.push(key.recipient().to_string());
+                    continue;
+                }
+            }
+            let id = lane_ids
+                .get(&(
+                    key.recipient().to_string(),
+                    key.ordering_key().unwrap_or("").to_string(),
+                ))
+                .copied()
+                .ok_or_else(|| StoreError::Database("lane vanished during enqueue".into()))?;
+            kept.push(id);
+        }
+        let units: Vec<Vec<i64>> = if kept.is_empty() {
+            Vec::new()
+        } else if p.row.joined {
+            vec![kept]
+        } else {
+            kept.into_iter().map(|l| vec![l]).collect()
+        };
+        if !units.is_empty() {
+            nrows += 1;
+            nunits += i64::try_from(units.len()).unwrap_or(i64::MAX);
+        }
+        plans.push(Plan {
+            seq,
+            units,
+            skipped,
+        });
+    }
+
+    let mut out = Vec::with_capacity(rows.len());
+    if nrows > 0 {
+        let keys = t.one(
+            "SELECT (SELECT array_agg(nextval(pg_get_serial_sequence('ol_rows', 'id'))) \
+                     FROM generate_series(1::bigint, $1::bigint)), \
+                    (SELECT array_agg(nextval(pg_get_serial_sequence('ol_units', 'id'))) \
+                     FROM generate_series(1::bigint, $2::bigint))",
+            &[&nrows, &nunits],
+        )?;
+        let row_keys: Vec<i64> = keys.get(0);
+        let unit_keys: Vec<i64> = keys.get(1);
+        let (mut r_id, mut r_row, mut r_seq, mut r_ct, mut r_body, mut r_len, mut r_dk, mut r_ok) = (
+            vec![],
+            vec![],
+            vec![],
+            vec![],
+            vec![],
+            vec![],
+            vec![],
+            vec![],
+        );
+        let (mut u_id, mut u_row, mut u_seq, mut u_n) = (vec![], vec![], vec![], vec![]);
+        let (mut d_unit, mut d_lane, mut d_seq) = (vec![], vec![], vec![]);
+        let (mut rk, mut uk) = (row_keys.into_iter(), unit_keys.into_iter());
+        for (p, plan) in rows.iter().zip(plans) {
+            let mut units = Vec::with_capacity(plan.units.len());
+            if !plan.units.is_empty() {
+                let row_ref = rk
+                    .next()
+                    .ok_or_else(|| StoreError::Database("row id allocation short".into()))?;
+                r_id.push(row_ref);
+                r_row.push(p.row.id.as_str());
+                r_seq.push(plan.seq);
+                r_ct.push(p.row.content_type.as_str());
+                r_body.push(p.row.body.as_slice());
+                r_len.push(i64::try_from(p.row.body.len()).unwrap_or(i64::MAX));
+                r_dk.push(p.row.dedup_key.as_deref());
+                r_ok.push(p.ordering_key);
+                for lanes in plan.units {
+                    let unit = uk
+                        .next()
+                        .ok_or_else(|| StoreError::Database("unit id allocation short".into()))?;
+                    u_id.push(unit);
+                    u_row.push(row_ref);
+                    u_seq.push(plan.seq);
+                    u_n.push(i64::try_from(lanes.len()).unwrap_or(i64::MAX));
+                    for lane in lanes {
+                        d_unit.push(unit);
+                        d_lane.push(lane);
+                        d_seq.push(plan.seq);
+                    }
+                    units.push(UnitId(u(unit)));
+                }
+            }
+            out.push(Enqueued {
+                row_id: p.row.id.clone(),
+                seq: Seq(u(plan.seq)),
+                units,
+                skipped: plan.skipped,
+            });
+        }
+        // One statement, one round trip: the tables have no foreign keys, so the order of
+        // the inserts within it does not matter. The NOTIFY is delivered on commit only.
+        t.x(
+            "WITH r AS (INSERT INTO ol_rows (id, actor, row_id, seq, content_type, body, body_len, dedup_key, \
+                 ordering_key, enqueued_at) \
+               SELECT id, $1, row_id, seq, ct, body, len, dk, ok, $2 FROM unnest($3::bigint[], $4::text[], \
+                 $5::bigint[], $6::text[], $7::bytea[], $8::bigint[], $9::text[], $10::text[]) \
+                 AS t(id, row_id, seq, ct, body, len, dk, ok)), \
+             u AS (INSERT INTO ol_units (id, actor, row_ref, seq, lanes, pending) SELECT id, $1, rr, seq, n, n \
+               FROM unnest($11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[]) AS t(id, rr, seq, n)), \
+             d AS (INSERT INTO ol_deliveries (unit_id, lane_id, seq) \
+               SELECT * FROM unnest($15::bigint[], $16::bigint[], $17::bigint[])), \
+             l AS (UPDATE ol_lanes l SET tail_seq = GREATEST(l.tail_seq, v.seq) FROM (SELECT lane, max(seq) AS seq \
+               FROM unnest($16::bigint[], $17::bigint[]) AS t(lane, seq) GROUP BY lane) v WHERE l.id = v.lane) \
+             SELECT pg_notify($18, $1)",
+            &[
+                &a, &now, &r_id, &r_row, &r_seq, &r_ct, &r_body, &r_len, &r_dk, &r_ok, &u_id, &u_row, &u_seq,
+                &u_n, &d_unit, &d_lane, &d_seq, &channel,
+            ],
+        )?;
+        return Ok(out);
+    }
+    // Every recipient was skipped by dedup: nothing to write but the answer.
+    for (p, plan) in rows.iter().zip(plans) {
+        out.push(Enqueued {
+            row_id: p.row.id.clone(),
+            seq: Seq(u(plan.seq)),
+            units: Vec::new(),
+            skipped: plan.skipped,
+        });
+    }
+    // Delivered to listeners when (and only if) the transaction commits.
+    t.x("SELECT pg_notify($1, $2)", &[&channel, &a])?;
+    Ok(out)
+}
+
+fn insert_delivery(
+    t: &mut impl Exec,
+    unit: i64,
+    lane: i64,
+    seq: i64,
+) -> Result<(), postgres::Error> {
+    t.x(
+        "INSERT INTO ol_deliveries (unit_id, lane_id, seq) VALUES ($1, $2, $3)",
+        &[&unit, &lane, &seq],
+    )?;
+    t.x(
+        "UPDATE ol_lanes SET tail_seq = GREATEST(tail_seq, $2) WHERE id = $1",
+        &[&lane, &seq],
+    )?;
+    Ok(())
+}
+
+fn settle(t: &mut impl Exec, unit: i64, retention: bool) -> Result<(), postgres::Error> {
+    let r = t.one(
+        "UPDATE ol_units SET pending = pending - 1 WHERE id = $1 RETURNING pending, row_ref",
+        &[&unit],
+    )?;
+    let (pending, row_ref): (i64, i64) = (r.get(0), r.get(1));
+    if pending > 0 {
+        return Ok(());
+    }
+    t.x("DELETE FROM ol_deliveries WHERE unit_id = $1", &[&unit])?;
+    if retention {
+        t.x(
+            &format!("UPDATE ol_units SET acked_at = {NOW} WHERE id = $1"),
+            &[&unit],
+        )?;
+    } else {
+        t.x("DELETE FROM ol_units WHERE id = $1", &[&unit])?;
+        drop_row_if_unused(t, row_ref)?;
+    }
+    Ok(())
+}
+
+fn drop_row_if_unused(t: &mut impl Exec, row_ref: i64) -> Result<(), postgres::Error> {
+    t.x(
+        "DELETE FROM ol_rows WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM ol_units WHERE row_ref = $1) \
+         AND NOT EXISTS (SELECT 1 FROM ol_dead_letters WHERE row_ref = $1)",
+        &[&row_ref],
+    )?;
+    Ok(())
+}
+
+fn dead_letter_tx(
+    t: &mut impl Exec,
+    actor: &str,
+    d: &DeadLetterRequest,
+    retention: bool,
+) -> Result<bool, postgres::Error> {
+    let unit = i(d.unit.0);
+    let found = t.opt(
+        "SELECT d.seq, d.attempts, d.last_status, d.last_error, d.first_attempt_at, d.last_attempt_at, \
+         u.row_ref, r.row_id, l.recipient, l.ordering_key \
+         FROM ol_deliveries d JOIN ol_units u ON u.id = d.unit_id JOIN ol_rows r ON r.id = u.row_ref \
+         JOIN ol_lanes l ON l.id = d.lane_id \
+         WHERE d.unit_id = $1 AND d.lane_id = $2 AND d.state = 0 AND l.actor = $3 FOR UPDATE OF d",
+        &[&unit, &d.lane.0, &actor],
+    )?;
+    let Some(r) = found else { return Ok(false) };
+    let seq: i64 = r.get(0);
+    let attempts: i64 = r.get(1);
+    let status: Option<i64> = d.status.map(i64::from).or(r.get(2));
+    let error: Option<String> = d.error.clone().or(r.get(3));
+    let first: Option<i64> = r.get(4);
+    let last: Option<i64> = r.get(5);
+    let row_ref: i64 = r.get(6);
+    let row_id: String = r.get(7);
+    let recipient: String = r.get(8);
+    let ok: String = r.get(9);
+    t.x(
+        "INSERT INTO ol_dead_letters (unit_id, row_ref, row_id, actor, lane_id, recipient, ordering_key, reason, \
+         last_status, last_error, attempts, first_attempt_at, last_attempt_at, seq, dead_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
+        &[
+            &unit,
+            &row_ref,
+            &row_id,
+            &actor,
+            &d.lane.0,
+            &recipient,
+            &ok,
+            &d.reason.as_str(),
+            &status,
+            &error,
+            &attempts,
+            &first,
+            &last,
+            &seq,
+            &ms(d.at),
+        ],
+    )?;
+    t.x(
+        "UPDATE ol_deliveries SET state = $3 WHERE unit_id = $1 AND lane_id = $2",
+        &[&unit, &d.lane.0, &STATE_DEAD],
+    )?;
+    if d.status.is_some() || d.error.is_some() {
+        t.x(
+            "UPDATE ol_lanes SET last_status = $2, last_error = $3 WHERE id = $1",
+            &[&d.lane.0, &status, &error],
+        )?;
+    }
+    settle(t, unit, retention)?;
+    Ok(true)
+}
+
+fn lane_update(t: &mut impl Exec, sql: &str, p: &[P<'_>]) -> Result<(), StoreError> {
+    if t.x(sql, p)? == 0 {
+        return Err(StoreError::NotFound { what: "lane" });
+    }
+    Ok(())
+}
+
+const DEAD_COLS: &str = "id, unit_id, row_id, actor, recipient, ordering_key, reason, last_status, last_error, \
+                         attempts, first_attempt_at, last_attempt_at, seq, dead_at, row_ref, lane_id";
+
+fn dead_of(r: &Row) -> (DeadLetter, i64, i64) {
+    let reason: String = r.get(6);
+    (
+        DeadLetter {
+            id: DeadLetterId(r.get(0)),
+            unit: UnitId(u(r.get(1))),
+            row_id: r.get(2),
+            actor: ActorId::new(r.get::<_, String>(3)),
+            key: key_of(r.get(4), r.get(5)),
+            // A code from a newer build reads as the closest meaning we know.
+            reason: DeadReason::from_code(&reason).unwrap_or(DeadReason::Permanent),
+            last_status: status_of(r.get(7)),
+            last_error: r.get(8),
+            attempts: u32_of(r.get(9)),
+            first_attempt_at: r.get::<_, Option<i64>>(10).map(ts),
+            last_attempt_at: r.get::<_, Option<i64>>(11).map(ts),
+            seq: Seq(u(r.get(12))),
+            dead_at: ts(r.get(13)),
+        },
+        r.get(14),
+        r.get(15),
+    )
+}
+
+fn select_dead(
+    t: &mut impl Exec,
+    which: &DeadLetterSelection,
+) -> Result<Vec<(DeadLetter, i64, i64)>, postgres::Error> {
+    match which {
+        DeadLetterSelection::Actor(a) => Ok(t
+            .q(
+                &format!("SELECT {DEAD_COLS} FROM ol_dead_letters WHERE actor = $1 ORDER BY seq, unit_id, id"),
+                &[&a.as_str()],
+            )?
+            .iter()
+            .map(dead_of)
+            .collect()),
+        DeadLetterSelection::Ids(ids) => {
+            let ids: Vec<i64> = ids.iter().map(|d| d.0).collect();
+            Ok(t
+                .q(
+                    &format!(
+                        "SELECT {DEAD_COLS} FROM ol_dead_letters WHERE id = ANY($1) ORDER BY actor, seq, unit_id, id"
+                    ),
+                    &[&ids],
+                )?
+                .iter()
+                .map(dead_of)
+                .collect())
+        }
+    }
+}
+
+impl Store for PgStore {
+    fn enqueue(&self, actor: &ActorId, rows: &[NewRow]) -> Result<Vec<Enqueued>, EnqueueError> {
+        let prepared = prepare(rows, self.opts.common.max_payload)?;
+        if prepared.is_empty() {
+            return Ok(Vec::new());
+        }
+        let out = self.with_tx(false, |t| enqueue_tx(t, actor, &prepared, &self.channel))?;
+        self.notifier.notify();
+        Ok(out)
+    }
+
+    fn acquire_slot(
+        &self,
+        actor: &ActorId,
+        holder: &str,
+        lease: Duration,
+    ) -> Result<Acquire, StoreError> {
+        let lease = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+        self.tx(false, |t| {
+            t.x("INSERT INTO ol_slots (actor) VALUES ($1) ON CONFLICT (actor) DO NOTHING", &[&actor.as_str()])?;
+            let got = t.opt(
+                &format!(
+                    "UPDATE ol_slots SET token = token + 1, holder = $2, lease_expires = {NOW} + $3, look_again = FALSE \
+                     WHERE actor = $1 AND (holder IS NULL OR lease_expires <= {NOW}) RETURNING token"
+                ),
+                &[&actor.as_str(), &holder, &lease],
+            )?;
+            match got {
+                Some(r) => Ok(Acquire::Acquired(SlotToken::new(actor.clone(), u(r.get(0)), holder.to_string()))),
+                None => {
+                    t.x("UPDATE ol_slots SET look_again = TRUE WHERE actor = $1", &[&actor.as_str()])?;
+                    Ok(Acquire::Held)
+                }
+            }
+        })
+    }
+
+    fn renew_slot(&self, token: &SlotToken, lease: Duration) -> Result<(), StoreError> {
+        let lease = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+        self.tx(true, |t| {
+            let n = t.x(
+                &format!(
+                    "UPDATE ol_slots SET lease_expires = {NOW} + $3 WHERE actor = $1 AND token = $2 \
+                     AND holder IS NOT NULL AND lease_expires > {NOW}"
+                ),
+                &[&token.actor().as_str(), &i(token.fencing()), &lease],
+            )?;
+            if n == 0 { Err(StoreError::StaleToken) } else { Ok(()) }
+        })
+    }
+
+    fn release_slot(&self, token: &SlotToken) -> Result<Release, StoreError> {
+        self.tx(false, |t| {
+            let look = t.opt(
+                &format!(
+                    "SELECT look_again FROM ol_slots WHERE actor = $1 AND token = $2 AND holder IS NOT NULL \
+                     AND lease_expires > {NOW} FOR UPDATE"
+                ),
+                &[&token.actor().as_str(), &i(token.fencing())],
+            )?;
+            match look.map(|r| r.get::<_, bool>(0)) {
+                None => Err(StoreError::StaleToken),
+                Some(true) => {
+                    t.x("UPDATE ol_slots SET look_again = FALSE WHERE actor = $1", &[&token.actor().as_str()])?;
+                    Ok(Release::LookAgain)
+                }
+                Some(false) => {
+                    t.x("UPDATE ol_slots SET holder = NULL, lease_expires = 0 WHERE actor = $1", &[&token.actor().as_str()])?;
+                    Ok(Release::Released)
+                }
+            }
+        })
+    }
+
+    fn lanes_with_work(
+        &self,
+        token: &SlotToken,
+        since: u64,
+    ) -> Result<(Vec<LaneInfo>, u64), StoreError> {
+        self.tx(true, |t| {
+            fence(t, token, false)?;
+            let rows = t.q(
+                "SELECT l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, l.paused, l.tail_seq \
+                 FROM ol_lanes l WHERE l.actor = $1 AND l.tail_seq > $2 \
+                 AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id) ORDER BY l.id",
+                &[&token.actor().as_str(), &i(since)],
+            )?;
+            let mut mark = since;
+            let mut out = Vec::with_capacity(rows.len());
+            for r in rows {
+                mark = mark.max(u(r.get(7)));
+                out.push(LaneInfo {
+                    lane: StoreLaneId(r.get(0)),
+                    key: key_of(r.get(1), r.get(2)),
+                    not_before: r.get::<_, Option<i64>>(3).map(ts),
+                    backoff_level: u32_of(r.get(4)),
+                    strict: r.get(5),
+                    paused: r.get(6),
+                });
+            }
+            Ok((out, mark))
+        })
+    }
+
+    fn claim(
+        &self,
+        token: &SlotToken,
+        lanes: &[LaneClaim],
+    ) -> Result<Vec<ClaimedLane>, StoreError> {
+        self.tx(true, |t| {
+            fence(t, token, false)?;
+            let actor = token.actor().as_str();
+            let mut out = Vec::with_capacity(lanes.len());
+            for req in lanes {
+                let lane = t.opt(
+                    "SELECT recipient, ordering_key, paused FROM ol_lanes WHERE id = $1 AND actor = $2",
+                    &[&req.lane.0, &actor],
+                )?;
+                let Some(lane) = lane else {
+                    out.push(ClaimedLane { lane: req.lane, units: Vec::new(), exhausted: true });
+                    continue;
+                };
+                let paused: bool = lane.get(2);
+                if paused || req.limit == 0 {
+                    out.push(ClaimedLane { lane: req.lane, units: Vec::new(), exhausted: paused });
+                    continue;
+                }
+                let key = key_of(lane.get(0), lane.get(1));
+                let heads = t.q(
+                    "SELECT d.unit_id, d.seq, d.attempts, d.state, r.row_id, r.body_len, r.enqueued_at, u.lanes \
+                     FROM (SELECT unit_id, seq, attempts, state FROM ol_deliveries \
+                           WHERE lane_id = $1 AND seq >= $2 ORDER BY lane_id, seq, unit_id LIMIT $3) d \
+                     JOIN ol_units u ON u.id = d.unit_id JOIN ol_rows r ON r.id = u.row_ref \
+                     ORDER BY d.seq, d.unit_id",
+                    &[&req.lane.0, &i(req.from.0), &i64::from(req.limit)],
+                )?;
+                let exhausted = heads.len() < req.limit as usize;
+                let mut units = Vec::with_capacity(heads.len());
+                for h in heads {
+                    let unit: i64 = h.get(0);
+                    let nlanes: i64 = h.get(7);
+                    let slots = if nlanes <= 1 {
+                        vec![ClaimedSlot {
+                            lane: req.lane,
+                            key: key.clone(),
+                            attempts: u32_of(h.get(2)),
+                            served: h.get::<_, i64>(3) != STATE_PENDING,
+                        }]
+                    } else {
+                        t.q(
+                            "SELECT d.lane_id, l.recipient, l.ordering_key, d.attempts, d.state \
+                             FROM ol_deliveries d JOIN ol_lanes l ON l.id = d.lane_id WHERE d.unit_id = $1 ORDER BY d.lane_id",
+                            &[&unit],
+                        )?
+                        .iter()
+                        .map(|r| ClaimedSlot {
+                            lane: StoreLaneId(r.get(0)),
+                            key: key_of(r.get(1), r.get(2)),
+                            attempts: u32_of(r.get(3)),
+                            served: r.get::<_, i64>(4) != STATE_PENDING,
+                        })
+                        .collect()
+                    };
+                    units.push(ClaimedUnit {
+                        id: UnitId(u(unit)),
+                        seq: Seq(u(h.get(1))),
+                        row_id: h.get(4),
+                        bytes: u32_of(h.get(5)),
+                        enqueued_at: ts(h.get(6)),
+                        slots,
+                    });
+                }
+                out.push(ClaimedLane { lane: req.lane, units, exhausted });
+            }
+            Ok(out)
+        })
+    }
+
+    fn payload(&self, unit: UnitId) -> Result<Payload, StoreError> {
+        self.tx(true, |t| {
+            t.opt(
+                "SELECT r.row_id, r.content_type, r.body FROM ol_units u JOIN ol_rows r ON r.id = u.row_ref \
+                 WHERE u.id = $1 AND u.acked_at IS NULL",
+                &[&i(unit.0)],
+            )?
+            .map(|r| Payload { row_id: r.get(0), content_type: r.get(1), body: r.get(2) })
+            .ok_or(StoreError::NotFound { what: "unit" })
+        })
+    }
+
+    fn ack(
+        &self,
+        token: &SlotToken,
+        delivered: &[(UnitId, StoreLaneId)],
+    ) -> Result<(), StoreError> {
+        if delivered.is_empty() {
+            return Ok(());
+        }
+        let retention = self.opts.common.ack_retention.is_some();
+        let units: Vec<i64> = delivered.iter().map(|(u, _)| i(u.0)).collect();
+        let lanes: Vec<i64> = delivered.iter().map(|(_, l)| l.0).collect();
+        // Set-based: a fixed number of round trips per batch, whatever its size.
+        self.fenced(token, true, |t| {
+            let done: Vec<(i64, i64)> = t
+                .q(
+                    "WITH acked AS ( \
+                       UPDATE ol_deliveries d SET state = 1 \
+                       FROM unnest($1::bigint[], $2::bigint[]) AS a(unit_id, lane_id) \
+                       WHERE d.unit_id = a.unit_id AND d.lane_id = a.lane_id AND d.state = 0 \
+                       AND EXISTS (SELECT 1 FROM ol_units x WHERE x.id = d.unit_id AND x.actor = $3) \
+                       RETURNING d.unit_id), \
+                     dec AS ( \
+                       UPDATE ol_units u SET pending = u.pending - c.n \
+                       FROM (SELECT unit_id, count(*) AS n FROM acked GROUP BY unit_id) c \
+                       WHERE u.id = c.unit_id RETURNING u.id, u.pending, u.row_ref) \
+                     SELECT id, row_ref FROM dec WHERE pending = 0",
+                    &[&units, &lanes, &token.actor().as_str()],
+                )?
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect();
+            if done.is_empty() {
+                return Ok(());
+            }
+            let ids: Vec<i64> = done.iter().map(|d| d.0).collect();
+            if retention {
+                t.x(
+                    &format!(
+                        "WITH d AS (DELETE FROM ol_deliveries USING unnest($1::bigint[]) AS k(id) WHERE unit_id = k.id) \
+                         UPDATE ol_units u SET acked_at = {NOW} FROM unnest($1::bigint[]) AS k(id) WHERE u.id = k.id"
+                    ),
+                    &[&ids],
+                )?;
+            } else {
+                let rows: Vec<i64> = done.iter().map(|d| d.1).collect();
+                // One round trip: the row delete runs on the statement's snapshot, which still
+                // shows the finished units, so it skips them by id.
+                t.x(
+                    "WITH d AS (DELETE FROM ol_deliveries USING unnest($1::bigint[]) AS k(id) WHERE unit_id = k.id), \
+                          u AS (DELETE FROM ol_units u USING unnest($1::bigint[]) AS k(id) WHERE u.id = k.id) \
+                     DELETE FROM ol_rows r USING (SELECT DISTINCT unnest($2::bigint[]) AS id) k WHERE r.id = k.id \
+                     AND NOT EXISTS (SELECT 1 FROM ol_units x WHERE x.row_ref = r.id AND NOT (x.id = ANY($1))) \
+                     AND NOT EXISTS (SELECT 1 FROM ol_dead_letters x WHERE x.row_ref = r.id)",
+                    &[&ids, &rows],
+                )?;
+            }
+            Ok(())
+        })
+    }
+
+    fn record_attempts(
+        &self,
+        token: &SlotToken,
+        attempts: &[AttemptRecord],
+    ) -> Result<(), StoreError> {
+        self.fenced(token, true, |t| {
+            let actor = token.actor().as_str();
+            for a in attempts {
+                let status = a.status.map(i64::from);
+                let n = t.x(
+                    "UPDATE ol_deliveries SET attempts = $3, last_status = $4, last_error = $5, \
+                     first_attempt_at = coalesce(first_attempt_at, $6), last_attempt_at = $6 \
+                     WHERE unit_id = $1 AND lane_id = $2 AND EXISTS (SELECT 1 FROM ol_lanes WHERE id = $2 AND actor = $7)",
+                    &[&i(a.unit.0), &a.lane.0, &i64::from(a.attempts), &status, &a.error, &ms(a.at), &actor],
+                )?;
+                if n == 1 {
+                    t.x("UPDATE ol_lanes SET last_status = $2, last_error = $3 WHERE id = $1", &[&a.lane.0, &status, &a.error])?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn dead_letter(&self, token: &SlotToken, dead: &DeadLetterRequest) -> Result<(), StoreError> {
+        let retention = self.opts.common.ack_retention.is_some();
+        self.fenced(token, true, |t| {
+            dead_letter_tx(t, token.actor().as_str(), dead, retention)?;
+            Ok(())
+        })
+    }
+
+    fn set_lane_state(
+        &self,
+        token: &SlotToken,
+        lane: StoreLaneId,
+        not_before: Option<Timestamp>,
+        backoff_level: u32,
+    ) -> Result<(), StoreError> {
+        self.fenced(token, true, |t| {
+            lane_update(
+                t,
+                "UPDATE ol_lanes SET not_before = $3, backoff_level = $4 WHERE id = $1 AND actor = $2",
+                &[&lane.0, &token.actor().as_str(), &not_before.map(ms), &i64::from(backoff_level)],
+            )
+        })
+    }
+
+    fn block_lane(
+        &self,
+        token: &SlotToken,
+        lane: StoreLaneId,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        self.fenced(token, true, |t| {
+            lane_update(
+                t,
+                "UPDATE ol_lanes SET paused = TRUE, pause_reason = $3 WHERE id = $1 AND actor = $2",
+                &[&lane.0, &token.actor().as_str(), &reason],
+            )
+        })
+    }
+
+    fn retire_lane(
+        &self,
+        token: &SlotToken,
+        lane: StoreLaneId,
+        at: Timestamp,
+    ) -> Result<u64, StoreError> {
+        let retention = self.opts.common.ack_retention.is_some();
+        self.fenced(token, false, |t| {
+            let units: Vec<i64> = t
+                .q("SELECT unit_id FROM ol_deliveries WHERE lane_id = $1 AND state = 0 ORDER BY seq", &[&lane.0])?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            let mut n = 0;
+            for unit in units {
+                let req = DeadLetterRequest {
+                    unit: UnitId(u(unit)),
+                    lane,
+                    reason: DeadReason::LaneRetired,
+                    status: None,
+                    error: None,
+                    at,
+                };
+                if dead_letter_tx(t, token.actor().as_str(), &req, retention)? {
+                    n += 1;
+                }
+            }
+            Ok(n)
+        })
+    }
+
+    fn acquire_ready(
+        &self,
+        holder: &str,
+        lease: Duration,
+        now: Timestamp,
+        max: usize,
+    ) -> Result<Vec<SlotToken>, StoreError> {
+        let lease = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+        self.tx(false, |t| {
+            t.x(
+                "INSERT INTO ol_slots (actor) SELECT DISTINCT l.actor FROM ol_lanes l \
+                 WHERE NOT l.paused AND (l.not_before IS NULL OR l.not_before <= $1) \
+                 AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0) \
+                 ON CONFLICT (actor) DO NOTHING",
+                &[&ms(now)],
+            )?;
+            // Rows another relay is acquiring or releasing right now are skipped, not waited on.
+            let slots: Vec<(String, bool)> = t
+                .q(
+                    &format!(
+                        "SELECT s.actor, (s.holder IS NULL OR s.lease_expires <= {NOW}) FROM ol_slots s \
+                         WHERE s.actor IN (SELECT l.actor FROM ol_lanes l WHERE NOT l.paused \
+                           AND (l.not_before IS NULL OR l.not_before <= $1) \
+                           AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0)) \
+                         ORDER BY s.lease_expires, s.actor FOR UPDATE OF s SKIP LOCKED"
+                    ),
+                    &[&ms(now)],
+                )?
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect();
+            let take: Vec<&str> = slots.iter().filter(|s| s.1).take(max).map(|s| s.0.as_str()).collect();
+            let held: Vec<&str> = slots.iter().filter(|s| !s.1).map(|s| s.0.as_str()).collect();
+            if !held.is_empty() {
+                t.x(
+                    "UPDATE ol_slots SET look_again = TRUE WHERE actor IN (SELECT unnest($1::text[]))",
+                    &[&held],
+                )?;
+            }
+            if take.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut got: Vec<(String, i64)> = t
+                .q(
+                    &format!(
+                        "UPDATE ol_slots SET token = token + 1, holder = $2, lease_expires = {NOW} + $3, \
+                         look_again = FALSE WHERE actor IN (SELECT unnest($1::text[])) RETURNING actor, token"
+                    ),
+                    &[&take, &holder, &lease],
+                )?
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect();
+            got.sort();
+            Ok(got
+                .into_iter()
+                .map(|(a, tok)| SlotToken::new(ActorId::new(a), u(tok), holder.to_string()))
+                .collect())
+        })
+    }
+
+    fn actors_with_work(&self, now: Timestamp) -> Result<ActorsDue, StoreError> {
+        self.tx(true, |t| {
+            let ready = t
+                .q(
+                    "SELECT DISTINCT l.actor FROM ol_lanes l WHERE NOT l.paused \
+                     AND (l.not_before IS NULL OR l.not_before <= $1) \
+                     AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0) ORDER BY l.actor",
+                    &[&ms(now)],
+                )?
+                .iter()
+                .map(|r| ActorId::new(r.get::<_, String>(0)))
+                .collect();
+            let next: Option<i64> = t
+                .one(
+                    "SELECT min(l.not_before) FROM ol_lanes l WHERE NOT l.paused AND l.not_before > $1 \
+                     AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0)",
+                    &[&ms(now)],
+                )?
+                .get(0);
+            Ok(ActorsDue { ready, next_not_before: next.map(ts) })
+        })
+    }
+
+    fn status(&self) -> Result<Vec<ActorStatus>, StoreError> {
+        let now = ms(Timestamp::from_system_time(std::time::SystemTime::now()));
+        self.tx(true, |t| {
+            let pending = t
+                .q("SELECT actor, count(*) FROM ol_units WHERE acked_at IS NULL GROUP BY actor", &[])?
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect();
+            let held = t
+                .q(&format!("SELECT actor FROM ol_slots WHERE holder IS NOT NULL AND lease_expires > {NOW}"), &[])?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            let backoff = t
+                .q(
+                    "SELECT l.actor, l.recipient, l.ordering_key, l.not_before FROM ol_lanes l WHERE l.not_before > $1 \
+                     AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0) \
+                     ORDER BY l.actor, l.not_before, l.id",
+                    &[&now],
+                )?
+                .iter()
+                .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+                .collect();
+            let dead = t
+                .q("SELECT actor, count(*) FROM ol_dead_letters GROUP BY actor", &[])?
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect();
+            Ok(assemble_status(&mut BTreeMap::new(), pending, held, backoff, dead))
+        })
+    }
+
+    fn lanes(&self, actor: &ActorId) -> Result<Vec<LaneStatus>, StoreError> {
+        self.tx(true, |t| {
+            Ok(t
+                .q(
+                    "SELECT l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, l.paused, \
+                     l.pause_reason, l.last_status, l.last_error, \
+                     (SELECT count(*) FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0), \
+                     (SELECT r.enqueued_at FROM ol_deliveries d JOIN ol_units u ON u.id = d.unit_id \
+                      JOIN ol_rows r ON r.id = u.row_ref WHERE d.lane_id = l.id AND d.state = 0 ORDER BY d.seq LIMIT 1) \
+                     FROM ol_lanes l WHERE l.actor = $1 ORDER BY l.id",
+                    &[&actor.as_str()],
+                )?
+                .iter()
+                .map(|r| LaneStatus {
+                    lane: StoreLaneId(r.get(0)),
+                    key: key_of(r.get(1), r.get(2)),
+                    not_before: r.get::<_, Option<i64>>(3).map(ts),
+                    backoff_level: u32_of(r.get(4)),
+                    strict: r.get(5),
+                    paused: r.get(6),
+                    pause_reason: r.get(7),
+                    last_status: status_of(r.get(8)),
+                    last_error: r.get(9),
+                    depth: u(r.get(10)),
+                    head_enqueued_at: r.get::<_, Option<i64>>(11).map(ts),
+                })
+                .collect())
+        })
+    }
+
+    fn dead_letters(&self, actor: Option<&ActorId>) -> Result<Vec<DeadLetter>, StoreError> {
+        self.tx(true, |t| {
+            Ok(match actor {
+                Some(a) => select_dead(t, &DeadLetterSelection::Actor(a.clone()))?,
+                None => t
+                    .q(&format!("SELECT {DEAD_COLS} FROM ol_dead_letters ORDER BY actor, seq, unit_id, id"), &[])?
+                    .iter()
+                    .map(dead_of)
+                    .collect(),
+            }
+            .into_iter()
+            .map(|d| d.0)
+            .collect())
+        })
+    }
+
+    fn replay_dead_letters(&self, which: &DeadLetterSelection) -> Result<Vec<UnitId>, StoreError> {
+        let out = self.tx(false, |t| {
+            let dead = select_dead(t, which)?;
+            let mut revived: HashSet<i64> = HashSet::new();
+            let mut units = Vec::new();
+            let mut last_group: Option<(String, Seq)> = None;
+            let mut seq = 0;
+            let mut actors = Vec::new();
+            for (dl, row_ref, lane) in dead {
+                let group = (dl.actor.as_str().to_string(), dl.seq);
+                if last_group.as_ref() != Some(&group) {
+                    seq = alloc_seqs(t, dl.actor.as_str(), 1)?;
+                    last_group = Some(group);
+                }
+                if !actors.contains(&dl.actor) {
+                    actors.push(dl.actor.clone());
+                }
+                let unit = i(dl.unit.0);
+                let existing = t
+                    .opt("SELECT pending, acked_at FROM ol_units WHERE id = $1", &[&unit])?
+                    .map(|r| (r.get::<_, i64>(0), r.get::<_, Option<i64>>(1)));
+                match existing {
+                    Some((pending, None)) if pending > 0 && !revived.contains(&unit) => {
+                        t.x(
+                            "UPDATE ol_deliveries SET state = 0, attempts = 0, last_status = NULL, last_error = NULL, \
+                             first_attempt_at = NULL, last_attempt_at = NULL WHERE unit_id = $1 AND lane_id = $2",
+                            &[&unit, &lane],
+                        )?;
+                        t.x("UPDATE ol_units SET pending = pending + 1 WHERE id = $1", &[&unit])?;
+                    }
+                    Some(_) if revived.contains(&unit) => {
+                        t.x("UPDATE ol_units SET pending = pending + 1, lanes = lanes + 1 WHERE id = $1", &[&unit])?;
+                        insert_delivery(t, unit, lane, seq)?;
+                    }
+                    Some(_) => {
+                        t.x("DELETE FROM ol_deliveries WHERE unit_id = $1", &[&unit])?;
+                        t.x(
+                            "UPDATE ol_units SET acked_at = NULL, pending = 1, lanes = 1, seq = $2 WHERE id = $1",
+                            &[&unit, &seq],
+                        )?;
+                        revived.insert(unit);
+                        insert_delivery(t, unit, lane, seq)?;
+                    }
+                    None => {
+                        t.x(
+                            "INSERT INTO ol_units (id, actor, row_ref, seq, lanes, pending) VALUES ($1, $2, $3, $4, 1, 1)",
+                            &[&unit, &dl.actor.as_str(), &row_ref, &seq],
+                        )?;
+                        revived.insert(unit);
+                        insert_delivery(t, unit, lane, seq)?;
+                    }
+                }
+                t.x("DELETE FROM ol_dead_letters WHERE id = $1", &[&dl.id.0])?;
+                if !units.contains(&dl.unit) {
+                    units.push(dl.unit);
+                }
+            }
+            for a in &actors {
+                t.x("SELECT pg_notify($1, $2)", &[&self.channel, &a.as_str()])?;
+            }
+            Ok(units)
+        })?;
+        self.notifier.notify();
+        Ok(out)
+    }
+
+    fn purge_dead_letters(&self, which: &DeadLetterSelection) -> Result<u64, StoreError> {
+        self.tx(false, |t| {
+            let dead = select_dead(t, which)?;
+            let mut n = 0;
+            for (dl, row_ref, _) in dead {
+                n += t.x("DELETE FROM ol_dead_letters WHERE id = $1", &[&dl.id.0])?;
+                drop_row_if_unused(t, row_ref)?;
+            }
+            Ok(n)
+        })
+    }
+
+    fn pause_lane(&self, lane: StoreLaneId, reason: &str) -> Result<(), StoreError> {
+        self.tx(true, |t| {
+            lane_update(
+                t,
+                "UPDATE ol_lanes SET paused = TRUE, pause_reason = $2 WHERE id = $1",
+                &[&lane.0, &reason],
+            )
+        })
+    }
+
+    fn resume_lane(&self, lane: StoreLaneId) -> Result<(), StoreError> {
+        let r = self.tx(true, |t| {
+            lane_update(
+                t,
+                "UPDATE ol_lanes SET paused = FALSE, pause_reason = NULL WHERE id = $1",
+                &[&lane.0],
+            )
+        });
+        self.notifier.notify();
+        r
+    }
+
+    fn retry_lane_now(&self, lane: StoreLaneId) -> Result<(), StoreError> {
+        let r = self.tx(true, |t| {
+            lane_update(
+                t,
+                "UPDATE ol_lanes SET not_before = NULL, backoff_level = 0 WHERE id = $1",
+                &[&lane.0],
+            )
+        });
+        self.notifier.notify();
+        r
+    }
+
+    fn set_lane_strict(&self, lane: StoreLaneId, strict: bool) -> Result<(), StoreError> {
+        self.tx(true, |t| {
+            lane_update(
+                t,
+                "UPDATE ol_lanes SET strict = $2 WHERE id = $1",
+                &[&lane.0, &strict],
+            )
+        })
+    }
+
+    fn find_lane(&self, actor: &ActorId, key: &LaneKey) -> Result<Option<StoreLaneId>, StoreError> {
+        self.tx(true, |t| {
+            Ok(t.opt(
+                "SELECT id FROM ol_lanes WHERE actor = $1 AND recipient = $2 AND ordering_key = $3",
+                &[
+                    &actor.as_str(),
+                    &key.recipient(),
+                    &key.ordering_key().unwrap_or(""),
+                ],
+            )?
+            .map(|r| StoreLaneId(r.get(0))))
+        })
+    }
+
+    fn purge_acked(&self, older_than: Timestamp) -> Result<u64, StoreError> {
+        self.tx(true, |t| {
+            let done: Vec<(i64, i64)> = t
+                .q(
+                    "SELECT id, row_ref FROM ol_units WHERE acked_at IS NOT NULL AND acked_at < $1",
+                    &[&ms(older_than)],
+                )?
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect();
+            for (unit, row_ref) in &done {
+                t.x("DELETE FROM ol_units WHERE id = $1", &[unit])?;
+                drop_row_if_unused(t, *row_ref)?;
+            }
+            Ok(done.len() as u64)
+        })
+    }
+
+    fn notifier(&self) -> Notifier {
+        self.notifier.clone()
+    }
+
+    fn watch(&self) -> Result<Notifier, StoreError> {
+        let mut w = self.watcher.lock().unwrap_or_else(PoisonError::into_inner);
+        if w.is_none() {
+            let mut client = self.new_conn(false)?.client;
+            client.batch_execute(&format!("LISTEN {}", self.channel))?;
+            let stop = Arc::new(AtomicBool::new(false));
+            let stop2 = Arc::clone(&stop);
+            let notifier = self.notifier.clone();
+            let config = self.config.clone();
+            let channel = self.channel.clone();
+            let every = self.opts.watch_interval;
+            let thread = std::thread::Builder::new()
+                .name("outbox-lanes-pg-listen".into())
+                .spawn(move || listen_loop(client, &config, &channel, &stop2, &notifier, every))
+                .map_err(|e| {
+                    StoreError::Database(format!("cannot start the watcher thread: {e}"))
+                })?;
+            *w = Some(Watcher {
+                stop,
+                thread: Some(thread),
+            });
+        }
+        Ok(self.notifier.clone())
+    }
+}
+
+/// LISTENs on the store's channel; reconnects after a lost connection (and then wakes every
+/// waiter once, since notifications sent meanwhile were lost).
+fn listen_loop(
+    mut client: Client,
+    config: &Config,
+    channel: &str,
+    stop: &AtomicBool,
+    notifier: &Notifier,
+    every: Duration,
+) {
+    while !stop.load(Ordering::SeqCst) {
+        let mut failed = false;
+        {
+            let mut n = client.notifications();
+            let mut it = n.timeout_iter(every);
+            let mut got = false;
+            loop {
+                match it.next() {
+                    Ok(Some(_)) => got = true,
+                    Err(_) => {
+                        failed = true;
+                        break;
+                    }
+                    Ok(None) => break,
+                }
+            }
+            if got {
+                notifier.notify();
+            }
+        }
+        if failed || client.is_closed() {
+            loop {
+                if stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                std::thread::sleep(every);
+                if let Ok(mut c) = config.connect(NoTls) {
+                    if c.batch_execute(&format!("LISTEN {channel}")).is_ok() {
+                        client = c;
+                        notifier.notify();
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,1574 @@
+//! The SQLite store: the embedded default.
+//!
+//! A file database runs in WAL mode with one writer connection and a few reader connections,
+//! each behind a mutex, so the store is safe to share between threads (`Arc<dyn Store>`).
+//! Writes take the database's write lock up front (`BEGIN IMMEDIATE`): a database locked by
+//! another connection past the busy timeout gives [`StoreError::Busy`] with nothing written.
+//!
+//! An in-memory database is ONE connection behind a mutex (WAL and shared cache do not apply
+//! to it), so one thread's rollback can never discard another thread's write.
+//!
+//! Durability: `synchronous=FULL` (the default) makes a commit survive power loss;
+//! [`Synchronous::Normal`] is faster and survives a process crash but may lose the last
+//! commits on power loss.
+//!
+//! The "database's clock" for drain-slot leases is SQLite's `unixepoch('subsec')`, read in
+//! the statement: every process sharing a SQLite file runs on the same machine and clock.
+
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use core::time::Duration;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+
+pub use rusqlite;
+use rusqlite::{
+    Connection, ErrorCode, OpenFlags, OptionalExtension, Transaction, TransactionBehavior, params,
+};
+
+use outbox_lanes_core::{ActorId, DeadReason, LaneKey, Seq, Timestamp, UnitId};
+
+use crate::notify::{Notifier, PendingWake};
+use crate::prepare::{PreparedRow, prepare};
+use crate::types::*;
+use crate::util::{assemble_status, i, key_of, ms, status_of, ts, u, u32_of};
+use crate::{EnqueueError, SCHEMA_VERSION, Store, StoreError};
+
+/// The durability of a commit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Synchronous {
+    /// Durable against power loss when the commit returns (OL-15). The default.
+    #[default]
+    Full,
+    /// Durable against a process crash; the last commits may be lost on power loss.
+    Normal,
+}
+
+/// How a [`SqliteStore`] opens its database.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SqliteOptions {
+    /// Commit durability.
+    pub synchronous: Synchronous,
+    /// How long a statement waits for another connection's lock before [`StoreError::Busy`].
+    pub busy_timeout: Duration,
+    /// Payload limit and ack retention.
+    pub common: CommonOptions,
+    /// Reader connections for a file database (claims, payloads, status).
+    pub readers: usize,
+    /// How often the cross-process watcher polls `PRAGMA data_version`.
+    pub watch_interval: Duration,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        SqliteOptions {
+            synchronous: Synchronous::Full,
+            busy_timeout: Duration::from_secs(5),
+            common: CommonOptions::default(),
+            readers: 2,
+            watch_interval: Duration::from_millis(5),
+        }
+    }
+}
+
+enum Conns {
+    Memory(Mutex<Connection>),
+    File {
+        writer: Mutex<Connection>,
+        readers: Vec<Mutex<Connection>>,
+        next: AtomicUsize,
+    },
+}
+
+struct Watcher {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The SQLite implementation of [`Store`]; see the module docs.
+pub struct SqliteStore {
+    conns: Conns,
+    path: Option<PathBuf>,
+    opts: SqliteOptions,
+    notifier: Notifier,
+    watcher: Mutex<Option<Watcher>>,
+}
+
+impl core::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.path)
+            .field("opts", &self.opts)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Makes sure every actor with admissible work has a slot row.
+const READY_SLOTS_SQLITE: &str = "INSERT INTO ol_slots (actor) SELECT DISTINCT l.actor FROM ol_lanes l \
+     WHERE l.paused = 0 AND (l.not_before IS NULL OR l.not_before <= ?1) \
+     AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0) \
+     ON CONFLICT (actor) DO NOTHING";
+
+/// SQLite's clock in milliseconds, read inside the statement.
+const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+
+const SCHEMA_V1: &str = "
+CREATE TABLE ol_actors (
+    actor     TEXT PRIMARY KEY,
+    last_seq  INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE ol_rows (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    actor         TEXT NOT NULL,
+    row_id        TEXT NOT NULL,
+    seq           INTEGER NOT NULL,
+    content_type  TEXT NOT NULL,
+    body          BLOB NOT NULL,
+    body_len      INTEGER NOT NULL,
+    dedup_key     TEXT,
+    ordering_key  TEXT NOT NULL DEFAULT '',
+    enqueued_at   INTEGER NOT NULL,
+    UNIQUE (actor, row_id)
+);
+CREATE INDEX ol_rows_dedup ON ol_rows (actor, dedup_key) WHERE dedup_key IS NOT NULL;
+CREATE TABLE ol_lanes (
+    id             INTEGER PRIMARY KEY AUTOINCREMENT,
+    actor          TEXT NOT NULL,
+    recipient      TEXT NOT NULL,
+    ordering_key   TEXT NOT NULL DEFAULT '',
+    not_before     INTEGER,
+    backoff_level  INTEGER NOT NULL DEFAULT 0,
+    strict         INTEGER NOT NULL DEFAULT 0,
+    paused         INTEGER NOT NULL DEFAULT 0,
+    pause_reason   TEXT,
+    last_status    INTEGER,
+    last_error     TEXT,
+    tail_seq       INTEGER NOT NULL DEFAULT 0,
+    UNIQUE (actor, recipient, ordering_key)
+);
+CREATE INDEX ol_lanes_tail ON ol_lanes (actor, tail_seq);
+CREATE TABLE ol_units (
+    id        INTEGER PRIMARY KEY AUTOINCREMENT,
+    actor     TEXT NOT NULL,
+    row_ref   INTEGER NOT NULL REFERENCES ol_rows (id),
+    seq       INTEGER NOT NULL,
+    lanes     INTEGER NOT NULL,
+    pending   INTEGER NOT NULL,
+    acked_at  INTEGER
+);
+CREATE INDEX ol_units_row ON ol_units (row_ref);
+CREATE INDEX ol_units_acked ON ol_units (acked_at) WHERE acked_at IS NOT NULL;
+CREATE TABLE ol_deliveries (
+    unit_id           INTEGER NOT NULL REFERENCES ol_units (id),
+    lane_id           INTEGER NOT NULL REFERENCES ol_lanes (id),
+    seq               INTEGER NOT NULL,
+    state             INTEGER NOT NULL DEFAULT 0,
+    attempts          INTEGER NOT NULL DEFAULT 0,
+    last_status       INTEGER,
+    last_error        TEXT,
+    first_attempt_at  INTEGER,
+    last_attempt_at   INTEGER,
+    PRIMARY KEY (unit_id, lane_id)
+) WITHOUT ROWID;
+CREATE INDEX ol_deliveries_lane ON ol_deliveries (lane_id, seq, unit_id);
+CREATE TABLE ol_dead_letters (
+    id                INTEGER PRIMARY KEY AUTOINCREMENT,
+    unit_id           INTEGER NOT NULL,
+    row_ref           INTEGER NOT NULL REFERENCES ol_rows (id),
+    row_id            TEXT NOT NULL,
+    actor             TEXT NOT NULL,
+    lane_id           INTEGER NOT NULL REFERENCES ol_lanes (id),
+    recipient         TEXT NOT NULL,
+    ordering_key      TEXT NOT NULL,
+    reason            TEXT NOT NULL,
+    last_status       INTEGER,
+    last_error        TEXT,
+    attempts          INTEGER NOT NULL,
+    first_attempt_at  INTEGER,
+    last_attempt_at   INTEGER,
+    seq               INTEGER NOT NULL,
+    dead_at           INTEGER NOT NULL
+);
+CREATE INDEX ol_dead_letters_actor ON ol_dead_letters (actor, seq);
+CREATE INDEX ol_dead_letters_row ON ol_dead_letters (row_ref);
+CREATE TABLE ol_slots (
+    actor          TEXT PRIMARY KEY,
+    token          INTEGER NOT NULL DEFAULT 0,
+    holder         TEXT,
+    lease_expires  INTEGER NOT NULL DEFAULT 0,
+    look_again     INTEGER NOT NULL DEFAULT 0
+);
+";
+
+const STATE_PENDING: i64 = 0;
+const STATE_SERVED: i64 = 1;
+const STATE_DEAD: i64 = 2;
+
+fn dur_ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn lock(m: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
+    // A panic inside a transaction rolled it back when the Transaction dropped; the
+    // connection itself is still sound.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn db_err(e: rusqlite::Error) -> StoreError {
+    match &e {
+        rusqlite::Error::SqliteFailure(f, _) => match f.code {
+            ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => StoreError::Busy,
+            ErrorCode::ReadOnly => StoreError::ReadOnly {
+                path: String::from("(database)"),
+            },
+            _ => StoreError::Database(e.to_string()),
+        },
+        _ => StoreError::Database(e.to_string()),
+    }
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        db_err(e)
+    }
+}
+
+impl From<rusqlite::Error> for EnqueueError {
+    fn from(e: rusqlite::Error) -> Self {
+        EnqueueError::Store(db_err(e))
+    }
+}
+
+fn configure(conn: &Connection, opts: &SqliteOptions, file: bool) -> Result<(), rusqlite::Error> {
+    conn.busy_timeout(opts.busy_timeout)?;
+    if file {
+        let _mode: String =
+            conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
+        conn.pragma_update(
+            None,
+            "synchronous",
+            match opts.synchronous {
+                Synchronous::Full => "FULL",
+                Synchronous::Normal => "NORMAL",
+            },
+        )?;
+    }
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(())
+}
+
+fn init_schema(conn: &mut Connection) -> Result<(), StoreError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    tx.execute_batch(
+        "CREATE TABLE IF NOT EXISTS ol_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);",
+    )?;
+    let found: Option<String> = tx
+        .query_row(
+            "SELECT value FROM ol_meta WHERE key = 'schema_version'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?;
+    match found {
+        None => {
+            tx.execute_batch(SCHEMA_V1)?;
+            tx.execute(
+                "INSERT INTO ol_meta (key, value) VALUES ('schema_version', ?1)",
+                [SCHEMA_VERSION.to_string()],
+            )?;
+        }
+        Some(v) => {
+            let found: u32 = v
+                .parse()
+                .map_err(|_| StoreError::Database(format!("unreadable schema_version {v:?}")))?;
+            if found > SCHEMA_VERSION {
+                return Err(StoreError::SchemaTooNew {
+                    found,
+                    supported: SCHEMA_VERSION,
+                });
+            }
+            // Version 1 is the first; later versions add their migrations here, in order.
+        }
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database file at `path`, creating or migrating its schema.
+    ///
+    /// # Errors
+    /// [`StoreError::Open`] if the file cannot be opened or created (missing directory),
+    /// [`StoreError::ReadOnly`] if it cannot be written, [`StoreError::SchemaTooNew`] for a
+    /// database from a newer version, [`StoreError::Busy`] if it stayed locked.
+    pub fn open(path: impl AsRef<Path>, opts: SqliteOptions) -> Result<SqliteStore, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        let shown = path.display().to_string();
+        let open_one = || -> Result<Connection, StoreError> {
+            let conn = Connection::open_with_flags(
+                &path,
+                OpenFlags::SQLITE_OPEN_READ_WRITE
+                    | OpenFlags::SQLITE_OPEN_CREATE
+                    | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            )
+            .map_err(|e| open_err(&shown, e))?;
+            configure(&conn, &opts, true).map_err(|e| open_err(&shown, e))?;
+            Ok(conn)
+        };
+        let mut writer = open_one()?;
+        init_schema(&mut writer).map_err(|e| match e {
+            StoreError::ReadOnly { .. } => StoreError::ReadOnly {
+                path: shown.clone(),
+            },
+            other => other,
+        })?;
+        let mut readers = Vec::with_capacity(opts.readers.max(1));
+        for _ in 0..opts.readers.max(1) {
+            readers.push(Mutex::new(open_one()?));
+        }
+        Ok(SqliteStore {
+            conns: Conns::File {
+                writer: Mutex::new(writer),
+                readers,
+                next: AtomicUsize::new(0),
+            },
+            path: Some(path),
+            opts,
+            notifier: Notifier::new(),
+            watcher: Mutex::new(None),
+        })
+    }
+
+    /// A private in-memory database with default options.
+    ///
+    /// # Errors
+    /// Only if SQLite cannot allocate the database.
+    pub fn in_memory() -> Result<SqliteStore, StoreError> {
+        SqliteStore::in_memory_with(SqliteOptions::default())
+    }
+
+    /// A private in-memory database: one connection behind a mutex.
+    ///
+    /// # Errors
+    /// Only if SQLite cannot allocate the database.
+    pub fn in_memory_with(opts: SqliteOptions) -> Result<SqliteStore, StoreError> {
+        let mut conn = Connection::open_in_memory().map_err(|e| open_err(":memory:", e))?;
+        configure(&conn, &opts, false)?;
+        init_schema(&mut conn)?;
+        Ok(SqliteStore {
+            conns: Conns::Memory(Mutex::new(conn)),
+            path: None,
+            opts,
+            notifier: Notifier::new(),
+            watcher: Mutex::new(None),
+        })
+    }
+
+    fn writer(&self) -> MutexGuard<'_, Connection> {
+        match &self.conns {
+            Conns::Memory(c) => lock(c),
+            Conns::File { writer, .. } => lock(writer),
+        }
+    }
+
+    fn reader(&self) -> MutexGuard<'_, Connection> {
+        match &self.conns {
+            Conns::Memory(c) => lock(c),
+            Conns::File { readers, next, .. } => {
+                // Prefer an idle reader; otherwise queue on one in turn.
+                for r in readers {
+                    if let Ok(g) = r.try_lock() {
+                        return g;
+                    }
+                }
+                let n = next.fetch_add(1, Ordering::Relaxed) % readers.len();
+                lock(&readers[n])
+            }
+        }
+    }
+
+    fn write<T>(
+        &self,
+        f: impl FnOnce(&Transaction<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut conn = self.writer();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let v = f(&tx)?;
+        tx.commit()?;
+        Ok(v)
+    }
+
+    fn read<T>(
+        &self,
+        f: impl FnOnce(&Transaction<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut conn = self.reader();
+        // A deferred transaction: one consistent snapshot for the whole read.
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
+        let v = f(&tx)?;
+        tx.commit()?;
+        Ok(v)
+    }
+
+    /// Enqueues inside the caller's own transaction (the transactional outbox, OL-15): the
+    /// rows commit or roll back with the caller's data. The transaction must be on a connection
+    /// to this store's database (the schema exists once the store was opened).
+    ///
+    /// Call the returned [`PendingWake::fire`] after the commit; never before. If it is not
+    /// fired, the cross-process watcher (started by [`Store::watch`]) or the monitor's poll
+    /// still finds the rows.
+    ///
+    /// # Errors
+    /// As [`Store::enqueue`]; the caller's transaction is left to the caller (roll it back).
+    pub fn enqueue_in(
+        &self,
+        tx: &Transaction<'_>,
+        actor: &ActorId,
+        rows: &[NewRow],
+    ) -> Result<(Vec<Enqueued>, PendingWake), EnqueueError> {
+        let prepared = prepare(rows, self.opts.common.max_payload)?;
+        // A savepoint so a refused batch leaves the caller's transaction as it was.
+        tx.execute_batch("SAVEPOINT ol_enqueue")?;
+        match enqueue_tx(tx, actor, &prepared) {
+            Ok(v) => {
+                tx.execute_batch("RELEASE ol_enqueue")?;
+                Ok((v, PendingWake::new(self.notifier.clone())))
+            }
+            Err(e) => {
+                let _ = tx.execute_batch("ROLLBACK TO ol_enqueue; RELEASE ol_enqueue");
+                Err(e)
+            }
+        }
+    }
+
+    /// Runs `f` in a transaction on the store's own writer connection, commits it, then fires
+    /// the wake-up. Meant for an in-memory store, whose caller cannot open a second
+    /// connection: call [`SqliteStore::enqueue_in`] inside `f` beside the business writes.
+    /// If `f` fails, the transaction rolls back and nothing is written.
+    ///
+    /// # Errors
+    /// `f`'s error, or the commit's.
+    pub fn with_transaction<T, E: From<StoreError>>(
+        &self,
+        f: impl FnOnce(&Transaction<'_>) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let v = {
+            let mut conn = self.writer();
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(StoreError::from)?;
+            let v = f(&tx)?;
+            tx.commit().map_err(StoreError::from)?;
+            v
+        };
+        self.notifier.notify();
+        Ok(v)
+    }
+
+    /// The options the store was opened with.
+    pub fn options(&self) -> &SqliteOptions {
+        &self.opts
+    }
+}
+
+fn open_err(target: &str, e: rusqlite::Error) -> StoreError {
+    match &e {
+        rusqlite::Error::SqliteFailure(f, _) if f.code == ErrorCode::CannotOpen => {
+            StoreError::Open {
+                target: target.to_string(),
+                reason: format!("{e} (does the directory exist and is it writable?)"),
+            }
+        }
+        rusqlite::Error::SqliteFailure(f, _) if f.code == ErrorCode::ReadOnly => {
+            StoreError::ReadOnly {
+                path: target.to_string(),
+            }
+        }
+        rusqlite::Error::SqliteFailure(f, _)
+            if matches!(f.code, ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) =>
+        {
+            StoreError::Busy
+        }
+        _ => StoreError::Open {
+            target: target.to_string(),
+            reason: e.to_string(),
+        },
+    }
+}
+
+fn fence(c: &Connection, t: &SlotToken) -> Result<(), StoreError> {
+    let live: bool = c
+        .prepare_cached(&format!(
+            "SELECT EXISTS (SELECT 1 FROM ol_slots WHERE actor = ?1 AND token = ?2 \
+             AND holder IS NOT NULL AND lease_expires > {NOW})"
+        ))?
+        .query_row(params![t.actor().as_str(), i(t.fencing())], |r| r.get(0))?;
+    if live {
+        Ok(())
+    } else {
+        Err(StoreError::StaleToken)
+    }
+}
+
+fn lane_id(c: &Connection, actor: &str, key: &LaneKey) -> Result<i64, rusqlite::Error> {
+    let ok = key.ordering_key().unwrap_or("");
+    c.prepare_cached(
+        "INSERT INTO ol_lanes (actor, recipient, ordering_key) VALUES (?1, ?2, ?3) \
+         ON CONFLICT (actor, recipient, ordering_key) DO NOTHING",
+    )?
+    .execute(params![actor, key.recipient(), ok])?;
+    c.prepare_cached(
+        "SELECT id FROM ol_lanes WHERE actor = ?1 AND recipient = ?2 AND ordering_key = ?3",
+    )?
+    .query_row(params![actor, key.recipient(), ok], |r| r.get(0))
+}
+
+fn alloc_seqs(c: &Connection, actor: &str, n: i64) -> Result<i64, rusqlite::Error> {
+    let last: i64 = c
+        .prepare_cached(
+            "INSERT INTO ol_actors AS a (actor, last_seq) VALUES (?1, ?2) \
+             ON CONFLICT (actor) DO UPDATE SET last_seq = a.last_seq + excluded.last_seq RETURNING last_seq",
+        )?
+        .query_row(params![actor, n], |r| r.get(0))?;
+    Ok(last - n + 1)
+}
+
+fn enqueue_tx(
+    c: &Connection,
+    actor: &ActorId,
+    rows: &[PreparedRow<'_>],
+) -> Result<Vec<Enqueued>, EnqueueError> {
+    let a = actor.as_str();
+    let now = ms(Timestamp::from_system_time(std::time::SystemTime::now()));
+    let n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
+    let first = alloc_seqs(c, a, n)?;
+    let mut lanes: HashMap<&LaneKey, i64> = HashMap::new();
+    let mut tails: HashMap<i64, i64> = HashMap::new();
+    let mut out = Vec::with_capacity(rows.len());
+    for (k, p) in rows.iter().enumerate() {
+        let seq = first + i64::try_from(k).unwrap_or(i64::MAX);
+        let row = p.row;
+        let row_ref: i64 = c
+            .prepare_cached(
+                "INSERT INTO ol_rows (actor, row_id, seq, content_type, body, body_len, dedup_key, \
+                 ordering_key, enqueued_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) RETURNING id",
+            )?
+            .query_row(
+                params![
+                    a,
+                    row.id,
+                    seq,
+                    row.content_type,
+                    row.body,
+                    i64::try_from(row.body.len()).unwrap_or(i64::MAX),
+                    row.dedup_key,
+                    p.ordering_key,
+                    now
+                ],
+                |r| r.get(0),
+            )
+            .map_err(|e| {
+                // UNIQUE (actor, row_id): the id is already stored for this actor.
+                if e.sqlite_error_code() == Some(ErrorCode::ConstraintViolation) {
+                    EnqueueError::DuplicateRowId { row: row.id.clone() }
+                } else {
+                    EnqueueError::from(e)
+                }
+            })?;
+        let mut kept = Vec::with_capacity(p.lanes.len());
+        let mut skipped = Vec::new();
+        for key in &p.lanes {
+            let id = match lanes.get(key) {
+                Some(id) => *id,
+                None => {
+                    let id = lane_id(c, a, key)?;
+                    lanes.insert(key, id);
+                    id
+                }
+            };
+            if let Some(dk) = &row.dedup_key {
+                let dup: bool = c
+                    .prepare_cached(
+                        "SELECT EXISTS (SELECT 1 FROM ol_rows r \
+                         JOIN ol_units u ON u.row_ref = r.id \
+                         JOIN ol_deliveries d ON d.unit_id = u.id \
+                         JOIN ol_lanes l ON l.id = d.lane_id \
+                         WHERE r.actor = ?1 AND r.dedup_key = ?2 AND l.recipient = ?3 AND d.state = 0)",
+                    )?
+                    .query_row(params![a, dk, key.recipient()], |r| r.get(0))?;
+                if dup {
+                    skipped.push(key.recipient().to_string());
+                    continue;
+                }
+            }
+            kept.push(id);
+        }
+        let mut units = Vec::new();
+        if kept.is_empty() {
+            c.prepare_cached("DELETE FROM ol_rows WHERE id = ?1")?
+                .execute([row_ref])?;
+        } else {
+            let groups: Vec<Vec<i64>> = if row.joined {
+                vec![kept]
+            } else {
+                kept.into_iter().map(|l| vec![l]).collect()
+            };
+            for g in groups {
+                let n = i64::try_from(g.len()).unwrap_or(i64::MAX);
+                let unit: i64 = c
+                    .prepare_cached(
+                        "INSERT INTO ol_units (actor, row_ref, seq, lanes, pending) \
+                         VALUES (?1, ?2, ?3, ?4, ?4) RETURNING id",
+                    )?
+                    .query_row(params![a, row_ref, seq, n], |r| r.get(0))?;
+                for lane in g {
+                    c.prepare_cached(
+                        "INSERT INTO ol_deliveries (unit_id, lane_id, seq) VALUES (?1, ?2, ?3)",
+                    )?
+                    .execute(params![unit, lane, seq])?;
+                    tails.insert(lane, seq);
+                }
+                units.push(UnitId(u(unit)));
+            }
+        }
+        out.push(Enqueued {
+            row_id: row.id.clone(),
+            seq: Seq(u(seq)),
+            units,
+            skipped,
+        });
+    }
+    // Once per lane: seqs grow through the batch, so the last one seen is the tail.
+    for (lane, seq) in tails {
+        c.prepare_cached("UPDATE ol_lanes SET tail_seq = max(tail_seq, ?2) WHERE id = ?1")?
+            .execute(params![lane, seq])?;
+    }
+    Ok(out)
+}
+
+/// Decrements a unit's pending recipients; finishes it at zero.
+fn settle(c: &Connection, unit: i64, retention: bool) -> Result<(), rusqlite::Error> {
+    let pending: i64 = c
+        .prepare_cached(
+            "UPDATE ol_units SET pending = pending - 1 WHERE id = ?1 RETURNING pending",
+        )?
+        .query_row([unit], |r| r.get(0))?;
+    if pending > 0 {
+        return Ok(());
+    }
+    c.prepare_cached("DELETE FROM ol_deliveries WHERE unit_id = ?1")?
+        .execute([unit])?;
+    finish(c, unit, retention)
+}
+
+/// Removes a unit whose deliveries are gone (or keeps it for the retention), and its row
+/// once nothing refers to it.
+fn finish(c: &Connection, unit: i64, retention: bool) -> Result<(), rusqlite::Error> {
+    if retention {
+        c.prepare_cached(&format!(
+            "UPDATE ol_units SET acked_at = {NOW}, pending = 0 WHERE id = ?1"
+        ))?
+        .execute([unit])?;
+    } else {
+        let row_ref: i64 = c
+            .prepare_cached("DELETE FROM ol_units WHERE id = ?1 RETURNING row_ref")?
+            .query_row([unit], |r| r.get(0))?;
+        drop_row_if_unused(c, row_ref)?;
+    }
+    Ok(())
+}
+
+fn drop_row_if_unused(c: &Connection, row_ref: i64) -> Result<(), rusqlite::Error> {
+    c.prepare_cached(
+        "DELETE FROM ol_rows WHERE id = ?1 \
+         AND NOT EXISTS (SELECT 1 FROM ol_units WHERE row_ref = ?1) \
+         AND NOT EXISTS (SELECT 1 FROM ol_dead_letters WHERE row_ref = ?1)",
+    )?
+    .execute([row_ref])?;
+    Ok(())
+}
+
+struct DeliveryRow {
+    seq: i64,
+    attempts: i64,
+    last_status: Option<i64>,
+    last_error: Option<String>,
+    first_attempt_at: Option<i64>,
+    last_attempt_at: Option<i64>,
+    row_ref: i64,
+    row_id: String,
+    recipient: String,
+    ordering_key: String,
+}
+
+fn dead_letter_tx(
+    c: &Connection,
+    actor: &str,
+    d: &DeadLetterRequest,
+    retention: bool,
+) -> Result<bool, rusqlite::Error> {
+    let unit = i(d.unit.0);
+    let found = c
+        .prepare_cached(
+            "SELECT d.seq, d.attempts, d.last_status, d.last_error, d.first_attempt_at, d.last_attempt_at, \
+             u.row_ref, r.row_id, l.recipient, l.ordering_key \
+             FROM ol_deliveries d JOIN ol_units u ON u.id = d.unit_id JOIN ol_rows r ON r.id = u.row_ref \
+             JOIN ol_lanes l ON l.id = d.lane_id \
+             WHERE d.unit_id = ?1 AND d.lane_id = ?2 AND d.state = 0 AND l.actor = ?3",
+        )?
+        .query_row(params![unit, d.lane.0, actor], |r| {
+            Ok(DeliveryRow {
+                seq: r.get(0)?,
+                attempts: r.get(1)?,
+                last_status: r.get(2)?,
+                last_error: r.get(3)?,
+                first_attempt_at: r.get(4)?,
+                last_attempt_at: r.get(5)?,
+                row_ref: r.get(6)?,
+                row_id: r.get(7)?,
+                recipient: r.get(8)?,
+                ordering_key: r.get(9)?,
+            })
+        })
+        .optional()?;
+    let Some(row) = found else { return Ok(false) };
+    let status = d.status.map(i64::from).or(row.last_status);
+    let error = d.error.clone().or(row.last_error);
+    c.prepare_cached(
+        "INSERT INTO ol_dead_letters (unit_id, row_ref, row_id, actor, lane_id, recipient, ordering_key, \
+         reason, last_status, last_error, attempts, first_attempt_at, last_attempt_at, seq, dead_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+    )?
+    .execute(params![
+        unit,
+        row.row_ref,
+        row.row_id,
+        actor,
+        d.lane.0,
+        row.recipient,
+        row.ordering_key,
+        d.reason.as_str(),
+        status,
+        error,
+        row.attempts,
+        row.first_attempt_at,
+        row.last_attempt_at,
+        row.seq,
+        ms(d.at)
+    ])?;
+    c.prepare_cached("UPDATE ol_deliveries SET state = ?3 WHERE unit_id = ?1 AND lane_id = ?2")?
+        .execute(params![unit, d.lane.0, STATE_DEAD])?;
+    if d.status.is_some() || d.error.is_some() {
+        c.prepare_cached("UPDATE ol_lanes SET last_status = ?2, last_error = ?3 WHERE id = ?1")?
+            .execute(params![d.lane.0, status, error])?;
+    }
+    settle(c, unit, retention)?;
+    Ok(true)
+}
+
+fn lane_update(
+    c: &Connection,
+    sql: &str,
+    lane: StoreLaneId,
+    actor: Option<&str>,
+    extra: &[&dyn rusqlite::ToSql],
+) -> Result<(), StoreError> {
+    let mut args: Vec<&dyn rusqlite::ToSql> = vec![&lane.0];
+    if let Some(a) = &actor {
+        args.push(a);
+    }
+    args.extend_from_slice(extra);
+    let n = c.prepare_cached(sql)?.execute(args.as_slice())?;
+    if n == 0 {
+        return Err(StoreError::NotFound { what: "lane" });
+    }
+    Ok(())
+}
+
+fn select_dead(
+    c: &Connection,
+    which: &DeadLetterSelection,
+) -> Result<Vec<(DeadLetter, i64, i64)>, rusqlite::Error> {
+    const COLS: &str = "id, unit_id, row_id, actor, recipient, ordering_key, reason, last_status, last_error, \
+                        attempts, first_attempt_at, last_attempt_at, seq, dead_at, row_ref, lane_id";
+    let map = |r: &rusqlite::Row<'_>| -> Result<(DeadLetter, i64, i64), rusqlite::Error> {
+        let reason: String = r.get(6)?;
+        Ok((
+            DeadLetter {
+                id: DeadLetterId(r.get(0)?),
+                unit: UnitId(u(r.get(1)?)),
+                row_id: r.get(2)?,
+                actor: ActorId::new(r.get::<_, String>(3)?),
+                key: key_of(r.get(4)?, r.get(5)?),
+                // A code from a newer build reads as the closest meaning we know.
+                reason: DeadReason::from_code(&reason).unwrap_or(DeadReason::Permanent),
+                last_status: status_of(r.get(7)?),
+                last_error: r.get(8)?,
+                attempts: u32_of(r.get(9)?),
+                first_attempt_at: r.get::<_, Option<i64>>(10)?.map(ts),
+                last_attempt_at: r.get::<_, Option<i64>>(11)?.map(ts),
+                seq: Seq(u(r.get(12)?)),
+                dead_at: ts(r.get(13)?),
+            },
+            r.get(14)?,
+            r.get(15)?,
+        ))
+    };
+    match which {
+        DeadLetterSelection::Actor(a) => c
+            .prepare_cached(&format!(
+                "SELECT {COLS} FROM ol_dead_letters WHERE actor = ?1 ORDER BY seq, unit_id, id"
+            ))?
+            .query_map([a.as_str()], map)?
+            .collect(),
+        DeadLetterSelection::Ids(ids) => {
+            let mut out = Vec::with_capacity(ids.len());
+            let mut st =
+                c.prepare_cached(&format!("SELECT {COLS} FROM ol_dead_letters WHERE id = ?1"))?;
+            for id in ids {
+                if let Some(v) = st.query_row([id.0], map).optional()? {
+                    out.push(v);
+                }
+            }
+            out.sort_by(|a, b| {
+                (a.0.actor.as_str(), a.0.seq, a.0.unit, a.0.id).cmp(&(
+                    b.0.actor.as_str(),
+                    b.0.seq,
+                    b.0.unit,
+                    b.0.id,
+                ))
+            });
+            Ok(out)
+        }
+    }
+}
+
+impl Store for SqliteStore {
+    fn enqueue(&self, actor: &ActorId, rows: &[NewRow]) -> Result<Vec<Enqueued>, EnqueueError> {
+        let prepared = prepare(rows, self.opts.common.max_payload)?;
+        if prepared.is_empty() {
+            return Ok(Vec::new());
+        }
+        let out = {
+            let mut conn = self.writer();
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let out = enqueue_tx(&tx, actor, &prepared)?;
+            tx.commit()?;
+            out
+        };
+        self.notifier.notify();
+        Ok(out)
+    }
+
+    fn acquire_slot(
+        &self,
+        actor: &ActorId,
+        holder: &str,
+        lease: Duration,
+    ) -> Result<Acquire, StoreError> {
+        self.write(|c| {
+            c.prepare_cached("INSERT INTO ol_slots (actor) VALUES (?1) ON CONFLICT (actor) DO NOTHING")?
+                .execute([actor.as_str()])?;
+            let got: Option<i64> = c
+                .prepare_cached(&format!(
+                    "UPDATE ol_slots SET token = token + 1, holder = ?2, lease_expires = {NOW} + ?3, look_again = 0 \
+                     WHERE actor = ?1 AND (holder IS NULL OR lease_expires <= {NOW}) RETURNING token"
+                ))?
+                .query_row(params![actor.as_str(), holder, dur_ms(lease)], |r| r.get(0))
+                .optional()?;
+            match got {
+                Some(t) => Ok(Acquire::Acquired(SlotToken::new(actor.clone(), u(t), holder.to_string()))),
+                None => {
+                    c.prepare_cached("UPDATE ol_slots SET look_again = 1 WHERE actor = ?1")?
+                        .execute([actor.as_str()])?;
+                    Ok(Acquire::Held)
+                }
+            }
+        })
+    }
+
+    fn renew_slot(&self, token: &SlotToken, lease: Duration) -> Result<(), StoreError> {
+        self.write(|c| {
+            let n = c
+                .prepare_cached(&format!(
+                    "UPDATE ol_slots SET lease_expires = {NOW} + ?3 WHERE actor = ?1 AND token = ?2 \
+                     AND holder IS NOT NULL AND lease_expires > {NOW}"
+                ))?
+                .execute(params![token.actor().as_str(), i(token.fencing()), dur_ms(lease)])?;
+            if n == 0 { Err(StoreError::StaleToken) } else { Ok(()) }
+        })
+    }
+
+    fn release_slot(&self, token: &SlotToken) -> Result<Release, StoreError> {
+        self.write(|c| {
+            let look: Option<bool> = c
+                .prepare_cached(&format!(
+                    "SELECT look_again FROM ol_slots WHERE actor = ?1 AND token = ?2 \
+                     AND holder IS NOT NULL AND lease_expires > {NOW}"
+                ))?
+                .query_row(params![token.actor().as_str(), i(token.fencing())], |r| {
+                    r.get(0)
+                })
+                .optional()?;
+            match look {
+                None => Err(StoreError::StaleToken),
+                Some(true) => {
+                    c.prepare_cached("UPDATE ol_slots SET look_again = 0 WHERE actor = ?1")?
+                        .execute([token.actor().as_str()])?;
+                    Ok(Release::LookAgain)
+                }
+                Some(false) => {
+                    c.prepare_cached(
+                        "UPDATE ol_slots SET holder = NULL, lease_expires = 0 WHERE actor = ?1",
+                    )?
+                    .execute([token.actor().as_str()])?;
+                    Ok(Release::Released)
+                }
+            }
+        })
+    }
+
+    fn lanes_with_work(
+        &self,
+        token: &SlotToken,
+        since: u64,
+    ) -> Result<(Vec<LaneInfo>, u64), StoreError> {
+        self.read(|c| {
+            fence(c, token)?;
+            let mut mark = since;
+            let mut st = c.prepare_cached(
+                "SELECT l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, l.paused, l.tail_seq \
+                 FROM ol_lanes l WHERE l.actor = ?1 AND l.tail_seq > ?2 \
+                 AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id) ORDER BY l.id",
+            )?;
+            let rows = st.query_map(params![token.actor().as_str(), i(since)], |r| {
+                Ok((
+                    LaneInfo {
+                        lane: StoreLaneId(r.get(0)?),
+                        key: key_of(r.get(1)?, r.get(2)?),
+                        not_before: r.get::<_, Option<i64>>(3)?.map(ts),
+                        backoff_level: u32_of(r.get(4)?),
+                        strict: r.get(5)?,
+                        paused: r.get(6)?,
+                    },
+                    u(r.get(7)?),
+                ))
+            })?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (info, tail) = row?;
+                mark = mark.max(tail);
+                out.push(info);
+            }
+            Ok((out, mark))
+        })
+    }
+
+    fn claim(
+        &self,
+        token: &SlotToken,
+        lanes: &[LaneClaim],
+    ) -> Result<Vec<ClaimedLane>, StoreError> {
+        self.read(|c| {
+            fence(c, token)?;
+            let actor = token.actor().as_str();
+            let mut out = Vec::with_capacity(lanes.len());
+            for req in lanes {
+                let lane: Option<(String, String, bool)> = c
+                    .prepare_cached("SELECT recipient, ordering_key, paused FROM ol_lanes WHERE id = ?1 AND actor = ?2")?
+                    .query_row(params![req.lane.0, actor], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                    .optional()?;
+                let Some((recipient, ok, paused)) = lane else {
+                    out.push(ClaimedLane { lane: req.lane, units: Vec::new(), exhausted: true });
+                    continue;
+                };
+                if paused || req.limit == 0 {
+                    out.push(ClaimedLane { lane: req.lane, units: Vec::new(), exhausted: paused });
+                    continue;
+                }
+                let key = key_of(recipient, ok);
+                let mut st = c.prepare_cached(
+                    "SELECT d.unit_id, d.seq, d.attempts, d.state, r.row_id, r.body_len, r.enqueued_at, u.lanes \
+                     FROM ol_deliveries d JOIN ol_units u ON u.id = d.unit_id JOIN ol_rows r ON r.id = u.row_ref \
+                     WHERE d.lane_id = ?1 AND d.seq >= ?2 ORDER BY d.seq, d.unit_id LIMIT ?3",
+                )?;
+                type Head = (i64, i64, i64, i64, String, i64, i64, i64);
+                let heads: Vec<Head> = st
+                    .query_map(params![req.lane.0, i(req.from.0), i64::from(req.limit)], |r| {
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?))
+                    })?
+                    .collect::<Result<_, _>>()?;
+                let exhausted = heads.len() < req.limit as usize;
+                let mut units = Vec::with_capacity(heads.len());
+                for (unit, seq, attempts, state, row_id, len, at, nlanes) in heads {
+                    let slots = if nlanes <= 1 {
+                        vec![ClaimedSlot {
+                            lane: req.lane,
+                            key: key.clone(),
+                            attempts: u32_of(attempts),
+                            served: state != STATE_PENDING,
+                        }]
+                    } else {
+                        c.prepare_cached(
+                            "SELECT d.lane_id, l.recipient, l.ordering_key, d.attempts, d.state \
+                             FROM ol_deliveries d JOIN ol_lanes l ON l.id = d.lane_id WHERE d.unit_id = ?1 ORDER BY d.lane_id",
+                        )?
+                        .query_map([unit], |r| {
+                            Ok(ClaimedSlot {
+                                lane: StoreLaneId(r.get(0)?),
+                                key: key_of(r.get(1)?, r.get(2)?),
+                                attempts: u32_of(r.get(3)?),
+                                served: r.get::<_, i64>(4)? != STATE_PENDING,
+                            })
+                        })?
+                        .collect::<Result<_, _>>()?
+                    };
+                    units.push(ClaimedUnit {
+                        id: UnitId(u(unit)),
+                        seq: Seq(u(seq)),
+                        row_id,
+                        bytes: u32_of(len),
+                        enqueued_at: ts(at),
+                        slots,
+                    });
+                }
+                out.push(ClaimedLane { lane: req.lane, units, exhausted });
+            }
+            Ok(out)
+        })
+    }
+
+    fn payload(&self, unit: UnitId) -> Result<Payload, StoreError> {
+        self.read(|c| {
+            c.prepare_cached(
+                "SELECT r.row_id, r.content_type, r.body FROM ol_units u JOIN ol_rows r ON r.id = u.row_ref \
+                 WHERE u.id = ?1 AND u.acked_at IS NULL",
+            )?
+            .query_row([i(unit.0)], |r| Ok(Payload { row_id: r.get(0)?, content_type: r.get(1)?, body: r.get(2)? }))
+            .optional()?
+            .ok_or(StoreError::NotFound { what: "unit" })
+        })
+    }
+
+    fn ack(
+        &self,
+        token: &SlotToken,
+        delivered: &[(UnitId, StoreLaneId)],
+    ) -> Result<(), StoreError> {
+        let retention = self.opts.common.ack_retention.is_some();
+        self.write(|c| {
+            fence(c, token)?;
+            let actor = token.actor().as_str();
+            for (unit, lane) in delivered {
+                let unit = i(unit.0);
+                // A unit with one lane (the common case) is finished by its ack: delete it
+                // outright instead of marking, counting down and then deleting.
+                let single = c
+                    .prepare_cached(
+                        "DELETE FROM ol_deliveries WHERE unit_id = ?1 AND lane_id = ?2 AND state = 0 \
+                         AND (SELECT lanes FROM ol_units WHERE id = ?1 AND actor = ?3) = 1",
+                    )?
+                    .execute(params![unit, lane.0, actor])?;
+                if single == 1 {
+                    finish(c, unit, retention)?;
+                    continue;
+                }
+                let n = c
+                    .prepare_cached(
+                        "UPDATE ol_deliveries SET state = ?3 WHERE unit_id = ?1 AND lane_id = ?2 AND state = 0 \
+                         AND EXISTS (SELECT 1 FROM ol_units WHERE id = ?1 AND actor = ?4)",
+                    )?
+                    .execute(params![unit, lane.0, STATE_SERVED, actor])?;
+                if n == 1 {
+                    settle(c, unit, retention)?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn record_attempts(
+        &self,
+        token: &SlotToken,
+        attempts: &[AttemptRecord],
+    ) -> Result<(), StoreError> {
+        self.write(|c| {
+            fence(c, token)?;
+            let actor = token.actor().as_str();
+            for a in attempts {
+                let status = a.status.map(i64::from);
+                let n = c
+                    .prepare_cached(
+                        "UPDATE ol_deliveries SET attempts = ?3, last_status = ?4, last_error = ?5, \
+                         first_attempt_at = coalesce(first_attempt_at, ?6), last_attempt_at = ?6 \
+                         WHERE unit_id = ?1 AND lane_id = ?2 \
+                         AND EXISTS (SELECT 1 FROM ol_lanes WHERE id = ?2 AND actor = ?7)",
+                    )?
+                    .execute(params![i(a.unit.0), a.lane.0, i64::from(a.attempts), status, a.error, ms(a.at), actor])?;
+                if n == 1 {
+                    c.prepare_cached("UPDATE ol_lanes SET last_status = ?2, last_error = ?3 WHERE id = ?1")?
+                        .execute(params![a.lane.0, status, a.error])?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn dead_letter(&self, token: &SlotToken, dead: &DeadLetterRequest) -> Result<(), StoreError> {
+        let retention = self.opts.common.ack_retention.is_some();
+        self.write(|c| {
+            fence(c, token)?;
+            dead_letter_tx(c, token.actor().as_str(), dead, retention)?;
+            Ok(())
+        })
+    }
+
+    fn set_lane_state(
+        &self,
+        token: &SlotToken,
+        lane: StoreLaneId,
+        not_before: Option<Timestamp>,
+        backoff_level: u32,
+    ) -> Result<(), StoreError> {
+        self.write(|c| {
+            fence(c, token)?;
+            lane_update(
+                c,
+                "UPDATE ol_lanes SET not_before = ?3, backoff_level = ?4 WHERE id = ?1 AND actor = ?2",
+                lane,
+                Some(token.actor().as_str()),
+                &[&not_before.map(ms), &i64::from(backoff_level)],
+            )
+        })
+    }
+
+    fn block_lane(
+        &self,
+        token: &SlotToken,
+        lane: StoreLaneId,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        self.write(|c| {
+            fence(c, token)?;
+            lane_update(
+                c,
+                "UPDATE ol_lanes SET paused = 1, pause_reason = ?3 WHERE id = ?1 AND actor = ?2",
+                lane,
+                Some(token.actor().as_str()),
+                &[&reason],
+            )
+        })
+    }
+
+    fn retire_lane(
+        &self,
+        token: &SlotToken,
+        lane: StoreLaneId,
+        at: Timestamp,
+    ) -> Result<u64, StoreError> {
+        let retention = self.opts.common.ack_retention.is_some();
+        self.write(|c| {
+            fence(c, token)?;
+            let units: Vec<i64> = c
+                .prepare_cached("SELECT unit_id FROM ol_deliveries WHERE lane_id = ?1 AND state = 0 ORDER BY seq")?
+                .query_map([lane.0], |r| r.get(0))?
+                .collect::<Result<_, _>>()?;
+            let mut n = 0;
+            for unit in units {
+                let req = DeadLetterRequest {
+                    unit: UnitId(u(unit)),
+                    lane,
+                    reason: DeadReason::LaneRetired,
+                    status: None,
+                    error: None,
+                    at,
+                };
+                if dead_letter_tx(c, token.actor().as_str(), &req, retention)? {
+                    n += 1;
+                }
+            }
+            Ok(n)
+        })
+    }
+
+    fn acquire_ready(
+        &self,
+        holder: &str,
+        lease: Duration,
+        now: Timestamp,
+        max: usize,
+    ) -> Result<Vec<SlotToken>, StoreError> {
+        // SQLite has one writer at a time: the write lock does what SKIP LOCKED does on Postgres.
+        self.write(|c| {
+            c.prepare_cached(READY_SLOTS_SQLITE)?.execute([ms(now)])?;
+            let slots: Vec<(String, bool)> = c
+                .prepare_cached(&format!(
+                    "SELECT s.actor, (s.holder IS NULL OR s.lease_expires <= {NOW}) FROM ol_slots s \
+                     WHERE s.actor IN (SELECT l.actor FROM ol_lanes l WHERE l.paused = 0 \
+                       AND (l.not_before IS NULL OR l.not_before <= ?1) \
+                       AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0)) \
+                     ORDER BY s.lease_expires, s.actor"
+                ))?
+                .query_map([ms(now)], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<Result<_, _>>()?;
+            let mut out = Vec::new();
+            for (actor, free) in slots {
+                if free && out.len() < max {
+                    let token: i64 = c
+                        .prepare_cached(&format!(
+                            "UPDATE ol_slots SET token = token + 1, holder = ?2, lease_expires = {NOW} + ?3, \
+                             look_again = 0 WHERE actor = ?1 RETURNING token"
+                        ))?
+                        .query_row(params![actor, holder, dur_ms(lease)], |r| r.get(0))?;
+                    out.push(SlotToken::new(ActorId::new(actor), u(token), holder.to_string()));
+                } else if !free {
+                    c.prepare_cached("UPDATE ol_slots SET look_again = 1 WHERE actor = ?1")?
+                        .execute([actor])?;
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    fn actors_with_work(&self, now: Timestamp) -> Result<ActorsDue, StoreError> {
+        self.read(|c| {
+            let ready = c
+                .prepare_cached(
+                    "SELECT DISTINCT l.actor FROM ol_lanes l WHERE l.paused = 0 \
+                     AND (l.not_before IS NULL OR l.not_before <= ?1) \
+                     AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0) ORDER BY l.actor",
+                )?
+                .query_map([ms(now)], |r| Ok(ActorId::new(r.get::<_, String>(0)?)))?
+                .collect::<Result<_, _>>()?;
+            let next: Option<i64> = c
+                .prepare_cached(
+                    "SELECT min(l.not_before) FROM ol_lanes l WHERE l.paused = 0 AND l.not_before > ?1 \
+                     AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0)",
+                )?
+                .query_row([ms(now)], |r| r.get(0))?;
+            Ok(ActorsDue { ready, next_not_before: next.map(ts) })
+        })
+    }
+
+    fn status(&self) -> Result<Vec<ActorStatus>, StoreError> {
+        let now = ms(Timestamp::from_system_time(std::time::SystemTime::now()));
+        self.read(|c| {
+            let mut map: BTreeMap<String, ActorStatus> = BTreeMap::new();
+            let pending: Vec<(String, i64)> = c
+                .prepare_cached("SELECT actor, count(*) FROM ol_units WHERE acked_at IS NULL GROUP BY actor")?
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<Result<_, _>>()?;
+            let held: Vec<String> = c
+                .prepare_cached(&format!(
+                    "SELECT actor FROM ol_slots WHERE holder IS NOT NULL AND lease_expires > {NOW}"
+                ))?
+                .query_map([], |r| r.get(0))?
+                .collect::<Result<_, _>>()?;
+            let backoff: Vec<(String, String, String, i64)> = c
+                .prepare_cached(
+                    "SELECT l.actor, l.recipient, l.ordering_key, l.not_before FROM ol_lanes l WHERE l.not_before > ?1 \
+                     AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0) \
+                     ORDER BY l.actor, l.not_before, l.id",
+                )?
+                .query_map([now], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+                .collect::<Result<_, _>>()?;
+            let dead: Vec<(String, i64)> = c
+                .prepare_cached("SELECT actor, count(*) FROM ol_dead_letters GROUP BY actor")?
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<Result<_, _>>()?;
+            Ok(assemble_status(&mut map, pending, held, backoff, dead))
+        })
+    }
+
+    fn lanes(&self, actor: &ActorId) -> Result<Vec<LaneStatus>, StoreError> {
+        self.read(|c| {
+            c.prepare_cached(
+                "SELECT l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, l.paused, \
+                 l.pause_reason, l.last_status, l.last_error, \
+                 (SELECT count(*) FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0), \
+                 (SELECT r.enqueued_at FROM ol_deliveries d JOIN ol_units u ON u.id = d.unit_id \
+                  JOIN ol_rows r ON r.id = u.row_ref WHERE d.lane_id = l.id AND d.state = 0 ORDER BY d.seq LIMIT 1) \
+                 FROM ol_lanes l WHERE l.actor = ?1 ORDER BY l.id",
+            )?
+            .query_map([actor.as_str()], |r| {
+                Ok(LaneStatus {
+                    lane: StoreLaneId(r.get(0)?),
+                    key: key_of(r.get(1)?, r.get(2)?),
+                    not_before: r.get::<_, Option<i64>>(3)?.map(ts),
+                    backoff_level: u32_of(r.get(4)?),
+                    strict: r.get(5)?,
+                    paused: r.get(6)?,
+                    pause_reason: r.get(7)?,
+                    last_status: status_of(r.get(8)?),
+                    last_error: r.get(9)?,
+                    depth: u(r.get(10)?),
+                    head_enqueued_at: r.get::<_, Option<i64>>(11)?.map(ts),
+                })
+            })?
+            .collect::<Result<_, _>>()
+            .map_err(StoreError::from)
+        })
+    }
+
+    fn dead_letters(&self, actor: Option<&ActorId>) -> Result<Vec<DeadLetter>, StoreError> {
+        self.read(|c| match actor {
+            Some(a) => Ok(select_dead(c, &DeadLetterSelection::Actor(a.clone()))?
+                .into_iter()
+                .map(|d| d.0)
+                .collect()),
+            None => {
+                let actors: Vec<String> = c
+                    .prepare_cached("SELECT DISTINCT actor FROM ol_dead_letters ORDER BY actor")?
+                    .query_map([], |r| r.get(0))?
+                    .collect::<Result<_, _>>()?;
+                let mut out = Vec::new();
+                for a in actors {
+                    out.extend(
+                        select_dead(c, &DeadLetterSelection::Actor(ActorId::new(a)))?
+                            .into_iter()
+                            .map(|d| d.0),
+                    );
+                }
+                Ok(out)
+            }
+        })
+    }
+
+    fn replay_dead_letters(&self, which: &DeadLetterSelection) -> Result<Vec<UnitId>, StoreError> {
+        let out = self.write(|c| {
+            let dead = select_dead(c, which)?;
+            let mut revived: HashSet<i64> = HashSet::new();
+            let mut units = Vec::new();
+            // One new seq per (actor, original seq): the units of one row keep sharing a seq.
+            let mut last_group: Option<(String, Seq)> = None;
+            let mut seq = 0;
+            for (dl, row_ref, lane) in dead {
+                let group = (dl.actor.as_str().to_string(), dl.seq);
+                if last_group.as_ref() != Some(&group) {
+                    seq = alloc_seqs(c, dl.actor.as_str(), 1)?;
+                    last_group = Some(group);
+                }
+                let unit = i(dl.unit.0);
+                let existing: Option<(i64, Option<i64>)> = c
+                    .prepare_cached("SELECT pending, acked_at FROM ol_units WHERE id = ?1")?
+                    .query_row([unit], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()?;
+                match existing {
+                    Some((pending, None)) if pending > 0 && !revived.contains(&unit) => {
+                        // A joined unit still pending for other recipients: this recipient
+                        // rejoins in place (its lanes already hold the unit at its seq).
+                        c.prepare_cached(
+                            "UPDATE ol_deliveries SET state = 0, attempts = 0, last_status = NULL, last_error = NULL, \
+                             first_attempt_at = NULL, last_attempt_at = NULL WHERE unit_id = ?1 AND lane_id = ?2",
+                        )?
+                        .execute(params![unit, lane])?;
+                        c.prepare_cached("UPDATE ol_units SET pending = pending + 1 WHERE id = ?1")?.execute([unit])?;
+                    }
+                    Some(_) if revived.contains(&unit) => {
+                        c.prepare_cached("UPDATE ol_units SET pending = pending + 1, lanes = lanes + 1 WHERE id = ?1")?
+                            .execute([unit])?;
+                        insert_delivery(c, unit, lane, seq)?;
+                    }
+                    Some(_) => {
+                        // Kept for the ack retention: it becomes pending again.
+                        c.prepare_cached("DELETE FROM ol_deliveries WHERE unit_id = ?1")?.execute([unit])?;
+                        c.prepare_cached(
+                            "UPDATE ol_units SET acked_at = NULL, pending = 1, lanes = 1, seq = ?2 WHERE id = ?1",
+                        )?
+                        .execute(params![unit, seq])?;
+                        revived.insert(unit);
+                        insert_delivery(c, unit, lane, seq)?;
+                    }
+                    None => {
+                        c.prepare_cached(
+                            "INSERT INTO ol_units (id, actor, row_ref, seq, lanes, pending) VALUES (?1, ?2, ?3, ?4, 1, 1)",
+                        )?
+                        .execute(params![unit, dl.actor.as_str(), row_ref, seq])?;
+                        revived.insert(unit);
+                        insert_delivery(c, unit, lane, seq)?;
+                    }
+                }
+                c.prepare_cached("DELETE FROM ol_dead_letters WHERE id = ?1")?.execute([dl.id.0])?;
+                if !units.contains(&dl.unit) {
+                    units.push(dl.unit);
+                }
+            }
+            Ok(units)
+        })?;
+        self.notifier.notify();
+        Ok(out)
+    }
+
+    fn purge_dead_letters(&self, which: &DeadLetterSelection) -> Result<u64, StoreError> {
+        self.write(|c| {
+            let dead = select_dead(c, which)?;
+            let mut n = 0;
+            for (dl, row_ref, _) in dead {
+                n += c
+                    .prepare_cached("DELETE FROM ol_dead_letters WHERE id = ?1")?
+                    .execute([dl.id.0])? as u64;
+                drop_row_if_unused(c, row_ref)?;
+            }
+            Ok(n)
+        })
+    }
+
+    fn pause_lane(&self, lane: StoreLaneId, reason: &str) -> Result<(), StoreError> {
+        self.write(|c| {
+            lane_update(
+                c,
+                "UPDATE ol_lanes SET paused = 1, pause_reason = ?2 WHERE id = ?1",
+                lane,
+                None,
+                &[&reason],
+            )
+        })
+    }
+
+    fn resume_lane(&self, lane: StoreLaneId) -> Result<(), StoreError> {
+        let r = self.write(|c| {
+            lane_update(
+                c,
+                "UPDATE ol_lanes SET paused = 0, pause_reason = NULL WHERE id = ?1",
+                lane,
+                None,
+                &[],
+            )
+        });
+        self.notifier.notify();
+        r
+    }
+
+    fn retry_lane_now(&self, lane: StoreLaneId) -> Result<(), StoreError> {
+        let r = self.write(|c| {
+            lane_update(
+                c,
+                "UPDATE ol_lanes SET not_before = NULL, backoff_level = 0 WHERE id = ?1",
+                lane,
+                None,
+                &[],
+            )
+        });
+        self.notifier.notify();
+        r
+    }
+
+    fn set_lane_strict(&self, lane: StoreLaneId, strict: bool) -> Result<(), StoreError> {
+        self.write(|c| {
+            lane_update(
+                c,
+                "UPDATE ol_lanes SET strict = ?2 WHERE id = ?1",
+                lane,
+                None,
+                &[&strict],
+            )
+        })
+    }
+
+    fn find_lane(&self, actor: &ActorId, key: &LaneKey) -> Result<Option<StoreLaneId>, StoreError> {
+        self.read(|c| {
+            Ok(c.prepare_cached(
+                "SELECT id FROM ol_lanes WHERE actor = ?1 AND recipient = ?2 AND ordering_key = ?3",
+            )?
+            .query_row(
+                params![
+                    actor.as_str(),
+                    key.recipient(),
+                    key.ordering_key().unwrap_or("")
+                ],
+                |r| r.get(0),
+            )
+            .optional()?
+            .map(StoreLaneId))
+        })
+    }
+
+    fn purge_acked(&self, older_than: Timestamp) -> Result<u64, StoreError> {
+        self.write(|c| {
+            let done: Vec<(i64, i64)> = c
+                .prepare_cached(
+                    "SELECT id, row_ref FROM ol_units WHERE acked_at IS NOT NULL AND acked_at < ?1",
+                )?
+                .query_map([ms(older_than)], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<Result<_, _>>()?;
+            for (unit, row_ref) in &done {
+                c.prepare_cached("DELETE FROM ol_units WHERE id = ?1")?
+                    .execute([unit])?;
+                drop_row_if_unused(c, *row_ref)?;
+            }
+            Ok(done.len() as u64)
+        })
+    }
+
+    fn notifier(&self) -> Notifier {
+        self.notifier.clone()
+    }
+
+    fn watch(&self) -> Result<Notifier, StoreError> {
+        let Some(path) = &self.path else {
+            // Nothing outside this process can reach a private in-memory database.
+            return Ok(self.notifier.clone());
+        };
+        let mut w = self.watcher.lock().unwrap_or_else(PoisonError::into_inner);
+        if w.is_none() {
+            let conn = Connection::open_with_flags(
+                path,
+                OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            )
+            .map_err(|e| open_err(&path.display().to_string(), e))?;
+            conn.busy_timeout(self.opts.busy_timeout)?;
+            let stop = Arc::new(AtomicBool::new(false));
+            let stop2 = Arc::clone(&stop);
+            let notifier = self.notifier.clone();
+            let every = self.opts.watch_interval;
+            let thread = std::thread::Builder::new()
+                .name("outbox-lanes-sqlite-watch".into())
+                .spawn(move || watch_loop(&conn, &stop2, &notifier, every))
+                .map_err(|e| {
+                    StoreError::Database(format!("cannot start the watcher thread: {e}"))
+                })?;
+            *w = Some(Watcher {
+                stop,
+                thread: Some(thread),
+            });
+        }
+        Ok(self.notifier.clone())
+    }
+}
+
+fn insert_delivery(c: &Connection, unit: i64, lane: i64, seq: i64) -> Result<(), rusqlite::Error> {
+    c.prepare_cached("INSERT INTO ol_deliveries (unit_id, lane_id, seq) VALUES (?1, ?2, ?3)")?
+        .execute(params![unit, lane, seq])?;
+    c.prepare_cached("UPDATE ol_lanes SET tail_seq = max(tail_seq, ?2) WHERE id = ?1")?
+        .execute(params![lane, seq])?;
+    Ok(())
+}
+
+/// `PRAGMA data_version` changes when another connection (another process, or this store's
+/// own writer) commits; any change is "something changed".
+fn watch_loop(conn: &Connection, stop: &AtomicBool, notifier: &Notifier, every: Duration) {
+    let read = || {
+        conn.query_row("PRAGMA data_version", [], |r| r.get::<_, i64>(0))
+            .ok()
+    };
+    let mut last = read();
+    while !stop.load(Ordering::SeqCst) {
+        std::thread::sleep(every);
+        let now = read();
+        if now.is_some() && now != last {
+            last = now;
+            notifier.notify();
+        }
+    }
+}

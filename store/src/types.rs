@@ -1,0 +1,338 @@
+//! The values the store takes and returns.
+
+use core::time::Duration;
+
+use outbox_lanes_core::{ActorId, DeadReason, LaneKey, Seq, Timestamp, UnitId};
+
+/// A lane as the store numbers it: unique across actors, stable for the database's life.
+///
+/// Distinct from the core's `LaneId`, which one scheduler interns densely.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StoreLaneId(pub i64);
+
+/// Proof of holding an actor's drain slot (OL-12): the actor, the fencing token of this
+/// acquisition and the holder's name.
+///
+/// Every pass operation carries it; the store refuses it with
+/// [`StoreError::StaleToken`](crate::StoreError::StaleToken) once the slot was acquired again
+/// or its lease expired.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SlotToken {
+    actor: ActorId,
+    fencing: u64,
+    holder: String,
+}
+
+impl SlotToken {
+    pub(crate) fn new(actor: ActorId, fencing: u64, holder: String) -> Self {
+        SlotToken {
+            actor,
+            fencing,
+            holder,
+        }
+    }
+
+    /// The actor whose slot this is.
+    pub fn actor(&self) -> &ActorId {
+        &self.actor
+    }
+
+    /// The fencing token: incremented on every acquisition of the slot.
+    pub fn fencing(&self) -> u64 {
+        self.fencing
+    }
+
+    /// The holder name given at acquisition.
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+}
+
+/// What [`Store::acquire_slot`](crate::Store::acquire_slot) found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use]
+pub enum Acquire {
+    /// The slot was free or its lease had expired: it is now held with this token.
+    Acquired(SlotToken),
+    /// Another holder's lease is live; "look again" was set so that holder re-reads the outbox
+    /// before it releases (OL-12).
+    Held,
+}
+
+/// What [`Store::release_slot`](crate::Store::release_slot) did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub enum Release {
+    /// The slot is free.
+    Released,
+    /// Someone asked for a pass while this one ran: the flag was cleared and the slot is KEPT.
+    /// The holder must re-read the outbox and call `release_slot` again.
+    LookAgain,
+}
+
+/// A lane with pending units, as a pass sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaneInfo {
+    /// The store's lane id.
+    pub lane: StoreLaneId,
+    /// The lane's canonical key.
+    pub key: LaneKey,
+    /// The lane is in backoff until then (OL-11).
+    pub not_before: Option<Timestamp>,
+    /// The backoff level reached (0 = open).
+    pub backoff_level: u32,
+    /// A strict lane blocks on a failing head instead of dead-lettering it (OL-8).
+    pub strict: bool,
+    /// A paused lane delivers nothing until resumed.
+    pub paused: bool,
+}
+
+/// One lane's part of a claim: up to `limit` pending units with `seq >= from`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaneClaim {
+    /// The lane.
+    pub lane: StoreLaneId,
+    /// The first sequence number wanted (the pass's cursor in the lane).
+    pub from: Seq,
+    /// At most this many units.
+    pub limit: u32,
+}
+
+/// What a claim read from one lane.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimedLane {
+    /// The lane.
+    pub lane: StoreLaneId,
+    /// Its pending units from the cursor on, in `seq` order.
+    pub units: Vec<ClaimedUnit>,
+    /// Fewer than `limit` units came back: the lane holds nothing more right now.
+    pub exhausted: bool,
+}
+
+/// A pending unit read by a claim. Its payload is fetched separately with
+/// [`Store::payload`](crate::Store::payload) when it starts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimedUnit {
+    /// The unit id, unique across actors: the idempotency key.
+    pub id: UnitId,
+    /// Its sequence number in the claimed lane.
+    pub seq: Seq,
+    /// The row it came from.
+    pub row_id: String,
+    /// The payload size in bytes (for admission's byte budget).
+    pub bytes: u32,
+    /// When its row was enqueued.
+    pub enqueued_at: Timestamp,
+    /// Every lane of the unit (one for a normal unit, several for a joined one).
+    pub slots: Vec<ClaimedSlot>,
+}
+
+/// One recipient of a claimed unit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimedSlot {
+    /// The lane.
+    pub lane: StoreLaneId,
+    /// The lane's key.
+    pub key: LaneKey,
+    /// The persisted attempt count for this recipient (OL-5).
+    pub attempts: u32,
+    /// Nothing more is to be delivered to this recipient: it was served, or dead-lettered
+    /// (only a joined unit still pending for other recipients shows this, OL-20).
+    pub served: bool,
+}
+
+/// A unit's payload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Payload {
+    /// The row it came from.
+    pub row_id: String,
+    /// Its content type.
+    pub content_type: String,
+    /// The bytes to POST.
+    pub body: Vec<u8>,
+}
+
+/// One persisted attempt of one recipient of a unit (OL-5).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttemptRecord {
+    /// The unit.
+    pub unit: UnitId,
+    /// The recipient's lane.
+    pub lane: StoreLaneId,
+    /// The attempt count after this attempt (absolute, so a retried write is harmless).
+    pub attempts: u32,
+    /// The HTTP status, if a response came back.
+    pub status: Option<u16>,
+    /// The error text, if the attempt failed.
+    pub error: Option<String>,
+    /// When the attempt was made.
+    pub at: Timestamp,
+}
+
+/// A dead-lettering of one recipient of a unit (OL-8, OL-18).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeadLetterRequest {
+    /// The unit.
+    pub unit: UnitId,
+    /// The recipient's lane.
+    pub lane: StoreLaneId,
+    /// Why.
+    pub reason: DeadReason,
+    /// The last HTTP status, if any.
+    pub status: Option<u16>,
+    /// The last error, if any.
+    pub error: Option<String>,
+    /// When.
+    pub at: Timestamp,
+}
+
+/// A row to enqueue.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct NewRow {
+    /// Unique within the actor; a duplicate is refused.
+    pub id: String,
+    /// The payload, stored once per row.
+    pub body: Vec<u8>,
+    /// Its content type.
+    pub content_type: String,
+    /// Inbox URLs; canonicalised, duplicates collapse to one lane (OL-19).
+    pub recipients: Vec<String>,
+    /// Dedup key (OL-17).
+    pub dedup_key: Option<String>,
+    /// Narrows each lane to (recipient, key) (OL-19). An empty key means none.
+    pub ordering_key: Option<String>,
+    /// One unit occupying every lane at once, instead of one unit per recipient.
+    pub joined: bool,
+}
+
+/// What enqueue did with one row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Enqueued {
+    /// The row id.
+    pub row_id: String,
+    /// The row's sequence number.
+    pub seq: Seq,
+    /// The units created (one per recipient, or one for a joined row; none if every
+    /// recipient was skipped).
+    pub units: Vec<UnitId>,
+    /// Recipients (canonical) skipped because a unit with the same dedup key is still
+    /// pending for them (OL-17).
+    pub skipped: Vec<String>,
+}
+
+/// Actors with work for the monitor (OL-13).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct ActorsDue {
+    /// Actors with a pending unit in an open, unpaused lane whose `not_before` has passed.
+    pub ready: Vec<ActorId>,
+    /// The earliest future `not_before` among unpaused lanes with pending units.
+    pub next_not_before: Option<Timestamp>,
+}
+
+/// One actor's outbox at a glance.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ActorStatus {
+    /// The actor.
+    pub actor: ActorId,
+    /// Units not yet finished.
+    pub pending: u64,
+    /// Whether a pass holds the actor's drain slot (a live lease).
+    pub in_flight: bool,
+    /// Lanes with pending units in backoff, with their next attempt time.
+    pub lanes_in_backoff: Vec<(LaneKey, Timestamp)>,
+    /// Dead letters kept for the actor.
+    pub dead_letters: u64,
+}
+
+/// One lane at a glance.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaneStatus {
+    /// The store's lane id (for the operator lane operations).
+    pub lane: StoreLaneId,
+    /// The lane key (recipient and ordering key).
+    pub key: LaneKey,
+    /// Pending deliveries in the lane.
+    pub depth: u64,
+    /// When the head (oldest pending) unit's row was enqueued.
+    pub head_enqueued_at: Option<Timestamp>,
+    /// The last HTTP status seen in the lane.
+    pub last_status: Option<u16>,
+    /// The last error seen in the lane.
+    pub last_error: Option<String>,
+    /// Backoff until then.
+    pub not_before: Option<Timestamp>,
+    /// Backoff level.
+    pub backoff_level: u32,
+    /// Strict mode.
+    pub strict: bool,
+    /// Paused (by an operator, or blocked on a strict lane's failing head).
+    pub paused: bool,
+    /// Why it is paused.
+    pub pause_reason: Option<String>,
+}
+
+/// A dead letter's id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DeadLetterId(pub i64);
+
+/// One recipient's undelivered unit, kept aside (OL-18).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeadLetter {
+    /// The dead letter's id.
+    pub id: DeadLetterId,
+    /// The unit (its idempotency key; kept on replay).
+    pub unit: UnitId,
+    /// The row id.
+    pub row_id: String,
+    /// The actor.
+    pub actor: ActorId,
+    /// The lane key (recipient).
+    pub key: LaneKey,
+    /// Why.
+    pub reason: DeadReason,
+    /// The last HTTP status.
+    pub last_status: Option<u16>,
+    /// The last error.
+    pub last_error: Option<String>,
+    /// Persisted attempts.
+    pub attempts: u32,
+    /// First attempt time.
+    pub first_attempt_at: Option<Timestamp>,
+    /// Last attempt time.
+    pub last_attempt_at: Option<Timestamp>,
+    /// The sequence number it had.
+    pub seq: Seq,
+    /// When it was dead-lettered.
+    pub dead_at: Timestamp,
+}
+
+/// Which dead letters an operator operation applies to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeadLetterSelection {
+    /// Every dead letter of the actor.
+    Actor(ActorId),
+    /// These dead letters.
+    Ids(Vec<DeadLetterId>),
+}
+
+/// Default payload limit: 1 MiB.
+pub const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
+
+/// What the stores have in common to configure.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommonOptions {
+    /// Largest payload accepted at enqueue.
+    pub max_payload: usize,
+    /// Keep finished units (with their payloads) this long instead of deleting them at once;
+    /// [`Store::purge_acked`](crate::Store::purge_acked) removes them.
+    pub ack_retention: Option<Duration>,
+}
+
+impl Default for CommonOptions {
+    fn default() -> Self {
+        CommonOptions {
+            max_payload: DEFAULT_MAX_PAYLOAD,
+            ack_retention: None,
+        }
+    }
+}

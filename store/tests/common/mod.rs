@@ -1,0 +1,368 @@
+//! Test harness: one fresh database per test, on every backend.
+#![allow(dead_code, unreachable_pub, missing_docs, clippy::std_instead_of_core)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use outbox_lanes_core::{ActorId, LaneKey, Seq, Timestamp, UnitId};
+use outbox_lanes_store::*;
+
+/// Which database a test body runs against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    SqliteFile,
+    SqliteMemory,
+    Postgres,
+}
+
+pub const PG_ENV: &str = "OUTBOX_LANES_TEST_PG";
+
+pub fn pg_url() -> Option<String> {
+    std::env::var(PG_ENV).ok().filter(|s| !s.is_empty())
+}
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+fn unique_name() -> String {
+    let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("ol_t_{}_{}_{}", std::process::id(), n, nanos)
+}
+
+enum Kind {
+    File {
+        _dir: tempfile::TempDir,
+        path: PathBuf,
+        opts: SqliteOptions,
+    },
+    Memory,
+    #[cfg(feature = "postgres")]
+    Pg {
+        url: String,
+        schema: String,
+        opts: PgOptions,
+    },
+}
+
+/// A fresh database and a store on it.
+pub struct H {
+    pub store: Arc<dyn Store>,
+    pub backend: Backend,
+    kind: Kind,
+    memory: Option<Arc<SqliteStore>>,
+}
+
+/// Runs `body` on a fresh database of `backend`, or prints the skip line for Postgres when
+/// no server is configured.
+pub fn run(backend: Backend, common: CommonOptions, body: impl FnOnce(&mut H)) {
+    let Some(mut h) = H::open(backend, common) else {
+        println!("skipped: OUTBOX_LANES_TEST_PG not set");
+        return;
+    };
+    body(&mut h);
+}
+
+impl H {
+    pub fn open(backend: Backend, common: CommonOptions) -> Option<H> {
+        match backend {
+            Backend::SqliteFile => {
+                let dir = tempfile::tempdir().expect("tempdir");
+                let path = dir.path().join("outbox.db");
+                let opts = SqliteOptions {
+                    common,
+                    ..SqliteOptions::default()
+                };
+                let store =
+                    Arc::new(SqliteStore::open(&path, opts.clone()).expect("open sqlite file"));
+                Some(H {
+                    store,
+                    backend,
+                    kind: Kind::File {
+                        _dir: dir,
+                        path,
+                        opts,
+                    },
+                    memory: None,
+                })
+            }
+            Backend::SqliteMemory => {
+                let store = Arc::new(
+                    SqliteStore::in_memory_with(SqliteOptions {
+                        common,
+                        ..SqliteOptions::default()
+                    })
+                    .expect("open in-memory"),
+                );
+                Some(H {
+                    store: store.clone(),
+                    backend,
+                    kind: Kind::Memory,
+                    memory: Some(store),
+                })
+            }
+            Backend::Postgres => Self::open_pg(common),
+        }
+    }
+
+    #[cfg(feature = "postgres")]
+    fn open_pg(common: CommonOptions) -> Option<H> {
+        let url = pg_url()?;
+        let schema = unique_name();
+        let opts = PgOptions {
+            schema: schema.clone(),
+            common,
+            ..PgOptions::default()
+        };
+        let store = Arc::new(PgStore::connect(&url, opts.clone()).expect("connect postgres"));
+        Some(H {
+            store,
+            backend: Backend::Postgres,
+            kind: Kind::Pg { url, schema, opts },
+            memory: None,
+        })
+    }
+
+    #[cfg(not(feature = "postgres"))]
+    fn open_pg(_common: CommonOptions) -> Option<H> {
+        None
+    }
+
+    /// Whether the database outlives its store (not for a private in-memory database).
+    pub fn can_reopen(&self) -> bool {
+        !matches!(self.kind, Kind::Memory)
+    }
+
+    /// Another store instance on the same database (the same store for in-memory).
+    pub fn second(&self) -> Arc<dyn Store> {
+        match &self.kind {
+            Kind::File { path, opts, .. } => {
+                Arc::new(SqliteStore::open(path, opts.clone()).expect("reopen"))
+            }
+            Kind::Memory => self.store.clone(),
+            #[cfg(feature = "postgres")]
+            Kind::Pg { url, opts, .. } => {
+                Arc::new(PgStore::connect(url, opts.clone()).expect("reconnect"))
+            }
+        }
+    }
+
+    /// Drops the store and opens the database again (no-op for in-memory).
+    pub fn reopen(&mut self) {
+        if self.can_reopen() {
+            let second = self.second();
+            self.store = second;
+        }
+    }
+
+    /// Enqueues inside a caller-owned transaction, then rolls it back.
+    pub fn enqueue_rolled_back(&self, actor: &ActorId, rows: &[NewRow]) -> Vec<Enqueued> {
+        match &self.kind {
+            Kind::File { path, .. } => {
+                let store = SqliteStore::open(path, SqliteOptions::default()).expect("open");
+                let mut conn = outbox_lanes_store::sqlite::rusqlite::Connection::open(path)
+                    .expect("caller conn");
+                conn.busy_timeout(Duration::from_secs(5)).expect("busy");
+                let tx = conn.transaction().expect("tx");
+                tx.execute_batch("CREATE TABLE IF NOT EXISTS business (x INTEGER)")
+                    .expect("biz");
+                let (out, wake) = store.enqueue_in(&tx, actor, rows).expect("enqueue_in");
+                drop(wake);
+                tx.rollback().expect("rollback");
+                out
+            }
+            Kind::Memory => {
+                let store = self.memory.as_ref().expect("memory store");
+                let r: Result<Vec<Enqueued>, StoreError> = store.with_transaction(|tx| {
+                    let (out, _wake) = store.enqueue_in(tx, actor, rows).map_err(|e| match e {
+                        EnqueueError::Store(s) => s,
+                        other => StoreError::Database(other.to_string()),
+                    })?;
+                    assert!(!out.is_empty());
+                    // The caller's business write fails: everything rolls back.
+                    Err(StoreError::Database("business rule refused".into()))
+                });
+                assert!(r.is_err());
+                Vec::new()
+            }
+            #[cfg(feature = "postgres")]
+            Kind::Pg { url, schema, opts } => {
+                let store = PgStore::connect(url, opts.clone()).expect("connect");
+                let mut client =
+                    ::postgres::Client::connect(url, ::postgres::NoTls).expect("caller client");
+                client
+                    .batch_execute(&format!("SET search_path TO {schema}"))
+                    .expect("search_path");
+                let mut tx = client.transaction().expect("tx");
+                let (out, _wake) = store.enqueue_in(&mut tx, actor, rows).expect("enqueue_in");
+                tx.rollback().expect("rollback");
+                out
+            }
+        }
+    }
+
+    /// Enqueues inside a caller-owned transaction and commits it, then fires the wake-up.
+    pub fn enqueue_committed_in_tx(&self, actor: &ActorId, rows: &[NewRow]) -> Vec<Enqueued> {
+        match &self.kind {
+            Kind::File { path, .. } => {
+                let mut conn = outbox_lanes_store::sqlite::rusqlite::Connection::open(path)
+                    .expect("caller conn");
+                conn.busy_timeout(Duration::from_secs(5)).expect("busy");
+                let tx = conn.transaction().expect("tx");
+                let sqlite = SqliteStore::open(path, SqliteOptions::default()).expect("open");
+                let (out, wake) = sqlite.enqueue_in(&tx, actor, rows).expect("enqueue_in");
+                tx.commit().expect("commit");
+                wake.fire();
+                out
+            }
+            Kind::Memory => {
+                let store = self.memory.as_ref().expect("memory store");
+                store
+                    .with_transaction(|tx| {
+                        store
+                            .enqueue_in(tx, actor, rows)
+                            .map(|(o, _)| o)
+                            .map_err(|e| match e {
+                                EnqueueError::Store(s) => s,
+                                other => StoreError::Database(other.to_string()),
+                            })
+                    })
+                    .expect("with_transaction")
+            }
+            #[cfg(feature = "postgres")]
+            Kind::Pg { url, schema, opts } => {
+                let store = PgStore::connect(url, opts.clone()).expect("connect");
+                let mut client =
+                    ::postgres::Client::connect(url, ::postgres::NoTls).expect("caller client");
+                client
+                    .batch_execute(&format!("SET search_path TO {schema}"))
+                    .expect("search_path");
+                let mut tx = client.transaction().expect("tx");
+                let (out, wake) = store.enqueue_in(&mut tx, actor, rows).expect("enqueue_in");
+                tx.commit().expect("commit");
+                wake.fire();
+                out
+            }
+        }
+    }
+
+    /// The path of a SQLite file database.
+    pub fn sqlite_path(&self) -> Option<PathBuf> {
+        match &self.kind {
+            Kind::File { path, .. } => Some(path.clone()),
+            _ => None,
+        }
+    }
+
+    /// Postgres URL and schema.
+    pub fn pg(&self) -> Option<(String, String)> {
+        match &self.kind {
+            #[cfg(feature = "postgres")]
+            Kind::Pg { url, schema, .. } => Some((url.clone(), schema.clone())),
+            _ => None,
+        }
+    }
+}
+
+impl Drop for H {
+    fn drop(&mut self) {
+        #[cfg(feature = "postgres")]
+        if let Kind::Pg { url, schema, .. } = &self.kind {
+            // Drop the store first: its connections must not hold locks on the schema.
+            self.store = Arc::new(SqliteStore::in_memory().expect("placeholder"));
+            if let Ok(mut c) = ::postgres::Client::connect(url, ::postgres::NoTls) {
+                let _ = c.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
+            }
+        }
+    }
+}
+
+// ----- helpers -----
+
+pub fn actor(s: &str) -> ActorId {
+    ActorId::new(s)
+}
+
+pub fn row(id: &str, to: &[&str]) -> NewRow {
+    NewRow {
+        id: id.to_string(),
+        body: format!("{{\"id\":\"{id}\"}}").into_bytes(),
+        content_type: "application/json".into(),
+        recipients: to.iter().map(|s| s.to_string()).collect(),
+        ..NewRow::default()
+    }
+}
+
+pub fn key(url: &str) -> LaneKey {
+    LaneKey::new(url, None).expect("valid url")
+}
+
+pub fn now() -> Timestamp {
+    Timestamp::from_system_time(std::time::SystemTime::now())
+}
+
+pub const LEASE: Duration = Duration::from_secs(60);
+
+pub fn acquire(store: &dyn Store, a: &ActorId, holder: &str, lease: Duration) -> SlotToken {
+    match store.acquire_slot(a, holder, lease).expect("acquire") {
+        Acquire::Acquired(t) => t,
+        Acquire::Held => panic!("slot of {a} unexpectedly held"),
+    }
+}
+
+/// Acquires, retrying until a held slot's lease expires (bounded).
+pub fn acquire_eventually(
+    store: &dyn Store,
+    a: &ActorId,
+    holder: &str,
+    lease: Duration,
+) -> SlotToken {
+    for _ in 0..2000 {
+        if let Acquire::Acquired(t) = store.acquire_slot(a, holder, lease).expect("acquire") {
+            return t;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("slot of {a} never became free");
+}
+
+pub fn lane_of(store: &dyn Store, a: &ActorId, url: &str) -> StoreLaneId {
+    store
+        .find_lane(a, &key(url))
+        .expect("find_lane")
+        .expect("lane exists")
+}
+
+/// Claims one lane from `from`, returning (unit, seq, row id).
+pub fn claim_lane(
+    store: &dyn Store,
+    t: &SlotToken,
+    lane: StoreLaneId,
+    from: u64,
+    limit: u32,
+) -> ClaimedLane {
+    let mut v = store
+        .claim(
+            t,
+            &[LaneClaim {
+                lane,
+                from: Seq(from),
+                limit,
+            }],
+        )
+        .expect("claim");
+    assert_eq!(v.len(), 1);
+    v.remove(0)
+}
+
+pub fn row_ids(c: &ClaimedLane) -> Vec<String> {
+    c.units.iter().map(|u| u.row_id.clone()).collect()
+}
+
+pub fn unit_ids(c: &ClaimedLane) -> Vec<UnitId> {
+    c.units.iter().map(|u| u.id).collect()
+}

@@ -1,0 +1,1178 @@
+//! The store contract: the same test bodies against a SQLite file, SQLite in memory and
+//! Postgres (when `OUTBOX_LANES_TEST_PG` is set).
+#![allow(missing_docs, clippy::std_instead_of_core)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use outbox_lanes_core::{DeadReason, Seq, Timestamp, UnitId};
+use outbox_lanes_store::*;
+
+const A: &str = "https://a.example/inbox";
+const B: &str = "https://b.example/inbox";
+const C: &str = "https://c.example/inbox";
+
+macro_rules! contract {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite_file {
+            $( #[test] fn $name() { super::$name(super::Backend::SqliteFile) } )*
+        }
+        mod sqlite_memory {
+            $( #[test] fn $name() { super::$name(super::Backend::SqliteMemory) } )*
+        }
+        mod postgres {
+            $( #[test] fn $name() { super::$name(super::Backend::Postgres) } )*
+        }
+    };
+}
+
+contract!(
+    enqueue_order_and_claim_order,
+    enqueue_refusals_name_the_row_and_write_nothing,
+    canonical_spellings_are_one_lane,
+    joined_unit_completes_per_recipient,
+    lease_expiry_lets_another_holder_claim_again_in_order,
+    ack_finishes_units,
+    attempts_persist_across_reopen,
+    hand_back_keeps_positions,
+    dead_letter_fields_and_replay_order,
+    dedup_skips_pending_recipients,
+    lane_backoff_persists,
+    transactional_enqueue_rolled_back_leaves_nothing,
+    drain_slot_exclusive_across_instances_with_look_again,
+    stale_token_is_refused_and_writes_nothing,
+    deep_lane_does_not_slow_a_short_lane_claim,
+    ids_unique_across_actors,
+    dead_letter_durable_before_next_unit_is_claimable,
+    retire_lane_dead_letters_only_that_recipient,
+    operator_ops,
+    ack_writer_group_commits,
+    wake_ups_after_enqueue,
+    watermark_finds_new_lanes,
+    ack_retention_and_purge,
+    acquire_ready_picks_free_actors_with_work,
+);
+
+fn enqueue_order_and_claim_order(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        let rows: Vec<NewRow> = (0..5).map(|k| row(&format!("r{k}"), &[A, B])).collect();
+        let out = s.enqueue(&a, &rows).expect("enqueue");
+        assert_eq!(out.len(), 5);
+        let seqs: Vec<Seq> = out.iter().map(|e| e.seq).collect();
+        assert!(
+            seqs.windows(2).all(|w| w[0] < w[1]),
+            "seq increases: {seqs:?}"
+        );
+        assert!(
+            out.iter()
+                .all(|e| e.units.len() == 2 && e.skipped.is_empty())
+        );
+        // A second call continues after the first.
+        let more = s.enqueue(&a, &[row("r5", &[A])]).expect("enqueue");
+        assert!(more[0].seq > seqs[4]);
+
+        let t = acquire(s, &a, "h1", LEASE);
+        let (lanes, mark) = s.lanes_with_work(&t, 0).expect("lanes");
+        assert_eq!(lanes.len(), 2);
+        assert_eq!(mark, more[0].seq.0);
+        assert!(
+            lanes
+                .iter()
+                .all(|l| !l.paused && !l.strict && l.not_before.is_none())
+        );
+        let la = lane_of(s, &a, A);
+        let all = claim_lane(s, &t, la, 0, 100);
+        assert_eq!(row_ids(&all), ["r0", "r1", "r2", "r3", "r4", "r5"]);
+        assert!(all.exhausted);
+        let first2 = claim_lane(s, &t, la, 0, 2);
+        assert_eq!(row_ids(&first2), ["r0", "r1"]);
+        assert!(!first2.exhausted);
+        // Streaming from the cursor: the next units after the last one seen.
+        let next = claim_lane(s, &t, la, first2.units[1].seq.0 + 1, 2);
+        assert_eq!(row_ids(&next), ["r2", "r3"]);
+        let u0 = &all.units[0];
+        assert_eq!(u0.seq, seqs[0]);
+        assert_eq!(u0.slots.len(), 1);
+        assert_eq!(u0.slots[0].key, key(A));
+        assert_eq!(u0.slots[0].attempts, 0);
+        assert!(u0.bytes > 0);
+        let p = s.payload(u0.id).expect("payload");
+        assert_eq!(p.row_id, "r0");
+        assert_eq!(p.content_type, "application/json");
+        assert_eq!(p.body, b"{\"id\":\"r0\"}");
+        // The two units of one row share the row's seq.
+        let lb = lane_of(s, &a, B);
+        let bl = claim_lane(s, &t, lb, 0, 100);
+        assert_eq!(bl.units[0].seq, u0.seq);
+        assert_ne!(bl.units[0].id, u0.id);
+        let _ = s.release_slot(&t).expect("release");
+    });
+}
+
+fn enqueue_refusals_name_the_row_and_write_nothing(b: Backend) {
+    let common = CommonOptions {
+        max_payload: 64,
+        ..CommonOptions::default()
+    };
+    run(b, common, |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        let good = row("ok", &[A]);
+        let cases: Vec<(NewRow, &str)> = vec![
+            (row("lonely", &[]), "lonely"),
+            (row("badurl", &["ftp://x.example/inbox"]), "badurl"),
+            (row("relative", &["/inbox"]), "relative"),
+            (
+                NewRow {
+                    body: vec![b'x'; 65],
+                    ..row("big", &[A])
+                },
+                "big",
+            ),
+        ];
+        for (bad, name) in cases {
+            let err = s.enqueue(&a, &[good.clone(), bad]).expect_err("refused");
+            assert!(err.to_string().contains(name), "{err} names {name}");
+            match (&err, name) {
+                (EnqueueError::NoRecipients { row }, "lonely") => assert_eq!(row, "lonely"),
+                (EnqueueError::BadRecipient { row, url, .. }, "badurl") => {
+                    assert_eq!(row, "badurl");
+                    assert_eq!(url, "ftp://x.example/inbox");
+                }
+                (EnqueueError::BadRecipient { row, .. }, "relative") => assert_eq!(row, "relative"),
+                (
+                    EnqueueError::PayloadTooLarge {
+                        row,
+                        size: 65,
+                        max: 64,
+                    },
+                    "big",
+                ) => assert_eq!(row, "big"),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        let dup = s
+            .enqueue(&a, &[row("d", &[A]), row("d", &[B])])
+            .expect_err("dup in call");
+        assert_eq!(dup, EnqueueError::DuplicateRowId { row: "d".into() });
+        // Nothing was written by any refused batch.
+        assert!(s.status().expect("status").is_empty());
+        assert!(s.find_lane(&a, &key(A)).expect("find").is_none());
+        // An id already stored is refused too, with the whole batch.
+        s.enqueue(&a, &[row("x", &[A])]).expect("enqueue");
+        let err = s
+            .enqueue(&a, &[row("y", &[B]), row("x", &[A])])
+            .expect_err("dup stored");
+        assert_eq!(err, EnqueueError::DuplicateRowId { row: "x".into() });
+        assert!(s.find_lane(&a, &key(B)).expect("find").is_none());
+        let st = s.status().expect("status");
+        assert_eq!(st.len(), 1);
+        assert_eq!(st[0].pending, 1);
+        // The same id under another actor is fine.
+        s.enqueue(&actor("bob"), &[row("x", &[A])])
+            .expect("other actor");
+    });
+}
+
+fn canonical_spellings_are_one_lane(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        let out = s
+            .enqueue(
+                &a,
+                &[row(
+                    "r",
+                    &["HTTP://Example.COM:80/inbox", "http://example.com/inbox"],
+                )],
+            )
+            .expect("enqueue");
+        assert_eq!(out[0].units.len(), 1);
+        let lanes = s.lanes(&a).expect("lanes");
+        assert_eq!(lanes.len(), 1);
+        assert_eq!(lanes[0].key.recipient(), "http://example.com/inbox");
+        assert_eq!(lanes[0].depth, 1);
+        // An ordering key narrows the lane.
+        let out = s
+            .enqueue(
+                &a,
+                &[NewRow {
+                    ordering_key: Some("conv-1".into()),
+                    ..row("r2", &["http://example.com/inbox"])
+                }],
+            )
+            .expect("enqueue");
+        assert_eq!(out[0].units.len(), 1);
+        assert_eq!(s.lanes(&a).expect("lanes").len(), 2);
+    });
+}
+
+fn joined_unit_completes_per_recipient(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        let out = s
+            .enqueue(
+                &a,
+                &[
+                    NewRow {
+                        joined: true,
+                        ..row("j", &[A, B])
+                    },
+                    row("after", &[A]),
+                ],
+            )
+            .expect("enqueue");
+        assert_eq!(out[0].units.len(), 1);
+        let unit = out[0].units[0];
+        let t = acquire(s, &a, "h", LEASE);
+        let (la, lb) = (lane_of(s, &a, A), lane_of(s, &a, B));
+        let ca = claim_lane(s, &t, la, 0, 10);
+        assert_eq!(unit_ids(&ca)[0], unit);
+        let slots = &ca.units[0].slots;
+        assert_eq!(slots.len(), 2);
+        assert!(slots.iter().all(|x| !x.served));
+        s.ack(&t, &[(unit, la)]).expect("ack a");
+        // Still pending for B: still heads lane A, with A reported served.
+        let ca = claim_lane(s, &t, la, 0, 10);
+        assert_eq!(unit_ids(&ca)[0], unit);
+        let sa = ca.units[0]
+            .slots
+            .iter()
+            .find(|x| x.lane == la)
+            .expect("slot a");
+        let sb = ca.units[0]
+            .slots
+            .iter()
+            .find(|x| x.lane == lb)
+            .expect("slot b");
+        assert!(sa.served && !sb.served);
+        s.payload(unit).expect("payload while pending");
+        s.ack(&t, &[(unit, lb)]).expect("ack b");
+        let ca = claim_lane(s, &t, la, 0, 10);
+        assert_eq!(row_ids(&ca), ["after"]);
+        assert!(claim_lane(s, &t, lb, 0, 10).units.is_empty());
+        assert_eq!(s.payload(unit), Err(StoreError::NotFound { what: "unit" }));
+        // A joined unit dead-lettered for one recipient names it.
+        let out = s
+            .enqueue(
+                &a,
+                &[NewRow {
+                    joined: true,
+                    ..row("j2", &[A, B])
+                }],
+            )
+            .expect("enqueue");
+        let j2 = out[0].units[0];
+        s.dead_letter(
+            &t,
+            &DeadLetterRequest {
+                unit: j2,
+                lane: lb,
+                reason: DeadReason::Permanent,
+                status: Some(400),
+                error: None,
+                at: now(),
+            },
+        )
+        .expect("dead letter b");
+        let dl = s.dead_letters(Some(&a)).expect("dead letters");
+        assert_eq!(dl.len(), 1);
+        assert_eq!(dl[0].key, key(B));
+        assert_eq!(dl[0].unit, j2);
+        // Still pending for A.
+        let ca = claim_lane(s, &t, la, 0, 10);
+        assert_eq!(row_ids(&ca), ["after", "j2"]);
+        s.ack(&t, &[(j2, la)]).expect("ack");
+        assert_eq!(s.payload(j2), Err(StoreError::NotFound { what: "unit" }));
+    });
+}
+
+fn lease_expiry_lets_another_holder_claim_again_in_order(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let a = actor("alice");
+        h.store
+            .enqueue(
+                &a,
+                &(0..4)
+                    .map(|k| row(&format!("r{k}"), &[A]))
+                    .collect::<Vec<_>>(),
+            )
+            .expect("enqueue");
+        let other = h.second();
+        let s = &*h.store;
+        let t1 = acquire(s, &a, "crashing", Duration::from_millis(300));
+        let la = lane_of(s, &a, A);
+        let c1 = claim_lane(s, &t1, la, 0, 10);
+        s.ack(&t1, &[(c1.units[0].id, la)]).expect("ack first");
+        // The holder "crashes": no release. The other holder gets the slot once it expires.
+        let t2 = acquire_eventually(&*other, &a, "successor", LEASE);
+        assert!(t2.fencing() > t1.fencing());
+        let c2 = claim_lane(&*other, &t2, la, 0, 10);
+        assert_eq!(row_ids(&c2), ["r1", "r2", "r3"]);
+        assert_eq!(unit_ids(&c2), unit_ids(&c1)[1..]);
+        assert_eq!(s.claim(&t1, &[]), Err(StoreError::StaleToken));
+        assert_eq!(other.release_slot(&t2), Ok(Release::Released));
+    });
+}
+
+fn ack_finishes_units(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        let out = s
+            .enqueue(&a, &[row("r0", &[A, B]), row("r1", &[A])])
+            .expect("enqueue");
+        let t = acquire(s, &a, "h", LEASE);
+        let (la, lb) = (lane_of(s, &a, A), lane_of(s, &a, B));
+        let ua = claim_lane(s, &t, la, 0, 10);
+        s.ack(&t, &[(ua.units[0].id, la), (ua.units[1].id, la)])
+            .expect("ack");
+        assert!(claim_lane(s, &t, la, 0, 10).units.is_empty());
+        // Acking again, or acking an unknown unit, is harmless.
+        s.ack(&t, &[(ua.units[0].id, la), (UnitId(999_999), la)])
+            .expect("re-ack");
+        let st = s.status().expect("status");
+        assert_eq!(st[0].pending, 1);
+        assert!(st[0].in_flight);
+        // B's unit of r0 is untouched, and r0's payload is still there for it.
+        let ub = claim_lane(s, &t, lb, 0, 10);
+        assert_eq!(ub.units[0].id, out[0].units[1]);
+        assert_eq!(s.payload(ub.units[0].id).expect("payload").row_id, "r0");
+        s.ack(&t, &[(ub.units[0].id, lb)]).expect("ack");
+        let _ = s.release_slot(&t).expect("release");
+        let st = s.status().expect("status");
+        assert!(st.is_empty(), "{st:?}");
+    });
+}
+
+fn attempts_persist_across_reopen(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let a = actor("alice");
+        h.store.enqueue(&a, &[row("r0", &[A])]).expect("enqueue");
+        let la = lane_of(&*h.store, &a, A);
+        let t = acquire(&*h.store, &a, "h", LEASE);
+        let unit = claim_lane(&*h.store, &t, la, 0, 1).units[0].id;
+        let t0 = Timestamp::from_millis(1_700_000_000_000);
+        h.store
+            .record_attempts(
+                &t,
+                &[AttemptRecord {
+                    unit,
+                    lane: la,
+                    attempts: 1,
+                    status: Some(503),
+                    error: Some("unavailable".into()),
+                    at: t0,
+                }],
+            )
+            .expect("record");
+        h.store
+            .record_attempts(
+                &t,
+                &[AttemptRecord {
+                    unit,
+                    lane: la,
+                    attempts: 2,
+                    status: None,
+                    error: Some("connection refused".into()),
+                    at: Timestamp::from_millis(1_700_000_001_000),
+                }],
+            )
+            .expect("record");
+        h.reopen();
+        let s = &*h.store;
+        let c = claim_lane(s, &t, la, 0, 1);
+        assert_eq!(c.units[0].slots[0].attempts, 2);
+        let lanes = s.lanes(&a).expect("lanes");
+        assert_eq!(lanes[0].last_status, None);
+        assert_eq!(lanes[0].last_error.as_deref(), Some("connection refused"));
+        // The dead letter keeps the first and last attempt times.
+        s.dead_letter(
+            &t,
+            &DeadLetterRequest {
+                unit,
+                lane: la,
+                reason: DeadReason::Exhausted,
+                status: None,
+                error: None,
+                at: Timestamp::from_millis(1_700_000_002_000),
+            },
+        )
+        .expect("dead");
+        let dl = &s.dead_letters(None).expect("dl")[0];
+        assert_eq!(dl.attempts, 2);
+        assert_eq!(dl.first_attempt_at, Some(t0));
+        assert_eq!(
+            dl.last_attempt_at,
+            Some(Timestamp::from_millis(1_700_000_001_000))
+        );
+        assert_eq!(dl.last_error.as_deref(), Some("connection refused"));
+    });
+}
+
+fn hand_back_keeps_positions(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        s.enqueue(
+            &a,
+            &(0..4)
+                .map(|k| row(&format!("r{k}"), &[A]))
+                .collect::<Vec<_>>(),
+        )
+        .expect("enqueue");
+        let t = acquire(s, &a, "h", LEASE);
+        let la = lane_of(s, &a, A);
+        let c = claim_lane(s, &t, la, 0, 10);
+        s.ack(&t, &[(c.units[0].id, la)]).expect("ack");
+        // r1..r3 are "handed back": no write; a unit enqueued meanwhile goes behind them.
+        s.enqueue(&a, &[row("r4", &[A])]).expect("enqueue");
+        let again = claim_lane(s, &t, la, 0, 10);
+        assert_eq!(row_ids(&again), ["r1", "r2", "r3", "r4"]);
+        let seqs: Vec<Seq> = again.units.iter().map(|u| u.seq).collect();
+        assert_eq!(
+            seqs[..3],
+            c.units[1..].iter().map(|u| u.seq).collect::<Vec<_>>()[..]
+        );
+        // And after the slot is released and taken again.
+        assert_eq!(s.release_slot(&t), Ok(Release::Released));
+        let t2 = acquire(s, &a, "h2", LEASE);
+        assert_eq!(
+            row_ids(&claim_lane(s, &t2, la, 0, 10)),
+            ["r1", "r2", "r3", "r4"]
+        );
+    });
+}
+
+fn dead_letter_fields_and_replay_order(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        s.enqueue(
+            &a,
+            &(0..4)
+                .map(|k| row(&format!("r{k}"), &[A]))
+                .collect::<Vec<_>>(),
+        )
+        .expect("enqueue");
+        let t = acquire(s, &a, "h", LEASE);
+        let la = lane_of(s, &a, A);
+        let c = claim_lane(s, &t, la, 0, 10);
+        let (u0, u1) = (c.units[0].id, c.units[1].id);
+        s.record_attempts(
+            &t,
+            &[AttemptRecord {
+                unit: u0,
+                lane: la,
+                attempts: 12,
+                status: Some(500),
+                error: Some("boom".into()),
+                at: Timestamp::from_millis(5_000),
+            }],
+        )
+        .expect("attempts");
+        for (u, reason, status) in [
+            (u0, DeadReason::Exhausted, Some(500)),
+            (u1, DeadReason::Permanent, Some(404)),
+        ] {
+            s.dead_letter(
+                &t,
+                &DeadLetterRequest {
+                    unit: u,
+                    lane: la,
+                    reason,
+                    status,
+                    error: None,
+                    at: Timestamp::from_millis(9_000),
+                },
+            )
+            .expect("dead");
+        }
+        let dl = s.dead_letters(Some(&a)).expect("dl");
+        assert_eq!(dl.len(), 2);
+        assert_eq!(dl[0].unit, u0);
+        assert_eq!(dl[0].row_id, "r0");
+        assert_eq!(dl[0].actor, a);
+        assert_eq!(dl[0].key, key(A));
+        assert_eq!(dl[0].reason, DeadReason::Exhausted);
+        assert_eq!(dl[0].last_status, Some(500));
+        assert_eq!(dl[0].last_error.as_deref(), Some("boom"));
+        assert_eq!(dl[0].attempts, 12);
+        assert_eq!(dl[0].first_attempt_at, Some(Timestamp::from_millis(5_000)));
+        assert_eq!(dl[0].seq, c.units[0].seq);
+        assert_eq!(dl[0].dead_at, Timestamp::from_millis(9_000));
+        assert_eq!(dl[1].unit, u1);
+        assert_eq!(dl[1].reason, DeadReason::Permanent);
+        assert_eq!(dl[1].last_status, Some(404));
+        assert_eq!(dl[1].attempts, 0);
+        assert_eq!(row_ids(&claim_lane(s, &t, la, 0, 10)), ["r2", "r3"]);
+        let st = s.status().expect("status");
+        assert_eq!(st[0].dead_letters, 2);
+        assert_eq!(st[0].pending, 2);
+
+        let replayed = s
+            .replay_dead_letters(&DeadLetterSelection::Actor(a.clone()))
+            .expect("replay");
+        assert_eq!(replayed, [u0, u1]);
+        assert!(s.dead_letters(None).expect("dl").is_empty());
+        let c2 = claim_lane(s, &t, la, 0, 10);
+        assert_eq!(row_ids(&c2), ["r2", "r3", "r0", "r1"]);
+        assert_eq!(unit_ids(&c2)[2..], [u0, u1]);
+        assert!(c2.units[2].seq > c2.units[1].seq);
+        assert_eq!(c2.units[2].slots[0].attempts, 0);
+        assert_eq!(s.payload(u0).expect("payload").row_id, "r0");
+        // Replay by id, and purge.
+        s.dead_letter(
+            &t,
+            &DeadLetterRequest {
+                unit: u0,
+                lane: la,
+                reason: DeadReason::Gone,
+                status: Some(410),
+                error: None,
+                at: now(),
+            },
+        )
+        .expect("dead");
+        let id = s.dead_letters(None).expect("dl")[0].id;
+        assert_eq!(
+            s.purge_dead_letters(&DeadLetterSelection::Ids(vec![id])),
+            Ok(1)
+        );
+        assert!(s.dead_letters(None).expect("dl").is_empty());
+        assert_eq!(row_ids(&claim_lane(s, &t, la, 0, 10)), ["r2", "r3", "r1"]);
+        assert_eq!(s.payload(u0), Err(StoreError::NotFound { what: "unit" }));
+    });
+}
+
+fn dedup_skips_pending_recipients(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        let with_key = |id: &str, to: &[&str]| NewRow {
+            dedup_key: Some("entry-7".into()),
+            ..row(id, to)
+        };
+        let first = s.enqueue(&a, &[with_key("r0", &[A, B])]).expect("enqueue");
+        assert!(first[0].skipped.is_empty());
+        let second = s.enqueue(&a, &[with_key("r1", &[A, C])]).expect("enqueue");
+        assert_eq!(second[0].skipped, [key(A).recipient().to_string()]);
+        assert_eq!(second[0].units.len(), 1);
+        // Within one call, the second row sees the first.
+        let third = s
+            .enqueue(
+                &a,
+                &[
+                    with_key("r2", &[C]),
+                    with_key("r3", &["https://d.example/inbox"]),
+                ],
+            )
+            .expect("e");
+        assert_eq!(third[0].skipped.len(), 1);
+        assert!(third[1].skipped.is_empty());
+        // Another actor's pending unit does not count.
+        let other = s
+            .enqueue(&actor("bob"), &[with_key("r0", &[A])])
+            .expect("e");
+        assert!(other[0].skipped.is_empty());
+        // Once A's unit is finished, A is no longer skipped.
+        let t = acquire(s, &a, "h", LEASE);
+        let la = lane_of(s, &a, A);
+        s.ack(&t, &[(first[0].units[0], la)]).expect("ack");
+        let fourth = s.enqueue(&a, &[with_key("r4", &[A, B])]).expect("enqueue");
+        assert_eq!(fourth[0].skipped, [key(B).recipient().to_string()]);
+        // A dead-lettered unit does not revive what it made skip, and no longer blocks.
+        let lb = lane_of(s, &a, B);
+        s.dead_letter(
+            &t,
+            &DeadLetterRequest {
+                unit: first[0].units[1],
+                lane: lb,
+                reason: DeadReason::Permanent,
+                status: Some(400),
+                error: None,
+                at: now(),
+            },
+        )
+        .expect("dead");
+        assert!(claim_lane(s, &t, lb, 0, 10).units.is_empty());
+        let fifth = s.enqueue(&a, &[with_key("r5", &[B])]).expect("enqueue");
+        assert!(fifth[0].skipped.is_empty());
+        // Every recipient skipped: no unit, and the row id is not kept.
+        let all_skipped = s.enqueue(&a, &[with_key("r6", &[B])]).expect("enqueue");
+        assert!(all_skipped[0].units.is_empty());
+    });
+}
+
+fn lane_backoff_persists(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let a = actor("alice");
+        h.store
+            .enqueue(&a, &[row("r0", &[A]), row("r1", &[B])])
+            .expect("enqueue");
+        let la = lane_of(&*h.store, &a, A);
+        let t = acquire(&*h.store, &a, "h", LEASE);
+        let later = now() + Duration::from_secs(3600);
+        h.store
+            .set_lane_state(&t, la, Some(later), 3)
+            .expect("backoff");
+        h.reopen();
+        let s = &*h.store;
+        let (lanes, _) = s.lanes_with_work(&t, 0).expect("lanes");
+        let info = lanes.iter().find(|l| l.lane == la).expect("lane a");
+        assert_eq!(info.not_before, Some(later));
+        assert_eq!(info.backoff_level, 3);
+        let due = s.actors_with_work(now()).expect("due");
+        assert_eq!(due.ready, std::slice::from_ref(&a), "lane B is still open");
+        assert_eq!(due.next_not_before, Some(later));
+        let st = s.status().expect("status");
+        assert_eq!(st[0].lanes_in_backoff, [(key(A), later)]);
+        // Only lane A left: the actor is not ready until `later`.
+        let lb = lane_of(s, &a, B);
+        let u = claim_lane(s, &t, lb, 0, 1).units[0].id;
+        s.ack(&t, &[(u, lb)]).expect("ack");
+        let due = s.actors_with_work(now()).expect("due");
+        assert!(due.ready.is_empty());
+        assert_eq!(due.next_not_before, Some(later));
+        assert_eq!(
+            s.actors_with_work(later).expect("due").ready,
+            std::slice::from_ref(&a)
+        );
+        // Operator retry-now clears the backoff.
+        s.retry_lane_now(la).expect("retry now");
+        let l = &s.lanes(&a).expect("lanes")[0];
+        assert_eq!((l.not_before, l.backoff_level), (None, 0));
+        assert_eq!(s.actors_with_work(now()).expect("due").ready, [a]);
+    });
+}
+
+fn transactional_enqueue_rolled_back_leaves_nothing(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let a = actor("alice");
+        h.enqueue_rolled_back(&a, &[row("r0", &[A]), row("r1", &[B])]);
+        let s = &*h.store;
+        assert!(s.status().expect("status").is_empty());
+        assert!(s.lanes(&a).expect("lanes").is_empty());
+        let seen = s.notifier().generation();
+        let out = h.enqueue_committed_in_tx(&a, &[row("r0", &[A])]);
+        assert_eq!(out[0].units.len(), 1);
+        assert!(h.store.notifier().generation() != seen || h.backend != Backend::SqliteMemory);
+        assert_eq!(h.store.status().expect("status")[0].pending, 1);
+        // The id was free: the rolled-back rows left nothing behind.
+        let t = acquire(&*h.store, &a, "h", LEASE);
+        let la = lane_of(&*h.store, &a, A);
+        assert_eq!(row_ids(&claim_lane(&*h.store, &t, la, 0, 10)), ["r0"]);
+    });
+}
+
+fn drain_slot_exclusive_across_instances_with_look_again(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let a = actor("alice");
+        let one = h.store.clone();
+        let two = h.second();
+        let t1 = acquire(&*one, &a, "relay-1", LEASE);
+        assert_eq!(two.acquire_slot(&a, "relay-2", LEASE), Ok(Acquire::Held));
+        assert_eq!(
+            one.acquire_slot(&a, "relay-1-again", LEASE),
+            Ok(Acquire::Held)
+        );
+        // Another actor's slot is independent.
+        let tb = acquire(&*two, &actor("bob"), "relay-2", LEASE);
+        // The running pass must look again before it lets go.
+        assert_eq!(one.release_slot(&t1), Ok(Release::LookAgain));
+        assert_eq!(
+            two.acquire_slot(&a, "relay-2", LEASE),
+            Ok(Acquire::Held),
+            "kept after look-again"
+        );
+        assert_eq!(one.release_slot(&t1), Ok(Release::LookAgain));
+        assert_eq!(one.release_slot(&t1), Ok(Release::Released));
+        let t2 = acquire(&*two, &a, "relay-2", LEASE);
+        assert!(t2.fencing() > t1.fencing());
+        assert_eq!(t2.holder(), "relay-2");
+        assert_eq!(one.release_slot(&t1), Err(StoreError::StaleToken));
+        two.renew_slot(&t2, LEASE).expect("renew");
+        assert_eq!(two.release_slot(&t2), Ok(Release::Released));
+        assert_eq!(two.release_slot(&tb), Ok(Release::Released));
+        // Concurrent acquirers on two instances: exactly one wins.
+        let winners: Vec<bool> = std::thread::scope(|sc| {
+            let hs: Vec<_> = [one.clone(), two.clone()]
+                .into_iter()
+                .enumerate()
+                .map(|(k, st)| {
+                    let a = a.clone();
+                    sc.spawn(move || {
+                        matches!(
+                            st.acquire_slot(&a, &format!("r{k}"), LEASE),
+                            Ok(Acquire::Acquired(_))
+                        )
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|j| j.join().expect("join")).collect()
+        });
+        assert_eq!(winners.iter().filter(|w| **w).count(), 1);
+    });
+}
+
+fn stale_token_is_refused_and_writes_nothing(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        s.enqueue(&a, &[row("r0", &[A]), row("r1", &[A])])
+            .expect("enqueue");
+        let la = lane_of(s, &a, A);
+        let t1 = acquire(s, &a, "paused-relay", Duration::from_millis(200));
+        let c = claim_lane(s, &t1, la, 0, 10);
+        let u0 = c.units[0].id;
+        let t2 = acquire_eventually(s, &a, "successor", LEASE);
+        let stale = |r: Result<(), StoreError>| assert_eq!(r, Err(StoreError::StaleToken));
+        stale(s.ack(&t1, &[(u0, la)]));
+        stale(s.record_attempts(
+            &t1,
+            &[AttemptRecord {
+                unit: u0,
+                lane: la,
+                attempts: 5,
+                status: Some(500),
+                error: Some("x".into()),
+                at: now(),
+            }],
+        ));
+        stale(s.dead_letter(
+            &t1,
+            &DeadLetterRequest {
+                unit: u0,
+                lane: la,
+                reason: DeadReason::Exhausted,
+                status: None,
+                error: None,
+                at: now(),
+            },
+        ));
+        stale(s.set_lane_state(&t1, la, Some(now() + Duration::from_secs(60)), 1));
+        stale(s.block_lane(&t1, la, "strict"));
+        assert_eq!(s.retire_lane(&t1, la, now()), Err(StoreError::StaleToken));
+        assert_eq!(s.claim(&t1, &[]), Err(StoreError::StaleToken));
+        assert_eq!(s.lanes_with_work(&t1, 0), Err(StoreError::StaleToken));
+        stale(s.renew_slot(&t1, LEASE));
+        assert_eq!(s.release_slot(&t1), Err(StoreError::StaleToken));
+        // Nothing was written.
+        let c2 = claim_lane(s, &t2, la, 0, 10);
+        assert_eq!(unit_ids(&c2), unit_ids(&c));
+        assert_eq!(c2.units[0].slots[0].attempts, 0);
+        assert!(s.dead_letters(None).expect("dl").is_empty());
+        let l = &s.lanes(&a).expect("lanes")[0];
+        assert_eq!((l.not_before, l.paused, l.last_status), (None, false, None));
+        // The live token works.
+        s.ack(&t2, &[(u0, la)]).expect("ack");
+    });
+}
+
+fn deep_lane_does_not_slow_a_short_lane_claim(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        const DEEP: usize = 100_000;
+        for chunk in 0..(DEEP / 5_000) {
+            let rows: Vec<NewRow> = (0..5_000)
+                .map(|k| NewRow {
+                    body: vec![b'x'; 8],
+                    ..row(&format!("deep-{}", chunk * 5_000 + k), &[A])
+                })
+                .collect();
+            s.enqueue(&a, &rows).expect("enqueue deep");
+        }
+        s.enqueue(
+            &a,
+            &[
+                row("short-0", &[B]),
+                row("short-1", &[B]),
+                row("short-2", &[B]),
+            ],
+        )
+        .expect("enqueue short");
+        let t = acquire(s, &a, "h", LEASE);
+        let (la, lb) = (lane_of(s, &a, A), lane_of(s, &a, B));
+        let got = s
+            .claim(
+                &t,
+                &[
+                    LaneClaim {
+                        lane: la,
+                        from: Seq(0),
+                        limit: 4,
+                    },
+                    LaneClaim {
+                        lane: lb,
+                        from: Seq(0),
+                        limit: 4,
+                    },
+                ],
+            )
+            .expect("claim");
+        assert_eq!(row_ids(&got[0]), ["deep-0", "deep-1", "deep-2", "deep-3"]);
+        assert!(!got[0].exhausted);
+        assert_eq!(row_ids(&got[1]), ["short-0", "short-1", "short-2"]);
+        assert!(got[1].exhausted);
+        let lanes = s.lanes(&a).expect("lanes");
+        assert_eq!(
+            lanes.iter().find(|l| l.lane == la).expect("a").depth,
+            DEEP as u64
+        );
+        // A cursor deep into the lane reads from there.
+        let mid = claim_lane(s, &t, la, got[0].units[0].seq.0 + 50_000, 2);
+        assert_eq!(row_ids(&mid), ["deep-50000", "deep-50001"]);
+    });
+}
+
+fn ids_unique_across_actors(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let mut seen = std::collections::HashSet::new();
+        let mut lanes = std::collections::HashSet::new();
+        for name in ["alice", "bob", "carol"] {
+            let a = actor(name);
+            let out = s
+                .enqueue(&a, &[row("same-id", &[A, B]), row("two", &[A])])
+                .expect("enqueue");
+            for e in out {
+                for u in e.units {
+                    assert!(seen.insert(u), "unit id {u} reused");
+                }
+            }
+            for l in s.lanes(&a).expect("lanes") {
+                assert!(lanes.insert(l.lane), "lane id reused");
+            }
+        }
+        assert_eq!(seen.len(), 9);
+        // Ids are not reused after units finish either.
+        let a = actor("alice");
+        let t = acquire(s, &a, "h", LEASE);
+        let la = lane_of(s, &a, A);
+        let c = claim_lane(s, &t, la, 0, 10);
+        s.ack(&t, &c.units.iter().map(|u| (u.id, la)).collect::<Vec<_>>())
+            .expect("ack");
+        let out = s.enqueue(&a, &[row("three", &[A])]).expect("enqueue");
+        assert!(seen.insert(out[0].units[0]));
+    });
+}
+
+fn dead_letter_durable_before_next_unit_is_claimable(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let a = actor("alice");
+        h.store
+            .enqueue(&a, &[row("r0", &[A]), row("r1", &[A])])
+            .expect("enqueue");
+        let la = lane_of(&*h.store, &a, A);
+        let t = acquire(&*h.store, &a, "h", LEASE);
+        let u0 = claim_lane(&*h.store, &t, la, 0, 1).units[0].id;
+        h.store
+            .dead_letter(
+                &t,
+                &DeadLetterRequest {
+                    unit: u0,
+                    lane: la,
+                    reason: DeadReason::Permanent,
+                    status: Some(422),
+                    error: Some("refused".into()),
+                    at: now(),
+                },
+            )
+            .expect("dead letter");
+        // Right after it returns, a fresh store on the database sees it.
+        h.reopen();
+        let s = &*h.store;
+        let dl = s.dead_letters(Some(&a)).expect("dl");
+        assert_eq!(dl.len(), 1);
+        assert_eq!(dl[0].unit, u0);
+        assert_eq!(row_ids(&claim_lane(s, &t, la, 0, 10)), ["r1"]);
+    });
+}
+
+fn retire_lane_dead_letters_only_that_recipient(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        let out = s
+            .enqueue(
+                &a,
+                &[
+                    row("r0", &[A]),
+                    NewRow {
+                        joined: true,
+                        ..row("j", &[A, B])
+                    },
+                    row("r1", &[A, B]),
+                ],
+            )
+            .expect("enqueue");
+        let t = acquire(s, &a, "h", LEASE);
+        let (la, lb) = (lane_of(s, &a, A), lane_of(s, &a, B));
+        assert_eq!(s.retire_lane(&t, la, now()), Ok(3));
+        let dl = s.dead_letters(Some(&a)).expect("dl");
+        assert_eq!(dl.len(), 3);
+        assert!(
+            dl.iter()
+                .all(|d| d.reason == DeadReason::LaneRetired && d.key == key(A))
+        );
+        assert_eq!(
+            dl.iter().map(|d| d.row_id.as_str()).collect::<Vec<_>>(),
+            ["r0", "j", "r1"]
+        );
+        // The joined unit, still pending for B, stays listed in A with A no longer to serve.
+        let ca = claim_lane(s, &t, la, 0, 10);
+        assert_eq!(row_ids(&ca), ["j"]);
+        assert!(
+            ca.units[0]
+                .slots
+                .iter()
+                .find(|x| x.lane == la)
+                .expect("slot a")
+                .served
+        );
+        let cb = claim_lane(s, &t, lb, 0, 10);
+        assert_eq!(row_ids(&cb), ["j", "r1"]);
+        assert_eq!(cb.units[0].id, out[1].units[0]);
+    });
+}
+
+fn operator_ops(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        s.enqueue(&a, &[row("r0", &[A]), row("r1", &[A, B])])
+            .expect("enqueue");
+        let (la, lb) = (lane_of(s, &a, A), lane_of(s, &a, B));
+        s.pause_lane(la, "maintenance").expect("pause");
+        let t = acquire(s, &a, "h", LEASE);
+        let c = claim_lane(s, &t, la, 0, 10);
+        assert!(c.units.is_empty());
+        let (lanes, _) = s.lanes_with_work(&t, 0).expect("lanes");
+        assert!(lanes.iter().find(|l| l.lane == la).expect("a").paused);
+        let l = s.lanes(&a).expect("lanes");
+        let la_status = l.iter().find(|x| x.lane == la).expect("a");
+        assert_eq!(la_status.depth, 2);
+        assert!(la_status.paused);
+        assert_eq!(la_status.pause_reason.as_deref(), Some("maintenance"));
+        assert!(la_status.head_enqueued_at.is_some());
+        // Only lane B has admissible work.
+        assert_eq!(
+            s.actors_with_work(now()).expect("due").ready,
+            std::slice::from_ref(&a)
+        );
+        let ub = claim_lane(s, &t, lb, 0, 10).units[0].id;
+        s.ack(&t, &[(ub, lb)]).expect("ack");
+        assert!(s.actors_with_work(now()).expect("due").ready.is_empty());
+        s.resume_lane(la).expect("resume");
+        assert_eq!(row_ids(&claim_lane(s, &t, la, 0, 10)), ["r0", "r1"]);
+        // Strict lanes are blocked by the pass, resumed by an operator.
+        s.set_lane_strict(la, true).expect("strict");
+        s.block_lane(&t, la, "head failed on a strict lane")
+            .expect("block");
+        let l = &s.lanes(&a).expect("lanes")[0];
+        assert!(l.strict && l.paused);
+        assert!(s.actors_with_work(now()).expect("due").ready.is_empty());
+        s.resume_lane(la).expect("resume");
+        assert_eq!(
+            s.pause_lane(StoreLaneId(987_654), "x"),
+            Err(StoreError::NotFound { what: "lane" })
+        );
+        let st = s.status().expect("status");
+        assert_eq!(st.len(), 1);
+        assert_eq!(st[0].actor, a);
+        assert_eq!(st[0].pending, 2);
+        assert!(st[0].in_flight);
+        let _ = s.release_slot(&t).expect("release");
+        assert!(!s.status().expect("status")[0].in_flight);
+    });
+}
+
+fn ack_writer_group_commits(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let a = actor("alice");
+        let rows: Vec<NewRow> = (0..300).map(|k| row(&format!("r{k}"), &[A, B])).collect();
+        h.store.enqueue(&a, &rows).expect("enqueue");
+        let s = h.store.clone();
+        let t = acquire(&*s, &a, "h", LEASE);
+        let (la, lb) = (lane_of(&*s, &a, A), lane_of(&*s, &a, B));
+        let writer =
+            Arc::new(AckWriter::spawn(s.clone(), AckWriterOptions::default()).expect("spawn"));
+        std::thread::scope(|sc| {
+            for lane in [la, lb] {
+                let (s, t, w) = (s.clone(), t.clone(), writer.clone());
+                sc.spawn(move || {
+                    for u in claim_lane(&*s, &t, lane, 0, 1000).units {
+                        w.ack(&t, u.id, lane);
+                    }
+                });
+            }
+        });
+        writer.flush().expect("flush");
+        assert!(s.status().expect("status")[0].pending == 0);
+        // A stale pass's acks are refused and reported by the next flush.
+        s.enqueue(&a, &[row("late", &[A])]).expect("enqueue");
+        let u = claim_lane(&*s, &t, la, 0, 10).units[0].id;
+        let _ = s.release_slot(&t).expect("release");
+        writer.ack(&t, u, la);
+        assert_eq!(writer.flush(), Err(StoreError::StaleToken));
+        writer.flush().expect("errors are reported once");
+    });
+}
+
+fn wake_ups_after_enqueue(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let a = actor("alice");
+        let n = h.store.notifier();
+        let seen = n.generation();
+        let fired = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let f2 = fired.clone();
+        let _sub = n.subscribe(move || {
+            f2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+        h.store.enqueue(&a, &[row("r0", &[A])]).expect("enqueue");
+        assert_ne!(n.wait_timeout(seen, Duration::from_secs(10)), seen);
+        assert!(fired.load(std::sync::atomic::Ordering::SeqCst) >= 1);
+        // Across instances (processes): the second store's watcher sees the first's enqueue.
+        let other = h.second();
+        let w = other.watch().expect("watch");
+        let mut woke = false;
+        for k in 0..50 {
+            let seen = w.generation();
+            h.store
+                .enqueue(&a, &[row(&format!("x{k}"), &[A])])
+                .expect("enqueue");
+            if w.wait_timeout(seen, Duration::from_millis(200)) != seen {
+                woke = true;
+                break;
+            }
+        }
+        assert!(woke, "cross-instance wake-up never arrived");
+    });
+}
+
+fn watermark_finds_new_lanes(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        s.enqueue(&a, &[row("r0", &[A]), row("r1", &[B])])
+            .expect("enqueue");
+        let t = acquire(s, &a, "h", LEASE);
+        let (lanes, mark) = s.lanes_with_work(&t, 0).expect("lanes");
+        assert_eq!(lanes.len(), 2);
+        let (none, same) = s.lanes_with_work(&t, mark).expect("lanes");
+        assert!(none.is_empty());
+        assert_eq!(same, mark);
+        s.enqueue(&a, &[row("r2", &[C]), row("r3", &[A])])
+            .expect("enqueue");
+        let (new, mark2) = s.lanes_with_work(&t, mark).expect("lanes");
+        let keys: Vec<_> = new.iter().map(|l| l.key.clone()).collect();
+        assert_eq!(keys, [key(A), key(C)]);
+        assert!(mark2 > mark);
+        // Other actors' lanes never show.
+        s.enqueue(&actor("bob"), &[row("b0", &[A])])
+            .expect("enqueue");
+        assert!(s.lanes_with_work(&t, mark2).expect("lanes").0.is_empty());
+    });
+}
+
+fn ack_retention_and_purge(b: Backend) {
+    let common = CommonOptions {
+        ack_retention: Some(Duration::from_secs(3600)),
+        ..CommonOptions::default()
+    };
+    run(b, common, |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        s.enqueue(&a, &[row("r0", &[A]), row("r1", &[A])])
+            .expect("enqueue");
+        let t = acquire(s, &a, "h", LEASE);
+        let la = lane_of(s, &a, A);
+        let c = claim_lane(s, &t, la, 0, 10);
+        s.ack(&t, &[(c.units[0].id, la)]).expect("ack");
+        assert_eq!(row_ids(&claim_lane(s, &t, la, 0, 10)), ["r1"]);
+        assert_eq!(s.status().expect("status")[0].pending, 1);
+        // Kept: the row id is still taken.
+        assert!(matches!(
+            s.enqueue(&a, &[row("r0", &[A])]),
+            Err(EnqueueError::DuplicateRowId { .. })
+        ));
+        assert_eq!(s.purge_acked(Timestamp::from_millis(1)), Ok(0));
+        assert_eq!(s.purge_acked(now() + Duration::from_secs(60)), Ok(1));
+        s.enqueue(&a, &[row("r0", &[A])])
+            .expect("id free after purge");
+    });
+}
+
+fn acquire_ready_picks_free_actors_with_work(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        for name in ["a1", "a2", "a3", "a4"] {
+            s.enqueue(&actor(name), &[row("r", &[A])]).expect("enqueue");
+        }
+        // a3 is being drained elsewhere; a4's only lane is in backoff.
+        let held = acquire(s, &actor("a3"), "other-relay", LEASE);
+        let t4 = acquire(s, &actor("a4"), "x", LEASE);
+        let l4 = lane_of(s, &actor("a4"), A);
+        s.set_lane_state(&t4, l4, Some(now() + Duration::from_secs(3600)), 1)
+            .expect("backoff");
+        assert_eq!(s.release_slot(&t4), Ok(Release::Released));
+
+        let got = s.acquire_ready("relay", LEASE, now(), 1).expect("ready");
+        assert_eq!(got.len(), 1);
+        let rest = s.acquire_ready("relay", LEASE, now(), 10).expect("ready");
+        let mut names: Vec<&str> = got
+            .iter()
+            .chain(&rest)
+            .map(|t| t.actor().as_str())
+            .collect();
+        names.sort_unstable();
+        assert_eq!(names, ["a1", "a2"]);
+        // The running pass of a3 was told to look again.
+        assert_eq!(s.release_slot(&held), Ok(Release::LookAgain));
+        assert!(
+            s.acquire_ready("relay", LEASE, now(), 10)
+                .expect("ready")
+                .is_empty()
+        );
+        // Later calls saw those slots held, so they too must look again before letting go.
+        for t in got.iter().chain(&rest) {
+            assert_eq!(s.release_slot(t), Ok(Release::LookAgain));
+            assert_eq!(s.release_slot(t), Ok(Release::Released));
+        }
+        // Two relays at once on two instances: no actor is acquired twice.
+        let other = h.second();
+        let picked: Vec<String> = std::thread::scope(|sc| {
+            let hs: Vec<_> = [h.store.clone(), other.clone()]
+                .into_iter()
+                .enumerate()
+                .map(|(k, st)| {
+                    sc.spawn(move || {
+                        st.acquire_ready(&format!("relay-{k}"), LEASE, now(), 10)
+                            .expect("ready")
+                            .into_iter()
+                            .map(|t| t.actor().as_str().to_string())
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .flat_map(|j| j.join().expect("join"))
+                .collect()
+        });
+        let mut sorted = picked.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(
+            sorted.len(),
+            picked.len(),
+            "an actor acquired twice: {picked:?}"
+        );
+    });
+}
