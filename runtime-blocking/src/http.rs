@@ -73,3 +73,4 @@ impl HttpClient {
         }
     }
 }
+impl std::error::Error for HttpError {}
