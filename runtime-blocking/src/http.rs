@@ -71,6 +71,13 @@ pub const DEFAULT_MAX_RESPONSE_BODY: usize = 64 * 1024;
 /// How much of a non-2xx answer's body goes into [`AttemptResult::error`]: enough for a
 /// recipient's one-line reason, not enough to fill the dead-letter table.
 const ERROR_EXCERPT: usize = 200;
+/// Idle connections kept per host. ureq's default (3) is below the delivery concurrency a
+/// relay runs with; many workers delivering to one host (several actors' lanes, or a
+/// benchmark's loopback recipients) would then open a connection per request and fill the
+/// machine with TIME_WAIT sockets.
+const IDLE_PER_HOST: usize = 64;
+/// Idle connections kept in all (ureq's default is 10, for the same reason).
+const IDLE_TOTAL: usize = 512;
 
 /// How the [`HttpClient`] delivers.
 #[derive(Clone, Debug)]
@@ -227,6 +234,8 @@ impl HttpClient {
             // deliveries through whatever proxy the environment names, past the guard.
             .proxy(proxy)
             .timeout_global(Some(cfg.timeout))
+            .max_idle_connections(IDLE_TOTAL)
+            .max_idle_connections_per_host(IDLE_PER_HOST)
             .user_agent(cfg.user_agent.as_str())
             .tls_config(tls)
             .build();
@@ -445,6 +454,10 @@ fn error_kind(e: &ureq::Error) -> ErrorKind {
 
 fn io_kind(e: &io::Error) -> TransportError {
     use io::ErrorKind as K;
+    // rustls reports handshake and record failures through the stream as I/O errors.
+    if e.get_ref().is_some_and(|inner| inner.is::<rustls::Error>()) {
+        return TransportError::Tls;
+    }
     match e.kind() {
         K::TimedOut | K::WouldBlock => TransportError::Timeout,
         K::ConnectionRefused => TransportError::ConnectionRefused,

@@ -7,7 +7,8 @@
 
 #![allow(clippy::unwrap_used)] // a failing unwrap is a failing test
 
-use std::net::{Ipv6Addr, SocketAddr};
+use std::io::{Read as _, Write as _};
+use std::net::{Ipv6Addr, SocketAddr, TcpListener};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -329,6 +330,48 @@ fn a_slow_endless_body_is_capped_and_classified_by_status() {
         "the client did not drop the connection: {:?}",
         r.requests("/inbox")[0].completion
     );
+}
+
+#[test]
+fn a_body_slower_than_the_timeout_still_counts_by_its_status() {
+    let r = recipient();
+    // Under the size cap, but 100 one-byte chunks 100 ms apart outlast the 300 ms timeout.
+    r.script(
+        "/inbox",
+        [Reply::SlowBody {
+            status: 410,
+            chunk: b"g".to_vec(),
+            interval: Duration::from_millis(100),
+            chunks: 100,
+        }],
+    );
+    let c = client(HttpConfig {
+        timeout: Duration::from_millis(300),
+        ..loopback_config()
+    });
+    let res = post(&c, &r.url("/inbox"), 1);
+    assert_eq!((res.outcome, res.status), (Outcome::Gone, Some(410)));
+}
+
+#[test]
+fn https_to_a_plain_http_server_is_a_transient_tls_error() {
+    // Exercises the rustls + ring client. The test recipient waits for a whole HTTP head,
+    // which a ClientHello never completes, so a bare loopback socket answers the handshake
+    // with plain HTTP instead, the way a misconfigured recipient would.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut hello = [0u8; 512];
+        let _ = stream.read(&mut hello);
+        let _ = stream.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
+    });
+    let res = post(&loopback_client(), &format!("https://{addr}/inbox"), 1);
+    server.join().unwrap();
+    assert_eq!(res.outcome, transient(), "{res:?}");
+    assert_eq!(res.status, None);
+    let err = res.error.unwrap();
+    assert!(err.starts_with("tls: "), "{err}");
 }
 
 #[test]
