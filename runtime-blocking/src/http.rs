@@ -71,9 +71,16 @@ pub const DEFAULT_MAX_RESPONSE_BODY: usize = 64 * 1024;
 /// How much of a non-2xx answer's body goes into [`AttemptResult::error`]: enough for a
 /// recipient's one-line reason, not enough to fill the dead-letter table.
 const ERROR_EXCERPT: usize = 200;
+/// Idle connections kept per host. ureq's default (3) is below the delivery concurrency a
+/// relay runs with; many workers delivering to one host (several actors' lanes, or a
+/// benchmark's loopback recipients) would then open a connection per request and fill the
+/// machine with TIME_WAIT sockets.
+const IDLE_PER_HOST: usize = 64;
+/// Idle connections kept in all (ureq's default is 10, for the same reason).
+const IDLE_TOTAL: usize = 512;
 
 /// How the [`HttpClient`] delivers.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct HttpConfig {
     /// Bound on one whole attempt: resolve, connect, TLS, sending, the response head and
     /// the (capped) body. Default 30 s.
@@ -107,6 +114,36 @@ impl Default for HttpConfig {
             classifier: Classifier::default(),
             retry_after_cap: DEFAULT_RETRY_AFTER_CAP,
         }
+    }
+}
+
+impl fmt::Debug for HttpConfig {
+    /// Like a derived `Debug`, but without the proxy's credentials.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpConfig")
+            .field("timeout", &self.timeout)
+            .field("user_agent", &self.user_agent)
+            .field("max_response_body", &self.max_response_body)
+            .field("addresses", &self.addresses)
+            .field("proxy", &self.proxy.as_deref().map(redact_userinfo))
+            .field("classifier", &self.classifier)
+            .field("retry_after_cap", &self.retry_after_cap)
+            .finish()
+    }
+}
+
+/// The proxy URL with any `user:pass@` replaced by `***@`.
+fn redact_userinfo(url: &str) -> String {
+    let authority_start = url.find("://").map_or(0, |i| i + 3);
+    let rest = url.get(authority_start..).unwrap_or("");
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest.get(..authority_end).and_then(|a| a.rfind('@')) {
+        Some(at) => format!(
+            "{}***{}",
+            url.get(..authority_start).unwrap_or(""),
+            rest.get(at..).unwrap_or("")
+        ),
+        None => url.to_owned(),
     }
 }
 
@@ -161,10 +198,13 @@ pub enum HttpError {
 impl fmt::Display for HttpError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            HttpError::BadProxy { proxy } => write!(f, "invalid proxy URL {proxy:?}"),
+            HttpError::BadProxy { proxy } => {
+                write!(f, "invalid proxy URL {:?}", redact_userinfo(proxy))
+            }
             HttpError::UnsupportedProxy { proxy } => write!(
                 f,
-                "unsupported proxy {proxy:?}: only http:// and https:// (CONNECT) proxies are supported"
+                "unsupported proxy {:?}: only http:// and https:// (CONNECT) proxies are supported",
+                redact_userinfo(proxy)
             ),
             HttpError::BadUserAgent => {
                 f.write_str("the User-Agent contains characters not allowed in a header")
@@ -227,6 +267,8 @@ impl HttpClient {
             // deliveries through whatever proxy the environment names, past the guard.
             .proxy(proxy)
             .timeout_global(Some(cfg.timeout))
+            .max_idle_connections(IDLE_TOTAL)
+            .max_idle_connections_per_host(IDLE_PER_HOST)
             .user_agent(cfg.user_agent.as_str())
             .tls_config(tls)
             .build();
@@ -445,6 +487,10 @@ fn error_kind(e: &ureq::Error) -> ErrorKind {
 
 fn io_kind(e: &io::Error) -> TransportError {
     use io::ErrorKind as K;
+    // rustls reports handshake and record failures through the stream as I/O errors.
+    if e.get_ref().is_some_and(|inner| inner.is::<rustls::Error>()) {
+        return TransportError::Tls;
+    }
     match e.kind() {
         K::TimedOut | K::WouldBlock => TransportError::Timeout,
         K::ConnectionRefused => TransportError::ConnectionRefused,
@@ -531,4 +577,32 @@ impl Resolver for GuardedResolver {
 /// the name to the proxy. So a lookup of the proxy's own URI is the proxy.
 fn is_the_proxy(uri: &Uri, config: &Config) -> bool {
     config.proxy().is_some_and(|p| uri == p.uri())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proxy_credentials_stay_out_of_debug_and_errors() {
+        assert_eq!(
+            redact_userinfo("http://user:pw@proxy:3128"),
+            "http://***@proxy:3128"
+        );
+        assert_eq!(redact_userinfo("u:p@proxy:1"), "***@proxy:1");
+        assert_eq!(
+            redact_userinfo("http://proxy:3128/a@b"),
+            "http://proxy:3128/a@b"
+        );
+        assert_eq!(redact_userinfo("http://proxy"), "http://proxy");
+        let cfg = HttpConfig {
+            proxy: Some("http://user:secret@proxy:3128".to_owned()),
+            ..HttpConfig::default()
+        };
+        assert!(!format!("{cfg:?}").contains("secret"));
+        let err = HttpError::UnsupportedProxy {
+            proxy: "socks5://user:secret@proxy".to_owned(),
+        };
+        assert!(!err.to_string().contains("secret"));
+    }
 }
