@@ -29,7 +29,11 @@ fn recipients() -> Result<Recipient, Box<dyn Error>> {
     r.set_default("/slow", Reply::Status(202).after(Duration::from_millis(30)));
     let mut flaky = Vec::new();
     for i in 0..(ENTRIES * 4) {
-        flaky.push(if i % 3 == 2 { Reply::Status(503) } else { Reply::Status(202) });
+        flaky.push(if i % 3 == 2 {
+            Reply::Status(503)
+        } else {
+            Reply::Status(202)
+        });
     }
     r.script("/flaky", flaky);
     r.set_default("/hanging", Reply::Hang);
@@ -67,7 +71,11 @@ fn seen(r: &Recipient, path: &str, start: Instant) -> Seen {
         .iter()
         .filter_map(|q| {
             let body = q.body_text()?;
-            body.split("\"entry\":").nth(1)?.trim_end_matches('}').parse().ok()
+            body.split("\"entry\":")
+                .nth(1)?
+                .trim_end_matches('}')
+                .parse()
+                .ok()
         })
         .collect();
     let mut distinct = entries.clone();
@@ -90,7 +98,9 @@ fn seen(r: &Recipient, path: &str, start: Instant) -> Seen {
         distinct: distinct.len(),
         in_order: violations == 0,
         violations,
-        last: reqs.last().map(|q| q.arrived_at.saturating_duration_since(start)),
+        last: reqs
+            .last()
+            .map(|q| q.arrived_at.saturating_duration_since(start)),
     }
 }
 
@@ -125,7 +135,10 @@ fn outbox_run() -> Result<(), Box<dyn Error>> {
     let path = dir.path().join("outbox.db");
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path, SqliteOptions::default())?);
     let outbox = Outbox::open(Arc::clone(&store), config())?;
-    let to: Vec<String> = PARTICIPANTS.iter().map(|p| r.url(&format!("/{p}"))).collect();
+    let to: Vec<String> = PARTICIPANTS
+        .iter()
+        .map(|p| r.url(&format!("/{p}")))
+        .collect();
     let rows: Vec<NewRow> = (0..ENTRIES)
         .map(|i| NewRow {
             id: format!("entry-{i}"),
@@ -186,7 +199,10 @@ fn serial_run(http: &HttpClient) -> Result<(), Box<dyn Error>> {
         }
     }
     report(
-        &format!("serial drain (one at a time; stopped after {} s)", BASELINE_BUDGET.as_secs()),
+        &format!(
+            "serial drain (one at a time; stopped after {} s)",
+            BASELINE_BUDGET.as_secs()
+        ),
         &r,
         start,
         start.elapsed(),
@@ -229,7 +245,12 @@ fn unconstrained_run(http: &HttpClient) -> Result<(), Box<dyn Error>> {
     for t in threads {
         let _ = t.join();
     }
-    report("unconstrained concurrent drains", &r, start, start.elapsed());
+    report(
+        "unconstrained concurrent drains",
+        &r,
+        start,
+        start.elapsed(),
+    );
     Ok(())
 }
 

@@ -27,7 +27,7 @@
 //! ```
 
 pub mod http;
-mod pass;
+pub mod pass;
 pub mod sign;
 
 use std::fmt;
@@ -51,7 +51,7 @@ use tracing::{debug, info, warn};
 
 pub use crate::http::{HttpClient, HttpConfig};
 pub use crate::pass::PassReport;
-use crate::pass::{Job, Pass};
+use crate::pass::{Executor, Job, Pass, PassError};
 pub use crate::sign::Signer;
 
 /// Configuration of an [`Outbox`].
@@ -166,8 +166,13 @@ pub enum OutboxError {
     Enqueue(EnqueueError),
     /// A thread could not be started.
     Spawn(std::io::Error),
+    /// The HTTP client could not be built (a bad proxy URL or user agent).
+    Http(String),
     /// The outbox is shutting down.
     ShuttingDown,
+    /// The drain was cancelled (its caller went away); every unfinished unit was handed
+    /// back and the slot released.
+    Cancelled,
 }
 
 impl fmt::Display for OutboxError {
@@ -177,7 +182,9 @@ impl fmt::Display for OutboxError {
             OutboxError::Store(e) => write!(f, "store: {e}"),
             OutboxError::Enqueue(e) => write!(f, "enqueue refused: {e}"),
             OutboxError::Spawn(e) => write!(f, "cannot start a thread: {e}"),
+            OutboxError::Http(e) => write!(f, "HTTP client: {e}"),
             OutboxError::ShuttingDown => f.write_str("the outbox is shutting down"),
+            OutboxError::Cancelled => f.write_str("the drain was cancelled"),
         }
     }
 }
@@ -188,6 +195,16 @@ impl From<StoreError> for OutboxError {
     fn from(e: StoreError) -> Self {
         OutboxError::Store(e)
     }
+}
+
+/// Stops or cancels a running drain from another thread or task.
+#[derive(Debug, Default)]
+pub struct DrainControl {
+    /// Graceful: nothing new starts, attempts in flight finish, the rest is handed back.
+    pub stop: AtomicBool,
+    /// At once: everything is handed back and the slot released; attempts in flight are
+    /// abandoned.
+    pub cancel: AtomicBool,
 }
 
 /// What a drain request did.
@@ -207,9 +224,7 @@ struct Inner {
     hooks: Hooks,
     slots: Mutex<DrainSlots>,
     acks: AckWriter,
-    http: HttpClient,
-    jobs: Mutex<Option<Sender<Job>>>,
-    workers: Mutex<Vec<JoinHandle<()>>>,
+    executor: Arc<dyn Executor>,
     holder: String,
     stopping: AtomicBool,
 }
@@ -237,9 +252,17 @@ pub struct OutboxBuilder {
     resolver: Box<dyn ActorResolver + Send + Sync>,
     hooks: Hooks,
     signer: Option<Arc<dyn Signer>>,
+    executor: Option<Arc<dyn Executor>>,
 }
 
 impl OutboxBuilder {
+    /// Runs deliveries on `executor` instead of the built-in pool of worker threads (an
+    /// async runtime runs them as tasks). The HTTP settings and signer then belong to it.
+    pub fn executor(mut self, executor: Arc<dyn Executor>) -> Self {
+        self.executor = Some(executor);
+        self
+    }
+
     /// Maps actor aliases to canonical ids (two spellings of one actor share one slot).
     pub fn resolver(mut self, r: impl ActorResolver + Send + Sync + 'static) -> Self {
         self.resolver = Box::new(r);
@@ -263,8 +286,6 @@ impl OutboxBuilder {
     /// # Errors
     /// A thread could not be started, or the HTTP client could not be built.
     pub fn open(self) -> Result<Outbox, OutboxError> {
-        let http = HttpClient::new(self.config.http.clone(), self.signer)
-            .map_err(|e| OutboxError::Spawn(std::io::Error::other(e.to_string())))?;
         let acks = AckWriter::spawn(
             Arc::clone(&self.store),
             AckWriterOptions {
@@ -273,17 +294,18 @@ impl OutboxBuilder {
             },
         )
         .map_err(OutboxError::Spawn)?;
-        let (tx, rx) = mpsc::channel::<Job>();
-        let rx = Arc::new(Mutex::new(rx));
-        let mut workers = Vec::new();
-        for i in 0..self.config.concurrency.max(1) {
-            let rx = Arc::clone(&rx);
-            let handle = std::thread::Builder::new()
-                .name(format!("outbox-lanes-worker-{i}"))
-                .spawn(move || worker(&rx))
-                .map_err(OutboxError::Spawn)?;
-            workers.push(handle);
-        }
+        let executor: Arc<dyn Executor> = match self.executor {
+            Some(e) => e,
+            None => {
+                let http = HttpClient::new(self.config.http.clone(), self.signer)
+                    .map_err(|e| OutboxError::Http(e.to_string()))?;
+                Arc::new(ThreadPool::start(
+                    Arc::clone(&self.store),
+                    http,
+                    self.config.concurrency,
+                )?)
+            }
+        };
         let holder = self.config.holder.clone().unwrap_or_else(default_holder);
         Ok(Outbox {
             inner: Arc::new(Inner {
@@ -293,9 +315,7 @@ impl OutboxBuilder {
                 hooks: self.hooks,
                 slots: Mutex::new(DrainSlots::new()),
                 acks,
-                http,
-                jobs: Mutex::new(Some(tx)),
-                workers: Mutex::new(workers),
+                executor,
                 holder,
                 stopping: AtomicBool::new(false),
             }),
@@ -303,14 +323,93 @@ impl OutboxBuilder {
     }
 }
 
-fn worker(rx: &Mutex<Receiver<Job>>) {
+/// The blocking runtime's executor: a bounded pool of worker threads (not one per unit).
+pub struct ThreadPool {
+    tx: Mutex<Option<Sender<Job>>>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl fmt::Debug for ThreadPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ThreadPool").finish_non_exhaustive()
+    }
+}
+
+impl ThreadPool {
+    /// Starts `threads` workers delivering with `http`, payloads read from `store`.
+    ///
+    /// # Errors
+    /// A thread could not be started.
+    pub fn start(
+        store: Arc<dyn Store>,
+        http: HttpClient,
+        threads: usize,
+    ) -> Result<ThreadPool, OutboxError> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let rx = Arc::new(Mutex::new(rx));
+        let mut workers = Vec::new();
+        for i in 0..threads.max(1) {
+            let rx = Arc::clone(&rx);
+            let store = Arc::clone(&store);
+            let http = http.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("outbox-lanes-worker-{i}"))
+                .spawn(move || worker(&rx, &*store, &http))
+                .map_err(OutboxError::Spawn)?;
+            workers.push(handle);
+        }
+        Ok(ThreadPool {
+            tx: Mutex::new(Some(tx)),
+            workers: Mutex::new(workers),
+        })
+    }
+
+    /// Stops taking jobs and waits for the workers (each finishes its attempt in progress,
+    /// within the HTTP timeout).
+    pub fn shutdown(&self) {
+        self.tx
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let workers =
+            std::mem::take(&mut *self.workers.lock().unwrap_or_else(PoisonError::into_inner));
+        for w in workers {
+            let _ = w.join();
+        }
+    }
+}
+
+impl Executor for ThreadPool {
+    fn execute(&self, job: Job) -> Result<(), Job> {
+        let tx = self.tx.lock().unwrap_or_else(PoisonError::into_inner);
+        match tx.as_ref() {
+            Some(tx) => tx.send(job).map_err(|e| e.0),
+            None => Err(job),
+        }
+    }
+
+    fn shutdown(&self) {
+        ThreadPool::shutdown(self);
+    }
+}
+
+impl Drop for ThreadPool {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn worker(rx: &Mutex<Receiver<Job>>, store: &dyn Store, http: &HttpClient) {
     loop {
         let job = {
             let rx = rx.lock().unwrap_or_else(PoisonError::into_inner);
             rx.recv()
         };
         match job {
-            Ok(job) => job.run(),
+            Ok(job) => {
+                let result = pass::attempt(store, http, &job);
+                job.finish(result);
+            }
             Err(_) => return,
         }
     }
@@ -340,6 +439,7 @@ impl Outbox {
             resolver: Box::new(IdentityResolver),
             hooks: Hooks::default(),
             signer: None,
+            executor: None,
         }
     }
 
@@ -381,8 +481,23 @@ impl Outbox {
     /// # Errors
     /// A store failure; every unfinished unit was handed back first (OL-14).
     pub fn drain(&self, actor: &str) -> Result<DrainOutcome, OutboxError> {
+        self.drain_with(actor, &DrainControl::default())
+    }
+
+    /// [`Outbox::drain`] with a control another thread or task can use: `stop` ends the
+    /// pass gracefully (nothing new starts, attempts in flight finish, the rest is handed
+    /// back), `cancel` ends it at once (everything handed back, attempts in flight
+    /// abandoned — their late answers ignored — and the slot released).
+    ///
+    /// # Errors
+    /// As [`Outbox::drain`]; [`OutboxError::Cancelled`] after a cancellation.
+    pub fn drain_with(
+        &self,
+        actor: &str,
+        control: &DrainControl,
+    ) -> Result<DrainOutcome, OutboxError> {
         let actor = self.resolve(actor)?;
-        self.drain_actor(&actor, None)
+        self.drain_actor(&actor, control)
     }
 
     fn lock_slots(&self) -> std::sync::MutexGuard<'_, DrainSlots> {
@@ -395,7 +510,7 @@ impl Outbox {
     fn drain_actor(
         &self,
         actor: &ActorId,
-        stop: Option<&AtomicBool>,
+        control: &DrainControl,
     ) -> Result<DrainOutcome, OutboxError> {
         if self.is_stopping() {
             return Err(OutboxError::ShuttingDown);
@@ -403,7 +518,7 @@ impl Outbox {
         if self.lock_slots().try_acquire(actor) == Acquire::Merged {
             return Ok(DrainOutcome::Merged);
         }
-        let result = self.drain_held(actor, stop);
+        let result = self.drain_held(actor, control);
         if result.is_err() {
             let asked = self.lock_slots().force_release(actor);
             if asked {
@@ -417,7 +532,7 @@ impl Outbox {
     fn drain_held(
         &self,
         actor: &ActorId,
-        stop: Option<&AtomicBool>,
+        control: &DrainControl,
     ) -> Result<DrainOutcome, OutboxError> {
         let inner = &self.inner;
         let mut token = match inner
@@ -432,30 +547,29 @@ impl Outbox {
             }
         };
         let mut total = PassReport::default();
-        let jobs = inner
-            .jobs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-            .ok_or(OutboxError::ShuttingDown)?;
         loop {
-            let stop = || self.is_stopping() || stop.is_some_and(|s| s.load(Ordering::SeqCst));
+            let stop = || self.is_stopping() || control.stop.load(Ordering::SeqCst);
+            let cancel = || control.cancel.load(Ordering::SeqCst);
             let pass = Pass {
                 store: &inner.store,
                 acks: &inner.acks,
-                http: &inner.http,
-                jobs: &jobs,
+                executor: &*inner.executor,
                 config: &inner.config,
                 hooks: &inner.hooks,
                 stop: &stop,
+                cancel: &cancel,
                 token: token.clone(),
             };
             let report = match pass.run() {
                 Ok(r) => r,
                 Err(e) => {
-                    // Best effort: the lease expires anyway if this fails.
+                    // Best effort: the lease expires anyway if this fails. A look-again
+                    // asked meanwhile is left to the monitor's next poll.
                     let _ = inner.store.release_slot(&token);
-                    return Err(e.into());
+                    return Err(match e {
+                        PassError::Store(e) => e.into(),
+                        PassError::Cancelled => OutboxError::Cancelled,
+                    });
                 }
             };
             total.delivered += report.delivered;
@@ -527,22 +641,8 @@ impl Outbox {
         while self.lock_slots().running() > 0 && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
-        self.inner
-            .jobs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        let workers = std::mem::take(
-            &mut *self
-                .inner
-                .workers
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner),
-        );
-        for w in workers {
-            // A worker stuck in an attempt finishes it within the HTTP timeout.
-            let _ = w.join();
-        }
+        // A worker busy with an attempt finishes it within the HTTP timeout.
+        self.inner.executor.shutdown();
         if let Err(e) = self.inner.acks.flush() {
             warn!(error = %e, "acks not flushed at shutdown; those units will be delivered again");
         }
@@ -627,7 +727,7 @@ fn monitor_loop(outbox: &Outbox, rx: &Receiver<MonitorMsg>, tx: &Sender<MonitorM
     let mut book = MonitorBook::new(cfg.max_passes, cfg.poll_interval);
     let mut passes: Vec<JoinHandle<()>> = Vec::new();
     let mut stopping = false;
-    let stop = Arc::new(AtomicBool::new(false));
+    let control = Arc::new(DrainControl::default());
     loop {
         let now = Timestamp::from_system_time(SystemTime::now());
         if !stopping {
@@ -643,11 +743,11 @@ fn monitor_loop(outbox: &Outbox, rx: &Receiver<MonitorMsg>, tx: &Sender<MonitorM
                     MonitorAction::Drain(actor) => {
                         let ob = outbox.clone();
                         let done = tx.clone();
-                        let stop = Arc::clone(&stop);
+                        let control = Arc::clone(&control);
                         let spawned = std::thread::Builder::new()
                             .name("outbox-lanes-pass".into())
                             .spawn(move || {
-                                let more = match ob.drain_actor(&actor, Some(&stop)) {
+                                let more = match ob.drain_actor(&actor, &control) {
                                     Ok(DrainOutcome::Ran(r)) => r.yielded,
                                     Ok(DrainOutcome::Merged) => false,
                                     Err(e) => {
@@ -683,7 +783,7 @@ fn monitor_loop(outbox: &Outbox, rx: &Receiver<MonitorMsg>, tx: &Sender<MonitorM
                 // Running passes stop starting units, finish what is in flight and hand the
                 // rest back; the outbox itself stays usable.
                 stopping = true;
-                stop.store(true, Ordering::SeqCst);
+                control.stop.store(true, Ordering::SeqCst);
             }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,

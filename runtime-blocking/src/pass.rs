@@ -19,61 +19,103 @@ use tracing::{debug, info, trace, warn};
 use crate::http::{AttemptResult, Delivery, HttpClient};
 use crate::{DeadLettered, Delivered, Hooks, OutboxConfig};
 
-/// What a worker reports back to the pass that started the attempt.
-pub(crate) struct Done {
-    pub(crate) unit: UnitId,
-    pub(crate) lane: LaneId,
-    pub(crate) result: AttemptResult,
-    pub(crate) started: Instant,
+/// What an executor reports back to the pass that started the attempt.
+#[derive(Debug)]
+pub struct Done {
+    /// The unit.
+    pub unit: UnitId,
+    /// The recipient's lane.
+    pub lane: LaneId,
+    /// What the attempt came to.
+    pub result: AttemptResult,
+    /// When the job was handed to the executor.
+    pub started: Instant,
 }
 
-pub(crate) enum Msg {
+/// A message to a running pass.
+#[derive(Debug)]
+pub enum Msg {
+    /// An attempt finished.
     Done(Done),
     /// New rows were enqueued somewhere: look for lanes with new units.
     Wake,
 }
 
-/// A delivery job for the worker pool.
-pub(crate) struct Job {
-    pub(crate) unit: UnitId,
-    pub(crate) lane: LaneId,
-    pub(crate) recipient: String,
-    pub(crate) attempt: u32,
-    pub(crate) reply: Sender<Msg>,
-    pub(crate) store: Arc<dyn Store>,
-    pub(crate) http: HttpClient,
+/// One attempt for an [`Executor`] to run: fetch the payload, deliver it, then
+/// [`Job::finish`].
+#[derive(Debug)]
+pub struct Job {
+    /// The unit (its id is the idempotency key).
+    pub unit: UnitId,
+    /// The recipient's lane in the pass.
+    pub lane: LaneId,
+    /// The recipient URL.
+    pub recipient: String,
+    /// The 1-based attempt number.
+    pub attempt: u32,
+    started: Instant,
+    reply: Sender<Msg>,
 }
 
 impl Job {
-    /// Runs on a worker thread: fetch the payload, POST it, report.
-    pub(crate) fn run(self) {
-        let started = Instant::now();
-        let result = match self.store.payload(self.unit) {
-            Ok(p) => {
-                let d = Delivery {
-                    unit: self.unit,
-                    recipient: &self.recipient,
-                    body: &p.body,
-                    content_type: &p.content_type,
-                    attempt: self.attempt,
-                };
-                self.http.deliver(&d, SystemTime::now())
-            }
-            // The store could not give the payload (locked, gone): retried like a transient
-            // failure of the recipient, it costs an attempt but loses nothing.
-            Err(e) => AttemptResult {
-                outcome: Outcome::Transient { retry_after: None },
-                status: None,
-                error: Some(format!("payload: {e}")),
-            },
-        };
-        // The pass may be gone (interrupted): its completions no longer matter.
+    /// Reports the result to the pass. A pass that is gone (interrupted, cancelled) no
+    /// longer cares, and the result is dropped.
+    pub fn finish(self, result: AttemptResult) {
         let _ = self.reply.send(Msg::Done(Done {
             unit: self.unit,
             lane: self.lane,
             result,
-            started,
+            started: self.started,
         }));
+    }
+}
+
+/// Runs delivery jobs: a pool of threads (the blocking runtime) or tasks (an async one).
+pub trait Executor: Send + Sync {
+    /// Runs `job` and calls [`Job::finish`] when it is done.
+    ///
+    /// # Errors
+    /// The executor is shut down; the job is returned unrun.
+    fn execute(&self, job: Job) -> Result<(), Job>;
+
+    /// Stops taking jobs; returns once the jobs in progress are done.
+    fn shutdown(&self) {}
+}
+
+/// One blocking attempt: the payload from the store, then the POST. Never fails: a payload
+/// the store cannot give (locked, gone) counts as a transient failure, which costs an
+/// attempt but loses nothing.
+pub fn attempt(store: &dyn Store, http: &HttpClient, job: &Job) -> AttemptResult {
+    match store.payload(job.unit) {
+        Ok(p) => {
+            let d = Delivery {
+                unit: job.unit,
+                recipient: &job.recipient,
+                body: &p.body,
+                content_type: &p.content_type,
+                attempt: job.attempt,
+            };
+            http.deliver(&d, SystemTime::now())
+        }
+        Err(e) => AttemptResult {
+            outcome: Outcome::Transient { retry_after: None },
+            status: None,
+            error: Some(format!("payload: {e}")),
+        },
+    }
+}
+
+/// Why a pass stopped early.
+#[derive(Debug)]
+pub(crate) enum PassError {
+    Store(StoreError),
+    /// The caller went away (a dropped future): everything was handed back.
+    Cancelled,
+}
+
+impl From<StoreError> for PassError {
+    fn from(e: StoreError) -> Self {
+        PassError::Store(e)
     }
 }
 
@@ -101,11 +143,13 @@ struct UnitInfo {
 pub(crate) struct Pass<'a> {
     pub(crate) store: &'a Arc<dyn Store>,
     pub(crate) acks: &'a AckWriter,
-    pub(crate) http: &'a HttpClient,
-    pub(crate) jobs: &'a Sender<Job>,
+    pub(crate) executor: &'a dyn Executor,
     pub(crate) config: &'a OutboxConfig,
     pub(crate) hooks: &'a Hooks,
+    /// Stop starting units, finish what is in flight (shutdown, time slice).
     pub(crate) stop: &'a dyn Fn() -> bool,
+    /// Stop now and hand everything back (the caller is gone).
+    pub(crate) cancel: &'a dyn Fn() -> bool,
     pub(crate) token: SlotToken,
 }
 
@@ -145,7 +189,7 @@ impl State {
 impl Pass<'_> {
     /// Runs the pass to its end. On an error the scheduler is interrupted: every unfinished
     /// unit is handed back (OL-14) before the error is returned.
-    pub(crate) fn run(&self) -> Result<PassReport, StoreError> {
+    pub(crate) fn run(&self) -> Result<PassReport, PassError> {
         let (tx, rx) = mpsc::channel();
         let wake_tx = tx.clone();
         let _subscription = self.store.notifier().subscribe(move || {
@@ -169,7 +213,7 @@ impl Pass<'_> {
         match &result {
             Ok(()) => st.sched.handle_pass_end(now()),
             Err(e) => {
-                warn!(actor = %self.token.actor(), error = %e, "pass interrupted; handing every unfinished unit back");
+                warn!(actor = %self.token.actor(), error = ?e, "pass interrupted; handing every unfinished unit back");
                 st.sched.handle_interrupt(now());
             }
         }
@@ -187,18 +231,16 @@ impl Pass<'_> {
         Ok(st.report)
     }
 
-    fn drive(
-        &self,
-        st: &mut State,
-        tx: &Sender<Msg>,
-        rx: &Receiver<Msg>,
-    ) -> Result<(), StoreError> {
+    fn drive(&self, st: &mut State, tx: &Sender<Msg>, rx: &Receiver<Msg>) -> Result<(), PassError> {
         let started = Instant::now();
         let renew_every = self.config.lease / 3;
         let mut renewed = Instant::now();
         self.discover(st)?;
         let mut stopping = false;
         loop {
+            if (self.cancel)() {
+                return Err(PassError::Cancelled);
+            }
             let t = now();
             self.execute(st, tx)?;
             if let Some(claims) = st.sched.poll_claim(t) {
@@ -238,7 +280,9 @@ impl Pass<'_> {
                     return Ok(());
                 }
             }
-            match rx.recv_timeout(wait.max(Duration::from_millis(1))) {
+            // Bounded so a cancellation is seen promptly even while nothing happens.
+            let wait = wait.clamp(Duration::from_millis(1), Duration::from_millis(50));
+            match rx.recv_timeout(wait) {
                 Ok(msg) => self.handle(st, msg)?,
                 Err(RecvTimeoutError::Timeout) => st.sched.handle_timeout(now()),
                 Err(RecvTimeoutError::Disconnected) => return Ok(()),
@@ -373,11 +417,10 @@ impl Pass<'_> {
                         lane,
                         recipient: st.recipients[lane.index()].clone(),
                         attempt,
+                        started: Instant::now(),
                         reply: tx.clone(),
-                        store: Arc::clone(self.store),
-                        http: self.http.clone(),
                     };
-                    if self.jobs.send(job).is_err() {
+                    if self.executor.execute(job).is_err() {
                         return Err(StoreError::Database("delivery workers stopped".into()));
                     }
                 }

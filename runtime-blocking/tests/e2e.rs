@@ -394,3 +394,63 @@ fn shutdown_during_a_pass_hands_everything_back_and_a_later_drain_delivers_in_or
     );
     one_in_flight(&r, "/slow");
 }
+
+#[test]
+fn a_cancelled_drain_hands_everything_back_and_releases_the_slot() {
+    let f = fixture();
+    let r = Recipient::start().expect("recipient");
+    r.set_default("/slow", Reply::Status(200).after(Duration::from_millis(50)));
+    let to = vec![r.url("/slow"), r.url("/other")];
+    let outbox = Outbox::open(Arc::clone(&f.store), config()).expect("outbox");
+    for i in 0..30 {
+        outbox
+            .enqueue("actor", &[row(&format!("e{i}"), &to)])
+            .expect("enqueue");
+    }
+    let control = Arc::new(outbox_lanes_blocking::DrainControl::default());
+    let (ob, c) = (outbox.clone(), Arc::clone(&control));
+    let drain = std::thread::spawn(move || ob.drain_with("actor", &c));
+    assert!(r.wait_for("/slow", 2, Duration::from_secs(10)));
+    control.cancel.store(true, Ordering::SeqCst);
+    let out = drain.join().expect("join");
+    assert!(
+        matches!(out, Err(outbox_lanes_blocking::OutboxError::Cancelled)),
+        "{out:?}"
+    );
+    // The slot is free at once (no lease to wait out): a new drain runs a pass and
+    // delivers the rest, each lane in order.
+    let again = outbox.drain("actor").expect("drain");
+    assert!(matches!(again, DrainOutcome::Ran(_)), "{again:?}");
+    for p in ["/slow", "/other"] {
+        let mut got = bodies(&r, p);
+        got.dedup();
+        assert_eq!(got, ids(30), "{p}: every entry, in order");
+    }
+}
+
+#[test]
+fn the_monitor_drains_on_enqueue_and_stops_cleanly() {
+    let f = fixture();
+    let r = Recipient::start().expect("recipient");
+    let outbox = Outbox::open(Arc::clone(&f.store), config()).expect("outbox");
+    let monitor = outbox.monitor().expect("monitor");
+    for i in 0..5 {
+        outbox
+            .enqueue("a1", &[row(&format!("e{i}"), &[r.url("/one")])])
+            .expect("enqueue");
+        outbox
+            .enqueue("a2", &[row(&format!("e{i}"), &[r.url("/two")])])
+            .expect("enqueue");
+    }
+    assert!(r.wait_for("/one", 5, Duration::from_secs(20)));
+    assert!(r.wait_for("/two", 5, Duration::from_secs(20)));
+    monitor.stop();
+    assert_eq!(bodies(&r, "/one"), ids(5));
+    assert_eq!(bodies(&r, "/two"), ids(5));
+    // The outbox stays usable after the monitor stopped.
+    outbox
+        .enqueue("a1", &[row("late", &[r.url("/one")])])
+        .expect("enqueue");
+    outbox.drain("a1").expect("drain");
+    assert_eq!(r.count("/one"), 6);
+}
