@@ -155,3 +155,22 @@ mod tests {
         assert_eq!(t.get(&String::from("c")), None);
     }
 }
+
+#[cfg(test)]
+mod key_tests {
+    use super::*;
+
+    #[test]
+    fn two_spellings_are_one_lane_and_an_ordering_key_narrows_it() {
+        let a = LaneKey::new("HTTP://Example.COM:80/inbox", None).expect("valid");
+        let b = LaneKey::new("http://example.com/inbox", None).expect("valid");
+        assert_eq!(a, b);
+        let c = LaneKey::new("http://example.com/inbox", Some("conversation-1")).expect("valid");
+        assert_ne!(a, c);
+        assert_eq!(c.ordering_key(), Some("conversation-1"));
+        let mut t: LaneTable = LaneTable::new(1);
+        assert_eq!(t.intern(&a), t.intern(&b));
+        assert_ne!(t.intern(&a), t.intern(&c));
+        assert!(LaneKey::new("/relative/inbox", None).is_err());
+    }
+}

@@ -506,3 +506,60 @@ fn gone_retires_the_lane_when_configured() {
     w.ok(h, "h");
     assert!(w.store.units.is_empty());
 }
+
+#[test]
+fn bad_input_gets_typed_errors_and_changes_nothing() {
+    use outbox_lanes_core::{Admit, AdmitError, EventError, LaneChunk, Seq};
+    let mut w = World::new(transcript_config());
+    let a1 = w.enqueue(&["a"], false)[0];
+    w.discover();
+    assert_eq!(w.take(), ["start u1 a #1"]);
+    let a = w.lane("a");
+    // A chunk nobody asked for is refused whole.
+    let report = w.s.handle_claimed(
+        vec![LaneChunk {
+            lane: a,
+            units: vec![Admit::single(UnitId(99), Seq(50), a)],
+            exhausted: true,
+        }],
+        w.now,
+    );
+    assert_eq!(report.refused, [AdmitError::Unclaimed(a)]);
+    assert_eq!(report.admitted, 0);
+    // A unit admitted twice: the store answers a claim with a unit already admitted.
+    w.enqueue(&["a"], false);
+    w.s.handle_lane(a, Default::default(), w.now);
+    let claims = w.s.poll_claim(w.now).expect("a has more");
+    let report = w.s.handle_claimed(
+        vec![LaneChunk {
+            lane: claims[0].lane,
+            units: vec![Admit::single(a1, Seq(1), a)],
+            exhausted: true,
+        }],
+        w.now,
+    );
+    assert!(
+        matches!(report.refused[..], [AdmitError::Duplicate(u)] if u == a1),
+        "{report:?}"
+    );
+    // Completions for unknown units, unknown lanes and units not in flight.
+    assert_eq!(
+        w.s.handle_outcome(UnitId(77), a, Outcome::Delivered, w.now),
+        Err(EventError::UnknownUnit(UnitId(77)))
+    );
+    let b = w.lane("b");
+    assert_eq!(
+        w.s.handle_outcome(a1, b, Outcome::Delivered, w.now),
+        Err(EventError::UnknownLane(a1, b))
+    );
+    // Time going backwards is clamped: nothing fires early, nothing panics.
+    w.s.handle_timeout(common::T0.saturating_sub(secs(3600)));
+    assert!(w.s.poll_command().is_none());
+    w.ok(a1, "a");
+    assert_eq!(w.take(), ["delivered u1 a"]);
+    assert_eq!(
+        w.s.handle_outcome(a1, a, Outcome::Delivered, w.now),
+        Err(EventError::UnknownUnit(a1)),
+        "a second completion of a finished unit"
+    );
+}

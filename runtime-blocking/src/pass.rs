@@ -390,7 +390,9 @@ impl Pass<'_> {
                 })
             })
             .collect();
+        let read: usize = chunks.iter().map(|c| c.units.len()).sum();
         let report = st.sched.handle_claimed(chunks, now());
+        trace!(actor = %self.token.actor(), lanes = claims.len(), read, admitted = report.admitted, "claimed");
         for e in report.refused {
             warn!(actor = %self.token.actor(), error = %e, "store answer refused by the scheduler");
         }

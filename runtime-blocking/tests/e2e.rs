@@ -454,3 +454,54 @@ fn the_monitor_drains_on_enqueue_and_stops_cleanly() {
     outbox.drain("a1").expect("drain");
     assert_eq!(r.count("/one"), 6);
 }
+
+#[test]
+fn signed_deliveries_verify_with_the_secret() {
+    use outbox_lanes_blocking::sign::StandardWebhooks;
+    let f = fixture();
+    let r = Recipient::start().expect("recipient");
+    r.script("/hook", [Reply::Status(500)]);
+    let secret = b"a shared secret of the webhook".to_vec();
+    let signer = Arc::new(StandardWebhooks::new(secret.clone()).expect("secret"));
+    let outbox = Outbox::builder(Arc::clone(&f.store), config())
+        .signer(signer)
+        .open()
+        .expect("outbox");
+    outbox
+        .enqueue("actor", &[row("e0", &[r.url("/hook")])])
+        .expect("enqueue");
+    outbox.drain("actor").expect("drain");
+    let verifier = StandardWebhooks::new(secret).expect("secret");
+    let reqs = r.requests("/hook");
+    // The failed attempt and the retry are each signed, with the same webhook-id (the unit
+    // id, also the Idempotency-Key).
+    assert_eq!(reqs.len(), 2);
+    for q in &reqs {
+        let id = q.header("webhook-id").expect("webhook-id");
+        assert_eq!(Some(id), q.header("Idempotency-Key"));
+        verifier
+            .verify(
+                id,
+                q.header("webhook-timestamp").expect("timestamp"),
+                q.header("webhook-signature").expect("signature"),
+                &q.body,
+                std::time::SystemTime::now(),
+                Duration::from_secs(300),
+            )
+            .expect("the signature verifies");
+    }
+    let wrong = StandardWebhooks::new(b"another secret".to_vec()).expect("secret");
+    let q = &reqs[1];
+    assert!(
+        wrong
+            .verify(
+                q.header("webhook-id").expect("id"),
+                q.header("webhook-timestamp").expect("ts"),
+                q.header("webhook-signature").expect("sig"),
+                &q.body,
+                std::time::SystemTime::now(),
+                Duration::from_secs(300),
+            )
+            .is_err()
+    );
+}
