@@ -50,7 +50,7 @@ const SAFETY_NET: Duration = Duration::from_secs(1);
 /// The simulated HTTP client's timeout.
 const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Known scheduler bug (see `a_joined_head_waiting_for_a_lane_in_backoff_does_not_make_claims_spin`
+/// A scheduler bug found by this simulation, now fixed (see `a_joined_head_waiting_for_a_lane_in_backoff_does_not_make_claims_spin`
 /// and `a_joined_unit_behind_a_full_lane_does_not_make_claims_spin`): `poll_claim` asks for
 /// the same lanes again and again, with no input in between that could change the answer.
 /// While it is open, the driver stops asking after one fruitless repeat until the next input
@@ -58,21 +58,21 @@ const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
 /// that any such spin fails the simulation.
 const TOLERATE_CLAIM_SPIN: bool = false;
 
-/// Known scheduler bug (see `a_joined_unit_is_admitted_with_a_window_of_one` and
+/// A scheduler bug found by this simulation, now fixed (see `a_joined_unit_is_admitted_with_a_window_of_one` and
 /// `joined_units_whose_lanes_fall_in_different_claim_batches_are_admitted`): a joined unit is
 /// admitted only if one poll claims all of its lanes, which a room narrower than every lane's
 /// claim need not do. While it is open, the window is drawn wide enough to claim every lane
 /// at once; set to `false` once the bug is fixed.
 const AVOID_NARROW_WINDOWS: bool = false;
 
-/// Known scheduler bug (see
+/// A scheduler bug found by this simulation, now fixed (see
 /// `a_claim_answered_after_a_hand_back_does_not_admit_past_the_handed_back_units`): a claim
 /// answered after a hand-back in one of its lanes admits units past the handed-back ones.
 /// While it is open, the driver fails such a claim (`handle_claim_failed`) instead of
 /// answering it; set to `false` once the bug is fixed.
 const FAIL_CLAIMS_CROSSING_HAND_BACKS: bool = false;
 
-/// Known scheduler bug (see `an_interruption_when_a_retry_falls_due_starts_nothing`,
+/// A scheduler bug found by this simulation, now fixed (see `an_interruption_when_a_retry_falls_due_starts_nothing`,
 /// `a_stop_when_a_retry_falls_due_starts_nothing` and
 /// `a_late_completion_when_a_retry_falls_due_is_refused`): `handle_interrupt`, `handle_stop`
 /// and `handle_outcome` start what falls due at their `now` before they apply their input.
