@@ -235,11 +235,13 @@ trait Exec {
     fn opt(&mut self, sql: &str, p: &[P<'_>]) -> Result<Option<Row>, postgres::Error> {
         Ok(self.q(sql, p)?.into_iter().next())
     }
-    fn one(&mut self, sql: &str, p: &[P<'_>]) -> Result<Row, postgres::Error> {
-        let mut rows = self.q(sql, p)?;
-        // Every caller's SQL returns exactly one row (an aggregate, or RETURNING of a row
-        // the same transaction just wrote or locked).
-        Ok(rows.swap_remove(0))
+    fn one(&mut self, sql: &str, p: &[P<'_>]) -> Result<Row, StoreError> {
+        // Every caller's SQL returns one row (an aggregate, or RETURNING of a row the same
+        // transaction just wrote or locked); none means the tables were edited by hand.
+        self.q(sql, p)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| StoreError::Database(format!("no row returned by: {sql}")))
     }
 }
 
@@ -646,7 +648,7 @@ fn fence(t: &mut impl Exec, token: &SlotToken, lock: bool) -> Result<(), StoreEr
     }
 }
 
-fn alloc_seqs(t: &mut impl Exec, actor: &str, n: i64) -> Result<i64, postgres::Error> {
+fn alloc_seqs(t: &mut impl Exec, actor: &str, n: i64) -> Result<i64, StoreError> {
     // The row lock taken here is held to commit: enqueues of one actor commit in seq order,
     // so a pass never sees seq n+1 before seq n.
     let last: i64 = t
@@ -907,7 +909,7 @@ fn insert_delivery(
     Ok(())
 }
 
-fn settle(t: &mut impl Exec, unit: i64, retention: bool) -> Result<(), postgres::Error> {
+fn settle(t: &mut impl Exec, unit: i64, retention: bool) -> Result<(), StoreError> {
     let r = t.one(
         "UPDATE ol_units SET pending = pending - 1 WHERE id = $1 RETURNING pending, row_ref",
         &[&unit],
@@ -943,7 +945,7 @@ fn dead_letter_tx(
     actor: &str,
     d: &DeadLetterRequest,
     retention: bool,
-) -> Result<bool, postgres::Error> {
+) -> Result<bool, StoreError> {
     let unit = i(d.unit.0);
     let found = t.opt(
         "SELECT d.seq, d.attempts, d.last_status, d.last_error, d.first_attempt_at, d.last_attempt_at, \

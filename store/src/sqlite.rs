@@ -457,6 +457,9 @@ impl SqliteStore {
     /// connection: call [`SqliteStore::enqueue_in`] inside `f` beside the business writes.
     /// If `f` fails, the transaction rolls back and nothing is written.
     ///
+    /// Inside `f`, use only `enqueue_in` and your own SQL on `tx`: any other method of this store
+    /// waits for the connection `f` is holding, and never gets it.
+    ///
     /// # Errors
     /// `f`'s error, or the commit's.
     pub fn with_transaction<T, E: From<StoreError>>(
