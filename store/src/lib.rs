@@ -3,6 +3,8 @@
 //!
 //! # How a pass uses the store
 //!
+//! 0. The monitor finds work with [`Store::actors_with_work`] (or takes the slots of free
+//!    actors with work at once with [`Store::acquire_ready`]), woken by [`Store::watch`].
 //! 1. [`Store::acquire_slot`] takes the actor's drain slot (OL-12). Nothing is written per
 //!    unit at claim time: the slot's lease *is* the lease of every unit the pass reads. A
 //!    crash lets the lease expire, and the next holder reads every lane from its head again
