@@ -45,6 +45,7 @@ struct Figures {
     claim_ack_us: f64,
     bare_insert_us: f64,
     bare_delete_us: f64,
+    bare_single: f64,
 }
 
 fn outbox(store: &dyn Store, tag: &str) -> Figures {
@@ -75,6 +76,7 @@ fn outbox(store: &dyn Store, tag: &str) -> Figures {
         claim_ack_us: us_per(BATCHED, claim_ack),
         bare_insert_us: 0.0,
         bare_delete_us: 0.0,
+        bare_single: 0.0,
     }
 }
 
@@ -118,8 +120,8 @@ fn report(name: &str, f: &Figures) {
     let bare = f.bare_insert_us + f.bare_delete_us;
     println!("{name}:");
     println!(
-        "  enqueue, 1 row per transaction:    {:>10.0} rows/s",
-        f.enqueue_single
+        "  enqueue, 1 row per transaction:    {:>10.0} rows/s (bare INSERT, 1 per transaction: {:.0} rows/s)",
+        f.enqueue_single, f.bare_single
     );
     println!(
         "  enqueue, {BATCH} rows per transaction:  {:>10.0} rows/s",
@@ -170,6 +172,16 @@ fn sqlite(synchronous: Synchronous) {
     .unwrap();
     c.execute_batch("CREATE TABLE bare (id INTEGER PRIMARY KEY, actor TEXT NOT NULL, row_id TEXT NOT NULL, body BLOB NOT NULL)")
         .unwrap();
+    let t0 = Instant::now();
+    for r in rows("bare-single", SINGLE, 0) {
+        c.execute(
+            "INSERT INTO bare (actor, row_id, body) VALUES (?1, ?2, ?3)",
+            outbox_lanes_store::sqlite::rusqlite::params!["bench", r.id, r.body],
+        )
+        .unwrap();
+    }
+    f.bare_single = per_sec(SINGLE, t0.elapsed());
+    c.execute_batch("DELETE FROM bare").unwrap();
     let all = rows("bare", BATCHED, 0);
     let t0 = Instant::now();
     for chunk in all.chunks(BATCH) {
@@ -234,6 +246,15 @@ fn postgres(url: &str) {
         "SET search_path TO {schema}; CREATE TABLE bare (id BIGSERIAL PRIMARY KEY, actor TEXT NOT NULL, row_id TEXT NOT NULL, body BYTEA NOT NULL)"
     ))
     .unwrap();
+    let single = c
+        .prepare("INSERT INTO bare (actor, row_id, body) VALUES ('bench', $1, $2)")
+        .unwrap();
+    let t0 = Instant::now();
+    for r in rows("bare-single", SINGLE, 0) {
+        c.execute(&single, &[&r.id, &r.body]).unwrap();
+    }
+    f.bare_single = per_sec(SINGLE, t0.elapsed());
+    c.batch_execute("DELETE FROM bare").unwrap();
     let all = rows("bare", BATCHED, 0);
     let ins = c.prepare("INSERT INTO bare (actor, row_id, body) SELECT 'bench', * FROM unnest($1::text[], $2::bytea[])").unwrap();
     let t0 = Instant::now();
