@@ -1,6 +1,6 @@
 //! Model-based test: random sequences of enqueue / ack-head / dead-letter-head / replay, checked
 //! after every step against an obviously-correct model (per-lane FIFO of units, nothing lost,
-//! dead letters aside), on SQLite in memory and a SQLite file.
+//! dead letters aside), on SQLite in memory, a SQLite file and Postgres.
 #![allow(missing_docs, clippy::std_instead_of_core)]
 
 mod common;
@@ -248,5 +248,10 @@ proptest! {
     #[test]
     fn sqlite_file_matches_the_model(ops in prop::collection::vec(op(), 1..25)) {
         run_ops(Backend::SqliteFile, ops);
+    }
+
+    #[test]
+    fn postgres_matches_the_model(ops in prop::collection::vec(op(), 1..25)) {
+        run_ops(Backend::Postgres, ops);
     }
 }
