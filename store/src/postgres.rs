@@ -678,23 +678,10 @@ fn enqueue_tx(
     // First: the actor row lock serialises this actor's enqueues (seq order = commit order).
     let first = alloc_seqs(t, a, n)?;
 
+    // Everything the plan needs, in one round trip: ids already taken, the batch's known
+    // lanes, what is pending for its dedup keys, and enough row and unit ids (an upper bound:
+    // a refused batch or skipped recipients only leave gaps in the sequences).
     let ids: Vec<&str> = rows.iter().map(|p| p.row.id.as_str()).collect();
-    let taken: HashSet<String> = t
-        .q(
-            "SELECT r.row_id FROM unnest($2::text[]) AS k(row_id) JOIN ol_rows r ON r.actor = $1 AND r.row_id = k.row_id",
-            &[&a, &ids],
-        )?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    if let Some(p) = rows.iter().find(|p| taken.contains(&p.row.id)) {
-        return Err(EnqueueError::DuplicateRowId {
-            row: p.row.id.clone(),
-        });
-    }
-
-    // Lanes: look up the batch's distinct keys, create the missing ones.
-    let mut lane_ids: HashMap<(String, String), i64> = HashMap::new();
     let mut recs: Vec<&str> = Vec::new();
     let mut oks: Vec<&str> = Vec::new();
     {
@@ -709,14 +696,68 @@ fn enqueue_tx(
             }
         }
     }
-    for r in t.q(
-        "SELECT l.id, l.recipient, l.ordering_key FROM ol_lanes l \
-         JOIN unnest($2::text[], $3::text[]) AS k(recipient, ordering_key) \
-         ON l.recipient = k.recipient AND l.ordering_key = k.ordering_key WHERE l.actor = $1",
-        &[&a, &recs, &oks],
-    )? {
-        lane_ids.insert((r.get(1), r.get(2)), r.get(0));
+    let dks: Vec<&str> = rows
+        .iter()
+        .filter_map(|p| p.row.dedup_key.as_deref())
+        .collect();
+    let max_units: i64 = rows
+        .iter()
+        .map(|p| {
+            if p.row.joined {
+                1
+            } else {
+                i64::try_from(p.lanes.len()).unwrap_or(i64::MAX)
+            }
+        })
+        .sum();
+    let plan_row = t.one(
+        "SELECT dup.v, ln.ids, ln.recs, ln.oks, pend.dks, pend.recs, idr.v, idu.v FROM \
+         (SELECT array_agg(r.row_id) AS v FROM unnest($2::text[]) AS k(row_id) \
+            JOIN ol_rows r ON r.actor = $1 AND r.row_id = k.row_id) dup, \
+         (SELECT array_agg(l.id) AS ids, array_agg(l.recipient) AS recs, array_agg(l.ordering_key) AS oks \
+            FROM ol_lanes l JOIN unnest($3::text[], $4::text[]) AS k(recipient, ordering_key) \
+            ON l.recipient = k.recipient AND l.ordering_key = k.ordering_key WHERE l.actor = $1) ln, \
+         (SELECT array_agg(x.dedup_key) AS dks, array_agg(x.recipient) AS recs FROM \
+            (SELECT DISTINCT r.dedup_key, l.recipient FROM ol_rows r JOIN ol_units u ON u.row_ref = r.id \
+             JOIN ol_deliveries d ON d.unit_id = u.id JOIN ol_lanes l ON l.id = d.lane_id \
+             WHERE r.actor = $1 AND r.dedup_key IN (SELECT unnest($5::text[])) AND d.state = 0) x) pend, \
+         (SELECT array_agg(nextval(pg_get_serial_sequence('ol_rows', 'id'))) AS v \
+            FROM generate_series(1::bigint, $6::bigint)) idr, \
+         (SELECT array_agg(nextval(pg_get_serial_sequence('ol_units', 'id'))) AS v \
+            FROM generate_series(1::bigint, $7::bigint)) idu",
+        &[&a, &ids, &recs, &oks, &dks, &n, &max_units],
+    )?;
+    let taken: HashSet<String> = plan_row
+        .get::<_, Option<Vec<String>>>(0)
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
+    if let Some(p) = rows.iter().find(|p| taken.contains(&p.row.id)) {
+        return Err(EnqueueError::DuplicateRowId {
+            row: p.row.id.clone(),
+        });
     }
+    let mut lane_ids: HashMap<(String, String), i64> = HashMap::new();
+    if let (Some(i), Some(r), Some(o)) = (
+        plan_row.get::<_, Option<Vec<i64>>>(1),
+        plan_row.get::<_, Option<Vec<String>>>(2),
+        plan_row.get::<_, Option<Vec<String>>>(3),
+    ) {
+        for ((id, rec), ok) in i.into_iter().zip(r).zip(o) {
+            lane_ids.insert((rec, ok), id);
+        }
+    }
+    let mut pending: HashSet<(String, String)> = HashSet::new();
+    if let (Some(d), Some(r)) = (
+        plan_row.get::<_, Option<Vec<String>>>(4),
+        plan_row.get::<_, Option<Vec<String>>>(5),
+    ) {
+        pending.extend(d.into_iter().zip(r));
+    }
+    let row_keys: Vec<i64> = plan_row.get::<_, Option<Vec<i64>>>(6).unwrap_or_default();
+    let unit_keys: Vec<i64> = plan_row.get::<_, Option<Vec<i64>>>(7).unwrap_or_default();
+
+    // Lanes used for the first time.
     if lane_ids.len() < recs.len() {
         let (mr, mo): (Vec<&str>, Vec<&str>) = recs
             .iter()
@@ -733,30 +774,13 @@ fn enqueue_tx(
         }
     }
 
-    // Dedup (OL-17): what is pending now, plus what this batch adds as it goes.
-    let dks: Vec<&str> = rows
-        .iter()
-        .filter_map(|p| p.row.dedup_key.as_deref())
-        .collect();
-    let mut pending: HashSet<(String, String)> = HashSet::new();
-    if !dks.is_empty() {
-        for r in t.q(
-            "SELECT DISTINCT r.dedup_key, l.recipient FROM ol_rows r JOIN ol_units u ON u.row_ref = r.id \
-             JOIN ol_deliveries d ON d.unit_id = u.id JOIN ol_lanes l ON l.id = d.lane_id \
-             WHERE r.actor = $1 AND r.dedup_key IN (SELECT unnest($2::text[])) AND d.state = 0",
-            &[&a, &dks],
-        )? {
-            pending.insert((r.get(0), r.get(1)));
-        }
-    }
-
     struct Plan {
         seq: i64,
         units: Vec<Vec<i64>>,
         skipped: Vec<String>,
     }
     let mut plans = Vec::with_capacity(rows.len());
-    let (mut nrows, mut nunits) = (0i64, 0i64);
+    let mut nrows = 0i64;
     for (k, p) in rows.iter().enumerate() {
         let seq = first + i64::try_from(k).unwrap_or(i64::MAX);
         let mut kept = Vec::with_capacity(p.lanes.len());
@@ -786,7 +810,6 @@ fn enqueue_tx(
         };
         if !units.is_empty() {
             nrows += 1;
-            nunits += i64::try_from(units.len()).unwrap_or(i64::MAX);
         }
         plans.push(Plan {
             seq,
@@ -797,15 +820,6 @@ fn enqueue_tx(
 
     let mut out = Vec::with_capacity(rows.len());
     if nrows > 0 {
-        let keys = t.one(
-            "SELECT (SELECT array_agg(nextval(pg_get_serial_sequence('ol_rows', 'id'))) \
-                     FROM generate_series(1::bigint, $1::bigint)), \
-                    (SELECT array_agg(nextval(pg_get_serial_sequence('ol_units', 'id'))) \
-                     FROM generate_series(1::bigint, $2::bigint))",
-            &[&nrows, &nunits],
-        )?;
-        let row_keys: Vec<i64> = keys.get(0);
-        let unit_keys: Vec<i64> = keys.get(1);
         let (mut r_id, mut r_row, mut r_seq, mut r_ct, mut r_body, mut r_len, mut r_dk, mut r_ok) = (
             vec![],
             vec![],
