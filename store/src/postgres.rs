@@ -281,6 +281,37 @@ impl Exec for Tx<'_> {
     }
 }
 
+/// A connection used outside a transaction (reads), with its statement cache.
+struct Cn<'a> {
+    client: &'a mut Client,
+    cache: &'a mut HashMap<String, Statement>,
+}
+
+impl Exec for Cn<'_> {
+    fn q(&mut self, sql: &str, p: &[P<'_>]) -> Result<Vec<Row>, postgres::Error> {
+        let st = match self.cache.get(sql) {
+            Some(s) => s.clone(),
+            None => {
+                let s = self.client.prepare(sql)?;
+                self.cache.insert(sql.to_string(), s.clone());
+                s
+            }
+        };
+        self.client.query(&st, p)
+    }
+    fn x(&mut self, sql: &str, p: &[P<'_>]) -> Result<u64, postgres::Error> {
+        let st = match self.cache.get(sql) {
+            Some(s) => s.clone(),
+            None => {
+                let s = self.client.prepare(sql)?;
+                self.cache.insert(sql.to_string(), s.clone());
+                s
+            }
+        };
+        self.client.execute(&st, p)
+    }
+}
+
 struct Conn {
     client: Client,
     cache: HashMap<String, Statement>,
@@ -611,6 +642,40 @@ impl PgStore {
     /// The options the store connected with.
     pub fn options(&self) -> &PgOptions {
         &self.opts
+    }
+
+    /// Runs read-only statements outside a transaction (no BEGIN/COMMIT round trips); a
+    /// read is always safe to retry once on a fresh connection.
+    fn read<T>(
+        &self,
+        mut f: impl FnMut(&mut Cn<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let mut conn = self.checkout()?;
+            let res = {
+                let Conn { client, cache } = &mut conn;
+                f(&mut Cn { client, cache })
+            };
+            match res {
+                Ok(v) => {
+                    self.checkin(conn);
+                    return Ok(v);
+                }
+                Err(e) if e.lost() || conn.client.is_closed() => {
+                    self.discard(conn);
+                    if attempt < 2 {
+                        continue;
+                    }
+                    return Err(e);
+                }
+                Err(e) => {
+                    self.checkin(conn);
+                    return Err(e);
+                }
+            }
+        }
     }
 
     fn tx<T>(
@@ -1158,7 +1223,7 @@ impl Store for PgStore {
         token: &SlotToken,
         since: u64,
     ) -> Result<(Vec<LaneInfo>, u64), StoreError> {
-        self.tx(true, |t| {
+        self.read(|t| {
             fence(t, token, false)?;
             let rows = t.q(
                 "SELECT l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, l.paused, l.tail_seq \
@@ -1188,69 +1253,100 @@ impl Store for PgStore {
         token: &SlotToken,
         lanes: &[LaneClaim],
     ) -> Result<Vec<ClaimedLane>, StoreError> {
-        self.tx(true, |t| {
+        // A fixed number of round trips whatever the number of lanes: the lanes' state, then
+        // every lane's heads at once (one index range scan per lane, LIMITed), then the slots
+        // of joined units if any.
+        self.read(|t| {
             fence(t, token, false)?;
             let actor = token.actor().as_str();
+            let ids: Vec<i64> = lanes.iter().map(|c| c.lane.0).collect();
+            let mut info: HashMap<i64, (LaneKey, bool)> = HashMap::new();
+            for r in t.q(
+                "SELECT id, recipient, ordering_key, paused FROM ol_lanes \
+                 WHERE id IN (SELECT unnest($1::bigint[])) AND actor = $2",
+                &[&ids, &actor],
+            )? {
+                info.insert(r.get(0), (key_of(r.get(1), r.get(2)), r.get(3)));
+            }
+            let (mut k_ord, mut k_lane, mut k_from, mut k_lim) = (vec![], vec![], vec![], vec![]);
+            for (ord, req) in lanes.iter().enumerate() {
+                if matches!(info.get(&req.lane.0), Some((_, false))) && req.limit > 0 {
+                    k_ord.push(i64::try_from(ord).unwrap_or(i64::MAX));
+                    k_lane.push(req.lane.0);
+                    k_from.push(i(req.from.0));
+                    k_lim.push(i64::from(req.limit));
+                }
+            }
+            let mut heads: Vec<Vec<Row>> = lanes.iter().map(|_| Vec::new()).collect();
+            if !k_ord.is_empty() {
+                for r in t.q(
+                    "SELECT k.ord, d.unit_id, d.seq, d.attempts, d.state, r.row_id, r.body_len, r.enqueued_at, u.lanes \
+                     FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[]) AS k(ord, lane, from_seq, lim) \
+                     CROSS JOIN LATERAL (SELECT unit_id, seq, attempts, state FROM ol_deliveries \
+                        WHERE lane_id = k.lane AND seq >= k.from_seq ORDER BY lane_id, seq, unit_id LIMIT k.lim) d \
+                     JOIN ol_units u ON u.id = d.unit_id JOIN ol_rows r ON r.id = u.row_ref \
+                     ORDER BY k.ord, d.seq, d.unit_id",
+                    &[&k_ord, &k_lane, &k_from, &k_lim],
+                )? {
+                    let ord = usize::try_from(r.get::<_, i64>(0)).unwrap_or(usize::MAX);
+                    if let Some(v) = heads.get_mut(ord) {
+                        v.push(r);
+                    }
+                }
+            }
+            let joined: Vec<i64> = heads
+                .iter()
+                .flatten()
+                .filter(|h| h.get::<_, i64>(8) > 1)
+                .map(|h| h.get(1))
+                .collect();
+            let mut slots_of: HashMap<i64, Vec<ClaimedSlot>> = HashMap::new();
+            if !joined.is_empty() {
+                for r in t.q(
+                    "SELECT d.unit_id, d.lane_id, l.recipient, l.ordering_key, d.attempts, d.state \
+                     FROM ol_deliveries d JOIN ol_lanes l ON l.id = d.lane_id \
+                     WHERE d.unit_id IN (SELECT unnest($1::bigint[])) ORDER BY d.unit_id, d.lane_id",
+                    &[&joined],
+                )? {
+                    slots_of.entry(r.get(0)).or_default().push(ClaimedSlot {
+                        lane: StoreLaneId(r.get(1)),
+                        key: key_of(r.get(2), r.get(3)),
+                        attempts: u32_of(r.get(4)),
+                        served: r.get::<_, i64>(5) != STATE_PENDING,
+                    });
+                }
+            }
             let mut out = Vec::with_capacity(lanes.len());
-            for req in lanes {
-                let lane = t.opt(
-                    "SELECT recipient, ordering_key, paused FROM ol_lanes WHERE id = $1 AND actor = $2",
-                    &[&req.lane.0, &actor],
-                )?;
-                let Some(lane) = lane else {
+            for (req, rows) in lanes.iter().zip(heads) {
+                let Some((key, paused)) = info.get(&req.lane.0) else {
                     out.push(ClaimedLane { lane: req.lane, units: Vec::new(), exhausted: true });
                     continue;
                 };
-                let paused: bool = lane.get(2);
-                if paused || req.limit == 0 {
-                    out.push(ClaimedLane { lane: req.lane, units: Vec::new(), exhausted: paused });
-                    continue;
-                }
-                let key = key_of(lane.get(0), lane.get(1));
-                let heads = t.q(
-                    "SELECT d.unit_id, d.seq, d.attempts, d.state, r.row_id, r.body_len, r.enqueued_at, u.lanes \
-                     FROM (SELECT unit_id, seq, attempts, state FROM ol_deliveries \
-                           WHERE lane_id = $1 AND seq >= $2 ORDER BY lane_id, seq, unit_id LIMIT $3) d \
-                     JOIN ol_units u ON u.id = d.unit_id JOIN ol_rows r ON r.id = u.row_ref \
-                     ORDER BY d.seq, d.unit_id",
-                    &[&req.lane.0, &i(req.from.0), &i64::from(req.limit)],
-                )?;
-                let exhausted = heads.len() < req.limit as usize;
-                let mut units = Vec::with_capacity(heads.len());
-                for h in heads {
-                    let unit: i64 = h.get(0);
-                    let nlanes: i64 = h.get(7);
-                    let slots = if nlanes <= 1 {
-                        vec![ClaimedSlot {
-                            lane: req.lane,
-                            key: key.clone(),
-                            attempts: u32_of(h.get(2)),
-                            served: h.get::<_, i64>(3) != STATE_PENDING,
-                        }]
-                    } else {
-                        t.q(
-                            "SELECT d.lane_id, l.recipient, l.ordering_key, d.attempts, d.state \
-                             FROM ol_deliveries d JOIN ol_lanes l ON l.id = d.lane_id WHERE d.unit_id = $1 ORDER BY d.lane_id",
-                            &[&unit],
-                        )?
-                        .iter()
-                        .map(|r| ClaimedSlot {
-                            lane: StoreLaneId(r.get(0)),
-                            key: key_of(r.get(1), r.get(2)),
-                            attempts: u32_of(r.get(3)),
-                            served: r.get::<_, i64>(4) != STATE_PENDING,
-                        })
-                        .collect()
-                    };
-                    units.push(ClaimedUnit {
-                        id: UnitId(u(unit)),
-                        seq: Seq(u(h.get(1))),
-                        row_id: h.get(4),
-                        bytes: u32_of(h.get(5)),
-                        enqueued_at: ts(h.get(6)),
-                        slots,
-                    });
-                }
+                let exhausted = *paused || rows.len() < req.limit as usize;
+                let units = rows
+                    .iter()
+                    .map(|h| {
+                        let unit: i64 = h.get(1);
+                        let slots = if h.get::<_, i64>(8) > 1 {
+                            slots_of.get(&unit).cloned().unwrap_or_default()
+                        } else {
+                            vec![ClaimedSlot {
+                                lane: req.lane,
+                                key: key.clone(),
+                                attempts: u32_of(h.get(3)),
+                                served: h.get::<_, i64>(4) != STATE_PENDING,
+                            }]
+                        };
+                        ClaimedUnit {
+                            id: UnitId(u(unit)),
+                            seq: Seq(u(h.get(2))),
+                            row_id: h.get(5),
+                            bytes: u32_of(h.get(6)),
+                            enqueued_at: ts(h.get(7)),
+                            slots,
+                        }
+                    })
+                    .collect();
                 out.push(ClaimedLane { lane: req.lane, units, exhausted });
             }
             Ok(out)
@@ -1258,7 +1354,7 @@ impl Store for PgStore {
     }
 
     fn payload(&self, unit: UnitId) -> Result<Payload, StoreError> {
-        self.tx(true, |t| {
+        self.read(|t| {
             t.opt(
                 "SELECT r.row_id, r.content_type, r.body FROM ol_units u JOIN ol_rows r ON r.id = u.row_ref \
                  WHERE u.id = $1 AND u.acked_at IS NULL",
@@ -1484,7 +1580,7 @@ impl Store for PgStore {
     }
 
     fn actors_with_work(&self, now: Timestamp) -> Result<ActorsDue, StoreError> {
-        self.tx(true, |t| {
+        self.read(|t| {
             let ready = t
                 .q(
                     "SELECT DISTINCT l.actor FROM ol_lanes l WHERE NOT l.paused \
@@ -1508,7 +1604,7 @@ impl Store for PgStore {
 
     fn status(&self) -> Result<Vec<ActorStatus>, StoreError> {
         let now = ms(Timestamp::from_system_time(std::time::SystemTime::now()));
-        self.tx(true, |t| {
+        self.read(|t| {
             let pending = t
                 .q("SELECT actor, count(*) FROM ol_units WHERE acked_at IS NULL GROUP BY actor", &[])?
                 .iter()
@@ -1539,7 +1635,7 @@ impl Store for PgStore {
     }
 
     fn lanes(&self, actor: &ActorId) -> Result<Vec<LaneStatus>, StoreError> {
-        self.tx(true, |t| {
+        self.read(|t| {
             Ok(t
                 .q(
                     "SELECT l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, l.paused, \
@@ -1569,7 +1665,7 @@ impl Store for PgStore {
     }
 
     fn dead_letters(&self, actor: Option<&ActorId>) -> Result<Vec<DeadLetter>, StoreError> {
-        self.tx(true, |t| {
+        self.read(|t| {
             Ok(match actor {
                 Some(a) => select_dead(t, &DeadLetterSelection::Actor(a.clone()))?,
                 None => t
@@ -1707,7 +1803,7 @@ impl Store for PgStore {
     }
 
     fn find_lane(&self, actor: &ActorId, key: &LaneKey) -> Result<Option<StoreLaneId>, StoreError> {
-        self.tx(true, |t| {
+        self.read(|t| {
             Ok(t.opt(
                 "SELECT id FROM ol_lanes WHERE actor = $1 AND recipient = $2 AND ordering_key = $3",
                 &[
