@@ -465,10 +465,10 @@ impl PgStore {
         }
         // Queue tables churn faster than their statistics follow: a plan made while a table
         // looked empty would scan it whole once it is deep. Every statement of the store has an
-        // index path, so its own connections never plan a sequential scan of them, and plan
-        // each execution with the actual parameters (claims must cost what they return).
+        // ordered index path, so its own connections plan no sequential or bitmap scans (claims
+        // must cost what they return, never a lane's depth, whatever the statistics say).
         client.batch_execute(&format!(
-            "SET search_path TO {}; SET plan_cache_mode = force_custom_plan; SET enable_seqscan = off",
+            "SET search_path TO {}; SET enable_seqscan = off; SET enable_bitmapscan = off",
             self.opts.schema
         ))?;
         Ok(Conn {
