@@ -1,5 +1,17 @@
 //! outbox-lanes: per-recipient ordered outbox delivery.
 //!
-//! The facade re-exports the sans-IO core and, by feature, a runtime and a store.
+//! A service appends outgoing activities to a persistent outbox; outbox-lanes delivers them
+//! over HTTP so that every recipient receives its rows in enqueue order, one in flight per
+//! recipient, while distinct recipients proceed concurrently and one slow or dead recipient
+//! delays nobody else.
+//!
+//! This facade re-exports the sans-IO [`core`] and, by feature, a store ([`store`]: `sqlite`,
+//! the default, and `postgres`) and a runtime ([`blocking`]: the `blocking` feature).
 
 pub use outbox_lanes_core as core;
+
+#[cfg(feature = "blocking")]
+pub use outbox_lanes_blocking as blocking;
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use outbox_lanes_store as store;

@@ -3,21 +3,40 @@
 //! No I/O, no clock, no threads: inputs are `handle_*` methods that take `now`, outputs are
 //! drained with `poll_*` until `None`. Runtimes (`outbox-lanes-blocking`,
 //! `outbox-lanes-tokio`) add locks, threads or tasks, storage and HTTP.
+//!
+//! - [`Scheduler`]: one actor's pass — admission of lane heads, one unit in flight per lane,
+//!   the retry ladder, stalls, lane backoff, dead letters and hand-back.
+//! - [`DrainSlots`]: at most one pass per actor in a process, without waiting.
+//! - [`MonitorBook`]: which actors to drain after a wake-up or a poll tick.
+//! - [`policy`]: status classification, Retry-After, recipient URLs, the SSRF address policy.
 #![no_std]
-#![cfg_attr(not(test), warn(clippy::unwrap_used))]
+#![warn(clippy::std_instead_of_core, clippy::alloc_instead_of_core)]
 
 extern crate alloc;
 #[cfg(feature = "std")]
 extern crate std;
 
+pub mod config;
 pub mod ids;
 pub mod lane;
+pub mod monitor;
 pub mod outcome;
 pub mod policy;
 pub mod rng;
+pub mod scheduler;
+pub mod slot;
 pub mod time;
 
+pub use config::Config;
 pub use ids::{ActorId, LaneId, Seq, UnitId};
 pub use lane::{LaneKey, LaneTable};
+pub use monitor::{MonitorAction, MonitorBook, Wake};
 pub use outcome::{DeadReason, Outcome};
+pub use scheduler::{
+    Admit, AdmitError, AdmitSlot, ClaimReport, Command, EventError, HoldReason, LaneChunk,
+    LaneClaim, LaneInfo, Scheduler,
+};
+pub use slot::{
+    Acquire, ActorResolver, AliasResolver, DrainSlots, IdentityResolver, Release, UnknownActor,
+};
 pub use time::Timestamp;

@@ -5,7 +5,7 @@ use core::time::Duration;
 /// The classified result of one attempt to deliver a unit to one recipient.
 ///
 /// Runtimes produce it from an HTTP status or a transport error with
-/// [`crate::policy::classify`]; the scheduler consumes it in
+/// [`crate::policy::classify()`]; the scheduler consumes it in
 /// [`crate::Scheduler::handle_outcome`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {

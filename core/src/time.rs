@@ -109,9 +109,15 @@ mod tests {
     #[test]
     fn arithmetic_saturates() {
         let t = Timestamp::from_secs(10);
-        assert_eq!(t + Duration::from_millis(1500), Timestamp::from_millis(11_500));
+        assert_eq!(
+            t + Duration::from_millis(1500),
+            Timestamp::from_millis(11_500)
+        );
         assert_eq!(Timestamp::MAX + Duration::from_secs(1), Timestamp::MAX);
-        assert_eq!(Timestamp::from_secs(1) - Timestamp::from_secs(5), Duration::ZERO);
+        assert_eq!(
+            Timestamp::from_secs(1) - Timestamp::from_secs(5),
+            Duration::ZERO
+        );
         assert_eq!(t.saturating_sub(Duration::from_secs(60)), Timestamp::EPOCH);
     }
 }

@@ -1,0 +1,126 @@
+//! Scheduler configuration and the pure backoff functions.
+
+use alloc::vec;
+use alloc::vec::Vec;
+use core::time::Duration;
+
+use crate::rng::Rng;
+
+/// Configuration of one [`crate::Scheduler`]. The defaults are the design's.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Admission window: the most units admitted (waiting or in flight) at once (OL-3).
+    pub max_units: usize,
+    /// The most units admitted per lane at once, so one deep lane cannot fill the window.
+    pub max_per_lane: u32,
+    /// The most payload bytes admitted at once. A unit larger than this on its own is still
+    /// admitted when the window is otherwise empty, so it cannot wedge the pass.
+    pub max_bytes: u64,
+    /// The most attempts in flight at once in one pass.
+    pub max_in_flight: usize,
+    /// The failure within one pass that stalls a unit (OL-7). Default 4.
+    pub pass_attempts: u32,
+    /// The persisted attempt count at which a unit is dead-lettered (OL-8). Default 12.
+    pub max_attempts: u32,
+    /// In-pass retry delays after the 1st, 2nd, 3rd… failure; the last one repeats (OL-6).
+    pub retry_delays: Vec<Duration>,
+    /// Jitter applied to every delay, in percent: a delay `d` becomes a uniform value in
+    /// `d * (1 - j/100) ..= d * (1 + j/100)`.
+    pub jitter_percent: u32,
+    /// The first lane backoff after a stall; doubled per level (OL-11).
+    pub lane_backoff_base: Duration,
+    /// The cap of the lane backoff.
+    pub lane_backoff_cap: Duration,
+    /// The cap applied to any Retry-After (OL-6). Default 1 h.
+    pub retry_after_cap: Duration,
+    /// Units older than this when they are due are dead-lettered `expired` (OL-8). Off by
+    /// default.
+    pub max_age: Option<Duration>,
+    /// A 410 Gone retires the whole lane: every pending unit of it is dead-lettered (OL-9).
+    pub retire_on_gone: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            max_units: 1024,
+            max_per_lane: 16,
+            max_bytes: 64 * 1024 * 1024,
+            max_in_flight: 64,
+            pass_attempts: 4,
+            max_attempts: 12,
+            retry_delays: vec![
+                Duration::from_secs(1),
+                Duration::from_secs(2),
+                Duration::from_secs(4),
+            ],
+            jitter_percent: 20,
+            lane_backoff_base: Duration::from_secs(30),
+            lane_backoff_cap: Duration::from_secs(3600),
+            retry_after_cap: Duration::from_secs(3600),
+            max_age: None,
+            retire_on_gone: false,
+        }
+    }
+}
+
+impl Config {
+    /// The in-pass retry delay after the `failure`-th failure (1-based), before jitter.
+    pub fn retry_delay(&self, failure: u32) -> Duration {
+        if self.retry_delays.is_empty() {
+            return Duration::ZERO;
+        }
+        let i = (failure.max(1) as usize - 1).min(self.retry_delays.len() - 1);
+        self.retry_delays[i]
+    }
+
+    /// The lane backoff at `level` (1-based), before jitter: `base * 2^(level-1)`, capped.
+    pub fn lane_backoff(&self, level: u32) -> Duration {
+        let shift = level.saturating_sub(1).min(32);
+        let d = self
+            .lane_backoff_base
+            .checked_mul(1u32 << shift.min(31))
+            .unwrap_or(self.lane_backoff_cap);
+        d.min(self.lane_backoff_cap)
+    }
+}
+
+/// Applies `percent` jitter to `d` with `rng`: uniform in `d ± d*percent/100`.
+pub fn jittered(d: Duration, percent: u32, rng: &mut Rng) -> Duration {
+    let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    if percent == 0 || ms == 0 {
+        return d;
+    }
+    let spread = ms.saturating_mul(u64::from(percent.min(100))) / 100;
+    let offset = rng.below_or_eq(spread.saturating_mul(2));
+    Duration::from_millis(ms.saturating_sub(spread).saturating_add(offset))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ladders() {
+        let c = Config::default();
+        assert_eq!(c.retry_delay(1), Duration::from_secs(1));
+        assert_eq!(c.retry_delay(3), Duration::from_secs(4));
+        assert_eq!(c.retry_delay(9), Duration::from_secs(4));
+        assert_eq!(c.lane_backoff(1), Duration::from_secs(30));
+        assert_eq!(c.lane_backoff(2), Duration::from_secs(60));
+        assert_eq!(c.lane_backoff(40), Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn jitter_stays_in_band() {
+        let mut rng = Rng::new(3);
+        for _ in 0..1000 {
+            let d = jittered(Duration::from_secs(10), 20, &mut rng);
+            assert!(d >= Duration::from_secs(8) && d <= Duration::from_secs(12));
+        }
+        assert_eq!(
+            jittered(Duration::from_secs(1), 0, &mut rng),
+            Duration::from_secs(1)
+        );
+    }
+}

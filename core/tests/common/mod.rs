@@ -1,0 +1,397 @@
+//! A model of the store for driving the scheduler in tests: per-lane FIFO of pending units,
+//! claims at lane heads, and the effects of the scheduler's commands.
+#![allow(dead_code, missing_docs, unreachable_pub)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use outbox_lanes_core::{
+    Admit, AdmitSlot, Command, Config, DeadReason, LaneChunk, LaneClaim, LaneId, LaneInfo, LaneKey,
+    Scheduler, Seq, Timestamp, UnitId,
+};
+
+pub const T0: Timestamp = Timestamp::from_secs(1_000_000);
+
+#[derive(Clone, Debug)]
+pub struct StoredUnit {
+    pub admit: Admit,
+    pub resolved: Vec<bool>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ModelStore {
+    pub units: BTreeMap<UnitId, StoredUnit>,
+    pub lane_state: BTreeMap<LaneId, LaneInfo>,
+    pub next_id: u64,
+    pub next_seq: u64,
+    pub delivered: Vec<(UnitId, LaneId)>,
+    pub dead: Vec<(UnitId, LaneId, DeadReason)>,
+}
+
+impl ModelStore {
+    /// One row: a unit per lane, or one joined unit over all of them.
+    pub fn enqueue(
+        &mut self,
+        lanes: &[LaneId],
+        joined: bool,
+        bytes: u32,
+        at: Timestamp,
+    ) -> Vec<UnitId> {
+        self.next_seq += 1;
+        let seq = Seq(self.next_seq);
+        let groups: Vec<Vec<LaneId>> = if joined {
+            vec![lanes.to_vec()]
+        } else {
+            lanes.iter().map(|&l| vec![l]).collect()
+        };
+        let mut ids = Vec::new();
+        for g in groups {
+            self.next_id += 1;
+            let id = UnitId(self.next_id);
+            let admit = Admit {
+                id,
+                seq,
+                bytes,
+                enqueued_at: at,
+                slots: g
+                    .iter()
+                    .map(|&lane| AdmitSlot {
+                        lane,
+                        attempts: 0,
+                        served: false,
+                    })
+                    .collect(),
+            };
+            let n = admit.slots.len();
+            self.units.insert(
+                id,
+                StoredUnit {
+                    admit,
+                    resolved: vec![false; n],
+                },
+            );
+            ids.push(id);
+        }
+        ids
+    }
+
+    pub fn lanes_with_work(&self) -> BTreeSet<LaneId> {
+        self.units
+            .values()
+            .flat_map(|u| u.admit.slots.iter().map(|s| s.lane))
+            .collect()
+    }
+
+    pub fn lane_info(&self, lane: LaneId) -> LaneInfo {
+        self.lane_state.get(&lane).copied().unwrap_or_default()
+    }
+
+    pub fn pending_in(&self, lane: LaneId) -> Vec<&StoredUnit> {
+        let mut v: Vec<&StoredUnit> = self
+            .units
+            .values()
+            .filter(|u| u.admit.slots.iter().any(|s| s.lane == lane))
+            .collect();
+        v.sort_by_key(|u| u.admit.seq);
+        v
+    }
+
+    pub fn claim(&self, claims: &[LaneClaim]) -> Vec<LaneChunk> {
+        claims
+            .iter()
+            .map(|c| {
+                let units: Vec<Admit> = self
+                    .pending_in(c.lane)
+                    .into_iter()
+                    .filter(|u| u.admit.seq >= c.from)
+                    .take(c.limit as usize)
+                    .map(|u| {
+                        let mut a = u.admit.clone();
+                        for (s, r) in a.slots.iter_mut().zip(&u.resolved) {
+                            s.served = *r;
+                        }
+                        a
+                    })
+                    .collect();
+                LaneChunk {
+                    lane: c.lane,
+                    exhausted: units.len() < c.limit as usize,
+                    units,
+                }
+            })
+            .collect()
+    }
+
+    fn resolve(&mut self, unit: UnitId, lane: LaneId) {
+        if let Some(u) = self.units.get_mut(&unit) {
+            if let Some(i) = u.admit.slots.iter().position(|s| s.lane == lane) {
+                u.resolved[i] = true;
+            }
+            if u.resolved.iter().all(|r| *r) {
+                self.units.remove(&unit);
+            }
+        }
+    }
+
+    pub fn apply(&mut self, cmd: &Command) {
+        match *cmd {
+            Command::Start { .. } | Command::Hold { .. } | Command::HandBack { .. } => {}
+            Command::Delivered { unit, lane } => {
+                self.delivered.push((unit, lane));
+                self.resolve(unit, lane);
+            }
+            Command::RecordAttempt {
+                unit,
+                lane,
+                attempts,
+                ..
+            } => {
+                if let Some(u) = self.units.get_mut(&unit) {
+                    for s in u.admit.slots.iter_mut().filter(|s| s.lane == lane) {
+                        s.attempts = attempts;
+                    }
+                }
+            }
+            Command::LaneBackoff {
+                lane,
+                not_before,
+                level,
+            } => {
+                let e = self.lane_state.entry(lane).or_default();
+                e.not_before = Some(not_before);
+                e.level = level;
+            }
+            Command::LaneOpen { lane } => {
+                let e = self.lane_state.entry(lane).or_default();
+                e.not_before = None;
+                e.level = 0;
+            }
+            Command::DeadLetter { unit, lane, reason } => {
+                self.dead.push((unit, lane, reason));
+                self.resolve(unit, lane);
+            }
+            Command::RetireLane { lane } => {
+                for id in self.unresolved_in(lane) {
+                    self.dead.push((id, lane, DeadReason::LaneRetired));
+                    self.resolve(id, lane);
+                }
+            }
+        }
+    }
+}
+
+impl ModelStore {
+    /// Like [`ModelStore::apply`], except that `RetireLane` dead-letters only the recipients
+    /// of the lane that are still pending (a joined unit already served on the lane keeps
+    /// that recipient delivered).
+    pub fn apply_exact(&mut self, cmd: &Command) {
+        match *cmd {
+            Command::RetireLane { lane } => {
+                for id in self.unresolved_in(lane) {
+                    self.dead.push((id, lane, DeadReason::LaneRetired));
+                    self.resolve(id, lane);
+                }
+            }
+            _ => self.apply(cmd),
+        }
+    }
+
+    /// The units still pending for `lane`'s recipient, in `seq` order.
+    pub fn unresolved_in(&self, lane: LaneId) -> Vec<UnitId> {
+        self.pending_in(lane)
+            .into_iter()
+            .filter(|u| {
+                u.admit
+                    .slots
+                    .iter()
+                    .zip(&u.resolved)
+                    .any(|(s, r)| s.lane == lane && !*r)
+            })
+            .map(|u| u.admit.id)
+            .collect()
+    }
+
+    /// The persisted attempt count of `unit` for `lane`, if it is still stored.
+    pub fn attempts(&self, unit: UnitId, lane: LaneId) -> Option<u32> {
+        let u = self.units.get(&unit)?;
+        u.admit
+            .slots
+            .iter()
+            .find(|s| s.lane == lane)
+            .map(|s| s.attempts)
+    }
+}
+
+/// The scheduler, the model store, a virtual clock and the transcript of commands.
+pub struct World {
+    pub s: Scheduler,
+    pub store: ModelStore,
+    pub now: Timestamp,
+    pub names: BTreeMap<LaneId, String>,
+    pub ids: BTreeMap<String, LaneId>,
+    pub log: Vec<Command>,
+}
+
+pub fn transcript_config() -> Config {
+    Config {
+        jitter_percent: 0,
+        ..Config::default()
+    }
+}
+
+impl World {
+    pub fn new(config: Config) -> Self {
+        World {
+            s: Scheduler::new(config, 1),
+            store: ModelStore::default(),
+            now: T0,
+            names: BTreeMap::new(),
+            ids: BTreeMap::new(),
+            log: Vec::new(),
+        }
+    }
+
+    pub fn lane(&mut self, name: &str) -> LaneId {
+        if let Some(&l) = self.ids.get(name) {
+            return l;
+        }
+        let key = LaneKey::from_canonical(format!("http://{name}.test/inbox"), None);
+        let l = self.s.lane(&key);
+        self.names.insert(l, name.to_string());
+        self.ids.insert(name.to_string(), l);
+        l
+    }
+
+    /// Enqueue one row to the named lanes.
+    pub fn enqueue(&mut self, lanes: &[&str], joined: bool) -> Vec<UnitId> {
+        let ids: Vec<LaneId> = lanes.iter().map(|n| self.lane(n)).collect();
+        self.store.enqueue(&ids, joined, 100, self.now)
+    }
+
+    /// Tells the scheduler which lanes have work (a pass start or a wake-up).
+    pub fn discover(&mut self) {
+        for lane in self.store.lanes_with_work() {
+            let info = self.store.lane_info(lane);
+            self.s.handle_lane(lane, info, self.now);
+        }
+        self.settle();
+    }
+
+    /// Drains commands into the store and the log, and answers claims, until quiet.
+    pub fn settle(&mut self) {
+        loop {
+            let mut any = false;
+            while let Some(c) = self.s.poll_command() {
+                self.store.apply(&c);
+                self.log.push(c);
+                any = true;
+            }
+            if let Some(claims) = self.s.poll_claim(self.now) {
+                let chunks = self.store.claim(&claims);
+                let report = self.s.handle_claimed(chunks, self.now);
+                assert!(report.refused.is_empty(), "refused: {:?}", report.refused);
+                any = true;
+            }
+            if !any {
+                break;
+            }
+        }
+    }
+
+    pub fn outcome(&mut self, unit: UnitId, lane: &str, o: outbox_lanes_core::Outcome) {
+        let l = self.lane(lane);
+        self.s
+            .handle_outcome(unit, l, o, self.now)
+            .unwrap_or_else(|e| panic!("outcome for {unit:?} on {lane}: {e}"));
+        self.settle();
+    }
+
+    pub fn ok(&mut self, unit: UnitId, lane: &str) {
+        self.outcome(unit, lane, outbox_lanes_core::Outcome::Delivered);
+    }
+
+    pub fn fail(&mut self, unit: UnitId, lane: &str) {
+        self.outcome(
+            unit,
+            lane,
+            outbox_lanes_core::Outcome::Transient { retry_after: None },
+        );
+    }
+
+    pub fn advance(&mut self, d: Duration) {
+        self.now = self.now + d;
+        self.s.handle_timeout(self.now);
+        self.settle();
+    }
+
+    /// Jump to the scheduler's next deadline.
+    pub fn jump_to_next_timeout(&mut self) -> Timestamp {
+        let t = self.s.poll_timeout().expect("a deadline is pending");
+        self.now = self.now.max(t);
+        self.s.handle_timeout(self.now);
+        self.settle();
+        t
+    }
+
+    pub fn end_pass(&mut self) {
+        self.s.handle_pass_end(self.now);
+        self.settle();
+    }
+
+    /// The log since the last call, rendered one command per line.
+    pub fn take(&mut self) -> Vec<String> {
+        let log = std::mem::take(&mut self.log);
+        log.iter().map(|c| self.render(c)).collect()
+    }
+
+    pub fn render(&self, c: &Command) -> String {
+        let n = |l: &LaneId| {
+            self.names
+                .get(l)
+                .cloned()
+                .unwrap_or_else(|| format!("{l:?}"))
+        };
+        let mut s = String::new();
+        match c {
+            Command::Start {
+                unit,
+                lane,
+                attempt,
+            } => write!(s, "start {unit:?} {} #{attempt}", n(lane)),
+            Command::Delivered { unit, lane } => write!(s, "delivered {unit:?} {}", n(lane)),
+            Command::RecordAttempt {
+                unit,
+                lane,
+                attempts,
+                counted,
+            } => write!(
+                s,
+                "attempt {unit:?} {} {attempts}{}",
+                n(lane),
+                if *counted { "" } else { " uncounted" }
+            ),
+            Command::Hold { unit, lane, reason } => {
+                write!(s, "hold {unit:?} {} {reason:?}", n(lane))
+            }
+            Command::LaneBackoff {
+                lane,
+                not_before,
+                level,
+            } => write!(
+                s,
+                "backoff {} until +{}s level {level}",
+                n(lane),
+                not_before.saturating_duration_since(T0).as_secs_f64()
+            ),
+            Command::LaneOpen { lane } => write!(s, "open {}", n(lane)),
+            Command::DeadLetter { unit, lane, reason } => {
+                write!(s, "dead {unit:?} {} {reason}", n(lane))
+            }
+            Command::RetireLane { lane } => write!(s, "retire {}", n(lane)),
+            Command::HandBack { unit } => write!(s, "back {unit:?}"),
+        }
+        .expect("writing to a String");
+        s
+    }
+}

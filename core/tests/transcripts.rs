@@ -1,0 +1,508 @@
+//! Transcript tests: for each canonical scenario, the exact sequence of commands.
+#![allow(missing_docs)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{World, transcript_config};
+use outbox_lanes_core::{Acquire, AliasResolver, Config, DrainSlots, Outcome, Release, UnitId};
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+#[test]
+fn concurrent_drain_requests_deliver_one_recipients_rows_in_order_one_in_flight() {
+    let mut slots = DrainSlots::new();
+    let actor = outbox_lanes_core::ActorId::new("https://a.example/actor");
+    // Two drain requests arrive together: only one pass runs.
+    assert_eq!(slots.try_acquire(&actor), Acquire::Acquired);
+    assert_eq!(slots.try_acquire(&actor), Acquire::Merged);
+
+    let mut w = World::new(transcript_config());
+    let u: Vec<UnitId> = (0..3).map(|_| w.enqueue(&["p"], false)[0]).collect();
+    w.discover();
+    assert_eq!(w.take(), ["start u1 p #1"]);
+    w.ok(u[0], "p");
+    assert_eq!(w.take(), ["delivered u1 p", "start u2 p #1"]);
+    w.ok(u[1], "p");
+    assert_eq!(w.take(), ["delivered u2 p", "start u3 p #1"]);
+    w.ok(u[2], "p");
+    assert_eq!(w.take(), ["delivered u3 p"]);
+    assert!(w.s.is_done(w.now));
+    w.end_pass();
+    assert!(w.take().is_empty());
+    // The merged request made the holder look once more before releasing.
+    assert_eq!(slots.release(&actor), Release::LookAgain);
+    assert_eq!(slots.release(&actor), Release::Released);
+}
+
+#[test]
+fn a_slow_recipient_does_not_delay_another() {
+    let mut w = World::new(transcript_config());
+    let slow = w.enqueue(&["slow"], false)[0];
+    let f1 = w.enqueue(&["fast"], false)[0];
+    let f2 = w.enqueue(&["fast"], false)[0];
+    w.discover();
+    assert_eq!(w.take(), ["start u1 slow #1", "start u2 fast #1"]);
+    w.ok(f1, "fast");
+    assert_eq!(w.take(), ["delivered u2 fast", "start u3 fast #1"]);
+    w.ok(f2, "fast");
+    assert_eq!(w.take(), ["delivered u3 fast"]);
+    // The slow one is still in flight; the pass is not over.
+    assert!(!w.s.is_done(w.now));
+    w.advance(secs(25));
+    w.ok(slow, "slow");
+    assert_eq!(w.take(), ["delivered u1 slow"]);
+    assert!(w.s.is_done(w.now));
+}
+
+#[test]
+fn a_joined_row_waits_for_its_predecessor_in_a_and_delays_bs_successor() {
+    let mut w = World::new(transcript_config());
+    let a1 = w.enqueue(&["a"], false)[0];
+    let j = w.enqueue(&["a", "b"], true)[0];
+    let b2 = w.enqueue(&["b"], false)[0];
+    w.discover();
+    // Only a1 can start: j waits behind it in a, b2 waits behind j in b.
+    assert_eq!(w.take(), ["start u1 a #1"]);
+    w.ok(a1, "a");
+    assert_eq!(
+        w.take(),
+        ["delivered u1 a", "start u2 a #1", "start u2 b #1"]
+    );
+    w.ok(j, "b");
+    // Served for b, but j still occupies b until it is complete.
+    assert_eq!(w.take(), ["delivered u2 b"]);
+    w.ok(j, "a");
+    assert_eq!(w.take(), ["delivered u2 a", "start u3 b #1"]);
+    w.ok(b2, "b");
+    assert_eq!(w.take(), ["delivered u3 b"]);
+}
+
+#[test]
+fn a_unit_that_keeps_failing_stalls_and_its_lane_mate_is_never_started() {
+    let mut w = World::new(transcript_config());
+    let a1 = w.enqueue(&["a"], false)[0];
+    let _a2 = w.enqueue(&["a"], false)[0];
+    let b1 = w.enqueue(&["b"], false)[0];
+    let b2 = w.enqueue(&["b"], false)[0];
+    w.discover();
+    assert_eq!(w.take(), ["start u1 a #1", "start u3 b #1"]);
+    w.fail(a1, "a");
+    assert_eq!(w.take(), ["attempt u1 a 1"]);
+    w.ok(b1, "b");
+    assert_eq!(w.take(), ["delivered u3 b", "start u4 b #1"]);
+    assert_eq!(w.jump_to_next_timeout(), common::T0 + secs(1));
+    assert_eq!(w.take(), ["start u1 a #2"]);
+    w.fail(a1, "a");
+    assert_eq!(w.take(), ["attempt u1 a 2"]);
+    w.ok(b2, "b");
+    assert_eq!(w.take(), ["delivered u4 b"]);
+    w.jump_to_next_timeout();
+    assert_eq!(w.take(), ["start u1 a #3"]);
+    w.fail(a1, "a");
+    assert_eq!(w.take(), ["attempt u1 a 3"]);
+    w.jump_to_next_timeout();
+    assert_eq!(w.take(), ["start u1 a #4"]);
+    w.fail(a1, "a");
+    // 1 + 2 + 4 s of in-pass retries; the 4th failure stalls it into a 30 s lane backoff.
+    assert_eq!(
+        w.take(),
+        [
+            "attempt u1 a 4",
+            "backoff a until +37s level 1",
+            "hold u1 a Stalled",
+            "back u2",
+        ]
+    );
+    assert!(w.s.is_done(w.now));
+    w.end_pass();
+    assert_eq!(w.take(), ["back u1"]);
+}
+
+#[test]
+fn a_unit_enqueued_during_a_stall_goes_behind_the_stalled_ones() {
+    let mut w = World::new(Config {
+        pass_attempts: 1,
+        ..transcript_config()
+    });
+    let a1 = w.enqueue(&["a"], false)[0];
+    let a2 = w.enqueue(&["a"], false)[0];
+    w.discover();
+    assert_eq!(w.take(), ["start u1 a #1"]);
+    w.fail(a1, "a");
+    assert_eq!(
+        w.take(),
+        [
+            "attempt u1 a 1",
+            "backoff a until +30s level 1",
+            "hold u1 a Stalled",
+            "back u2"
+        ]
+    );
+    // A producer enqueues while the lane is stalled; the pass hears of it.
+    let a3 = w.enqueue(&["a"], false)[0];
+    w.discover();
+    assert!(w.take().is_empty(), "nothing starts in a stalled lane");
+    w.end_pass();
+    assert_eq!(w.take(), ["back u1"]);
+
+    // The next pass, once the backoff is over: the probe, then the others in order.
+    w.advance(secs(30));
+    w.discover();
+    assert_eq!(w.take(), ["start u1 a #2"]);
+    w.ok(a1, "a");
+    assert_eq!(w.take(), ["delivered u1 a", "open a", "start u2 a #1"]);
+    w.ok(a2, "a");
+    assert_eq!(w.take(), ["delivered u2 a", "start u3 a #1"]);
+    w.ok(a3, "a");
+    assert_eq!(w.take(), ["delivered u3 a"]);
+}
+
+#[test]
+fn a_unit_at_its_last_attempt_is_dead_lettered_once_and_releases_its_lane() {
+    let mut w = World::new(transcript_config());
+    let a1 = w.enqueue(&["a"], false)[0];
+    let a2 = w.enqueue(&["a"], false)[0];
+    // Eleven attempts were persisted by earlier passes.
+    w.store.units.get_mut(&a1).expect("stored").admit.slots[0].attempts = 11;
+    w.discover();
+    assert_eq!(w.take(), ["start u1 a #12"]);
+    w.fail(a1, "a");
+    assert_eq!(
+        w.take(),
+        ["attempt u1 a 12", "dead u1 a exhausted", "start u2 a #1"]
+    );
+    w.ok(a2, "a");
+    assert_eq!(w.take(), ["delivered u2 a"]);
+    assert_eq!(w.store.dead.len(), 1);
+    // A late duplicate completion changes nothing.
+    let l = w.lane("a");
+    assert!(
+        w.s.handle_outcome(a1, l, Outcome::Delivered, w.now)
+            .is_err()
+    );
+    assert!(w.take().is_empty());
+}
+
+#[test]
+fn a_second_drain_request_while_one_runs_does_not_start_a_pass() {
+    let mut slots = DrainSlots::new();
+    let a = outbox_lanes_core::ActorId::new("alice");
+    let b = outbox_lanes_core::ActorId::new("bob");
+    assert_eq!(slots.try_acquire(&a), Acquire::Acquired);
+    assert_eq!(slots.try_acquire(&a), Acquire::Merged);
+    assert_eq!(slots.try_acquire(&a), Acquire::Merged);
+    // Another actor is independent.
+    assert_eq!(slots.try_acquire(&b), Acquire::Acquired);
+    assert_eq!(slots.running(), 2);
+    // Two merged requests cost one more look, not two.
+    assert_eq!(slots.release(&a), Release::LookAgain);
+    assert_eq!(slots.release(&a), Release::Released);
+    assert_eq!(slots.release(&b), Release::Released);
+    assert_eq!(slots.running(), 0);
+}
+
+#[test]
+fn a_request_from_inside_a_running_pass_comes_back_later_and_the_holder_looks_again() {
+    let mut slots = DrainSlots::new();
+    let actor = outbox_lanes_core::ActorId::new("cm");
+    let mut w = World::new(transcript_config());
+    let u1 = w.enqueue(&["peer"], false)[0];
+    assert_eq!(slots.try_acquire(&actor), Acquire::Acquired);
+    w.discover();
+    assert_eq!(w.take(), ["start u1 peer #1"]);
+    // The recipient, while handling u1, makes the actor enqueue and drain again (a loopback
+    // delivery re-entering the drain). The nested request must not wait for the slot.
+    let u2 = w.enqueue(&["peer"], false)[0];
+    assert_eq!(slots.try_acquire(&actor), Acquire::Merged);
+    w.ok(u1, "peer");
+    assert_eq!(w.take(), ["delivered u1 peer"]);
+    assert!(w.s.is_done(w.now));
+    w.end_pass();
+    // The holder is told to look again and finds u2.
+    assert_eq!(slots.release(&actor), Release::LookAgain);
+    w.discover();
+    assert_eq!(w.take(), ["start u2 peer #1"]);
+    w.ok(u2, "peer");
+    w.end_pass();
+    assert_eq!(w.take(), ["delivered u2 peer"]);
+    assert_eq!(slots.release(&actor), Release::Released);
+}
+
+#[test]
+fn two_spellings_of_one_actor_share_one_slot() {
+    let resolver = AliasResolver::new().actor("https://cm.example/actors/cm", &["cm"]);
+    let mut slots = DrainSlots::new();
+    let (a, first) = slots
+        .try_acquire_spelled(&resolver, "https://cm.example/actors/cm")
+        .expect("known");
+    let (b, second) = slots
+        .try_acquire_spelled(&resolver, "cm")
+        .expect("known alias");
+    assert_eq!(a, b);
+    assert_eq!((first, second), (Acquire::Acquired, Acquire::Merged));
+    assert!(slots.try_acquire_spelled(&resolver, "nobody").is_err());
+    assert_eq!(slots.release(&a), Release::LookAgain);
+}
+
+#[test]
+fn an_error_mid_pass_hands_back_every_unfinished_unit_in_enqueue_order() {
+    let mut w = World::new(Config {
+        pass_attempts: 1,
+        ..transcript_config()
+    });
+    let a1 = w.enqueue(&["a"], false)[0];
+    let _b1 = w.enqueue(&["b"], false)[0];
+    let _a2 = w.enqueue(&["a"], false)[0];
+    let _c1 = w.enqueue(&["c"], false)[0];
+    let _c2 = w.enqueue(&["c"], false)[0];
+    w.discover();
+    assert_eq!(
+        w.take(),
+        ["start u1 a #1", "start u2 b #1", "start u4 c #1"]
+    );
+    w.fail(a1, "a");
+    assert_eq!(
+        w.take(),
+        [
+            "attempt u1 a 1",
+            "backoff a until +30s level 1",
+            "hold u1 a Stalled",
+            "back u3"
+        ]
+    );
+    // The runtime hits an error: everything unfinished goes back, stalled and in flight too.
+    w.s.handle_interrupt(w.now);
+    w.settle();
+    assert_eq!(w.take(), ["back u1", "back u2", "back u4", "back u5"]);
+    assert_eq!(w.s.admitted(), 0);
+    assert_eq!(w.store.units.len(), 5, "nothing was lost");
+}
+
+#[test]
+fn a_joined_unit_stalled_on_a_keeps_bs_later_units_waiting_without_backoff_on_b() {
+    let mut w = World::new(Config {
+        pass_attempts: 2,
+        ..transcript_config()
+    });
+    let j = w.enqueue(&["a", "b"], true)[0];
+    let b2 = w.enqueue(&["b"], false)[0];
+    w.discover();
+    assert_eq!(w.take(), ["start u1 a #1", "start u1 b #1"]);
+    w.ok(j, "b");
+    w.fail(j, "a");
+    assert_eq!(w.take(), ["delivered u1 b", "attempt u1 a 1"]);
+    w.jump_to_next_timeout();
+    // Only a is retried.
+    assert_eq!(w.take(), ["start u1 a #2"]);
+    w.fail(j, "a");
+    assert_eq!(
+        w.take(),
+        [
+            "attempt u1 a 2",
+            "backoff a until +31s level 1",
+            "hold u1 a Stalled"
+        ]
+    );
+    // b2 waits behind j; b has no backoff.
+    assert!(w.s.is_done(w.now));
+    let b = w.lane("b");
+    assert_eq!(w.store.lane_info(b).not_before, None);
+    w.end_pass();
+    assert_eq!(w.take(), ["back u1", "back u2"]);
+
+    // Later: a is probed; only a, not b, gets j again; then b2 goes.
+    w.advance(secs(31));
+    w.discover();
+    assert_eq!(w.take(), ["start u1 a #3"]);
+    w.ok(j, "a");
+    assert_eq!(w.take(), ["delivered u1 a", "open a", "start u2 b #1"]);
+    w.ok(b2, "b");
+    assert_eq!(w.take(), ["delivered u2 b"]);
+    assert_eq!(w.store.delivered.iter().filter(|(u, _)| *u == j).count(), 2);
+}
+
+#[test]
+fn a_lane_in_backoff_is_probed_once_at_not_before_inside_a_busy_pass() {
+    let mut w = World::new(Config {
+        pass_attempts: 1,
+        ..transcript_config()
+    });
+    let a1 = w.enqueue(&["a"], false)[0];
+    w.enqueue(&["a"], false);
+    let mut busy: Vec<UnitId> = (0..80).map(|_| w.enqueue(&["b"], false)[0]).collect();
+    busy.reverse();
+    w.discover();
+    assert_eq!(w.take(), ["start u1 a #1", "start u3 b #1"]);
+    w.fail(a1, "a");
+    assert_eq!(
+        w.take(),
+        [
+            "attempt u1 a 1",
+            "backoff a until +30s level 1",
+            "hold u1 a Stalled",
+            "back u2"
+        ]
+    );
+    // Lane b keeps the pass busy: one delivery per second.
+    let mut probes = Vec::new();
+    for _ in 0..70 {
+        w.advance(secs(1));
+        let b = busy.pop().expect("enough b units");
+        w.ok(b, "b");
+        for line in w.take() {
+            if line.contains(" a ") || line.ends_with(" a") {
+                probes.push((w.now.saturating_duration_since(common::T0).as_secs(), line));
+            }
+        }
+        if w.now == common::T0 + secs(30) {
+            // The probe fails: the backoff doubles, the unit stays held.
+            w.fail(a1, "a");
+            for line in w.take() {
+                probes.push((30, line));
+            }
+        }
+    }
+    assert_eq!(
+        probes,
+        [
+            (30, "start u1 a #2".to_string()),
+            (30, "attempt u1 a 2".to_string()),
+            (30, "backoff a until +90s level 2".to_string()),
+            (30, "hold u1 a Stalled".to_string()),
+        ]
+    );
+}
+
+#[test]
+fn a_429_with_retry_after_moves_not_before_and_does_not_count() {
+    let mut w = World::new(Config {
+        max_attempts: 1,
+        ..transcript_config()
+    });
+    let a1 = w.enqueue(&["a"], false)[0];
+    w.discover();
+    assert_eq!(w.take(), ["start u1 a #1"]);
+    w.outcome(
+        a1,
+        "a",
+        Outcome::Throttled {
+            retry_after: Some(secs(10)),
+        },
+    );
+    assert_eq!(
+        w.take(),
+        ["attempt u1 a 0 uncounted", "backoff a until +10s level 0"]
+    );
+    w.advance(secs(9));
+    assert!(w.take().is_empty(), "not before its not_before");
+    w.advance(secs(1));
+    // max_attempts is 1, yet the unit is attempted again: the 429 did not count.
+    assert_eq!(w.take(), ["start u1 a #1"]);
+    w.ok(a1, "a");
+    assert_eq!(w.take(), ["delivered u1 a"]);
+}
+
+#[test]
+fn a_deep_lane_does_not_keep_the_lanes_behind_it_from_being_admitted() {
+    let mut w = World::new(Config {
+        max_units: 64,
+        max_per_lane: 8,
+        ..transcript_config()
+    });
+    let deep = w.lane("deep");
+    for _ in 0..100_000 {
+        w.store.enqueue(&[deep], false, 100, w.now);
+    }
+    let short = w.enqueue(&["short"], false)[0];
+    let short2 = w.enqueue(&["short"], false)[0];
+    w.discover();
+    assert_eq!(w.take(), ["start u1 deep #1", "start u100001 short #1"]);
+    assert!(
+        w.s.admitted() <= 8 + 2,
+        "the deep lane holds at most its per-lane share"
+    );
+    w.ok(short, "short");
+    assert_eq!(
+        w.take(),
+        ["delivered u100001 short", "start u100002 short #1"]
+    );
+    w.ok(short2, "short");
+    assert_eq!(w.take(), ["delivered u100002 short"]);
+}
+
+#[test]
+fn a_permanent_failure_is_dead_lettered_at_once_and_a_strict_lane_blocks_instead() {
+    let mut w = World::new(transcript_config());
+    let a1 = w.enqueue(&["a"], false)[0];
+    let a2 = w.enqueue(&["a"], false)[0];
+    w.discover();
+    w.outcome(a1, "a", Outcome::Permanent);
+    assert_eq!(
+        w.take(),
+        [
+            "start u1 a #1",
+            "attempt u1 a 1",
+            "dead u1 a permanent",
+            "start u2 a #1"
+        ]
+    );
+    w.ok(a2, "a");
+    w.take();
+
+    let mut w = World::new(transcript_config());
+    let s1 = w.enqueue(&["s"], false)[0];
+    w.enqueue(&["s"], false);
+    let s = w.lane("s");
+    w.store.lane_state.insert(
+        s,
+        outbox_lanes_core::LaneInfo {
+            strict: true,
+            ..Default::default()
+        },
+    );
+    w.discover();
+    w.outcome(s1, "s", Outcome::Permanent);
+    assert_eq!(
+        w.take(),
+        [
+            "start u1 s #1",
+            "attempt u1 s 1",
+            "hold u1 s Blocked",
+            "back u2"
+        ]
+    );
+    assert!(w.s.is_done(w.now));
+}
+
+#[test]
+fn gone_retires_the_lane_when_configured() {
+    let mut w = World::new(Config {
+        retire_on_gone: true,
+        ..transcript_config()
+    });
+    let g1 = w.enqueue(&["g"], false)[0];
+    w.enqueue(&["g"], false);
+    w.enqueue(&["g", "h"], true);
+    let h = w.enqueue(&["h"], false)[0];
+    w.discover();
+    w.outcome(g1, "g", Outcome::Gone);
+    // The joined unit u3 lost its g recipient and now only needs h.
+    assert_eq!(
+        w.take(),
+        [
+            "start u1 g #1",
+            "attempt u1 g 1",
+            "dead u1 g gone",
+            "retire g",
+            "start u3 h #1",
+        ]
+    );
+    w.ok(UnitId(3), "h");
+    assert_eq!(w.take(), ["delivered u3 h", "start u4 h #1"]);
+    w.ok(h, "h");
+    assert!(w.store.units.is_empty());
+}

@@ -1,0 +1,456 @@
+//! End-to-end: the blocking runtime on a real SQLite file, delivering over real HTTP to
+//! recorders on 127.0.0.1 that inject faults. Tests assert orders and relations, never
+//! durations.
+#![allow(missing_docs)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use outbox_lanes_blocking::{
+    DeadLettered, DrainOutcome, Hooks, Outbox, OutboxConfig, store::NewRow,
+};
+use outbox_lanes_core::DeadReason;
+use outbox_lanes_store::{SqliteOptions, SqliteStore, Store};
+use outbox_lanes_test_support::{Completion, Recipient, Reply, Response};
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    store: Arc<dyn Store>,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SqliteStore::open(dir.path().join("outbox.db"), SqliteOptions::default())
+        .expect("open sqlite");
+    Fixture {
+        _dir: dir,
+        store: Arc::new(store),
+    }
+}
+
+fn config() -> OutboxConfig {
+    let mut c = OutboxConfig::default().allow_loopback();
+    c.scheduler.retry_delays = vec![Duration::from_millis(20), Duration::from_millis(40)];
+    c.scheduler.lane_backoff_base = Duration::from_secs(60);
+    c.http.timeout = Duration::from_secs(2);
+    c.concurrency = 8;
+    c
+}
+
+fn row(id: &str, to: &[String]) -> NewRow {
+    NewRow {
+        id: id.to_string(),
+        body: format!("{{\"id\":\"{id}\"}}").into_bytes(),
+        content_type: "application/json".to_string(),
+        recipients: to.to_vec(),
+        dedup_key: None,
+        ordering_key: None,
+        joined: false,
+    }
+}
+
+fn bodies(r: &Recipient, path: &str) -> Vec<String> {
+    r.bodies(path)
+        .into_iter()
+        .map(|b| String::from_utf8(b).expect("utf-8"))
+        .collect()
+}
+
+fn ids(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{{\"id\":\"e{i}\"}}")).collect()
+}
+
+/// Each request to `path` arrived after the previous one was answered: one in flight.
+fn one_in_flight(r: &Recipient, path: &str) {
+    let reqs = r.requests(path);
+    for w in reqs.windows(2) {
+        match w[0].completion {
+            Completion::Answered { at, .. } | Completion::Unanswered { at, .. } => {
+                assert!(w[1].arrived_at >= at, "two requests in flight on {path}")
+            }
+            Completion::Pending => panic!("a request to {path} is still pending"),
+        }
+    }
+}
+
+#[test]
+fn ledger_fan_out_reaches_every_participant_in_order() {
+    let f = fixture();
+    let r = Recipient::start().expect("recipient");
+    r.set_default("/slow", Reply::Status(202).after(Duration::from_millis(20)));
+    let to = vec![r.url("/finder"), r.url("/vendor"), r.url("/slow")];
+    let outbox = Outbox::open(Arc::clone(&f.store), config()).expect("outbox");
+    for i in 0..30 {
+        outbox
+            .enqueue("case-manager", &[row(&format!("e{i}"), &to)])
+            .expect("enqueue");
+    }
+    let out = outbox.drain("case-manager").expect("drain");
+    assert!(
+        matches!(out, DrainOutcome::Ran(r) if r.delivered == 90),
+        "{out:?}"
+    );
+    for p in ["/finder", "/vendor", "/slow"] {
+        assert_eq!(bodies(&r, p), ids(30), "{p} got its entries in order, once");
+        one_in_flight(&r, p);
+    }
+    assert!(
+        f.store
+            .status()
+            .expect("status")
+            .iter()
+            .all(|s| s.pending == 0)
+    );
+}
+
+#[test]
+fn a_hanging_recipient_does_not_delay_the_others() {
+    let f = fixture();
+    let r = Recipient::start().expect("recipient");
+    r.set_default("/dead", Reply::Hang);
+    let to = vec![r.url("/a"), r.url("/b"), r.url("/dead")];
+    let outbox = Outbox::open(Arc::clone(&f.store), config()).expect("outbox");
+    for i in 0..10 {
+        outbox
+            .enqueue("actor", &[row(&format!("e{i}"), &to)])
+            .expect("enqueue");
+    }
+    let ob = outbox.clone();
+    let drain = std::thread::spawn(move || ob.drain("actor"));
+    // The healthy recipients get all ten entries while the first request to /dead is still
+    // unanswered.
+    assert!(r.wait_until(Duration::from_secs(20), |all| {
+        all.iter()
+            .filter(|q| q.path != "/dead" && q.completion.status().is_some())
+            .count()
+            == 20
+    }));
+    let dead = r.requests("/dead");
+    assert_eq!(dead.len(), 1);
+    assert!(
+        dead[0].completion.is_pending(),
+        "healthy lanes finished while /dead hung"
+    );
+    assert_eq!(bodies(&r, "/a"), ids(10));
+    assert_eq!(bodies(&r, "/b"), ids(10));
+    drain.join().expect("join").expect("drain");
+}
+
+#[test]
+fn a_flaky_recipient_gets_everything_in_order() {
+    let f = fixture();
+    let r = Recipient::start().expect("recipient");
+    r.script(
+        "/flaky",
+        [Reply::Status(503), Reply::Status(500), Reply::Status(503)],
+    );
+    let to = vec![r.url("/flaky")];
+    let outbox = Outbox::open(Arc::clone(&f.store), config()).expect("outbox");
+    for i in 0..5 {
+        outbox
+            .enqueue("actor", &[row(&format!("e{i}"), &to)])
+            .expect("enqueue");
+    }
+    outbox.drain("actor").expect("drain");
+    let got = bodies(&r, "/flaky");
+    // e0 four times (three failures, then 200), then the rest once each, in order.
+    let mut expected = vec![ids(1)[0].clone(); 4];
+    expected.extend(ids(5).into_iter().skip(1));
+    assert_eq!(got, expected);
+    one_in_flight(&r, "/flaky");
+}
+
+#[test]
+fn gone_and_permanent_answers_are_dead_lettered_with_their_status() {
+    let f = fixture();
+    let r = Recipient::start().expect("recipient");
+    r.set_default("/gone", Reply::Status(410));
+    r.script("/picky", [Reply::Status(422)]);
+    let to = vec![r.url("/gone"), r.url("/picky")];
+    let dead: Arc<Mutex<Vec<DeadLettered>>> = Arc::default();
+    let seen = Arc::clone(&dead);
+    let outbox = Outbox::builder(Arc::clone(&f.store), config())
+        .hooks(Hooks {
+            dead_lettered: Some(Box::new(move |d| {
+                seen.lock().expect("lock").push(d.clone());
+            })),
+            ..Hooks::default()
+        })
+        .open()
+        .expect("outbox");
+    outbox
+        .enqueue("actor", &[row("e0", &to), row("e1", &to)])
+        .expect("enqueue");
+    outbox.drain("actor").expect("drain");
+    let letters = outbox.dead_letters(Some("actor")).expect("dead letters");
+    let gone: Vec<_> = letters
+        .iter()
+        .filter(|d| d.key.recipient().ends_with("/gone"))
+        .collect();
+    assert_eq!(gone.len(), 2);
+    assert!(
+        gone.iter()
+            .all(|d| d.reason == DeadReason::Gone && d.last_status == Some(410))
+    );
+    let picky: Vec<_> = letters
+        .iter()
+        .filter(|d| d.key.recipient().ends_with("/picky"))
+        .collect();
+    assert_eq!(picky.len(), 1);
+    assert_eq!(
+        (picky[0].reason, picky[0].last_status),
+        (DeadReason::Permanent, Some(422))
+    );
+    // The lane moved on past its dead letter.
+    assert_eq!(bodies(&r, "/picky"), ids(2));
+    assert_eq!(dead.lock().expect("lock").len(), 3);
+}
+
+#[test]
+fn a_429_with_retry_after_sets_the_lanes_not_before() {
+    let f = fixture();
+    let r = Recipient::start().expect("recipient");
+    r.script(
+        "/busy",
+        [Reply::Response(
+            Response::new(429).with_header("Retry-After", "120"),
+        )],
+    );
+    let outbox = Outbox::open(Arc::clone(&f.store), config()).expect("outbox");
+    outbox
+        .enqueue("actor", &[row("e0", &[r.url("/busy")])])
+        .expect("enqueue");
+    let out = outbox.drain("actor").expect("drain");
+    assert!(matches!(out, DrainOutcome::Ran(rep) if rep.delivered == 0 && rep.handed_back == 1));
+    let lanes = outbox.lanes("actor").expect("lanes");
+    assert_eq!(lanes.len(), 1);
+    let nb = lanes[0].not_before.expect("not_before set by Retry-After");
+    let now = outbox_lanes_core::Timestamp::from_system_time(std::time::SystemTime::now());
+    assert!(
+        nb > now + Duration::from_secs(60),
+        "not_before is about two minutes out"
+    );
+    assert_eq!(lanes[0].last_status, Some(429));
+    // Nothing was dead-lettered and the unit is still pending.
+    assert!(outbox.dead_letters(None).expect("dl").is_empty());
+    assert_eq!(r.count("/busy"), 1, "not attempted again before not_before");
+}
+
+#[test]
+fn concurrent_drains_never_put_two_units_of_one_lane_in_flight() {
+    let f = fixture();
+    let r = Recipient::start().expect("recipient");
+    r.set_default("/p", Reply::Status(200).after(Duration::from_millis(5)));
+    let outbox = Outbox::open(Arc::clone(&f.store), config()).expect("outbox");
+    let to = vec![r.url("/p")];
+    let merged = Arc::new(AtomicUsize::new(0));
+    let producers: Vec<_> = (0..4)
+        .map(|t| {
+            let ob = outbox.clone();
+            let to = to.clone();
+            let merged = Arc::clone(&merged);
+            std::thread::spawn(move || {
+                for i in 0..10 {
+                    ob.enqueue("actor", &[row(&format!("t{t}-{i}"), &to)])
+                        .expect("enqueue");
+                    if ob.drain("actor").expect("drain") == DrainOutcome::Merged {
+                        merged.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for p in producers {
+        p.join().expect("join");
+    }
+    outbox.drain("actor").expect("final drain");
+    assert_eq!(r.count("/p"), 40);
+    one_in_flight(&r, "/p");
+    // Per producer, its rows arrived in the order it enqueued them.
+    let got = bodies(&r, "/p");
+    for t in 0..4 {
+        let mine: Vec<&String> = got
+            .iter()
+            .filter(|b| b.contains(&format!("t{t}-")))
+            .collect();
+        let want: Vec<String> = (0..10)
+            .map(|i| format!("{{\"id\":\"t{t}-{i}\"}}"))
+            .collect();
+        assert_eq!(mine, want.iter().collect::<Vec<_>>());
+    }
+}
+
+#[test]
+fn a_joined_row_waits_for_both_lanes() {
+    let f = fixture();
+    let r = Recipient::start().expect("recipient");
+    r.set_default("/a", Reply::Status(200).after(Duration::from_millis(30)));
+    let outbox = Outbox::open(Arc::clone(&f.store), config()).expect("outbox");
+    outbox
+        .enqueue("actor", &[row("a0", &[r.url("/a")])])
+        .expect("enqueue");
+    let mut joined = row("j", &[r.url("/a"), r.url("/b")]);
+    joined.joined = true;
+    outbox.enqueue("actor", &[joined]).expect("enqueue");
+    outbox
+        .enqueue("actor", &[row("b2", &[r.url("/b")])])
+        .expect("enqueue");
+    outbox.drain("actor").expect("drain");
+    let all = r.all_requests();
+    let pos = |path: &str, id: &str| {
+        all.iter()
+            .position(|q| q.path == path && q.body_text().is_some_and(|b| b.contains(id)))
+            .unwrap_or_else(|| panic!("{id} reached {path}"))
+    };
+    // j reached /b only after a0 was done at /a, and b2 only after j at /b.
+    let a0_done = match r.requests("/a")[0].completion {
+        Completion::Answered { at, .. } => at,
+        ref c => panic!("a0 not answered: {c:?}"),
+    };
+    assert!(all[pos("/b", "\"j\"")].arrived_at >= a0_done);
+    assert!(pos("/b", "\"j\"") < pos("/b", "b2"));
+    assert_eq!(bodies(&r, "/a").len(), 2);
+}
+
+#[test]
+fn a_private_destination_is_dead_lettered_unless_allowed() {
+    let f = fixture();
+    // A recorder on another loopback address: the default policy refuses loopback.
+    let r = Recipient::start_on("127.0.0.2:0".parse().expect("addr")).expect("recipient");
+    let mut cfg = config();
+    cfg.http.addresses = outbox_lanes_core::policy::AddressPolicy::default();
+    let outbox = Outbox::open(Arc::clone(&f.store), cfg).expect("outbox");
+    let url = r.url("/inbox");
+    let by_name = url.replace("127.0.0.2", "localhost");
+    outbox
+        .enqueue("actor", &[row("e0", &[url.clone(), by_name])])
+        .expect("enqueue");
+    outbox.drain("actor").expect("drain");
+    let letters = outbox.dead_letters(Some("actor")).expect("dead letters");
+    assert_eq!(letters.len(), 2);
+    assert!(
+        letters
+            .iter()
+            .all(|d| d.reason == DeadReason::DestinationRefused)
+    );
+    assert_eq!(r.count_all(), 0, "the refused destination saw nothing");
+}
+
+#[test]
+fn a_redirect_is_not_followed() {
+    let f = fixture();
+    let r = Recipient::start().expect("recipient");
+    r.set_default("/moved", Reply::Redirect(301, r.url("/elsewhere")));
+    let outbox = Outbox::open(Arc::clone(&f.store), config()).expect("outbox");
+    outbox
+        .enqueue("actor", &[row("e0", &[r.url("/moved")])])
+        .expect("enqueue");
+    outbox.drain("actor").expect("drain");
+    assert_eq!(r.count("/elsewhere"), 0);
+    let letters = outbox.dead_letters(None).expect("dl");
+    assert_eq!(letters.len(), 1);
+    assert_eq!(
+        (letters[0].reason, letters[0].last_status),
+        (DeadReason::Permanent, Some(301))
+    );
+}
+
+#[test]
+fn shutdown_during_a_pass_hands_everything_back_and_a_later_drain_delivers_in_order() {
+    let f = fixture();
+    let r = Recipient::start().expect("recipient");
+    r.set_default("/slow", Reply::Status(200).after(Duration::from_millis(50)));
+    let to = vec![r.url("/slow")];
+    let mut cfg = config();
+    cfg.shutdown_grace = Duration::from_secs(5);
+    let outbox = Outbox::open(Arc::clone(&f.store), cfg.clone()).expect("outbox");
+    for i in 0..40 {
+        outbox
+            .enqueue("actor", &[row(&format!("e{i}"), &to)])
+            .expect("enqueue");
+    }
+    let ob = outbox.clone();
+    let drain = std::thread::spawn(move || ob.drain("actor"));
+    assert!(r.wait_for("/slow", 3, Duration::from_secs(10)));
+    outbox.shutdown();
+    let out = drain.join().expect("join").expect("drain");
+    let first = r.count("/slow");
+    assert!(
+        matches!(out, DrainOutcome::Ran(rep) if rep.yielded),
+        "{out:?}"
+    );
+    assert!(first < 40, "shutdown stopped the pass early");
+    // A new outbox over the same database delivers the rest, in order, after the first ones.
+    let outbox = Outbox::open(Arc::clone(&f.store), cfg).expect("outbox");
+    outbox.drain("actor").expect("drain");
+    let got = bodies(&r, "/slow");
+    let mut dedup = got.clone();
+    dedup.dedup();
+    assert_eq!(
+        dedup,
+        ids(40),
+        "every entry in order (a resend only of the last one at most)"
+    );
+    one_in_flight(&r, "/slow");
+}
+
+#[test]
+fn a_cancelled_drain_hands_everything_back_and_releases_the_slot() {
+    let f = fixture();
+    let r = Recipient::start().expect("recipient");
+    r.set_default("/slow", Reply::Status(200).after(Duration::from_millis(50)));
+    let to = vec![r.url("/slow"), r.url("/other")];
+    let outbox = Outbox::open(Arc::clone(&f.store), config()).expect("outbox");
+    for i in 0..30 {
+        outbox
+            .enqueue("actor", &[row(&format!("e{i}"), &to)])
+            .expect("enqueue");
+    }
+    let control = Arc::new(outbox_lanes_blocking::DrainControl::default());
+    let (ob, c) = (outbox.clone(), Arc::clone(&control));
+    let drain = std::thread::spawn(move || ob.drain_with("actor", &c));
+    assert!(r.wait_for("/slow", 2, Duration::from_secs(10)));
+    control.cancel.store(true, Ordering::SeqCst);
+    let out = drain.join().expect("join");
+    assert!(
+        matches!(out, Err(outbox_lanes_blocking::OutboxError::Cancelled)),
+        "{out:?}"
+    );
+    // The slot is free at once (no lease to wait out): a new drain runs a pass and
+    // delivers the rest, each lane in order.
+    let again = outbox.drain("actor").expect("drain");
+    assert!(matches!(again, DrainOutcome::Ran(_)), "{again:?}");
+    for p in ["/slow", "/other"] {
+        let mut got = bodies(&r, p);
+        got.dedup();
+        assert_eq!(got, ids(30), "{p}: every entry, in order");
+    }
+}
+
+#[test]
+fn the_monitor_drains_on_enqueue_and_stops_cleanly() {
+    let f = fixture();
+    let r = Recipient::start().expect("recipient");
+    let outbox = Outbox::open(Arc::clone(&f.store), config()).expect("outbox");
+    let monitor = outbox.monitor().expect("monitor");
+    for i in 0..5 {
+        outbox
+            .enqueue("a1", &[row(&format!("e{i}"), &[r.url("/one")])])
+            .expect("enqueue");
+        outbox
+            .enqueue("a2", &[row(&format!("e{i}"), &[r.url("/two")])])
+            .expect("enqueue");
+    }
+    assert!(r.wait_for("/one", 5, Duration::from_secs(20)));
+    assert!(r.wait_for("/two", 5, Duration::from_secs(20)));
+    monitor.stop();
+    assert_eq!(bodies(&r, "/one"), ids(5));
+    assert_eq!(bodies(&r, "/two"), ids(5));
+    // The outbox stays usable after the monitor stopped.
+    outbox
+        .enqueue("a1", &[row("late", &[r.url("/one")])])
+        .expect("enqueue");
+    outbox.drain("a1").expect("drain");
+    assert_eq!(r.count("/one"), 6);
+}
