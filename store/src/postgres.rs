@@ -604,7 +604,9 @@ impl PgStore {
                 }
                 Err(e) if e.lost() || conn.client.is_closed() => {
                     self.discard(conn);
-                    if attempt < 2 && (!at_commit || idempotent) {
+                    let retry = attempt < 2 && (!at_commit || idempotent);
+                    tracing::warn!(target: "outbox_lanes::store", at_commit, idempotent, retry, "postgres connection lost; dropped the pool's idle connections");
+                    if retry {
                         continue;
                     }
                     return Err(e);
@@ -665,6 +667,7 @@ impl PgStore {
                 }
                 Err(e) if e.lost() || conn.client.is_closed() => {
                     self.discard(conn);
+                    tracing::warn!(target: "outbox_lanes::store", retry = attempt < 2, "postgres connection lost during a read; dropped the pool's idle connections");
                     if attempt < 2 {
                         continue;
                     }
@@ -709,7 +712,10 @@ fn fence(t: &mut impl Exec, token: &SlotToken, lock: bool) -> Result<(), StoreEr
     };
     match t.opt(sql, &[&token.actor().as_str(), &i(token.fencing())])? {
         Some(_) => Ok(()),
-        None => Err(StoreError::StaleToken),
+        None => {
+            tracing::debug!(target: "outbox_lanes::store", actor = token.actor().as_str(), fencing = token.fencing(), "stale drain-slot token refused");
+            Err(StoreError::StaleToken)
+        }
     }
 }
 
@@ -1891,10 +1897,12 @@ fn listen_loop(
                 }
             }
             if got {
+                tracing::trace!(target: "outbox_lanes::store", reason = "notify", "wake-up from another process");
                 notifier.notify();
             }
         }
         if failed || client.is_closed() {
+            tracing::warn!(target: "outbox_lanes::store", "LISTEN connection lost; reconnecting");
             loop {
                 if stop.load(Ordering::SeqCst) {
                     return;
@@ -1903,6 +1911,8 @@ fn listen_loop(
                 if let Ok(mut c) = config.connect(NoTls) {
                     if c.batch_execute(&format!("LISTEN {channel}")).is_ok() {
                         client = c;
+                        // Notifications sent while we were away are lost: wake everyone once.
+                        tracing::debug!(target: "outbox_lanes::store", reason = "listen_reconnected", "wake-up");
                         notifier.notify();
                         break;
                     }

@@ -520,6 +520,7 @@ fn fence(c: &Connection, t: &SlotToken) -> Result<(), StoreError> {
     if live {
         Ok(())
     } else {
+        tracing::debug!(target: "outbox_lanes::store", actor = t.actor().as_str(), fencing = t.fencing(), "stale drain-slot token refused");
         Err(StoreError::StaleToken)
     }
 }
@@ -1575,6 +1576,7 @@ fn watch_loop(conn: &Connection, stop: &AtomicBool, notifier: &Notifier, every: 
         let now = read();
         if now.is_some() && now != last {
             last = now;
+            tracing::trace!(target: "outbox_lanes::store", reason = "data_version", "wake-up from a commit on another connection");
             notifier.notify();
         }
     }
