@@ -227,7 +227,7 @@ pub trait Store: Send + Sync {
     /// Database failures.
     fn status(&self) -> Result<Vec<ActorStatus>, StoreError>;
 
-    /// The actor's lanes with pending units or a non-default state.
+    /// Every lane of the actor (lanes are never deleted), with its depth and state.
     ///
     /// # Errors
     /// Database failures.
