@@ -192,6 +192,8 @@ fn pg_err(e: &postgres::Error) -> StoreError {
         {
             StoreError::ConnectionLost(e.to_string())
         }
+        // Aborted by the server to break a deadlock or a serialization conflict: nothing was
+        // written and a retry can succeed.
         Some(c)
             if *c == SqlState::T_R_SERIALIZATION_FAILURE
                 || *c == SqlState::T_R_DEADLOCK_DETECTED
@@ -1436,9 +1438,13 @@ impl Store for PgStore {
         token: &SlotToken,
         attempts: &[AttemptRecord],
     ) -> Result<(), StoreError> {
+        // Rows locked in (lane, unit) order, so two writers of overlapping lanes cannot
+        // deadlock each other (a deadlock the server breaks surfaces as StoreError::Busy).
+        let mut sorted: Vec<&AttemptRecord> = attempts.iter().collect();
+        sorted.sort_by_key(|a| (a.lane, a.unit));
         self.fenced(token, true, |t| {
             let actor = token.actor().as_str();
-            for a in attempts {
+            for a in &sorted {
                 let status = a.status.map(i64::from);
                 let n = t.x(
                     "UPDATE ol_deliveries SET attempts = $3, last_status = $4, last_error = $5, \
