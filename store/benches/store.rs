@@ -2,11 +2,14 @@
 //! claim+ack cost per unit, compared in the same run with a bare `INSERT` + `DELETE` of the
 //! same rows on the same database (the floor of any durable queue).
 //!
+//! The outbox and the bare table are measured in alternating steps (one enqueue, one bare
+//! insert; one claim+ack round, one bare delete batch…), so a disk that slows down or speeds
+//! up during the run (a shared machine) weighs on both sides alike.
+//!
 //! Run: `cargo bench -p outbox-lanes-store --all-features --bench store`
 //! (set `OUTBOX_LANES_TEST_PG` to include Postgres). It prints figures; it asserts nothing.
-#![allow(missing_docs, clippy::std_instead_of_core, clippy::unwrap_used)]
+#![allow(missing_docs, clippy::unwrap_used)]
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_lanes_core::{ActorId, Seq};
@@ -30,134 +33,200 @@ fn rows(prefix: &str, n: usize, start: usize) -> Vec<NewRow> {
         .collect()
 }
 
-fn per_sec(n: usize, d: Duration) -> f64 {
-    n as f64 / d.as_secs_f64()
+/// The floor: a plain table with the same rows, inserted and deleted in the same batches.
+trait Bare {
+    fn insert(&mut self, rows: &[NewRow]);
+    /// Deletes up to `n` rows from the head; returns how many.
+    fn delete_head(&mut self, n: usize) -> usize;
+}
+
+#[derive(Default)]
+struct Times {
+    enqueue_single: Duration,
+    bare_single: Duration,
+    enqueue_batched: Duration,
+    bare_insert: Duration,
+    claim_ack: Duration,
+    bare_delete: Duration,
+}
+
+fn measure(store: &dyn Store, bare: &mut dyn Bare, tag: &str) -> Times {
+    let a = ActorId::new(format!("bench-{tag}"));
+    let mut t = Times::default();
+    for (k, row) in rows("single", SINGLE, 0).into_iter().enumerate() {
+        let t0 = Instant::now();
+        store.enqueue(&a, std::slice::from_ref(&row)).unwrap();
+        t.enqueue_single += t0.elapsed();
+        let bare_row = NewRow {
+            id: format!("bare-single-{k}"),
+            ..row
+        };
+        let t0 = Instant::now();
+        bare.insert(std::slice::from_ref(&bare_row));
+        t.bare_single += t0.elapsed();
+    }
+    // Empty both, untimed, so the measured drain sees exactly BATCHED units.
+    let slot = acquire(store, &a);
+    while claim_ack_round(store, &slot) > 0 {}
+    while bare.delete_head(BATCH) > 0 {}
+
+    for k in (0..BATCHED).step_by(BATCH) {
+        let batch = rows("batched", BATCH, k);
+        let t0 = Instant::now();
+        store.enqueue(&a, &batch).unwrap();
+        t.enqueue_batched += t0.elapsed();
+        let batch = rows("bare", BATCH, k);
+        let t0 = Instant::now();
+        bare.insert(&batch);
+        t.bare_insert += t0.elapsed();
+    }
+    let (mut acked, mut deleted) = (0, 0);
+    loop {
+        let t0 = Instant::now();
+        let n = claim_ack_round(store, &slot);
+        t.claim_ack += t0.elapsed();
+        let t0 = Instant::now();
+        let m = bare.delete_head(BATCH);
+        t.bare_delete += t0.elapsed();
+        acked += n;
+        deleted += m;
+        if n == 0 && m == 0 {
+            break;
+        }
+    }
+    assert_eq!((acked, deleted), (BATCHED, BATCHED));
+    let _ = store.release_slot(&slot).unwrap();
+    t
+}
+
+fn acquire(store: &dyn Store, a: &ActorId) -> SlotToken {
+    match store
+        .acquire_slot(a, "bench", Duration::from_secs(3600))
+        .unwrap()
+    {
+        Acquire::Acquired(t) => t,
+        Acquire::Held => panic!("slot held"),
+    }
+}
+
+/// One round of a pass: the lanes with work, BATCH/LANES units at the head of each, acked in
+/// one transaction (as the group-committing AckWriter does). Returns the units acked.
+fn claim_ack_round(store: &dyn Store, slot: &SlotToken) -> usize {
+    let (lanes, _) = store.lanes_with_work(slot, 0).unwrap();
+    if lanes.is_empty() {
+        return 0;
+    }
+    let claims: Vec<LaneClaim> = lanes
+        .iter()
+        .map(|l| LaneClaim {
+            lane: l.lane,
+            from: Seq(0),
+            limit: (BATCH / LANES) as u32,
+        })
+        .collect();
+    let acks: Vec<_> = store
+        .claim(slot, &claims)
+        .unwrap()
+        .iter()
+        .flat_map(|lane| lane.units.iter().map(move |u| (u.id, lane.lane)))
+        .collect();
+    if !acks.is_empty() {
+        store.ack(slot, &acks).unwrap();
+    }
+    acks.len()
 }
 
 fn us_per(n: usize, d: Duration) -> f64 {
     d.as_secs_f64() * 1e6 / n as f64
 }
 
-struct Figures {
-    enqueue_single: f64,
-    enqueue_batched: f64,
-    enqueue_us: f64,
-    claim_ack_us: f64,
-    bare_insert_us: f64,
-    bare_delete_us: f64,
+fn per_sec(n: usize, d: Duration) -> f64 {
+    n as f64 / d.as_secs_f64()
 }
 
-fn outbox(store: &dyn Store, tag: &str) -> Figures {
-    let a = ActorId::new(format!("bench-{tag}"));
-    let t0 = Instant::now();
-    for row in rows("single", SINGLE, 0) {
-        store.enqueue(&a, std::slice::from_ref(&row)).unwrap();
-    }
-    let single = t0.elapsed();
-
-    // Drain the singles so the measured drain below sees exactly BATCHED units.
-    drain(store, &a);
-
-    let t0 = Instant::now();
-    for k in (0..BATCHED).step_by(BATCH) {
-        store.enqueue(&a, &rows("batched", BATCH, k)).unwrap();
-    }
-    let batched = t0.elapsed();
-
-    let t0 = Instant::now();
-    let n = drain(store, &a);
-    let claim_ack = t0.elapsed();
-    assert_eq!(n, BATCHED);
-    Figures {
-        enqueue_single: per_sec(SINGLE, single),
-        enqueue_batched: per_sec(BATCHED, batched),
-        enqueue_us: us_per(BATCHED, batched),
-        claim_ack_us: us_per(BATCHED, claim_ack),
-        bare_insert_us: 0.0,
-        bare_delete_us: 0.0,
-    }
-}
-
-/// One pass: claim up to BATCH units at the head of each lane, ack them (one transaction per
-/// claimed lane batch), until nothing is left. Returns the units acked.
-fn drain(store: &dyn Store, a: &ActorId) -> usize {
-    let t = match store
-        .acquire_slot(a, "bench", Duration::from_secs(600))
-        .unwrap()
-    {
-        Acquire::Acquired(t) => t,
-        Acquire::Held => panic!("slot held"),
-    };
-    let mut acked = 0;
-    loop {
-        let (lanes, _) = store.lanes_with_work(&t, 0).unwrap();
-        if lanes.is_empty() {
-            break;
-        }
-        let claims: Vec<LaneClaim> = lanes
-            .iter()
-            .map(|l| LaneClaim {
-                lane: l.lane,
-                from: Seq(0),
-                limit: BATCH as u32,
-            })
-            .collect();
-        for lane in store.claim(&t, &claims).unwrap() {
-            let acks: Vec<_> = lane.units.iter().map(|u| (u.id, lane.lane)).collect();
-            acked += acks.len();
-            if !acks.is_empty() {
-                store.ack(&t, &acks).unwrap();
-            }
-        }
-    }
-    let _ = store.release_slot(&t).unwrap();
-    acked
-}
-
-fn report(name: &str, f: &Figures) {
-    let bare = f.bare_insert_us + f.bare_delete_us;
+fn report(name: &str, t: &Times) {
+    let enq = us_per(BATCHED, t.enqueue_batched);
+    let ca = us_per(BATCHED, t.claim_ack);
+    let bi = us_per(BATCHED, t.bare_insert);
+    let bd = us_per(BATCHED, t.bare_delete);
     println!("{name}:");
     println!(
-        "  enqueue, 1 row per transaction:    {:>10.0} rows/s",
-        f.enqueue_single
+        "  1 row per transaction:    enqueue {:>7.0} rows/s   bare INSERT {:>7.0} rows/s   ({:.2}x the time)",
+        per_sec(SINGLE, t.enqueue_single),
+        per_sec(SINGLE, t.bare_single),
+        t.enqueue_single.as_secs_f64() / t.bare_single.as_secs_f64()
     );
     println!(
-        "  enqueue, {BATCH} rows per transaction:  {:>10.0} rows/s",
-        f.enqueue_batched
+        "  {BATCH} rows per transaction:  enqueue {:>7.0} rows/s   bare INSERT {:>7.0} rows/s",
+        per_sec(BATCHED, t.enqueue_batched),
+        per_sec(BATCHED, t.bare_insert)
     );
     println!(
-        "  per unit: enqueue {:.1} us + claim+ack {:.1} us = {:.1} us",
-        f.enqueue_us,
-        f.claim_ack_us,
-        f.enqueue_us + f.claim_ack_us
+        "  per unit ({BATCH} per transaction): enqueue {enq:.1} us + claim+ack {ca:.1} us = {:.1} us;  bare INSERT {bi:.1} us + DELETE {bd:.1} us = {:.1} us",
+        enq + ca,
+        bi + bd
     );
     println!(
-        "  bare INSERT {:.1} us + DELETE {:.1} us = {:.1} us per row ({BATCH} per transaction)",
-        f.bare_insert_us, f.bare_delete_us, bare
+        "  claim+ack vs bare DELETE: {:.2}x;  enqueue+claim+ack vs bare INSERT+DELETE: {:.2}x",
+        ca / bd,
+        (enq + ca) / (bi + bd)
     );
-    println!(
-        "  claim+ack vs bare DELETE: {:.2}x; enqueue+claim+ack vs bare INSERT+DELETE: {:.2}x",
-        f.claim_ack_us / f.bare_delete_us,
-        (f.enqueue_us + f.claim_ack_us) / bare
-    );
+}
+
+struct SqliteBare(outbox_lanes_store::sqlite::rusqlite::Connection);
+
+impl Bare for SqliteBare {
+    fn insert(&mut self, rows: &[NewRow]) {
+        let tx = self.0.transaction().unwrap();
+        {
+            let mut st = tx
+                .prepare_cached("INSERT INTO bare (actor, row_id, body) VALUES (?1, ?2, ?3)")
+                .unwrap();
+            for r in rows {
+                st.execute(outbox_lanes_store::sqlite::rusqlite::params![
+                    "bench", r.id, r.body
+                ])
+                .unwrap();
+            }
+        }
+        tx.commit().unwrap();
+    }
+
+    fn delete_head(&mut self, n: usize) -> usize {
+        let tx = self.0.transaction().unwrap();
+        let ids: Vec<i64> = {
+            let mut st = tx
+                .prepare_cached("SELECT id FROM bare ORDER BY id LIMIT ?1")
+                .unwrap();
+            st.query_map([n as i64], |r| r.get(0))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect()
+        };
+        {
+            let mut st = tx.prepare_cached("DELETE FROM bare WHERE id = ?1").unwrap();
+            for id in &ids {
+                st.execute([id]).unwrap();
+            }
+        }
+        tx.commit().unwrap();
+        ids.len()
+    }
 }
 
 fn sqlite(synchronous: Synchronous) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bench.db");
-    let store: Arc<dyn Store> = Arc::new(
-        SqliteStore::open(
-            &path,
-            SqliteOptions {
-                synchronous,
-                ..SqliteOptions::default()
-            },
-        )
-        .unwrap(),
-    );
-    let mut f = outbox(&*store, "sqlite");
-    // The floor on the same file with the same pragmas: a plain table, same rows, same batches.
-    let mut c = outbox_lanes_store::sqlite::rusqlite::Connection::open(&path).unwrap();
+    let store = SqliteStore::open(
+        &path,
+        SqliteOptions {
+            synchronous,
+            ..SqliteOptions::default()
+        },
+    )
+    .unwrap();
+    // The same file, the same pragmas.
+    let c = outbox_lanes_store::sqlite::rusqlite::Connection::open(&path).unwrap();
     c.pragma_update(
         None,
         "synchronous",
@@ -168,111 +237,94 @@ fn sqlite(synchronous: Synchronous) {
         },
     )
     .unwrap();
-    c.execute_batch("CREATE TABLE bare (id INTEGER PRIMARY KEY, actor TEXT NOT NULL, row_id TEXT NOT NULL, body BLOB NOT NULL)")
-        .unwrap();
-    let all = rows("bare", BATCHED, 0);
-    let t0 = Instant::now();
-    for chunk in all.chunks(BATCH) {
-        let tx = c.transaction().unwrap();
-        {
-            let mut st = tx
-                .prepare_cached("INSERT INTO bare (actor, row_id, body) VALUES (?1, ?2, ?3)")
-                .unwrap();
-            for r in chunk {
-                st.execute(outbox_lanes_store::sqlite::rusqlite::params![
-                    "bench", r.id, r.body
-                ])
-                .unwrap();
-            }
-        }
+    c.execute_batch(
+        "CREATE TABLE bare (id INTEGER PRIMARY KEY, actor TEXT NOT NULL, row_id TEXT NOT NULL, body BLOB NOT NULL)",
+    )
+    .unwrap();
+    let mut bare = SqliteBare(c);
+    let t = measure(&store, &mut bare, "sqlite");
+    report(&format!("SQLite file, synchronous={synchronous:?}"), &t);
+}
+
+#[cfg(feature = "postgres")]
+struct PgBare {
+    client: ::postgres::Client,
+    ins: ::postgres::Statement,
+    sel: ::postgres::Statement,
+    del: ::postgres::Statement,
+}
+
+#[cfg(feature = "postgres")]
+impl Bare for PgBare {
+    fn insert(&mut self, rows: &[NewRow]) {
+        let ids: Vec<&str> = rows.iter().map(|r| r.id.as_str()).collect();
+        let bodies: Vec<&[u8]> = rows.iter().map(|r| r.body.as_slice()).collect();
+        let mut tx = self.client.transaction().unwrap();
+        tx.execute(&self.ins, &[&ids, &bodies]).unwrap();
         tx.commit().unwrap();
     }
-    f.bare_insert_us = us_per(BATCHED, t0.elapsed());
-    let t0 = Instant::now();
-    loop {
-        let tx = c.transaction().unwrap();
-        let ids: Vec<i64> = {
-            let mut st = tx
-                .prepare_cached("SELECT id FROM bare ORDER BY id LIMIT ?1")
-                .unwrap();
-            st.query_map([BATCH as i64], |r| r.get(0))
-                .unwrap()
-                .map(Result::unwrap)
-                .collect()
-        };
-        if ids.is_empty() {
-            break;
-        }
-        {
-            let mut st = tx.prepare_cached("DELETE FROM bare WHERE id = ?1").unwrap();
-            for id in ids {
-                st.execute([id]).unwrap();
-            }
+
+    fn delete_head(&mut self, n: usize) -> usize {
+        let mut tx = self.client.transaction().unwrap();
+        let ids: Vec<i64> = tx
+            .query(&self.sel, &[&(n as i64)])
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        if !ids.is_empty() {
+            tx.execute(&self.del, &[&ids]).unwrap();
         }
         tx.commit().unwrap();
+        ids.len()
     }
-    f.bare_delete_us = us_per(BATCHED, t0.elapsed());
-    report(&format!("SQLite file, synchronous={synchronous:?}"), &f);
 }
 
 #[cfg(feature = "postgres")]
 fn postgres(url: &str) {
     let schema = format!("ol_bench_{}", std::process::id());
-    let store: Arc<dyn Store> = Arc::new(
-        PgStore::connect(
-            url,
-            PgOptions {
-                schema: schema.clone(),
-                ..PgOptions::default()
-            },
-        )
-        .unwrap(),
-    );
-    let mut f = outbox(&*store, "pg");
-    let mut c = ::postgres::Client::connect(url, ::postgres::NoTls).unwrap();
-    c.batch_execute(&format!(
-        "SET search_path TO {schema}; CREATE TABLE bare (id BIGSERIAL PRIMARY KEY, actor TEXT NOT NULL, row_id TEXT NOT NULL, body BYTEA NOT NULL)"
-    ))
+    let store = PgStore::connect(
+        url,
+        PgOptions {
+            schema: schema.clone(),
+            ..PgOptions::default()
+        },
+    )
     .unwrap();
-    let all = rows("bare", BATCHED, 0);
-    let ins = c.prepare("INSERT INTO bare (actor, row_id, body) SELECT 'bench', * FROM unnest($1::text[], $2::bytea[])").unwrap();
-    let t0 = Instant::now();
-    for chunk in all.chunks(BATCH) {
-        let ids: Vec<&str> = chunk.iter().map(|r| r.id.as_str()).collect();
-        let bodies: Vec<&[u8]> = chunk.iter().map(|r| r.body.as_slice()).collect();
-        let mut tx = c.transaction().unwrap();
-        tx.execute(&ins, &[&ids, &bodies]).unwrap();
-        tx.commit().unwrap();
-    }
-    f.bare_insert_us = us_per(BATCHED, t0.elapsed());
-    let sel = c
+    let mut client = ::postgres::Client::connect(url, ::postgres::NoTls).unwrap();
+    client
+        .batch_execute(&format!(
+            "SET search_path TO {schema}; CREATE TABLE bare (id BIGSERIAL PRIMARY KEY, actor TEXT NOT NULL, \
+             row_id TEXT NOT NULL, body BYTEA NOT NULL)"
+        ))
+        .unwrap();
+    let ins = client
+        .prepare("INSERT INTO bare (actor, row_id, body) SELECT 'bench', * FROM unnest($1::text[], $2::bytea[])")
+        .unwrap();
+    let sel = client
         .prepare("SELECT id FROM bare ORDER BY id LIMIT $1")
         .unwrap();
-    let del = c.prepare("DELETE FROM bare WHERE id = ANY($1)").unwrap();
-    let t0 = Instant::now();
-    loop {
-        let mut tx = c.transaction().unwrap();
-        let ids: Vec<i64> = tx
-            .query(&sel, &[&(BATCH as i64)])
-            .unwrap()
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        if ids.is_empty() {
-            break;
-        }
-        tx.execute(&del, &[&ids]).unwrap();
-        tx.commit().unwrap();
-    }
-    f.bare_delete_us = us_per(BATCHED, t0.elapsed());
-    report("Postgres (127.0.0.1)", &f);
+    let del = client
+        .prepare("DELETE FROM bare WHERE id = ANY($1)")
+        .unwrap();
+    let mut bare = PgBare {
+        client,
+        ins,
+        sel,
+        del,
+    };
+    let t = measure(&store, &mut bare, "pg");
+    report("Postgres (127.0.0.1)", &t);
     drop(store);
-    let _ = c.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"));
+    let _ = bare
+        .client
+        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"));
 }
 
 fn main() {
     println!(
-        "outbox-lanes-store bench: {SINGLE} single-row enqueues, {BATCHED} units ({BATCH} per transaction, {LANES} lanes, {BODY}-byte payloads)"
+        "outbox-lanes-store bench: {SINGLE} single-row enqueues, {BATCHED} units ({BATCH} per transaction, \
+         {LANES} lanes, {BODY}-byte payloads), outbox and bare table measured in alternating steps"
     );
     sqlite(Synchronous::Full);
     sqlite(Synchronous::Normal);

@@ -166,7 +166,16 @@ fn commit(
         groups.entry(t).or_default().push((u, l));
     }
     for (token, items) in groups {
-        if let Err(e) = store.ack(&token, &items) {
+        // A busy database (a lock held past the busy timeout, a deadlock the server broke)
+        // wrote nothing: retrying is safe, and an ack is idempotent anyway.
+        let mut result = store.ack(&token, &items);
+        for _ in 0..3 {
+            if result != Err(StoreError::Busy) {
+                break;
+            }
+            result = store.ack(&token, &items);
+        }
+        if let Err(e) = result {
             first_error.get_or_insert(e);
         }
     }

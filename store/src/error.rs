@@ -11,8 +11,9 @@ pub enum StoreError {
     /// The drain slot token is not the current one, or its lease expired (OL-12). Nothing was
     /// written; the pass must stop.
     StaleToken,
-    /// The database stayed locked by another connection past the busy timeout. Nothing was
-    /// written; the operation can be retried.
+    /// The database stayed locked by another connection past the busy timeout (SQLite), or the
+    /// server aborted the transaction to break a deadlock or serialization conflict (Postgres).
+    /// Nothing was written; the operation can be retried.
     Busy,
     /// The named thing does not exist (a unit whose payload was asked for, a lane).
     NotFound {

@@ -3,6 +3,8 @@
 //!
 //! # How a pass uses the store
 //!
+//! 0. The monitor finds work with [`Store::actors_with_work`] (or takes the slots of free
+//!    actors with work at once with [`Store::acquire_ready`]), woken by [`Store::watch`].
 //! 1. [`Store::acquire_slot`] takes the actor's drain slot (OL-12). Nothing is written per
 //!    unit at claim time: the slot's lease *is* the lease of every unit the pass reads. A
 //!    crash lets the lease expire, and the next holder reads every lane from its head again
@@ -31,6 +33,9 @@
 //!
 //! The schema is documented in `SCHEMA.md` next to this crate's manifest, with the plain SQL
 //! a service on another SQL library uses to enqueue (OL-15).
+
+// Without a backend only the shared types remain; their helpers are then unused.
+#![cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 
 pub mod ack;
 mod error;
@@ -222,7 +227,7 @@ pub trait Store: Send + Sync {
     /// Database failures.
     fn status(&self) -> Result<Vec<ActorStatus>, StoreError>;
 
-    /// The actor's lanes with pending units or a non-default state.
+    /// Every lane of the actor (lanes are never deleted), with its depth and state.
     ///
     /// # Errors
     /// Database failures.

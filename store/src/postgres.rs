@@ -192,6 +192,8 @@ fn pg_err(e: &postgres::Error) -> StoreError {
         {
             StoreError::ConnectionLost(e.to_string())
         }
+        // Aborted by the server to break a deadlock or a serialization conflict: nothing was
+        // written and a retry can succeed.
         Some(c)
             if *c == SqlState::T_R_SERIALIZATION_FAILURE
                 || *c == SqlState::T_R_DEADLOCK_DETECTED
@@ -235,11 +237,13 @@ trait Exec {
     fn opt(&mut self, sql: &str, p: &[P<'_>]) -> Result<Option<Row>, postgres::Error> {
         Ok(self.q(sql, p)?.into_iter().next())
     }
-    fn one(&mut self, sql: &str, p: &[P<'_>]) -> Result<Row, postgres::Error> {
-        let mut rows = self.q(sql, p)?;
-        // Every caller's SQL returns exactly one row (an aggregate, or RETURNING of a row
-        // the same transaction just wrote or locked).
-        Ok(rows.swap_remove(0))
+    fn one(&mut self, sql: &str, p: &[P<'_>]) -> Result<Row, StoreError> {
+        // Every caller's SQL returns one row (an aggregate, or RETURNING of a row the same
+        // transaction just wrote or locked); none means the tables were edited by hand.
+        self.q(sql, p)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| StoreError::Database(format!("no row returned by: {sql}")))
     }
 }
 
@@ -276,6 +280,37 @@ impl Exec for Tx<'_> {
     fn x(&mut self, sql: &str, p: &[P<'_>]) -> Result<u64, postgres::Error> {
         let st = self.st(sql)?;
         self.tx.execute(&st, p)
+    }
+}
+
+/// A connection used outside a transaction (reads), with its statement cache.
+struct Cn<'a> {
+    client: &'a mut Client,
+    cache: &'a mut HashMap<String, Statement>,
+}
+
+impl Exec for Cn<'_> {
+    fn q(&mut self, sql: &str, p: &[P<'_>]) -> Result<Vec<Row>, postgres::Error> {
+        let st = match self.cache.get(sql) {
+            Some(s) => s.clone(),
+            None => {
+                let s = self.client.prepare(sql)?;
+                self.cache.insert(sql.to_string(), s.clone());
+                s
+            }
+        };
+        self.client.query(&st, p)
+    }
+    fn x(&mut self, sql: &str, p: &[P<'_>]) -> Result<u64, postgres::Error> {
+        let st = match self.cache.get(sql) {
+            Some(s) => s.clone(),
+            None => {
+                let s = self.client.prepare(sql)?;
+                self.cache.insert(sql.to_string(), s.clone());
+                s
+            }
+        };
+        self.client.execute(&st, p)
     }
 }
 
@@ -432,10 +467,10 @@ impl PgStore {
         }
         // Queue tables churn faster than their statistics follow: a plan made while a table
         // looked empty would scan it whole once it is deep. Every statement of the store has an
-        // index path, so its own connections never plan a sequential scan of them, and plan
-        // each execution with the actual parameters (claims must cost what they return).
+        // ordered index path, so its own connections plan no sequential or bitmap scans (claims
+        // must cost what they return, never a lane's depth, whatever the statistics say).
         client.batch_execute(&format!(
-            "SET search_path TO {}; SET plan_cache_mode = force_custom_plan; SET enable_seqscan = off",
+            "SET search_path TO {}; SET enable_seqscan = off; SET enable_bitmapscan = off",
             self.opts.schema
         ))?;
         Ok(Conn {
@@ -571,7 +606,9 @@ impl PgStore {
                 }
                 Err(e) if e.lost() || conn.client.is_closed() => {
                     self.discard(conn);
-                    if attempt < 2 && (!at_commit || idempotent) {
+                    let retry = attempt < 2 && (!at_commit || idempotent);
+                    tracing::warn!(target: "outbox_lanes::store", at_commit, idempotent, retry, "postgres connection lost; dropped the pool's idle connections");
+                    if retry {
                         continue;
                     }
                     return Err(e);
@@ -611,6 +648,41 @@ impl PgStore {
         &self.opts
     }
 
+    /// Runs read-only statements outside a transaction (no BEGIN/COMMIT round trips); a
+    /// read is always safe to retry once on a fresh connection.
+    fn read<T>(
+        &self,
+        mut f: impl FnMut(&mut Cn<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let mut conn = self.checkout()?;
+            let res = {
+                let Conn { client, cache } = &mut conn;
+                f(&mut Cn { client, cache })
+            };
+            match res {
+                Ok(v) => {
+                    self.checkin(conn);
+                    return Ok(v);
+                }
+                Err(e) if e.lost() || conn.client.is_closed() => {
+                    self.discard(conn);
+                    tracing::warn!(target: "outbox_lanes::store", retry = attempt < 2, "postgres connection lost during a read; dropped the pool's idle connections");
+                    if attempt < 2 {
+                        continue;
+                    }
+                    return Err(e);
+                }
+                Err(e) => {
+                    self.checkin(conn);
+                    return Err(e);
+                }
+            }
+        }
+    }
+
     fn tx<T>(
         &self,
         idempotent: bool,
@@ -642,11 +714,14 @@ fn fence(t: &mut impl Exec, token: &SlotToken, lock: bool) -> Result<(), StoreEr
     };
     match t.opt(sql, &[&token.actor().as_str(), &i(token.fencing())])? {
         Some(_) => Ok(()),
-        None => Err(StoreError::StaleToken),
+        None => {
+            tracing::debug!(target: "outbox_lanes::store", actor = token.actor().as_str(), fencing = token.fencing(), "stale drain-slot token refused");
+            Err(StoreError::StaleToken)
+        }
     }
 }
 
-fn alloc_seqs(t: &mut impl Exec, actor: &str, n: i64) -> Result<i64, postgres::Error> {
+fn alloc_seqs(t: &mut impl Exec, actor: &str, n: i64) -> Result<i64, StoreError> {
     // The row lock taken here is held to commit: enqueues of one actor commit in seq order,
     // so a pass never sees seq n+1 before seq n.
     let last: i64 = t
@@ -676,23 +751,10 @@ fn enqueue_tx(
     // First: the actor row lock serialises this actor's enqueues (seq order = commit order).
     let first = alloc_seqs(t, a, n)?;
 
+    // Everything the plan needs, in one round trip: ids already taken, the batch's known
+    // lanes, what is pending for its dedup keys, and enough row and unit ids (an upper bound:
+    // a refused batch or skipped recipients only leave gaps in the sequences).
     let ids: Vec<&str> = rows.iter().map(|p| p.row.id.as_str()).collect();
-    let taken: HashSet<String> = t
-        .q(
-            "SELECT r.row_id FROM unnest($2::text[]) AS k(row_id) JOIN ol_rows r ON r.actor = $1 AND r.row_id = k.row_id",
-            &[&a, &ids],
-        )?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    if let Some(p) = rows.iter().find(|p| taken.contains(&p.row.id)) {
-        return Err(EnqueueError::DuplicateRowId {
-            row: p.row.id.clone(),
-        });
-    }
-
-    // Lanes: look up the batch's distinct keys, create the missing ones.
-    let mut lane_ids: HashMap<(String, String), i64> = HashMap::new();
     let mut recs: Vec<&str> = Vec::new();
     let mut oks: Vec<&str> = Vec::new();
     {
@@ -707,14 +769,68 @@ fn enqueue_tx(
             }
         }
     }
-    for r in t.q(
-        "SELECT l.id, l.recipient, l.ordering_key FROM ol_lanes l \
-         JOIN unnest($2::text[], $3::text[]) AS k(recipient, ordering_key) \
-         ON l.recipient = k.recipient AND l.ordering_key = k.ordering_key WHERE l.actor = $1",
-        &[&a, &recs, &oks],
-    )? {
-        lane_ids.insert((r.get(1), r.get(2)), r.get(0));
+    let dks: Vec<&str> = rows
+        .iter()
+        .filter_map(|p| p.row.dedup_key.as_deref())
+        .collect();
+    let max_units: i64 = rows
+        .iter()
+        .map(|p| {
+            if p.row.joined {
+                1
+            } else {
+                i64::try_from(p.lanes.len()).unwrap_or(i64::MAX)
+            }
+        })
+        .sum();
+    let plan_row = t.one(
+        "SELECT dup.v, ln.ids, ln.recs, ln.oks, pend.dks, pend.recs, idr.v, idu.v FROM \
+         (SELECT array_agg(r.row_id) AS v FROM unnest($2::text[]) AS k(row_id) \
+            JOIN ol_rows r ON r.actor = $1 AND r.row_id = k.row_id) dup, \
+         (SELECT array_agg(l.id) AS ids, array_agg(l.recipient) AS recs, array_agg(l.ordering_key) AS oks \
+            FROM ol_lanes l JOIN unnest($3::text[], $4::text[]) AS k(recipient, ordering_key) \
+            ON l.recipient = k.recipient AND l.ordering_key = k.ordering_key WHERE l.actor = $1) ln, \
+         (SELECT array_agg(x.dedup_key) AS dks, array_agg(x.recipient) AS recs FROM \
+            (SELECT DISTINCT r.dedup_key, l.recipient FROM ol_rows r JOIN ol_units u ON u.row_ref = r.id \
+             JOIN ol_deliveries d ON d.unit_id = u.id JOIN ol_lanes l ON l.id = d.lane_id \
+             WHERE r.actor = $1 AND r.dedup_key IN (SELECT unnest($5::text[])) AND d.state = 0) x) pend, \
+         (SELECT array_agg(nextval(pg_get_serial_sequence('ol_rows', 'id'))) AS v \
+            FROM generate_series(1::bigint, $6::bigint)) idr, \
+         (SELECT array_agg(nextval(pg_get_serial_sequence('ol_units', 'id'))) AS v \
+            FROM generate_series(1::bigint, $7::bigint)) idu",
+        &[&a, &ids, &recs, &oks, &dks, &n, &max_units],
+    )?;
+    let taken: HashSet<String> = plan_row
+        .get::<_, Option<Vec<String>>>(0)
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
+    if let Some(p) = rows.iter().find(|p| taken.contains(&p.row.id)) {
+        return Err(EnqueueError::DuplicateRowId {
+            row: p.row.id.clone(),
+        });
     }
+    let mut lane_ids: HashMap<(String, String), i64> = HashMap::new();
+    if let (Some(i), Some(r), Some(o)) = (
+        plan_row.get::<_, Option<Vec<i64>>>(1),
+        plan_row.get::<_, Option<Vec<String>>>(2),
+        plan_row.get::<_, Option<Vec<String>>>(3),
+    ) {
+        for ((id, rec), ok) in i.into_iter().zip(r).zip(o) {
+            lane_ids.insert((rec, ok), id);
+        }
+    }
+    let mut pending: HashSet<(String, String)> = HashSet::new();
+    if let (Some(d), Some(r)) = (
+        plan_row.get::<_, Option<Vec<String>>>(4),
+        plan_row.get::<_, Option<Vec<String>>>(5),
+    ) {
+        pending.extend(d.into_iter().zip(r));
+    }
+    let row_keys: Vec<i64> = plan_row.get::<_, Option<Vec<i64>>>(6).unwrap_or_default();
+    let unit_keys: Vec<i64> = plan_row.get::<_, Option<Vec<i64>>>(7).unwrap_or_default();
+
+    // Lanes used for the first time.
     if lane_ids.len() < recs.len() {
         let (mr, mo): (Vec<&str>, Vec<&str>) = recs
             .iter()
@@ -731,30 +847,13 @@ fn enqueue_tx(
         }
     }
 
-    // Dedup (OL-17): what is pending now, plus what this batch adds as it goes.
-    let dks: Vec<&str> = rows
-        .iter()
-        .filter_map(|p| p.row.dedup_key.as_deref())
-        .collect();
-    let mut pending: HashSet<(String, String)> = HashSet::new();
-    if !dks.is_empty() {
-        for r in t.q(
-            "SELECT DISTINCT r.dedup_key, l.recipient FROM ol_rows r JOIN ol_units u ON u.row_ref = r.id \
-             JOIN ol_deliveries d ON d.unit_id = u.id JOIN ol_lanes l ON l.id = d.lane_id \
-             WHERE r.actor = $1 AND r.dedup_key IN (SELECT unnest($2::text[])) AND d.state = 0",
-            &[&a, &dks],
-        )? {
-            pending.insert((r.get(0), r.get(1)));
-        }
-    }
-
     struct Plan {
         seq: i64,
         units: Vec<Vec<i64>>,
         skipped: Vec<String>,
     }
     let mut plans = Vec::with_capacity(rows.len());
-    let (mut nrows, mut nunits) = (0i64, 0i64);
+    let mut nrows = 0i64;
     for (k, p) in rows.iter().enumerate() {
         let seq = first + i64::try_from(k).unwrap_or(i64::MAX);
         let mut kept = Vec::with_capacity(p.lanes.len());
@@ -784,7 +883,6 @@ fn enqueue_tx(
         };
         if !units.is_empty() {
             nrows += 1;
-            nunits += i64::try_from(units.len()).unwrap_or(i64::MAX);
         }
         plans.push(Plan {
             seq,
@@ -795,15 +893,6 @@ fn enqueue_tx(
 
     let mut out = Vec::with_capacity(rows.len());
     if nrows > 0 {
-        let keys = t.one(
-            "SELECT (SELECT array_agg(nextval(pg_get_serial_sequence('ol_rows', 'id'))) \
-                     FROM generate_series(1::bigint, $1::bigint)), \
-                    (SELECT array_agg(nextval(pg_get_serial_sequence('ol_units', 'id'))) \
-                     FROM generate_series(1::bigint, $2::bigint))",
-            &[&nrows, &nunits],
-        )?;
-        let row_keys: Vec<i64> = keys.get(0);
-        let unit_keys: Vec<i64> = keys.get(1);
         let (mut r_id, mut r_row, mut r_seq, mut r_ct, mut r_body, mut r_len, mut r_dk, mut r_ok) = (
             vec![],
             vec![],
@@ -907,7 +996,7 @@ fn insert_delivery(
     Ok(())
 }
 
-fn settle(t: &mut impl Exec, unit: i64, retention: bool) -> Result<(), postgres::Error> {
+fn settle(t: &mut impl Exec, unit: i64, retention: bool) -> Result<(), StoreError> {
     let r = t.one(
         "UPDATE ol_units SET pending = pending - 1 WHERE id = $1 RETURNING pending, row_ref",
         &[&unit],
@@ -943,7 +1032,7 @@ fn dead_letter_tx(
     actor: &str,
     d: &DeadLetterRequest,
     retention: bool,
-) -> Result<bool, postgres::Error> {
+) -> Result<bool, StoreError> {
     let unit = i(d.unit.0);
     let found = t.opt(
         "SELECT d.seq, d.attempts, d.last_status, d.last_error, d.first_attempt_at, d.last_attempt_at, \
@@ -1142,7 +1231,7 @@ impl Store for PgStore {
         token: &SlotToken,
         since: u64,
     ) -> Result<(Vec<LaneInfo>, u64), StoreError> {
-        self.tx(true, |t| {
+        self.read(|t| {
             fence(t, token, false)?;
             let rows = t.q(
                 "SELECT l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, l.paused, l.tail_seq \
@@ -1172,69 +1261,100 @@ impl Store for PgStore {
         token: &SlotToken,
         lanes: &[LaneClaim],
     ) -> Result<Vec<ClaimedLane>, StoreError> {
-        self.tx(true, |t| {
+        // A fixed number of round trips whatever the number of lanes: the lanes' state, then
+        // every lane's heads at once (one index range scan per lane, LIMITed), then the slots
+        // of joined units if any.
+        self.read(|t| {
             fence(t, token, false)?;
             let actor = token.actor().as_str();
+            let ids: Vec<i64> = lanes.iter().map(|c| c.lane.0).collect();
+            let mut info: HashMap<i64, (LaneKey, bool)> = HashMap::new();
+            for r in t.q(
+                "SELECT id, recipient, ordering_key, paused FROM ol_lanes \
+                 WHERE id IN (SELECT unnest($1::bigint[])) AND actor = $2",
+                &[&ids, &actor],
+            )? {
+                info.insert(r.get(0), (key_of(r.get(1), r.get(2)), r.get(3)));
+            }
+            let (mut k_ord, mut k_lane, mut k_from, mut k_lim) = (vec![], vec![], vec![], vec![]);
+            for (ord, req) in lanes.iter().enumerate() {
+                if matches!(info.get(&req.lane.0), Some((_, false))) && req.limit > 0 {
+                    k_ord.push(i64::try_from(ord).unwrap_or(i64::MAX));
+                    k_lane.push(req.lane.0);
+                    k_from.push(i(req.from.0));
+                    k_lim.push(i64::from(req.limit));
+                }
+            }
+            let mut heads: Vec<Vec<Row>> = lanes.iter().map(|_| Vec::new()).collect();
+            if !k_ord.is_empty() {
+                for r in t.q(
+                    "SELECT k.ord, d.unit_id, d.seq, d.attempts, d.state, r.row_id, r.body_len, r.enqueued_at, u.lanes \
+                     FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[]) AS k(ord, lane, from_seq, lim) \
+                     CROSS JOIN LATERAL (SELECT unit_id, seq, attempts, state FROM ol_deliveries \
+                        WHERE lane_id = k.lane AND seq >= k.from_seq ORDER BY lane_id, seq, unit_id LIMIT k.lim) d \
+                     JOIN ol_units u ON u.id = d.unit_id JOIN ol_rows r ON r.id = u.row_ref \
+                     ORDER BY k.ord, d.seq, d.unit_id",
+                    &[&k_ord, &k_lane, &k_from, &k_lim],
+                )? {
+                    let ord = usize::try_from(r.get::<_, i64>(0)).unwrap_or(usize::MAX);
+                    if let Some(v) = heads.get_mut(ord) {
+                        v.push(r);
+                    }
+                }
+            }
+            let joined: Vec<i64> = heads
+                .iter()
+                .flatten()
+                .filter(|h| h.get::<_, i64>(8) > 1)
+                .map(|h| h.get(1))
+                .collect();
+            let mut slots_of: HashMap<i64, Vec<ClaimedSlot>> = HashMap::new();
+            if !joined.is_empty() {
+                for r in t.q(
+                    "SELECT d.unit_id, d.lane_id, l.recipient, l.ordering_key, d.attempts, d.state \
+                     FROM ol_deliveries d JOIN ol_lanes l ON l.id = d.lane_id \
+                     WHERE d.unit_id IN (SELECT unnest($1::bigint[])) ORDER BY d.unit_id, d.lane_id",
+                    &[&joined],
+                )? {
+                    slots_of.entry(r.get(0)).or_default().push(ClaimedSlot {
+                        lane: StoreLaneId(r.get(1)),
+                        key: key_of(r.get(2), r.get(3)),
+                        attempts: u32_of(r.get(4)),
+                        served: r.get::<_, i64>(5) != STATE_PENDING,
+                    });
+                }
+            }
             let mut out = Vec::with_capacity(lanes.len());
-            for req in lanes {
-                let lane = t.opt(
-                    "SELECT recipient, ordering_key, paused FROM ol_lanes WHERE id = $1 AND actor = $2",
-                    &[&req.lane.0, &actor],
-                )?;
-                let Some(lane) = lane else {
+            for (req, rows) in lanes.iter().zip(heads) {
+                let Some((key, paused)) = info.get(&req.lane.0) else {
                     out.push(ClaimedLane { lane: req.lane, units: Vec::new(), exhausted: true });
                     continue;
                 };
-                let paused: bool = lane.get(2);
-                if paused || req.limit == 0 {
-                    out.push(ClaimedLane { lane: req.lane, units: Vec::new(), exhausted: paused });
-                    continue;
-                }
-                let key = key_of(lane.get(0), lane.get(1));
-                let heads = t.q(
-                    "SELECT d.unit_id, d.seq, d.attempts, d.state, r.row_id, r.body_len, r.enqueued_at, u.lanes \
-                     FROM (SELECT unit_id, seq, attempts, state FROM ol_deliveries \
-                           WHERE lane_id = $1 AND seq >= $2 ORDER BY lane_id, seq, unit_id LIMIT $3) d \
-                     JOIN ol_units u ON u.id = d.unit_id JOIN ol_rows r ON r.id = u.row_ref \
-                     ORDER BY d.seq, d.unit_id",
-                    &[&req.lane.0, &i(req.from.0), &i64::from(req.limit)],
-                )?;
-                let exhausted = heads.len() < req.limit as usize;
-                let mut units = Vec::with_capacity(heads.len());
-                for h in heads {
-                    let unit: i64 = h.get(0);
-                    let nlanes: i64 = h.get(7);
-                    let slots = if nlanes <= 1 {
-                        vec![ClaimedSlot {
-                            lane: req.lane,
-                            key: key.clone(),
-                            attempts: u32_of(h.get(2)),
-                            served: h.get::<_, i64>(3) != STATE_PENDING,
-                        }]
-                    } else {
-                        t.q(
-                            "SELECT d.lane_id, l.recipient, l.ordering_key, d.attempts, d.state \
-                             FROM ol_deliveries d JOIN ol_lanes l ON l.id = d.lane_id WHERE d.unit_id = $1 ORDER BY d.lane_id",
-                            &[&unit],
-                        )?
-                        .iter()
-                        .map(|r| ClaimedSlot {
-                            lane: StoreLaneId(r.get(0)),
-                            key: key_of(r.get(1), r.get(2)),
-                            attempts: u32_of(r.get(3)),
-                            served: r.get::<_, i64>(4) != STATE_PENDING,
-                        })
-                        .collect()
-                    };
-                    units.push(ClaimedUnit {
-                        id: UnitId(u(unit)),
-                        seq: Seq(u(h.get(1))),
-                        row_id: h.get(4),
-                        bytes: u32_of(h.get(5)),
-                        enqueued_at: ts(h.get(6)),
-                        slots,
-                    });
-                }
+                let exhausted = *paused || rows.len() < req.limit as usize;
+                let units = rows
+                    .iter()
+                    .map(|h| {
+                        let unit: i64 = h.get(1);
+                        let slots = if h.get::<_, i64>(8) > 1 {
+                            slots_of.get(&unit).cloned().unwrap_or_default()
+                        } else {
+                            vec![ClaimedSlot {
+                                lane: req.lane,
+                                key: key.clone(),
+                                attempts: u32_of(h.get(3)),
+                                served: h.get::<_, i64>(4) != STATE_PENDING,
+                            }]
+                        };
+                        ClaimedUnit {
+                            id: UnitId(u(unit)),
+                            seq: Seq(u(h.get(2))),
+                            row_id: h.get(5),
+                            bytes: u32_of(h.get(6)),
+                            enqueued_at: ts(h.get(7)),
+                            slots,
+                        }
+                    })
+                    .collect();
                 out.push(ClaimedLane { lane: req.lane, units, exhausted });
             }
             Ok(out)
@@ -1242,7 +1362,7 @@ impl Store for PgStore {
     }
 
     fn payload(&self, unit: UnitId) -> Result<Payload, StoreError> {
-        self.tx(true, |t| {
+        self.read(|t| {
             t.opt(
                 "SELECT r.row_id, r.content_type, r.body FROM ol_units u JOIN ol_rows r ON r.id = u.row_ref \
                  WHERE u.id = $1 AND u.acked_at IS NULL",
@@ -1318,9 +1438,13 @@ impl Store for PgStore {
         token: &SlotToken,
         attempts: &[AttemptRecord],
     ) -> Result<(), StoreError> {
+        // Rows locked in (lane, unit) order, so two writers of overlapping lanes cannot
+        // deadlock each other (a deadlock the server breaks surfaces as StoreError::Busy).
+        let mut sorted: Vec<&AttemptRecord> = attempts.iter().collect();
+        sorted.sort_by_key(|a| (a.lane, a.unit));
         self.fenced(token, true, |t| {
             let actor = token.actor().as_str();
-            for a in attempts {
+            for a in &sorted {
                 let status = a.status.map(i64::from);
                 let n = t.x(
                     "UPDATE ol_deliveries SET attempts = $3, last_status = $4, last_error = $5, \
@@ -1468,7 +1592,7 @@ impl Store for PgStore {
     }
 
     fn actors_with_work(&self, now: Timestamp) -> Result<ActorsDue, StoreError> {
-        self.tx(true, |t| {
+        self.read(|t| {
             let ready = t
                 .q(
                     "SELECT DISTINCT l.actor FROM ol_lanes l WHERE NOT l.paused \
@@ -1492,7 +1616,7 @@ impl Store for PgStore {
 
     fn status(&self) -> Result<Vec<ActorStatus>, StoreError> {
         let now = ms(Timestamp::from_system_time(std::time::SystemTime::now()));
-        self.tx(true, |t| {
+        self.read(|t| {
             let pending = t
                 .q("SELECT actor, count(*) FROM ol_units WHERE acked_at IS NULL GROUP BY actor", &[])?
                 .iter()
@@ -1523,7 +1647,7 @@ impl Store for PgStore {
     }
 
     fn lanes(&self, actor: &ActorId) -> Result<Vec<LaneStatus>, StoreError> {
-        self.tx(true, |t| {
+        self.read(|t| {
             Ok(t
                 .q(
                     "SELECT l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, l.paused, \
@@ -1553,7 +1677,7 @@ impl Store for PgStore {
     }
 
     fn dead_letters(&self, actor: Option<&ActorId>) -> Result<Vec<DeadLetter>, StoreError> {
-        self.tx(true, |t| {
+        self.read(|t| {
             Ok(match actor {
                 Some(a) => select_dead(t, &DeadLetterSelection::Actor(a.clone()))?,
                 None => t
@@ -1691,7 +1815,7 @@ impl Store for PgStore {
     }
 
     fn find_lane(&self, actor: &ActorId, key: &LaneKey) -> Result<Option<StoreLaneId>, StoreError> {
-        self.tx(true, |t| {
+        self.read(|t| {
             Ok(t.opt(
                 "SELECT id FROM ol_lanes WHERE actor = $1 AND recipient = $2 AND ordering_key = $3",
                 &[
@@ -1779,10 +1903,12 @@ fn listen_loop(
                 }
             }
             if got {
+                tracing::trace!(target: "outbox_lanes::store", reason = "notify", "wake-up from another process");
                 notifier.notify();
             }
         }
         if failed || client.is_closed() {
+            tracing::warn!(target: "outbox_lanes::store", "LISTEN connection lost; reconnecting");
             loop {
                 if stop.load(Ordering::SeqCst) {
                     return;
@@ -1791,6 +1917,8 @@ fn listen_loop(
                 if let Ok(mut c) = config.connect(NoTls) {
                     if c.batch_execute(&format!("LISTEN {channel}")).is_ok() {
                         client = c;
+                        // Notifications sent while we were away are lost: wake everyone once.
+                        tracing::debug!(target: "outbox_lanes::store", reason = "listen_reconnected", "wake-up");
                         notifier.notify();
                         break;
                     }

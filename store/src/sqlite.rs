@@ -128,7 +128,7 @@ CREATE TABLE ol_actors (
     last_seq  INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE ol_rows (
-    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    id            INTEGER PRIMARY KEY,
     actor         TEXT NOT NULL,
     row_id        TEXT NOT NULL,
     seq           INTEGER NOT NULL,
@@ -142,7 +142,7 @@ CREATE TABLE ol_rows (
 );
 CREATE INDEX ol_rows_dedup ON ol_rows (actor, dedup_key) WHERE dedup_key IS NOT NULL;
 CREATE TABLE ol_lanes (
-    id             INTEGER PRIMARY KEY AUTOINCREMENT,
+    id             INTEGER PRIMARY KEY,
     actor          TEXT NOT NULL,
     recipient      TEXT NOT NULL,
     ordering_key   TEXT NOT NULL DEFAULT '',
@@ -457,6 +457,9 @@ impl SqliteStore {
     /// connection: call [`SqliteStore::enqueue_in`] inside `f` beside the business writes.
     /// If `f` fails, the transaction rolls back and nothing is written.
     ///
+    /// Inside `f`, use only `enqueue_in` and your own SQL on `tx`: any other method of this store
+    /// waits for the connection `f` is holding, and never gets it.
+    ///
     /// # Errors
     /// `f`'s error, or the commit's.
     pub fn with_transaction<T, E: From<StoreError>>(
@@ -517,21 +520,26 @@ fn fence(c: &Connection, t: &SlotToken) -> Result<(), StoreError> {
     if live {
         Ok(())
     } else {
+        tracing::debug!(target: "outbox_lanes::store", actor = t.actor().as_str(), fencing = t.fencing(), "stale drain-slot token refused");
         Err(StoreError::StaleToken)
     }
 }
 
 fn lane_id(c: &Connection, actor: &str, key: &LaneKey) -> Result<i64, rusqlite::Error> {
     let ok = key.ordering_key().unwrap_or("");
-    c.prepare_cached(
-        "INSERT INTO ol_lanes (actor, recipient, ordering_key) VALUES (?1, ?2, ?3) \
-         ON CONFLICT (actor, recipient, ordering_key) DO NOTHING",
-    )?
-    .execute(params![actor, key.recipient(), ok])?;
-    c.prepare_cached(
-        "SELECT id FROM ol_lanes WHERE actor = ?1 AND recipient = ?2 AND ordering_key = ?3",
-    )?
-    .query_row(params![actor, key.recipient(), ok], |r| r.get(0))
+    let found = c
+        .prepare_cached(
+            "SELECT id FROM ol_lanes WHERE actor = ?1 AND recipient = ?2 AND ordering_key = ?3",
+        )?
+        .query_row(params![actor, key.recipient(), ok], |r| r.get(0))
+        .optional()?;
+    match found {
+        Some(id) => Ok(id),
+        // The write lock is held: nobody else can create it between the look and the insert.
+        None => c
+            .prepare_cached("INSERT INTO ol_lanes (actor, recipient, ordering_key) VALUES (?1, ?2, ?3) RETURNING id")?
+            .query_row(params![actor, key.recipient(), ok], |r| r.get(0)),
+    }
 }
 
 fn alloc_seqs(c: &Connection, actor: &str, n: i64) -> Result<i64, rusqlite::Error> {
@@ -1568,6 +1576,7 @@ fn watch_loop(conn: &Connection, stop: &AtomicBool, notifier: &Notifier, every: 
         let now = read();
         if now.is_some() && now != last {
             last = now;
+            tracing::trace!(target: "outbox_lanes::store", reason = "data_version", "wake-up from a commit on another connection");
             notifier.notify();
         }
     }

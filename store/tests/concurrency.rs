@@ -36,15 +36,27 @@ fn eight_enqueuers_two_claimers(b: Backend) {
     run(b, CommonOptions::default(), |h| {
         let seen = Arc::new(Mutex::new(Seen::default()));
         let done = Arc::new(AtomicUsize::new(0));
+        let acked = Arc::new(AtomicUsize::new(0));
         let in_pass: Arc<Vec<AtomicBool>> =
             Arc::new(ACTORS.iter().map(|_| AtomicBool::new(false)).collect());
         let claimers: Vec<Arc<dyn Store>> = vec![h.store.clone(), h.second()];
         std::thread::scope(|sc| {
             for t in 0..ENQUEUERS {
-                let (store, seen, done) = (h.store.clone(), seen.clone(), done.clone());
+                let (store, seen, done, acked) =
+                    (h.store.clone(), seen.clone(), done.clone(), acked.clone());
                 sc.spawn(move || {
                     let mut k = 0;
                     while k < ROWS_PER_THREAD {
+                        if k >= ROWS_PER_THREAD / 2 {
+                            // Make the claimers overlap the enqueuers for sure (bounded wait,
+                            // no timing asserted): half the rows go in only after a first ack.
+                            for _ in 0..10_000 {
+                                if acked.load(Ordering::SeqCst) > 0 {
+                                    break;
+                                }
+                                std::thread::sleep(Duration::from_millis(1));
+                            }
+                        }
                         let batch = 1 + (k + t) % 4;
                         let rows: Vec<NewRow> = (k..(k + batch).min(ROWS_PER_THREAD))
                             .map(|n| {
@@ -73,8 +85,13 @@ fn eight_enqueuers_two_claimers(b: Backend) {
                 });
             }
             for (ci, store) in claimers.iter().enumerate() {
-                let (store, seen, done, in_pass) =
-                    (store.clone(), seen.clone(), done.clone(), in_pass.clone());
+                let (store, seen, done, in_pass, acked) = (
+                    store.clone(),
+                    seen.clone(),
+                    done.clone(),
+                    in_pass.clone(),
+                    acked.clone(),
+                );
                 sc.spawn(move || {
                     let holder = format!("claimer-{ci}");
                     let mut idle_rounds = 0;
@@ -94,7 +111,11 @@ fn eight_enqueuers_two_claimers(b: Backend) {
                                 "two passes of {name} at once"
                             );
                             loop {
-                                worked |= pass(&*store, &token, &a, &seen);
+                                let did = pass(&*store, &token, &a, &seen);
+                                if did {
+                                    acked.fetch_add(1, Ordering::SeqCst);
+                                }
+                                worked |= did;
                                 match release(&*store, &token) {
                                     Release::LookAgain => continue,
                                     Release::Released => break,
