@@ -505,3 +505,40 @@ fn signed_deliveries_verify_with_the_secret() {
             .is_err()
     );
 }
+
+#[test]
+fn enqueue_inside_the_callers_transaction_commits_or_rolls_back_with_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sqlite = Arc::new(
+        SqliteStore::open(dir.path().join("outbox.db"), SqliteOptions::default()).expect("open"),
+    );
+    let store: Arc<dyn Store> = sqlite.clone();
+    let r = Recipient::start().expect("recipient");
+    let outbox = Outbox::open(Arc::clone(&store), config()).expect("outbox");
+    let actor = outbox.resolve("shop").expect("actor");
+    // The business write and the outbox row share the store's transaction.
+    let setup: Result<(), outbox_lanes_store::StoreError> = sqlite.with_transaction(|tx| {
+        tx.execute_batch("CREATE TABLE orders (id TEXT PRIMARY KEY)")?;
+        Ok(())
+    });
+    setup.expect("business schema");
+    // Rolled back: the order fails its own constraint, and the outbox row goes with it.
+    let failed: Result<(), Box<dyn std::error::Error>> = sqlite.with_transaction(|tx| {
+        let (_, _wake) = sqlite.enqueue_in(tx, &actor, &[row("order-1", &[r.url("/hook")])])?;
+        tx.execute("INSERT INTO orders (id) VALUES ('o1')", [])?;
+        tx.execute("INSERT INTO orders (id) VALUES ('o1')", [])?;
+        Ok(())
+    });
+    assert!(failed.is_err());
+    outbox.drain("shop").expect("drain");
+    assert_eq!(r.count("/hook"), 0, "nothing was enqueued");
+    // Committed: delivered.
+    let ok: Result<(), Box<dyn std::error::Error>> = sqlite.with_transaction(|tx| {
+        tx.execute("INSERT INTO orders (id) VALUES ('o2')", [])?;
+        let (_, _wake) = sqlite.enqueue_in(tx, &actor, &[row("order-2", &[r.url("/hook")])])?;
+        Ok(())
+    });
+    ok.expect("commit");
+    outbox.drain("shop").expect("drain");
+    assert_eq!(bodies(&r, "/hook"), ["{\"id\":\"order-2\"}"]);
+}
