@@ -1,0 +1,178 @@
+//! Deliveries as tasks: the pass driver's [`Executor`] on an async [`Runtime`].
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime};
+
+use outbox_lanes_blocking::HttpClient;
+use outbox_lanes_blocking::http::Delivery;
+use outbox_lanes_blocking::pass::{self, Executor, Job};
+use outbox_lanes_store::{Store, StoreError};
+use tokio::sync::Semaphore;
+
+use crate::runtime::{Runtime, unblock};
+
+/// How a task delivers.
+#[derive(Clone, Debug)]
+pub(crate) enum Transport {
+    /// reqwest on the tokio runtime; the payload is read on the blocking pool.
+    #[cfg(feature = "tokio")]
+    Async(crate::http::AsyncHttpClient),
+    /// The blocking ureq client, payload and POST together on the runtime's blocking pool
+    /// (async-std, smol, or any [`Runtime`]).
+    Blocking(HttpClient),
+}
+
+/// Jobs started and not yet finished, for a shutdown that waits for them.
+#[derive(Debug, Default)]
+struct Running {
+    count: Mutex<usize>,
+    idle: Condvar,
+}
+
+/// Decrements [`Running`] when the task ends, however it ends (a panic, a dropped task).
+struct RunningGuard(Arc<Running>);
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        let mut n = self.0.count.lock().unwrap_or_else(PoisonError::into_inner);
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            self.0.idle.notify_all();
+        }
+    }
+}
+
+/// Spawns one task per job, at most `concurrency` attempts at once.
+pub(crate) struct TaskExecutor {
+    pub(crate) rt: Arc<dyn Runtime>,
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) transport: Transport,
+    pub(crate) permits: Arc<Semaphore>,
+    /// How long a shutdown waits for attempts in flight (the HTTP timeout and a margin).
+    pub(crate) grace: Duration,
+    open: AtomicBool,
+    running: Arc<Running>,
+}
+
+impl std::fmt::Debug for TaskExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TaskExecutor")
+            .field("rt", &self.rt)
+            .field("transport", &self.transport)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TaskExecutor {
+    pub(crate) fn new(
+        rt: Arc<dyn Runtime>,
+        store: Arc<dyn Store>,
+        transport: Transport,
+        concurrency: usize,
+        grace: Duration,
+    ) -> TaskExecutor {
+        TaskExecutor {
+            rt,
+            store,
+            transport,
+            permits: Arc::new(Semaphore::new(concurrency.max(1))),
+            grace,
+            open: AtomicBool::new(true),
+            running: Arc::default(),
+        }
+    }
+}
+
+impl Executor for TaskExecutor {
+    fn execute(&self, job: Job) -> Result<(), Job> {
+        if !self.open.load(Ordering::SeqCst) {
+            return Err(job);
+        }
+        *self
+            .running
+            .count
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) += 1;
+        let guard = RunningGuard(Arc::clone(&self.running));
+        let rt = Arc::clone(&self.rt);
+        let store = Arc::clone(&self.store);
+        let transport = self.transport.clone();
+        let permits = Arc::clone(&self.permits);
+        self.rt.spawn(Box::pin(async move {
+            let _guard = guard;
+            // The semaphore is never closed, so this waits for a permit.
+            let Ok(_permit) = permits.acquire_owned().await else {
+                job.finish(pass::payload_failed(&StoreError::Database(
+                    "delivery executor stopped".into(),
+                )));
+                return;
+            };
+            deliver(&*rt, store, transport, job).await;
+        }));
+        Ok(())
+    }
+
+    fn shutdown(&self) {
+        self.open.store(false, Ordering::SeqCst);
+        let deadline = Instant::now() + self.grace;
+        let mut n = self
+            .running
+            .count
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        while *n > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                tracing::warn!(
+                    in_flight = *n,
+                    "delivery tasks still running at shutdown; their units are delivered again later"
+                );
+                return;
+            }
+            n = self
+                .running
+                .idle
+                .wait_timeout(n, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+}
+
+/// One attempt; reports to the pass through [`Job::finish`] (a pass that is gone ignores it).
+async fn deliver(rt: &dyn Runtime, store: Arc<dyn Store>, transport: Transport, job: Job) {
+    match transport {
+        #[cfg(feature = "tokio")]
+        Transport::Async(http) => {
+            let unit = job.unit;
+            let payload = unblock(rt, move || store.payload(unit)).await;
+            let result = match payload {
+                Some(Ok(p)) => {
+                    let d = Delivery {
+                        unit: job.unit,
+                        recipient: &job.recipient,
+                        body: &p.body,
+                        content_type: &p.content_type,
+                        attempt: job.attempt,
+                    };
+                    http.deliver(&d, SystemTime::now()).await
+                }
+                Some(Err(e)) => pass::payload_failed(&e),
+                None => pass::payload_failed(&StoreError::Database(
+                    "the runtime is shutting down".into(),
+                )),
+            };
+            job.finish(result);
+        }
+        Transport::Blocking(http) => {
+            // If the runtime drops this unrun, the job goes with it; the pass that gave it
+            // is being torn down too, and the unit stays pending in the store.
+            let _ = unblock(rt, move || {
+                let result = pass::attempt(&*store, &http, &job);
+                job.finish(result);
+            })
+            .await;
+        }
+    }
+}
