@@ -2,10 +2,9 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use outbox_lanes_blocking::HttpClient;
-use outbox_lanes_blocking::http::Delivery;
 use outbox_lanes_blocking::pass::{self, Executor, Job};
 use outbox_lanes_store::{Store, StoreError};
 use tokio::sync::Semaphore;
@@ -149,14 +148,14 @@ async fn deliver(rt: &dyn Runtime, store: Arc<dyn Store>, transport: Transport, 
             let payload = unblock(rt, move || store.payload(unit)).await;
             let result = match payload {
                 Some(Ok(p)) => {
-                    let d = Delivery {
+                    let d = outbox_lanes_blocking::http::Delivery {
                         unit: job.unit,
                         recipient: &job.recipient,
                         body: &p.body,
                         content_type: &p.content_type,
                         attempt: job.attempt,
                     };
-                    http.deliver(&d, SystemTime::now()).await
+                    http.deliver(&d, std::time::SystemTime::now()).await
                 }
                 Some(Err(e)) => pass::payload_failed(&e),
                 None => pass::payload_failed(&StoreError::Database(

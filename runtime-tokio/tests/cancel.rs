@@ -4,6 +4,7 @@
 //! (at-least-once: an abandoned attempt may be resent right after, so consecutive resends
 //! are collapsed before comparing). Tests assert orders and relations, never durations.
 #![allow(missing_docs)]
+#![cfg(feature = "tokio")]
 
 mod common;
 

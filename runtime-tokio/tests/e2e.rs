@@ -2,6 +2,7 @@
 //! to recorders on loopback that inject faults. The blocking runtime's scenarios, on tokio.
 //! Tests assert orders and relations, never durations.
 #![allow(missing_docs)]
+#![cfg(feature = "tokio")]
 
 mod common;
 
