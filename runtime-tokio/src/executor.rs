@@ -5,6 +5,7 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use outbox_lanes_blocking::HttpClient;
+use outbox_lanes_blocking::http::AttemptResult;
 use outbox_lanes_blocking::pass::{self, Executor, Job};
 use outbox_lanes_store::{Store, StoreError};
 use tokio::sync::Semaphore;
@@ -38,6 +39,35 @@ impl Drop for RunningGuard {
         *n = n.saturating_sub(1);
         if *n == 0 {
             self.0.idle.notify_all();
+        }
+    }
+}
+
+/// Owns a job until it is finished; a job dropped unfinished (its task panicked, or the
+/// runtime dropped it while shutting down) is reported as a transient failure, so the pass
+/// does not wait for it until its time slice ends.
+struct FinishOnDrop(Option<Job>);
+
+impl FinishOnDrop {
+    fn job(&self) -> &Job {
+        self.0.as_ref().expect("the job is only taken by finish")
+    }
+
+    fn finish(mut self, result: AttemptResult) {
+        if let Some(job) = self.0.take() {
+            job.finish(result);
+        }
+    }
+}
+
+impl Drop for FinishOnDrop {
+    fn drop(&mut self) {
+        if let Some(job) = self.0.take() {
+            job.finish(AttemptResult {
+                outcome: outbox_lanes_core::Outcome::Transient { retry_after: None },
+                status: None,
+                error: Some("other: the delivery task ended without an answer".into()),
+            });
         }
     }
 }
@@ -98,13 +128,11 @@ impl Executor for TaskExecutor {
         let store = Arc::clone(&self.store);
         let transport = self.transport.clone();
         let permits = Arc::clone(&self.permits);
+        let job = FinishOnDrop(Some(job));
         self.rt.spawn(Box::pin(async move {
             let _guard = guard;
-            // The semaphore is never closed, so this waits for a permit.
+            // The semaphore is never closed; should it be, the job reports a failure on drop.
             let Ok(_permit) = permits.acquire_owned().await else {
-                job.finish(pass::payload_failed(&StoreError::Database(
-                    "delivery executor stopped".into(),
-                )));
                 return;
             };
             deliver(&*rt, store, transport, job).await;
@@ -140,20 +168,21 @@ impl Executor for TaskExecutor {
 }
 
 /// One attempt; reports to the pass through [`Job::finish`] (a pass that is gone ignores it).
-async fn deliver(rt: &dyn Runtime, store: Arc<dyn Store>, transport: Transport, job: Job) {
+async fn deliver(rt: &dyn Runtime, store: Arc<dyn Store>, transport: Transport, job: FinishOnDrop) {
     match transport {
         #[cfg(feature = "tokio")]
         Transport::Async(http) => {
-            let unit = job.unit;
+            let unit = job.job().unit;
             let payload = unblock(rt, move || store.payload(unit)).await;
             let result = match payload {
                 Some(Ok(p)) => {
+                    let j = job.job();
                     let d = outbox_lanes_blocking::http::Delivery {
-                        unit: job.unit,
-                        recipient: &job.recipient,
+                        unit: j.unit,
+                        recipient: &j.recipient,
                         body: &p.body,
                         content_type: &p.content_type,
-                        attempt: job.attempt,
+                        attempt: j.attempt,
                     };
                     http.deliver(&d, std::time::SystemTime::now()).await
                 }
@@ -165,10 +194,9 @@ async fn deliver(rt: &dyn Runtime, store: Arc<dyn Store>, transport: Transport, 
             job.finish(result);
         }
         Transport::Blocking(http) => {
-            // If the runtime drops this unrun, the job goes with it; the pass that gave it
-            // is being torn down too, and the unit stays pending in the store.
+            // If the runtime drops this unrun, the job reports a failure as it is dropped.
             let _ = unblock(rt, move || {
-                let result = pass::attempt(&*store, &http, &job);
+                let result = pass::attempt(&*store, &http, job.job());
                 job.finish(result);
             })
             .await;

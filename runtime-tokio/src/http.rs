@@ -253,9 +253,12 @@ impl AsyncHttpClient {
             } else if s.is::<rustls::Error>() {
                 kind = kind.or(Some(TransportError::Tls));
             } else if let Some(io) = s.downcast_ref::<io::Error>() {
-                let k = io_kind(io);
-                if k != TransportError::Other {
-                    kind = kind.or(Some(k));
+                kind = kind.or(io_chain_kind(io));
+            } else if let Some(h) = s.downcast_ref::<hyper::Error>() {
+                // The peer closed the connection before answering: what ureq reports as a
+                // reset (an unexpected end of stream).
+                if h.is_incomplete_message() {
+                    kind = kind.or(Some(TransportError::ConnectionReset));
                 }
             }
             source = s.source();
@@ -280,6 +283,30 @@ impl AsyncHttpClient {
                 .transport(TransportError::DestinationRefused),
             status: None,
             error: Some(refusal_message(refused)),
+        }
+    }
+}
+
+/// The classification of an I/O error and the I/O errors it wraps: hyper-rustls and
+/// hyper-util nest a rustls error two `io::Error`s deep, where `source()` does not reach it.
+fn io_chain_kind(io: &io::Error) -> Option<TransportError> {
+    let mut io = io;
+    let mut found = None;
+    loop {
+        let k = io_kind(io);
+        if k == TransportError::Tls {
+            return Some(k);
+        }
+        if k != TransportError::Other {
+            found = found.or(Some(k));
+        }
+        match io.get_ref() {
+            Some(inner) if inner.is::<rustls::Error>() => return Some(TransportError::Tls),
+            Some(inner) => match inner.downcast_ref::<io::Error>() {
+                Some(next) => io = next,
+                None => return found,
+            },
+            None => return found,
         }
     }
 }
