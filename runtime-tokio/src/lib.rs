@@ -40,6 +40,7 @@
 //! # Ok(()) }
 //! ```
 
+mod cancel;
 mod executor;
 #[cfg(feature = "tokio")]
 pub mod http;
@@ -47,7 +48,6 @@ pub mod runtime;
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 pub use outbox_lanes_blocking::pass::PassReport;
 pub use outbox_lanes_blocking::sign::{self, Signer};
@@ -61,6 +61,7 @@ use outbox_lanes_core::{ActorId, ActorResolver};
 use outbox_lanes_store::{ActorStatus, DeadLetter, Enqueued, LaneStatus, NewRow, Store};
 use tracing::warn;
 
+use crate::cancel::WindingDown;
 use crate::executor::{TaskExecutor, Transport};
 #[cfg(feature = "tokio")]
 pub use crate::http::AsyncHttpClient;
@@ -77,6 +78,7 @@ struct Inner {
     /// `Some` until dropped; taken by `Drop` to drop it on the blocking pool.
     blocking: Option<outbox_lanes_blocking::Outbox>,
     rt: Arc<dyn Runtime>,
+    winding: Arc<WindingDown>,
 }
 
 impl Inner {
@@ -192,26 +194,9 @@ impl OutboxBuilder {
             inner: Arc::new(Inner {
                 blocking: Some(blocking),
                 rt,
+                winding: Arc::default(),
             }),
         })
-    }
-}
-
-/// Sets `cancel` on its control when dropped before [`CancelOnDrop::disarm`]: the drain
-/// future went away, so the pass hands everything back and releases the slot.
-struct CancelOnDrop(Option<Arc<DrainControl>>);
-
-impl CancelOnDrop {
-    fn disarm(mut self) {
-        self.0 = None;
-    }
-}
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        if let Some(control) = self.0.take() {
-            control.cancel.store(true, Ordering::SeqCst);
-        }
     }
 }
 
@@ -290,7 +275,9 @@ impl Outbox {
     /// Cancellation-safe: dropping the future (an abort, a `select!`, a timeout) cancels the
     /// pass, which hands every unfinished unit back and releases the drain slot within a
     /// few milliseconds; attempts in flight are abandoned (their late answers ignored; a
-    /// recipient may see such a unit again: delivery is at-least-once).
+    /// recipient may see such a unit again: delivery is at-least-once). A drain of the same
+    /// actor on this outbox started after the drop waits for that hand-back and then runs a
+    /// pass of its own (it does not return [`DrainOutcome::Merged`] because of it).
     ///
     /// # Errors
     /// A store failure; every unfinished unit was handed back first (OL-14).
@@ -310,9 +297,18 @@ impl Outbox {
         actor: &str,
         control: Arc<DrainControl>,
     ) -> Result<DrainOutcome, OutboxError> {
-        let guard = CancelOnDrop(Some(Arc::clone(&control)));
+        let id = self.resolve(actor)?;
+        // A pass of this actor cancelled a moment ago is still handing back: wait for it
+        // rather than merge into a pass that is ending (see the `cancel` module).
+        self.inner.winding.wait(&id).await;
+        let (guard, done) = self.inner.winding.start(id, Arc::clone(&control));
         let actor = actor.to_owned();
-        let result = self.call(move |ob| ob.drain_with(&actor, &control)).await;
+        let result = self
+            .call(move |ob| {
+                let _done = done;
+                ob.drain_with(&actor, &control)
+            })
+            .await;
         guard.disarm();
         result
     }
