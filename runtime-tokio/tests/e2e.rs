@@ -379,3 +379,89 @@ async fn signed_requests_verify_on_the_receiving_side() {
     assert_eq!(reqs[0].header("webhook-id"), reqs[1].header("webhook-id"));
     assert_ne!(reqs[1].header("webhook-id"), reqs[2].header("webhook-id"));
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_current_thread_runtime_delivers_and_cancels_too() {
+    let f = fixture();
+    let r = Arc::new(Recipient::start().expect("recipient"));
+    r.set_default("/slow", Reply::Status(200).after(Duration::from_millis(30)));
+    let to = vec![r.url("/fast"), r.url("/slow")];
+    let delivered = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&delivered);
+    let outbox = Outbox::builder(Arc::clone(&f.store), config())
+        .hooks(Hooks {
+            delivered: Some(Box::new(move |_| {
+                seen.fetch_add(1, Ordering::Relaxed);
+            })),
+            ..Hooks::default()
+        })
+        .open()
+        .expect("outbox");
+    for i in 0..10 {
+        outbox
+            .enqueue("actor", vec![row(&format!("e{i}"), &to)])
+            .await
+            .expect("enqueue");
+    }
+    // Cut the first drain once /slow has an answer; the next one delivers the rest.
+    let rr = Arc::clone(&r);
+    let first_answered = async move {
+        let answered = tokio::task::spawn_blocking(move || {
+            rr.wait_until(Duration::from_secs(20), |all| {
+                all.iter()
+                    .any(|q| q.path == "/slow" && q.completion.status().is_some())
+            })
+        })
+        .await
+        .expect("join");
+        assert!(answered);
+    };
+    tokio::select! {
+        out = outbox.drain("actor") => panic!("the drain finished first: {out:?}"),
+        () = first_answered => {}
+    }
+    let again = outbox.drain("actor").await.expect("drain");
+    assert!(matches!(again, DrainOutcome::Ran(_)), "{again:?}");
+    for p in ["/fast", "/slow"] {
+        assert_eq!(common::dedup_bodies(&r, p), ids(10), "{p}");
+    }
+    assert!(delivered.load(Ordering::Relaxed) >= 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_rows_and_shutdown_are_typed_errors() {
+    let f = fixture();
+    let outbox = Outbox::open(Arc::clone(&f.store), config()).expect("outbox");
+    let err = outbox
+        .enqueue("actor", vec![row("bad", &["not a url".to_string()])])
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(err, outbox_lanes_tokio::OutboxError::Enqueue(_)),
+        "{err:?}"
+    );
+    assert!(
+        outbox
+            .status()
+            .await
+            .expect("status")
+            .iter()
+            .all(|s| s.pending == 0)
+    );
+    outbox.shutdown().await;
+    let err = outbox.drain("actor").await.expect_err("shutting down");
+    assert!(
+        matches!(err, outbox_lanes_tokio::OutboxError::ShuttingDown),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn opening_outside_a_tokio_runtime_is_an_error() {
+    let f = fixture();
+    let err = Outbox::open(Arc::clone(&f.store), config()).expect_err("no runtime");
+    assert!(
+        matches!(err, outbox_lanes_tokio::OutboxError::Spawn(_)),
+        "{err:?}"
+    );
+}
