@@ -1,7 +1,7 @@
 //! Deliveries as tasks: the pass driver's [`Executor`] on an async [`Runtime`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use outbox_lanes_blocking::HttpClient;
@@ -125,7 +125,9 @@ impl Executor for TaskExecutor {
             .unwrap_or_else(PoisonError::into_inner) += 1;
         let guard = RunningGuard(Arc::clone(&self.running));
         let rt = Arc::clone(&self.rt);
-        let store = Arc::clone(&self.store);
+        // Weak: a task never owns the store on an executor thread, where dropping the last
+        // reference to a Postgres client would panic; it is upgraded on the blocking pool.
+        let store = Arc::downgrade(&self.store);
         let transport = self.transport.clone();
         let permits = Arc::clone(&self.permits);
         let job = FinishOnDrop(Some(job));
@@ -168,12 +170,17 @@ impl Executor for TaskExecutor {
 }
 
 /// One attempt; reports to the pass through [`Job::finish`] (a pass that is gone ignores it).
-async fn deliver(rt: &dyn Runtime, store: Arc<dyn Store>, transport: Transport, job: FinishOnDrop) {
+async fn deliver(
+    rt: &dyn Runtime,
+    store: Weak<dyn Store>,
+    transport: Transport,
+    job: FinishOnDrop,
+) {
     match transport {
         #[cfg(feature = "tokio")]
         Transport::Async(http) => {
             let unit = job.job().unit;
-            let payload = unblock(rt, move || store.payload(unit)).await;
+            let payload = unblock(rt, move || upgrade(&store)?.payload(unit)).await;
             let result = match payload {
                 Some(Ok(p)) => {
                     let j = job.job();
@@ -196,10 +203,20 @@ async fn deliver(rt: &dyn Runtime, store: Arc<dyn Store>, transport: Transport, 
         Transport::Blocking(http) => {
             // If the runtime drops this unrun, the job reports a failure as it is dropped.
             let _ = unblock(rt, move || {
-                let result = pass::attempt(&*store, &http, job.job());
+                let result = match upgrade(&store) {
+                    Ok(store) => pass::attempt(&*store, &http, job.job()),
+                    Err(e) => pass::payload_failed(&e),
+                };
                 job.finish(result);
             })
             .await;
         }
     }
+}
+
+/// The store, while the outbox that owns it is alive.
+fn upgrade(store: &Weak<dyn Store>) -> Result<Arc<dyn Store>, StoreError> {
+    store
+        .upgrade()
+        .ok_or_else(|| StoreError::Database("the outbox was dropped".into()))
 }

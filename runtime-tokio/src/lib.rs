@@ -10,9 +10,14 @@
 //!   reqwest ([`AsyncHttpClient`], the blocking client's policy and results) on tokio, or with
 //!   the blocking ureq client on the blocking pool of any other [`Runtime`];
 //! - cancellation safety: dropping or aborting a [`Outbox::drain`] future, or a
-//!   `tokio::time::timeout` around it, cancels the pass, which hands every unfinished unit
-//!   back and releases the drain slot at once (OL-14) — nothing stays claimed until a lease
-//!   runs out.
+//!   `tokio::time::timeout` around it, cancels the pass, which at its next wake-up (a few
+//!   milliseconds) hands every unfinished unit back and releases the drain slot (OL-14):
+//!   nothing stays claimed until a lease runs out, and the next drain of that actor runs a
+//!   pass of its own. Attempts in flight are abandoned, not aborted: their answers are
+//!   ignored and the units sent again later (delivery is at-least-once, and every request
+//!   carries the unit's idempotency key);
+//! - a [`Monitor`] (the blocking runtime's monitor thread: pass loops are blocking code
+//!   either way) whose passes deliver through this outbox's tasks.
 //!
 //! Executors, by feature: `tokio` (default; [`TokioRuntime`], reqwest), `smol`
 //! ([`SmolRuntime`]) and `async-std` ([`AsyncStdRuntime`]; async-std is discontinued
