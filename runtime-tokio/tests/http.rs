@@ -270,6 +270,27 @@ async fn the_default_policy_refuses_loopback_literals_and_names_without_traffic(
     if let Ok(r6) = &r6 {
         assert_eq!(r6.count_all(), 0);
     }
+    // With loopback allowed, the literals and a name resolving to loopback are delivered to.
+    let r1 = Recipient::start().expect("recipient");
+    let mut allowed = vec![
+        r4.url("/inbox"),
+        format!("http://localhost:{}/inbox", r1.addr().port()),
+    ];
+    if let Ok(r6) = &r6 {
+        allowed.push(r6.url("/inbox"));
+    }
+    for url in &allowed {
+        let res = both(loopback(), url, CONTENT_TYPE).await;
+        assert_eq!(res.outcome, Outcome::Delivered, "{url}: {res:?}");
+    }
+    assert_eq!(
+        (r4.count_all(), r1.count_all()),
+        (2, 2),
+        "one request per client"
+    );
+    if let Ok(r6) = &r6 {
+        assert_eq!(r6.count_all(), 2);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
