@@ -7,7 +7,7 @@
 //!   is blocking code) on the runtime's blocking pool, so the Postgres client is only ever
 //!   used and dropped there;
 //! - deliveries as tasks, at most [`OutboxConfig::concurrency`] at once, POSTing with
-//!   reqwest ([`AsyncHttpClient`], the blocking client's policy and results) on tokio, or with
+//!   reqwest (`AsyncHttpClient`, the blocking client's policy and results) on tokio, or with
 //!   the blocking ureq client on the blocking pool of any other [`Runtime`];
 //! - cancellation safety: dropping or aborting a [`Outbox::drain`] future, or a
 //!   `tokio::time::timeout` around it, cancels the pass, which at its next wake-up (a few
@@ -19,8 +19,8 @@
 //! - a [`Monitor`] (the blocking runtime's monitor thread: pass loops are blocking code
 //!   either way) whose passes deliver through this outbox's tasks.
 //!
-//! Executors, by feature: `tokio` (default; [`TokioRuntime`], reqwest), `smol`
-//! ([`SmolRuntime`]) and `async-std` ([`AsyncStdRuntime`]; async-std is discontinued
+//! Executors, by feature: `tokio` (default; `TokioRuntime`, reqwest), `smol`
+//! (`SmolRuntime`) and `async-std` (`AsyncStdRuntime`; async-std is discontinued
 //! upstream, smol is its successor). The last two run the same driver with HTTP through
 //! ureq on their blocking pools ([`OutboxBuilder::open_on`]).
 //!

@@ -100,7 +100,7 @@ impl Runtime for TokioRuntime {
 /// async-std: its global executor and blocking pool.
 ///
 /// async-std is discontinued upstream; its authors point to smol, its successor
-/// ([`SmolRuntime`], feature `smol`). This is kept for services that still run on it.
+/// (`SmolRuntime`, feature `smol`). This is kept for services that still run on it.
 #[cfg(feature = "async-std")]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AsyncStdRuntime;
