@@ -6,12 +6,16 @@
 //! delays nobody else.
 //!
 //! This facade re-exports the sans-IO [`core`] and, by feature, a store ([`store`]: `sqlite`,
-//! the default, and `postgres`) and a runtime ([`blocking`]: the `blocking` feature).
+//! the default, and `postgres`) and a runtime ([`blocking`]: the `blocking` feature;
+//! [`tokio`](mod@tokio): the `tokio` and `async-std` features).
 
 pub use outbox_lanes_core as core;
 
 #[cfg(feature = "blocking")]
 pub use outbox_lanes_blocking as blocking;
+
+#[cfg(any(feature = "tokio", feature = "async-std"))]
+pub use outbox_lanes_tokio as tokio;
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use outbox_lanes_store as store;

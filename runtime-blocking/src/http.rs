@@ -70,7 +70,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_RESPONSE_BODY: usize = 64 * 1024;
 /// How much of a non-2xx answer's body goes into [`AttemptResult::error`]: enough for a
 /// recipient's one-line reason, not enough to fill the dead-letter table.
-const ERROR_EXCERPT: usize = 200;
+pub const ERROR_EXCERPT: usize = 200;
 /// Idle connections kept per host. ureq's default (3) is below the delivery concurrency a
 /// relay runs with; many workers delivering to one host (several actors' lanes, or a
 /// benchmark's loopback recipients) would then open a connection per request and fill the
@@ -133,7 +133,7 @@ impl fmt::Debug for HttpConfig {
 }
 
 /// The proxy URL with any `user:pass@` replaced by `***@`.
-fn redact_userinfo(url: &str) -> String {
+pub fn redact_userinfo(url: &str) -> String {
     let authority_start = url.find("://").map_or(0, |i| i + 3);
     let rest = url.get(authority_start..).unwrap_or("");
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
@@ -360,19 +360,8 @@ impl HttpClient {
                 )
             });
         let outcome = self.shared.classifier.status(status, retry_after);
-        let excerpt = read_capped(response.into_body(), self.shared.max_response_body);
-        let error = if outcome.is_delivered() {
-            None
-        } else if excerpt.is_empty() {
-            Some(format!("status {status}"))
-        } else {
-            Some(format!("status {status}: {excerpt}"))
-        };
-        AttemptResult {
-            outcome,
-            status: Some(status),
-            error,
-        }
+        let head = read_capped(response.into_body(), self.shared.max_response_body);
+        answered_result(outcome, status, &head)
     }
 
     fn failed(&self, e: &ureq::Error) -> AttemptResult {
@@ -417,16 +406,43 @@ impl fmt::Debug for HttpClient {
     }
 }
 
-fn refusal_message(r: &DestinationRefused) -> String {
+/// The error of a refused destination: `destination_refused: <addr> is <class>`.
+pub fn refusal_message(r: &DestinationRefused) -> String {
     format!("destination_refused: {} is {}", r.addr, r.class)
 }
 
-/// Reads at most `cap` bytes of the body and returns a printable excerpt of its start.
+/// The result of an attempt the recipient answered with `status`, classified as `outcome`;
+/// `head` is the start of the answer's body (at most [`ERROR_EXCERPT`] bytes are used).
+/// Every HTTP client of the workspace builds its answers here, so dead letters read the
+/// same whichever runtime delivered.
+pub fn answered_result(outcome: Outcome, status: u16, head: &[u8]) -> AttemptResult {
+    let head = head.get(..ERROR_EXCERPT).unwrap_or(head);
+    let excerpt = String::from_utf8_lossy(head)
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect::<String>()
+        .trim()
+        .to_owned();
+    let error = if outcome.is_delivered() {
+        None
+    } else if excerpt.is_empty() {
+        Some(format!("status {status}"))
+    } else {
+        Some(format!("status {status}: {excerpt}"))
+    };
+    AttemptResult {
+        outcome,
+        status: Some(status),
+        error,
+    }
+}
+
+/// Reads at most `cap` bytes of the body and returns the first [`ERROR_EXCERPT`] of them.
 ///
 /// The rest is never read: dropping the reader before the end closes the connection
 /// instead of returning it to the pool. A read error (a timeout, a reset mid-body) is
 /// ignored: the status already says what the recipient decided.
-fn read_capped(body: ureq::Body, cap: usize) -> String {
+fn read_capped(body: ureq::Body, cap: usize) -> Vec<u8> {
     let mut reader = body.into_reader();
     let mut head = Vec::new();
     let mut buf = [0u8; 8 * 1024];
@@ -450,12 +466,7 @@ fn read_capped(body: ureq::Body, cap: usize) -> String {
         }
     }
     drop(reader);
-    String::from_utf8_lossy(&head)
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect::<String>()
-        .trim()
-        .to_owned()
+    head
 }
 
 /// How a ureq error is classified.
@@ -485,7 +496,8 @@ fn error_kind(e: &ureq::Error) -> ErrorKind {
     }
 }
 
-fn io_kind(e: &io::Error) -> TransportError {
+/// How an I/O error of a delivery is classified (a rustls error carried in it is `tls`).
+pub fn io_kind(e: &io::Error) -> TransportError {
     use io::ErrorKind as K;
     // rustls reports handshake and record failures through the stream as I/O errors.
     if e.get_ref().is_some_and(|inner| inner.is::<rustls::Error>()) {

@@ -97,11 +97,17 @@ pub fn attempt(store: &dyn Store, http: &HttpClient, job: &Job) -> AttemptResult
             };
             http.deliver(&d, SystemTime::now())
         }
-        Err(e) => AttemptResult {
-            outcome: Outcome::Transient { retry_after: None },
-            status: None,
-            error: Some(format!("payload: {e}")),
-        },
+        Err(e) => payload_failed(&e),
+    }
+}
+
+/// The result of an attempt whose payload the store could not give (locked, gone): a
+/// transient failure, which costs an attempt but loses nothing.
+pub fn payload_failed(e: &StoreError) -> AttemptResult {
+    AttemptResult {
+        outcome: Outcome::Transient { retry_after: None },
+        status: None,
+        error: Some(format!("payload: {e}")),
     }
 }
 

@@ -1,5 +1,419 @@
 //! The async runtime of outbox-lanes: tokio (async-std/smol by feature), reqwest and a Store.
 //!
-//! This crate is filled by its own issue; for now it only re-exports the core.
+//! [`Outbox`] is the blocking runtime's outbox ([`outbox_lanes_blocking::Outbox`]) driven
+//! from async code: the same pass driver, drain slots, monitor and rules, with
+//!
+//! - every store call (enqueue, status, lanes, dead letters, and the whole pass loop, which
+//!   is blocking code) on the runtime's blocking pool, so the Postgres client is only ever
+//!   used and dropped there;
+//! - deliveries as tasks, at most [`OutboxConfig::concurrency`] at once, POSTing with
+//!   reqwest (`AsyncHttpClient`, the blocking client's policy and results) on tokio, or with
+//!   the blocking ureq client on the blocking pool of any other [`Runtime`];
+//! - cancellation safety: dropping or aborting a [`Outbox::drain`] future, or a
+//!   `tokio::time::timeout` around it, cancels the pass, which at its next wake-up (a few
+//!   milliseconds) hands every unfinished unit back and releases the drain slot (OL-14):
+//!   nothing stays claimed until a lease runs out, and the next drain of that actor runs a
+//!   pass of its own. Attempts in flight are abandoned, not aborted: their answers are
+//!   ignored and the units sent again later (delivery is at-least-once, and every request
+//!   carries the unit's idempotency key);
+//! - a [`Monitor`] (the blocking runtime's monitor thread: pass loops are blocking code
+//!   either way) whose passes deliver through this outbox's tasks.
+//!
+//! Executors, by feature: `tokio` (default; `TokioRuntime`, reqwest), `smol`
+//! (`SmolRuntime`) and `async-std` (`AsyncStdRuntime`; async-std is discontinued
+//! upstream, smol is its successor). The last two run the same driver with HTTP through
+//! ureq on their blocking pools ([`OutboxBuilder::open_on`]).
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use outbox_lanes_tokio::{Outbox, OutboxConfig};
+//! use outbox_lanes_tokio::store::{NewRow, SqliteOptions, SqliteStore};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = Arc::new(SqliteStore::open("outbox.db", SqliteOptions::default())?);
+//! let outbox = Outbox::open(store, OutboxConfig::default())?;
+//! outbox.enqueue("alice", vec![NewRow {
+//!     id: "activity-1".into(),
+//!     body: br#"{"type":"Create"}"#.to_vec(),
+//!     content_type: "application/activity+json".into(),
+//!     recipients: vec!["https://b.example/inbox".into()],
+//!     dedup_key: None,
+//!     ordering_key: None,
+//!     joined: false,
+//! }]).await?;
+//! outbox.drain("alice").await?;
+//! # Ok(()) }
+//! ```
 
+mod cancel;
+mod executor;
+#[cfg(feature = "tokio")]
+pub mod http;
+pub mod runtime;
+
+use std::fmt;
+use std::sync::Arc;
+
+pub use outbox_lanes_blocking::pass::PassReport;
+pub use outbox_lanes_blocking::sign::{self, Signer};
+pub use outbox_lanes_blocking::store;
+pub use outbox_lanes_blocking::{
+    DeadLettered, Delivered, DrainControl, DrainOutcome, Hooks, HttpConfig, OutboxConfig,
+    OutboxError,
+};
 pub use outbox_lanes_core as core;
+use outbox_lanes_core::{ActorId, ActorResolver};
+use outbox_lanes_store::{ActorStatus, DeadLetter, Enqueued, LaneStatus, NewRow, Store};
+use tracing::warn;
+
+use crate::cancel::WindingDown;
+use crate::executor::{TaskExecutor, Transport};
+#[cfg(feature = "tokio")]
+pub use crate::http::AsyncHttpClient;
+#[cfg(feature = "async-std")]
+pub use crate::runtime::AsyncStdRuntime;
+#[cfg(feature = "smol")]
+pub use crate::runtime::SmolRuntime;
+#[cfg(feature = "tokio")]
+pub use crate::runtime::TokioRuntime;
+use crate::runtime::unblock;
+pub use crate::runtime::{BoxFuture, Runtime};
+
+struct Inner {
+    /// `Some` until dropped; taken by `Drop` to drop it on the blocking pool.
+    blocking: Option<outbox_lanes_blocking::Outbox>,
+    rt: Arc<dyn Runtime>,
+    winding: Arc<WindingDown>,
+}
+
+impl Inner {
+    fn blocking(&self) -> &outbox_lanes_blocking::Outbox {
+        self.blocking
+            .as_ref()
+            .expect("the blocking outbox is only taken when Inner is dropped")
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // The last reference to the store may go with it (a Postgres client must not be
+        // dropped on an executor thread), and the ack writer's thread is joined.
+        if let Some(ob) = self.blocking.take() {
+            self.rt.spawn_blocking(Box::new(move || drop(ob)));
+        }
+    }
+}
+
+/// An actor outbox over a [`Store`], driven from async code; see the [crate docs](crate).
+///
+/// Cloning is cheap; every clone shares the same delivery tasks and drain slots.
+#[derive(Clone)]
+pub struct Outbox {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Outbox {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Outbox")
+            .field("runtime", &self.inner.rt)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builder for an [`Outbox`] with hooks, a signer or an actor resolver.
+pub struct OutboxBuilder {
+    blocking: outbox_lanes_blocking::OutboxBuilder,
+    store: Arc<dyn Store>,
+    config: OutboxConfig,
+    signer: Option<Arc<dyn Signer>>,
+}
+
+impl fmt::Debug for OutboxBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OutboxBuilder")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl OutboxBuilder {
+    /// Maps actor aliases to canonical ids (two spellings of one actor share one slot).
+    pub fn resolver(mut self, r: impl ActorResolver + Send + Sync + 'static) -> Self {
+        self.blocking = self.blocking.resolver(r);
+        self
+    }
+
+    /// Delivery hooks. They are called on the pass's thread (the blocking pool): keep them
+    /// short, and do not block on the async runtime from them.
+    pub fn hooks(mut self, hooks: Hooks) -> Self {
+        self.blocking = self.blocking.hooks(hooks);
+        self
+    }
+
+    /// Signs every attempt.
+    pub fn signer(mut self, signer: Arc<dyn Signer>) -> Self {
+        self.signer = Some(signer);
+        self
+    }
+
+    /// Opens the outbox on the tokio runtime the caller runs on, delivering with reqwest.
+    ///
+    /// # Errors
+    /// Called outside a tokio runtime ([`OutboxError::Spawn`]); the HTTP client could not be
+    /// built ([`OutboxError::Http`]); the ack writer's thread could not be started.
+    #[cfg(feature = "tokio")]
+    pub fn open(self) -> Result<Outbox, OutboxError> {
+        let rt = TokioRuntime::current()
+            .map_err(|e| OutboxError::Spawn(std::io::Error::other(e.to_string())))?;
+        let http = AsyncHttpClient::new(self.config.http.clone(), self.signer.clone())?;
+        self.finish(Arc::new(rt), Transport::Async(http))
+    }
+
+    /// Opens the outbox on `runtime`, delivering with the blocking ureq client on its
+    /// blocking pool (async-std, smol, or a runtime of your own).
+    ///
+    /// # Errors
+    /// The HTTP client could not be built ([`OutboxError::Http`]); the ack writer's thread
+    /// could not be started.
+    pub fn open_on(self, runtime: Arc<dyn Runtime>) -> Result<Outbox, OutboxError> {
+        let http =
+            outbox_lanes_blocking::HttpClient::new(self.config.http.clone(), self.signer.clone())
+                .map_err(|e| OutboxError::Http(e.to_string()))?;
+        self.finish(runtime, Transport::Blocking(http))
+    }
+
+    fn finish(self, rt: Arc<dyn Runtime>, transport: Transport) -> Result<Outbox, OutboxError> {
+        let grace = self.config.http.timeout + self.config.shutdown_grace;
+        let executor = Arc::new(TaskExecutor::new(
+            Arc::clone(&rt),
+            Arc::clone(&self.store),
+            transport,
+            self.config.concurrency,
+            grace,
+        ));
+        let blocking = self
+            .blocking
+            .executor(Arc::clone(&executor) as Arc<dyn outbox_lanes_blocking::pass::Executor>)
+            .open()?;
+        Ok(Outbox {
+            inner: Arc::new(Inner {
+                blocking: Some(blocking),
+                rt,
+                winding: Arc::default(),
+            }),
+        })
+    }
+}
+
+impl Outbox {
+    /// An outbox on the current tokio runtime with the default resolver and no hooks.
+    ///
+    /// # Errors
+    /// See [`OutboxBuilder::open`].
+    #[cfg(feature = "tokio")]
+    pub fn open(store: Arc<dyn Store>, config: OutboxConfig) -> Result<Outbox, OutboxError> {
+        Outbox::builder(store, config).open()
+    }
+
+    /// A builder, for hooks, a signer, an actor resolver or another runtime.
+    pub fn builder(store: Arc<dyn Store>, config: OutboxConfig) -> OutboxBuilder {
+        OutboxBuilder {
+            blocking: outbox_lanes_blocking::Outbox::builder(Arc::clone(&store), config.clone()),
+            store,
+            config,
+            signer: None,
+        }
+    }
+
+    /// The blocking outbox this one drives, for code already on a blocking thread.
+    pub fn blocking(&self) -> &outbox_lanes_blocking::Outbox {
+        self.inner.blocking()
+    }
+
+    /// The runtime the outbox runs on.
+    pub fn runtime(&self) -> &Arc<dyn Runtime> {
+        &self.inner.rt
+    }
+
+    /// The store. Its methods block: call them through the runtime's blocking pool.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        self.inner.blocking().store()
+    }
+
+    /// The canonical id of an actor spelling.
+    ///
+    /// # Errors
+    /// [`OutboxError::UnknownActor`].
+    pub fn resolve(&self, actor: &str) -> Result<ActorId, OutboxError> {
+        self.inner.blocking().resolve(actor)
+    }
+
+    /// Runs `f` with the blocking outbox on the blocking pool.
+    async fn call<T, F>(&self, f: F) -> Result<T, OutboxError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&outbox_lanes_blocking::Outbox) -> Result<T, OutboxError> + Send + 'static,
+    {
+        let ob = self.inner.blocking().clone();
+        unblock(&*self.inner.rt, move || f(&ob))
+            .await
+            .unwrap_or(Err(OutboxError::ShuttingDown))
+    }
+
+    /// Enqueues rows for `actor`, all or nothing; the monitor is woken after the commit.
+    ///
+    /// # Errors
+    /// [`OutboxError::Enqueue`] names the refused row; nothing was written.
+    pub async fn enqueue(
+        &self,
+        actor: &str,
+        rows: Vec<NewRow>,
+    ) -> Result<Vec<Enqueued>, OutboxError> {
+        let actor = actor.to_owned();
+        self.call(move |ob| ob.enqueue(&actor, &rows)).await
+    }
+
+    /// Drains `actor`'s outbox: runs passes until nothing is admissible, unless a pass of
+    /// this actor is already running, in which case it is told to look once more and this
+    /// returns [`DrainOutcome::Merged`] without waiting (OL-12).
+    ///
+    /// Cancellation-safe: dropping the future (an abort, a `select!`, a timeout) cancels the
+    /// pass, which hands every unfinished unit back and releases the drain slot within a
+    /// few milliseconds; attempts in flight are abandoned (their late answers ignored; a
+    /// recipient may see such a unit again: delivery is at-least-once). A drain of the same
+    /// actor on this outbox started after the drop waits for that hand-back and then runs a
+    /// pass of its own (it does not return [`DrainOutcome::Merged`] because of it).
+    ///
+    /// # Errors
+    /// A store failure; every unfinished unit was handed back first (OL-14).
+    pub async fn drain(&self, actor: &str) -> Result<DrainOutcome, OutboxError> {
+        self.drain_with(actor, Arc::new(DrainControl::default()))
+            .await
+    }
+
+    /// [`Outbox::drain`] with a control another task can use: `stop` ends the pass
+    /// gracefully (nothing new starts, attempts in flight finish, the rest is handed back),
+    /// `cancel` ends it at once. Dropping the future sets `cancel`.
+    ///
+    /// # Errors
+    /// As [`Outbox::drain`]; [`OutboxError::Cancelled`] after a cancellation.
+    pub async fn drain_with(
+        &self,
+        actor: &str,
+        control: Arc<DrainControl>,
+    ) -> Result<DrainOutcome, OutboxError> {
+        let id = self.resolve(actor)?;
+        // A pass of this actor cancelled a moment ago is still handing back: wait for it
+        // rather than merge into a pass that is ending (see the `cancel` module).
+        self.inner.winding.wait(&id).await;
+        let (guard, done) = self.inner.winding.start(id, Arc::clone(&control));
+        let actor = actor.to_owned();
+        let result = self
+            .call(move |ob| {
+                let _done = done;
+                ob.drain_with(&actor, &control)
+            })
+            .await;
+        guard.disarm();
+        result
+    }
+
+    /// Asks for a drain of `actor` without waiting for it: a task runs it (or merges into
+    /// the running pass, OL-12) and logs a failure. For request handlers that enqueue.
+    pub fn request_drain(&self, actor: &str) {
+        let ob = self.clone();
+        let actor = actor.to_owned();
+        self.inner.rt.spawn(Box::pin(async move {
+            if let Err(e) = ob.drain(&actor).await {
+                warn!(%actor, error = %e, "requested drain failed; the monitor retries");
+            }
+        }));
+    }
+
+    /// Status of every actor.
+    ///
+    /// # Errors
+    /// A store failure.
+    pub async fn status(&self) -> Result<Vec<ActorStatus>, OutboxError> {
+        self.call(|ob| ob.status()).await
+    }
+
+    /// The lanes of an actor.
+    ///
+    /// # Errors
+    /// A store failure, or an unknown actor.
+    pub async fn lanes(&self, actor: &str) -> Result<Vec<LaneStatus>, OutboxError> {
+        let actor = actor.to_owned();
+        self.call(move |ob| ob.lanes(&actor)).await
+    }
+
+    /// Dead letters, of one actor or all.
+    ///
+    /// # Errors
+    /// A store failure, or an unknown actor.
+    pub async fn dead_letters(&self, actor: Option<&str>) -> Result<Vec<DeadLetter>, OutboxError> {
+        let actor = actor.map(str::to_owned);
+        self.call(move |ob| ob.dead_letters(actor.as_deref())).await
+    }
+
+    /// Graceful shutdown: running passes stop starting units, let attempts in flight finish
+    /// within the grace period and hand the rest back; then delivery tasks are awaited
+    /// (within the HTTP timeout) and acks flushed. Nothing is lost if the grace period
+    /// passes: unfinished units stay in the store.
+    pub async fn shutdown(&self) {
+        let _ = self
+            .call(|ob| {
+                ob.shutdown();
+                Ok(())
+            })
+            .await;
+    }
+
+    /// Starts a monitor draining every actor with work (OL-13): woken on enqueue (in this
+    /// process and, through the store's watcher, in others), at the earliest lane
+    /// `not_before`, and by a safety-net poll; several actors at once.
+    ///
+    /// The monitor's loop and its passes are threads (the blocking runtime's monitor: pass
+    /// loops are blocking code either way); their deliveries are this outbox's tasks.
+    ///
+    /// # Errors
+    /// The store's cross-process watcher or the thread could not be started.
+    pub async fn monitor(&self) -> Result<Monitor, OutboxError> {
+        let monitor = self.call(|ob| ob.monitor()).await?;
+        Ok(Monitor {
+            inner: Some(monitor),
+            rt: Arc::clone(&self.inner.rt),
+        })
+    }
+}
+
+/// A running monitor; see [`Outbox::monitor`]. Stop it with [`Monitor::stop`]; dropping it
+/// stops it in the background.
+pub struct Monitor {
+    inner: Option<outbox_lanes_blocking::Monitor>,
+    rt: Arc<dyn Runtime>,
+}
+
+impl fmt::Debug for Monitor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Monitor").finish_non_exhaustive()
+    }
+}
+
+impl Monitor {
+    /// Stops the monitor gracefully: running passes start nothing new, attempts in flight
+    /// finish, the rest is handed back and the slots released. The outbox stays usable.
+    pub async fn stop(mut self) {
+        if let Some(m) = self.inner.take() {
+            let _ = unblock(&*self.rt, move || m.stop()).await;
+        }
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        if let Some(m) = self.inner.take() {
+            self.rt.spawn_blocking(Box::new(move || m.stop()));
+        }
+    }
+}

@@ -1,0 +1,359 @@
+//! The reqwest client against real HTTP servers on loopback, compared with the blocking ureq
+//! client: for every scenario both clients must produce the same outcome, status and error
+//! code (the text before the first `:`), so dead letters read the same whichever runtime
+//! delivered. Only loopback addresses are used: 127.0.0.0/8, `[::1]` and `localhost`.
+#![allow(missing_docs)]
+#![cfg(feature = "tokio")]
+
+use std::io::{Read as _, Write as _};
+use std::net::TcpListener;
+use std::thread;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use outbox_lanes_blocking::http::{AttemptResult, Delivery, HttpClient};
+use outbox_lanes_core::policy::AddressPolicy;
+use outbox_lanes_core::{Outcome, UnitId};
+use outbox_lanes_test_support::{Completion, Recipient, Reply, Response, Unanswered};
+use outbox_lanes_tokio::{AsyncHttpClient, HttpConfig};
+
+const BODY: &[u8] = br#"{"type":"Create","n":1}"#;
+const CONTENT_TYPE: &str = "application/activity+json";
+
+fn loopback() -> HttpConfig {
+    HttpConfig {
+        addresses: AddressPolicy::allow_loopback_only(),
+        timeout: Duration::from_millis(700),
+        ..HttpConfig::default()
+    }
+}
+
+/// A fixed attempt time, so HTTP-date Retry-Afters give exact delays.
+fn fixed_now() -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(1_700_000_000)
+}
+
+async fn post_async(c: &AsyncHttpClient, url: &str, content_type: &str) -> AttemptResult {
+    c.deliver(
+        &Delivery {
+            unit: UnitId(7),
+            recipient: url,
+            body: BODY,
+            content_type,
+            attempt: 1,
+        },
+        fixed_now(),
+    )
+    .await
+}
+
+async fn post_blocking(c: &HttpClient, url: &str, content_type: &str) -> AttemptResult {
+    let (c, url, content_type) = (c.clone(), url.to_owned(), content_type.to_owned());
+    tokio::task::spawn_blocking(move || {
+        c.deliver(
+            &Delivery {
+                unit: UnitId(7),
+                recipient: &url,
+                body: BODY,
+                content_type: &content_type,
+                attempt: 1,
+            },
+            fixed_now(),
+        )
+    })
+    .await
+    .expect("join")
+}
+
+fn code(r: &AttemptResult) -> Option<&str> {
+    r.error.as_deref().map(|e| e.split(':').next().unwrap_or(e))
+}
+
+/// Delivers to `url` with both clients (built from `cfg`) and checks they agree; returns
+/// the async client's result.
+async fn both(cfg: HttpConfig, url: &str, content_type: &str) -> AttemptResult {
+    let a = AsyncHttpClient::new(cfg.clone(), None).expect("async client");
+    let b = HttpClient::new(cfg, None).expect("blocking client");
+    let async_result = post_async(&a, url, content_type).await;
+    let blocking_result = post_blocking(&b, url, content_type).await;
+    assert_eq!(
+        (
+            async_result.outcome,
+            async_result.status,
+            code(&async_result)
+        ),
+        (
+            blocking_result.outcome,
+            blocking_result.status,
+            code(&blocking_result)
+        ),
+        "{url}: async {async_result:?} vs blocking {blocking_result:?}"
+    );
+    async_result
+}
+
+fn transient() -> Outcome {
+    Outcome::Transient { retry_after: None }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statuses_classify_like_the_blocking_client() {
+    let r = Recipient::start().expect("recipient");
+    r.set_default("/ok", Reply::Status(200));
+    r.set_default("/accepted", Reply::Status(202));
+    r.set_default("/error", Reply::Status(500));
+    r.set_default(
+        "/busy",
+        Response::new(503).with_header("Retry-After", "7").into(),
+    );
+    r.set_default(
+        "/dated",
+        Response::new(429)
+            .with_header("Retry-After", "Tue, 14 Nov 2023 22:14:20 GMT")
+            .into(),
+    );
+    r.set_default("/gone", Reply::Status(410));
+    r.set_default("/missing", Reply::Status(404));
+    r.set_default(
+        "/refusal",
+        Response::new(422).with_body("bad\r\nactivity\0").into(),
+    );
+    r.set_default("/moved", Reply::Redirect(302, r.url("/ok")));
+    let cases: [(&str, Outcome, u16); 9] = [
+        ("/ok", Outcome::Delivered, 200),
+        ("/accepted", Outcome::Delivered, 202),
+        ("/error", transient(), 500),
+        (
+            "/busy",
+            Outcome::Throttled {
+                retry_after: Some(Duration::from_secs(7)),
+            },
+            503,
+        ),
+        (
+            "/dated",
+            Outcome::Throttled {
+                retry_after: Some(Duration::from_secs(60)),
+            },
+            429,
+        ),
+        ("/gone", Outcome::Gone, 410),
+        ("/missing", Outcome::Permanent, 404),
+        ("/refusal", Outcome::Permanent, 422),
+        ("/moved", Outcome::Permanent, 302),
+    ];
+    for (path, outcome, status) in cases {
+        let res = both(loopback(), &r.url(path), CONTENT_TYPE).await;
+        assert_eq!((res.outcome, res.status), (outcome, Some(status)), "{path}");
+    }
+    // The excerpt is sanitised the same way as the blocking client's.
+    let res = both(loopback(), &r.url("/refusal"), CONTENT_TYPE).await;
+    assert_eq!(res.error.as_deref(), Some("status 422: bad  activity"));
+    // The redirect was not followed.
+    assert_eq!(r.count("/ok"), 2);
+    // Every request carried the idempotency key, the user agent and the content type.
+    for q in r.all_requests() {
+        assert_eq!(q.header("idempotency-key"), Some("7"));
+        assert_eq!(
+            q.header("user-agent"),
+            Some(concat!("outbox-lanes/", env!("CARGO_PKG_VERSION")))
+        );
+        assert_eq!(q.header_all("user-agent").len(), 1);
+        assert_eq!(q.header("content-type"), Some(CONTENT_TYPE));
+        assert_eq!(q.body, BODY);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transport_failures_classify_like_the_blocking_client() {
+    let r = Recipient::start().expect("recipient");
+    r.set_default("/hang", Reply::Hang);
+    r.set_default("/reset", Reply::Reset);
+    r.set_default("/close", Reply::CloseWithoutResponse);
+    let res = both(loopback(), &r.url("/hang"), CONTENT_TYPE).await;
+    assert_eq!((res.outcome, code(&res)), (transient(), Some("timeout")));
+    let res = both(loopback(), &r.url("/reset"), CONTENT_TYPE).await;
+    assert_eq!(res.outcome, transient(), "{res:?}");
+    let res = both(loopback(), &r.url("/close"), CONTENT_TYPE).await;
+    assert_eq!(res.outcome, transient(), "{res:?}");
+
+    // A port that was just listened on and is closed now.
+    let closed = {
+        let gone = Recipient::start().expect("recipient");
+        gone.url("/inbox")
+    };
+    let res = both(loopback(), &closed, CONTENT_TYPE).await;
+    assert_eq!(
+        (res.outcome, code(&res)),
+        (transient(), Some("connection_refused"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_to_a_plain_http_server_is_a_tls_error() {
+    // A bare loopback socket answers the ClientHello with plain HTTP, the way a
+    // misconfigured recipient would; one connection per client.
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let server = thread::spawn(move || {
+        for _ in 0..2 {
+            let (mut stream, _) = listener.accept().expect("accept");
+            let mut hello = [0u8; 512];
+            let _ = stream.read(&mut hello);
+            let _ = stream.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
+        }
+    });
+    let res = both(loopback(), &format!("https://{addr}/inbox"), CONTENT_TYPE).await;
+    server.join().expect("server");
+    assert_eq!(
+        (res.outcome, res.status, code(&res)),
+        (transient(), None, Some("tls"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_are_read_only_up_to_the_cap() {
+    let r = Recipient::start().expect("recipient");
+    r.set_default(
+        "/huge",
+        Response::new(503).with_body(vec![b'x'; 32 << 20]).into(),
+    );
+    let res = both(loopback(), &r.url("/huge"), CONTENT_TYPE).await;
+    assert_eq!((res.outcome, res.status), (transient(), Some(503)));
+    let err = res.error.expect("error");
+    assert!(
+        err.starts_with("status 503: xxx") && err.len() < 300,
+        "{err}"
+    );
+    // The async client dropped the connection rather than read 32 MiB.
+    assert!(
+        r.wait_until(Duration::from_secs(10), |log| matches!(
+            log[0].completion,
+            Completion::Unanswered {
+                reason: Unanswered::WriteFailed,
+                ..
+            }
+        )),
+        "{:?}",
+        r.requests("/huge")[0].completion
+    );
+    // A body slower than the timeout still counts by its status.
+    r.set_default(
+        "/slow-gone",
+        Reply::SlowBody {
+            status: 410,
+            chunk: b"g".to_vec(),
+            interval: Duration::from_millis(100),
+            chunks: 100,
+        },
+    );
+    let res = both(loopback(), &r.url("/slow-gone"), CONTENT_TYPE).await;
+    assert_eq!((res.outcome, res.status), (Outcome::Gone, Some(410)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_policy_refuses_loopback_literals_and_names_without_traffic() {
+    let r4 = Recipient::start_on("127.0.0.2:0".parse().expect("addr")).expect("recipient");
+    let r6 = Recipient::start_on("[::1]:0".parse().expect("addr"));
+    let mut urls = vec![
+        r4.url("/inbox"),
+        format!("http://localhost:{}/inbox", r4.addr().port()),
+    ];
+    if let Ok(r6) = &r6 {
+        urls.push(r6.url("/inbox"));
+    }
+    for url in &urls {
+        let res = both(HttpConfig::default(), url, CONTENT_TYPE).await;
+        assert_eq!(res.outcome, Outcome::Refused, "{url}: {res:?}");
+        assert_eq!(code(&res), Some("destination_refused"), "{url}");
+    }
+    assert_eq!(r4.count_all(), 0);
+    if let Ok(r6) = &r6 {
+        assert_eq!(r6.count_all(), 0);
+    }
+    // With loopback allowed, the literals and a name resolving to loopback are delivered to.
+    let r1 = Recipient::start().expect("recipient");
+    let mut allowed = vec![
+        r4.url("/inbox"),
+        format!("http://localhost:{}/inbox", r1.addr().port()),
+    ];
+    if let Ok(r6) = &r6 {
+        allowed.push(r6.url("/inbox"));
+    }
+    for url in &allowed {
+        let res = both(loopback(), url, CONTENT_TYPE).await;
+        assert_eq!(res.outcome, Outcome::Delivered, "{url}: {res:?}");
+    }
+    assert_eq!(
+        (r4.count_all(), r1.count_all()),
+        (2, 2),
+        "one request per client"
+    );
+    if let Ok(r6) = &r6 {
+        assert_eq!(r6.count_all(), 2);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_are_permanent_and_send_nothing() {
+    let r = Recipient::start().expect("recipient");
+    let res = both(loopback(), "ftp://example.invalid/inbox", CONTENT_TYPE).await;
+    assert_eq!(
+        (res.outcome, code(&res)),
+        (Outcome::Permanent, Some("invalid_recipient"))
+    );
+    let res = both(loopback(), &r.url("/inbox"), "text/plain\r\nX: y").await;
+    assert_eq!(
+        (res.outcome, code(&res)),
+        (Outcome::Permanent, Some("invalid_request"))
+    );
+    assert_eq!(r.count_all(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configured_proxy_is_used_and_literals_are_still_checked() {
+    // The proxy is on loopback and the policy is the default (loopback refused): the proxy's
+    // own address is exempt, and the recipient's name goes to the proxy unresolved.
+    let proxy = Recipient::start().expect("recipient");
+    let target = Recipient::start().expect("recipient");
+    let c = AsyncHttpClient::new(
+        HttpConfig {
+            proxy: Some(format!("http://{}", proxy.addr())),
+            ..HttpConfig::default()
+        },
+        None,
+    )
+    .expect("client");
+    let name = format!("http://localhost:{}/inbox", target.addr().port());
+    let res = post_async(&c, &name, CONTENT_TYPE).await;
+    assert_eq!(res.outcome, Outcome::Delivered, "{res:?}");
+    let seen = proxy.all_requests();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].method, "POST");
+    assert_eq!(target.count_all(), 0, "only the proxy was connected to");
+    // IP literals are still checked before the proxy is asked.
+    let res = post_async(&c, &target.url("/inbox"), CONTENT_TYPE).await;
+    assert_eq!(res.outcome, Outcome::Refused);
+    assert_eq!(proxy.count_all(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn construction_errors() {
+    let err = |cfg: HttpConfig| {
+        AsyncHttpClient::new(cfg, None)
+            .expect_err("refused")
+            .to_string()
+    };
+    let e = err(HttpConfig {
+        proxy: Some("socks5://user:secret@127.0.0.1:1080".into()),
+        ..HttpConfig::default()
+    });
+    assert!(
+        e.contains("unsupported proxy") && !e.contains("secret"),
+        "{e}"
+    );
+    let e = err(HttpConfig {
+        user_agent: "bad\nagent".into(),
+        ..HttpConfig::default()
+    });
+    assert!(e.contains("User-Agent"), "{e}");
+}
