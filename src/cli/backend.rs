@@ -1,0 +1,236 @@
+//! The one module that talks to the outbox and its store.
+//!
+//! The binary runs on tokio; the outbox it drives today is the blocking runtime's, so every
+//! call goes through `spawn_blocking` here and nowhere else. The Postgres client owns a
+//! runtime of its own, so the store is also opened and dropped on a blocking thread. Moving
+//! to the async runtime's `Outbox` changes this module only.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::SystemTime;
+
+use anyhow::anyhow;
+use outbox_lanes_blocking::{
+    DeadLettered, Delivered, DrainControl, DrainOutcome, Hooks, Monitor, Outbox, OutboxConfig,
+    OutboxError,
+};
+use outbox_lanes_core::{ActorId, Timestamp, UnitId};
+use outbox_lanes_store::{
+    ActorStatus, DeadLetter, DeadLetterSelection, Enqueued, LaneStatus, NewRow, PgOptions,
+    PgStore, SqliteOptions, SqliteStore, Store, StoreError,
+};
+
+/// What the delivery hooks counted in this process.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    /// Recipients served.
+    pub(crate) delivered: AtomicU64,
+    /// Recipients dead-lettered.
+    pub(crate) dead_lettered: AtomicU64,
+    /// Dead letters by reason code.
+    pub(crate) dead_by_reason: Mutex<BTreeMap<&'static str, u64>>,
+    /// Recipients served, by actor.
+    pub(crate) delivered_by_actor: Mutex<BTreeMap<String, u64>>,
+}
+
+impl Counters {
+    fn hooks(self: &Arc<Self>) -> Hooks {
+        let on_delivered = Arc::clone(self);
+        let on_dead = Arc::clone(self);
+        Hooks {
+            delivered: Some(Box::new(move |d: &Delivered| {
+                on_delivered.delivered.fetch_add(1, Ordering::Relaxed);
+                *on_delivered
+                    .delivered_by_actor
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .entry(d.actor.as_str().to_owned())
+                    .or_default() += 1;
+            })),
+            dead_lettered: Some(Box::new(move |d: &DeadLettered| {
+                on_dead.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                *on_dead
+                    .dead_by_reason
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .entry(d.reason.as_str())
+                    .or_default() += 1;
+            })),
+        }
+    }
+}
+
+/// Why the database could not be opened: the caller's input (exit 2).
+#[derive(Debug)]
+pub(crate) struct OpenError(pub(crate) StoreError);
+
+impl std::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for OpenError {}
+
+/// Runs `f` on tokio's blocking pool.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> anyhow::Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| anyhow!("a blocking task failed: {e}"))
+}
+
+/// Whether `db` names a Postgres database rather than a SQLite file.
+pub(crate) fn is_postgres(db: &str) -> bool {
+    db.starts_with("postgres://") || db.starts_with("postgresql://")
+}
+
+/// The outbox over the chosen store. Clones share it; drop them before [`Backend::close`].
+#[derive(Clone)]
+pub(crate) struct Backend {
+    outbox: Outbox,
+    store: Arc<dyn Store>,
+}
+
+impl Backend {
+    /// Opens the store named by `db` and an outbox over it.
+    ///
+    /// # Errors
+    /// [`OpenError`] if the database cannot be opened or created; anything else is a runtime
+    /// failure.
+    pub(crate) async fn open(
+        db: String,
+        pg_schema: String,
+        config: OutboxConfig,
+        counters: Arc<Counters>,
+    ) -> anyhow::Result<Backend> {
+        blocking(move || -> anyhow::Result<Backend> {
+            let store: Arc<dyn Store> = if is_postgres(&db) {
+                let opts = PgOptions {
+                    schema: pg_schema,
+                    application_name: "outbox-lanes-cli".into(),
+                    ..PgOptions::default()
+                };
+                Arc::new(PgStore::connect(&db, opts).map_err(OpenError)?)
+            } else {
+                Arc::new(SqliteStore::open(&db, SqliteOptions::default()).map_err(OpenError)?)
+            };
+            let outbox = Outbox::builder(Arc::clone(&store), config)
+                .hooks(counters.hooks())
+                .open()?;
+            Ok(Backend { outbox, store })
+        })
+        .await?
+    }
+
+    /// Enqueues `rows` for `actor` in one transaction.
+    pub(crate) async fn enqueue(
+        &self,
+        actor: String,
+        rows: Vec<NewRow>,
+    ) -> anyhow::Result<Result<Vec<Enqueued>, OutboxError>> {
+        let outbox = self.outbox.clone();
+        blocking(move || outbox.enqueue(&actor, &rows)).await
+    }
+
+    /// Runs passes of `actor` until nothing is admissible (or `control` stops it).
+    pub(crate) async fn drain(
+        &self,
+        actor: String,
+        control: Arc<DrainControl>,
+    ) -> anyhow::Result<Result<DrainOutcome, OutboxError>> {
+        let outbox = self.outbox.clone();
+        blocking(move || outbox.drain_with(&actor, &control)).await
+    }
+
+    /// Actors with work admissible now.
+    pub(crate) async fn actors_ready(&self) -> anyhow::Result<Vec<ActorId>> {
+        let store = Arc::clone(&self.store);
+        let due = blocking(move || {
+            store.actors_with_work(Timestamp::from_system_time(SystemTime::now()))
+        })
+        .await??;
+        Ok(due.ready)
+    }
+
+    /// Every actor at a glance.
+    pub(crate) async fn status(&self) -> anyhow::Result<Vec<ActorStatus>> {
+        let outbox = self.outbox.clone();
+        Ok(blocking(move || outbox.status()).await??)
+    }
+
+    /// An actor's lanes.
+    pub(crate) async fn lanes(&self, actor: String) -> anyhow::Result<Vec<LaneStatus>> {
+        let outbox = self.outbox.clone();
+        Ok(blocking(move || outbox.lanes(&actor)).await??)
+    }
+
+    /// Dead letters of one actor or all.
+    pub(crate) async fn dead_letters(
+        &self,
+        actor: Option<String>,
+    ) -> anyhow::Result<Vec<DeadLetter>> {
+        let outbox = self.outbox.clone();
+        Ok(blocking(move || outbox.dead_letters(actor.as_deref())).await??)
+    }
+
+    /// Replays dead letters; returns the units re-enqueued.
+    pub(crate) async fn replay(
+        &self,
+        which: Vec<DeadLetterSelection>,
+    ) -> anyhow::Result<Vec<UnitId>> {
+        let store = Arc::clone(&self.store);
+        blocking(move || {
+            let mut units = Vec::new();
+            for w in &which {
+                units.extend(store.replay_dead_letters(w)?);
+            }
+            // Wake a relay in this process; others see the commit through their watcher.
+            store.notifier().notify();
+            Ok(units)
+        })
+        .await?
+    }
+
+    /// Purges dead letters; returns how many.
+    pub(crate) async fn purge(&self, which: Vec<DeadLetterSelection>) -> anyhow::Result<u64> {
+        let store = Arc::clone(&self.store);
+        blocking(move || {
+            let mut n = 0;
+            for w in &which {
+                n += store.purge_dead_letters(w)?;
+            }
+            Ok(n)
+        })
+        .await?
+    }
+
+    /// Starts the monitor.
+    pub(crate) async fn start_monitor(&self) -> anyhow::Result<Relay> {
+        let outbox = self.outbox.clone();
+        let monitor = blocking(move || outbox.monitor()).await??;
+        Ok(Relay { monitor })
+    }
+
+    /// Stops the outbox gracefully and drops the store off the async executor.
+    pub(crate) async fn close(self) -> anyhow::Result<()> {
+        blocking(move || {
+            self.outbox.shutdown();
+            drop(self);
+        })
+        .await
+    }
+}
+
+/// A running monitor.
+pub(crate) struct Relay {
+    monitor: Monitor,
+}
+
+impl Relay {
+    /// Stops the monitor: passes stop starting units, attempts in flight finish, the rest
+    /// is handed back.
+    pub(crate) async fn stop(self) -> anyhow::Result<()> {
+        blocking(move || self.monitor.stop()).await
+    }
+}
