@@ -291,7 +291,12 @@ fn dead_letter_is_listed_and_replay_delivers_it() {
             .all(|l| l["depth"] == 0)
     );
 
-    let replay = ok(&db, &["dead-letters", "replay", "--actor", "bob", "--json"], "").json();
+    let replay = ok(
+        &db,
+        &["dead-letters", "replay", "--actor", "bob", "--json"],
+        "",
+    )
+    .json();
     assert_eq!(replay["replayed"], 1);
     assert_eq!(pending(&db), 1);
     ok(&db, &["drain"], "");
@@ -307,18 +312,36 @@ fn purge_removes_dead_letters() {
     let db = Db::sqlite();
     let r = Recipient::start().unwrap();
     r.set_default("/gone", Reply::Status(400));
-    ok(&db, &["enqueue", "--actor", "carol"], &rows(2, &[r.url("/gone")]));
+    ok(
+        &db,
+        &["enqueue", "--actor", "carol"],
+        &rows(2, &[r.url("/gone")]),
+    );
     ok(&db, &["drain"], "");
     let dead = ok(&db, &["dead-letters", "list", "--json"], "").json();
     assert_eq!(dead["dead_letters"].as_array().unwrap().len(), 2);
     let first = dead["dead_letters"][0]["id"].as_i64().unwrap().to_string();
-    let purged = ok(&db, &["dead-letters", "purge", "--id", &first, "--json"], "").json();
+    let purged = ok(
+        &db,
+        &["dead-letters", "purge", "--id", &first, "--json"],
+        "",
+    )
+    .json();
     assert_eq!(purged["purged"], 1);
-    let purged = ok(&db, &["dead-letters", "purge", "--actor", "carol", "--json"], "").json();
+    let purged = ok(
+        &db,
+        &["dead-letters", "purge", "--actor", "carol", "--json"],
+        "",
+    )
+    .json();
     assert_eq!(purged["purged"], 1);
     let out = run(&db, &["dead-letters", "replay", "--id", "999999"], "");
     assert_eq!(out.code(), Some(2), "{}", out.stderr);
-    assert!(out.stderr.contains("no dead letter with id 999999"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("no dead letter with id 999999"),
+        "{}",
+        out.stderr
+    );
 }
 
 #[test]
@@ -338,15 +361,15 @@ fn bad_input_exits_2_and_leaves_the_database_as_it_was() {
         ),
         (
             "relative URL",
-            format!("{good}\n{}\n", line("x", &["/inbox".into()], &serde_json::json!(1))),
+            format!(
+                "{good}\n{}\n",
+                line("x", &["/inbox".into()], &serde_json::json!(1))
+            ),
             vec!["line 2", "\"/inbox\"", "absolute"],
         ),
         (
             "missing body",
-            format!(
-                "{good}\n\n{}\n",
-                serde_json::json!({ "id": "x", "to": to })
-            ),
+            format!("{good}\n\n{}\n", serde_json::json!({ "id": "x", "to": to })),
             vec!["line 3", "missing \"body\""],
         ),
         (
@@ -372,9 +395,11 @@ fn bad_input_exits_2_and_leaves_the_database_as_it_was() {
         let out = run(&db, &["enqueue", "--actor", "dave"], &input);
         assert_eq!(out.code(), Some(2), "{what}: {}", out.stderr);
         assert!(out.stdout.is_empty(), "{what}: {}", out.stdout);
-        let err = out.stderr.lines().find(|l| l.starts_with("error: ")).unwrap_or_else(|| {
-            panic!("{what}: no error line in {}", out.stderr)
-        });
+        let err = out
+            .stderr
+            .lines()
+            .find(|l| l.starts_with("error: "))
+            .unwrap_or_else(|| panic!("{what}: no error line in {}", out.stderr));
         for n in needles {
             assert!(err.contains(n), "{what}: {err:?} lacks {n:?}");
         }
@@ -389,7 +414,11 @@ fn bad_input_exits_2_and_leaves_the_database_as_it_was() {
     assert!(out.stderr.contains("soon"), "{}", out.stderr);
     let out = run(&db, &["lanes", "--actor", "nobody"], "");
     assert_eq!(out.code(), Some(2));
-    assert!(out.stderr.contains("unknown actor \"nobody\""), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("unknown actor \"nobody\""),
+        "{}",
+        out.stderr
+    );
     assert_eq!(pending(&db), 1);
     assert!(r.requests("/a").is_empty());
 }
@@ -444,9 +473,16 @@ fn first_deliveries(v: &[u64]) -> Vec<u64> {
 fn relay_sigterm_then_drain(db: &Db) {
     const N: usize = 30;
     let r = Recipient::start().unwrap();
-    r.set_default("/slow", Reply::Status(200).after(Duration::from_millis(100)));
+    r.set_default(
+        "/slow",
+        Reply::Status(200).after(Duration::from_millis(100)),
+    );
     r.set_default("/fast", Reply::Status(200));
-    ok(db, &["enqueue", "--actor", "frank"], &rows(N, &[r.url("/slow")]));
+    ok(
+        db,
+        &["enqueue", "--actor", "frank"],
+        &rows(N, &[r.url("/slow")]),
+    );
     let relay = command(db, &["relay"]).spawn().unwrap();
     assert!(
         r.wait_for("/slow", 3, Duration::from_secs(60)),
@@ -493,12 +529,17 @@ fn relay_delivers_new_rows_and_serves_metrics() {
     let relay = command(&db, &["relay", "--metrics-addr", &addr])
         .spawn()
         .unwrap();
-    ok(&db, &["enqueue", "--actor", "gina"], &rows(5, &[r.url("/m")]));
+    ok(
+        &db,
+        &["enqueue", "--actor", "gina"],
+        &rows(5, &[r.url("/m")]),
+    );
     assert!(r.wait_for("/m", 5, Duration::from_secs(60)));
     let mut text = String::new();
     for _ in 0..200 {
         if let Ok(mut s) = std::net::TcpStream::connect(&addr) {
-            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                .unwrap();
             s.read_to_string(&mut text).unwrap();
             break;
         }
@@ -514,7 +555,10 @@ fn relay_delivers_new_rows_and_serves_metrics() {
         "outbox_lanes_dead_letters",
         "outbox_lanes_delivered_total",
     ] {
-        assert!(text.contains(&format!("# TYPE {family}")), "{family} missing: {text}");
+        assert!(
+            text.contains(&format!("# TYPE {family}")),
+            "{family} missing: {text}"
+        );
     }
     assert_eq!(served(&r, "/m"), [0, 1, 2, 3, 4]);
 }
@@ -523,7 +567,11 @@ fn relay_delivers_new_rows_and_serves_metrics() {
 fn plain_output_is_a_table() {
     let db = Db::sqlite();
     let r = Recipient::start().unwrap();
-    ok(&db, &["enqueue", "--actor", "hal"], &rows(2, &[r.url("/t")]));
+    ok(
+        &db,
+        &["enqueue", "--actor", "hal"],
+        &rows(2, &[r.url("/t")]),
+    );
     let out = ok(&db, &["status"], "").stdout;
     let mut lines = out.lines();
     let header = lines.next().unwrap();

@@ -15,7 +15,12 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 )]
 pub(crate) struct Cli {
     /// The database: a SQLite file path, or a `postgres://` URL.
-    #[arg(long, global = true, default_value = "./outbox.db", env = "OUTBOX_LANES_DB")]
+    #[arg(
+        long,
+        global = true,
+        default_value = "./outbox.db",
+        env = "OUTBOX_LANES_DB"
+    )]
     pub(crate) db: String,
 
     /// Postgres only: the schema holding the tables (created if missing).

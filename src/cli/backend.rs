@@ -17,8 +17,8 @@ use outbox_lanes_blocking::{
 };
 use outbox_lanes_core::{ActorId, Timestamp, UnitId};
 use outbox_lanes_store::{
-    ActorStatus, DeadLetter, DeadLetterSelection, Enqueued, LaneStatus, NewRow, PgOptions,
-    PgStore, SqliteOptions, SqliteStore, Store, StoreError,
+    ActorStatus, DeadLetter, DeadLetterSelection, Enqueued, LaneStatus, NewRow, PgOptions, PgStore,
+    SqliteOptions, SqliteStore, Store, StoreError,
 };
 
 /// What the delivery hooks counted in this process.

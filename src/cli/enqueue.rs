@@ -205,15 +205,23 @@ mod tests {
         let e = bad(&format!("{ok}{{\"id\":\"b\",\n"));
         assert_eq!(e.line, 2);
         assert!(e.reason.starts_with("malformed JSON"), "{e}");
-        let e = bad(&format!("{ok}{{\"id\":\"b\",\"to\":[\"/inbox\"],\"body\":1}}"));
+        let e = bad(&format!(
+            "{ok}{{\"id\":\"b\",\"to\":[\"/inbox\"],\"body\":1}}"
+        ));
         assert!(e.reason.contains("absolute"), "{e}");
-        let e = bad(&format!("{ok}{{\"id\":\"b\",\"to\":[\"https://x.example/\"]}}"));
+        let e = bad(&format!(
+            "{ok}{{\"id\":\"b\",\"to\":[\"https://x.example/\"]}}"
+        ));
         assert!(e.reason.contains("missing \"body\""), "{e}");
-        let e = bad(&format!("{ok}{{\"id\":\"\",\"to\":[\"https://x.example/\"],\"body\":1}}"));
+        let e = bad(&format!(
+            "{ok}{{\"id\":\"\",\"to\":[\"https://x.example/\"],\"body\":1}}"
+        ));
         assert!(e.reason.contains("empty"), "{e}");
         let e = bad(&format!("{ok}{{\"id\":\"b\",\"to\":[],\"body\":1}}"));
         assert!(e.reason.contains("no recipient"), "{e}");
-        let e = bad(&format!("{ok}{{\"id\":\"b\",\"to\":[\"https://x.example/\"],\"body\":1,\"extra\":2}}"));
+        let e = bad(&format!(
+            "{ok}{{\"id\":\"b\",\"to\":[\"https://x.example/\"],\"body\":1,\"extra\":2}}"
+        ));
         assert!(e.reason.contains("unknown field `extra`"), "{e}");
         let e = bad(&format!("{ok}{ok}"));
         assert_eq!(e.line, 2);

@@ -63,7 +63,11 @@ async fn respond(mut s: TcpStream, backend: &Backend, counters: &Counters) -> st
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let path = target.split('?').next().unwrap_or("");
     let (status, ctype, body) = if method != "GET" && method != "HEAD" {
-        ("405 Method Not Allowed", "text/plain", "GET only\n".to_string())
+        (
+            "405 Method Not Allowed",
+            "text/plain",
+            "GET only\n".to_string(),
+        )
     } else if path == "/metrics" || path == "/" {
         match backend.status().await {
             Ok(st) => (

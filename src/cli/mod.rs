@@ -43,9 +43,9 @@ fn usage(msg: impl Into<String>) -> anyhow::Error {
 
 /// 2 for errors in the caller's input, 1 for failures at run time.
 fn exit_code(e: &anyhow::Error) -> u8 {
-    let input = e.chain().any(|c| {
-        c.is::<UsageError>() || c.is::<OpenError>() || c.is::<enqueue::BadLine>()
-    });
+    let input = e
+        .chain()
+        .any(|c| c.is::<UsageError>() || c.is::<OpenError>() || c.is::<enqueue::BadLine>());
     if input { 2 } else { 1 }
 }
 
@@ -194,7 +194,11 @@ fn print_json(v: &serde_json::Value) -> anyhow::Result<()> {
     print(&text)
 }
 
-async fn cmd_enqueue(backend: &Backend, actor: String, batch: enqueue::Batch) -> anyhow::Result<()> {
+async fn cmd_enqueue(
+    backend: &Backend,
+    actor: String,
+    batch: enqueue::Batch,
+) -> anyhow::Result<()> {
     if actor.trim().is_empty() {
         return Err(usage("--actor is empty"));
     }
@@ -248,8 +252,13 @@ async fn cmd_drain(
         let control = Arc::clone(&control);
         tokio::spawn(async move {
             let name = signals.wait().await;
-            warn!(signal = name, "stopping the drain: attempts in flight finish, the rest is handed back");
-            control.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+            warn!(
+                signal = name,
+                "stopping the drain: attempts in flight finish, the rest is handed back"
+            );
+            control
+                .stop
+                .store(true, std::sync::atomic::Ordering::SeqCst);
         })
     };
     // One task per actor: distinct actors drain concurrently, each runs its passes in turn.
@@ -266,8 +275,7 @@ async fn cmd_drain(
                         total.dead_lettered += r.dead_lettered;
                         total.handed_back = r.handed_back;
                         // A pass yields at its time slice: run the next one, unless stopping.
-                        if !r.yielded || control.stop.load(std::sync::atomic::Ordering::SeqCst)
-                        {
+                        if !r.yielded || control.stop.load(std::sync::atomic::Ordering::SeqCst) {
                             return Ok::<_, anyhow::Error>((actor, Some(total)));
                         }
                     }
@@ -294,11 +302,15 @@ async fn cmd_drain(
             }
             Ok(Err(e)) => {
                 // Stop the others gracefully; their units are handed back.
-                control.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+                control
+                    .stop
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
                 failure.get_or_insert(e);
             }
             Err(e) => {
-                control.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+                control
+                    .stop
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
                 failure.get_or_insert(anyhow::anyhow!("a drain task failed: {e}"));
             }
         }
@@ -337,7 +349,10 @@ async fn cmd_relay(
     let relay = backend.start_monitor().await?;
     info!("relay running; SIGINT or SIGTERM stops it");
     let name = signals.wait().await;
-    info!(signal = name, "stopping: attempts in flight finish, the rest is handed back");
+    info!(
+        signal = name,
+        "stopping: attempts in flight finish, the rest is handed back"
+    );
     relay.stop().await?;
     if let Some(server) = server {
         server.abort();

@@ -41,7 +41,11 @@ pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
                 l.push_str("  ");
             }
             l.push_str(c);
-            let pad = width.get(i).copied().unwrap_or(0).saturating_sub(c.chars().count());
+            let pad = width
+                .get(i)
+                .copied()
+                .unwrap_or(0)
+                .saturating_sub(c.chars().count());
             l.extend(std::iter::repeat_n(' ', pad));
         }
         out.push_str(l.trim_end());
@@ -128,24 +132,29 @@ pub(crate) fn status_table(s: &[ActorStatus]) -> String {
         ]);
     }
     let mut out = table(
-        &["ACTOR", "PENDING", "IN FLIGHT", "LANES IN BACKOFF", "DEAD LETTERS"],
+        &[
+            "ACTOR",
+            "PENDING",
+            "IN FLIGHT",
+            "LANES IN BACKOFF",
+            "DEAD LETTERS",
+        ],
         &rows,
     );
     let backoff: Vec<Vec<String>> = s
         .iter()
         .flat_map(|a| {
-            a.lanes_in_backoff.iter().map(|(k, t)| {
-                vec![
-                    a.actor.as_str().to_owned(),
-                    lane_name(k),
-                    time(*t),
-                ]
-            })
+            a.lanes_in_backoff
+                .iter()
+                .map(|(k, t)| vec![a.actor.as_str().to_owned(), lane_name(k), time(*t)])
         })
         .collect();
     if !backoff.is_empty() {
         out.push('\n');
-        out.push_str(&table(&["ACTOR", "LANE IN BACKOFF", "NEXT ATTEMPT"], &backoff));
+        out.push_str(&table(
+            &["ACTOR", "LANE IN BACKOFF", "NEXT ATTEMPT"],
+            &backoff,
+        ));
     }
     out
 }
@@ -238,12 +247,23 @@ pub(crate) fn lanes_table(lanes: &[LaneStatus]) -> String {
                 head_age(l, now).map_or("-".into(), age),
                 last,
                 l.not_before.map_or("-".into(), time),
-                if state.is_empty() { "open".into() } else { state.join(", ") },
+                if state.is_empty() {
+                    "open".into()
+                } else {
+                    state.join(", ")
+                },
             ]
         })
         .collect();
     table(
-        &["LANE", "DEPTH", "HEAD AGE", "LAST ERROR", "NOT BEFORE", "STATE"],
+        &[
+            "LANE",
+            "DEPTH",
+            "HEAD AGE",
+            "LAST ERROR",
+            "NOT BEFORE",
+            "STATE",
+        ],
         &rows,
     )
 }
@@ -324,7 +344,16 @@ pub(crate) fn dead_table(d: &[DeadLetter]) -> String {
         })
         .collect();
     table(
-        &["ID", "ACTOR", "ROW", "RECIPIENT", "REASON", "LAST", "ATTEMPTS", "DEAD AT"],
+        &[
+            "ID",
+            "ACTOR",
+            "ROW",
+            "RECIPIENT",
+            "REASON",
+            "LAST",
+            "ATTEMPTS",
+            "DEAD AT",
+        ],
         &rows,
     )
 }
@@ -337,14 +366,20 @@ mod tests {
     fn tables_align() {
         let t = table(
             &["A", "BB"],
-            &[vec!["long cell".into(), "x".into()], vec!["s".into(), "".into()]],
+            &[
+                vec!["long cell".into(), "x".into()],
+                vec!["s".into(), "".into()],
+            ],
         );
         assert_eq!(t, "A          BB\nlong cell  x\ns\n");
     }
 
     #[test]
     fn times() {
-        assert_eq!(time(Timestamp::from_millis(1_500)), "1970-01-01T00:00:01.500Z");
+        assert_eq!(
+            time(Timestamp::from_millis(1_500)),
+            "1970-01-01T00:00:01.500Z"
+        );
         assert_eq!(age(Duration::from_millis(1_234)), "1s 200ms");
     }
 }
