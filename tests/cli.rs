@@ -554,6 +554,11 @@ fn relay_delivers_new_rows_and_serves_metrics() {
         "outbox_lanes_stalled_lanes",
         "outbox_lanes_dead_letters",
         "outbox_lanes_delivered_total",
+        "outbox_lanes_dead_lettered_total",
+        "outbox_lanes_units_in_flight",
+        "outbox_lanes_attempts_total",
+        "outbox_lanes_delivery_latency_seconds",
+        "outbox_lanes_queue_wait_seconds",
     ] {
         assert!(
             text.contains(&format!("# TYPE {family}")),
@@ -561,6 +566,18 @@ fn relay_delivers_new_rows_and_serves_metrics() {
         );
     }
     assert_eq!(served(&r, "/m"), [0, 1, 2, 3, 4]);
+    // Scraped after the five deliveries: the counters agree with the recipient.
+    for sample in [
+        "outbox_lanes_delivered_total{actor=\"gina\"} 5",
+        "outbox_lanes_attempts_total{outcome=\"delivered\"} 5",
+        "outbox_lanes_delivery_latency_seconds_count 5",
+        "outbox_lanes_queue_wait_seconds_count 5",
+    ] {
+        assert!(
+            text.lines().any(|l| l == sample),
+            "{sample} missing: {text}"
+        );
+    }
 }
 
 #[test]

@@ -8,56 +8,183 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use anyhow::anyhow;
+use outbox_lanes_blocking::pass::{Executor, Job};
 use outbox_lanes_blocking::{
-    DeadLettered, Delivered, DrainControl, DrainOutcome, Hooks, Monitor, Outbox, OutboxConfig,
-    OutboxError,
+    Attempted, DeadLettered, Delivered, DrainControl, DrainOutcome, Hooks, HttpClient, Monitor,
+    Outbox, OutboxConfig, OutboxError, ThreadPool,
 };
-use outbox_lanes_core::{ActorId, Timestamp, UnitId};
+use outbox_lanes_core::{ActorId, Outcome, Timestamp, UnitId};
 use outbox_lanes_store::{
     ActorStatus, DeadLetter, DeadLetterSelection, Enqueued, LaneStatus, NewRow, PgOptions, PgStore,
     SqliteOptions, SqliteStore, Store, StoreError,
 };
 
-/// What the delivery hooks counted in this process.
-#[derive(Debug, Default)]
+/// A Prometheus histogram: cumulative counts per upper bound, a sum and a count.
+#[derive(Debug)]
+pub(crate) struct Histogram {
+    /// Upper bounds in seconds, ascending (`+Inf` is implied).
+    pub(crate) bounds: &'static [f64],
+    /// Observations at or below each bound (not cumulative; summed when rendered).
+    pub(crate) counts: Vec<u64>,
+    /// Observations above the last bound.
+    pub(crate) over: u64,
+    /// Sum of the observations in seconds.
+    pub(crate) sum: f64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Histogram {
+            bounds,
+            counts: vec![0; bounds.len()],
+            over: 0,
+            sum: 0.0,
+        }
+    }
+
+    fn observe(&mut self, d: Duration) {
+        let secs = d.as_secs_f64();
+        self.sum += secs;
+        match self.bounds.iter().position(|&b| secs <= b) {
+            Some(i) => self.counts[i] += 1,
+            None => self.over += 1,
+        }
+    }
+}
+
+/// Delivery latency buckets, in seconds.
+const LATENCY: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+/// Queue wait buckets, in seconds.
+const QUEUE_WAIT: &[f64] = &[
+    0.01, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 21600.0, 86400.0,
+];
+
+/// What the delivery hooks saw in this process.
+#[derive(Debug)]
 pub(crate) struct Counters {
     /// Recipients served.
     pub(crate) delivered: AtomicU64,
     /// Recipients dead-lettered.
     pub(crate) dead_lettered: AtomicU64,
+    /// Attempts handed to the delivery workers.
+    pub(crate) started: AtomicU64,
+    /// Attempts finished.
+    pub(crate) finished: AtomicU64,
+    /// The rest, under one lock (hooks run on pass threads, scrapes are rare).
+    pub(crate) detail: Mutex<Detail>,
+}
+
+/// Labelled counters and histograms.
+#[derive(Debug)]
+pub(crate) struct Detail {
     /// Dead letters by reason code.
-    pub(crate) dead_by_reason: Mutex<BTreeMap<&'static str, u64>>,
+    pub(crate) dead_by_reason: BTreeMap<&'static str, u64>,
     /// Recipients served, by actor.
-    pub(crate) delivered_by_actor: Mutex<BTreeMap<String, u64>>,
+    pub(crate) delivered_by_actor: BTreeMap<String, u64>,
+    /// Attempts by outcome.
+    pub(crate) attempts: BTreeMap<&'static str, u64>,
+    /// Attempt latency (payload read and HTTP exchange), every attempt.
+    pub(crate) latency: Histogram,
+    /// Enqueue to the start of the attempt that delivered.
+    pub(crate) queue_wait: Histogram,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Counters {
+            delivered: AtomicU64::new(0),
+            dead_lettered: AtomicU64::new(0),
+            started: AtomicU64::new(0),
+            finished: AtomicU64::new(0),
+            detail: Mutex::new(Detail {
+                dead_by_reason: BTreeMap::new(),
+                delivered_by_actor: BTreeMap::new(),
+                attempts: BTreeMap::new(),
+                latency: Histogram::new(LATENCY),
+                queue_wait: Histogram::new(QUEUE_WAIT),
+            }),
+        }
+    }
+}
+
+fn outcome_label(o: &Outcome) -> &'static str {
+    match o {
+        Outcome::Delivered => "delivered",
+        Outcome::Throttled { .. } => "throttled",
+        Outcome::Transient { .. } => "transient",
+        Outcome::Permanent => "permanent",
+        Outcome::Gone => "gone",
+        Outcome::Refused => "refused",
+    }
 }
 
 impl Counters {
+    /// Attempts in flight: handed to a worker and not yet finished.
+    pub(crate) fn in_flight(&self) -> u64 {
+        self.started
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.finished.load(Ordering::Relaxed))
+    }
+
+    /// The detail, even if a hook panicked while holding it.
+    pub(crate) fn detail(&self) -> std::sync::MutexGuard<'_, Detail> {
+        self.detail.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn hooks(self: &Arc<Self>) -> Hooks {
         let on_delivered = Arc::clone(self);
         let on_dead = Arc::clone(self);
+        let on_attempt = Arc::clone(self);
         Hooks {
             delivered: Some(Box::new(move |d: &Delivered| {
                 on_delivered.delivered.fetch_add(1, Ordering::Relaxed);
                 *on_delivered
+                    .detail()
                     .delivered_by_actor
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
                     .entry(d.actor.as_str().to_owned())
                     .or_default() += 1;
             })),
             dead_lettered: Some(Box::new(move |d: &DeadLettered| {
                 on_dead.dead_lettered.fetch_add(1, Ordering::Relaxed);
                 *on_dead
+                    .detail()
                     .dead_by_reason
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
                     .entry(d.reason.as_str())
                     .or_default() += 1;
             })),
+            attempted: Some(Box::new(move |a: &Attempted| {
+                on_attempt.finished.fetch_add(1, Ordering::Relaxed);
+                let mut d = on_attempt.detail();
+                *d.attempts.entry(outcome_label(&a.outcome)).or_default() += 1;
+                d.latency.observe(a.latency);
+                if a.outcome.is_delivered() {
+                    d.queue_wait.observe(a.queued);
+                }
+            })),
         }
+    }
+}
+
+/// The blocking runtime's worker pool, counting the attempts handed to it.
+struct Counting {
+    pool: ThreadPool,
+    counters: Arc<Counters>,
+}
+
+impl Executor for Counting {
+    fn execute(&self, job: Job) -> Result<(), Job> {
+        self.pool.execute(job)?;
+        self.counters.started.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn shutdown(&self) {
+        self.pool.shutdown();
     }
 }
 
@@ -115,7 +242,15 @@ impl Backend {
             } else {
                 Arc::new(SqliteStore::open(&db, SqliteOptions::default()).map_err(OpenError)?)
             };
+            let http = HttpClient::new(config.http.clone(), None)
+                .map_err(|e| anyhow!("HTTP client: {e}"))?;
+            let pool = ThreadPool::start(Arc::clone(&store), http, config.concurrency)?;
+            let executor = Counting {
+                pool,
+                counters: Arc::clone(&counters),
+            };
             let outbox = Outbox::builder(Arc::clone(&store), config)
+                .executor(Arc::new(executor))
                 .hooks(counters.hooks())
                 .open()?;
             Ok(Backend { outbox, store })

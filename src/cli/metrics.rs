@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_lanes_store::ActorStatus;
@@ -11,7 +11,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tracing::debug;
 
-use super::backend::{Backend, Counters};
+use super::backend::{Backend, Counters, Histogram};
 
 /// Binds `addr` and serves `GET /metrics` until the task is aborted.
 ///
@@ -167,16 +167,19 @@ pub(crate) fn render(status: &[ActorStatus], counters: &Counters) -> String {
     }
     family(
         &mut o,
+        "outbox_lanes_units_in_flight",
+        "gauge",
+        "Delivery attempts in flight in this process.",
+    );
+    let _ = writeln!(o, "outbox_lanes_units_in_flight {}", counters.in_flight());
+    let d = counters.detail();
+    family(
+        &mut o,
         "outbox_lanes_delivered_total",
         "counter",
         "Recipients served by this process, per actor.",
     );
-    for (actor, n) in counters
-        .delivered_by_actor
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .iter()
-    {
+    for (actor, n) in &d.delivered_by_actor {
         let _ = writeln!(
             o,
             "outbox_lanes_delivered_total{{actor=\"{}\"}} {n}",
@@ -189,17 +192,65 @@ pub(crate) fn render(status: &[ActorStatus], counters: &Counters) -> String {
         "counter",
         "Recipients dead-lettered by this process, per reason.",
     );
-    for (reason, n) in counters
-        .dead_by_reason
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .iter()
-    {
+    for (reason, n) in &d.dead_by_reason {
         let _ = writeln!(
             o,
             "outbox_lanes_dead_lettered_total{{reason=\"{}\"}} {n}",
             label(reason)
         );
     }
+    family(
+        &mut o,
+        "outbox_lanes_attempts_total",
+        "counter",
+        "Delivery attempts finished by this process, per outcome.",
+    );
+    for (outcome, n) in &d.attempts {
+        let _ = writeln!(
+            o,
+            "outbox_lanes_attempts_total{{outcome=\"{outcome}\"}} {n}"
+        );
+    }
+    histogram(
+        &mut o,
+        "outbox_lanes_delivery_latency_seconds",
+        "Attempt latency: payload read and HTTP exchange, every attempt.",
+        &d.latency,
+    );
+    histogram(
+        &mut o,
+        "outbox_lanes_queue_wait_seconds",
+        "From enqueue to the start of the attempt that delivered.",
+        &d.queue_wait,
+    );
     o
+}
+
+fn histogram(o: &mut String, name: &str, help: &str, h: &Histogram) {
+    family(o, name, "histogram", help);
+    let mut cumulative = 0;
+    for (bound, n) in h.bounds.iter().zip(&h.counts) {
+        cumulative += n;
+        let _ = writeln!(o, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
+    }
+    let count = cumulative + h.over;
+    let _ = writeln!(o, "{name}_bucket{{le=\"+Inf\"}} {count}");
+    let _ = writeln!(o, "{name}_sum {}", h.sum);
+    let _ = writeln!(o, "{name}_count {count}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_format() {
+        let c = Counters::default();
+        let text = render(&[], &c);
+        assert!(text.contains("# TYPE outbox_lanes_delivery_latency_seconds histogram"));
+        assert!(text.contains("outbox_lanes_delivery_latency_seconds_bucket{le=\"0.005\"} 0"));
+        assert!(text.contains("outbox_lanes_queue_wait_seconds_bucket{le=\"+Inf\"} 0"));
+        assert!(text.contains("outbox_lanes_units_in_flight 0"));
+        assert_eq!(label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
 }
