@@ -232,6 +232,8 @@ async fn cmd_drain(
     counters: &Arc<Counters>,
     signals: Signals,
 ) -> anyhow::Result<()> {
+    // Without --actor, what is left is counted over every actor (lanes in backoff included).
+    let scope = actor.as_ref().map(|a| vec![a.clone()]);
     let actors: Vec<String> = match actor {
         Some(a) => vec![a],
         None => backend
@@ -244,7 +246,7 @@ async fn cmd_drain(
     let control = Arc::new(DrainControl::default());
     let progress = progress::Progress::start(
         backend.clone(),
-        Some(actors.clone()),
+        scope.clone(),
         Arc::clone(counters),
         Duration::from_secs(1),
     );
@@ -288,18 +290,10 @@ async fn cmd_drain(
         });
     }
     let mut failure = None;
-    let mut total = PassReport::default();
+    let mut done = Vec::new();
     while let Some(joined) = tasks.join_next().await {
         match joined {
-            Ok(Ok((actor, Some(r)))) => {
-                total.delivered += r.delivered;
-                total.dead_lettered += r.dead_lettered;
-                total.handed_back += r.handed_back;
-                info!(%actor, delivered = r.delivered, dead_lettered = r.dead_lettered, handed_back = r.handed_back, "drained");
-            }
-            Ok(Ok((actor, None))) => {
-                info!(%actor, "a pass of this actor is already running elsewhere; it was told to look again");
-            }
+            Ok(Ok(outcome)) => done.push(outcome),
             Ok(Err(e)) => {
                 // Stop the others gracefully; their units are handed back.
                 control
@@ -316,13 +310,28 @@ async fn cmd_drain(
         }
     }
     stopper.abort();
+    // Logged once the progress bar is gone, so no line is drawn over it.
     progress.finish().await;
+    let mut total = PassReport::default();
+    for (actor, report) in done {
+        match report {
+            Some(r) => {
+                total.delivered += r.delivered;
+                total.dead_lettered += r.dead_lettered;
+                total.handed_back += r.handed_back;
+                info!(%actor, delivered = r.delivered, dead_lettered = r.dead_lettered,
+                    handed_back = r.handed_back, "drained");
+            }
+            None => info!(%actor,
+                "a pass of this actor is running in another process; it was told to look again"),
+        }
+    }
     if let Some(e) = failure {
         return Err(e);
     }
-    let left = progress::left(backend, Some(&actors)).await?;
+    let left = progress::left(backend, scope.as_deref()).await?;
     eprintln!(
-        "drained {} actor(s): {} delivered, {} dead-lettered, {} remaining, {} lanes in backoff",
+        "drained {} actor(s): {} delivered, {} dead-lettered, {} remaining, {} lane(s) in backoff",
         actors.len(),
         total.delivered,
         total.dead_lettered,
