@@ -203,10 +203,23 @@ fn pending(db: &Db) -> u64 {
 
 #[test]
 fn enqueue_then_drain_delivers_in_order() {
-    let db = Db::sqlite();
+    enqueue_then_drain(&Db::sqlite());
+}
+
+#[test]
+fn enqueue_then_drain_on_postgres() {
+    let Some(db) = Db::postgres() else {
+        println!("skipped: OUTBOX_LANES_TEST_PG not set");
+        return;
+    };
+    enqueue_then_drain(&db);
+    replay_dead_letter(&db);
+}
+
+fn enqueue_then_drain(db: &Db) {
     let r = Recipient::start().unwrap();
     let to = vec![r.url("/a"), r.url("/b")];
-    let out = ok(&db, &["enqueue", "--actor", "alice"], &rows(20, &to));
+    let out = ok(db, &["enqueue", "--actor", "alice"], &rows(20, &to));
     let results: Vec<Value> = out
         .stdout
         .lines()
@@ -223,11 +236,11 @@ fn enqueue_then_drain_delivers_in_order() {
         assert_eq!(res["skipped"], serde_json::json!([]));
     }
 
-    let st = status(&db);
+    let st = status(db);
     let a = actor(&st, "alice").unwrap();
     assert_eq!(a["pending"], 40);
     assert_eq!(a["dead_letters"], 0);
-    let lanes = ok(&db, &["lanes", "--actor", "alice", "--json"], "").json();
+    let lanes = ok(db, &["lanes", "--actor", "alice", "--json"], "").json();
     assert_eq!(lanes["actor"], "alice");
     let lanes = lanes["lanes"].as_array().unwrap();
     assert_eq!(lanes.len(), 2);
@@ -237,10 +250,10 @@ fn enqueue_then_drain_delivers_in_order() {
         assert!(l["not_before"].is_null());
         assert!(to.iter().any(|u| l["recipient"] == u.as_str()), "{l}");
     }
-    let table = ok(&db, &["lanes", "--actor", "alice"], "").stdout;
+    let table = ok(db, &["lanes", "--actor", "alice"], "").stdout;
     assert!(table.starts_with("LANE"), "{table}");
 
-    let out = ok(&db, &["drain"], "");
+    let out = ok(db, &["drain"], "");
     assert!(out.stderr.contains("40 delivered"), "{}", out.stderr);
     let want: Vec<u64> = (0..20).collect();
     assert_eq!(served(&r, "/a"), want);
@@ -251,26 +264,29 @@ fn enqueue_then_drain_delivers_in_order() {
         r.requests("/a")[0].header("content-type"),
         Some("application/json")
     );
-    assert_eq!(pending(&db), 0);
+    assert_eq!(pending(db), 0);
 }
 
 #[test]
 fn dead_letter_is_listed_and_replay_delivers_it() {
-    let db = Db::sqlite();
+    replay_dead_letter(&Db::sqlite());
+}
+
+fn replay_dead_letter(db: &Db) {
     let r = Recipient::start().unwrap();
     // The first request to /p is refused for good; afterwards /p answers 200.
     r.script("/p", [Reply::Status(422)]);
     let to = vec![r.url("/p"), r.url("/q")];
-    ok(&db, &["enqueue", "--actor", "bob"], &rows(3, &to));
-    ok(&db, &["drain", "--actor", "bob"], "");
+    ok(db, &["enqueue", "--actor", "bob"], &rows(3, &to));
+    ok(db, &["drain", "--actor", "bob"], "");
     assert_eq!(served(&r, "/p"), [1, 2]);
     assert_eq!(served(&r, "/q"), [0, 1, 2]);
 
-    let st = status(&db);
+    let st = status(db);
     let b = actor(&st, "bob").unwrap();
     assert_eq!(b["pending"], 0);
     assert_eq!(b["dead_letters"], 1);
-    let dead = ok(&db, &["dead-letters", "list", "--json"], "").json();
+    let dead = ok(db, &["dead-letters", "list", "--json"], "").json();
     let dead = dead["dead_letters"].as_array().unwrap();
     assert_eq!(dead.len(), 1);
     let d = &dead[0];
@@ -282,7 +298,7 @@ fn dead_letter_is_listed_and_replay_delivers_it() {
     assert_eq!(d["attempts"], 1);
     assert!(d["dead_at"].is_string());
     // Its lane is listed (the actor is known through its dead letter) and empty.
-    let lanes = ok(&db, &["lanes", "--actor", "bob", "--json"], "").json();
+    let lanes = ok(db, &["lanes", "--actor", "bob", "--json"], "").json();
     assert!(
         lanes["lanes"]
             .as_array()
@@ -298,13 +314,13 @@ fn dead_letter_is_listed_and_replay_delivers_it() {
     )
     .json();
     assert_eq!(replay["replayed"], 1);
-    assert_eq!(pending(&db), 1);
-    ok(&db, &["drain"], "");
+    assert_eq!(pending(db), 1);
+    ok(db, &["drain"], "");
     assert_eq!(served(&r, "/p"), [1, 2, 0]);
     assert_eq!(served(&r, "/q"), [0, 1, 2]);
-    let dead = ok(&db, &["dead-letters", "list", "--json"], "").json();
+    let dead = ok(db, &["dead-letters", "list", "--json"], "").json();
     assert_eq!(dead["dead_letters"], serde_json::json!([]));
-    assert_eq!(pending(&db), 0);
+    assert_eq!(pending(db), 0);
 }
 
 #[test]
@@ -450,6 +466,34 @@ fn unopenable_database_exits_2() {
         assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
     }
     assert!(!missing.parent().unwrap().exists());
+    assert!(r.requests("/a").is_empty());
+}
+
+#[test]
+fn database_failure_at_run_time_exits_1() {
+    let db = Db::sqlite();
+    let r = Recipient::start().unwrap();
+    ok(
+        &db,
+        &["enqueue", "--actor", "ivan"],
+        &rows(2, &[r.url("/a")]),
+    );
+    let Db::Sqlite { path, .. } = &db else {
+        unreachable!()
+    };
+    // The database opens (its schema version is fine) but a table the passes need is gone.
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.execute_batch("DROP TABLE ol_deliveries").unwrap();
+    drop(conn);
+    for args in [&["drain"][..], &["status", "--json"][..]] {
+        let out = run(&db, args, "");
+        assert_eq!(out.code(), Some(1), "{args:?}: {}", out.stderr);
+        let err = out.stderr.lines().last().unwrap_or_default();
+        assert!(
+            err.starts_with("error: ") && err.contains("ol_deliveries"),
+            "{err}"
+        );
+    }
     assert!(r.requests("/a").is_empty());
 }
 
