@@ -308,7 +308,7 @@ fn replay_dead_letter(db: &Db) {
     );
 
     let replay = ok(
-        &db,
+        db,
         &["dead-letters", "replay", "--actor", "bob", "--json"],
         "",
     )
