@@ -58,6 +58,17 @@ pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// The last status and error in one cell, without saying the status twice.
+fn last_error(status: Option<u16>, error: Option<&str>) -> String {
+    match (status, error) {
+        (Some(s), Some(e)) if e == format!("status {s}") => s.to_string(),
+        (Some(s), Some(e)) => format!("{s} {e}"),
+        (Some(s), None) => s.to_string(),
+        (None, Some(e)) => e.to_owned(),
+        (None, None) => "-".into(),
+    }
+}
+
 fn lane_name(k: &LaneKey) -> String {
     match k.ordering_key() {
         Some(o) => format!("{} [{o}]", k.recipient()),
@@ -235,12 +246,7 @@ pub(crate) fn lanes_table(lanes: &[LaneStatus]) -> String {
             if l.backoff_level > 0 {
                 state.push(format!("backoff level {}", l.backoff_level));
             }
-            let last = match (l.last_status, l.last_error.as_deref()) {
-                (Some(s), Some(e)) => format!("{s} {e}"),
-                (Some(s), None) => s.to_string(),
-                (None, Some(e)) => e.to_owned(),
-                (None, None) => "-".into(),
-            };
+            let last = last_error(l.last_status, l.last_error.as_deref());
             vec![
                 lane_name(&l.key),
                 l.depth.to_string(),
@@ -325,12 +331,7 @@ pub(crate) fn dead_table(d: &[DeadLetter]) -> String {
     let rows: Vec<Vec<String>> = d
         .iter()
         .map(|d| {
-            let last = match (d.last_status, d.last_error.as_deref()) {
-                (Some(s), Some(e)) => format!("{s} {e}"),
-                (Some(s), None) => s.to_string(),
-                (None, Some(e)) => e.to_owned(),
-                (None, None) => "-".into(),
-            };
+            let last = last_error(d.last_status, d.last_error.as_deref());
             vec![
                 d.id.0.to_string(),
                 d.actor.as_str().to_owned(),
