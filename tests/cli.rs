@@ -552,6 +552,34 @@ fn sigterm_stops_relay_gracefully_and_drain_finishes_in_order() {
 }
 
 #[test]
+fn sigterm_stops_drain_gracefully() {
+    const N: usize = 30;
+    let db = Db::sqlite();
+    let r = Recipient::start().unwrap();
+    r.set_default(
+        "/slow",
+        Reply::Status(200).after(Duration::from_millis(100)),
+    );
+    ok(
+        &db,
+        &["enqueue", "--actor", "jo"],
+        &rows(N, &[r.url("/slow")]),
+    );
+    let drain = command(&db, &["drain"]).spawn().unwrap();
+    assert!(r.wait_for("/slow", 3, Duration::from_secs(60)));
+    sigterm(&drain);
+    let out = collect(drain, "");
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    assert!(out.stderr.contains("stopped by a signal"), "{}", out.stderr);
+    let before = served(&r, "/slow");
+    assert!(before.len() < N);
+    assert_eq!(pending(&db), (N - first_deliveries(&before).len()) as u64);
+    ok(&db, &["drain"], "");
+    let want: Vec<u64> = (0..N as u64).collect();
+    assert_eq!(first_deliveries(&served(&r, "/slow")), want);
+}
+
+#[test]
 fn relay_on_postgres() {
     let Some(db) = Db::postgres() else {
         println!("skipped: OUTBOX_LANES_TEST_PG not set");

@@ -330,8 +330,14 @@ async fn cmd_drain(
         return Err(e);
     }
     let left = progress::left(backend, scope.as_deref()).await?;
+    let stopped = control.stop.load(std::sync::atomic::Ordering::SeqCst);
     eprintln!(
-        "drained {} actor(s): {} delivered, {} dead-lettered, {} remaining, {} lane(s) in backoff",
+        "{} {} actor(s): {} delivered, {} dead-lettered, {} remaining, {} lane(s) in backoff",
+        if stopped {
+            "stopped by a signal after draining"
+        } else {
+            "drained"
+        },
         actors.len(),
         total.delivered,
         total.dead_lettered,
