@@ -607,13 +607,24 @@ fn relay_delivers_new_rows_and_serves_metrics() {
         &rows(5, &[r.url("/m")]),
     );
     assert!(r.wait_for("/m", 5, Duration::from_secs(60)));
+    // The recipient records a request when it arrives; the relay counts it once the answer
+    // is back. Scrape until the counters caught up (bounded).
+    let samples = [
+        "outbox_lanes_delivered_total{actor=\"gina\"} 5",
+        "outbox_lanes_attempts_total{outcome=\"delivered\"} 5",
+        "outbox_lanes_delivery_latency_seconds_count 5",
+        "outbox_lanes_queue_wait_seconds_count 5",
+    ];
     let mut text = String::new();
     for _ in 0..200 {
         if let Ok(mut s) = std::net::TcpStream::connect(&addr) {
+            text.clear();
             s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
                 .unwrap();
             s.read_to_string(&mut text).unwrap();
-            break;
+            if samples.iter().all(|x| text.lines().any(|l| l == *x)) {
+                break;
+            }
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -638,13 +649,8 @@ fn relay_delivers_new_rows_and_serves_metrics() {
         );
     }
     assert_eq!(served(&r, "/m"), [0, 1, 2, 3, 4]);
-    // Scraped after the five deliveries: the counters agree with the recipient.
-    for sample in [
-        "outbox_lanes_delivered_total{actor=\"gina\"} 5",
-        "outbox_lanes_attempts_total{outcome=\"delivered\"} 5",
-        "outbox_lanes_delivery_latency_seconds_count 5",
-        "outbox_lanes_queue_wait_seconds_count 5",
-    ] {
+    // The counters agree with the recipient.
+    for sample in samples {
         assert!(
             text.lines().any(|l| l == sample),
             "{sample} missing: {text}"
