@@ -212,11 +212,35 @@ pub(crate) fn is_postgres(db: &str) -> bool {
     db.starts_with("postgres://") || db.starts_with("postgresql://")
 }
 
-/// The outbox over the chosen store. Clones share it; drop them before [`Backend::close`].
-#[derive(Clone)]
-pub(crate) struct Backend {
+/// The outbox and its store.
+struct Handles {
     outbox: Outbox,
     store: Arc<dyn Store>,
+}
+
+/// Owns the handles; whoever drops the last clone of a [`Backend`] on an async thread hands
+/// them to a plain thread, because the Postgres client must not be dropped on one.
+struct Owned(Option<Handles>);
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        let Some(h) = self.0.take() else { return };
+        if tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        if let Err(e) = std::thread::Builder::new()
+            .name("outbox-lanes-drop".into())
+            .spawn(move || drop(h))
+        {
+            tracing::warn!(error = %e, "cannot start a thread to close the store");
+        }
+    }
+}
+
+/// The outbox over the chosen store. Cheap to clone; [`Backend::close`] shuts it down.
+#[derive(Clone)]
+pub(crate) struct Backend {
+    inner: Arc<Owned>,
 }
 
 impl Backend {
@@ -253,7 +277,9 @@ impl Backend {
                 .executor(Arc::new(executor))
                 .hooks(counters.hooks())
                 .open()?;
-            Ok(Backend { outbox, store })
+            Ok(Backend {
+                inner: Arc::new(Owned(Some(Handles { outbox, store }))),
+            })
         })
         .await?
     }
@@ -264,7 +290,7 @@ impl Backend {
         actor: String,
         rows: Vec<NewRow>,
     ) -> anyhow::Result<Result<Vec<Enqueued>, OutboxError>> {
-        let outbox = self.outbox.clone();
+        let outbox = self.h().outbox.clone();
         blocking(move || outbox.enqueue(&actor, &rows)).await
     }
 
@@ -274,13 +300,13 @@ impl Backend {
         actor: String,
         control: Arc<DrainControl>,
     ) -> anyhow::Result<Result<DrainOutcome, OutboxError>> {
-        let outbox = self.outbox.clone();
+        let outbox = self.h().outbox.clone();
         blocking(move || outbox.drain_with(&actor, &control)).await
     }
 
     /// Actors with work admissible now.
     pub(crate) async fn actors_ready(&self) -> anyhow::Result<Vec<ActorId>> {
-        let store = Arc::clone(&self.store);
+        let store = Arc::clone(&self.h().store);
         let due = blocking(move || {
             store.actors_with_work(Timestamp::from_system_time(SystemTime::now()))
         })
@@ -290,13 +316,13 @@ impl Backend {
 
     /// Every actor at a glance.
     pub(crate) async fn status(&self) -> anyhow::Result<Vec<ActorStatus>> {
-        let outbox = self.outbox.clone();
+        let outbox = self.h().outbox.clone();
         Ok(blocking(move || outbox.status()).await??)
     }
 
     /// An actor's lanes.
     pub(crate) async fn lanes(&self, actor: String) -> anyhow::Result<Vec<LaneStatus>> {
-        let outbox = self.outbox.clone();
+        let outbox = self.h().outbox.clone();
         Ok(blocking(move || outbox.lanes(&actor)).await??)
     }
 
@@ -305,7 +331,7 @@ impl Backend {
         &self,
         actor: Option<String>,
     ) -> anyhow::Result<Vec<DeadLetter>> {
-        let outbox = self.outbox.clone();
+        let outbox = self.h().outbox.clone();
         Ok(blocking(move || outbox.dead_letters(actor.as_deref())).await??)
     }
 
@@ -314,7 +340,7 @@ impl Backend {
         &self,
         which: Vec<DeadLetterSelection>,
     ) -> anyhow::Result<Vec<UnitId>> {
-        let store = Arc::clone(&self.store);
+        let store = Arc::clone(&self.h().store);
         blocking(move || {
             let mut units = Vec::new();
             for w in &which {
@@ -329,7 +355,7 @@ impl Backend {
 
     /// Purges dead letters; returns how many.
     pub(crate) async fn purge(&self, which: Vec<DeadLetterSelection>) -> anyhow::Result<u64> {
-        let store = Arc::clone(&self.store);
+        let store = Arc::clone(&self.h().store);
         blocking(move || {
             let mut n = 0;
             for w in &which {
@@ -342,16 +368,31 @@ impl Backend {
 
     /// Starts the monitor.
     pub(crate) async fn start_monitor(&self) -> anyhow::Result<Relay> {
-        let outbox = self.outbox.clone();
+        let outbox = self.h().outbox.clone();
         let monitor = blocking(move || outbox.monitor()).await??;
         Ok(Relay { monitor })
     }
 
-    /// Stops the outbox gracefully and drops the store off the async executor.
+    fn h(&self) -> &Handles {
+        self.inner
+            .0
+            .as_ref()
+            .expect("the handles are taken only when the last clone drops")
+    }
+
+    /// Stops the outbox gracefully (attempts in flight finish, acks are flushed) and drops
+    /// the store off the async executor.
     pub(crate) async fn close(self) -> anyhow::Result<()> {
         blocking(move || {
-            self.outbox.shutdown();
-            drop(self);
+            let inner = self.inner;
+            if let Some(h) = inner.0.as_ref() {
+                h.outbox.shutdown();
+            }
+            // The last clone drops here, on a blocking thread: Owned::drop takes the
+            // handles and spawns a thread to drop them, so take them first when we can.
+            if let Ok(mut owned) = Arc::try_unwrap(inner) {
+                drop(owned.0.take());
+            }
         })
         .await
     }

@@ -75,8 +75,9 @@ pub(crate) fn main() -> ExitCode {
 }
 
 fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("info,postgres=warn,tokio_postgres=warn")
+    });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
@@ -371,6 +372,8 @@ async fn cmd_relay(
     relay.stop().await?;
     if let Some(server) = server {
         server.abort();
+        // Its clone of the backend goes with it, before the backend is closed.
+        let _ = server.await;
     }
     info!("relay stopped");
     Ok(())
