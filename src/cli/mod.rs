@@ -81,7 +81,7 @@ fn init_logging(format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
+        .with_writer(progress::LogWriter);
     // Another subscriber already set is not worth failing over.
     let _ = match format {
         LogFormat::Text => builder.try_init(),

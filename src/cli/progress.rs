@@ -1,7 +1,7 @@
 //! `drain` progress on stderr: a bar on a terminal, a plain line a second otherwise.
 
-use std::io::IsTerminal as _;
-use std::sync::Arc;
+use std::io::{IsTerminal as _, Write};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -10,6 +10,55 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::backend::{Backend, Counters};
+
+/// The progress bar on screen, if any: log lines are written around it, not through it.
+static BAR: Mutex<Option<ProgressBar>> = Mutex::new(None);
+
+fn active_bar() -> Option<ProgressBar> {
+    BAR.lock().unwrap_or_else(PoisonError::into_inner).clone()
+}
+
+fn set_bar(bar: Option<ProgressBar>) {
+    *BAR.lock().unwrap_or_else(PoisonError::into_inner) = bar;
+}
+
+/// Where logs go: stderr, with the progress bar (if any) lifted while a line is written.
+pub(crate) struct LogWriter;
+
+/// One log event's bytes, written to stderr when the event is complete.
+pub(crate) struct LogLine(Vec<u8>);
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogWriter {
+    type Writer = LogLine;
+
+    fn make_writer(&'a self) -> LogLine {
+        LogLine(Vec::new())
+    }
+}
+
+impl Write for LogLine {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for LogLine {
+    fn drop(&mut self) {
+        // A log line that cannot be written has nowhere else to go.
+        let write = || {
+            let _ = std::io::stderr().lock().write_all(&self.0);
+        };
+        match active_bar() {
+            Some(bar) => bar.suspend(write),
+            None => write(),
+        }
+    }
+}
 
 /// What the store says is left.
 #[derive(Clone, Copy, Debug, Default)]
@@ -59,6 +108,7 @@ impl Progress {
                     .unwrap_or_else(|_| ProgressStyle::default_bar()),
                 );
                 bar.enable_steady_tick(Duration::from_millis(200));
+                set_bar(Some(bar.clone()));
                 bar
             });
             let start = Instant::now();
@@ -98,6 +148,7 @@ impl Progress {
                 }
             }
             if let Some(bar) = bar {
+                set_bar(None);
                 bar.finish_and_clear();
             }
         });
