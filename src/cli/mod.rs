@@ -108,7 +108,10 @@ fn config(d: &DeliveryFlags) -> OutboxConfig {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     // Validate the input before the database is touched: a refused input leaves no trace.
     let batch = match &cli.command {
-        Command::Enqueue { .. } => {
+        Command::Enqueue { actor } => {
+            if actor.trim().is_empty() {
+                return Err(usage("--actor is empty"));
+            }
             let mut text = String::new();
             tokio::io::stdin()
                 .read_to_string(&mut text)
@@ -200,9 +203,6 @@ async fn cmd_enqueue(
     actor: String,
     batch: enqueue::Batch,
 ) -> anyhow::Result<()> {
-    if actor.trim().is_empty() {
-        return Err(usage("--actor is empty"));
-    }
     if batch.rows.is_empty() {
         info!("no rows on stdin; nothing enqueued");
         return Ok(());
@@ -380,10 +380,15 @@ async fn cmd_relay(
 }
 
 async fn cmd_dead_letters(backend: &Backend, c: DeadLetterCommand) -> anyhow::Result<()> {
-    let (op, a): (&str, DeadLetterArgs) = match c {
-        DeadLetterCommand::List(a) => ("list", a),
-        DeadLetterCommand::Replay(a) => ("replay", a),
-        DeadLetterCommand::Purge(a) => ("purge", a),
+    enum Op {
+        List,
+        Replay,
+        Purge,
+    }
+    let (op, a): (Op, DeadLetterArgs) = match c {
+        DeadLetterCommand::List(a) => (Op::List, a),
+        DeadLetterCommand::Replay(a) => (Op::Replay, a),
+        DeadLetterCommand::Purge(a) => (Op::Purge, a),
     };
     let mut listed = backend.dead_letters(a.actor.clone()).await?;
     if !a.ids.is_empty() {
@@ -413,14 +418,14 @@ async fn cmd_dead_letters(backend: &Backend, c: DeadLetterCommand) -> anyhow::Re
             .collect()
     };
     match op {
-        "list" => {
+        Op::List => {
             if a.json {
                 print_json(&output::dead_json(&listed))
             } else {
                 print(&output::dead_table(&listed))
             }
         }
-        "replay" => {
+        Op::Replay => {
             let units = if listed.is_empty() {
                 Vec::new()
             } else {
@@ -438,7 +443,7 @@ async fn cmd_dead_letters(backend: &Backend, c: DeadLetterCommand) -> anyhow::Re
                 ))
             }
         }
-        _ => {
+        Op::Purge => {
             let n = if listed.is_empty() {
                 0
             } else {

@@ -1,8 +1,8 @@
 //! `drain` progress on stderr: a bar on a terminal, a plain line a second otherwise.
 
 use std::io::{IsTerminal as _, Write};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
