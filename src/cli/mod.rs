@@ -121,8 +121,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         _ => None,
     };
-    // Signals are caught before anything can be interrupted halfway.
-    let signals = Signals::new()?;
     let counters = Arc::new(Counters::default());
     let backend = Backend::open(
         cli.db.clone(),
@@ -131,7 +129,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Arc::clone(&counters),
     )
     .await?;
-    let result = dispatch(&backend, cli.command, batch, &counters, signals).await;
+    let result = dispatch(&backend, cli.command, batch, &counters).await;
     let closed = backend.close().await;
     result?;
     closed
@@ -142,16 +140,17 @@ async fn dispatch(
     command: Command,
     batch: Option<enqueue::Batch>,
     counters: &Arc<Counters>,
-    signals: Signals,
 ) -> anyhow::Result<()> {
+    // Only the long-running commands catch SIGINT and SIGTERM (to stop gracefully); the
+    // others keep the default, and a transaction interrupted by a signal rolls back.
     match command {
         Command::Enqueue { actor } => {
             let batch = batch.context("the input was not read")?;
             cmd_enqueue(backend, actor, batch).await
         }
-        Command::Drain { actor } => cmd_drain(backend, actor, counters, signals).await,
+        Command::Drain { actor } => cmd_drain(backend, actor, counters, Signals::new()?).await,
         Command::Relay { metrics_addr } => {
-            cmd_relay(backend, metrics_addr, counters, signals).await
+            cmd_relay(backend, metrics_addr, counters, Signals::new()?).await
         }
         Command::Status { json } => {
             let s = backend.status().await?;
