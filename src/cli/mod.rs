@@ -252,15 +252,31 @@ async fn cmd_drain(
     );
     let stopper = {
         let control = Arc::clone(&control);
+        let mut signals = signals;
         tokio::spawn(async move {
             let name = signals.wait().await;
             warn!(
                 signal = name,
-                "stopping the drain: attempts in flight finish, the rest is handed back"
+                "stopping the drain: attempts in flight finish, the rest is handed back \
+                 (a second signal stops at once)"
             );
             control
                 .stop
                 .store(true, std::sync::atomic::Ordering::SeqCst);
+            let name = signals.wait().await;
+            warn!(
+                signal = name,
+                "stopping at once: everything is handed back, answers still in flight are \
+                 ignored (those units are delivered again)"
+            );
+            control
+                .cancel
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            // Cancelled passes hand back and release their slots at once; a worker stuck in
+            // an attempt is not waited for.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            eprintln!("error: {name} again: exiting without waiting for attempts in flight");
+            std::process::exit(1);
         })
     };
     // One task per actor: distinct actors drain concurrently, each runs its passes in turn.
@@ -309,7 +325,8 @@ async fn cmd_drain(
             }
         }
     }
-    stopper.abort();
+    // The stopper stays: a second signal during the close still exits at once.
+    drop(stopper);
     // Logged once the progress bar is gone, so no line is drawn over it.
     progress.finish().await;
     let mut total = PassReport::default();
@@ -363,12 +380,24 @@ async fn cmd_relay(
     };
     let relay = backend.start_monitor().await?;
     info!("relay running; SIGINT or SIGTERM stops it");
+    let mut signals = signals;
     let name = signals.wait().await;
     info!(
         signal = name,
-        "stopping: attempts in flight finish, the rest is handed back"
+        "stopping: attempts in flight finish, the rest is handed back (a second signal exits at once)"
     );
-    relay.stop().await?;
+    tokio::select! {
+        stopped = relay.stop() => stopped?,
+        name = signals.wait() => {
+            // Nothing is lost: units not acknowledged are claimable again once the drain
+            // slot's lease expires, and are delivered again (at-least-once).
+            eprintln!(
+                "error: {name} again: exiting without waiting for attempts in flight; \
+                 their units are delivered again after the drain slot's lease expires"
+            );
+            std::process::exit(1);
+        }
+    }
     if let Some(server) = server {
         server.abort();
         // Its clone of the backend goes with it, before the backend is closed.
@@ -482,7 +511,7 @@ impl Signals {
     }
 
     /// Waits for the first signal; returns its name.
-    async fn wait(mut self) -> &'static str {
+    async fn wait(&mut self) -> &'static str {
         #[cfg(unix)]
         {
             tokio::select! {
