@@ -191,7 +191,7 @@ fn print(text: &str) -> anyhow::Result<()> {
         .context("cannot write to stdout")
 }
 
-fn print_json(v: &serde_json::Value) -> anyhow::Result<()> {
+fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
     let mut text = serde_json::to_string_pretty(v).context("cannot format JSON")?;
     text.push('\n');
     print(&text)

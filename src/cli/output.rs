@@ -98,7 +98,7 @@ struct StatusJson<'a> {
 }
 
 /// `status --json`.
-pub(crate) fn status_json(s: &[ActorStatus]) -> serde_json::Value {
+pub(crate) fn status_json(s: &[ActorStatus]) -> impl Serialize + '_ {
     let v = StatusJson {
         actors: s
             .iter()
@@ -119,7 +119,7 @@ pub(crate) fn status_json(s: &[ActorStatus]) -> serde_json::Value {
             })
             .collect(),
     };
-    serde_json::to_value(v).unwrap_or_default()
+    v
 }
 
 /// `status`.
@@ -198,7 +198,7 @@ fn head_age(l: &LaneStatus, now: Timestamp) -> Option<Duration> {
 }
 
 /// `lanes --json`.
-pub(crate) fn lanes_json(actor: &str, lanes: &[LaneStatus]) -> serde_json::Value {
+pub(crate) fn lanes_json<'a>(actor: &'a str, lanes: &'a [LaneStatus]) -> impl Serialize + 'a {
     let now = now();
     let v = LanesJson {
         actor,
@@ -221,7 +221,7 @@ pub(crate) fn lanes_json(actor: &str, lanes: &[LaneStatus]) -> serde_json::Value
             })
             .collect(),
     };
-    serde_json::to_value(v).unwrap_or_default()
+    v
 }
 
 /// `lanes`.
@@ -298,7 +298,7 @@ struct DeadListJson<'a> {
 }
 
 /// `dead-letters list --json`.
-pub(crate) fn dead_json(d: &[DeadLetter]) -> serde_json::Value {
+pub(crate) fn dead_json(d: &[DeadLetter]) -> impl Serialize + '_ {
     let v = DeadListJson {
         dead_letters: d
             .iter()
@@ -320,7 +320,7 @@ pub(crate) fn dead_json(d: &[DeadLetter]) -> serde_json::Value {
             })
             .collect(),
     };
-    serde_json::to_value(v).unwrap_or_default()
+    v
 }
 
 /// `dead-letters list`.
