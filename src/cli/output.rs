@@ -99,7 +99,7 @@ struct StatusJson<'a> {
 
 /// `status --json`.
 pub(crate) fn status_json(s: &[ActorStatus]) -> impl Serialize + '_ {
-    let v = StatusJson {
+    StatusJson {
         actors: s
             .iter()
             .map(|a| ActorJson {
@@ -118,8 +118,7 @@ pub(crate) fn status_json(s: &[ActorStatus]) -> impl Serialize + '_ {
                 dead_letters: a.dead_letters,
             })
             .collect(),
-    };
-    v
+    }
 }
 
 /// `status`.
@@ -200,7 +199,7 @@ fn head_age(l: &LaneStatus, now: Timestamp) -> Option<Duration> {
 /// `lanes --json`.
 pub(crate) fn lanes_json<'a>(actor: &'a str, lanes: &'a [LaneStatus]) -> impl Serialize + 'a {
     let now = now();
-    let v = LanesJson {
+    LanesJson {
         actor,
         lanes: lanes
             .iter()
@@ -220,8 +219,7 @@ pub(crate) fn lanes_json<'a>(actor: &'a str, lanes: &'a [LaneStatus]) -> impl Se
                 pause_reason: l.pause_reason.as_deref(),
             })
             .collect(),
-    };
-    v
+    }
 }
 
 /// `lanes`.
@@ -299,7 +297,7 @@ struct DeadListJson<'a> {
 
 /// `dead-letters list --json`.
 pub(crate) fn dead_json(d: &[DeadLetter]) -> impl Serialize + '_ {
-    let v = DeadListJson {
+    DeadListJson {
         dead_letters: d
             .iter()
             .map(|d| DeadJson {
@@ -319,8 +317,7 @@ pub(crate) fn dead_json(d: &[DeadLetter]) -> impl Serialize + '_ {
                 dead_at: time(d.dead_at),
             })
             .collect(),
-    };
-    v
+    }
 }
 
 /// `dead-letters list`.
