@@ -677,3 +677,128 @@ fn plain_output_is_a_table() {
     let col = header.find("PENDING").unwrap();
     assert_eq!(&row[col..col + 1], "2", "{out}");
 }
+
+#[test]
+fn dedup_key_skips_recipients_with_a_pending_unit() {
+    let db = Db::sqlite();
+    let r = Recipient::start().unwrap();
+    let (a, b) = (r.url("/a"), r.url("/b"));
+    let input = [
+        serde_json::json!({ "id": "u1", "to": [&a], "body": 1, "dedup_key": "k" }),
+        serde_json::json!({ "id": "u2", "to": [&a, &b], "body": 2, "dedup_key": "k",
+            "content_type": "text/plain" }),
+        serde_json::json!({ "id": "u3", "to": [&a, &b], "body": 3, "joined": true }),
+    ]
+    .iter()
+    .map(|v| format!("{v}\n"))
+    .collect::<String>();
+    let out = ok(&db, &["enqueue", "--actor", "kim"], &input);
+    let res: Vec<Value> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(res[0]["skipped"], serde_json::json!([]));
+    assert_eq!(res[0]["units"].as_array().unwrap().len(), 1);
+    // u1's unit with the same key is still pending for /a.
+    assert_eq!(res[1]["skipped"], serde_json::json!([a]));
+    assert_eq!(res[1]["units"].as_array().unwrap().len(), 1);
+    // A joined row is one unit for all its recipients.
+    assert_eq!(res[2]["units"].as_array().unwrap().len(), 1);
+    ok(&db, &["drain"], "");
+    let bodies = |p: &str| -> Vec<String> {
+        r.bodies(p)
+            .iter()
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .collect()
+    };
+    assert_eq!(bodies("/a"), ["1", "3"]);
+    assert_eq!(bodies("/b"), ["2", "3"]);
+    assert_eq!(
+        r.requests("/b")[0].header("content-type"),
+        Some("text/plain")
+    );
+}
+
+#[test]
+fn delivery_flags_are_applied() {
+    let db = Db::sqlite();
+    let r = Recipient::start().unwrap();
+    r.set_default("/busy", Reply::Status(503));
+    r.set_default("/hang", Reply::Hang);
+    ok(
+        &db,
+        &["enqueue", "--actor", "lee"],
+        &rows(1, &[r.url("/busy"), r.url("/hang")]),
+    );
+    ok(
+        &db,
+        &[
+            "drain",
+            "--timeout",
+            "300ms",
+            "--max-attempts",
+            "2",
+            "--pass-attempts",
+            "5",
+            "--concurrency",
+            "2",
+        ],
+        "",
+    );
+    let dead = ok(&db, &["dead-letters", "list", "--json"], "").json();
+    let dead = dead["dead_letters"].as_array().unwrap();
+    assert_eq!(dead.len(), 2, "{dead:?}");
+    for d in dead {
+        assert_eq!(d["reason"], "exhausted");
+        assert_eq!(d["attempts"], 2);
+    }
+    assert_eq!(r.count("/busy"), 2);
+    assert_eq!(r.count("/hang"), 2);
+    let hang = dead
+        .iter()
+        .find(|d| d["recipient"] == r.url("/hang").as_str())
+        .unwrap();
+    assert!(
+        hang["last_error"].as_str().unwrap().contains("timeout")
+            || hang["last_error"].as_str().unwrap().contains("timed out"),
+        "{hang}"
+    );
+}
+
+#[test]
+fn loopback_destinations_are_refused_by_default() {
+    let db = Db::sqlite();
+    let r = Recipient::start().unwrap();
+    ok(
+        &db,
+        &["enqueue", "--actor", "max"],
+        &rows(1, &[r.url("/a")]),
+    );
+    let Db::Sqlite { path, .. } = &db else {
+        unreachable!()
+    };
+    let out = collect(
+        Command::new(BIN)
+            .args(["--db", &path.display().to_string(), "--log-format", "json"])
+            .arg("drain")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+        "",
+    );
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    // Logs are JSON lines; the summary is the one plain line.
+    let logs: Vec<&str> = out.stderr.lines().filter(|l| l.starts_with('{')).collect();
+    assert!(!logs.is_empty());
+    for l in logs {
+        let v: Value = serde_json::from_str(l).unwrap();
+        assert!(v["level"].is_string(), "{l}");
+    }
+    assert!(r.requests("/a").is_empty());
+    let dead = ok(&db, &["dead-letters", "list", "--json"], "").json();
+    assert_eq!(dead["dead_letters"][0]["reason"], "destination_refused");
+}
