@@ -117,7 +117,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .read_to_string(&mut text)
                 .await
                 .map_err(|e| usage(format!("cannot read stdin as UTF-8 text: {e}")))?;
-            Some(enqueue::parse(&text)?)
+            Some(enqueue::parse(&text).context("input refused, nothing enqueued")?)
         }
         _ => None,
     };
@@ -186,9 +186,11 @@ async fn dispatch(
 
 fn print(text: &str) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
-    out.write_all(text.as_bytes())
-        .and_then(|()| out.flush())
-        .context("cannot write to stdout")
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        // The reader went away (`| head`): nothing left to tell it.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r.context("cannot write to stdout"),
+    }
 }
 
 fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
