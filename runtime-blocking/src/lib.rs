@@ -134,6 +134,25 @@ pub struct DeadLettered {
     pub error: Option<String>,
 }
 
+/// An attempt finished, whatever its outcome (for metrics: latency, queue wait, outcomes).
+#[derive(Clone, Debug)]
+pub struct Attempted {
+    /// The actor.
+    pub actor: ActorId,
+    /// The unit.
+    pub unit: UnitId,
+    /// The recipient URL.
+    pub recipient: String,
+    /// What the attempt came to.
+    pub outcome: outbox_lanes_core::Outcome,
+    /// The HTTP status, if a response came back.
+    pub status: Option<u16>,
+    /// From handing the attempt to a worker to its result (payload read and HTTP exchange).
+    pub latency: Duration,
+    /// From the row's enqueue to the start of this attempt.
+    pub queued: Duration,
+}
+
 type Hook<T> = Box<dyn Fn(&T) + Send + Sync>;
 
 /// Delivery hooks for the embedding service; called on the pass's thread, keep them short.
@@ -143,6 +162,8 @@ pub struct Hooks {
     pub delivered: Option<Hook<Delivered>>,
     /// Called for every dead letter.
     pub dead_lettered: Option<Hook<DeadLettered>>,
+    /// Called for every finished attempt, before the outcome is acted on.
+    pub attempted: Option<Hook<Attempted>>,
 }
 
 impl fmt::Debug for Hooks {
@@ -150,6 +171,7 @@ impl fmt::Debug for Hooks {
         f.debug_struct("Hooks")
             .field("delivered", &self.delivered.is_some())
             .field("dead_lettered", &self.dead_lettered.is_some())
+            .field("attempted", &self.attempted.is_some())
             .finish()
     }
 }

@@ -17,7 +17,7 @@ use outbox_lanes_store::{
 use tracing::{debug, info, trace, warn};
 
 use crate::http::{AttemptResult, Delivery, HttpClient};
-use crate::{DeadLettered, Delivered, Hooks, OutboxConfig};
+use crate::{Attempted, DeadLettered, Delivered, Hooks, OutboxConfig};
 
 /// What an executor reports back to the pass that started the attempt.
 #[derive(Debug)]
@@ -309,6 +309,22 @@ impl Pass<'_> {
                 let outcome = d.result.outcome;
                 trace!(unit = %d.unit, lane = ?d.lane, ?outcome, status = ?d.result.status,
                     error = ?d.result.error, took_ms = d.started.elapsed().as_millis() as u64, "attempt finished");
+                if let Some(hook) = &self.hooks.attempted {
+                    let latency = d.started.elapsed();
+                    let queued = st.units.get(&d.unit).map_or(Duration::ZERO, |u| {
+                        t.saturating_sub(latency)
+                            .saturating_duration_since(u.enqueued_at)
+                    });
+                    hook(&Attempted {
+                        actor: self.token.actor().clone(),
+                        unit: d.unit,
+                        recipient: st.recipients[d.lane.index()].clone(),
+                        outcome,
+                        status: d.result.status,
+                        latency,
+                        queued,
+                    });
+                }
                 st.last.insert((d.unit, d.lane), d.result);
                 if let Err(e) = st.sched.handle_outcome(d.unit, d.lane, outcome, t) {
                     debug!(error = %e, "late completion ignored");

@@ -1,0 +1,174 @@
+//! The command line (design §6): clap derive.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Per-recipient ordered outbox delivery over HTTP: enqueue, drain, relay, inspect.
+#[derive(Debug, Parser)]
+#[command(
+    name = "outbox-lanes",
+    version,
+    about = "Per-recipient ordered outbox delivery over HTTP: enqueue, drain, relay, inspect.",
+    long_about = None
+)]
+pub(crate) struct Cli {
+    /// The database: a SQLite file path, or a `postgres://` URL.
+    #[arg(
+        long,
+        global = true,
+        default_value = "./outbox.db",
+        env = "OUTBOX_LANES_DB"
+    )]
+    pub(crate) db: String,
+
+    /// Postgres only: the schema holding the tables (created if missing).
+    #[arg(
+        long,
+        global = true,
+        default_value = "outbox_lanes",
+        env = "OUTBOX_LANES_PG_SCHEMA"
+    )]
+    pub(crate) pg_schema: String,
+
+    #[command(flatten)]
+    pub(crate) delivery: DeliveryFlags,
+
+    /// Log format on stderr (level from RUST_LOG, default info).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub(crate) log_format: LogFormat,
+
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+/// The flags that configure delivery, common to every subcommand.
+#[derive(Debug, Args)]
+pub(crate) struct DeliveryFlags {
+    /// HTTP timeout per attempt: `30s`, `500ms`, `2m`, or plain seconds.
+    #[arg(long, global = true, value_parser = parse_duration, default_value = "30s")]
+    pub(crate) timeout: Duration,
+
+    /// Persisted attempts before a unit becomes a dead letter.
+    #[arg(long, global = true, default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) max_attempts: u32,
+
+    /// The failure within one pass that stalls a unit into lane backoff.
+    #[arg(long, global = true, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) pass_attempts: u32,
+
+    /// Deliveries in flight at once in this process.
+    #[arg(long, global = true, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub(crate) concurrency: u32,
+
+    /// Allow loopback and private-range destinations (refused by default: SSRF guard).
+    /// Link-local addresses (cloud metadata services) stay refused.
+    #[arg(long, global = true)]
+    pub(crate) allow_private_destinations: bool,
+}
+
+/// How logs are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Read JSON lines from stdin and enqueue them, all or nothing.
+    Enqueue {
+        /// The sending actor.
+        #[arg(long)]
+        actor: String,
+    },
+    /// Run passes until nothing is admissible, then exit.
+    Drain {
+        /// Drain this actor only (default: every actor with admissible work).
+        #[arg(long)]
+        actor: Option<String>,
+    },
+    /// Run the monitor until SIGINT or SIGTERM, then shut down gracefully.
+    Relay {
+        /// Serve Prometheus text metrics on this address (e.g. 127.0.0.1:9187).
+        #[arg(long)]
+        metrics_addr: Option<SocketAddr>,
+    },
+    /// Per actor: pending units, pass running, lanes in backoff, dead letters.
+    Status {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Per lane of an actor: depth, head age, last error, backoff.
+    Lanes {
+        /// The actor.
+        #[arg(long)]
+        actor: String,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List, replay or purge dead letters.
+    #[command(subcommand)]
+    DeadLetters(DeadLetterCommand),
+}
+
+/// `dead-letters` subcommands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum DeadLetterCommand {
+    /// List dead letters.
+    List(DeadLetterArgs),
+    /// Put dead letters back at the tail of their lanes, in their original order.
+    Replay(DeadLetterArgs),
+    /// Delete dead letters.
+    Purge(DeadLetterArgs),
+}
+
+/// Which dead letters, and how to print.
+#[derive(Debug, Args)]
+pub(crate) struct DeadLetterArgs {
+    /// This actor's only (default: every actor's).
+    #[arg(long)]
+    pub(crate) actor: Option<String>,
+    /// These dead letters only (ids from `list`); repeatable.
+    #[arg(long = "id")]
+    pub(crate) ids: Vec<i64>,
+    /// Print JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `30s`, `500ms`, `1m 30s`, or plain (possibly fractional) seconds.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    if let Ok(secs) = t.parse::<f64>() {
+        return Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"));
+    }
+    humantime::parse_duration(t).map_err(|e| format!("{s:?}: {e} (try 30s, 500ms or seconds)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("0.25"), Ok(Duration::from_millis(250)));
+        assert!(parse_duration("-1").is_err());
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn clap_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,232 @@
+//! `enqueue`: JSON lines in, one JSON result per row out, all or nothing.
+
+use std::collections::HashMap;
+
+use outbox_lanes_core::LaneKey;
+use outbox_lanes_store::{EnqueueError, Enqueued, NewRow};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+/// One input line.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Line {
+    id: Option<String>,
+    to: Option<Vec<String>>,
+    body: Option<Box<RawValue>>,
+    content_type: Option<String>,
+    dedup_key: Option<String>,
+    ordering_key: Option<String>,
+    joined: Option<bool>,
+}
+
+/// A refused input line: its 1-based number and why.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct BadLine {
+    pub(crate) line: usize,
+    pub(crate) reason: String,
+}
+
+impl std::fmt::Display for BadLine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "line {}: {}", self.line, self.reason)
+    }
+}
+
+impl std::error::Error for BadLine {}
+
+/// The rows of an input, each with its line number.
+#[derive(Debug)]
+pub(crate) struct Batch {
+    pub(crate) rows: Vec<NewRow>,
+    lines: Vec<usize>,
+}
+
+/// serde_json reports positions within the one line it was given; keep the column only.
+fn json_reason(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    let msg = text
+        .rsplit_once(" at line ")
+        .map_or(text.as_str(), |(m, _)| m);
+    let kind = match e.classify() {
+        serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
+            "malformed JSON: "
+        }
+        serde_json::error::Category::Data | serde_json::error::Category::Io => "",
+    };
+    format!("{kind}{msg} (column {})", e.column())
+}
+
+fn parse_line(text: &str) -> Result<NewRow, String> {
+    let line: Line = serde_json::from_str(text).map_err(|e| json_reason(&e))?;
+    let id = match line.id {
+        Some(id) if !id.trim().is_empty() => id,
+        Some(_) => return Err("\"id\" is empty".into()),
+        None => return Err("missing \"id\"".into()),
+    };
+    let to = line.to.ok_or("missing \"to\" (a list of recipient URLs)")?;
+    if to.is_empty() {
+        return Err("\"to\" names no recipient".into());
+    }
+    for url in &to {
+        LaneKey::new(url, None)
+            .map_err(|e| format!("recipient {url:?} is not an absolute http(s) URL: {e}"))?;
+    }
+    let body = line
+        .body
+        .ok_or("missing \"body\" (any JSON value, sent as its JSON text)")?;
+    let content_type = line
+        .content_type
+        .unwrap_or_else(|| "application/json".into());
+    if content_type.trim().is_empty() {
+        return Err("\"content_type\" is empty".into());
+    }
+    Ok(NewRow {
+        id,
+        body: body.get().as_bytes().to_vec(),
+        content_type,
+        recipients: to,
+        dedup_key: line.dedup_key.filter(|k| !k.is_empty()),
+        ordering_key: line.ordering_key.filter(|k| !k.is_empty()),
+        joined: line.joined.unwrap_or(false),
+    })
+}
+
+/// Parses and validates every line; the first bad line refuses the whole input.
+/// Blank lines are skipped.
+pub(crate) fn parse(input: &str) -> Result<Batch, BadLine> {
+    let mut rows = Vec::new();
+    let mut lines = Vec::new();
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for (i, text) in input.lines().enumerate() {
+        let line = i + 1;
+        if text.trim().is_empty() {
+            continue;
+        }
+        let row = parse_line(text).map_err(|reason| BadLine { line, reason })?;
+        if let Some(first) = seen.insert(row.id.clone(), line) {
+            return Err(BadLine {
+                line,
+                reason: format!("id {:?} repeats line {first}", row.id),
+            });
+        }
+        rows.push(row);
+        lines.push(line);
+    }
+    Ok(Batch { rows, lines })
+}
+
+impl Batch {
+    fn line_of(&self, row: &str) -> Option<usize> {
+        self.rows
+            .iter()
+            .position(|r| r.id == row)
+            .and_then(|i| self.lines.get(i).copied())
+    }
+
+    /// The store's refusal of a row, as the input line it came from; `None` if the refusal
+    /// is not about the input (a database failure).
+    pub(crate) fn explain(&self, e: &EnqueueError) -> Option<BadLine> {
+        let (row, reason) = match e {
+            EnqueueError::NoRecipients { row } => (row.as_str(), "names no recipient".to_string()),
+            EnqueueError::BadRecipient { row, url, reason } => {
+                (row.as_str(), format!("recipient {url:?} refused: {reason}"))
+            }
+            EnqueueError::DuplicateRowId { row } => (
+                row.as_str(),
+                format!("id {row:?} is already used by this actor"),
+            ),
+            EnqueueError::PayloadTooLarge { row, size, max } => (
+                row.as_str(),
+                format!("body of {size} bytes exceeds the limit of {max} bytes"),
+            ),
+            EnqueueError::EmptyRowId { index } => {
+                return Some(BadLine {
+                    line: self.lines.get(*index).copied().unwrap_or(0),
+                    reason: "\"id\" is empty".into(),
+                });
+            }
+            // A database failure is not the input's fault.
+            _ => return None,
+        };
+        Some(BadLine {
+            line: self.line_of(row).unwrap_or(0),
+            reason,
+        })
+    }
+}
+
+/// One output line.
+#[derive(Debug, Serialize)]
+pub(crate) struct Output<'a> {
+    id: &'a str,
+    seq: u64,
+    units: Vec<u64>,
+    skipped: &'a [String],
+}
+
+/// The output line of an enqueued row.
+pub(crate) fn output(e: &Enqueued) -> Output<'_> {
+    Output {
+        id: &e.row_id,
+        seq: e.seq.0,
+        units: e.units.iter().map(|u| u.0).collect(),
+        skipped: &e.skipped,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bad(input: &str) -> BadLine {
+        parse(input).expect_err("refused")
+    }
+
+    #[test]
+    fn good_lines() {
+        let b = parse(
+            "{\"id\":\"a\",\"to\":[\"https://x.example/inbox\"],\"body\":{\"k\": [1, 2]}}\n\n\
+             {\"id\":\"b\",\"to\":[\"http://y.example/i\"],\"body\":\"s\",\"content_type\":\"text/plain\",\
+             \"dedup_key\":\"d\",\"ordering_key\":\"o\",\"joined\":true}\n",
+        )
+        .expect("parsed");
+        assert_eq!(b.rows.len(), 2);
+        assert_eq!(b.rows[0].body, b"{\"k\": [1, 2]}");
+        assert_eq!(b.rows[0].content_type, "application/json");
+        assert_eq!(b.rows[1].body, b"\"s\"");
+        assert!(b.rows[1].joined);
+        assert_eq!(b.lines, [1, 3]);
+    }
+
+    #[test]
+    fn bad_lines_name_their_line() {
+        let ok = "{\"id\":\"a\",\"to\":[\"https://x.example/\"],\"body\":1}\n";
+        let e = bad(&format!("{ok}{{\"id\":\"b\",\n"));
+        assert_eq!(e.line, 2);
+        assert!(e.reason.starts_with("malformed JSON"), "{e}");
+        let e = bad(&format!(
+            "{ok}{{\"id\":\"b\",\"to\":[\"/inbox\"],\"body\":1}}"
+        ));
+        assert!(e.reason.contains("absolute"), "{e}");
+        let e = bad(&format!(
+            "{ok}{{\"id\":\"b\",\"to\":[\"https://x.example/\"]}}"
+        ));
+        assert!(e.reason.contains("missing \"body\""), "{e}");
+        let e = bad(&format!(
+            "{ok}{{\"id\":\"\",\"to\":[\"https://x.example/\"],\"body\":1}}"
+        ));
+        assert!(e.reason.contains("empty"), "{e}");
+        let e = bad(&format!("{ok}{{\"id\":\"b\",\"to\":[],\"body\":1}}"));
+        assert!(e.reason.contains("no recipient"), "{e}");
+        let e = bad(&format!(
+            "{ok}{{\"id\":\"b\",\"to\":[\"https://x.example/\"],\"body\":1,\"extra\":2}}"
+        ));
+        assert!(e.reason.contains("unknown field `extra`"), "{e}");
+        let e = bad(&format!("{ok}{ok}"));
+        assert_eq!(e.line, 2);
+        assert!(e.reason.contains("repeats line 1"), "{e}");
+        let e = bad("{\"id\":\"b\",\"to\":[\"ftp://x.example/\"],\"body\":1}");
+        assert_eq!(e.line, 1);
+    }
+}

@@ -1,0 +1,530 @@
+//! The `outbox-lanes` command line: parsing, dispatch and exit codes.
+
+pub(crate) mod args;
+pub(crate) mod backend;
+pub(crate) mod enqueue;
+pub(crate) mod metrics;
+pub(crate) mod output;
+pub(crate) mod progress;
+
+use std::collections::BTreeSet;
+use std::io::{IsTerminal as _, Write as _};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use outbox_lanes_blocking::{DrainControl, DrainOutcome, OutboxConfig, OutboxError, PassReport};
+use outbox_lanes_core::ActorId;
+use outbox_lanes_core::policy::AddressPolicy;
+use outbox_lanes_store::{DeadLetterId, DeadLetterSelection};
+use tokio::io::AsyncReadExt as _;
+use tokio::task::JoinSet;
+use tracing::{info, warn};
+
+use args::{Cli, Command, DeadLetterArgs, DeadLetterCommand, DeliveryFlags, LogFormat};
+use backend::{Backend, Counters, OpenError};
+
+/// A usage or input error: exit code 2.
+#[derive(Debug)]
+pub(crate) struct UsageError(pub(crate) String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+fn usage(msg: impl Into<String>) -> anyhow::Error {
+    UsageError(msg.into()).into()
+}
+
+/// 2 for errors in the caller's input, 1 for failures at run time.
+fn exit_code(e: &anyhow::Error) -> u8 {
+    let input = e
+        .chain()
+        .any(|c| c.is::<UsageError>() || c.is::<OpenError>() || c.is::<enqueue::BadLine>());
+    if input { 2 } else { 1 }
+}
+
+/// Runs the command line; never panics on user input.
+pub(crate) fn main() -> ExitCode {
+    // clap prints its own usage errors and exits 2 (0 for --help and --version).
+    let cli = <Cli as clap::Parser>::parse();
+    init_logging(cli.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("outbox-lanes-cli")
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the tokio runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(exit_code(&e))
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("info,postgres=warn,tokio_postgres=warn")
+    });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(progress::LogWriter);
+    // Another subscriber already set is not worth failing over.
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+fn config(d: &DeliveryFlags) -> OutboxConfig {
+    let mut c = OutboxConfig::default();
+    c.http.timeout = d.timeout;
+    c.scheduler.max_attempts = d.max_attempts;
+    c.scheduler.pass_attempts = d.pass_attempts;
+    c.concurrency = d.concurrency as usize;
+    if d.allow_private_destinations {
+        c.http.addresses = AddressPolicy {
+            allow_loopback: true,
+            allow_private: true,
+            allow_link_local: false,
+        };
+    }
+    c
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    // Validate the input before the database is touched: a refused input leaves no trace.
+    let batch = match &cli.command {
+        Command::Enqueue { actor } => {
+            if actor.trim().is_empty() {
+                return Err(usage("--actor is empty"));
+            }
+            let mut text = String::new();
+            tokio::io::stdin()
+                .read_to_string(&mut text)
+                .await
+                .map_err(|e| usage(format!("cannot read stdin as UTF-8 text: {e}")))?;
+            Some(enqueue::parse(&text).context("input refused, nothing enqueued")?)
+        }
+        _ => None,
+    };
+    let counters = Arc::new(Counters::default());
+    let backend = Backend::open(
+        cli.db.clone(),
+        cli.pg_schema.clone(),
+        config(&cli.delivery),
+        Arc::clone(&counters),
+    )
+    .await?;
+    let result = dispatch(&backend, cli.command, batch, &counters).await;
+    let closed = backend.close().await;
+    result?;
+    closed
+}
+
+async fn dispatch(
+    backend: &Backend,
+    command: Command,
+    batch: Option<enqueue::Batch>,
+    counters: &Arc<Counters>,
+) -> anyhow::Result<()> {
+    // Only the long-running commands catch SIGINT and SIGTERM (to stop gracefully); the
+    // others keep the default, and a transaction interrupted by a signal rolls back.
+    match command {
+        Command::Enqueue { actor } => {
+            let batch = batch.context("the input was not read")?;
+            cmd_enqueue(backend, actor, batch).await
+        }
+        Command::Drain { actor } => cmd_drain(backend, actor, counters, Signals::new()?).await,
+        Command::Relay { metrics_addr } => {
+            cmd_relay(backend, metrics_addr, counters, Signals::new()?).await
+        }
+        Command::Status { json } => {
+            let s = backend.status().await?;
+            if json {
+                print_json(&output::status_json(&s))
+            } else {
+                print(&output::status_table(&s))
+            }
+        }
+        Command::Lanes { actor, json } => {
+            let lanes = backend.lanes(actor.clone()).await?;
+            if lanes.is_empty() {
+                let known = backend
+                    .status()
+                    .await?
+                    .iter()
+                    .any(|a| a.actor.as_str() == actor);
+                if !known {
+                    return Err(usage(format!(
+                        "unknown actor {actor:?}: no pending units, lanes or dead letters"
+                    )));
+                }
+            }
+            if json {
+                print_json(&output::lanes_json(&actor, &lanes))
+            } else {
+                print(&output::lanes_table(&lanes))
+            }
+        }
+        Command::DeadLetters(c) => cmd_dead_letters(backend, c).await,
+    }
+}
+
+fn print(text: &str) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        // The reader went away (`| head`): nothing left to tell it.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r.context("cannot write to stdout"),
+    }
+}
+
+fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
+    let mut text = serde_json::to_string_pretty(v).context("cannot format JSON")?;
+    text.push('\n');
+    print(&text)
+}
+
+async fn cmd_enqueue(
+    backend: &Backend,
+    actor: String,
+    batch: enqueue::Batch,
+) -> anyhow::Result<()> {
+    if batch.rows.is_empty() {
+        info!("no rows on stdin; nothing enqueued");
+        return Ok(());
+    }
+    let n = batch.rows.len();
+    match backend.enqueue(actor.clone(), batch.rows.clone()).await? {
+        Ok(done) => {
+            let mut text = String::new();
+            for e in &done {
+                text.push_str(&serde_json::to_string(&enqueue::output(e))?);
+                text.push('\n');
+            }
+            print(&text)?;
+            info!(%actor, rows = n, "enqueued");
+            Ok(())
+        }
+        Err(OutboxError::Enqueue(e)) => match batch.explain(&e) {
+            Some(bad) => Err(anyhow::Error::new(bad).context("input refused, nothing enqueued")),
+            None => Err(anyhow::Error::new(e).context("nothing enqueued")),
+        },
+        Err(e) => Err(anyhow::Error::new(e).context("nothing enqueued")),
+    }
+}
+
+async fn cmd_drain(
+    backend: &Backend,
+    actor: Option<String>,
+    counters: &Arc<Counters>,
+    signals: Signals,
+) -> anyhow::Result<()> {
+    // Without --actor, what is left is counted over every actor (lanes in backoff included).
+    let scope = actor.as_ref().map(|a| vec![a.clone()]);
+    let actors: Vec<String> = match actor {
+        Some(a) => vec![a],
+        None => backend
+            .actors_ready()
+            .await?
+            .into_iter()
+            .map(|a: ActorId| a.as_str().to_owned())
+            .collect(),
+    };
+    let control = Arc::new(DrainControl::default());
+    let progress = progress::Progress::start(
+        backend.clone(),
+        scope.clone(),
+        Arc::clone(counters),
+        Duration::from_secs(1),
+    );
+    let stopper = {
+        let control = Arc::clone(&control);
+        let mut signals = signals;
+        tokio::spawn(async move {
+            let name = signals.wait().await;
+            warn!(
+                signal = name,
+                "stopping the drain: attempts in flight finish, the rest is handed back \
+                 (a second signal stops at once)"
+            );
+            control
+                .stop
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            let name = signals.wait().await;
+            warn!(
+                signal = name,
+                "stopping at once: everything is handed back, answers still in flight are \
+                 ignored (those units are delivered again)"
+            );
+            control
+                .cancel
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            // Cancelled passes hand back and release their slots at once; a worker stuck in
+            // an attempt is not waited for.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            eprintln!("error: {name} again: exiting without waiting for attempts in flight");
+            std::process::exit(1);
+        })
+    };
+    // One task per actor: distinct actors drain concurrently, each runs its passes in turn.
+    let mut tasks = JoinSet::new();
+    for actor in actors.iter().cloned() {
+        let backend = backend.clone();
+        let control = Arc::clone(&control);
+        tasks.spawn(async move {
+            let mut total = PassReport::default();
+            loop {
+                match backend.drain(actor.clone(), Arc::clone(&control)).await? {
+                    Ok(DrainOutcome::Ran(r)) => {
+                        total.delivered += r.delivered;
+                        total.dead_lettered += r.dead_lettered;
+                        total.handed_back = r.handed_back;
+                        // A pass yields at its time slice: run the next one, unless stopping.
+                        if !r.yielded || control.stop.load(std::sync::atomic::Ordering::SeqCst) {
+                            return Ok::<_, anyhow::Error>((actor, Some(total)));
+                        }
+                    }
+                    Ok(DrainOutcome::Merged) => return Ok((actor, None)),
+                    Err(e) => {
+                        return Err(anyhow::Error::new(e).context(format!("draining {actor:?}")));
+                    }
+                }
+            }
+        });
+    }
+    let mut failure = None;
+    let mut done = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok(Ok(outcome)) => done.push(outcome),
+            Ok(Err(e)) => {
+                // Stop the others gracefully; their units are handed back.
+                control
+                    .stop
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                failure.get_or_insert(e);
+            }
+            Err(e) => {
+                control
+                    .stop
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                failure.get_or_insert(anyhow::anyhow!("a drain task failed: {e}"));
+            }
+        }
+    }
+    // The stopper stays: a second signal during the close still exits at once.
+    drop(stopper);
+    // Logged once the progress bar is gone, so no line is drawn over it.
+    progress.finish().await;
+    let mut total = PassReport::default();
+    for (actor, report) in done {
+        match report {
+            Some(r) => {
+                total.delivered += r.delivered;
+                total.dead_lettered += r.dead_lettered;
+                total.handed_back += r.handed_back;
+                info!(%actor, delivered = r.delivered, dead_lettered = r.dead_lettered,
+                    handed_back = r.handed_back, "drained");
+            }
+            None => info!(%actor,
+                "a pass of this actor is running in another process; it was told to look again"),
+        }
+    }
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    let left = progress::left(backend, scope.as_deref()).await?;
+    let stopped = control.stop.load(std::sync::atomic::Ordering::SeqCst);
+    eprintln!(
+        "{} {} actor(s): {} delivered, {} dead-lettered, {} remaining, {} lane(s) in backoff",
+        if stopped {
+            "stopped by a signal after draining"
+        } else {
+            "drained"
+        },
+        actors.len(),
+        total.delivered,
+        total.dead_lettered,
+        left.remaining,
+        left.stalled
+    );
+    Ok(())
+}
+
+async fn cmd_relay(
+    backend: &Backend,
+    metrics_addr: Option<std::net::SocketAddr>,
+    counters: &Arc<Counters>,
+    signals: Signals,
+) -> anyhow::Result<()> {
+    let server = match metrics_addr {
+        Some(addr) => Some(
+            metrics::serve(addr, backend.clone(), Arc::clone(counters))
+                .await
+                .map_err(|e| usage(format!("--metrics-addr {addr}: {e}")))?,
+        ),
+        None => None,
+    };
+    let relay = backend.start_monitor().await?;
+    info!("relay running; SIGINT or SIGTERM stops it");
+    let mut signals = signals;
+    let name = signals.wait().await;
+    info!(
+        signal = name,
+        "stopping: attempts in flight finish, the rest is handed back (a second signal exits at once)"
+    );
+    tokio::select! {
+        stopped = relay.stop() => stopped?,
+        name = signals.wait() => {
+            // Nothing is lost: units not acknowledged are claimable again once the drain
+            // slot's lease expires, and are delivered again (at-least-once).
+            eprintln!(
+                "error: {name} again: exiting without waiting for attempts in flight; \
+                 their units are delivered again after the drain slot's lease expires"
+            );
+            std::process::exit(1);
+        }
+    }
+    if let Some(server) = server {
+        server.abort();
+        // Its clone of the backend goes with it, before the backend is closed.
+        let _ = server.await;
+    }
+    info!("relay stopped");
+    Ok(())
+}
+
+async fn cmd_dead_letters(backend: &Backend, c: DeadLetterCommand) -> anyhow::Result<()> {
+    enum Op {
+        List,
+        Replay,
+        Purge,
+    }
+    let (op, a): (Op, DeadLetterArgs) = match c {
+        DeadLetterCommand::List(a) => (Op::List, a),
+        DeadLetterCommand::Replay(a) => (Op::Replay, a),
+        DeadLetterCommand::Purge(a) => (Op::Purge, a),
+    };
+    let mut listed = backend.dead_letters(a.actor.clone()).await?;
+    if !a.ids.is_empty() {
+        let known: BTreeSet<i64> = listed.iter().map(|d| d.id.0).collect();
+        if let Some(missing) = a.ids.iter().find(|i| !known.contains(i)) {
+            return Err(usage(format!(
+                "no dead letter with id {missing}{}",
+                a.actor
+                    .as_deref()
+                    .map(|x| format!(" for actor {x:?}"))
+                    .unwrap_or_default()
+            )));
+        }
+        listed.retain(|d| a.ids.contains(&d.id.0));
+    }
+    let selection: Vec<DeadLetterSelection> = if !a.ids.is_empty() {
+        vec![DeadLetterSelection::Ids(
+            a.ids.iter().map(|&i| DeadLetterId(i)).collect(),
+        )]
+    } else if let Some(actor) = &a.actor {
+        vec![DeadLetterSelection::Actor(ActorId::new(actor.clone()))]
+    } else {
+        let actors: BTreeSet<&str> = listed.iter().map(|d| d.actor.as_str()).collect();
+        actors
+            .into_iter()
+            .map(|x| DeadLetterSelection::Actor(ActorId::new(x)))
+            .collect()
+    };
+    match op {
+        Op::List => {
+            if a.json {
+                print_json(&output::dead_json(&listed))
+            } else {
+                print(&output::dead_table(&listed))
+            }
+        }
+        Op::Replay => {
+            let units = if listed.is_empty() {
+                Vec::new()
+            } else {
+                backend.replay(selection).await?
+            };
+            if a.json {
+                print_json(&serde_json::json!({
+                    "replayed": units.len(),
+                    "units": units.iter().map(|u| u.0).collect::<Vec<_>>(),
+                }))
+            } else {
+                print(&format!(
+                    "replayed {} dead letter(s) to the tail of their lanes; `drain` or a relay delivers them\n",
+                    units.len()
+                ))
+            }
+        }
+        Op::Purge => {
+            let n = if listed.is_empty() {
+                0
+            } else {
+                backend.purge(selection).await?
+            };
+            if a.json {
+                print_json(&serde_json::json!({ "purged": n }))
+            } else {
+                print(&format!("purged {n} dead letter(s)\n"))
+            }
+        }
+    }
+}
+
+/// SIGINT and SIGTERM, registered before any work starts.
+pub(crate) struct Signals {
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> anyhow::Result<Signals> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Ok(Signals {
+                term: signal(SignalKind::terminate()).context("cannot catch SIGTERM")?,
+                int: signal(SignalKind::interrupt()).context("cannot catch SIGINT")?,
+            })
+        }
+        #[cfg(not(unix))]
+        {
+            Ok(Signals {})
+        }
+    }
+
+    /// Waits for the first signal; returns its name.
+    async fn wait(&mut self) -> &'static str {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = self.term.recv() => "SIGTERM",
+                _ = self.int.recv() => "SIGINT",
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            "Ctrl-C"
+        }
+    }
+}

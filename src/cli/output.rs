@@ -1,0 +1,383 @@
+//! Plain tables and JSON for `status`, `lanes` and `dead-letters`.
+
+use std::time::{Duration, SystemTime};
+
+use outbox_lanes_core::{LaneKey, Timestamp};
+use outbox_lanes_store::{ActorStatus, DeadLetter, LaneStatus};
+use serde::Serialize;
+
+/// RFC 3339 in UTC with milliseconds.
+pub(crate) fn time(t: Timestamp) -> String {
+    humantime::format_rfc3339_millis(t.to_system_time()).to_string()
+}
+
+fn now() -> Timestamp {
+    Timestamp::from_system_time(SystemTime::now())
+}
+
+/// `1.5s`, `3m 2s`, rounded to what a person reads.
+fn age(d: Duration) -> String {
+    let d = if d >= Duration::from_secs(60) {
+        Duration::from_secs(d.as_secs())
+    } else {
+        Duration::from_millis(d.as_millis() as u64 / 100 * 100)
+    };
+    humantime::format_duration(d).to_string()
+}
+
+/// Left-aligned columns, two spaces apart.
+pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut width: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for r in rows {
+        for (w, c) in width.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut l = String::new();
+        for (i, c) in cells.enumerate() {
+            if i > 0 {
+                l.push_str("  ");
+            }
+            l.push_str(c);
+            let pad = width
+                .get(i)
+                .copied()
+                .unwrap_or(0)
+                .saturating_sub(c.chars().count());
+            l.extend(std::iter::repeat_n(' ', pad));
+        }
+        out.push_str(l.trim_end());
+        out.push('\n');
+    };
+    line(&mut header.iter().copied());
+    for r in rows {
+        line(&mut r.iter().map(String::as_str));
+    }
+    out
+}
+
+/// The last status and error in one cell, without saying the status twice.
+fn last_error(status: Option<u16>, error: Option<&str>) -> String {
+    match (status, error) {
+        (Some(s), Some(e)) if e == format!("status {s}") => s.to_string(),
+        (Some(s), Some(e)) => format!("{s} {e}"),
+        (Some(s), None) => s.to_string(),
+        (None, Some(e)) => e.to_owned(),
+        (None, None) => "-".into(),
+    }
+}
+
+fn lane_name(k: &LaneKey) -> String {
+    match k.ordering_key() {
+        Some(o) => format!("{} [{o}]", k.recipient()),
+        None => k.recipient().to_owned(),
+    }
+}
+
+#[derive(Serialize)]
+struct BackoffJson<'a> {
+    recipient: &'a str,
+    ordering_key: Option<&'a str>,
+    next_attempt: String,
+}
+
+#[derive(Serialize)]
+struct ActorJson<'a> {
+    actor: &'a str,
+    pending: u64,
+    in_flight: bool,
+    lanes_in_backoff: Vec<BackoffJson<'a>>,
+    dead_letters: u64,
+}
+
+#[derive(Serialize)]
+struct StatusJson<'a> {
+    actors: Vec<ActorJson<'a>>,
+}
+
+/// `status --json`.
+pub(crate) fn status_json(s: &[ActorStatus]) -> impl Serialize + '_ {
+    StatusJson {
+        actors: s
+            .iter()
+            .map(|a| ActorJson {
+                actor: a.actor.as_str(),
+                pending: a.pending,
+                in_flight: a.in_flight,
+                lanes_in_backoff: a
+                    .lanes_in_backoff
+                    .iter()
+                    .map(|(k, t)| BackoffJson {
+                        recipient: k.recipient(),
+                        ordering_key: k.ordering_key(),
+                        next_attempt: time(*t),
+                    })
+                    .collect(),
+                dead_letters: a.dead_letters,
+            })
+            .collect(),
+    }
+}
+
+/// `status`.
+pub(crate) fn status_table(s: &[ActorStatus]) -> String {
+    if s.is_empty() {
+        return "no actor has pending units or dead letters\n".into();
+    }
+    let mut rows = Vec::new();
+    for a in s {
+        let backoff = if a.lanes_in_backoff.is_empty() {
+            "-".to_string()
+        } else {
+            a.lanes_in_backoff.len().to_string()
+        };
+        rows.push(vec![
+            a.actor.as_str().to_owned(),
+            a.pending.to_string(),
+            if a.in_flight { "yes" } else { "no" }.to_owned(),
+            backoff,
+            a.dead_letters.to_string(),
+        ]);
+    }
+    let mut out = table(
+        &[
+            "ACTOR",
+            "PENDING",
+            "IN FLIGHT",
+            "LANES IN BACKOFF",
+            "DEAD LETTERS",
+        ],
+        &rows,
+    );
+    let backoff: Vec<Vec<String>> = s
+        .iter()
+        .flat_map(|a| {
+            a.lanes_in_backoff
+                .iter()
+                .map(|(k, t)| vec![a.actor.as_str().to_owned(), lane_name(k), time(*t)])
+        })
+        .collect();
+    if !backoff.is_empty() {
+        out.push('\n');
+        out.push_str(&table(
+            &["ACTOR", "LANE IN BACKOFF", "NEXT ATTEMPT"],
+            &backoff,
+        ));
+    }
+    out
+}
+
+#[derive(Serialize)]
+struct LaneJson<'a> {
+    lane: i64,
+    recipient: &'a str,
+    ordering_key: Option<&'a str>,
+    depth: u64,
+    head_enqueued_at: Option<String>,
+    head_age_ms: Option<u64>,
+    last_status: Option<u16>,
+    last_error: Option<&'a str>,
+    not_before: Option<String>,
+    backoff_level: u32,
+    strict: bool,
+    paused: bool,
+    pause_reason: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct LanesJson<'a> {
+    actor: &'a str,
+    lanes: Vec<LaneJson<'a>>,
+}
+
+fn head_age(l: &LaneStatus, now: Timestamp) -> Option<Duration> {
+    l.head_enqueued_at.map(|t| now.saturating_duration_since(t))
+}
+
+/// `lanes --json`.
+pub(crate) fn lanes_json<'a>(actor: &'a str, lanes: &'a [LaneStatus]) -> impl Serialize + 'a {
+    let now = now();
+    LanesJson {
+        actor,
+        lanes: lanes
+            .iter()
+            .map(|l| LaneJson {
+                lane: l.lane.0,
+                recipient: l.key.recipient(),
+                ordering_key: l.key.ordering_key(),
+                depth: l.depth,
+                head_enqueued_at: l.head_enqueued_at.map(time),
+                head_age_ms: head_age(l, now).map(|d| d.as_millis() as u64),
+                last_status: l.last_status,
+                last_error: l.last_error.as_deref(),
+                not_before: l.not_before.map(time),
+                backoff_level: l.backoff_level,
+                strict: l.strict,
+                paused: l.paused,
+                pause_reason: l.pause_reason.as_deref(),
+            })
+            .collect(),
+    }
+}
+
+/// `lanes`.
+pub(crate) fn lanes_table(lanes: &[LaneStatus]) -> String {
+    let now = now();
+    let rows: Vec<Vec<String>> = lanes
+        .iter()
+        .map(|l| {
+            let mut state = Vec::new();
+            if l.paused {
+                state.push(format!(
+                    "paused{}",
+                    l.pause_reason
+                        .as_deref()
+                        .map(|r| format!(" ({r})"))
+                        .unwrap_or_default()
+                ));
+            }
+            if l.strict {
+                state.push("strict".into());
+            }
+            if l.backoff_level > 0 {
+                state.push(format!("backoff level {}", l.backoff_level));
+            }
+            let last = last_error(l.last_status, l.last_error.as_deref());
+            vec![
+                lane_name(&l.key),
+                l.depth.to_string(),
+                head_age(l, now).map_or("-".into(), age),
+                last,
+                l.not_before.map_or("-".into(), time),
+                if state.is_empty() {
+                    "open".into()
+                } else {
+                    state.join(", ")
+                },
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "LANE",
+            "DEPTH",
+            "HEAD AGE",
+            "LAST ERROR",
+            "NOT BEFORE",
+            "STATE",
+        ],
+        &rows,
+    )
+}
+
+#[derive(Serialize)]
+struct DeadJson<'a> {
+    id: i64,
+    unit: u64,
+    row_id: &'a str,
+    actor: &'a str,
+    recipient: &'a str,
+    ordering_key: Option<&'a str>,
+    reason: &'static str,
+    last_status: Option<u16>,
+    last_error: Option<&'a str>,
+    attempts: u32,
+    first_attempt_at: Option<String>,
+    last_attempt_at: Option<String>,
+    seq: u64,
+    dead_at: String,
+}
+
+#[derive(Serialize)]
+struct DeadListJson<'a> {
+    dead_letters: Vec<DeadJson<'a>>,
+}
+
+/// `dead-letters list --json`.
+pub(crate) fn dead_json(d: &[DeadLetter]) -> impl Serialize + '_ {
+    DeadListJson {
+        dead_letters: d
+            .iter()
+            .map(|d| DeadJson {
+                id: d.id.0,
+                unit: d.unit.0,
+                row_id: &d.row_id,
+                actor: d.actor.as_str(),
+                recipient: d.key.recipient(),
+                ordering_key: d.key.ordering_key(),
+                reason: d.reason.as_str(),
+                last_status: d.last_status,
+                last_error: d.last_error.as_deref(),
+                attempts: d.attempts,
+                first_attempt_at: d.first_attempt_at.map(time),
+                last_attempt_at: d.last_attempt_at.map(time),
+                seq: d.seq.0,
+                dead_at: time(d.dead_at),
+            })
+            .collect(),
+    }
+}
+
+/// `dead-letters list`.
+pub(crate) fn dead_table(d: &[DeadLetter]) -> String {
+    if d.is_empty() {
+        return "no dead letters\n".into();
+    }
+    let rows: Vec<Vec<String>> = d
+        .iter()
+        .map(|d| {
+            let last = last_error(d.last_status, d.last_error.as_deref());
+            vec![
+                d.id.0.to_string(),
+                d.actor.as_str().to_owned(),
+                d.row_id.clone(),
+                lane_name(&d.key),
+                d.reason.as_str().to_owned(),
+                last,
+                d.attempts.to_string(),
+                time(d.dead_at),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "ID",
+            "ACTOR",
+            "ROW",
+            "RECIPIENT",
+            "REASON",
+            "LAST",
+            "ATTEMPTS",
+            "DEAD AT",
+        ],
+        &rows,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_align() {
+        let t = table(
+            &["A", "BB"],
+            &[
+                vec!["long cell".into(), "x".into()],
+                vec!["s".into(), "".into()],
+            ],
+        );
+        assert_eq!(t, "A          BB\nlong cell  x\ns\n");
+    }
+
+    #[test]
+    fn times() {
+        assert_eq!(
+            time(Timestamp::from_millis(1_500)),
+            "1970-01-01T00:00:01.500Z"
+        );
+        assert_eq!(age(Duration::from_millis(1_234)), "1s 200ms");
+    }
+}

@@ -1,0 +1,163 @@
+//! `drain` progress on stderr: a bar on a terminal, a plain line a second otherwise.
+
+use std::io::{IsTerminal as _, Write};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::backend::{Backend, Counters};
+
+/// The progress bar on screen, if any: log lines are written around it, not through it.
+static BAR: Mutex<Option<ProgressBar>> = Mutex::new(None);
+
+fn active_bar() -> Option<ProgressBar> {
+    BAR.lock().unwrap_or_else(PoisonError::into_inner).clone()
+}
+
+fn set_bar(bar: Option<ProgressBar>) {
+    *BAR.lock().unwrap_or_else(PoisonError::into_inner) = bar;
+}
+
+/// Where logs go: stderr, with the progress bar (if any) lifted while a line is written.
+pub(crate) struct LogWriter;
+
+/// One log event's bytes, written to stderr when the event is complete.
+pub(crate) struct LogLine(Vec<u8>);
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogWriter {
+    type Writer = LogLine;
+
+    fn make_writer(&'a self) -> LogLine {
+        LogLine(Vec::new())
+    }
+}
+
+impl Write for LogLine {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for LogLine {
+    fn drop(&mut self) {
+        // A log line that cannot be written has nowhere else to go.
+        let write = || {
+            let _ = std::io::stderr().lock().write_all(&self.0);
+        };
+        match active_bar() {
+            Some(bar) => bar.suspend(write),
+            None => write(),
+        }
+    }
+}
+
+/// What the store says is left.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Left {
+    /// Units not yet finished.
+    pub(crate) remaining: u64,
+    /// Lanes in backoff.
+    pub(crate) stalled: usize,
+}
+
+/// Reads what is left for `actors` (every actor if `None`).
+pub(crate) async fn left(backend: &Backend, actors: Option<&[String]>) -> anyhow::Result<Left> {
+    let status = backend.status().await?;
+    let mut l = Left::default();
+    for a in status
+        .iter()
+        .filter(|a| actors.is_none_or(|list| list.iter().any(|x| x == a.actor.as_str())))
+    {
+        l.remaining += a.pending;
+        l.stalled += a.lanes_in_backoff.len();
+    }
+    Ok(l)
+}
+
+/// The running display; [`Progress::finish`] stops it.
+pub(crate) struct Progress {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+impl Progress {
+    /// Starts reporting every `every`.
+    pub(crate) fn start(
+        backend: Backend,
+        actors: Option<Vec<String>>,
+        counters: Arc<Counters>,
+        every: Duration,
+    ) -> Progress {
+        let (stop, mut stopped) = watch::channel(false);
+        let task = tokio::spawn(async move {
+            let bar = std::io::stderr().is_terminal().then(|| {
+                let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+                bar.set_style(
+                    ProgressStyle::with_template(
+                        "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} units  {msg}",
+                    )
+                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
+                );
+                bar.enable_steady_tick(Duration::from_millis(200));
+                set_bar(Some(bar.clone()));
+                bar
+            });
+            let start = Instant::now();
+            let mut last = (start, 0u64);
+            let mut tick = tokio::time::interval(every);
+            tick.tick().await;
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = stopped.changed() => break,
+                }
+                let delivered = counters.delivered.load(Ordering::Relaxed);
+                let dead = counters.dead_lettered.load(Ordering::Relaxed);
+                let now = Instant::now();
+                let secs = now.duration_since(last.0).as_secs_f64().max(0.001);
+                let rate = delivered.saturating_sub(last.1) as f64 / secs;
+                last = (now, delivered);
+                // A failed read leaves the numbers of the previous tick; the drain reports
+                // store failures itself.
+                let Ok(l) = left(&backend, actors.as_deref()).await else {
+                    continue;
+                };
+                match &bar {
+                    Some(bar) => {
+                        bar.set_length(delivered + dead + l.remaining);
+                        bar.set_position(delivered + dead);
+                        bar.set_message(format!(
+                            "{rate:.1}/s, {dead} dead-lettered, {} stalled lanes",
+                            l.stalled
+                        ));
+                    }
+                    None => eprintln!(
+                        "drain: {delivered} delivered, {dead} dead-lettered, {} remaining, \
+                         {rate:.1}/s, {} stalled lanes",
+                        l.remaining, l.stalled
+                    ),
+                }
+            }
+            if let Some(bar) = bar {
+                set_bar(None);
+                bar.finish_and_clear();
+            }
+        });
+        Progress { stop, task }
+    }
+
+    /// Stops the display.
+    pub(crate) async fn finish(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+    }
+}

@@ -1,0 +1,10 @@
+//! The `outbox-lanes` binary: enqueue, drain, relay and inspect an outbox from the shell.
+//!
+//! The interface is specified in the design (§6) and documented in the README's
+//! "CLI reference". Exit codes: 0 success, 1 runtime failure, 2 usage or input error.
+
+mod cli;
+
+fn main() -> std::process::ExitCode {
+    cli::main()
+}
