@@ -1,9 +1,9 @@
 //! The one module that talks to the outbox and its store.
 //!
-//! The binary runs on tokio; the outbox it drives today is the blocking runtime's, so every
-//! call goes through `spawn_blocking` here and nowhere else. The Postgres client owns a
-//! runtime of its own, so the store is also opened and dropped on a blocking thread. Moving
-//! to the async runtime's `Outbox` changes this module only.
+//! The binary runs on tokio with the async runtime's outbox (`outbox_lanes_tokio`):
+//! deliveries are tokio tasks POSTing with reqwest, store calls and the pass loops run on
+//! tokio's blocking pool. The Postgres client owns a runtime of its own, so the store is
+//! opened there too, and the outbox drops it there.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,15 +11,18 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use anyhow::anyhow;
-use outbox_lanes_blocking::pass::{Executor, Job};
-use outbox_lanes_blocking::{
-    Attempted, DeadLettered, Delivered, DrainControl, DrainOutcome, Hooks, HttpClient, Monitor,
-    Outbox, OutboxConfig, OutboxError, ThreadPool,
-};
-use outbox_lanes_core::{ActorId, Outcome, Timestamp, UnitId};
+// The async runtime crate re-exports `Hooks` but not the type its `attempted` hook takes.
+use outbox_lanes_blocking::Attempted;
+use outbox_lanes_core::{ActorId, LaneKey, Outcome, Timestamp, UnitId};
 use outbox_lanes_store::{
-    ActorStatus, DeadLetter, DeadLetterSelection, Enqueued, LaneStatus, NewRow, PgOptions, PgStore,
-    SqliteOptions, SqliteStore, Store, StoreError,
+    Acquire, ActorStatus, ActorsDue, AttemptRecord, ClaimedLane, DeadLetter, DeadLetterRequest,
+    DeadLetterSelection, EnqueueError, Enqueued, LaneClaim, LaneInfo, LaneStatus, NewRow, Notifier,
+    Payload, PgOptions, PgStore, Release, SlotToken, SqliteOptions, SqliteStore, Store, StoreError,
+    StoreLaneId,
+};
+use outbox_lanes_tokio::{
+    DeadLettered, Delivered, DrainControl, DrainOutcome, Hooks, Monitor, Outbox, OutboxConfig,
+    OutboxError,
 };
 
 /// A Prometheus histogram: cumulative counts per upper bound, a sum and a count.
@@ -71,7 +74,7 @@ pub(crate) struct Counters {
     pub(crate) delivered: AtomicU64,
     /// Recipients dead-lettered.
     pub(crate) dead_lettered: AtomicU64,
-    /// Attempts handed to the delivery workers.
+    /// Attempts started (their delivery task read the payload; see [`CountingStore`]).
     pub(crate) started: AtomicU64,
     /// Attempts finished.
     pub(crate) finished: AtomicU64,
@@ -170,21 +173,171 @@ impl Counters {
     }
 }
 
-/// The blocking runtime's worker pool, counting the attempts handed to it.
-struct Counting {
-    pool: ThreadPool,
+/// The store, counting the attempts that start: the async runtime's delivery task reads a
+/// unit's payload once per attempt, as the attempt starts (holding one of the
+/// `--concurrency` permits), and nothing else reads payloads. Every other call is passed
+/// through unchanged.
+struct CountingStore {
+    inner: Arc<dyn Store>,
     counters: Arc<Counters>,
 }
 
-impl Executor for Counting {
-    fn execute(&self, job: Job) -> Result<(), Job> {
-        self.pool.execute(job)?;
-        self.counters.started.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+impl Store for CountingStore {
+    fn enqueue(&self, actor: &ActorId, rows: &[NewRow]) -> Result<Vec<Enqueued>, EnqueueError> {
+        self.inner.enqueue(actor, rows)
     }
 
-    fn shutdown(&self) {
-        self.pool.shutdown();
+    fn acquire_slot(
+        &self,
+        actor: &ActorId,
+        holder: &str,
+        lease: Duration,
+    ) -> Result<Acquire, StoreError> {
+        self.inner.acquire_slot(actor, holder, lease)
+    }
+
+    fn renew_slot(&self, token: &SlotToken, lease: Duration) -> Result<(), StoreError> {
+        self.inner.renew_slot(token, lease)
+    }
+
+    fn release_slot(&self, token: &SlotToken) -> Result<Release, StoreError> {
+        self.inner.release_slot(token)
+    }
+
+    fn lanes_with_work(
+        &self,
+        token: &SlotToken,
+        since: u64,
+    ) -> Result<(Vec<LaneInfo>, u64), StoreError> {
+        self.inner.lanes_with_work(token, since)
+    }
+
+    fn claim(
+        &self,
+        token: &SlotToken,
+        lanes: &[LaneClaim],
+    ) -> Result<Vec<ClaimedLane>, StoreError> {
+        self.inner.claim(token, lanes)
+    }
+
+    fn payload(&self, unit: UnitId) -> Result<Payload, StoreError> {
+        self.counters.started.fetch_add(1, Ordering::Relaxed);
+        self.inner.payload(unit)
+    }
+
+    fn ack(
+        &self,
+        token: &SlotToken,
+        delivered: &[(UnitId, StoreLaneId)],
+    ) -> Result<(), StoreError> {
+        self.inner.ack(token, delivered)
+    }
+
+    fn record_attempts(
+        &self,
+        token: &SlotToken,
+        attempts: &[AttemptRecord],
+    ) -> Result<(), StoreError> {
+        self.inner.record_attempts(token, attempts)
+    }
+
+    fn dead_letter(&self, token: &SlotToken, dead: &DeadLetterRequest) -> Result<(), StoreError> {
+        self.inner.dead_letter(token, dead)
+    }
+
+    fn set_lane_state(
+        &self,
+        token: &SlotToken,
+        lane: StoreLaneId,
+        not_before: Option<Timestamp>,
+        backoff_level: u32,
+    ) -> Result<(), StoreError> {
+        self.inner
+            .set_lane_state(token, lane, not_before, backoff_level)
+    }
+
+    fn block_lane(
+        &self,
+        token: &SlotToken,
+        lane: StoreLaneId,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        self.inner.block_lane(token, lane, reason)
+    }
+
+    fn retire_lane(
+        &self,
+        token: &SlotToken,
+        lane: StoreLaneId,
+        at: Timestamp,
+    ) -> Result<u64, StoreError> {
+        self.inner.retire_lane(token, lane, at)
+    }
+
+    fn actors_with_work(&self, now: Timestamp) -> Result<ActorsDue, StoreError> {
+        self.inner.actors_with_work(now)
+    }
+
+    fn acquire_ready(
+        &self,
+        holder: &str,
+        lease: Duration,
+        now: Timestamp,
+        max: usize,
+    ) -> Result<Vec<SlotToken>, StoreError> {
+        self.inner.acquire_ready(holder, lease, now, max)
+    }
+
+    fn status(&self) -> Result<Vec<ActorStatus>, StoreError> {
+        self.inner.status()
+    }
+
+    fn lanes(&self, actor: &ActorId) -> Result<Vec<LaneStatus>, StoreError> {
+        self.inner.lanes(actor)
+    }
+
+    fn dead_letters(&self, actor: Option<&ActorId>) -> Result<Vec<DeadLetter>, StoreError> {
+        self.inner.dead_letters(actor)
+    }
+
+    fn replay_dead_letters(&self, which: &DeadLetterSelection) -> Result<Vec<UnitId>, StoreError> {
+        self.inner.replay_dead_letters(which)
+    }
+
+    fn purge_dead_letters(&self, which: &DeadLetterSelection) -> Result<u64, StoreError> {
+        self.inner.purge_dead_letters(which)
+    }
+
+    fn pause_lane(&self, lane: StoreLaneId, reason: &str) -> Result<(), StoreError> {
+        self.inner.pause_lane(lane, reason)
+    }
+
+    fn resume_lane(&self, lane: StoreLaneId) -> Result<(), StoreError> {
+        self.inner.resume_lane(lane)
+    }
+
+    fn retry_lane_now(&self, lane: StoreLaneId) -> Result<(), StoreError> {
+        self.inner.retry_lane_now(lane)
+    }
+
+    fn set_lane_strict(&self, lane: StoreLaneId, strict: bool) -> Result<(), StoreError> {
+        self.inner.set_lane_strict(lane, strict)
+    }
+
+    fn find_lane(&self, actor: &ActorId, key: &LaneKey) -> Result<Option<StoreLaneId>, StoreError> {
+        self.inner.find_lane(actor, key)
+    }
+
+    fn purge_acked(&self, older_than: Timestamp) -> Result<u64, StoreError> {
+        self.inner.purge_acked(older_than)
+    }
+
+    fn notifier(&self) -> Notifier {
+        self.inner.notifier()
+    }
+
+    fn watch(&self) -> Result<Notifier, StoreError> {
+        self.inner.watch()
     }
 }
 
@@ -212,39 +365,20 @@ pub(crate) fn is_postgres(db: &str) -> bool {
     db.starts_with("postgres://") || db.starts_with("postgresql://")
 }
 
-/// The outbox and its store.
-struct Handles {
-    outbox: Outbox,
-    store: Arc<dyn Store>,
-}
-
-/// Owns the handles; whoever drops the last clone of a [`Backend`] on an async thread hands
-/// them to a plain thread, because the Postgres client must not be dropped on one.
-struct Owned(Option<Handles>);
-
-impl Drop for Owned {
-    fn drop(&mut self) {
-        let Some(h) = self.0.take() else { return };
-        if tokio::runtime::Handle::try_current().is_err() {
-            return;
-        }
-        if let Err(e) = std::thread::Builder::new()
-            .name("outbox-lanes-drop".into())
-            .spawn(move || drop(h))
-        {
-            tracing::warn!(error = %e, "cannot start a thread to close the store");
-        }
-    }
-}
-
-/// The outbox over the chosen store. Cheap to clone; [`Backend::close`] shuts it down.
+/// The async runtime's outbox over the chosen store. Cheap to clone; [`Backend::close`]
+/// shuts it down.
+///
+/// The outbox runs its store calls on tokio's blocking pool and drops the store there (the
+/// Postgres client must not be dropped on an async thread), whichever clone goes last. The
+/// few store calls it has no method for (replay, purge, actors with work) go through
+/// [`blocking`] here, the same way.
 #[derive(Clone)]
 pub(crate) struct Backend {
-    inner: Arc<Owned>,
+    outbox: Outbox,
 }
 
 impl Backend {
-    /// Opens the store named by `db` and an outbox over it.
+    /// Opens the store named by `db` and an outbox over it, delivering as tokio tasks.
     ///
     /// # Errors
     /// [`OpenError`] if the database cannot be opened or created; anything else is a runtime
@@ -255,6 +389,9 @@ impl Backend {
         config: OutboxConfig,
         counters: Arc<Counters>,
     ) -> anyhow::Result<Backend> {
+        // On the blocking pool (still on this runtime, which the outbox delivers on): the
+        // Postgres client connects with a runtime of its own, and a store that fails to
+        // become an outbox is dropped here too.
         blocking(move || -> anyhow::Result<Backend> {
             let store: Arc<dyn Store> = if is_postgres(&db) {
                 let opts = PgOptions {
@@ -266,20 +403,14 @@ impl Backend {
             } else {
                 Arc::new(SqliteStore::open(&db, SqliteOptions::default()).map_err(OpenError)?)
             };
-            let http = HttpClient::new(config.http.clone(), None)
-                .map_err(|e| anyhow!("HTTP client: {e}"))?;
-            let pool = ThreadPool::start(Arc::clone(&store), http, config.concurrency)?;
-            let executor = Counting {
-                pool,
+            let store = Arc::new(CountingStore {
+                inner: store,
                 counters: Arc::clone(&counters),
-            };
-            let outbox = Outbox::builder(Arc::clone(&store), config)
-                .executor(Arc::new(executor))
+            });
+            let outbox = Outbox::builder(store, config)
                 .hooks(counters.hooks())
                 .open()?;
-            Ok(Backend {
-                inner: Arc::new(Owned(Some(Handles { outbox, store }))),
-            })
+            Ok(Backend { outbox })
         })
         .await?
     }
@@ -289,24 +420,25 @@ impl Backend {
         &self,
         actor: String,
         rows: Vec<NewRow>,
-    ) -> anyhow::Result<Result<Vec<Enqueued>, OutboxError>> {
-        let outbox = self.h().outbox.clone();
-        blocking(move || outbox.enqueue(&actor, &rows)).await
+    ) -> Result<Vec<Enqueued>, OutboxError> {
+        self.outbox.enqueue(&actor, rows).await
     }
 
     /// Runs passes of `actor` until nothing is admissible (or `control` stops it).
+    ///
+    /// Cancellation-safe: dropping the future cancels the pass, which hands every
+    /// unfinished unit back.
     pub(crate) async fn drain(
         &self,
         actor: String,
         control: Arc<DrainControl>,
-    ) -> anyhow::Result<Result<DrainOutcome, OutboxError>> {
-        let outbox = self.h().outbox.clone();
-        blocking(move || outbox.drain_with(&actor, &control)).await
+    ) -> Result<DrainOutcome, OutboxError> {
+        self.outbox.drain_with(&actor, control).await
     }
 
     /// Actors with work admissible now.
     pub(crate) async fn actors_ready(&self) -> anyhow::Result<Vec<ActorId>> {
-        let store = Arc::clone(&self.h().store);
+        let store = Arc::clone(self.outbox.store());
         let due = blocking(move || {
             store.actors_with_work(Timestamp::from_system_time(SystemTime::now()))
         })
@@ -316,14 +448,12 @@ impl Backend {
 
     /// Every actor at a glance.
     pub(crate) async fn status(&self) -> anyhow::Result<Vec<ActorStatus>> {
-        let outbox = self.h().outbox.clone();
-        Ok(blocking(move || outbox.status()).await??)
+        Ok(self.outbox.status().await?)
     }
 
     /// An actor's lanes.
     pub(crate) async fn lanes(&self, actor: String) -> anyhow::Result<Vec<LaneStatus>> {
-        let outbox = self.h().outbox.clone();
-        Ok(blocking(move || outbox.lanes(&actor)).await??)
+        Ok(self.outbox.lanes(&actor).await?)
     }
 
     /// Dead letters of one actor or all.
@@ -331,8 +461,7 @@ impl Backend {
         &self,
         actor: Option<String>,
     ) -> anyhow::Result<Vec<DeadLetter>> {
-        let outbox = self.h().outbox.clone();
-        Ok(blocking(move || outbox.dead_letters(actor.as_deref())).await??)
+        Ok(self.outbox.dead_letters(actor.as_deref()).await?)
     }
 
     /// Replays dead letters; returns the units re-enqueued.
@@ -340,7 +469,7 @@ impl Backend {
         &self,
         which: Vec<DeadLetterSelection>,
     ) -> anyhow::Result<Vec<UnitId>> {
-        let store = Arc::clone(&self.h().store);
+        let store = Arc::clone(self.outbox.store());
         blocking(move || {
             let mut units = Vec::new();
             for w in &which {
@@ -355,7 +484,7 @@ impl Backend {
 
     /// Purges dead letters; returns how many.
     pub(crate) async fn purge(&self, which: Vec<DeadLetterSelection>) -> anyhow::Result<u64> {
-        let store = Arc::clone(&self.h().store);
+        let store = Arc::clone(self.outbox.store());
         blocking(move || {
             let mut n = 0;
             for w in &which {
@@ -368,33 +497,15 @@ impl Backend {
 
     /// Starts the monitor.
     pub(crate) async fn start_monitor(&self) -> anyhow::Result<Relay> {
-        let outbox = self.h().outbox.clone();
-        let monitor = blocking(move || outbox.monitor()).await??;
+        let monitor = self.outbox.monitor().await?;
         Ok(Relay { monitor })
     }
 
-    fn h(&self) -> &Handles {
-        self.inner
-            .0
-            .as_ref()
-            .expect("the handles are taken only when the last clone drops")
-    }
-
-    /// Stops the outbox gracefully (attempts in flight finish, acks are flushed) and drops
-    /// the store off the async executor.
-    pub(crate) async fn close(self) -> anyhow::Result<()> {
-        blocking(move || {
-            let inner = self.inner;
-            if let Some(h) = inner.0.as_ref() {
-                h.outbox.shutdown();
-            }
-            // The last clone drops here, on a blocking thread: Owned::drop takes the
-            // handles and spawns a thread to drop them, so take them first when we can.
-            if let Ok(mut owned) = Arc::try_unwrap(inner) {
-                drop(owned.0.take());
-            }
-        })
-        .await
+    /// Stops the outbox gracefully: running passes hand back what they did not start,
+    /// delivery tasks in flight finish (within the HTTP timeout) and acks are flushed. The
+    /// store goes with the last clone, on the blocking pool.
+    pub(crate) async fn close(self) {
+        self.outbox.shutdown().await;
     }
 }
 
@@ -406,7 +517,7 @@ pub(crate) struct Relay {
 impl Relay {
     /// Stops the monitor: passes stop starting units, attempts in flight finish, the rest
     /// is handed back.
-    pub(crate) async fn stop(self) -> anyhow::Result<()> {
-        blocking(move || self.monitor.stop()).await
+    pub(crate) async fn stop(self) {
+        self.monitor.stop().await;
     }
 }

@@ -14,10 +14,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use outbox_lanes_blocking::{DrainControl, DrainOutcome, OutboxConfig, OutboxError, PassReport};
 use outbox_lanes_core::ActorId;
 use outbox_lanes_core::policy::AddressPolicy;
 use outbox_lanes_store::{DeadLetterId, DeadLetterSelection};
+use outbox_lanes_tokio::{DrainControl, DrainOutcome, OutboxConfig, OutboxError, PassReport};
 use tokio::io::AsyncReadExt as _;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
@@ -130,9 +130,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     )
     .await?;
     let result = dispatch(&backend, cli.command, batch, &counters).await;
-    let closed = backend.close().await;
-    result?;
-    closed
+    backend.close().await;
+    result
 }
 
 async fn dispatch(
@@ -209,7 +208,7 @@ async fn cmd_enqueue(
         return Ok(());
     }
     let n = batch.rows.len();
-    match backend.enqueue(actor.clone(), batch.rows.clone()).await? {
+    match backend.enqueue(actor.clone(), batch.rows.clone()).await {
         Ok(done) => {
             let mut text = String::new();
             for e in &done {
@@ -274,8 +273,8 @@ async fn cmd_drain(
             control
                 .cancel
                 .store(true, std::sync::atomic::Ordering::SeqCst);
-            // Cancelled passes hand back and release their slots at once; a worker stuck in
-            // an attempt is not waited for.
+            // Cancelled passes hand back and release their slots within milliseconds;
+            // delivery tasks in flight are abandoned, not waited for.
             tokio::time::sleep(Duration::from_secs(1)).await;
             eprintln!("error: {name} again: exiting without waiting for attempts in flight");
             std::process::exit(1);
@@ -289,7 +288,7 @@ async fn cmd_drain(
         tasks.spawn(async move {
             let mut total = PassReport::default();
             loop {
-                match backend.drain(actor.clone(), Arc::clone(&control)).await? {
+                match backend.drain(actor.clone(), Arc::clone(&control)).await {
                     Ok(DrainOutcome::Ran(r)) => {
                         total.delivered += r.delivered;
                         total.dead_lettered += r.dead_lettered;
@@ -389,7 +388,7 @@ async fn cmd_relay(
         "stopping: attempts in flight finish, the rest is handed back (a second signal exits at once)"
     );
     tokio::select! {
-        stopped = relay.stop() => stopped?,
+        () = relay.stop() => {}
         name = signals.wait() => {
             // Nothing is lost: units not acknowledged are claimable again once the drain
             // slot's lease expires, and are delivered again (at-least-once).
