@@ -299,22 +299,12 @@ impl HttpClient {
     /// [`Outcome::Refused`]; transport failures are classified by the
     /// [`Classifier::transport`] (transient); statuses by the configured classifier.
     pub fn deliver(&self, d: &Delivery<'_>, now: SystemTime) -> AttemptResult {
-        let recipient = match Recipient::parse(d.recipient) {
-            Ok(r) => r,
-            Err(e) => {
-                return AttemptResult {
-                    outcome: Outcome::Permanent,
-                    status: None,
-                    error: Some(format!("invalid_recipient: {e}")),
-                };
-            }
-        };
         // A literal is checked here, before anything is sent; the resolver checks it again.
-        if let Some(ip) = recipient.host().ip_addr() {
-            if let Err(refused) = self.shared.addresses.check(ip) {
-                return self.refused(&refused);
-            }
-        }
+        let recipient = match precheck(d.recipient, &self.shared.addresses, &self.shared.classifier)
+        {
+            Ok(r) => r,
+            Err(result) => return result,
+        };
 
         let mut req = self
             .agent
@@ -385,14 +375,40 @@ impl HttpClient {
     }
 
     fn refused(&self, refused: &DestinationRefused) -> AttemptResult {
-        AttemptResult {
-            outcome: self
-                .shared
-                .classifier
-                .transport(TransportError::DestinationRefused),
-            status: None,
-            error: Some(refusal_message(refused)),
-        }
+        refused_result(refused, &self.shared.classifier)
+    }
+}
+
+/// What every client checks before sending anything: the recipient parses as an absolute
+/// http(s) URL, and an IP-literal host is allowed by the address policy (resolvers never see
+/// literals, so this is the check they get). `Err` carries the attempt's result.
+///
+/// # Errors
+/// An `invalid_recipient` [`Outcome::Permanent`], or a refused destination.
+pub fn precheck(
+    recipient: &str,
+    addresses: &AddressPolicy,
+    classifier: &Classifier,
+) -> Result<Recipient, AttemptResult> {
+    let parsed = Recipient::parse(recipient).map_err(|e| AttemptResult {
+        outcome: Outcome::Permanent,
+        status: None,
+        error: Some(format!("invalid_recipient: {e}")),
+    })?;
+    if let Some(ip) = parsed.host().ip_addr() {
+        addresses
+            .check(ip)
+            .map_err(|refused| refused_result(&refused, classifier))?;
+    }
+    Ok(parsed)
+}
+
+/// The result of an attempt whose destination the SSRF guard refused.
+pub fn refused_result(refused: &DestinationRefused, classifier: &Classifier) -> AttemptResult {
+    AttemptResult {
+        outcome: classifier.transport(TransportError::DestinationRefused),
+        status: None,
+        error: Some(refusal_message(refused)),
     }
 }
 

@@ -45,7 +45,8 @@ use std::time::{Duration, SystemTime};
 
 use outbox_lanes_blocking::OutboxError;
 use outbox_lanes_blocking::http::{
-    AttemptResult, Delivery, HttpConfig, answered_result, io_kind, redact_userinfo, refusal_message,
+    AttemptResult, Delivery, HttpConfig, answered_result, io_kind, precheck, redact_userinfo,
+    refusal_message, refused_result,
 };
 use outbox_lanes_blocking::sign::{SignRequest, Signer};
 use outbox_lanes_core::policy::{
@@ -155,22 +156,12 @@ impl AsyncHttpClient {
     /// Makes one delivery attempt at `now` and classifies what happened; see
     /// [`outbox_lanes_blocking::HttpClient::deliver`], whose results this matches.
     pub async fn deliver(&self, d: &Delivery<'_>, now: SystemTime) -> AttemptResult {
-        let recipient = match Recipient::parse(d.recipient) {
-            Ok(r) => r,
-            Err(e) => {
-                return AttemptResult {
-                    outcome: Outcome::Permanent,
-                    status: None,
-                    error: Some(format!("invalid_recipient: {e}")),
-                };
-            }
-        };
         // hyper skips the resolver for literals: this is the only check they get.
-        if let Some(ip) = recipient.host().ip_addr() {
-            if let Err(refused) = self.shared.addresses.check(ip) {
-                return self.refused(&refused);
-            }
-        }
+        let recipient = match precheck(d.recipient, &self.shared.addresses, &self.shared.classifier)
+        {
+            Ok(r) => r,
+            Err(result) => return result,
+        };
         let mut req = self
             .client
             .post(recipient.as_str())
@@ -276,14 +267,7 @@ impl AsyncHttpClient {
     }
 
     fn refused(&self, refused: &DestinationRefused) -> AttemptResult {
-        AttemptResult {
-            outcome: self
-                .shared
-                .classifier
-                .transport(TransportError::DestinationRefused),
-            status: None,
-            error: Some(refusal_message(refused)),
-        }
+        refused_result(refused, &self.shared.classifier)
     }
 }
 
