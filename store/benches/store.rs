@@ -60,6 +60,29 @@ struct Times {
     bare_delete: Duration,
     floor_insert: Duration,
     floor_delete: Duration,
+    /// Per 100-unit step, for medians: a burst of disk latency on a shared machine moves a
+    /// sum a lot and a median little.
+    steps: Steps,
+}
+
+#[derive(Default)]
+struct Steps {
+    enqueue: Vec<Duration>,
+    bare_insert: Vec<Duration>,
+    floor_insert: Vec<Duration>,
+    claim_ack: Vec<Duration>,
+    bare_delete: Vec<Duration>,
+    floor_delete: Vec<Duration>,
+}
+
+/// Median per-unit time of full 100-unit steps, in microseconds.
+fn median_us(steps: &[Duration]) -> f64 {
+    let mut v: Vec<Duration> = steps.to_vec();
+    v.sort();
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[v.len() / 2].as_secs_f64() * 1e6 / BATCH as f64
 }
 
 fn measure(store: &dyn Store, bare: &mut dyn Bare, floor: &mut dyn Bare, tag: &str) -> Times {
@@ -87,26 +110,41 @@ fn measure(store: &dyn Store, bare: &mut dyn Bare, floor: &mut dyn Bare, tag: &s
         let t0 = Instant::now();
         store.enqueue(&a, &batch).unwrap();
         t.enqueue_batched += t0.elapsed();
+        t.steps.enqueue.push(t0.elapsed());
         let batch = rows("bare", BATCH, k);
         let t0 = Instant::now();
         bare.insert(&batch);
         t.bare_insert += t0.elapsed();
+        t.steps.bare_insert.push(t0.elapsed());
         let batch = rows("floor", BATCH, k);
         let t0 = Instant::now();
         floor.insert(&batch);
         t.floor_insert += t0.elapsed();
+        t.steps.floor_insert.push(t0.elapsed());
     }
     let (mut acked, mut deleted, mut floored) = (0, 0, 0);
     loop {
         let t0 = Instant::now();
         let n = claim_ack_round(store, &slot);
-        t.claim_ack += t0.elapsed();
+        let d = t0.elapsed();
+        t.claim_ack += d;
+        if n == BATCH {
+            t.steps.claim_ack.push(d);
+        }
         let t0 = Instant::now();
         let m = bare.delete_head(BATCH);
-        t.bare_delete += t0.elapsed();
+        let d = t0.elapsed();
+        t.bare_delete += d;
+        if m == BATCH {
+            t.steps.bare_delete.push(d);
+        }
         let t0 = Instant::now();
         let f = floor.delete_head(BATCH);
-        t.floor_delete += t0.elapsed();
+        let d = t0.elapsed();
+        t.floor_delete += d;
+        if f == BATCH {
+            t.steps.floor_delete.push(d);
+        }
         acked += n;
         deleted += m;
         floored += f;
@@ -197,6 +235,22 @@ fn report(name: &str, t: &Times) {
         "  one-table floor (bare table + UNIQUE (actor, row_id) + (lane, seq, id) index): INSERT {fi:.1} us + DELETE {fd:.1} us = {:.1} us = {:.2}x bare",
         fi + fd,
         (fi + fd) / (bi + bd)
+    );
+    let st = &t.steps;
+    let (me, mc) = (median_us(&st.enqueue), median_us(&st.claim_ack));
+    let (mbi, mbd) = (median_us(&st.bare_insert), median_us(&st.bare_delete));
+    let (mfi, mfd) = (median_us(&st.floor_insert), median_us(&st.floor_delete));
+    println!(
+        "  medians of 100-unit steps: outbox {me:.1} + {mc:.1} = {:.1} us;  bare {mbi:.1} + {mbd:.1} = {:.1} us;  floor {mfi:.1} + {mfd:.1} = {:.1} us",
+        me + mc,
+        mbi + mbd,
+        mfi + mfd
+    );
+    println!(
+        "  median ratios: enqueue+claim+ack vs bare INSERT+DELETE {:.2}x;  floor vs bare {:.2}x;  outbox vs floor {:.2}x",
+        (me + mc) / (mbi + mbd),
+        (mfi + mfd) / (mbi + mbd),
+        (me + mc) / (mfi + mfd)
     );
 }
 
