@@ -6,8 +6,18 @@
 //! insert; one claim+ack round, one bare delete batch…), so a disk that slows down or speeds
 //! up during the run (a shared machine) weighs on both sides alike.
 //!
+//! A third side, measured in the same alternation, is the *one-table floor*: the bare table
+//! plus the lane and seq of each row and the two indexes that any lane-ordered outbox refusing
+//! duplicate row ids must keep (`UNIQUE (actor, row_id)`, and `(lane, seq, id)` for lane-head
+//! reads), still one `INSERT` and one `DELETE` per row. It shows how much of the gap to the
+//! bare table no schema can close.
+//!
+//! Both sides batch alike: one transaction per 100 rows (or per single row) on the insert
+//! side, one transaction per claim+ack round of 100 units and per 100-row bare delete.
+//!
 //! Run: `cargo bench -p outbox-lanes-store --all-features --bench store`
-//! (set `OUTBOX_LANES_TEST_PG` to include Postgres). It prints figures; it asserts nothing.
+//! (set `OUTBOX_LANES_TEST_PG` to include Postgres; `OUTBOX_LANES_BENCH_ONLY=full,normal,pg`
+//! picks a subset). It prints figures; it asserts nothing.
 #![allow(missing_docs, clippy::unwrap_used)]
 
 use std::time::{Duration, Instant};
@@ -48,9 +58,34 @@ struct Times {
     bare_insert: Duration,
     claim_ack: Duration,
     bare_delete: Duration,
+    floor_insert: Duration,
+    floor_delete: Duration,
+    /// Per 100-unit step, for medians: a burst of disk latency on a shared machine moves a
+    /// sum a lot and a median little.
+    steps: Steps,
 }
 
-fn measure(store: &dyn Store, bare: &mut dyn Bare, tag: &str) -> Times {
+#[derive(Default)]
+struct Steps {
+    enqueue: Vec<Duration>,
+    bare_insert: Vec<Duration>,
+    floor_insert: Vec<Duration>,
+    claim_ack: Vec<Duration>,
+    bare_delete: Vec<Duration>,
+    floor_delete: Vec<Duration>,
+}
+
+/// Median per-unit time of full 100-unit steps, in microseconds.
+fn median_us(steps: &[Duration]) -> f64 {
+    let mut v: Vec<Duration> = steps.to_vec();
+    v.sort();
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[v.len() / 2].as_secs_f64() * 1e6 / BATCH as f64
+}
+
+fn measure(store: &dyn Store, bare: &mut dyn Bare, floor: &mut dyn Bare, tag: &str) -> Times {
     let a = ActorId::new(format!("bench-{tag}"));
     let mut t = Times::default();
     for (k, row) in rows("single", SINGLE, 0).into_iter().enumerate() {
@@ -75,26 +110,49 @@ fn measure(store: &dyn Store, bare: &mut dyn Bare, tag: &str) -> Times {
         let t0 = Instant::now();
         store.enqueue(&a, &batch).unwrap();
         t.enqueue_batched += t0.elapsed();
+        t.steps.enqueue.push(t0.elapsed());
         let batch = rows("bare", BATCH, k);
         let t0 = Instant::now();
         bare.insert(&batch);
         t.bare_insert += t0.elapsed();
+        t.steps.bare_insert.push(t0.elapsed());
+        let batch = rows("floor", BATCH, k);
+        let t0 = Instant::now();
+        floor.insert(&batch);
+        t.floor_insert += t0.elapsed();
+        t.steps.floor_insert.push(t0.elapsed());
     }
-    let (mut acked, mut deleted) = (0, 0);
+    let (mut acked, mut deleted, mut floored) = (0, 0, 0);
     loop {
         let t0 = Instant::now();
         let n = claim_ack_round(store, &slot);
-        t.claim_ack += t0.elapsed();
+        let d = t0.elapsed();
+        t.claim_ack += d;
+        if n == BATCH {
+            t.steps.claim_ack.push(d);
+        }
         let t0 = Instant::now();
         let m = bare.delete_head(BATCH);
-        t.bare_delete += t0.elapsed();
+        let d = t0.elapsed();
+        t.bare_delete += d;
+        if m == BATCH {
+            t.steps.bare_delete.push(d);
+        }
+        let t0 = Instant::now();
+        let f = floor.delete_head(BATCH);
+        let d = t0.elapsed();
+        t.floor_delete += d;
+        if f == BATCH {
+            t.steps.floor_delete.push(d);
+        }
         acked += n;
         deleted += m;
-        if n == 0 && m == 0 {
+        floored += f;
+        if n == 0 && m == 0 && f == 0 {
             break;
         }
     }
-    assert_eq!((acked, deleted), (BATCHED, BATCHED));
+    assert_eq!((acked, deleted, floored), (BATCHED, BATCHED, BATCHED));
     let _ = store.release_slot(&slot).unwrap();
     t
 }
@@ -171,32 +229,120 @@ fn report(name: &str, t: &Times) {
         ca / bd,
         (enq + ca) / (bi + bd)
     );
+    let fi = us_per(BATCHED, t.floor_insert);
+    let fd = us_per(BATCHED, t.floor_delete);
+    println!(
+        "  one-table floor (bare table + UNIQUE (actor, row_id) + (lane, seq, id) index): INSERT {fi:.1} us + DELETE {fd:.1} us = {:.1} us = {:.2}x bare",
+        fi + fd,
+        (fi + fd) / (bi + bd)
+    );
+    let st = &t.steps;
+    let (me, mc) = (median_us(&st.enqueue), median_us(&st.claim_ack));
+    let (mbi, mbd) = (median_us(&st.bare_insert), median_us(&st.bare_delete));
+    let (mfi, mfd) = (median_us(&st.floor_insert), median_us(&st.floor_delete));
+    println!(
+        "  medians of 100-unit steps: outbox {me:.1} + {mc:.1} = {:.1} us;  bare {mbi:.1} + {mbd:.1} = {:.1} us;  floor {mfi:.1} + {mfd:.1} = {:.1} us",
+        me + mc,
+        mbi + mbd,
+        mfi + mfd
+    );
+    println!(
+        "  median ratios: enqueue+claim+ack vs bare INSERT+DELETE {:.2}x;  floor vs bare {:.2}x;  outbox vs floor {:.2}x",
+        (me + mc) / (mbi + mbd),
+        (mfi + mfd) / (mbi + mbd),
+        (me + mc) / (mfi + mfd)
+    );
 }
 
-struct SqliteBare(outbox_lanes_store::sqlite::rusqlite::Connection);
+/// A plain table on its own connection. `laned`: the one-table floor, which also stores the
+/// row's lane and seq and keeps the two indexes any lane-ordered outbox that refuses duplicate
+/// row ids needs (UNIQUE (actor, row_id), and (lane, seq, id) for lane-head reads).
+struct SqliteBare {
+    c: outbox_lanes_store::sqlite::rusqlite::Connection,
+    table: &'static str,
+    laned: bool,
+    lanes: std::collections::HashMap<String, i64>,
+    seq: i64,
+}
+
+impl SqliteBare {
+    fn new(
+        path: &std::path::Path,
+        synchronous: Synchronous,
+        table: &'static str,
+        laned: bool,
+    ) -> SqliteBare {
+        let c = outbox_lanes_store::sqlite::rusqlite::Connection::open(path).unwrap();
+        c.pragma_update(
+            None,
+            "synchronous",
+            if synchronous == Synchronous::Full {
+                "FULL"
+            } else {
+                "NORMAL"
+            },
+        )
+        .unwrap();
+        if laned {
+            c.execute_batch(&format!(
+                "CREATE TABLE {table} (id INTEGER PRIMARY KEY, actor TEXT NOT NULL, row_id TEXT NOT NULL, \
+                 lane_id INTEGER NOT NULL, seq INTEGER NOT NULL, body BLOB NOT NULL, UNIQUE (actor, row_id)); \
+                 CREATE INDEX {table}_lane ON {table} (lane_id, seq, id);"
+            ))
+            .unwrap();
+        } else {
+            c.execute_batch(&format!(
+                "CREATE TABLE {table} (id INTEGER PRIMARY KEY, actor TEXT NOT NULL, row_id TEXT NOT NULL, body BLOB NOT NULL)"
+            ))
+            .unwrap();
+        }
+        SqliteBare {
+            c,
+            table,
+            laned,
+            lanes: std::collections::HashMap::new(),
+            seq: 0,
+        }
+    }
+}
 
 impl Bare for SqliteBare {
     fn insert(&mut self, rows: &[NewRow]) {
-        let tx = self.0.transaction().unwrap();
-        {
+        use outbox_lanes_store::sqlite::rusqlite::params;
+        let table = self.table;
+        let tx = self.c.transaction().unwrap();
+        if self.laned {
             let mut st = tx
-                .prepare_cached("INSERT INTO bare (actor, row_id, body) VALUES (?1, ?2, ?3)")
+                .prepare_cached(&format!(
+                    "INSERT INTO {table} (actor, row_id, lane_id, seq, body) VALUES (?1, ?2, ?3, ?4, ?5)"
+                ))
                 .unwrap();
             for r in rows {
-                st.execute(outbox_lanes_store::sqlite::rusqlite::params![
-                    "bench", r.id, r.body
-                ])
+                let n = self.lanes.len() as i64;
+                let lane = *self.lanes.entry(r.recipients[0].clone()).or_insert(n);
+                self.seq += 1;
+                st.execute(params!["bench", r.id, lane, self.seq, r.body])
+                    .unwrap();
+            }
+        } else {
+            let mut st = tx
+                .prepare_cached(&format!(
+                    "INSERT INTO {table} (actor, row_id, body) VALUES (?1, ?2, ?3)"
+                ))
                 .unwrap();
+            for r in rows {
+                st.execute(params!["bench", r.id, r.body]).unwrap();
             }
         }
         tx.commit().unwrap();
     }
 
     fn delete_head(&mut self, n: usize) -> usize {
-        let tx = self.0.transaction().unwrap();
+        let table = self.table;
+        let tx = self.c.transaction().unwrap();
         let ids: Vec<i64> = {
             let mut st = tx
-                .prepare_cached("SELECT id FROM bare ORDER BY id LIMIT ?1")
+                .prepare_cached(&format!("SELECT id FROM {table} ORDER BY id LIMIT ?1"))
                 .unwrap();
             st.query_map([n as i64], |r| r.get(0))
                 .unwrap()
@@ -204,7 +350,9 @@ impl Bare for SqliteBare {
                 .collect()
         };
         {
-            let mut st = tx.prepare_cached("DELETE FROM bare WHERE id = ?1").unwrap();
+            let mut st = tx
+                .prepare_cached(&format!("DELETE FROM {table} WHERE id = ?1"))
+                .unwrap();
             for id in &ids {
                 st.execute([id]).unwrap();
             }
@@ -226,23 +374,9 @@ fn sqlite(synchronous: Synchronous) {
     )
     .unwrap();
     // The same file, the same pragmas.
-    let c = outbox_lanes_store::sqlite::rusqlite::Connection::open(&path).unwrap();
-    c.pragma_update(
-        None,
-        "synchronous",
-        if synchronous == Synchronous::Full {
-            "FULL"
-        } else {
-            "NORMAL"
-        },
-    )
-    .unwrap();
-    c.execute_batch(
-        "CREATE TABLE bare (id INTEGER PRIMARY KEY, actor TEXT NOT NULL, row_id TEXT NOT NULL, body BLOB NOT NULL)",
-    )
-    .unwrap();
-    let mut bare = SqliteBare(c);
-    let t = measure(&store, &mut bare, "sqlite");
+    let mut bare = SqliteBare::new(&path, synchronous, "bare", false);
+    let mut floor = SqliteBare::new(&path, synchronous, "floor", true);
+    let t = measure(&store, &mut bare, &mut floor, "sqlite");
     report(&format!("SQLite file, synchronous={synchronous:?}"), &t);
 }
 
@@ -252,6 +386,58 @@ struct PgBare {
     ins: ::postgres::Statement,
     sel: ::postgres::Statement,
     del: ::postgres::Statement,
+    /// The one-table floor: lanes and seqs stored too (see `SqliteBare`).
+    laned: bool,
+    lanes: std::collections::HashMap<String, i64>,
+    seq: i64,
+}
+
+#[cfg(feature = "postgres")]
+impl PgBare {
+    fn new(url: &str, schema: &str, table: &str, laned: bool) -> PgBare {
+        let mut client = ::postgres::Client::connect(url, ::postgres::NoTls).unwrap();
+        let (cols, ins) = if laned {
+            (
+                format!(
+                    "lane_id BIGINT NOT NULL, seq BIGINT NOT NULL, body BYTEA NOT NULL, UNIQUE (actor, row_id)); \
+                     CREATE INDEX {table}_lane ON {table} (lane_id, seq, id)"
+                ),
+                format!(
+                    "INSERT INTO {table} (actor, row_id, lane_id, seq, body) SELECT 'bench', * \
+                     FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bytea[])"
+                ),
+            )
+        } else {
+            (
+                "body BYTEA NOT NULL)".to_string(),
+                format!(
+                    "INSERT INTO {table} (actor, row_id, body) SELECT 'bench', * FROM unnest($1::text[], $2::bytea[])"
+                ),
+            )
+        };
+        client
+            .batch_execute(&format!(
+                "SET search_path TO {schema}; CREATE TABLE {table} (id BIGSERIAL PRIMARY KEY, actor TEXT NOT NULL, \
+                 row_id TEXT NOT NULL, {cols}"
+            ))
+            .unwrap();
+        let ins = client.prepare(&ins).unwrap();
+        let sel = client
+            .prepare(&format!("SELECT id FROM {table} ORDER BY id LIMIT $1"))
+            .unwrap();
+        let del = client
+            .prepare(&format!("DELETE FROM {table} WHERE id = ANY($1)"))
+            .unwrap();
+        PgBare {
+            client,
+            ins,
+            sel,
+            del,
+            laned,
+            lanes: std::collections::HashMap::new(),
+            seq: 0,
+        }
+    }
 }
 
 #[cfg(feature = "postgres")]
@@ -259,8 +445,22 @@ impl Bare for PgBare {
     fn insert(&mut self, rows: &[NewRow]) {
         let ids: Vec<&str> = rows.iter().map(|r| r.id.as_str()).collect();
         let bodies: Vec<&[u8]> = rows.iter().map(|r| r.body.as_slice()).collect();
+        let (mut lanes, mut seqs) = (Vec::new(), Vec::new());
+        if self.laned {
+            for r in rows {
+                let n = self.lanes.len() as i64;
+                lanes.push(*self.lanes.entry(r.recipients[0].clone()).or_insert(n));
+                self.seq += 1;
+                seqs.push(self.seq);
+            }
+        }
         let mut tx = self.client.transaction().unwrap();
-        tx.execute(&self.ins, &[&ids, &bodies]).unwrap();
+        if self.laned {
+            tx.execute(&self.ins, &[&ids, &lanes, &seqs, &bodies])
+                .unwrap();
+        } else {
+            tx.execute(&self.ins, &[&ids, &bodies]).unwrap();
+        }
         tx.commit().unwrap();
     }
 
@@ -291,31 +491,12 @@ fn postgres(url: &str) {
         },
     )
     .unwrap();
-    let mut client = ::postgres::Client::connect(url, ::postgres::NoTls).unwrap();
-    client
-        .batch_execute(&format!(
-            "SET search_path TO {schema}; CREATE TABLE bare (id BIGSERIAL PRIMARY KEY, actor TEXT NOT NULL, \
-             row_id TEXT NOT NULL, body BYTEA NOT NULL)"
-        ))
-        .unwrap();
-    let ins = client
-        .prepare("INSERT INTO bare (actor, row_id, body) SELECT 'bench', * FROM unnest($1::text[], $2::bytea[])")
-        .unwrap();
-    let sel = client
-        .prepare("SELECT id FROM bare ORDER BY id LIMIT $1")
-        .unwrap();
-    let del = client
-        .prepare("DELETE FROM bare WHERE id = ANY($1)")
-        .unwrap();
-    let mut bare = PgBare {
-        client,
-        ins,
-        sel,
-        del,
-    };
-    let t = measure(&store, &mut bare, "pg");
+    let mut bare = PgBare::new(url, &schema, "bare", false);
+    let mut floor = PgBare::new(url, &schema, "floor", true);
+    let t = measure(&store, &mut bare, &mut floor, "pg");
     report("Postgres (127.0.0.1)", &t);
     drop(store);
+    drop(floor);
     let _ = bare
         .client
         .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"));
@@ -326,11 +507,20 @@ fn main() {
         "outbox-lanes-store bench: {SINGLE} single-row enqueues, {BATCHED} units ({BATCH} per transaction, \
          {LANES} lanes, {BODY}-byte payloads), outbox and bare table measured in alternating steps"
     );
-    sqlite(Synchronous::Full);
-    sqlite(Synchronous::Normal);
+    // OUTBOX_LANES_BENCH_ONLY=full,normal,pg runs a subset (default: all three).
+    let only = std::env::var("OUTBOX_LANES_BENCH_ONLY").unwrap_or_default();
+    let wanted = |name: &str| only.is_empty() || only.split(',').any(|w| w.trim() == name);
+    if wanted("full") {
+        sqlite(Synchronous::Full);
+    }
+    if wanted("normal") {
+        sqlite(Synchronous::Normal);
+    }
     #[cfg(feature = "postgres")]
-    match std::env::var("OUTBOX_LANES_TEST_PG") {
-        Ok(url) if !url.is_empty() => postgres(&url),
-        _ => println!("Postgres: skipped (OUTBOX_LANES_TEST_PG not set)"),
+    if wanted("pg") {
+        match std::env::var("OUTBOX_LANES_TEST_PG") {
+            Ok(url) if !url.is_empty() => postgres(&url),
+            _ => println!("Postgres: skipped (OUTBOX_LANES_TEST_PG not set)"),
+        }
     }
 }

@@ -704,6 +704,16 @@ impl PgStore {
     }
 }
 
+/// The drain-slot check as an SQL condition on `$1` (actor) and `$2` (fencing token), for
+/// statements that fence themselves instead of spending a round trip on [`fence`].
+const LIVE_SLOT: &str = "SELECT 1 FROM ol_slots WHERE actor = $1 AND token = $2 AND holder IS NOT NULL \
+     AND lease_expires > (extract(epoch from clock_timestamp()) * 1000)::bigint";
+
+fn stale(token: &SlotToken) -> StoreError {
+    tracing::debug!(target: "outbox_lanes::store", actor = token.actor().as_str(), fencing = token.fencing(), "stale drain-slot token refused");
+    StoreError::StaleToken
+}
+
 fn fence(t: &mut impl Exec, token: &SlotToken, lock: bool) -> Result<(), StoreError> {
     let sql = if lock {
         "SELECT 1 FROM ol_slots WHERE actor = $1 AND token = $2 AND holder IS NOT NULL \
@@ -714,10 +724,7 @@ fn fence(t: &mut impl Exec, token: &SlotToken, lock: bool) -> Result<(), StoreEr
     };
     match t.opt(sql, &[&token.actor().as_str(), &i(token.fencing())])? {
         Some(_) => Ok(()),
-        None => {
-            tracing::debug!(target: "outbox_lanes::store", actor = token.actor().as_str(), fencing = token.fencing(), "stale drain-slot token refused");
-            Err(StoreError::StaleToken)
-        }
+        None => Err(stale(token)),
     }
 }
 
@@ -783,6 +790,8 @@ fn enqueue_tx(
             }
         })
         .sum();
+    // The serial sequences are named literally (`<table>_id_seq`, as BIGSERIAL names them):
+    // `pg_get_serial_sequence` would be re-evaluated for every id drawn (a catalog search each).
     let plan_row = t.one(
         "SELECT dup.v, ln.ids, ln.recs, ln.oks, pend.dks, pend.recs, idr.v, idu.v FROM \
          (SELECT array_agg(r.row_id) AS v FROM unnest($2::text[]) AS k(row_id) \
@@ -794,10 +803,8 @@ fn enqueue_tx(
             (SELECT DISTINCT r.dedup_key, l.recipient FROM ol_rows r JOIN ol_units u ON u.row_ref = r.id \
              JOIN ol_deliveries d ON d.unit_id = u.id JOIN ol_lanes l ON l.id = d.lane_id \
              WHERE r.actor = $1 AND r.dedup_key IN (SELECT unnest($5::text[])) AND d.state = 0) x) pend, \
-         (SELECT array_agg(nextval(pg_get_serial_sequence('ol_rows', 'id'))) AS v \
-            FROM generate_series(1::bigint, $6::bigint)) idr, \
-         (SELECT array_agg(nextval(pg_get_serial_sequence('ol_units', 'id'))) AS v \
-            FROM generate_series(1::bigint, $7::bigint)) idu",
+         (SELECT array_agg(nextval('ol_rows_id_seq')) AS v FROM generate_series(1::bigint, $6::bigint)) idr, \
+         (SELECT array_agg(nextval('ol_units_id_seq')) AS v FROM generate_series(1::bigint, $7::bigint)) idu",
         &[&a, &ids, &recs, &oks, &dks, &n, &max_units],
     )?;
     let taken: HashSet<String> = plan_row
@@ -1232,24 +1239,32 @@ impl Store for PgStore {
         since: u64,
     ) -> Result<(Vec<LaneInfo>, u64), StoreError> {
         self.read(|t| {
-            fence(t, token, false)?;
+            // Fenced in the same statement (one round trip): the first column says whether the
+            // token is live; a stale token reads no lane.
             let rows = t.q(
-                "SELECT l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, l.paused, l.tail_seq \
-                 FROM ol_lanes l WHERE l.actor = $1 AND l.tail_seq > $2 \
-                 AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id) ORDER BY l.id",
-                &[&token.actor().as_str(), &i(since)],
+                &format!(
+                    "SELECT f.live, l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, \
+                     l.paused, l.tail_seq FROM (SELECT EXISTS ({LIVE_SLOT}) AS live) f \
+                     LEFT JOIN LATERAL (SELECT * FROM ol_lanes l WHERE f.live AND l.actor = $1 AND l.tail_seq > $3 \
+                     AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id)) l ON TRUE ORDER BY l.id"
+                ),
+                &[&token.actor().as_str(), &i(token.fencing()), &i(since)],
             )?;
+            if !rows.first().is_some_and(|r| r.get::<_, bool>(0)) {
+                return Err(stale(token));
+            }
             let mut mark = since;
             let mut out = Vec::with_capacity(rows.len());
             for r in rows {
-                mark = mark.max(u(r.get(7)));
+                let Some(id) = r.get::<_, Option<i64>>(1) else { continue };
+                mark = mark.max(u(r.get(8)));
                 out.push(LaneInfo {
-                    lane: StoreLaneId(r.get(0)),
-                    key: key_of(r.get(1), r.get(2)),
-                    not_before: r.get::<_, Option<i64>>(3).map(ts),
-                    backoff_level: u32_of(r.get(4)),
-                    strict: r.get(5),
-                    paused: r.get(6),
+                    lane: StoreLaneId(id),
+                    key: key_of(r.get(2), r.get(3)),
+                    not_before: r.get::<_, Option<i64>>(4).map(ts),
+                    backoff_level: u32_of(r.get(5)),
+                    strict: r.get(6),
+                    paused: r.get(7),
                 });
             }
             Ok((out, mark))
@@ -1265,16 +1280,25 @@ impl Store for PgStore {
         // every lane's heads at once (one index range scan per lane, LIMITed), then the slots
         // of joined units if any.
         self.read(|t| {
-            fence(t, token, false)?;
             let actor = token.actor().as_str();
             let ids: Vec<i64> = lanes.iter().map(|c| c.lane.0).collect();
             let mut info: HashMap<i64, (LaneKey, bool)> = HashMap::new();
-            for r in t.q(
-                "SELECT id, recipient, ordering_key, paused FROM ol_lanes \
-                 WHERE id IN (SELECT unnest($1::bigint[])) AND actor = $2",
-                &[&ids, &actor],
-            )? {
-                info.insert(r.get(0), (key_of(r.get(1), r.get(2)), r.get(3)));
+            // Fenced in the same statement as the lanes' state (one round trip fewer).
+            let rows = t.q(
+                &format!(
+                    "SELECT f.live, l.id, l.recipient, l.ordering_key, l.paused \
+                     FROM (SELECT EXISTS ({LIVE_SLOT}) AS live) f LEFT JOIN LATERAL (SELECT * FROM ol_lanes l \
+                     WHERE f.live AND l.id IN (SELECT unnest($3::bigint[])) AND l.actor = $1) l ON TRUE"
+                ),
+                &[&actor, &i(token.fencing()), &ids],
+            )?;
+            if !rows.first().is_some_and(|r| r.get::<_, bool>(0)) {
+                return Err(stale(token));
+            }
+            for r in rows {
+                if let Some(id) = r.get::<_, Option<i64>>(1) {
+                    info.insert(id, (key_of(r.get(2), r.get(3)), r.get(4)));
+                }
             }
             let (mut k_ord, mut k_lane, mut k_from, mut k_lim) = (vec![], vec![], vec![], vec![]);
             for (ord, req) in lanes.iter().enumerate() {
@@ -1385,7 +1409,46 @@ impl Store for PgStore {
         let units: Vec<i64> = delivered.iter().map(|(u, _)| i(u.0)).collect();
         let lanes: Vec<i64> = delivered.iter().map(|(_, l)| l.0).collect();
         // Set-based: a fixed number of round trips per batch, whatever its size.
-        self.fenced(token, true, |t| {
+        self.tx(true, |t| {
+            if retention {
+                fence(t, token, true)?;
+            } else {
+                // The common case first: a unit with one lane is finished by its ack, so its
+                // delivery, unit and (unless shared) row are deleted outright — no row version
+                // written by marking it served and counting it down first. The statement's
+                // snapshot still shows the units it deletes, so the row check skips them by id.
+                // It fences itself (the slot row locked FOR SHARE, as `fence` does, and nothing
+                // deleted unless the token is live): one round trip fewer.
+                let r = t.one(
+                    &format!(
+                        "WITH f AS ({LIVE_SLOT} FOR SHARE), \
+                         s AS ( \
+                           DELETE FROM ol_deliveries d \
+                           USING unnest($3::bigint[], $4::bigint[]) AS a(unit_id, lane_id), ol_units x \
+                           WHERE EXISTS (SELECT 1 FROM f) \
+                           AND d.unit_id = a.unit_id AND d.lane_id = a.lane_id AND d.state = 0 \
+                           AND x.id = d.unit_id AND x.actor = $1 AND x.lanes = 1 \
+                           RETURNING d.unit_id, x.row_ref), \
+                         u AS (DELETE FROM ol_units u USING s WHERE u.id = s.unit_id), \
+                         r AS (DELETE FROM ol_rows r USING (SELECT DISTINCT row_ref FROM s) k WHERE r.id = k.row_ref \
+                           AND NOT EXISTS (SELECT 1 FROM ol_units x WHERE x.row_ref = r.id \
+                             AND NOT EXISTS (SELECT 1 FROM s WHERE s.unit_id = x.id)) \
+                           AND NOT EXISTS (SELECT 1 FROM ol_dead_letters x WHERE x.row_ref = r.id)) \
+                         SELECT EXISTS (SELECT 1 FROM f), (SELECT count(*) FROM s)"
+                    ),
+                    &[&token.actor().as_str(), &i(token.fencing()), &units, &lanes],
+                )?;
+                if !r.get::<_, bool>(0) {
+                    return Err(stale(token));
+                }
+                if usize::try_from(r.get::<_, i64>(1)).unwrap_or(0) == delivered.len() {
+                    return Ok(());
+                }
+                // The slot row stays locked to commit: the rest is fenced too.
+            }
+            // Joined units (and, with a retention, every unit): mark served, count down, and
+            // finish the units with nothing pending. What the statement above deleted no
+            // longer matches here.
             let done: Vec<(i64, i64)> = t
                 .q(
                     "WITH acked AS ( \

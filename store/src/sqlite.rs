@@ -160,7 +160,7 @@ CREATE INDEX ol_lanes_tail ON ol_lanes (actor, tail_seq);
 CREATE TABLE ol_units (
     id        INTEGER PRIMARY KEY AUTOINCREMENT,
     actor     TEXT NOT NULL,
-    row_ref   INTEGER NOT NULL REFERENCES ol_rows (id),
+    row_ref   INTEGER NOT NULL,
     seq       INTEGER NOT NULL,
     lanes     INTEGER NOT NULL,
     pending   INTEGER NOT NULL,
@@ -169,8 +169,8 @@ CREATE TABLE ol_units (
 CREATE INDEX ol_units_row ON ol_units (row_ref);
 CREATE INDEX ol_units_acked ON ol_units (acked_at) WHERE acked_at IS NOT NULL;
 CREATE TABLE ol_deliveries (
-    unit_id           INTEGER NOT NULL REFERENCES ol_units (id),
-    lane_id           INTEGER NOT NULL REFERENCES ol_lanes (id),
+    unit_id           INTEGER NOT NULL,
+    lane_id           INTEGER NOT NULL,
     seq               INTEGER NOT NULL,
     state             INTEGER NOT NULL DEFAULT 0,
     attempts          INTEGER NOT NULL DEFAULT 0,
@@ -184,10 +184,10 @@ CREATE INDEX ol_deliveries_lane ON ol_deliveries (lane_id, seq, unit_id);
 CREATE TABLE ol_dead_letters (
     id                INTEGER PRIMARY KEY AUTOINCREMENT,
     unit_id           INTEGER NOT NULL,
-    row_ref           INTEGER NOT NULL REFERENCES ol_rows (id),
+    row_ref           INTEGER NOT NULL,
     row_id            TEXT NOT NULL,
     actor             TEXT NOT NULL,
-    lane_id           INTEGER NOT NULL REFERENCES ol_lanes (id),
+    lane_id           INTEGER NOT NULL,
     recipient         TEXT NOT NULL,
     ordering_key      TEXT NOT NULL,
     reason            TEXT NOT NULL,
@@ -263,7 +263,9 @@ fn configure(conn: &Connection, opts: &SqliteOptions, file: bool) -> Result<(), 
             },
         )?;
     }
-    conn.pragma_update(None, "foreign_keys", "ON")?;
+    // No foreign keys (as on Postgres): each would cost a parent lookup per inserted row and
+    // a child lookup per deleted one on the hot path; the store's transactions keep the
+    // references consistent.
     conn.set_prepared_statement_cache_capacity(64);
     Ok(())
 }
