@@ -16,8 +16,9 @@
 //!   pass of its own. Attempts in flight are abandoned, not aborted: their answers are
 //!   ignored and the units sent again later (delivery is at-least-once, and every request
 //!   carries the unit's idempotency key);
-//! - a [`Monitor`] (the blocking runtime's monitor thread: pass loops are blocking code
-//!   either way) whose passes deliver through this outbox's tasks.
+//! - a [`Monitor`] task driven by the core's `MonitorBook`: woken on enqueue through the
+//!   store's notifier, at the earliest lane `not_before` and by a safety-net poll, running
+//!   the passes of several actors at once as tasks (each an [`Outbox::drain_with`]).
 //!
 //! Executors, by feature: `tokio` (default; `TokioRuntime`, reqwest), `smol`
 //! (`SmolRuntime`) and `async-std` (`AsyncStdRuntime`; async-std is discontinued
@@ -49,6 +50,7 @@ mod cancel;
 mod executor;
 #[cfg(feature = "tokio")]
 pub mod http;
+mod monitor;
 pub mod runtime;
 
 use std::fmt;
@@ -70,6 +72,7 @@ use crate::cancel::WindingDown;
 use crate::executor::{TaskExecutor, Transport};
 #[cfg(feature = "tokio")]
 pub use crate::http::AsyncHttpClient;
+pub use crate::monitor::Monitor;
 #[cfg(feature = "async-std")]
 pub use crate::runtime::AsyncStdRuntime;
 #[cfg(feature = "smol")]
@@ -84,6 +87,9 @@ struct Inner {
     blocking: Option<outbox_lanes_blocking::Outbox>,
     rt: Arc<dyn Runtime>,
     winding: Arc<WindingDown>,
+    /// The monitor's bound on concurrent passes and its safety-net poll.
+    max_passes: usize,
+    poll_interval: std::time::Duration,
 }
 
 impl Inner {
@@ -200,6 +206,8 @@ impl OutboxBuilder {
                 blocking: Some(blocking),
                 rt,
                 winding: Arc::default(),
+                max_passes: self.config.max_passes,
+                poll_interval: self.config.poll_interval,
             }),
         })
     }
@@ -371,49 +379,16 @@ impl Outbox {
 
     /// Starts a monitor draining every actor with work (OL-13): woken on enqueue (in this
     /// process and, through the store's watcher, in others), at the earliest lane
-    /// `not_before`, and by a safety-net poll; several actors at once.
+    /// `not_before`, and by a safety-net poll ([`OutboxConfig::poll_interval`]); passes of
+    /// several actors at once, at most [`OutboxConfig::max_passes`].
     ///
-    /// The monitor's loop and its passes are threads (the blocking runtime's monitor: pass
-    /// loops are blocking code either way); their deliveries are this outbox's tasks.
+    /// The monitor is a task on the outbox's runtime; each pass is a task of its own running
+    /// [`Outbox::drain_with`] (the pass loop itself on the blocking pool, its deliveries this
+    /// outbox's tasks). It works the same on tokio, async-std and smol.
     ///
     /// # Errors
-    /// The store's cross-process watcher or the thread could not be started.
+    /// The store's cross-process watcher could not be started.
     pub async fn monitor(&self) -> Result<Monitor, OutboxError> {
-        let monitor = self.call(|ob| ob.monitor()).await?;
-        Ok(Monitor {
-            inner: Some(monitor),
-            rt: Arc::clone(&self.inner.rt),
-        })
-    }
-}
-
-/// A running monitor; see [`Outbox::monitor`]. Stop it with [`Monitor::stop`]; dropping it
-/// stops it in the background.
-pub struct Monitor {
-    inner: Option<outbox_lanes_blocking::Monitor>,
-    rt: Arc<dyn Runtime>,
-}
-
-impl fmt::Debug for Monitor {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Monitor").finish_non_exhaustive()
-    }
-}
-
-impl Monitor {
-    /// Stops the monitor gracefully: running passes start nothing new, attempts in flight
-    /// finish, the rest is handed back and the slots released. The outbox stays usable.
-    pub async fn stop(mut self) {
-        if let Some(m) = self.inner.take() {
-            let _ = unblock(&*self.rt, move || m.stop()).await;
-        }
-    }
-}
-
-impl Drop for Monitor {
-    fn drop(&mut self) {
-        if let Some(m) = self.inner.take() {
-            self.rt.spawn_blocking(Box::new(move || m.stop()));
-        }
+        Monitor::start(self.clone()).await
     }
 }

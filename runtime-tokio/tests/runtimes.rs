@@ -93,6 +93,38 @@ async fn cancel_then_drain(rt: Arc<dyn Runtime>) {
     }
 }
 
+/// The monitor task on this executor: woken by enqueues, it drains two actors at once
+/// without any drain call.
+async fn monitor_drains_two_actors_at_once(rt: Arc<dyn Runtime>) {
+    let f = fixture();
+    let r = Arc::new(Recipient::start().expect("recipient"));
+    let outbox = Outbox::builder(Arc::clone(&f.store), common::wake_only_config(8))
+        .open_on(rt)
+        .expect("outbox");
+    let spans = common::monitor_drains_two_actors(&outbox, &r).await;
+    assert!(
+        common::overlap(spans),
+        "the two passes ran at once: {spans:?}"
+    );
+    outbox.shutdown().await;
+}
+
+#[cfg(feature = "smol")]
+#[test]
+fn the_monitor_task_on_smol() {
+    smol::block_on(monitor_drains_two_actors_at_once(Arc::new(
+        outbox_lanes_tokio::SmolRuntime,
+    )));
+}
+
+#[cfg(feature = "async-std")]
+#[test]
+fn the_monitor_task_on_async_std() {
+    async_std::task::block_on(monitor_drains_two_actors_at_once(Arc::new(
+        outbox_lanes_tokio::AsyncStdRuntime,
+    )));
+}
+
 #[cfg(feature = "smol")]
 #[test]
 fn ordered_fan_out_on_smol() {

@@ -77,3 +77,83 @@ pub fn dedup_bodies(r: &Recipient, path: &str) -> Vec<String> {
     got.dedup();
     got
 }
+
+/// When a recorded request ended (answered or not).
+fn ended_at(r: &outbox_lanes_test_support::Recorded) -> std::time::Instant {
+    match r.completion {
+        Completion::Answered { at, .. } | Completion::Unanswered { at, .. } => at,
+        Completion::Pending => panic!("a request to {} is still pending", r.path),
+    }
+}
+
+/// From the first request to `path` arriving to the last one ending.
+pub fn span(r: &Recipient, path: &str) -> (std::time::Instant, std::time::Instant) {
+    let reqs = r.requests(path);
+    let first = reqs.first().expect("a request").arrived_at;
+    let last = reqs.iter().map(ended_at).max().expect("a request");
+    (first, last)
+}
+
+/// Waits on `rt`'s blocking pool until `path` got `n` requests (20 s at most).
+pub async fn wait_on(
+    rt: &Arc<dyn outbox_lanes_tokio::Runtime>,
+    r: &Arc<Recipient>,
+    path: &'static str,
+    n: usize,
+) -> bool {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let r = Arc::clone(r);
+    rt.spawn_blocking(Box::new(move || {
+        let _ = tx.send(r.wait_for(path, n, Duration::from_secs(20)));
+    }));
+    rx.await.unwrap_or(false)
+}
+
+/// A configuration whose monitor only moves on wake-ups: its safety-net poll (after the one
+/// at start) would come long after any test ended.
+pub fn wake_only_config(max_passes: usize) -> OutboxConfig {
+    let mut c = config();
+    c.poll_interval = Duration::from_secs(600);
+    c.max_passes = max_passes;
+    c
+}
+
+/// Two actors, each with a slow recipient of its own, enqueued while the monitor runs and no
+/// drain is ever called: the monitor, woken by the enqueues, delivers everything in order.
+/// Returns the two actors' delivery spans (first request arrived, last one ended).
+pub async fn monitor_drains_two_actors(
+    outbox: &outbox_lanes_tokio::Outbox,
+    r: &Arc<Recipient>,
+) -> [(std::time::Instant, std::time::Instant); 2] {
+    use outbox_lanes_test_support::Reply;
+    let n = 4;
+    for p in ["/a1", "/a2"] {
+        r.set_default(p, Reply::Status(200).after(Duration::from_millis(150)));
+    }
+    let monitor = outbox.monitor().await.expect("monitor");
+    for i in 0..n {
+        for (actor, p) in [("a1", "/a1"), ("a2", "/a2")] {
+            outbox
+                .enqueue(actor, vec![row(&format!("e{i}"), &[r.url(p)])])
+                .await
+                .expect("enqueue");
+        }
+    }
+    let rt = outbox.runtime();
+    assert!(wait_on(rt, r, "/a1", n).await, "a1 drained by the monitor");
+    assert!(wait_on(rt, r, "/a2", n).await, "a2 drained by the monitor");
+    monitor.stop().await;
+    for p in ["/a1", "/a2"] {
+        assert_eq!(bodies(r, p), ids(n), "{p}: every entry, in order, once");
+        one_in_flight(r, p);
+    }
+    let status = outbox.status().await.expect("status");
+    assert!(status.iter().all(|s| s.pending == 0), "{status:?}");
+    [span(r, "/a1"), span(r, "/a2")]
+}
+
+/// The two spans overlap: the two passes ran at the same time.
+pub fn overlap(s: [(std::time::Instant, std::time::Instant); 2]) -> bool {
+    let [(a0, a1), (b0, b1)] = s;
+    a0.max(b0) < a1.min(b1)
+}

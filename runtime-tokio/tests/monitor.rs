@@ -1,0 +1,72 @@
+//! The monitor task on tokio (OL-13): woken by enqueues, it drains several actors at once,
+//! at most `max_passes` of them, without any drain call.
+#![allow(missing_docs)]
+#![cfg(feature = "tokio")]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{fixture, monitor_drains_two_actors, overlap, wake_only_config};
+use outbox_lanes_test_support::{Recipient, Reply};
+use outbox_lanes_tokio::{DrainOutcome, Outbox};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_monitor_task_drains_two_actors_concurrently_on_enqueue_wake_ups() {
+    let f = fixture();
+    let r = Arc::new(Recipient::start().expect("recipient"));
+    let outbox = Outbox::open(Arc::clone(&f.store), wake_only_config(8)).expect("outbox");
+    let spans = monitor_drains_two_actors(&outbox, &r).await;
+    assert!(
+        overlap(spans),
+        "the two actors' passes ran at once: {spans:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_passes_bounds_the_monitor_passes_running_at_once() {
+    let f = fixture();
+    let r = Arc::new(Recipient::start().expect("recipient"));
+    let outbox = Outbox::open(Arc::clone(&f.store), wake_only_config(1)).expect("outbox");
+    let spans = monitor_drains_two_actors(&outbox, &r).await;
+    assert!(!overlap(spans), "one pass at a time: {spans:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_monitor_stops_in_the_background_and_frees_its_slots() {
+    let f = fixture();
+    let r = Arc::new(Recipient::start().expect("recipient"));
+    r.set_default("/slow", Reply::Status(200).after(Duration::from_millis(50)));
+    let outbox = Outbox::open(Arc::clone(&f.store), wake_only_config(8)).expect("outbox");
+    let monitor = outbox.monitor().await.expect("monitor");
+    for i in 0..20 {
+        outbox
+            .enqueue(
+                "actor",
+                vec![common::row(&format!("e{i}"), &[r.url("/slow")])],
+            )
+            .await
+            .expect("enqueue");
+    }
+    assert!(common::wait_on(outbox.runtime(), &r, "/slow", 2).await);
+    drop(monitor);
+    // The pass stops gracefully in the background (attempts in flight finish, the rest is
+    // handed back); until it has, a drain merges into it. The first drain that runs a pass
+    // of its own finds work left: the dropped monitor did not go on draining.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match outbox.drain("actor").await.expect("drain") {
+            DrainOutcome::Ran(rep) => {
+                assert!(rep.delivered > 0, "the monitor stopped early: {rep:?}");
+                break;
+            }
+            DrainOutcome::Merged => {
+                assert!(Instant::now() < deadline, "the monitor's pass never ended");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+    assert_eq!(common::dedup_bodies(&r, "/slow"), common::ids(20));
+    common::one_in_flight(&r, "/slow");
+}
