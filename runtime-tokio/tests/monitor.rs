@@ -70,3 +70,34 @@ async fn a_dropped_monitor_stops_in_the_background_and_frees_its_slots() {
     assert_eq!(common::dedup_bodies(&r, "/slow"), common::ids(20));
     common::one_in_flight(&r, "/slow");
 }
+
+/// A lane stalls and backs off (its `not_before` in the future): the pass ends, and the
+/// monitor looks again when the backoff runs out, though no wake-up comes (nothing is
+/// written meanwhile) and its safety-net poll is ten minutes away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_monitor_comes_back_at_the_lane_not_before_without_a_wake_up() {
+    let f = fixture();
+    let r = Arc::new(Recipient::start().expect("recipient"));
+    r.script("/flaky", [Reply::Status(503), Reply::Status(503)]);
+    r.set_default("/flaky", Reply::Status(200));
+    let mut config = wake_only_config(8);
+    // Two failures in a pass stall the unit; the lane backs off 300 ms.
+    config.scheduler.pass_attempts = 2;
+    config.scheduler.lane_backoff_base = Duration::from_millis(300);
+    let outbox = Outbox::open(Arc::clone(&f.store), config).expect("outbox");
+    let monitor = outbox.monitor().await.expect("monitor");
+    outbox
+        .enqueue("actor", vec![common::row("e0", &[r.url("/flaky")])])
+        .await
+        .expect("enqueue");
+    assert!(common::wait_on(outbox.runtime(), &r, "/flaky", 3).await);
+    monitor.stop().await;
+    let got: Vec<Option<u16>> = r
+        .requests("/flaky")
+        .iter()
+        .map(|q| q.completion.status())
+        .collect();
+    assert_eq!(got, vec![Some(503), Some(503), Some(200)]);
+    let status = outbox.status().await.expect("status");
+    assert!(status.iter().all(|s| s.pending == 0), "{status:?}");
+}
