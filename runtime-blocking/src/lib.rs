@@ -227,6 +227,10 @@ pub struct DrainControl {
     /// At once: everything is handed back and the slot released; attempts in flight are
     /// abandoned.
     pub cancel: AtomicBool,
+    /// Return when a pass reaches its time slice with work left (the monitor does, to let
+    /// other actors run: OL-13). Otherwise the drain goes on with another pass at once, so
+    /// a direct drain returns only when nothing is admissible.
+    pub yield_at_slice: AtomicBool,
 }
 
 /// What a drain request did.
@@ -597,11 +601,18 @@ impl Outbox {
             total.delivered += report.delivered;
             total.dead_lettered += report.dead_lettered;
             total.handed_back += report.handed_back;
-            total.yielded |= report.yielded;
             if report.yielded {
-                let _ = inner.store.release_slot(&token)?;
-                let _ = self.lock_slots().force_release(actor);
-                return Ok(DrainOutcome::Ran(total));
+                let stopped = self.is_stopping() || control.stop.load(Ordering::SeqCst);
+                if stopped || control.yield_at_slice.load(Ordering::SeqCst) {
+                    total.yielded = true;
+                    let _ = inner.store.release_slot(&token)?;
+                    let _ = self.lock_slots().force_release(actor);
+                    return Ok(DrainOutcome::Ran(total));
+                }
+                // The time slice ran out on a direct drain: go on with a fresh pass, still
+                // holding the slot (the pass renews its lease).
+                debug!(%actor, "time slice over; next pass");
+                continue;
             }
             if inner.store.release_slot(&token)? == outbox_lanes_store::Release::LookAgain {
                 debug!(%actor, "look again (another process asked)");
@@ -750,6 +761,7 @@ fn monitor_loop(outbox: &Outbox, rx: &Receiver<MonitorMsg>, tx: &Sender<MonitorM
     let mut passes: Vec<JoinHandle<()>> = Vec::new();
     let mut stopping = false;
     let control = Arc::new(DrainControl::default());
+    control.yield_at_slice.store(true, Ordering::SeqCst);
     loop {
         let now = Timestamp::from_system_time(SystemTime::now());
         if !stopping {

@@ -542,3 +542,28 @@ fn enqueue_inside_the_callers_transaction_commits_or_rolls_back_with_it() {
     outbox.drain("shop").expect("drain");
     assert_eq!(bodies(&r, "/hook"), ["{\"id\":\"order-2\"}"]);
 }
+
+#[test]
+fn a_direct_drain_goes_on_past_its_time_slice_until_nothing_is_admissible() {
+    let f = fixture();
+    let r = Recipient::start().expect("recipient");
+    r.set_default("/slow", Reply::Status(200).after(Duration::from_millis(20)));
+    let mut cfg = config();
+    cfg.time_slice = Duration::from_millis(100);
+    let outbox = Outbox::open(Arc::clone(&f.store), cfg).expect("outbox");
+    for i in 0..20 {
+        outbox
+            .enqueue("actor", &[row(&format!("e{i}"), &[r.url("/slow")])])
+            .expect("enqueue");
+    }
+    // Twenty 20 ms deliveries in one lane outlast several 100 ms slices; the drain still
+    // returns only when everything is delivered.
+    let out = outbox.drain("actor").expect("drain");
+    assert!(
+        matches!(out, DrainOutcome::Ran(rep) if rep.delivered == 20 && !rep.yielded),
+        "{out:?}"
+    );
+    let mut got = bodies(&r, "/slow");
+    got.dedup();
+    assert_eq!(got, ids(20));
+}

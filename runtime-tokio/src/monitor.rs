@@ -181,6 +181,10 @@ async fn run(
                     MonitorAction::Drain(actor) => {
                         debug!(%actor, running = running.len() + 1, "monitor starts a pass");
                         let control = Arc::new(DrainControl::default());
+                        // Back to the queue at the end of a time slice, behind the others.
+                        control
+                            .yield_at_slice
+                            .store(true, std::sync::atomic::Ordering::SeqCst);
                         running.insert(actor.clone(), Arc::clone(&control));
                         let ob = outbox.clone();
                         let report = PassDone {
