@@ -469,8 +469,11 @@ impl Pass<'_> {
                     attempts,
                     counted,
                 } => {
-                    let last = st.last.remove(&(unit, lane));
-                    let (status, error) = last.map_or((None, None), |r| (r.status, r.error));
+                    // The detail stays in `last` for a dead letter that may follow.
+                    let (status, error) = st
+                        .last
+                        .get(&(unit, lane))
+                        .map_or((None, None), |r| (r.status, r.error.clone()));
                     debug!(%unit, ?lane, attempts, counted, ?status, ?error, "attempt failed");
                     self.store.record_attempts(
                         &self.token,
@@ -479,19 +482,10 @@ impl Pass<'_> {
                             lane: st.store_lanes[lane.index()],
                             attempts,
                             status,
-                            error: error.clone(),
+                            error,
                             at: now(),
                         }],
                     )?;
-                    // Keep the detail for a dead letter that may follow.
-                    st.last.insert(
-                        (unit, lane),
-                        AttemptResult {
-                            outcome: Outcome::Permanent,
-                            status,
-                            error,
-                        },
-                    );
                 }
                 Command::Hold { unit, lane, reason } => match reason {
                     HoldReason::Stalled => debug!(%unit, ?lane, "stalled: lane in backoff"),
