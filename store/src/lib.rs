@@ -63,7 +63,7 @@ pub use sqlite::{SqliteOptions, SqliteStore, Synchronous};
 pub use types::*;
 
 /// The newest schema version this build writes and understands.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// The blocking store interface shared by every runtime. Object-safe: used as
 /// `Arc<dyn Store>`.
