@@ -483,14 +483,14 @@ fn database_failure_at_run_time_exits_1() {
     };
     // The database opens (its schema version is fine) but a table the passes need is gone.
     let conn = rusqlite::Connection::open(path).unwrap();
-    conn.execute_batch("DROP TABLE ol_deliveries").unwrap();
+    conn.execute_batch("DROP TABLE ol_units").unwrap();
     drop(conn);
     for args in [&["drain"][..], &["status", "--json"][..]] {
         let out = run(&db, args, "");
         assert_eq!(out.code(), Some(1), "{args:?}: {}", out.stderr);
         let err = out.stderr.lines().last().unwrap_or_default();
         assert!(
-            err.starts_with("error: ") && err.contains("ol_deliveries"),
+            err.starts_with("error: ") && err.contains("ol_units"),
             "{err}"
         );
     }

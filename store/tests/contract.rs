@@ -54,6 +54,7 @@ contract!(
     watermark_finds_new_lanes,
     ack_retention_and_purge,
     acquire_ready_picks_free_actors_with_work,
+    row_ids_unique_across_payload_shapes,
 );
 
 fn enqueue_order_and_claim_order(b: Backend) {
@@ -1174,5 +1175,82 @@ fn acquire_ready_picks_free_actors_with_work(b: Backend) {
             picked.len(),
             "an actor acquired twice: {picked:?}"
         );
+    });
+}
+
+/// A row's payload lives inline on its unit (one recipient, or joined) or once in a shared
+/// place (several recipients), and moves when its unit is dead-lettered: a row id stays taken
+/// in every shape, for as long as any unit or dead letter of the row remains, and every shape
+/// reads back its own bytes.
+fn row_ids_unique_across_payload_shapes(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        let joined = NewRow {
+            joined: true,
+            ..row("j", &[A, B])
+        };
+        s.enqueue(&a, &[row("m", &[A, B]), row("s", &[A]), joined])
+            .expect("enqueue");
+        let dup = |id: &str, to: &[&str]| {
+            assert_eq!(
+                s.enqueue(&a, &[row(id, to)]),
+                Err(EnqueueError::DuplicateRowId { row: id.into() }),
+                "{id} to {to:?}"
+            );
+        };
+        for id in ["m", "s", "j"] {
+            dup(id, &[C]);
+            dup(id, &[B, C]);
+        }
+        let t = acquire(s, &a, "h", LEASE);
+        let (la, lb) = (lane_of(s, &a, A), lane_of(s, &a, B));
+        let ca = claim_lane(s, &t, la, 0, 10);
+        assert_eq!(row_ids(&ca), ["m", "s", "j"]);
+        for u in &ca.units {
+            let p = s.payload(u.id).expect("payload");
+            assert_eq!(p.body, format!("{{\"id\":\"{}\"}}", u.row_id).into_bytes());
+            assert_eq!(p.content_type, "application/json");
+            assert_eq!(p.row_id, u.row_id);
+        }
+        let (m_a, s_a, j) = (ca.units[0].id, ca.units[1].id, ca.units[2].id);
+        // Dead-lettering moves the one-recipient row's payload; the id stays taken and the
+        // bytes come back on replay.
+        s.dead_letter(
+            &t,
+            &DeadLetterRequest {
+                unit: s_a,
+                lane: la,
+                reason: DeadReason::Permanent,
+                status: Some(400),
+                error: None,
+                at: now(),
+            },
+        )
+        .expect("dead");
+        dup("s", &[C]);
+        assert_eq!(
+            s.replay_dead_letters(&DeadLetterSelection::Actor(a.clone())),
+            Ok(vec![s_a])
+        );
+        assert_eq!(
+            s.payload(s_a).expect("payload after replay").body,
+            b"{\"id\":\"s\"}".to_vec()
+        );
+        // Finishing every unit of a row frees its id; a row with units left keeps it.
+        let m_b = claim_lane(s, &t, lb, 0, 10).units[0].id;
+        s.ack(&t, &[(m_a, la), (s_a, la), (j, la), (j, lb)])
+            .expect("ack");
+        dup("m", &[C]);
+        s.ack(&t, &[(m_b, lb)]).expect("ack");
+        for id in ["m", "s", "j"] {
+            s.enqueue(&a, &[row(id, &[C])]).expect("id free again");
+        }
+        assert_eq!(
+            row_ids(&claim_lane(s, &t, lane_of(s, &a, C), 0, 10)),
+            ["m", "s", "j"]
+        );
+        assert!(claim_lane(s, &t, la, 0, 10).units.is_empty());
+        assert!(claim_lane(s, &t, lb, 0, 10).units.is_empty());
     });
 }
