@@ -767,6 +767,23 @@ fn delivery_flags_are_applied() {
 }
 
 #[test]
+fn per_host_concurrency_caps_one_host() {
+    let db = Db::sqlite();
+    let r = Recipient::start().unwrap();
+    // Slow enough that, uncapped, every lane's head would be in flight at once.
+    r.set_server_default(Reply::Status(200).after(Duration::from_millis(50)));
+    let to: Vec<String> = (0..4).map(|l| r.url(&format!("/i{l}"))).collect();
+    ok(&db, &["enqueue", "--actor", "pat"], &rows(3, &to));
+    ok(&db, &["drain", "--per-host-concurrency", "1"], "");
+    for l in 0..4 {
+        assert_eq!(served(&r, &format!("/i{l}")), [0, 1, 2]);
+    }
+    assert_eq!(r.max_in_progress(), 1, "one request at a time to the host");
+    let out = run(&db, &["drain", "--per-host-concurrency", "0"], "");
+    assert_eq!(out.code(), Some(2), "{}", out.stderr);
+}
+
+#[test]
 fn loopback_destinations_are_refused_by_default() {
     let db = Db::sqlite();
     let r = Recipient::start().unwrap();

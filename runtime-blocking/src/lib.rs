@@ -26,6 +26,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod hosts;
 pub mod http;
 pub mod pass;
 pub mod sign;
@@ -49,6 +50,7 @@ use outbox_lanes_store::{
 };
 use tracing::{debug, info, warn};
 
+pub use crate::hosts::HostCaps;
 pub use crate::http::{HttpClient, HttpConfig};
 pub use crate::pass::PassReport;
 use crate::pass::{Executor, Job, Pass, PassError};
@@ -63,6 +65,11 @@ pub struct OutboxConfig {
     pub http: HttpConfig,
     /// Delivery worker threads: attempts in flight at once in this process.
     pub concurrency: usize,
+    /// At most this many attempts in flight at once to one host (`host[:port]`), from this
+    /// process, whichever actors they come from; `None`: no cap but `concurrency`. Attempts
+    /// past the cap wait in the host's queue without holding a worker, so other hosts are not
+    /// held up ([`HostCaps`]).
+    pub per_host: Option<usize>,
     /// The drain slot's lease; renewed every third of it while a pass runs.
     pub lease: Duration,
     /// A pass yields after this long so busy actors cannot starve the others (OL-13).
@@ -84,6 +91,7 @@ impl Default for OutboxConfig {
             scheduler: outbox_lanes_core::Config::default(),
             http: HttpConfig::default(),
             concurrency: 32,
+            per_host: None,
             lease: Duration::from_secs(30),
             time_slice: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(10),
@@ -331,6 +339,10 @@ impl OutboxBuilder {
                     self.config.concurrency,
                 )?)
             }
+        };
+        let executor: Arc<dyn Executor> = match self.config.per_host {
+            Some(cap) => Arc::new(HostCaps::new(executor, cap)),
+            None => executor,
         };
         let holder = self.config.holder.clone().unwrap_or_else(default_holder);
         Ok(Outbox {

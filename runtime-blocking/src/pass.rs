@@ -55,9 +55,29 @@ pub struct Job {
     pub attempt: u32,
     started: Instant,
     reply: Sender<Msg>,
+    /// The job's place under its host's cap ([`crate::HostCaps`]), freed when it is dropped.
+    pub(crate) permit: Option<crate::hosts::HostPermit>,
 }
 
 impl Job {
+    pub(crate) fn new(
+        unit: UnitId,
+        lane: LaneId,
+        recipient: String,
+        attempt: u32,
+        reply: Sender<Msg>,
+    ) -> Job {
+        Job {
+            unit,
+            lane,
+            recipient,
+            attempt,
+            started: Instant::now(),
+            reply,
+            permit: None,
+        }
+    }
+
     /// Reports the result to the pass. A pass that is gone (interrupted, cancelled) no
     /// longer cares, and the result is dropped.
     pub fn finish(self, result: AttemptResult) {
@@ -436,14 +456,13 @@ impl Pass<'_> {
                             "started");
                     }
                     st.in_flight += 1;
-                    let job = Job {
+                    let job = Job::new(
                         unit,
                         lane,
-                        recipient: st.recipients[lane.index()].clone(),
+                        st.recipients[lane.index()].clone(),
                         attempt,
-                        started: Instant::now(),
-                        reply: tx.clone(),
-                    };
+                        tx.clone(),
+                    );
                     if self.executor.execute(job).is_err() {
                         return Err(StoreError::Database("delivery workers stopped".into()));
                     }

@@ -62,6 +62,11 @@ pub(crate) struct DeliveryFlags {
     #[arg(long, global = true, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub(crate) concurrency: u32,
 
+    /// At most this many deliveries in flight at once to one host (default: no cap but
+    /// --concurrency). Deliveries past it wait without holding up other hosts.
+    #[arg(long, global = true, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub(crate) per_host_concurrency: Option<u32>,
+
     /// Allow loopback and private-range destinations (refused by default: SSRF guard).
     /// Link-local addresses (cloud metadata services) stay refused.
     #[arg(long, global = true)]

@@ -95,6 +95,7 @@ fn config(d: &DeliveryFlags) -> OutboxConfig {
     c.scheduler.max_attempts = d.max_attempts;
     c.scheduler.pass_attempts = d.pass_attempts;
     c.concurrency = d.concurrency as usize;
+    c.per_host = d.per_host_concurrency.map(|n| n as usize);
     if d.allow_private_destinations {
         c.http.addresses = AddressPolicy {
             allow_loopback: true,

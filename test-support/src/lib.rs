@@ -317,6 +317,14 @@ impl Recipient {
             .with_log(|log| log.iter().filter(|r| server::matches(r, path)).count())
     }
 
+    /// The most requests this recipient held at once: received in full and not yet answered
+    /// (or otherwise completed). A client bounding its attempts to this recipient's host keeps
+    /// it at or below the bound.
+    #[must_use]
+    pub fn max_in_progress(&self) -> usize {
+        self.shared.max_in_progress()
+    }
+
     /// How many requests have arrived in all.
     #[must_use]
     pub fn count_all(&self) -> usize {

@@ -113,6 +113,9 @@ struct State {
     active: usize,
     accept_done: bool,
     errors: Vec<String>,
+    /// Requests received and not answered yet, and the most there ever were at once.
+    in_progress: usize,
+    max_in_progress: usize,
 }
 
 /// The key scripts and defaults are stored under: the path without query.
@@ -171,6 +174,10 @@ impl Shared {
     /// Runs `f` over the log under the lock.
     pub(crate) fn with_log<R>(&self, f: impl FnOnce(&[Recorded]) -> R) -> R {
         f(&lock(&self.state).log)
+    }
+
+    pub(crate) fn max_in_progress(&self) -> usize {
+        lock(&self.state).max_in_progress
     }
 
     /// Waits until `pred` holds over the log or `timeout` passes.
@@ -236,6 +243,8 @@ impl Shared {
             trailers,
             completion: Completion::Pending,
         });
+        state.in_progress += 1;
+        state.max_in_progress = state.max_in_progress.max(state.in_progress);
         drop(state);
         self.changed.notify_all();
         (index, reply)
@@ -247,7 +256,11 @@ impl Shared {
             .ok()
             .and_then(|i| state.log.get_mut(i))
         {
+            let was_pending = matches!(record.completion, Completion::Pending);
             record.completion = completion;
+            if was_pending {
+                state.in_progress -= 1;
+            }
         }
         drop(state);
         self.changed.notify_all();

@@ -588,3 +588,28 @@ fn binds_other_loopback_addresses_and_refuses_the_rest() {
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
     }
 }
+
+#[test]
+fn max_in_progress_counts_requests_held_at_once() {
+    let recipient = Recipient::start().unwrap();
+    // One client after another: each answer is recorded before it is written, so the next
+    // request can only arrive after the previous one completed.
+    let mut client = Client::connect(recipient.addr());
+    for _ in 0..3 {
+        assert_eq!(client.post("/fast", b"x").status, 200);
+    }
+    assert_eq!(recipient.max_in_progress(), 1);
+    // Three requests that hang are all held at once.
+    recipient.set_default("/slow", Reply::Hang);
+    let clients: Vec<Client> = (0..3)
+        .map(|_| {
+            let mut c = Client::connect(recipient.addr());
+            c.send("POST", "/slow", &[], b"");
+            c
+        })
+        .collect();
+    assert!(recipient.wait_for("/slow", 3, LONG));
+    assert_eq!(recipient.max_in_progress(), 3);
+    drop(clients);
+    drop_bounded(recipient);
+}

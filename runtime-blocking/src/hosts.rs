@@ -1,0 +1,322 @@
+//! Per-host concurrency caps: at most N attempts in flight to one host from this process,
+//! whichever actors and passes they come from.
+//!
+//! [`HostCaps`] wraps any [`Executor`]. An attempt to a host at its cap is **parked** in that
+//! host's queue, holding no worker thread or task, and handed to the inner executor when an
+//! attempt to the same host finishes; attempts to other hosts go straight through. So a slow
+//! or huge host cannot take every worker, and a small server is not hit by more than N
+//! requests at once from here. From the pass's point of view a parked attempt is simply in
+//! flight: its lane stays busy, so per-lane order (OL-1) is untouched.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use outbox_lanes_core::Outcome;
+
+use crate::http::AttemptResult;
+use crate::pass::{Executor, Job};
+
+/// Caps attempts in flight per host (`host[:port]` of the recipient URL, lower-cased).
+pub struct HostCaps {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    inner: Arc<dyn Executor>,
+    cap: usize,
+    hosts: Mutex<HashMap<String, Host>>,
+}
+
+#[derive(Default)]
+struct Host {
+    running: usize,
+    parked: VecDeque<Job>,
+}
+
+/// Held by a job while it runs; dropping it (the job finished, or was dropped unrun) frees
+/// the host's place for the next parked job.
+pub(crate) struct HostPermit {
+    shared: Arc<Shared>,
+    host: Option<String>,
+}
+
+impl core::fmt::Debug for HostPermit {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("HostPermit")
+            .field("host", &self.host)
+            .finish_non_exhaustive()
+    }
+}
+
+impl core::fmt::Debug for HostCaps {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("HostCaps")
+            .field("cap", &self.shared.cap)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The host part of a recipient URL, the key of its cap: `host[:port]`, lower-cased (the
+/// store keeps recipients canonical, so one host has one spelling).
+pub(crate) fn host_of(recipient: &str) -> String {
+    let rest = recipient
+        .split_once("://")
+        .map_or(recipient, |(_, rest)| rest);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
+    // Userinfo is not part of the host.
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    host.to_ascii_lowercase()
+}
+
+impl HostCaps {
+    /// At most `cap` (at least 1) attempts in flight per host through `inner`.
+    pub fn new(inner: Arc<dyn Executor>, cap: usize) -> HostCaps {
+        HostCaps {
+            shared: Arc::new(Shared {
+                inner,
+                cap: cap.max(1),
+                hosts: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// Attempts parked (waiting for their host's cap) right now, for tests and metrics.
+    pub fn parked(&self) -> usize {
+        lock(&self.shared.hosts)
+            .values()
+            .map(|h| h.parked.len())
+            .sum()
+    }
+}
+
+fn lock(m: &Mutex<HashMap<String, Host>>) -> std::sync::MutexGuard<'_, HashMap<String, Host>> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What a parked job reports when the inner executor stopped before it could run: a
+/// transient failure, like a worker that could not read the payload. It loses nothing.
+fn stopped() -> AttemptResult {
+    AttemptResult {
+        outcome: Outcome::Transient { retry_after: None },
+        status: None,
+        error: Some("delivery workers stopped".into()),
+    }
+}
+
+impl Executor for HostCaps {
+    fn execute(&self, mut job: Job) -> Result<(), Job> {
+        let host = host_of(&job.recipient);
+        {
+            let mut hosts = lock(&self.shared.hosts);
+            let h = hosts.entry(host.clone()).or_default();
+            if h.running >= self.shared.cap {
+                h.parked.push_back(job);
+                return Ok(());
+            }
+            h.running += 1;
+        }
+        job.permit = Some(HostPermit {
+            shared: Arc::clone(&self.shared),
+            host: Some(host),
+        });
+        self.shared.inner.execute(job).map_err(|mut job| {
+            // Unrun: give the place back (the drop of the permit does, and starts the next
+            // parked job if the inner executor still takes jobs).
+            job.permit = None;
+            job
+        })
+    }
+
+    fn shutdown(&self) {
+        // Attempts still parked never started: dropped, they cost no attempt, and their
+        // passes (stopping by now) hand the units back (nothing is lost). First, so that the
+        // attempts finishing during the inner shutdown do not start them.
+        let parked: Vec<Job> = lock(&self.shared.hosts)
+            .values_mut()
+            .flat_map(|h| h.parked.drain(..))
+            .collect();
+        drop(parked);
+        self.shared.inner.shutdown();
+    }
+}
+
+impl Drop for HostPermit {
+    fn drop(&mut self) {
+        let Some(host) = self.host.take() else { return };
+        // The place passes to the next parked job of the host, if any; a job the inner
+        // executor refuses (it stopped) is finished as a transient failure and the place
+        // passes on again.
+        loop {
+            let next = {
+                let mut hosts = lock(&self.shared.hosts);
+                let Some(h) = hosts.get_mut(&host) else {
+                    return;
+                };
+                match h.parked.pop_front() {
+                    Some(job) => job,
+                    None => {
+                        h.running = h.running.saturating_sub(1);
+                        if h.running == 0 {
+                            hosts.remove(&host);
+                        }
+                        return;
+                    }
+                }
+            };
+            let mut job = next;
+            job.permit = Some(HostPermit {
+                shared: Arc::clone(&self.shared),
+                host: Some(host.clone()),
+            });
+            match self.shared.inner.execute(job) {
+                Ok(()) => return,
+                Err(mut job) => {
+                    // Keep the place for the loop: disarm this job's permit before finishing.
+                    if let Some(mut p) = job.permit.take() {
+                        p.host = None;
+                    }
+                    job.finish(stopped());
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use outbox_lanes_core::{Config, LaneKey, Scheduler, UnitId};
+
+    use super::*;
+    use crate::pass::Msg;
+
+    /// Holds the jobs it is given until the test finishes them.
+    #[derive(Default)]
+    struct Held {
+        jobs: Mutex<Vec<Job>>,
+        stopped: std::sync::atomic::AtomicBool,
+    }
+
+    impl Executor for Held {
+        fn execute(&self, job: Job) -> Result<(), Job> {
+            if self.stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(job);
+            }
+            self.jobs
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(job);
+            Ok(())
+        }
+    }
+
+    impl Held {
+        fn running(&self) -> Vec<u64> {
+            self.jobs
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .iter()
+                .map(|j| j.unit.0)
+                .collect()
+        }
+        fn finish(&self, unit: u64) {
+            let job = {
+                let mut jobs = self.jobs.lock().unwrap_or_else(PoisonError::into_inner);
+                let k = jobs.iter().position(|j| j.unit.0 == unit).expect("running");
+                jobs.remove(k)
+            };
+            job.finish(AttemptResult {
+                outcome: Outcome::Delivered,
+                status: Some(200),
+                error: None,
+            });
+        }
+    }
+
+    fn job(unit: u64, recipient: &str, reply: &mpsc::Sender<Msg>) -> Job {
+        // Any lane id will do: the executor never looks at it.
+        let lane = Scheduler::new(Config::default(), 0)
+            .lane(&LaneKey::new("https://lane.example/", None).expect("url"));
+        Job::new(UnitId(unit), lane, recipient.into(), 1, reply.clone())
+    }
+
+    #[test]
+    fn host_of_takes_the_authority() {
+        assert_eq!(host_of("https://A.example/inbox"), "a.example");
+        assert_eq!(host_of("http://127.0.0.1:8080/x?y#z"), "127.0.0.1:8080");
+        assert_eq!(host_of("https://u:p@b.example"), "b.example");
+        assert_eq!(host_of("https://[::1]:9/i"), "[::1]:9");
+    }
+
+    #[test]
+    fn parks_past_the_cap_and_starts_in_order_as_places_free() {
+        let held = Arc::new(Held::default());
+        let caps = HostCaps::new(Arc::clone(&held) as Arc<dyn Executor>, 2);
+        let (tx, rx) = mpsc::channel();
+        for (u, to) in [
+            (1, "https://a.example/1"),
+            (2, "https://a.example/2"),
+            (3, "https://a.example/3"),
+            (4, "https://b.example/1"),
+            (5, "https://a.example/4"),
+        ] {
+            assert!(caps.execute(job(u, to, &tx)).is_ok());
+        }
+        // a.example is at its cap of 2: 3 and 5 wait; b.example is not held up.
+        assert_eq!(held.running(), [1, 2, 4]);
+        assert_eq!(caps.parked(), 2);
+        held.finish(2);
+        assert_eq!(held.running(), [1, 4, 3]);
+        held.finish(4);
+        assert_eq!(held.running(), [1, 3], "b's place frees nothing of a's");
+        held.finish(1);
+        held.finish(3);
+        assert_eq!(held.running(), [5]);
+        held.finish(5);
+        assert_eq!(caps.parked(), 0);
+        assert!(lock(&caps.shared.hosts).is_empty(), "no host left behind");
+        let done: Vec<u64> = rx
+            .try_iter()
+            .map(|m| match m {
+                Msg::Done(d) => d.unit.0,
+                Msg::Wake => 0,
+            })
+            .collect();
+        assert_eq!(done, [2, 4, 1, 3, 5]);
+    }
+
+    #[test]
+    fn a_stopped_executor_fails_parked_jobs_transiently_and_frees_the_place() {
+        let held = Arc::new(Held::default());
+        let caps = HostCaps::new(Arc::clone(&held) as Arc<dyn Executor>, 1);
+        let (tx, rx) = mpsc::channel();
+        for u in 1..=3 {
+            assert!(caps.execute(job(u, "https://a.example/i", &tx)).is_ok());
+        }
+        assert_eq!(held.running(), [1]);
+        held.stopped
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        held.finish(1);
+        let got: Vec<(u64, Option<String>)> = rx
+            .try_iter()
+            .filter_map(|m| match m {
+                Msg::Done(d) => Some((d.unit.0, d.result.error)),
+                Msg::Wake => None,
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (1, None),
+                (2, Some("delivery workers stopped".into())),
+                (3, Some("delivery workers stopped".into())),
+            ]
+        );
+        assert!(lock(&caps.shared.hosts).is_empty());
+        // A job refused outright comes back to the caller, and its place is not kept.
+        let refused = caps.execute(job(4, "https://a.example/i", &tx));
+        assert!(refused.is_err());
+        assert!(lock(&caps.shared.hosts).is_empty());
+    }
+}
