@@ -19,9 +19,8 @@
 //! of its recipients exactly once. A recipient may receive a unit twice only after an answer
 //! was lost while it had the payload (an interruption, or a client timeout it outlived).
 //!
-//! Scheduler bugs the simulation found have reduced reproductions below, ignored until they
-//! are fixed; the `TOLERATE_*`/`AVOID_*`/`FAIL_*`/`FIRE_*` constants keep the driver clear of
-//! them meanwhile, and each says when to turn it off.
+//! Scheduler bugs the simulation found (all fixed) keep their reduced reproductions below as
+//! regression tests; the driver tolerates none of them.
 //!
 //! A failure prints its seed; `SIM_SEED=<n> cargo test -p outbox-lanes-core --test simulation
 //! -- --nocapture` replays that seed alone with a full trace. `SIM_SEEDS=<count>` runs more
@@ -49,36 +48,6 @@ const STEP_BOUND: u64 = 100_000;
 const SAFETY_NET: Duration = Duration::from_secs(1);
 /// The simulated HTTP client's timeout.
 const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// A scheduler bug found by this simulation, now fixed (see `a_joined_head_waiting_for_a_lane_in_backoff_does_not_make_claims_spin`
-/// and `a_joined_unit_behind_a_full_lane_does_not_make_claims_spin`): `poll_claim` asks for
-/// the same lanes again and again, with no input in between that could change the answer.
-/// While it is open, the driver stops asking after one fruitless repeat until the next input
-/// (a runtime's iteration budget) and counts it; set to `false` once the bug is fixed, so
-/// that any such spin fails the simulation.
-const TOLERATE_CLAIM_SPIN: bool = false;
-
-/// A scheduler bug found by this simulation, now fixed (see `a_joined_unit_is_admitted_with_a_window_of_one` and
-/// `joined_units_whose_lanes_fall_in_different_claim_batches_are_admitted`): a joined unit is
-/// admitted only if one poll claims all of its lanes, which a room narrower than every lane's
-/// claim need not do. While it is open, the window is drawn wide enough to claim every lane
-/// at once; set to `false` once the bug is fixed.
-const AVOID_NARROW_WINDOWS: bool = false;
-
-/// A scheduler bug found by this simulation, now fixed (see
-/// `a_claim_answered_after_a_hand_back_does_not_admit_past_the_handed_back_units`): a claim
-/// answered after a hand-back in one of its lanes admits units past the handed-back ones.
-/// While it is open, the driver fails such a claim (`handle_claim_failed`) instead of
-/// answering it; set to `false` once the bug is fixed.
-const FAIL_CLAIMS_CROSSING_HAND_BACKS: bool = false;
-
-/// A scheduler bug found by this simulation, now fixed (see `an_interruption_when_a_retry_falls_due_starts_nothing`,
-/// `a_stop_when_a_retry_falls_due_starts_nothing` and
-/// `a_late_completion_when_a_retry_falls_due_is_refused`): `handle_interrupt`, `handle_stop`
-/// and `handle_outcome` start what falls due at their `now` before they apply their input.
-/// While it is open, the driver calls `handle_timeout(now)` (and executes its commands)
-/// before those inputs where it matters; set to `false` once the bug is fixed.
-const FIRE_DUE_TIMERS_FIRST: bool = false;
 
 macro_rules! ensure {
     ($cond:expr, $($arg:tt)+) => {
@@ -312,8 +281,6 @@ struct Stats {
     handbacks: u64,
     redeliveries: u64,
     window_full: u64,
-    claim_spins: u64,
-    crossed_claims: u64,
     steps: u64,
     seeds: u64,
 }
@@ -343,8 +310,6 @@ impl Stats {
         self.handbacks += o.handbacks;
         self.redeliveries += o.redeliveries;
         self.window_full += o.window_full;
-        self.claim_spins += o.claim_spins;
-        self.crossed_claims += o.crossed_claims;
         self.steps += o.steps;
         self.seeds += o.seeds;
     }
@@ -374,16 +339,11 @@ struct Sim {
     epoch: u64,
     pass: u64,
     claim_outstanding: bool,
-    /// Lanes of the outstanding claim, and whether a hand-back touched one of them since.
-    outstanding_lanes: BTreeSet<LaneId>,
-    claim_crossed: bool,
     /// Inputs given to the scheduler that may change what a claim admits: new lanes or
     /// rows, completions, due deadlines, pass boundaries.
     inputs: u64,
     /// Lanes whose claims admitted nothing since that input.
     fruitless: (u64, BTreeSet<(LaneId, Seq)>),
-    /// Claims are not asked for again until the next input (a spin was seen).
-    spin_at: Option<u64>,
     stopping: bool,
     /// The last pass started, dead-lettered or delivered something.
     progress: bool,
@@ -412,14 +372,11 @@ struct Sim {
     trace: Option<Vec<String>>,
 }
 
-fn config(d: &mut Dice, lanes: usize) -> Config {
+fn config(d: &mut Dice) -> Config {
     let base = Duration::from_secs(d.range(1, 30));
     let delays: [&[u64]; 4] = [&[1_000, 2_000, 4_000], &[200], &[500, 3_000], &[]];
     let max_per_lane = d.pick(&[1, 2, 3, 4, 16]);
-    let mut max_units = d.pick(&[1, 2, 3, 5, 8, 16, 64, 1024]);
-    if AVOID_NARROW_WINDOWS {
-        max_units = max_units.max(lanes * max_per_lane as usize);
-    }
+    let max_units = d.pick(&[1, 2, 3, 5, 8, 16, 64, 1024]);
     Config {
         max_units,
         max_per_lane,
@@ -451,7 +408,7 @@ impl Sim {
     fn new(seed: u64, trace: bool) -> Self {
         let mut d = Dice(Rng::new(seed ^ SEED_SALT));
         let n_lanes = d.range(1, 8) as usize;
-        let cfg = config(&mut d, n_lanes);
+        let cfg = config(&mut d);
         let mut s = Scheduler::new(cfg.clone(), d.0.next_u64());
 
         let mut recipients = Vec::new();
@@ -552,11 +509,8 @@ impl Sim {
             epoch: 0,
             pass: 0,
             claim_outstanding: false,
-            outstanding_lanes: BTreeSet::new(),
-            claim_crossed: false,
             inputs: 0,
             fruitless: (0, BTreeSet::new()),
-            spin_at: None,
             stopping: false,
             progress: false,
             look_again: None,
@@ -732,10 +686,6 @@ impl Sim {
                 return self.interrupt();
             }
             if !self.stopping && self.d.per_mille(self.stop_pm) {
-                if FIRE_DUE_TIMERS_FIRST {
-                    self.s.handle_timeout(self.now);
-                    self.drain(Cause::Timeout)?;
-                }
                 self.note(|| "stop".into());
                 self.stats.stops += 1;
                 self.stopping = true;
@@ -786,10 +736,6 @@ impl Sim {
     }
 
     fn interrupt(&mut self) -> Result<(), String> {
-        if FIRE_DUE_TIMERS_FIRST && !self.stopping {
-            self.s.handle_timeout(self.now);
-            self.drain(Cause::Timeout)?;
-        }
         self.note(|| "interrupt".into());
         self.stats.interrupts += 1;
         self.look_again = Some(self.now + SAFETY_NET);
@@ -877,11 +823,6 @@ impl Sim {
                 if epoch != self.epoch {
                     // An answer from an interrupted pass: the runtime drops it if the unit is
                     // in flight again, else the scheduler must refuse it.
-                    if FIRE_DUE_TIMERS_FIRST {
-                        self.s.handle_timeout(self.now);
-                        self.drain(Cause::Timeout)?;
-                        self.claims()?;
-                    }
                     if !self.in_flight.contains_key(&(unit, lane)) {
                         let r = self.s.handle_outcome(unit, lane, outcome, self.now);
                         ensure!(
@@ -938,14 +879,7 @@ impl Sim {
                     return Ok(());
                 }
                 self.claim_outstanding = false;
-                if self.claim_crossed && FAIL_CLAIMS_CROSSING_HAND_BACKS {
-                    self.note(|| "claim crossed a hand-back: failed".into());
-                    self.stats.crossed_claims += 1;
-                    self.s.handle_claim_failed(self.now);
-                    self.drain(Cause::ClaimFailed)?;
-                } else {
-                    self.answer(claims)?;
-                }
+                self.answer(claims)?;
                 self.claims()
             }
         }
@@ -954,7 +888,7 @@ impl Sim {
     /// Asks for claims and answers them (now, or by scheduling the answer).
     fn claims(&mut self) -> Result<(), String> {
         for _ in 0..10_000 {
-            if self.claim_outstanding || self.spin_at == Some(self.inputs) {
+            if self.claim_outstanding {
                 return Ok(());
             }
             let Some(claims) = self.s.poll_claim(self.now) else {
@@ -991,8 +925,6 @@ impl Sim {
             self.note(|| format!("claim {claims:?}"));
             if let Some((lo, hi)) = self.claim_latency_ms {
                 self.claim_outstanding = true;
-                self.outstanding_lanes = lanes;
-                self.claim_crossed = false;
                 self.stats.deferred_claims += 1;
                 let at = self.now + self.d.ms(lo, hi);
                 let epoch = self.epoch;
@@ -1031,13 +963,10 @@ impl Sim {
                 .iter()
                 .all(|c| self.fruitless.1.contains(&(c.lane, c.from)))
             {
-                ensure!(
-                    TOLERATE_CLAIM_SPIN,
+                return Err(format!(
                     "poll_claim asks again for {claims:?}, which admitted nothing since the \
                      last input (claim spin)"
-                );
-                self.stats.claim_spins += 1;
-                self.spin_at = Some(self.inputs);
+                ));
             }
             self.fruitless
                 .1
@@ -1517,14 +1446,6 @@ impl Sim {
                 }
                 self.started_in_pass.remove(&unit);
                 self.stats.handbacks += 1;
-                if self.claim_outstanding
-                    && self.units[&unit]
-                        .lanes
-                        .iter()
-                        .any(|l| self.outstanding_lanes.contains(l))
-                {
-                    self.claim_crossed = true;
-                }
             }
         }
         Ok(())
