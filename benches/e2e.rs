@@ -1,7 +1,8 @@
 //! End-to-end figures on 127.0.0.1 (a bench binary that prints them; `harness = false`).
 //!
 //! In one run, against fresh loopback recorders each time:
-//! 1. throughput (recipients answering after 5 ms): the outbox (SQLite file, blocking runtime) delivering a fan-out, against the
+//! 1. throughput (recipients answering after 5 ms): the outbox (SQLite file, blocking runtime,
+//!    then the tokio runtime) delivering a fan-out, against the
 //!    same HTTP client at the same concurrency posting the same requests from memory with no
 //!    outbox at all (the limit), one serial drain (option A of the decision record), and
 //!    unconstrained concurrent drains (the original fault) with their order violations;
@@ -112,6 +113,33 @@ fn outbox_run(units: usize) -> Result<(f64, usize), Box<dyn Error>> {
     assert_eq!(r.count_all(), units, "every unit delivered once");
     let v = paths(LANES).iter().map(|p| violations(&r, p)).sum();
     outbox.shutdown();
+    Ok((units as f64 / secs, v))
+}
+
+/// The same drain on the async runtime: tokio tasks POSTing with reqwest, `CONCURRENCY` at
+/// once (the passes themselves run on tokio's blocking pool).
+fn tokio_run(units: usize) -> Result<(f64, usize), Box<dyn Error>> {
+    let r = Recipient::start()?;
+    r.set_server_default(Reply::Status(200).after(LATENCY));
+    let to: Vec<String> = paths(LANES).iter().map(|p| r.url(p)).collect();
+    let dir = tempfile::tempdir()?;
+    let store = open(&dir)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let secs = rt.block_on(async {
+        let outbox = outbox_lanes::tokio::Outbox::open(Arc::clone(&store), config())?;
+        for chunk in rows(0..units / LANES, &to).chunks(500) {
+            outbox.enqueue("bench", chunk.to_vec()).await?;
+        }
+        let start = Instant::now();
+        outbox.drain("bench").await?;
+        let secs = start.elapsed().as_secs_f64();
+        outbox.shutdown().await;
+        Ok::<f64, Box<dyn Error>>(secs)
+    })?;
+    assert_eq!(r.count_all(), units, "every unit delivered once");
+    let v = paths(LANES).iter().map(|p| violations(&r, p)).sum();
     Ok((units as f64 / secs, v))
 }
 
@@ -258,6 +286,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     );
     let (limit, limit_v) = direct_run(units, CONCURRENCY, LANES)?;
     let (ours, ours_v) = outbox_run(units)?;
+    let (ours_async, ours_async_v) = tokio_run(units)?;
     let serial_units = (units / 10).max(LANES);
     let (serial, _) = direct_run(serial_units, 1, LANES)?;
     // The original fault: concurrent drains posting to few recipients at once.
@@ -270,6 +299,10 @@ fn main() -> Result<(), Box<dyn Error>> {
     println!(
         "| outbox-lanes, SQLite file, blocking runtime | {ours:.0} | {:.2}x | {ours_v} |",
         ours / limit
+    );
+    println!(
+        "| outbox-lanes, SQLite file, tokio runtime (reqwest) | {ours_async:.0} | {:.2}x | {ours_async_v} |",
+        ours_async / limit
     );
     println!(
         "| one serial drain, option A ({serial_units} units) | {serial:.0} | {:.2}x | 0 |",
