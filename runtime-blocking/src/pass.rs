@@ -191,6 +191,9 @@ struct State {
     units: HashMap<UnitId, UnitInfo>,
     last: HashMap<(UnitId, LaneId), AttemptResult>,
     watermark: u64,
+    /// A wake-up arrived: look for new lanes once the waiting messages are handled (a burst
+    /// of enqueues costs one look, not one per enqueue).
+    woken: bool,
     in_flight: usize,
     report: PassReport,
 }
@@ -232,6 +235,7 @@ impl Pass<'_> {
             units: HashMap::new(),
             last: HashMap::new(),
             watermark: 0,
+            woken: false,
             in_flight: 0,
             report: PassReport::default(),
         };
@@ -317,12 +321,18 @@ impl Pass<'_> {
             while let Ok(msg) = rx.try_recv() {
                 self.handle(st, msg)?;
             }
+            if core::mem::take(&mut st.woken) {
+                self.discover(st)?;
+            }
         }
     }
 
     fn handle(&self, st: &mut State, msg: Msg) -> Result<(), StoreError> {
         match msg {
-            Msg::Wake => self.discover(st),
+            Msg::Wake => {
+                st.woken = true;
+                Ok(())
+            }
             Msg::Done(d) => {
                 st.in_flight -= 1;
                 let t = now();
