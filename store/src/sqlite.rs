@@ -1398,17 +1398,27 @@ impl Store for SqliteStore {
                         continue;
                     }
                 } else {
-                    let gone: Option<Option<i64>> = c
+                    // Payload inline (the hot path): a plain DELETE. A RETURNING clause would
+                    // cost SQLite a temporary result table on every ack.
+                    let n = c
                         .prepare_cached(
                             "DELETE FROM ol_units WHERE id = ?1 AND unit_id IS NULL AND lane_id = ?2 AND state = 0 \
-                             AND lanes = 1 AND actor = ?3 RETURNING row_ref",
+                             AND lanes = 1 AND actor = ?3 AND row_ref IS NULL",
+                        )?
+                        .execute(params![unit, lane.0, actor])?;
+                    if n == 1 {
+                        continue;
+                    }
+                    // Payload shared in `ol_rows`: it goes with its last unit.
+                    let gone: Option<i64> = c
+                        .prepare_cached(
+                            "DELETE FROM ol_units WHERE id = ?1 AND unit_id IS NULL AND lane_id = ?2 AND state = 0 \
+                             AND lanes = 1 AND actor = ?3 AND row_ref IS NOT NULL RETURNING row_ref",
                         )?
                         .query_row(params![unit, lane.0, actor], |r| r.get(0))
                         .optional()?;
                     if let Some(row_ref) = gone {
-                        if let Some(row_ref) = row_ref {
-                            drop_row_if_unused(c, row_ref)?;
-                        }
+                        drop_row_if_unused(c, row_ref)?;
                         continue;
                     }
                 }
