@@ -747,8 +747,7 @@ fn alloc_seqs(c: &Connection, actor: &str, n: i64) -> Result<i64, rusqlite::Erro
 /// Whether `e` is a UNIQUE violation (here: a row id the actor already has).
 fn is_unique_violation(e: &rusqlite::Error) -> bool {
     matches!(e, rusqlite::Error::SqliteFailure(f, _)
-        if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
-            || f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY)
+        if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE)
 }
 
 /// Maps a failed insert of row `row` to [`EnqueueError::DuplicateRowId`] when a unique index
@@ -795,6 +794,13 @@ fn enqueue_tx(
     let mut lanes: HashMap<&LaneKey, i64> = HashMap::new();
     let mut tails: HashMap<i64, i64> = HashMap::new();
     let mut out = Vec::with_capacity(rows.len());
+    // A row id must be new in `ol_units` (its unique index says so at the INSERT) and in
+    // `ol_rows`. An actor without shared rows (no fan-out row, no dead letter: the common
+    // case) cannot clash there, so one look per batch spares a probe per row. The write lock
+    // is held: only this batch can add shared rows, and it notes when it does.
+    let mut shared_rows: bool = c
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM ol_rows WHERE actor = ?1)")?
+        .query_row([a], |r| r.get(0))?;
     for (k, p) in rows.iter().enumerate() {
         let seq = first + i64::try_from(k).unwrap_or(i64::MAX);
         let row = p.row;
@@ -833,16 +839,21 @@ fn enqueue_tx(
                 });
             }
         } else if row.joined || kept.len() == 1 {
-            // One unit: its head holds the payload. The id check against `ol_rows` rides in
-            // the INSERT (no row inserted = taken); `ol_units_row_id` refuses a clash there.
+            // One unit: its head holds the payload. With shared rows about, the id check
+            // against `ol_rows` rides in the INSERT (no row inserted = taken).
             let k = i64::try_from(kept.len()).unwrap_or(i64::MAX);
+            let sql = if shared_rows {
+                "INSERT INTO ol_units (actor, lane_id, seq, lanes, pending, row_id, content_type, body, \
+                 body_len, dedup_key, ordering_key, enqueued_at) \
+                 SELECT ?1, ?2, ?3, ?4, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11 \
+                 WHERE NOT EXISTS (SELECT 1 FROM ol_rows WHERE actor = ?1 AND row_id = ?5)"
+            } else {
+                "INSERT INTO ol_units (actor, lane_id, seq, lanes, pending, row_id, content_type, body, \
+                 body_len, dedup_key, ordering_key, enqueued_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+            };
             let inserted = c
-                .prepare_cached(
-                    "INSERT INTO ol_units (actor, lane_id, seq, lanes, pending, row_id, content_type, body, \
-                     body_len, dedup_key, ordering_key, enqueued_at) \
-                     SELECT ?1, ?2, ?3, ?4, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11 \
-                     WHERE NOT EXISTS (SELECT 1 FROM ol_rows WHERE actor = ?1 AND row_id = ?5)",
-                )?
+                .prepare_cached(sql)?
                 .execute(params![
                     a,
                     kept[0],
@@ -898,6 +909,7 @@ fn enqueue_tx(
                 });
             }
             let row_ref = c.last_insert_rowid();
+            shared_rows = true;
             for lane in kept {
                 c.prepare_cached(
                     "INSERT INTO ol_units (actor, lane_id, seq, row_ref) VALUES (?1, ?2, ?3, ?4)",

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use common::*;
-use outbox_lanes_core::{Seq, Timestamp, UnitId};
+use outbox_lanes_core::{ActorId, Seq, Timestamp, UnitId};
 use outbox_lanes_store::sqlite::{SCHEMA_V1, rusqlite};
 use outbox_lanes_store::*;
 use rusqlite::{Connection, OptionalExtension, params};
@@ -573,4 +573,120 @@ fn failed_migration_leaves_the_v1_database_as_it_was() {
         unit_ids(&claim_all(&store, &t, v1.lanes[0])),
         [v1.single, v1.joined_served, v1.fanned[0]].map(|u| UnitId(u as u64))
     );
+}
+
+// ----- Version 2 layout: a row id is unique per actor across inline heads and `ol_rows` -----
+//
+// (Not migration proper, but what the migrated layout must keep: SCHEMA.md, "A row id is
+// unique per actor across both places".)
+
+fn dup_err(s: &dyn Store, a: &ActorId, r: NewRow) -> EnqueueError {
+    s.enqueue(a, &[row("fresh-in-batch", &[C]), r])
+        .expect_err("duplicate refused")
+}
+
+fn row_ids_unique_across_both_places(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let a = actor(ALICE);
+        // A fan-out row keeps its payload in `ol_rows`; the same id as a one-recipient row
+        // (inline on its head) is refused, and the batch writes nothing.
+        s.enqueue(&a, &[row("fan", &[A, B])]).expect("fan-out");
+        assert_eq!(
+            dup_err(s, &a, row("fan", &[A])),
+            EnqueueError::DuplicateRowId { row: "fan".into() }
+        );
+        // An inline row's id is refused for a fan-out row, and for a joined one.
+        s.enqueue(&a, &[row("one", &[A])]).expect("one recipient");
+        assert_eq!(
+            dup_err(s, &a, row("one", &[A, B])),
+            EnqueueError::DuplicateRowId { row: "one".into() }
+        );
+        assert_eq!(
+            dup_err(
+                s,
+                &a,
+                NewRow {
+                    joined: true,
+                    ..row("one", &[A, B])
+                }
+            ),
+            EnqueueError::DuplicateRowId { row: "one".into() }
+        );
+        assert!(s.find_lane(&a, &key(C)).expect("find").is_none());
+        assert_eq!(s.status().expect("status")[0].pending, 3);
+
+        // A dead-lettered inline unit's payload moves to `ol_rows`: its id stays taken until
+        // the dead letter is purged, and the payload replays from there.
+        s.enqueue(&a, &[row("dl", &[B])]).expect("enqueue");
+        let t = acquire(s, &a, "h", LEASE);
+        let lb = lane_of(s, &a, B);
+        let dl = claim_lane(s, &t, lb, 0, 10)
+            .units
+            .into_iter()
+            .find(|u| u.row_id == "dl")
+            .expect("claimed");
+        s.dead_letter(
+            &t,
+            &DeadLetterRequest {
+                unit: dl.id,
+                lane: lb,
+                reason: outbox_lanes_core::DeadReason::Permanent,
+                status: Some(404),
+                error: None,
+                at: now(),
+            },
+        )
+        .expect("dead letter");
+        assert!(matches!(s.payload(dl.id), Err(StoreError::NotFound { .. })));
+        assert_eq!(
+            dup_err(s, &a, row("dl", &[A])),
+            EnqueueError::DuplicateRowId { row: "dl".into() }
+        );
+        let dead = s.dead_letters(Some(&a)).expect("dead letters");
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].row_id, "dl");
+        assert_eq!(
+            s.replay_dead_letters(&DeadLetterSelection::Ids(vec![dead[0].id]))
+                .expect("replay"),
+            [dl.id]
+        );
+        assert_eq!(
+            s.payload(dl.id).expect("replayed").body,
+            row("dl", &[B]).body
+        );
+        s.ack(&t, &[(dl.id, lb)]).expect("ack");
+        // Finished: the id is free again.
+        s.enqueue(&a, &[row("dl", &[A])]).expect("id free again");
+
+        // A row whose every recipient is skipped (dedup) stores nothing, but its id must still
+        // be new.
+        let keyed = |id: &str| NewRow {
+            dedup_key: Some("k".into()),
+            ..row(id, &[C])
+        };
+        s.enqueue(&a, &[keyed("k1")]).expect("keyed");
+        let skipped = s.enqueue(&a, &[keyed("k2")]).expect("skipped");
+        assert!(skipped[0].units.is_empty());
+        assert_eq!(
+            s.enqueue(&a, &[keyed("fan")]).expect_err("taken"),
+            EnqueueError::DuplicateRowId { row: "fan".into() }
+        );
+        assert_eq!(
+            s.enqueue(&a, &[keyed("k1")]).expect_err("taken"),
+            EnqueueError::DuplicateRowId { row: "k1".into() }
+        );
+        // k2 was not stored: its id is free.
+        s.enqueue(&a, &[row("k2", &[A])]).expect("k2 free");
+    });
+}
+
+#[test]
+fn sqlite_file_row_ids_unique_across_both_places() {
+    row_ids_unique_across_both_places(Backend::SqliteFile);
+}
+
+#[test]
+fn sqlite_memory_row_ids_unique_across_both_places() {
+    row_ids_unique_across_both_places(Backend::SqliteMemory);
 }
