@@ -1311,12 +1311,15 @@ impl Store for SqliteStore {
                 }
                 let key = key_of(recipient, ok);
                 // `d` is the lane's row, `h` its unit's head (for a one-lane unit, `d` itself).
+                // `LIMIT +?3`, not `LIMIT ?3`: SQLite plans with a bare bound LIMIT's value and
+                // so re-prepares the statement on every new value (over half a claim's time);
+                // the unary plus keeps the cached plan.
                 let mut st = c.prepare_cached(
                     "SELECT h.id, d.seq, d.attempts, d.state, coalesce(h.row_id, r.row_id), \
                      coalesce(h.body_len, r.body_len), coalesce(h.enqueued_at, r.enqueued_at), h.lanes \
                      FROM ol_units d JOIN ol_units h ON h.id = coalesce(d.unit_id, d.id) \
                      LEFT JOIN ol_rows r ON r.id = h.row_ref \
-                     WHERE d.lane_id = ?1 AND d.seq >= ?2 ORDER BY d.seq, d.id LIMIT ?3",
+                     WHERE d.lane_id = ?1 AND d.seq >= ?2 ORDER BY d.seq, d.id LIMIT +?3",
                 )?;
                 type Head = (i64, i64, i64, i64, String, i64, i64, i64);
                 let heads: Vec<Head> = st
