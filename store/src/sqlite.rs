@@ -801,6 +801,8 @@ fn enqueue_tx(
     let mut shared_rows: bool = c
         .prepare_cached("SELECT EXISTS (SELECT 1 FROM ol_rows WHERE actor = ?1)")?
         .query_row([a], |r| r.get(0))?;
+    // The hot statement, looked up in the statement cache once per batch, not once per row.
+    let mut insert_inline: Option<rusqlite::CachedStatement<'_>> = None;
     for (k, p) in rows.iter().enumerate() {
         let seq = first + i64::try_from(k).unwrap_or(i64::MAX);
         let row = p.row;
@@ -842,32 +844,39 @@ fn enqueue_tx(
             // One unit: its head holds the payload. With shared rows about, the id check
             // against `ol_rows` rides in the INSERT (no row inserted = taken).
             let k = i64::try_from(kept.len()).unwrap_or(i64::MAX);
-            let sql = if shared_rows {
-                "INSERT INTO ol_units (actor, lane_id, seq, lanes, pending, row_id, content_type, body, \
-                 body_len, dedup_key, ordering_key, enqueued_at) \
-                 SELECT ?1, ?2, ?3, ?4, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11 \
-                 WHERE NOT EXISTS (SELECT 1 FROM ol_rows WHERE actor = ?1 AND row_id = ?5)"
+            let args = params![
+                a,
+                kept[0],
+                seq,
+                k,
+                row.id,
+                row.content_type,
+                row.body,
+                body_len,
+                row.dedup_key,
+                p.ordering_key,
+                now
+            ];
+            let inserted = if shared_rows {
+                c.prepare_cached(
+                    "INSERT INTO ol_units (actor, lane_id, seq, lanes, pending, row_id, content_type, body, \
+                     body_len, dedup_key, ordering_key, enqueued_at) \
+                     SELECT ?1, ?2, ?3, ?4, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11 \
+                     WHERE NOT EXISTS (SELECT 1 FROM ol_rows WHERE actor = ?1 AND row_id = ?5)",
+                )?
+                .execute(args)
             } else {
-                "INSERT INTO ol_units (actor, lane_id, seq, lanes, pending, row_id, content_type, body, \
-                 body_len, dedup_key, ordering_key, enqueued_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
-            };
-            let inserted = c
-                .prepare_cached(sql)?
-                .execute(params![
-                    a,
-                    kept[0],
-                    seq,
-                    k,
-                    row.id,
-                    row.content_type,
-                    row.body,
-                    body_len,
-                    row.dedup_key,
-                    p.ordering_key,
-                    now
-                ])
-                .map_err(|e| dup_or(e, &row.id))?;
+                let st = match &mut insert_inline {
+                    Some(st) => st,
+                    None => insert_inline.insert(c.prepare_cached(
+                        "INSERT INTO ol_units (actor, lane_id, seq, lanes, pending, row_id, content_type, body, \
+                         body_len, dedup_key, ordering_key, enqueued_at) \
+                         VALUES (?1, ?2, ?3, ?4, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                    )?),
+                };
+                st.execute(args)
+            }
+            .map_err(|e| dup_or(e, &row.id))?;
             if inserted == 0 {
                 return Err(EnqueueError::DuplicateRowId {
                     row: row.id.clone(),
@@ -1397,33 +1406,27 @@ impl Store for SqliteStore {
         self.write(|c| {
             fence(c, token)?;
             let actor = token.actor().as_str();
+            // A unit with one lane (the common case) is finished by its ack: its one row goes
+            // (with its payload, when inline) in one plain DELETE; with the retention, the head
+            // stays, out of every lane. (A RETURNING clause would cost SQLite a temporary
+            // result table on every ack: a shared payload takes its own statement below.)
+            let mut single = if retention {
+                c.prepare_cached(&format!(
+                    "UPDATE ol_units SET state = {STATE_SERVED}, pending = 0, acked_at = {NOW}, lane_id = NULL \
+                     WHERE id = ?1 AND unit_id IS NULL AND lane_id = ?2 AND state = 0 AND lanes = 1 AND actor = ?3"
+                ))?
+            } else {
+                c.prepare_cached(
+                    "DELETE FROM ol_units WHERE id = ?1 AND unit_id IS NULL AND lane_id = ?2 AND state = 0 \
+                     AND lanes = 1 AND actor = ?3 AND row_ref IS NULL",
+                )?
+            };
             for (unit, lane) in delivered {
                 let unit = i(unit.0);
-                // A unit with one lane (the common case) is finished by its ack: its one row
-                // goes (with its payload, when inline) in one DELETE; with the retention, the
-                // head stays, out of every lane.
-                if retention {
-                    let n = c
-                        .prepare_cached(&format!(
-                            "UPDATE ol_units SET state = {STATE_SERVED}, pending = 0, acked_at = {NOW}, lane_id = NULL \
-                             WHERE id = ?1 AND unit_id IS NULL AND lane_id = ?2 AND state = 0 AND lanes = 1 AND actor = ?3"
-                        ))?
-                        .execute(params![unit, lane.0, actor])?;
-                    if n == 1 {
-                        continue;
-                    }
-                } else {
-                    // Payload inline (the hot path): a plain DELETE. A RETURNING clause would
-                    // cost SQLite a temporary result table on every ack.
-                    let n = c
-                        .prepare_cached(
-                            "DELETE FROM ol_units WHERE id = ?1 AND unit_id IS NULL AND lane_id = ?2 AND state = 0 \
-                             AND lanes = 1 AND actor = ?3 AND row_ref IS NULL",
-                        )?
-                        .execute(params![unit, lane.0, actor])?;
-                    if n == 1 {
-                        continue;
-                    }
+                if single.execute(params![unit, lane.0, actor])? == 1 {
+                    continue;
+                }
+                if !retention {
                     // Payload shared in `ol_rows`: it goes with its last unit.
                     let gone: Option<i64> = c
                         .prepare_cached(
