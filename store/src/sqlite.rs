@@ -1319,26 +1319,47 @@ impl Store for SqliteStore {
                     continue;
                 }
                 let key = key_of(recipient, ok);
-                // `d` is the lane's row, `h` its unit's head (for a one-lane unit, `d` itself).
+                // `d` is the lane's row. On a unit's head (every one-lane unit, the hot path)
+                // it holds everything, its payload's size and time inline or in `r`; a joined
+                // unit's other lanes read their head separately below.
                 // `LIMIT +?3`, not `LIMIT ?3`: SQLite plans with a bare bound LIMIT's value and
                 // so re-prepares the statement on every new value (over half a claim's time);
                 // the unary plus keeps the cached plan.
                 let mut st = c.prepare_cached(
-                    "SELECT h.id, d.seq, d.attempts, d.state, coalesce(h.row_id, r.row_id), \
-                     coalesce(h.body_len, r.body_len), coalesce(h.enqueued_at, r.enqueued_at), h.lanes \
-                     FROM ol_units d JOIN ol_units h ON h.id = coalesce(d.unit_id, d.id) \
-                     LEFT JOIN ol_rows r ON r.id = h.row_ref \
+                    "SELECT d.id, d.unit_id, d.seq, d.attempts, d.state, coalesce(d.row_id, r.row_id), \
+                     coalesce(d.body_len, r.body_len), coalesce(d.enqueued_at, r.enqueued_at), d.lanes \
+                     FROM ol_units d LEFT JOIN ol_rows r ON r.id = d.row_ref \
                      WHERE d.lane_id = ?1 AND d.seq >= ?2 ORDER BY d.seq, d.id LIMIT +?3",
                 )?;
-                type Head = (i64, i64, i64, i64, String, i64, i64, i64);
-                let heads: Vec<Head> = st
+                // (row id, payload size, enqueued at, lanes) of a unit.
+                type UnitInfo = (Option<String>, Option<i64>, Option<i64>, i64);
+                type Row = (i64, Option<i64>, i64, i64, i64, Option<String>, Option<i64>, Option<i64>, i64);
+                let rows: Vec<Row> = st
                     .query_map(params![req.lane.0, i(req.from.0), i64::from(req.limit)], |r| {
-                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?))
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?, r.get(8)?))
                     })?
                     .collect::<Result<_, _>>()?;
-                let exhausted = heads.len() < req.limit as usize;
-                let mut units = Vec::with_capacity(heads.len());
-                for (unit, seq, attempts, state, row_id, len, at, nlanes) in heads {
+                let exhausted = rows.len() < req.limit as usize;
+                let mut units = Vec::with_capacity(rows.len());
+                for (id, head, seq, attempts, state, row_id, len, at, nlanes) in rows {
+                    let (unit, row_id, len, at, nlanes) = match head {
+                        None => (id, row_id, len, at, nlanes),
+                        Some(h) => {
+                            let found: Option<UnitInfo> = c
+                                .prepare_cached(
+                                    "SELECT coalesce(h.row_id, r.row_id), coalesce(h.body_len, r.body_len), \
+                                     coalesce(h.enqueued_at, r.enqueued_at), h.lanes \
+                                     FROM ol_units h LEFT JOIN ol_rows r ON r.id = h.row_ref WHERE h.id = ?1",
+                                )?
+                                .query_row([h], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+                                .optional()?;
+                            // The store deletes a unit's other lanes before its head: none is
+                            // headless. One written so by hand is not a unit to deliver.
+                            let Some((row_id, len, at, nlanes)) = found else { continue };
+                            (h, row_id, len, at, nlanes)
+                        }
+                    };
+                    let (row_id, len, at) = (row_id.unwrap_or_default(), len.unwrap_or(0), at.unwrap_or(0));
                     let slots = if nlanes <= 1 {
                         vec![ClaimedSlot {
                             lane: req.lane,
