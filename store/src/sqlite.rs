@@ -116,13 +116,16 @@ impl core::fmt::Debug for SqliteStore {
 /// Makes sure every actor with admissible work has a slot row.
 const READY_SLOTS_SQLITE: &str = "INSERT INTO ol_slots (actor) SELECT DISTINCT l.actor FROM ol_lanes l \
      WHERE l.paused = 0 AND (l.not_before IS NULL OR l.not_before <= ?1) \
-     AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0) \
+     AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0) \
      ON CONFLICT (actor) DO NOTHING";
 
 /// SQLite's clock in milliseconds, read inside the statement.
 const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
-const SCHEMA_V1: &str = "
+/// The version 1 layout (a unit in `ol_rows` + `ol_units` + `ol_deliveries`). Only a
+/// migration test builds it now, to check that [`SqliteStore::open`] migrates it.
+#[doc(hidden)]
+pub const SCHEMA_V1: &str = "
 CREATE TABLE ol_actors (
     actor     TEXT PRIMARY KEY,
     last_seq  INTEGER NOT NULL DEFAULT 0
@@ -210,6 +213,123 @@ CREATE TABLE ol_slots (
 );
 ";
 
+// The DDL pieces are macros so that `concat!` can assemble the constants from them.
+
+/// The tables version 2 shares with version 1, unchanged.
+macro_rules! shared_tables_ddl {
+    () => {
+        "
+CREATE TABLE ol_actors (
+    actor     TEXT PRIMARY KEY,
+    last_seq  INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE ol_rows (
+    id            INTEGER PRIMARY KEY,
+    actor         TEXT NOT NULL,
+    row_id        TEXT NOT NULL,
+    seq           INTEGER NOT NULL,
+    content_type  TEXT NOT NULL,
+    body          BLOB NOT NULL,
+    body_len      INTEGER NOT NULL,
+    dedup_key     TEXT,
+    ordering_key  TEXT NOT NULL DEFAULT '',
+    enqueued_at   INTEGER NOT NULL,
+    UNIQUE (actor, row_id)
+);
+CREATE INDEX ol_rows_dedup ON ol_rows (actor, dedup_key) WHERE dedup_key IS NOT NULL;
+CREATE TABLE ol_lanes (
+    id             INTEGER PRIMARY KEY,
+    actor          TEXT NOT NULL,
+    recipient      TEXT NOT NULL,
+    ordering_key   TEXT NOT NULL DEFAULT '',
+    not_before     INTEGER,
+    backoff_level  INTEGER NOT NULL DEFAULT 0,
+    strict         INTEGER NOT NULL DEFAULT 0,
+    paused         INTEGER NOT NULL DEFAULT 0,
+    pause_reason   TEXT,
+    last_status    INTEGER,
+    last_error     TEXT,
+    tail_seq       INTEGER NOT NULL DEFAULT 0,
+    UNIQUE (actor, recipient, ordering_key)
+);
+CREATE INDEX ol_lanes_tail ON ol_lanes (actor, tail_seq);
+CREATE TABLE ol_dead_letters (
+    id                INTEGER PRIMARY KEY AUTOINCREMENT,
+    unit_id           INTEGER NOT NULL,
+    row_ref           INTEGER NOT NULL,
+    row_id            TEXT NOT NULL,
+    actor             TEXT NOT NULL,
+    lane_id           INTEGER NOT NULL,
+    recipient         TEXT NOT NULL,
+    ordering_key      TEXT NOT NULL,
+    reason            TEXT NOT NULL,
+    last_status       INTEGER,
+    last_error        TEXT,
+    attempts          INTEGER NOT NULL,
+    first_attempt_at  INTEGER,
+    last_attempt_at   INTEGER,
+    seq               INTEGER NOT NULL,
+    dead_at           INTEGER NOT NULL
+);
+CREATE INDEX ol_dead_letters_actor ON ol_dead_letters (actor, seq);
+CREATE INDEX ol_dead_letters_row ON ol_dead_letters (row_ref);
+CREATE TABLE ol_slots (
+    actor          TEXT PRIMARY KEY,
+    token          INTEGER NOT NULL DEFAULT 0,
+    holder         TEXT,
+    lease_expires  INTEGER NOT NULL DEFAULT 0,
+    look_again     INTEGER NOT NULL DEFAULT 0
+);
+"
+    };
+}
+
+/// Version 2's `ol_units` (see SCHEMA.md): one row per (unit, lane); a one-recipient unit is
+/// one row with its payload inline. Its indexes are partial, so that a one-lane inline unit
+/// writes only `ol_units_lane` and `ol_units_row_id`.
+macro_rules! units_v2_ddl {
+    () => {
+        "
+CREATE TABLE ol_units (
+    id                INTEGER PRIMARY KEY AUTOINCREMENT,
+    unit_id           INTEGER,
+    actor             TEXT NOT NULL,
+    lane_id           INTEGER,
+    seq               INTEGER NOT NULL,
+    state             INTEGER NOT NULL DEFAULT 0,
+    attempts          INTEGER NOT NULL DEFAULT 0,
+    last_status       INTEGER,
+    last_error        TEXT,
+    first_attempt_at  INTEGER,
+    last_attempt_at   INTEGER,
+    lanes             INTEGER NOT NULL DEFAULT 1,
+    pending           INTEGER NOT NULL DEFAULT 1,
+    acked_at          INTEGER,
+    row_ref           INTEGER,
+    row_id            TEXT,
+    content_type      TEXT,
+    body              BLOB,
+    body_len          INTEGER,
+    dedup_key         TEXT,
+    ordering_key      TEXT,
+    enqueued_at       INTEGER
+);
+CREATE INDEX ol_units_lane ON ol_units (lane_id, seq) WHERE lane_id IS NOT NULL;
+CREATE UNIQUE INDEX ol_units_row_id ON ol_units (actor, row_id) WHERE row_id IS NOT NULL;
+CREATE INDEX ol_units_unit ON ol_units (unit_id) WHERE unit_id IS NOT NULL;
+CREATE INDEX ol_units_row ON ol_units (row_ref) WHERE row_ref IS NOT NULL;
+CREATE INDEX ol_units_dedup ON ol_units (actor, dedup_key) WHERE dedup_key IS NOT NULL;
+CREATE INDEX ol_units_acked ON ol_units (acked_at) WHERE acked_at IS NOT NULL;
+"
+    };
+}
+
+/// A new database (version 2).
+pub(crate) const SCHEMA_V2: &str = concat!(shared_tables_ddl!(), units_v2_ddl!());
+
+/// The version 2 `ol_units` alone, for the migration from version 1.
+const UNITS_V2: &str = units_v2_ddl!();
+
 const STATE_PENDING: i64 = 0;
 const STATE_SERVED: i64 = 1;
 const STATE_DEAD: i64 = 2;
@@ -284,7 +404,7 @@ fn init_schema(conn: &mut Connection) -> Result<(), StoreError> {
         .optional()?;
     match found {
         None => {
-            tx.execute_batch(SCHEMA_V1)?;
+            tx.execute_batch(SCHEMA_V2)?;
             tx.execute(
                 "INSERT INTO ol_meta (key, value) VALUES ('schema_version', ?1)",
                 [SCHEMA_VERSION.to_string()],
@@ -300,10 +420,80 @@ fn init_schema(conn: &mut Connection) -> Result<(), StoreError> {
                     supported: SCHEMA_VERSION,
                 });
             }
-            // Version 1 is the first; later versions add their migrations here, in order.
+            // Migrations run in order, in this one transaction: all of them or none.
+            if found < 1 {
+                return Err(StoreError::Database(format!(
+                    "unknown schema_version {found}"
+                )));
+            }
+            if found < 2 {
+                migrate_v1_to_v2(&tx)?;
+            }
+            if found < SCHEMA_VERSION {
+                tx.execute(
+                    "UPDATE ol_meta SET value = ?1 WHERE key = 'schema_version'",
+                    [SCHEMA_VERSION.to_string()],
+                )?;
+                tracing::info!(target: "outbox_lanes::store", from = found, to = SCHEMA_VERSION, "migrated the SQLite schema");
+            }
         }
     }
     tx.commit()?;
+    Ok(())
+}
+
+/// Version 1 → 2 (SCHEMA.md, "Migrations"): a unit's three tables become one `ol_units` row per
+/// (unit, lane). Each unit keeps its id (its head is its lowest lane), its payload stays in
+/// `ol_rows` (`row_ref`), its other lanes get fresh ids after every id ever handed out.
+fn migrate_v1_to_v2(tx: &Transaction<'_>) -> Result<(), StoreError> {
+    // The AUTOINCREMENT high-water mark: ids of deleted units must never come back.
+    let issued: i64 = tx
+        .query_row(
+            "SELECT seq FROM sqlite_sequence WHERE name = 'ol_units'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?
+        .unwrap_or(0);
+    // Renamed rather than copied aside: the rows are read once, straight into the new table.
+    // Its indexes go first, since version 2 reuses two of their names.
+    tx.execute_batch(
+        "DROP INDEX IF EXISTS ol_units_row; DROP INDEX IF EXISTS ol_units_acked; \
+         ALTER TABLE ol_units RENAME TO ol_units_v1;",
+    )?;
+    tx.execute_batch(UNITS_V2)?;
+    // Heads: every unit at its lowest lane (the seq is the delivery's: the seq the lane
+    // orders by). A unit without deliveries was kept by the ack retention: out of every lane.
+    tx.execute_batch(&format!(
+        "INSERT INTO ol_units (id, unit_id, actor, lane_id, seq, state, attempts, last_status, last_error, \
+         first_attempt_at, last_attempt_at, lanes, pending, acked_at, row_ref) \
+         SELECT u.id, NULL, u.actor, d.lane_id, coalesce(d.seq, u.seq), coalesce(d.state, {STATE_SERVED}), \
+         coalesce(d.attempts, 0), d.last_status, d.last_error, d.first_attempt_at, d.last_attempt_at, \
+         u.lanes, u.pending, u.acked_at, u.row_ref \
+         FROM ol_units_v1 u LEFT JOIN ol_deliveries d ON d.unit_id = u.id \
+         AND d.lane_id = (SELECT min(m.lane_id) FROM ol_deliveries m WHERE m.unit_id = u.id) \
+         ORDER BY u.id;"
+    ))?;
+    // The new table's sequence continues after the largest id ever issued, and the other lanes'
+    // rows draw from it. (Whether the rename carried the old sequence row along or not, this
+    // leaves exactly one row for `ol_units`.)
+    tx.execute("DELETE FROM sqlite_sequence WHERE name = 'ol_units'", [])?;
+    tx.execute(
+        "INSERT INTO sqlite_sequence (name, seq) \
+         VALUES ('ol_units', max(?1, (SELECT coalesce(max(id), 0) FROM ol_units)))",
+        [issued],
+    )?;
+    tx.execute_batch(
+        "INSERT INTO ol_units (unit_id, actor, lane_id, seq, state, attempts, last_status, last_error, \
+         first_attempt_at, last_attempt_at) \
+         SELECT d.unit_id, u.actor, d.lane_id, d.seq, d.state, d.attempts, d.last_status, d.last_error, \
+         d.first_attempt_at, d.last_attempt_at \
+         FROM ol_deliveries d JOIN ol_units_v1 u ON u.id = d.unit_id \
+         WHERE d.lane_id > (SELECT min(m.lane_id) FROM ol_deliveries m WHERE m.unit_id = d.unit_id) \
+         ORDER BY d.unit_id, d.lane_id; \
+         DROP TABLE ol_deliveries; \
+         DROP TABLE ol_units_v1;",
+    )?;
     Ok(())
 }
 
@@ -554,6 +744,44 @@ fn alloc_seqs(c: &Connection, actor: &str, n: i64) -> Result<i64, rusqlite::Erro
     Ok(last - n + 1)
 }
 
+/// Whether `e` is a UNIQUE violation (here: a row id the actor already has).
+fn is_unique_violation(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(f, _)
+        if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE)
+}
+
+/// Maps a failed insert of row `row` to [`EnqueueError::DuplicateRowId`] when a unique index
+/// refused it (belt and braces: the inserts check for the id first).
+fn dup_or(e: rusqlite::Error, row: &str) -> EnqueueError {
+    if is_unique_violation(&e) {
+        EnqueueError::DuplicateRowId {
+            row: row.to_string(),
+        }
+    } else {
+        EnqueueError::from(e)
+    }
+}
+
+/// Whether a unit with this dedup key is still pending for this recipient. Two index paths
+/// (payload inline on a head, or in a shared `ol_rows` row), each through the unit's head
+/// and its other lanes.
+fn dedup_pending(
+    c: &Connection,
+    actor: &str,
+    dedup_key: &str,
+    recipient: &str,
+) -> Result<bool, rusqlite::Error> {
+    c.prepare_cached(
+        "SELECT EXISTS (SELECT 1 FROM ol_units h JOIN ol_units d ON d.id = h.id OR d.unit_id = h.id \
+           JOIN ol_lanes l ON l.id = d.lane_id \
+           WHERE h.actor = ?1 AND h.dedup_key = ?2 AND h.unit_id IS NULL AND d.state = 0 AND l.recipient = ?3) \
+         OR EXISTS (SELECT 1 FROM ol_rows r JOIN ol_units h ON h.row_ref = r.id \
+           JOIN ol_units d ON d.id = h.id OR d.unit_id = h.id JOIN ol_lanes l ON l.id = d.lane_id \
+           WHERE r.actor = ?1 AND r.dedup_key = ?2 AND h.unit_id IS NULL AND d.state = 0 AND l.recipient = ?3)",
+    )?
+    .query_row(params![actor, dedup_key, recipient], |r| r.get(0))
+}
+
 fn enqueue_tx(
     c: &Connection,
     actor: &ActorId,
@@ -566,36 +794,18 @@ fn enqueue_tx(
     let mut lanes: HashMap<&LaneKey, i64> = HashMap::new();
     let mut tails: HashMap<i64, i64> = HashMap::new();
     let mut out = Vec::with_capacity(rows.len());
+    // A row id must be new in `ol_units` (its unique index says so at the INSERT) and in
+    // `ol_rows`. An actor without shared rows (no fan-out row, no dead letter: the common
+    // case) cannot clash there, so one look per batch spares a probe per row. The write lock
+    // is held: only this batch can add shared rows, and it notes when it does.
+    let mut shared_rows: bool = c
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM ol_rows WHERE actor = ?1)")?
+        .query_row([a], |r| r.get(0))?;
+    // The hot statement, looked up in the statement cache once per batch, not once per row.
+    let mut insert_inline: Option<rusqlite::CachedStatement<'_>> = None;
     for (k, p) in rows.iter().enumerate() {
         let seq = first + i64::try_from(k).unwrap_or(i64::MAX);
         let row = p.row;
-        let row_ref: i64 = c
-            .prepare_cached(
-                "INSERT INTO ol_rows (actor, row_id, seq, content_type, body, body_len, dedup_key, \
-                 ordering_key, enqueued_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) RETURNING id",
-            )?
-            .query_row(
-                params![
-                    a,
-                    row.id,
-                    seq,
-                    row.content_type,
-                    row.body,
-                    i64::try_from(row.body.len()).unwrap_or(i64::MAX),
-                    row.dedup_key,
-                    p.ordering_key,
-                    now
-                ],
-                |r| r.get(0),
-            )
-            .map_err(|e| {
-                // UNIQUE (actor, row_id): the id is already stored for this actor.
-                if e.sqlite_error_code() == Some(ErrorCode::ConstraintViolation) {
-                    EnqueueError::DuplicateRowId { row: row.id.clone() }
-                } else {
-                    EnqueueError::from(e)
-                }
-            })?;
         let mut kept = Vec::with_capacity(p.lanes.len());
         let mut skipped = Vec::new();
         for key in &p.lanes {
@@ -608,48 +818,114 @@ fn enqueue_tx(
                 }
             };
             if let Some(dk) = &row.dedup_key {
-                let dup: bool = c
-                    .prepare_cached(
-                        "SELECT EXISTS (SELECT 1 FROM ol_rows r \
-                         JOIN ol_units u ON u.row_ref = r.id \
-                         JOIN ol_deliveries d ON d.unit_id = u.id \
-                         JOIN ol_lanes l ON l.id = d.lane_id \
-                         WHERE r.actor = ?1 AND r.dedup_key = ?2 AND l.recipient = ?3 AND d.state = 0)",
-                    )?
-                    .query_row(params![a, dk, key.recipient()], |r| r.get(0))?;
-                if dup {
+                if dedup_pending(c, a, dk, key.recipient())? {
                     skipped.push(key.recipient().to_string());
                     continue;
                 }
             }
             kept.push(id);
         }
+        let body_len = i64::try_from(row.body.len()).unwrap_or(i64::MAX);
         let mut units = Vec::new();
         if kept.is_empty() {
-            c.prepare_cached("DELETE FROM ol_rows WHERE id = ?1")?
-                .execute([row_ref])?;
-        } else {
-            let groups: Vec<Vec<i64>> = if row.joined {
-                vec![kept]
+            // Nothing is stored, but the id must still be one the actor does not have.
+            let taken: bool = c
+                .prepare_cached(
+                    "SELECT EXISTS (SELECT 1 FROM ol_units WHERE actor = ?1 AND row_id = ?2) \
+                     OR EXISTS (SELECT 1 FROM ol_rows WHERE actor = ?1 AND row_id = ?2)",
+                )?
+                .query_row(params![a, row.id], |r| r.get(0))?;
+            if taken {
+                return Err(EnqueueError::DuplicateRowId {
+                    row: row.id.clone(),
+                });
+            }
+        } else if row.joined || kept.len() == 1 {
+            // One unit: its head holds the payload. With shared rows about, the id check
+            // against `ol_rows` rides in the INSERT (no row inserted = taken).
+            let k = i64::try_from(kept.len()).unwrap_or(i64::MAX);
+            let args = params![
+                a,
+                kept[0],
+                seq,
+                k,
+                row.id,
+                row.content_type,
+                row.body,
+                body_len,
+                row.dedup_key,
+                p.ordering_key,
+                now
+            ];
+            let inserted = if shared_rows {
+                c.prepare_cached(
+                    "INSERT INTO ol_units (actor, lane_id, seq, lanes, pending, row_id, content_type, body, \
+                     body_len, dedup_key, ordering_key, enqueued_at) \
+                     SELECT ?1, ?2, ?3, ?4, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11 \
+                     WHERE NOT EXISTS (SELECT 1 FROM ol_rows WHERE actor = ?1 AND row_id = ?5)",
+                )?
+                .execute(args)
             } else {
-                kept.into_iter().map(|l| vec![l]).collect()
-            };
-            for g in groups {
-                let n = i64::try_from(g.len()).unwrap_or(i64::MAX);
-                let unit: i64 = c
-                    .prepare_cached(
-                        "INSERT INTO ol_units (actor, row_ref, seq, lanes, pending) \
-                         VALUES (?1, ?2, ?3, ?4, ?4) RETURNING id",
-                    )?
-                    .query_row(params![a, row_ref, seq, n], |r| r.get(0))?;
-                for lane in g {
-                    c.prepare_cached(
-                        "INSERT INTO ol_deliveries (unit_id, lane_id, seq) VALUES (?1, ?2, ?3)",
-                    )?
-                    .execute(params![unit, lane, seq])?;
-                    tails.insert(lane, seq);
-                }
-                units.push(UnitId(u(unit)));
+                let st = match &mut insert_inline {
+                    Some(st) => st,
+                    None => insert_inline.insert(c.prepare_cached(
+                        "INSERT INTO ol_units (actor, lane_id, seq, lanes, pending, row_id, content_type, body, \
+                         body_len, dedup_key, ordering_key, enqueued_at) \
+                         VALUES (?1, ?2, ?3, ?4, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                    )?),
+                };
+                st.execute(args)
+            }
+            .map_err(|e| dup_or(e, &row.id))?;
+            if inserted == 0 {
+                return Err(EnqueueError::DuplicateRowId {
+                    row: row.id.clone(),
+                });
+            }
+            let unit = c.last_insert_rowid();
+            tails.insert(kept[0], seq);
+            for &lane in &kept[1..] {
+                c.prepare_cached(
+                    "INSERT INTO ol_units (unit_id, actor, lane_id, seq) VALUES (?1, ?2, ?3, ?4)",
+                )?
+                .execute(params![unit, a, lane, seq])?;
+                tails.insert(lane, seq);
+            }
+            units.push(UnitId(u(unit)));
+        } else {
+            // k units sharing one payload: it goes once into `ol_rows`.
+            let inserted = c
+                .prepare_cached(
+                    "INSERT INTO ol_rows (actor, row_id, seq, content_type, body, body_len, dedup_key, \
+                     ordering_key, enqueued_at) SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9 \
+                     WHERE NOT EXISTS (SELECT 1 FROM ol_units WHERE actor = ?1 AND row_id = ?2)",
+                )?
+                .execute(params![
+                    a,
+                    row.id,
+                    seq,
+                    row.content_type,
+                    row.body,
+                    body_len,
+                    row.dedup_key,
+                    p.ordering_key,
+                    now
+                ])
+                .map_err(|e| dup_or(e, &row.id))?;
+            if inserted == 0 {
+                return Err(EnqueueError::DuplicateRowId {
+                    row: row.id.clone(),
+                });
+            }
+            let row_ref = c.last_insert_rowid();
+            shared_rows = true;
+            for lane in kept {
+                c.prepare_cached(
+                    "INSERT INTO ol_units (actor, lane_id, seq, row_ref) VALUES (?1, ?2, ?3, ?4)",
+                )?
+                .execute(params![a, lane, seq, row_ref])?;
+                units.push(UnitId(u(c.last_insert_rowid())));
+                tails.insert(lane, seq);
             }
         }
         out.push(Enqueued {
@@ -669,32 +945,36 @@ fn enqueue_tx(
 
 /// Decrements a unit's pending recipients; finishes it at zero.
 fn settle(c: &Connection, unit: i64, retention: bool) -> Result<(), rusqlite::Error> {
-    let pending: i64 = c
+    let pending: Option<i64> = c
         .prepare_cached(
-            "UPDATE ol_units SET pending = pending - 1 WHERE id = ?1 RETURNING pending",
+            "UPDATE ol_units SET pending = pending - 1 WHERE id = ?1 AND unit_id IS NULL RETURNING pending",
         )?
-        .query_row([unit], |r| r.get(0))?;
-    if pending > 0 {
+        .query_row([unit], |r| r.get(0))
+        .optional()?;
+    if pending.is_none_or(|p| p > 0) {
         return Ok(());
     }
-    c.prepare_cached("DELETE FROM ol_deliveries WHERE unit_id = ?1")?
+    c.prepare_cached("DELETE FROM ol_units WHERE unit_id = ?1")?
         .execute([unit])?;
-    finish(c, unit, retention)
+    finish_head(c, unit, retention)
 }
 
-/// Removes a unit whose deliveries are gone (or keeps it for the retention), and its row
-/// once nothing refers to it.
-fn finish(c: &Connection, unit: i64, retention: bool) -> Result<(), rusqlite::Error> {
+/// Removes a finished unit's head (or keeps it, out of every lane, for the retention), and
+/// its shared payload once nothing refers to it.
+fn finish_head(c: &Connection, unit: i64, retention: bool) -> Result<(), rusqlite::Error> {
     if retention {
         c.prepare_cached(&format!(
-            "UPDATE ol_units SET acked_at = {NOW}, pending = 0 WHERE id = ?1"
+            "UPDATE ol_units SET acked_at = {NOW}, pending = 0, lane_id = NULL WHERE id = ?1"
         ))?
         .execute([unit])?;
     } else {
-        let row_ref: i64 = c
+        let row_ref: Option<Option<i64>> = c
             .prepare_cached("DELETE FROM ol_units WHERE id = ?1 RETURNING row_ref")?
-            .query_row([unit], |r| r.get(0))?;
-        drop_row_if_unused(c, row_ref)?;
+            .query_row([unit], |r| r.get(0))
+            .optional()?;
+        if let Some(Some(row_ref)) = row_ref {
+            drop_row_if_unused(c, row_ref)?;
+        }
     }
     Ok(())
 }
@@ -709,14 +989,19 @@ fn drop_row_if_unused(c: &Connection, row_ref: i64) -> Result<(), rusqlite::Erro
     Ok(())
 }
 
+/// The row of one (unit, lane): the unit's head itself, or one of its other lanes. `+lane_id`
+/// keeps the planner on the id / `ol_units_unit` lookups instead of walking the lane's index.
+const UNIT_LANE: &str = "(d.id = ?1 AND d.unit_id IS NULL OR d.unit_id = ?1) AND +d.lane_id = ?2";
+
 struct DeliveryRow {
+    id: i64,
     seq: i64,
     attempts: i64,
     last_status: Option<i64>,
     last_error: Option<String>,
     first_attempt_at: Option<i64>,
     last_attempt_at: Option<i64>,
-    row_ref: i64,
+    row_ref: Option<i64>,
     row_id: String,
     recipient: String,
     ordering_key: String,
@@ -730,29 +1015,36 @@ fn dead_letter_tx(
 ) -> Result<bool, rusqlite::Error> {
     let unit = i(d.unit.0);
     let found = c
-        .prepare_cached(
-            "SELECT d.seq, d.attempts, d.last_status, d.last_error, d.first_attempt_at, d.last_attempt_at, \
-             u.row_ref, r.row_id, l.recipient, l.ordering_key \
-             FROM ol_deliveries d JOIN ol_units u ON u.id = d.unit_id JOIN ol_rows r ON r.id = u.row_ref \
-             JOIN ol_lanes l ON l.id = d.lane_id \
-             WHERE d.unit_id = ?1 AND d.lane_id = ?2 AND d.state = 0 AND l.actor = ?3",
-        )?
+        .prepare_cached(&format!(
+            "SELECT d.id, d.seq, d.attempts, d.last_status, d.last_error, d.first_attempt_at, d.last_attempt_at, \
+             h.row_ref, coalesce(h.row_id, r.row_id, ''), l.recipient, l.ordering_key \
+             FROM ol_units d JOIN ol_units h ON h.id = ?1 AND h.unit_id IS NULL \
+             LEFT JOIN ol_rows r ON r.id = h.row_ref JOIN ol_lanes l ON l.id = d.lane_id \
+             WHERE {UNIT_LANE} AND d.state = 0 AND l.actor = ?3"
+        ))?
         .query_row(params![unit, d.lane.0, actor], |r| {
             Ok(DeliveryRow {
-                seq: r.get(0)?,
-                attempts: r.get(1)?,
-                last_status: r.get(2)?,
-                last_error: r.get(3)?,
-                first_attempt_at: r.get(4)?,
-                last_attempt_at: r.get(5)?,
-                row_ref: r.get(6)?,
-                row_id: r.get(7)?,
-                recipient: r.get(8)?,
-                ordering_key: r.get(9)?,
+                id: r.get(0)?,
+                seq: r.get(1)?,
+                attempts: r.get(2)?,
+                last_status: r.get(3)?,
+                last_error: r.get(4)?,
+                first_attempt_at: r.get(5)?,
+                last_attempt_at: r.get(6)?,
+                row_ref: r.get(7)?,
+                row_id: r.get(8)?,
+                recipient: r.get(9)?,
+                ordering_key: r.get(10)?,
             })
         })
         .optional()?;
     let Some(row) = found else { return Ok(false) };
+    // A dead letter keeps its payload in `ol_rows`: an inline payload moves there first (the
+    // head then refers to it, like a shared row's units).
+    let row_ref = match row.row_ref {
+        Some(r) => r,
+        None => spill(c, unit)?,
+    };
     let status = d.status.map(i64::from).or(row.last_status);
     let error = d.error.clone().or(row.last_error);
     c.prepare_cached(
@@ -762,7 +1054,7 @@ fn dead_letter_tx(
     )?
     .execute(params![
         unit,
-        row.row_ref,
+        row_ref,
         row.row_id,
         actor,
         d.lane.0,
@@ -777,14 +1069,33 @@ fn dead_letter_tx(
         row.seq,
         ms(d.at)
     ])?;
-    c.prepare_cached("UPDATE ol_deliveries SET state = ?3 WHERE unit_id = ?1 AND lane_id = ?2")?
-        .execute(params![unit, d.lane.0, STATE_DEAD])?;
+    c.prepare_cached("UPDATE ol_units SET state = ?2 WHERE id = ?1")?
+        .execute(params![row.id, STATE_DEAD])?;
     if d.status.is_some() || d.error.is_some() {
         c.prepare_cached("UPDATE ol_lanes SET last_status = ?2, last_error = ?3 WHERE id = ?1")?
             .execute(params![d.lane.0, status, error])?;
     }
     settle(c, unit, retention)?;
     Ok(true)
+}
+
+/// Moves a head's inline payload into `ol_rows`; returns the new `row_ref`. (`coalesce`s:
+/// a head written by plain SQL that left a column out must not make dead-lettering fail.)
+fn spill(c: &Connection, head: i64) -> Result<i64, rusqlite::Error> {
+    c.prepare_cached(
+        "INSERT INTO ol_rows (actor, row_id, seq, content_type, body, body_len, dedup_key, ordering_key, enqueued_at) \
+         SELECT actor, coalesce(row_id, ''), seq, coalesce(content_type, ''), coalesce(body, x''), \
+         coalesce(body_len, length(body), 0), dedup_key, coalesce(ordering_key, ''), coalesce(enqueued_at, 0) \
+         FROM ol_units WHERE id = ?1",
+    )?
+    .execute([head])?;
+    let row_ref = c.last_insert_rowid();
+    c.prepare_cached(
+        "UPDATE ol_units SET row_ref = ?2, row_id = NULL, content_type = NULL, body = NULL, body_len = NULL, \
+         dedup_key = NULL, ordering_key = NULL, enqueued_at = NULL WHERE id = ?1",
+    )?
+    .execute(params![head, row_ref])?;
+    Ok(row_ref)
 }
 
 fn lane_update(
@@ -960,7 +1271,7 @@ impl Store for SqliteStore {
             let mut st = c.prepare_cached(
                 "SELECT l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, l.paused, l.tail_seq \
                  FROM ol_lanes l WHERE l.actor = ?1 AND l.tail_seq > ?2 \
-                 AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id) ORDER BY l.id",
+                 AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id) ORDER BY l.id",
             )?;
             let rows = st.query_map(params![token.actor().as_str(), i(since)], |r| {
                 Ok((
@@ -1008,20 +1319,47 @@ impl Store for SqliteStore {
                     continue;
                 }
                 let key = key_of(recipient, ok);
+                // `d` is the lane's row. On a unit's head (every one-lane unit, the hot path)
+                // it holds everything, its payload's size and time inline or in `r`; a joined
+                // unit's other lanes read their head separately below.
+                // `LIMIT +?3`, not `LIMIT ?3`: SQLite plans with a bare bound LIMIT's value and
+                // so re-prepares the statement on every new value (over half a claim's time);
+                // the unary plus keeps the cached plan.
                 let mut st = c.prepare_cached(
-                    "SELECT d.unit_id, d.seq, d.attempts, d.state, r.row_id, r.body_len, r.enqueued_at, u.lanes \
-                     FROM ol_deliveries d JOIN ol_units u ON u.id = d.unit_id JOIN ol_rows r ON r.id = u.row_ref \
-                     WHERE d.lane_id = ?1 AND d.seq >= ?2 ORDER BY d.seq, d.unit_id LIMIT ?3",
+                    "SELECT d.id, d.unit_id, d.seq, d.attempts, d.state, coalesce(d.row_id, r.row_id), \
+                     coalesce(d.body_len, r.body_len), coalesce(d.enqueued_at, r.enqueued_at), d.lanes \
+                     FROM ol_units d LEFT JOIN ol_rows r ON r.id = d.row_ref \
+                     WHERE d.lane_id = ?1 AND d.seq >= ?2 ORDER BY d.seq, d.id LIMIT +?3",
                 )?;
-                type Head = (i64, i64, i64, i64, String, i64, i64, i64);
-                let heads: Vec<Head> = st
+                // (row id, payload size, enqueued at, lanes) of a unit.
+                type UnitInfo = (Option<String>, Option<i64>, Option<i64>, i64);
+                type Row = (i64, Option<i64>, i64, i64, i64, Option<String>, Option<i64>, Option<i64>, i64);
+                let rows: Vec<Row> = st
                     .query_map(params![req.lane.0, i(req.from.0), i64::from(req.limit)], |r| {
-                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?))
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?, r.get(8)?))
                     })?
                     .collect::<Result<_, _>>()?;
-                let exhausted = heads.len() < req.limit as usize;
-                let mut units = Vec::with_capacity(heads.len());
-                for (unit, seq, attempts, state, row_id, len, at, nlanes) in heads {
+                let exhausted = rows.len() < req.limit as usize;
+                let mut units = Vec::with_capacity(rows.len());
+                for (id, head, seq, attempts, state, row_id, len, at, nlanes) in rows {
+                    let (unit, row_id, len, at, nlanes) = match head {
+                        None => (id, row_id, len, at, nlanes),
+                        Some(h) => {
+                            let found: Option<UnitInfo> = c
+                                .prepare_cached(
+                                    "SELECT coalesce(h.row_id, r.row_id), coalesce(h.body_len, r.body_len), \
+                                     coalesce(h.enqueued_at, r.enqueued_at), h.lanes \
+                                     FROM ol_units h LEFT JOIN ol_rows r ON r.id = h.row_ref WHERE h.id = ?1",
+                                )?
+                                .query_row([h], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+                                .optional()?;
+                            // The store deletes a unit's other lanes before its head: none is
+                            // headless. One written so by hand is not a unit to deliver.
+                            let Some((row_id, len, at, nlanes)) = found else { continue };
+                            (h, row_id, len, at, nlanes)
+                        }
+                    };
+                    let (row_id, len, at) = (row_id.unwrap_or_default(), len.unwrap_or(0), at.unwrap_or(0));
                     let slots = if nlanes <= 1 {
                         vec![ClaimedSlot {
                             lane: req.lane,
@@ -1032,7 +1370,8 @@ impl Store for SqliteStore {
                     } else {
                         c.prepare_cached(
                             "SELECT d.lane_id, l.recipient, l.ordering_key, d.attempts, d.state \
-                             FROM ol_deliveries d JOIN ol_lanes l ON l.id = d.lane_id WHERE d.unit_id = ?1 ORDER BY d.lane_id",
+                             FROM ol_units d JOIN ol_lanes l ON l.id = d.lane_id \
+                             WHERE d.id = ?1 AND d.unit_id IS NULL OR d.unit_id = ?1 ORDER BY d.lane_id",
                         )?
                         .query_map([unit], |r| {
                             Ok(ClaimedSlot {
@@ -1062,10 +1401,18 @@ impl Store for SqliteStore {
     fn payload(&self, unit: UnitId) -> Result<Payload, StoreError> {
         self.read(|c| {
             c.prepare_cached(
-                "SELECT r.row_id, r.content_type, r.body FROM ol_units u JOIN ol_rows r ON r.id = u.row_ref \
-                 WHERE u.id = ?1 AND u.acked_at IS NULL",
+                "SELECT coalesce(h.row_id, r.row_id), coalesce(h.content_type, r.content_type), \
+                 CASE WHEN h.row_ref IS NULL THEN h.body ELSE r.body END \
+                 FROM ol_units h LEFT JOIN ol_rows r ON r.id = h.row_ref \
+                 WHERE h.id = ?1 AND h.unit_id IS NULL AND h.acked_at IS NULL",
             )?
-            .query_row([i(unit.0)], |r| Ok(Payload { row_id: r.get(0)?, content_type: r.get(1)?, body: r.get(2)? }))
+            .query_row([i(unit.0)], |r| {
+                Ok(Payload {
+                    row_id: r.get(0)?,
+                    content_type: r.get(1)?,
+                    body: r.get(2)?,
+                })
+            })
             .optional()?
             .ok_or(StoreError::NotFound { what: "unit" })
         })
@@ -1080,26 +1427,46 @@ impl Store for SqliteStore {
         self.write(|c| {
             fence(c, token)?;
             let actor = token.actor().as_str();
+            // A unit with one lane (the common case) is finished by its ack: its one row goes
+            // (with its payload, when inline) in one plain DELETE; with the retention, the head
+            // stays, out of every lane. (A RETURNING clause would cost SQLite a temporary
+            // result table on every ack: a shared payload takes its own statement below.)
+            let mut single = if retention {
+                c.prepare_cached(&format!(
+                    "UPDATE ol_units SET state = {STATE_SERVED}, pending = 0, acked_at = {NOW}, lane_id = NULL \
+                     WHERE id = ?1 AND unit_id IS NULL AND lane_id = ?2 AND state = 0 AND lanes = 1 AND actor = ?3"
+                ))?
+            } else {
+                c.prepare_cached(
+                    "DELETE FROM ol_units WHERE id = ?1 AND unit_id IS NULL AND lane_id = ?2 AND state = 0 \
+                     AND lanes = 1 AND actor = ?3 AND row_ref IS NULL",
+                )?
+            };
             for (unit, lane) in delivered {
                 let unit = i(unit.0);
-                // A unit with one lane (the common case) is finished by its ack: delete it
-                // outright instead of marking, counting down and then deleting.
-                let single = c
-                    .prepare_cached(
-                        "DELETE FROM ol_deliveries WHERE unit_id = ?1 AND lane_id = ?2 AND state = 0 \
-                         AND (SELECT lanes FROM ol_units WHERE id = ?1 AND actor = ?3) = 1",
-                    )?
-                    .execute(params![unit, lane.0, actor])?;
-                if single == 1 {
-                    finish(c, unit, retention)?;
+                if single.execute(params![unit, lane.0, actor])? == 1 {
                     continue;
                 }
+                if !retention {
+                    // Payload shared in `ol_rows`: it goes with its last unit.
+                    let gone: Option<i64> = c
+                        .prepare_cached(
+                            "DELETE FROM ol_units WHERE id = ?1 AND unit_id IS NULL AND lane_id = ?2 AND state = 0 \
+                             AND lanes = 1 AND actor = ?3 AND row_ref IS NOT NULL RETURNING row_ref",
+                        )?
+                        .query_row(params![unit, lane.0, actor], |r| r.get(0))
+                        .optional()?;
+                    if let Some(row_ref) = gone {
+                        drop_row_if_unused(c, row_ref)?;
+                        continue;
+                    }
+                }
+                // A joined unit: this lane is served; the unit finishes with its last lane.
                 let n = c
-                    .prepare_cached(
-                        "UPDATE ol_deliveries SET state = ?3 WHERE unit_id = ?1 AND lane_id = ?2 AND state = 0 \
-                         AND EXISTS (SELECT 1 FROM ol_units WHERE id = ?1 AND actor = ?4)",
-                    )?
-                    .execute(params![unit, lane.0, STATE_SERVED, actor])?;
+                    .prepare_cached(&format!(
+                        "UPDATE ol_units AS d SET state = {STATE_SERVED} WHERE {UNIT_LANE} AND d.state = 0 AND d.actor = ?3"
+                    ))?
+                    .execute(params![unit, lane.0, actor])?;
                 if n == 1 {
                     settle(c, unit, retention)?;
                 }
@@ -1120,10 +1487,9 @@ impl Store for SqliteStore {
                 let status = a.status.map(i64::from);
                 let n = c
                     .prepare_cached(
-                        "UPDATE ol_deliveries SET attempts = ?3, last_status = ?4, last_error = ?5, \
+                        &format!("UPDATE ol_units AS d SET attempts = ?3, last_status = ?4, last_error = ?5, \
                          first_attempt_at = coalesce(first_attempt_at, ?6), last_attempt_at = ?6 \
-                         WHERE unit_id = ?1 AND lane_id = ?2 \
-                         AND EXISTS (SELECT 1 FROM ol_lanes WHERE id = ?2 AND actor = ?7)",
+                         WHERE {UNIT_LANE} AND d.actor = ?7"),
                     )?
                     .execute(params![i(a.unit.0), a.lane.0, i64::from(a.attempts), status, a.error, ms(a.at), actor])?;
                 if n == 1 {
@@ -1191,7 +1557,7 @@ impl Store for SqliteStore {
         self.write(|c| {
             fence(c, token)?;
             let units: Vec<i64> = c
-                .prepare_cached("SELECT unit_id FROM ol_deliveries WHERE lane_id = ?1 AND state = 0 ORDER BY seq")?
+                .prepare_cached("SELECT coalesce(unit_id, id) FROM ol_units WHERE lane_id = ?1 AND state = 0 ORDER BY seq, id")?
                 .query_map([lane.0], |r| r.get(0))?
                 .collect::<Result<_, _>>()?;
             let mut n = 0;
@@ -1227,7 +1593,7 @@ impl Store for SqliteStore {
                     "SELECT s.actor, (s.holder IS NULL OR s.lease_expires <= {NOW}) FROM ol_slots s \
                      WHERE s.actor IN (SELECT l.actor FROM ol_lanes l WHERE l.paused = 0 \
                        AND (l.not_before IS NULL OR l.not_before <= ?1) \
-                       AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0)) \
+                       AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0)) \
                      ORDER BY s.lease_expires, s.actor"
                 ))?
                 .query_map([ms(now)], |r| Ok((r.get(0)?, r.get(1)?)))?
@@ -1257,14 +1623,14 @@ impl Store for SqliteStore {
                 .prepare_cached(
                     "SELECT DISTINCT l.actor FROM ol_lanes l WHERE l.paused = 0 \
                      AND (l.not_before IS NULL OR l.not_before <= ?1) \
-                     AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0) ORDER BY l.actor",
+                     AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0) ORDER BY l.actor",
                 )?
                 .query_map([ms(now)], |r| Ok(ActorId::new(r.get::<_, String>(0)?)))?
                 .collect::<Result<_, _>>()?;
             let next: Option<i64> = c
                 .prepare_cached(
                     "SELECT min(l.not_before) FROM ol_lanes l WHERE l.paused = 0 AND l.not_before > ?1 \
-                     AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0)",
+                     AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0)",
                 )?
                 .query_row([ms(now)], |r| r.get(0))?;
             Ok(ActorsDue { ready, next_not_before: next.map(ts) })
@@ -1276,7 +1642,7 @@ impl Store for SqliteStore {
         self.read(|c| {
             let mut map: BTreeMap<String, ActorStatus> = BTreeMap::new();
             let pending: Vec<(String, i64)> = c
-                .prepare_cached("SELECT actor, count(*) FROM ol_units WHERE acked_at IS NULL GROUP BY actor")?
+                .prepare_cached("SELECT actor, count(*) FROM ol_units WHERE unit_id IS NULL AND acked_at IS NULL GROUP BY actor")?
                 .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
                 .collect::<Result<_, _>>()?;
             let held: Vec<String> = c
@@ -1288,7 +1654,7 @@ impl Store for SqliteStore {
             let backoff: Vec<(String, String, String, i64)> = c
                 .prepare_cached(
                     "SELECT l.actor, l.recipient, l.ordering_key, l.not_before FROM ol_lanes l WHERE l.not_before > ?1 \
-                     AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0) \
+                     AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0) \
                      ORDER BY l.actor, l.not_before, l.id",
                 )?
                 .query_map([now], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
@@ -1306,9 +1672,10 @@ impl Store for SqliteStore {
             c.prepare_cached(
                 "SELECT l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, l.paused, \
                  l.pause_reason, l.last_status, l.last_error, \
-                 (SELECT count(*) FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0), \
-                 (SELECT r.enqueued_at FROM ol_deliveries d JOIN ol_units u ON u.id = d.unit_id \
-                  JOIN ol_rows r ON r.id = u.row_ref WHERE d.lane_id = l.id AND d.state = 0 ORDER BY d.seq LIMIT 1) \
+                 (SELECT count(*) FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0), \
+                 (SELECT coalesce(h.enqueued_at, r.enqueued_at) FROM ol_units d \
+                  JOIN ol_units h ON h.id = coalesce(d.unit_id, d.id) LEFT JOIN ol_rows r ON r.id = h.row_ref \
+                  WHERE d.lane_id = l.id AND d.state = 0 ORDER BY d.seq, d.id LIMIT 1) \
                  FROM ol_lanes l WHERE l.actor = ?1 ORDER BY l.id",
             )?
             .query_map([actor.as_str()], |r| {
@@ -1371,42 +1738,52 @@ impl Store for SqliteStore {
                 }
                 let unit = i(dl.unit.0);
                 let existing: Option<(i64, Option<i64>)> = c
-                    .prepare_cached("SELECT pending, acked_at FROM ol_units WHERE id = ?1")?
+                    .prepare_cached("SELECT pending, acked_at FROM ol_units WHERE id = ?1 AND unit_id IS NULL")?
                     .query_row([unit], |r| Ok((r.get(0)?, r.get(1)?)))
                     .optional()?;
                 match existing {
                     Some((pending, None)) if pending > 0 && !revived.contains(&unit) => {
                         // A joined unit still pending for other recipients: this recipient
                         // rejoins in place (its lanes already hold the unit at its seq).
-                        c.prepare_cached(
-                            "UPDATE ol_deliveries SET state = 0, attempts = 0, last_status = NULL, last_error = NULL, \
-                             first_attempt_at = NULL, last_attempt_at = NULL WHERE unit_id = ?1 AND lane_id = ?2",
-                        )?
+                        c.prepare_cached(&format!(
+                            "UPDATE ol_units AS d SET state = 0, attempts = 0, last_status = NULL, last_error = NULL, \
+                             first_attempt_at = NULL, last_attempt_at = NULL WHERE {UNIT_LANE}"
+                        ))?
                         .execute(params![unit, lane])?;
                         c.prepare_cached("UPDATE ol_units SET pending = pending + 1 WHERE id = ?1")?.execute([unit])?;
                     }
                     Some(_) if revived.contains(&unit) => {
                         c.prepare_cached("UPDATE ol_units SET pending = pending + 1, lanes = lanes + 1 WHERE id = ?1")?
                             .execute([unit])?;
-                        insert_delivery(c, unit, lane, seq)?;
+                        c.prepare_cached(
+                            "INSERT INTO ol_units (unit_id, actor, lane_id, seq) VALUES (?1, ?2, ?3, ?4)",
+                        )?
+                        .execute(params![unit, dl.actor.as_str(), lane, seq])?;
+                        advance_tail(c, lane, seq)?;
                     }
                     Some(_) => {
-                        // Kept for the ack retention: it becomes pending again.
-                        c.prepare_cached("DELETE FROM ol_deliveries WHERE unit_id = ?1")?.execute([unit])?;
+                        // Kept for the ack retention: it becomes pending again, in this lane only,
+                        // its payload read from the dead letter's row.
+                        c.prepare_cached("DELETE FROM ol_units WHERE unit_id = ?1")?.execute([unit])?;
                         c.prepare_cached(
-                            "UPDATE ol_units SET acked_at = NULL, pending = 1, lanes = 1, seq = ?2 WHERE id = ?1",
+                            "UPDATE ol_units SET acked_at = NULL, pending = 1, lanes = 1, seq = ?2, lane_id = ?3, \
+                             state = 0, attempts = 0, last_status = NULL, last_error = NULL, first_attempt_at = NULL, \
+                             last_attempt_at = NULL, row_ref = ?4, row_id = NULL, content_type = NULL, body = NULL, \
+                             body_len = NULL, dedup_key = NULL, ordering_key = NULL, enqueued_at = NULL WHERE id = ?1",
                         )?
-                        .execute(params![unit, seq])?;
+                        .execute(params![unit, seq, lane, row_ref])?;
                         revived.insert(unit);
-                        insert_delivery(c, unit, lane, seq)?;
+                        advance_tail(c, lane, seq)?;
                     }
                     None => {
+                        // Same id: the idempotency key stays stable (AUTOINCREMENT never
+                        // handed it to anything else).
                         c.prepare_cached(
-                            "INSERT INTO ol_units (id, actor, row_ref, seq, lanes, pending) VALUES (?1, ?2, ?3, ?4, 1, 1)",
+                            "INSERT INTO ol_units (id, actor, lane_id, seq, row_ref) VALUES (?1, ?2, ?3, ?4, ?5)",
                         )?
-                        .execute(params![unit, dl.actor.as_str(), row_ref, seq])?;
+                        .execute(params![unit, dl.actor.as_str(), lane, seq, row_ref])?;
                         revived.insert(unit);
-                        insert_delivery(c, unit, lane, seq)?;
+                        advance_tail(c, lane, seq)?;
                     }
                 }
                 c.prepare_cached("DELETE FROM ol_dead_letters WHERE id = ?1")?.execute([dl.id.0])?;
@@ -1506,15 +1883,13 @@ impl Store for SqliteStore {
 
     fn purge_acked(&self, older_than: Timestamp) -> Result<u64, StoreError> {
         self.write(|c| {
-            let done: Vec<(i64, i64)> = c
+            let done: Vec<Option<i64>> = c
                 .prepare_cached(
-                    "SELECT id, row_ref FROM ol_units WHERE acked_at IS NOT NULL AND acked_at < ?1",
+                    "DELETE FROM ol_units WHERE acked_at IS NOT NULL AND acked_at < ?1 RETURNING row_ref",
                 )?
-                .query_map([ms(older_than)], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .query_map([ms(older_than)], |r| r.get(0))?
                 .collect::<Result<_, _>>()?;
-            for (unit, row_ref) in &done {
-                c.prepare_cached("DELETE FROM ol_units WHERE id = ?1")?
-                    .execute([unit])?;
+            for row_ref in done.iter().flatten() {
                 drop_row_if_unused(c, *row_ref)?;
             }
             Ok(done.len() as u64)
@@ -1557,9 +1932,7 @@ impl Store for SqliteStore {
     }
 }
 
-fn insert_delivery(c: &Connection, unit: i64, lane: i64, seq: i64) -> Result<(), rusqlite::Error> {
-    c.prepare_cached("INSERT INTO ol_deliveries (unit_id, lane_id, seq) VALUES (?1, ?2, ?3)")?
-        .execute(params![unit, lane, seq])?;
+fn advance_tail(c: &Connection, lane: i64, seq: i64) -> Result<(), rusqlite::Error> {
     c.prepare_cached("UPDATE ol_lanes SET tail_seq = max(tail_seq, ?2) WHERE id = ?1")?
         .execute(params![lane, seq])?;
     Ok(())
