@@ -342,7 +342,9 @@ impl Bare for SqliteBare {
         let tx = self.c.transaction().unwrap();
         let ids: Vec<i64> = {
             let mut st = tx
-                .prepare_cached(&format!("SELECT id FROM {table} ORDER BY id LIMIT ?1"))
+                // `+?1`: SQLite re-prepares a statement whose LIMIT is a bare parameter on every
+                // rebind; the store's claims avoid that the same way.
+                .prepare_cached(&format!("SELECT id FROM {table} ORDER BY id LIMIT +?1"))
                 .unwrap();
             st.query_map([n as i64], |r| r.get(0))
                 .unwrap()

@@ -7,6 +7,7 @@
 mod common;
 
 use common::*;
+use outbox_lanes_core::UnitId;
 use outbox_lanes_store::sqlite::rusqlite;
 use outbox_lanes_store::*;
 
