@@ -87,7 +87,10 @@ impl Default for PgOptions {
 /// see a lease as live after it expired).
 const NOW: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
 
-const SCHEMA_V1: &str = "
+/// The tables both schema versions share (everything but the units).
+macro_rules! shared_tables_a {
+    () => {
+        "
 CREATE TABLE ol_actors (
     actor     TEXT PRIMARY KEY,
     last_seq  BIGINT NOT NULL DEFAULT 0
@@ -122,30 +125,14 @@ CREATE TABLE ol_lanes (
     UNIQUE (actor, recipient, ordering_key)
 );
 CREATE INDEX ol_lanes_tail ON ol_lanes (actor, tail_seq);
-CREATE TABLE ol_units (
-    id        BIGSERIAL PRIMARY KEY,
-    actor     TEXT NOT NULL,
-    row_ref   BIGINT NOT NULL,
-    seq       BIGINT NOT NULL,
-    lanes     BIGINT NOT NULL,
-    pending   BIGINT NOT NULL,
-    acked_at  BIGINT
-);
-CREATE INDEX ol_units_row ON ol_units (row_ref);
-CREATE INDEX ol_units_acked ON ol_units (acked_at) WHERE acked_at IS NOT NULL;
-CREATE TABLE ol_deliveries (
-    unit_id           BIGINT NOT NULL,
-    lane_id           BIGINT NOT NULL,
-    seq               BIGINT NOT NULL,
-    state             BIGINT NOT NULL DEFAULT 0,
-    attempts          BIGINT NOT NULL DEFAULT 0,
-    last_status       BIGINT,
-    last_error        TEXT,
-    first_attempt_at  BIGINT,
-    last_attempt_at   BIGINT,
-    PRIMARY KEY (unit_id, lane_id)
-);
-CREATE INDEX ol_deliveries_lane ON ol_deliveries (lane_id, seq, unit_id);
+"
+    };
+}
+
+/// The tables both schema versions share, after the units.
+macro_rules! shared_tables_b {
+    () => {
+        "
 CREATE TABLE ol_dead_letters (
     id                BIGSERIAL PRIMARY KEY,
     unit_id           BIGINT NOT NULL,
@@ -173,7 +160,132 @@ CREATE TABLE ol_slots (
     lease_expires  BIGINT NOT NULL DEFAULT 0,
     look_again     BOOLEAN NOT NULL DEFAULT FALSE
 );
-";
+"
+    };
+}
+
+/// Version 2's `ol_units` (SCHEMA.md) with its indexes; `$id` is the id column's type: a fresh
+/// database gets `BIGSERIAL`, the migration keeps version 1's sequence.
+macro_rules! units_v2 {
+    ($id:literal) => {
+        concat!(
+            "
+CREATE TABLE ol_units (
+    id                ",
+            $id,
+            ",
+    unit_id           BIGINT,
+    actor             TEXT NOT NULL,
+    lane_id           BIGINT,
+    seq               BIGINT NOT NULL,
+    state             BIGINT NOT NULL DEFAULT 0,
+    attempts          BIGINT NOT NULL DEFAULT 0,
+    last_status       BIGINT,
+    last_error        TEXT,
+    first_attempt_at  BIGINT,
+    last_attempt_at   BIGINT,
+    lanes             BIGINT NOT NULL DEFAULT 1,
+    pending           BIGINT NOT NULL DEFAULT 1,
+    acked_at          BIGINT,
+    row_ref           BIGINT,
+    row_id            TEXT,
+    content_type      TEXT,
+    body              BYTEA,
+    body_len          BIGINT,
+    dedup_key         TEXT,
+    ordering_key      TEXT,
+    enqueued_at       BIGINT
+);
+CREATE INDEX ol_units_lane ON ol_units (lane_id, seq, id) WHERE lane_id IS NOT NULL;
+CREATE UNIQUE INDEX ol_units_row_id ON ol_units (actor, row_id) WHERE row_id IS NOT NULL;
+CREATE INDEX ol_units_unit ON ol_units (unit_id) WHERE unit_id IS NOT NULL;
+CREATE INDEX ol_units_row ON ol_units (row_ref) WHERE row_ref IS NOT NULL;
+CREATE INDEX ol_units_dedup ON ol_units (actor, dedup_key) WHERE dedup_key IS NOT NULL;
+CREATE INDEX ol_units_acked ON ol_units (acked_at) WHERE acked_at IS NOT NULL;
+"
+        )
+    };
+}
+
+/// Schema version 1 (units in three tables: `ol_rows`, `ol_units`, `ol_deliveries`). Only read
+/// by the migration to version 2; public for the migration test, which builds a version 1
+/// database.
+#[doc(hidden)]
+pub const SCHEMA_V1: &str = concat!(
+    shared_tables_a!(),
+    "CREATE TABLE ol_units (
+    id        BIGSERIAL PRIMARY KEY,
+    actor     TEXT NOT NULL,
+    row_ref   BIGINT NOT NULL,
+    seq       BIGINT NOT NULL,
+    lanes     BIGINT NOT NULL,
+    pending   BIGINT NOT NULL,
+    acked_at  BIGINT
+);
+CREATE INDEX ol_units_row ON ol_units (row_ref);
+CREATE INDEX ol_units_acked ON ol_units (acked_at) WHERE acked_at IS NOT NULL;
+CREATE TABLE ol_deliveries (
+    unit_id           BIGINT NOT NULL,
+    lane_id           BIGINT NOT NULL,
+    seq               BIGINT NOT NULL,
+    state             BIGINT NOT NULL DEFAULT 0,
+    attempts          BIGINT NOT NULL DEFAULT 0,
+    last_status       BIGINT,
+    last_error        TEXT,
+    first_attempt_at  BIGINT,
+    last_attempt_at   BIGINT,
+    PRIMARY KEY (unit_id, lane_id)
+);
+CREATE INDEX ol_deliveries_lane ON ol_deliveries (lane_id, seq, unit_id);
+",
+    shared_tables_b!()
+);
+
+/// Schema version 2 (SCHEMA.md): a one-recipient unit is one `ol_units` row.
+#[doc(hidden)]
+pub const SCHEMA_V2: &str = concat!(
+    shared_tables_a!(),
+    units_v2!("BIGSERIAL PRIMARY KEY"),
+    shared_tables_b!()
+);
+
+/// Version 1 to 2, in the opening transaction (SCHEMA.md "Migrations"). Each version 1 unit
+/// becomes its head row for its lowest lane (a unit kept by the ack retention has no delivery:
+/// no lane, served); its other deliveries become rows of their own with fresh ids. The payload
+/// stays in `ol_rows` (`row_ref`). The id sequence is detached before the old table goes and
+/// reused by the new one, so no unit id is ever handed out twice; index names are per schema,
+/// so the old table goes before the new one is created.
+const MIGRATE_V1_TO_V2: &str = concat!(
+    "
+ALTER SEQUENCE ol_units_id_seq OWNED BY NONE;
+CREATE TEMP TABLE ol_migrate_units ON COMMIT DROP AS
+    SELECT u.id, NULL::bigint AS unit_id, u.actor, d.lane_id, coalesce(d.seq, u.seq) AS seq,
+        coalesce(d.state, 1) AS state, coalesce(d.attempts, 0) AS attempts, d.last_status,
+        d.last_error, d.first_attempt_at, d.last_attempt_at, u.lanes, u.pending, u.acked_at,
+        u.row_ref
+    FROM ol_units u LEFT JOIN LATERAL (SELECT * FROM ol_deliveries x WHERE x.unit_id = u.id
+        ORDER BY x.lane_id LIMIT 1) d ON TRUE
+    UNION ALL
+    SELECT nextval('ol_units_id_seq'), o.unit_id, o.actor, o.lane_id, o.seq, o.state, o.attempts,
+        o.last_status, o.last_error, o.first_attempt_at, o.last_attempt_at, 1, 1, NULL, NULL
+    FROM (SELECT d.*, u.actor FROM ol_deliveries d JOIN ol_units u ON u.id = d.unit_id
+        WHERE d.lane_id > (SELECT min(x.lane_id) FROM ol_deliveries x WHERE x.unit_id = d.unit_id)
+        ORDER BY d.unit_id, d.lane_id) o;
+DROP TABLE ol_deliveries;
+DROP TABLE ol_units;
+",
+    units_v2!("BIGINT NOT NULL DEFAULT nextval('ol_units_id_seq') PRIMARY KEY"),
+    "
+ALTER SEQUENCE ol_units_id_seq OWNED BY ol_units.id;
+INSERT INTO ol_units (id, unit_id, actor, lane_id, seq, state, attempts, last_status, last_error,
+        first_attempt_at, last_attempt_at, lanes, pending, acked_at, row_ref)
+    SELECT * FROM pg_temp.ol_migrate_units ORDER BY id;
+SELECT setval('ol_units_id_seq', m) FROM (SELECT max(id) AS m FROM ol_units) x
+    WHERE m > (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM ol_units_id_seq);
+DROP TABLE pg_temp.ol_migrate_units;
+UPDATE ol_meta SET value = '2' WHERE key = 'schema_version';
+"
+);
 
 const STATE_PENDING: i64 = 0;
 const STATE_DEAD: i64 = 2;
@@ -495,7 +607,7 @@ impl PgStore {
         )?;
         match found {
             None => {
-                tx.batch_execute(SCHEMA_V1)?;
+                tx.batch_execute(SCHEMA_V2)?;
                 tx.execute(
                     "INSERT INTO ol_meta (key, value) VALUES ('schema_version', $1)",
                     &[&SCHEMA_VERSION.to_string()],
@@ -506,11 +618,23 @@ impl PgStore {
                 let found: u32 = v.parse().map_err(|_| {
                     StoreError::Database(format!("unreadable schema_version {v:?}"))
                 })?;
-                if found > SCHEMA_VERSION {
-                    return Err(StoreError::SchemaTooNew {
-                        found,
-                        supported: SCHEMA_VERSION,
-                    });
+                match found {
+                    _ if found > SCHEMA_VERSION => {
+                        return Err(StoreError::SchemaTooNew {
+                            found,
+                            supported: SCHEMA_VERSION,
+                        });
+                    }
+                    1 => {
+                        tracing::info!(target: "outbox_lanes::store", schema = %self.opts.schema, "migrating the schema from version 1 to 2");
+                        tx.batch_execute(MIGRATE_V1_TO_V2)?;
+                    }
+                    2 => {}
+                    _ => {
+                        return Err(StoreError::Database(format!(
+                            "unknown schema_version {found}"
+                        )));
+                    }
                 }
             }
         }
@@ -741,6 +865,32 @@ fn alloc_seqs(t: &mut impl Exec, actor: &str, n: i64) -> Result<i64, StoreError>
     Ok(last - n + 1)
 }
 
+/// A unique violation on a row id index (`ol_units_row_id` or `ol_rows`' `UNIQUE (actor,
+/// row_id)`), mapped to the batch row it names. The plan's check under the actor lock refuses
+/// duplicates first; this only catches a writer that skipped the lock (plain SQL done wrong).
+fn duplicate_of(e: &postgres::Error, rows: &[PreparedRow<'_>]) -> Option<EnqueueError> {
+    let db = e.as_db_error()?;
+    if *db.code() != SqlState::UNIQUE_VIOLATION
+        || !matches!(
+            db.constraint(),
+            Some("ol_units_row_id" | "ol_rows_actor_row_id_key")
+        )
+    {
+        return None;
+    }
+    // "Key (actor, row_id)=(alice, r1) already exists."
+    let detail = db.detail().unwrap_or("");
+    let row = rows
+        .iter()
+        .map(|p| p.row.id.as_str())
+        .filter(|id| detail.contains(&format!(", {id})=")) || detail.contains(&format!(", {id}) ")))
+        .max_by_key(|id| id.len())
+        .or_else(|| rows.first().map(|p| p.row.id.as_str()))?;
+    Some(EnqueueError::DuplicateRowId {
+        row: row.to_string(),
+    })
+}
+
 /// Set-based: a fixed number of statements per batch whatever its size, because every
 /// statement costs a round trip to the server.
 fn enqueue_tx(
@@ -758,9 +908,9 @@ fn enqueue_tx(
     // First: the actor row lock serialises this actor's enqueues (seq order = commit order).
     let first = alloc_seqs(t, a, n)?;
 
-    // Everything the plan needs, in one round trip: ids already taken, the batch's known
-    // lanes, what is pending for its dedup keys, and enough row and unit ids (an upper bound:
-    // a refused batch or skipped recipients only leave gaps in the sequences).
+    // Everything the plan needs, in one round trip: row ids already taken (inline on a unit
+    // or in ol_rows), the batch's known lanes, what is pending for its dedup keys, and enough
+    // unit and shared-row ids (upper bounds: skipped recipients only leave gaps).
     let ids: Vec<&str> = rows.iter().map(|p| p.row.id.as_str()).collect();
     let mut recs: Vec<&str> = Vec::new();
     let mut oks: Vec<&str> = Vec::new();
@@ -780,32 +930,43 @@ fn enqueue_tx(
         .iter()
         .filter_map(|p| p.row.dedup_key.as_deref())
         .collect();
-    let max_units: i64 = rows
-        .iter()
-        .map(|p| {
-            if p.row.joined {
-                1
-            } else {
-                i64::try_from(p.lanes.len()).unwrap_or(i64::MAX)
-            }
-        })
-        .sum();
+    let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+    // One ol_units row per (row, lane) at most; an ol_rows row per row split into several units.
+    let max_units: i64 = rows.iter().map(|p| count(p.lanes.len())).sum();
+    let max_shared: i64 = count(
+        rows.iter()
+            .filter(|p| !p.row.joined && p.lanes.len() > 1)
+            .count(),
+    );
+    // Pending units for the dedup keys: inline heads by ol_units_dedup, shared rows by
+    // ol_rows_dedup then ol_units_row; then each unit's rows still pending (the head's own
+    // lane, or a joined unit's other lanes by ol_units_unit).
     // The serial sequences are named literally (`<table>_id_seq`, as BIGSERIAL names them):
     // `pg_get_serial_sequence` would be re-evaluated for every id drawn (a catalog search each).
     let plan_row = t.one(
         "SELECT dup.v, ln.ids, ln.recs, ln.oks, pend.dks, pend.recs, idr.v, idu.v FROM \
-         (SELECT array_agg(r.row_id) AS v FROM unnest($2::text[]) AS k(row_id) \
-            JOIN ol_rows r ON r.actor = $1 AND r.row_id = k.row_id) dup, \
+         (SELECT array_agg(x.row_id) AS v FROM ( \
+            SELECT u.row_id FROM unnest($2::text[]) AS k(row_id) JOIN ol_units u ON u.actor = $1 AND u.row_id = k.row_id \
+            UNION ALL \
+            SELECT r.row_id FROM unnest($2::text[]) AS k(row_id) JOIN ol_rows r ON r.actor = $1 AND r.row_id = k.row_id) x) dup, \
          (SELECT array_agg(l.id) AS ids, array_agg(l.recipient) AS recs, array_agg(l.ordering_key) AS oks \
             FROM ol_lanes l JOIN unnest($3::text[], $4::text[]) AS k(recipient, ordering_key) \
             ON l.recipient = k.recipient AND l.ordering_key = k.ordering_key WHERE l.actor = $1) ln, \
          (SELECT array_agg(x.dedup_key) AS dks, array_agg(x.recipient) AS recs FROM \
-            (SELECT DISTINCT r.dedup_key, l.recipient FROM ol_rows r JOIN ol_units u ON u.row_ref = r.id \
-             JOIN ol_deliveries d ON d.unit_id = u.id JOIN ol_lanes l ON l.id = d.lane_id \
-             WHERE r.actor = $1 AND r.dedup_key IN (SELECT unnest($5::text[])) AND d.state = 0) x) pend, \
+            (SELECT DISTINCT p.dedup_key, l.recipient FROM ( \
+               SELECT h.dedup_key, h.id FROM ol_units h WHERE h.actor = $1 AND h.dedup_key = ANY($5::text[]) \
+                 AND h.unit_id IS NULL \
+               UNION ALL \
+               SELECT r.dedup_key, h.id FROM ol_rows r JOIN ol_units h ON h.row_ref = r.id \
+                 WHERE r.actor = $1 AND r.dedup_key = ANY($5::text[]) AND h.unit_id IS NULL) p \
+             CROSS JOIN LATERAL ( \
+               SELECT d.lane_id FROM ol_units d WHERE d.id = p.id AND d.state = 0 \
+               UNION ALL \
+               SELECT d.lane_id FROM ol_units d WHERE d.unit_id = p.id AND d.state = 0) d \
+             JOIN ol_lanes l ON l.id = d.lane_id) x) pend, \
          (SELECT array_agg(nextval('ol_rows_id_seq')) AS v FROM generate_series(1::bigint, $6::bigint)) idr, \
          (SELECT array_agg(nextval('ol_units_id_seq')) AS v FROM generate_series(1::bigint, $7::bigint)) idu",
-        &[&a, &ids, &recs, &oks, &dks, &n, &max_units],
+        &[&a, &ids, &recs, &oks, &dks, &max_shared, &max_units],
     )?;
     let taken: HashSet<String> = plan_row
         .get::<_, Option<Vec<String>>>(0)
@@ -834,7 +995,7 @@ fn enqueue_tx(
     ) {
         pending.extend(d.into_iter().zip(r));
     }
-    let row_keys: Vec<i64> = plan_row.get::<_, Option<Vec<i64>>>(6).unwrap_or_default();
+    let shared_keys: Vec<i64> = plan_row.get::<_, Option<Vec<i64>>>(6).unwrap_or_default();
     let unit_keys: Vec<i64> = plan_row.get::<_, Option<Vec<i64>>>(7).unwrap_or_default();
 
     // Lanes used for the first time.
@@ -854,15 +1015,52 @@ fn enqueue_tx(
         }
     }
 
-    struct Plan {
-        seq: i64,
-        units: Vec<Vec<i64>>,
-        skipped: Vec<String>,
+    // The rows to write, as columns (one array per column, unnested by the insert):
+    // heads with the payload inline, shared payloads, and rows without a payload (a joined
+    // unit's other lanes, the heads of a shared payload's units).
+    #[derive(Default)]
+    struct Inline<'r> {
+        id: Vec<i64>,
+        lane: Vec<i64>,
+        seq: Vec<i64>,
+        n: Vec<i64>,
+        row: Vec<&'r str>,
+        ct: Vec<&'r str>,
+        body: Vec<&'r [u8]>,
+        len: Vec<i64>,
+        dk: Vec<Option<&'r str>>,
+        ok: Vec<&'r str>,
     }
-    let mut plans = Vec::with_capacity(rows.len());
-    let mut nrows = 0i64;
+    #[derive(Default)]
+    struct Shared<'r> {
+        id: Vec<i64>,
+        row: Vec<&'r str>,
+        seq: Vec<i64>,
+        ct: Vec<&'r str>,
+        body: Vec<&'r [u8]>,
+        len: Vec<i64>,
+        dk: Vec<Option<&'r str>>,
+        ok: Vec<&'r str>,
+    }
+    #[derive(Default)]
+    struct Bare {
+        id: Vec<i64>,
+        unit: Vec<Option<i64>>,
+        lane: Vec<i64>,
+        seq: Vec<i64>,
+        row_ref: Vec<Option<i64>>,
+    }
+    let (mut inl, mut sh, mut bare) = (Inline::default(), Shared::default(), Bare::default());
+    // Highest seq written per lane, in lane order (the tail update locks lanes in that order).
+    let mut tails: BTreeMap<i64, i64> = BTreeMap::new();
+    let (mut sk, mut uk) = (shared_keys.into_iter(), unit_keys.into_iter());
+    let mut next_unit = || {
+        uk.next()
+            .ok_or_else(|| StoreError::Database("unit id allocation short".into()))
+    };
+    let mut out = Vec::with_capacity(rows.len());
     for (k, p) in rows.iter().enumerate() {
-        let seq = first + i64::try_from(k).unwrap_or(i64::MAX);
+        let seq = first + count(k);
         let mut kept = Vec::with_capacity(p.lanes.len());
         let mut skipped = Vec::new();
         for key in &p.lanes {
@@ -880,122 +1078,118 @@ fn enqueue_tx(
                 .copied()
                 .ok_or_else(|| StoreError::Database("lane vanished during enqueue".into()))?;
             kept.push(id);
+            let tail = tails.entry(id).or_insert(seq);
+            *tail = (*tail).max(seq);
         }
-        let units: Vec<Vec<i64>> = if kept.is_empty() {
-            Vec::new()
-        } else if p.row.joined {
-            vec![kept]
-        } else {
-            kept.into_iter().map(|l| vec![l]).collect()
-        };
-        if !units.is_empty() {
-            nrows += 1;
+        let len = count(p.row.body.len());
+        let mut units = Vec::new();
+        if let [first_lane, others @ ..] = kept.as_slice() {
+            if p.row.joined || others.is_empty() {
+                // One unit: its head holds the payload; a joined unit's other lanes are rows
+                // pointing at the head.
+                let head = next_unit()?;
+                inl.id.push(head);
+                inl.lane.push(*first_lane);
+                inl.seq.push(seq);
+                inl.n.push(count(kept.len()));
+                inl.row.push(p.row.id.as_str());
+                inl.ct.push(p.row.content_type.as_str());
+                inl.body.push(p.row.body.as_slice());
+                inl.len.push(len);
+                inl.dk.push(p.row.dedup_key.as_deref());
+                inl.ok.push(p.ordering_key);
+                for lane in others {
+                    bare.id.push(next_unit()?);
+                    bare.unit.push(Some(head));
+                    bare.lane.push(*lane);
+                    bare.seq.push(seq);
+                    bare.row_ref.push(None);
+                }
+                units.push(UnitId(u(head)));
+            } else {
+                // Several units: the payload once in ol_rows, one head per lane referring to it.
+                let row_ref = sk
+                    .next()
+                    .ok_or_else(|| StoreError::Database("row id allocation short".into()))?;
+                sh.id.push(row_ref);
+                sh.row.push(p.row.id.as_str());
+                sh.seq.push(seq);
+                sh.ct.push(p.row.content_type.as_str());
+                sh.body.push(p.row.body.as_slice());
+                sh.len.push(len);
+                sh.dk.push(p.row.dedup_key.as_deref());
+                sh.ok.push(p.ordering_key);
+                for lane in &kept {
+                    let head = next_unit()?;
+                    bare.id.push(head);
+                    bare.unit.push(None);
+                    bare.lane.push(*lane);
+                    bare.seq.push(seq);
+                    bare.row_ref.push(Some(row_ref));
+                    units.push(UnitId(u(head)));
+                }
+            }
         }
-        plans.push(Plan {
-            seq,
+        out.push(Enqueued {
+            row_id: p.row.id.clone(),
+            seq: Seq(u(seq)),
             units,
             skipped,
         });
     }
-
-    let mut out = Vec::with_capacity(rows.len());
-    if nrows > 0 {
-        let (mut r_id, mut r_row, mut r_seq, mut r_ct, mut r_body, mut r_len, mut r_dk, mut r_ok) = (
-            vec![],
-            vec![],
-            vec![],
-            vec![],
-            vec![],
-            vec![],
-            vec![],
-            vec![],
-        );
-        let (mut u_id, mut u_row, mut u_seq, mut u_n) = (vec![], vec![], vec![], vec![]);
-        let (mut d_unit, mut d_lane, mut d_seq) = (vec![], vec![], vec![]);
-        let (mut rk, mut uk) = (row_keys.into_iter(), unit_keys.into_iter());
-        for (p, plan) in rows.iter().zip(plans) {
-            let mut units = Vec::with_capacity(plan.units.len());
-            if !plan.units.is_empty() {
-                let row_ref = rk
-                    .next()
-                    .ok_or_else(|| StoreError::Database("row id allocation short".into()))?;
-                r_id.push(row_ref);
-                r_row.push(p.row.id.as_str());
-                r_seq.push(plan.seq);
-                r_ct.push(p.row.content_type.as_str());
-                r_body.push(p.row.body.as_slice());
-                r_len.push(i64::try_from(p.row.body.len()).unwrap_or(i64::MAX));
-                r_dk.push(p.row.dedup_key.as_deref());
-                r_ok.push(p.ordering_key);
-                for lanes in plan.units {
-                    let unit = uk
-                        .next()
-                        .ok_or_else(|| StoreError::Database("unit id allocation short".into()))?;
-                    u_id.push(unit);
-                    u_row.push(row_ref);
-                    u_seq.push(plan.seq);
-                    u_n.push(i64::try_from(lanes.len()).unwrap_or(i64::MAX));
-                    for lane in lanes {
-                        d_unit.push(unit);
-                        d_lane.push(lane);
-                        d_seq.push(plan.seq);
-                    }
-                    units.push(UnitId(u(unit)));
-                }
-            }
-            out.push(Enqueued {
-                row_id: p.row.id.clone(),
-                seq: Seq(u(plan.seq)),
-                units,
-                skipped: plan.skipped,
-            });
-        }
-        // One statement, one round trip: the tables have no foreign keys, so the order of
-        // the inserts within it does not matter. The NOTIFY is delivered on commit only.
-        t.x(
-            "WITH r AS (INSERT INTO ol_rows (id, actor, row_id, seq, content_type, body, body_len, dedup_key, \
-                 ordering_key, enqueued_at) \
-               SELECT id, $1, row_id, seq, ct, body, len, dk, ok, $2 FROM unnest($3::bigint[], $4::text[], \
-                 $5::bigint[], $6::text[], $7::bytea[], $8::bigint[], $9::text[], $10::text[]) \
-                 AS t(id, row_id, seq, ct, body, len, dk, ok)), \
-             u AS (INSERT INTO ol_units (id, actor, row_ref, seq, lanes, pending) SELECT id, $1, rr, seq, n, n \
-               FROM unnest($11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[]) AS t(id, rr, seq, n)), \
-             d AS (INSERT INTO ol_deliveries (unit_id, lane_id, seq) \
-               SELECT * FROM unnest($15::bigint[], $16::bigint[], $17::bigint[])), \
-             l AS (UPDATE ol_lanes l SET tail_seq = GREATEST(l.tail_seq, v.seq) FROM (SELECT lane, max(seq) AS seq \
-               FROM unnest($16::bigint[], $17::bigint[]) AS t(lane, seq) GROUP BY lane) v WHERE l.id = v.lane) \
-             SELECT pg_notify($18, $1)",
-            &[
-                &a, &now, &r_id, &r_row, &r_seq, &r_ct, &r_body, &r_len, &r_dk, &r_ok, &u_id, &u_row, &u_seq,
-                &u_n, &d_unit, &d_lane, &d_seq, &channel,
-            ],
-        )?;
+    if tails.is_empty() {
+        // Every recipient was skipped by dedup: nothing to write but the wake-up (delivered
+        // to listeners when, and only if, the transaction commits).
+        t.x("SELECT pg_notify($1, $2)", &[&channel, &a])?;
         return Ok(out);
     }
-    // Every recipient was skipped by dedup: nothing to write but the answer.
-    for (p, plan) in rows.iter().zip(plans) {
-        out.push(Enqueued {
-            row_id: p.row.id.clone(),
-            seq: Seq(u(plan.seq)),
-            units: Vec::new(),
-            skipped: plan.skipped,
-        });
-    }
-    // Delivered to listeners when (and only if) the transaction commits.
-    t.x("SELECT pg_notify($1, $2)", &[&channel, &a])?;
+    let (t_lane, t_seq): (Vec<i64>, Vec<i64>) = tails.into_iter().unzip();
+    // One statement, one round trip: the tables have no foreign keys, so the order of the
+    // inserts within it does not matter. The NOTIFY is delivered on commit only.
+    t.x(
+        "WITH h AS (INSERT INTO ol_units (id, actor, lane_id, seq, lanes, pending, row_id, content_type, body, \
+             body_len, dedup_key, ordering_key, enqueued_at) \
+           SELECT id, $1, lane, seq, n, n, row_id, ct, body, len, dk, ok, $2 FROM unnest($3::bigint[], $4::bigint[], \
+             $5::bigint[], $6::bigint[], $7::text[], $8::text[], $9::bytea[], $10::bigint[], $11::text[], $12::text[]) \
+             AS t(id, lane, seq, n, row_id, ct, body, len, dk, ok)), \
+         r AS (INSERT INTO ol_rows (id, actor, row_id, seq, content_type, body, body_len, dedup_key, ordering_key, \
+             enqueued_at) \
+           SELECT id, $1, row_id, seq, ct, body, len, dk, ok, $2 FROM unnest($13::bigint[], $14::text[], \
+             $15::bigint[], $16::text[], $17::bytea[], $18::bigint[], $19::text[], $20::text[]) \
+             AS t(id, row_id, seq, ct, body, len, dk, ok)), \
+         o AS (INSERT INTO ol_units (id, unit_id, actor, lane_id, seq, row_ref) \
+           SELECT id, uid, $1, lane, seq, rr FROM unnest($21::bigint[], $22::bigint[], $23::bigint[], \
+             $24::bigint[], $25::bigint[]) AS t(id, uid, lane, seq, rr)), \
+         l AS (UPDATE ol_lanes l SET tail_seq = GREATEST(l.tail_seq, v.seq) \
+           FROM unnest($26::bigint[], $27::bigint[]) AS v(lane, seq) WHERE l.id = v.lane) \
+         SELECT pg_notify($28, $1)",
+        &[
+            &a, &now, &inl.id, &inl.lane, &inl.seq, &inl.n, &inl.row, &inl.ct, &inl.body, &inl.len, &inl.dk,
+            &inl.ok, &sh.id, &sh.row, &sh.seq, &sh.ct, &sh.body, &sh.len, &sh.dk, &sh.ok, &bare.id, &bare.unit,
+            &bare.lane, &bare.seq, &bare.row_ref, &t_lane, &t_seq, &channel,
+        ],
+    )
+    .map_err(|e| duplicate_of(&e, rows).unwrap_or_else(|| EnqueueError::from(e)))?;
     Ok(out)
 }
 
-fn insert_delivery(
+/// A row for another lane of unit `unit` (a replayed dead letter rejoining a unit revived in
+/// the same replay), and the lane's tail.
+fn insert_lane_row(
     t: &mut impl Exec,
     unit: i64,
+    actor: &str,
     lane: i64,
     seq: i64,
 ) -> Result<(), postgres::Error> {
     t.x(
-        "INSERT INTO ol_deliveries (unit_id, lane_id, seq) VALUES ($1, $2, $3)",
-        &[&unit, &lane, &seq],
+        "INSERT INTO ol_units (unit_id, actor, lane_id, seq) VALUES ($1, $2, $3, $4)",
+        &[&unit, &actor, &lane, &seq],
     )?;
+    advance_tail(t, lane, seq)
+}
+
+fn advance_tail(t: &mut impl Exec, lane: i64, seq: i64) -> Result<(), postgres::Error> {
     t.x(
         "UPDATE ol_lanes SET tail_seq = GREATEST(tail_seq, $2) WHERE id = $1",
         &[&lane, &seq],
@@ -1003,29 +1197,38 @@ fn insert_delivery(
     Ok(())
 }
 
+/// One recipient of `unit` is no longer pending: count it down, and finish the unit when
+/// nothing is left (its other lanes' rows deleted; the head deleted, or kept out of every lane
+/// for the ack retention).
 fn settle(t: &mut impl Exec, unit: i64, retention: bool) -> Result<(), StoreError> {
     let r = t.one(
-        "UPDATE ol_units SET pending = pending - 1 WHERE id = $1 RETURNING pending, row_ref",
+        "UPDATE ol_units SET pending = pending - 1 WHERE id = $1 AND unit_id IS NULL RETURNING pending",
         &[&unit],
     )?;
-    let (pending, row_ref): (i64, i64) = (r.get(0), r.get(1));
-    if pending > 0 {
+    if r.get::<_, i64>(0) > 0 {
         return Ok(());
     }
-    t.x("DELETE FROM ol_deliveries WHERE unit_id = $1", &[&unit])?;
+    t.x("DELETE FROM ol_units WHERE unit_id = $1", &[&unit])?;
     if retention {
         t.x(
-            &format!("UPDATE ol_units SET acked_at = {NOW} WHERE id = $1"),
+            &format!(
+                "UPDATE ol_units SET acked_at = {NOW}, lane_id = NULL, pending = 0 WHERE id = $1"
+            ),
             &[&unit],
         )?;
-    } else {
-        t.x("DELETE FROM ol_units WHERE id = $1", &[&unit])?;
-        drop_row_if_unused(t, row_ref)?;
+    } else if let Some(r) = t.opt(
+        "DELETE FROM ol_units WHERE id = $1 RETURNING row_ref",
+        &[&unit],
+    )? {
+        drop_row_if_unused(t, r.get(0))?;
     }
     Ok(())
 }
 
-fn drop_row_if_unused(t: &mut impl Exec, row_ref: i64) -> Result<(), postgres::Error> {
+fn drop_row_if_unused(t: &mut impl Exec, row_ref: Option<i64>) -> Result<(), postgres::Error> {
+    let Some(row_ref) = row_ref else {
+        return Ok(());
+    };
     t.x(
         "DELETE FROM ol_rows WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM ol_units WHERE row_ref = $1) \
          AND NOT EXISTS (SELECT 1 FROM ol_dead_letters WHERE row_ref = $1)",
@@ -1033,6 +1236,11 @@ fn drop_row_if_unused(t: &mut impl Exec, row_ref: i64) -> Result<(), postgres::E
     )?;
     Ok(())
 }
+
+/// The id of unit `$1`'s row in lane `$2` (its head, or another lane's row of a joined unit)
+/// as an array for `id = ANY(…)`: two index probes, where an `OR` of the two would scan.
+const ROW_OF_UNIT_IN_LANE: &str = "ARRAY(SELECT x.id FROM ol_units x WHERE x.id = $1 AND x.unit_id IS NULL \
+     AND x.lane_id = $2 UNION ALL SELECT x.id FROM ol_units x WHERE x.unit_id = $1 AND x.lane_id = $2)";
 
 fn dead_letter_tx(
     t: &mut impl Exec,
@@ -1042,24 +1250,47 @@ fn dead_letter_tx(
 ) -> Result<bool, StoreError> {
     let unit = i(d.unit.0);
     let found = t.opt(
-        "SELECT d.seq, d.attempts, d.last_status, d.last_error, d.first_attempt_at, d.last_attempt_at, \
-         u.row_ref, r.row_id, l.recipient, l.ordering_key \
-         FROM ol_deliveries d JOIN ol_units u ON u.id = d.unit_id JOIN ol_rows r ON r.id = u.row_ref \
-         JOIN ol_lanes l ON l.id = d.lane_id \
-         WHERE d.unit_id = $1 AND d.lane_id = $2 AND d.state = 0 AND l.actor = $3 FOR UPDATE OF d",
+        &format!(
+            "SELECT d.id, d.seq, d.attempts, d.last_status, d.last_error, d.first_attempt_at, d.last_attempt_at, \
+             h.row_ref, coalesce(h.row_id, r.row_id), l.recipient, l.ordering_key \
+             FROM ol_units d JOIN ol_units h ON h.id = $1 AND h.unit_id IS NULL \
+             LEFT JOIN ol_rows r ON r.id = h.row_ref JOIN ol_lanes l ON l.id = d.lane_id \
+             WHERE d.id = ANY({ROW_OF_UNIT_IN_LANE}) AND d.lane_id = $2 AND d.state = 0 AND l.actor = $3 \
+             FOR UPDATE OF d"
+        ),
         &[&unit, &d.lane.0, &actor],
     )?;
     let Some(r) = found else { return Ok(false) };
-    let seq: i64 = r.get(0);
-    let attempts: i64 = r.get(1);
-    let status: Option<i64> = d.status.map(i64::from).or(r.get(2));
-    let error: Option<String> = d.error.clone().or(r.get(3));
-    let first: Option<i64> = r.get(4);
-    let last: Option<i64> = r.get(5);
-    let row_ref: i64 = r.get(6);
-    let row_id: String = r.get(7);
-    let recipient: String = r.get(8);
-    let ok: String = r.get(9);
+    let row: i64 = r.get(0);
+    let seq: i64 = r.get(1);
+    let attempts: i64 = r.get(2);
+    let status: Option<i64> = d.status.map(i64::from).or(r.get(3));
+    let error: Option<String> = d.error.clone().or(r.get(4));
+    let first: Option<i64> = r.get(5);
+    let last: Option<i64> = r.get(6);
+    let row_ref: Option<i64> = r.get(7);
+    let row_id: Option<String> = r.get(8);
+    let recipient: String = r.get(9);
+    let ok: String = r.get(10);
+    let row_id =
+        row_id.ok_or_else(|| StoreError::Database(format!("unit {unit} has no payload")))?;
+    // A dead letter keeps its payload in ol_rows: an inline payload moves there first (the
+    // head then refers to it), so it outlives the unit and serves a replay.
+    let row_ref: i64 = match row_ref {
+        Some(r) => r,
+        None => t
+            .one(
+                "WITH s AS (INSERT INTO ol_rows (actor, row_id, seq, content_type, body, body_len, dedup_key, \
+                   ordering_key, enqueued_at) \
+                 SELECT actor, row_id, seq, content_type, body, body_len, dedup_key, ordering_key, enqueued_at \
+                   FROM ol_units WHERE id = $1 AND unit_id IS NULL AND row_ref IS NULL RETURNING id) \
+                 UPDATE ol_units u SET row_ref = s.id, row_id = NULL, content_type = NULL, body = NULL, \
+                   body_len = NULL, dedup_key = NULL, ordering_key = NULL, enqueued_at = NULL \
+                 FROM s WHERE u.id = $1 RETURNING s.id",
+                &[&unit],
+            )?
+            .get(0),
+    };
     t.x(
         "INSERT INTO ol_dead_letters (unit_id, row_ref, row_id, actor, lane_id, recipient, ordering_key, reason, \
          last_status, last_error, attempts, first_attempt_at, last_attempt_at, seq, dead_at) \
@@ -1083,8 +1314,8 @@ fn dead_letter_tx(
         ],
     )?;
     t.x(
-        "UPDATE ol_deliveries SET state = $3 WHERE unit_id = $1 AND lane_id = $2",
-        &[&unit, &d.lane.0, &STATE_DEAD],
+        "UPDATE ol_units SET state = $2 WHERE id = $1",
+        &[&row, &STATE_DEAD],
     )?;
     if d.status.is_some() || d.error.is_some() {
         t.x(
@@ -1246,7 +1477,7 @@ impl Store for PgStore {
                     "SELECT f.live, l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, \
                      l.paused, l.tail_seq FROM (SELECT EXISTS ({LIVE_SLOT}) AS live) f \
                      LEFT JOIN LATERAL (SELECT * FROM ol_lanes l WHERE f.live AND l.actor = $1 AND l.tail_seq > $3 \
-                     AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id)) l ON TRUE ORDER BY l.id"
+                     AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id)) l ON TRUE ORDER BY l.id"
                 ),
                 &[&token.actor().as_str(), &i(token.fencing()), &i(since)],
             )?;
@@ -1312,12 +1543,20 @@ impl Store for PgStore {
             let mut heads: Vec<Vec<Row>> = lanes.iter().map(|_| Vec::new()).collect();
             if !k_ord.is_empty() {
                 for r in t.q(
-                    "SELECT k.ord, d.unit_id, d.seq, d.attempts, d.state, r.row_id, r.body_len, r.enqueued_at, u.lanes \
+                    // A one-lane unit with its payload inline (the common case) is read whole
+                    // from its lane row: the head and ol_rows joins only find a row for a joined
+                    // unit's other lanes (`unit_id`) or a shared payload (`row_ref`); a NULL key
+                    // costs no index probe.
+                    "SELECT k.ord, coalesce(d.unit_id, d.id), d.seq, d.attempts, d.state, \
+                     coalesce(d.row_id, h.row_id, r.row_id), coalesce(d.body_len, h.body_len, r.body_len), \
+                     coalesce(d.enqueued_at, h.enqueued_at, r.enqueued_at), coalesce(h.lanes, d.lanes) \
                      FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[]) AS k(ord, lane, from_seq, lim) \
-                     CROSS JOIN LATERAL (SELECT unit_id, seq, attempts, state FROM ol_deliveries \
-                        WHERE lane_id = k.lane AND seq >= k.from_seq ORDER BY lane_id, seq, unit_id LIMIT k.lim) d \
-                     JOIN ol_units u ON u.id = d.unit_id JOIN ol_rows r ON r.id = u.row_ref \
-                     ORDER BY k.ord, d.seq, d.unit_id",
+                     CROSS JOIN LATERAL (SELECT id, unit_id, seq, attempts, state, row_id, body_len, enqueued_at, \
+                        lanes, row_ref FROM ol_units \
+                        WHERE lane_id = k.lane AND seq >= k.from_seq ORDER BY lane_id, seq, id LIMIT k.lim) d \
+                     LEFT JOIN ol_units h ON h.id = d.unit_id \
+                     LEFT JOIN ol_rows r ON r.id = coalesce(h.row_ref, d.row_ref) \
+                     ORDER BY k.ord, d.seq, d.id",
                     &[&k_ord, &k_lane, &k_from, &k_lim],
                 )? {
                     let ord = usize::try_from(r.get::<_, i64>(0)).unwrap_or(usize::MAX);
@@ -1335,9 +1574,12 @@ impl Store for PgStore {
             let mut slots_of: HashMap<i64, Vec<ClaimedSlot>> = HashMap::new();
             if !joined.is_empty() {
                 for r in t.q(
-                    "SELECT d.unit_id, d.lane_id, l.recipient, l.ordering_key, d.attempts, d.state \
-                     FROM ol_deliveries d JOIN ol_lanes l ON l.id = d.lane_id \
-                     WHERE d.unit_id IN (SELECT unnest($1::bigint[])) ORDER BY d.unit_id, d.lane_id",
+                    "SELECT d.unit, d.lane_id, l.recipient, l.ordering_key, d.attempts, d.state FROM ( \
+                       SELECT id AS unit, lane_id, attempts, state FROM ol_units \
+                         WHERE id = ANY($1::bigint[]) AND unit_id IS NULL \
+                       UNION ALL SELECT unit_id, lane_id, attempts, state FROM ol_units \
+                         WHERE unit_id = ANY($1::bigint[])) d \
+                     JOIN ol_lanes l ON l.id = d.lane_id ORDER BY d.unit, d.lane_id",
                     &[&joined],
                 )? {
                     slots_of.entry(r.get(0)).or_default().push(ClaimedSlot {
@@ -1388,11 +1630,16 @@ impl Store for PgStore {
     fn payload(&self, unit: UnitId) -> Result<Payload, StoreError> {
         self.read(|t| {
             t.opt(
-                "SELECT r.row_id, r.content_type, r.body FROM ol_units u JOIN ol_rows r ON r.id = u.row_ref \
-                 WHERE u.id = $1 AND u.acked_at IS NULL",
+                "SELECT coalesce(h.row_id, r.row_id), coalesce(h.content_type, r.content_type), \
+                 coalesce(h.body, r.body) FROM ol_units h LEFT JOIN ol_rows r ON r.id = h.row_ref \
+                 WHERE h.id = $1 AND h.unit_id IS NULL AND h.acked_at IS NULL",
                 &[&i(unit.0)],
             )?
-            .map(|r| Payload { row_id: r.get(0), content_type: r.get(1), body: r.get(2) })
+            .map(|r| Payload {
+                row_id: r.get(0),
+                content_type: r.get(1),
+                body: r.get(2),
+            })
             .ok_or(StoreError::NotFound { what: "unit" })
         })
     }
@@ -1408,64 +1655,87 @@ impl Store for PgStore {
         let retention = self.opts.common.ack_retention.is_some();
         let units: Vec<i64> = delivered.iter().map(|(u, _)| i(u.0)).collect();
         let lanes: Vec<i64> = delivered.iter().map(|(_, l)| l.0).collect();
+        // The common case first, in one statement: a one-lane unit is finished by its ack, so
+        // its row (payload included) is deleted outright, or with a retention taken out of
+        // its lane and stamped. It fences itself (the slot row locked FOR SHARE, as `fence`
+        // does, and nothing written unless the token is live): one round trip fewer. A shared
+        // payload goes with its last unit; the statement's snapshot still shows the units it
+        // deletes, so the check skips them by id.
+        let finish = if retention {
+            format!(
+                "UPDATE ol_units d SET state = 1, pending = 0, acked_at = {NOW}, lane_id = NULL \
+                 FROM unnest($3::bigint[], $4::bigint[]) AS a(id, lane_id) \
+                 WHERE EXISTS (SELECT 1 FROM f) AND d.id = a.id AND d.lane_id = a.lane_id AND d.unit_id IS NULL \
+                 AND d.state = 0 AND d.lanes = 1 AND d.actor = $1 RETURNING d.id, NULL::bigint AS row_ref"
+            )
+        } else {
+            "DELETE FROM ol_units d USING unnest($3::bigint[], $4::bigint[]) AS a(id, lane_id) \
+             WHERE EXISTS (SELECT 1 FROM f) AND d.id = a.id AND d.lane_id = a.lane_id AND d.unit_id IS NULL \
+             AND d.state = 0 AND d.lanes = 1 AND d.actor = $1 RETURNING d.id, d.row_ref"
+                .to_string()
+        };
+        let fast = format!(
+            "WITH f AS ({LIVE_SLOT} FOR SHARE), s AS ({finish}), \
+             r AS (DELETE FROM ol_rows r USING (SELECT DISTINCT row_ref FROM s WHERE row_ref IS NOT NULL) k \
+               WHERE r.id = k.row_ref \
+               AND NOT EXISTS (SELECT 1 FROM ol_units x WHERE x.row_ref = r.id \
+                 AND NOT EXISTS (SELECT 1 FROM s WHERE s.id = x.id)) \
+               AND NOT EXISTS (SELECT 1 FROM ol_dead_letters x WHERE x.row_ref = r.id)) \
+             SELECT EXISTS (SELECT 1 FROM f), (SELECT count(*) FROM s)"
+        );
         // Set-based: a fixed number of round trips per batch, whatever its size.
         self.tx(true, |t| {
-            if retention {
-                fence(t, token, true)?;
-            } else {
-                // The common case first: a unit with one lane is finished by its ack, so its
-                // delivery, unit and (unless shared) row are deleted outright — no row version
-                // written by marking it served and counting it down first. The statement's
-                // snapshot still shows the units it deletes, so the row check skips them by id.
-                // It fences itself (the slot row locked FOR SHARE, as `fence` does, and nothing
-                // deleted unless the token is live): one round trip fewer.
-                let r = t.one(
-                    &format!(
-                        "WITH f AS ({LIVE_SLOT} FOR SHARE), \
-                         s AS ( \
-                           DELETE FROM ol_deliveries d \
-                           USING unnest($3::bigint[], $4::bigint[]) AS a(unit_id, lane_id), ol_units x \
-                           WHERE EXISTS (SELECT 1 FROM f) \
-                           AND d.unit_id = a.unit_id AND d.lane_id = a.lane_id AND d.state = 0 \
-                           AND x.id = d.unit_id AND x.actor = $1 AND x.lanes = 1 \
-                           RETURNING d.unit_id, x.row_ref), \
-                         u AS (DELETE FROM ol_units u USING s WHERE u.id = s.unit_id), \
-                         r AS (DELETE FROM ol_rows r USING (SELECT DISTINCT row_ref FROM s) k WHERE r.id = k.row_ref \
-                           AND NOT EXISTS (SELECT 1 FROM ol_units x WHERE x.row_ref = r.id \
-                             AND NOT EXISTS (SELECT 1 FROM s WHERE s.unit_id = x.id)) \
-                           AND NOT EXISTS (SELECT 1 FROM ol_dead_letters x WHERE x.row_ref = r.id)) \
-                         SELECT EXISTS (SELECT 1 FROM f), (SELECT count(*) FROM s)"
-                    ),
-                    &[&token.actor().as_str(), &i(token.fencing()), &units, &lanes],
-                )?;
-                if !r.get::<_, bool>(0) {
-                    return Err(stale(token));
-                }
-                if usize::try_from(r.get::<_, i64>(1)).unwrap_or(0) == delivered.len() {
-                    return Ok(());
-                }
-                // The slot row stays locked to commit: the rest is fenced too.
+            let r = t.one(&fast, &[&token.actor().as_str(), &i(token.fencing()), &units, &lanes])?;
+            if !r.get::<_, bool>(0) {
+                return Err(stale(token));
             }
-            // Joined units (and, with a retention, every unit): mark served, count down, and
-            // finish the units with nothing pending. What the statement above deleted no
-            // longer matches here.
-            let done: Vec<(i64, i64)> = t
+            if usize::try_from(r.get::<_, i64>(1)).unwrap_or(0) == delivered.len() {
+                return Ok(());
+            }
+            // The rest: joined units (or acks of nothing pending, which change nothing). The
+            // slot row stays locked to commit, so this is fenced too. Each statement writes a
+            // row once (Postgres does not let one statement update a row twice): first the
+            // other lanes' rows, with a read of the heads acked on their own lane...
+            let mut per_unit: BTreeMap<i64, (i64, Option<i64>)> = BTreeMap::new();
+            for r in t.q(
+                "WITH a AS (SELECT * FROM unnest($1::bigint[], $2::bigint[]) AS a(unit, lane)), \
+                 o AS (UPDATE ol_units d SET state = 1 FROM a \
+                   WHERE d.unit_id = a.unit AND d.lane_id = a.lane AND d.state = 0 AND d.actor = $3 \
+                   RETURNING d.unit_id) \
+                 SELECT unit_id, NULL::bigint FROM o \
+                 UNION ALL SELECT h.id, h.lane_id FROM a JOIN ol_units h ON h.id = a.unit AND h.lane_id = a.lane \
+                   WHERE h.unit_id IS NULL AND h.state = 0 AND h.actor = $3",
+                &[&units, &lanes, &token.actor().as_str()],
+            )? {
+                let e = per_unit.entry(r.get(0)).or_insert((0, None));
+                match r.get::<_, Option<i64>>(1) {
+                    None => e.0 += 1,
+                    own => e.1 = own,
+                }
+            }
+            if per_unit.is_empty() {
+                return Ok(());
+            }
+            // ...then each head once: served on its own lane (if still pending there) and
+            // counted down; the units with nothing pending left are finished.
+            let (mut h_id, mut h_n, mut h_lane) = (vec![], vec![], vec![]);
+            for (unit, (n, own)) in per_unit {
+                h_id.push(unit);
+                h_n.push(n);
+                h_lane.push(own);
+            }
+            let done: Vec<(i64, Option<i64>)> = t
                 .q(
-                    "WITH acked AS ( \
-                       UPDATE ol_deliveries d SET state = 1 \
-                       FROM unnest($1::bigint[], $2::bigint[]) AS a(unit_id, lane_id) \
-                       WHERE d.unit_id = a.unit_id AND d.lane_id = a.lane_id AND d.state = 0 \
-                       AND EXISTS (SELECT 1 FROM ol_units x WHERE x.id = d.unit_id AND x.actor = $3) \
-                       RETURNING d.unit_id), \
-                     dec AS ( \
-                       UPDATE ol_units u SET pending = u.pending - c.n \
-                       FROM (SELECT unit_id, count(*) AS n FROM acked GROUP BY unit_id) c \
-                       WHERE u.id = c.unit_id RETURNING u.id, u.pending, u.row_ref) \
-                     SELECT id, row_ref FROM dec WHERE pending = 0",
-                    &[&units, &lanes, &token.actor().as_str()],
+                    "UPDATE ol_units h SET \
+                       state = CASE WHEN h.lane_id = x.lane AND h.state = 0 THEN 1 ELSE h.state END, \
+                       pending = h.pending - x.n - CASE WHEN h.lane_id = x.lane AND h.state = 0 THEN 1 ELSE 0 END \
+                     FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS x(id, n, lane) \
+                     WHERE h.id = x.id AND h.unit_id IS NULL RETURNING h.id, h.pending, h.row_ref",
+                    &[&h_id, &h_n, &h_lane],
                 )?
                 .iter()
-                .map(|r| (r.get(0), r.get(1)))
+                .filter(|r| r.get::<_, i64>(1) <= 0)
+                .map(|r| (r.get(0), r.get(2)))
                 .collect();
             if done.is_empty() {
                 return Ok(());
@@ -1474,19 +1744,21 @@ impl Store for PgStore {
             if retention {
                 t.x(
                     &format!(
-                        "WITH d AS (DELETE FROM ol_deliveries USING unnest($1::bigint[]) AS k(id) WHERE unit_id = k.id) \
-                         UPDATE ol_units u SET acked_at = {NOW} FROM unnest($1::bigint[]) AS k(id) WHERE u.id = k.id"
+                        "WITH o AS (DELETE FROM ol_units d USING unnest($1::bigint[]) AS k(id) WHERE d.unit_id = k.id) \
+                         UPDATE ol_units h SET acked_at = {NOW}, lane_id = NULL, pending = 0 \
+                         FROM unnest($1::bigint[]) AS k(id) WHERE h.id = k.id"
                     ),
                     &[&ids],
                 )?;
             } else {
-                let rows: Vec<i64> = done.iter().map(|d| d.1).collect();
+                let rows: Vec<Option<i64>> = done.iter().map(|d| d.1).collect();
                 // One round trip: the row delete runs on the statement's snapshot, which still
                 // shows the finished units, so it skips them by id.
                 t.x(
-                    "WITH d AS (DELETE FROM ol_deliveries USING unnest($1::bigint[]) AS k(id) WHERE unit_id = k.id), \
-                          u AS (DELETE FROM ol_units u USING unnest($1::bigint[]) AS k(id) WHERE u.id = k.id) \
-                     DELETE FROM ol_rows r USING (SELECT DISTINCT unnest($2::bigint[]) AS id) k WHERE r.id = k.id \
+                    "WITH o AS (DELETE FROM ol_units d USING unnest($1::bigint[]) AS k(id) WHERE d.unit_id = k.id), \
+                          h AS (DELETE FROM ol_units h USING unnest($1::bigint[]) AS k(id) WHERE h.id = k.id) \
+                     DELETE FROM ol_rows r USING (SELECT DISTINCT k.id FROM unnest($2::bigint[]) AS k(id) \
+                       WHERE k.id IS NOT NULL) k WHERE r.id = k.id \
                      AND NOT EXISTS (SELECT 1 FROM ol_units x WHERE x.row_ref = r.id AND NOT (x.id = ANY($1))) \
                      AND NOT EXISTS (SELECT 1 FROM ol_dead_letters x WHERE x.row_ref = r.id)",
                     &[&ids, &rows],
@@ -1510,13 +1782,26 @@ impl Store for PgStore {
             for a in &sorted {
                 let status = a.status.map(i64::from);
                 let n = t.x(
-                    "UPDATE ol_deliveries SET attempts = $3, last_status = $4, last_error = $5, \
-                     first_attempt_at = coalesce(first_attempt_at, $6), last_attempt_at = $6 \
-                     WHERE unit_id = $1 AND lane_id = $2 AND EXISTS (SELECT 1 FROM ol_lanes WHERE id = $2 AND actor = $7)",
-                    &[&i(a.unit.0), &a.lane.0, &i64::from(a.attempts), &status, &a.error, &ms(a.at), &actor],
+                    &format!(
+                        "UPDATE ol_units SET attempts = $3, last_status = $4, last_error = $5, \
+                         first_attempt_at = coalesce(first_attempt_at, $6), last_attempt_at = $6 \
+                         WHERE id = ANY({ROW_OF_UNIT_IN_LANE}) AND lane_id = $2 AND actor = $7"
+                    ),
+                    &[
+                        &i(a.unit.0),
+                        &a.lane.0,
+                        &i64::from(a.attempts),
+                        &status,
+                        &a.error,
+                        &ms(a.at),
+                        &actor,
+                    ],
                 )?;
                 if n == 1 {
-                    t.x("UPDATE ol_lanes SET last_status = $2, last_error = $3 WHERE id = $1", &[&a.lane.0, &status, &a.error])?;
+                    t.x(
+                        "UPDATE ol_lanes SET last_status = $2, last_error = $3 WHERE id = $1",
+                        &[&a.lane.0, &status, &a.error],
+                    )?;
                 }
             }
             Ok(())
@@ -1571,7 +1856,10 @@ impl Store for PgStore {
         let retention = self.opts.common.ack_retention.is_some();
         self.fenced(token, false, |t| {
             let units: Vec<i64> = t
-                .q("SELECT unit_id FROM ol_deliveries WHERE lane_id = $1 AND state = 0 ORDER BY seq", &[&lane.0])?
+                .q(
+                    "SELECT coalesce(unit_id, id) FROM ol_units WHERE lane_id = $1 AND state = 0 ORDER BY seq, id",
+                    &[&lane.0],
+                )?
                 .iter()
                 .map(|r| r.get(0))
                 .collect();
@@ -1605,7 +1893,7 @@ impl Store for PgStore {
             t.x(
                 "INSERT INTO ol_slots (actor) SELECT DISTINCT l.actor FROM ol_lanes l \
                  WHERE NOT l.paused AND (l.not_before IS NULL OR l.not_before <= $1) \
-                 AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0) \
+                 AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0) \
                  ON CONFLICT (actor) DO NOTHING",
                 &[&ms(now)],
             )?;
@@ -1616,7 +1904,7 @@ impl Store for PgStore {
                         "SELECT s.actor, (s.holder IS NULL OR s.lease_expires <= {NOW}) FROM ol_slots s \
                          WHERE s.actor IN (SELECT l.actor FROM ol_lanes l WHERE NOT l.paused \
                            AND (l.not_before IS NULL OR l.not_before <= $1) \
-                           AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0)) \
+                           AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0)) \
                          ORDER BY s.lease_expires, s.actor FOR UPDATE OF s SKIP LOCKED"
                     ),
                     &[&ms(now)],
@@ -1660,7 +1948,7 @@ impl Store for PgStore {
                 .q(
                     "SELECT DISTINCT l.actor FROM ol_lanes l WHERE NOT l.paused \
                      AND (l.not_before IS NULL OR l.not_before <= $1) \
-                     AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0) ORDER BY l.actor",
+                     AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0) ORDER BY l.actor",
                     &[&ms(now)],
                 )?
                 .iter()
@@ -1669,7 +1957,7 @@ impl Store for PgStore {
             let next: Option<i64> = t
                 .one(
                     "SELECT min(l.not_before) FROM ol_lanes l WHERE NOT l.paused AND l.not_before > $1 \
-                     AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0)",
+                     AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0)",
                     &[&ms(now)],
                 )?
                 .get(0);
@@ -1681,7 +1969,7 @@ impl Store for PgStore {
         let now = ms(Timestamp::from_system_time(std::time::SystemTime::now()));
         self.read(|t| {
             let pending = t
-                .q("SELECT actor, count(*) FROM ol_units WHERE acked_at IS NULL GROUP BY actor", &[])?
+                .q("SELECT actor, count(*) FROM ol_units WHERE unit_id IS NULL AND acked_at IS NULL GROUP BY actor", &[])?
                 .iter()
                 .map(|r| (r.get(0), r.get(1)))
                 .collect();
@@ -1693,7 +1981,7 @@ impl Store for PgStore {
             let backoff = t
                 .q(
                     "SELECT l.actor, l.recipient, l.ordering_key, l.not_before FROM ol_lanes l WHERE l.not_before > $1 \
-                     AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0) \
+                     AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0) \
                      ORDER BY l.actor, l.not_before, l.id",
                     &[&now],
                 )?
@@ -1715,9 +2003,10 @@ impl Store for PgStore {
                 .q(
                     "SELECT l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, l.paused, \
                      l.pause_reason, l.last_status, l.last_error, \
-                     (SELECT count(*) FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0), \
-                     (SELECT r.enqueued_at FROM ol_deliveries d JOIN ol_units u ON u.id = d.unit_id \
-                      JOIN ol_rows r ON r.id = u.row_ref WHERE d.lane_id = l.id AND d.state = 0 ORDER BY d.seq LIMIT 1) \
+                     (SELECT count(*) FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0), \
+                     (SELECT coalesce(h.enqueued_at, r.enqueued_at) FROM ol_units d \
+                      JOIN ol_units h ON h.id = coalesce(d.unit_id, d.id) LEFT JOIN ol_rows r ON r.id = h.row_ref \
+                      WHERE d.lane_id = l.id AND d.state = 0 ORDER BY d.seq, d.id LIMIT 1) \
                      FROM ol_lanes l WHERE l.actor = $1 ORDER BY l.id",
                     &[&actor.as_str()],
                 )?
@@ -1773,38 +2062,52 @@ impl Store for PgStore {
                     actors.push(dl.actor.clone());
                 }
                 let unit = i(dl.unit.0);
+                let a = dl.actor.as_str();
                 let existing = t
-                    .opt("SELECT pending, acked_at FROM ol_units WHERE id = $1", &[&unit])?
+                    .opt(
+                        "SELECT pending, acked_at FROM ol_units WHERE id = $1 AND unit_id IS NULL",
+                        &[&unit],
+                    )?
                     .map(|r| (r.get::<_, i64>(0), r.get::<_, Option<i64>>(1)));
                 match existing {
+                    // The unit is still pending elsewhere: this lane's row rejoins in place.
                     Some((pending, None)) if pending > 0 && !revived.contains(&unit) => {
                         t.x(
-                            "UPDATE ol_deliveries SET state = 0, attempts = 0, last_status = NULL, last_error = NULL, \
-                             first_attempt_at = NULL, last_attempt_at = NULL WHERE unit_id = $1 AND lane_id = $2",
+                            &format!(
+                                "UPDATE ol_units SET state = 0, attempts = 0, last_status = NULL, last_error = NULL, \
+                                 first_attempt_at = NULL, last_attempt_at = NULL WHERE id = ANY({ROW_OF_UNIT_IN_LANE})"
+                            ),
                             &[&unit, &lane],
                         )?;
                         t.x("UPDATE ol_units SET pending = pending + 1 WHERE id = $1", &[&unit])?;
                     }
+                    // Revived earlier in this replay: another lane joins it.
                     Some(_) if revived.contains(&unit) => {
                         t.x("UPDATE ol_units SET pending = pending + 1, lanes = lanes + 1 WHERE id = $1", &[&unit])?;
-                        insert_delivery(t, unit, lane, seq)?;
+                        insert_lane_row(t, unit, a, lane, seq)?;
                     }
+                    // Kept by the ack retention: the head becomes a fresh one-lane unit at the
+                    // tail (its payload is in ol_rows since it was dead-lettered).
                     Some(_) => {
-                        t.x("DELETE FROM ol_deliveries WHERE unit_id = $1", &[&unit])?;
+                        t.x("DELETE FROM ol_units WHERE unit_id = $1", &[&unit])?;
                         t.x(
-                            "UPDATE ol_units SET acked_at = NULL, pending = 1, lanes = 1, seq = $2 WHERE id = $1",
-                            &[&unit, &seq],
+                            "UPDATE ol_units SET acked_at = NULL, pending = 1, lanes = 1, seq = $2, lane_id = $3, \
+                             state = 0, attempts = 0, last_status = NULL, last_error = NULL, first_attempt_at = NULL, \
+                             last_attempt_at = NULL, row_ref = $4, row_id = NULL, content_type = NULL, body = NULL, \
+                             body_len = NULL, dedup_key = NULL, ordering_key = NULL, enqueued_at = NULL WHERE id = $1",
+                            &[&unit, &seq, &lane, &row_ref],
                         )?;
                         revived.insert(unit);
-                        insert_delivery(t, unit, lane, seq)?;
+                        advance_tail(t, lane, seq)?;
                     }
+                    // Gone: a head with the same id (the idempotency key stays stable).
                     None => {
                         t.x(
-                            "INSERT INTO ol_units (id, actor, row_ref, seq, lanes, pending) VALUES ($1, $2, $3, $4, 1, 1)",
-                            &[&unit, &dl.actor.as_str(), &row_ref, &seq],
+                            "INSERT INTO ol_units (id, actor, lane_id, seq, row_ref) VALUES ($1, $2, $3, $4, $5)",
+                            &[&unit, &a, &lane, &seq, &row_ref],
                         )?;
                         revived.insert(unit);
-                        insert_delivery(t, unit, lane, seq)?;
+                        advance_tail(t, lane, seq)?;
                     }
                 }
                 t.x("DELETE FROM ol_dead_letters WHERE id = $1", &[&dl.id.0])?;
@@ -1827,7 +2130,7 @@ impl Store for PgStore {
             let mut n = 0;
             for (dl, row_ref, _) in dead {
                 n += t.x("DELETE FROM ol_dead_letters WHERE id = $1", &[&dl.id.0])?;
-                drop_row_if_unused(t, row_ref)?;
+                drop_row_if_unused(t, Some(row_ref))?;
             }
             Ok(n)
         })
@@ -1893,7 +2196,7 @@ impl Store for PgStore {
 
     fn purge_acked(&self, older_than: Timestamp) -> Result<u64, StoreError> {
         self.tx(true, |t| {
-            let done: Vec<(i64, i64)> = t
+            let done: Vec<(i64, Option<i64>)> = t
                 .q(
                     "SELECT id, row_ref FROM ol_units WHERE acked_at IS NOT NULL AND acked_at < $1",
                     &[&ms(older_than)],
