@@ -585,6 +585,10 @@ impl PgStore {
         // the statistics say). Prepared statements always run their generic plan: the server
         // otherwise re-plans some of them at every execution (the enqueue's plan statement took
         // 0.4 ms for one row that way), and with these settings no plan depends on the values.
+        // The hot statements go further and are written so that no plan can read a table
+        // whole: a lookup driven by another row is a `LATERAL (… LIMIT n)`, an `EXISTS (…
+        // OFFSET 0)` (OFFSET keeps it a per-row subplan instead of a join) or an `id =
+        // ANY(ARRAY(…))`, each an index probe whatever the statistics.
         client.batch_execute(&format!(
             "SET search_path TO {}; SET enable_seqscan = off; SET enable_bitmapscan = off; \
              SET enable_hashjoin = off; SET enable_mergejoin = off; SET plan_cache_mode = force_generic_plan",
@@ -777,9 +781,10 @@ impl PgStore {
         &self.opts
     }
 
-    /// Runs read-only statements outside a transaction (no BEGIN/COMMIT round trips); a
-    /// read is always safe to retry once on a fresh connection.
-    fn read<T>(
+    /// Runs statements outside a transaction (no BEGIN/COMMIT round trips), each committed
+    /// on its own: reads, and single idempotent write statements (the ack's), which are as
+    /// safe to retry once on a fresh connection as a read.
+    fn autocommit<T>(
         &self,
         mut f: impl FnMut(&mut Cn<'_>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
@@ -798,7 +803,7 @@ impl PgStore {
                 }
                 Err(e) if e.lost() || conn.client.is_closed() => {
                     self.discard(conn);
-                    tracing::warn!(target: "outbox_lanes::store", retry = attempt < 2, "postgres connection lost during a read; dropped the pool's idle connections");
+                    tracing::warn!(target: "outbox_lanes::store", retry = attempt < 2, "postgres connection lost outside a transaction; dropped the pool's idle connections");
                     if attempt < 2 {
                         continue;
                     }
@@ -896,6 +901,142 @@ fn duplicate_of(e: &postgres::Error, rows: &[PreparedRow<'_>]) -> Option<Enqueue
     })
 }
 
+/// The hot path of [`enqueue_tx`]: every row has one recipient and no dedup key, so each row
+/// is one unit with its payload inline, and one statement does it all: the actor's seqs, the
+/// duplicate check against shared payloads (ol_rows), the lanes (created or their tail
+/// advanced, by one upsert each), the units, and the wake-up. A row id already inline on a
+/// unit is refused by the unique index `ol_units_row_id`.
+///
+/// The statement's snapshot is taken before it waits for the actor's row lock, so unlike the
+/// general path it does not see a shared payload committed by a concurrent enqueue of the
+/// same actor while it waited; the only case it could miss is that other enqueue writing the
+/// same row id with several recipients at that very moment. Lanes are upserted, so one created
+/// meanwhile is found all the same; seqs still follow commit order (the lock is held to
+/// commit).
+fn enqueue_one_lane_rows(
+    t: &mut impl Exec,
+    actor: &ActorId,
+    rows: &[PreparedRow<'_>],
+    channel: &str,
+) -> Result<Vec<Enqueued>, EnqueueError> {
+    let a = actor.as_str();
+    let now = ms(Timestamp::from_system_time(std::time::SystemTime::now()));
+    let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+    let n = count(rows.len());
+    // The batch's lanes in key order (the upsert locks them in that order), each with the
+    // 1-based index of its last row: the lane's new tail is the actor's base seq + that.
+    let mut lanes: BTreeMap<(&str, &str), i64> = BTreeMap::new();
+    for (k, p) in rows.iter().enumerate() {
+        let key = p
+            .lanes
+            .first()
+            .ok_or_else(|| StoreError::Database("row without a lane".into()))?;
+        lanes.insert(
+            (key.recipient(), key.ordering_key().unwrap_or("")),
+            count(k + 1),
+        );
+    }
+    let (mut l_rec, mut l_ok, mut l_last) = (vec![], vec![], vec![]);
+    let mut ordinal: HashMap<(&str, &str), i64> = HashMap::with_capacity(lanes.len());
+    for (k, (key, last)) in lanes.into_iter().enumerate() {
+        l_rec.push(key.0);
+        l_ok.push(key.1);
+        l_last.push(last);
+        ordinal.insert(key, count(k + 1));
+    }
+    let (mut r_id, mut r_lane, mut r_ct, mut r_body, mut r_len) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    for p in rows {
+        let key = p
+            .lanes
+            .first()
+            .ok_or_else(|| StoreError::Database("row without a lane".into()))?;
+        r_id.push(p.row.id.as_str());
+        r_lane.push(
+            ordinal
+                .get(&(key.recipient(), key.ordering_key().unwrap_or("")))
+                .copied()
+                .unwrap_or(0),
+        );
+        r_ct.push(p.row.content_type.as_str());
+        r_body.push(p.row.body.as_slice());
+        r_len.push(count(p.row.body.len()));
+    }
+    // Each data-modifying part depends on `a`, which writes nothing when a duplicate was
+    // found: a refused batch writes nothing. The probes of ol_rows are skipped altogether
+    // when the actor has no shared payload (the common case: one probe instead of one per
+    // row). The rows are unnested where they are inserted (a CTE read twice would copy every
+    // payload into a temporary store). Rows name their lane by its 1-based position in
+    // the lane arrays; `k` lists the upserted lanes' ids in that order. The NOTIFY is
+    // delivered on commit only.
+    let r = t
+        .q(
+            "WITH dup AS (SELECT k.row_id FROM unnest($3::text[]) AS k(row_id) CROSS JOIN LATERAL ( \
+               SELECT 1 FROM ol_rows x WHERE x.actor = $1 AND x.row_id = k.row_id LIMIT 1) x \
+               WHERE EXISTS (SELECT 1 FROM ol_rows x WHERE x.actor = $1)), \
+             a AS (INSERT INTO ol_actors AS a (actor, last_seq) SELECT $1::text, $2::bigint \
+               WHERE NOT EXISTS (SELECT 1 FROM dup) \
+               ON CONFLICT (actor) DO UPDATE SET last_seq = a.last_seq + excluded.last_seq \
+               RETURNING a.last_seq - $2::bigint AS base), \
+             v AS (SELECT * FROM unnest($8::text[], $9::text[], $10::bigint[]) \
+               WITH ORDINALITY AS v(recipient, ok, last_ix, lane)), \
+             l AS (INSERT INTO ol_lanes AS l (actor, recipient, ordering_key, tail_seq) \
+               SELECT $1, v.recipient, v.ok, a.base + v.last_ix FROM a, v ORDER BY v.lane \
+               ON CONFLICT (actor, recipient, ordering_key) DO UPDATE \
+               SET tail_seq = GREATEST(l.tail_seq, excluded.tail_seq) \
+               RETURNING l.id, l.recipient, l.ordering_key), \
+             k AS (SELECT array_agg(l.id ORDER BY v.lane) AS ids FROM v JOIN l \
+               ON l.recipient = v.recipient AND l.ordering_key = v.ok), \
+             u AS (INSERT INTO ol_units (actor, lane_id, seq, row_id, content_type, body, body_len, \
+                 ordering_key, enqueued_at) \
+               SELECT $1, k.ids[r.lane], a.base + r.ix, r.row_id, r.ct, r.body, r.len, $9[r.lane], $11 \
+               FROM a, k, unnest($3::text[], $4::bigint[], $5::text[], $6::bytea[], $7::bigint[]) \
+                 WITH ORDINALITY AS r(row_id, lane, ct, body, len, ix) RETURNING id, seq) \
+             SELECT (SELECT array_agg(row_id) FROM dup), (SELECT base FROM a), \
+               (SELECT array_agg(id ORDER BY seq) FROM u), (SELECT pg_notify($12, $1) FROM a)",
+            &[
+                &a, &n, &r_id, &r_lane, &r_ct, &r_body, &r_len, &l_rec, &l_ok, &l_last, &now, &channel,
+            ],
+        )
+        .map_err(|e| duplicate_of(&e, rows).unwrap_or_else(|| EnqueueError::from(e)))?
+        .into_iter()
+        .next()
+        .ok_or_else(|| StoreError::Database("no row returned by the enqueue".into()))?;
+    let taken: HashSet<String> = r
+        .get::<_, Option<Vec<String>>>(0)
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
+    if let Some(p) = rows.iter().find(|p| taken.contains(&p.row.id)) {
+        return Err(EnqueueError::DuplicateRowId {
+            row: p.row.id.clone(),
+        });
+    }
+    let base: i64 = r
+        .get::<_, Option<i64>>(1)
+        .ok_or_else(|| StoreError::Database("no seq reserved".into()))?;
+    let units: Vec<i64> = r.get::<_, Option<Vec<i64>>>(2).unwrap_or_default();
+    if units.len() != rows.len() {
+        return Err(StoreError::Database(format!(
+            "{} units written for {} rows",
+            units.len(),
+            rows.len()
+        ))
+        .into());
+    }
+    Ok(rows
+        .iter()
+        .zip(units)
+        .enumerate()
+        .map(|(k, (p, unit))| Enqueued {
+            row_id: p.row.id.clone(),
+            seq: Seq(u(base + count(k + 1))),
+            units: vec![UnitId(u(unit))],
+            skipped: Vec::new(),
+        })
+        .collect())
+}
+
 /// Set-based: a fixed number of statements per batch whatever its size, because every
 /// statement costs a round trip to the server.
 fn enqueue_tx(
@@ -907,10 +1048,18 @@ fn enqueue_tx(
     if rows.is_empty() {
         return Ok(Vec::new());
     }
+    if rows
+        .iter()
+        .all(|p| p.lanes.len() == 1 && p.row.dedup_key.is_none())
+    {
+        return enqueue_one_lane_rows(t, actor, rows, channel);
+    }
+    // The general case: several recipients, joined units, dedup keys.
     let a = actor.as_str();
     let now = ms(Timestamp::from_system_time(std::time::SystemTime::now()));
     let n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
-    // First: the actor row lock serialises this actor's enqueues (seq order = commit order).
+    // First: the actor row lock serialises this actor's enqueues (seq order = commit order),
+    // and the plan below reads after it, so it sees every enqueue committed before.
     let first = alloc_seqs(t, a, n)?;
 
     // Everything the plan needs, in one round trip: row ids already taken (inline on a unit
@@ -1240,8 +1389,8 @@ fn drop_row_if_unused(t: &mut impl Exec, row_ref: Option<i64>) -> Result<(), pos
         return Ok(());
     };
     t.x(
-        "DELETE FROM ol_rows WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM ol_units WHERE row_ref = $1) \
-         AND NOT EXISTS (SELECT 1 FROM ol_dead_letters WHERE row_ref = $1)",
+        "DELETE FROM ol_rows WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM ol_units WHERE row_ref = $1 OFFSET 0) \
+         AND NOT EXISTS (SELECT 1 FROM ol_dead_letters WHERE row_ref = $1 OFFSET 0)",
         &[&row_ref],
     )?;
     Ok(())
@@ -1479,7 +1628,7 @@ impl Store for PgStore {
         token: &SlotToken,
         since: u64,
     ) -> Result<(Vec<LaneInfo>, u64), StoreError> {
-        self.read(|t| {
+        self.autocommit(|t| {
             // Fenced in the same statement (one round trip): the first column says whether the
             // token is live; a stale token reads no lane.
             let rows = t.q(
@@ -1487,7 +1636,7 @@ impl Store for PgStore {
                     "SELECT f.live, l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, \
                      l.paused, l.tail_seq FROM (SELECT EXISTS ({LIVE_SLOT}) AS live) f \
                      LEFT JOIN LATERAL (SELECT * FROM ol_lanes l WHERE f.live AND l.actor = $1 AND l.tail_seq > $3 \
-                     AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id)) l ON TRUE ORDER BY l.id"
+                     AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id OFFSET 0)) l ON TRUE ORDER BY l.id"
                 ),
                 &[&token.actor().as_str(), &i(token.fencing()), &i(since)],
             )?;
@@ -1517,62 +1666,67 @@ impl Store for PgStore {
         token: &SlotToken,
         lanes: &[LaneClaim],
     ) -> Result<Vec<ClaimedLane>, StoreError> {
-        // A fixed number of round trips whatever the number of lanes: the lanes' state, then
-        // every lane's heads at once (one index range scan per lane, LIMITed), then the slots
-        // of joined units if any.
-        self.read(|t| {
+        // One round trip whatever the number of lanes (and a second one only when joined units
+        // are read): the fence, every lane's state and its heads (one index range scan per
+        // lane, LIMITed) in one statement. A requested lane yields one row with its state and
+        // no unit when it has none to give, and no row at all when it is unknown or another
+        // actor's. A one-lane unit with its payload inline (the common case) is read whole from
+        // its lane row: the head and ol_rows joins only find a row for a joined unit's other
+        // lanes (`unit_id`) or a shared payload (`row_ref`); a NULL key costs no index probe.
+        // Columns 1-8 are the unit (NULL when none), 9-13 the lane.
+        self.autocommit(|t| {
             let actor = token.actor().as_str();
-            let ids: Vec<i64> = lanes.iter().map(|c| c.lane.0).collect();
-            let mut info: HashMap<i64, (LaneKey, bool)> = HashMap::new();
-            // Fenced in the same statement as the lanes' state (one round trip fewer).
+            let (mut k_lane, mut k_from, mut k_lim) = (vec![], vec![], vec![]);
+            for req in lanes {
+                k_lane.push(req.lane.0);
+                k_from.push(i(req.from.0));
+                k_lim.push(i64::from(req.limit));
+            }
             let rows = t.q(
                 &format!(
-                    "SELECT f.live, l.id, l.recipient, l.ordering_key, l.paused \
-                     FROM (SELECT EXISTS ({LIVE_SLOT}) AS live) f LEFT JOIN LATERAL (SELECT * FROM ol_lanes l \
-                     WHERE f.live AND l.id = ANY($3::bigint[]) AND l.actor = $1) l ON TRUE"
+                    "SELECT f.live, d.unit, d.seq, d.attempts, d.state, d.row_id, d.len, d.at, d.lanes, \
+                       l.ord, l.id, l.recipient, l.ordering_key, l.paused \
+                     FROM (SELECT EXISTS ({LIVE_SLOT}) AS live) f \
+                     LEFT JOIN LATERAL (SELECT k.ord, k.from_seq, k.lim, l.id, l.recipient, l.ordering_key, l.paused \
+                       FROM unnest($3::bigint[], $4::bigint[], $5::bigint[]) WITH ORDINALITY AS k(lane, from_seq, lim, ord) \
+                       CROSS JOIN LATERAL (SELECT l.id, l.recipient, l.ordering_key, l.paused FROM ol_lanes l \
+                         WHERE l.id = k.lane AND l.actor = $1 LIMIT 1) l \
+                       WHERE f.live) l ON TRUE \
+                     LEFT JOIN LATERAL (SELECT coalesce(d.unit_id, d.id) AS unit, d.seq, d.id, d.attempts, d.state, \
+                         coalesce(d.row_id, h.row_id, r.row_id) AS row_id, \
+                         coalesce(d.body_len, h.body_len, r.body_len) AS len, \
+                         coalesce(d.enqueued_at, h.enqueued_at, r.enqueued_at) AS at, coalesce(h.lanes, d.lanes) AS lanes \
+                       FROM (SELECT id, unit_id, seq, attempts, state, row_id, body_len, enqueued_at, lanes, row_ref \
+                         FROM ol_units WHERE NOT l.paused AND lane_id = l.id AND seq >= l.from_seq \
+                         ORDER BY lane_id, seq, id LIMIT l.lim) d \
+                       LEFT JOIN LATERAL (SELECT h.row_id, h.body_len, h.enqueued_at, h.lanes, h.row_ref \
+                         FROM ol_units h WHERE h.id = d.unit_id LIMIT 1) h ON TRUE \
+                       LEFT JOIN LATERAL (SELECT r.row_id, r.body_len, r.enqueued_at FROM ol_rows r \
+                         WHERE r.id = coalesce(h.row_ref, d.row_ref) LIMIT 1) r ON TRUE) d ON TRUE \
+                     ORDER BY l.ord, d.seq, d.id"
                 ),
-                &[&actor, &i(token.fencing()), &ids],
+                &[&actor, &i(token.fencing()), &k_lane, &k_from, &k_lim],
             )?;
             if !rows.first().is_some_and(|r| r.get::<_, bool>(0)) {
                 return Err(stale(token));
             }
-            for r in rows {
-                if let Some(id) = r.get::<_, Option<i64>>(1) {
-                    info.insert(id, (key_of(r.get(2), r.get(3)), r.get(4)));
-                }
-            }
-            let (mut k_ord, mut k_lane, mut k_from, mut k_lim) = (vec![], vec![], vec![], vec![]);
-            for (ord, req) in lanes.iter().enumerate() {
-                if matches!(info.get(&req.lane.0), Some((_, false))) && req.limit > 0 {
-                    k_ord.push(i64::try_from(ord).unwrap_or(i64::MAX));
-                    k_lane.push(req.lane.0);
-                    k_from.push(i(req.from.0));
-                    k_lim.push(i64::from(req.limit));
-                }
-            }
+            let mut info: HashMap<i64, (LaneKey, bool)> = HashMap::new();
             let mut heads: Vec<Vec<Row>> = lanes.iter().map(|_| Vec::new()).collect();
-            if !k_ord.is_empty() {
-                for r in t.q(
-                    // A one-lane unit with its payload inline (the common case) is read whole
-                    // from its lane row: the head and ol_rows joins only find a row for a joined
-                    // unit's other lanes (`unit_id`) or a shared payload (`row_ref`); a NULL key
-                    // costs no index probe.
-                    "SELECT k.ord, coalesce(d.unit_id, d.id), d.seq, d.attempts, d.state, \
-                     coalesce(d.row_id, h.row_id, r.row_id), coalesce(d.body_len, h.body_len, r.body_len), \
-                     coalesce(d.enqueued_at, h.enqueued_at, r.enqueued_at), coalesce(h.lanes, d.lanes) \
-                     FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[]) AS k(ord, lane, from_seq, lim) \
-                     CROSS JOIN LATERAL (SELECT id, unit_id, seq, attempts, state, row_id, body_len, enqueued_at, \
-                        lanes, row_ref FROM ol_units \
-                        WHERE lane_id = k.lane AND seq >= k.from_seq ORDER BY lane_id, seq, id LIMIT k.lim) d \
-                     LEFT JOIN ol_units h ON h.id = d.unit_id \
-                     LEFT JOIN ol_rows r ON r.id = coalesce(h.row_ref, d.row_ref) \
-                     ORDER BY k.ord, d.seq, d.id",
-                    &[&k_ord, &k_lane, &k_from, &k_lim],
-                )? {
-                    let ord = usize::try_from(r.get::<_, i64>(0)).unwrap_or(usize::MAX);
-                    if let Some(v) = heads.get_mut(ord) {
-                        v.push(r);
-                    }
+            for r in rows {
+                let Some(lane) = r.get::<_, Option<i64>>(10) else { continue };
+                info.entry(lane).or_insert_with(|| (key_of(r.get(11), r.get(12)), r.get(13)));
+                if r.get::<_, Option<i64>>(1).is_none() {
+                    continue;
+                }
+                if r.get::<_, Option<String>>(5).is_none() {
+                    return Err(StoreError::Database(format!(
+                        "unit {} has no payload",
+                        r.get::<_, i64>(1)
+                    )));
+                }
+                let ord = usize::try_from(r.get::<_, i64>(9)).unwrap_or(0);
+                if let Some(v) = ord.checked_sub(1).and_then(|k| heads.get_mut(k)) {
+                    v.push(r);
                 }
             }
             let joined: Vec<i64> = heads
@@ -1638,7 +1792,7 @@ impl Store for PgStore {
     }
 
     fn payload(&self, unit: UnitId) -> Result<Payload, StoreError> {
-        self.read(|t| {
+        self.autocommit(|t| {
             t.opt(
                 "SELECT coalesce(h.row_id, r.row_id), coalesce(h.content_type, r.content_type), \
                  coalesce(h.body, r.body) FROM ol_units h LEFT JOIN ol_rows r ON r.id = h.row_ref \
@@ -1663,49 +1817,62 @@ impl Store for PgStore {
             return Ok(());
         }
         let retention = self.opts.common.ack_retention.is_some();
-        let units: Vec<i64> = delivered.iter().map(|(u, _)| i(u.0)).collect();
-        let lanes: Vec<i64> = delivered.iter().map(|(_, l)| l.0).collect();
-        // The common case first, in one statement: a one-lane unit is finished by its ack, so
-        // its row (payload included) is deleted outright, or with a retention taken out of
-        // its lane and stamped. It fences itself (the slot row locked FOR SHARE, as `fence`
-        // does, and nothing written unless the token is live): one round trip fewer. A shared
-        // payload goes with its last unit; the statement's snapshot still shows the units it
-        // deletes, so the check skips them by id.
+        let mut pairs = delivered.to_vec();
+        pairs.sort();
+        pairs.dedup();
+        let units: Vec<i64> = pairs.iter().map(|(u, _)| i(u.0)).collect();
+        let lanes: Vec<i64> = pairs.iter().map(|(_, l)| l.0).collect();
+        let actor = token.actor().as_str();
+        // The common batch, one-lane units only, in ONE autocommitted statement (no BEGIN or
+        // COMMIT round trip; an ack is idempotent, so it is safe to retry on a new connection
+        // if the connection is lost). A one-lane unit is finished by its ack: its row (payload
+        // included) is deleted outright, or with a retention taken out of its lane and stamped.
+        // The statement writes nothing unless the token is live (the slot row locked FOR SHARE
+        // to its commit, as `fence` does) and no acked unit is joined, so the batch stays one
+        // transaction: a pending joined unit always has rows for its other lanes, found by the
+        // small partial index ol_units_unit (not even probed per unit while it is empty). A
+        // shared payload goes with its last unit; the statement's snapshot still shows the
+        // units it deletes, so that check skips them by id.
         let finish = if retention {
             format!(
                 "UPDATE ol_units d SET state = 1, pending = 0, acked_at = {NOW}, lane_id = NULL \
-                 FROM unnest($3::bigint[], $4::bigint[]) AS a(id, lane_id) \
-                 WHERE EXISTS (SELECT 1 FROM f) AND d.id = a.id AND d.lane_id = a.lane_id AND d.unit_id IS NULL \
+                 FROM unnest($3::bigint[], $4::bigint[]) AS a(id, lane) \
+                 WHERE NOT (SELECT joined FROM j) AND EXISTS (SELECT 1 FROM f) \
+                 AND d.id = a.id AND d.lane_id = a.lane AND d.unit_id IS NULL \
                  AND d.state = 0 AND d.lanes = 1 AND d.actor = $1 RETURNING d.id, NULL::bigint AS row_ref"
             )
         } else {
-            "DELETE FROM ol_units d USING unnest($3::bigint[], $4::bigint[]) AS a(id, lane_id) \
-             WHERE EXISTS (SELECT 1 FROM f) AND d.id = a.id AND d.lane_id = a.lane_id AND d.unit_id IS NULL \
+            "DELETE FROM ol_units d USING unnest($3::bigint[], $4::bigint[]) AS a(id, lane) \
+             WHERE NOT (SELECT joined FROM j) AND EXISTS (SELECT 1 FROM f) \
+             AND d.id = a.id AND d.lane_id = a.lane AND d.unit_id IS NULL \
              AND d.state = 0 AND d.lanes = 1 AND d.actor = $1 RETURNING d.id, d.row_ref"
                 .to_string()
         };
         let fast = format!(
-            "WITH f AS ({LIVE_SLOT} FOR SHARE), s AS ({finish}), \
-             r AS (DELETE FROM ol_rows r USING (SELECT DISTINCT row_ref FROM s WHERE row_ref IS NOT NULL) k \
-               WHERE r.id = k.row_ref \
+            "WITH f AS ({LIVE_SLOT} FOR SHARE), \
+             j AS (SELECT CASE WHEN EXISTS (SELECT 1 FROM ol_units WHERE unit_id IS NOT NULL) \
+               THEN EXISTS (SELECT 1 FROM ol_units x WHERE x.unit_id = ANY($3::bigint[])) ELSE FALSE END AS joined), \
+             s AS ({finish}), \
+             r AS (DELETE FROM ol_rows r WHERE r.id = ANY(ARRAY(SELECT row_ref FROM s WHERE row_ref IS NOT NULL)) \
                AND NOT EXISTS (SELECT 1 FROM ol_units x WHERE x.row_ref = r.id \
-                 AND NOT EXISTS (SELECT 1 FROM s WHERE s.id = x.id)) \
-               AND NOT EXISTS (SELECT 1 FROM ol_dead_letters x WHERE x.row_ref = r.id)) \
-             SELECT EXISTS (SELECT 1 FROM f), (SELECT count(*) FROM s)"
+                 AND NOT (x.id = ANY(ARRAY(SELECT id FROM s))) OFFSET 0) \
+               AND NOT EXISTS (SELECT 1 FROM ol_dead_letters x WHERE x.row_ref = r.id OFFSET 0)) \
+             SELECT EXISTS (SELECT 1 FROM f), (SELECT joined FROM j)"
         );
-        // Set-based: a fixed number of round trips per batch, whatever its size.
+        let r =
+            self.autocommit(|t| t.one(&fast, &[&actor, &i(token.fencing()), &units, &lanes]))?;
+        if !r.get::<_, bool>(0) {
+            return Err(stale(token));
+        }
+        if !r.get::<_, bool>(1) {
+            return Ok(());
+        }
+        // Joined units (the statement above wrote nothing): in a transaction, fenced.
         self.tx(true, |t| {
-            let r = t.one(&fast, &[&token.actor().as_str(), &i(token.fencing()), &units, &lanes])?;
-            if !r.get::<_, bool>(0) {
-                return Err(stale(token));
-            }
-            if usize::try_from(r.get::<_, i64>(1)).unwrap_or(0) == delivered.len() {
-                return Ok(());
-            }
-            // The rest: joined units (or acks of nothing pending, which change nothing). The
-            // slot row stays locked to commit, so this is fenced too. Each statement writes a
-            // row once (Postgres does not let one statement update a row twice): first the
-            // other lanes' rows, with a read of the heads acked on their own lane...
+            fence(t, token, true)?;
+            // Each statement writes a row once (Postgres does not let one statement update a
+            // row twice): first the other lanes' rows, with a read of the heads acked on their
+            // own lane (a one-lane unit's head is its only row)...
             let mut per_unit: BTreeMap<i64, (i64, Option<i64>)> = BTreeMap::new();
             for r in t.q(
                 "WITH a AS (SELECT * FROM unnest($1::bigint[], $2::bigint[]) AS a(unit, lane)), \
@@ -1715,7 +1882,7 @@ impl Store for PgStore {
                  SELECT unit_id, NULL::bigint FROM o \
                  UNION ALL SELECT h.id, h.lane_id FROM a JOIN ol_units h ON h.id = a.unit AND h.lane_id = a.lane \
                    WHERE h.unit_id IS NULL AND h.state = 0 AND h.actor = $3",
-                &[&units, &lanes, &token.actor().as_str()],
+                &[&units, &lanes, &actor],
             )? {
                 let e = per_unit.entry(r.get(0)).or_insert((0, None));
                 match r.get::<_, Option<i64>>(1) {
@@ -1767,10 +1934,9 @@ impl Store for PgStore {
                 t.x(
                     "WITH o AS (DELETE FROM ol_units d USING unnest($1::bigint[]) AS k(id) WHERE d.unit_id = k.id), \
                           h AS (DELETE FROM ol_units h USING unnest($1::bigint[]) AS k(id) WHERE h.id = k.id) \
-                     DELETE FROM ol_rows r USING (SELECT DISTINCT k.id FROM unnest($2::bigint[]) AS k(id) \
-                       WHERE k.id IS NOT NULL) k WHERE r.id = k.id \
-                     AND NOT EXISTS (SELECT 1 FROM ol_units x WHERE x.row_ref = r.id AND NOT (x.id = ANY($1))) \
-                     AND NOT EXISTS (SELECT 1 FROM ol_dead_letters x WHERE x.row_ref = r.id)",
+                     DELETE FROM ol_rows r WHERE r.id = ANY($2::bigint[]) \
+                     AND NOT EXISTS (SELECT 1 FROM ol_units x WHERE x.row_ref = r.id AND NOT (x.id = ANY($1)) OFFSET 0) \
+                     AND NOT EXISTS (SELECT 1 FROM ol_dead_letters x WHERE x.row_ref = r.id OFFSET 0)",
                     &[&ids, &rows],
                 )?;
             }
@@ -1953,7 +2119,7 @@ impl Store for PgStore {
     }
 
     fn actors_with_work(&self, now: Timestamp) -> Result<ActorsDue, StoreError> {
-        self.read(|t| {
+        self.autocommit(|t| {
             let ready = t
                 .q(
                     "SELECT DISTINCT l.actor FROM ol_lanes l WHERE NOT l.paused \
@@ -1977,7 +2143,7 @@ impl Store for PgStore {
 
     fn status(&self) -> Result<Vec<ActorStatus>, StoreError> {
         let now = ms(Timestamp::from_system_time(std::time::SystemTime::now()));
-        self.read(|t| {
+        self.autocommit(|t| {
             let pending = t
                 .q("SELECT actor, count(*) FROM ol_units WHERE unit_id IS NULL AND acked_at IS NULL GROUP BY actor", &[])?
                 .iter()
@@ -2008,7 +2174,7 @@ impl Store for PgStore {
     }
 
     fn lanes(&self, actor: &ActorId) -> Result<Vec<LaneStatus>, StoreError> {
-        self.read(|t| {
+        self.autocommit(|t| {
             Ok(t
                 .q(
                     "SELECT l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, l.paused, \
@@ -2039,7 +2205,7 @@ impl Store for PgStore {
     }
 
     fn dead_letters(&self, actor: Option<&ActorId>) -> Result<Vec<DeadLetter>, StoreError> {
-        self.read(|t| {
+        self.autocommit(|t| {
             Ok(match actor {
                 Some(a) => select_dead(t, &DeadLetterSelection::Actor(a.clone()))?,
                 None => t
@@ -2191,7 +2357,7 @@ impl Store for PgStore {
     }
 
     fn find_lane(&self, actor: &ActorId, key: &LaneKey) -> Result<Option<StoreLaneId>, StoreError> {
-        self.read(|t| {
+        self.autocommit(|t| {
             Ok(t.opt(
                 "SELECT id FROM ol_lanes WHERE actor = $1 AND recipient = $2 AND ordering_key = $3",
                 &[
