@@ -901,6 +901,12 @@ fn duplicate_of(e: &postgres::Error, rows: &[PreparedRow<'_>]) -> Option<Enqueue
     })
 }
 
+/// Whether [`enqueue_one_lane_rows`] can write this batch.
+fn one_lane_rows(rows: &[PreparedRow<'_>]) -> bool {
+    rows.iter()
+        .all(|p| p.lanes.len() == 1 && p.row.dedup_key.is_none())
+}
+
 /// The hot path of [`enqueue_tx`]: every row has one recipient and no dedup key, so each row
 /// is one unit with its payload inline, and one statement does it all: the actor's seqs, the
 /// duplicate check against shared payloads (ol_rows), the lanes (created or their tail
@@ -1048,10 +1054,7 @@ fn enqueue_tx(
     if rows.is_empty() {
         return Ok(Vec::new());
     }
-    if rows
-        .iter()
-        .all(|p| p.lanes.len() == 1 && p.row.dedup_key.is_none())
-    {
+    if one_lane_rows(rows) {
         return enqueue_one_lane_rows(t, actor, rows, channel);
     }
     // The general case: several recipients, joined units, dedup keys.
@@ -1396,6 +1399,9 @@ fn drop_row_if_unused(t: &mut impl Exec, row_ref: Option<i64>) -> Result<(), pos
     Ok(())
 }
 
+/// In a claim, the head of lane row `d`: `d` itself, or the unit's head for another lane's row.
+const HEAD_OF_D: &str = "FROM ol_units h WHERE h.id = coalesce(d.unit_id, d.id)";
+
 /// The id of unit `$1`'s row in lane `$2` (its head, or another lane's row of a joined unit)
 /// as an array for `id = ANY(…)`: two index probes, where an `OR` of the two would scan.
 const ROW_OF_UNIT_IN_LANE: &str = "ARRAY(SELECT x.id FROM ol_units x WHERE x.id = $1 AND x.unit_id IS NULL \
@@ -1555,6 +1561,8 @@ impl Store for PgStore {
         if prepared.is_empty() {
             return Ok(Vec::new());
         }
+        // In a transaction even when it is one statement: a statement that fails before the
+        // COMMIT is sent certainly did not commit, so it is retried on a new connection.
         let out = self.with_tx(false, |t| enqueue_tx(t, actor, &prepared, &self.channel))?;
         self.notifier.notify();
         Ok(out)
@@ -1671,8 +1679,10 @@ impl Store for PgStore {
         // lane, LIMITed) in one statement. A requested lane yields one row with its state and
         // no unit when it has none to give, and no row at all when it is unknown or another
         // actor's. A one-lane unit with its payload inline (the common case) is read whole from
-        // its lane row: the head and ol_rows joins only find a row for a joined unit's other
-        // lanes (`unit_id`) or a shared payload (`row_ref`); a NULL key costs no index probe.
+        // its lane row; a joined unit's other lanes (`unit_id`) and shared payloads (`row_ref`)
+        // need the head or ol_rows, looked up by subqueries that CASE and coalesce only run
+        // when the lane row lacks the value (a join, even on a NULL key, costs a rescan per
+        // unit).
         // Columns 1-8 are the unit (NULL when none), 9-13 the lane.
         self.autocommit(|t| {
             let actor = token.actor().as_str();
@@ -1693,16 +1703,16 @@ impl Store for PgStore {
                          WHERE l.id = k.lane AND l.actor = $1 LIMIT 1) l \
                        WHERE f.live) l ON TRUE \
                      LEFT JOIN LATERAL (SELECT coalesce(d.unit_id, d.id) AS unit, d.seq, d.id, d.attempts, d.state, \
-                         coalesce(d.row_id, h.row_id, r.row_id) AS row_id, \
-                         coalesce(d.body_len, h.body_len, r.body_len) AS len, \
-                         coalesce(d.enqueued_at, h.enqueued_at, r.enqueued_at) AS at, coalesce(h.lanes, d.lanes) AS lanes \
-                       FROM (SELECT id, unit_id, seq, attempts, state, row_id, body_len, enqueued_at, lanes, row_ref \
-                         FROM ol_units WHERE NOT l.paused AND lane_id = l.id AND seq >= l.from_seq \
-                         ORDER BY lane_id, seq, id LIMIT l.lim) d \
-                       LEFT JOIN LATERAL (SELECT h.row_id, h.body_len, h.enqueued_at, h.lanes, h.row_ref \
-                         FROM ol_units h WHERE h.id = d.unit_id LIMIT 1) h ON TRUE \
-                       LEFT JOIN LATERAL (SELECT r.row_id, r.body_len, r.enqueued_at FROM ol_rows r \
-                         WHERE r.id = coalesce(h.row_ref, d.row_ref) LIMIT 1) r ON TRUE) d ON TRUE \
+                         CASE WHEN d.row_id IS NOT NULL THEN d.row_id ELSE (SELECT coalesce(h.row_id, \
+                           (SELECT r.row_id FROM ol_rows r WHERE r.id = h.row_ref)) {HEAD_OF_D}) END AS row_id, \
+                         CASE WHEN d.row_id IS NOT NULL THEN d.body_len ELSE (SELECT coalesce(h.body_len, \
+                           (SELECT r.body_len FROM ol_rows r WHERE r.id = h.row_ref)) {HEAD_OF_D}) END AS len, \
+                         CASE WHEN d.row_id IS NOT NULL THEN d.enqueued_at ELSE (SELECT coalesce(h.enqueued_at, \
+                           (SELECT r.enqueued_at FROM ol_rows r WHERE r.id = h.row_ref)) {HEAD_OF_D}) END AS at, \
+                         CASE WHEN d.unit_id IS NULL THEN d.lanes \
+                           ELSE (SELECT h.lanes FROM ol_units h WHERE h.id = d.unit_id) END AS lanes \
+                       FROM ol_units d WHERE NOT l.paused AND d.lane_id = l.id AND d.seq >= l.from_seq \
+                       ORDER BY d.lane_id, d.seq, d.id LIMIT l.lim) d ON TRUE \
                      ORDER BY l.ord, d.seq, d.id"
                 ),
                 &[&actor, &i(token.fencing()), &k_lane, &k_from, &k_lim],
