@@ -1638,13 +1638,16 @@ impl Store for PgStore {
     ) -> Result<(Vec<LaneInfo>, u64), StoreError> {
         self.autocommit(|t| {
             // Fenced in the same statement (one round trip): the first column says whether the
-            // token is live; a stale token reads no lane.
+            // token is live; a stale token reads no lane. A lane's rows are probed from its tail:
+            // acked units leave dead index entries at its head until vacuum, and the tail holds
+            // the newest units (kept a per-lane subplan, scanning backwards, by OFFSET 0).
             let rows = t.q(
                 &format!(
                     "SELECT f.live, l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, \
                      l.paused, l.tail_seq FROM (SELECT EXISTS ({LIVE_SLOT}) AS live) f \
                      LEFT JOIN LATERAL (SELECT * FROM ol_lanes l WHERE f.live AND l.actor = $1 AND l.tail_seq > $3 \
-                     AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id OFFSET 0)) l ON TRUE ORDER BY l.id"
+                     AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id \
+                     ORDER BY d.lane_id DESC, d.seq DESC, d.id DESC LIMIT 1 OFFSET 0)) l ON TRUE ORDER BY l.id"
                 ),
                 &[&token.actor().as_str(), &i(token.fencing()), &i(since)],
             )?;
