@@ -30,7 +30,9 @@
 //! check and the write. Every enqueue sends `NOTIFY` in its transaction (delivered on commit,
 //! coalesced by the server per transaction); [`Store::watch`] LISTENs on its own connection.
 //!
-//! Each store lives in one schema ([`PgOptions::schema`]), created if missing.
+//! Each store lives in one schema ([`PgOptions::schema`]), created if missing, with the tables
+//! of `SCHEMA.md` (schema version 2: a one-recipient unit is one `ol_units` row holding its
+//! payload); a version 1 schema is migrated when a store connects.
 
 use core::time::Duration;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -876,8 +878,9 @@ fn alloc_seqs(t: &mut impl Exec, actor: &str, n: i64) -> Result<i64, StoreError>
 }
 
 /// A unique violation on a row id index (`ol_units_row_id` or `ol_rows`' `UNIQUE (actor,
-/// row_id)`), mapped to the batch row it names. The plan's check under the actor lock refuses
-/// duplicates first; this only catches a writer that skipped the lock (plain SQL done wrong).
+/// row_id)`), mapped to the batch row it names: how the one-statement enqueue refuses a row id
+/// already inline on a unit, and a safety net for the general path (whose plan checks both
+/// places first, under the actor lock) against a writer that skipped the lock.
 fn duplicate_of(e: &postgres::Error, rows: &[PreparedRow<'_>]) -> Option<EnqueueError> {
     let db = e.as_db_error()?;
     if *db.code() != SqlState::UNIQUE_VIOLATION
@@ -962,7 +965,7 @@ fn enqueue_one_lane_rows(
             ordinal
                 .get(&(key.recipient(), key.ordering_key().unwrap_or("")))
                 .copied()
-                .unwrap_or(0),
+                .ok_or_else(|| StoreError::Database("lane missing from the batch".into()))?,
         );
         r_ct.push(p.row.content_type.as_str());
         r_body.push(p.row.body.as_slice());
@@ -1417,9 +1420,9 @@ fn dead_letter_tx(
     let found = t.opt(
         &format!(
             "SELECT d.id, d.seq, d.attempts, d.last_status, d.last_error, d.first_attempt_at, d.last_attempt_at, \
-             h.row_ref, coalesce(h.row_id, r.row_id), l.recipient, l.ordering_key \
-             FROM ol_units d JOIN ol_units h ON h.id = $1 AND h.unit_id IS NULL \
-             LEFT JOIN ol_rows r ON r.id = h.row_ref JOIN ol_lanes l ON l.id = d.lane_id \
+             h.row_ref, coalesce(h.row_id, (SELECT r.row_id FROM ol_rows r WHERE r.id = h.row_ref)), \
+             l.recipient, l.ordering_key \
+             FROM ol_units d JOIN ol_units h ON h.id = $1 AND h.unit_id IS NULL JOIN ol_lanes l ON l.id = d.lane_id \
              WHERE d.id = ANY({ROW_OF_UNIT_IN_LANE}) AND d.lane_id = $2 AND d.state = 0 AND l.actor = $3 \
              FOR UPDATE OF d"
         ),
@@ -1806,18 +1809,25 @@ impl Store for PgStore {
 
     fn payload(&self, unit: UnitId) -> Result<Payload, StoreError> {
         self.autocommit(|t| {
-            t.opt(
-                "SELECT coalesce(h.row_id, r.row_id), coalesce(h.content_type, r.content_type), \
-                 coalesce(h.body, r.body) FROM ol_units h LEFT JOIN ol_rows r ON r.id = h.row_ref \
-                 WHERE h.id = $1 AND h.unit_id IS NULL AND h.acked_at IS NULL",
-                &[&i(unit.0)],
-            )?
-            .map(|r| Payload {
-                row_id: r.get(0),
-                content_type: r.get(1),
-                body: r.get(2),
-            })
-            .ok_or(StoreError::NotFound { what: "unit" })
+            let r = t
+                .opt(
+                    "SELECT coalesce(h.row_id, r.row_id), coalesce(h.content_type, r.content_type), \
+                     coalesce(h.body, r.body) FROM ol_units h \
+                     LEFT JOIN LATERAL (SELECT r.row_id, r.content_type, r.body FROM ol_rows r \
+                       WHERE r.id = h.row_ref LIMIT 1) r ON TRUE \
+                     WHERE h.id = $1 AND h.unit_id IS NULL AND h.acked_at IS NULL",
+                    &[&i(unit.0)],
+                )?
+                .ok_or(StoreError::NotFound { what: "unit" })?;
+            match (r.get(0), r.get(1), r.get(2)) {
+                (Some(row_id), Some(content_type), Some(body)) => Ok(Payload {
+                    row_id,
+                    content_type,
+                    body,
+                }),
+                // A head referring to a payload row that is gone: the tables were edited.
+                _ => Err(StoreError::Database(format!("unit {unit} has no payload"))),
+            }
         })
     }
 
