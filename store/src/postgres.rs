@@ -30,7 +30,9 @@
 //! check and the write. Every enqueue sends `NOTIFY` in its transaction (delivered on commit,
 //! coalesced by the server per transaction); [`Store::watch`] LISTENs on its own connection.
 //!
-//! Each store lives in one schema ([`PgOptions::schema`]), created if missing.
+//! Each store lives in one schema ([`PgOptions::schema`]), created if missing, with the tables
+//! of `SCHEMA.md` (schema version 2: a one-recipient unit is one `ol_units` row holding its
+//! payload); a version 1 schema is migrated when a store connects.
 
 use core::time::Duration;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -87,7 +89,10 @@ impl Default for PgOptions {
 /// see a lease as live after it expired).
 const NOW: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
 
-const SCHEMA_V1: &str = "
+/// The tables both schema versions share (everything but the units).
+macro_rules! shared_tables_a {
+    () => {
+        "
 CREATE TABLE ol_actors (
     actor     TEXT PRIMARY KEY,
     last_seq  BIGINT NOT NULL DEFAULT 0
@@ -122,30 +127,14 @@ CREATE TABLE ol_lanes (
     UNIQUE (actor, recipient, ordering_key)
 );
 CREATE INDEX ol_lanes_tail ON ol_lanes (actor, tail_seq);
-CREATE TABLE ol_units (
-    id        BIGSERIAL PRIMARY KEY,
-    actor     TEXT NOT NULL,
-    row_ref   BIGINT NOT NULL,
-    seq       BIGINT NOT NULL,
-    lanes     BIGINT NOT NULL,
-    pending   BIGINT NOT NULL,
-    acked_at  BIGINT
-);
-CREATE INDEX ol_units_row ON ol_units (row_ref);
-CREATE INDEX ol_units_acked ON ol_units (acked_at) WHERE acked_at IS NOT NULL;
-CREATE TABLE ol_deliveries (
-    unit_id           BIGINT NOT NULL,
-    lane_id           BIGINT NOT NULL,
-    seq               BIGINT NOT NULL,
-    state             BIGINT NOT NULL DEFAULT 0,
-    attempts          BIGINT NOT NULL DEFAULT 0,
-    last_status       BIGINT,
-    last_error        TEXT,
-    first_attempt_at  BIGINT,
-    last_attempt_at   BIGINT,
-    PRIMARY KEY (unit_id, lane_id)
-);
-CREATE INDEX ol_deliveries_lane ON ol_deliveries (lane_id, seq, unit_id);
+"
+    };
+}
+
+/// The tables both schema versions share, after the units.
+macro_rules! shared_tables_b {
+    () => {
+        "
 CREATE TABLE ol_dead_letters (
     id                BIGSERIAL PRIMARY KEY,
     unit_id           BIGINT NOT NULL,
@@ -173,7 +162,132 @@ CREATE TABLE ol_slots (
     lease_expires  BIGINT NOT NULL DEFAULT 0,
     look_again     BOOLEAN NOT NULL DEFAULT FALSE
 );
-";
+"
+    };
+}
+
+/// Version 2's `ol_units` (SCHEMA.md) with its indexes; `$id` is the id column's type: a fresh
+/// database gets `BIGSERIAL`, the migration keeps version 1's sequence.
+macro_rules! units_v2 {
+    ($id:literal) => {
+        concat!(
+            "
+CREATE TABLE ol_units (
+    id                ",
+            $id,
+            ",
+    unit_id           BIGINT,
+    actor             TEXT NOT NULL,
+    lane_id           BIGINT,
+    seq               BIGINT NOT NULL,
+    state             BIGINT NOT NULL DEFAULT 0,
+    attempts          BIGINT NOT NULL DEFAULT 0,
+    last_status       BIGINT,
+    last_error        TEXT,
+    first_attempt_at  BIGINT,
+    last_attempt_at   BIGINT,
+    lanes             BIGINT NOT NULL DEFAULT 1,
+    pending           BIGINT NOT NULL DEFAULT 1,
+    acked_at          BIGINT,
+    row_ref           BIGINT,
+    row_id            TEXT,
+    content_type      TEXT,
+    body              BYTEA,
+    body_len          BIGINT,
+    dedup_key         TEXT,
+    ordering_key      TEXT,
+    enqueued_at       BIGINT
+);
+CREATE INDEX ol_units_lane ON ol_units (lane_id, seq, id) WHERE lane_id IS NOT NULL;
+CREATE UNIQUE INDEX ol_units_row_id ON ol_units (actor, row_id) WHERE row_id IS NOT NULL;
+CREATE INDEX ol_units_unit ON ol_units (unit_id) WHERE unit_id IS NOT NULL;
+CREATE INDEX ol_units_row ON ol_units (row_ref) WHERE row_ref IS NOT NULL;
+CREATE INDEX ol_units_dedup ON ol_units (actor, dedup_key) WHERE dedup_key IS NOT NULL;
+CREATE INDEX ol_units_acked ON ol_units (acked_at) WHERE acked_at IS NOT NULL;
+"
+        )
+    };
+}
+
+/// Schema version 1 (units in three tables: `ol_rows`, `ol_units`, `ol_deliveries`). Only read
+/// by the migration to version 2; public for the migration test, which builds a version 1
+/// database.
+#[doc(hidden)]
+pub const SCHEMA_V1: &str = concat!(
+    shared_tables_a!(),
+    "CREATE TABLE ol_units (
+    id        BIGSERIAL PRIMARY KEY,
+    actor     TEXT NOT NULL,
+    row_ref   BIGINT NOT NULL,
+    seq       BIGINT NOT NULL,
+    lanes     BIGINT NOT NULL,
+    pending   BIGINT NOT NULL,
+    acked_at  BIGINT
+);
+CREATE INDEX ol_units_row ON ol_units (row_ref);
+CREATE INDEX ol_units_acked ON ol_units (acked_at) WHERE acked_at IS NOT NULL;
+CREATE TABLE ol_deliveries (
+    unit_id           BIGINT NOT NULL,
+    lane_id           BIGINT NOT NULL,
+    seq               BIGINT NOT NULL,
+    state             BIGINT NOT NULL DEFAULT 0,
+    attempts          BIGINT NOT NULL DEFAULT 0,
+    last_status       BIGINT,
+    last_error        TEXT,
+    first_attempt_at  BIGINT,
+    last_attempt_at   BIGINT,
+    PRIMARY KEY (unit_id, lane_id)
+);
+CREATE INDEX ol_deliveries_lane ON ol_deliveries (lane_id, seq, unit_id);
+",
+    shared_tables_b!()
+);
+
+/// Schema version 2 (SCHEMA.md): a one-recipient unit is one `ol_units` row.
+#[doc(hidden)]
+pub const SCHEMA_V2: &str = concat!(
+    shared_tables_a!(),
+    units_v2!("BIGSERIAL PRIMARY KEY"),
+    shared_tables_b!()
+);
+
+/// Version 1 to 2, in the opening transaction (SCHEMA.md "Migrations"). Each version 1 unit
+/// becomes its head row for its lowest lane (a unit kept by the ack retention has no delivery:
+/// no lane, served); its other deliveries become rows of their own with fresh ids. The payload
+/// stays in `ol_rows` (`row_ref`). The id sequence is detached before the old table goes and
+/// reused by the new one, so no unit id is ever handed out twice; index names are per schema,
+/// so the old table goes before the new one is created.
+const MIGRATE_V1_TO_V2: &str = concat!(
+    "
+ALTER SEQUENCE ol_units_id_seq OWNED BY NONE;
+CREATE TEMP TABLE ol_migrate_units ON COMMIT DROP AS
+    SELECT u.id, NULL::bigint AS unit_id, u.actor, d.lane_id, coalesce(d.seq, u.seq) AS seq,
+        coalesce(d.state, 1) AS state, coalesce(d.attempts, 0) AS attempts, d.last_status,
+        d.last_error, d.first_attempt_at, d.last_attempt_at, u.lanes, u.pending, u.acked_at,
+        u.row_ref
+    FROM ol_units u LEFT JOIN LATERAL (SELECT * FROM ol_deliveries x WHERE x.unit_id = u.id
+        ORDER BY x.lane_id LIMIT 1) d ON TRUE
+    UNION ALL
+    SELECT nextval('ol_units_id_seq'), o.unit_id, o.actor, o.lane_id, o.seq, o.state, o.attempts,
+        o.last_status, o.last_error, o.first_attempt_at, o.last_attempt_at, 1, 1, NULL, NULL
+    FROM (SELECT d.*, u.actor FROM ol_deliveries d JOIN ol_units u ON u.id = d.unit_id
+        WHERE d.lane_id > (SELECT min(x.lane_id) FROM ol_deliveries x WHERE x.unit_id = d.unit_id)
+        ORDER BY d.unit_id, d.lane_id) o;
+DROP TABLE ol_deliveries;
+DROP TABLE ol_units;
+",
+    units_v2!("BIGINT NOT NULL DEFAULT nextval('ol_units_id_seq') PRIMARY KEY"),
+    "
+ALTER SEQUENCE ol_units_id_seq OWNED BY ol_units.id;
+INSERT INTO ol_units (id, unit_id, actor, lane_id, seq, state, attempts, last_status, last_error,
+        first_attempt_at, last_attempt_at, lanes, pending, acked_at, row_ref)
+    SELECT * FROM pg_temp.ol_migrate_units ORDER BY id;
+SELECT setval('ol_units_id_seq', m) FROM (SELECT max(id) AS m FROM ol_units) x
+    WHERE m > (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM ol_units_id_seq);
+DROP TABLE pg_temp.ol_migrate_units;
+UPDATE ol_meta SET value = '2' WHERE key = 'schema_version';
+"
+);
 
 const STATE_PENDING: i64 = 0;
 const STATE_DEAD: i64 = 2;
@@ -466,11 +580,20 @@ impl PgStore {
                 })?;
         }
         // Queue tables churn faster than their statistics follow: a plan made while a table
-        // looked empty would scan it whole once it is deep. Every statement of the store has an
-        // ordered index path, so its own connections plan no sequential or bitmap scans (claims
-        // must cost what they return, never a lane's depth, whatever the statistics say).
+        // looked empty would scan it whole once it is deep (a hash join reading every row id of
+        // the actor to check a batch of 100, say). Every statement of the store has an ordered
+        // index path, so its own connections plan no sequential or bitmap scans and join by
+        // index probes only (claims must cost what they return, never a lane's depth, whatever
+        // the statistics say). Prepared statements always run their generic plan: the server
+        // otherwise re-plans some of them at every execution (the enqueue's plan statement took
+        // 0.4 ms for one row that way), and with these settings no plan depends on the values.
+        // The hot statements go further and are written so that no plan can read a table
+        // whole: a lookup driven by another row is a `LATERAL (… LIMIT n)`, an `EXISTS (…
+        // OFFSET 0)` (OFFSET keeps it a per-row subplan instead of a join) or an `id =
+        // ANY(ARRAY(…))`, each an index probe whatever the statistics.
         client.batch_execute(&format!(
-            "SET search_path TO {}; SET enable_seqscan = off; SET enable_bitmapscan = off",
+            "SET search_path TO {}; SET enable_seqscan = off; SET enable_bitmapscan = off; \
+             SET enable_hashjoin = off; SET enable_mergejoin = off; SET plan_cache_mode = force_generic_plan",
             self.opts.schema
         ))?;
         Ok(Conn {
@@ -495,7 +618,7 @@ impl PgStore {
         )?;
         match found {
             None => {
-                tx.batch_execute(SCHEMA_V1)?;
+                tx.batch_execute(SCHEMA_V2)?;
                 tx.execute(
                     "INSERT INTO ol_meta (key, value) VALUES ('schema_version', $1)",
                     &[&SCHEMA_VERSION.to_string()],
@@ -506,11 +629,23 @@ impl PgStore {
                 let found: u32 = v.parse().map_err(|_| {
                     StoreError::Database(format!("unreadable schema_version {v:?}"))
                 })?;
-                if found > SCHEMA_VERSION {
-                    return Err(StoreError::SchemaTooNew {
-                        found,
-                        supported: SCHEMA_VERSION,
-                    });
+                match found {
+                    _ if found > SCHEMA_VERSION => {
+                        return Err(StoreError::SchemaTooNew {
+                            found,
+                            supported: SCHEMA_VERSION,
+                        });
+                    }
+                    1 => {
+                        tracing::info!(target: "outbox_lanes::store", schema = %self.opts.schema, "migrating the schema from version 1 to 2");
+                        tx.batch_execute(MIGRATE_V1_TO_V2)?;
+                    }
+                    2 => {}
+                    _ => {
+                        return Err(StoreError::Database(format!(
+                            "unknown schema_version {found}"
+                        )));
+                    }
                 }
             }
         }
@@ -648,9 +783,10 @@ impl PgStore {
         &self.opts
     }
 
-    /// Runs read-only statements outside a transaction (no BEGIN/COMMIT round trips); a
-    /// read is always safe to retry once on a fresh connection.
-    fn read<T>(
+    /// Runs statements outside a transaction (no BEGIN/COMMIT round trips), each committed
+    /// on its own: reads, and single idempotent write statements (the ack's), which are as
+    /// safe to retry once on a fresh connection as a read.
+    fn autocommit<T>(
         &self,
         mut f: impl FnMut(&mut Cn<'_>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
@@ -669,7 +805,7 @@ impl PgStore {
                 }
                 Err(e) if e.lost() || conn.client.is_closed() => {
                     self.discard(conn);
-                    tracing::warn!(target: "outbox_lanes::store", retry = attempt < 2, "postgres connection lost during a read; dropped the pool's idle connections");
+                    tracing::warn!(target: "outbox_lanes::store", retry = attempt < 2, "postgres connection lost outside a transaction; dropped the pool's idle connections");
                     if attempt < 2 {
                         continue;
                     }
@@ -741,6 +877,175 @@ fn alloc_seqs(t: &mut impl Exec, actor: &str, n: i64) -> Result<i64, StoreError>
     Ok(last - n + 1)
 }
 
+/// A unique violation on a row id index (`ol_units_row_id` or `ol_rows`' `UNIQUE (actor,
+/// row_id)`), mapped to the batch row it names: how the one-statement enqueue refuses a row id
+/// already inline on a unit, and a safety net for the general path (whose plan checks both
+/// places first, under the actor lock) against a writer that skipped the lock.
+fn duplicate_of(e: &postgres::Error, rows: &[PreparedRow<'_>]) -> Option<EnqueueError> {
+    let db = e.as_db_error()?;
+    if *db.code() != SqlState::UNIQUE_VIOLATION
+        || !matches!(
+            db.constraint(),
+            Some("ol_units_row_id" | "ol_rows_actor_row_id_key")
+        )
+    {
+        return None;
+    }
+    // "Key (actor, row_id)=(alice, r1) already exists."
+    let detail = db.detail().unwrap_or("");
+    let row = rows
+        .iter()
+        .map(|p| p.row.id.as_str())
+        .filter(|id| detail.contains(&format!(", {id})=")) || detail.contains(&format!(", {id}) ")))
+        .max_by_key(|id| id.len())
+        .or_else(|| rows.first().map(|p| p.row.id.as_str()))?;
+    Some(EnqueueError::DuplicateRowId {
+        row: row.to_string(),
+    })
+}
+
+/// Whether [`enqueue_one_lane_rows`] can write this batch.
+fn one_lane_rows(rows: &[PreparedRow<'_>]) -> bool {
+    rows.iter()
+        .all(|p| p.lanes.len() == 1 && p.row.dedup_key.is_none())
+}
+
+/// The hot path of [`enqueue_tx`]: every row has one recipient and no dedup key, so each row
+/// is one unit with its payload inline, and one statement does it all: the actor's seqs, the
+/// duplicate check against shared payloads (ol_rows), the lanes (created or their tail
+/// advanced, by one upsert each), the units, and the wake-up. A row id already inline on a
+/// unit is refused by the unique index `ol_units_row_id`.
+///
+/// The statement's snapshot is taken before it waits for the actor's row lock, so unlike the
+/// general path it does not see a shared payload committed by a concurrent enqueue of the
+/// same actor while it waited; the only case it could miss is that other enqueue writing the
+/// same row id with several recipients at that very moment. Lanes are upserted, so one created
+/// meanwhile is found all the same; seqs still follow commit order (the lock is held to
+/// commit).
+fn enqueue_one_lane_rows(
+    t: &mut impl Exec,
+    actor: &ActorId,
+    rows: &[PreparedRow<'_>],
+    channel: &str,
+) -> Result<Vec<Enqueued>, EnqueueError> {
+    let a = actor.as_str();
+    let now = ms(Timestamp::from_system_time(std::time::SystemTime::now()));
+    let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+    let n = count(rows.len());
+    // The batch's lanes in key order (the upsert locks them in that order), each with the
+    // 1-based index of its last row: the lane's new tail is the actor's base seq + that.
+    let mut lanes: BTreeMap<(&str, &str), i64> = BTreeMap::new();
+    for (k, p) in rows.iter().enumerate() {
+        let key = p
+            .lanes
+            .first()
+            .ok_or_else(|| StoreError::Database("row without a lane".into()))?;
+        lanes.insert(
+            (key.recipient(), key.ordering_key().unwrap_or("")),
+            count(k + 1),
+        );
+    }
+    let (mut l_rec, mut l_ok, mut l_last) = (vec![], vec![], vec![]);
+    let mut ordinal: HashMap<(&str, &str), i64> = HashMap::with_capacity(lanes.len());
+    for (k, (key, last)) in lanes.into_iter().enumerate() {
+        l_rec.push(key.0);
+        l_ok.push(key.1);
+        l_last.push(last);
+        ordinal.insert(key, count(k + 1));
+    }
+    let (mut r_id, mut r_lane, mut r_ct, mut r_body, mut r_len) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    for p in rows {
+        let key = p
+            .lanes
+            .first()
+            .ok_or_else(|| StoreError::Database("row without a lane".into()))?;
+        r_id.push(p.row.id.as_str());
+        r_lane.push(
+            ordinal
+                .get(&(key.recipient(), key.ordering_key().unwrap_or("")))
+                .copied()
+                .ok_or_else(|| StoreError::Database("lane missing from the batch".into()))?,
+        );
+        r_ct.push(p.row.content_type.as_str());
+        r_body.push(p.row.body.as_slice());
+        r_len.push(count(p.row.body.len()));
+    }
+    // Each data-modifying part depends on `a`, which writes nothing when a duplicate was
+    // found: a refused batch writes nothing. The probes of ol_rows are skipped altogether
+    // when the actor has no shared payload (the common case: one probe instead of one per
+    // row). The rows are unnested where they are inserted (a CTE read twice would copy every
+    // payload into a temporary store). Rows name their lane by its 1-based position in
+    // the lane arrays; `k` lists the upserted lanes' ids in that order. The NOTIFY is
+    // delivered on commit only.
+    let r = t
+        .q(
+            "WITH dup AS (SELECT k.row_id FROM unnest($3::text[]) AS k(row_id) CROSS JOIN LATERAL ( \
+               SELECT 1 FROM ol_rows x WHERE x.actor = $1 AND x.row_id = k.row_id LIMIT 1) x \
+               WHERE EXISTS (SELECT 1 FROM ol_rows x WHERE x.actor = $1)), \
+             a AS (INSERT INTO ol_actors AS a (actor, last_seq) SELECT $1::text, $2::bigint \
+               WHERE NOT EXISTS (SELECT 1 FROM dup) \
+               ON CONFLICT (actor) DO UPDATE SET last_seq = a.last_seq + excluded.last_seq \
+               RETURNING a.last_seq - $2::bigint AS base), \
+             v AS (SELECT * FROM unnest($8::text[], $9::text[], $10::bigint[]) \
+               WITH ORDINALITY AS v(recipient, ok, last_ix, lane)), \
+             l AS (INSERT INTO ol_lanes AS l (actor, recipient, ordering_key, tail_seq) \
+               SELECT $1, v.recipient, v.ok, a.base + v.last_ix FROM a, v ORDER BY v.lane \
+               ON CONFLICT (actor, recipient, ordering_key) DO UPDATE \
+               SET tail_seq = GREATEST(l.tail_seq, excluded.tail_seq) \
+               RETURNING l.id, l.recipient, l.ordering_key), \
+             k AS (SELECT array_agg(l.id ORDER BY v.lane) AS ids FROM v JOIN l \
+               ON l.recipient = v.recipient AND l.ordering_key = v.ok), \
+             u AS (INSERT INTO ol_units (actor, lane_id, seq, row_id, content_type, body, body_len, \
+                 ordering_key, enqueued_at) \
+               SELECT $1, k.ids[r.lane], a.base + r.ix, r.row_id, r.ct, r.body, r.len, $9[r.lane], $11 \
+               FROM a, k, unnest($3::text[], $4::bigint[], $5::text[], $6::bytea[], $7::bigint[]) \
+                 WITH ORDINALITY AS r(row_id, lane, ct, body, len, ix) RETURNING id, seq) \
+             SELECT (SELECT array_agg(row_id) FROM dup), (SELECT base FROM a), \
+               (SELECT array_agg(id ORDER BY seq) FROM u), (SELECT pg_notify($12, $1) FROM a)",
+            &[
+                &a, &n, &r_id, &r_lane, &r_ct, &r_body, &r_len, &l_rec, &l_ok, &l_last, &now, &channel,
+            ],
+        )
+        .map_err(|e| duplicate_of(&e, rows).unwrap_or_else(|| EnqueueError::from(e)))?
+        .into_iter()
+        .next()
+        .ok_or_else(|| StoreError::Database("no row returned by the enqueue".into()))?;
+    let taken: HashSet<String> = r
+        .get::<_, Option<Vec<String>>>(0)
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
+    if let Some(p) = rows.iter().find(|p| taken.contains(&p.row.id)) {
+        return Err(EnqueueError::DuplicateRowId {
+            row: p.row.id.clone(),
+        });
+    }
+    let base: i64 = r
+        .get::<_, Option<i64>>(1)
+        .ok_or_else(|| StoreError::Database("no seq reserved".into()))?;
+    let units: Vec<i64> = r.get::<_, Option<Vec<i64>>>(2).unwrap_or_default();
+    if units.len() != rows.len() {
+        return Err(StoreError::Database(format!(
+            "{} units written for {} rows",
+            units.len(),
+            rows.len()
+        ))
+        .into());
+    }
+    Ok(rows
+        .iter()
+        .zip(units)
+        .enumerate()
+        .map(|(k, (p, unit))| Enqueued {
+            row_id: p.row.id.clone(),
+            seq: Seq(u(base + count(k + 1))),
+            units: vec![UnitId(u(unit))],
+            skipped: Vec::new(),
+        })
+        .collect())
+}
+
 /// Set-based: a fixed number of statements per batch whatever its size, because every
 /// statement costs a round trip to the server.
 fn enqueue_tx(
@@ -752,15 +1057,20 @@ fn enqueue_tx(
     if rows.is_empty() {
         return Ok(Vec::new());
     }
+    if one_lane_rows(rows) {
+        return enqueue_one_lane_rows(t, actor, rows, channel);
+    }
+    // The general case: several recipients, joined units, dedup keys.
     let a = actor.as_str();
     let now = ms(Timestamp::from_system_time(std::time::SystemTime::now()));
     let n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
-    // First: the actor row lock serialises this actor's enqueues (seq order = commit order).
+    // First: the actor row lock serialises this actor's enqueues (seq order = commit order),
+    // and the plan below reads after it, so it sees every enqueue committed before.
     let first = alloc_seqs(t, a, n)?;
 
-    // Everything the plan needs, in one round trip: ids already taken, the batch's known
-    // lanes, what is pending for its dedup keys, and enough row and unit ids (an upper bound:
-    // a refused batch or skipped recipients only leave gaps in the sequences).
+    // Everything the plan needs, in one round trip: row ids already taken (inline on a unit
+    // or in ol_rows), the batch's known lanes, what is pending for its dedup keys, and enough
+    // unit and shared-row ids (upper bounds: skipped recipients only leave gaps).
     let ids: Vec<&str> = rows.iter().map(|p| p.row.id.as_str()).collect();
     let mut recs: Vec<&str> = Vec::new();
     let mut oks: Vec<&str> = Vec::new();
@@ -780,32 +1090,48 @@ fn enqueue_tx(
         .iter()
         .filter_map(|p| p.row.dedup_key.as_deref())
         .collect();
-    let max_units: i64 = rows
-        .iter()
-        .map(|p| {
-            if p.row.joined {
-                1
-            } else {
-                i64::try_from(p.lanes.len()).unwrap_or(i64::MAX)
-            }
-        })
-        .sum();
+    let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+    // One ol_units row per (row, lane) at most; an ol_rows row per row split into several units.
+    let max_units: i64 = rows.iter().map(|p| count(p.lanes.len())).sum();
+    let max_shared: i64 = count(
+        rows.iter()
+            .filter(|p| !p.row.joined && p.lanes.len() > 1)
+            .count(),
+    );
+    // Pending units for the dedup keys: inline heads by ol_units_dedup, shared rows by
+    // ol_rows_dedup then ol_units_row; then each unit's rows still pending (the head's own
+    // lane, or a joined unit's other lanes by ol_units_unit).
+    // Every lookup driven by the batch is a LATERAL probe (LIMIT or OFFSET 0 keeps the planner
+    // from flattening it into a join it could hash): `enqueue_in` runs on the caller's
+    // connection, without the store's planner settings, and a hash join planned on stale
+    // statistics would read every row id of the actor.
     // The serial sequences are named literally (`<table>_id_seq`, as BIGSERIAL names them):
     // `pg_get_serial_sequence` would be re-evaluated for every id drawn (a catalog search each).
     let plan_row = t.one(
         "SELECT dup.v, ln.ids, ln.recs, ln.oks, pend.dks, pend.recs, idr.v, idu.v FROM \
-         (SELECT array_agg(r.row_id) AS v FROM unnest($2::text[]) AS k(row_id) \
-            JOIN ol_rows r ON r.actor = $1 AND r.row_id = k.row_id) dup, \
-         (SELECT array_agg(l.id) AS ids, array_agg(l.recipient) AS recs, array_agg(l.ordering_key) AS oks \
-            FROM ol_lanes l JOIN unnest($3::text[], $4::text[]) AS k(recipient, ordering_key) \
-            ON l.recipient = k.recipient AND l.ordering_key = k.ordering_key WHERE l.actor = $1) ln, \
+         (SELECT array_agg(k.row_id) AS v FROM unnest($2::text[]) AS k(row_id) CROSS JOIN LATERAL ( \
+            SELECT 1 FROM ol_units u WHERE u.actor = $1 AND u.row_id = k.row_id \
+            UNION ALL SELECT 1 FROM ol_rows r WHERE r.actor = $1 AND r.row_id = k.row_id LIMIT 1) x) dup, \
+         (SELECT array_agg(l.id) AS ids, array_agg(k.recipient) AS recs, array_agg(k.ordering_key) AS oks \
+            FROM unnest($3::text[], $4::text[]) AS k(recipient, ordering_key) CROSS JOIN LATERAL ( \
+            SELECT l.id FROM ol_lanes l WHERE l.actor = $1 AND l.recipient = k.recipient \
+            AND l.ordering_key = k.ordering_key LIMIT 1) l) ln, \
          (SELECT array_agg(x.dedup_key) AS dks, array_agg(x.recipient) AS recs FROM \
-            (SELECT DISTINCT r.dedup_key, l.recipient FROM ol_rows r JOIN ol_units u ON u.row_ref = r.id \
-             JOIN ol_deliveries d ON d.unit_id = u.id JOIN ol_lanes l ON l.id = d.lane_id \
-             WHERE r.actor = $1 AND r.dedup_key IN (SELECT unnest($5::text[])) AND d.state = 0) x) pend, \
+            (SELECT DISTINCT k.dk AS dedup_key, l.recipient FROM unnest($5::text[]) AS k(dk) \
+             CROSS JOIN LATERAL ( \
+               SELECT h.id FROM ol_units h WHERE h.actor = $1 AND h.dedup_key = k.dk AND h.unit_id IS NULL \
+               UNION ALL \
+               SELECT h.id FROM ol_rows r CROSS JOIN LATERAL (SELECT h.id FROM ol_units h \
+                 WHERE h.row_ref = r.id AND h.unit_id IS NULL OFFSET 0) h \
+                 WHERE r.actor = $1 AND r.dedup_key = k.dk OFFSET 0) p \
+             CROSS JOIN LATERAL ( \
+               SELECT d.lane_id FROM ol_units d WHERE d.id = p.id AND d.state = 0 \
+               UNION ALL \
+               SELECT d.lane_id FROM ol_units d WHERE d.unit_id = p.id AND d.state = 0 OFFSET 0) d \
+             CROSS JOIN LATERAL (SELECT l.recipient FROM ol_lanes l WHERE l.id = d.lane_id LIMIT 1) l) x) pend, \
          (SELECT array_agg(nextval('ol_rows_id_seq')) AS v FROM generate_series(1::bigint, $6::bigint)) idr, \
          (SELECT array_agg(nextval('ol_units_id_seq')) AS v FROM generate_series(1::bigint, $7::bigint)) idu",
-        &[&a, &ids, &recs, &oks, &dks, &n, &max_units],
+        &[&a, &ids, &recs, &oks, &dks, &max_shared, &max_units],
     )?;
     let taken: HashSet<String> = plan_row
         .get::<_, Option<Vec<String>>>(0)
@@ -834,7 +1160,7 @@ fn enqueue_tx(
     ) {
         pending.extend(d.into_iter().zip(r));
     }
-    let row_keys: Vec<i64> = plan_row.get::<_, Option<Vec<i64>>>(6).unwrap_or_default();
+    let shared_keys: Vec<i64> = plan_row.get::<_, Option<Vec<i64>>>(6).unwrap_or_default();
     let unit_keys: Vec<i64> = plan_row.get::<_, Option<Vec<i64>>>(7).unwrap_or_default();
 
     // Lanes used for the first time.
@@ -854,15 +1180,52 @@ fn enqueue_tx(
         }
     }
 
-    struct Plan {
-        seq: i64,
-        units: Vec<Vec<i64>>,
-        skipped: Vec<String>,
+    // The rows to write, as columns (one array per column, unnested by the insert):
+    // heads with the payload inline, shared payloads, and rows without a payload (a joined
+    // unit's other lanes, the heads of a shared payload's units).
+    #[derive(Default)]
+    struct Inline<'r> {
+        id: Vec<i64>,
+        lane: Vec<i64>,
+        seq: Vec<i64>,
+        n: Vec<i64>,
+        row: Vec<&'r str>,
+        ct: Vec<&'r str>,
+        body: Vec<&'r [u8]>,
+        len: Vec<i64>,
+        dk: Vec<Option<&'r str>>,
+        ok: Vec<&'r str>,
     }
-    let mut plans = Vec::with_capacity(rows.len());
-    let mut nrows = 0i64;
+    #[derive(Default)]
+    struct Shared<'r> {
+        id: Vec<i64>,
+        row: Vec<&'r str>,
+        seq: Vec<i64>,
+        ct: Vec<&'r str>,
+        body: Vec<&'r [u8]>,
+        len: Vec<i64>,
+        dk: Vec<Option<&'r str>>,
+        ok: Vec<&'r str>,
+    }
+    #[derive(Default)]
+    struct Bare {
+        id: Vec<i64>,
+        unit: Vec<Option<i64>>,
+        lane: Vec<i64>,
+        seq: Vec<i64>,
+        row_ref: Vec<Option<i64>>,
+    }
+    let (mut inl, mut sh, mut bare) = (Inline::default(), Shared::default(), Bare::default());
+    // Highest seq written per lane, in lane order (the tail update locks lanes in that order).
+    let mut tails: BTreeMap<i64, i64> = BTreeMap::new();
+    let (mut sk, mut uk) = (shared_keys.into_iter(), unit_keys.into_iter());
+    let mut next_unit = || {
+        uk.next()
+            .ok_or_else(|| StoreError::Database("unit id allocation short".into()))
+    };
+    let mut out = Vec::with_capacity(rows.len());
     for (k, p) in rows.iter().enumerate() {
-        let seq = first + i64::try_from(k).unwrap_or(i64::MAX);
+        let seq = first + count(k);
         let mut kept = Vec::with_capacity(p.lanes.len());
         let mut skipped = Vec::new();
         for key in &p.lanes {
@@ -880,122 +1243,118 @@ fn enqueue_tx(
                 .copied()
                 .ok_or_else(|| StoreError::Database("lane vanished during enqueue".into()))?;
             kept.push(id);
+            let tail = tails.entry(id).or_insert(seq);
+            *tail = (*tail).max(seq);
         }
-        let units: Vec<Vec<i64>> = if kept.is_empty() {
-            Vec::new()
-        } else if p.row.joined {
-            vec![kept]
-        } else {
-            kept.into_iter().map(|l| vec![l]).collect()
-        };
-        if !units.is_empty() {
-            nrows += 1;
+        let len = count(p.row.body.len());
+        let mut units = Vec::new();
+        if let [first_lane, others @ ..] = kept.as_slice() {
+            if p.row.joined || others.is_empty() {
+                // One unit: its head holds the payload; a joined unit's other lanes are rows
+                // pointing at the head.
+                let head = next_unit()?;
+                inl.id.push(head);
+                inl.lane.push(*first_lane);
+                inl.seq.push(seq);
+                inl.n.push(count(kept.len()));
+                inl.row.push(p.row.id.as_str());
+                inl.ct.push(p.row.content_type.as_str());
+                inl.body.push(p.row.body.as_slice());
+                inl.len.push(len);
+                inl.dk.push(p.row.dedup_key.as_deref());
+                inl.ok.push(p.ordering_key);
+                for lane in others {
+                    bare.id.push(next_unit()?);
+                    bare.unit.push(Some(head));
+                    bare.lane.push(*lane);
+                    bare.seq.push(seq);
+                    bare.row_ref.push(None);
+                }
+                units.push(UnitId(u(head)));
+            } else {
+                // Several units: the payload once in ol_rows, one head per lane referring to it.
+                let row_ref = sk
+                    .next()
+                    .ok_or_else(|| StoreError::Database("row id allocation short".into()))?;
+                sh.id.push(row_ref);
+                sh.row.push(p.row.id.as_str());
+                sh.seq.push(seq);
+                sh.ct.push(p.row.content_type.as_str());
+                sh.body.push(p.row.body.as_slice());
+                sh.len.push(len);
+                sh.dk.push(p.row.dedup_key.as_deref());
+                sh.ok.push(p.ordering_key);
+                for lane in &kept {
+                    let head = next_unit()?;
+                    bare.id.push(head);
+                    bare.unit.push(None);
+                    bare.lane.push(*lane);
+                    bare.seq.push(seq);
+                    bare.row_ref.push(Some(row_ref));
+                    units.push(UnitId(u(head)));
+                }
+            }
         }
-        plans.push(Plan {
-            seq,
+        out.push(Enqueued {
+            row_id: p.row.id.clone(),
+            seq: Seq(u(seq)),
             units,
             skipped,
         });
     }
-
-    let mut out = Vec::with_capacity(rows.len());
-    if nrows > 0 {
-        let (mut r_id, mut r_row, mut r_seq, mut r_ct, mut r_body, mut r_len, mut r_dk, mut r_ok) = (
-            vec![],
-            vec![],
-            vec![],
-            vec![],
-            vec![],
-            vec![],
-            vec![],
-            vec![],
-        );
-        let (mut u_id, mut u_row, mut u_seq, mut u_n) = (vec![], vec![], vec![], vec![]);
-        let (mut d_unit, mut d_lane, mut d_seq) = (vec![], vec![], vec![]);
-        let (mut rk, mut uk) = (row_keys.into_iter(), unit_keys.into_iter());
-        for (p, plan) in rows.iter().zip(plans) {
-            let mut units = Vec::with_capacity(plan.units.len());
-            if !plan.units.is_empty() {
-                let row_ref = rk
-                    .next()
-                    .ok_or_else(|| StoreError::Database("row id allocation short".into()))?;
-                r_id.push(row_ref);
-                r_row.push(p.row.id.as_str());
-                r_seq.push(plan.seq);
-                r_ct.push(p.row.content_type.as_str());
-                r_body.push(p.row.body.as_slice());
-                r_len.push(i64::try_from(p.row.body.len()).unwrap_or(i64::MAX));
-                r_dk.push(p.row.dedup_key.as_deref());
-                r_ok.push(p.ordering_key);
-                for lanes in plan.units {
-                    let unit = uk
-                        .next()
-                        .ok_or_else(|| StoreError::Database("unit id allocation short".into()))?;
-                    u_id.push(unit);
-                    u_row.push(row_ref);
-                    u_seq.push(plan.seq);
-                    u_n.push(i64::try_from(lanes.len()).unwrap_or(i64::MAX));
-                    for lane in lanes {
-                        d_unit.push(unit);
-                        d_lane.push(lane);
-                        d_seq.push(plan.seq);
-                    }
-                    units.push(UnitId(u(unit)));
-                }
-            }
-            out.push(Enqueued {
-                row_id: p.row.id.clone(),
-                seq: Seq(u(plan.seq)),
-                units,
-                skipped: plan.skipped,
-            });
-        }
-        // One statement, one round trip: the tables have no foreign keys, so the order of
-        // the inserts within it does not matter. The NOTIFY is delivered on commit only.
-        t.x(
-            "WITH r AS (INSERT INTO ol_rows (id, actor, row_id, seq, content_type, body, body_len, dedup_key, \
-                 ordering_key, enqueued_at) \
-               SELECT id, $1, row_id, seq, ct, body, len, dk, ok, $2 FROM unnest($3::bigint[], $4::text[], \
-                 $5::bigint[], $6::text[], $7::bytea[], $8::bigint[], $9::text[], $10::text[]) \
-                 AS t(id, row_id, seq, ct, body, len, dk, ok)), \
-             u AS (INSERT INTO ol_units (id, actor, row_ref, seq, lanes, pending) SELECT id, $1, rr, seq, n, n \
-               FROM unnest($11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[]) AS t(id, rr, seq, n)), \
-             d AS (INSERT INTO ol_deliveries (unit_id, lane_id, seq) \
-               SELECT * FROM unnest($15::bigint[], $16::bigint[], $17::bigint[])), \
-             l AS (UPDATE ol_lanes l SET tail_seq = GREATEST(l.tail_seq, v.seq) FROM (SELECT lane, max(seq) AS seq \
-               FROM unnest($16::bigint[], $17::bigint[]) AS t(lane, seq) GROUP BY lane) v WHERE l.id = v.lane) \
-             SELECT pg_notify($18, $1)",
-            &[
-                &a, &now, &r_id, &r_row, &r_seq, &r_ct, &r_body, &r_len, &r_dk, &r_ok, &u_id, &u_row, &u_seq,
-                &u_n, &d_unit, &d_lane, &d_seq, &channel,
-            ],
-        )?;
+    if tails.is_empty() {
+        // Every recipient was skipped by dedup: nothing to write but the wake-up (delivered
+        // to listeners when, and only if, the transaction commits).
+        t.x("SELECT pg_notify($1, $2)", &[&channel, &a])?;
         return Ok(out);
     }
-    // Every recipient was skipped by dedup: nothing to write but the answer.
-    for (p, plan) in rows.iter().zip(plans) {
-        out.push(Enqueued {
-            row_id: p.row.id.clone(),
-            seq: Seq(u(plan.seq)),
-            units: Vec::new(),
-            skipped: plan.skipped,
-        });
-    }
-    // Delivered to listeners when (and only if) the transaction commits.
-    t.x("SELECT pg_notify($1, $2)", &[&channel, &a])?;
+    let (t_lane, t_seq): (Vec<i64>, Vec<i64>) = tails.into_iter().unzip();
+    // One statement, one round trip: the tables have no foreign keys, so the order of the
+    // inserts within it does not matter. The NOTIFY is delivered on commit only.
+    t.x(
+        "WITH h AS (INSERT INTO ol_units (id, actor, lane_id, seq, lanes, pending, row_id, content_type, body, \
+             body_len, dedup_key, ordering_key, enqueued_at) \
+           SELECT id, $1, lane, seq, n, n, row_id, ct, body, len, dk, ok, $2 FROM unnest($3::bigint[], $4::bigint[], \
+             $5::bigint[], $6::bigint[], $7::text[], $8::text[], $9::bytea[], $10::bigint[], $11::text[], $12::text[]) \
+             AS t(id, lane, seq, n, row_id, ct, body, len, dk, ok)), \
+         r AS (INSERT INTO ol_rows (id, actor, row_id, seq, content_type, body, body_len, dedup_key, ordering_key, \
+             enqueued_at) \
+           SELECT id, $1, row_id, seq, ct, body, len, dk, ok, $2 FROM unnest($13::bigint[], $14::text[], \
+             $15::bigint[], $16::text[], $17::bytea[], $18::bigint[], $19::text[], $20::text[]) \
+             AS t(id, row_id, seq, ct, body, len, dk, ok)), \
+         o AS (INSERT INTO ol_units (id, unit_id, actor, lane_id, seq, row_ref) \
+           SELECT id, uid, $1, lane, seq, rr FROM unnest($21::bigint[], $22::bigint[], $23::bigint[], \
+             $24::bigint[], $25::bigint[]) AS t(id, uid, lane, seq, rr)), \
+         l AS (UPDATE ol_lanes l SET tail_seq = GREATEST(l.tail_seq, v.seq) \
+           FROM unnest($26::bigint[], $27::bigint[]) AS v(lane, seq) WHERE l.id = v.lane AND l.id = ANY($26)) \
+         SELECT pg_notify($28, $1)",
+        &[
+            &a, &now, &inl.id, &inl.lane, &inl.seq, &inl.n, &inl.row, &inl.ct, &inl.body, &inl.len, &inl.dk,
+            &inl.ok, &sh.id, &sh.row, &sh.seq, &sh.ct, &sh.body, &sh.len, &sh.dk, &sh.ok, &bare.id, &bare.unit,
+            &bare.lane, &bare.seq, &bare.row_ref, &t_lane, &t_seq, &channel,
+        ],
+    )
+    .map_err(|e| duplicate_of(&e, rows).unwrap_or_else(|| EnqueueError::from(e)))?;
     Ok(out)
 }
 
-fn insert_delivery(
+/// A row for another lane of unit `unit` (a replayed dead letter rejoining a unit revived in
+/// the same replay), and the lane's tail.
+fn insert_lane_row(
     t: &mut impl Exec,
     unit: i64,
+    actor: &str,
     lane: i64,
     seq: i64,
 ) -> Result<(), postgres::Error> {
     t.x(
-        "INSERT INTO ol_deliveries (unit_id, lane_id, seq) VALUES ($1, $2, $3)",
-        &[&unit, &lane, &seq],
+        "INSERT INTO ol_units (unit_id, actor, lane_id, seq) VALUES ($1, $2, $3, $4)",
+        &[&unit, &actor, &lane, &seq],
     )?;
+    advance_tail(t, lane, seq)
+}
+
+fn advance_tail(t: &mut impl Exec, lane: i64, seq: i64) -> Result<(), postgres::Error> {
     t.x(
         "UPDATE ol_lanes SET tail_seq = GREATEST(tail_seq, $2) WHERE id = $1",
         &[&lane, &seq],
@@ -1003,36 +1362,53 @@ fn insert_delivery(
     Ok(())
 }
 
+/// One recipient of `unit` is no longer pending: count it down, and finish the unit when
+/// nothing is left (its other lanes' rows deleted; the head deleted, or kept out of every lane
+/// for the ack retention).
 fn settle(t: &mut impl Exec, unit: i64, retention: bool) -> Result<(), StoreError> {
     let r = t.one(
-        "UPDATE ol_units SET pending = pending - 1 WHERE id = $1 RETURNING pending, row_ref",
+        "UPDATE ol_units SET pending = pending - 1 WHERE id = $1 AND unit_id IS NULL RETURNING pending",
         &[&unit],
     )?;
-    let (pending, row_ref): (i64, i64) = (r.get(0), r.get(1));
-    if pending > 0 {
+    if r.get::<_, i64>(0) > 0 {
         return Ok(());
     }
-    t.x("DELETE FROM ol_deliveries WHERE unit_id = $1", &[&unit])?;
+    t.x("DELETE FROM ol_units WHERE unit_id = $1", &[&unit])?;
     if retention {
         t.x(
-            &format!("UPDATE ol_units SET acked_at = {NOW} WHERE id = $1"),
+            &format!(
+                "UPDATE ol_units SET acked_at = {NOW}, lane_id = NULL, pending = 0 WHERE id = $1"
+            ),
             &[&unit],
         )?;
-    } else {
-        t.x("DELETE FROM ol_units WHERE id = $1", &[&unit])?;
-        drop_row_if_unused(t, row_ref)?;
+    } else if let Some(r) = t.opt(
+        "DELETE FROM ol_units WHERE id = $1 RETURNING row_ref",
+        &[&unit],
+    )? {
+        drop_row_if_unused(t, r.get(0))?;
     }
     Ok(())
 }
 
-fn drop_row_if_unused(t: &mut impl Exec, row_ref: i64) -> Result<(), postgres::Error> {
+fn drop_row_if_unused(t: &mut impl Exec, row_ref: Option<i64>) -> Result<(), postgres::Error> {
+    let Some(row_ref) = row_ref else {
+        return Ok(());
+    };
     t.x(
-        "DELETE FROM ol_rows WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM ol_units WHERE row_ref = $1) \
-         AND NOT EXISTS (SELECT 1 FROM ol_dead_letters WHERE row_ref = $1)",
+        "DELETE FROM ol_rows WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM ol_units WHERE row_ref = $1 OFFSET 0) \
+         AND NOT EXISTS (SELECT 1 FROM ol_dead_letters WHERE row_ref = $1 OFFSET 0)",
         &[&row_ref],
     )?;
     Ok(())
 }
+
+/// In a claim, the head of lane row `d`: `d` itself, or the unit's head for another lane's row.
+const HEAD_OF_D: &str = "FROM ol_units h WHERE h.id = coalesce(d.unit_id, d.id)";
+
+/// The id of unit `$1`'s row in lane `$2` (its head, or another lane's row of a joined unit)
+/// as an array for `id = ANY(…)`: two index probes, where an `OR` of the two would scan.
+const ROW_OF_UNIT_IN_LANE: &str = "ARRAY(SELECT x.id FROM ol_units x WHERE x.id = $1 AND x.unit_id IS NULL \
+     AND x.lane_id = $2 UNION ALL SELECT x.id FROM ol_units x WHERE x.unit_id = $1 AND x.lane_id = $2)";
 
 fn dead_letter_tx(
     t: &mut impl Exec,
@@ -1042,24 +1418,47 @@ fn dead_letter_tx(
 ) -> Result<bool, StoreError> {
     let unit = i(d.unit.0);
     let found = t.opt(
-        "SELECT d.seq, d.attempts, d.last_status, d.last_error, d.first_attempt_at, d.last_attempt_at, \
-         u.row_ref, r.row_id, l.recipient, l.ordering_key \
-         FROM ol_deliveries d JOIN ol_units u ON u.id = d.unit_id JOIN ol_rows r ON r.id = u.row_ref \
-         JOIN ol_lanes l ON l.id = d.lane_id \
-         WHERE d.unit_id = $1 AND d.lane_id = $2 AND d.state = 0 AND l.actor = $3 FOR UPDATE OF d",
+        &format!(
+            "SELECT d.id, d.seq, d.attempts, d.last_status, d.last_error, d.first_attempt_at, d.last_attempt_at, \
+             h.row_ref, coalesce(h.row_id, (SELECT r.row_id FROM ol_rows r WHERE r.id = h.row_ref)), \
+             l.recipient, l.ordering_key \
+             FROM ol_units d JOIN ol_units h ON h.id = $1 AND h.unit_id IS NULL JOIN ol_lanes l ON l.id = d.lane_id \
+             WHERE d.id = ANY({ROW_OF_UNIT_IN_LANE}) AND d.lane_id = $2 AND d.state = 0 AND l.actor = $3 \
+             FOR UPDATE OF d"
+        ),
         &[&unit, &d.lane.0, &actor],
     )?;
     let Some(r) = found else { return Ok(false) };
-    let seq: i64 = r.get(0);
-    let attempts: i64 = r.get(1);
-    let status: Option<i64> = d.status.map(i64::from).or(r.get(2));
-    let error: Option<String> = d.error.clone().or(r.get(3));
-    let first: Option<i64> = r.get(4);
-    let last: Option<i64> = r.get(5);
-    let row_ref: i64 = r.get(6);
-    let row_id: String = r.get(7);
-    let recipient: String = r.get(8);
-    let ok: String = r.get(9);
+    let row: i64 = r.get(0);
+    let seq: i64 = r.get(1);
+    let attempts: i64 = r.get(2);
+    let status: Option<i64> = d.status.map(i64::from).or(r.get(3));
+    let error: Option<String> = d.error.clone().or(r.get(4));
+    let first: Option<i64> = r.get(5);
+    let last: Option<i64> = r.get(6);
+    let row_ref: Option<i64> = r.get(7);
+    let row_id: Option<String> = r.get(8);
+    let recipient: String = r.get(9);
+    let ok: String = r.get(10);
+    let row_id =
+        row_id.ok_or_else(|| StoreError::Database(format!("unit {unit} has no payload")))?;
+    // A dead letter keeps its payload in ol_rows: an inline payload moves there first (the
+    // head then refers to it), so it outlives the unit and serves a replay.
+    let row_ref: i64 = match row_ref {
+        Some(r) => r,
+        None => t
+            .one(
+                "WITH s AS (INSERT INTO ol_rows (actor, row_id, seq, content_type, body, body_len, dedup_key, \
+                   ordering_key, enqueued_at) \
+                 SELECT actor, row_id, seq, content_type, body, body_len, dedup_key, ordering_key, enqueued_at \
+                   FROM ol_units WHERE id = $1 AND unit_id IS NULL AND row_ref IS NULL RETURNING id) \
+                 UPDATE ol_units u SET row_ref = s.id, row_id = NULL, content_type = NULL, body = NULL, \
+                   body_len = NULL, dedup_key = NULL, ordering_key = NULL, enqueued_at = NULL \
+                 FROM s WHERE u.id = $1 RETURNING s.id",
+                &[&unit],
+            )?
+            .get(0),
+    };
     t.x(
         "INSERT INTO ol_dead_letters (unit_id, row_ref, row_id, actor, lane_id, recipient, ordering_key, reason, \
          last_status, last_error, attempts, first_attempt_at, last_attempt_at, seq, dead_at) \
@@ -1083,8 +1482,8 @@ fn dead_letter_tx(
         ],
     )?;
     t.x(
-        "UPDATE ol_deliveries SET state = $3 WHERE unit_id = $1 AND lane_id = $2",
-        &[&unit, &d.lane.0, &STATE_DEAD],
+        "UPDATE ol_units SET state = $2 WHERE id = $1",
+        &[&row, &STATE_DEAD],
     )?;
     if d.status.is_some() || d.error.is_some() {
         t.x(
@@ -1165,6 +1564,8 @@ impl Store for PgStore {
         if prepared.is_empty() {
             return Ok(Vec::new());
         }
+        // In a transaction even when it is one statement: a statement that fails before the
+        // COMMIT is sent certainly did not commit, so it is retried on a new connection.
         let out = self.with_tx(false, |t| enqueue_tx(t, actor, &prepared, &self.channel))?;
         self.notifier.notify();
         Ok(out)
@@ -1238,15 +1639,18 @@ impl Store for PgStore {
         token: &SlotToken,
         since: u64,
     ) -> Result<(Vec<LaneInfo>, u64), StoreError> {
-        self.read(|t| {
+        self.autocommit(|t| {
             // Fenced in the same statement (one round trip): the first column says whether the
-            // token is live; a stale token reads no lane.
+            // token is live; a stale token reads no lane. A lane's rows are probed from its tail:
+            // acked units leave dead index entries at its head until vacuum, and the tail holds
+            // the newest units (kept a per-lane subplan, scanning backwards, by OFFSET 0).
             let rows = t.q(
                 &format!(
                     "SELECT f.live, l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, \
                      l.paused, l.tail_seq FROM (SELECT EXISTS ({LIVE_SLOT}) AS live) f \
                      LEFT JOIN LATERAL (SELECT * FROM ol_lanes l WHERE f.live AND l.actor = $1 AND l.tail_seq > $3 \
-                     AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id)) l ON TRUE ORDER BY l.id"
+                     AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id \
+                     ORDER BY d.lane_id DESC, d.seq DESC, d.id DESC LIMIT 1 OFFSET 0)) l ON TRUE ORDER BY l.id"
                 ),
                 &[&token.actor().as_str(), &i(token.fencing()), &i(since)],
             )?;
@@ -1276,54 +1680,69 @@ impl Store for PgStore {
         token: &SlotToken,
         lanes: &[LaneClaim],
     ) -> Result<Vec<ClaimedLane>, StoreError> {
-        // A fixed number of round trips whatever the number of lanes: the lanes' state, then
-        // every lane's heads at once (one index range scan per lane, LIMITed), then the slots
-        // of joined units if any.
-        self.read(|t| {
+        // One round trip whatever the number of lanes (and a second one only when joined units
+        // are read): the fence, every lane's state and its heads (one index range scan per
+        // lane, LIMITed) in one statement. A requested lane yields one row with its state and
+        // no unit when it has none to give, and no row at all when it is unknown or another
+        // actor's. A one-lane unit with its payload inline (the common case) is read whole from
+        // its lane row; a joined unit's other lanes (`unit_id`) and shared payloads (`row_ref`)
+        // need the head or ol_rows, looked up by subqueries that CASE and coalesce only run
+        // when the lane row lacks the value (a join, even on a NULL key, costs a rescan per
+        // unit).
+        // Columns 1-8 are the unit (NULL when none), 9-13 the lane.
+        self.autocommit(|t| {
             let actor = token.actor().as_str();
-            let ids: Vec<i64> = lanes.iter().map(|c| c.lane.0).collect();
-            let mut info: HashMap<i64, (LaneKey, bool)> = HashMap::new();
-            // Fenced in the same statement as the lanes' state (one round trip fewer).
+            let (mut k_lane, mut k_from, mut k_lim) = (vec![], vec![], vec![]);
+            for req in lanes {
+                k_lane.push(req.lane.0);
+                k_from.push(i(req.from.0));
+                k_lim.push(i64::from(req.limit));
+            }
             let rows = t.q(
                 &format!(
-                    "SELECT f.live, l.id, l.recipient, l.ordering_key, l.paused \
-                     FROM (SELECT EXISTS ({LIVE_SLOT}) AS live) f LEFT JOIN LATERAL (SELECT * FROM ol_lanes l \
-                     WHERE f.live AND l.id IN (SELECT unnest($3::bigint[])) AND l.actor = $1) l ON TRUE"
+                    "SELECT f.live, d.unit, d.seq, d.attempts, d.state, d.row_id, d.len, d.at, d.lanes, \
+                       l.ord, l.id, l.recipient, l.ordering_key, l.paused \
+                     FROM (SELECT EXISTS ({LIVE_SLOT}) AS live) f \
+                     LEFT JOIN LATERAL (SELECT k.ord, k.from_seq, k.lim, l.id, l.recipient, l.ordering_key, l.paused \
+                       FROM unnest($3::bigint[], $4::bigint[], $5::bigint[]) WITH ORDINALITY AS k(lane, from_seq, lim, ord) \
+                       CROSS JOIN LATERAL (SELECT l.id, l.recipient, l.ordering_key, l.paused FROM ol_lanes l \
+                         WHERE l.id = k.lane AND l.actor = $1 LIMIT 1) l \
+                       WHERE f.live) l ON TRUE \
+                     LEFT JOIN LATERAL (SELECT coalesce(d.unit_id, d.id) AS unit, d.seq, d.id, d.attempts, d.state, \
+                         CASE WHEN d.row_id IS NOT NULL THEN d.row_id ELSE (SELECT coalesce(h.row_id, \
+                           (SELECT r.row_id FROM ol_rows r WHERE r.id = h.row_ref)) {HEAD_OF_D}) END AS row_id, \
+                         CASE WHEN d.row_id IS NOT NULL THEN d.body_len ELSE (SELECT coalesce(h.body_len, \
+                           (SELECT r.body_len FROM ol_rows r WHERE r.id = h.row_ref)) {HEAD_OF_D}) END AS len, \
+                         CASE WHEN d.row_id IS NOT NULL THEN d.enqueued_at ELSE (SELECT coalesce(h.enqueued_at, \
+                           (SELECT r.enqueued_at FROM ol_rows r WHERE r.id = h.row_ref)) {HEAD_OF_D}) END AS at, \
+                         CASE WHEN d.unit_id IS NULL THEN d.lanes \
+                           ELSE (SELECT h.lanes FROM ol_units h WHERE h.id = d.unit_id) END AS lanes \
+                       FROM ol_units d WHERE NOT l.paused AND d.lane_id = l.id AND d.seq >= l.from_seq \
+                       ORDER BY d.lane_id, d.seq, d.id LIMIT l.lim) d ON TRUE \
+                     ORDER BY l.ord, d.seq, d.id"
                 ),
-                &[&actor, &i(token.fencing()), &ids],
+                &[&actor, &i(token.fencing()), &k_lane, &k_from, &k_lim],
             )?;
             if !rows.first().is_some_and(|r| r.get::<_, bool>(0)) {
                 return Err(stale(token));
             }
-            for r in rows {
-                if let Some(id) = r.get::<_, Option<i64>>(1) {
-                    info.insert(id, (key_of(r.get(2), r.get(3)), r.get(4)));
-                }
-            }
-            let (mut k_ord, mut k_lane, mut k_from, mut k_lim) = (vec![], vec![], vec![], vec![]);
-            for (ord, req) in lanes.iter().enumerate() {
-                if matches!(info.get(&req.lane.0), Some((_, false))) && req.limit > 0 {
-                    k_ord.push(i64::try_from(ord).unwrap_or(i64::MAX));
-                    k_lane.push(req.lane.0);
-                    k_from.push(i(req.from.0));
-                    k_lim.push(i64::from(req.limit));
-                }
-            }
+            let mut info: HashMap<i64, (LaneKey, bool)> = HashMap::new();
             let mut heads: Vec<Vec<Row>> = lanes.iter().map(|_| Vec::new()).collect();
-            if !k_ord.is_empty() {
-                for r in t.q(
-                    "SELECT k.ord, d.unit_id, d.seq, d.attempts, d.state, r.row_id, r.body_len, r.enqueued_at, u.lanes \
-                     FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[]) AS k(ord, lane, from_seq, lim) \
-                     CROSS JOIN LATERAL (SELECT unit_id, seq, attempts, state FROM ol_deliveries \
-                        WHERE lane_id = k.lane AND seq >= k.from_seq ORDER BY lane_id, seq, unit_id LIMIT k.lim) d \
-                     JOIN ol_units u ON u.id = d.unit_id JOIN ol_rows r ON r.id = u.row_ref \
-                     ORDER BY k.ord, d.seq, d.unit_id",
-                    &[&k_ord, &k_lane, &k_from, &k_lim],
-                )? {
-                    let ord = usize::try_from(r.get::<_, i64>(0)).unwrap_or(usize::MAX);
-                    if let Some(v) = heads.get_mut(ord) {
-                        v.push(r);
-                    }
+            for r in rows {
+                let Some(lane) = r.get::<_, Option<i64>>(10) else { continue };
+                info.entry(lane).or_insert_with(|| (key_of(r.get(11), r.get(12)), r.get(13)));
+                if r.get::<_, Option<i64>>(1).is_none() {
+                    continue;
+                }
+                if r.get::<_, Option<String>>(5).is_none() {
+                    return Err(StoreError::Database(format!(
+                        "unit {} has no payload",
+                        r.get::<_, i64>(1)
+                    )));
+                }
+                let ord = usize::try_from(r.get::<_, i64>(9)).unwrap_or(0);
+                if let Some(v) = ord.checked_sub(1).and_then(|k| heads.get_mut(k)) {
+                    v.push(r);
                 }
             }
             let joined: Vec<i64> = heads
@@ -1335,9 +1754,12 @@ impl Store for PgStore {
             let mut slots_of: HashMap<i64, Vec<ClaimedSlot>> = HashMap::new();
             if !joined.is_empty() {
                 for r in t.q(
-                    "SELECT d.unit_id, d.lane_id, l.recipient, l.ordering_key, d.attempts, d.state \
-                     FROM ol_deliveries d JOIN ol_lanes l ON l.id = d.lane_id \
-                     WHERE d.unit_id IN (SELECT unnest($1::bigint[])) ORDER BY d.unit_id, d.lane_id",
+                    "SELECT d.unit, d.lane_id, l.recipient, l.ordering_key, d.attempts, d.state FROM ( \
+                       SELECT id AS unit, lane_id, attempts, state FROM ol_units \
+                         WHERE id = ANY($1::bigint[]) AND unit_id IS NULL \
+                       UNION ALL SELECT unit_id, lane_id, attempts, state FROM ol_units \
+                         WHERE unit_id = ANY($1::bigint[])) d \
+                     JOIN ol_lanes l ON l.id = d.lane_id ORDER BY d.unit, d.lane_id",
                     &[&joined],
                 )? {
                     slots_of.entry(r.get(0)).or_default().push(ClaimedSlot {
@@ -1386,14 +1808,26 @@ impl Store for PgStore {
     }
 
     fn payload(&self, unit: UnitId) -> Result<Payload, StoreError> {
-        self.read(|t| {
-            t.opt(
-                "SELECT r.row_id, r.content_type, r.body FROM ol_units u JOIN ol_rows r ON r.id = u.row_ref \
-                 WHERE u.id = $1 AND u.acked_at IS NULL",
-                &[&i(unit.0)],
-            )?
-            .map(|r| Payload { row_id: r.get(0), content_type: r.get(1), body: r.get(2) })
-            .ok_or(StoreError::NotFound { what: "unit" })
+        self.autocommit(|t| {
+            let r = t
+                .opt(
+                    "SELECT coalesce(h.row_id, r.row_id), coalesce(h.content_type, r.content_type), \
+                     coalesce(h.body, r.body) FROM ol_units h \
+                     LEFT JOIN LATERAL (SELECT r.row_id, r.content_type, r.body FROM ol_rows r \
+                       WHERE r.id = h.row_ref LIMIT 1) r ON TRUE \
+                     WHERE h.id = $1 AND h.unit_id IS NULL AND h.acked_at IS NULL",
+                    &[&i(unit.0)],
+                )?
+                .ok_or(StoreError::NotFound { what: "unit" })?;
+            match (r.get(0), r.get(1), r.get(2)) {
+                (Some(row_id), Some(content_type), Some(body)) => Ok(Payload {
+                    row_id,
+                    content_type,
+                    body,
+                }),
+                // A head referring to a payload row that is gone: the tables were edited.
+                _ => Err(StoreError::Database(format!("unit {unit} has no payload"))),
+            }
         })
     }
 
@@ -1406,66 +1840,102 @@ impl Store for PgStore {
             return Ok(());
         }
         let retention = self.opts.common.ack_retention.is_some();
-        let units: Vec<i64> = delivered.iter().map(|(u, _)| i(u.0)).collect();
-        let lanes: Vec<i64> = delivered.iter().map(|(_, l)| l.0).collect();
-        // Set-based: a fixed number of round trips per batch, whatever its size.
+        let mut pairs = delivered.to_vec();
+        pairs.sort();
+        pairs.dedup();
+        let units: Vec<i64> = pairs.iter().map(|(u, _)| i(u.0)).collect();
+        let lanes: Vec<i64> = pairs.iter().map(|(_, l)| l.0).collect();
+        let actor = token.actor().as_str();
+        // The common batch, one-lane units only, in ONE autocommitted statement (no BEGIN or
+        // COMMIT round trip; an ack is idempotent, so it is safe to retry on a new connection
+        // if the connection is lost). A one-lane unit is finished by its ack: its row (payload
+        // included) is deleted outright, or with a retention taken out of its lane and stamped.
+        // The statement writes nothing unless the token is live (the slot row locked FOR SHARE
+        // to its commit, as `fence` does) and no acked unit is joined, so the batch stays one
+        // transaction: a pending joined unit always has rows for its other lanes, found by the
+        // small partial index ol_units_unit (not even probed per unit while it is empty). A
+        // shared payload goes with its last unit; the statement's snapshot still shows the
+        // units it deletes, so that check skips them by id.
+        let finish = if retention {
+            format!(
+                "UPDATE ol_units d SET state = 1, pending = 0, acked_at = {NOW}, lane_id = NULL \
+                 FROM unnest($3::bigint[], $4::bigint[]) AS a(id, lane) \
+                 WHERE NOT (SELECT joined FROM j) AND EXISTS (SELECT 1 FROM f) \
+                 AND d.id = a.id AND d.lane_id = a.lane AND d.unit_id IS NULL \
+                 AND d.state = 0 AND d.lanes = 1 AND d.actor = $1 RETURNING d.id, NULL::bigint AS row_ref"
+            )
+        } else {
+            "DELETE FROM ol_units d USING unnest($3::bigint[], $4::bigint[]) AS a(id, lane) \
+             WHERE NOT (SELECT joined FROM j) AND EXISTS (SELECT 1 FROM f) \
+             AND d.id = a.id AND d.lane_id = a.lane AND d.unit_id IS NULL \
+             AND d.state = 0 AND d.lanes = 1 AND d.actor = $1 RETURNING d.id, d.row_ref"
+                .to_string()
+        };
+        let fast = format!(
+            "WITH f AS ({LIVE_SLOT} FOR SHARE), \
+             j AS (SELECT CASE WHEN EXISTS (SELECT 1 FROM ol_units WHERE unit_id IS NOT NULL) \
+               THEN EXISTS (SELECT 1 FROM ol_units x WHERE x.unit_id = ANY($3::bigint[])) ELSE FALSE END AS joined), \
+             s AS ({finish}), \
+             r AS (DELETE FROM ol_rows r WHERE r.id = ANY(ARRAY(SELECT row_ref FROM s WHERE row_ref IS NOT NULL)) \
+               AND NOT EXISTS (SELECT 1 FROM ol_units x WHERE x.row_ref = r.id \
+                 AND NOT (x.id = ANY(ARRAY(SELECT id FROM s))) OFFSET 0) \
+               AND NOT EXISTS (SELECT 1 FROM ol_dead_letters x WHERE x.row_ref = r.id OFFSET 0)) \
+             SELECT EXISTS (SELECT 1 FROM f), (SELECT joined FROM j)"
+        );
+        let r =
+            self.autocommit(|t| t.one(&fast, &[&actor, &i(token.fencing()), &units, &lanes]))?;
+        if !r.get::<_, bool>(0) {
+            return Err(stale(token));
+        }
+        if !r.get::<_, bool>(1) {
+            return Ok(());
+        }
+        // Joined units (the statement above wrote nothing): in a transaction, fenced.
         self.tx(true, |t| {
-            if retention {
-                fence(t, token, true)?;
-            } else {
-                // The common case first: a unit with one lane is finished by its ack, so its
-                // delivery, unit and (unless shared) row are deleted outright — no row version
-                // written by marking it served and counting it down first. The statement's
-                // snapshot still shows the units it deletes, so the row check skips them by id.
-                // It fences itself (the slot row locked FOR SHARE, as `fence` does, and nothing
-                // deleted unless the token is live): one round trip fewer.
-                let r = t.one(
-                    &format!(
-                        "WITH f AS ({LIVE_SLOT} FOR SHARE), \
-                         s AS ( \
-                           DELETE FROM ol_deliveries d \
-                           USING unnest($3::bigint[], $4::bigint[]) AS a(unit_id, lane_id), ol_units x \
-                           WHERE EXISTS (SELECT 1 FROM f) \
-                           AND d.unit_id = a.unit_id AND d.lane_id = a.lane_id AND d.state = 0 \
-                           AND x.id = d.unit_id AND x.actor = $1 AND x.lanes = 1 \
-                           RETURNING d.unit_id, x.row_ref), \
-                         u AS (DELETE FROM ol_units u USING s WHERE u.id = s.unit_id), \
-                         r AS (DELETE FROM ol_rows r USING (SELECT DISTINCT row_ref FROM s) k WHERE r.id = k.row_ref \
-                           AND NOT EXISTS (SELECT 1 FROM ol_units x WHERE x.row_ref = r.id \
-                             AND NOT EXISTS (SELECT 1 FROM s WHERE s.unit_id = x.id)) \
-                           AND NOT EXISTS (SELECT 1 FROM ol_dead_letters x WHERE x.row_ref = r.id)) \
-                         SELECT EXISTS (SELECT 1 FROM f), (SELECT count(*) FROM s)"
-                    ),
-                    &[&token.actor().as_str(), &i(token.fencing()), &units, &lanes],
-                )?;
-                if !r.get::<_, bool>(0) {
-                    return Err(stale(token));
+            fence(t, token, true)?;
+            // Each statement writes a row once (Postgres does not let one statement update a
+            // row twice): first the other lanes' rows, with a read of the heads acked on their
+            // own lane (a one-lane unit's head is its only row)...
+            let mut per_unit: BTreeMap<i64, (i64, Option<i64>)> = BTreeMap::new();
+            for r in t.q(
+                "WITH a AS (SELECT * FROM unnest($1::bigint[], $2::bigint[]) AS a(unit, lane)), \
+                 o AS (UPDATE ol_units d SET state = 1 FROM a \
+                   WHERE d.unit_id = a.unit AND d.lane_id = a.lane AND d.state = 0 AND d.actor = $3 \
+                   RETURNING d.unit_id) \
+                 SELECT unit_id, NULL::bigint FROM o \
+                 UNION ALL SELECT h.id, h.lane_id FROM a JOIN ol_units h ON h.id = a.unit AND h.lane_id = a.lane \
+                   WHERE h.unit_id IS NULL AND h.state = 0 AND h.actor = $3",
+                &[&units, &lanes, &actor],
+            )? {
+                let e = per_unit.entry(r.get(0)).or_insert((0, None));
+                match r.get::<_, Option<i64>>(1) {
+                    None => e.0 += 1,
+                    own => e.1 = own,
                 }
-                if usize::try_from(r.get::<_, i64>(1)).unwrap_or(0) == delivered.len() {
-                    return Ok(());
-                }
-                // The slot row stays locked to commit: the rest is fenced too.
             }
-            // Joined units (and, with a retention, every unit): mark served, count down, and
-            // finish the units with nothing pending. What the statement above deleted no
-            // longer matches here.
-            let done: Vec<(i64, i64)> = t
+            if per_unit.is_empty() {
+                return Ok(());
+            }
+            // ...then each head once: served on its own lane (if still pending there) and
+            // counted down; the units with nothing pending left are finished.
+            let (mut h_id, mut h_n, mut h_lane) = (vec![], vec![], vec![]);
+            for (unit, (n, own)) in per_unit {
+                h_id.push(unit);
+                h_n.push(n);
+                h_lane.push(own);
+            }
+            let done: Vec<(i64, Option<i64>)> = t
                 .q(
-                    "WITH acked AS ( \
-                       UPDATE ol_deliveries d SET state = 1 \
-                       FROM unnest($1::bigint[], $2::bigint[]) AS a(unit_id, lane_id) \
-                       WHERE d.unit_id = a.unit_id AND d.lane_id = a.lane_id AND d.state = 0 \
-                       AND EXISTS (SELECT 1 FROM ol_units x WHERE x.id = d.unit_id AND x.actor = $3) \
-                       RETURNING d.unit_id), \
-                     dec AS ( \
-                       UPDATE ol_units u SET pending = u.pending - c.n \
-                       FROM (SELECT unit_id, count(*) AS n FROM acked GROUP BY unit_id) c \
-                       WHERE u.id = c.unit_id RETURNING u.id, u.pending, u.row_ref) \
-                     SELECT id, row_ref FROM dec WHERE pending = 0",
-                    &[&units, &lanes, &token.actor().as_str()],
+                    "UPDATE ol_units h SET \
+                       state = CASE WHEN h.lane_id = x.lane AND h.state = 0 THEN 1 ELSE h.state END, \
+                       pending = h.pending - x.n - CASE WHEN h.lane_id = x.lane AND h.state = 0 THEN 1 ELSE 0 END \
+                     FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS x(id, n, lane) \
+                     WHERE h.id = x.id AND h.unit_id IS NULL RETURNING h.id, h.pending, h.row_ref",
+                    &[&h_id, &h_n, &h_lane],
                 )?
                 .iter()
-                .map(|r| (r.get(0), r.get(1)))
+                .filter(|r| r.get::<_, i64>(1) <= 0)
+                .map(|r| (r.get(0), r.get(2)))
                 .collect();
             if done.is_empty() {
                 return Ok(());
@@ -1474,21 +1944,22 @@ impl Store for PgStore {
             if retention {
                 t.x(
                     &format!(
-                        "WITH d AS (DELETE FROM ol_deliveries USING unnest($1::bigint[]) AS k(id) WHERE unit_id = k.id) \
-                         UPDATE ol_units u SET acked_at = {NOW} FROM unnest($1::bigint[]) AS k(id) WHERE u.id = k.id"
+                        "WITH o AS (DELETE FROM ol_units d USING unnest($1::bigint[]) AS k(id) WHERE d.unit_id = k.id) \
+                         UPDATE ol_units h SET acked_at = {NOW}, lane_id = NULL, pending = 0 \
+                         FROM unnest($1::bigint[]) AS k(id) WHERE h.id = k.id"
                     ),
                     &[&ids],
                 )?;
             } else {
-                let rows: Vec<i64> = done.iter().map(|d| d.1).collect();
+                let rows: Vec<Option<i64>> = done.iter().map(|d| d.1).collect();
                 // One round trip: the row delete runs on the statement's snapshot, which still
                 // shows the finished units, so it skips them by id.
                 t.x(
-                    "WITH d AS (DELETE FROM ol_deliveries USING unnest($1::bigint[]) AS k(id) WHERE unit_id = k.id), \
-                          u AS (DELETE FROM ol_units u USING unnest($1::bigint[]) AS k(id) WHERE u.id = k.id) \
-                     DELETE FROM ol_rows r USING (SELECT DISTINCT unnest($2::bigint[]) AS id) k WHERE r.id = k.id \
-                     AND NOT EXISTS (SELECT 1 FROM ol_units x WHERE x.row_ref = r.id AND NOT (x.id = ANY($1))) \
-                     AND NOT EXISTS (SELECT 1 FROM ol_dead_letters x WHERE x.row_ref = r.id)",
+                    "WITH o AS (DELETE FROM ol_units d USING unnest($1::bigint[]) AS k(id) WHERE d.unit_id = k.id), \
+                          h AS (DELETE FROM ol_units h USING unnest($1::bigint[]) AS k(id) WHERE h.id = k.id) \
+                     DELETE FROM ol_rows r WHERE r.id = ANY($2::bigint[]) \
+                     AND NOT EXISTS (SELECT 1 FROM ol_units x WHERE x.row_ref = r.id AND NOT (x.id = ANY($1)) OFFSET 0) \
+                     AND NOT EXISTS (SELECT 1 FROM ol_dead_letters x WHERE x.row_ref = r.id OFFSET 0)",
                     &[&ids, &rows],
                 )?;
             }
@@ -1510,13 +1981,26 @@ impl Store for PgStore {
             for a in &sorted {
                 let status = a.status.map(i64::from);
                 let n = t.x(
-                    "UPDATE ol_deliveries SET attempts = $3, last_status = $4, last_error = $5, \
-                     first_attempt_at = coalesce(first_attempt_at, $6), last_attempt_at = $6 \
-                     WHERE unit_id = $1 AND lane_id = $2 AND EXISTS (SELECT 1 FROM ol_lanes WHERE id = $2 AND actor = $7)",
-                    &[&i(a.unit.0), &a.lane.0, &i64::from(a.attempts), &status, &a.error, &ms(a.at), &actor],
+                    &format!(
+                        "UPDATE ol_units SET attempts = $3, last_status = $4, last_error = $5, \
+                         first_attempt_at = coalesce(first_attempt_at, $6), last_attempt_at = $6 \
+                         WHERE id = ANY({ROW_OF_UNIT_IN_LANE}) AND lane_id = $2 AND actor = $7"
+                    ),
+                    &[
+                        &i(a.unit.0),
+                        &a.lane.0,
+                        &i64::from(a.attempts),
+                        &status,
+                        &a.error,
+                        &ms(a.at),
+                        &actor,
+                    ],
                 )?;
                 if n == 1 {
-                    t.x("UPDATE ol_lanes SET last_status = $2, last_error = $3 WHERE id = $1", &[&a.lane.0, &status, &a.error])?;
+                    t.x(
+                        "UPDATE ol_lanes SET last_status = $2, last_error = $3 WHERE id = $1",
+                        &[&a.lane.0, &status, &a.error],
+                    )?;
                 }
             }
             Ok(())
@@ -1571,7 +2055,10 @@ impl Store for PgStore {
         let retention = self.opts.common.ack_retention.is_some();
         self.fenced(token, false, |t| {
             let units: Vec<i64> = t
-                .q("SELECT unit_id FROM ol_deliveries WHERE lane_id = $1 AND state = 0 ORDER BY seq", &[&lane.0])?
+                .q(
+                    "SELECT coalesce(unit_id, id) FROM ol_units WHERE lane_id = $1 AND state = 0 ORDER BY seq, id",
+                    &[&lane.0],
+                )?
                 .iter()
                 .map(|r| r.get(0))
                 .collect();
@@ -1605,7 +2092,7 @@ impl Store for PgStore {
             t.x(
                 "INSERT INTO ol_slots (actor) SELECT DISTINCT l.actor FROM ol_lanes l \
                  WHERE NOT l.paused AND (l.not_before IS NULL OR l.not_before <= $1) \
-                 AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0) \
+                 AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0) \
                  ON CONFLICT (actor) DO NOTHING",
                 &[&ms(now)],
             )?;
@@ -1616,7 +2103,7 @@ impl Store for PgStore {
                         "SELECT s.actor, (s.holder IS NULL OR s.lease_expires <= {NOW}) FROM ol_slots s \
                          WHERE s.actor IN (SELECT l.actor FROM ol_lanes l WHERE NOT l.paused \
                            AND (l.not_before IS NULL OR l.not_before <= $1) \
-                           AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0)) \
+                           AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0)) \
                          ORDER BY s.lease_expires, s.actor FOR UPDATE OF s SKIP LOCKED"
                     ),
                     &[&ms(now)],
@@ -1655,12 +2142,12 @@ impl Store for PgStore {
     }
 
     fn actors_with_work(&self, now: Timestamp) -> Result<ActorsDue, StoreError> {
-        self.read(|t| {
+        self.autocommit(|t| {
             let ready = t
                 .q(
                     "SELECT DISTINCT l.actor FROM ol_lanes l WHERE NOT l.paused \
                      AND (l.not_before IS NULL OR l.not_before <= $1) \
-                     AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0) ORDER BY l.actor",
+                     AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0) ORDER BY l.actor",
                     &[&ms(now)],
                 )?
                 .iter()
@@ -1669,7 +2156,7 @@ impl Store for PgStore {
             let next: Option<i64> = t
                 .one(
                     "SELECT min(l.not_before) FROM ol_lanes l WHERE NOT l.paused AND l.not_before > $1 \
-                     AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0)",
+                     AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0)",
                     &[&ms(now)],
                 )?
                 .get(0);
@@ -1679,9 +2166,9 @@ impl Store for PgStore {
 
     fn status(&self) -> Result<Vec<ActorStatus>, StoreError> {
         let now = ms(Timestamp::from_system_time(std::time::SystemTime::now()));
-        self.read(|t| {
+        self.autocommit(|t| {
             let pending = t
-                .q("SELECT actor, count(*) FROM ol_units WHERE acked_at IS NULL GROUP BY actor", &[])?
+                .q("SELECT actor, count(*) FROM ol_units WHERE unit_id IS NULL AND acked_at IS NULL GROUP BY actor", &[])?
                 .iter()
                 .map(|r| (r.get(0), r.get(1)))
                 .collect();
@@ -1693,7 +2180,7 @@ impl Store for PgStore {
             let backoff = t
                 .q(
                     "SELECT l.actor, l.recipient, l.ordering_key, l.not_before FROM ol_lanes l WHERE l.not_before > $1 \
-                     AND EXISTS (SELECT 1 FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0) \
+                     AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0) \
                      ORDER BY l.actor, l.not_before, l.id",
                     &[&now],
                 )?
@@ -1710,14 +2197,15 @@ impl Store for PgStore {
     }
 
     fn lanes(&self, actor: &ActorId) -> Result<Vec<LaneStatus>, StoreError> {
-        self.read(|t| {
+        self.autocommit(|t| {
             Ok(t
                 .q(
                     "SELECT l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, l.paused, \
                      l.pause_reason, l.last_status, l.last_error, \
-                     (SELECT count(*) FROM ol_deliveries d WHERE d.lane_id = l.id AND d.state = 0), \
-                     (SELECT r.enqueued_at FROM ol_deliveries d JOIN ol_units u ON u.id = d.unit_id \
-                      JOIN ol_rows r ON r.id = u.row_ref WHERE d.lane_id = l.id AND d.state = 0 ORDER BY d.seq LIMIT 1) \
+                     (SELECT count(*) FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0), \
+                     (SELECT coalesce(h.enqueued_at, r.enqueued_at) FROM ol_units d \
+                      JOIN ol_units h ON h.id = coalesce(d.unit_id, d.id) LEFT JOIN ol_rows r ON r.id = h.row_ref \
+                      WHERE d.lane_id = l.id AND d.state = 0 ORDER BY d.seq, d.id LIMIT 1) \
                      FROM ol_lanes l WHERE l.actor = $1 ORDER BY l.id",
                     &[&actor.as_str()],
                 )?
@@ -1740,7 +2228,7 @@ impl Store for PgStore {
     }
 
     fn dead_letters(&self, actor: Option<&ActorId>) -> Result<Vec<DeadLetter>, StoreError> {
-        self.read(|t| {
+        self.autocommit(|t| {
             Ok(match actor {
                 Some(a) => select_dead(t, &DeadLetterSelection::Actor(a.clone()))?,
                 None => t
@@ -1773,38 +2261,52 @@ impl Store for PgStore {
                     actors.push(dl.actor.clone());
                 }
                 let unit = i(dl.unit.0);
+                let a = dl.actor.as_str();
                 let existing = t
-                    .opt("SELECT pending, acked_at FROM ol_units WHERE id = $1", &[&unit])?
+                    .opt(
+                        "SELECT pending, acked_at FROM ol_units WHERE id = $1 AND unit_id IS NULL",
+                        &[&unit],
+                    )?
                     .map(|r| (r.get::<_, i64>(0), r.get::<_, Option<i64>>(1)));
                 match existing {
+                    // The unit is still pending elsewhere: this lane's row rejoins in place.
                     Some((pending, None)) if pending > 0 && !revived.contains(&unit) => {
                         t.x(
-                            "UPDATE ol_deliveries SET state = 0, attempts = 0, last_status = NULL, last_error = NULL, \
-                             first_attempt_at = NULL, last_attempt_at = NULL WHERE unit_id = $1 AND lane_id = $2",
+                            &format!(
+                                "UPDATE ol_units SET state = 0, attempts = 0, last_status = NULL, last_error = NULL, \
+                                 first_attempt_at = NULL, last_attempt_at = NULL WHERE id = ANY({ROW_OF_UNIT_IN_LANE})"
+                            ),
                             &[&unit, &lane],
                         )?;
                         t.x("UPDATE ol_units SET pending = pending + 1 WHERE id = $1", &[&unit])?;
                     }
+                    // Revived earlier in this replay: another lane joins it.
                     Some(_) if revived.contains(&unit) => {
                         t.x("UPDATE ol_units SET pending = pending + 1, lanes = lanes + 1 WHERE id = $1", &[&unit])?;
-                        insert_delivery(t, unit, lane, seq)?;
+                        insert_lane_row(t, unit, a, lane, seq)?;
                     }
+                    // Kept by the ack retention: the head becomes a fresh one-lane unit at the
+                    // tail (its payload is in ol_rows since it was dead-lettered).
                     Some(_) => {
-                        t.x("DELETE FROM ol_deliveries WHERE unit_id = $1", &[&unit])?;
+                        t.x("DELETE FROM ol_units WHERE unit_id = $1", &[&unit])?;
                         t.x(
-                            "UPDATE ol_units SET acked_at = NULL, pending = 1, lanes = 1, seq = $2 WHERE id = $1",
-                            &[&unit, &seq],
+                            "UPDATE ol_units SET acked_at = NULL, pending = 1, lanes = 1, seq = $2, lane_id = $3, \
+                             state = 0, attempts = 0, last_status = NULL, last_error = NULL, first_attempt_at = NULL, \
+                             last_attempt_at = NULL, row_ref = $4, row_id = NULL, content_type = NULL, body = NULL, \
+                             body_len = NULL, dedup_key = NULL, ordering_key = NULL, enqueued_at = NULL WHERE id = $1",
+                            &[&unit, &seq, &lane, &row_ref],
                         )?;
                         revived.insert(unit);
-                        insert_delivery(t, unit, lane, seq)?;
+                        advance_tail(t, lane, seq)?;
                     }
+                    // Gone: a head with the same id (the idempotency key stays stable).
                     None => {
                         t.x(
-                            "INSERT INTO ol_units (id, actor, row_ref, seq, lanes, pending) VALUES ($1, $2, $3, $4, 1, 1)",
-                            &[&unit, &dl.actor.as_str(), &row_ref, &seq],
+                            "INSERT INTO ol_units (id, actor, lane_id, seq, row_ref) VALUES ($1, $2, $3, $4, $5)",
+                            &[&unit, &a, &lane, &seq, &row_ref],
                         )?;
                         revived.insert(unit);
-                        insert_delivery(t, unit, lane, seq)?;
+                        advance_tail(t, lane, seq)?;
                     }
                 }
                 t.x("DELETE FROM ol_dead_letters WHERE id = $1", &[&dl.id.0])?;
@@ -1827,7 +2329,7 @@ impl Store for PgStore {
             let mut n = 0;
             for (dl, row_ref, _) in dead {
                 n += t.x("DELETE FROM ol_dead_letters WHERE id = $1", &[&dl.id.0])?;
-                drop_row_if_unused(t, row_ref)?;
+                drop_row_if_unused(t, Some(row_ref))?;
             }
             Ok(n)
         })
@@ -1878,7 +2380,7 @@ impl Store for PgStore {
     }
 
     fn find_lane(&self, actor: &ActorId, key: &LaneKey) -> Result<Option<StoreLaneId>, StoreError> {
-        self.read(|t| {
+        self.autocommit(|t| {
             Ok(t.opt(
                 "SELECT id FROM ol_lanes WHERE actor = $1 AND recipient = $2 AND ordering_key = $3",
                 &[
@@ -1893,7 +2395,7 @@ impl Store for PgStore {
 
     fn purge_acked(&self, older_than: Timestamp) -> Result<u64, StoreError> {
         self.tx(true, |t| {
-            let done: Vec<(i64, i64)> = t
+            let done: Vec<(i64, Option<i64>)> = t
                 .q(
                     "SELECT id, row_ref FROM ol_units WHERE acked_at IS NOT NULL AND acked_at < $1",
                     &[&ms(older_than)],

@@ -1,0 +1,493 @@
+//! Postgres: a schema version 1 database (units in `ol_rows` + `ol_units` + `ol_deliveries`),
+//! written with version 1's plain-SQL enqueue, is migrated to version 2 when a store connects,
+//! and reads and works as it did: the same units in the same order with their attempts and
+//! served flags, payloads, acks, dead letters and replay, and unit ids never reused.
+#![cfg(feature = "postgres")]
+#![allow(missing_docs, clippy::std_instead_of_core)]
+
+mod common;
+
+use ::postgres::{Client, NoTls, Transaction};
+use common::*;
+use outbox_lanes_core::{DeadReason, Seq, Timestamp, UnitId};
+use outbox_lanes_store::postgres::{SCHEMA_V1, SCHEMA_V2};
+use outbox_lanes_store::*;
+
+const A: &str = "https://a.example/inbox";
+const B: &str = "https://b.example/inbox";
+const C: &str = "https://c.example/inbox";
+
+/// A schema that is dropped when the test ends, pass or fail.
+struct Schema {
+    url: String,
+    name: String,
+}
+
+impl Schema {
+    fn new(url: &str, tag: &str) -> Schema {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        Schema {
+            url: url.to_string(),
+            name: format!("ol_mig_{tag}_{}_{nanos}", std::process::id()),
+        }
+    }
+
+    fn client(&self) -> Client {
+        let mut c = Client::connect(&self.url, NoTls).expect("raw client");
+        c.batch_execute(&format!(
+            "CREATE SCHEMA IF NOT EXISTS {0}; SET search_path TO {0}",
+            self.name
+        ))
+        .expect("schema");
+        c
+    }
+
+    fn store(&self, common: CommonOptions) -> PgStore {
+        PgStore::connect(
+            &self.url,
+            PgOptions {
+                schema: self.name.clone(),
+                common,
+                ..PgOptions::default()
+            },
+        )
+        .expect("connect")
+    }
+}
+
+impl Drop for Schema {
+    fn drop(&mut self) {
+        if let Ok(mut c) = Client::connect(&self.url, NoTls) {
+            let _ = c.batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name));
+        }
+    }
+}
+
+/// A version 1 database, as a version 1 store created it.
+fn create_v1(c: &mut Client) {
+    c.batch_execute(
+        "CREATE TABLE ol_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL); \
+         INSERT INTO ol_meta (key, value) VALUES ('schema_version', '1');",
+    )
+    .expect("meta");
+    c.batch_execute(SCHEMA_V1).expect("v1 ddl");
+}
+
+fn lane(tx: &mut Transaction<'_>, recipient: &str) -> i64 {
+    tx.execute(
+        "INSERT INTO ol_lanes (actor, recipient, ordering_key) VALUES ('alice', $1, '') \
+         ON CONFLICT (actor, recipient, ordering_key) DO NOTHING",
+        &[&recipient],
+    )
+    .expect("lane");
+    tx.query_one(
+        "SELECT id FROM ol_lanes WHERE actor = 'alice' AND recipient = $1 AND ordering_key = ''",
+        &[&recipient],
+    )
+    .expect("lane id")
+    .get(0)
+}
+
+/// Version 1's plain-SQL enqueue (SCHEMA.md of version 1) of one row: the payload in ol_rows,
+/// then one unit with k lanes (`joined`) or k units with one lane each. Returns the unit ids.
+fn v1_enqueue(c: &mut Client, row_id: &str, to: &[&str], joined: bool) -> Vec<i64> {
+    let mut tx = c.transaction().expect("tx");
+    let seq: i64 = tx
+        .query_one(
+            "INSERT INTO ol_actors AS a (actor, last_seq) VALUES ('alice', 1) \
+             ON CONFLICT (actor) DO UPDATE SET last_seq = a.last_seq + excluded.last_seq RETURNING last_seq",
+            &[],
+        )
+        .expect("seq")
+        .get(0);
+    let body = format!("body of {row_id}").into_bytes();
+    let len = body.len() as i64;
+    let row_ref: i64 = tx
+        .query_one(
+            "INSERT INTO ol_rows (actor, row_id, seq, content_type, body, body_len, dedup_key, ordering_key, \
+             enqueued_at) VALUES ('alice', $1, $2, 'text/plain', $3, $4, NULL, '', 1000) RETURNING id",
+            &[&row_id, &seq, &body, &len],
+        )
+        .expect("row")
+        .get(0);
+    let lanes: Vec<i64> = to.iter().map(|r| lane(&mut tx, r)).collect();
+    let groups: Vec<Vec<i64>> = if joined {
+        vec![lanes]
+    } else {
+        lanes.into_iter().map(|l| vec![l]).collect()
+    };
+    let mut units = Vec::new();
+    for group in groups {
+        let k = group.len() as i64;
+        let unit: i64 = tx
+            .query_one(
+                "INSERT INTO ol_units (actor, row_ref, seq, lanes, pending) VALUES ('alice', $1, $2, $3, $3) \
+                 RETURNING id",
+                &[&row_ref, &seq, &k],
+            )
+            .expect("unit")
+            .get(0);
+        for l in group {
+            tx.execute(
+                "INSERT INTO ol_deliveries (unit_id, lane_id, seq) VALUES ($1, $2, $3)",
+                &[&unit, &l, &seq],
+            )
+            .expect("delivery");
+            tx.execute(
+                "UPDATE ol_lanes SET tail_seq = GREATEST(tail_seq, $2) WHERE id = $1",
+                &[&l, &seq],
+            )
+            .expect("tail");
+        }
+        units.push(unit);
+    }
+    tx.commit().expect("commit");
+    units
+}
+
+/// What a version 1 store's ack of a one-lane unit left: nothing of the unit or its row.
+fn v1_finish(c: &mut Client, unit: i64) {
+    c.batch_execute(&format!(
+        "DELETE FROM ol_deliveries WHERE unit_id = {unit}; \
+         DELETE FROM ol_rows WHERE id = (SELECT row_ref FROM ol_units WHERE id = {unit}); \
+         DELETE FROM ol_units WHERE id = {unit};"
+    ))
+    .expect("finish");
+}
+
+fn lane_id(c: &mut Client, recipient: &str) -> StoreLaneId {
+    StoreLaneId(
+        c.query_one(
+            "SELECT id FROM ol_lanes WHERE actor = 'alice' AND recipient = $1",
+            &[&recipient],
+        )
+        .expect("lane")
+        .get(0),
+    )
+}
+
+fn slot(c: &ClaimedUnit) -> Vec<(StoreLaneId, u32, bool)> {
+    c.slots
+        .iter()
+        .map(|s| (s.lane, s.attempts, s.served))
+        .collect()
+}
+
+#[test]
+fn postgres_v1_database_is_migrated_and_keeps_working() {
+    let Some(url) = pg_url() else {
+        println!("skipped: OUTBOX_LANES_TEST_PG not set");
+        return;
+    };
+    let schema = Schema::new(&url, "full");
+    let mut c = schema.client();
+    create_v1(&mut c);
+
+    // Lane ids in creation order: A < B < C.
+    let [one] = v1_enqueue(&mut c, "one", &[A], false)[..] else {
+        panic!("one unit")
+    };
+    // A joined unit on A and B whose delivery to A (its lowest lane: the v2 head) was served.
+    let [joined] = v1_enqueue(&mut c, "joined", &[A, B], true)[..] else {
+        panic!("one joined unit")
+    };
+    // A row with two recipients: two units sharing one payload row.
+    let split = v1_enqueue(&mut c, "split", &[B, C], false);
+    assert_eq!(split.len(), 2);
+    let dead = v1_enqueue(&mut c, "dead", &[C], false)[0];
+    // Units finished and deleted: their ids were handed out and must never come back.
+    let mut gone = Vec::new();
+    for k in 0..5 {
+        gone.push(v1_enqueue(&mut c, &format!("gone{k}"), &[C], false)[0]);
+    }
+    let big = v1_enqueue(&mut c, "big", &[C], false)[0];
+    let after = v1_enqueue(&mut c, "after", &[A], false)[0];
+    // A finished unit kept by the ack retention (version 1 deleted its deliveries).
+    let kept = v1_enqueue(&mut c, "kept", &[B], false)[0];
+    let last_v1_id = v1_enqueue(&mut c, "last", &[A], false)[0];
+    for u in gone.iter().chain([&after, &last_v1_id]) {
+        v1_finish(&mut c, *u);
+    }
+    assert!(big > gone[4] && last_v1_id > big);
+    c.batch_execute(&format!(
+        "UPDATE ol_deliveries SET attempts = 3, last_status = 503, last_error = 'busy', \
+           first_attempt_at = 1500, last_attempt_at = 2500 WHERE unit_id = {one}; \
+         UPDATE ol_deliveries SET state = 1 WHERE unit_id = {joined} \
+           AND lane_id = (SELECT min(lane_id) FROM ol_deliveries WHERE unit_id = {joined}); \
+         UPDATE ol_deliveries SET attempts = 1 WHERE unit_id = {joined} \
+           AND lane_id = (SELECT max(lane_id) FROM ol_deliveries WHERE unit_id = {joined}); \
+         UPDATE ol_units SET pending = 1 WHERE id = {joined}; \
+         DELETE FROM ol_deliveries WHERE unit_id = {kept}; \
+         UPDATE ol_units SET pending = 0, acked_at = 3000 WHERE id = {kept}; \
+         INSERT INTO ol_dead_letters (unit_id, row_ref, row_id, actor, lane_id, recipient, ordering_key, reason, \
+           last_status, last_error, attempts, first_attempt_at, last_attempt_at, seq, dead_at) \
+           SELECT u.id, u.row_ref, 'dead', 'alice', d.lane_id, '{C}', '', 'permanent', 410, 'gone', 7, 100, 200, \
+           u.seq, 300 FROM ol_units u JOIN ol_deliveries d ON d.unit_id = u.id WHERE u.id = {dead}; \
+         DELETE FROM ol_deliveries WHERE unit_id = {dead}; \
+         DELETE FROM ol_units WHERE id = {dead};"
+    ))
+    .expect("v1 states");
+    let (la, lb, lc) = (lane_id(&mut c, A), lane_id(&mut c, B), lane_id(&mut c, C));
+
+    let retention = CommonOptions {
+        ack_retention: Some(std::time::Duration::from_secs(3600)),
+        ..CommonOptions::default()
+    };
+    let store = schema.store(retention.clone());
+
+    // The version and the layout.
+    let version: String = c
+        .query_one(
+            "SELECT value FROM ol_meta WHERE key = 'schema_version'",
+            &[],
+        )
+        .expect("version")
+        .get(0);
+    assert_eq!(version, "2");
+    let deliveries: Option<String> = c
+        .query_one("SELECT to_regclass('ol_deliveries')::text", &[])
+        .expect("regclass")
+        .get(0);
+    assert_eq!(deliveries, None, "ol_deliveries is dropped");
+    let owner: Option<String> = c
+        .query_one("SELECT pg_get_serial_sequence('ol_units', 'id')", &[])
+        .expect("owner")
+        .get(0);
+    assert_eq!(owner, Some(format!("{}.ol_units_id_seq", schema.name)));
+    // One v2 row per (unit, lane) still there: one, joined x2, split x2, big, kept.
+    let n: i64 = c
+        .query_one("SELECT count(*) FROM ol_units", &[])
+        .expect("count")
+        .get(0);
+    assert_eq!(n, 7);
+
+    // Claims: the same units in the same order, with attempts and served flags.
+    let s: &dyn Store = &store;
+    let a = actor("alice");
+    let t = acquire(s, &a, "h", LEASE);
+    let (lanes, _) = s.lanes_with_work(&t, 0).expect("lanes");
+    let mut with_work: Vec<StoreLaneId> = lanes.iter().map(|l| l.lane).collect();
+    with_work.sort();
+    assert_eq!(with_work, [la, lb, lc]);
+    let ca = claim_lane(s, &t, la, 0, 10);
+    assert_eq!(row_ids(&ca), ["one", "joined"]);
+    assert_eq!(unit_ids(&ca), [UnitId(one as u64), UnitId(joined as u64)]);
+    assert_eq!(slot(&ca.units[0]), [(la, 3, false)]);
+    assert_eq!(slot(&ca.units[1]), [(la, 0, true), (lb, 1, false)]);
+    assert_eq!(ca.units[0].bytes, "body of one".len() as u32);
+    assert_eq!(ca.units[0].enqueued_at, Timestamp::from_millis(1000));
+    let cb = claim_lane(s, &t, lb, 0, 10);
+    assert_eq!(row_ids(&cb), ["joined", "split"]);
+    assert_eq!(
+        unit_ids(&cb),
+        [UnitId(joined as u64), UnitId(split[0] as u64)]
+    );
+    assert_eq!(slot(&cb.units[1]), [(lb, 0, false)]);
+    let cc = claim_lane(s, &t, lc, 0, 10);
+    assert_eq!(row_ids(&cc), ["split", "big"]);
+    assert_eq!(unit_ids(&cc), [UnitId(split[1] as u64), UnitId(big as u64)]);
+    let seqs: Vec<Seq> = ca
+        .units
+        .iter()
+        .chain(&cb.units)
+        .chain(&cc.units)
+        .map(|u| u.seq)
+        .collect();
+    assert_eq!(seqs, [Seq(1), Seq(2), Seq(2), Seq(3), Seq(3), Seq(10)]);
+
+    // Payloads (all in ol_rows after the migration).
+    for (unit, row) in [
+        (one, "one"),
+        (joined, "joined"),
+        (split[1], "split"),
+        (big, "big"),
+    ] {
+        let p = s.payload(UnitId(unit as u64)).expect("payload");
+        assert_eq!(p.row_id, row);
+        assert_eq!(p.body, format!("body of {row}").into_bytes());
+        assert_eq!(p.content_type, "text/plain");
+    }
+    assert_eq!(
+        s.payload(UnitId(kept as u64)),
+        Err(StoreError::NotFound { what: "unit" }),
+        "a unit kept by the retention has no payload to deliver"
+    );
+
+    // Status: five units pending (kept is finished), one dead letter.
+    let st = s.status().expect("status");
+    assert_eq!((st[0].pending, st[0].dead_letters), (5, 1));
+    let dl = s.dead_letters(Some(&a)).expect("dead letters");
+    assert_eq!(dl.len(), 1);
+    assert_eq!(
+        (
+            dl[0].unit,
+            dl[0].row_id.as_str(),
+            dl[0].reason,
+            dl[0].attempts,
+            dl[0].last_status
+        ),
+        (
+            UnitId(dead as u64),
+            "dead",
+            DeadReason::Permanent,
+            7,
+            Some(410)
+        )
+    );
+
+    // Acks: the joined unit finishes with its last lane; one of the split units leaves the
+    // shared payload to the other.
+    s.ack(
+        &t,
+        &[
+            (UnitId(one as u64), la),
+            (UnitId(joined as u64), lb),
+            (UnitId(split[0] as u64), lb),
+        ],
+    )
+    .expect("ack");
+    assert_eq!(row_ids(&claim_lane(s, &t, la, 0, 10)), Vec::<String>::new());
+    assert_eq!(row_ids(&claim_lane(s, &t, lb, 0, 10)), Vec::<String>::new());
+    assert_eq!(
+        s.payload(UnitId(split[1] as u64))
+            .expect("shared payload")
+            .row_id,
+        "split"
+    );
+    assert!(matches!(
+        s.payload(UnitId(joined as u64)),
+        Err(StoreError::NotFound { .. })
+    ));
+    // Kept by the retention: one, joined, split[0] and kept; all purged.
+    assert_eq!(
+        s.purge_acked(Timestamp::from_millis(u64::MAX / 2))
+            .expect("purge"),
+        4
+    );
+
+    // Replay: the dead letter comes back at the tail of C with its unit id and payload.
+    assert_eq!(
+        s.replay_dead_letters(&DeadLetterSelection::Actor(a.clone()))
+            .expect("replay"),
+        [UnitId(dead as u64)]
+    );
+    let cc = claim_lane(s, &t, lc, 0, 10);
+    assert_eq!(row_ids(&cc), ["split", "big", "dead"]);
+    assert_eq!(cc.units[2].id, UnitId(dead as u64));
+    assert!(
+        cc.units[2].seq > Seq(13),
+        "replayed at the tail: {:?}",
+        cc.units[2].seq
+    );
+    assert_eq!(
+        s.payload(UnitId(dead as u64))
+            .expect("replayed payload")
+            .body,
+        b"body of dead"
+    );
+
+    // New units get ids above every id version 1 ever handed out (deleted ones included).
+    let joined_row = NewRow {
+        joined: true,
+        ..row("new-joined", &[A, C])
+    };
+    let out = s
+        .enqueue(&a, &[row("new", &[A]), joined_row])
+        .expect("enqueue");
+    let new: Vec<u64> = out
+        .iter()
+        .flat_map(|e| e.units.iter().map(|u| u.0))
+        .collect();
+    assert_eq!(new.len(), 2, "a one-recipient unit and a joined unit");
+    assert!(
+        new.iter().all(|u| *u > last_v1_id as u64),
+        "{new:?} vs {last_v1_id}"
+    );
+    assert_eq!(out[0].seq, Seq(15), "seqs continue after version 1's");
+    let row_refused = s.enqueue(&a, &[row("big", &[A])]);
+    assert_eq!(
+        row_refused,
+        Err(EnqueueError::DuplicateRowId { row: "big".into() }),
+        "a version 1 row id (in ol_rows) is still taken"
+    );
+
+    // Everything drains.
+    let mut acks = Vec::new();
+    for l in [la, lb, lc] {
+        for u in claim_lane(s, &t, l, 0, 10).units {
+            acks.push((u.id, l));
+        }
+    }
+    assert_eq!(acks.len(), 6, "{acks:?}");
+    s.ack(&t, &acks).expect("drain");
+    let (lanes, _) = s.lanes_with_work(&t, 0).expect("lanes");
+    assert!(lanes.is_empty());
+    assert_eq!(s.release_slot(&t), Ok(Release::Released));
+    drop(store);
+
+    // Opening again does not migrate again: the lanes and the retained units are there.
+    let store = schema.store(retention);
+    let depths: Vec<(StoreLaneId, u64)> = store
+        .lanes(&a)
+        .expect("lanes")
+        .iter()
+        .map(|l| (l.lane, l.depth))
+        .collect();
+    assert_eq!(depths, [(la, 0), (lb, 0), (lc, 0)]);
+    assert_eq!(
+        store
+            .purge_acked(Timestamp::from_millis(u64::MAX / 2))
+            .expect("purge"),
+        5
+    );
+}
+
+#[test]
+fn postgres_migrated_schema_matches_a_fresh_one() {
+    let Some(url) = pg_url() else {
+        println!("skipped: OUTBOX_LANES_TEST_PG not set");
+        return;
+    };
+    let migrated = Schema::new(&url, "m");
+    let mut c = migrated.client();
+    create_v1(&mut c);
+    v1_enqueue(&mut c, "r0", &[A, B], true);
+    drop(migrated.store(CommonOptions::default()));
+    let fresh = Schema::new(&url, "f");
+    drop(fresh.store(CommonOptions::default()));
+
+    // Outside both schemas, so names are qualified alike in both descriptions.
+    c.batch_execute("SET search_path TO public").expect("path");
+    let mut describe = |schema: &str| -> Vec<String> {
+        let mut out: Vec<String> = c
+            .query(
+                "SELECT table_name || '.' || column_name || ' ' || data_type || ' ' || is_nullable || ' ' \
+                 || coalesce(column_default, '') FROM information_schema.columns WHERE table_schema = $1 \
+                 ORDER BY table_name, ordinal_position",
+                &[&schema],
+            )
+            .expect("columns")
+            .iter()
+            .map(|r| r.get::<_, String>(0).replace(schema, "S"))
+            .collect();
+        out.extend(
+            c.query(
+                "SELECT indexdef FROM pg_indexes WHERE schemaname = $1 ORDER BY indexname",
+                &[&schema],
+            )
+            .expect("indexes")
+            .iter()
+            .map(|r| r.get::<_, String>(0).replace(schema, "S")),
+        );
+        out
+    };
+    let m = describe(&migrated.name);
+    assert!(m.iter().any(|l| l.contains("ol_units_lane")), "{m:#?}");
+    assert!(!m.iter().any(|l| l.contains("ol_deliveries")), "{m:#?}");
+    assert_eq!(m, describe(&fresh.name));
+    // The fresh schema is what SCHEMA_V2 says.
+    assert!(SCHEMA_V2.contains("CREATE UNIQUE INDEX ol_units_row_id"));
+}
