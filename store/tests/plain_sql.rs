@@ -84,7 +84,16 @@ impl Raw for Pg<'_, '_> {
             .query(sql, &refs)
             .expect("query")
             .iter()
-            .map(|r| if r.is_empty() { 0 } else { r.get::<_, i64>(0) })
+            .map(|r| {
+                if r.is_empty() {
+                    0
+                } else {
+                    // `SELECT 1` is an int4, ids are int8.
+                    r.try_get::<_, i64>(0)
+                        .or_else(|_| r.try_get::<_, i32>(0).map(i64::from))
+                        .expect("an integer column")
+                }
+            })
             .collect()
     }
 
