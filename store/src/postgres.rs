@@ -918,10 +918,10 @@ fn one_lane_rows(rows: &[PreparedRow<'_>]) -> bool {
 ///
 /// The statement's snapshot is taken before it waits for the actor's row lock, so unlike the
 /// general path it does not see a shared payload committed by a concurrent enqueue of the
-/// same actor while it waited; the only case it could miss is that other enqueue writing the
-/// same row id with several recipients at that very moment. Lanes are upserted, so one created
-/// meanwhile is found all the same; seqs still follow commit order (the lock is held to
-/// commit).
+/// same actor while it waited. That enqueue also put the row id on its first unit, so the
+/// unique index `ol_units_row_id` (which waits for the other transaction and then sees its
+/// commit) refuses a duplicate all the same. Lanes are upserted, so one created meanwhile is
+/// found all the same; seqs still follow commit order (the lock is held to commit).
 fn enqueue_one_lane_rows(
     t: &mut impl Exec,
     actor: &ActorId,
@@ -1208,12 +1208,14 @@ fn enqueue_tx(
         ok: Vec<&'r str>,
     }
     #[derive(Default)]
-    struct Bare {
+    struct Bare<'r> {
         id: Vec<i64>,
         unit: Vec<Option<i64>>,
         lane: Vec<i64>,
         seq: Vec<i64>,
         row_ref: Vec<Option<i64>>,
+        /// The first unit of a shared payload carries the row id too (see below).
+        row_id: Vec<Option<&'r str>>,
     }
     let (mut inl, mut sh, mut bare) = (Inline::default(), Shared::default(), Bare::default());
     // Highest seq written per lane, in lane order (the tail update locks lanes in that order).
@@ -1269,6 +1271,7 @@ fn enqueue_tx(
                     bare.lane.push(*lane);
                     bare.seq.push(seq);
                     bare.row_ref.push(None);
+                    bare.row_id.push(None);
                 }
                 units.push(UnitId(u(head)));
             } else {
@@ -1284,13 +1287,18 @@ fn enqueue_tx(
                 sh.len.push(len);
                 sh.dk.push(p.row.dedup_key.as_deref());
                 sh.ok.push(p.ordering_key);
-                for lane in &kept {
+                for (i, lane) in kept.iter().enumerate() {
                     let head = next_unit()?;
                     bare.id.push(head);
                     bare.unit.push(None);
                     bare.lane.push(*lane);
                     bare.seq.push(seq);
                     bare.row_ref.push(Some(row_ref));
+                    // The row id on the first unit as well puts it in `ol_units_row_id`: the
+                    // one-statement hot path (`enqueue_one_lane_rows`), whose snapshot may
+                    // predate this commit, then meets it in that unique index (and waits for
+                    // this transaction) instead of missing it in ol_rows.
+                    bare.row_id.push((i == 0).then_some(p.row.id.as_str()));
                     units.push(UnitId(u(head)));
                 }
             }
@@ -1322,16 +1330,16 @@ fn enqueue_tx(
            SELECT id, $1, row_id, seq, ct, body, len, dk, ok, $2 FROM unnest($13::bigint[], $14::text[], \
              $15::bigint[], $16::text[], $17::bytea[], $18::bigint[], $19::text[], $20::text[]) \
              AS t(id, row_id, seq, ct, body, len, dk, ok)), \
-         o AS (INSERT INTO ol_units (id, unit_id, actor, lane_id, seq, row_ref) \
-           SELECT id, uid, $1, lane, seq, rr FROM unnest($21::bigint[], $22::bigint[], $23::bigint[], \
-             $24::bigint[], $25::bigint[]) AS t(id, uid, lane, seq, rr)), \
+         o AS (INSERT INTO ol_units (id, unit_id, actor, lane_id, seq, row_ref, row_id) \
+           SELECT id, uid, $1, lane, seq, rr, rid FROM unnest($21::bigint[], $22::bigint[], $23::bigint[], \
+             $24::bigint[], $25::bigint[], $29::text[]) AS t(id, uid, lane, seq, rr, rid)), \
          l AS (UPDATE ol_lanes l SET tail_seq = GREATEST(l.tail_seq, v.seq) \
            FROM unnest($26::bigint[], $27::bigint[]) AS v(lane, seq) WHERE l.id = v.lane AND l.id = ANY($26)) \
          SELECT pg_notify($28, $1)",
         &[
             &a, &now, &inl.id, &inl.lane, &inl.seq, &inl.n, &inl.row, &inl.ct, &inl.body, &inl.len, &inl.dk,
             &inl.ok, &sh.id, &sh.row, &sh.seq, &sh.ct, &sh.body, &sh.len, &sh.dk, &sh.ok, &bare.id, &bare.unit,
-            &bare.lane, &bare.seq, &bare.row_ref, &t_lane, &t_seq, &channel,
+            &bare.lane, &bare.seq, &bare.row_ref, &t_lane, &t_seq, &channel, &bare.row_id,
         ],
     )
     .map_err(|e| duplicate_of(&e, rows).unwrap_or_else(|| EnqueueError::from(e)))?;
@@ -1711,9 +1719,9 @@ impl Store for PgStore {
                      LEFT JOIN LATERAL (SELECT coalesce(d.unit_id, d.id) AS unit, d.seq, d.id, d.attempts, d.state, \
                          CASE WHEN d.row_id IS NOT NULL THEN d.row_id ELSE (SELECT coalesce(h.row_id, \
                            (SELECT r.row_id FROM ol_rows r WHERE r.id = h.row_ref)) {HEAD_OF_D}) END AS row_id, \
-                         CASE WHEN d.row_id IS NOT NULL THEN d.body_len ELSE (SELECT coalesce(h.body_len, \
+                         CASE WHEN d.body_len IS NOT NULL THEN d.body_len ELSE (SELECT coalesce(h.body_len, \
                            (SELECT r.body_len FROM ol_rows r WHERE r.id = h.row_ref)) {HEAD_OF_D}) END AS len, \
-                         CASE WHEN d.row_id IS NOT NULL THEN d.enqueued_at ELSE (SELECT coalesce(h.enqueued_at, \
+                         CASE WHEN d.enqueued_at IS NOT NULL THEN d.enqueued_at ELSE (SELECT coalesce(h.enqueued_at, \
                            (SELECT r.enqueued_at FROM ol_rows r WHERE r.id = h.row_ref)) {HEAD_OF_D}) END AS at, \
                          CASE WHEN d.unit_id IS NULL THEN d.lanes \
                            ELSE (SELECT h.lanes FROM ol_units h WHERE h.id = d.unit_id) END AS lanes \

@@ -256,3 +256,71 @@ fn postgres_eight_enqueuers_two_claimers() {
 fn sqlite_memory_eight_enqueuers_two_claimers() {
     eight_enqueuers_two_claimers(Backend::SqliteMemory);
 }
+
+/// A one-recipient enqueue waiting for the actor's lock while another enqueue writes the same
+/// row id with several recipients (its payload shared, not inline) must see that row once the
+/// other commits: the id is refused, not stored twice.
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_concurrent_enqueues_of_one_row_id_in_two_shapes() {
+    run(Backend::Postgres, CommonOptions::default(), |h| {
+        let (url, schema) = h.pg().expect("pg");
+        let mine = PgStore::connect(
+            &url,
+            PgOptions {
+                schema: schema.clone(),
+                ..PgOptions::default()
+            },
+        )
+        .expect("connect");
+        let mut c = ::postgres::Client::connect(&url, ::postgres::NoTls).expect("raw");
+        c.batch_execute(&format!("SET search_path TO {schema}"))
+            .expect("path");
+        let a = actor("alice");
+        // Some shared payload already there, so the hot path's look into ol_rows is not
+        // skipped as pointless.
+        h.store
+            .enqueue(&a, &[row("old", &[URLS[0], URLS[1]])])
+            .expect("enqueue");
+        let mut tx = c.transaction().expect("tx");
+        let (_, wake) = mine
+            .enqueue_in(&mut tx, &a, &[row("x", &[URLS[0], URLS[1]])])
+            .expect("enqueue in tx");
+        let store = Arc::clone(&h.store);
+        let a2 = a.clone();
+        let waiter = std::thread::spawn(move || store.enqueue(&a2, &[row("x", &[URLS[2]])]));
+        // Bounded: wait until the other enqueue waits for the lock `tx` holds (if it got
+        // there late, the test still checks the outcome, only less sharply).
+        let mut probe = ::postgres::Client::connect(&url, ::postgres::NoTls).expect("probe");
+        for _ in 0..500 {
+            let waiting: i64 = probe
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                     AND query LIKE '%ol_actors%'",
+                    &[],
+                )
+                .expect("activity")
+                .get(0);
+            if waiting > 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        tx.commit().expect("commit");
+        wake.fire();
+        let got = waiter.join().expect("thread");
+        assert_eq!(got, Err(EnqueueError::DuplicateRowId { row: "x".into() }));
+        let t = acquire(&*h.store, &a, "h", LEASE);
+        let lane = lane_of(&*h.store, &a, URLS[0]);
+        assert_eq!(
+            row_ids(&claim_lane(&*h.store, &t, lane, 0, 10)),
+            ["old", "x"]
+        );
+        assert!(
+            h.store
+                .find_lane(&a, &key(URLS[2]))
+                .expect("find")
+                .is_none()
+        );
+    });
+}
