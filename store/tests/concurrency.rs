@@ -116,13 +116,21 @@ fn eight_enqueuers_two_claimers(b: Backend) {
                                     acked.fetch_add(1, Ordering::SeqCst);
                                 }
                                 worked |= did;
+                                // Cleared before the release: once released, the other claimer
+                                // may take the slot at once. Until then nobody else can.
+                                in_pass[ai].store(false, Ordering::SeqCst);
                                 match release(&*store, &token) {
-                                    Release::LookAgain => continue,
+                                    Release::LookAgain => {
+                                        // Still ours.
+                                        assert!(
+                                            !in_pass[ai].swap(true, Ordering::SeqCst),
+                                            "two passes of {name} at once"
+                                        );
+                                        continue;
+                                    }
                                     Release::Released => break,
                                 }
                             }
-                            // Cleared after release: the other claimer may only get the slot now.
-                            in_pass[ai].store(false, Ordering::SeqCst);
                         }
                         if finished && !worked {
                             idle_rounds += 1;
