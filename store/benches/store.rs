@@ -102,7 +102,7 @@ fn measure(store: &dyn Store, bare: &mut dyn Bare, floor: &mut dyn Bare, tag: &s
     }
     // Empty both, untimed, so the measured drain sees exactly BATCHED units.
     let slot = acquire(store, &a);
-    while claim_ack_round(store, &slot) > 0 {}
+    while claim_ack_round(store, &slot, &mut Cursors::default()) > 0 {}
     while bare.delete_head(BATCH) > 0 {}
 
     for k in (0..BATCHED).step_by(BATCH) {
@@ -123,9 +123,10 @@ fn measure(store: &dyn Store, bare: &mut dyn Bare, floor: &mut dyn Bare, tag: &s
         t.steps.floor_insert.push(t0.elapsed());
     }
     let (mut acked, mut deleted, mut floored) = (0, 0, 0);
+    let mut cursors = Cursors::default();
     loop {
         let t0 = Instant::now();
-        let n = claim_ack_round(store, &slot);
+        let n = claim_ack_round(store, &slot, &mut cursors);
         let d = t0.elapsed();
         t.claim_ack += d;
         if n == BATCH {
@@ -167,27 +168,49 @@ fn acquire(store: &dyn Store, a: &ActorId) -> SlotToken {
     }
 }
 
-/// One round of a pass: the lanes with work, BATCH/LANES units at the head of each, acked in
+/// What a pass keeps between claims: the lanes it is reading and, per lane, the cursor its
+/// next claim starts from (a pass's scheduler advances it past what it admitted; it lists the
+/// lanes with work once, and again only when every lane it knows is exhausted).
+#[derive(Default)]
+struct Cursors {
+    lanes: Vec<(StoreLaneId, Seq)>,
+}
+
+/// One round of a pass: BATCH/LANES units at the head of each lane, from its cursor, acked in
 /// one transaction (as the group-committing AckWriter does). Returns the units acked.
-fn claim_ack_round(store: &dyn Store, slot: &SlotToken) -> usize {
-    let (lanes, _) = store.lanes_with_work(slot, 0).unwrap();
-    if lanes.is_empty() {
-        return 0;
+fn claim_ack_round(store: &dyn Store, slot: &SlotToken, cur: &mut Cursors) -> usize {
+    if cur.lanes.is_empty() {
+        let (lanes, _) = store.lanes_with_work(slot, 0).unwrap();
+        cur.lanes = lanes.iter().map(|l| (l.lane, Seq(0))).collect();
+        if cur.lanes.is_empty() {
+            return 0;
+        }
     }
-    let claims: Vec<LaneClaim> = lanes
+    let claims: Vec<LaneClaim> = cur
+        .lanes
         .iter()
-        .map(|l| LaneClaim {
-            lane: l.lane,
-            from: Seq(0),
+        .map(|&(lane, from)| LaneClaim {
+            lane,
+            from,
             limit: (BATCH / LANES) as u32,
         })
         .collect();
-    let acks: Vec<_> = store
-        .claim(slot, &claims)
-        .unwrap()
+    let claimed = store.claim(slot, &claims).unwrap();
+    let mut acks = Vec::new();
+    for lane in &claimed {
+        acks.extend(lane.units.iter().map(|u| (u.id, lane.lane)));
+        if let Some(c) = cur.lanes.iter_mut().find(|c| c.0 == lane.lane) {
+            if let Some(last) = lane.units.last() {
+                c.1 = Seq(last.seq.0 + 1);
+            }
+        }
+    }
+    let exhausted: Vec<StoreLaneId> = claimed
         .iter()
-        .flat_map(|lane| lane.units.iter().map(move |u| (u.id, lane.lane)))
+        .filter(|l| l.exhausted)
+        .map(|l| l.lane)
         .collect();
+    cur.lanes.retain(|c| !exhausted.contains(&c.0));
     if !acks.is_empty() {
         store.ack(slot, &acks).unwrap();
     }
