@@ -13,6 +13,9 @@
 //! `cargo bench --bench e2e` (sizes: `E2E_UNITS`, default 20000; `E2E_BACKLOG`, default
 //! 200000). Every loop is bounded; all traffic stays on 127.0.0.1.
 
+mod common;
+
+use common::{body, entry_of, env};
 use std::error::Error;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -30,13 +33,6 @@ const LANES: usize = 64;
 /// loopback recorder, not the client, would set every figure.
 const LATENCY: Duration = Duration::from_millis(5);
 
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn config() -> OutboxConfig {
     let mut c = OutboxConfig::default().allow_loopback();
     c.concurrency = CONCURRENCY;
@@ -44,18 +40,6 @@ fn config() -> OutboxConfig {
     c.scheduler.retry_delays = vec![Duration::from_millis(100)];
     c.time_slice = Duration::from_secs(3600);
     c
-}
-
-fn body(entry: usize) -> Vec<u8> {
-    format!("{{\"entry\":{entry}}}").into_bytes()
-}
-
-fn entry_of(b: &[u8]) -> Option<usize> {
-    let s = std::str::from_utf8(b).ok()?;
-    s.strip_prefix("{\"entry\":")?
-        .strip_suffix('}')?
-        .parse()
-        .ok()
 }
 
 /// Order violations at a recipient: arrivals whose entry is below one already received.

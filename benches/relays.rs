@@ -16,6 +16,9 @@
 //! (sizes: `RELAYS_ACTORS`, default 100; `RELAYS_ENTRIES`, default 50 per actor,
 //! each to 4 recipients). Every wait is bounded; all traffic stays on 127.0.0.1.
 
+mod common;
+
+use common::{body, entry_of, env};
 use std::collections::HashMap;
 use std::error::Error;
 use std::process::{Child, Command, Stdio};
@@ -29,21 +32,6 @@ const RECIPIENTS: usize = 4;
 const LATENCY: Duration = Duration::from_millis(5);
 /// Bound on one run: far above what the backlog needs, so a stuck run fails instead of hanging.
 const RUN_LIMIT: Duration = Duration::from_secs(600);
-
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn entry_of(b: &[u8]) -> Option<usize> {
-    let s = std::str::from_utf8(b).ok()?;
-    s.strip_prefix("{\"entry\":")?
-        .strip_suffix('}')?
-        .parse()
-        .ok()
-}
 
 struct Outcome {
     per_sec: f64,
@@ -96,7 +84,7 @@ fn run(
         let rows: Vec<NewRow> = (0..entries)
             .map(|e| NewRow {
                 id: format!("e{e}"),
-                body: format!("{{\"entry\":{e}}}").into_bytes(),
+                body: body(e),
                 content_type: "application/json".into(),
                 recipients: to.clone(),
                 ..NewRow::default()
