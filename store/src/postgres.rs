@@ -2176,7 +2176,17 @@ impl Store for PgStore {
         let now = ms(Timestamp::from_system_time(std::time::SystemTime::now()));
         self.autocommit(|t| {
             let pending = t
-                .q("SELECT actor, count(*) FROM ol_units WHERE unit_id IS NULL AND acked_at IS NULL GROUP BY actor", &[])?
+                // Unfinished units = rows in lanes minus the other lanes of joined units,
+                // counted from the lane index and the small joined-unit index rather than by
+                // reading every unit row (payload included).
+                .q(
+                    "SELECT actor, sum(n)::bigint FROM ( \
+                       SELECT l.actor AS actor, count(*) AS n FROM ol_lanes l JOIN ol_units d \
+                         ON d.lane_id = l.id GROUP BY l.actor \
+                       UNION ALL SELECT actor, -count(*) FROM ol_units WHERE unit_id IS NOT NULL GROUP BY actor) x \
+                     GROUP BY actor HAVING sum(n) > 0",
+                    &[],
+                )?
                 .iter()
                 .map(|r| (r.get(0), r.get(1)))
                 .collect();

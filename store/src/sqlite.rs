@@ -1642,7 +1642,16 @@ impl Store for SqliteStore {
         self.read(|c| {
             let mut map: BTreeMap<String, ActorStatus> = BTreeMap::new();
             let pending: Vec<(String, i64)> = c
-                .prepare_cached("SELECT actor, count(*) FROM ol_units WHERE unit_id IS NULL AND acked_at IS NULL GROUP BY actor")?
+                // Unfinished units = rows in lanes minus the other lanes of joined units,
+                // counted from the lane index (the CROSS JOIN keeps lanes as the outer loop)
+                // and the small joined-unit index: no unit row, and so no payload, is read.
+                .prepare_cached(
+                    "SELECT actor, sum(n) FROM ( \
+                       SELECT l.actor AS actor, count(*) AS n FROM ol_lanes l CROSS JOIN ol_units d \
+                         ON d.lane_id = l.id GROUP BY l.actor \
+                       UNION ALL SELECT actor, -count(*) FROM ol_units WHERE unit_id IS NOT NULL GROUP BY actor) \
+                     GROUP BY actor HAVING sum(n) > 0",
+                )?
                 .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
                 .collect::<Result<_, _>>()?;
             let held: Vec<String> = c

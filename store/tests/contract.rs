@@ -253,6 +253,12 @@ fn joined_unit_completes_per_recipient(b: Backend) {
             .find(|x| x.lane == lb)
             .expect("slot b");
         assert!(sa.served && !sb.served);
+        let pending = |s: &dyn Store| s.status().expect("status")[0].pending;
+        assert_eq!(
+            pending(s),
+            2,
+            "the joined unit counts once, served or not, and 'after'"
+        );
         s.payload(unit).expect("payload while pending");
         s.ack(&t, &[(unit, lb)]).expect("ack b");
         let ca = claim_lane(s, &t, la, 0, 10);
@@ -289,7 +295,9 @@ fn joined_unit_completes_per_recipient(b: Backend) {
         // Still pending for A.
         let ca = claim_lane(s, &t, la, 0, 10);
         assert_eq!(row_ids(&ca), ["after", "j2"]);
+        assert_eq!(pending(s), 2, "'after' and j2 (dead for B, pending for A)");
         s.ack(&t, &[(j2, la)]).expect("ack");
+        assert_eq!(pending(s), 1);
         assert_eq!(s.payload(j2), Err(StoreError::NotFound { what: "unit" }));
     });
 }
