@@ -367,10 +367,18 @@ impl HttpClient {
                 };
             }
         };
+        // The stable code first; the client's own words after it, without repeating the code
+        // when they start with it (ureq says "timeout: global").
+        let code = kind.to_string();
+        let detail = e.to_string();
+        let detail = detail
+            .strip_prefix(code.as_str())
+            .and_then(|d| d.strip_prefix(": "))
+            .unwrap_or(&detail);
         AttemptResult {
             outcome: self.shared.classifier.transport(kind),
             status: None,
-            error: Some(format!("{kind}: {e}")),
+            error: Some(format!("{code}: {detail}")),
         }
     }
 
