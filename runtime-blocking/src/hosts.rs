@@ -164,6 +164,10 @@ impl Drop for HostPermit {
                 }
             };
             let mut job = next;
+            if job.abandoned() {
+                // Its pass ended and handed the unit back: not sent, and the place passes on.
+                continue;
+            }
             job.permit = Some(HostPermit {
                 shared: Arc::clone(&self.shared),
                 host: Some(host.clone()),
@@ -238,7 +242,14 @@ mod tests {
         // Any lane id will do: the executor never looks at it.
         let lane = Scheduler::new(Config::default(), 0)
             .lane(&LaneKey::new("https://lane.example/", None).expect("url"));
-        Job::new(UnitId(unit), lane, recipient.into(), 1, reply.clone())
+        Job::new(
+            UnitId(unit),
+            lane,
+            recipient.into(),
+            1,
+            reply.clone(),
+            Arc::new(std::sync::atomic::AtomicBool::new(true)),
+        )
     }
 
     #[test]

@@ -444,6 +444,7 @@ fn worker(rx: &Mutex<Receiver<Job>>, store: &dyn Store, http: &HttpClient) {
             rx.recv()
         };
         match job {
+            Ok(job) if job.abandoned() => {}
             Ok(job) => {
                 let result = pass::attempt(store, http, &job);
                 job.finish(result);

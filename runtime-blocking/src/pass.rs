@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -55,6 +56,8 @@ pub struct Job {
     pub attempt: u32,
     started: Instant,
     reply: Sender<Msg>,
+    /// Cleared when the pass that started the job has ended.
+    live: Arc<AtomicBool>,
     /// The job's place under its host's cap ([`crate::HostCaps`]), freed when it is dropped.
     pub(crate) permit: Option<crate::hosts::HostPermit>,
 }
@@ -66,6 +69,7 @@ impl Job {
         recipient: String,
         attempt: u32,
         reply: Sender<Msg>,
+        live: Arc<AtomicBool>,
     ) -> Job {
         Job {
             unit,
@@ -74,8 +78,17 @@ impl Job {
             attempt,
             started: Instant::now(),
             reply,
+            live,
             permit: None,
         }
+    }
+
+    /// Whether the pass that started this job has ended (it was cancelled, or its grace
+    /// period ran out) and handed the unit back: nobody waits for the answer any more, and
+    /// an executor that has not sent the request yet should drop the job instead, so the
+    /// recipient does not get a unit that will be sent again anyway.
+    pub fn abandoned(&self) -> bool {
+        !self.live.load(Ordering::SeqCst)
     }
 
     /// Reports the result to the pass. A pass that is gone (interrupted, cancelled) no
@@ -191,6 +204,8 @@ struct State {
     units: HashMap<UnitId, UnitInfo>,
     last: HashMap<(UnitId, LaneId), AttemptResult>,
     watermark: u64,
+    /// Shared with every job this pass started; cleared when the pass ends.
+    live: Arc<AtomicBool>,
     /// A wake-up arrived: look for new lanes once the waiting messages are handled (a burst
     /// of enqueues costs one look, not one per enqueue).
     woken: bool,
@@ -235,11 +250,15 @@ impl Pass<'_> {
             units: HashMap::new(),
             last: HashMap::new(),
             watermark: 0,
+            live: Arc::new(AtomicBool::new(true)),
             woken: false,
             in_flight: 0,
             report: PassReport::default(),
         };
         let result = self.drive(&mut st, &tx, &rx);
+        // Jobs not yet sent (queued behind busy workers, or parked under a host cap) are
+        // dropped from now on: their units are handed back below.
+        st.live.store(false, Ordering::SeqCst);
         match &result {
             Ok(()) => st.sched.handle_pass_end(now()),
             Err(e) => {
@@ -472,6 +491,7 @@ impl Pass<'_> {
                         st.recipients[lane.index()].clone(),
                         attempt,
                         tx.clone(),
+                        Arc::clone(&st.live),
                     );
                     if self.executor.execute(job).is_err() {
                         return Err(StoreError::Database("delivery workers stopped".into()));

@@ -79,3 +79,53 @@ fn without_a_cap_a_host_gets_one_attempt_per_lane_at_once() {
     assert!(a.max_in_progress() > 2, "host a: {}", a.max_in_progress());
     assert!(b.max_in_progress() > 2, "host b: {}", b.max_in_progress());
 }
+
+#[test]
+fn attempts_parked_by_a_cancelled_drain_are_not_sent() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SqliteStore::open(dir.path().join("outbox.db"), SqliteOptions::default())
+        .expect("open sqlite");
+    let r = Recipient::start().expect("recipient");
+    // The first attempt hangs until the client's timeout; with a cap of 1 on the host, the
+    // other lanes' heads wait behind it.
+    r.script("/i0", [Reply::Hang]);
+    let to: Vec<String> = (0..3).map(|l| r.url(&format!("/i{l}"))).collect();
+    let mut config = OutboxConfig::default().allow_loopback();
+    config.per_host = Some(1);
+    config.http.timeout = Duration::from_millis(500);
+    let outbox = Outbox::open(Arc::new(store), config).expect("outbox");
+    let rows: Vec<NewRow> = vec![NewRow {
+        id: "e0".into(),
+        body: b"0".to_vec(),
+        content_type: "text/plain".into(),
+        recipients: to.clone(),
+        ..NewRow::default()
+    }];
+    outbox.enqueue("alice", &rows).expect("enqueue");
+    let control = Arc::new(outbox_lanes_blocking::DrainControl::default());
+    let (ob, c) = (outbox.clone(), Arc::clone(&control));
+    let drain = std::thread::spawn(move || ob.drain_with("alice", &c));
+    assert!(r.wait_for("/i0", 1, Duration::from_secs(10)));
+    control
+        .cancel
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(drain.join().expect("join").is_err(), "cancelled");
+    // The next drain's attempts queue behind the cancelled drain's parked ones (same host,
+    // cap 1, first come first served): those must be dropped, not sent.
+    match outbox.drain("alice").expect("drain") {
+        DrainOutcome::Ran(rep) => assert_eq!(rep.delivered, 3),
+        other => panic!("{other:?}"),
+    }
+    outbox.shutdown();
+    assert_eq!(r.count("/i0"), 2, "the hung attempt, then the new drain's");
+    assert_eq!(
+        r.count("/i1"),
+        1,
+        "sent once: the parked attempt was dropped"
+    );
+    assert_eq!(
+        r.count("/i2"),
+        1,
+        "sent once: the parked attempt was dropped"
+    );
+}

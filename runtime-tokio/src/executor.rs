@@ -137,6 +137,10 @@ impl Executor for TaskExecutor {
             let Ok(_permit) = permits.acquire_owned().await else {
                 return;
             };
+            if job.job().abandoned() {
+                // Its pass ended and handed the unit back: nobody waits for an answer.
+                return;
+            }
             deliver(&*rt, store, transport, job).await;
         }));
         Ok(())
