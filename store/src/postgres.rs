@@ -258,7 +258,13 @@ pub const SCHEMA_V2: &str = concat!(
 /// reused by the new one, so no unit id is ever handed out twice; index names are per schema,
 /// so the old table goes before the new one is created.
 const MIGRATE_V1_TO_V2: &str = concat!(
+    // First: wait for every transaction still writing the version 1 tables (a relay of the
+    // previous version acking, dead-lettering…) and keep new ones out until the commit, so
+    // the copy below (its own statement, its own snapshot) misses no write and none lands in
+    // a table about to be dropped. Such a relay fails on its next statement afterwards.
     "
+LOCK TABLE ol_actors, ol_rows, ol_lanes, ol_units, ol_deliveries, ol_dead_letters, ol_slots
+    IN ACCESS EXCLUSIVE MODE;
 ALTER SEQUENCE ol_units_id_seq OWNED BY NONE;
 CREATE TEMP TABLE ol_migrate_units ON COMMIT DROP AS
     SELECT u.id, NULL::bigint AS unit_id, u.actor, d.lane_id, coalesce(d.seq, u.seq) AS seq,
@@ -916,12 +922,10 @@ fn one_lane_rows(rows: &[PreparedRow<'_>]) -> bool {
 /// advanced, by one upsert each), the units, and the wake-up. A row id already inline on a
 /// unit is refused by the unique index `ol_units_row_id`.
 ///
-/// The statement's snapshot is taken before it waits for the actor's row lock, so unlike the
-/// general path it does not see a shared payload committed by a concurrent enqueue of the
-/// same actor while it waited. That enqueue also put the row id on its first unit, so the
-/// unique index `ol_units_row_id` (which waits for the other transaction and then sees its
-/// commit) refuses a duplicate all the same. Lanes are upserted, so one created meanwhile is
-/// found all the same; seqs still follow commit order (the lock is held to commit).
+/// The statement's snapshot is taken before it waits for the actor's row lock, so it cannot
+/// judge the row ids against the shared payloads (ol_rows): a second statement does, after
+/// it. Lanes are upserted, so one created meanwhile is found all the same; seqs still follow
+/// commit order (the lock is held to commit).
 fn enqueue_one_lane_rows(
     t: &mut impl Exec,
     actor: &ActorId,
@@ -980,11 +984,7 @@ fn enqueue_one_lane_rows(
     // delivered on commit only.
     let r = t
         .q(
-            "WITH dup AS (SELECT k.row_id FROM unnest($3::text[]) AS k(row_id) CROSS JOIN LATERAL ( \
-               SELECT 1 FROM ol_rows x WHERE x.actor = $1 AND x.row_id = k.row_id LIMIT 1) x \
-               WHERE EXISTS (SELECT 1 FROM ol_rows x WHERE x.actor = $1)), \
-             a AS (INSERT INTO ol_actors AS a (actor, last_seq) SELECT $1::text, $2::bigint \
-               WHERE NOT EXISTS (SELECT 1 FROM dup) \
+            "WITH a AS (INSERT INTO ol_actors AS a (actor, last_seq) SELECT $1::text, $2::bigint \
                ON CONFLICT (actor) DO UPDATE SET last_seq = a.last_seq + excluded.last_seq \
                RETURNING a.last_seq - $2::bigint AS base), \
              v AS (SELECT * FROM unnest($8::text[], $9::text[], $10::bigint[]) \
@@ -1001,7 +1001,7 @@ fn enqueue_one_lane_rows(
                SELECT $1, k.ids[r.lane], a.base + r.ix, r.row_id, r.ct, r.body, r.len, $9[r.lane], $11 \
                FROM a, k, unnest($3::text[], $4::bigint[], $5::text[], $6::bytea[], $7::bigint[]) \
                  WITH ORDINALITY AS r(row_id, lane, ct, body, len, ix) RETURNING id, seq) \
-             SELECT (SELECT array_agg(row_id) FROM dup), (SELECT base FROM a), \
+             SELECT NULL::text[], (SELECT base FROM a), \
                (SELECT array_agg(id ORDER BY seq) FROM u), (SELECT pg_notify($12, $1) FROM a)",
             &[
                 &a, &n, &r_id, &r_lane, &r_ct, &r_body, &r_len, &l_rec, &l_ok, &l_last, &now, &channel,
@@ -1011,15 +1011,22 @@ fn enqueue_one_lane_rows(
         .into_iter()
         .next()
         .ok_or_else(|| StoreError::Database("no row returned by the enqueue".into()))?;
-    let taken: HashSet<String> = r
-        .get::<_, Option<Vec<String>>>(0)
-        .unwrap_or_default()
-        .into_iter()
-        .collect();
-    if let Some(p) = rows.iter().find(|p| taken.contains(&p.row.id)) {
-        return Err(EnqueueError::DuplicateRowId {
-            row: p.row.id.clone(),
-        });
+    // The row ids against the shared payloads, in a statement of its own: its snapshot is
+    // taken now that the actor's lock is held, so it sees every shared payload committed
+    // before, including while the statement above waited for the lock (a concurrent fan-out
+    // enqueue, a plain-SQL writer, a dead letter moving an inline payload to ol_rows: that one
+    // also made the insert above wait for it through the unique index). No writer adds a
+    // shared payload for this actor from now to the commit: they all take the actor's lock,
+    // or (the dead letter) hold the inline row this batch would have collided with.
+    // The caller's transaction (or savepoint) is rolled back on the error.
+    if let Some(taken) = t
+        .opt(
+            "SELECT row_id FROM ol_rows WHERE actor = $1 AND row_id = ANY($2) LIMIT 1",
+            &[&a, &r_id],
+        )?
+        .map(|r| r.get::<_, String>(0))
+    {
+        return Err(EnqueueError::DuplicateRowId { row: taken });
     }
     let base: i64 = r
         .get::<_, Option<i64>>(1)
@@ -1208,14 +1215,12 @@ fn enqueue_tx(
         ok: Vec<&'r str>,
     }
     #[derive(Default)]
-    struct Bare<'r> {
+    struct Bare {
         id: Vec<i64>,
         unit: Vec<Option<i64>>,
         lane: Vec<i64>,
         seq: Vec<i64>,
         row_ref: Vec<Option<i64>>,
-        /// The first unit of a shared payload carries the row id too (see below).
-        row_id: Vec<Option<&'r str>>,
     }
     let (mut inl, mut sh, mut bare) = (Inline::default(), Shared::default(), Bare::default());
     // Highest seq written per lane, in lane order (the tail update locks lanes in that order).
@@ -1271,7 +1276,6 @@ fn enqueue_tx(
                     bare.lane.push(*lane);
                     bare.seq.push(seq);
                     bare.row_ref.push(None);
-                    bare.row_id.push(None);
                 }
                 units.push(UnitId(u(head)));
             } else {
@@ -1287,18 +1291,13 @@ fn enqueue_tx(
                 sh.len.push(len);
                 sh.dk.push(p.row.dedup_key.as_deref());
                 sh.ok.push(p.ordering_key);
-                for (i, lane) in kept.iter().enumerate() {
+                for lane in &kept {
                     let head = next_unit()?;
                     bare.id.push(head);
                     bare.unit.push(None);
                     bare.lane.push(*lane);
                     bare.seq.push(seq);
                     bare.row_ref.push(Some(row_ref));
-                    // The row id on the first unit as well puts it in `ol_units_row_id`: the
-                    // one-statement hot path (`enqueue_one_lane_rows`), whose snapshot may
-                    // predate this commit, then meets it in that unique index (and waits for
-                    // this transaction) instead of missing it in ol_rows.
-                    bare.row_id.push((i == 0).then_some(p.row.id.as_str()));
                     units.push(UnitId(u(head)));
                 }
             }
@@ -1330,16 +1329,16 @@ fn enqueue_tx(
            SELECT id, $1, row_id, seq, ct, body, len, dk, ok, $2 FROM unnest($13::bigint[], $14::text[], \
              $15::bigint[], $16::text[], $17::bytea[], $18::bigint[], $19::text[], $20::text[]) \
              AS t(id, row_id, seq, ct, body, len, dk, ok)), \
-         o AS (INSERT INTO ol_units (id, unit_id, actor, lane_id, seq, row_ref, row_id) \
-           SELECT id, uid, $1, lane, seq, rr, rid FROM unnest($21::bigint[], $22::bigint[], $23::bigint[], \
-             $24::bigint[], $25::bigint[], $29::text[]) AS t(id, uid, lane, seq, rr, rid)), \
+         o AS (INSERT INTO ol_units (id, unit_id, actor, lane_id, seq, row_ref) \
+           SELECT id, uid, $1, lane, seq, rr FROM unnest($21::bigint[], $22::bigint[], $23::bigint[], \
+             $24::bigint[], $25::bigint[]) AS t(id, uid, lane, seq, rr)), \
          l AS (UPDATE ol_lanes l SET tail_seq = GREATEST(l.tail_seq, v.seq) \
            FROM unnest($26::bigint[], $27::bigint[]) AS v(lane, seq) WHERE l.id = v.lane AND l.id = ANY($26)) \
          SELECT pg_notify($28, $1)",
         &[
             &a, &now, &inl.id, &inl.lane, &inl.seq, &inl.n, &inl.row, &inl.ct, &inl.body, &inl.len, &inl.dk,
             &inl.ok, &sh.id, &sh.row, &sh.seq, &sh.ct, &sh.body, &sh.len, &sh.dk, &sh.ok, &bare.id, &bare.unit,
-            &bare.lane, &bare.seq, &bare.row_ref, &t_lane, &t_seq, &channel, &bare.row_id,
+            &bare.lane, &bare.seq, &bare.row_ref, &t_lane, &t_seq, &channel,
         ],
     )
     .map_err(|e| duplicate_of(&e, rows).unwrap_or_else(|| EnqueueError::from(e)))?;
@@ -1448,8 +1447,9 @@ fn dead_letter_tx(
     let row_id: Option<String> = r.get(8);
     let recipient: String = r.get(9);
     let ok: String = r.get(10);
-    let row_id =
-        row_id.ok_or_else(|| StoreError::Database(format!("unit {unit} has no payload")))?;
+    // A head written by hand without a row id still becomes a dead letter (the spill below
+    // names it the same way).
+    let row_id = row_id.unwrap_or_else(|| format!("unit-{unit}"));
     // A dead letter keeps its payload in ol_rows: an inline payload moves there first (the
     // head then refers to it), so it outlives the unit and serves a replay.
     let row_ref: i64 = match row_ref {
@@ -1458,7 +1458,9 @@ fn dead_letter_tx(
             .one(
                 "WITH s AS (INSERT INTO ol_rows (actor, row_id, seq, content_type, body, body_len, dedup_key, \
                    ordering_key, enqueued_at) \
-                 SELECT actor, row_id, seq, content_type, body, body_len, dedup_key, ordering_key, enqueued_at \
+                 SELECT actor, coalesce(row_id, 'unit-' || id), seq, coalesce(content_type, ''), \
+                   coalesce(body, ''::bytea), coalesce(body_len, length(body), 0), dedup_key, \
+                   coalesce(ordering_key, ''), coalesce(enqueued_at, 0) \
                    FROM ol_units WHERE id = $1 AND unit_id IS NULL AND row_ref IS NULL RETURNING id) \
                  UPDATE ol_units u SET row_ref = s.id, row_id = NULL, content_type = NULL, body = NULL, \
                    body_len = NULL, dedup_key = NULL, ordering_key = NULL, enqueued_at = NULL \
@@ -1742,12 +1744,6 @@ impl Store for PgStore {
                 if r.get::<_, Option<i64>>(1).is_none() {
                     continue;
                 }
-                if r.get::<_, Option<String>>(5).is_none() {
-                    return Err(StoreError::Database(format!(
-                        "unit {} has no payload",
-                        r.get::<_, i64>(1)
-                    )));
-                }
                 let ord = usize::try_from(r.get::<_, i64>(9)).unwrap_or(0);
                 if let Some(v) = ord.checked_sub(1).and_then(|k| heads.get_mut(k)) {
                     v.push(r);
@@ -1802,9 +1798,11 @@ impl Store for PgStore {
                         ClaimedUnit {
                             id: UnitId(u(unit)),
                             seq: Seq(u(h.get(2))),
-                            row_id: h.get(5),
-                            bytes: u32_of(h.get(6)),
-                            enqueued_at: ts(h.get(7)),
+                            // A head written by hand without these reads as empty, as on
+                            // SQLite: one odd row neither panics nor blocks the claim.
+                            row_id: h.get::<_, Option<String>>(5).unwrap_or_default(),
+                            bytes: u32_of(h.get::<_, Option<i64>>(6).unwrap_or(0)),
+                            enqueued_at: ts(h.get::<_, Option<i64>>(7).unwrap_or(0)),
                             slots,
                         }
                     })

@@ -1017,7 +1017,7 @@ fn dead_letter_tx(
     let found = c
         .prepare_cached(&format!(
             "SELECT d.id, d.seq, d.attempts, d.last_status, d.last_error, d.first_attempt_at, d.last_attempt_at, \
-             h.row_ref, coalesce(h.row_id, r.row_id, ''), l.recipient, l.ordering_key \
+             h.row_ref, coalesce(h.row_id, r.row_id, 'unit-' || h.id), l.recipient, l.ordering_key \
              FROM ol_units d JOIN ol_units h ON h.id = ?1 AND h.unit_id IS NULL \
              LEFT JOIN ol_rows r ON r.id = h.row_ref JOIN ol_lanes l ON l.id = d.lane_id \
              WHERE {UNIT_LANE} AND d.state = 0 AND l.actor = ?3"
@@ -1084,7 +1084,7 @@ fn dead_letter_tx(
 fn spill(c: &Connection, head: i64) -> Result<i64, rusqlite::Error> {
     c.prepare_cached(
         "INSERT INTO ol_rows (actor, row_id, seq, content_type, body, body_len, dedup_key, ordering_key, enqueued_at) \
-         SELECT actor, coalesce(row_id, ''), seq, coalesce(content_type, ''), coalesce(body, x''), \
+         SELECT actor, coalesce(row_id, 'unit-' || id), seq, coalesce(content_type, ''), coalesce(body, x''), \
          coalesce(body_len, length(body), 0), dedup_key, coalesce(ordering_key, ''), coalesce(enqueued_at, 0) \
          FROM ol_units WHERE id = ?1",
     )?

@@ -332,3 +332,66 @@ fn postgres_concurrent_enqueues_of_one_row_id_in_two_shapes() {
         );
     });
 }
+
+/// A dead letter moving a one-recipient unit's inline payload to ol_rows while an enqueue of
+/// the same row id waits for it: the enqueue must see the moved id once it may go on.
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_enqueue_waiting_on_a_dead_letter_of_the_same_row_id() {
+    run(Backend::Postgres, CommonOptions::default(), |h| {
+        let (url, schema) = h.pg().expect("pg");
+        let a = actor("alice");
+        h.store
+            .enqueue(&a, &[row("r1", &[URLS[0]])])
+            .expect("enqueue");
+        let t = acquire(&*h.store, &a, "h", LEASE);
+        let lane = lane_of(&*h.store, &a, URLS[0]);
+        let unit = claim_lane(&*h.store, &t, lane, 0, 10).units[0].id;
+        // The store's dead letter, held open: its own connection, its own transaction. The
+        // store runs it in one transaction too; holding it open is what a slow commit does.
+        let mut c = ::postgres::Client::connect(&url, ::postgres::NoTls).expect("raw");
+        c.batch_execute(&format!("SET search_path TO {schema}"))
+            .expect("path");
+        let mut tx = c.transaction().expect("tx");
+        tx.batch_execute(&format!(
+            "WITH s AS (INSERT INTO ol_rows (actor, row_id, seq, content_type, body, body_len, dedup_key, \
+               ordering_key, enqueued_at) \
+             SELECT actor, row_id, seq, content_type, body, body_len, dedup_key, ordering_key, enqueued_at \
+               FROM ol_units WHERE id = {u} RETURNING id) \
+             UPDATE ol_units u SET row_ref = s.id, row_id = NULL, content_type = NULL, body = NULL, \
+               body_len = NULL, dedup_key = NULL, ordering_key = NULL, enqueued_at = NULL \
+             FROM s WHERE u.id = {u}",
+            u = unit.0
+        ))
+        .expect("move the payload");
+        let store = Arc::clone(&h.store);
+        let a2 = a.clone();
+        let waiter = std::thread::spawn(move || store.enqueue(&a2, &[row("r1", &[URLS[1]])]));
+        let mut probe = ::postgres::Client::connect(&url, ::postgres::NoTls).expect("probe");
+        for _ in 0..500 {
+            let waiting: i64 = probe
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                     AND query LIKE '%ol_actors%'",
+                    &[],
+                )
+                .expect("activity")
+                .get(0);
+            if waiting > 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        tx.commit().expect("commit");
+        assert_eq!(
+            waiter.join().expect("thread"),
+            Err(EnqueueError::DuplicateRowId { row: "r1".into() })
+        );
+        assert!(
+            h.store
+                .find_lane(&a, &key(URLS[1]))
+                .expect("find")
+                .is_none()
+        );
+    });
+}

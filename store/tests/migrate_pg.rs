@@ -150,12 +150,15 @@ fn v1_enqueue(c: &mut Client, row_id: &str, to: &[&str], joined: bool) -> Vec<i6
 
 /// What a version 1 store's ack of a one-lane unit left: nothing of the unit or its row.
 fn v1_finish(c: &mut Client, unit: i64) {
-    c.batch_execute(&format!(
+    c.batch_execute(&v1_finish_sql(unit)).expect("finish");
+}
+
+fn v1_finish_sql(unit: i64) -> String {
+    format!(
         "DELETE FROM ol_deliveries WHERE unit_id = {unit}; \
          DELETE FROM ol_rows WHERE id = (SELECT row_ref FROM ol_units WHERE id = {unit}); \
          DELETE FROM ol_units WHERE id = {unit};"
-    ))
-    .expect("finish");
+    )
 }
 
 fn lane_id(c: &mut Client, recipient: &str) -> StoreLaneId {
@@ -490,4 +493,62 @@ fn postgres_migrated_schema_matches_a_fresh_one() {
     assert_eq!(m, describe(&fresh.name));
     // The fresh schema is what SCHEMA_V2 says.
     assert!(SCHEMA_V2.contains("CREATE UNIQUE INDEX ol_units_row_id"));
+}
+
+/// Waits (bounded) until some backend waits for a lock while running a statement containing
+/// `marker`; if none is seen in time the test goes on, still checking the outcome.
+fn until_waiting_on_a_lock(url: &str, marker: &str) {
+    let mut probe = Client::connect(url, NoTls).expect("probe");
+    for _ in 0..500 {
+        let n: i64 = probe
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                 AND strpos(query, $1) > 0",
+                &[&marker],
+            )
+            .expect("activity")
+            .get(0);
+        if n > 0 {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// A relay of version 1 still acking while a version 2 store connects: the migration waits
+/// for that transaction and copies what it committed (the acked unit stays gone, the lane
+/// stays readable).
+#[test]
+fn postgres_migration_waits_for_version_1_writers() {
+    let Some(url) = pg_url() else {
+        println!("skipped: {PG_ENV} not set");
+        return;
+    };
+    let schema = Schema::new(&url, "race");
+    let mut c = schema.client();
+    create_v1(&mut c);
+    let one = v1_enqueue(&mut c, "one", &[A], false);
+    v1_enqueue(&mut c, "two", &[A], false);
+    let mut old = schema.client();
+    let mut tx = old.transaction().expect("tx");
+    // Version 1's ack of "one", not committed yet.
+    tx.batch_execute(&v1_finish_sql(one[0])).expect("v1 ack");
+    let (url2, name) = (url.clone(), schema.name.clone());
+    let migrating = std::thread::spawn(move || {
+        PgStore::connect(
+            &url2,
+            PgOptions {
+                schema: name,
+                ..PgOptions::default()
+            },
+        )
+    });
+    until_waiting_on_a_lock(&url, "LOCK TABLE ol_actors");
+    tx.commit().expect("commit v1 ack");
+    let store = migrating.join().expect("join").expect("connect");
+    let a = actor("alice");
+    let t = acquire(&store, &a, "h", LEASE);
+    let claimed = claim_lane(&store, &t, lane_id(&mut c, A), 0, 10);
+    assert_eq!(row_ids(&claimed), ["two"], "the acked unit is not back");
+    store.payload(claimed.units[0].id).expect("payload");
 }

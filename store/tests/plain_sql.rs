@@ -310,3 +310,85 @@ fn postgres_plain_sql_enqueue_is_claimed_in_order_and_wakes() {
         assert!(!dedup_pending(&mut c, "alice", "other", A));
     });
 }
+
+/// A head written by hand with only the columns SQL makes mandatory (no row id, length or
+/// time): the store claims it without failing (or panicking), and can dead-letter it.
+fn sparse_head(h: &H, c: &mut dyn Raw) {
+    let s = &*h.store;
+    let a = actor("alice");
+    s.enqueue(&a, &[row("first", &[A])]).expect("enqueue");
+    let la = lane_of(s, &a, A);
+    c.ints(
+        "INSERT INTO ol_units (actor, lane_id, seq, content_type, body) \
+         VALUES ('alice', $1, 99, 'text/plain', $2)",
+        &[V::I(la.0), V::B(b"hand".to_vec())],
+    );
+    let t = acquire(s, &a, "h", LEASE);
+    let claimed = claim_lane(s, &t, la, 0, 10);
+    assert_eq!(claimed.units.len(), 2);
+    let sparse = &claimed.units[1];
+    assert_eq!(sparse.row_id, "");
+    s.dead_letter(
+        &t,
+        &DeadLetterRequest {
+            unit: sparse.id,
+            lane: la,
+            reason: outbox_lanes_core::DeadReason::Permanent,
+            status: Some(400),
+            error: None,
+            at: now(),
+        },
+    )
+    .expect("dead letter");
+    let dl = s.dead_letters(Some(&a)).expect("dead letters");
+    assert_eq!(dl.len(), 1);
+    assert_eq!(dl[0].row_id, format!("unit-{}", sparse.id.0));
+    assert_eq!(row_ids(&claim_lane(s, &t, la, 0, 10)), ["first"]);
+}
+
+#[test]
+fn sqlite_sparse_hand_written_head() {
+    run(Backend::SqliteFile, CommonOptions::default(), |h| {
+        let path = h.sqlite_path().expect("file");
+        // Each statement committed on its own, so the store sees it at once.
+        struct Auto(rusqlite::Connection);
+        impl Raw for Auto {
+            fn ints(&mut self, sql: &str, p: &[V]) -> Vec<i64> {
+                let tx = self.0.transaction().expect("tx");
+                let out = Lite(&tx).ints(sql, p);
+                tx.commit().expect("commit");
+                out
+            }
+            fn greatest(&self) -> &'static str {
+                "max"
+            }
+        }
+        let conn = rusqlite::Connection::open(&path).expect("raw");
+        sparse_head(h, &mut Auto(conn));
+    });
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_sparse_hand_written_head() {
+    run(Backend::Postgres, CommonOptions::default(), |h| {
+        let (url, schema) = h.pg().expect("pg");
+        let mut conn = ::postgres::Client::connect(&url, ::postgres::NoTls).expect("raw");
+        conn.batch_execute(&format!("SET search_path TO {schema}"))
+            .expect("path");
+        // Autocommitted statements: a transaction of one statement each.
+        struct Auto(::postgres::Client);
+        impl Raw for Auto {
+            fn ints(&mut self, sql: &str, p: &[V]) -> Vec<i64> {
+                let mut tx = self.0.transaction().expect("tx");
+                let out = Pg(&mut tx).ints(sql, p);
+                tx.commit().expect("commit");
+                out
+            }
+            fn greatest(&self) -> &'static str {
+                "GREATEST"
+            }
+        }
+        sparse_head(h, &mut Auto(conn));
+    });
+}
