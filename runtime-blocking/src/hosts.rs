@@ -140,47 +140,84 @@ impl Executor for HostCaps {
     }
 }
 
+/// Places freed and not passed on yet: (the caps, the host).
+type Freed = Option<Vec<(Arc<Shared>, String)>>;
+
+thread_local! {
+    /// Places freed on this thread while it is already passing one on: an inner executor
+    /// that drops a job at once (its runtime is gone) frees the place again from inside
+    /// `execute`; queued here and handled by the outer loop, so a long queue of parked jobs
+    /// cannot nest one drop per job on the stack.
+    static FREED: core::cell::RefCell<Freed> = const { core::cell::RefCell::new(None) };
+}
+
 impl Drop for HostPermit {
     fn drop(&mut self) {
         let Some(host) = self.host.take() else { return };
-        // The place passes to the next parked job of the host, if any; a job the inner
-        // executor refuses (it stopped) is finished as a transient failure and the place
-        // passes on again.
-        loop {
-            let next = {
-                let mut hosts = lock(&self.shared.hosts);
-                let Some(h) = hosts.get_mut(&host) else {
-                    return;
-                };
-                match h.parked.pop_front() {
-                    Some(job) => job,
-                    None => {
-                        h.running = h.running.saturating_sub(1);
-                        if h.running == 0 {
-                            hosts.remove(&host);
-                        }
-                        return;
-                    }
+        let freed = (Arc::clone(&self.shared), host);
+        let outer = FREED.with(|f| {
+            let mut f = f.borrow_mut();
+            match f.as_mut() {
+                Some(queue) => {
+                    queue.push(freed.clone());
+                    false
                 }
-            };
-            let mut job = next;
-            if job.abandoned() {
-                // Its pass ended and handed the unit back: not sent, and the place passes on.
-                continue;
+                None => {
+                    *f = Some(Vec::new());
+                    true
+                }
             }
-            job.permit = Some(HostPermit {
-                shared: Arc::clone(&self.shared),
-                host: Some(host.clone()),
-            });
-            match self.shared.inner.execute(job) {
-                Ok(()) => return,
-                Err(mut job) => {
-                    // Keep the place for the loop: disarm this job's permit before finishing.
-                    if let Some(mut p) = job.permit.take() {
-                        p.host = None;
+        });
+        if !outer {
+            return;
+        }
+        let mut next = Some(freed);
+        while let Some((shared, host)) = next {
+            pass_on(&shared, &host);
+            next = FREED.with(|f| f.borrow_mut().as_mut().and_then(Vec::pop));
+        }
+        FREED.with(|f| *f.borrow_mut() = None);
+    }
+}
+
+/// A place under `host`'s cap is free: it goes to the next parked job of the host, if any; a
+/// job the inner executor refuses (it stopped) is finished as a transient failure and the
+/// place passes on again.
+fn pass_on(shared: &Arc<Shared>, host: &str) {
+    loop {
+        let next = {
+            let mut hosts = lock(&shared.hosts);
+            let Some(h) = hosts.get_mut(host) else {
+                return;
+            };
+            match h.parked.pop_front() {
+                Some(job) => job,
+                None => {
+                    h.running = h.running.saturating_sub(1);
+                    if h.running == 0 {
+                        hosts.remove(host);
                     }
-                    job.finish(stopped());
+                    return;
                 }
+            }
+        };
+        let mut job = next;
+        if job.abandoned() {
+            // Its pass ended and handed the unit back: not sent, and the place passes on.
+            continue;
+        }
+        job.permit = Some(HostPermit {
+            shared: Arc::clone(shared),
+            host: Some(host.to_string()),
+        });
+        match shared.inner.execute(job) {
+            Ok(()) => return,
+            Err(mut job) => {
+                // Keep the place for the loop: disarm this job's permit before finishing.
+                if let Some(mut p) = job.permit.take() {
+                    p.host = None;
+                }
+                job.finish(stopped());
             }
         }
     }
@@ -200,12 +237,18 @@ mod tests {
     struct Held {
         jobs: Mutex<Vec<Job>>,
         stopped: std::sync::atomic::AtomicBool,
+        dropping: std::sync::atomic::AtomicBool,
     }
 
     impl Executor for Held {
         fn execute(&self, job: Job) -> Result<(), Job> {
             if self.stopped.load(std::sync::atomic::Ordering::SeqCst) {
                 return Err(job);
+            }
+            if self.dropping.load(std::sync::atomic::Ordering::SeqCst) {
+                // Taken, then dropped unrun at once (a runtime that is gone does that).
+                drop(job);
+                return Ok(());
             }
             self.jobs
                 .lock()
@@ -329,5 +372,25 @@ mod tests {
         let refused = caps.execute(job(4, "https://a.example/i", &tx));
         assert!(refused.is_err());
         assert!(lock(&caps.shared.hosts).is_empty());
+    }
+
+    #[test]
+    fn a_long_queue_drained_by_an_executor_that_drops_jobs_does_not_nest() {
+        const PARKED: u64 = 200_000;
+        let held = Arc::new(Held::default());
+        let caps = HostCaps::new(Arc::clone(&held) as Arc<dyn Executor>, 1);
+        let (tx, rx) = mpsc::channel();
+        for u in 0..=PARKED {
+            assert!(caps.execute(job(u, "https://a.example/i", &tx)).is_ok());
+        }
+        assert_eq!(caps.parked(), PARKED as usize);
+        held.dropping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        // Each parked job is dropped inside `execute`, which frees the place again: handled
+        // one after another, not one drop inside the next (that would overflow the stack).
+        held.finish(0);
+        assert_eq!(caps.parked(), 0);
+        assert!(lock(&caps.shared.hosts).is_empty());
+        assert_eq!(rx.try_iter().count(), 1, "only the job that ran answered");
     }
 }
