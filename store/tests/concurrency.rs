@@ -297,23 +297,8 @@ fn postgres_concurrent_enqueues_of_one_row_id_in_two_shapes() {
         let store = Arc::clone(&h.store);
         let a2 = a.clone();
         let waiter = std::thread::spawn(move || store.enqueue(&a2, &[row("x", &[URLS[2]])]));
-        // Bounded: wait until the other enqueue waits for the lock `tx` holds (if it got
-        // there late, the test still checks the outcome, only less sharply).
-        let mut probe = ::postgres::Client::connect(&url, ::postgres::NoTls).expect("probe");
-        for _ in 0..500 {
-            let waiting: i64 = probe
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
-                     AND query LIKE '%ol_actors%'",
-                    &[],
-                )
-                .expect("activity")
-                .get(0);
-            if waiting > 0 {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        // Until the other enqueue waits for the lock `tx` holds.
+        until_waiting_on_a_lock(&url, "ol_actors");
         tx.commit().expect("commit");
         wake.fire();
         let got = waiter.join().expect("thread");
@@ -367,21 +352,7 @@ fn postgres_enqueue_waiting_on_a_dead_letter_of_the_same_row_id() {
         let store = Arc::clone(&h.store);
         let a2 = a.clone();
         let waiter = std::thread::spawn(move || store.enqueue(&a2, &[row("r1", &[URLS[1]])]));
-        let mut probe = ::postgres::Client::connect(&url, ::postgres::NoTls).expect("probe");
-        for _ in 0..500 {
-            let waiting: i64 = probe
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
-                     AND query LIKE '%ol_actors%'",
-                    &[],
-                )
-                .expect("activity")
-                .get(0);
-            if waiting > 0 {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        until_waiting_on_a_lock(&url, "ol_actors");
         tx.commit().expect("commit");
         assert_eq!(
             waiter.join().expect("thread"),

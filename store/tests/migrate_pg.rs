@@ -495,26 +495,6 @@ fn postgres_migrated_schema_matches_a_fresh_one() {
     assert!(SCHEMA_V2.contains("CREATE UNIQUE INDEX ol_units_row_id"));
 }
 
-/// Waits (bounded) until some backend waits for a lock while running a statement containing
-/// `marker`; if none is seen in time the test goes on, still checking the outcome.
-fn until_waiting_on_a_lock(url: &str, marker: &str) {
-    let mut probe = Client::connect(url, NoTls).expect("probe");
-    for _ in 0..500 {
-        let n: i64 = probe
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
-                 AND strpos(query, $1) > 0",
-                &[&marker],
-            )
-            .expect("activity")
-            .get(0);
-        if n > 0 {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-}
-
 /// A relay of version 1 still acking while a version 2 store connects: the migration waits
 /// for that transaction and copies what it committed (the acked unit stays gone, the lane
 /// stays readable).

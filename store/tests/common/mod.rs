@@ -366,3 +366,25 @@ pub fn row_ids(c: &ClaimedLane) -> Vec<String> {
 pub fn unit_ids(c: &ClaimedLane) -> Vec<UnitId> {
     c.units.iter().map(|u| u.id).collect()
 }
+
+/// Waits (bounded) until some Postgres backend waits for a lock while running a statement
+/// containing `marker`. If none is seen in time the caller goes on: its test still checks the
+/// outcome, only less sharply (the interleaving it wanted may not have happened).
+#[cfg(feature = "postgres")]
+pub fn until_waiting_on_a_lock(url: &str, marker: &str) {
+    let mut probe = ::postgres::Client::connect(url, ::postgres::NoTls).expect("probe");
+    for _ in 0..500 {
+        let n: i64 = probe
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                 AND strpos(query, $1) > 0",
+                &[&marker],
+            )
+            .expect("activity")
+            .get(0);
+        if n > 0 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
