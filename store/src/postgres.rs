@@ -1984,6 +1984,14 @@ impl Store for PgStore {
         sorted.sort_by_key(|a| (a.lane, a.unit));
         self.fenced(token, true, |t| {
             let actor = token.actor().as_str();
+            // An enqueue takes the actor's row first and then its lanes, in an order of its
+            // own (recipient order); this writes several lanes too. Taking the actor's row
+            // first as well (shared: attempt writers do not wait for each other) orders the
+            // two, instead of letting them lock two lanes crosswise and deadlock.
+            t.x(
+                "SELECT 1 FROM ol_actors WHERE actor = $1 FOR SHARE",
+                &[&actor],
+            )?;
             for a in &sorted {
                 let status = a.status.map(i64::from);
                 let n = t.x(
