@@ -320,6 +320,7 @@ CREATE INDEX ol_units_unit ON ol_units (unit_id) WHERE unit_id IS NOT NULL;
 CREATE INDEX ol_units_row ON ol_units (row_ref) WHERE row_ref IS NOT NULL;
 CREATE INDEX ol_units_dedup ON ol_units (actor, dedup_key) WHERE dedup_key IS NOT NULL;
 CREATE INDEX ol_units_acked ON ol_units (acked_at) WHERE acked_at IS NOT NULL;
+CREATE INDEX ol_units_settled ON ol_units (lane_id) WHERE state <> 0 AND lane_id IS NOT NULL;
 "
     };
 }
@@ -1678,10 +1679,13 @@ impl Store for SqliteStore {
 
     fn lanes(&self, actor: &ActorId) -> Result<Vec<LaneStatus>, StoreError> {
         self.read(|c| {
+            // Depth: the lane's rows minus its settled ones (served or dead lanes of joined units
+            // still pending elsewhere), two index counts: no unit row, so no payload, is read.
             c.prepare_cached(
                 "SELECT l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, l.paused, \
                  l.pause_reason, l.last_status, l.last_error, \
-                 (SELECT count(*) FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0), \
+                 (SELECT count(*) FROM ol_units d WHERE d.lane_id = l.id) \
+                 - (SELECT count(*) FROM ol_units d WHERE d.lane_id = l.id AND d.state <> 0), \
                  (SELECT coalesce(h.enqueued_at, r.enqueued_at) FROM ol_units d \
                   JOIN ol_units h ON h.id = coalesce(d.unit_id, d.id) LEFT JOIN ol_rows r ON r.id = h.row_ref \
                   WHERE d.lane_id = l.id AND d.state = 0 ORDER BY d.seq, d.id LIMIT 1) \

@@ -259,6 +259,20 @@ fn joined_unit_completes_per_recipient(b: Backend) {
             2,
             "the joined unit counts once, served or not, and 'after'"
         );
+        let depth = |s: &dyn Store, lane: StoreLaneId| {
+            s.lanes(&a)
+                .expect("lanes")
+                .into_iter()
+                .find(|l| l.lane == lane)
+                .expect("lane")
+                .depth
+        };
+        assert_eq!(
+            depth(s, la),
+            1,
+            "A: 'after' only, the joined unit is served there"
+        );
+        assert_eq!(depth(s, lb), 1, "B: the joined unit");
         s.payload(unit).expect("payload while pending");
         s.ack(&t, &[(unit, lb)]).expect("ack b");
         let ca = claim_lane(s, &t, la, 0, 10);
