@@ -122,97 +122,6 @@ const READY_SLOTS_SQLITE: &str = "INSERT INTO ol_slots (actor) SELECT DISTINCT l
 /// SQLite's clock in milliseconds, read inside the statement.
 const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
-/// The version 1 layout (a unit in `ol_rows` + `ol_units` + `ol_deliveries`). Only a
-/// migration test builds it now, to check that [`SqliteStore::open`] migrates it.
-#[doc(hidden)]
-pub const SCHEMA_V1: &str = "
-CREATE TABLE ol_actors (
-    actor     TEXT PRIMARY KEY,
-    last_seq  INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE ol_rows (
-    id            INTEGER PRIMARY KEY,
-    actor         TEXT NOT NULL,
-    row_id        TEXT NOT NULL,
-    seq           INTEGER NOT NULL,
-    content_type  TEXT NOT NULL,
-    body          BLOB NOT NULL,
-    body_len      INTEGER NOT NULL,
-    dedup_key     TEXT,
-    ordering_key  TEXT NOT NULL DEFAULT '',
-    enqueued_at   INTEGER NOT NULL,
-    UNIQUE (actor, row_id)
-);
-CREATE INDEX ol_rows_dedup ON ol_rows (actor, dedup_key) WHERE dedup_key IS NOT NULL;
-CREATE TABLE ol_lanes (
-    id             INTEGER PRIMARY KEY,
-    actor          TEXT NOT NULL,
-    recipient      TEXT NOT NULL,
-    ordering_key   TEXT NOT NULL DEFAULT '',
-    not_before     INTEGER,
-    backoff_level  INTEGER NOT NULL DEFAULT 0,
-    strict         INTEGER NOT NULL DEFAULT 0,
-    paused         INTEGER NOT NULL DEFAULT 0,
-    pause_reason   TEXT,
-    last_status    INTEGER,
-    last_error     TEXT,
-    tail_seq       INTEGER NOT NULL DEFAULT 0,
-    UNIQUE (actor, recipient, ordering_key)
-);
-CREATE INDEX ol_lanes_tail ON ol_lanes (actor, tail_seq);
-CREATE TABLE ol_units (
-    id        INTEGER PRIMARY KEY AUTOINCREMENT,
-    actor     TEXT NOT NULL,
-    row_ref   INTEGER NOT NULL,
-    seq       INTEGER NOT NULL,
-    lanes     INTEGER NOT NULL,
-    pending   INTEGER NOT NULL,
-    acked_at  INTEGER
-);
-CREATE INDEX ol_units_row ON ol_units (row_ref);
-CREATE INDEX ol_units_acked ON ol_units (acked_at) WHERE acked_at IS NOT NULL;
-CREATE TABLE ol_deliveries (
-    unit_id           INTEGER NOT NULL,
-    lane_id           INTEGER NOT NULL,
-    seq               INTEGER NOT NULL,
-    state             INTEGER NOT NULL DEFAULT 0,
-    attempts          INTEGER NOT NULL DEFAULT 0,
-    last_status       INTEGER,
-    last_error        TEXT,
-    first_attempt_at  INTEGER,
-    last_attempt_at   INTEGER,
-    PRIMARY KEY (unit_id, lane_id)
-) WITHOUT ROWID;
-CREATE INDEX ol_deliveries_lane ON ol_deliveries (lane_id, seq, unit_id);
-CREATE TABLE ol_dead_letters (
-    id                INTEGER PRIMARY KEY AUTOINCREMENT,
-    unit_id           INTEGER NOT NULL,
-    row_ref           INTEGER NOT NULL,
-    row_id            TEXT NOT NULL,
-    actor             TEXT NOT NULL,
-    lane_id           INTEGER NOT NULL,
-    recipient         TEXT NOT NULL,
-    ordering_key      TEXT NOT NULL,
-    reason            TEXT NOT NULL,
-    last_status       INTEGER,
-    last_error        TEXT,
-    attempts          INTEGER NOT NULL,
-    first_attempt_at  INTEGER,
-    last_attempt_at   INTEGER,
-    seq               INTEGER NOT NULL,
-    dead_at           INTEGER NOT NULL
-);
-CREATE INDEX ol_dead_letters_actor ON ol_dead_letters (actor, seq);
-CREATE INDEX ol_dead_letters_row ON ol_dead_letters (row_ref);
-CREATE TABLE ol_slots (
-    actor          TEXT PRIMARY KEY,
-    token          INTEGER NOT NULL DEFAULT 0,
-    holder         TEXT,
-    lease_expires  INTEGER NOT NULL DEFAULT 0,
-    look_again     INTEGER NOT NULL DEFAULT 0
-);
-";
-
 // The DDL pieces are macros so that `concat!` can assemble the constants from them.
 
 /// The tables version 2 shares with version 1, unchanged.
@@ -283,6 +192,41 @@ CREATE TABLE ol_slots (
 "
     };
 }
+
+/// The version 1 layout (a unit in `ol_rows` + `ol_units` + `ol_deliveries`): the shared
+/// tables and version 1's own two. Only a migration test builds it now, to check that
+/// [`SqliteStore::open`] migrates it. (Should a later version change a shared table, version
+/// 1 gets its own copy of it here.)
+#[doc(hidden)]
+pub const SCHEMA_V1: &str = concat!(
+    shared_tables_ddl!(),
+    "
+CREATE TABLE ol_units (
+    id        INTEGER PRIMARY KEY AUTOINCREMENT,
+    actor     TEXT NOT NULL,
+    row_ref   INTEGER NOT NULL,
+    seq       INTEGER NOT NULL,
+    lanes     INTEGER NOT NULL,
+    pending   INTEGER NOT NULL,
+    acked_at  INTEGER
+);
+CREATE INDEX ol_units_row ON ol_units (row_ref);
+CREATE INDEX ol_units_acked ON ol_units (acked_at) WHERE acked_at IS NOT NULL;
+CREATE TABLE ol_deliveries (
+    unit_id           INTEGER NOT NULL,
+    lane_id           INTEGER NOT NULL,
+    seq               INTEGER NOT NULL,
+    state             INTEGER NOT NULL DEFAULT 0,
+    attempts          INTEGER NOT NULL DEFAULT 0,
+    last_status       INTEGER,
+    last_error        TEXT,
+    first_attempt_at  INTEGER,
+    last_attempt_at   INTEGER,
+    PRIMARY KEY (unit_id, lane_id)
+) WITHOUT ROWID;
+CREATE INDEX ol_deliveries_lane ON ol_deliveries (lane_id, seq, unit_id);
+"
+);
 
 /// Version 2's `ol_units` (see SCHEMA.md): one row per (unit, lane); a one-recipient unit is
 /// one row with its payload inline. Its indexes are partial, so that a one-lane inline unit

@@ -281,9 +281,7 @@ fn postgres_concurrent_enqueues_of_one_row_id_in_two_shapes() {
             },
         )
         .expect("connect");
-        let mut c = ::postgres::Client::connect(&url, ::postgres::NoTls).expect("raw");
-        c.batch_execute(&format!("SET search_path TO {schema}"))
-            .expect("path");
+        let mut c = pg_client(&url, &schema);
         let a = actor("alice");
         // Some shared payload already there, so the hot path's look into ol_rows is not
         // skipped as pointless.
@@ -334,9 +332,7 @@ fn postgres_enqueue_waiting_on_a_dead_letter_of_the_same_row_id() {
         let unit = claim_lane(&*h.store, &t, lane, 0, 10).units[0].id;
         // The store's dead letter, held open: its own connection, its own transaction. The
         // store runs it in one transaction too; holding it open is what a slow commit does.
-        let mut c = ::postgres::Client::connect(&url, ::postgres::NoTls).expect("raw");
-        c.batch_execute(&format!("SET search_path TO {schema}"))
-            .expect("path");
+        let mut c = pg_client(&url, &schema);
         let mut tx = c.transaction().expect("tx");
         tx.batch_execute(&format!(
             "WITH s AS (INSERT INTO ol_rows (actor, row_id, seq, content_type, body, body_len, dedup_key, \

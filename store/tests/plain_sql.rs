@@ -279,9 +279,7 @@ fn postgres_plain_sql_enqueue_is_claimed_in_order_and_wakes() {
         let (url, schema) = h.pg().expect("pg");
         let w = h.store.watch().expect("watch");
         let seen = w.generation();
-        let mut conn = ::postgres::Client::connect(&url, ::postgres::NoTls).expect("raw");
-        conn.batch_execute(&format!("SET search_path TO {schema}"))
-            .expect("path");
+        let mut conn = pg_client(&url, &schema);
         let mut tx = conn.transaction().expect("tx");
         let p0 = plain_enqueue(&mut Pg(&mut tx));
         tx.execute(
@@ -373,9 +371,7 @@ fn sqlite_sparse_hand_written_head() {
 fn postgres_sparse_hand_written_head() {
     run(Backend::Postgres, CommonOptions::default(), |h| {
         let (url, schema) = h.pg().expect("pg");
-        let mut conn = ::postgres::Client::connect(&url, ::postgres::NoTls).expect("raw");
-        conn.batch_execute(&format!("SET search_path TO {schema}"))
-            .expect("path");
+        let conn = pg_client(&url, &schema);
         // Autocommitted statements: a transaction of one statement each.
         struct Auto(::postgres::Client);
         impl Raw for Auto {

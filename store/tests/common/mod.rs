@@ -192,11 +192,7 @@ impl H {
             #[cfg(feature = "postgres")]
             Kind::Pg { url, schema, opts } => {
                 let store = PgStore::connect(url, opts.clone()).expect("connect");
-                let mut client =
-                    ::postgres::Client::connect(url, ::postgres::NoTls).expect("caller client");
-                client
-                    .batch_execute(&format!("SET search_path TO {schema}"))
-                    .expect("search_path");
+                let mut client = pg_client(url, schema);
                 let mut tx = client.transaction().expect("tx");
                 let (out, _wake) = store.enqueue_in(&mut tx, actor, rows).expect("enqueue_in");
                 tx.rollback().expect("rollback");
@@ -236,11 +232,7 @@ impl H {
             #[cfg(feature = "postgres")]
             Kind::Pg { url, schema, opts } => {
                 let store = PgStore::connect(url, opts.clone()).expect("connect");
-                let mut client =
-                    ::postgres::Client::connect(url, ::postgres::NoTls).expect("caller client");
-                client
-                    .batch_execute(&format!("SET search_path TO {schema}"))
-                    .expect("search_path");
+                let mut client = pg_client(url, schema);
                 let mut tx = client.transaction().expect("tx");
                 let (out, wake) = store.enqueue_in(&mut tx, actor, rows).expect("enqueue_in");
                 tx.commit().expect("commit");
@@ -266,6 +258,15 @@ impl H {
             _ => None,
         }
     }
+}
+
+/// A connection to `url` with `schema` on its search path.
+#[cfg(feature = "postgres")]
+pub fn pg_client(url: &str, schema: &str) -> ::postgres::Client {
+    let mut c = ::postgres::Client::connect(url, ::postgres::NoTls).expect("postgres client");
+    c.batch_execute(&format!("SET search_path TO {schema}"))
+        .expect("search_path");
+    c
 }
 
 impl Drop for H {
