@@ -12,11 +12,12 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use outbox_lanes_core::Outcome;
+use outbox_lanes_core::policy::Recipient;
 
 use crate::http::AttemptResult;
 use crate::pass::{Executor, Job};
 
-/// Caps attempts in flight per host (`host[:port]` of the recipient URL, lower-cased).
+/// Caps attempts in flight per host (the canonical `host:port` of the recipient URL).
 pub struct HostCaps {
     shared: Arc<Shared>,
 }
@@ -56,16 +57,14 @@ impl core::fmt::Debug for HostCaps {
     }
 }
 
-/// The host part of a recipient URL, the key of its cap: `host[:port]`, lower-cased (the
-/// store keeps recipients canonical, so one host has one spelling).
+/// The key of a recipient's cap: its canonical `host:port` (the core's URL parser: one host,
+/// one spelling, default port included). A recipient that does not parse (its attempt will
+/// fail as `invalid_recipient`) is its own key.
 pub(crate) fn host_of(recipient: &str) -> String {
-    let rest = recipient
-        .split_once("://")
-        .map_or(recipient, |(_, rest)| rest);
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
-    // Userinfo is not part of the host.
-    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    host.to_ascii_lowercase()
+    match Recipient::parse(recipient) {
+        Ok(r) => format!("{}:{}", r.host(), r.port()),
+        Err(_) => recipient.to_string(),
+    }
 }
 
 impl HostCaps {
@@ -296,11 +295,13 @@ mod tests {
     }
 
     #[test]
-    fn host_of_takes_the_authority() {
-        assert_eq!(host_of("https://A.example/inbox"), "a.example");
+    fn host_of_takes_the_canonical_host_and_port() {
+        assert_eq!(host_of("https://A.example/inbox"), "a.example:443");
+        assert_eq!(host_of("https://a.example:443/other"), "a.example:443");
         assert_eq!(host_of("http://127.0.0.1:8080/x?y#z"), "127.0.0.1:8080");
-        assert_eq!(host_of("https://u:p@b.example"), "b.example");
         assert_eq!(host_of("https://[::1]:9/i"), "[::1]:9");
+        // Refused by the parser (user info): its own key, the attempt fails anyway.
+        assert_eq!(host_of("https://u:p@b.example"), "https://u:p@b.example");
     }
 
     #[test]

@@ -65,7 +65,7 @@ pub struct OutboxConfig {
     pub http: HttpConfig,
     /// Delivery worker threads: attempts in flight at once in this process.
     pub concurrency: usize,
-    /// At most this many attempts in flight at once to one host (`host[:port]`), from this
+    /// At most this many attempts in flight at once to one host (`host:port`), from this
     /// process, whichever actors they come from; `None`: no cap but `concurrency`. Attempts
     /// past the cap wait in the host's queue without holding a worker, so other hosts are not
     /// held up ([`HostCaps`]).
