@@ -8,6 +8,8 @@
 //!   the retry ladder, stalls, lane backoff, dead letters and hand-back.
 //! - [`DrainSlots`]: at most one pass per actor in a process, without waiting.
 //! - [`MonitorBook`]: which actors to drain after a wake-up or a poll tick.
+//! - [`PassSession`] and [`DrainSession`]: one pass's lifecycle (lease renewal, time slice,
+//!   shutdown grace, its end) and the drain-slot protocol around passes.
 //! - [`policy`]: status classification, Retry-After, recipient URLs, the SSRF address policy.
 #![no_std]
 #![warn(clippy::std_instead_of_core, clippy::alloc_instead_of_core)]
@@ -24,6 +26,7 @@ pub mod outcome;
 pub mod policy;
 pub mod rng;
 pub mod scheduler;
+pub mod session;
 pub mod slot;
 pub mod time;
 
@@ -35,6 +38,10 @@ pub use outcome::{DeadReason, Outcome};
 pub use scheduler::{
     Admit, AdmitError, AdmitSlot, ClaimReport, Command, EventError, HoldReason, LaneChunk,
     LaneClaim, LaneInfo, Scheduler,
+};
+pub use session::{
+    DrainAction, DrainEnd, DrainSession, PassEnd, PassSession, SessionAction, SessionConfig,
+    SlotAnswer, StopReason,
 };
 pub use slot::{
     Acquire, ActorResolver, AliasResolver, DrainSlots, IdentityResolver, Release, UnknownActor,

@@ -31,6 +31,11 @@ pub enum Outcome {
     /// The destination address was refused by the SSRF guard: dead letter
     /// `destination_refused` (OL-4).
     Refused,
+    /// The attempt never reached the recipient: a failure on our side (the payload could not
+    /// be read, the delivery task was dropped, the runtime is stopping). Retried after the
+    /// in-pass delay, never counted: no attempt is recorded, the unit does not move toward a
+    /// stall or a dead letter, and its lane gets no backoff.
+    NotSent,
 }
 
 impl Outcome {
@@ -43,7 +48,11 @@ impl Outcome {
     pub fn retry_after(&self) -> Option<Duration> {
         match *self {
             Outcome::Throttled { retry_after } | Outcome::Transient { retry_after } => retry_after,
-            Outcome::Delivered | Outcome::Permanent | Outcome::Gone | Outcome::Refused => None,
+            Outcome::Delivered
+            | Outcome::Permanent
+            | Outcome::Gone
+            | Outcome::Refused
+            | Outcome::NotSent => None,
         }
     }
 }

@@ -287,6 +287,9 @@ struct Slot {
     lane: LaneId,
     attempts: u32,
     pass_failures: u32,
+    /// Attempts of this pass that never left (`Outcome::NotSent`): they pace the retry, and
+    /// count for nothing else.
+    not_sent: u32,
     phase: Phase,
 }
 
@@ -804,6 +807,7 @@ impl Scheduler {
                     lane: s.lane,
                     attempts: s.attempts,
                     pass_failures: 0,
+                    not_sent: 0,
                     phase: if s.served { Phase::Served } else { Phase::Idle },
                 })
                 .collect(),
@@ -906,6 +910,7 @@ impl Scheduler {
                 self.dead_or_block(idx, s, DeadReason::DestinationRefused);
                 self.finish_if_resolved(idx);
             }
+            Outcome::NotSent => self.not_sent(idx, s),
         }
         self.fire_timers();
         Ok(())
@@ -921,6 +926,24 @@ impl Scheduler {
             attempts: slot.attempts,
             counted: true,
         });
+    }
+
+    /// An attempt that never left: retried after the in-pass delay, nothing recorded, the
+    /// unit and its lane untouched otherwise.
+    fn not_sent(&mut self, idx: u32, s: usize) {
+        let slot = &mut self.units[idx as usize].slots[s];
+        slot.not_sent = slot.not_sent.saturating_add(1);
+        let n = slot.not_sent;
+        let delay = jittered(
+            self.config.retry_delay(n),
+            self.config.jitter_percent,
+            &mut self.rng,
+        );
+        let at = self.now + delay;
+        let u = &mut self.units[idx as usize];
+        u.slots[s].phase = Phase::RetryAt(at);
+        self.retry_pending += 1;
+        self.timers.push(Reverse((at, Timer::Retry(idx, u.id))));
     }
 
     /// A transient or throttled failure: retry in the pass, stall, or dead-letter.

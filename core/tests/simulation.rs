@@ -181,11 +181,13 @@ impl Recipient {
             Kind::Throttling { throttle_pm } => {
                 if d.per_mille(throttle_pm) {
                     let ra = Duration::from_secs(d.range(1, 120));
-                    let outcome = match d.range(0, 2) {
+                    let outcome = match d.range(0, 3) {
                         0 => Outcome::Throttled {
                             retry_after: Some(ra),
                         },
                         1 => Outcome::Throttled { retry_after: None },
+                        // Our side failed (the payload read, a dropped task): never counted.
+                        2 => Outcome::NotSent,
                         _ => Outcome::Transient {
                             retry_after: Some(ra),
                         },
@@ -1492,6 +1494,19 @@ impl Sim {
                 dead(DeadReason::DestinationRefused),
                 "a refused destination not dead-lettered (OL-4)"
             ),
+            Outcome::NotSent => {
+                ensure!(
+                    !has(
+                        &|c| matches!(*c, Command::RecordAttempt { unit: u, lane: l, .. } if u == unit && l == lane)
+                    ),
+                    "an attempt that never left was recorded"
+                );
+                ensure!(
+                    !has(&|c| matches!(*c, Command::DeadLetter { unit: u, .. } if u == unit)),
+                    "an attempt that never left dead-lettered its unit"
+                );
+                ensure!(!held, "an attempt that never left stalled its unit");
+            }
             Outcome::Gone => {
                 ensure!(dead(DeadReason::Gone), "a 410 not dead-lettered (OL-9)");
                 ensure!(

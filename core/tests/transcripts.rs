@@ -563,3 +563,58 @@ fn bad_input_gets_typed_errors_and_changes_nothing() {
         "a second completion of a finished unit"
     );
 }
+
+#[test]
+fn attempts_that_never_left_are_retried_and_never_counted() {
+    // max_attempts 3: twenty counted failures would have dead-lettered the unit.
+    let mut w = World::new(Config {
+        max_attempts: 3,
+        ..transcript_config()
+    });
+    let u = w.enqueue(&["a"], false)[0];
+    w.discover();
+    assert_eq!(w.take(), ["start u1 a #1"]);
+    for _ in 0..20 {
+        w.outcome(u, "a", Outcome::NotSent);
+        assert!(w.take().is_empty(), "nothing recorded, nothing held");
+        w.jump_to_next_timeout();
+        assert_eq!(
+            w.take(),
+            ["start u1 a #1"],
+            "retried, still the first attempt"
+        );
+    }
+    w.ok(u, "a");
+    assert_eq!(w.take(), ["delivered u1 a"]);
+    assert!(w.s.is_done(w.now));
+}
+
+#[test]
+fn an_attempt_that_never_left_does_not_extend_a_lanes_backoff() {
+    let mut w = World::new(Config {
+        pass_attempts: 1,
+        ..transcript_config()
+    });
+    let a1 = w.enqueue(&["a"], false)[0];
+    w.discover();
+    assert_eq!(w.take(), ["start u1 a #1"]);
+    w.fail(a1, "a");
+    assert_eq!(
+        w.take(),
+        [
+            "attempt u1 a 1",
+            "backoff a until +30s level 1",
+            "hold u1 a Stalled"
+        ]
+    );
+    // The probe at not_before never leaves: no new level, no new not_before; it is tried
+    // again after the in-pass delay.
+    w.jump_to_next_timeout();
+    assert_eq!(w.take(), ["start u1 a #2"]);
+    w.outcome(a1, "a", Outcome::NotSent);
+    assert!(w.take().is_empty(), "no backoff, no record");
+    w.jump_to_next_timeout();
+    assert_eq!(w.take(), ["start u1 a #2"]);
+    w.ok(a1, "a");
+    assert_eq!(w.take(), ["delivered u1 a", "open a"]);
+}
