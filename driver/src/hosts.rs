@@ -11,11 +11,10 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use outbox_lanes_core::Outcome;
 use outbox_lanes_core::policy::Recipient;
 
-use crate::http::AttemptResult;
-use crate::pass::{Executor, Job};
+use crate::http::{AttemptResult, not_sent};
+use crate::job::{Executor, Job};
 
 /// Caps attempts in flight per host (the canonical `host:port` of the recipient URL).
 pub struct HostCaps {
@@ -92,14 +91,10 @@ fn lock(m: &Mutex<HashMap<String, Host>>) -> std::sync::MutexGuard<'_, HashMap<S
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// What a parked job reports when the inner executor stopped before it could run: a
-/// transient failure, like a worker that could not read the payload. It loses nothing.
+/// What a parked job reports when the inner executor stopped before it could run: not
+/// sent, so retried without counting an attempt. It loses nothing.
 fn stopped() -> AttemptResult {
-    AttemptResult {
-        outcome: Outcome::Transient { retry_after: None },
-        status: None,
-        error: Some("delivery workers stopped".into()),
-    }
+    not_sent("delivery workers stopped")
 }
 
 impl Executor for HostCaps {
@@ -180,7 +175,7 @@ impl Drop for HostPermit {
 }
 
 /// A place under `host`'s cap is free: it goes to the next parked job of the host, if any; a
-/// job the inner executor refuses (it stopped) is finished as a transient failure and the
+/// job the inner executor refuses (it stopped) is finished as not sent and the
 /// place passes on again.
 fn pass_on(shared: &Arc<Shared>, host: &str) {
     loop {
@@ -226,10 +221,23 @@ fn pass_on(shared: &Arc<Shared>, host: &str) {
 mod tests {
     use std::sync::mpsc;
 
-    use outbox_lanes_core::{Config, LaneKey, Scheduler, UnitId};
+    use outbox_lanes_core::{ActorId, Config, LaneKey, Outcome, Scheduler, UnitId};
+    use outbox_lanes_store::Payload;
 
     use super::*;
-    use crate::pass::Msg;
+    use crate::job::{Completions, Done};
+
+    struct Chan(Mutex<mpsc::Sender<Done>>);
+
+    impl Completions for Chan {
+        fn complete(&self, done: Done) {
+            let _ = self
+                .0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .send(done);
+        }
+    }
 
     /// Holds the jobs it is given until the test finishes them.
     #[derive(Default)]
@@ -280,16 +288,22 @@ mod tests {
         }
     }
 
-    fn job(unit: u64, recipient: &str, reply: &mpsc::Sender<Msg>) -> Job {
+    fn job(unit: u64, recipient: &str, reply: &mpsc::Sender<Done>) -> Job {
         // Any lane id will do: the executor never looks at it.
         let lane = Scheduler::new(Config::default(), 0)
             .lane(&LaneKey::new("https://lane.example/", None).expect("url"));
         Job::new(
+            ActorId::new("alice"),
             UnitId(unit),
             lane,
             recipient.into(),
             1,
-            reply.clone(),
+            Payload {
+                row_id: format!("r{unit}"),
+                content_type: "text/plain".into(),
+                body: Vec::new(),
+            },
+            Arc::new(Chan(Mutex::new(reply.clone()))),
             Arc::new(std::sync::atomic::AtomicBool::new(true)),
         )
     }
@@ -331,18 +345,12 @@ mod tests {
         held.finish(5);
         assert_eq!(caps.parked(), 0);
         assert!(lock(&caps.shared.hosts).is_empty(), "no host left behind");
-        let done: Vec<u64> = rx
-            .try_iter()
-            .map(|m| match m {
-                Msg::Done(d) => d.unit.0,
-                Msg::Wake => 0,
-            })
-            .collect();
+        let done: Vec<u64> = rx.try_iter().map(|d| d.unit.0).collect();
         assert_eq!(done, [2, 4, 1, 3, 5]);
     }
 
     #[test]
-    fn a_stopped_executor_fails_parked_jobs_transiently_and_frees_the_place() {
+    fn a_stopped_executor_reports_parked_jobs_not_sent_and_frees_the_place() {
         let held = Arc::new(Held::default());
         let caps = HostCaps::new(Arc::clone(&held) as Arc<dyn Executor>, 1);
         let (tx, rx) = mpsc::channel();
@@ -353,19 +361,16 @@ mod tests {
         held.stopped
             .store(true, std::sync::atomic::Ordering::SeqCst);
         held.finish(1);
-        let got: Vec<(u64, Option<String>)> = rx
+        let got: Vec<(u64, Outcome)> = rx
             .try_iter()
-            .filter_map(|m| match m {
-                Msg::Done(d) => Some((d.unit.0, d.result.error)),
-                Msg::Wake => None,
-            })
+            .map(|d| (d.unit.0, d.result.outcome))
             .collect();
         assert_eq!(
             got,
             [
-                (1, None),
-                (2, Some("delivery workers stopped".into())),
-                (3, Some("delivery workers stopped".into())),
+                (1, Outcome::Delivered),
+                (2, Outcome::NotSent),
+                (3, Outcome::NotSent),
             ]
         );
         assert!(lock(&caps.shared.hosts).is_empty());
@@ -392,6 +397,15 @@ mod tests {
         held.finish(0);
         assert_eq!(caps.parked(), 0);
         assert!(lock(&caps.shared.hosts).is_empty());
-        assert_eq!(rx.try_iter().count(), 1, "only the job that ran answered");
+        let (mut delivered, mut not_sent) = (0, 0);
+        for d in rx.try_iter() {
+            match d.result.outcome {
+                Outcome::Delivered => delivered += 1,
+                Outcome::NotSent => not_sent += 1,
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(delivered, 1, "only the job that ran was sent");
+        assert_eq!(not_sent, PARKED, "every dropped job told its pass");
     }
 }

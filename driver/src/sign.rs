@@ -58,7 +58,7 @@ const V1: &str = "v1,";
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
-/// use outbox_lanes_blocking::sign::{SignRequest, Signer, StandardWebhooks};
+/// use outbox_lanes_driver::sign::{SignRequest, Signer, StandardWebhooks};
 /// use outbox_lanes_core::UnitId;
 ///
 /// let signer = StandardWebhooks::from_whsec("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")?;

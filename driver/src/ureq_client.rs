@@ -1,4 +1,5 @@
-//! HTTP delivery over ureq: one POST per attempt, classified into an [`Outcome`].
+//! The blocking HTTP client (feature `ureq`): one POST per attempt over ureq, classified
+//! into an [`Outcome`] with the shared policy of [`crate::http`].
 //!
 //! [`HttpClient::deliver`] never fails and never panics on input: whatever happens (a
 //! status, a timeout, a reset, a refused destination) becomes an [`AttemptResult`] whose
@@ -51,10 +52,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use outbox_lanes_core::policy::{
-    AddressPolicy, Classifier, DEFAULT_RETRY_AFTER_CAP, DestinationRefused, Recipient,
-    TransportError, parse_retry_after,
+    AddressPolicy, Classifier, DestinationRefused, TransportError, parse_retry_after,
 };
-use outbox_lanes_core::{Outcome, Timestamp, UnitId};
+use outbox_lanes_core::{Outcome, Timestamp};
 use ureq::config::Config;
 use ureq::http::{HeaderValue, Uri};
 use ureq::tls::TlsConfig;
@@ -62,15 +62,12 @@ use ureq::unversioned::resolver::{DefaultResolver, ResolvedSocketAddrs, Resolver
 use ureq::unversioned::transport::{DefaultConnector, NextTimeout};
 use ureq::{Agent, Proxy, ProxyProtocol};
 
+use crate::http::{
+    AttemptResult, Delivery, ERROR_EXCERPT, HttpConfig, HttpError, answered_result, io_kind,
+    precheck, refusal_message, refused_result,
+};
 use crate::sign::{SignRequest, Signer};
 
-/// The default [`HttpConfig::timeout`].
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
-/// The default [`HttpConfig::max_response_body`]: 64 KiB.
-pub const DEFAULT_MAX_RESPONSE_BODY: usize = 64 * 1024;
-/// How much of a non-2xx answer's body goes into [`AttemptResult::error`]: enough for a
-/// recipient's one-line reason, not enough to fill the dead-letter table.
-pub const ERROR_EXCERPT: usize = 200;
 /// Idle connections kept per host. ureq's default (3) is below the delivery concurrency a
 /// relay runs with; many workers delivering to one host (several actors' lanes, or a
 /// benchmark's loopback recipients) would then open a connection per request and fill the
@@ -78,142 +75,6 @@ pub const ERROR_EXCERPT: usize = 200;
 const IDLE_PER_HOST: usize = 64;
 /// Idle connections kept in all (ureq's default is 10, for the same reason).
 const IDLE_TOTAL: usize = 512;
-
-/// How the [`HttpClient`] delivers.
-#[derive(Clone)]
-pub struct HttpConfig {
-    /// Bound on one whole attempt: resolve, connect, TLS, sending, the response head and
-    /// the (capped) body. Default 30 s.
-    pub timeout: Duration,
-    /// The `User-Agent` header. Default `outbox-lanes/<version>`.
-    pub user_agent: String,
-    /// At most this many bytes of an answer's body are read; then the connection is dropped
-    /// (not reused). Default 64 KiB.
-    pub max_response_body: usize,
-    /// Which destination addresses may be connected to. Default: public addresses only.
-    pub addresses: AddressPolicy,
-    /// An HTTP(S) CONNECT proxy (`http://host:port`, `https://host:port`, optionally with
-    /// `user:pass@`). Default `None`: no proxy, **whatever the environment says** —
-    /// `HTTP_PROXY`, `HTTPS_PROXY`, `ALL_PROXY` are ignored. The SSRF guard cannot see through
-    /// a proxy (see the [module docs](self)).
-    pub proxy: Option<String>,
-    /// How statuses are classified. Default: the core's default policy.
-    pub classifier: Classifier,
-    /// Cap on a `Retry-After`. Default 1 h (OL-6).
-    pub retry_after_cap: Duration,
-}
-
-impl Default for HttpConfig {
-    fn default() -> Self {
-        HttpConfig {
-            timeout: DEFAULT_TIMEOUT,
-            user_agent: concat!("outbox-lanes/", env!("CARGO_PKG_VERSION")).to_owned(),
-            max_response_body: DEFAULT_MAX_RESPONSE_BODY,
-            addresses: AddressPolicy::public_only(),
-            proxy: None,
-            classifier: Classifier::default(),
-            retry_after_cap: DEFAULT_RETRY_AFTER_CAP,
-        }
-    }
-}
-
-impl fmt::Debug for HttpConfig {
-    /// Like a derived `Debug`, but without the proxy's credentials.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HttpConfig")
-            .field("timeout", &self.timeout)
-            .field("user_agent", &self.user_agent)
-            .field("max_response_body", &self.max_response_body)
-            .field("addresses", &self.addresses)
-            .field("proxy", &self.proxy.as_deref().map(redact_userinfo))
-            .field("classifier", &self.classifier)
-            .field("retry_after_cap", &self.retry_after_cap)
-            .finish()
-    }
-}
-
-/// The proxy URL with any `user:pass@` replaced by `***@`.
-pub fn redact_userinfo(url: &str) -> String {
-    let authority_start = url.find("://").map_or(0, |i| i + 3);
-    let rest = url.get(authority_start..).unwrap_or("");
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    match rest.get(..authority_end).and_then(|a| a.rfind('@')) {
-        Some(at) => format!(
-            "{}***{}",
-            url.get(..authority_start).unwrap_or(""),
-            rest.get(at..).unwrap_or("")
-        ),
-        None => url.to_owned(),
-    }
-}
-
-/// One attempt to deliver one unit to one recipient.
-#[derive(Clone, Copy, Debug)]
-pub struct Delivery<'a> {
-    /// The unit; its id is sent as `Idempotency-Key`.
-    pub unit: UnitId,
-    /// The recipient URL (validated at enqueue; parsed again here, see
-    /// [`HttpClient::deliver`]).
-    pub recipient: &'a str,
-    /// The request body.
-    pub body: &'a [u8],
-    /// The request's `Content-Type`.
-    pub content_type: &'a str,
-    /// The attempt number, passed to the signer.
-    pub attempt: u32,
-}
-
-/// What one attempt came to.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AttemptResult {
-    /// The classified outcome, for the scheduler.
-    pub outcome: Outcome,
-    /// The HTTP status, when the recipient answered with one.
-    pub status: Option<u16>,
-    /// What went wrong, for logs and the dead letter's last error: `None` when delivered.
-    /// Starts with a stable code: `destination_refused`, `invalid_recipient`,
-    /// `invalid_request`, a [`TransportError`] code (`timeout`, `connection_reset`, …), or
-    /// `status <code>` followed by the start of the answer's body.
-    pub error: Option<String>,
-}
-
-/// Why an [`HttpClient`] could not be built.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum HttpError {
-    /// [`HttpConfig::proxy`] is not a proxy URL.
-    BadProxy {
-        /// The proxy as configured.
-        proxy: String,
-    },
-    /// [`HttpConfig::proxy`] is a SOCKS proxy; only HTTP(S) CONNECT proxies are supported.
-    UnsupportedProxy {
-        /// The proxy as configured.
-        proxy: String,
-    },
-    /// [`HttpConfig::user_agent`] is not a valid header value (control characters).
-    BadUserAgent,
-}
-
-impl fmt::Display for HttpError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            HttpError::BadProxy { proxy } => {
-                write!(f, "invalid proxy URL {:?}", redact_userinfo(proxy))
-            }
-            HttpError::UnsupportedProxy { proxy } => write!(
-                f,
-                "unsupported proxy {:?}: only http:// and https:// (CONNECT) proxies are supported",
-                redact_userinfo(proxy)
-            ),
-            HttpError::BadUserAgent => {
-                f.write_str("the User-Agent contains characters not allowed in a header")
-            }
-        }
-    }
-}
-
-impl std::error::Error for HttpError {}
 
 /// A blocking HTTP client for deliveries: one ureq agent (and its connection pool), shared
 /// by every clone and usable from many threads at once.
@@ -387,39 +248,6 @@ impl HttpClient {
     }
 }
 
-/// What every client checks before sending anything: the recipient parses as an absolute
-/// http(s) URL, and an IP-literal host is allowed by the address policy (resolvers never see
-/// literals, so this is the check they get). `Err` carries the attempt's result.
-///
-/// # Errors
-/// An `invalid_recipient` [`Outcome::Permanent`], or a refused destination.
-pub fn precheck(
-    recipient: &str,
-    addresses: &AddressPolicy,
-    classifier: &Classifier,
-) -> Result<Recipient, AttemptResult> {
-    let parsed = Recipient::parse(recipient).map_err(|e| AttemptResult {
-        outcome: Outcome::Permanent,
-        status: None,
-        error: Some(format!("invalid_recipient: {e}")),
-    })?;
-    if let Some(ip) = parsed.host().ip_addr() {
-        addresses
-            .check(ip)
-            .map_err(|refused| refused_result(&refused, classifier))?;
-    }
-    Ok(parsed)
-}
-
-/// The result of an attempt whose destination the SSRF guard refused.
-pub fn refused_result(refused: &DestinationRefused, classifier: &Classifier) -> AttemptResult {
-    AttemptResult {
-        outcome: classifier.transport(TransportError::DestinationRefused),
-        status: None,
-        error: Some(refusal_message(refused)),
-    }
-}
-
 impl fmt::Debug for HttpClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HttpClient")
@@ -427,37 +255,6 @@ impl fmt::Debug for HttpClient {
             .field("addresses", &self.shared.addresses)
             .field("signed", &self.shared.signer.is_some())
             .finish_non_exhaustive()
-    }
-}
-
-/// The error of a refused destination: `destination_refused: <addr> is <class>`.
-pub fn refusal_message(r: &DestinationRefused) -> String {
-    format!("destination_refused: {} is {}", r.addr, r.class)
-}
-
-/// The result of an attempt the recipient answered with `status`, classified as `outcome`;
-/// `head` is the start of the answer's body (at most [`ERROR_EXCERPT`] bytes are used).
-/// Every HTTP client of the workspace builds its answers here, so dead letters read the
-/// same whichever runtime delivered.
-pub fn answered_result(outcome: Outcome, status: u16, head: &[u8]) -> AttemptResult {
-    let head = head.get(..ERROR_EXCERPT).unwrap_or(head);
-    let excerpt = String::from_utf8_lossy(head)
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect::<String>()
-        .trim()
-        .to_owned();
-    let error = if outcome.is_delivered() {
-        None
-    } else if excerpt.is_empty() {
-        Some(format!("status {status}"))
-    } else {
-        Some(format!("status {status}: {excerpt}"))
-    };
-    AttemptResult {
-        outcome,
-        status: Some(status),
-        error,
     }
 }
 
@@ -517,23 +314,6 @@ fn error_kind(e: &ureq::Error) -> ErrorKind {
         }
         E::Http(_) | E::BadUri(_) => ErrorKind::InvalidRequest,
         _ => ErrorKind::Transport(TransportError::Other),
-    }
-}
-
-/// How an I/O error of a delivery is classified (a rustls error carried in it is `tls`).
-pub fn io_kind(e: &io::Error) -> TransportError {
-    use io::ErrorKind as K;
-    // rustls reports handshake and record failures through the stream as I/O errors.
-    if e.get_ref().is_some_and(|inner| inner.is::<rustls::Error>()) {
-        return TransportError::Tls;
-    }
-    match e.kind() {
-        K::TimedOut | K::WouldBlock => TransportError::Timeout,
-        K::ConnectionRefused => TransportError::ConnectionRefused,
-        K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe | K::UnexpectedEof => {
-            TransportError::ConnectionReset
-        }
-        _ => TransportError::Other,
     }
 }
 
@@ -613,32 +393,4 @@ impl Resolver for GuardedResolver {
 /// the name to the proxy. So a lookup of the proxy's own URI is the proxy.
 fn is_the_proxy(uri: &Uri, config: &Config) -> bool {
     config.proxy().is_some_and(|p| uri == p.uri())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn proxy_credentials_stay_out_of_debug_and_errors() {
-        assert_eq!(
-            redact_userinfo("http://user:pw@proxy:3128"),
-            "http://***@proxy:3128"
-        );
-        assert_eq!(redact_userinfo("u:p@proxy:1"), "***@proxy:1");
-        assert_eq!(
-            redact_userinfo("http://proxy:3128/a@b"),
-            "http://proxy:3128/a@b"
-        );
-        assert_eq!(redact_userinfo("http://proxy"), "http://proxy");
-        let cfg = HttpConfig {
-            proxy: Some("http://user:secret@proxy:3128".to_owned()),
-            ..HttpConfig::default()
-        };
-        assert!(!format!("{cfg:?}").contains("secret"));
-        let err = HttpError::UnsupportedProxy {
-            proxy: "socks5://user:secret@proxy".to_owned(),
-        };
-        assert!(!err.to_string().contains("secret"));
-    }
 }

@@ -3,8 +3,13 @@
 //! [`Outbox`] enqueues rows and drains an actor's outbox: one pass per actor at a time (in
 //! this process through the core's drain-slot registry, across processes through the
 //! store's fenced slot), each recipient's units delivered in enqueue order with one in
-//! flight, distinct recipients concurrently on a bounded pool of worker threads.
+//! flight, distinct recipients concurrently on a bounded pool of worker threads
+//! ([`OutboxConfig::concurrency`] of them, which is also the in-flight window of one pass).
 //! [`Monitor`] drains every actor with work, woken on enqueue and by a safety-net poll.
+//!
+//! The pass itself is the shared driver's ([`outbox_lanes_driver::pass`]): this crate runs
+//! its rounds on the calling thread, waits for completions (all that are waiting at once)
+//! on a channel, and hands its jobs to the worker threads.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -26,255 +31,55 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-mod hosts;
-pub mod http;
-pub mod pass;
-pub mod sign;
+mod monitor;
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use outbox_lanes_core::policy::AddressPolicy;
 use outbox_lanes_core::{
-    Acquire, ActorId, ActorResolver, DeadReason, DrainSlots, IdentityResolver, MonitorAction,
-    MonitorBook, Release, Timestamp, UnitId, UnknownActor, Wake,
+    Acquire, ActorId, ActorResolver, DrainAction, DrainEnd, DrainSession, IdentityResolver,
+    SlotAnswer,
 };
-pub use outbox_lanes_store as store;
+use outbox_lanes_driver::pass::{PassCore, PassResult, RoundContext, now};
+pub use outbox_lanes_driver::{
+    Attempted, DeadLettered, Delivered, DrainControl, DrainOutcome, Hooks, HostCaps, OutboxConfig,
+    OutboxError, PassReport, Signer,
+};
+use outbox_lanes_driver::{Completions, Done, Executor, Job, OutboxCore};
+pub use outbox_lanes_driver::{core, sign, store};
 use outbox_lanes_store::{
-    AckWriter, AckWriterOptions, ActorStatus, DeadLetter, EnqueueError, Enqueued, LaneStatus,
-    NewRow, Store, StoreError,
+    ActorStatus, DeadLetter, Enqueued, LaneStatus, NewRow, Store, StoreError,
 };
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
-pub use crate::hosts::HostCaps;
 pub use crate::http::{HttpClient, HttpConfig};
-pub use crate::pass::PassReport;
-use crate::pass::{Executor, Job, Pass, PassError};
-pub use crate::sign::Signer;
+pub use crate::monitor::Monitor;
 
-/// Configuration of an [`Outbox`].
-#[derive(Clone, Debug)]
-pub struct OutboxConfig {
-    /// The scheduler's configuration (window, retries, backoff).
-    pub scheduler: outbox_lanes_core::Config,
-    /// HTTP delivery.
-    pub http: HttpConfig,
-    /// Delivery worker threads: attempts in flight at once in this process.
-    pub concurrency: usize,
-    /// At most this many attempts in flight at once to one host (`host:port`), from this
-    /// process, whichever actors they come from; `None`: no cap but `concurrency`. Attempts
-    /// past the cap wait in the host's queue without holding a worker, so other hosts are not
-    /// held up ([`HostCaps`]).
-    pub per_host: Option<usize>,
-    /// The drain slot's lease; renewed every third of it while a pass runs.
-    pub lease: Duration,
-    /// A pass yields after this long so busy actors cannot starve the others (OL-13).
-    pub time_slice: Duration,
-    /// On shutdown or at the end of a time slice, how long attempts in flight may finish
-    /// before they are handed back.
-    pub shutdown_grace: Duration,
-    /// The monitor's safety-net poll.
-    pub poll_interval: Duration,
-    /// Passes the monitor runs at once.
-    pub max_passes: usize,
-    /// The name this process holds drain slots under (default: host-pid-random).
-    pub holder: Option<String>,
+/// HTTP delivery: the shared policy and the blocking ureq client.
+pub mod http {
+    pub use outbox_lanes_driver::http::*;
+    pub use outbox_lanes_driver::ureq_client::*;
 }
 
-impl Default for OutboxConfig {
-    fn default() -> Self {
-        OutboxConfig {
-            scheduler: outbox_lanes_core::Config::default(),
-            http: HttpConfig::default(),
-            concurrency: 32,
-            per_host: None,
-            lease: Duration::from_secs(30),
-            time_slice: Duration::from_secs(10),
-            shutdown_grace: Duration::from_secs(10),
-            poll_interval: Duration::from_secs(1),
-            max_passes: 8,
-            holder: None,
-        }
-    }
-}
-
-impl OutboxConfig {
-    /// Allows loopback destinations (tests and demos on 127.0.0.1).
-    pub fn allow_loopback(mut self) -> Self {
-        self.http.addresses = AddressPolicy::allow_loopback_only();
-        self
-    }
-}
-
-/// A recipient was served.
-#[derive(Clone, Debug)]
-pub struct Delivered {
-    /// The actor.
-    pub actor: ActorId,
-    /// The unit (its idempotency key).
-    pub unit: UnitId,
-    /// The row it came from.
-    pub row_id: String,
-    /// The recipient URL.
-    pub recipient: String,
-}
-
-/// A recipient's unit became a dead letter.
-#[derive(Clone, Debug)]
-pub struct DeadLettered {
-    /// The actor.
-    pub actor: ActorId,
-    /// The unit.
-    pub unit: UnitId,
-    /// The row it came from.
-    pub row_id: String,
-    /// The recipient URL.
-    pub recipient: String,
-    /// Why.
-    pub reason: DeadReason,
-    /// The last HTTP status, if any.
-    pub status: Option<u16>,
-    /// The last error, if any.
-    pub error: Option<String>,
-}
-
-/// An attempt finished, whatever its outcome (for metrics: latency, queue wait, outcomes).
-#[derive(Clone, Debug)]
-pub struct Attempted {
-    /// The actor.
-    pub actor: ActorId,
-    /// The unit.
-    pub unit: UnitId,
-    /// The recipient URL.
-    pub recipient: String,
-    /// What the attempt came to.
-    pub outcome: outbox_lanes_core::Outcome,
-    /// The HTTP status, if a response came back.
-    pub status: Option<u16>,
-    /// From handing the attempt to a worker to its result (payload read and HTTP exchange).
-    pub latency: Duration,
-    /// From the row's enqueue to the start of this attempt.
-    pub queued: Duration,
-}
-
-type Hook<T> = Box<dyn Fn(&T) + Send + Sync>;
-
-/// Delivery hooks for the embedding service; called on the pass's thread, keep them short.
-#[derive(Default)]
-pub struct Hooks {
-    /// Called for every recipient served.
-    pub delivered: Option<Hook<Delivered>>,
-    /// Called for every dead letter.
-    pub dead_lettered: Option<Hook<DeadLettered>>,
-    /// Called for every finished attempt, before the outcome is acted on.
-    pub attempted: Option<Hook<Attempted>>,
-}
-
-impl fmt::Debug for Hooks {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Hooks")
-            .field("delivered", &self.delivered.is_some())
-            .field("dead_lettered", &self.dead_lettered.is_some())
-            .field("attempted", &self.attempted.is_some())
-            .finish()
-    }
-}
-
-/// Why an [`Outbox`] operation failed.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum OutboxError {
-    /// The actor id names no known actor.
-    UnknownActor(UnknownActor),
-    /// The store failed.
-    Store(StoreError),
-    /// Enqueue refused the batch; nothing was written.
-    Enqueue(EnqueueError),
-    /// A thread could not be started.
-    Spawn(std::io::Error),
-    /// The HTTP client could not be built (a bad proxy URL or user agent).
-    Http(String),
-    /// The outbox is shutting down.
-    ShuttingDown,
-    /// The drain was cancelled (its caller went away); every unfinished unit was handed
-    /// back and the slot released.
-    Cancelled,
-}
-
-impl fmt::Display for OutboxError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            OutboxError::UnknownActor(e) => e.fmt(f),
-            OutboxError::Store(e) => write!(f, "store: {e}"),
-            OutboxError::Enqueue(e) => write!(f, "enqueue refused: {e}"),
-            OutboxError::Spawn(e) => write!(f, "cannot start a thread: {e}"),
-            OutboxError::Http(e) => write!(f, "HTTP client: {e}"),
-            OutboxError::ShuttingDown => f.write_str("the outbox is shutting down"),
-            OutboxError::Cancelled => f.write_str("the drain was cancelled"),
-        }
-    }
-}
-
-impl std::error::Error for OutboxError {}
-
-impl From<StoreError> for OutboxError {
-    fn from(e: StoreError) -> Self {
-        OutboxError::Store(e)
-    }
-}
-
-/// Stops or cancels a running drain from another thread or task.
-#[derive(Debug, Default)]
-pub struct DrainControl {
-    /// Graceful: nothing new starts, attempts in flight finish, the rest is handed back.
-    pub stop: AtomicBool,
-    /// At once: everything is handed back and the slot released; attempts in flight are
-    /// abandoned.
-    pub cancel: AtomicBool,
-    /// Return when a pass reaches its time slice with work left (the monitor does, to let
-    /// other actors run: OL-13). Otherwise the drain goes on with another pass at once, so
-    /// a direct drain returns only when nothing is admissible.
-    pub yield_at_slice: AtomicBool,
-}
-
-/// What a drain request did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DrainOutcome {
-    /// This call ran the passes; their totals.
-    Ran(PassReport),
-    /// A pass of this actor was already running (here or in another process); it was told
-    /// to look once more, and this call returned at once (OL-12).
-    Merged,
-}
-
-struct Inner {
-    store: Arc<dyn Store>,
-    config: OutboxConfig,
-    resolver: Box<dyn ActorResolver + Send + Sync>,
-    hooks: Hooks,
-    slots: Mutex<DrainSlots>,
-    acks: AckWriter,
-    executor: Arc<dyn Executor>,
-    holder: String,
-    stopping: AtomicBool,
-}
+/// The longest a pass waits without an event: a safety net, since every event (a
+/// completion, a wake-up, a stop or cancel request, a timer) wakes it by itself.
+const MAX_WAIT: Duration = Duration::from_secs(5);
 
 /// An actor outbox over a [`Store`], delivering over HTTP from a pool of worker threads.
 ///
 /// Cloning is cheap; every clone shares the same workers and drain slots.
 #[derive(Clone)]
 pub struct Outbox {
-    inner: Arc<Inner>,
+    inner: Arc<OutboxCore>,
 }
 
 impl fmt::Debug for Outbox {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Outbox")
-            .field("holder", &self.inner.holder)
+            .field("holder", &self.inner.holder())
             .finish_non_exhaustive()
     }
 }
@@ -289,9 +94,17 @@ pub struct OutboxBuilder {
     executor: Option<Arc<dyn Executor>>,
 }
 
+impl fmt::Debug for OutboxBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OutboxBuilder")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
 impl OutboxBuilder {
-    /// Runs deliveries on `executor` instead of the built-in pool of worker threads (an
-    /// async runtime runs them as tasks). The HTTP settings and signer then belong to it.
+    /// Runs deliveries on `executor` instead of the built-in pool of worker threads. The
+    /// HTTP settings and signer then belong to it.
     pub fn executor(mut self, executor: Arc<dyn Executor>) -> Self {
         self.executor = Some(executor);
         self
@@ -320,43 +133,17 @@ impl OutboxBuilder {
     /// # Errors
     /// A thread could not be started, or the HTTP client could not be built.
     pub fn open(self) -> Result<Outbox, OutboxError> {
-        let acks = AckWriter::spawn(
-            Arc::clone(&self.store),
-            AckWriterOptions {
-                max_batch: 256,
-                max_delay: Duration::from_millis(5),
-            },
-        )
-        .map_err(OutboxError::Spawn)?;
         let executor: Arc<dyn Executor> = match self.executor {
             Some(e) => e,
             None => {
                 let http = HttpClient::new(self.config.http.clone(), self.signer)
                     .map_err(|e| OutboxError::Http(e.to_string()))?;
-                Arc::new(ThreadPool::start(
-                    Arc::clone(&self.store),
-                    http,
-                    self.config.concurrency,
-                )?)
+                Arc::new(ThreadPool::start(http, self.config.concurrency)?)
             }
         };
-        let executor: Arc<dyn Executor> = match self.config.per_host {
-            Some(cap) => Arc::new(HostCaps::new(executor, cap)),
-            None => executor,
-        };
-        let holder = self.config.holder.clone().unwrap_or_else(default_holder);
+        let core = OutboxCore::new(self.store, self.config, self.resolver, self.hooks, executor)?;
         Ok(Outbox {
-            inner: Arc::new(Inner {
-                store: self.store,
-                config: self.config,
-                resolver: self.resolver,
-                hooks: self.hooks,
-                slots: Mutex::new(DrainSlots::new()),
-                acks,
-                executor,
-                holder,
-                stopping: AtomicBool::new(false),
-            }),
+            inner: Arc::new(core),
         })
     }
 }
@@ -374,25 +161,20 @@ impl fmt::Debug for ThreadPool {
 }
 
 impl ThreadPool {
-    /// Starts `threads` workers delivering with `http`, payloads read from `store`.
+    /// Starts `threads` workers delivering with `http`.
     ///
     /// # Errors
     /// A thread could not be started.
-    pub fn start(
-        store: Arc<dyn Store>,
-        http: HttpClient,
-        threads: usize,
-    ) -> Result<ThreadPool, OutboxError> {
+    pub fn start(http: HttpClient, threads: usize) -> Result<ThreadPool, OutboxError> {
         let (tx, rx) = mpsc::channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
         let mut workers = Vec::new();
         for i in 0..threads.max(1) {
             let rx = Arc::clone(&rx);
-            let store = Arc::clone(&store);
             let http = http.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("outbox-lanes-worker-{i}"))
-                .spawn(move || worker(&rx, &*store, &http))
+                .spawn(move || worker(&rx, &http))
                 .map_err(OutboxError::Spawn)?;
             workers.push(handle);
         }
@@ -437,16 +219,17 @@ impl Drop for ThreadPool {
     }
 }
 
-fn worker(rx: &Mutex<Receiver<Job>>, store: &dyn Store, http: &HttpClient) {
+fn worker(rx: &Mutex<Receiver<Job>>, http: &HttpClient) {
     loop {
         let job = {
             let rx = rx.lock().unwrap_or_else(PoisonError::into_inner);
             rx.recv()
         };
         match job {
-            Ok(job) if job.abandoned() => {}
+            // Its pass ended and handed the unit back: dropping it sends nothing.
+            Ok(job) if job.abandoned() => drop(job),
             Ok(job) => {
-                let result = pass::attempt(store, http, &job);
+                let result = http.deliver(&job.delivery(), std::time::SystemTime::now());
                 job.finish(result);
             }
             Err(_) => return,
@@ -454,11 +237,23 @@ fn worker(rx: &Mutex<Receiver<Job>>, store: &dyn Store, http: &HttpClient) {
     }
 }
 
-fn default_holder() -> String {
-    let nanos = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    format!("pid{}-{nanos:08x}", std::process::id())
+/// A message to a running pass.
+enum Msg {
+    Done(Done),
+    /// New rows were enqueued somewhere.
+    Wake,
+    /// A stop or cancel request (the pass reads the control's flags).
+    Control,
+}
+
+/// The pass's end of its channel: completions from worker threads.
+struct ChannelSink(Sender<Msg>);
+
+impl Completions for ChannelSink {
+    fn complete(&self, done: Done) {
+        // A pass that is gone no longer cares.
+        let _ = self.0.send(Msg::Done(done));
+    }
 }
 
 impl Outbox {
@@ -482,9 +277,14 @@ impl Outbox {
         }
     }
 
+    /// The state shared with the driver.
+    pub fn core(&self) -> &Arc<OutboxCore> {
+        &self.inner
+    }
+
     /// The store.
     pub fn store(&self) -> &Arc<dyn Store> {
-        &self.inner.store
+        self.inner.store()
     }
 
     /// The canonical id of an actor spelling.
@@ -492,10 +292,7 @@ impl Outbox {
     /// # Errors
     /// [`OutboxError::UnknownActor`].
     pub fn resolve(&self, actor: &str) -> Result<ActorId, OutboxError> {
-        self.inner
-            .resolver
-            .resolve(actor)
-            .map_err(OutboxError::UnknownActor)
+        self.inner.resolve(actor)
     }
 
     /// Enqueues rows for `actor`, all or nothing; the monitor is woken after the commit.
@@ -503,14 +300,7 @@ impl Outbox {
     /// # Errors
     /// [`OutboxError::Enqueue`] names the refused row; nothing was written.
     pub fn enqueue(&self, actor: &str, rows: &[NewRow]) -> Result<Vec<Enqueued>, OutboxError> {
-        let actor = self.resolve(actor)?;
-        let done = self
-            .inner
-            .store
-            .enqueue(&actor, rows)
-            .map_err(OutboxError::Enqueue)?;
-        debug!(%actor, rows = rows.len(), "enqueued");
-        Ok(done)
+        self.inner.enqueue(actor, rows)
     }
 
     /// Drains `actor`'s outbox: runs passes until nothing is admissible, unless a pass of
@@ -520,132 +310,24 @@ impl Outbox {
     /// # Errors
     /// A store failure; every unfinished unit was handed back first (OL-14).
     pub fn drain(&self, actor: &str) -> Result<DrainOutcome, OutboxError> {
-        self.drain_with(actor, &DrainControl::default())
+        self.drain_with(actor, &Arc::new(DrainControl::default()))
     }
 
-    /// [`Outbox::drain`] with a control another thread or task can use: `stop` ends the
-    /// pass gracefully (nothing new starts, attempts in flight finish, the rest is handed
-    /// back), `cancel` ends it at once (everything handed back, attempts in flight
-    /// abandoned — their late answers ignored — and the slot released).
+    /// [`Outbox::drain`] with a control another thread can use:
+    /// [`DrainControl::request_stop`] ends the pass gracefully (nothing new starts, attempts
+    /// in flight finish, the rest is handed back), [`DrainControl::request_cancel`] ends it
+    /// at once (everything handed back, attempts in flight abandoned — their late answers
+    /// ignored — and the slot released).
     ///
     /// # Errors
     /// As [`Outbox::drain`]; [`OutboxError::Cancelled`] after a cancellation.
     pub fn drain_with(
         &self,
         actor: &str,
-        control: &DrainControl,
+        control: &Arc<DrainControl>,
     ) -> Result<DrainOutcome, OutboxError> {
         let actor = self.resolve(actor)?;
-        self.drain_actor(&actor, control)
-    }
-
-    fn lock_slots(&self) -> std::sync::MutexGuard<'_, DrainSlots> {
-        self.inner
-            .slots
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn drain_actor(
-        &self,
-        actor: &ActorId,
-        control: &DrainControl,
-    ) -> Result<DrainOutcome, OutboxError> {
-        if self.is_stopping() {
-            return Err(OutboxError::ShuttingDown);
-        }
-        if self.lock_slots().try_acquire(actor) == Acquire::Merged {
-            return Ok(DrainOutcome::Merged);
-        }
-        let result = self.drain_held(actor, control);
-        if result.is_err() {
-            let asked = self.lock_slots().force_release(actor);
-            if asked {
-                debug!(%actor, "a drain was asked during a failed pass; the monitor will retry");
-            }
-        }
-        result
-    }
-
-    /// Runs passes while this process holds `actor`'s in-process slot.
-    fn drain_held(
-        &self,
-        actor: &ActorId,
-        control: &DrainControl,
-    ) -> Result<DrainOutcome, OutboxError> {
-        let inner = &self.inner;
-        let mut token = match inner
-            .store
-            .acquire_slot(actor, &inner.holder, inner.config.lease)?
-        {
-            outbox_lanes_store::Acquire::Acquired(t) => t,
-            outbox_lanes_store::Acquire::Held => {
-                // Another process runs a pass; it was told to look again.
-                let _ = self.lock_slots().force_release(actor);
-                return Ok(DrainOutcome::Merged);
-            }
-        };
-        let mut total = PassReport::default();
-        loop {
-            let stop = || self.is_stopping() || control.stop.load(Ordering::SeqCst);
-            let cancel = || control.cancel.load(Ordering::SeqCst);
-            let pass = Pass {
-                store: &inner.store,
-                acks: &inner.acks,
-                executor: &*inner.executor,
-                config: &inner.config,
-                hooks: &inner.hooks,
-                stop: &stop,
-                cancel: &cancel,
-                token: token.clone(),
-            };
-            let report = match pass.run() {
-                Ok(r) => r,
-                Err(e) => {
-                    // Best effort: the lease expires anyway if this fails. A look-again
-                    // asked meanwhile is left to the monitor's next poll.
-                    let _ = inner.store.release_slot(&token);
-                    return Err(match e {
-                        PassError::Store(e) => e.into(),
-                        PassError::Cancelled => OutboxError::Cancelled,
-                    });
-                }
-            };
-            total.delivered += report.delivered;
-            total.dead_lettered += report.dead_lettered;
-            total.handed_back += report.handed_back;
-            if report.yielded {
-                let stopped = self.is_stopping() || control.stop.load(Ordering::SeqCst);
-                if stopped || control.yield_at_slice.load(Ordering::SeqCst) {
-                    total.yielded = true;
-                    let _ = inner.store.release_slot(&token)?;
-                    let _ = self.lock_slots().force_release(actor);
-                    return Ok(DrainOutcome::Ran(total));
-                }
-                // The time slice ran out on a direct drain: go on with a fresh pass, still
-                // holding the slot (the pass renews its lease).
-                debug!(%actor, "time slice over; next pass");
-                continue;
-            }
-            if inner.store.release_slot(&token)? == outbox_lanes_store::Release::LookAgain {
-                debug!(%actor, "look again (another process asked)");
-                continue;
-            }
-            if self.lock_slots().release(actor) == Release::Released {
-                return Ok(DrainOutcome::Ran(total));
-            }
-            debug!(%actor, "look again (asked in this process)");
-            token = match inner
-                .store
-                .acquire_slot(actor, &inner.holder, inner.config.lease)?
-            {
-                outbox_lanes_store::Acquire::Acquired(t) => t,
-                outbox_lanes_store::Acquire::Held => {
-                    let _ = self.lock_slots().force_release(actor);
-                    return Ok(DrainOutcome::Ran(total));
-                }
-            };
-        }
+        drain_actor(&self.inner, &actor, control)
     }
 
     /// Status of every actor.
@@ -653,7 +335,7 @@ impl Outbox {
     /// # Errors
     /// A store failure.
     pub fn status(&self) -> Result<Vec<ActorStatus>, OutboxError> {
-        Ok(self.inner.store.status()?)
+        self.inner.status()
     }
 
     /// The lanes of an actor.
@@ -661,8 +343,7 @@ impl Outbox {
     /// # Errors
     /// A store failure, or an unknown actor.
     pub fn lanes(&self, actor: &str) -> Result<Vec<LaneStatus>, OutboxError> {
-        let actor = self.resolve(actor)?;
-        Ok(self.inner.store.lanes(&actor)?)
+        self.inner.lanes(actor)
     }
 
     /// Dead letters, of one actor or all.
@@ -670,28 +351,20 @@ impl Outbox {
     /// # Errors
     /// A store failure, or an unknown actor.
     pub fn dead_letters(&self, actor: Option<&str>) -> Result<Vec<DeadLetter>, OutboxError> {
-        let actor = actor.map(|a| self.resolve(a)).transpose()?;
-        Ok(self.inner.store.dead_letters(actor.as_ref())?)
-    }
-
-    fn is_stopping(&self) -> bool {
-        self.inner.stopping.load(Ordering::SeqCst)
+        self.inner.dead_letters(actor)
     }
 
     /// Graceful shutdown: running passes stop starting units, let attempts in flight finish
     /// within the grace period and hand the rest back; then the workers stop. Nothing is lost
     /// if the grace period passes: unfinished units stay in the store.
     pub fn shutdown(&self) {
-        self.inner.stopping.store(true, Ordering::SeqCst);
-        let deadline = std::time::Instant::now() + self.inner.config.shutdown_grace;
-        while self.lock_slots().running() > 0 && std::time::Instant::now() < deadline {
+        self.inner.begin_shutdown();
+        let deadline = std::time::Instant::now() + self.inner.config().shutdown_grace;
+        while self.inner.slots().running() > 0 && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
         // A worker busy with an attempt finishes it within the HTTP timeout.
-        self.inner.executor.shutdown();
-        if let Err(e) = self.inner.acks.flush() {
-            warn!(error = %e, "acks not flushed at shutdown; those units will be delivered again");
-        }
+        self.inner.finish_shutdown();
     }
 
     /// Starts a monitor thread draining every actor with work (OL-13).
@@ -703,137 +376,178 @@ impl Outbox {
     }
 }
 
-enum MonitorMsg {
-    Wake,
-    PassDone(ActorId, bool),
-    Stop,
-}
-
-/// The monitor thread: drains every actor with work admissible now, woken on enqueue (in
-/// this process and, through the store's watcher, in others), at the earliest lane
-/// `not_before`, and by a safety-net poll. Stopped by [`Monitor::stop`] or on drop.
-pub struct Monitor {
-    tx: Sender<MonitorMsg>,
-    thread: Option<JoinHandle<()>>,
-    outbox: Outbox,
-}
-
-impl fmt::Debug for Monitor {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Monitor").finish_non_exhaustive()
+/// Runs `actor`'s drain: the core's [`DrainSession`] decides, this executes.
+pub(crate) fn drain_actor(
+    core: &Arc<OutboxCore>,
+    actor: &ActorId,
+    control: &Arc<DrainControl>,
+) -> Result<DrainOutcome, OutboxError> {
+    if core.is_stopping() {
+        return Err(OutboxError::ShuttingDown);
     }
-}
-
-impl Monitor {
-    fn start(outbox: Outbox) -> Result<Monitor, OutboxError> {
-        let (tx, rx) = mpsc::channel();
-        let notifier = outbox.inner.store.watch()?;
-        let wake = tx.clone();
-        let subscription = notifier.subscribe(move || {
-            let _ = wake.send(MonitorMsg::Wake);
-        });
-        let ob = outbox.clone();
-        let done_tx = tx.clone();
-        let thread = std::thread::Builder::new()
-            .name("outbox-lanes-monitor".into())
-            .spawn(move || {
-                let _subscription = subscription;
-                monitor_loop(&ob, &rx, &done_tx);
-            })
-            .map_err(OutboxError::Spawn)?;
-        Ok(Monitor {
-            tx,
-            thread: Some(thread),
-            outbox,
-        })
+    if core.slots().try_acquire(actor) == Acquire::Merged {
+        return Ok(DrainOutcome::Merged);
     }
-
-    /// Stops the monitor: running passes finish or hand back (graceful), then it returns.
-    pub fn stop(mut self) {
-        self.stop_inner();
-    }
-
-    fn stop_inner(&mut self) {
-        let _ = self.tx.send(MonitorMsg::Stop);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-        let _ = &self.outbox;
-    }
-}
-
-impl Drop for Monitor {
-    fn drop(&mut self) {
-        self.stop_inner();
-    }
-}
-
-fn monitor_loop(outbox: &Outbox, rx: &Receiver<MonitorMsg>, tx: &Sender<MonitorMsg>) {
-    let cfg = &outbox.inner.config;
-    let mut book = MonitorBook::new(cfg.max_passes, cfg.poll_interval);
-    let mut passes: Vec<JoinHandle<()>> = Vec::new();
-    let mut stopping = false;
-    let control = Arc::new(DrainControl::default());
-    control.yield_at_slice.store(true, Ordering::SeqCst);
-    loop {
-        let now = Timestamp::from_system_time(SystemTime::now());
-        if !stopping {
-            while let Some(action) = book.poll_action(now) {
-                match action {
-                    MonitorAction::Poll => match outbox.inner.store.actors_with_work(now) {
-                        Ok(due) => book.handle_due(due.ready, due.next_not_before, now),
-                        Err(e) => {
-                            warn!(error = %e, "monitor poll failed; retrying at the next tick");
-                            book.handle_poll_failed(now);
-                        }
-                    },
-                    MonitorAction::Drain(actor) => {
-                        let ob = outbox.clone();
-                        let done = tx.clone();
-                        let control = Arc::clone(&control);
-                        let spawned = std::thread::Builder::new()
-                            .name("outbox-lanes-pass".into())
-                            .spawn(move || {
-                                let more = match ob.drain_actor(&actor, &control) {
-                                    Ok(DrainOutcome::Ran(r)) => r.yielded,
-                                    Ok(DrainOutcome::Merged) => false,
-                                    Err(e) => {
-                                        warn!(%actor, error = %e, "pass failed");
-                                        false
-                                    }
-                                };
-                                let _ = done.send(MonitorMsg::PassDone(actor, more));
-                            });
-                        match spawned {
-                            Ok(h) => passes.push(h),
-                            Err(e) => warn!(error = %e, "cannot start a pass thread"),
-                        }
+    let store = core.store();
+    let config = core.config();
+    let mut session = DrainSession::new(
+        control
+            .yield_at_slice
+            .load(std::sync::atomic::Ordering::SeqCst),
+    );
+    let mut token = None;
+    let mut total = PassReport::default();
+    let mut error: Option<StoreError> = None;
+    while let Some(action) = session.poll_action() {
+        match action {
+            DrainAction::AcquireStoreSlot => {
+                match store.acquire_slot(actor, core.holder(), config.lease) {
+                    Ok(outbox_lanes_store::Acquire::Acquired(t)) => {
+                        token = Some(t);
+                        session.handle_store_acquire(SlotAnswer::Acquired);
+                    }
+                    Ok(outbox_lanes_store::Acquire::Held) => {
+                        session.handle_store_acquire(SlotAnswer::Held);
+                    }
+                    Err(e) => {
+                        error.get_or_insert(e);
+                        session.handle_failed();
                     }
                 }
             }
-        }
-        passes.retain(|h| !h.is_finished());
-        if stopping && passes.is_empty() {
-            info!("monitor stopped");
-            return;
-        }
-        let wait = book
-            .poll_timeout()
-            .map_or(cfg.poll_interval, |t| {
-                Duration::from_millis(t.as_millis().saturating_sub(now.as_millis()))
-            })
-            .clamp(Duration::from_millis(1), cfg.poll_interval);
-        match rx.recv_timeout(wait) {
-            Ok(MonitorMsg::Wake) => book.handle_wake(Wake::StoreChanged, now),
-            Ok(MonitorMsg::PassDone(actor, more)) => book.handle_pass_done(&actor, more, now),
-            Ok(MonitorMsg::Stop) => {
-                // Running passes stop starting units, finish what is in flight and hand the
-                // rest back; the outbox itself stays usable.
-                stopping = true;
-                control.stop.store(true, Ordering::SeqCst);
+            DrainAction::RunPass => {
+                let t = token
+                    .clone()
+                    .expect("the session runs a pass only after acquiring the store's slot");
+                let result = run_pass(core, t, control);
+                total.add(&result.report);
+                if let Some(e) = result.error {
+                    error.get_or_insert(e);
+                }
+                session.handle_pass_end(result.end);
             }
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => return,
+            DrainAction::ReleaseStoreSlot => {
+                let Some(t) = &token else {
+                    session.handle_failed();
+                    continue;
+                };
+                match store.release_slot(t) {
+                    Ok(r) => session.handle_store_release(release(r)),
+                    Err(e) => {
+                        debug!(%actor, error = %e, "slot release failed; its lease expires");
+                        session.handle_failed();
+                    }
+                }
+            }
+            DrainAction::ReleaseLocalSlot => {
+                let r = core.slots().release(actor);
+                session.handle_local_release(r);
+            }
+            DrainAction::ForceReleaseLocalSlot => {
+                if core.slots().force_release(actor) {
+                    debug!(%actor, "a drain was asked meanwhile; the monitor comes back for it");
+                }
+            }
+            DrainAction::Finish(end) => {
+                return match end {
+                    DrainEnd::Ran { yielded } => {
+                        total.yielded = yielded;
+                        Ok(DrainOutcome::Ran(total))
+                    }
+                    DrainEnd::Merged => Ok(DrainOutcome::Merged),
+                    DrainEnd::Cancelled => Err(OutboxError::Cancelled),
+                    DrainEnd::Failed => {
+                        Err(error.map_or(OutboxError::ShuttingDown, OutboxError::Store))
+                    }
+                };
+            }
         }
+    }
+    Err(OutboxError::Store(StoreError::Database(
+        "the drain session ended without finishing".into(),
+    )))
+}
+
+/// The store's answer as the core's.
+pub(crate) fn release(r: outbox_lanes_store::Release) -> outbox_lanes_core::Release {
+    match r {
+        outbox_lanes_store::Release::Released => outbox_lanes_core::Release::Released,
+        outbox_lanes_store::Release::LookAgain => outbox_lanes_core::Release::LookAgain,
+    }
+}
+
+/// One pass on this thread: rounds, then waits for completions and wake-ups.
+fn run_pass(
+    core: &OutboxCore,
+    token: outbox_lanes_store::SlotToken,
+    control: &Arc<DrainControl>,
+) -> PassResult {
+    let (tx, rx) = mpsc::channel();
+    let wake = tx.clone();
+    let _enqueues = core.store().notifier().subscribe(move || {
+        let _ = wake.send(Msg::Wake);
+    });
+    let ctl = tx.clone();
+    let _control = control.subscribe(move || {
+        let _ = ctl.send(Msg::Control);
+    });
+    let ctl = tx.clone();
+    let _shutdown = core.shutdown_signal().subscribe(move || {
+        let _ = ctl.send(Msg::Control);
+    });
+    let mut pass = PassCore::new(token, core.config(), Arc::new(ChannelSink(tx)), now());
+    let cx = RoundContext {
+        store: &**core.store(),
+        acks: core.acks(),
+        hooks: core.hooks(),
+    };
+    loop {
+        if control.is_cancelled() {
+            pass.handle_cancel(now());
+        } else if control.is_stopped() || core.is_stopping() {
+            pass.handle_shutdown(now());
+        }
+        let jobs = pass.round(cx);
+        for job in jobs {
+            if let Err(job) = core.executor().execute(job) {
+                // The workers stopped: the job reports NotSent as it is dropped.
+                drop(job);
+                pass.handle_shutdown(now());
+            }
+        }
+        if pass.ended().is_some() {
+            break;
+        }
+        let t = now();
+        let wait = pass
+            .poll_timeout()
+            .map_or(MAX_WAIT, |d| {
+                Duration::from_millis(d.as_millis().saturating_sub(t.as_millis()))
+            })
+            .min(MAX_WAIT);
+        match rx.recv_timeout(wait) {
+            Ok(msg) => handle(&mut pass, core, msg),
+            Err(RecvTimeoutError::Timeout) => pass.handle_timeout(now()),
+            Err(RecvTimeoutError::Disconnected) => pass.handle_cancel(now()),
+        }
+        // Everything already waiting, before the next round: one round for many events.
+        while let Ok(msg) = rx.try_recv() {
+            handle(&mut pass, core, msg);
+        }
+        pass.handle_timeout(now());
+    }
+    let result = pass.finish(cx);
+    if let Some(e) = &result.error {
+        warn!(error = %e, end = ?result.end, "pass ended on a store failure");
+    }
+    result
+}
+
+fn handle(pass: &mut PassCore, core: &OutboxCore, msg: Msg) {
+    match msg {
+        Msg::Done(d) => pass.handle_done(d, core.hooks(), now()),
+        Msg::Wake => pass.handle_wake(),
+        // Read at the top of the loop.
+        Msg::Control => {}
     }
 }

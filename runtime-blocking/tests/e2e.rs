@@ -411,7 +411,7 @@ fn a_cancelled_drain_hands_everything_back_and_releases_the_slot() {
     let (ob, c) = (outbox.clone(), Arc::clone(&control));
     let drain = std::thread::spawn(move || ob.drain_with("actor", &c));
     assert!(r.wait_for("/slow", 2, Duration::from_secs(10)));
-    control.cancel.store(true, Ordering::SeqCst);
+    control.request_cancel();
     let out = drain.join().expect("join");
     assert!(
         matches!(out, Err(outbox_lanes_blocking::OutboxError::Cancelled)),

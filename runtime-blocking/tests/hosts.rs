@@ -106,9 +106,7 @@ fn attempts_parked_by_a_cancelled_drain_are_not_sent() {
     let (ob, c) = (outbox.clone(), Arc::clone(&control));
     let drain = std::thread::spawn(move || ob.drain_with("alice", &c));
     assert!(r.wait_for("/i0", 1, Duration::from_secs(10)));
-    control
-        .cancel
-        .store(true, std::sync::atomic::Ordering::SeqCst);
+    control.request_cancel();
     assert!(drain.join().expect("join").is_err(), "cancelled");
     // The next drain's attempts queue behind the cancelled drain's parked ones (same host,
     // cap 1, first come first served): those must be dropped, not sent.

@@ -10,11 +10,10 @@
 //! actor in this outbox first waits for that (a few milliseconds), then runs a pass itself.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use outbox_lanes_blocking::DrainControl;
 use outbox_lanes_core::ActorId;
+use outbox_lanes_driver::DrainControl;
 use tokio::sync::Notify;
 
 /// Passes cancelled by a dropped future and not yet returned, per actor.
@@ -108,7 +107,7 @@ impl Drop for CancelOnDrop {
         else {
             return;
         };
-        control.cancel.store(true, Ordering::SeqCst);
+        control.request_cancel();
         // Both locks in the same order as CallDone::drop: counts, then the call's state.
         let mut counts = winding.lock();
         let mut state = state.lock().unwrap_or_else(PoisonError::into_inner);

@@ -1,26 +1,26 @@
 //! Deliveries as tasks: the pass driver's [`Executor`] on an async [`Runtime`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use outbox_lanes_blocking::HttpClient;
-use outbox_lanes_blocking::http::AttemptResult;
-use outbox_lanes_blocking::pass::{self, Executor, Job};
-use outbox_lanes_store::{Store, StoreError};
+use outbox_lanes_driver::{Executor, Job};
 use tokio::sync::Semaphore;
 
-use crate::runtime::{Runtime, unblock};
+use crate::runtime::Runtime;
+#[cfg(feature = "blocking-http")]
+use crate::runtime::unblock;
 
 /// How a task delivers.
 #[derive(Clone, Debug)]
 pub(crate) enum Transport {
-    /// reqwest on the tokio runtime; the payload is read on the blocking pool.
+    /// reqwest on the tokio runtime.
     #[cfg(feature = "tokio")]
     Async(crate::http::AsyncHttpClient),
-    /// The blocking ureq client, payload and POST together on the runtime's blocking pool
-    /// (async-std, smol, or any [`Runtime`]).
-    Blocking(HttpClient),
+    /// The blocking ureq client on the runtime's blocking pool (async-std, smol, or any
+    /// [`Runtime`]).
+    #[cfg(feature = "blocking-http")]
+    Blocking(outbox_lanes_driver::ureq_client::HttpClient),
 }
 
 /// Jobs started and not yet finished, for a shutdown that waits for them.
@@ -43,39 +43,9 @@ impl Drop for RunningGuard {
     }
 }
 
-/// Owns a job until it is finished; a job dropped unfinished (its task panicked, or the
-/// runtime dropped it while shutting down) is reported as a transient failure, so the pass
-/// does not wait for it until its time slice ends.
-struct FinishOnDrop(Option<Job>);
-
-impl FinishOnDrop {
-    fn job(&self) -> &Job {
-        self.0.as_ref().expect("the job is only taken by finish")
-    }
-
-    fn finish(mut self, result: AttemptResult) {
-        if let Some(job) = self.0.take() {
-            job.finish(result);
-        }
-    }
-}
-
-impl Drop for FinishOnDrop {
-    fn drop(&mut self) {
-        if let Some(job) = self.0.take() {
-            job.finish(AttemptResult {
-                outcome: outbox_lanes_core::Outcome::Transient { retry_after: None },
-                status: None,
-                error: Some("other: the delivery task ended without an answer".into()),
-            });
-        }
-    }
-}
-
 /// Spawns one task per job, at most `concurrency` attempts at once.
 pub(crate) struct TaskExecutor {
     pub(crate) rt: Arc<dyn Runtime>,
-    pub(crate) store: Arc<dyn Store>,
     pub(crate) transport: Transport,
     pub(crate) permits: Arc<Semaphore>,
     /// How long a shutdown waits for attempts in flight (the HTTP timeout and a margin).
@@ -96,14 +66,12 @@ impl std::fmt::Debug for TaskExecutor {
 impl TaskExecutor {
     pub(crate) fn new(
         rt: Arc<dyn Runtime>,
-        store: Arc<dyn Store>,
         transport: Transport,
         concurrency: usize,
         grace: Duration,
     ) -> TaskExecutor {
         TaskExecutor {
             rt,
-            store,
             transport,
             permits: Arc::new(Semaphore::new(concurrency.max(1))),
             grace,
@@ -124,24 +92,38 @@ impl Executor for TaskExecutor {
             .lock()
             .unwrap_or_else(PoisonError::into_inner) += 1;
         let guard = RunningGuard(Arc::clone(&self.running));
+        #[cfg(feature = "blocking-http")]
         let rt = Arc::clone(&self.rt);
-        // Weak: a task never owns the store on an executor thread, where dropping the last
-        // reference to a Postgres client would panic; it is upgraded on the blocking pool.
-        let store = Arc::downgrade(&self.store);
         let transport = self.transport.clone();
         let permits = Arc::clone(&self.permits);
-        let job = FinishOnDrop(Some(job));
         self.rt.spawn(Box::pin(async move {
             let _guard = guard;
-            // The semaphore is never closed; should it be, the job reports a failure on drop.
+            // The semaphore is never closed; should it be, the job reports NotSent on drop.
             let Ok(_permit) = permits.acquire_owned().await else {
                 return;
             };
-            if job.job().abandoned() {
+            if job.abandoned() {
                 // Its pass ended and handed the unit back: nobody waits for an answer.
                 return;
             }
-            deliver(&*rt, store, transport, job).await;
+            match transport {
+                #[cfg(feature = "tokio")]
+                Transport::Async(http) => {
+                    let result = http
+                        .deliver(&job.delivery(), std::time::SystemTime::now())
+                        .await;
+                    job.finish(result);
+                }
+                #[cfg(feature = "blocking-http")]
+                Transport::Blocking(http) => {
+                    // If the runtime drops this unrun, the job reports NotSent as it is dropped.
+                    let _ = unblock(&*rt, move || {
+                        let result = http.deliver(&job.delivery(), std::time::SystemTime::now());
+                        job.finish(result);
+                    })
+                    .await;
+                }
+            }
         }));
         Ok(())
     }
@@ -171,56 +153,4 @@ impl Executor for TaskExecutor {
                 .0;
         }
     }
-}
-
-/// One attempt; reports to the pass through [`Job::finish`] (a pass that is gone ignores it).
-async fn deliver(
-    rt: &dyn Runtime,
-    store: Weak<dyn Store>,
-    transport: Transport,
-    job: FinishOnDrop,
-) {
-    match transport {
-        #[cfg(feature = "tokio")]
-        Transport::Async(http) => {
-            let unit = job.job().unit;
-            let payload = unblock(rt, move || upgrade(&store)?.payload(unit)).await;
-            let result = match payload {
-                Some(Ok(p)) => {
-                    let j = job.job();
-                    let d = outbox_lanes_blocking::http::Delivery {
-                        unit: j.unit,
-                        recipient: &j.recipient,
-                        body: &p.body,
-                        content_type: &p.content_type,
-                        attempt: j.attempt,
-                    };
-                    http.deliver(&d, std::time::SystemTime::now()).await
-                }
-                Some(Err(e)) => pass::payload_failed(&e),
-                None => pass::payload_failed(&StoreError::Database(
-                    "the runtime is shutting down".into(),
-                )),
-            };
-            job.finish(result);
-        }
-        Transport::Blocking(http) => {
-            // If the runtime drops this unrun, the job reports a failure as it is dropped.
-            let _ = unblock(rt, move || {
-                let result = match upgrade(&store) {
-                    Ok(store) => pass::attempt(&*store, &http, job.job()),
-                    Err(e) => pass::payload_failed(&e),
-                };
-                job.finish(result);
-            })
-            .await;
-        }
-    }
-}
-
-/// The store, while the outbox that owns it is alive.
-fn upgrade(store: &Weak<dyn Store>) -> Result<Arc<dyn Store>, StoreError> {
-    store
-        .upgrade()
-        .ok_or_else(|| StoreError::Database("the outbox was dropped".into()))
 }

@@ -1,7 +1,7 @@
 //! HTTP delivery over reqwest, with the blocking client's policy (design.md §5).
 //!
 //! [`AsyncHttpClient::deliver`] never fails and never panics on input: like
-//! [`outbox_lanes_blocking::HttpClient::deliver`] it turns whatever happens into an
+//! the blocking client (`ureq_client::HttpClient::deliver`) it turns whatever happens into an
 //! [`AttemptResult`] with the same outcome, status and error codes (`destination_refused`,
 //! `invalid_recipient`, `invalid_request`, a [`TransportError`] code, `status <code>`), so a
 //! dead letter reads the same whichever runtime delivered it. Only the client call differs;
@@ -43,16 +43,16 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use outbox_lanes_blocking::OutboxError;
-use outbox_lanes_blocking::http::{
-    AttemptResult, Delivery, HttpConfig, answered_result, io_kind, precheck, redact_userinfo,
-    refusal_message, refused_result,
-};
-use outbox_lanes_blocking::sign::{SignRequest, Signer};
 use outbox_lanes_core::policy::{
     AddressPolicy, Classifier, DestinationRefused, Recipient, TransportError, parse_retry_after,
 };
 use outbox_lanes_core::{Outcome, Timestamp};
+use outbox_lanes_driver::OutboxError;
+use outbox_lanes_driver::http::{
+    AttemptResult, Delivery, HttpConfig, answered_result, io_kind, precheck, redact_userinfo,
+    refusal_message, refused_result,
+};
+use outbox_lanes_driver::sign::{SignRequest, Signer};
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use reqwest::header::{HeaderName, HeaderValue};
 
@@ -154,7 +154,7 @@ impl AsyncHttpClient {
     }
 
     /// Makes one delivery attempt at `now` and classifies what happened; see
-    /// [`outbox_lanes_blocking::HttpClient::deliver`], whose results this matches.
+    /// the blocking client (`ureq_client::HttpClient::deliver`), whose results this matches.
     pub async fn deliver(&self, d: &Delivery<'_>, now: SystemTime) -> AttemptResult {
         // hyper skips the resolver for literals: this is the only check they get.
         let recipient = match precheck(d.recipient, &self.shared.addresses, &self.shared.classifier)
@@ -218,8 +218,7 @@ impl AsyncHttpClient {
             match response.chunk().await {
                 Ok(Some(chunk)) => {
                     read = read.saturating_add(chunk.len());
-                    let room =
-                        outbox_lanes_blocking::http::ERROR_EXCERPT.saturating_sub(head.len());
+                    let room = outbox_lanes_driver::http::ERROR_EXCERPT.saturating_sub(head.len());
                     head.extend(chunk.iter().take(room));
                 }
                 Ok(None) | Err(_) => break,

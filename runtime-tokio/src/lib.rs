@@ -1,17 +1,22 @@
 //! The async runtime of outbox-lanes: tokio (async-std/smol by feature), reqwest and a Store.
 //!
-//! [`Outbox`] is the blocking runtime's outbox ([`outbox_lanes_blocking::Outbox`]) driven
-//! from async code: the same pass driver, drain slots, monitor and rules, with
+//! [`Outbox`] runs the shared pass driver ([`outbox_lanes_driver`]) as async tasks: the same
+//! scheduler, pass session, drain slots, monitor and rules as the blocking runtime, with
 //!
-//! - every store call (enqueue, status, lanes, dead letters, and the whole pass loop, which
-//!   is blocking code) on the runtime's blocking pool, so the Postgres client is only ever
-//!   used and dropped there;
-//! - deliveries as tasks, at most [`OutboxConfig::concurrency`] at once, POSTing with
-//!   reqwest (`AsyncHttpClient`, the blocking client's policy and results) on tokio, or with
-//!   the blocking ureq client on the blocking pool of any other [`Runtime`];
+//! - each pass an async task ([`pass`]) that takes completions in batches (one wake-up for
+//!   many) and runs each round of store work on the runtime's blocking pool in one hop
+//!   (attempt records, dead letters, claims, and the payloads of every attempt it starts),
+//!   never one round trip per unit; every store call (enqueue, status, lanes, dead letters
+//!   too) stays on the blocking pool, so the Postgres client is only ever used and dropped
+//!   there;
+//! - deliveries as tasks, at most [`OutboxConfig::concurrency`] at once (default 256; it is
+//!   also one pass's in-flight window), POSTing with reqwest (`AsyncHttpClient`, the
+//!   blocking client's policy and results) on tokio, or with the blocking ureq client on the
+//!   blocking pool of any other [`Runtime`] (feature `blocking-http`, implied by `smol` and
+//!   `async-std`);
 //! - cancellation safety: dropping or aborting a [`Outbox::drain`] future, or a
-//!   `tokio::time::timeout` around it, cancels the pass, which at its next wake-up (a few
-//!   milliseconds) hands every unfinished unit back and releases the drain slot (OL-14):
+//!   `tokio::time::timeout` around it, cancels the pass — a token that wakes it at once, not
+//!   a poll — which hands every unfinished unit back and releases the drain slot (OL-14):
 //!   nothing stays claimed until a lease runs out, and the next drain of that actor runs a
 //!   pass of its own. Attempts in flight are abandoned, not aborted: their answers are
 //!   ignored and the units sent again later (delivery is at-least-once, and every request
@@ -23,7 +28,7 @@
 //! Executors, by feature: `tokio` (default; `TokioRuntime`, reqwest), `smol`
 //! (`SmolRuntime`) and `async-std` (`AsyncStdRuntime`; async-std is discontinued
 //! upstream, smol is its successor). The last two run the same driver with HTTP through
-//! ureq on their blocking pools ([`OutboxBuilder::open_on`]).
+//! ureq on their blocking pools (`OutboxBuilder::open_on`).
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -51,22 +56,28 @@ mod executor;
 #[cfg(feature = "tokio")]
 pub mod http;
 mod monitor;
+pub mod pass;
 pub mod runtime;
 
 use std::fmt;
 use std::sync::Arc;
 
-pub use outbox_lanes_blocking::pass::PassReport;
-pub use outbox_lanes_blocking::sign::{self, Signer};
-pub use outbox_lanes_blocking::store;
-pub use outbox_lanes_blocking::{
-    DeadLettered, Delivered, DrainControl, DrainOutcome, Hooks, HttpConfig, OutboxConfig,
-    OutboxError,
-};
 pub use outbox_lanes_core as core;
-use outbox_lanes_core::{ActorId, ActorResolver};
-use outbox_lanes_store::{ActorStatus, DeadLetter, Enqueued, LaneStatus, NewRow, Store};
-use tracing::warn;
+use outbox_lanes_core::{
+    Acquire, ActorId, ActorResolver, DrainAction, DrainEnd, DrainSession, IdentityResolver,
+    SlotAnswer,
+};
+pub use outbox_lanes_driver::sign::{self, Signer};
+pub use outbox_lanes_driver::store;
+pub use outbox_lanes_driver::{
+    Attempted, DeadLettered, Delivered, DrainControl, DrainOutcome, Hooks, HttpConfig,
+    OutboxConfig, OutboxError, PassReport,
+};
+use outbox_lanes_driver::{Executor, OutboxCore};
+use outbox_lanes_store::{
+    ActorStatus, DeadLetter, Enqueued, LaneStatus, NewRow, Release, Store, StoreError,
+};
+use tracing::{debug, warn};
 
 use crate::cancel::WindingDown;
 use crate::executor::{TaskExecutor, Transport};
@@ -84,7 +95,7 @@ pub use crate::runtime::{BoxFuture, Runtime};
 
 struct Inner {
     /// `Some` until dropped; taken by `Drop` to drop it on the blocking pool.
-    blocking: Option<outbox_lanes_blocking::Outbox>,
+    core: Option<Arc<OutboxCore>>,
     rt: Arc<dyn Runtime>,
     winding: Arc<WindingDown>,
     /// The monitor's bound on concurrent passes and its safety-net poll.
@@ -93,10 +104,10 @@ struct Inner {
 }
 
 impl Inner {
-    fn blocking(&self) -> &outbox_lanes_blocking::Outbox {
-        self.blocking
+    fn core(&self) -> &Arc<OutboxCore> {
+        self.core
             .as_ref()
-            .expect("the blocking outbox is only taken when Inner is dropped")
+            .expect("the outbox core is only taken when Inner is dropped")
     }
 }
 
@@ -104,8 +115,8 @@ impl Drop for Inner {
     fn drop(&mut self) {
         // The last reference to the store may go with it (a Postgres client must not be
         // dropped on an executor thread), and the ack writer's thread is joined.
-        if let Some(ob) = self.blocking.take() {
-            self.rt.spawn_blocking(Box::new(move || drop(ob)));
+        if let Some(core) = self.core.take() {
+            self.rt.spawn_blocking(Box::new(move || drop(core)));
         }
     }
 }
@@ -128,9 +139,10 @@ impl fmt::Debug for Outbox {
 
 /// Builder for an [`Outbox`] with hooks, a signer or an actor resolver.
 pub struct OutboxBuilder {
-    blocking: outbox_lanes_blocking::OutboxBuilder,
     store: Arc<dyn Store>,
     config: OutboxConfig,
+    resolver: Box<dyn ActorResolver + Send + Sync>,
+    hooks: Hooks,
     signer: Option<Arc<dyn Signer>>,
 }
 
@@ -145,14 +157,14 @@ impl fmt::Debug for OutboxBuilder {
 impl OutboxBuilder {
     /// Maps actor aliases to canonical ids (two spellings of one actor share one slot).
     pub fn resolver(mut self, r: impl ActorResolver + Send + Sync + 'static) -> Self {
-        self.blocking = self.blocking.resolver(r);
+        self.resolver = Box::new(r);
         self
     }
 
-    /// Delivery hooks. They are called on the pass's thread (the blocking pool): keep them
-    /// short, and do not block on the async runtime from them.
+    /// Delivery hooks. They are called from the pass (on the blocking pool, or on an executor
+    /// thread for `attempted`): keep them short, and do not block on the async runtime in them.
     pub fn hooks(mut self, hooks: Hooks) -> Self {
-        self.blocking = self.blocking.hooks(hooks);
+        self.hooks = hooks;
         self
     }
 
@@ -176,38 +188,39 @@ impl OutboxBuilder {
     }
 
     /// Opens the outbox on `runtime`, delivering with the blocking ureq client on its
-    /// blocking pool (async-std, smol, or a runtime of your own).
+    /// blocking pool (async-std, smol, or a runtime of your own; feature `blocking-http`).
     ///
     /// # Errors
     /// The HTTP client could not be built ([`OutboxError::Http`]); the ack writer's thread
     /// could not be started.
+    #[cfg(feature = "blocking-http")]
     pub fn open_on(self, runtime: Arc<dyn Runtime>) -> Result<Outbox, OutboxError> {
-        let http =
-            outbox_lanes_blocking::HttpClient::new(self.config.http.clone(), self.signer.clone())
-                .map_err(|e| OutboxError::Http(e.to_string()))?;
+        let http = outbox_lanes_driver::ureq_client::HttpClient::new(
+            self.config.http.clone(),
+            self.signer.clone(),
+        )
+        .map_err(|e| OutboxError::Http(e.to_string()))?;
         self.finish(runtime, Transport::Blocking(http))
     }
 
     fn finish(self, rt: Arc<dyn Runtime>, transport: Transport) -> Result<Outbox, OutboxError> {
         let grace = self.config.http.timeout + self.config.shutdown_grace;
-        let executor = Arc::new(TaskExecutor::new(
+        let executor: Arc<dyn Executor> = Arc::new(TaskExecutor::new(
             Arc::clone(&rt),
-            Arc::clone(&self.store),
             transport,
             self.config.concurrency,
             grace,
         ));
-        let blocking = self
-            .blocking
-            .executor(Arc::clone(&executor) as Arc<dyn outbox_lanes_blocking::pass::Executor>)
-            .open()?;
+        let max_passes = self.config.max_passes;
+        let poll_interval = self.config.poll_interval;
+        let core = OutboxCore::new(self.store, self.config, self.resolver, self.hooks, executor)?;
         Ok(Outbox {
             inner: Arc::new(Inner {
-                blocking: Some(blocking),
+                core: Some(Arc::new(core)),
                 rt,
                 winding: Arc::default(),
-                max_passes: self.config.max_passes,
-                poll_interval: self.config.poll_interval,
+                max_passes,
+                poll_interval,
             }),
         })
     }
@@ -226,16 +239,17 @@ impl Outbox {
     /// A builder, for hooks, a signer, an actor resolver or another runtime.
     pub fn builder(store: Arc<dyn Store>, config: OutboxConfig) -> OutboxBuilder {
         OutboxBuilder {
-            blocking: outbox_lanes_blocking::Outbox::builder(Arc::clone(&store), config.clone()),
             store,
             config,
+            resolver: Box::new(IdentityResolver),
+            hooks: Hooks::default(),
             signer: None,
         }
     }
 
-    /// The blocking outbox this one drives, for code already on a blocking thread.
-    pub fn blocking(&self) -> &outbox_lanes_blocking::Outbox {
-        self.inner.blocking()
+    /// The state shared with the driver; its methods block (call them on a blocking thread).
+    pub fn core(&self) -> &Arc<OutboxCore> {
+        self.inner.core()
     }
 
     /// The runtime the outbox runs on.
@@ -245,7 +259,7 @@ impl Outbox {
 
     /// The store. Its methods block: call them through the runtime's blocking pool.
     pub fn store(&self) -> &Arc<dyn Store> {
-        self.inner.blocking().store()
+        self.inner.core().store()
     }
 
     /// The canonical id of an actor spelling.
@@ -253,17 +267,17 @@ impl Outbox {
     /// # Errors
     /// [`OutboxError::UnknownActor`].
     pub fn resolve(&self, actor: &str) -> Result<ActorId, OutboxError> {
-        self.inner.blocking().resolve(actor)
+        self.inner.core().resolve(actor)
     }
 
-    /// Runs `f` with the blocking outbox on the blocking pool.
+    /// Runs `f` with the shared core on the blocking pool.
     async fn call<T, F>(&self, f: F) -> Result<T, OutboxError>
     where
         T: Send + 'static,
-        F: FnOnce(&outbox_lanes_blocking::Outbox) -> Result<T, OutboxError> + Send + 'static,
+        F: FnOnce(&OutboxCore) -> Result<T, OutboxError> + Send + 'static,
     {
-        let ob = self.inner.blocking().clone();
-        unblock(&*self.inner.rt, move || f(&ob))
+        let core = Arc::clone(self.inner.core());
+        unblock(&*self.inner.rt, move || f(&core))
             .await
             .unwrap_or(Err(OutboxError::ShuttingDown))
     }
@@ -278,7 +292,7 @@ impl Outbox {
         rows: Vec<NewRow>,
     ) -> Result<Vec<Enqueued>, OutboxError> {
         let actor = actor.to_owned();
-        self.call(move |ob| ob.enqueue(&actor, &rows)).await
+        self.call(move |core| core.enqueue(&actor, &rows)).await
     }
 
     /// Drains `actor`'s outbox: runs passes until nothing is admissible, unless a pass of
@@ -314,14 +328,21 @@ impl Outbox {
         // A pass of this actor cancelled a moment ago is still handing back: wait for it
         // rather than merge into a pass that is ending (see the `cancel` module).
         self.inner.winding.wait(&id).await;
-        let (guard, done) = self.inner.winding.start(id, Arc::clone(&control));
-        let actor = actor.to_owned();
-        let result = self
-            .call(move |ob| {
-                let _done = done;
-                ob.drain_with(&actor, &control)
-            })
-            .await;
+        let (guard, done) = self.inner.winding.start(id.clone(), Arc::clone(&control));
+        // The drain is a task of its own: dropping this future cancels it (the guard), and
+        // the task still hands back and releases the slot.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let rt = Arc::clone(&self.inner.rt);
+        let core = Arc::clone(self.inner.core());
+        self.inner.rt.spawn(Box::pin(async move {
+            let _done = done;
+            let result = drain_actor(&rt, &core, &id, &control).await;
+            let _ = tx.send(result);
+            // The last reference to the store may go with the core: never on an executor
+            // thread (a Postgres client panics when dropped there).
+            rt.spawn_blocking(Box::new(move || drop(core)));
+        }));
+        let result = rx.await.unwrap_or(Err(OutboxError::ShuttingDown));
         guard.disarm();
         result
     }
@@ -343,7 +364,7 @@ impl Outbox {
     /// # Errors
     /// A store failure.
     pub async fn status(&self) -> Result<Vec<ActorStatus>, OutboxError> {
-        self.call(|ob| ob.status()).await
+        self.call(|core| core.status()).await
     }
 
     /// The lanes of an actor.
@@ -352,7 +373,7 @@ impl Outbox {
     /// A store failure, or an unknown actor.
     pub async fn lanes(&self, actor: &str) -> Result<Vec<LaneStatus>, OutboxError> {
         let actor = actor.to_owned();
-        self.call(move |ob| ob.lanes(&actor)).await
+        self.call(move |core| core.lanes(&actor)).await
     }
 
     /// Dead letters, of one actor or all.
@@ -361,7 +382,8 @@ impl Outbox {
     /// A store failure, or an unknown actor.
     pub async fn dead_letters(&self, actor: Option<&str>) -> Result<Vec<DeadLetter>, OutboxError> {
         let actor = actor.map(str::to_owned);
-        self.call(move |ob| ob.dead_letters(actor.as_deref())).await
+        self.call(move |core| core.dead_letters(actor.as_deref()))
+            .await
     }
 
     /// Graceful shutdown: running passes stop starting units, let attempts in flight finish
@@ -369,9 +391,19 @@ impl Outbox {
     /// (within the HTTP timeout) and acks flushed. Nothing is lost if the grace period
     /// passes: unfinished units stay in the store.
     pub async fn shutdown(&self) {
+        let core = self.inner.core();
+        core.begin_shutdown();
+        let grace = core.config().shutdown_grace;
+        let started = self.inner.rt.now();
+        while core.slots().running() > 0 && self.inner.rt.now().duration_since(started) < grace {
+            self.inner
+                .rt
+                .sleep(std::time::Duration::from_millis(10))
+                .await;
+        }
         let _ = self
-            .call(|ob| {
-                ob.shutdown();
+            .call(|core| {
+                core.finish_shutdown();
                 Ok(())
             })
             .await;
@@ -383,12 +415,122 @@ impl Outbox {
     /// several actors at once, at most [`OutboxConfig::max_passes`].
     ///
     /// The monitor is a task on the outbox's runtime; each pass is a task of its own running
-    /// [`Outbox::drain_with`] (the pass loop itself on the blocking pool, its deliveries this
-    /// outbox's tasks). It works the same on tokio, async-std and smol.
+    /// [`Outbox::drain_with`] (its rounds of store work on the blocking pool, its deliveries
+    /// this outbox's tasks). It works the same on tokio, async-std and smol.
     ///
     /// # Errors
     /// The store's cross-process watcher could not be started.
     pub async fn monitor(&self) -> Result<Monitor, OutboxError> {
         Monitor::start(self.clone()).await
     }
+}
+
+/// Runs `actor`'s drain as async code: the core's [`DrainSession`] decides, this executes
+/// (store calls on the blocking pool, passes as [`pass::run_pass`]).
+async fn drain_actor(
+    rt: &Arc<dyn Runtime>,
+    core: &Arc<OutboxCore>,
+    actor: &ActorId,
+    control: &Arc<DrainControl>,
+) -> Result<DrainOutcome, OutboxError> {
+    if core.is_stopping() {
+        return Err(OutboxError::ShuttingDown);
+    }
+    if core.slots().try_acquire(actor) == Acquire::Merged {
+        return Ok(DrainOutcome::Merged);
+    }
+    let yield_at_slice = control
+        .yield_at_slice
+        .load(std::sync::atomic::Ordering::SeqCst);
+    let mut session = DrainSession::new(yield_at_slice);
+    let mut token = None;
+    let mut total = PassReport::default();
+    let mut error: Option<StoreError> = None;
+    let shutting = || StoreError::Database("the runtime is shutting down".into());
+    while let Some(action) = session.poll_action() {
+        match action {
+            DrainAction::AcquireStoreSlot => {
+                let (c, a) = (Arc::clone(core), actor.clone());
+                let got = unblock(&**rt, move || {
+                    c.store().acquire_slot(&a, c.holder(), c.config().lease)
+                })
+                .await
+                .unwrap_or_else(|| Err(shutting()));
+                match got {
+                    Ok(outbox_lanes_store::Acquire::Acquired(t)) => {
+                        token = Some(t);
+                        session.handle_store_acquire(SlotAnswer::Acquired);
+                    }
+                    Ok(outbox_lanes_store::Acquire::Held) => {
+                        session.handle_store_acquire(SlotAnswer::Held);
+                    }
+                    Err(e) => {
+                        error.get_or_insert(e);
+                        session.handle_failed();
+                    }
+                }
+            }
+            DrainAction::RunPass => {
+                let t = token
+                    .clone()
+                    .expect("the session runs a pass only after acquiring the store's slot");
+                let result = pass::run_pass(rt, core, t, control).await;
+                total.add(&result.report);
+                if let Some(e) = result.error {
+                    warn!(%actor, error = %e, end = ?result.end, "pass ended on a store failure");
+                    error.get_or_insert(e);
+                }
+                session.handle_pass_end(result.end);
+            }
+            DrainAction::ReleaseStoreSlot => {
+                let Some(t) = token.clone() else {
+                    session.handle_failed();
+                    continue;
+                };
+                let c = Arc::clone(core);
+                let released = unblock(&**rt, move || c.store().release_slot(&t))
+                    .await
+                    .unwrap_or_else(|| Err(shutting()));
+                match released {
+                    Ok(Release::Released) => {
+                        session.handle_store_release(outbox_lanes_core::Release::Released);
+                    }
+                    Ok(Release::LookAgain) => {
+                        session.handle_store_release(outbox_lanes_core::Release::LookAgain);
+                    }
+                    Err(e) => {
+                        debug!(%actor, error = %e, "slot release failed; its lease expires");
+                        session.handle_failed();
+                    }
+                }
+            }
+            DrainAction::ReleaseLocalSlot => {
+                let r = core.slots().release(actor);
+                session.handle_local_release(r);
+            }
+            DrainAction::ForceReleaseLocalSlot => {
+                if core.slots().force_release(actor) {
+                    debug!(%actor, "a drain was asked meanwhile; the monitor comes back for it");
+                }
+            }
+            DrainAction::Finish(end) => {
+                return match end {
+                    DrainEnd::Ran { yielded } => {
+                        total.yielded = yielded;
+                        Ok(DrainOutcome::Ran(total))
+                    }
+                    DrainEnd::Merged => Ok(DrainOutcome::Merged),
+                    DrainEnd::Cancelled => Err(OutboxError::Cancelled),
+                    DrainEnd::Failed => {
+                        Err(OutboxError::Store(error.unwrap_or_else(|| {
+                            StoreError::Database("the drain failed".into())
+                        })))
+                    }
+                };
+            }
+        }
+    }
+    Err(OutboxError::Store(StoreError::Database(
+        "the drain session ended without finishing".into(),
+    )))
 }

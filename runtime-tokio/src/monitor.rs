@@ -23,7 +23,6 @@ use std::collections::HashMap;
 use std::future::{Future, poll_fn};
 use std::pin::{Pin, pin};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::task::Poll;
 use std::time::{Duration, SystemTime};
 
@@ -180,11 +179,8 @@ async fn run(
                     }
                     MonitorAction::Drain(actor) => {
                         debug!(%actor, running = running.len() + 1, "monitor starts a pass");
-                        let control = Arc::new(DrainControl::default());
+                        let control = Arc::new(DrainControl::yielding());
                         // Back to the queue at the end of a time slice, behind the others.
-                        control
-                            .yield_at_slice
-                            .store(true, std::sync::atomic::Ordering::SeqCst);
                         running.insert(actor.clone(), Arc::clone(&control));
                         let ob = outbox.clone();
                         let report = PassDone {
@@ -257,7 +253,7 @@ async fn run(
                 );
                 stopping = true;
                 for control in running.values() {
-                    control.stop.store(true, Ordering::SeqCst);
+                    control.request_stop();
                 }
             }
             Event::PassDone(actor, more) => {

@@ -10,9 +10,10 @@ use std::net::TcpListener;
 use std::thread;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use outbox_lanes_blocking::http::{AttemptResult, Delivery, HttpClient};
 use outbox_lanes_core::policy::AddressPolicy;
 use outbox_lanes_core::{Outcome, UnitId};
+use outbox_lanes_driver::http::{AttemptResult, Delivery};
+use outbox_lanes_driver::ureq_client::HttpClient;
 use outbox_lanes_test_support::{Completion, Recipient, Reply, Response, Unanswered};
 use outbox_lanes_tokio::{AsyncHttpClient, HttpConfig};
 

@@ -11,7 +11,10 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
     name = "outbox-lanes",
     version,
     about = "Per-recipient ordered outbox delivery over HTTP: enqueue, drain, relay, inspect.",
-    long_about = None
+    long_about = "Per-recipient ordered outbox delivery over HTTP: enqueue, drain, relay, inspect.\n\n\
+        Runtime: tokio. Each pass is an async task; deliveries are tasks POSTing with reqwest \
+        (at most --concurrency in flight, which is also one actor's in-flight window); store \
+        work runs on tokio's blocking pool, batched per round."
 )]
 pub(crate) struct Cli {
     /// The database: a SQLite file path, or a `postgres://` URL.
@@ -58,8 +61,9 @@ pub(crate) struct DeliveryFlags {
     #[arg(long, global = true, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) pass_attempts: u32,
 
-    /// Deliveries in flight at once in this process.
-    #[arg(long, global = true, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    /// Deliveries in flight at once in this process, and for one actor (its in-flight
+    /// window). Sized for recipients 50–500 ms away; raise it for many slow recipients.
+    #[arg(long, global = true, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub(crate) concurrency: u32,
 
     /// At most this many deliveries in flight at once to one host (default: no cap but

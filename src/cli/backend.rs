@@ -1,8 +1,8 @@
 //! The one module that talks to the outbox and its store.
 //!
-//! The binary runs on tokio with the async runtime's outbox (`outbox_lanes_tokio`):
-//! deliveries are tokio tasks POSTing with reqwest, store calls and the pass loops run on
-//! tokio's blocking pool. The Postgres client owns a runtime of its own, so the store is
+//! The binary runs on tokio with the async runtime's outbox (`outbox_lanes_tokio`): passes
+//! and deliveries are tokio tasks (reqwest), store calls run on tokio's blocking pool,
+//! batched per round of a pass. The Postgres client owns a runtime of its own, so the store is
 //! opened there too, and the outbox drops it there.
 
 use std::collections::BTreeMap;
@@ -11,8 +11,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use anyhow::anyhow;
-// The async runtime crate re-exports `Hooks` but not the type its `attempted` hook takes.
-use outbox_lanes_blocking::Attempted;
 use outbox_lanes_core::{ActorId, LaneKey, Outcome, Timestamp, UnitId};
 use outbox_lanes_store::{
     Acquire, ActorStatus, ActorsDue, AttemptRecord, ClaimedLane, DeadLetter, DeadLetterRequest,
@@ -21,8 +19,8 @@ use outbox_lanes_store::{
     StoreLaneId,
 };
 use outbox_lanes_tokio::{
-    DeadLettered, Delivered, DrainControl, DrainOutcome, Hooks, Monitor, Outbox, OutboxConfig,
-    OutboxError,
+    Attempted, DeadLettered, Delivered, DrainControl, DrainOutcome, Hooks, Monitor, Outbox,
+    OutboxConfig, OutboxError,
 };
 
 /// A Prometheus histogram: cumulative counts per upper bound, a sum and a count.
@@ -123,6 +121,7 @@ fn outcome_label(o: &Outcome) -> &'static str {
         Outcome::Permanent => "permanent",
         Outcome::Gone => "gone",
         Outcome::Refused => "refused",
+        Outcome::NotSent => "not_sent",
     }
 }
 
@@ -223,6 +222,13 @@ impl Store for CountingStore {
     fn payload(&self, unit: UnitId) -> Result<Payload, StoreError> {
         self.counters.started.fetch_add(1, Ordering::Relaxed);
         self.inner.payload(unit)
+    }
+
+    fn payloads(&self, units: &[UnitId]) -> Vec<Result<Payload, StoreError>> {
+        self.counters
+            .started
+            .fetch_add(units.len() as u64, Ordering::Relaxed);
+        self.inner.payloads(units)
     }
 
     fn ack(
@@ -378,6 +384,11 @@ pub(crate) struct Backend {
 }
 
 impl Backend {
+    /// Deliveries in flight at once (`--concurrency`).
+    pub(crate) fn concurrency(&self) -> usize {
+        self.outbox.core().config().concurrency
+    }
+
     /// Opens the store named by `db` and an outbox over it, delivering as tokio tasks.
     ///
     /// # Errors

@@ -89,6 +89,9 @@ fn init_logging(format: LogFormat) {
     };
 }
 
+/// The runtime the binary runs, as its logs name it.
+const RUNTIME: &str = "tokio (passes and deliveries as tasks, reqwest)";
+
 fn config(d: &DeliveryFlags) -> OutboxConfig {
     let mut c = OutboxConfig::default();
     c.http.timeout = d.timeout;
@@ -246,6 +249,12 @@ async fn cmd_drain(
             .collect(),
     };
     let control = Arc::new(DrainControl::default());
+    info!(
+        runtime = RUNTIME,
+        concurrency = backend.concurrency(),
+        actors = actors.len(),
+        "draining"
+    );
     let progress = progress::Progress::start(
         backend.clone(),
         scope.clone(),
@@ -262,18 +271,14 @@ async fn cmd_drain(
                 "stopping the drain: attempts in flight finish, the rest is handed back \
                  (a second signal stops at once)"
             );
-            control
-                .stop
-                .store(true, std::sync::atomic::Ordering::SeqCst);
+            control.request_stop();
             let name = signals.wait().await;
             warn!(
                 signal = name,
                 "stopping at once: everything is handed back, answers still in flight are \
                  ignored (those units are delivered again)"
             );
-            control
-                .cancel
-                .store(true, std::sync::atomic::Ordering::SeqCst);
+            control.request_cancel();
             // Cancelled passes hand back and release their slots within milliseconds;
             // delivery tasks in flight are abandoned, not waited for.
             tokio::time::sleep(Duration::from_secs(1)).await;
@@ -381,7 +386,11 @@ async fn cmd_relay(
         None => None,
     };
     let relay = backend.start_monitor().await?;
-    info!("relay running; SIGINT or SIGTERM stops it");
+    info!(
+        runtime = RUNTIME,
+        concurrency = backend.concurrency(),
+        "relay running; SIGINT or SIGTERM stops it"
+    );
     let mut signals = signals;
     let name = signals.wait().await;
     info!(

@@ -5,11 +5,16 @@
 //! this: an ack lost to a crash only means a resend. Outcomes that are *not* deliveries
 //! (dead letters, retired lanes) do not go through here; they are written synchronously so a
 //! lane never moves past an undelivered unit before that outcome is durable.
+//!
+//! Errors are kept per pass (per [`SlotToken`]): a commit refused for one pass's stale token
+//! is reported to that pass only, through [`AckWriter::failure`] as soon as it happens (a
+//! pass checks it on every round and stops starting attempts at once) and through
+//! [`AckWriter::flush`] at the pass's end.
 
 use core::time::Duration;
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -37,7 +42,8 @@ impl Default for AckWriterOptions {
 
 enum Msg {
     Ack(SlotToken, UnitId, StoreLaneId),
-    Flush(SyncSender<Result<(), StoreError>>),
+    Batch(SlotToken, Vec<(UnitId, StoreLaneId)>),
+    Flush(SyncSender<()>),
 }
 
 /// One writer thread owning a batch of acks; see the module docs.
@@ -45,6 +51,7 @@ enum Msg {
 /// Dropping it commits what is waiting and joins the thread.
 pub struct AckWriter {
     tx: Option<Sender<Msg>>,
+    errors: Arc<Errors>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -61,11 +68,14 @@ impl AckWriter {
     /// The thread could not be spawned.
     pub fn spawn(store: Arc<dyn Store>, opts: AckWriterOptions) -> std::io::Result<AckWriter> {
         let (tx, rx) = mpsc::channel();
+        let errors = Arc::new(Errors::default());
+        let errs = Arc::clone(&errors);
         let thread = std::thread::Builder::new()
             .name("outbox-lanes-acks".into())
-            .spawn(move || run(&*store, &rx, opts))?;
+            .spawn(move || run(&*store, &rx, opts, &errs))?;
         Ok(AckWriter {
             tx: Some(tx),
+            errors,
             thread: Some(thread),
         })
     }
@@ -79,12 +89,46 @@ impl AckWriter {
         }
     }
 
+    /// Hands several delivered recipients of one pass over at once (one message, one
+    /// wake-up of the writer, however many acks).
+    pub fn ack_batch(&self, token: &SlotToken, delivered: Vec<(UnitId, StoreLaneId)>) {
+        if delivered.is_empty() {
+            return;
+        }
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Msg::Batch(token.clone(), delivered));
+        }
+    }
+
+    /// The first commit error of `token`'s acks so far, if any, without waiting: a pass
+    /// calls it on every round, and on an error stops starting attempts at once.
+    pub fn failure(&self, token: &SlotToken) -> Option<StoreError> {
+        self.errors.lock().get(token).cloned()
+    }
+
     /// Returns once every ack handed over before the call is committed.
     ///
     /// # Errors
-    /// The first error met by a commit since the previous flush (e.g.
-    /// [`StoreError::StaleToken`]: the acks of that pass were not written).
-    pub fn flush(&self) -> Result<(), StoreError> {
+    /// The first error met by a commit of `token`'s acks (e.g. [`StoreError::StaleToken`]:
+    /// the acks of that pass were not written); other passes' errors are theirs. The error is
+    /// forgotten once reported.
+    pub fn flush(&self, token: &SlotToken) -> Result<(), StoreError> {
+        self.wait()?;
+        self.errors.lock().remove(token).map_or(Ok(()), Err)
+    }
+
+    /// Returns once every ack handed over before the call is committed, whatever came of
+    /// them (a shutdown's last flush).
+    ///
+    /// # Errors
+    /// The writer thread stopped.
+    pub fn flush_all(&self) -> Result<(), StoreError> {
+        self.wait()?;
+        self.errors.lock().clear();
+        Ok(())
+    }
+
+    fn wait(&self) -> Result<(), StoreError> {
         let (done_tx, done_rx) = mpsc::sync_channel(1);
         let tx = self
             .tx
@@ -94,7 +138,17 @@ impl AckWriter {
             .map_err(|_| StoreError::Database("ack writer thread stopped".into()))?;
         done_rx
             .recv()
-            .map_err(|_| StoreError::Database("ack writer thread stopped".into()))?
+            .map_err(|_| StoreError::Database("ack writer thread stopped".into()))
+    }
+}
+
+/// Commit errors per pass, shared by the writer thread and the handle.
+#[derive(Default)]
+struct Errors(Mutex<HashMap<SlotToken, StoreError>>);
+
+impl Errors {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SlotToken, StoreError>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -108,20 +162,20 @@ impl Drop for AckWriter {
     }
 }
 
-fn run(store: &dyn Store, rx: &Receiver<Msg>, opts: AckWriterOptions) {
+fn run(store: &dyn Store, rx: &Receiver<Msg>, opts: AckWriterOptions, errors: &Errors) {
     let mut batch: Vec<(SlotToken, UnitId, StoreLaneId)> = Vec::new();
-    let mut first_error: Option<StoreError> = None;
     loop {
         let msg = match rx.recv() {
             Ok(m) => m,
             Err(_) => {
-                commit(store, &mut batch, &mut first_error);
+                commit(store, &mut batch, errors);
                 return;
             }
         };
         let mut flushes = Vec::new();
         match msg {
             Msg::Ack(t, u, l) => batch.push((t, u, l)),
+            Msg::Batch(t, items) => batch.extend(items.into_iter().map(|(u, l)| (t.clone(), u, l))),
             Msg::Flush(done) => flushes.push(done),
         }
         // Gather more until the batch is full, the delay passed, or a flush asks for it now.
@@ -134,6 +188,9 @@ fn run(store: &dyn Store, rx: &Receiver<Msg>, opts: AckWriterOptions) {
             }
             match rx.recv_timeout(deadline - now) {
                 Ok(Msg::Ack(t, u, l)) => batch.push((t, u, l)),
+                Ok(Msg::Batch(t, items)) => {
+                    batch.extend(items.into_iter().map(|(u, l)| (t.clone(), u, l)));
+                }
                 Ok(Msg::Flush(done)) => flushes.push(done),
                 Err(RecvTimeoutError::Timeout) => break,
                 Err(RecvTimeoutError::Disconnected) => {
@@ -142,9 +199,9 @@ fn run(store: &dyn Store, rx: &Receiver<Msg>, opts: AckWriterOptions) {
                 }
             }
         }
-        commit(store, &mut batch, &mut first_error);
+        commit(store, &mut batch, errors);
         for done in flushes {
-            let _ = done.send(first_error.take().map_or(Ok(()), Err));
+            let _ = done.send(());
         }
         if closed {
             return;
@@ -152,11 +209,7 @@ fn run(store: &dyn Store, rx: &Receiver<Msg>, opts: AckWriterOptions) {
     }
 }
 
-fn commit(
-    store: &dyn Store,
-    batch: &mut Vec<(SlotToken, UnitId, StoreLaneId)>,
-    first_error: &mut Option<StoreError>,
-) {
+fn commit(store: &dyn Store, batch: &mut Vec<(SlotToken, UnitId, StoreLaneId)>, errors: &Errors) {
     if batch.is_empty() {
         return;
     }
@@ -176,7 +229,7 @@ fn commit(
             result = store.ack(&token, &items);
         }
         if let Err(e) = result {
-            first_error.get_or_insert(e);
+            errors.lock().entry(token).or_insert(e);
         }
     }
 }

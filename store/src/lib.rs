@@ -133,6 +133,13 @@ pub trait Store: Send + Sync {
     /// [`StoreError::NotFound`] if the unit is finished or unknown.
     fn payload(&self, unit: UnitId) -> Result<Payload, StoreError>;
 
+    /// The payloads of several units, in order: what a pass fetches for the attempts it
+    /// starts in one round (one call, not one per unit). One unit's error does not fail the
+    /// others.
+    fn payloads(&self, units: &[UnitId]) -> Vec<Result<Payload, StoreError>> {
+        units.iter().map(|u| self.payload(*u)).collect()
+    }
+
     /// Marks these recipients of these units served, in one transaction. A unit whose
     /// recipients are all served or dead-lettered is finished (deleted, or kept for the
     /// retention). Acks of unknown or already finished deliveries are ignored, so a retried

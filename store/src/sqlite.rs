@@ -1344,23 +1344,22 @@ impl Store for SqliteStore {
     }
 
     fn payload(&self, unit: UnitId) -> Result<Payload, StoreError> {
-        self.read(|c| {
-            c.prepare_cached(
-                "SELECT coalesce(h.row_id, r.row_id), coalesce(h.content_type, r.content_type), \
-                 CASE WHEN h.row_ref IS NULL THEN h.body ELSE r.body END \
-                 FROM ol_units h LEFT JOIN ol_rows r ON r.id = h.row_ref \
-                 WHERE h.id = ?1 AND h.unit_id IS NULL AND h.acked_at IS NULL",
-            )?
-            .query_row([i(unit.0)], |r| {
-                Ok(Payload {
-                    row_id: r.get(0)?,
-                    content_type: r.get(1)?,
-                    body: r.get(2)?,
-                })
-            })
-            .optional()?
-            .ok_or(StoreError::NotFound { what: "unit" })
-        })
+        self.read(|c| read_payload(c, unit))
+    }
+
+    fn payloads(&self, units: &[UnitId]) -> Vec<Result<Payload, StoreError>> {
+        // One snapshot and one statement for the round's starts.
+        let mut out = Vec::with_capacity(units.len());
+        let all = self.read(|c| {
+            for u in units {
+                out.push(read_payload(c, *u));
+            }
+            Ok(())
+        });
+        match all {
+            Ok(()) => out,
+            Err(e) => units.iter().map(|_| Err(e.clone())).collect(),
+        }
     }
 
     fn ack(
@@ -1912,4 +1911,23 @@ fn watch_loop(conn: &Connection, stop: &AtomicBool, notifier: &Notifier, every: 
             notifier.notify();
         }
     }
+}
+
+/// One unit's payload, inline or from its shared row.
+fn read_payload(c: &Transaction<'_>, unit: UnitId) -> Result<Payload, StoreError> {
+    c.prepare_cached(
+        "SELECT coalesce(h.row_id, r.row_id), coalesce(h.content_type, r.content_type), \
+         CASE WHEN h.row_ref IS NULL THEN h.body ELSE r.body END \
+         FROM ol_units h LEFT JOIN ol_rows r ON r.id = h.row_ref \
+         WHERE h.id = ?1 AND h.unit_id IS NULL AND h.acked_at IS NULL",
+    )?
+    .query_row([i(unit.0)], |r| {
+        Ok(Payload {
+            row_id: r.get(0)?,
+            content_type: r.get(1)?,
+            body: r.get(2)?,
+        })
+    })
+    .optional()?
+    .ok_or(StoreError::NotFound { what: "unit" })
 }

@@ -1037,15 +1037,28 @@ fn ack_writer_group_commits(b: Backend) {
                 });
             }
         });
-        writer.flush().expect("flush");
+        writer.flush(&t).expect("flush");
         assert!(s.status().expect("status")[0].pending == 0);
-        // A stale pass's acks are refused and reported by the next flush.
+        // A stale pass's acks are refused and reported to that pass alone: another pass
+        // (another actor's, with a live token) sharing the writer flushes clean.
         s.enqueue(&a, &[row("late", &[A])]).expect("enqueue");
         let u = claim_lane(&*s, &t, la, 0, 10).units[0].id;
         let _ = s.release_slot(&t).expect("release");
+        let b = actor("bob");
+        s.enqueue(&b, &[row("b1", &[A])]).expect("enqueue");
+        let tb = acquire(&*s, &b, "h", LEASE);
+        let lbob = lane_of(&*s, &b, A);
+        let ub = claim_lane(&*s, &tb, lbob, 0, 10).units[0].id;
         writer.ack(&t, u, la);
-        assert_eq!(writer.flush(), Err(StoreError::StaleToken));
-        writer.flush().expect("errors are reported once");
+        writer.ack(&tb, ub, lbob);
+        writer
+            .flush(&tb)
+            .expect("the live pass's acks are committed");
+        assert_eq!(writer.failure(&t), Some(StoreError::StaleToken));
+        assert_eq!(writer.failure(&tb), None);
+        assert_eq!(writer.flush(&t), Err(StoreError::StaleToken));
+        writer.flush(&t).expect("errors are reported once");
+        let _ = s.release_slot(&tb).expect("release");
     });
 }
 

@@ -1,0 +1,104 @@
+//! The configuration every runtime's `Outbox` takes.
+
+use std::time::Duration;
+
+use outbox_lanes_core::policy::AddressPolicy;
+
+use crate::http::HttpConfig;
+
+/// The default [`OutboxConfig::concurrency`]: attempts in flight at once per process. Sized
+/// for internet delivery, where recipients answer in 50–500 ms: at 200 ms, 256 in flight is
+/// about 1,280 deliveries/s.
+pub const DEFAULT_CONCURRENCY: usize = 256;
+
+/// Configuration of an `Outbox` (either runtime).
+#[derive(Clone, Debug)]
+pub struct OutboxConfig {
+    /// The scheduler's configuration (window, retries, backoff). Its `max_in_flight` is
+    /// replaced by [`OutboxConfig::concurrency`] and its admission window is widened to
+    /// fit it: see [`OutboxConfig::pass_scheduler`].
+    pub scheduler: outbox_lanes_core::Config,
+    /// HTTP delivery.
+    pub http: HttpConfig,
+    /// Attempts in flight at once in this process, and in one pass: the blocking runtime's
+    /// worker threads, the tokio runtime's delivery tasks. Default
+    /// [`DEFAULT_CONCURRENCY`].
+    pub concurrency: usize,
+    /// At most this many attempts in flight at once to one host (`host:port`), from this
+    /// process, whichever actors they come from; `None`: no cap but `concurrency`. Attempts
+    /// past the cap wait in the host's queue without holding a worker ([`crate::HostCaps`]).
+    pub per_host: Option<usize>,
+    /// The drain slot's lease; renewed every third of it while a pass runs.
+    pub lease: Duration,
+    /// A pass yields after this long so busy actors cannot starve the others (OL-13).
+    pub time_slice: Duration,
+    /// On shutdown or at the end of a time slice, how long attempts in flight may finish
+    /// before they are handed back.
+    pub shutdown_grace: Duration,
+    /// The monitor's safety-net poll.
+    pub poll_interval: Duration,
+    /// Passes the monitor runs at once.
+    pub max_passes: usize,
+    /// The name this process holds drain slots under (default: host-pid-random).
+    pub holder: Option<String>,
+    /// The seed of every pass's jitter. `None` (the default): a fresh seed per pass, logged
+    /// at DEBUG with the pass, so a production run can be replayed with it.
+    pub seed: Option<u64>,
+}
+
+impl Default for OutboxConfig {
+    fn default() -> Self {
+        OutboxConfig {
+            scheduler: outbox_lanes_core::Config::default(),
+            http: HttpConfig::default(),
+            concurrency: DEFAULT_CONCURRENCY,
+            per_host: None,
+            lease: Duration::from_secs(30),
+            time_slice: Duration::from_secs(10),
+            shutdown_grace: Duration::from_secs(10),
+            poll_interval: Duration::from_secs(1),
+            max_passes: 8,
+            holder: None,
+            seed: None,
+        }
+    }
+}
+
+impl OutboxConfig {
+    /// Allows loopback destinations (tests and demos on 127.0.0.1).
+    pub fn allow_loopback(mut self) -> Self {
+        self.http.addresses = AddressPolicy::allow_loopback_only();
+        self
+    }
+
+    /// The scheduler configuration of one pass: the in-flight window is
+    /// [`OutboxConfig::concurrency`] (so `--concurrency 1000` puts 1,000 attempts of one
+    /// actor in flight), and the admission window holds at least four units per attempt in
+    /// flight, so a lane that finishes finds its successor admitted.
+    pub fn pass_scheduler(&self) -> outbox_lanes_core::Config {
+        let mut c = self.scheduler.clone();
+        let n = self.concurrency.max(1);
+        c.max_in_flight = n;
+        c.max_units = c.max_units.max(n.saturating_mul(4));
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_in_flight_window_follows_the_concurrency() {
+        let mut c = OutboxConfig::default();
+        assert_eq!(c.pass_scheduler().max_in_flight, DEFAULT_CONCURRENCY);
+        c.concurrency = 1000;
+        let s = c.pass_scheduler();
+        assert_eq!(s.max_in_flight, 1000);
+        assert_eq!(s.max_units, 4000);
+        c.concurrency = 2;
+        let s = c.pass_scheduler();
+        assert_eq!(s.max_in_flight, 2);
+        assert_eq!(s.max_units, outbox_lanes_core::Config::default().max_units);
+    }
+}

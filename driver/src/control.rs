@@ -1,0 +1,113 @@
+//! Stopping or cancelling a running drain from another thread or task.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+type Waker = Arc<dyn Fn() + Send + Sync>;
+
+/// Stops or cancels a running drain from another thread or task.
+///
+/// Use [`DrainControl::request_stop`] and [`DrainControl::request_cancel`]: they set the
+/// flag and wake the pass at once. (Setting the public flags directly works too, but the
+/// pass then sees them only at its next event.)
+#[derive(Default)]
+pub struct DrainControl {
+    /// Graceful: nothing new starts, attempts in flight finish, the rest is handed back.
+    pub stop: AtomicBool,
+    /// At once: everything is handed back and the slot released; attempts in flight are
+    /// abandoned.
+    pub cancel: AtomicBool,
+    /// Return when a pass reaches its time slice with work left (the monitor does, to let
+    /// other actors run: OL-13). Otherwise the drain goes on with another pass at once, so
+    /// a direct drain returns only when nothing is admissible.
+    pub yield_at_slice: AtomicBool,
+    wakers: Mutex<Vec<(u64, Waker)>>,
+    next: AtomicU64,
+}
+
+impl std::fmt::Debug for DrainControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DrainControl")
+            .field("stop", &self.stop)
+            .field("cancel", &self.cancel)
+            .field("yield_at_slice", &self.yield_at_slice)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DrainControl {
+    /// A control whose drains yield at the end of a time slice (the monitor's).
+    pub fn yielding() -> Self {
+        let c = DrainControl::default();
+        c.yield_at_slice.store(true, Ordering::SeqCst);
+        c
+    }
+
+    /// Graceful stop: nothing new starts, attempts in flight finish (within the grace
+    /// period), the rest is handed back.
+    pub fn request_stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.wake();
+    }
+
+    /// Cancel at once: everything is handed back and the slot released.
+    pub fn request_cancel(&self) {
+        self.cancel.store(true, Ordering::SeqCst);
+        self.wake();
+    }
+
+    /// Whether a stop was asked.
+    pub fn is_stopped(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    /// Whether a cancellation was asked.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.load(Ordering::SeqCst)
+    }
+
+    /// Calls `f` on every later stop or cancel request, until the subscription is dropped.
+    pub fn subscribe(
+        self: &Arc<Self>,
+        f: impl Fn() + Send + Sync + 'static,
+    ) -> ControlSubscription {
+        let id = self.next.fetch_add(1, Ordering::SeqCst);
+        self.lock().push((id, Arc::new(f)));
+        ControlSubscription {
+            control: Arc::clone(self),
+            id,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(u64, Waker)>> {
+        self.wakers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn wake(&self) {
+        // Called outside the lock: a waker may subscribe or drop a subscription.
+        let wakers: Vec<Waker> = self.lock().iter().map(|(_, w)| Arc::clone(w)).collect();
+        for w in wakers {
+            w();
+        }
+    }
+}
+
+/// Keeps a [`DrainControl::subscribe`] callback registered; dropping it unregisters it.
+pub struct ControlSubscription {
+    control: Arc<DrainControl>,
+    id: u64,
+}
+
+impl std::fmt::Debug for ControlSubscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlSubscription")
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
+impl Drop for ControlSubscription {
+    fn drop(&mut self) {
+        self.control.lock().retain(|(id, _)| *id != self.id);
+    }
+}

@@ -1,0 +1,81 @@
+//! Delivery hooks for the embedding service.
+
+use std::fmt;
+use std::time::Duration;
+
+use outbox_lanes_core::{ActorId, DeadReason, Outcome, UnitId};
+
+/// A recipient was served.
+#[derive(Clone, Debug)]
+pub struct Delivered {
+    /// The actor.
+    pub actor: ActorId,
+    /// The unit (its idempotency key).
+    pub unit: UnitId,
+    /// The row it came from.
+    pub row_id: String,
+    /// The recipient URL.
+    pub recipient: String,
+}
+
+/// A recipient's unit became a dead letter.
+#[derive(Clone, Debug)]
+pub struct DeadLettered {
+    /// The actor.
+    pub actor: ActorId,
+    /// The unit.
+    pub unit: UnitId,
+    /// The row it came from.
+    pub row_id: String,
+    /// The recipient URL.
+    pub recipient: String,
+    /// Why.
+    pub reason: DeadReason,
+    /// The last HTTP status, if any.
+    pub status: Option<u16>,
+    /// The last error, if any.
+    pub error: Option<String>,
+}
+
+/// An attempt finished, whatever its outcome (for metrics: latency, queue wait, outcomes).
+#[derive(Clone, Debug)]
+pub struct Attempted {
+    /// The actor.
+    pub actor: ActorId,
+    /// The unit.
+    pub unit: UnitId,
+    /// The recipient URL.
+    pub recipient: String,
+    /// What the attempt came to.
+    pub outcome: Outcome,
+    /// The HTTP status, if a response came back.
+    pub status: Option<u16>,
+    /// From handing the attempt to the executor to its result.
+    pub latency: Duration,
+    /// From the row's enqueue to the start of this attempt.
+    pub queued: Duration,
+}
+
+type Hook<T> = Box<dyn Fn(&T) + Send + Sync>;
+
+/// Delivery hooks for the embedding service. They are called from the pass (a pass thread
+/// or a blocking-pool thread): keep them short, and do not block on an async runtime in them.
+#[derive(Default)]
+pub struct Hooks {
+    /// Called for every recipient served.
+    pub delivered: Option<Hook<Delivered>>,
+    /// Called for every dead letter, once it is durable.
+    pub dead_lettered: Option<Hook<DeadLettered>>,
+    /// Called for every finished attempt, before the outcome is acted on.
+    pub attempted: Option<Hook<Attempted>>,
+}
+
+impl fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hooks")
+            .field("delivered", &self.delivered.is_some())
+            .field("dead_lettered", &self.dead_lettered.is_some())
+            .field("attempted", &self.attempted.is_some())
+            .finish()
+    }
+}

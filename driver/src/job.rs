@@ -1,0 +1,153 @@
+//! What an executor runs: one attempt with its payload, and the report it sends back.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use outbox_lanes_core::{ActorId, LaneId, UnitId};
+use outbox_lanes_store::Payload;
+
+use crate::http::{AttemptResult, Delivery, not_sent};
+
+/// What an executor reports back to the pass that started the attempt.
+#[derive(Debug)]
+pub struct Done {
+    /// The unit.
+    pub unit: UnitId,
+    /// The recipient's lane.
+    pub lane: LaneId,
+    /// What the attempt came to.
+    pub result: AttemptResult,
+    /// When the job was handed to the executor.
+    pub started: Instant,
+}
+
+/// Where a pass receives its completions: a channel whose receiving side the pass waits on.
+/// Completions of many jobs are taken together, one wake-up for many.
+pub trait Completions: Send + Sync {
+    /// Reports one finished attempt. A pass that is gone ignores it.
+    fn complete(&self, done: Done);
+}
+
+/// One attempt for an [`Executor`] to run: deliver [`Job::delivery`], then [`Job::finish`].
+///
+/// The payload was read by the pass that started it, in one batch with the other attempts
+/// of its round. A job dropped unfinished reports [`Outcome::NotSent`](outbox_lanes_core::Outcome::NotSent):
+/// the unit is retried without counting an attempt.
+pub struct Job {
+    /// The actor.
+    pub actor: ActorId,
+    /// The unit (its id is the idempotency key).
+    pub unit: UnitId,
+    /// The recipient's lane in the pass.
+    pub lane: LaneId,
+    /// The recipient URL.
+    pub recipient: String,
+    /// The 1-based attempt number.
+    pub attempt: u32,
+    /// The row's payload.
+    pub payload: Payload,
+    started: Instant,
+    sink: Option<Arc<dyn Completions>>,
+    /// Cleared when the pass that started the job has ended.
+    live: Arc<AtomicBool>,
+    /// The job's place under its host's cap ([`crate::HostCaps`]), freed when it is dropped.
+    pub(crate) permit: Option<crate::hosts::HostPermit>,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job")
+            .field("actor", &self.actor)
+            .field("unit", &self.unit)
+            .field("lane", &self.lane)
+            .field("recipient", &self.recipient)
+            .field("attempt", &self.attempt)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Job {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        actor: ActorId,
+        unit: UnitId,
+        lane: LaneId,
+        recipient: String,
+        attempt: u32,
+        payload: Payload,
+        sink: Arc<dyn Completions>,
+        live: Arc<AtomicBool>,
+    ) -> Job {
+        Job {
+            actor,
+            unit,
+            lane,
+            recipient,
+            attempt,
+            payload,
+            started: Instant::now(),
+            sink: Some(sink),
+            live,
+            permit: None,
+        }
+    }
+
+    /// The request to make.
+    pub fn delivery(&self) -> Delivery<'_> {
+        Delivery {
+            unit: self.unit,
+            recipient: &self.recipient,
+            body: &self.payload.body,
+            content_type: &self.payload.content_type,
+            attempt: self.attempt,
+        }
+    }
+
+    /// Whether the pass that started this job has ended (it was cancelled, or its grace
+    /// period ran out) and handed the unit back: nobody waits for the answer any more, and
+    /// an executor that has not sent the request yet should drop the job instead, so the
+    /// recipient does not get a unit that will be sent again anyway.
+    pub fn abandoned(&self) -> bool {
+        !self.live.load(Ordering::SeqCst)
+    }
+
+    /// Reports the result to the pass. A pass that is gone no longer cares.
+    pub fn finish(mut self, result: AttemptResult) {
+        self.report(result);
+    }
+
+    fn report(&mut self, result: AttemptResult) {
+        if let Some(sink) = self.sink.take() {
+            sink.complete(Done {
+                unit: self.unit,
+                lane: self.lane,
+                result,
+                started: self.started,
+            });
+        }
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        // Dropped unrun (an executor shutting down, a task the runtime dropped): the
+        // recipient never saw it, and the pass must not wait for it.
+        self.report(not_sent("the attempt was dropped before it finished"));
+    }
+}
+
+/// Runs delivery jobs: a pool of threads (the blocking runtime) or tasks (an async one).
+pub trait Executor: Send + Sync {
+    /// Runs `job` and calls [`Job::finish`] when it is done.
+    ///
+    /// # Errors
+    /// The executor is shut down; the job is returned unrun.
+    // The job comes back by value on the rare refusal; boxing it would cost an allocation
+    // on every attempt.
+    #[allow(clippy::result_large_err)]
+    fn execute(&self, job: Job) -> Result<(), Job>;
+
+    /// Stops taking jobs; returns once the jobs in progress are done.
+    fn shutdown(&self) {}
+}

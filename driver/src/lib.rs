@@ -1,0 +1,54 @@
+//! The runtime-agnostic pass driver of outbox-lanes.
+//!
+//! Every runtime (`outbox-lanes-blocking`: std threads; `outbox-lanes-tokio`: tasks on
+//! tokio, async-std or smol) runs the same passes through this crate. The decisions are the
+//! core's, pure and transcript-tested: the [`Scheduler`](outbox_lanes_core::Scheduler) (which
+//! unit starts, retries, stalls, dead letters), the
+//! [`PassSession`](outbox_lanes_core::PassSession) (lease renewal, time slice, shutdown
+//! grace, when a pass ends) and the [`DrainSession`](outbox_lanes_core::DrainSession) (the
+//! drain slot protocol around passes). This crate executes them against a
+//! [`Store`](outbox_lanes_store::Store):
+//!
+//! - [`pass::PassCore`]: one pass, advanced in **rounds**. A runtime feeds it events
+//!   (completions, wake-ups, timeouts, a stop or a cancellation) — cheap, no I/O — and then
+//!   runs one [`PassCore::round`](pass::PassCore::round) where blocking calls are allowed: it
+//!   executes every queued command in order (attempts recorded in one batch, dead letters and
+//!   lane states durable before any later start), discovers and claims lane heads, fetches
+//!   the payloads of every attempt it starts in one call, and returns the [`Job`]s to run.
+//!   The blocking runtime runs a round on its pass thread; the tokio runtime moves the pass
+//!   onto the blocking pool for the round and back, so store work is batched per round,
+//!   never one round trip per unit.
+//! - [`Executor`]: what runs [`Job`]s (a thread pool, tasks), with [`HostCaps`] in front for
+//!   per-host caps; a job reports its [`Done`] through the pass's [`Completions`] sink.
+//! - The delivery policy every HTTP client shares ([`http`]), signing ([`sign`]) and, with
+//!   the `ureq` feature, the blocking client ([`ureq_client::HttpClient`]).
+//! - What both runtimes' `Outbox` share: [`OutboxConfig`], [`Hooks`], [`OutboxError`],
+//!   [`DrainControl`] and [`OutboxCore`] (store, slots, acks, resolver).
+//!
+//! Dependencies run runtimes → driver → store / HTTP policy → core.
+
+mod config;
+mod control;
+mod error;
+mod hooks;
+mod hosts;
+pub mod http;
+mod job;
+mod outbox;
+pub mod pass;
+pub mod sign;
+#[cfg(feature = "ureq")]
+pub mod ureq_client;
+
+pub use crate::config::{DEFAULT_CONCURRENCY, OutboxConfig};
+pub use crate::control::{ControlSubscription, DrainControl};
+pub use crate::error::OutboxError;
+pub use crate::hooks::{Attempted, DeadLettered, Delivered, Hooks};
+pub use crate::hosts::HostCaps;
+pub use crate::http::{AttemptResult, Delivery, HttpConfig, HttpError};
+pub use crate::job::{Completions, Done, Executor, Job};
+pub use crate::outbox::{DrainOutcome, OutboxCore};
+pub use crate::pass::PassReport;
+pub use crate::sign::Signer;
+pub use outbox_lanes_core as core;
+pub use outbox_lanes_store as store;

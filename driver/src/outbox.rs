@@ -1,0 +1,213 @@
+//! What every runtime's `Outbox` shares: the store, the drain slots, the ack writer, the
+//! resolver, the hooks and the executor. Its methods block; an async runtime calls them on
+//! its blocking pool.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use outbox_lanes_core::{ActorId, ActorResolver, DrainSlots};
+use outbox_lanes_store::{
+    AckWriter, AckWriterOptions, ActorStatus, DeadLetter, Enqueued, LaneStatus, NewRow, Store,
+};
+use tracing::{debug, warn};
+
+use crate::config::OutboxConfig;
+use crate::control::DrainControl;
+use crate::error::OutboxError;
+use crate::hooks::Hooks;
+use crate::hosts::HostCaps;
+use crate::job::Executor;
+use crate::pass::PassReport;
+
+/// What a drain request did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrainOutcome {
+    /// This call ran the passes; their totals.
+    Ran(PassReport),
+    /// A pass of this actor was already running (here or in another process); it was told
+    /// to look once more, and this call returned at once (OL-12).
+    Merged,
+}
+
+/// The state every runtime's `Outbox` shares; see the [module docs](self).
+pub struct OutboxCore {
+    store: Arc<dyn Store>,
+    config: OutboxConfig,
+    resolver: Box<dyn ActorResolver + Send + Sync>,
+    hooks: Hooks,
+    slots: Mutex<DrainSlots>,
+    acks: AckWriter,
+    executor: Arc<dyn Executor>,
+    holder: String,
+    stopping: AtomicBool,
+    /// Stopped at shutdown: every running pass subscribes to it.
+    shutdown: Arc<DrainControl>,
+}
+
+impl std::fmt::Debug for OutboxCore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutboxCore")
+            .field("holder", &self.holder)
+            .finish_non_exhaustive()
+    }
+}
+
+impl OutboxCore {
+    /// Starts the ack writer and puts the per-host caps (if configured) in front of
+    /// `executor`.
+    ///
+    /// # Errors
+    /// The ack writer's thread could not be started.
+    pub fn new(
+        store: Arc<dyn Store>,
+        config: OutboxConfig,
+        resolver: Box<dyn ActorResolver + Send + Sync>,
+        hooks: Hooks,
+        executor: Arc<dyn Executor>,
+    ) -> Result<OutboxCore, OutboxError> {
+        let acks = AckWriter::spawn(
+            Arc::clone(&store),
+            AckWriterOptions {
+                max_batch: 512,
+                max_delay: Duration::from_millis(5),
+            },
+        )
+        .map_err(OutboxError::Spawn)?;
+        let executor: Arc<dyn Executor> = match config.per_host {
+            Some(cap) => Arc::new(HostCaps::new(executor, cap)),
+            None => executor,
+        };
+        let holder = config.holder.clone().unwrap_or_else(default_holder);
+        Ok(OutboxCore {
+            store,
+            config,
+            resolver,
+            hooks,
+            slots: Mutex::new(DrainSlots::new()),
+            acks,
+            executor,
+            holder,
+            stopping: AtomicBool::new(false),
+            shutdown: Arc::new(DrainControl::default()),
+        })
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &OutboxConfig {
+        &self.config
+    }
+
+    /// The hooks.
+    pub fn hooks(&self) -> &Hooks {
+        &self.hooks
+    }
+
+    /// The group-committing ack writer.
+    pub fn acks(&self) -> &AckWriter {
+        &self.acks
+    }
+
+    /// The executor (behind the per-host caps, if any).
+    pub fn executor(&self) -> &Arc<dyn Executor> {
+        &self.executor
+    }
+
+    /// The name this process holds drain slots under.
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+
+    /// The in-process drain slots.
+    pub fn slots(&self) -> MutexGuard<'_, DrainSlots> {
+        self.slots.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether a shutdown began.
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Marks the outbox as shutting down: running passes stop starting attempts, new drains
+    /// are refused.
+    pub fn begin_shutdown(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        self.shutdown.request_stop();
+    }
+
+    /// Stopped when the shutdown begins: a running pass subscribes to it to be woken.
+    pub fn shutdown_signal(&self) -> &Arc<DrainControl> {
+        &self.shutdown
+    }
+
+    /// After the passes ended: stops the executor (attempts in flight finish within the
+    /// HTTP timeout) and commits the acks still waiting.
+    pub fn finish_shutdown(&self) {
+        self.executor.shutdown();
+        if let Err(e) = self.acks.flush_all() {
+            warn!(error = %e, "acks not flushed at shutdown; those units will be delivered again");
+        }
+    }
+
+    /// The canonical id of an actor spelling.
+    ///
+    /// # Errors
+    /// [`OutboxError::UnknownActor`].
+    pub fn resolve(&self, actor: &str) -> Result<ActorId, OutboxError> {
+        self.resolver
+            .resolve(actor)
+            .map_err(OutboxError::UnknownActor)
+    }
+
+    /// Enqueues rows for `actor`, all or nothing; the monitor is woken after the commit.
+    ///
+    /// # Errors
+    /// [`OutboxError::Enqueue`] names the refused row; nothing was written.
+    pub fn enqueue(&self, actor: &str, rows: &[NewRow]) -> Result<Vec<Enqueued>, OutboxError> {
+        let actor = self.resolve(actor)?;
+        let done = self
+            .store
+            .enqueue(&actor, rows)
+            .map_err(OutboxError::Enqueue)?;
+        debug!(%actor, rows = rows.len(), "enqueued");
+        Ok(done)
+    }
+
+    /// Status of every actor.
+    ///
+    /// # Errors
+    /// A store failure.
+    pub fn status(&self) -> Result<Vec<ActorStatus>, OutboxError> {
+        Ok(self.store.status()?)
+    }
+
+    /// The lanes of an actor.
+    ///
+    /// # Errors
+    /// A store failure, or an unknown actor.
+    pub fn lanes(&self, actor: &str) -> Result<Vec<LaneStatus>, OutboxError> {
+        let actor = self.resolve(actor)?;
+        Ok(self.store.lanes(&actor)?)
+    }
+
+    /// Dead letters, of one actor or all.
+    ///
+    /// # Errors
+    /// A store failure, or an unknown actor.
+    pub fn dead_letters(&self, actor: Option<&str>) -> Result<Vec<DeadLetter>, OutboxError> {
+        let actor = actor.map(|a| self.resolve(a)).transpose()?;
+        Ok(self.store.dead_letters(actor.as_ref())?)
+    }
+}
+
+fn default_holder() -> String {
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("pid{}-{nanos:08x}", std::process::id())
+}

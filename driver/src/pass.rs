@@ -1,0 +1,779 @@
+//! One pass of one actor, advanced in rounds: the core's scheduler and pass session
+//! executed against a store.
+//!
+//! A runtime's loop is:
+//!
+//! 1. [`PassCore::round`] (blocking: run it where store calls may block) executes every
+//!    command the scheduler queued, in order, discovers and claims lane heads, renews the
+//!    lease when the [`PassSession`] says so, fetches the payloads of the attempts it starts
+//!    in one call, and returns the [`Job`]s to hand to the executor.
+//! 2. Unless [`PassCore::ended`], wait for an event — completions (take every one that is
+//!    waiting: one wake-up for many), a wake-up from an enqueue, [`PassCore::poll_timeout`],
+//!    a stop or a cancellation — and feed it with the `handle_*` methods (cheap, no I/O).
+//! 3. Back to 1. Once ended, [`PassCore::finish`] (blocking) hands every unfinished unit back,
+//!    executes the commands still queued (acks included: a delivered unit is never sent
+//!    again because its pass was cancelled) and flushes this pass's acks.
+//!
+//! Failures on our side never count as attempts: a payload the store cannot give becomes
+//! [`Outcome::NotSent`] (retried, not counted). A failed store write (an attempt record, a
+//! dead letter, a lane state, a claim, the lease, or this pass's group-committed acks) ends
+//! the pass at once: no attempt starts after it, and everything unfinished is handed back,
+//! so a store that cannot write never lets the pass run ahead of what it recorded.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime};
+
+use outbox_lanes_core::{
+    ActorId, Admit, AdmitSlot, Command, HoldReason, LaneChunk, LaneClaim, LaneId, LaneInfo,
+    Outcome, PassEnd, PassSession, Scheduler, SessionAction, SessionConfig, Timestamp, UnitId,
+};
+use outbox_lanes_store::{
+    AckWriter, AttemptRecord, ClaimedLane, DeadLetterRequest, SlotToken, Store, StoreError,
+    StoreLaneId,
+};
+use tracing::{debug, info, trace, warn};
+
+use crate::config::OutboxConfig;
+use crate::hooks::{Attempted, DeadLettered, Delivered, Hooks};
+use crate::http::AttemptResult;
+use crate::job::{Completions, Done, Job};
+
+/// How a pass ended, with its totals.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PassReport {
+    /// Recipients served.
+    pub delivered: u64,
+    /// Recipients dead-lettered.
+    pub dead_lettered: u64,
+    /// Units handed back at the end (stalled, waiting behind a stall, in backoff).
+    pub handed_back: u64,
+    /// The pass stopped at its time slice or for shutdown with work left.
+    pub yielded: bool,
+}
+
+impl PassReport {
+    /// Adds `other`'s totals to these.
+    pub fn add(&mut self, other: &PassReport) {
+        self.delivered += other.delivered;
+        self.dead_lettered += other.dead_lettered;
+        self.handed_back += other.handed_back;
+        self.yielded |= other.yielded;
+    }
+}
+
+/// What [`PassCore::finish`] returns.
+#[derive(Debug)]
+pub struct PassResult {
+    /// The totals.
+    pub report: PassReport,
+    /// Why the pass ended.
+    pub end: PassEnd,
+    /// The store failure that ended it, or a failure of the final ack flush.
+    pub error: Option<StoreError>,
+}
+
+/// What a round needs besides the pass itself.
+#[derive(Clone, Copy)]
+pub struct RoundContext<'a> {
+    /// The store.
+    pub store: &'a dyn Store,
+    /// The shared ack writer.
+    pub acks: &'a AckWriter,
+    /// The embedding service's hooks.
+    pub hooks: &'a Hooks,
+}
+
+/// Per-unit facts the pass keeps for tracing and hooks.
+struct UnitInfo {
+    row_id: String,
+    enqueued_at: Timestamp,
+    /// Recipients not yet delivered or dead-lettered in this pass.
+    open: usize,
+}
+
+/// An attempt the scheduler started, waiting for its payload at the end of the round.
+struct Start {
+    unit: UnitId,
+    lane: LaneId,
+    attempt: u32,
+}
+
+/// One pass; see the [module docs](self).
+pub struct PassCore {
+    actor: ActorId,
+    token: SlotToken,
+    lease: Duration,
+    seed: u64,
+    sched: Scheduler,
+    session: PassSession,
+    lanes: HashMap<StoreLaneId, LaneId>,
+    store_lanes: Vec<StoreLaneId>,
+    recipients: Vec<String>,
+    units: HashMap<UnitId, UnitInfo>,
+    last: HashMap<(UnitId, LaneId), AttemptResult>,
+    watermark: u64,
+    /// Look for lanes with new units at the next round (set at the start and on wake-ups:
+    /// a burst of enqueues costs one look).
+    look: bool,
+    sink: Arc<dyn Completions>,
+    /// Shared with every job this pass started; cleared when the pass ends.
+    live: Arc<AtomicBool>,
+    report: PassReport,
+    end: Option<PassEnd>,
+    /// A store write failed: nothing more is written or started (acks excepted).
+    error: Option<StoreError>,
+    records: Vec<AttemptRecord>,
+    /// Deliveries of this round, handed to the ack writer together at its end.
+    acked: Vec<(UnitId, StoreLaneId)>,
+    /// The session asked for a lease renewal; done at the next round.
+    renew_due: bool,
+}
+
+impl std::fmt::Debug for PassCore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PassCore")
+            .field("actor", &self.actor)
+            .field("seed", &self.seed)
+            .field("end", &self.end)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The wall clock as the core's timestamp.
+pub fn now() -> Timestamp {
+    Timestamp::from_system_time(SystemTime::now())
+}
+
+/// A fresh seed for a pass's jitter (logged with the pass, so its run can be replayed).
+fn fresh_seed() -> u64 {
+    let t = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    // Mixed with the process id: two passes started in the same nanosecond differ.
+    t ^ (u64::from(std::process::id()) << 32)
+}
+
+impl PassCore {
+    /// A pass holding `token`, whose completions arrive through `sink`.
+    pub fn new(
+        token: SlotToken,
+        config: &OutboxConfig,
+        sink: Arc<dyn Completions>,
+        now: Timestamp,
+    ) -> PassCore {
+        let seed = config.seed.unwrap_or_else(fresh_seed);
+        let actor = token.actor().clone();
+        debug!(%actor, seed, "pass started");
+        PassCore {
+            actor,
+            token,
+            lease: config.lease,
+            seed,
+            sched: Scheduler::new(config.pass_scheduler(), seed),
+            session: PassSession::new(
+                SessionConfig {
+                    time_slice: config.time_slice,
+                    lease: config.lease,
+                    shutdown_grace: config.shutdown_grace,
+                },
+                now,
+            ),
+            lanes: HashMap::new(),
+            store_lanes: Vec::new(),
+            recipients: Vec::new(),
+            units: HashMap::new(),
+            last: HashMap::new(),
+            watermark: 0,
+            look: true,
+            sink,
+            live: Arc::new(AtomicBool::new(true)),
+            report: PassReport::default(),
+            end: None,
+            error: None,
+            records: Vec::new(),
+            acked: Vec::new(),
+            renew_due: false,
+        }
+    }
+
+    /// The seed of this pass's jitter.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// The slot token the pass holds.
+    pub fn token(&self) -> &SlotToken {
+        &self.token
+    }
+
+    /// Why the pass ended, once it has.
+    pub fn ended(&self) -> Option<PassEnd> {
+        self.end
+    }
+
+    /// Attempts in flight (the scheduler's count: started, not yet completed).
+    pub fn in_flight(&self) -> usize {
+        self.sched.in_flight()
+    }
+
+    /// The next instant the pass must be woken without an event: a retry or probe due, a
+    /// lease renewal, the end of the time slice or of the grace period.
+    pub fn poll_timeout(&mut self) -> Option<Timestamp> {
+        match (self.sched.poll_timeout(), self.session.poll_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// An attempt finished.
+    pub fn handle_done(&mut self, d: Done, hooks: &Hooks, now: Timestamp) {
+        let outcome = d.result.outcome;
+        trace!(unit = %d.unit, lane = d.lane.index(), ?outcome, status = d.result.status,
+            error = d.result.error.as_deref(), took_ms = d.started.elapsed().as_millis() as u64,
+            "attempt finished");
+        if let Some(hook) = &hooks.attempted {
+            let latency = d.started.elapsed();
+            let queued = self.units.get(&d.unit).map_or(Duration::ZERO, |u| {
+                now.saturating_sub(latency)
+                    .saturating_duration_since(u.enqueued_at)
+            });
+            hook(&Attempted {
+                actor: self.actor.clone(),
+                unit: d.unit,
+                recipient: self.recipient(d.lane).to_owned(),
+                outcome,
+                status: d.result.status,
+                latency,
+                queued,
+            });
+        }
+        if outcome != Outcome::NotSent {
+            self.last.insert((d.unit, d.lane), d.result);
+        }
+        if let Err(e) = self.sched.handle_outcome(d.unit, d.lane, outcome, now) {
+            debug!(error = %e, "late completion ignored");
+        }
+    }
+
+    /// New rows were enqueued somewhere: look for lanes with new units at the next round.
+    pub fn handle_wake(&mut self) {
+        self.look = true;
+    }
+
+    /// The time from [`PassCore::poll_timeout`] came (or any time: extra calls are harmless).
+    pub fn handle_timeout(&mut self, now: Timestamp) {
+        self.sched.handle_timeout(now);
+    }
+
+    /// A graceful stop was asked (shutdown, a stop request): nothing new starts, attempts in
+    /// flight finish within the grace period.
+    pub fn handle_shutdown(&mut self, now: Timestamp) {
+        if !self.session.is_stopping() && self.end.is_none() {
+            self.session.handle_shutdown(now);
+        }
+    }
+
+    /// The caller went away: the pass ends at the next round, handing everything back.
+    pub fn handle_cancel(&mut self, now: Timestamp) {
+        self.session.handle_cancel(now);
+        self.take_session_actions(now);
+    }
+
+    fn recipient(&self, lane: LaneId) -> &str {
+        self.recipients.get(lane.index()).map_or("", String::as_str)
+    }
+
+    fn store_lane(&self, lane: LaneId) -> StoreLaneId {
+        self.store_lanes
+            .get(lane.index())
+            .copied()
+            .unwrap_or(StoreLaneId(0))
+    }
+
+    fn lane(&mut self, id: StoreLaneId, key: &outbox_lanes_core::LaneKey) -> LaneId {
+        if let Some(l) = self.lanes.get(&id) {
+            return *l;
+        }
+        let l = self.sched.lane(key);
+        self.lanes.insert(id, l);
+        if self.store_lanes.len() <= l.index() {
+            self.store_lanes.resize(l.index() + 1, StoreLaneId(0));
+            self.recipients.resize(l.index() + 1, String::new());
+        }
+        self.store_lanes[l.index()] = id;
+        self.recipients[l.index()] = key.recipient().to_string();
+        l
+    }
+
+    /// A store call failed: nothing more is written or started; the pass ends.
+    fn store_failed(&mut self, what: &str, e: StoreError, now: Timestamp) {
+        warn!(actor = %self.actor, error = %e, what, "store failed; the pass stops starting attempts and hands everything back");
+        if self.error.is_none() {
+            self.error = Some(e);
+        }
+        self.session.handle_store_failed(now);
+        self.take_session_actions(now);
+    }
+
+    /// Applies the session's decisions; returns whether the scheduler was told to stop.
+    fn take_session_actions(&mut self, now: Timestamp) -> bool {
+        let mut stopped = false;
+        while let Some(action) = self.session.poll_action() {
+            match action {
+                SessionAction::RenewLease => {
+                    // Renewed in the round (it needs the store); remembered here.
+                    self.renew_due = true;
+                }
+                SessionAction::StopStarting(reason) => {
+                    debug!(actor = %self.actor, ?reason, "pass stopping: nothing new starts");
+                    self.sched.handle_stop(now);
+                    stopped = true;
+                }
+                SessionAction::End(end) => {
+                    if self.end.is_none() {
+                        self.end = Some(end);
+                    }
+                }
+            }
+        }
+        stopped
+    }
+}
+
+impl PassCore {
+    /// One round (blocking); see the [module docs](self). Returns the attempts to hand to the
+    /// executor, each with its payload.
+    pub fn round(&mut self, cx: RoundContext<'_>) -> Vec<Job> {
+        let mut starts = Vec::new();
+        if self.end.is_some() {
+            return Vec::new();
+        }
+        if let Some(e) = cx.acks.failure(&self.token) {
+            self.store_failed("ack", e, now());
+        }
+        if self.look && self.end.is_none() {
+            self.look = false;
+            if let Err(e) = self.discover(cx.store) {
+                self.store_failed("discover", e, now());
+            }
+        }
+        loop {
+            self.execute(cx, &mut starts);
+            if self.end.is_some() {
+                break;
+            }
+            let t = now();
+            if let Some(claims) = self.sched.poll_claim(t) {
+                if let Err(e) = self.claim(cx.store, &claims) {
+                    self.sched.handle_claim_failed(t);
+                    self.store_failed("claim", e, t);
+                }
+                continue;
+            }
+            // `is_done` fires timers that fell due, which may queue commands.
+            let done = self.sched.is_done(t);
+            if self.execute(cx, &mut starts) > 0 {
+                continue;
+            }
+            self.session.handle_tick(t, self.sched.in_flight(), done);
+            let stopped = self.take_session_actions(t);
+            if std::mem::take(&mut self.renew_due) && self.end.is_none() {
+                match cx.store.renew_slot(&self.token, self.lease) {
+                    Ok(()) => self.session.handle_lease_renewed(now()),
+                    Err(e) => self.store_failed("lease renewal", e, now()),
+                }
+                let _ = self.take_session_actions(now());
+            }
+            if !stopped {
+                break;
+            }
+        }
+        if self.end.is_some() {
+            // Never sent: the attempts the scheduler started this round are handed back
+            // with everything else by `finish`.
+            return Vec::new();
+        }
+        self.fetch_payloads(cx.store, &starts)
+    }
+
+    /// Reads the payloads of this round's starts in one call and makes their jobs.
+    fn fetch_payloads(&mut self, store: &dyn Store, starts: &[Start]) -> Vec<Job> {
+        if starts.is_empty() {
+            return Vec::new();
+        }
+        let ids: Vec<UnitId> = starts.iter().map(|s| s.unit).collect();
+        let payloads = store.payloads(&ids);
+        let mut jobs = Vec::with_capacity(starts.len());
+        let t = now();
+        for (s, p) in starts.iter().zip(payloads) {
+            match p {
+                Ok(payload) => jobs.push(Job::new(
+                    self.actor.clone(),
+                    s.unit,
+                    s.lane,
+                    self.recipient(s.lane).to_owned(),
+                    s.attempt,
+                    payload,
+                    Arc::clone(&self.sink),
+                    Arc::clone(&self.live),
+                )),
+                Err(e) => {
+                    // Our side failed, the recipient saw nothing: retried, never counted.
+                    debug!(unit = %s.unit, error = %e, "payload not read; the attempt is not sent");
+                    if let Err(e) = self
+                        .sched
+                        .handle_outcome(s.unit, s.lane, Outcome::NotSent, t)
+                    {
+                        debug!(error = %e, "not-sent outcome ignored");
+                    }
+                    // A busy database may answer next time; any other failure (the unit is
+                    // gone, the database is) means the pass's view is stale: end it.
+                    if e != StoreError::Busy {
+                        self.store_failed("payload", e, t);
+                    }
+                }
+            }
+        }
+        if self.end.is_some() {
+            // Dropping them reports NotSent to a pass that is ending: nothing is sent.
+            self.live.store(false, Ordering::SeqCst);
+            return Vec::new();
+        }
+        jobs
+    }
+
+    /// The pass is over (blocking): hands every unfinished unit back (OL-10, OL-14),
+    /// executes every command still queued — acks and hooks of deliveries included — and
+    /// flushes this pass's acks, so the slot is released only once they are durable.
+    pub fn finish(mut self, cx: RoundContext<'_>) -> PassResult {
+        let end = self.end.unwrap_or(PassEnd::Cancelled);
+        // Jobs not yet sent (queued for a worker, parked under a host cap) are dropped from
+        // now on: their units are handed back below.
+        self.live.store(false, Ordering::SeqCst);
+        let t = now();
+        if end.hands_back_in_flight() {
+            if end != PassEnd::StoreFailed {
+                warn!(actor = %self.actor, ?end, in_flight = self.sched.in_flight(),
+                    "pass interrupted; handing every unfinished unit back");
+            }
+            self.sched.handle_interrupt(t);
+        } else {
+            self.sched.handle_pass_end(t);
+        }
+        let mut ignored = Vec::new();
+        self.execute(cx, &mut ignored);
+        self.report.yielded = end.yielded();
+        let flushed = cx.acks.flush(&self.token);
+        let error = match (self.error.take(), flushed) {
+            (Some(e), _) | (None, Err(e)) => Some(e),
+            (None, Ok(())) => None,
+        };
+        debug!(actor = %self.actor, ?end, delivered = self.report.delivered,
+            dead_lettered = self.report.dead_lettered, handed_back = self.report.handed_back,
+            "pass ended");
+        PassResult {
+            report: self.report,
+            end,
+            error,
+        }
+    }
+
+    /// Tells the scheduler about lanes that got new units since the last look.
+    fn discover(&mut self, store: &dyn Store) -> Result<(), StoreError> {
+        let (infos, watermark) = store.lanes_with_work(&self.token, self.watermark)?;
+        self.watermark = self.watermark.max(watermark);
+        let t = now();
+        for info in infos {
+            if info.paused {
+                continue;
+            }
+            let lane = self.lane(info.lane, &info.key);
+            self.sched.handle_lane(
+                lane,
+                LaneInfo {
+                    not_before: info.not_before,
+                    level: info.backoff_level,
+                    strict: info.strict,
+                },
+                t,
+            );
+        }
+        Ok(())
+    }
+
+    fn claim(&mut self, store: &dyn Store, claims: &[LaneClaim]) -> Result<(), StoreError> {
+        let req: Vec<outbox_lanes_store::LaneClaim> = claims
+            .iter()
+            .map(|c| outbox_lanes_store::LaneClaim {
+                lane: self.store_lane(c.lane),
+                from: c.from,
+                limit: c.limit,
+            })
+            .collect();
+        let answer = store.claim(&self.token, &req)?;
+        let mut chunks = Vec::with_capacity(answer.len());
+        for cl in answer {
+            let cl: ClaimedLane = cl;
+            // Only lanes this pass asked for come back.
+            let Some(lane) = self.lanes.get(&cl.lane).copied() else {
+                continue;
+            };
+            let mut units = Vec::with_capacity(cl.units.len());
+            for u in cl.units {
+                let slots = u
+                    .slots
+                    .iter()
+                    .map(|s| AdmitSlot {
+                        lane: self.lane(s.lane, &s.key),
+                        attempts: s.attempts,
+                        served: s.served,
+                    })
+                    .collect();
+                let open = u.slots.iter().filter(|s| !s.served).count();
+                self.units.entry(u.id).or_insert(UnitInfo {
+                    row_id: u.row_id,
+                    enqueued_at: u.enqueued_at,
+                    open,
+                });
+                units.push(Admit {
+                    id: u.id,
+                    seq: u.seq,
+                    bytes: u.bytes,
+                    enqueued_at: u.enqueued_at,
+                    slots,
+                });
+            }
+            chunks.push(LaneChunk {
+                lane,
+                units,
+                exhausted: cl.exhausted,
+            });
+        }
+        let read: usize = chunks.iter().map(|c| c.units.len()).sum();
+        let report = self.sched.handle_claimed(chunks, now());
+        trace!(actor = %self.actor, lanes = claims.len(), read, admitted = report.admitted, "claimed");
+        for e in report.refused {
+            warn!(actor = %self.actor, error = %e, "store answer refused by the scheduler");
+        }
+        Ok(())
+    }
+
+    /// Writes the attempt records gathered so far, in one call.
+    fn flush_records(&mut self, store: &dyn Store) {
+        if self.records.is_empty() {
+            return;
+        }
+        let records = std::mem::take(&mut self.records);
+        if self.error.is_some() {
+            return;
+        }
+        if let Err(e) = store.record_attempts(&self.token, &records) {
+            self.store_failed("attempt record", e, now());
+        }
+    }
+
+    /// Executes every queued command in order; returns how many there were. Attempt records
+    /// are batched, but written before any other write and before the round's starts leave.
+    fn execute(&mut self, cx: RoundContext<'_>, starts: &mut Vec<Start>) -> usize {
+        let mut n = 0;
+        while let Some(cmd) = self.sched.poll_command() {
+            n += 1;
+            self.command(cx, cmd, starts);
+        }
+        self.flush_records(cx.store);
+        cx.acks
+            .ack_batch(&self.token, std::mem::take(&mut self.acked));
+        n
+    }
+
+    fn command(&mut self, cx: RoundContext<'_>, cmd: Command, starts: &mut Vec<Start>) {
+        let writable = self.error.is_none();
+        match cmd {
+            Command::Start {
+                unit,
+                lane,
+                attempt,
+            } => {
+                if let Some(info) = self.units.get(&unit) {
+                    trace!(%unit, row = %info.row_id, lane = lane.index(), attempt,
+                        queued_ms = now().saturating_duration_since(info.enqueued_at).as_millis() as u64,
+                        "started");
+                }
+                // After a failure nothing starts: the unit is handed back at the end.
+                if writable && self.end.is_none() {
+                    starts.push(Start {
+                        unit,
+                        lane,
+                        attempt,
+                    });
+                }
+            }
+            Command::Delivered { unit, lane } => {
+                // Acked even after a failure: an ack is harmless, a lost one is a resend.
+                self.acked.push((unit, self.store_lane(lane)));
+                self.report.delivered += 1;
+                let row = self.resolved(unit, lane);
+                trace!(%unit, %row, lane = lane.index(), "delivered");
+                if let Some(hook) = &cx.hooks.delivered {
+                    hook(&Delivered {
+                        actor: self.actor.clone(),
+                        unit,
+                        row_id: row,
+                        recipient: self.recipient(lane).to_owned(),
+                    });
+                }
+            }
+            Command::RecordAttempt {
+                unit,
+                lane,
+                attempts,
+                counted,
+            } => {
+                // The detail stays in `last` for a dead letter that may follow.
+                let (status, error) = self
+                    .last
+                    .get(&(unit, lane))
+                    .map_or((None, None), |r| (r.status, r.error.clone()));
+                debug!(actor = %self.actor, %unit, recipient = self.recipient(lane), attempts,
+                    counted, status, error = error.as_deref(), "attempt failed");
+                self.records.push(AttemptRecord {
+                    unit,
+                    lane: self.store_lane(lane),
+                    attempts,
+                    status,
+                    error,
+                    at: now(),
+                });
+            }
+            Command::Hold { unit, lane, reason } => match reason {
+                HoldReason::Stalled => {
+                    debug!(%unit, recipient = self.recipient(lane), "stalled: lane in backoff");
+                }
+                HoldReason::Blocked => {
+                    warn!(actor = %self.actor, %unit, recipient = self.recipient(lane),
+                        "strict lane blocked on its head until an operator acts");
+                    self.write(
+                        cx.store,
+                        "block lane",
+                        |s, t, l| s.block_lane(t, l, "strict lane: head failed"),
+                        lane,
+                    );
+                }
+            },
+            Command::LaneBackoff {
+                lane,
+                not_before,
+                level,
+            } => {
+                debug!(actor = %self.actor, recipient = self.recipient(lane), level, %not_before, "lane backoff");
+                self.write(
+                    cx.store,
+                    "lane state",
+                    |s, t, l| s.set_lane_state(t, l, Some(not_before), level),
+                    lane,
+                );
+            }
+            Command::LaneOpen { lane } => {
+                debug!(actor = %self.actor, recipient = self.recipient(lane), "lane reopened");
+                self.write(
+                    cx.store,
+                    "lane state",
+                    |s, t, l| s.set_lane_state(t, l, None, 0),
+                    lane,
+                );
+            }
+            Command::DeadLetter { unit, lane, reason } => {
+                let last = self.last.remove(&(unit, lane));
+                let (status, error) = last.map_or((None, None), |r| (r.status, r.error));
+                if !writable {
+                    return;
+                }
+                self.flush_records(cx.store);
+                let req = DeadLetterRequest {
+                    unit,
+                    lane: self.store_lane(lane),
+                    reason,
+                    status,
+                    error: error.clone(),
+                    at: now(),
+                };
+                if let Err(e) = cx.store.dead_letter(&self.token, &req) {
+                    self.store_failed("dead letter", e, now());
+                    return;
+                }
+                info!(actor = %self.actor, %unit, recipient = self.recipient(lane), %reason,
+                    status, error = error.as_deref(), "dead-lettered");
+                self.report.dead_lettered += 1;
+                let row = self.resolved(unit, lane);
+                if let Some(hook) = &cx.hooks.dead_lettered {
+                    hook(&DeadLettered {
+                        actor: self.actor.clone(),
+                        unit,
+                        row_id: row,
+                        recipient: self.recipient(lane).to_owned(),
+                        reason,
+                        status,
+                        error,
+                    });
+                }
+            }
+            Command::RetireLane { lane } => {
+                if !writable {
+                    return;
+                }
+                self.flush_records(cx.store);
+                match cx
+                    .store
+                    .retire_lane(&self.token, self.store_lane(lane), now())
+                {
+                    Ok(n) => {
+                        info!(actor = %self.actor, recipient = self.recipient(lane), units = n,
+                        "lane retired (410 Gone)")
+                    }
+                    Err(e) => self.store_failed("retire lane", e, now()),
+                }
+            }
+            Command::HandBack { unit } => {
+                self.units.remove(&unit);
+                self.report.handed_back += 1;
+                trace!(%unit, "handed back");
+            }
+        }
+    }
+
+    /// One fenced write about `lane`, after the attempt records gathered before it.
+    fn write(
+        &mut self,
+        store: &dyn Store,
+        what: &str,
+        f: impl FnOnce(&dyn Store, &SlotToken, StoreLaneId) -> Result<(), StoreError>,
+        lane: LaneId,
+    ) {
+        if self.error.is_some() {
+            return;
+        }
+        self.flush_records(store);
+        if self.error.is_some() {
+            return;
+        }
+        if let Err(e) = f(store, &self.token, self.store_lane(lane)) {
+            self.store_failed(what, e, now());
+        }
+    }
+
+    /// One recipient of `unit` is resolved; forget the unit once all are.
+    fn resolved(&mut self, unit: UnitId, lane: LaneId) -> String {
+        self.last.remove(&(unit, lane));
+        let Some(info) = self.units.get_mut(&unit) else {
+            return String::new();
+        };
+        info.open = info.open.saturating_sub(1);
+        let row = info.row_id.clone();
+        if info.open == 0 {
+            self.units.remove(&unit);
+        }
+        row
+    }
+}

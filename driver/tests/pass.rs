@@ -1,0 +1,258 @@
+//! The pass driver against a real SQLite store, with completions fed by hand (no HTTP: the
+//! recipient URL is never contacted). Each test pins one behaviour of a round or of the end
+//! of a pass; the end-to-end tests of the runtimes cover the same paths over real HTTP.
+#![allow(missing_docs)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use outbox_lanes_core::{Outcome, PassEnd};
+use outbox_lanes_driver::http::AttemptResult;
+use outbox_lanes_driver::pass::{PassCore, RoundContext, now};
+use outbox_lanes_driver::{Completions, Done, Hooks, Job, OutboxConfig};
+use outbox_lanes_store::{
+    AckWriter, AckWriterOptions, Acquire, NewRow, SlotToken, SqliteOptions, SqliteStore, Store,
+};
+
+/// Never contacted: these tests feed completions by hand.
+const TO: &str = "http://127.0.0.1:9/inbox";
+
+#[derive(Default)]
+struct Sink(Mutex<Vec<Done>>);
+
+impl Completions for Sink {
+    fn complete(&self, done: Done) {
+        self.0.lock().expect("sink").push(done);
+    }
+}
+
+impl Sink {
+    fn take(&self) -> Vec<Done> {
+        std::mem::take(&mut *self.0.lock().expect("sink"))
+    }
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    store: Arc<dyn Store>,
+    acks: AckWriter,
+}
+
+fn fixture(rows: usize) -> Fixture {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store: Arc<dyn Store> = Arc::new(
+        SqliteStore::open(dir.path().join("outbox.db"), SqliteOptions::default())
+            .expect("open sqlite"),
+    );
+    let rows: Vec<NewRow> = (0..rows)
+        .map(|i| NewRow {
+            id: format!("r{i}"),
+            body: format!("{i}").into_bytes(),
+            content_type: "text/plain".into(),
+            recipients: vec![TO.into()],
+            ..NewRow::default()
+        })
+        .collect();
+    store
+        .enqueue(&outbox_lanes_core::ActorId::new("alice"), &rows)
+        .expect("enqueue");
+    let acks = AckWriter::spawn(Arc::clone(&store), AckWriterOptions::default()).expect("acks");
+    Fixture {
+        _dir: dir,
+        store,
+        acks,
+    }
+}
+
+fn token(store: &dyn Store) -> SlotToken {
+    match store
+        .acquire_slot(
+            &outbox_lanes_core::ActorId::new("alice"),
+            "test",
+            Duration::from_secs(30),
+        )
+        .expect("acquire")
+    {
+        Acquire::Acquired(t) => t,
+        Acquire::Held => panic!("slot held"),
+    }
+}
+
+fn config() -> OutboxConfig {
+    let mut c = OutboxConfig::default().allow_loopback();
+    c.scheduler.retry_delays = vec![Duration::from_millis(1)];
+    c.scheduler.jitter_percent = 0;
+    c.scheduler.max_attempts = 3;
+    c.scheduler.pass_attempts = 100;
+    c.seed = Some(7);
+    c
+}
+
+fn result(outcome: Outcome) -> AttemptResult {
+    AttemptResult {
+        outcome,
+        status: outcome.is_delivered().then_some(200),
+        error: None,
+    }
+}
+
+fn pending(store: &dyn Store) -> u64 {
+    store
+        .status()
+        .expect("status")
+        .first()
+        .map_or(0, |s| s.pending)
+}
+
+/// Rounds until the pass starts something; returns those jobs.
+fn started(pass: &mut PassCore, cx: RoundContext<'_>) -> Vec<Job> {
+    for _ in 0..1000 {
+        let jobs = pass.round(cx);
+        if !jobs.is_empty() || pass.ended().is_some() {
+            return jobs;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+        pass.handle_timeout(now());
+    }
+    panic!("nothing started within 1,000 rounds");
+}
+
+#[test]
+fn a_cancelled_pass_still_acks_what_was_delivered_and_calls_the_hook() {
+    let f = fixture(3);
+    let delivered = Arc::new(AtomicUsize::new(0));
+    let d = Arc::clone(&delivered);
+    let hooks = Hooks {
+        delivered: Some(Box::new(move |_| {
+            d.fetch_add(1, Ordering::SeqCst);
+        })),
+        ..Hooks::default()
+    };
+    let cx = RoundContext {
+        store: &*f.store,
+        acks: &f.acks,
+        hooks: &hooks,
+    };
+    let sink = Arc::new(Sink::default());
+    let t = token(&*f.store);
+    let mut pass = PassCore::new(t.clone(), &config(), sink.clone(), now());
+    assert_eq!(pass.seed(), 7, "the configured seed is the pass's");
+    let jobs = started(&mut pass, cx);
+    assert_eq!(jobs.len(), 1, "one lane: one in flight");
+    let first = jobs[0].unit;
+    jobs.into_iter()
+        .for_each(|j| j.finish(result(Outcome::Delivered)));
+    // The completion arrives, and the cancellation right behind it, before any round.
+    for d in sink.take() {
+        pass.handle_done(d, &hooks, now());
+    }
+    pass.handle_cancel(now());
+    let r = pass.finish(cx);
+    assert_eq!(r.end, PassEnd::Cancelled);
+    assert!(r.error.is_none(), "{:?}", r.error);
+    assert_eq!(r.report.delivered, 1);
+    assert_eq!(
+        delivered.load(Ordering::SeqCst),
+        1,
+        "the hook saw the delivery"
+    );
+    assert_eq!(
+        pending(&*f.store),
+        2,
+        "the delivered unit is acked, durable"
+    );
+    // The next pass starts with the second unit, not the delivered one again.
+    let _ = f.store.release_slot(&t).expect("release");
+    let sink = Arc::new(Sink::default());
+    let mut next = PassCore::new(token(&*f.store), &config(), sink, now());
+    let jobs = started(&mut next, cx);
+    assert_eq!(jobs.len(), 1);
+    assert_ne!(jobs[0].unit, first);
+}
+
+#[test]
+fn attempts_that_never_left_are_retried_without_counting() {
+    let f = fixture(1);
+    let hooks = Hooks::default();
+    let cx = RoundContext {
+        store: &*f.store,
+        acks: &f.acks,
+        hooks: &hooks,
+    };
+    let sink = Arc::new(Sink::default());
+    let mut pass = PassCore::new(token(&*f.store), &config(), sink.clone(), now());
+    // Twenty attempts dropped before they were sent (a delivery task the runtime dropped):
+    // with max_attempts 3, counting them would have dead-lettered the unit "exhausted".
+    for _ in 0..20 {
+        let jobs = started(&mut pass, cx);
+        assert_eq!(jobs.len(), 1);
+        drop(jobs);
+        for d in sink.take() {
+            assert_eq!(d.result.outcome, Outcome::NotSent);
+            pass.handle_done(d, &hooks, now());
+        }
+    }
+    let jobs = started(&mut pass, cx);
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(jobs[0].attempt, 1, "still the first attempt");
+    jobs.into_iter()
+        .for_each(|j| j.finish(result(Outcome::Delivered)));
+    for d in sink.take() {
+        pass.handle_done(d, &hooks, now());
+    }
+    for _ in 0..100 {
+        let _ = pass.round(cx);
+        if pass.ended().is_some() {
+            break;
+        }
+    }
+    let r = pass.finish(cx);
+    assert_eq!(r.end, PassEnd::Drained);
+    assert_eq!((r.report.delivered, r.report.dead_lettered), (1, 0));
+    assert!(f.store.dead_letters(None).expect("dead letters").is_empty());
+    assert_eq!(pending(&*f.store), 0);
+}
+
+#[test]
+fn a_lost_slot_ends_the_pass_before_anything_else_starts() {
+    let f = fixture(5);
+    let hooks = Hooks::default();
+    let cx = RoundContext {
+        store: &*f.store,
+        acks: &f.acks,
+        hooks: &hooks,
+    };
+    let sink = Arc::new(Sink::default());
+    let t = token(&*f.store);
+    let mut pass = PassCore::new(t.clone(), &config(), sink.clone(), now());
+    let jobs = started(&mut pass, cx);
+    assert_eq!(jobs.len(), 1);
+    // The slot is lost (another holder took it over): this pass's acks are refused.
+    let _ = f.store.release_slot(&t).expect("release");
+    let _other = token(&*f.store);
+    jobs.into_iter()
+        .for_each(|j| j.finish(result(Outcome::Delivered)));
+    for d in sink.take() {
+        pass.handle_done(d, &hooks, now());
+    }
+    // The ack goes to the group-committing writer; once its commit fails, the next round
+    // starts nothing and ends the pass.
+    let mut started_after = 0;
+    for _ in 0..1000 {
+        started_after += pass.round(cx).len();
+        if pass.ended().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(pass.ended(), Some(PassEnd::StoreFailed));
+    // The unit after the delivered one may have started in the round that queued the ack
+    // (before its commit failed); nothing after that.
+    assert!(
+        started_after <= 1,
+        "{started_after} attempts started after the ack failed"
+    );
+    let r = pass.finish(cx);
+    assert_eq!(r.error, Some(outbox_lanes_store::StoreError::StaleToken));
+}
