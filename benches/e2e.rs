@@ -1,316 +1,846 @@
-//! End-to-end figures on 127.0.0.1 (a bench binary that prints them; `harness = false`).
+//! End-to-end figures on 127.0.0.1 against the strongest honest baseline (a bench binary
+//! that prints them; `harness = false`).
 //!
-//! In one run, against fresh loopback recorders each time:
-//! 1. throughput (recipients answering after 5 ms): the outbox (SQLite file, blocking runtime,
-//!    then the tokio runtime) delivering a fan-out, against the
-//!    same HTTP client at the same concurrency posting the same requests from memory with no
-//!    outbox at all (the limit), one serial drain (option A of the decision record), and
-//!    unconstrained concurrent drains (the original fault) with their order violations;
-//! 2. head-of-line: 50 healthy recipients and one that never answers, against the same run
-//!    without it;
-//! 3. memory: peak RSS of the process while it drains a large backlog.
+//! The recipients are a hyper server in a **child process** (this same binary with
+//! `--serve`), so their CPU is not counted as ours. It answers every POST with 200 — at once,
+//! or after the delay its path names (`/d100/...`: 100 ms) — and counts, per inbox (and per
+//! ordering key the body names), order violations (an entry below one already seen) and
+//! duplicates (an `Idempotency-Key` seen twice).
 //!
-//! `cargo bench --bench e2e` (sizes: `E2E_UNITS`, default 20000; `E2E_BACKLOG`, default
-//! 200000). Every loop is bounded; all traffic stays on 127.0.0.1.
+//! Each case runs the outbox (SQLite file; tokio runtime, and the blocking runtime where
+//! noted) and **the limit**: the same HTTP client the outbox uses (`AsyncHttpClient` over
+//! reqwest; `HttpClient` over ureq for the blocking runtime) posting the same requests from
+//! memory at the same concurrency, to the same server, in the same run. Both report
+//! deliveries/s and CPU time per delivery (user + system from `getrusage` of this process
+//! around the drain; the enqueue before it is not timed).
+//!
+//! - (a) 100 recipients answering at once, 2,000 rows each (200,000 deliveries), 100 in flight;
+//! - (b) 1,000 recipients answering after 100 ms, 20 rows each, 1,000 in flight; also the
+//!   `outbox-lanes drain --concurrency 1000` binary on the same rows;
+//! - (c) 1 recipient answering at once, 2,000 rows (one lane: one in flight; the limit posts
+//!   them one at a time too);
+//! - (d) one recipient 150 ms away, 1,000 rows over 100 ordering keys with a per-host cap of 8,
+//!   against the same rows in one lane (shortened to 200 rows: a lane is capped at one row
+//!   per round trip, 30 s for 200);
+//! - (e) a backlog of `E2E_BACKLOG` (default 1,000,000) units over 1,000 recipients answering at
+//!   once, drained with 1,000 in flight, in a child process of its own: deliveries/s and
+//!   peak RSS.
+//!
+//! `cargo bench --bench e2e`; `E2E_SCALE=0.1` shrinks (a)–(d), `E2E_BACKLOG=N` sizes (e),
+//! `E2E_CASES=a,c` picks cases. It writes `benches/e2e.svg` (deliveries/s as a fraction of the
+//! limit, and CPU µs per delivery, outbox vs limit, per case): hand-written SVG, since a
+//! plotting crate would be compiled by every `clippy --all-targets` run for one chart.
+//! Every loop is bounded; all traffic stays on 127.0.0.1.
 
-mod common;
-
-use common::{body, entry_of, env};
+use std::collections::{HashMap, HashSet};
 use std::error::Error;
+use std::io::{BufRead as _, Read as _, Write as _};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use outbox_lanes::blocking::http::Delivery;
-use outbox_lanes::blocking::{HttpClient, Outbox, OutboxConfig};
 use outbox_lanes::core::UnitId;
 use outbox_lanes::store::{NewRow, SqliteOptions, SqliteStore, Store};
-use outbox_lanes_test_support::{Recipient, Reply};
 
-const CONCURRENCY: usize = 32;
-const LANES: usize = 64;
-/// Every recipient answers after this long, as a real one would: with instant answers the
-/// loopback recorder, not the client, would set every figure.
-const LATENCY: Duration = Duration::from_millis(5);
+type Res<T> = Result<T, Box<dyn Error>>;
 
-fn config() -> OutboxConfig {
-    let mut c = OutboxConfig::default().allow_loopback();
-    c.concurrency = CONCURRENCY;
-    c.http.timeout = Duration::from_secs(2);
-    c.scheduler.retry_delays = vec![Duration::from_millis(100)];
+/// A size from the environment, or `default`.
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+// ---------------------------------------------------------------------------------------
+// Measuring
+// ---------------------------------------------------------------------------------------
+
+/// CPU time (user + system) of this process so far, in µs.
+fn cpu_us(who: nix::sys::resource::UsageWho) -> u64 {
+    match nix::sys::resource::getrusage(who) {
+        Ok(u) => {
+            let us =
+                |t: nix::sys::time::TimeVal| (t.tv_sec() as u64) * 1_000_000 + t.tv_usec() as u64;
+            us(u.user_time()) + us(u.system_time())
+        }
+        Err(_) => 0,
+    }
+}
+
+fn self_cpu() -> u64 {
+    cpu_us(nix::sys::resource::UsageWho::RUSAGE_SELF)
+}
+
+/// Peak RSS of this process, KiB.
+fn peak_rss_kib() -> u64 {
+    nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
+        .map_or(0, |u| u.max_rss() as u64)
+}
+
+/// One measured run.
+#[derive(Clone, Debug, Default)]
+struct Run {
+    deliveries: usize,
+    secs: f64,
+    cpu_us: u64,
+    violations: u64,
+    duplicates: u64,
+}
+
+impl Run {
+    fn rate(&self) -> f64 {
+        self.deliveries as f64 / self.secs.max(1e-9)
+    }
+    fn cpu_per(&self) -> f64 {
+        self.cpu_us as f64 / self.deliveries.max(1) as f64
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The recipients: a hyper server in a child process
+// ---------------------------------------------------------------------------------------
+
+#[derive(Default)]
+struct Tally {
+    requests: u64,
+    violations: u64,
+    duplicates: u64,
+    last: HashMap<String, u64>,
+    keys: HashSet<String>,
+    cpu_base: u64,
+}
+
+/// `{"entry":N}` or `{"entry":N,"lane":"K"}`.
+fn parse_body(b: &[u8]) -> (Option<u64>, Option<String>) {
+    let s = String::from_utf8_lossy(b);
+    let entry = s.split("\"entry\":").nth(1).and_then(|r| {
+        r.chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse()
+            .ok()
+    });
+    let lane = s
+        .split("\"lane\":\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .map(str::to_owned);
+    (entry, lane)
+}
+
+/// `/d150/inbox` answers after 150 ms.
+fn delay_of(path: &str) -> Duration {
+    path.strip_prefix("/d")
+        .and_then(|r| r.split('/').next())
+        .and_then(|ms| ms.parse().ok())
+        .map_or(Duration::ZERO, Duration::from_millis)
+}
+
+async fn handle(
+    tally: Arc<Mutex<Tally>>,
+    req: hyper::Request<hyper::body::Incoming>,
+) -> Result<hyper::Response<http_body_util::Full<hyper::body::Bytes>>, std::convert::Infallible> {
+    use http_body_util::BodyExt as _;
+    let path = req.uri().path().to_owned();
+    let text =
+        |s: String| hyper::Response::new(http_body_util::Full::new(hyper::body::Bytes::from(s)));
+    if path == "/stats" {
+        let t = tally
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let cpu = self_cpu().saturating_sub(t.cpu_base);
+        return Ok(text(format!(
+            "{} {} {} {}",
+            t.requests, t.violations, t.duplicates, cpu
+        )));
+    }
+    if path == "/reset" {
+        let mut t = tally
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *t = Tally {
+            cpu_base: self_cpu(),
+            ..Tally::default()
+        };
+        return Ok(text(String::new()));
+    }
+    let key = req
+        .headers()
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => hyper::body::Bytes::new(),
+    };
+    let (entry, lane) = parse_body(&body);
+    {
+        let mut t = tally
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        t.requests += 1;
+        if let Some(k) = key {
+            if !t.keys.insert(k) {
+                t.duplicates += 1;
+            }
+        }
+        if let Some(e) = entry {
+            let order_key = match lane {
+                Some(l) => format!("{path}#{l}"),
+                None => path.clone(),
+            };
+            let last = t.last.entry(order_key).or_insert(0);
+            let violated = e < *last;
+            *last = (*last).max(e);
+            if violated {
+                t.violations += 1;
+            }
+        }
+    }
+    let d = delay_of(&path);
+    if !d.is_zero() {
+        tokio::time::sleep(d).await;
+    }
+    Ok(text(String::new()))
+}
+
+/// The child process: serves on 127.0.0.1 until its stdin closes (or an hour passes).
+fn serve() -> Res<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::spawn(|| {
+        let mut sink = Vec::new();
+        let _ = std::io::stdin().read_to_end(&mut sink);
+        std::process::exit(0);
+    });
+    std::thread::spawn(|| {
+        std::thread::sleep(Duration::from_secs(3600));
+        std::process::exit(0);
+    });
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        println!("{}", listener.local_addr()?.port());
+        std::io::stdout().flush()?;
+        let tally = Arc::new(Mutex::new(Tally {
+            cpu_base: self_cpu(),
+            ..Tally::default()
+        }));
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            let tally = Arc::clone(&tally);
+            tokio::spawn(async move {
+                let service =
+                    hyper::service::service_fn(move |req| handle(Arc::clone(&tally), req));
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    })
+}
+
+struct Server {
+    child: std::process::Child,
+    port: u16,
+}
+
+struct Stats {
+    requests: u64,
+    violations: u64,
+    duplicates: u64,
+    /// The recipients' own CPU since the last reset.
+    cpu_us: u64,
+}
+
+impl Server {
+    fn start() -> Res<Server> {
+        let mut child = std::process::Command::new(std::env::current_exe()?)
+            .arg("--serve")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()?;
+        let mut port = String::new();
+        std::io::BufReader::new(child.stdout.take().ok_or("child stdout")?).read_line(&mut port)?;
+        Ok(Server {
+            port: port.trim().parse()?,
+            child,
+        })
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    fn get(&self, path: &str) -> Res<String> {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port))?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        Ok(out.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned())
+    }
+
+    fn reset(&self) -> Res<()> {
+        self.get("/reset").map(|_| ())
+    }
+
+    fn stats(&self) -> Res<Stats> {
+        let body = self.get("/stats")?;
+        let n: Vec<u64> = body
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        match n[..] {
+            [requests, violations, duplicates, cpu_us] => Ok(Stats {
+                requests,
+                violations,
+                duplicates,
+                cpu_us,
+            }),
+            _ => Err(format!("bad stats: {body:?}").into()),
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Workloads
+// ---------------------------------------------------------------------------------------
+
+/// A case's rows (the outbox's input) and the same requests flattened (the limit's).
+struct Load {
+    rows: Vec<NewRow>,
+    requests: Vec<(String, Vec<u8>)>,
+}
+
+fn body(entry: usize, lane: Option<&str>) -> Vec<u8> {
+    match lane {
+        Some(l) => format!("{{\"entry\":{entry},\"lane\":\"{l}\"}}").into_bytes(),
+        None => format!("{{\"entry\":{entry}}}").into_bytes(),
+    }
+}
+
+/// `rows` rows, each to every one of `to`; with `keys`, row i carries ordering key `k{i % keys}`.
+fn load(to: &[String], rows: usize, keys: Option<usize>) -> Load {
+    let mut out = Load {
+        rows: Vec::with_capacity(rows),
+        requests: Vec::with_capacity(rows * to.len()),
+    };
+    for i in 0..rows {
+        let key = keys.map(|k| format!("k{}", i % k));
+        let b = body(i, key.as_deref());
+        for r in to {
+            out.requests.push((r.clone(), b.clone()));
+        }
+        out.rows.push(NewRow {
+            id: format!("e{i}"),
+            body: b,
+            content_type: "application/json".into(),
+            recipients: to.to_vec(),
+            ordering_key: key,
+            ..NewRow::default()
+        });
+    }
+    out
+}
+
+fn config(concurrency: usize, per_host: Option<usize>) -> outbox_lanes::tokio::OutboxConfig {
+    let mut c = outbox_lanes::tokio::OutboxConfig::default().allow_loopback();
+    c.concurrency = concurrency;
+    c.per_host = per_host;
+    c.http.timeout = Duration::from_secs(10);
     c.time_slice = Duration::from_secs(3600);
     c
 }
 
-/// Order violations at a recipient: arrivals whose entry is below one already received.
-fn violations(r: &Recipient, path: &str) -> usize {
-    let mut max = None;
-    let mut v = 0;
-    for b in r.bodies(path) {
-        let Some(e) = entry_of(&b) else { continue };
-        if max.is_some_and(|m| e < m) {
-            v += 1;
-        }
-        max = max.max(Some(e));
-    }
-    v
-}
-
-fn rows(entries: std::ops::Range<usize>, to: &[String]) -> Vec<NewRow> {
-    entries
-        .map(|i| NewRow {
-            id: format!("e{i}"),
-            body: body(i),
-            content_type: "application/json".into(),
-            recipients: to.to_vec(),
-            dedup_key: None,
-            ordering_key: None,
-            joined: false,
-        })
-        .collect()
-}
-
-fn open(dir: &tempfile::TempDir) -> Result<Arc<dyn Store>, Box<dyn Error>> {
+fn open_store(dir: &tempfile::TempDir) -> Res<Arc<dyn Store>> {
     Ok(Arc::new(SqliteStore::open(
         dir.path().join("outbox.db"),
         SqliteOptions::default(),
     )?))
 }
 
-fn paths(n: usize) -> Vec<String> {
-    (0..n).map(|l| format!("/r{l}")).collect()
-}
-
-fn outbox_run(units: usize) -> Result<(f64, usize), Box<dyn Error>> {
-    let r = Recipient::start()?;
-    r.set_server_default(Reply::Status(200).after(LATENCY));
-    let to: Vec<String> = paths(LANES).iter().map(|p| r.url(p)).collect();
-    let dir = tempfile::tempdir()?;
-    let store = open(&dir)?;
-    let outbox = Outbox::open(Arc::clone(&store), config())?;
-    for chunk in rows(0..units / LANES, &to).chunks(500) {
-        outbox.enqueue("bench", chunk)?;
+fn finish(server: &Server, deliveries: usize, secs: f64, cpu_us: u64) -> Res<Run> {
+    let st = server.stats()?;
+    if st.requests < deliveries as u64 {
+        return Err(format!("{} of {deliveries} requests arrived", st.requests).into());
     }
-    let start = Instant::now();
-    outbox.drain("bench")?;
-    let secs = start.elapsed().as_secs_f64();
-    assert_eq!(r.count_all(), units, "every unit delivered once");
-    let v = paths(LANES).iter().map(|p| violations(&r, p)).sum();
-    outbox.shutdown();
-    Ok((units as f64 / secs, v))
+    Ok(Run {
+        deliveries,
+        secs,
+        cpu_us,
+        violations: st.violations,
+        duplicates: st.duplicates,
+    })
 }
 
-/// The same drain on the async runtime: tokio tasks POSTing with reqwest, `CONCURRENCY` at
-/// once (the passes themselves run on tokio's blocking pool).
-fn tokio_run(units: usize) -> Result<(f64, usize), Box<dyn Error>> {
-    let r = Recipient::start()?;
-    r.set_server_default(Reply::Status(200).after(LATENCY));
-    let to: Vec<String> = paths(LANES).iter().map(|p| r.url(p)).collect();
+/// The outbox on the tokio runtime: enqueue (untimed), then one drain, timed.
+fn tokio_outbox(
+    server: &Server,
+    l: &Load,
+    concurrency: usize,
+    per_host: Option<usize>,
+) -> Res<Run> {
     let dir = tempfile::tempdir()?;
-    let store = open(&dir)?;
+    let store = open_store(&dir)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let secs = rt.block_on(async {
-        let outbox = outbox_lanes::tokio::Outbox::open(Arc::clone(&store), config())?;
-        for chunk in rows(0..units / LANES, &to).chunks(500) {
+    let units = l.requests.len();
+    let (secs, cpu) = rt.block_on(async {
+        let outbox =
+            outbox_lanes::tokio::Outbox::open(Arc::clone(&store), config(concurrency, per_host))?;
+        let per_chunk = (2000 / l.rows[0].recipients.len()).max(1);
+        for chunk in l.rows.chunks(per_chunk) {
             outbox.enqueue("bench", chunk.to_vec()).await?;
         }
-        let start = Instant::now();
+        server.reset()?;
+        let (c0, t0) = (self_cpu(), Instant::now());
         outbox.drain("bench").await?;
-        let secs = start.elapsed().as_secs_f64();
+        let r = (t0.elapsed().as_secs_f64(), self_cpu() - c0);
         outbox.shutdown().await;
-        Ok::<f64, Box<dyn Error>>(secs)
+        Ok::<_, Box<dyn Error>>(r)
     })?;
-    assert_eq!(r.count_all(), units, "every unit delivered once");
-    let v = paths(LANES).iter().map(|p| violations(&r, p)).sum();
-    Ok((units as f64 / secs, v))
+    finish(server, units, secs, cpu)
 }
 
-/// The same requests from memory, `threads` at a time, in the given order per worker pull.
-fn direct_run(units: usize, threads: usize, lanes: usize) -> Result<(f64, usize), Box<dyn Error>> {
-    let r = Recipient::start()?;
-    r.set_server_default(Reply::Status(200).after(LATENCY));
-    let http = HttpClient::new(config().http, None)?;
-    let urls: Vec<String> = paths(lanes).iter().map(|p| r.url(p)).collect();
-    let next = Arc::new(AtomicUsize::new(0));
-    let start = Instant::now();
-    let workers: Vec<_> = (0..threads)
-        .map(|_| {
-            let (http, urls, next) = (http.clone(), urls.clone(), Arc::clone(&next));
-            std::thread::spawn(move || {
+/// The limit on tokio: the outbox's own client, the same requests from memory,
+/// `concurrency` in flight.
+fn tokio_limit(server: &Server, l: &Load, concurrency: usize) -> Res<Run> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let requests = Arc::new(l.requests.clone());
+    let (secs, cpu) = rt.block_on(async {
+        let http = outbox_lanes::tokio::AsyncHttpClient::new(config(concurrency, None).http, None)?;
+        server.reset()?;
+        let next = Arc::new(AtomicUsize::new(0));
+        let (c0, t0) = (self_cpu(), Instant::now());
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..concurrency.min(requests.len()) {
+            let (http, requests, next) = (http.clone(), Arc::clone(&requests), Arc::clone(&next));
+            tasks.spawn(async move {
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= units {
-                        return;
+                    let Some((to, b)) = requests.get(i) else {
+                        return Ok::<(), String>(());
+                    };
+                    let d = outbox_lanes::blocking::http::Delivery {
+                        unit: UnitId(i as u64 + 1),
+                        recipient: to,
+                        body: b,
+                        content_type: "application/json",
+                        attempt: 1,
+                    };
+                    let r = http.deliver(&d, SystemTime::now()).await;
+                    if !r.outcome.is_delivered() {
+                        return Err(format!("{r:?}"));
                     }
-                    let b = body(i / lanes);
-                    let a = http.deliver(
-                        &Delivery {
-                            unit: UnitId(i as u64),
-                            recipient: &urls[i % lanes],
-                            body: &b,
-                            content_type: "application/json",
-                            attempt: 1,
-                        },
-                        SystemTime::now(),
-                    );
-                    assert!(a.outcome.is_delivered(), "{a:?}");
                 }
-            })
-        })
-        .collect();
-    for w in workers {
-        w.join().map_err(|_| "worker panicked")?;
-    }
-    let secs = start.elapsed().as_secs_f64();
-    assert_eq!(r.count_all(), units);
-    let v = paths(lanes).iter().map(|p| violations(&r, p)).sum();
-    Ok((units as f64 / secs, v))
+            });
+        }
+        while let Some(r) = tasks.join_next().await {
+            r??;
+        }
+        Ok::<_, Box<dyn Error>>((t0.elapsed().as_secs_f64(), self_cpu() - c0))
+    })?;
+    finish(server, requests.len(), secs, cpu)
 }
 
-/// Time until every healthy recipient has all its units, with and without a hanging one.
-fn head_of_line(with_dead: bool) -> Result<f64, Box<dyn Error>> {
-    const HEALTHY: usize = 50;
-    const ENTRIES: usize = 20;
-    let r = Recipient::start()?;
-    r.set_default("/dead", Reply::Hang);
-    let mut to: Vec<String> = paths(HEALTHY).iter().map(|p| r.url(p)).collect();
-    if with_dead {
-        to.push(r.url("/dead"));
-    }
+/// The outbox on the blocking runtime.
+fn blocking_outbox(server: &Server, l: &Load, concurrency: usize) -> Res<Run> {
     let dir = tempfile::tempdir()?;
-    let store = open(&dir)?;
-    let outbox = Outbox::open(Arc::clone(&store), config())?;
-    outbox.enqueue("hol", &rows(0..ENTRIES, &to))?;
-    let start = Instant::now();
-    let done: Arc<Mutex<Option<Duration>>> = Arc::default();
-    let ob = outbox.clone();
-    let drain = std::thread::spawn(move || ob.drain("hol"));
-    let healthy_done = r.wait_until(Duration::from_secs(120), |all| {
-        all.iter()
-            .filter(|q| q.path != "/dead" && q.completion.status().is_some())
-            .count()
-            == HEALTHY * ENTRIES
-    });
-    assert!(healthy_done, "healthy recipients finished");
-    *done.lock().map_err(|_| "lock")? = Some(start.elapsed());
-    drain.join().map_err(|_| "drain panicked")??;
-    outbox.shutdown();
-    let d = done.lock().map_err(|_| "lock")?.ok_or("not done")?;
-    Ok(d.as_secs_f64())
-}
-
-fn peak_rss_kib() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
-/// The recipients of the backlog run live in a child process, so that what they record does
-/// not count in this process's peak RSS.
-fn recipient_child() -> Result<(), Box<dyn Error>> {
-    let r = Recipient::start()?;
-    r.set_server_default(Reply::Status(204));
-    println!("{}", r.addr().port());
-    // Serve until the parent closes our stdin.
-    let mut sink = String::new();
-    while std::io::stdin().read_line(&mut sink)? > 0 {
-        sink.clear();
+    let store = open_store(&dir)?;
+    let outbox = outbox_lanes::blocking::Outbox::open(store, config(concurrency, None))?;
+    let per_chunk = (2000 / l.rows[0].recipients.len()).max(1);
+    for chunk in l.rows.chunks(per_chunk) {
+        outbox.enqueue("bench", chunk)?;
     }
+    server.reset()?;
+    let (c0, t0) = (self_cpu(), Instant::now());
+    outbox.drain("bench")?;
+    let (secs, cpu) = (t0.elapsed().as_secs_f64(), self_cpu() - c0);
+    outbox.shutdown();
+    finish(server, l.requests.len(), secs, cpu)
+}
+
+/// The limit of the blocking runtime: its ureq client, `concurrency` threads.
+fn blocking_limit(server: &Server, l: &Load, concurrency: usize) -> Res<Run> {
+    let http = outbox_lanes::blocking::HttpClient::new(config(concurrency, None).http, None)?;
+    server.reset()?;
+    let requests = &l.requests;
+    let next = AtomicUsize::new(0);
+    let (c0, t0) = (self_cpu(), Instant::now());
+    std::thread::scope(|s| {
+        for _ in 0..concurrency.min(requests.len()) {
+            let (http, next) = (http.clone(), &next);
+            s.spawn(move || {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some((to, b)) = requests.get(i) else {
+                        return;
+                    };
+                    let d = outbox_lanes::blocking::http::Delivery {
+                        unit: UnitId(i as u64 + 1),
+                        recipient: to,
+                        body: b,
+                        content_type: "application/json",
+                        attempt: 1,
+                    };
+                    let _ = http.deliver(&d, SystemTime::now());
+                }
+            });
+        }
+    });
+    let (secs, cpu) = (t0.elapsed().as_secs_f64(), self_cpu() - c0);
+    finish(server, requests.len(), secs, cpu)
+}
+
+/// The `outbox-lanes` binary: `enqueue`, then `drain --concurrency N`, timed; its CPU from
+/// `getrusage(RUSAGE_CHILDREN)`.
+fn binary_drain(server: &Server, l: &Load, concurrency: usize) -> Res<Run> {
+    let bin = env!("CARGO_BIN_EXE_outbox-lanes");
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("outbox.db");
+    let db = db.to_str().ok_or("path")?;
+    let mut lines = String::new();
+    for r in &l.rows {
+        let to: Vec<String> = r.recipients.iter().map(|u| format!("\"{u}\"")).collect();
+        lines.push_str(&format!(
+            "{{\"id\":\"{}\",\"to\":[{}],\"body\":{}}}\n",
+            r.id,
+            to.join(","),
+            String::from_utf8_lossy(&r.body)
+        ));
+    }
+    let mut enq = std::process::Command::new(bin)
+        .args(["--db", db, "enqueue", "--actor", "bench"])
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()?;
+    enq.stdin
+        .take()
+        .ok_or("stdin")?
+        .write_all(lines.as_bytes())?;
+    if !enq.wait()?.success() {
+        return Err("enqueue failed".into());
+    }
+    server.reset()?;
+    let children = || cpu_us(nix::sys::resource::UsageWho::RUSAGE_CHILDREN);
+    let (c0, t0) = (children(), Instant::now());
+    let status = std::process::Command::new(bin)
+        .args([
+            "--db",
+            db,
+            "--concurrency",
+            &concurrency.to_string(),
+            "--allow-private-destinations",
+            "--timeout",
+            "10s",
+            "drain",
+            "--actor",
+            "bench",
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()?;
+    let (secs, cpu) = (t0.elapsed().as_secs_f64(), children() - c0);
+    if !status.success() {
+        return Err(format!("drain: {status}").into());
+    }
+    finish(server, l.requests.len(), secs, cpu)
+}
+
+/// Case (e), in a child process of its own (`--backlog N PORT`): prints
+/// `deliveries/s rss_after_enqueue_kib peak_rss_kib`.
+fn backlog_child(units: usize, port: u16) -> Res<()> {
+    const RECIPIENTS: usize = 1000;
+    let to: Vec<String> = (0..RECIPIENTS)
+        .map(|r| format!("http://127.0.0.1:{port}/r{r}"))
+        .collect();
+    let dir = tempfile::tempdir()?;
+    let store = open_store(&dir)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let rows = units / RECIPIENTS;
+    let out = rt.block_on(async {
+        let outbox = outbox_lanes::tokio::Outbox::open(Arc::clone(&store), config(1000, None))?;
+        // Built two rows at a time: the backlog never sits in this process's memory at once.
+        for first in (0..rows).step_by(2) {
+            let chunk = load(&to, (first + 2).min(rows), None).rows.split_off(first);
+            outbox.enqueue("backlog", chunk).await?;
+        }
+        let before = peak_rss_kib();
+        let t0 = Instant::now();
+        let done = outbox.drain("backlog").await?;
+        let rate = (rows * RECIPIENTS) as f64 / t0.elapsed().as_secs_f64();
+        outbox.shutdown().await;
+        match done {
+            outbox_lanes::tokio::DrainOutcome::Ran(r)
+                if r.delivered == (rows * RECIPIENTS) as u64 => {}
+            other => return Err(format!("backlog drain: {other:?}").into()),
+        }
+        Ok::<_, Box<dyn Error>>(format!("{rate:.0} {before} {}", peak_rss_kib()))
+    })?;
+    println!("{out}");
     Ok(())
 }
 
-fn backlog(units: usize) -> Result<(f64, u64, u64), Box<dyn Error>> {
-    let mut child = std::process::Command::new(std::env::current_exe()?)
-        .arg("--recipient-child")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()?;
-    let mut port = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(child.stdout.take().ok_or("child stdout")?),
-        &mut port,
-    )?;
-    let port: u16 = port.trim().parse()?;
-    let to: Vec<String> = (0..4)
-        .map(|l| format!("http://127.0.0.1:{port}/r{l}"))
-        .collect();
-    let dir = tempfile::tempdir()?;
-    let store = open(&dir)?;
-    let outbox = Outbox::open(Arc::clone(&store), config())?;
-    // Built chunk by chunk, so the backlog's rows never sit in this process's memory at once.
-    let entries = units / to.len();
-    for first in (0..entries).step_by(1000) {
-        let chunk = rows(first..entries.min(first + 1000), &to);
-        outbox.enqueue("backlog", &chunk)?;
-    }
-    let before = peak_rss_kib().unwrap_or(0);
-    let start = Instant::now();
-    let out = outbox.drain("backlog")?;
-    let rate = units as f64 / start.elapsed().as_secs_f64();
-    let after = peak_rss_kib().unwrap_or(0);
-    outbox.shutdown();
-    drop(child.stdin.take());
-    child.wait()?;
-    match out {
-        outbox_lanes::blocking::DrainOutcome::Ran(r) if r.delivered == units as u64 => {}
-        other => return Err(format!("backlog drain: {other:?}").into()),
-    }
-    Ok((rate, before, after))
+// ---------------------------------------------------------------------------------------
+// Report
+// ---------------------------------------------------------------------------------------
+
+struct Row {
+    case: String,
+    outbox: Run,
+    limit: Run,
 }
 
-fn main() -> Result<(), Box<dyn Error>> {
-    if std::env::args().any(|a| a == "--recipient-child") {
-        return recipient_child();
+fn print_rows(rows: &[Row]) {
+    println!(
+        "\n| case | outbox deliveries/s | limit deliveries/s | ratio | outbox CPU µs/delivery | limit CPU µs/delivery | violations (outbox / limit) | duplicates (outbox / limit) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for r in rows {
+        println!(
+            "| {} | {:.0} | {:.0} | {:.2}x | {:.1} | {:.1} | {} / {} | {} / {} |",
+            r.case,
+            r.outbox.rate(),
+            r.limit.rate(),
+            r.outbox.rate() / r.limit.rate(),
+            r.outbox.cpu_per(),
+            r.limit.cpu_per(),
+            r.outbox.violations,
+            r.limit.violations,
+            r.outbox.duplicates,
+            r.limit.duplicates
+        );
     }
-    let units = env("E2E_UNITS", 20_000) / LANES * LANES;
-    println!(
-        "end to end on 127.0.0.1: {units} deliveries over {LANES} recipients, concurrency {CONCURRENCY}"
+}
+
+/// Two panels: deliveries/s as a fraction of the limit, and CPU µs per delivery.
+fn svg(rows: &[Row]) -> String {
+    let (w, bar, gap, left) = (960.0, 14.0, 10.0, 300.0);
+    let h = 60.0 + rows.len() as f64 * (2.0 * bar + gap) + 40.0;
+    let panel = (w - left - 40.0) / 2.0;
+    let max_cpu = rows
+        .iter()
+        .flat_map(|r| [r.outbox.cpu_per(), r.limit.cpu_per()])
+        .fold(1.0_f64, f64::max);
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{left}\" y=\"20\" font-weight=\"bold\">deliveries/s, fraction of the limit (same client, same concurrency)</text>\n\
+         <text x=\"{}\" y=\"20\" font-weight=\"bold\">CPU µs per delivery</text>\n\
+         <rect x=\"{left}\" y=\"30\" width=\"12\" height=\"10\" fill=\"#2a6fb0\"/><text x=\"{}\" y=\"39\">outbox-lanes</text>\n\
+         <rect x=\"{}\" y=\"30\" width=\"12\" height=\"10\" fill=\"#bbbbbb\"/><text x=\"{}\" y=\"39\">limit: no outbox</text>\n",
+        left + panel + 20.0,
+        left + 16.0,
+        left + 110.0,
+        left + 126.0
     );
-    let (limit, limit_v) = direct_run(units, CONCURRENCY, LANES)?;
-    let (ours, ours_v) = outbox_run(units)?;
-    let (ours_async, ours_async_v) = tokio_run(units)?;
-    let serial_units = (units / 10).max(LANES);
-    let (serial, _) = direct_run(serial_units, 1, LANES)?;
-    // The original fault: concurrent drains posting to few recipients at once.
-    let (wild, wild_v) = direct_run(units / 4, CONCURRENCY, 4)?;
-    println!("| run | deliveries/s | vs limit | order violations |");
-    println!("|---|---|---|---|");
+    for (i, r) in rows.iter().enumerate() {
+        let y = 55.0 + i as f64 * (2.0 * bar + gap);
+        let ratio = r.outbox.rate() / r.limit.rate();
+        s.push_str(&format!(
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n",
+            left - 8.0,
+            y + bar + 4.0,
+            r.case.replace('&', "&amp;").replace('<', "&lt;")
+        ));
+        let x2 = left + panel + 20.0;
+        for (k, (frac, cpu, color)) in [
+            (ratio.min(1.5), r.outbox.cpu_per(), "#2a6fb0"),
+            (1.0, r.limit.cpu_per(), "#bbbbbb"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let yy = y + k as f64 * bar;
+            let bw = frac / 1.5 * (panel - 60.0);
+            let cw = cpu / max_cpu * (panel - 60.0);
+            s.push_str(&format!(
+                "<rect x=\"{left}\" y=\"{yy}\" width=\"{bw:.1}\" height=\"{}\" fill=\"{color}\"/>\n\
+                 <text x=\"{:.1}\" y=\"{:.1}\">{:.2}x</text>\n\
+                 <rect x=\"{x2}\" y=\"{yy}\" width=\"{cw:.1}\" height=\"{}\" fill=\"{color}\"/>\n\
+                 <text x=\"{:.1}\" y=\"{:.1}\">{cpu:.1}</text>\n",
+                bar - 2.0,
+                left + bw + 4.0,
+                yy + bar - 3.0,
+                frac,
+                bar - 2.0,
+                x2 + cw + 4.0,
+                yy + bar - 3.0
+            ));
+        }
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn main() -> Res<()> {
+    let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--serve") {
+        return serve();
+    }
+    if let Some(i) = args.iter().position(|a| a == "--backlog") {
+        let units = args.get(i + 1).ok_or("units")?.parse()?;
+        let port = args.get(i + 2).ok_or("port")?.parse()?;
+        return backlog_child(units, port);
+    }
+    let scale: f64 = std::env::var("E2E_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1.0);
+    let n = |x: usize| ((x as f64 * scale) as usize).max(1);
+    let cases = std::env::var("E2E_CASES").unwrap_or_else(|_| "a,b,c,d,e".into());
+    let want = |c: &str| cases.split(',').any(|x| x.trim() == c);
+    let server = Server::start()?;
+    let mut rows = Vec::new();
     println!(
-        "| same HTTP client, {CONCURRENCY} at once, no outbox (the limit) | {limit:.0} | 1.00x | {limit_v} |"
-    );
-    println!(
-        "| outbox-lanes, SQLite file, blocking runtime | {ours:.0} | {:.2}x | {ours_v} |",
-        ours / limit
-    );
-    println!(
-        "| outbox-lanes, SQLite file, tokio runtime (reqwest) | {ours_async:.0} | {:.2}x | {ours_async_v} |",
-        ours_async / limit
-    );
-    println!(
-        "| one serial drain, option A ({serial_units} units) | {serial:.0} | {:.2}x | 0 |",
-        serial / limit
-    );
-    println!(
-        "| unconstrained concurrent drains to 4 recipients ({} units) | {wild:.0} | {:.2}x | {wild_v} |",
-        units / 4,
-        wild / limit
+        "end to end on 127.0.0.1, recipients: hyper in a child process (port {})",
+        server.port
     );
 
-    let clean = head_of_line(false)?;
-    let dead = head_of_line(true)?;
-    println!("\nhead-of-line: 50 healthy recipients x 20 entries");
-    println!("| run | healthy recipients done after |");
-    println!("|---|---|");
-    println!("| no faulty recipient | {clean:.2} s |");
-    println!("| plus one that never answers | {dead:.2} s |");
-
-    let n = env("E2E_BACKLOG", 200_000) / 4 * 4;
-    let (rate, before, after) = backlog(n)?;
-    println!("\nbacklog: {n} units over 4 recipients, drained at {rate:.0} deliveries/s");
-    println!(
-        "peak RSS of the outbox process: {before} KiB after enqueueing, {after} KiB after draining (recipients in a child process)"
-    );
+    if want("a") {
+        let to: Vec<String> = (0..100).map(|r| server.url(&format!("/r{r}"))).collect();
+        let l = load(&to, n(2000), None);
+        let limit = tokio_limit(&server, &l, 100)?;
+        let outbox = tokio_outbox(&server, &l, 100, None)?;
+        rows.push(Row {
+            case: format!(
+                "(a) 100 recipients at once, {} rows, 100 in flight, tokio",
+                l.rows.len()
+            ),
+            outbox,
+            limit,
+        });
+        let limit = blocking_limit(&server, &l, 100)?;
+        let outbox = blocking_outbox(&server, &l, 100)?;
+        rows.push(Row {
+            case: "(a) same, blocking runtime (ureq, 100 threads)".into(),
+            outbox,
+            limit,
+        });
+        print_rows(&rows[rows.len() - 2..]);
+    }
+    if want("b") {
+        let to: Vec<String> = (0..1000)
+            .map(|r| server.url(&format!("/d100/r{r}")))
+            .collect();
+        let l = load(&to, n(20), None);
+        let limit = tokio_limit(&server, &l, 1000)?;
+        let outbox = tokio_outbox(&server, &l, 1000, None)?;
+        rows.push(Row {
+            case: format!(
+                "(b) 1,000 recipients 100 ms away, {} rows, 1,000 in flight, tokio",
+                l.rows.len()
+            ),
+            outbox,
+            limit: limit.clone(),
+        });
+        let binary = binary_drain(&server, &l, 1000)?;
+        rows.push(Row {
+            case: "(b) same, the binary: drain --concurrency 1000".into(),
+            outbox: binary,
+            limit,
+        });
+        print_rows(&rows[rows.len() - 2..]);
+    }
+    if want("c") {
+        let to = vec![server.url("/one")];
+        let l = load(&to, n(2000), None);
+        let limit = tokio_limit(&server, &l, 1)?;
+        let outbox = tokio_outbox(&server, &l, 256, None)?;
+        rows.push(Row {
+            case: format!(
+                "(c) 1 recipient at once, {} rows (1 in flight), tokio",
+                l.rows.len()
+            ),
+            outbox,
+            limit,
+        });
+        let limit = blocking_limit(&server, &l, 1)?;
+        let outbox = blocking_outbox(&server, &l, 32)?;
+        rows.push(Row {
+            case: "(c) same, blocking runtime".into(),
+            outbox,
+            limit,
+        });
+        print_rows(&rows[rows.len() - 2..]);
+    }
+    if want("d") {
+        let to = vec![server.url("/d150/inbox")];
+        let keyed = load(&to, n(1000), Some(100));
+        let limit = tokio_limit(&server, &keyed, 8)?;
+        let outbox = tokio_outbox(&server, &keyed, 256, Some(8))?;
+        let one_lane = load(&to, n(200), None);
+        let lane = tokio_outbox(&server, &one_lane, 256, Some(8))?;
+        println!(
+            "\n(d) one recipient 150 ms away, per-host cap 8: {} rows over 100 ordering keys {:.1}/s; {} rows in one lane {:.1}/s; {:.1}x",
+            keyed.rows.len(),
+            outbox.rate(),
+            one_lane.rows.len(),
+            lane.rate(),
+            outbox.rate() / lane.rate()
+        );
+        rows.push(Row {
+            case: format!(
+                "(d) 1 recipient 150 ms away, 100 keys, cap 8 ({:.1}x one lane)",
+                outbox.rate() / lane.rate()
+            ),
+            outbox,
+            limit,
+        });
+        print_rows(&rows[rows.len() - 1..]);
+    }
+    if want("e") {
+        server.reset()?;
+        let units = env("E2E_BACKLOG", 1_000_000) / 1000 * 1000;
+        let out = std::process::Command::new(std::env::current_exe()?)
+            .args(["--backlog", &units.to_string(), &server.port.to_string()])
+            .stderr(std::process::Stdio::inherit())
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let f: Vec<&str> = text.split_whitespace().collect();
+        match f[..] {
+            [rate, before, peak] => println!(
+                "\n(e) backlog of {units} units over 1,000 recipients at once, 1,000 in flight (tokio, child process): {rate} deliveries/s; peak RSS {before} KiB after enqueueing, {peak} KiB after draining"
+            ),
+            _ => return Err(format!("backlog child: {text:?} ({})", out.status).into()),
+        }
+        let st = server.stats()?;
+        println!(
+            "    recipients: {} requests, {} order violations, {} duplicates, {:.1} µs of their CPU per request",
+            st.requests,
+            st.violations,
+            st.duplicates,
+            st.cpu_us as f64 / st.requests.max(1) as f64
+        );
+    }
+    if !rows.is_empty() {
+        println!("\nall cases:");
+        print_rows(&rows);
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/e2e.svg");
+        std::fs::write(path, svg(&rows))?;
+        println!("\nchart: {path}");
+    }
     Ok(())
 }

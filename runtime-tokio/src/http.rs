@@ -56,9 +56,10 @@ use outbox_lanes_driver::sign::{SignRequest, Signer};
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use reqwest::header::{HeaderName, HeaderValue};
 
-/// Idle connections kept per host (reqwest keeps unlimited by default; bounded here like
-/// the blocking client's pool).
-const IDLE_PER_HOST: usize = 64;
+/// Idle connections kept per host (reqwest keeps unlimited by default; bounded here). Sized
+/// for a relay with hundreds of attempts in flight to one host: a smaller pool closes the
+/// connections it cannot keep, and every later request to that host pays a new connection.
+const IDLE_PER_HOST: usize = 1024;
 
 /// An async HTTP client for deliveries: one reqwest client (and its connection pool),
 /// shared by every clone. Must be used inside a tokio runtime.
