@@ -540,6 +540,12 @@ impl Scheduler {
 
     /// The lanes to read from the store now, if any. The room they ask for is reserved
     /// until [`Scheduler::handle_claimed`] (or [`Scheduler::handle_claim_failed`]).
+    ///
+    /// Breadth first: a lane with nothing admitted (nothing it could start) is read before a
+    /// lane that only refills, and the room is shared among such lanes, so the window holds
+    /// the heads of as many lanes as it can before it holds any lane's depth. With 1,000
+    /// lanes and a window of 4,000 units each lane gets 4, not 250 lanes 16 each (which
+    /// would leave 750 recipients idle while the in-flight window has room for them).
     pub fn poll_claim(&mut self, now: Timestamp) -> Option<Vec<LaneClaim>> {
         self.advance(now);
         if self.stopping {
@@ -549,33 +555,58 @@ impl Scheduler {
             .config
             .max_units
             .saturating_sub(self.admitted + self.reserved);
-        if self.admitted > 0 && self.admitted_bytes >= self.config.max_bytes {
+        if room == 0 || (self.admitted > 0 && self.admitted_bytes >= self.config.max_bytes) {
             return None;
         }
-        let mut out = Vec::new();
-        let rounds = self.claim_queue.len();
-        for _ in 0..rounds {
-            if room == 0 {
-                break;
+        let cap = self.config.max_per_lane;
+        let queue: Vec<LaneId> = self.claim_queue.drain(..).collect();
+        // What each lane may ask for now; `None`: not claimable, it leaves the queue.
+        let limits: Vec<Option<u32>> = queue
+            .iter()
+            .map(|lane| Self::claimable(&self.lanes[lane.index()], self.now, cap))
+            .collect();
+        let hungry = |lane: LaneId, lanes: &[Lane]| lanes[lane.index()].queue.is_empty();
+        let n_hungry = queue
+            .iter()
+            .zip(&limits)
+            .filter(|(lane, limit)| limit.is_some() && hungry(**lane, &self.lanes))
+            .count();
+        let share = u32::try_from(room / n_hungry.max(1))
+            .unwrap_or(u32::MAX)
+            .max(1);
+        let mut granted: Vec<Option<u32>> = alloc::vec![None; queue.len()];
+        // Hungry lanes first, each its share; then the refills, with what is left.
+        for first in [true, false] {
+            for (i, lane) in queue.iter().enumerate() {
+                let Some(limit) = limits[i] else { continue };
+                if hungry(*lane, &self.lanes) != first || room == 0 {
+                    continue;
+                }
+                let limit = if first { limit.min(share) } else { limit };
+                let limit = limit.min(u32::try_from(room).unwrap_or(u32::MAX));
+                room -= limit as usize;
+                granted[i] = Some(limit);
             }
-            let Some(lane) = self.claim_queue.pop_front() else {
-                break;
-            };
+        }
+        let mut out = Vec::new();
+        for (i, lane) in queue.into_iter().enumerate() {
             let l = &mut self.lanes[lane.index()];
-            l.in_claim_queue = false;
-            let Some(limit) = Self::claimable(l, self.now, self.config.max_per_lane) else {
-                continue;
-            };
-            let limit = limit.min(u32::try_from(room).unwrap_or(u32::MAX));
-            l.planned = Some(limit);
-            l.planned_from = l.next_from;
-            room -= limit as usize;
-            self.reserved += limit as usize;
-            out.push(LaneClaim {
-                lane,
-                from: l.next_from,
-                limit,
-            });
+            match (limits[i], granted[i]) {
+                (Some(_), Some(limit)) => {
+                    l.in_claim_queue = false;
+                    l.planned = Some(limit);
+                    l.planned_from = l.next_from;
+                    self.reserved += limit as usize;
+                    out.push(LaneClaim {
+                        lane,
+                        from: l.next_from,
+                        limit,
+                    });
+                }
+                // Claimable, but the window is full: it stays in the queue, in its place.
+                (Some(_), None) => self.claim_queue.push_back(lane),
+                (None, _) => l.in_claim_queue = false,
+            }
         }
         (!out.is_empty()).then_some(out)
     }

@@ -618,3 +618,81 @@ fn an_attempt_that_never_left_does_not_extend_a_lanes_backoff() {
     w.ok(a1, "a");
     assert_eq!(w.take(), ["delivered u1 a", "open a"]);
 }
+
+#[test]
+fn the_window_holds_every_lanes_head_before_any_lanes_depth() {
+    // Four lanes with three units each, a window of four units, up to 16 per lane: each lane
+    // gets its head (four attempts in flight), not lane a all four (one in flight).
+    let mut w = World::new(Config {
+        max_units: 4,
+        max_per_lane: 16,
+        ..transcript_config()
+    });
+    let mut units = std::collections::BTreeMap::new();
+    for _ in 0..3 {
+        for lane in ["a", "b", "c", "d"] {
+            units
+                .entry(lane)
+                .or_insert_with(Vec::new)
+                .push(w.enqueue(&[lane], false)[0]);
+        }
+    }
+    w.discover();
+    assert_eq!(
+        w.take(),
+        [
+            "start u1 a #1",
+            "start u2 b #1",
+            "start u3 c #1",
+            "start u4 d #1"
+        ]
+    );
+    // The room a's delivery frees goes to a's next unit: every lane already has its head.
+    w.ok(units["a"][0], "a");
+    assert_eq!(w.take(), ["delivered u1 a", "start u5 a #1"]);
+}
+
+#[test]
+fn a_lane_with_nothing_admitted_gets_the_room_before_a_lane_that_refills() {
+    // A window of eight units shared by four lanes: two each.
+    let mut w = World::new(Config {
+        max_units: 8,
+        max_per_lane: 16,
+        ..transcript_config()
+    });
+    let mut units = std::collections::BTreeMap::new();
+    for _ in 0..4 {
+        for lane in ["a", "b", "c", "d"] {
+            units
+                .entry(lane)
+                .or_insert_with(Vec::new)
+                .push(w.enqueue(&[lane], false)[0]);
+        }
+    }
+    w.discover();
+    assert_eq!(
+        w.take(),
+        [
+            "start u1 a #1",
+            "start u2 b #1",
+            "start u3 c #1",
+            "start u4 d #1"
+        ]
+    );
+    // A new lane is discovered while the window is full.
+    let e = w.enqueue(&["e"], false)[0];
+    w.discover();
+    assert!(w.take().is_empty(), "the window is full");
+    // a's delivery frees one unit of room: a still has u5 admitted and starts it; the room
+    // goes to e, which has nothing, not to a's refill.
+    w.ok(units["a"][0], "a");
+    assert_eq!(
+        w.take(),
+        ["delivered u1 a", "start u5 a #1", "start u17 e #1"]
+    );
+    // Once e is served, a refills.
+    w.ok(e, "e");
+    assert_eq!(w.take(), ["delivered u17 e"]);
+    w.ok(units["a"][1], "a");
+    assert_eq!(w.take(), ["delivered u5 a", "start u9 a #1"]);
+}
