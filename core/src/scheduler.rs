@@ -447,6 +447,8 @@ pub struct Scheduler {
     timers: BinaryHeap<Reverse<(Timestamp, Timer)>>,
     admitted: usize,
     admitted_bytes: u64,
+    /// Lanes with at least one admitted unit.
+    occupied: usize,
     reserved: usize,
     in_flight: usize,
     retry_pending: usize,
@@ -475,6 +477,7 @@ impl Scheduler {
             timers: BinaryHeap::new(),
             admitted: 0,
             admitted_bytes: 0,
+            occupied: 0,
             reserved: 0,
             in_flight: 0,
             retry_pending: 0,
@@ -541,11 +544,13 @@ impl Scheduler {
     /// The lanes to read from the store now, if any. The room they ask for is reserved
     /// until [`Scheduler::handle_claimed`] (or [`Scheduler::handle_claim_failed`]).
     ///
-    /// Breadth first: a lane with nothing admitted (nothing it could start) is read before a
-    /// lane that only refills, and the room is shared among such lanes, so the window holds
-    /// the heads of as many lanes as it can before it holds any lane's depth. With 1,000
-    /// lanes and a window of 4,000 units each lane gets 4, not 250 lanes 16 each (which
-    /// would leave 750 recipients idle while the in-flight window has room for them).
+    /// Breadth first: the window is shared by the lanes with work, each up to a depth of
+    /// `max_units / lanes` (at least 1, at most `max_per_lane`), and a lane with nothing
+    /// admitted (nothing it could start) is read before a lane that only refills. With 1,000
+    /// lanes and a window of 4,000 units each lane gets 4, not 250 lanes 16 each (which would
+    /// leave 750 recipients idle while the in-flight window has room for them). A lane
+    /// refills once it is down to half its depth, and only when the room for the whole refill
+    /// is free: few, larger reads, not one read per unit that leaves the window.
     pub fn poll_claim(&mut self, now: Timestamp) -> Option<Vec<LaneClaim>> {
         self.advance(now);
         if self.stopping {
@@ -558,32 +563,47 @@ impl Scheduler {
         if room == 0 || (self.admitted > 0 && self.admitted_bytes >= self.config.max_bytes) {
             return None;
         }
-        let cap = self.config.max_per_lane;
+        debug_assert_eq!(
+            self.occupied,
+            self.lanes.iter().filter(|l| !l.queue.is_empty()).count(),
+            "the count of occupied lanes drifted"
+        );
         let queue: Vec<LaneId> = self.claim_queue.drain(..).collect();
+        let is_hungry = |lane: LaneId, lanes: &[Lane]| lanes[lane.index()].queue.is_empty();
+        let hungry = queue
+            .iter()
+            .filter(|&&lane| {
+                is_hungry(lane, &self.lanes)
+                    && Self::claimable(&self.lanes[lane.index()], self.now, u32::MAX).is_some()
+            })
+            .count();
+        let depth = self.depth(hungry);
         // What each lane may ask for now; `None`: not claimable, it leaves the queue.
         let limits: Vec<Option<u32>> = queue
             .iter()
-            .map(|lane| Self::claimable(&self.lanes[lane.index()], self.now, cap))
+            .map(|lane| Self::claimable(&self.lanes[lane.index()], self.now, depth))
             .collect();
-        let hungry = |lane: LaneId, lanes: &[Lane]| lanes[lane.index()].queue.is_empty();
-        let n_hungry = queue
-            .iter()
-            .zip(&limits)
-            .filter(|(lane, limit)| limit.is_some() && hungry(**lane, &self.lanes))
-            .count();
-        let share = u32::try_from(room / n_hungry.max(1))
+        // The hungry lanes share the room when it is short, one unit each at least.
+        let share = u32::try_from(room / hungry.max(1))
             .unwrap_or(u32::MAX)
             .max(1);
         let mut granted: Vec<Option<u32>> = alloc::vec![None; queue.len()];
-        // Hungry lanes first, each its share; then the refills, with what is left.
         for first in [true, false] {
             for (i, lane) in queue.iter().enumerate() {
                 let Some(limit) = limits[i] else { continue };
-                if hungry(*lane, &self.lanes) != first || room == 0 {
+                if is_hungry(*lane, &self.lanes) != first || room == 0 {
                     continue;
                 }
-                let limit = if first { limit.min(share) } else { limit };
-                let limit = limit.min(u32::try_from(room).unwrap_or(u32::MAX));
+                let limit = if first {
+                    limit
+                        .min(share)
+                        .min(u32::try_from(room).unwrap_or(u32::MAX))
+                } else if limit as usize <= room {
+                    limit
+                } else {
+                    // A refill waits for room for all of it; the lane still has work.
+                    continue;
+                };
                 room -= limit as usize;
                 granted[i] = Some(limit);
             }
@@ -603,7 +623,7 @@ impl Scheduler {
                         limit,
                     });
                 }
-                // Claimable, but the window is full: it stays in the queue, in its place.
+                // Claimable, but the window is short: it stays in the queue, in its place.
                 (Some(_), None) => self.claim_queue.push_back(lane),
                 (None, _) => l.in_claim_queue = false,
             }
@@ -611,8 +631,18 @@ impl Scheduler {
         (!out.is_empty()).then_some(out)
     }
 
-    /// How many units `l` may be asked for now, or `None` if it must not be claimed.
-    fn claimable(l: &Lane, now: Timestamp, max_per_lane: u32) -> Option<u32> {
+    /// A lane's share of the window: `max_units` over the lanes with work (those with units
+    /// admitted, and `hungry` more waiting for their first), between 1 and `max_per_lane`.
+    fn depth(&self, hungry: usize) -> u32 {
+        let lanes = (self.occupied + hungry).max(1);
+        u32::try_from(self.config.max_units / lanes)
+            .unwrap_or(u32::MAX)
+            .clamp(1, self.config.max_per_lane.max(1))
+    }
+
+    /// How many units `l` may be asked for now, up to `depth` admitted, or `None` if it must
+    /// not be claimed.
+    fn claimable(l: &Lane, now: Timestamp, depth: u32) -> Option<u32> {
         if !l.more
             || l.stalled
             || l.room_wait
@@ -625,7 +655,7 @@ impl Scheduler {
         let queued = u32::try_from(l.queue.len()).unwrap_or(u32::MAX);
         // A lane in probe mode (backoff level above zero) gets its head only: a dead
         // recipient costs one probe per interval, not one per unit (OL-11).
-        let cap = if l.level > 0 { 1 } else { max_per_lane.max(1) };
+        let cap = if l.level > 0 { 1 } else { depth.max(1) };
         // Refill a lane once it is down to half, not one unit at a time: fewer, larger reads.
         if queued > 0 && queued * 2 > cap {
             return None;
@@ -860,6 +890,9 @@ impl Scheduler {
         self.admitted_bytes += u64::from(u.bytes);
         for s in &u.slots {
             let l = &mut self.lanes[s.lane.index()];
+            if l.queue.is_empty() {
+                self.occupied += 1;
+            }
             l.queue.push_back(idx);
             l.next_from = Seq(u.seq.0.saturating_add(1)).max(l.next_from);
             if u.slots.len() > 1 {
@@ -1163,10 +1196,14 @@ impl Scheduler {
 
     fn remove_from_lane(&mut self, lane: LaneId, idx: u32) {
         let q = &mut self.lanes[lane.index()].queue;
+        let was_empty = q.is_empty();
         if q.front() == Some(&idx) {
             q.pop_front();
         } else if let Some(p) = q.iter().position(|&i| i == idx) {
             q.remove(p);
+        }
+        if !was_empty && q.is_empty() {
+            self.occupied -= 1;
         }
     }
 
@@ -1229,6 +1266,9 @@ impl Scheduler {
                 let ml = &mut self.lanes[m.index()];
                 if let Some(p) = ml.queue.iter().position(|&x| x == v) {
                     victims.extend(ml.queue.drain(p..).skip(1));
+                    if ml.queue.is_empty() {
+                        self.occupied -= 1;
+                    }
                 }
                 ml.next_from = ml.next_from.min(seq);
                 ml.more = true;
@@ -1314,6 +1354,7 @@ impl Scheduler {
         }
         self.admitted = 0;
         self.admitted_bytes = 0;
+        self.occupied = 0;
         self.reserved = 0;
         self.in_flight = 0;
         self.retry_pending = 0;
