@@ -162,8 +162,39 @@ impl Drop for AckWriter {
     }
 }
 
+/// Acks waiting for the next commit, grouped by pass (one token clone per group, not per ack).
+#[derive(Default)]
+struct Batch {
+    groups: Vec<(SlotToken, Vec<(UnitId, StoreLaneId)>)>,
+    len: usize,
+}
+
+impl Batch {
+    fn push(&mut self, token: SlotToken, items: impl IntoIterator<Item = (UnitId, StoreLaneId)>) {
+        let at = match self.groups.iter().position(|(t, _)| *t == token) {
+            Some(at) => at,
+            None => {
+                self.groups.push((token, Vec::new()));
+                self.groups.len() - 1
+            }
+        };
+        let group = &mut self.groups[at].1;
+        let before = group.len();
+        group.extend(items);
+        self.len += group.len() - before;
+    }
+
+    fn add(&mut self, msg: Msg, flushes: &mut Vec<SyncSender<()>>) {
+        match msg {
+            Msg::Ack(t, u, l) => self.push(t, [(u, l)]),
+            Msg::Batch(t, items) => self.push(t, items),
+            Msg::Flush(done) => flushes.push(done),
+        }
+    }
+}
+
 fn run(store: &dyn Store, rx: &Receiver<Msg>, opts: AckWriterOptions, errors: &Errors) {
-    let mut batch: Vec<(SlotToken, UnitId, StoreLaneId)> = Vec::new();
+    let mut batch = Batch::default();
     loop {
         let msg = match rx.recv() {
             Ok(m) => m,
@@ -173,25 +204,17 @@ fn run(store: &dyn Store, rx: &Receiver<Msg>, opts: AckWriterOptions, errors: &E
             }
         };
         let mut flushes = Vec::new();
-        match msg {
-            Msg::Ack(t, u, l) => batch.push((t, u, l)),
-            Msg::Batch(t, items) => batch.extend(items.into_iter().map(|(u, l)| (t.clone(), u, l))),
-            Msg::Flush(done) => flushes.push(done),
-        }
+        batch.add(msg, &mut flushes);
         // Gather more until the batch is full, the delay passed, or a flush asks for it now.
         let deadline = Instant::now() + opts.max_delay;
         let mut closed = false;
-        while flushes.is_empty() && batch.len() < opts.max_batch {
+        while flushes.is_empty() && batch.len < opts.max_batch {
             let now = Instant::now();
             if now >= deadline {
                 break;
             }
             match rx.recv_timeout(deadline - now) {
-                Ok(Msg::Ack(t, u, l)) => batch.push((t, u, l)),
-                Ok(Msg::Batch(t, items)) => {
-                    batch.extend(items.into_iter().map(|(u, l)| (t.clone(), u, l)));
-                }
-                Ok(Msg::Flush(done)) => flushes.push(done),
+                Ok(msg) => batch.add(msg, &mut flushes),
                 Err(RecvTimeoutError::Timeout) => break,
                 Err(RecvTimeoutError::Disconnected) => {
                     closed = true;
@@ -209,16 +232,13 @@ fn run(store: &dyn Store, rx: &Receiver<Msg>, opts: AckWriterOptions, errors: &E
     }
 }
 
-fn commit(store: &dyn Store, batch: &mut Vec<(SlotToken, UnitId, StoreLaneId)>, errors: &Errors) {
-    if batch.is_empty() {
-        return;
-    }
+fn commit(store: &dyn Store, batch: &mut Batch, errors: &Errors) {
+    batch.len = 0;
     // One transaction per pass (token): a stale token refuses only its own pass's acks.
-    let mut groups: HashMap<SlotToken, Vec<(UnitId, StoreLaneId)>> = HashMap::new();
-    for (t, u, l) in batch.drain(..) {
-        groups.entry(t).or_default().push((u, l));
-    }
-    for (token, items) in groups {
+    for (token, items) in batch.groups.drain(..) {
+        if items.is_empty() {
+            continue;
+        }
         // A busy database (a lock held past the busy timeout, a deadlock the server broke)
         // wrote nothing: retrying is safe, and an ack is idempotent anyway.
         let mut result = store.ack(&token, &items);

@@ -1386,34 +1386,52 @@ impl Store for SqliteStore {
                      AND lanes = 1 AND actor = ?3 AND row_ref IS NULL",
                 )?
             };
+            let mut shared = c.prepare_cached(
+                "DELETE FROM ol_units WHERE id = ?1 AND unit_id IS NULL AND lane_id = ?2 AND state = 0 \
+                 AND lanes = 1 AND actor = ?3 AND row_ref IS NOT NULL RETURNING row_ref",
+            )?;
+            // Rows fanned out to many recipients keep their payload in `ol_rows`, and a batch
+            // tends to hold units of one kind: the statement that matched last is tried first.
+            let mut shared_first = false;
+            // Shared payloads whose units were acked: each goes with its last unit, checked
+            // once per batch, not once per ack.
+            let mut rows: Vec<i64> = Vec::new();
             for (unit, lane) in delivered {
                 let unit = i(unit.0);
-                if single.execute(params![unit, lane.0, actor])? == 1 {
-                    continue;
-                }
-                if !retention {
-                    // Payload shared in `ol_rows`: it goes with its last unit.
-                    let gone: Option<i64> = c
-                        .prepare_cached(
-                            "DELETE FROM ol_units WHERE id = ?1 AND unit_id IS NULL AND lane_id = ?2 AND state = 0 \
-                             AND lanes = 1 AND actor = ?3 AND row_ref IS NOT NULL RETURNING row_ref",
-                        )?
-                        .query_row(params![unit, lane.0, actor], |r| r.get(0))
-                        .optional()?;
-                    if let Some(row_ref) = gone {
-                        drop_row_if_unused(c, row_ref)?;
+                let p = params![unit, lane.0, actor];
+                let mut done = false;
+                for try_shared in [shared_first, !shared_first] {
+                    if try_shared && retention {
                         continue;
                     }
+                    done = if try_shared {
+                        let gone: Option<i64> = shared.query_row(p, |r| r.get(0)).optional()?;
+                        gone.map(|row_ref| rows.push(row_ref)).is_some()
+                    } else {
+                        single.execute(p)? == 1
+                    };
+                    if done {
+                        shared_first = try_shared;
+                        break;
+                    }
+                }
+                if done {
+                    continue;
                 }
                 // A joined unit: this lane is served; the unit finishes with its last lane.
                 let n = c
                     .prepare_cached(&format!(
                         "UPDATE ol_units AS d SET state = {STATE_SERVED} WHERE {UNIT_LANE} AND d.state = 0 AND d.actor = ?3"
                     ))?
-                    .execute(params![unit, lane.0, actor])?;
+                    .execute(p)?;
                 if n == 1 {
                     settle(c, unit, retention)?;
                 }
+            }
+            rows.sort_unstable();
+            rows.dedup();
+            for row_ref in rows {
+                drop_row_if_unused(c, row_ref)?;
             }
             Ok(())
         })
