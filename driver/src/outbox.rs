@@ -68,9 +68,14 @@ impl OutboxCore {
     ) -> Result<OutboxCore, OutboxError> {
         let acks = AckWriter::spawn(
             Arc::clone(&store),
+            // Acks are group-committed (OL-16): a crash forgets at most the last 20 ms of
+            // them (those units are sent again), and a large batch writes each index page it
+            // touches once for many acks. Measured on a file store (2,000 rows to 100
+            // recipients, `cargo run --release -p outbox-lanes-store --example ack_batches`):
+            // 10.9 µs per ack in batches of 70, 5.6 in batches of 500, 4.2 in batches of 2,000.
             AckWriterOptions {
-                max_batch: 512,
-                max_delay: Duration::from_millis(5),
+                max_batch: 4096,
+                max_delay: Duration::from_millis(20),
             },
         )
         .map_err(OutboxError::Spawn)?;
