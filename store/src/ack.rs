@@ -1,7 +1,10 @@
 //! The group-committing ack writer (OL-16).
 //!
 //! Delivery workers hand acks to one writer thread, which commits them in batches: every
-//! `max_delay`, or as soon as `max_batch` acks are waiting. At-least-once delivery allows
+//! `max_delay`, or as soon as `max_batch` acks are waiting. Handing acks over only appends
+//! to the waiting batch under a lock: the writer is woken when a batch starts, fills, or a
+//! flush asks for it, not once per hand-over, so it wakes about once per `max_delay` under
+//! load (a channel wake-up per round cost a context switch each). At-least-once delivery allows
 //! this: an ack lost to a crash only means a resend. Outcomes that are *not* deliveries
 //! (dead letters, retired lanes) do not go through here; they are written synchronously so a
 //! lane never moves past an undelivered unit before that outcome is durable.
@@ -13,8 +16,8 @@
 
 use core::time::Duration;
 use std::collections::HashMap;
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::mpsc::{self, SyncSender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -40,18 +43,48 @@ impl Default for AckWriterOptions {
     }
 }
 
-enum Msg {
-    Ack(SlotToken, UnitId, StoreLaneId),
-    Batch(SlotToken, Vec<(UnitId, StoreLaneId)>),
-    Flush(SyncSender<()>),
+/// What the handles and the writer thread share.
+struct Shared {
+    state: Mutex<State>,
+    /// Signalled when a batch starts, fills up, a flush is asked for, or the writer closes.
+    wake: Condvar,
+    errors: Mutex<HashMap<SlotToken, StoreError>>,
+    max_batch: usize,
+}
+
+#[derive(Default)]
+struct State {
+    batch: Batch,
+    flushes: Vec<SyncSender<()>>,
+    closed: bool,
+    /// The writer thread has exited (it panicked, or it was closed).
+    gone: bool,
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn errors(&self) -> MutexGuard<'_, HashMap<SlotToken, StoreError>> {
+        self.errors.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn hand_over(&self, token: &SlotToken, items: impl IntoIterator<Item = (UnitId, StoreLaneId)>) {
+        let mut st = self.state();
+        let was_empty = st.batch.len == 0;
+        st.batch.push(token, items);
+        if was_empty || st.batch.len >= self.max_batch {
+            self.wake.notify_one();
+        }
+    }
 }
 
 /// One writer thread owning a batch of acks; see the module docs.
 ///
 /// Dropping it commits what is waiting and joins the thread.
 pub struct AckWriter {
-    tx: Option<Sender<Msg>>,
-    errors: Arc<Errors>,
+    shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -67,15 +100,23 @@ impl AckWriter {
     /// # Errors
     /// The thread could not be spawned.
     pub fn spawn(store: Arc<dyn Store>, opts: AckWriterOptions) -> std::io::Result<AckWriter> {
-        let (tx, rx) = mpsc::channel();
-        let errors = Arc::new(Errors::default());
-        let errs = Arc::clone(&errors);
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            wake: Condvar::new(),
+            errors: Mutex::new(HashMap::new()),
+            max_batch: opts.max_batch.max(1),
+        });
+        let sh = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("outbox-lanes-acks".into())
-            .spawn(move || run(&*store, &rx, opts, &errs))?;
+            .spawn(move || {
+                // However the thread ends, a flush waiting for it is answered (with an
+                // error) instead of hanging.
+                let _gone = Gone(&sh);
+                run(&*store, &sh, opts.max_delay);
+            })?;
         Ok(AckWriter {
-            tx: Some(tx),
-            errors,
+            shared,
             thread: Some(thread),
         })
     }
@@ -83,27 +124,21 @@ impl AckWriter {
     /// Hands one delivered recipient over for the next group commit. Not durable until a
     /// [`AckWriter::flush`] returns (or the next batch commits).
     pub fn ack(&self, token: &SlotToken, unit: UnitId, lane: StoreLaneId) {
-        if let Some(tx) = &self.tx {
-            // The thread only exits when `tx` is dropped, so a send cannot fail while we hold it.
-            let _ = tx.send(Msg::Ack(token.clone(), unit, lane));
-        }
+        self.shared.hand_over(token, [(unit, lane)]);
     }
 
-    /// Hands several delivered recipients of one pass over at once (one message, one
-    /// wake-up of the writer, however many acks).
+    /// Hands several delivered recipients of one pass over at once.
     pub fn ack_batch(&self, token: &SlotToken, delivered: Vec<(UnitId, StoreLaneId)>) {
         if delivered.is_empty() {
             return;
         }
-        if let Some(tx) = &self.tx {
-            let _ = tx.send(Msg::Batch(token.clone(), delivered));
-        }
+        self.shared.hand_over(token, delivered);
     }
 
     /// The first commit error of `token`'s acks so far, if any, without waiting: a pass
     /// calls it on every round, and on an error stops starting attempts at once.
     pub fn failure(&self, token: &SlotToken) -> Option<StoreError> {
-        self.errors.lock().get(token).cloned()
+        self.shared.errors().get(token).cloned()
     }
 
     /// Returns once every ack handed over before the call is committed.
@@ -114,7 +149,7 @@ impl AckWriter {
     /// forgotten once reported.
     pub fn flush(&self, token: &SlotToken) -> Result<(), StoreError> {
         self.wait()?;
-        self.errors.lock().remove(token).map_or(Ok(()), Err)
+        self.shared.errors().remove(token).map_or(Ok(()), Err)
     }
 
     /// Returns once every ack handed over before the call is committed, whatever came of
@@ -124,41 +159,45 @@ impl AckWriter {
     /// The writer thread stopped.
     pub fn flush_all(&self) -> Result<(), StoreError> {
         self.wait()?;
-        self.errors.lock().clear();
+        self.shared.errors().clear();
         Ok(())
     }
 
     fn wait(&self) -> Result<(), StoreError> {
         let (done_tx, done_rx) = mpsc::sync_channel(1);
-        let tx = self
-            .tx
-            .as_ref()
-            .ok_or_else(|| StoreError::Database("ack writer stopped".into()))?;
-        tx.send(Msg::Flush(done_tx))
-            .map_err(|_| StoreError::Database("ack writer thread stopped".into()))?;
+        {
+            let mut st = self.shared.state();
+            if st.gone || st.closed {
+                return Err(StoreError::Database("ack writer thread stopped".into()));
+            }
+            st.flushes.push(done_tx);
+            self.shared.wake.notify_one();
+        }
         done_rx
             .recv()
             .map_err(|_| StoreError::Database("ack writer thread stopped".into()))
     }
 }
 
-/// Commit errors per pass, shared by the writer thread and the handle.
-#[derive(Default)]
-struct Errors(Mutex<HashMap<SlotToken, StoreError>>);
-
-impl Errors {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SlotToken, StoreError>> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
 impl Drop for AckWriter {
     fn drop(&mut self) {
-        // Closing the channel makes the thread commit what waits and exit.
-        drop(self.tx.take());
+        // The thread commits what waits and exits.
+        self.shared.state().closed = true;
+        self.shared.wake.notify_one();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// Marks the writer gone when its thread ends, and drops the flushes it can no longer answer.
+struct Gone<'a>(&'a Shared);
+
+impl Drop for Gone<'_> {
+    fn drop(&mut self) {
+        let mut st = self.0.state();
+        st.gone = true;
+        st.flushes.clear();
     }
 }
 
@@ -170,11 +209,11 @@ struct Batch {
 }
 
 impl Batch {
-    fn push(&mut self, token: SlotToken, items: impl IntoIterator<Item = (UnitId, StoreLaneId)>) {
-        let at = match self.groups.iter().position(|(t, _)| *t == token) {
+    fn push(&mut self, token: &SlotToken, items: impl IntoIterator<Item = (UnitId, StoreLaneId)>) {
+        let at = match self.groups.iter().position(|(t, _)| t == token) {
             Some(at) => at,
             None => {
-                self.groups.push((token, Vec::new()));
+                self.groups.push((token.clone(), Vec::new()));
                 self.groups.len() - 1
             }
         };
@@ -183,59 +222,47 @@ impl Batch {
         group.extend(items);
         self.len += group.len() - before;
     }
-
-    fn add(&mut self, msg: Msg, flushes: &mut Vec<SyncSender<()>>) {
-        match msg {
-            Msg::Ack(t, u, l) => self.push(t, [(u, l)]),
-            Msg::Batch(t, items) => self.push(t, items),
-            Msg::Flush(done) => flushes.push(done),
-        }
-    }
 }
 
-fn run(store: &dyn Store, rx: &Receiver<Msg>, opts: AckWriterOptions, errors: &Errors) {
-    let mut batch = Batch::default();
+fn run(store: &dyn Store, shared: &Shared, max_delay: Duration) {
+    let mut st = shared.state();
     loop {
-        let msg = match rx.recv() {
-            Ok(m) => m,
-            Err(_) => {
-                commit(store, &mut batch, errors);
-                return;
-            }
-        };
-        let mut flushes = Vec::new();
-        batch.add(msg, &mut flushes);
-        // Gather more until the batch is full, the delay passed, or a flush asks for it now.
-        let deadline = Instant::now() + opts.max_delay;
-        let mut closed = false;
-        while flushes.is_empty() && batch.len < opts.max_batch {
-            let now = Instant::now();
-            if now >= deadline {
+        // Idle: wait for the first ack, a flush, or the close.
+        while st.batch.len == 0 && st.flushes.is_empty() && !st.closed {
+            st = shared.wake.wait(st).unwrap_or_else(PoisonError::into_inner);
+        }
+        // Gather more until the batch is full, the delay passed, or a flush or the close asks
+        // for it now.
+        let deadline = Instant::now() + max_delay;
+        while st.flushes.is_empty() && !st.closed && st.batch.len < shared.max_batch {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
                 break;
             }
-            match rx.recv_timeout(deadline - now) {
-                Ok(msg) => batch.add(msg, &mut flushes),
-                Err(RecvTimeoutError::Timeout) => break,
-                Err(RecvTimeoutError::Disconnected) => {
-                    closed = true;
-                    break;
-                }
-            }
+            st = shared
+                .wake
+                .wait_timeout(st, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
         }
-        commit(store, &mut batch, errors);
+        let batch = std::mem::take(&mut st.batch);
+        let flushes = std::mem::take(&mut st.flushes);
+        let closed = st.closed;
+        drop(st);
+        commit(store, batch, shared);
         for done in flushes {
             let _ = done.send(());
         }
         if closed {
             return;
         }
+        st = shared.state();
     }
 }
 
-fn commit(store: &dyn Store, batch: &mut Batch, errors: &Errors) {
-    batch.len = 0;
+fn commit(store: &dyn Store, batch: Batch, shared: &Shared) {
     // One transaction per pass (token): a stale token refuses only its own pass's acks.
-    for (token, items) in batch.groups.drain(..) {
+    for (token, items) in batch.groups {
         if items.is_empty() {
             continue;
         }
@@ -249,7 +276,7 @@ fn commit(store: &dyn Store, batch: &mut Batch, errors: &Errors) {
             result = store.ack(&token, &items);
         }
         if let Err(e) = result {
-            errors.lock().entry(token).or_insert(e);
+            shared.errors().entry(token).or_insert(e);
         }
     }
 }
