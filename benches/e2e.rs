@@ -584,7 +584,15 @@ fn backlog_child(units: usize, port: u16) -> Res<()> {
         let outbox = outbox_lanes::tokio::Outbox::open(Arc::clone(&store), config(1000, None))?;
         // Built two rows at a time: the backlog never sits in this process's memory at once.
         for first in (0..rows).step_by(2) {
-            let chunk = load(&to, (first + 2).min(rows), None).rows.split_off(first);
+            let chunk: Vec<NewRow> = (first..(first + 2).min(rows))
+                .map(|i| NewRow {
+                    id: format!("e{i}"),
+                    body: body(i, None),
+                    content_type: "application/json".into(),
+                    recipients: to.clone(),
+                    ..NewRow::default()
+                })
+                .collect();
             outbox.enqueue("backlog", chunk).await?;
         }
         let before = peak_rss_kib();

@@ -30,8 +30,8 @@ use outbox_lanes_core::{
     Outcome, PassEnd, PassSession, Scheduler, SessionAction, SessionConfig, Timestamp, UnitId,
 };
 use outbox_lanes_store::{
-    AckWriter, AttemptRecord, ClaimedLane, DeadLetterRequest, SlotToken, Store, StoreError,
-    StoreLaneId,
+    AckWriter, AttemptRecord, ClaimedLane, DeadLetterRequest, Payload, SlotToken, Store,
+    StoreError, StoreLaneId,
 };
 use tracing::{debug, info, trace, warn};
 
@@ -85,12 +85,16 @@ pub struct RoundContext<'a> {
     pub hooks: &'a Hooks,
 }
 
-/// Per-unit facts the pass keeps for tracing and hooks.
+/// Per-unit facts the pass keeps for tracing, hooks and its attempts.
 struct UnitInfo {
     row_id: String,
     enqueued_at: Timestamp,
     /// Recipients not yet delivered or dead-lettered in this pass.
     open: usize,
+    /// The payload, when the claim brought it: every attempt of the unit in this pass uses
+    /// it, with no store read. Kept while the unit is admitted (the scheduler's byte budget
+    /// bounds them all), dropped once it is resolved or handed back.
+    payload: Option<Payload>,
 }
 
 /// An attempt the scheduler started, waiting for its payload at the end of the round.
@@ -398,16 +402,37 @@ impl PassCore {
         self.fetch_payloads(cx.store, &starts)
     }
 
-    /// Reads the payloads of this round's starts in one call and makes their jobs.
+    /// Makes the jobs of this round's starts: with the payload the claim brought, or else
+    /// with the payloads read in one call.
     fn fetch_payloads(&mut self, store: &dyn Store, starts: &[Start]) -> Vec<Job> {
         if starts.is_empty() {
             return Vec::new();
         }
-        let ids: Vec<UnitId> = starts.iter().map(|s| s.unit).collect();
-        let payloads = store.payloads(&ids);
+        let mut payloads: Vec<Option<Result<Payload, StoreError>>> = starts
+            .iter()
+            .map(|s| {
+                self.units
+                    .get(&s.unit)
+                    .and_then(|u| u.payload.clone())
+                    .map(Ok)
+            })
+            .collect();
+        let missing: Vec<UnitId> = starts
+            .iter()
+            .zip(&payloads)
+            .filter(|(_, p)| p.is_none())
+            .map(|(s, _)| s.unit)
+            .collect();
+        if !missing.is_empty() {
+            let mut read = store.payloads(&missing).into_iter();
+            for p in payloads.iter_mut().filter(|p| p.is_none()) {
+                *p = read.next();
+            }
+        }
         let mut jobs = Vec::with_capacity(starts.len());
         let t = now();
         for (s, p) in starts.iter().zip(payloads) {
+            let p = p.unwrap_or(Err(StoreError::NotFound { what: "payload" }));
             match p {
                 Ok(payload) => jobs.push(Job::new(
                     self.actor.clone(),
@@ -532,11 +557,15 @@ impl PassCore {
                     })
                     .collect();
                 let open = u.slots.iter().filter(|s| !s.served).count();
-                self.units.entry(u.id).or_insert(UnitInfo {
+                let info = self.units.entry(u.id).or_insert(UnitInfo {
                     row_id: u.row_id,
                     enqueued_at: u.enqueued_at,
                     open,
+                    payload: None,
                 });
+                if info.payload.is_none() {
+                    info.payload = u.payload;
+                }
                 units.push(Admit {
                     id: u.id,
                     seq: u.seq,

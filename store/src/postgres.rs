@@ -1805,6 +1805,8 @@ impl Store for PgStore {
                             bytes: u32_of(h.get::<_, Option<i64>>(6).unwrap_or(0)),
                             enqueued_at: ts(h.get::<_, Option<i64>>(7).unwrap_or(0)),
                             slots,
+                            // Read when an attempt starts (`Store::payloads`).
+                            payload: None,
                         }
                     })
                     .collect();

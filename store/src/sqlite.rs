@@ -1270,23 +1270,35 @@ impl Store for SqliteStore {
                 // `LIMIT +?3`, not `LIMIT ?3`: SQLite plans with a bare bound LIMIT's value and
                 // so re-prepares the statement on every new value (over half a claim's time);
                 // the unary plus keeps the cached plan.
+                // A one-lane unit's payload (content type and body) comes with it: the pass
+                // keeps it for its attempts instead of reading it again per attempt.
                 let mut st = c.prepare_cached(
                     "SELECT d.id, d.unit_id, d.seq, d.attempts, d.state, coalesce(d.row_id, r.row_id), \
-                     coalesce(d.body_len, r.body_len), coalesce(d.enqueued_at, r.enqueued_at), d.lanes \
+                     coalesce(d.body_len, r.body_len), coalesce(d.enqueued_at, r.enqueued_at), d.lanes, \
+                     CASE WHEN d.lanes = 1 THEN coalesce(d.content_type, r.content_type) END, \
+                     CASE WHEN d.lanes = 1 THEN CASE WHEN d.row_ref IS NULL THEN d.body ELSE r.body END END \
                      FROM ol_units d LEFT JOIN ol_rows r ON r.id = d.row_ref \
                      WHERE d.lane_id = ?1 AND d.seq >= ?2 ORDER BY d.seq, d.id LIMIT +?3",
                 )?;
                 // (row id, payload size, enqueued at, lanes) of a unit.
                 type UnitInfo = (Option<String>, Option<i64>, Option<i64>, i64);
-                type Row = (i64, Option<i64>, i64, i64, i64, Option<String>, Option<i64>, Option<i64>, i64);
+                type Row = (
+                    (i64, Option<i64>, i64, i64, i64),
+                    (Option<String>, Option<i64>, Option<i64>, i64),
+                    (Option<String>, Option<Vec<u8>>),
+                );
                 let rows: Vec<Row> = st
                     .query_map(params![req.lane.0, i(req.from.0), i64::from(req.limit)], |r| {
-                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?, r.get(8)?))
+                        Ok((
+                            (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?),
+                            (r.get(5)?, r.get(6)?, r.get(7)?, r.get(8)?),
+                            (r.get(9)?, r.get(10)?),
+                        ))
                     })?
                     .collect::<Result<_, _>>()?;
                 let exhausted = rows.len() < req.limit as usize;
                 let mut units = Vec::with_capacity(rows.len());
-                for (id, head, seq, attempts, state, row_id, len, at, nlanes) in rows {
+                for ((id, head, seq, attempts, state), (row_id, len, at, nlanes), body) in rows {
                     let (unit, row_id, len, at, nlanes) = match head {
                         None => (id, row_id, len, at, nlanes),
                         Some(h) => {
@@ -1305,6 +1317,14 @@ impl Store for SqliteStore {
                         }
                     };
                     let (row_id, len, at) = (row_id.unwrap_or_default(), len.unwrap_or(0), at.unwrap_or(0));
+                    let payload = match (head, body) {
+                        (None, (Some(content_type), Some(body))) if nlanes <= 1 => Some(Payload {
+                            row_id: row_id.clone(),
+                            content_type,
+                            body,
+                        }),
+                        _ => None,
+                    };
                     let slots = if nlanes <= 1 {
                         vec![ClaimedSlot {
                             lane: req.lane,
@@ -1335,6 +1355,7 @@ impl Store for SqliteStore {
                         bytes: u32_of(len),
                         enqueued_at: ts(at),
                         slots,
+                        payload,
                     });
                 }
                 out.push(ClaimedLane { lane: req.lane, units, exhausted });

@@ -109,8 +109,8 @@ pub struct ClaimedLane {
     pub exhausted: bool,
 }
 
-/// A pending unit read by a claim. Its payload is fetched separately with
-/// [`Store::payload`](crate::Store::payload) when it starts.
+/// A pending unit read by a claim, with its payload when the store reads it in the same
+/// statement (see [`ClaimedUnit::payload`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClaimedUnit {
     /// The unit id, unique across actors: the idempotency key.
@@ -125,6 +125,10 @@ pub struct ClaimedUnit {
     pub enqueued_at: Timestamp,
     /// Every lane of the unit (one for a normal unit, several for a joined one).
     pub slots: Vec<ClaimedSlot>,
+    /// The payload, when the store read it with the claim (SQLite does for one-lane units,
+    /// in the same statement); `None`: read it with [`Store::payloads`](crate::Store::payloads)
+    /// when an attempt starts.
+    pub payload: Option<Payload>,
 }
 
 /// One recipient of a claimed unit.

@@ -106,6 +106,21 @@ fn enqueue_order_and_claim_order(b: Backend) {
         assert_eq!(p.row_id, "r0");
         assert_eq!(p.content_type, "application/json");
         assert_eq!(p.body, b"{\"id\":\"r0\"}");
+        // SQLite reads a one-lane unit's payload with the claim, shared (r0 goes to two
+        // recipients) or inline (r5 to one); a store that does not brings `None`.
+        let r5 = all.units.last().expect("r5");
+        if matches!(b, Backend::SqliteFile | Backend::SqliteMemory) {
+            assert_eq!(u0.payload.as_ref(), Some(&p));
+            assert_eq!(
+                r5.payload.as_ref(),
+                Some(&s.payload(r5.id).expect("payload"))
+            );
+        }
+        for u in &all.units {
+            if let Some(cp) = &u.payload {
+                assert_eq!(cp, &s.payload(u.id).expect("payload"));
+            }
+        }
         // The two units of one row share the row's seq.
         let lb = lane_of(s, &a, B);
         let bl = claim_lane(s, &t, lb, 0, 100);
