@@ -10,6 +10,10 @@
 //! 2. Unless [`PassCore::ended`], wait for an event — completions (take every one that is
 //!    waiting: one wake-up for many), a wake-up from an enqueue, [`PassCore::poll_timeout`],
 //!    a stop or a cancellation — and feed it with the `handle_*` methods (cheap, no I/O).
+//!    An async runtime first tries [`PassCore::try_round_inline`] on its own task: a round
+//!    that only turns completions into acks and next starts (their payloads came with the
+//!    claims) touches no store and needs no hop to the blocking pool; at the first thing
+//!    that needs the store it stops, and [`PassCore::round`] goes on from there.
 //! 3. Back to 1. Once ended, [`PassCore::finish`] (blocking) hands every unfinished unit back,
 //!    executes the commands still queued (acks included: a delivered unit is never sent
 //!    again because its pass was cancelled) and flushes this pass's acks.
@@ -20,7 +24,7 @@
 //! the pass at once: no attempt starts after it, and everything unfinished is handed back,
 //! so a store that cannot write never lets the pass run ahead of what it recorded.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
@@ -133,7 +137,17 @@ pub struct PassCore {
     acked: Vec<(UnitId, StoreLaneId)>,
     /// The session asked for a lease renewal; done at the next round.
     renew_due: bool,
+    /// Commands taken from the scheduler by an inline round that needed the store for them:
+    /// the next round executes them first, in order.
+    deferred: VecDeque<Command>,
+    /// Starts of an inline round that could not finish without the store; the next round
+    /// sends them with its own.
+    pending_starts: Vec<Start>,
 }
+
+/// An inline round stopped: what is left needs the store.
+#[derive(Debug)]
+struct NeedsStore;
 
 impl std::fmt::Debug for PassCore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -199,6 +213,8 @@ impl PassCore {
             records: Vec::new(),
             acked: Vec::new(),
             renew_due: false,
+            deferred: VecDeque::new(),
+            pending_starts: Vec::new(),
         }
     }
 
@@ -350,7 +366,7 @@ impl PassCore {
     /// One round (blocking); see the [module docs](self). Returns the attempts to hand to the
     /// executor, each with its payload.
     pub fn round(&mut self, cx: RoundContext<'_>) -> Vec<Job> {
-        let mut starts = Vec::new();
+        let mut starts = std::mem::take(&mut self.pending_starts);
         if self.end.is_some() {
             return Vec::new();
         }
@@ -364,7 +380,7 @@ impl PassCore {
             }
         }
         loop {
-            self.execute(cx, &mut starts);
+            let _ = self.execute(cx, &mut starts, false);
             if self.end.is_some() {
                 break;
             }
@@ -378,7 +394,7 @@ impl PassCore {
             }
             // `is_done` fires timers that fell due, which may queue commands.
             let done = self.sched.is_done(t);
-            if self.execute(cx, &mut starts) > 0 {
+            if self.execute(cx, &mut starts, false).unwrap_or(0) > 0 {
                 continue;
             }
             self.session.handle_tick(t, self.sched.in_flight(), done);
@@ -400,6 +416,63 @@ impl PassCore {
             return Vec::new();
         }
         self.fetch_payloads(cx.store, &starts)
+    }
+
+    /// One round without the store, on the caller's thread (an async runtime's task): taken
+    /// when the round has nothing to read or write, as a round that only turns completions
+    /// into the next starts with payloads the claims brought. `None`: the round needs the
+    /// store; run [`PassCore::round`] where blocking is allowed — it goes on from here
+    /// (commands already taken and starts already made are kept in order).
+    pub fn try_round_inline(&mut self, cx: RoundContext<'_>) -> Option<Vec<Job>> {
+        if self.end.is_some() {
+            return Some(Vec::new());
+        }
+        if self.look || self.renew_due {
+            return None;
+        }
+        if let Some(e) = cx.acks.failure(&self.token) {
+            self.store_failed("ack", e, now());
+        }
+        let mut starts = std::mem::take(&mut self.pending_starts);
+        let needs_store = loop {
+            if self.execute(cx, &mut starts, true).is_err() {
+                break true;
+            }
+            if self.end.is_some() {
+                break false;
+            }
+            let t = now();
+            if self.sched.poll_claim(t).is_some() {
+                // Reads wait for the blocking round; the room they reserved is released.
+                self.sched.handle_claim_failed(t);
+                break true;
+            }
+            let done = self.sched.is_done(t);
+            match self.execute(cx, &mut starts, true) {
+                Err(NeedsStore) => break true,
+                Ok(n) if n > 0 => continue,
+                Ok(_) => {}
+            }
+            self.session.handle_tick(t, self.sched.in_flight(), done);
+            let stopped = self.take_session_actions(t);
+            if self.renew_due {
+                break true;
+            }
+            if !stopped {
+                break false;
+            }
+        };
+        if self.end.is_some() {
+            return Some(Vec::new());
+        }
+        let cached = starts
+            .iter()
+            .all(|s| self.units.get(&s.unit).is_some_and(|u| u.payload.is_some()));
+        if needs_store || !cached {
+            self.pending_starts = starts;
+            return None;
+        }
+        Some(self.fetch_payloads(cx.store, &starts))
     }
 
     /// Makes the jobs of this round's starts: with the payload the claim brought, or else
@@ -488,7 +561,7 @@ impl PassCore {
             self.sched.handle_pass_end(t);
         }
         let mut ignored = Vec::new();
-        self.execute(cx, &mut ignored);
+        let _ = self.execute(cx, &mut ignored, false);
         self.report.yielded = end.yielded();
         let flushed = cx.acks.flush(&self.token);
         let error = match (self.error.take(), flushed) {
@@ -605,16 +678,40 @@ impl PassCore {
 
     /// Executes every queued command in order; returns how many there were. Attempt records
     /// are batched, but written before any other write and before the round's starts leave.
-    fn execute(&mut self, cx: RoundContext<'_>, starts: &mut Vec<Start>) -> usize {
+    ///
+    /// `inline`: the store must not be called; at the first command that needs it (or if
+    /// attempt records wait) it stops, keeping that command for the next round.
+    fn execute(
+        &mut self,
+        cx: RoundContext<'_>,
+        starts: &mut Vec<Start>,
+        inline: bool,
+    ) -> Result<usize, NeedsStore> {
         let mut n = 0;
-        while let Some(cmd) = self.sched.poll_command() {
+        let mut result = Ok(());
+        while let Some(cmd) = self
+            .deferred
+            .pop_front()
+            .or_else(|| self.sched.poll_command())
+        {
+            if inline && writes(&cmd) {
+                self.deferred.push_front(cmd);
+                result = Err(NeedsStore);
+                break;
+            }
             n += 1;
             self.command(cx, cmd, starts);
         }
-        self.flush_records(cx.store);
+        if inline {
+            if !self.records.is_empty() {
+                result = Err(NeedsStore);
+            }
+        } else {
+            self.flush_records(cx.store);
+        }
         cx.acks
             .ack_batch(&self.token, std::mem::take(&mut self.acked));
-        n
+        result.map(|()| n)
     }
 
     fn command(&mut self, cx: RoundContext<'_>, cmd: Command, starts: &mut Vec<Start>) {
@@ -804,5 +901,27 @@ impl PassCore {
             self.units.remove(&unit);
         }
         row
+    }
+}
+
+/// Whether executing `cmd` writes to the store.
+fn writes(cmd: &Command) -> bool {
+    match cmd {
+        Command::Start { .. }
+        | Command::Delivered { .. }
+        | Command::RecordAttempt { .. }
+        | Command::HandBack { .. }
+        | Command::Hold {
+            reason: HoldReason::Stalled,
+            ..
+        } => false,
+        Command::Hold {
+            reason: HoldReason::Blocked,
+            ..
+        }
+        | Command::LaneBackoff { .. }
+        | Command::LaneOpen { .. }
+        | Command::DeadLetter { .. }
+        | Command::RetireLane { .. } => true,
     }
 }

@@ -256,3 +256,88 @@ fn a_lost_slot_ends_the_pass_before_anything_else_starts() {
     let r = pass.finish(cx);
     assert_eq!(r.error, Some(outbox_lanes_store::StoreError::StaleToken));
 }
+
+/// The persisted attempt count of the unit with `row` in `t`'s only lane.
+fn attempts_of(store: &dyn Store, t: &SlotToken, row: &str) -> u32 {
+    let (lanes, _) = store.lanes_with_work(t, 0).expect("lanes");
+    let claimed = store
+        .claim(
+            t,
+            &[outbox_lanes_store::LaneClaim {
+                lane: lanes[0].lane,
+                from: outbox_lanes_core::Seq(0),
+                limit: 100,
+            }],
+        )
+        .expect("claim");
+    let unit = claimed[0]
+        .units
+        .iter()
+        .find(|u| u.row_id == row)
+        .expect("the unit is pending");
+    unit.slots[0].attempts
+}
+
+#[test]
+fn a_round_that_needs_no_store_runs_inline_and_one_that_writes_does_not() {
+    let f = fixture(3);
+    let hooks = Hooks::default();
+    let cx = RoundContext {
+        store: &*f.store,
+        acks: &f.acks,
+        hooks: &hooks,
+    };
+    let sink = Arc::new(Sink::default());
+    let t = token(&*f.store);
+    let mut pass = PassCore::new(t.clone(), &config(), sink.clone(), now());
+    // The first round must look for lanes in the store.
+    assert!(pass.try_round_inline(cx).is_none());
+    let jobs = started(&mut pass, cx);
+    assert_eq!(jobs.len(), 1, "one lane: one in flight");
+    assert_eq!(jobs[0].payload.body, b"0");
+    jobs.into_iter()
+        .for_each(|j| j.finish(result(Outcome::Delivered)));
+    for d in sink.take() {
+        pass.handle_done(d, &hooks, now());
+    }
+    // A delivery and the next start, whose payload the claim brought: no store call.
+    let jobs = pass
+        .try_round_inline(cx)
+        .expect("a delivery and the next start need no store");
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(jobs[0].payload.body, b"1");
+    // A failure must be recorded before anything else starts: the inline round stops, and
+    // the blocking round writes the record.
+    jobs.into_iter().for_each(|j| {
+        j.finish(result(Outcome::Transient { retry_after: None }));
+    });
+    for d in sink.take() {
+        pass.handle_done(d, &hooks, now());
+    }
+    assert!(pass.try_round_inline(cx).is_none(), "a record waits");
+    assert_eq!(attempts_of(&*f.store, &t, "r1"), 0, "not written inline");
+    let mut jobs = pass.round(cx);
+    assert_eq!(attempts_of(&*f.store, &t, "r1"), 1);
+    if jobs.is_empty() {
+        // The retry comes after its delay, from the payload the pass kept: it needs no
+        // store either.
+        std::thread::sleep(Duration::from_millis(5));
+        pass.handle_timeout(now());
+        jobs = pass
+            .try_round_inline(cx)
+            .expect("a retry with a kept payload needs no store");
+    }
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(
+        (jobs[0].payload.body.as_slice(), jobs[0].attempt),
+        (&b"1"[..], 2)
+    );
+    drop(jobs);
+    for d in sink.take() {
+        pass.handle_done(d, &hooks, now());
+    }
+    pass.handle_cancel(now());
+    let r = pass.finish(cx);
+    assert_eq!(r.report.delivered, 1);
+    assert_eq!(pending(&*f.store), 2, "r0 acked; r1 and r2 pending");
+}

@@ -1,13 +1,15 @@
-//! One pass as an async task: the shared driver's rounds on the blocking pool, completions
-//! taken in batches on the executor.
+//! One pass as an async task: the shared driver's rounds on the task or on the blocking pool,
+//! completions taken in batches on the executor.
 //!
 //! The loop waits for the first of: completions (every one waiting is taken at once: one
 //! wake-up for many), a wake-up (an enqueue, a stop or cancel request, the outbox shutting
 //! down — all through one [`Notify`], which keeps a wake-up that comes while the pass is busy),
-//! or the pass's next deadline on the runtime's timer. Nothing is polled. Then it moves the
-//! pass onto the blocking pool for one round — every store call of the round (records, dead
-//! letters, claims, the payloads of every attempt it starts) in that one hop — and spawns the
-//! round's jobs as delivery tasks.
+//! or the pass's next deadline on the runtime's timer. Nothing is polled. Then it runs one
+//! round: on the task itself when the round needs no store (acks go to the ack writer, the
+//! next starts' payloads came with the claims), or else on the blocking pool — every store
+//! call of the round (records, dead letters, claims, payloads not yet read) in that one hop —
+//! and spawns the round's jobs as delivery tasks. (One recipient answering at once costs one
+//! round per delivery: the hop, when every round took it, was most of the CPU per delivery.)
 
 use std::future::{Future, poll_fn};
 use std::pin::pin;
@@ -85,25 +87,33 @@ pub(crate) async fn run_pass(
         } else if control.is_stopped() || core.is_stopping() {
             pass.handle_shutdown(now());
         }
-        let c = Arc::clone(core);
-        let Some((p, jobs)) = unblock(&**rt, move || {
-            let jobs = pass.round(round_context(&c));
-            (pass, jobs)
-        })
-        .await
-        else {
-            // The runtime dropped the round unrun (it is shutting down): the pass is gone
-            // with it. Nothing it claimed is lost: claims write nothing, and the slot's lease
-            // runs out.
-            return PassResult {
-                report: Default::default(),
-                end: PassEnd::Cancelled,
-                error: Some(StoreError::Database("the runtime is shutting down".into())),
+        // A round with nothing to read or write runs here; one that needs the store moves
+        // to the blocking pool (and goes on from where this one stopped).
+        if let Some(jobs) = pass.try_round_inline(round_context(core)) {
+            for job in jobs {
+                start(core, job, &mut pass);
+            }
+        } else {
+            let c = Arc::clone(core);
+            let Some((p, jobs)) = unblock(&**rt, move || {
+                let jobs = pass.round(round_context(&c));
+                (pass, jobs)
+            })
+            .await
+            else {
+                // The runtime dropped the round unrun (it is shutting down): the pass is gone
+                // with it. Nothing it claimed is lost: claims write nothing, and the slot's lease
+                // runs out.
+                return PassResult {
+                    report: Default::default(),
+                    end: PassEnd::Cancelled,
+                    error: Some(StoreError::Database("the runtime is shutting down".into())),
+                };
             };
-        };
-        pass = p;
-        for job in jobs {
-            start(core, job, &mut pass);
+            pass = p;
+            for job in jobs {
+                start(core, job, &mut pass);
+            }
         }
         if pass.ended().is_some() {
             break;
