@@ -6,6 +6,10 @@ use core::time::Duration;
 
 use crate::rng::Rng;
 
+/// The highest lane backoff level: a lane that keeps failing stays at it instead of counting
+/// up without bound ([`Config::lane_backoff`] stops doubling long before it).
+pub const MAX_BACKOFF_LEVEL: u32 = 64;
+
 /// Configuration of one [`crate::Scheduler`]. The defaults are the design's.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -22,16 +26,35 @@ pub struct Config {
     pub pass_attempts: u32,
     /// The persisted attempt count at which a unit is dead-lettered (OL-8). Default 12.
     pub max_attempts: u32,
+    /// The lane backoff level from which a throttled attempt (429, or 503 with Retry-After)
+    /// counts toward [`Config::max_attempts`]. Default 1.
+    ///
+    /// Below it a throttled attempt is recorded but not counted (OL-5); it still counts
+    /// toward [`Config::pass_attempts`], so a throttled unit stalls like any other. The
+    /// level counts the lane's stalls and failed probes in a row and is persisted with the
+    /// lane, so the bound holds across passes: with the default, the throttled attempts of
+    /// the pass in which the unit stalls are free, and the probes after it count. A
+    /// recipient that throttles for ever is then dead-lettered after `max_attempts` probes
+    /// instead of being probed for ever while its lane waits. `0` counts every throttled
+    /// attempt; a value above [`MAX_BACKOFF_LEVEL`] (such as `u32::MAX`) never counts one.
+    pub max_throttled_level: u32,
     /// In-pass retry delays after the 1st, 2nd, 3rd… failure; the last one repeats (OL-6).
     pub retry_delays: Vec<Duration>,
     /// Jitter applied to every delay, in percent: a delay `d` becomes a uniform value in
     /// `d * (1 - j/100) ..= d * (1 + j/100)`.
     pub jitter_percent: u32,
-    /// The first lane backoff after a stall; doubled per level (OL-11).
+    /// The first lane backoff after a stall; doubled per level (OL-11). The level stops at
+    /// [`MAX_BACKOFF_LEVEL`].
     pub lane_backoff_base: Duration,
     /// The cap of the lane backoff.
     pub lane_backoff_cap: Duration,
     /// The cap applied to any Retry-After (OL-6). Default 1 h.
+    ///
+    /// A Retry-After is a floor, never a shortcut: the wait after a failure is the longer of
+    /// the Retry-After and the delay the scheduler would take without one (the in-pass
+    /// [`Config::retry_delay`], or the lane backoff after a stall). A Retry-After of `0`, or a
+    /// date that is not in the future, therefore waits the ordinary delay instead of retrying
+    /// in a tight loop.
     pub retry_after_cap: Duration,
     /// Units older than this when they are due are dead-lettered `expired` (OL-8). Off by
     /// default.
@@ -49,6 +72,7 @@ impl Default for Config {
             max_in_flight: 64,
             pass_attempts: 4,
             max_attempts: 12,
+            max_throttled_level: 1,
             retry_delays: vec![
                 Duration::from_secs(1),
                 Duration::from_secs(2),
@@ -109,6 +133,14 @@ mod tests {
         assert_eq!(c.lane_backoff(1), Duration::from_secs(30));
         assert_eq!(c.lane_backoff(2), Duration::from_secs(60));
         assert_eq!(c.lane_backoff(40), Duration::from_secs(3600));
+        assert_eq!(c.lane_backoff(u32::MAX), Duration::from_secs(3600));
+        assert_eq!(c.lane_backoff(0), Duration::from_secs(30));
+        let huge = Config {
+            lane_backoff_base: Duration::MAX,
+            lane_backoff_cap: Duration::MAX,
+            ..Config::default()
+        };
+        assert_eq!(huge.lane_backoff(MAX_BACKOFF_LEVEL), Duration::MAX);
     }
 
     #[test]

@@ -12,15 +12,18 @@ pub enum Outcome {
     /// 2xx: the recipient has the unit.
     Delivered,
     /// 429, or 503 with Retry-After: recorded, retried, but not counted toward the
-    /// maximum attempts (OL-5).
+    /// maximum attempts (OL-5) while its lane's backoff level is below
+    /// [`crate::Config::max_throttled_level`] (by default: until the unit has stalled).
     Throttled {
-        /// The recipient's Retry-After, already capped; it sets the lane's `not_before`.
+        /// The recipient's Retry-After, already capped. When it is longer than the delay the
+        /// scheduler would wait anyway it sets the lane's `not_before`; a shorter one (`0`, a
+        /// date in the past) is a floor that changes nothing.
         retry_after: Option<Duration>,
     },
     /// 5xx, 408, 425, timeout, connection refused/reset, DNS or TLS error: retried after a
     /// backoff (OL-6).
     Transient {
-        /// The recipient's Retry-After, already capped; it sets the lane's `not_before`.
+        /// The recipient's Retry-After, already capped, as for [`Outcome::Throttled`].
         retry_after: Option<Duration>,
     },
     /// A 4xx other than 408/425/429, or a 3xx (redirects are not followed): dead-lettered at

@@ -10,7 +10,7 @@ use core::time::Duration;
 use hashbrown::HashMap;
 use smallvec::SmallVec;
 
-use crate::config::{Config, jittered};
+use crate::config::{Config, MAX_BACKOFF_LEVEL, jittered};
 use crate::ids::{LaneId, Seq, UnitId};
 use crate::lane::{LaneKey, LaneTable};
 use crate::outcome::{DeadReason, Outcome};
@@ -83,7 +83,9 @@ impl Admit {
 pub struct LaneInfo {
     /// The lane is in backoff until then.
     pub not_before: Option<Timestamp>,
-    /// Consecutive failed stalls/probes; above zero the head is attempted once (a probe).
+    /// Consecutive failed stalls/probes, at most [`crate::config::MAX_BACKOFF_LEVEL`]
+    /// (a larger stored value is read as that); above zero the head is attempted once (a
+    /// probe).
     pub level: u32,
     /// Strict lanes block on a failing head instead of dead-lettering it (OL-8).
     pub strict: bool,
@@ -531,7 +533,7 @@ impl Scheduler {
         let idle = l.queue.is_empty() && !l.in_flight && !l.stalled;
         if idle {
             l.not_before = info.not_before;
-            l.level = info.level;
+            l.level = info.level.min(MAX_BACKOFF_LEVEL);
         }
         l.more = true;
         if let Some(t) = l.not_before.filter(|&t| t > self.now) {
@@ -941,14 +943,21 @@ impl Scheduler {
                 self.finish_if_resolved(idx);
             }
             Outcome::Throttled { retry_after } => {
-                let attempts = self.units[idx as usize].slots[s].attempts;
-                self.commands.push_back(Command::RecordAttempt {
-                    unit,
-                    lane,
-                    attempts,
-                    counted: false,
-                });
-                self.failed(idx, s, retry_after, false);
+                // Free below `max_throttled_level` (OL-5); from it on, a recipient that is
+                // still throttling after a stall counts like a failing one, so it ends.
+                if self.lanes[lane.index()].level >= self.config.max_throttled_level {
+                    self.count_attempt(idx, s);
+                    self.failed(idx, s, retry_after, true);
+                } else {
+                    let attempts = self.units[idx as usize].slots[s].attempts;
+                    self.commands.push_back(Command::RecordAttempt {
+                        unit,
+                        lane,
+                        attempts,
+                        counted: false,
+                    });
+                    self.failed(idx, s, retry_after, false);
+                }
             }
             Outcome::Transient { retry_after } => {
                 self.count_attempt(idx, s);
@@ -1011,6 +1020,9 @@ impl Scheduler {
     }
 
     /// A transient or throttled failure: retry in the pass, stall, or dead-letter.
+    ///
+    /// A Retry-After is a floor, never a shortcut: the wait is the longer of it and the delay
+    /// taken without one, so `Retry-After: 0` cannot make a tight loop.
     fn failed(&mut self, idx: u32, s: usize, retry_after: Option<Duration>, counted: bool) {
         let lane = self.units[idx as usize].slots[s].lane;
         let probe = self.lanes[lane.index()].level > 0;
@@ -1022,22 +1034,34 @@ impl Scheduler {
         }
         let failures = slot.pass_failures;
         let stall = probe || (!exhausted && failures >= self.config.pass_attempts);
+        // The in-pass retry: after the ladder's delay, or the Retry-After if it is longer.
+        let mut retry_at = None;
         if stall {
             // A failed probe, or the stall itself, puts the lane one backoff level further.
             self.extend_backoff(lane, retry_after);
-        } else if let Some(ra) = retry_after {
-            // Retry-After sets the lane's not_before at once (OL-6).
-            let t = self.now + ra;
-            let l = &mut self.lanes[lane.index()];
-            let t = l.not_before.map_or(t, |old| old.max(t));
-            l.not_before = Some(t);
-            let level = l.level;
-            self.timers.push(Reverse((t, Timer::Lane(lane.0))));
-            self.commands.push_back(Command::LaneBackoff {
-                lane,
-                not_before: t,
-                level,
-            });
+        } else {
+            let delay = jittered(
+                self.config.retry_delay(failures),
+                self.config.jitter_percent,
+                &mut self.rng,
+            );
+            match retry_after {
+                Some(ra) if ra > delay => {
+                    // Retry-After sets the lane's not_before at once (OL-6).
+                    let t = self.now + ra;
+                    let l = &mut self.lanes[lane.index()];
+                    let t = l.not_before.map_or(t, |old| old.max(t));
+                    l.not_before = Some(t);
+                    let level = l.level;
+                    self.timers.push(Reverse((t, Timer::Lane(lane.0))));
+                    self.commands.push_back(Command::LaneBackoff {
+                        lane,
+                        not_before: t,
+                        level,
+                    });
+                }
+                _ => retry_at = Some(self.now + delay),
+            }
         }
         if exhausted {
             self.dead_or_block(idx, s, DeadReason::Exhausted);
@@ -1048,35 +1072,27 @@ impl Scheduler {
             self.hold_stalled(idx, s);
             return;
         }
-        if retry_after.is_some() {
-            // The lane's not_before now governs; its timer brings the unit back.
-            return;
+        // Without a retry time the lane's not_before governs; its timer brings the unit back.
+        if let Some(at) = retry_at {
+            let u = &mut self.units[idx as usize];
+            u.slots[s].phase = Phase::RetryAt(at);
+            self.retry_pending += 1;
+            self.timers.push(Reverse((at, Timer::Retry(idx, u.id))));
         }
-        let delay = jittered(
-            self.config.retry_delay(failures),
+    }
+
+    /// Puts `lane` in backoff one level further (up to [`MAX_BACKOFF_LEVEL`]) for the lane
+    /// backoff of that level, or the Retry-After if it is longer, and persists it.
+    fn extend_backoff(&mut self, lane: LaneId, retry_after: Option<Duration>) {
+        let l = &mut self.lanes[lane.index()];
+        l.level = l.level.saturating_add(1).min(MAX_BACKOFF_LEVEL);
+        let level = l.level;
+        let backoff = jittered(
+            self.config.lane_backoff(level),
             self.config.jitter_percent,
             &mut self.rng,
         );
-        let at = self.now + delay;
-        let u = &mut self.units[idx as usize];
-        u.slots[s].phase = Phase::RetryAt(at);
-        self.retry_pending += 1;
-        self.timers.push(Reverse((at, Timer::Retry(idx, u.id))));
-    }
-
-    /// Puts `lane` in backoff one level further (Retry-After wins) and persists it.
-    fn extend_backoff(&mut self, lane: LaneId, retry_after: Option<Duration>) {
-        let l = &mut self.lanes[lane.index()];
-        l.level = l.level.saturating_add(1);
-        let level = l.level;
-        let delay = match retry_after {
-            Some(ra) => ra,
-            None => jittered(
-                self.config.lane_backoff(level),
-                self.config.jitter_percent,
-                &mut self.rng,
-            ),
-        };
+        let delay = retry_after.map_or(backoff, |ra| ra.max(backoff));
         let t = self.now + delay;
         let l = &mut self.lanes[lane.index()];
         l.not_before = Some(t);

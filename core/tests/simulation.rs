@@ -34,6 +34,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
 
 use common::{ModelStore, T0};
+use outbox_lanes_core::config::MAX_BACKOFF_LEVEL;
 use outbox_lanes_core::rng::Rng;
 use outbox_lanes_core::{
     AdmitError, Command, Config, DeadReason, EventError, HoldReason, LaneClaim, LaneId, LaneKey,
@@ -167,7 +168,7 @@ impl Recipient {
                 } else if hang {
                     fail(HTTP_TIMEOUT, transient)
                 } else if d.per_mille(200) {
-                    let ra = Duration::from_secs(d.range(1, 90));
+                    let ra = Duration::from_secs(d.range(0, 90));
                     fail(
                         lat,
                         Outcome::Transient {
@@ -180,7 +181,7 @@ impl Recipient {
             }
             Kind::Throttling { throttle_pm } => {
                 if d.per_mille(throttle_pm) {
-                    let ra = Duration::from_secs(d.range(1, 120));
+                    let ra = Duration::from_secs(d.range(0, 120));
                     let outcome = match d.range(0, 3) {
                         0 => Outcome::Throttled {
                             retry_after: Some(ra),
@@ -390,6 +391,7 @@ fn config(d: &mut Dice) -> Config {
         max_in_flight: d.pick(&[1, 2, 3, 4, 8, 64]),
         pass_attempts: d.range(1, 5) as u32,
         max_attempts: d.range(1, 12) as u32,
+        max_throttled_level: d.pick(&[0, 1, 1, 2, u32::MAX]),
         retry_delays: d
             .pick(&delays)
             .iter()
@@ -1263,7 +1265,13 @@ impl Sim {
                     outcome_of(Some(unit), lane).ok_or("an attempt recorded out of the blue")?;
                 ensure!(!o.is_delivered(), "an attempt recorded for a delivery");
                 let throttled = matches!(o, Outcome::Throttled { .. });
-                ensure!(counted != throttled, "counted={counted} for {o:?} (OL-5)");
+                // The lane's level before this outcome: its backoff comes after this command.
+                let level = self.store.lane_info(lane).level;
+                let counts = !throttled || level >= self.cfg.max_throttled_level;
+                ensure!(
+                    counted == counts,
+                    "counted={counted} for {o:?} at lane level {level} (OL-5)"
+                );
                 let prev = self.store.attempts(unit, lane).ok_or("unknown unit")?;
                 ensure!(
                     attempts == prev + u32::from(counted),
@@ -1300,7 +1308,7 @@ impl Sim {
                 let ra = o.retry_after().map(|d| d.min(self.cfg.retry_after_cap));
                 let delay = not_before.saturating_duration_since(self.now);
                 ensure!(not_before >= self.now, "a backoff into the past");
-                if level == prev.level {
+                if level == prev.level && level < MAX_BACKOFF_LEVEL {
                     // Retry-After on an open lane (OL-6).
                     ensure!(
                         ra.is_some(),
@@ -1309,22 +1317,26 @@ impl Sim {
                     ensure!(Some(delay) == ra, "Retry-After {ra:?} became {delay:?}");
                 } else {
                     ensure!(
-                        level == prev.level + 1,
+                        level == (prev.level + 1).min(MAX_BACKOFF_LEVEL),
                         "backoff level {} after {}",
                         level,
                         prev.level
                     );
+                    let base = self.cfg.lane_backoff(level).as_millis() as u64;
+                    let spread = base * u64::from(self.cfg.jitter_percent) / 100;
+                    let ms = delay.as_millis() as u64;
+                    let in_band = ms + spread >= base && ms <= base + spread;
+                    // The longer of the Retry-After and the lane backoff (OL-6, OL-11).
                     match ra {
-                        Some(ra) => ensure!(delay == ra, "Retry-After {ra:?} lost to {delay:?}"),
-                        None => {
-                            let base = self.cfg.lane_backoff(level).as_millis() as u64;
-                            let spread = base * u64::from(self.cfg.jitter_percent) / 100;
-                            let ms = delay.as_millis() as u64;
-                            ensure!(
-                                ms + spread >= base && ms <= base + spread,
-                                "backoff {delay:?} at level {level}, expected {base} ms ± {spread}"
-                            );
-                        }
+                        Some(ra) => ensure!(
+                            delay >= ra && (delay == ra || in_band),
+                            "Retry-After {ra:?} at level {level} became {delay:?}, expected it \
+                             or {base} ms ± {spread}, whichever is longer"
+                        ),
+                        None => ensure!(
+                            in_band,
+                            "backoff {delay:?} at level {level}, expected {base} ms ± {spread}"
+                        ),
                     }
                 }
                 self.stats.backoffs += 1;
@@ -1350,8 +1362,13 @@ impl Sim {
                 let info = self.units.get(&unit).ok_or("unknown unit")?.clone();
                 match reason {
                     DeadReason::Exhausted => {
+                        // A throttled attempt counts only on a lane at `max_throttled_level`;
+                        // the RecordAttempt check holds it to that.
                         ensure!(
-                            matches!(o, Some(Outcome::Transient { .. })),
+                            matches!(
+                                o,
+                                Some(Outcome::Transient { .. } | Outcome::Throttled { .. })
+                            ),
                             "exhausted after {o:?}"
                         );
                         let n = self.store.attempts(unit, lane).ok_or("unknown unit")?;
@@ -1517,8 +1534,9 @@ impl Sim {
             }
             Outcome::Transient { .. } | Outcome::Throttled { .. } => {
                 let n = self.store.attempts(unit, lane);
-                let exhausted = matches!(outcome, Outcome::Transient { .. })
-                    && n.is_none_or(|n| n >= self.cfg.max_attempts);
+                let counted = matches!(outcome, Outcome::Transient { .. })
+                    || prev_level >= self.cfg.max_throttled_level;
+                let exhausted = counted && n.is_none_or(|n| n >= self.cfg.max_attempts);
                 ensure!(
                     exhausted == dead(DeadReason::Exhausted),
                     "exhausted={exhausted} (attempts {n:?}) but dead-lettered={}",
@@ -1540,16 +1558,26 @@ impl Sim {
                 if held {
                     self.pass_failures.remove(&(unit, lane));
                     self.retry_not_before.remove(&(unit, lane));
-                } else if outcome.retry_after().is_none() {
+                } else if has(&|c| matches!(*c, Command::LaneBackoff { lane: l, .. } if l == lane))
+                {
+                    ensure!(
+                        outcome.retry_after().is_some(),
+                        "a not_before without a Retry-After before a stall (OL-6)"
+                    );
+                } else {
+                    // No Retry-After, or one no longer than the ladder's delay (a floor,
+                    // never a shortcut): the ladder paces the retry.
                     let d = self.cfg.retry_delay(f).as_millis() as u64;
                     let spread = d * u64::from(self.cfg.jitter_percent) / 100;
+                    let ra = outcome
+                        .retry_after()
+                        .map(|r| r.min(self.cfg.retry_after_cap));
+                    ensure!(
+                        ra.is_none_or(|ra| ra <= Duration::from_millis(d + spread)),
+                        "a Retry-After {ra:?} longer than the ladder's {d} ms set no not_before (OL-6)"
+                    );
                     self.retry_not_before
                         .insert((unit, lane), self.now + Duration::from_millis(d - spread));
-                } else {
-                    ensure!(
-                        has(&|c| matches!(*c, Command::LaneBackoff { lane: l, .. } if l == lane)),
-                        "a Retry-After that set no not_before (OL-6)"
-                    );
                 }
             }
         }

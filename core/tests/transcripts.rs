@@ -5,7 +5,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{World, transcript_config};
+use common::{T0, World, transcript_config};
+use outbox_lanes_core::config::MAX_BACKOFF_LEVEL;
 use outbox_lanes_core::{Acquire, AliasResolver, Config, DrainSlots, Outcome, Release, UnitId};
 
 fn secs(s: u64) -> Duration {
@@ -404,6 +405,195 @@ fn a_429_with_retry_after_moves_not_before_and_does_not_count() {
     assert_eq!(w.take(), ["start u1 a #1"]);
     w.ok(a1, "a");
     assert_eq!(w.take(), ["delivered u1 a"]);
+}
+
+#[test]
+fn a_retry_after_of_zero_waits_the_ladder_delay_and_does_not_loop() {
+    let mut w = World::new(transcript_config());
+    let a1 = w.enqueue(&["a"], false)[0];
+    w.discover();
+    assert_eq!(w.take(), ["start u1 a #1"]);
+    // `Retry-After: 0` (or a date in the past): the ladder's 1 s still applies.
+    w.outcome(
+        a1,
+        "a",
+        Outcome::Throttled {
+            retry_after: Some(Duration::ZERO),
+        },
+    );
+    assert_eq!(w.take(), ["attempt u1 a 0 uncounted"]);
+    w.advance(Duration::from_millis(999));
+    assert!(w.take().is_empty(), "not before the ladder's first delay");
+    w.advance(Duration::from_millis(1));
+    assert_eq!(w.take(), ["start u1 a #1"]);
+    // A 503 with a Retry-After shorter than the ladder's 2 s waits the 2 s.
+    w.outcome(
+        a1,
+        "a",
+        Outcome::Transient {
+            retry_after: Some(secs(1)),
+        },
+    );
+    assert_eq!(w.take(), ["attempt u1 a 1"]);
+    w.advance(Duration::from_millis(1_999));
+    assert!(w.take().is_empty(), "not before the ladder's second delay");
+    w.advance(Duration::from_millis(1));
+    assert_eq!(w.take(), ["start u1 a #2"]);
+    // A longer one still wins (OL-6).
+    w.outcome(
+        a1,
+        "a",
+        Outcome::Throttled {
+            retry_after: Some(secs(10)),
+        },
+    );
+    assert_eq!(
+        w.take(),
+        ["attempt u1 a 1 uncounted", "backoff a until +13s level 0"]
+    );
+    w.advance(secs(10));
+    assert_eq!(w.take(), ["start u1 a #2"]);
+    // The stall gets the lane backoff, not the Retry-After of 0.
+    w.outcome(
+        a1,
+        "a",
+        Outcome::Throttled {
+            retry_after: Some(Duration::ZERO),
+        },
+    );
+    assert_eq!(
+        w.take(),
+        [
+            "attempt u1 a 1 uncounted",
+            "backoff a until +43s level 1",
+            "hold u1 a Stalled"
+        ]
+    );
+    assert!(w.s.is_done(w.now), "the pass ends at the stall");
+}
+
+/// Answers every attempt with `outcome` until the unit is resolved, jumping from deadline to
+/// deadline (a pass that other lanes keep busy), at most `bound` attempts. Returns the number
+/// of attempts and the whole log.
+fn answer_forever(
+    w: &mut World,
+    unit: UnitId,
+    outcome: Outcome,
+    bound: usize,
+) -> (usize, Vec<String>) {
+    let mut log = Vec::new();
+    let mut attempts = 0;
+    loop {
+        let step = w.take();
+        let started = step.iter().any(|c| c.starts_with("start "));
+        let resolved = step
+            .iter()
+            .any(|c| c.starts_with("dead ") || c.starts_with("delivered "));
+        log.extend(step);
+        if resolved {
+            return (attempts, log);
+        }
+        if attempts >= bound {
+            panic!(
+                "still not resolved after {attempts} attempts: {:?}",
+                &log[log.len().saturating_sub(12)..]
+            );
+        }
+        if started {
+            attempts += 1;
+            w.outcome(unit, "a", outcome);
+        } else {
+            w.jump_to_next_timeout();
+        }
+    }
+}
+
+#[test]
+fn a_recipient_that_answers_429_retry_after_0_for_ever_dead_letters_the_unit() {
+    let mut w = World::new(transcript_config());
+    let a1 = w.enqueue(&["a"], false)[0];
+    let a2 = w.enqueue(&["a"], false)[0];
+    w.discover();
+    let throttled = Outcome::Throttled {
+        retry_after: Some(Duration::ZERO),
+    };
+    let (attempts, log) = answer_forever(&mut w, a1, throttled, 100);
+    // The stall's throttled attempts are free (OL-5); the probes after it count, up to
+    // max_attempts.
+    let c = transcript_config();
+    assert_eq!(attempts as u32, c.pass_attempts + c.max_attempts);
+    assert_eq!(
+        log[..13],
+        [
+            "start u1 a #1",
+            "attempt u1 a 0 uncounted",
+            "start u1 a #1",
+            "attempt u1 a 0 uncounted",
+            "start u1 a #1",
+            "attempt u1 a 0 uncounted",
+            "start u1 a #1",
+            "attempt u1 a 0 uncounted",
+            "backoff a until +37s level 1",
+            "hold u1 a Stalled",
+            "back u2",
+            "start u1 a #1",
+            "attempt u1 a 1",
+        ]
+    );
+    assert_eq!(
+        log[log.len() - 3..],
+        [
+            "attempt u1 a 12",
+            "backoff a until +25417s level 13",
+            "dead u1 a exhausted"
+        ]
+    );
+    // One lane backoff per stall or failed probe, each at least 30 s (no tight loop).
+    let backoffs = log.iter().filter(|c| c.starts_with("backoff")).count();
+    assert_eq!(backoffs, c.max_attempts as usize + 1);
+    // The lane moves on: its follower is the next probe, when the backoff ends.
+    w.jump_to_next_timeout();
+    assert_eq!(w.take(), ["start u2 a #1"]);
+    w.ok(a2, "a");
+    assert_eq!(w.take(), ["delivered u2 a", "open a"]);
+}
+
+#[test]
+fn a_lane_backoff_level_stops_at_its_maximum() {
+    let mut w = World::new(Config {
+        max_throttled_level: u32::MAX,
+        ..transcript_config()
+    });
+    let a1 = w.enqueue(&["a"], false)[0];
+    w.discover();
+    let throttled = Outcome::Throttled {
+        retry_after: Some(Duration::ZERO),
+    };
+    let a = w.lane("a");
+    let mut last = T0;
+    let mut wait = None;
+    for _ in 0..200 {
+        let step = w.take();
+        assert!(
+            !step.iter().any(|c| c.starts_with("dead ")),
+            "never counted, never dead"
+        );
+        if step.iter().any(|c| c.starts_with("start ")) {
+            w.outcome(a1, "a", throttled);
+            let next = w.s.poll_timeout();
+            wait = next.map(|t| t.saturating_duration_since(w.now));
+            assert!(
+                wait >= Some(secs(1)),
+                "a Retry-After of 0 made a tight loop"
+            );
+        } else {
+            let t = w.jump_to_next_timeout();
+            assert!(t > last, "time moves on between attempts");
+            last = t;
+        }
+    }
+    assert_eq!(w.store.lane_info(a).level, MAX_BACKOFF_LEVEL);
+    assert_eq!(wait, Some(transcript_config().lane_backoff_cap));
 }
 
 #[test]

@@ -6,6 +6,12 @@
 //! that fails the check is never connected to. The guard only sees addresses this process
 //! connects to: behind an HTTP proxy it sees the proxy, not the recipient.
 //!
+//! Cloud metadata and credential services ([`AddrClass::CloudMetadata`]) are matched before
+//! any range and refused whatever the policy's flags say: they hand out the host's cloud
+//! credentials to whoever asks, which is what an SSRF through a recipient URL is after, and
+//! several of them sit in space that a flag opens (unique local, shared CGNAT) or in public
+//! space (Azure's `168.63.129.16`).
+//!
 //! IPv6 forms that carry an IPv4 address are judged by that address, so `::ffff:127.0.0.1`
 //! is loopback and `::ffff:10.0.0.1` private:
 //! - IPv4-mapped `::ffff:a.b.c.d` (how dual-stack sockets show IPv4 peers);
@@ -28,12 +34,24 @@ pub enum AddrClass {
     Public,
     /// Loopback: `127.0.0.0/8`, `::1`.
     Loopback,
+    /// A cloud metadata or credential service, refused whatever the policy says. Checked
+    /// before every range below, and in every IPv6 form that embeds an IPv4 address
+    /// (`::ffff:169.254.169.254` is one):
+    /// - `169.254.169.254`: the instance metadata service of AWS, GCP, Azure, OpenStack,
+    ///   Oracle Cloud and others;
+    /// - `fd00:ec2::254`: AWS instance metadata over IPv6;
+    /// - `fd20:ce::254`: GCP metadata over IPv6;
+    /// - `169.254.170.2`: AWS ECS task metadata and credentials;
+    /// - `169.254.170.23`, `fd00:ec2::23`: the AWS EKS Pod Identity Agent (credentials);
+    /// - `100.100.100.200`: Alibaba Cloud metadata (in shared CGNAT space);
+    /// - `168.63.129.16`: Azure WireServer (a public address).
+    CloudMetadata,
     /// RFC 1918 private networks: `10.0.0.0/8`, `172.16.0.0/12`, `192.168.0.0/16`.
     Private,
     /// Carrier-grade NAT shared space `100.64.0.0/10` (RFC 6598).
     SharedCgnat,
-    /// Link-local: `169.254.0.0/16` (home of cloud metadata services such as
-    /// `169.254.169.254`), `fe80::/10`.
+    /// Link-local: `169.254.0.0/16`, `fe80::/10` (the cloud metadata services in it are
+    /// [`AddrClass::CloudMetadata`]).
     LinkLocal,
     /// IPv6 unique local addresses `fc00::/7` (RFC 4193), the IPv6 private networks.
     UniqueLocal,
@@ -71,6 +89,7 @@ impl AddrClass {
         match self {
             AddrClass::Public => "public",
             AddrClass::Loopback => "loopback",
+            AddrClass::CloudMetadata => "cloud_metadata",
             AddrClass::Private => "private",
             AddrClass::SharedCgnat => "shared_cgnat",
             AddrClass::LinkLocal => "link_local",
@@ -112,7 +131,27 @@ fn in_v6(addr: Ipv6Addr, prefix: [u16; 8], len: u32) -> bool {
     u128::from(addr) & mask == u128::from(Ipv6Addr::from(prefix)) & mask
 }
 
+/// The IPv4 addresses of [`AddrClass::CloudMetadata`].
+const METADATA_V4: &[[u8; 4]] = &[
+    [169, 254, 169, 254],
+    [169, 254, 170, 2],
+    [169, 254, 170, 23],
+    [100, 100, 100, 200],
+    [168, 63, 129, 16],
+];
+
+/// The IPv6 addresses of [`AddrClass::CloudMetadata`] (the IPv4 ones are also caught in
+/// every IPv6 form that embeds them).
+const METADATA_V6: &[[u16; 8]] = &[
+    [0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254],
+    [0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x23],
+    [0xfd20, 0xce, 0, 0, 0, 0, 0, 0x254],
+];
+
 fn classify_v4(a: Ipv4Addr) -> AddrClass {
+    if METADATA_V4.contains(&a.octets()) {
+        return AddrClass::CloudMetadata;
+    }
     const TABLE: &[([u8; 4], u32, AddrClass)] = &[
         ([0, 0, 0, 0], 8, AddrClass::Unspecified),
         ([127, 0, 0, 0], 8, AddrClass::Loopback),
@@ -139,6 +178,9 @@ fn classify_v4(a: Ipv4Addr) -> AddrClass {
 }
 
 fn classify_v6(a: Ipv6Addr) -> AddrClass {
+    if METADATA_V6.contains(&a.segments()) {
+        return AddrClass::CloudMetadata;
+    }
     if a == Ipv6Addr::UNSPECIFIED {
         return AddrClass::Unspecified;
     }
@@ -212,10 +254,11 @@ impl core::error::Error for DestinationRefused {}
 
 /// Which destination addresses are allowed.
 ///
-/// Public addresses always are. The default refuses everything else; the flags open
-/// loopback and the local networks one at a time. Unspecified, multicast, broadcast,
-/// documentation, benchmarking and reserved addresses are refused whatever the flags say:
-/// none of them is a place an HTTP recipient can legitimately live.
+/// Public addresses always are, except the cloud metadata services. The default refuses
+/// everything else; the flags open loopback and the local networks one at a time. Cloud
+/// metadata, unspecified, multicast, broadcast, documentation, benchmarking and reserved
+/// addresses are refused whatever the flags say: none of them is a place an HTTP recipient
+/// can legitimately live, and the first is the classic SSRF target.
 ///
 /// ```
 /// use core::net::{IpAddr, Ipv4Addr};
@@ -231,12 +274,13 @@ pub struct AddressPolicy {
     /// Admit [`AddrClass::Loopback`] (tests, and relays that deliver to a local service).
     pub allow_loopback: bool,
     /// Admit [`AddrClass::Private`], [`AddrClass::SharedCgnat`] and
-    /// [`AddrClass::UniqueLocal`]: recipients on the organisation's own networks. Note that
-    /// some cloud metadata services live in unique local space (AWS: `fd00:ec2::254`).
+    /// [`AddrClass::UniqueLocal`]: recipients on the organisation's own networks. The cloud
+    /// metadata services in that space (AWS `fd00:ec2::254`, Alibaba `100.100.100.200`)
+    /// stay refused: they are [`AddrClass::CloudMetadata`].
     pub allow_private: bool,
     /// Admit [`AddrClass::LinkLocal`]. Separate from `allow_private` because link-local
-    /// space holds the cloud metadata services (`169.254.169.254`), the classic SSRF
-    /// target, which opening a private network must not open by accident.
+    /// space is where cloud services live next to the host (the metadata services, such as
+    /// `169.254.169.254`, stay refused even so: they are [`AddrClass::CloudMetadata`]).
     pub allow_link_local: bool,
 }
 
@@ -268,7 +312,8 @@ impl AddressPolicy {
                 self.allow_private
             }
             AddrClass::LinkLocal => self.allow_link_local,
-            AddrClass::Unspecified
+            AddrClass::CloudMetadata
+            | AddrClass::Unspecified
             | AddrClass::Multicast
             | AddrClass::Broadcast
             | AddrClass::Documentation
@@ -380,7 +425,8 @@ mod tests {
         assert_eq!(class("192.0.3.0"), Public);
         assert_eq!(class("1.1.1.1"), Public);
         assert_eq!(class("8.8.8.8"), Public);
-        assert_eq!(class("169.254.169.254"), LinkLocal);
+        assert_eq!(class("169.254.169.253"), LinkLocal);
+        assert_eq!(class("169.254.169.255"), LinkLocal);
     }
 
     #[test]
@@ -479,7 +525,8 @@ mod tests {
             for (v4addr, want) in [
                 ("127.0.0.1", Loopback),
                 ("10.1.2.3", Private),
-                ("169.254.169.254", LinkLocal),
+                ("169.254.169.254", CloudMetadata),
+                ("169.254.1.1", LinkLocal),
                 ("100.64.0.1", SharedCgnat),
                 ("0.0.0.0", Unspecified),
                 ("224.0.0.1", Multicast),
@@ -555,27 +602,19 @@ mod tests {
         };
         assert_eq!(
             admitted(private),
-            [
-                v4("8.8.8.8"),
-                v4("10.0.0.1"),
-                v4("100.64.0.1"),
-                v6("fd00:ec2::254")
-            ]
+            [v4("8.8.8.8"), v4("10.0.0.1"), v4("100.64.0.1")]
         );
         let link_local = AddressPolicy {
             allow_link_local: true,
             ..AddressPolicy::default()
         };
-        assert_eq!(
-            admitted(link_local),
-            [v4("8.8.8.8"), v4("169.254.169.254"), v6("fe80::1")]
-        );
+        assert_eq!(admitted(link_local), [v4("8.8.8.8"), v6("fe80::1")]);
         let everything = AddressPolicy {
             allow_loopback: true,
             allow_private: true,
             allow_link_local: true,
         };
-        assert_eq!(admitted(everything).len(), 9);
+        assert_eq!(admitted(everything).len(), 7);
 
         let refused = AddressPolicy::default().check(v6("::ffff:10.0.0.1"));
         assert_eq!(
@@ -591,5 +630,73 @@ mod tests {
         );
         assert_eq!(AddrClass::SharedCgnat.to_string(), "shared_cgnat");
         assert_eq!(AddrClass::LinkLocal.as_str(), "link_local");
+    }
+
+    #[test]
+    fn cloud_metadata_is_refused_whatever_the_flags() {
+        let metadata_v4 = [
+            "169.254.169.254",
+            "169.254.170.2",
+            "169.254.170.23",
+            "100.100.100.200",
+            "168.63.129.16",
+        ];
+        let mut refused: Vec<IpAddr> = ["fd00:ec2::254", "fd00:ec2::23", "fd20:ce::254"]
+            .iter()
+            .map(|s| v6(s))
+            .collect();
+        for a in metadata_v4 {
+            refused.push(v4(a));
+            // Every IPv6 form that carries it: mapped, translated, compatible, NAT64, 6to4.
+            for prefix in ["::ffff:", "::ffff:0:", "::", "64:ff9b::"] {
+                refused.push(v6(&format!("{prefix}{a}")));
+            }
+            let o: Ipv4Addr = a.parse().unwrap();
+            let o = o.octets();
+            refused.push(v6(&format!(
+                "2002:{:02x}{:02x}:{:02x}{:02x}::1",
+                o[0], o[1], o[2], o[3]
+            )));
+        }
+        // Spelt out, as a resolver or a URL parser may hand it over.
+        refused.push(v6("::ffff:a9fe:a9fe"));
+        refused.push(v6("0:0:0:0:0:ffff:a9fe:a9fe"));
+        refused.push(v6("FD00:EC2:0:0:0:0:0:254"));
+        let mut policies = Vec::new();
+        for bits in 0..8u8 {
+            policies.push(AddressPolicy {
+                allow_loopback: bits & 1 != 0,
+                allow_private: bits & 2 != 0,
+                allow_link_local: bits & 4 != 0,
+            });
+        }
+        for addr in refused {
+            assert_eq!(classify_addr(addr), AddrClass::CloudMetadata, "{addr}");
+            for p in policies.iter() {
+                assert_eq!(
+                    p.check(addr),
+                    Err(DestinationRefused {
+                        addr,
+                        class: AddrClass::CloudMetadata
+                    }),
+                    "{addr} with {p:?}"
+                );
+            }
+        }
+        assert_eq!(AddrClass::CloudMetadata.as_str(), "cloud_metadata");
+        // Their neighbours keep their classes.
+        assert_eq!(class("168.63.129.15"), AddrClass::Public);
+        assert_eq!(class("168.63.129.17"), AddrClass::Public);
+        assert_eq!(class("100.100.100.201"), AddrClass::SharedCgnat);
+        assert_eq!(class("169.254.170.3"), AddrClass::LinkLocal);
+        assert_eq!(class("fd00:ec2::253"), AddrClass::UniqueLocal);
+        assert_eq!(class("fd20:ce::255"), AddrClass::UniqueLocal);
+        let open = AddressPolicy {
+            allow_loopback: true,
+            allow_private: true,
+            allow_link_local: true,
+        };
+        assert!(open.check(v4("168.63.129.17")).is_ok());
+        assert!(open.check(v6("fd00:ec2::253")).is_ok());
     }
 }

@@ -75,7 +75,9 @@ pub enum StatusClass {
     /// [`Outcome::Delivered`].
     Delivered,
     /// [`Outcome::Throttled`], carrying the Retry-After if any. A throttled attempt does not
-    /// count toward the maximum (OL-5), so use it only for statuses that mean "slow down".
+    /// count toward the maximum (OL-5) until its lane has stalled
+    /// ([`crate::Config::max_throttled_level`]), so use it only for statuses that mean "slow
+    /// down".
     Throttled,
     /// [`Outcome::Throttled`] when the response has a Retry-After, [`Outcome::Transient`]
     /// otherwise: the default for 503.

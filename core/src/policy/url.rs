@@ -12,13 +12,29 @@
 //! - one trailing dot of a domain is dropped;
 //! - IPv4 hosts must be dotted quads, IPv6 hosts are written in RFC 5952 compressed form;
 //! - an empty path becomes `/`, the fragment is dropped;
-//! - the path and query are kept byte for byte, except that characters RFC 3986 does not
-//!   allow there (non-ASCII, and `"` `<` `>` `[` `]` `^` `` ` `` `{` `|` `}`) are
-//!   percent-encoded as UTF-8, which is what HTTP clients put on the wire anyway. Existing
-//!   percent escapes (even malformed ones) are kept as they are, and dot segments (`/a/../b`)
-//!   are not resolved.
+//! - characters RFC 3986 does not allow in a path or query (non-ASCII, and `"` `<` `>` `[`
+//!   `]` `^` `` ` `` `{` `|` `}`) are percent-encoded as UTF-8, which is what HTTP clients
+//!   put on the wire anyway;
+//! - in the path, escapes of unreserved characters (ALPHA, DIGIT, `-` `.` `_` `~`) are
+//!   decoded (`%7Ealice` is `~alice`), the hex digits of the other escapes are upper-cased
+//!   (`%c3%a9` is `%C3%A9`), and then dot segments are removed as RFC 3986 §5.2.4 says
+//!   (`/a/../inbox`, `/./inbox` and `/%2E/inbox` are all `/inbox`; `/a/..` is `/`). WHATWG
+//!   clients (reqwest) remove these segments, `%2e` ones included, before they send a
+//!   request, so without this two lanes would post to one inbox at once, out of order.
+//!   Malformed escapes (`%zz`, `%4`, a lone `%`) are kept as they are, and an escape is not
+//!   decoded where its hex digit would turn such a `%` into an escape;
+//! - the query is kept byte for byte (apart from the encoding above): no dot segments are
+//!   removed there (they are not path segments), and its escapes are neither decoded nor
+//!   upper-cased. A query is the receiver's own data, which some check byte for byte
+//!   (pre-signed URLs, tokens), and HTTP clients send it as written, so two spellings of a
+//!   query never reach one inbox as one request line; the cost is only that they are two
+//!   lanes.
+//!
+//! A URL already in this form is its own canonical form, byte for byte, so stored lane keys
+//! do not change when they are parsed again.
 
 use alloc::string::String;
+use alloc::vec::Vec;
 use core::fmt;
 use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use core::str::FromStr;
@@ -250,10 +266,11 @@ impl Recipient {
             push_display(&mut canonical, &port);
         }
         let path_start = canonical.len();
-        if !path_query.starts_with('/') {
-            canonical.push('/');
-        }
-        push_encoded(&mut canonical, path_query);
+        let (path, query) = path_query.split_at(path_query.find('?').unwrap_or(path_query.len()));
+        let mut decoded = String::with_capacity(path.len());
+        push_path_escapes(&mut decoded, path);
+        push_without_dot_segments(&mut canonical, &decoded);
+        push_encoded(&mut canonical, query);
 
         Ok(Recipient {
             canonical,
@@ -481,15 +498,104 @@ fn allowed_in_path_or_query(b: u8) -> bool {
 }
 
 fn push_encoded(out: &mut String, s: &str) {
-    const HEX: &[u8; 16] = b"0123456789ABCDEF";
     for b in s.bytes() {
-        if allowed_in_path_or_query(b) {
-            out.push(char::from(b));
-        } else {
-            out.push('%');
-            out.push(char::from(HEX[usize::from(b >> 4)]));
-            out.push(char::from(HEX[usize::from(b & 0x0f)]));
+        push_encoded_byte(out, b);
+    }
+}
+
+fn push_encoded_byte(out: &mut String, b: u8) {
+    if allowed_in_path_or_query(b) {
+        out.push(char::from(b));
+    } else {
+        push_escape(out, b);
+    }
+}
+
+/// `%XY` with upper-case hex digits.
+fn push_escape(out: &mut String, b: u8) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    out.push('%');
+    out.push(char::from(HEX[usize::from(b >> 4)]));
+    out.push(char::from(HEX[usize::from(b & 0x0f)]));
+}
+
+/// RFC 3986 §2.3 unreserved characters: their escapes mean the same as they do.
+fn is_unreserved(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~')
+}
+
+fn hex_value(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// Whether `out` ends in a `%` that starts no escape, or such a `%` and one hex digit: a hex
+/// digit appended now would make an escape of it. (Every escape written to `out` is three
+/// characters ending in a hex digit, so a `%` in the last two is always such a `%`.)
+fn ends_in_lone_percent(out: &str) -> bool {
+    let b = out.as_bytes();
+    match b {
+        [.., b'%'] => true,
+        [.., b'%', h] => h.is_ascii_hexdigit(),
+        _ => false,
+    }
+}
+
+/// Writes a path with escapes of unreserved characters decoded, the other escapes'
+/// hex digits upper-cased, malformed escapes kept, and what RFC 3986 does not allow encoded.
+fn push_path_escapes(out: &mut String, path: &str) {
+    let b = path.as_bytes();
+    let mut i = 0;
+    while let Some(&c) = b.get(i) {
+        let escaped = match (c, b.get(i + 1), b.get(i + 2)) {
+            (b'%', Some(&h), Some(&l)) => hex_value(h).zip(hex_value(l)).map(|(h, l)| h << 4 | l),
+            _ => None,
+        };
+        match escaped {
+            Some(v) => {
+                // A decoded hex digit must not complete an escape with a malformed `%`
+                // before it: `%%34` is `%` and `4`, not `%4` (and `%%341` never `%A`).
+                if is_unreserved(v) && !(v.is_ascii_hexdigit() && ends_in_lone_percent(out)) {
+                    out.push(char::from(v));
+                } else {
+                    push_escape(out, v);
+                }
+                i += 3;
+            }
+            None => {
+                push_encoded_byte(out, c);
+                i += 1;
+            }
         }
+    }
+}
+
+/// Writes `path` (empty, or starting with `/`) without its dot segments, per RFC 3986
+/// §5.2.4: `.` is dropped, `..` drops the segment before it (none above the root), and a
+/// path that ended in either ends in `/`. An empty path is `/`.
+fn push_without_dot_segments(out: &mut String, path: &str) {
+    let mut kept: Vec<&str> = Vec::new();
+    let mut ends_in_dir = false;
+    for segment in path.strip_prefix('/').unwrap_or(path).split('/') {
+        ends_in_dir = matches!(segment, "." | "..");
+        match segment {
+            "." => {}
+            ".." => {
+                kept.pop();
+            }
+            _ => kept.push(segment),
+        }
+    }
+    for segment in &kept {
+        out.push('/');
+        out.push_str(segment);
+    }
+    if ends_in_dir || kept.is_empty() {
+        out.push('/');
     }
 }
 
@@ -504,7 +610,6 @@ fn push_display(out: &mut String, value: &dyn fmt::Display) {
 mod tests {
     use super::*;
     use alloc::format;
-    use alloc::vec::Vec;
 
     fn canon(s: &str) -> String {
         match Recipient::parse(s) {
@@ -616,14 +721,11 @@ mod tests {
         assert_eq!(canon("http://a.test#f"), "http://a.test/");
         assert_eq!(canon("http://a.test/?"), "http://a.test/?");
         assert_eq!(
-            canon("http://a.test/Users/%7Ealice/In%2Fbox?a=%20b&C=D;e=f"),
-            "http://a.test/Users/%7Ealice/In%2Fbox?a=%20b&C=D;e=f"
+            canon("http://a.test/Users/~alice/In%2Fbox?a=%20b&C=D;e=f"),
+            "http://a.test/Users/~alice/In%2Fbox?a=%20b&C=D;e=f"
         );
         assert_eq!(canon("http://a.test/100%/x%zz"), "http://a.test/100%/x%zz");
-        assert_eq!(
-            canon("http://a.test/a/../b/./c//d"),
-            "http://a.test/a/../b/./c//d"
-        );
+        assert_eq!(canon("http://a.test/b/c//d"), "http://a.test/b/c//d");
         assert_eq!(
             canon("http://a.test/x?q=a:b@c/d?e"),
             "http://a.test/x?q=a:b@c/d?e"
@@ -635,6 +737,133 @@ mod tests {
             Recipient::parse("http://a.test").unwrap().path_and_query(),
             "/"
         );
+    }
+
+    #[test]
+    fn dot_segments_are_removed_from_the_path() {
+        // One inbox, however its path is spelt: one lane.
+        for spelling in [
+            "http://a.test/inbox",
+            "http://a.test/./inbox",
+            "http://a.test/a/../inbox",
+            "http://a.test/../inbox",
+            "http://a.test/../../inbox",
+            "http://a.test/a/b/../../inbox",
+            "http://a.test/a/./../inbox",
+            "http://a.test/%2E/inbox",
+            "http://a.test/%2e/inbox",
+            "http://a.test/a/%2E%2E/inbox",
+            "http://a.test/a/.%2e/inbox",
+            "http://a.test/a/%2e./inbox",
+            "http://a.test/a/%2e%2E/inbox",
+            "http://a.test/%69nbox",
+            "http://a.test/a/../%69%6E%62%6F%78",
+        ] {
+            assert_eq!(canon(spelling), "http://a.test/inbox", "{spelling}");
+        }
+        // RFC 3986 §5.2.4, examples and edge cases.
+        for (input, output) in [
+            ("http://a.test/a/b/c/./../../g", "http://a.test/a/g"),
+            ("http://a.test/mid/content=5/../6", "http://a.test/mid/6"),
+            ("http://a.test/a/b/..", "http://a.test/a/"),
+            ("http://a.test/a/b/.", "http://a.test/a/b/"),
+            ("http://a.test/a/..", "http://a.test/"),
+            ("http://a.test/..", "http://a.test/"),
+            ("http://a.test/.", "http://a.test/"),
+            ("http://a.test/a/../b/./c//d", "http://a.test/b/c//d"),
+            ("http://a.test/a//../b", "http://a.test/a/b"),
+            ("http://a.test//../b", "http://a.test/b"),
+            ("http://a.test/a/%2E%2E", "http://a.test/"),
+            ("http://a.test/a/..?x", "http://a.test/?x"),
+            (
+                "https://a.test:8443/a/./b/../c#f",
+                "https://a.test:8443/a/c",
+            ),
+            // Not dot segments: kept.
+            (
+                "http://a.test/.../a..b/.c/c./",
+                "http://a.test/.../a..b/.c/c./",
+            ),
+            ("http://a.test/%2E%2E%2E/x", "http://a.test/.../x"),
+            ("http://a.test/a%2F../b", "http://a.test/a%2F../b"),
+        ] {
+            assert_eq!(canon(input), output, "{input}");
+        }
+        let r = Recipient::parse("http://a.test:81/x/../p?q").unwrap();
+        assert_eq!(r.path_and_query(), "/p?q");
+    }
+
+    #[test]
+    fn the_query_keeps_its_dots_and_escapes() {
+        assert_eq!(
+            canon("http://a.test/x?next=/a/../b/./c"),
+            "http://a.test/x?next=/a/../b/./c"
+        );
+        assert_eq!(
+            canon("http://a.test/x/..?a=%7e&b=%2E&c=%c3%a9"),
+            "http://a.test/?a=%7e&b=%2E&c=%c3%a9"
+        );
+        assert_eq!(canon("http://a.test/?.."), "http://a.test/?..");
+    }
+
+    #[test]
+    fn unreserved_escapes_are_decoded_and_the_others_upper_cased() {
+        assert_eq!(
+            canon("http://a.test/%7Ealice/%7ebob/%41%5a%61%7A%30%39%2D%2E%5F"),
+            "http://a.test/~alice/~bob/AZaz09-._"
+        );
+        assert_eq!(canon("http://a.test/jos%c3%a9"), "http://a.test/jos%C3%A9");
+        assert_eq!(
+            canon("http://a.test/a%2fb%3a%20%25"),
+            "http://a.test/a%2Fb%3A%20%25"
+        );
+        assert_eq!(
+            Recipient::parse("http://a.test/Jos%c3%a9").unwrap(),
+            Recipient::parse("http://a.test/J%6fs%C3%A9").unwrap()
+        );
+        // Malformed escapes stay as they are.
+        for kept in [
+            "http://a.test/%zz",
+            "http://a.test/%4",
+            "http://a.test/%",
+            "http://a.test/a%/b",
+            "http://a.test/%%",
+            "http://a.test/%g1",
+            "http://a.test/%1g",
+        ] {
+            assert_eq!(canon(kept), kept);
+        }
+        // A decoded hex digit never completes an escape with a malformed `%` before it.
+        assert_eq!(canon("http://a.test/%%34%31"), "http://a.test/%%341");
+        assert_eq!(canon("http://a.test/%4%31"), "http://a.test/%4%31");
+        assert_eq!(canon("http://a.test/%%7E"), "http://a.test/%~");
+        assert_eq!(canon("http://a.test/%zz%41"), "http://a.test/%zzA");
+        assert_eq!(canon("http://a.test/%/%41"), "http://a.test/%/A");
+    }
+
+    #[test]
+    fn canonical_urls_are_kept_byte_for_byte() {
+        for url in [
+            "http://a.test/",
+            "https://mastodon.example/inbox",
+            "https://mastodon.example/users/alice/inbox",
+            "https://hooks.example:8443/v1/hooks/42?token=abc%2Bdef&x=1",
+            "http://127.0.0.1:8080/hooks/1",
+            "https://[2001:db8::1]:8443/in",
+            "https://a.test/jos%C3%A9/%E2%9C%93",
+            "https://a.test/In%2Fbox/a%20b/%25",
+            "https://a.test/~alice/.well-known/webfinger",
+            "https://a.test/a..b/.../.x/x./",
+            "https://a.test/c//d/",
+            "https://a.test/100%/x%zz/%4",
+            "https://a.test/p?q=%7e&r=a/../b&s=./c&t=%c3%a9",
+            "https://a.test/p?",
+            "http://xn--bcher-kva.example/users/b%C3%BCcher",
+        ] {
+            assert_eq!(canon(url), url);
+            let r = Recipient::parse(url).unwrap();
+            assert_eq!(Recipient::parse(r.as_str()).unwrap(), r);
+        }
     }
 
     #[test]
@@ -786,7 +1015,7 @@ mod tests {
     #[test]
     fn arbitrary_input_never_panics_and_canonical_form_is_a_fixed_point() {
         let alphabet: Vec<char> =
-            "hH:tTpPsS/[]@.?#%:0123456789abcdefxX-_ \\\u{0}\u{e9}\u{1F600}!{|"
+            "hH:tTpPsS/[]@.?#%:0123456789abcdefxX-_ \\\u{0}\u{e9}\u{1F600}!{|%%%2eE~..//"
                 .chars()
                 .collect();
         let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
