@@ -32,6 +32,7 @@
 //! ```
 
 mod monitor;
+mod wake;
 
 use std::fmt;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
@@ -484,8 +485,10 @@ fn run_pass(
 ) -> PassResult {
     let (tx, rx) = mpsc::channel();
     let wake = tx.clone();
+    let woken = wake::Coalesced::default();
+    let w = woken.clone();
     let _enqueues = core.store().notifier().subscribe(move || {
-        let _ = wake.send(Msg::Wake);
+        w.wake(&wake, || Msg::Wake);
     });
     let ctl = tx.clone();
     let _control = control.subscribe(move || {
@@ -526,13 +529,13 @@ fn run_pass(
             })
             .min(MAX_WAIT);
         match rx.recv_timeout(wait) {
-            Ok(msg) => handle(&mut pass, core, msg),
+            Ok(msg) => handle(&mut pass, core, msg, &woken),
             Err(RecvTimeoutError::Timeout) => pass.handle_timeout(now()),
             Err(RecvTimeoutError::Disconnected) => pass.handle_cancel(now()),
         }
         // Everything already waiting, before the next round: one round for many events.
         while let Ok(msg) = rx.try_recv() {
-            handle(&mut pass, core, msg);
+            handle(&mut pass, core, msg, &woken);
         }
         pass.handle_timeout(now());
     }
@@ -543,10 +546,13 @@ fn run_pass(
     result
 }
 
-fn handle(pass: &mut PassCore, core: &OutboxCore, msg: Msg) {
+fn handle(pass: &mut PassCore, core: &OutboxCore, msg: Msg, woken: &wake::Coalesced) {
     match msg {
         Msg::Done(d) => pass.handle_done(d, core.hooks(), now()),
-        Msg::Wake => pass.handle_wake(),
+        Msg::Wake => {
+            woken.taken();
+            pass.handle_wake();
+        }
         // Read at the top of the loop.
         Msg::Control => {}
     }

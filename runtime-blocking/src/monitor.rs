@@ -37,8 +37,10 @@ impl Monitor {
         let (tx, rx) = mpsc::channel();
         let notifier = outbox.inner.store().watch()?;
         let wake = tx.clone();
+        let woken = crate::wake::Coalesced::default();
+        let w = woken.clone();
         let subscription = notifier.subscribe(move || {
-            let _ = wake.send(MonitorMsg::Wake);
+            w.wake(&wake, || MonitorMsg::Wake);
         });
         let ob = outbox.clone();
         let done_tx = tx.clone();
@@ -46,7 +48,7 @@ impl Monitor {
             .name("outbox-lanes-monitor".into())
             .spawn(move || {
                 let _subscription = subscription;
-                monitor_loop(&ob, &rx, &done_tx);
+                monitor_loop(&ob, &rx, &done_tx, &woken);
             })
             .map_err(OutboxError::Spawn)?;
         Ok(Monitor {
@@ -76,7 +78,12 @@ impl Drop for Monitor {
     }
 }
 
-fn monitor_loop(outbox: &Outbox, rx: &Receiver<MonitorMsg>, tx: &Sender<MonitorMsg>) {
+fn monitor_loop(
+    outbox: &Outbox,
+    rx: &Receiver<MonitorMsg>,
+    tx: &Sender<MonitorMsg>,
+    woken: &crate::wake::Coalesced,
+) {
     let cfg = outbox.inner.config();
     let mut book = MonitorBook::new(cfg.max_passes, cfg.poll_interval);
     let mut passes: Vec<JoinHandle<()>> = Vec::new();
@@ -131,7 +138,10 @@ fn monitor_loop(outbox: &Outbox, rx: &Receiver<MonitorMsg>, tx: &Sender<MonitorM
             })
             .clamp(Duration::from_millis(1), cfg.poll_interval);
         match rx.recv_timeout(wait) {
-            Ok(MonitorMsg::Wake) => book.handle_wake(Wake::StoreChanged, now),
+            Ok(MonitorMsg::Wake) => {
+                woken.taken();
+                book.handle_wake(Wake::StoreChanged, now);
+            }
             Ok(MonitorMsg::PassDone(actor, more)) => book.handle_pass_done(&actor, more, now),
             Ok(MonitorMsg::Stop) => {
                 // Running passes stop starting units, finish what is in flight and hand the
