@@ -1,4 +1,5 @@
-//! Stopping or cancelling a running drain from another thread or task.
+//! Stopping or cancelling a running drain from another thread or task, and [`Signal`], the
+//! list of wake-up callbacks both use.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -21,8 +22,7 @@ pub struct DrainControl {
     /// other actors run: OL-13). Otherwise the drain goes on with another pass at once, so
     /// a direct drain returns only when nothing is admissible.
     pub yield_at_slice: AtomicBool,
-    wakers: Mutex<Vec<(u64, Waker)>>,
-    next: AtomicU64,
+    signal: Arc<Signal>,
 }
 
 impl std::fmt::Debug for DrainControl {
@@ -67,6 +67,31 @@ impl DrainControl {
     }
 
     /// Calls `f` on every later stop or cancel request, until the subscription is dropped.
+    pub fn subscribe(&self, f: impl Fn() + Send + Sync + 'static) -> ControlSubscription {
+        self.signal.subscribe(f)
+    }
+
+    fn wake(&self) {
+        self.signal.notify();
+    }
+}
+
+/// Callbacks called on every [`Signal::notify`]: how a thread or a task waiting for
+/// something (a stop request, a drain slot released) is woken without polling.
+#[derive(Default)]
+pub struct Signal {
+    wakers: Mutex<Vec<(u64, Waker)>>,
+    next: AtomicU64,
+}
+
+impl std::fmt::Debug for Signal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Signal").finish_non_exhaustive()
+    }
+}
+
+impl Signal {
+    /// Calls `f` on every later [`Signal::notify`], until the subscription is dropped.
     pub fn subscribe(
         self: &Arc<Self>,
         f: impl Fn() + Send + Sync + 'static,
@@ -74,27 +99,29 @@ impl DrainControl {
         let id = self.next.fetch_add(1, Ordering::SeqCst);
         self.lock().push((id, Arc::new(f)));
         ControlSubscription {
-            control: Arc::clone(self),
+            signal: Arc::clone(self),
             id,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(u64, Waker)>> {
-        self.wakers.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn wake(&self) {
+    /// Calls every subscribed callback.
+    pub fn notify(&self) {
         // Called outside the lock: a waker may subscribe or drop a subscription.
         let wakers: Vec<Waker> = self.lock().iter().map(|(_, w)| Arc::clone(w)).collect();
         for w in wakers {
             w();
         }
     }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(u64, Waker)>> {
+        self.wakers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
-/// Keeps a [`DrainControl::subscribe`] callback registered; dropping it unregisters it.
+/// Keeps a [`Signal::subscribe`] (or [`DrainControl::subscribe`]) callback registered;
+/// dropping it unregisters it.
 pub struct ControlSubscription {
-    control: Arc<DrainControl>,
+    signal: Arc<Signal>,
     id: u64,
 }
 
@@ -108,6 +135,6 @@ impl std::fmt::Debug for ControlSubscription {
 
 impl Drop for ControlSubscription {
     fn drop(&mut self) {
-        self.control.lock().retain(|(id, _)| *id != self.id);
+        self.signal.lock().retain(|(id, _)| *id != self.id);
     }
 }

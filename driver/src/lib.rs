@@ -41,7 +41,7 @@ pub mod sign;
 pub mod ureq_client;
 
 pub use crate::config::{DEFAULT_CONCURRENCY, OutboxConfig};
-pub use crate::control::{ControlSubscription, DrainControl};
+pub use crate::control::{ControlSubscription, DrainControl, Signal};
 pub use crate::error::OutboxError;
 pub use crate::hooks::{Attempted, DeadLettered, Delivered, Hooks};
 pub use crate::hosts::HostCaps;

@@ -6,14 +6,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use outbox_lanes_core::{ActorId, ActorResolver, DrainSlots};
+use outbox_lanes_core::{ActorId, ActorResolver, DrainSlots, Release};
 use outbox_lanes_store::{
     AckWriter, AckWriterOptions, ActorStatus, DeadLetter, Enqueued, LaneStatus, NewRow, Store,
 };
 use tracing::{debug, warn};
 
 use crate::config::OutboxConfig;
-use crate::control::DrainControl;
+use crate::control::{DrainControl, Signal};
 use crate::error::OutboxError;
 use crate::hooks::Hooks;
 use crate::hosts::HostCaps;
@@ -43,6 +43,8 @@ pub struct OutboxCore {
     stopping: AtomicBool,
     /// Stopped at shutdown: every running pass subscribes to it.
     shutdown: Arc<DrainControl>,
+    /// Notified whenever a drain slot of this process is released.
+    released: Arc<Signal>,
 }
 
 impl std::fmt::Debug for OutboxCore {
@@ -90,6 +92,7 @@ impl OutboxCore {
             resolver,
             hooks,
             slots: Mutex::new(DrainSlots::new()),
+            released: Arc::default(),
             acks,
             executor,
             holder,
@@ -131,6 +134,28 @@ impl OutboxCore {
     /// The in-process drain slots.
     pub fn slots(&self) -> MutexGuard<'_, DrainSlots> {
         self.slots.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Releases `actor`'s drain slot in this process ([`DrainSlots::release`]) and wakes
+    /// whoever waits for passes to end.
+    pub fn release_slot(&self, actor: &ActorId) -> Release {
+        let r = self.slots().release(actor);
+        self.released.notify();
+        r
+    }
+
+    /// Releases `actor`'s drain slot whatever its state ([`DrainSlots::force_release`]) and
+    /// wakes whoever waits for passes to end.
+    pub fn force_release_slot(&self, actor: &ActorId) -> bool {
+        let r = self.slots().force_release(actor);
+        self.released.notify();
+        r
+    }
+
+    /// Notified whenever a drain slot of this process is released: a shutdown waits on it
+    /// for the running passes to end, without polling.
+    pub fn slot_released(&self) -> &Arc<Signal> {
+        &self.released
     }
 
     /// Whether a shutdown began.

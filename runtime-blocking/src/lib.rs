@@ -359,10 +359,19 @@ impl Outbox {
     /// within the grace period and hand the rest back; then the workers stop. Nothing is lost
     /// if the grace period passes: unfinished units stay in the store.
     pub fn shutdown(&self) {
+        // Woken by every slot release (no polling); subscribed before the stop so no release
+        // is missed.
+        let (tx, rx) = mpsc::channel();
+        let _released = self.inner.slot_released().subscribe(move || {
+            let _ = tx.send(());
+        });
         self.inner.begin_shutdown();
         let deadline = std::time::Instant::now() + self.inner.config().shutdown_grace;
-        while self.inner.slots().running() > 0 && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
+        while self.inner.slots().running() > 0 {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() || rx.recv_timeout(left) == Err(RecvTimeoutError::Disconnected) {
+                break;
+            }
         }
         // A worker busy with an attempt finishes it within the HTTP timeout.
         self.inner.finish_shutdown();
@@ -441,11 +450,11 @@ pub(crate) fn drain_actor(
                 }
             }
             DrainAction::ReleaseLocalSlot => {
-                let r = core.slots().release(actor);
+                let r = core.release_slot(actor);
                 session.handle_local_release(r);
             }
             DrainAction::ForceReleaseLocalSlot => {
-                if core.slots().force_release(actor) {
+                if core.force_release_slot(actor) {
                     debug!(%actor, "a drain was asked meanwhile; the monitor comes back for it");
                 }
             }

@@ -392,14 +392,26 @@ impl Outbox {
     /// passes: unfinished units stay in the store.
     pub async fn shutdown(&self) {
         let core = self.inner.core();
+        // Woken by every slot release (no polling); subscribed before the stop so no release
+        // is missed (`Notify` keeps a permit for a release that comes before the wait).
+        let released = Arc::new(tokio::sync::Notify::new());
+        let r = Arc::clone(&released);
+        let _released = core.slot_released().subscribe(move || r.notify_one());
         core.begin_shutdown();
         let grace = core.config().shutdown_grace;
-        let started = self.inner.rt.now();
-        while core.slots().running() > 0 && self.inner.rt.now().duration_since(started) < grace {
-            self.inner
-                .rt
-                .sleep(std::time::Duration::from_millis(10))
-                .await;
+        let mut timeout = self.inner.rt.sleep(grace);
+        while core.slots().running() > 0 {
+            let mut notified = std::pin::pin!(released.notified());
+            let timed_out = std::future::poll_fn(|cx| {
+                if notified.as_mut().poll(cx).is_ready() {
+                    return std::task::Poll::Ready(false);
+                }
+                timeout.as_mut().poll(cx).map(|()| true)
+            })
+            .await;
+            if timed_out {
+                break;
+            }
         }
         let _ = self
             .call(|core| {
@@ -505,11 +517,11 @@ async fn drain_actor(
                 }
             }
             DrainAction::ReleaseLocalSlot => {
-                let r = core.slots().release(actor);
+                let r = core.release_slot(actor);
                 session.handle_local_release(r);
             }
             DrainAction::ForceReleaseLocalSlot => {
-                if core.slots().force_release(actor) {
+                if core.force_release_slot(actor) {
                     debug!(%actor, "a drain was asked meanwhile; the monitor comes back for it");
                 }
             }
