@@ -29,6 +29,7 @@ use rusqlite::{
 
 use outbox_lanes_core::{ActorId, DeadReason, LaneKey, Seq, Timestamp, UnitId};
 
+use crate::liveness::Liveness;
 use crate::notify::{Notifier, PendingWake};
 use crate::prepare::{PreparedRow, prepare};
 use crate::types::*;
@@ -102,6 +103,8 @@ pub struct SqliteStore {
     opts: SqliteOptions,
     notifier: Notifier,
     watcher: Mutex<Option<Watcher>>,
+    /// Holder locks beside the leases (a file database only): see [`crate::liveness`].
+    liveness: Option<Liveness>,
 }
 
 impl core::fmt::Debug for SqliteStore {
@@ -480,11 +483,42 @@ impl SqliteStore {
                 readers,
                 next: AtomicUsize::new(0),
             },
+            liveness: Some(Liveness::new(&path)),
             path: Some(path),
             opts,
             notifier: Notifier::new(),
             watcher: Mutex::new(None),
         })
+    }
+
+    /// Ends the leases of every slot of the dead holders among those holding `actor`'s slot
+    /// (or any slot): a holder whose lock file is free (see [`crate::liveness`]). Their slots
+    /// are then taken over at once, with a new fencing token, instead of after their lease.
+    fn expire_dead_holders(
+        &self,
+        c: &Transaction<'_>,
+        us: &str,
+        actor: Option<&ActorId>,
+    ) -> Result<(), StoreError> {
+        let Some(live) = &self.liveness else {
+            return Ok(());
+        };
+        let holders: Vec<String> = c
+            .prepare_cached(&format!(
+                "SELECT DISTINCT holder FROM ol_slots WHERE holder IS NOT NULL AND holder <> ?1 \
+                 AND lease_expires > {NOW} AND (?2 IS NULL OR actor = ?2)"
+            ))?
+            .query_map(params![us, actor.map(ActorId::as_str)], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
+        for dead in holders.into_iter().filter(|h| live.is_dead(h)) {
+            // Every slot it held: it is dead for all of them (and its lock file is gone now).
+            let n = c
+                .prepare_cached("UPDATE ol_slots SET lease_expires = 0 WHERE holder = ?1")?
+                .execute([&dead])?;
+            tracing::info!(holder = %dead, slots = n,
+                "the holder of these drain slots is dead (its process is gone): taken over without waiting for the lease");
+        }
+        Ok(())
     }
 
     /// A private in-memory database with default options.
@@ -509,6 +543,7 @@ impl SqliteStore {
             opts,
             notifier: Notifier::new(),
             watcher: Mutex::new(None),
+            liveness: None,
         })
     }
 
@@ -1143,9 +1178,13 @@ impl Store for SqliteStore {
         holder: &str,
         lease: Duration,
     ) -> Result<Acquire, StoreError> {
+        if let Some(l) = &self.liveness {
+            l.register(holder);
+        }
         self.write(|c| {
             c.prepare_cached("INSERT INTO ol_slots (actor) VALUES (?1) ON CONFLICT (actor) DO NOTHING")?
                 .execute([actor.as_str()])?;
+            self.expire_dead_holders(c, holder, Some(actor))?;
             let got: Option<i64> = c
                 .prepare_cached(&format!(
                     "UPDATE ol_slots SET token = token + 1, holder = ?2, lease_expires = {NOW} + ?3, look_again = 0 \
@@ -1568,9 +1607,13 @@ impl Store for SqliteStore {
         now: Timestamp,
         max: usize,
     ) -> Result<Vec<SlotToken>, StoreError> {
+        if let Some(l) = &self.liveness {
+            l.register(holder);
+        }
         // SQLite has one writer at a time: the write lock does what SKIP LOCKED does on Postgres.
         self.write(|c| {
             c.prepare_cached(READY_SLOTS_SQLITE)?.execute([ms(now)])?;
+            self.expire_dead_holders(c, holder, None)?;
             let slots: Vec<(String, bool)> = c
                 .prepare_cached(&format!(
                     "SELECT s.actor, (s.holder IS NULL OR s.lease_expires <= {NOW}) FROM ol_slots s \
