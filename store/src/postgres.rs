@@ -469,7 +469,14 @@ pub struct PgStore {
     notifier: Notifier,
     channel: String,
     watcher: Mutex<Option<Watcher>>,
+    /// One session per holder of this store, holding the holder's advisory lock for the
+    /// store's life: see [`PgStore::register_holder`].
+    live: Mutex<HashMap<String, postgres::Client>>,
 }
+
+/// The first key of the holders' advisory locks (`'ol'`); the second is a hash of the schema
+/// and the holder name.
+const LIVE_LOCK: i32 = 0x6f6c;
 
 impl core::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
@@ -554,6 +561,7 @@ impl PgStore {
             freed: Condvar::new(),
             notifier: Notifier::new(),
             watcher: Mutex::new(None),
+            live: Mutex::new(HashMap::new()),
             opts,
         };
         let mut conn = store.new_conn(true)?;
@@ -656,7 +664,100 @@ impl PgStore {
                 }
             }
         }
+        // Holders that keep a liveness lock (any schema version: a table of its own).
+        tx.batch_execute("CREATE TABLE IF NOT EXISTS ol_live_holders (holder TEXT PRIMARY KEY)")?;
         tx.commit()?;
+        Ok(())
+    }
+
+    /// The advisory-lock name of `holder` in this schema.
+    fn live_key(&self, holder: &str) -> String {
+        format!("{}/{holder}", self.opts.schema)
+    }
+
+    /// Liveness beside the lease: `holder` holds a session advisory lock, on a connection of
+    /// its own, for as long as this store lives. The server drops it when that session ends —
+    /// the process died (even by SIGKILL) or lost its connection — and other relays then take
+    /// its slots over at once (with new fencing tokens) instead of after their lease. Listed
+    /// in `ol_live_holders`, so a holder of an older version (no lock) is never taken for
+    /// dead. A failure here only means no liveness: the lease still bounds everything.
+    fn register_holder(&self, holder: &str) {
+        let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        if live.get(holder).is_some_and(|c| !c.is_closed()) {
+            return;
+        }
+        let registered = (|| -> Result<bool, postgres::Error> {
+            let mut client = self.config.connect(NoTls)?;
+            client.batch_execute(&format!("SET search_path TO {}", self.opts.schema))?;
+            let got: bool = client
+                .query_one(
+                    "SELECT pg_try_advisory_lock($1, hashtext($2))",
+                    &[&LIVE_LOCK, &self.live_key(holder)],
+                )?
+                .get(0);
+            if got {
+                client.execute(
+                    "INSERT INTO ol_live_holders (holder) VALUES ($1) ON CONFLICT DO NOTHING",
+                    &[&holder],
+                )?;
+                live.insert(holder.to_owned(), client);
+            }
+            Ok(got)
+        })();
+        match registered {
+            Ok(true) => {}
+            Ok(false) => tracing::warn!(target: "outbox_lanes::store", holder,
+                "another live session holds this holder's lock (a holder name used twice?); its slots wait for their lease"),
+            Err(e) => tracing::debug!(target: "outbox_lanes::store", holder, error = %e,
+                "no liveness lock; slots of this holder wait for their lease"),
+        }
+    }
+
+    /// Ends the leases of every slot of the dead holders (registered in `ol_live_holders`,
+    /// their advisory lock free) among those holding `actor`'s slot, or any slot.
+    fn expire_dead_holders(
+        &self,
+        t: &mut Tx<'_>,
+        us: &str,
+        actor: Option<&ActorId>,
+    ) -> Result<(), StoreError> {
+        let candidates: Vec<String> = t
+            .q(
+                &format!(
+                    "SELECT h.holder FROM ol_live_holders h WHERE h.holder <> $1 AND EXISTS \
+                     (SELECT 1 FROM ol_slots s WHERE s.holder = h.holder AND s.lease_expires > {NOW} \
+                      AND ($2::text IS NULL OR s.actor = $2))"
+                ),
+                &[&us, &actor.map(ActorId::as_str)],
+            )?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        for dead in candidates {
+            let key = self.live_key(&dead);
+            // Taken at once when nobody holds it: then the holder is gone; given back at once
+            // (a session lock outlives the transaction).
+            let free: bool = t
+                .one(
+                    "SELECT pg_try_advisory_lock($1, hashtext($2))",
+                    &[&LIVE_LOCK, &key],
+                )?
+                .get(0);
+            if !free {
+                continue;
+            }
+            t.one(
+                "SELECT pg_advisory_unlock($1, hashtext($2))",
+                &[&LIVE_LOCK, &key],
+            )?;
+            let n = t.x(
+                "UPDATE ol_slots SET lease_expires = 0 WHERE holder = $1",
+                &[&dead],
+            )?;
+            t.x("DELETE FROM ol_live_holders WHERE holder = $1", &[&dead])?;
+            tracing::info!(target: "outbox_lanes::store", holder = %dead, slots = n,
+                "the holder of these drain slots is gone (its session ended): taken over without waiting for the lease");
+        }
         Ok(())
     }
 
@@ -1589,8 +1690,10 @@ impl Store for PgStore {
         lease: Duration,
     ) -> Result<Acquire, StoreError> {
         let lease = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+        self.register_holder(holder);
         self.tx(false, |t| {
             t.x("INSERT INTO ol_slots (actor) VALUES ($1) ON CONFLICT (actor) DO NOTHING", &[&actor.as_str()])?;
+            self.expire_dead_holders(t, holder, Some(actor))?;
             let got = t.opt(
                 &format!(
                     "UPDATE ol_slots SET token = token + 1, holder = $2, lease_expires = {NOW} + $3, look_again = FALSE \
@@ -2105,7 +2208,9 @@ impl Store for PgStore {
         max: usize,
     ) -> Result<Vec<SlotToken>, StoreError> {
         let lease = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+        self.register_holder(holder);
         self.tx(false, |t| {
+            self.expire_dead_holders(t, holder, None)?;
             t.x(
                 "INSERT INTO ol_slots (actor) SELECT DISTINCT l.actor FROM ol_lanes l \
                  WHERE NOT l.paused AND (l.not_before IS NULL OR l.not_before <= $1) \
