@@ -105,6 +105,16 @@ pub enum EnqueueError {
         /// The limit in bytes.
         max: usize,
     },
+    /// The row names more recipients than the configured limit
+    /// ([`CommonOptions::max_recipients`](crate::CommonOptions::max_recipients)).
+    TooManyRecipients {
+        /// The row id.
+        row: String,
+        /// The recipients it names (before duplicates collapse).
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
     /// The database failed; nothing was written.
     Store(StoreError),
 }
@@ -126,6 +136,10 @@ impl fmt::Display for EnqueueError {
                     "row {row:?}: payload of {size} bytes exceeds the limit of {max} bytes"
                 )
             }
+            EnqueueError::TooManyRecipients { row, count, max } => write!(
+                f,
+                "row {row:?}: {count} recipients exceed the limit of {max} per row"
+            ),
             EnqueueError::Store(e) => write!(f, "enqueue failed, nothing written: {e}"),
         }
     }

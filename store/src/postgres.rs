@@ -778,7 +778,7 @@ impl PgStore {
         actor: &ActorId,
         rows: &[NewRow],
     ) -> Result<(Vec<Enqueued>, PendingWake), EnqueueError> {
-        let prepared = prepare(rows, self.opts.common.max_payload)?;
+        let prepared = prepare(rows, &self.opts.common)?;
         let mut sp = tx.savepoint("ol_enqueue")?;
         let out = enqueue_tx(&mut sp, actor, &prepared, &self.channel)?;
         sp.commit()?;
@@ -1571,7 +1571,7 @@ fn select_dead(
 
 impl Store for PgStore {
     fn enqueue(&self, actor: &ActorId, rows: &[NewRow]) -> Result<Vec<Enqueued>, EnqueueError> {
-        let prepared = prepare(rows, self.opts.common.max_payload)?;
+        let prepared = prepare(rows, &self.opts.common)?;
         if prepared.is_empty() {
             return Ok(Vec::new());
         }
