@@ -115,6 +115,14 @@ pub enum EnqueueError {
         /// The limit.
         max: usize,
     },
+    /// The content type cannot be sent as an HTTP header value: it holds a control character
+    /// (CR, LF, NUL, …) or a byte that is not visible ASCII (spaces and tabs are allowed).
+    BadContentType {
+        /// The row id.
+        row: String,
+        /// The content type as given.
+        content_type: String,
+    },
     /// The database failed; nothing was written.
     Store(StoreError),
 }
@@ -139,6 +147,11 @@ impl fmt::Display for EnqueueError {
             EnqueueError::TooManyRecipients { row, count, max } => write!(
                 f,
                 "row {row:?}: {count} recipients exceed the limit of {max} per row"
+            ),
+            EnqueueError::BadContentType { row, content_type } => write!(
+                f,
+                "row {row:?}: content type {content_type:?} is not a valid HTTP header value \
+                 (visible ASCII, spaces and tabs only)"
             ),
             EnqueueError::Store(e) => write!(f, "enqueue failed, nothing written: {e}"),
         }

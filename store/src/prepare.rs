@@ -17,6 +17,13 @@ pub(crate) struct PreparedRow<'a> {
     pub(crate) lanes: Vec<LaneKey>,
 }
 
+/// Whether `s` can be sent as an HTTP header value as it is: visible ASCII, spaces and tabs
+/// only. A CR or LF would split the header (or be refused by the HTTP client at every
+/// attempt, dead-lettering the unit long after the enqueue that could have said so).
+pub(crate) fn is_header_value(s: &str) -> bool {
+    s.bytes().all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
+}
+
 pub(crate) fn prepare<'a>(
     rows: &'a [NewRow],
     opts: &CommonOptions,
@@ -49,6 +56,12 @@ pub(crate) fn prepare<'a>(
                 row: row.id.clone(),
                 size: row.body.len(),
                 max: opts.max_payload,
+            });
+        }
+        if !is_header_value(&row.content_type) {
+            return Err(EnqueueError::BadContentType {
+                row: row.id.clone(),
+                content_type: row.content_type.clone(),
             });
         }
         let ordering_key = row.ordering_key.as_deref().unwrap_or("");
@@ -160,5 +173,23 @@ mod tests {
                 .recipient()
                 .ends_with(&format!("/inbox/{}", n - 1))
         );
+    }
+
+    #[test]
+    fn header_values() {
+        for ok in ["application/json", "text/plain; charset=utf-8", "a\tb", ""] {
+            assert!(is_header_value(ok), "{ok:?}");
+        }
+        for bad in [
+            "a\r\nX-Evil: 1",
+            "a\nb",
+            "a\rb",
+            "a\0b",
+            "a\x7fb",
+            "a\x1bb",
+            "tëxt/plain",
+        ] {
+            assert!(!is_header_value(bad), "{bad:?}");
+        }
     }
 }

@@ -23,7 +23,10 @@ macro_rules! contract {
     };
 }
 
-contract!(too_many_recipients_refuse_the_batch);
+contract!(
+    too_many_recipients_refuse_the_batch,
+    content_type_must_be_a_header_value,
+);
 
 // SQLite only: on Postgres the statement that moves the lanes' tails joins the lanes with the
 // batch's tails in a nested loop (the store's connections disable hash joins), quadratic in
@@ -126,5 +129,54 @@ fn a_large_fan_out_enqueues(b: Backend) {
         assert_eq!(done[0].units.len(), N - 5);
         let st = s.status().expect("status");
         assert_eq!(st[0].pending, (N - 5) as u64);
+    });
+}
+
+fn content_type_must_be_a_header_value(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        for bad in [
+            "text/plain\r\nX-Injected: 1",
+            "text/plain\n",
+            "text/\rplain",
+            "text/plain\0",
+            "text/plain\x07",
+            "text/plain\x7f",
+            "text/pläin",
+        ] {
+            let wrong = NewRow {
+                content_type: bad.into(),
+                ..row("wrong", &[A])
+            };
+            let err = s
+                .enqueue(&a, &[row("ok", &[A]), wrong])
+                .expect_err("refused");
+            assert_eq!(
+                err,
+                EnqueueError::BadContentType {
+                    row: "wrong".into(),
+                    content_type: bad.into()
+                },
+                "{bad:?}"
+            );
+            assert!(err.to_string().contains("\"wrong\""), "{err}");
+        }
+        // Nothing of any refused batch was written.
+        assert!(s.status().expect("status").is_empty());
+        assert!(s.find_lane(&a, &key(A)).expect("find").is_none());
+        let fine = NewRow {
+            content_type:
+                "application/ld+json; profile=\"https://www.w3.org/ns/activitystreams\"\t".into(),
+            ..row("fine", &[A])
+        };
+        s.enqueue(&a, &[fine.clone()])
+            .expect("a valid header value");
+        let t = acquire(s, &a, "t", std::time::Duration::from_secs(30));
+        let unit = claim_lane(s, &t, lane_of(s, &a, A), 0, 10).units[0].id;
+        assert_eq!(
+            s.payload(unit).expect("payload").content_type,
+            fine.content_type
+        );
     });
 }
