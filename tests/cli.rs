@@ -397,6 +397,14 @@ fn bad_input_exits_2_and_leaves_the_database_as_it_was() {
             vec!["line 1", "unknown field `bdy`"],
         ),
         (
+            "content type with CRLF",
+            format!(
+                "{good}\n{}\n",
+                serde_json::json!({ "id": "x", "to": to, "body": 1, "content_type": "text/plain\r\nX-Evil: 1" })
+            ),
+            vec!["line 2", "not a valid HTTP header value"],
+        ),
+        (
             "empty id",
             format!("{}\n", line("", &to, &serde_json::json!(1))),
             vec!["line 1", "\"id\" is empty"],
@@ -818,4 +826,103 @@ fn loopback_destinations_are_refused_by_default() {
     assert!(r.requests("/a").is_empty());
     let dead = ok(&db, &["dead-letters", "list", "--json"], "").json();
     assert_eq!(dead["dead_letters"][0]["reason"], "destination_refused");
+}
+
+#[test]
+fn zero_timeout_is_refused() {
+    let db = Db::sqlite();
+    let Db::Sqlite { path, .. } = &db else {
+        unreachable!()
+    };
+    for t in ["0", "0s", "0ms"] {
+        let out = collect(
+            Command::new(BIN)
+                .args(db.args())
+                .args(["drain", "--timeout", t])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+            "",
+        );
+        assert_eq!(out.code(), Some(2), "--timeout {t}: {}", out.stderr);
+        assert!(
+            out.stderr.contains("--timeout") && out.stderr.contains("more than zero"),
+            "{}",
+            out.stderr
+        );
+    }
+    assert!(!path.exists());
+}
+
+#[test]
+fn null_body_is_sent_as_json_null() {
+    let db = Db::sqlite();
+    let r = Recipient::start().unwrap();
+    let input = format!(
+        "{}\n",
+        serde_json::json!({ "id": "n", "to": [r.url("/a")], "body": null })
+    );
+    let out = ok(&db, &["enqueue", "--actor", "nina"], &input);
+    assert!(out.stdout.contains("\"id\":\"n\""), "{}", out.stdout);
+    ok(&db, &["drain"], "");
+    assert_eq!(r.bodies("/a"), [b"null".to_vec()]);
+    // A missing body is still refused.
+    let input = format!(
+        "{}\n",
+        serde_json::json!({ "id": "m", "to": [r.url("/a")] })
+    );
+    let out = run(&db, &["enqueue", "--actor", "nina"], &input);
+    assert_eq!(out.code(), Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("missing \"body\""), "{}", out.stderr);
+}
+
+#[test]
+fn over_long_line_is_refused_by_number_and_loses_nothing() {
+    let db = Db::sqlite();
+    let r = Recipient::start().unwrap();
+    let to = vec![r.url("/a")];
+    ok(&db, &["enqueue", "--actor", "olga"], &rows(2, &to));
+    let good = line("g", &to, &serde_json::json!(1));
+    let long = line("l", &to, &serde_json::json!("x".repeat(4096)));
+    let input = format!(
+        "{good}\n\n{long}\n{}\n",
+        line("h", &to, &serde_json::json!(2))
+    );
+    let out = run(
+        &db,
+        &["enqueue", "--actor", "olga", "--max-line-bytes", "1024"],
+        &input,
+    );
+    assert_eq!(out.code(), Some(2), "{}", out.stderr);
+    assert!(out.stdout.is_empty(), "{}", out.stdout);
+    let err = out
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap();
+    for needle in [
+        "line 3",
+        "longer than the limit of 1024 bytes",
+        "nothing enqueued",
+        "1 valid line(s)",
+    ] {
+        assert!(err.contains(needle), "{err:?} lacks {needle:?}");
+    }
+    // The rows enqueued before are all there, the refused input added nothing.
+    assert_eq!(pending(&db), 2);
+    // An endless line without a newline is refused too, not read whole.
+    let endless = "{\"id\": \"e\", \"body\": \"".to_string() + &"y".repeat(1 << 20);
+    let out = run(
+        &db,
+        &["enqueue", "--actor", "olga", "--max-line-bytes", "1024"],
+        &endless,
+    );
+    assert_eq!(out.code(), Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("line 1: longer than"), "{}", out.stderr);
+    assert_eq!(pending(&db), 2);
+    // Under the default limit the long line goes in.
+    ok(&db, &["enqueue", "--actor", "olga"], &input);
+    assert_eq!(pending(&db), 5);
 }

@@ -18,7 +18,6 @@ use outbox_lanes_core::ActorId;
 use outbox_lanes_core::policy::AddressPolicy;
 use outbox_lanes_store::{DeadLetterId, DeadLetterSelection};
 use outbox_lanes_tokio::{DrainControl, DrainOutcome, OutboxConfig, OutboxError, PassReport};
-use tokio::io::AsyncReadExt as _;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
@@ -112,16 +111,26 @@ fn config(d: &DeliveryFlags) -> OutboxConfig {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     // Validate the input before the database is touched: a refused input leaves no trace.
     let batch = match &cli.command {
-        Command::Enqueue { actor } => {
+        Command::Enqueue {
+            actor,
+            max_line_bytes,
+        } => {
             if actor.trim().is_empty() {
                 return Err(usage("--actor is empty"));
             }
-            let mut text = String::new();
-            tokio::io::stdin()
-                .read_to_string(&mut text)
-                .await
-                .map_err(|e| usage(format!("cannot read stdin as UTF-8 text: {e}")))?;
-            Some(enqueue::parse(&text).context("input refused, nothing enqueued")?)
+            let stdin = tokio::io::BufReader::new(tokio::io::stdin());
+            match enqueue::read(stdin, *max_line_bytes).await {
+                Ok(batch) => Some(batch),
+                Err(enqueue::ReadError::Bad { bad, before }) => {
+                    return Err(anyhow::Error::new(bad).context(format!(
+                        "input refused, nothing enqueued (an input is all or nothing: \
+                         the {before} valid line(s) before it were not enqueued either)"
+                    )));
+                }
+                Err(enqueue::ReadError::Io(e)) => {
+                    return Err(usage(format!("cannot read stdin: {e}; nothing enqueued")));
+                }
+            }
         }
         _ => None,
     };
@@ -147,7 +156,7 @@ async fn dispatch(
     // Only the long-running commands catch SIGINT and SIGTERM (to stop gracefully); the
     // others keep the default, and a transaction interrupted by a signal rolls back.
     match command {
-        Command::Enqueue { actor } => {
+        Command::Enqueue { actor, .. } => {
             let batch = batch.context("the input was not read")?;
             cmd_enqueue(backend, actor, batch).await
         }
