@@ -39,6 +39,7 @@
 
 pub mod ack;
 mod error;
+mod exists;
 pub mod notify;
 #[cfg(feature = "postgres")]
 pub mod postgres;

@@ -481,7 +481,7 @@ impl core::fmt::Debug for PgStore {
 }
 
 /// A URL without its password, for error messages.
-fn redact(url: &str) -> String {
+pub(crate) fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(s), Some(at)) if at > s => {
             let userinfo = &url[s + 3..at];
@@ -494,7 +494,7 @@ fn redact(url: &str) -> String {
     }
 }
 
-fn valid_schema(s: &str) -> bool {
+pub(crate) fn valid_schema(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 48
         && s.bytes()
