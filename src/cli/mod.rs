@@ -40,12 +40,33 @@ fn usage(msg: impl Into<String>) -> anyhow::Error {
     UsageError(msg.into()).into()
 }
 
-/// 2 for errors in the caller's input, 1 for failures at run time.
+/// 2 for errors in the caller's input, 1 for failures at run time (a database that is locked,
+/// full or unreachable mid-way).
 fn exit_code(e: &anyhow::Error) -> u8 {
-    let input = e
-        .chain()
-        .any(|c| c.is::<UsageError>() || c.is::<OpenError>() || c.is::<enqueue::BadLine>());
+    let input = e.chain().any(|c| {
+        c.is::<UsageError>()
+            || c.is::<enqueue::BadLine>()
+            || c.downcast_ref::<OpenError>()
+                .is_some_and(OpenError::is_input)
+    });
     if input { 2 } else { 1 }
+}
+
+/// The error and its causes, each said once: several error types repeat their source's text
+/// in their own (`enqueue failed: database error: X`) and return it as the source too.
+fn message(e: &anyhow::Error) -> String {
+    let texts: Vec<String> = e.chain().map(ToString::to_string).collect();
+    let mut kept: Vec<&str> = Vec::new();
+    for (i, t) in texts.iter().enumerate() {
+        let t = t.as_str();
+        // Said already by an outer error, or said again in full by an inner one.
+        let said = kept.iter().any(|k| k.contains(t))
+            || texts[i + 1..].iter().any(|inner| inner.contains(t));
+        if !said && !t.is_empty() {
+            kept.push(t);
+        }
+    }
+    kept.join(": ")
 }
 
 /// Runs the command line; never panics on user input.
@@ -67,7 +88,7 @@ pub(crate) fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", message(&e));
             ExitCode::from(exit_code(&e))
         }
     }
@@ -134,10 +155,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         _ => None,
     };
+    // Only these create an outbox: the others have nothing to do on an empty one, and must not
+    // leave a new database behind at a mistyped path or schema.
+    let create = matches!(cli.command, Command::Enqueue { .. } | Command::Relay { .. });
     let counters = Arc::new(Counters::default());
     let backend = Backend::open(
         cli.db.clone(),
         cli.pg_schema.clone(),
+        create,
         config(&cli.delivery),
         Arc::clone(&counters),
     )
@@ -175,16 +200,7 @@ async fn dispatch(
         Command::Lanes { actor, json } => {
             let lanes = backend.lanes(actor.clone()).await?;
             if lanes.is_empty() {
-                let known = backend
-                    .status()
-                    .await?
-                    .iter()
-                    .any(|a| a.actor.as_str() == actor);
-                if !known {
-                    return Err(usage(format!(
-                        "unknown actor {actor:?}: no pending units, lanes or dead letters"
-                    )));
-                }
+                known_actor(backend, &actor).await?;
             }
             if json {
                 print_json(&output::lanes_json(&actor, &lanes))
@@ -193,6 +209,24 @@ async fn dispatch(
             }
         }
         Command::DeadLetters(c) => cmd_dead_letters(backend, c).await,
+    }
+}
+
+/// Refuses an `--actor` the outbox has never seen (no lanes, pending units or dead letters):
+/// the same usage error (exit 2) for every command that takes one.
+async fn known_actor(backend: &Backend, actor: &str) -> anyhow::Result<()> {
+    let known = !backend.lanes(actor.to_owned()).await?.is_empty()
+        || backend
+            .status()
+            .await?
+            .iter()
+            .any(|a| a.actor.as_str() == actor);
+    if known {
+        Ok(())
+    } else {
+        Err(usage(format!(
+            "unknown actor {actor:?}: no pending units, lanes or dead letters"
+        )))
     }
 }
 
@@ -247,6 +281,9 @@ async fn cmd_drain(
     signals: Signals,
 ) -> anyhow::Result<()> {
     // Without --actor, what is left is counted over every actor (lanes in backoff included).
+    if let Some(a) = &actor {
+        known_actor(backend, a).await?;
+    }
     let scope = actor.as_ref().map(|a| vec![a.clone()]);
     let actors: Vec<String> = match actor {
         Some(a) => vec![a],
@@ -438,6 +475,9 @@ async fn cmd_dead_letters(backend: &Backend, c: DeadLetterCommand) -> anyhow::Re
         DeadLetterCommand::Replay(a) => (Op::Replay, a),
         DeadLetterCommand::Purge(a) => (Op::Purge, a),
     };
+    if let Some(actor) = &a.actor {
+        known_actor(backend, actor).await?;
+    }
     let mut listed = backend.dead_letters(a.actor.clone()).await?;
     if !a.ids.is_empty() {
         let known: BTreeSet<i64> = listed.iter().map(|d| d.id.0).collect();
