@@ -397,6 +397,14 @@ fn bad_input_exits_2_and_leaves_the_database_as_it_was() {
             vec!["line 1", "unknown field `bdy`"],
         ),
         (
+            "content type with CRLF",
+            format!(
+                "{good}\n{}\n",
+                serde_json::json!({ "id": "x", "to": to, "body": 1, "content_type": "text/plain\r\nX-Evil: 1" })
+            ),
+            vec!["line 2", "not a valid HTTP header value"],
+        ),
+        (
             "empty id",
             format!("{}\n", line("", &to, &serde_json::json!(1))),
             vec!["line 1", "\"id\" is empty"],
@@ -818,4 +826,276 @@ fn loopback_destinations_are_refused_by_default() {
     assert!(r.requests("/a").is_empty());
     let dead = ok(&db, &["dead-letters", "list", "--json"], "").json();
     assert_eq!(dead["dead_letters"][0]["reason"], "destination_refused");
+}
+
+#[test]
+fn zero_timeout_is_refused() {
+    let db = Db::sqlite();
+    let Db::Sqlite { path, .. } = &db else {
+        unreachable!()
+    };
+    for t in ["0", "0s", "0ms"] {
+        let out = collect(
+            Command::new(BIN)
+                .args(db.args())
+                .args(["drain", "--timeout", t])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+            "",
+        );
+        assert_eq!(out.code(), Some(2), "--timeout {t}: {}", out.stderr);
+        assert!(
+            out.stderr.contains("--timeout") && out.stderr.contains("more than zero"),
+            "{}",
+            out.stderr
+        );
+    }
+    assert!(!path.exists());
+}
+
+#[test]
+fn null_body_is_sent_as_json_null() {
+    let db = Db::sqlite();
+    let r = Recipient::start().unwrap();
+    let input = format!(
+        "{}\n",
+        serde_json::json!({ "id": "n", "to": [r.url("/a")], "body": null })
+    );
+    let out = ok(&db, &["enqueue", "--actor", "nina"], &input);
+    assert!(out.stdout.contains("\"id\":\"n\""), "{}", out.stdout);
+    ok(&db, &["drain"], "");
+    assert_eq!(r.bodies("/a"), [b"null".to_vec()]);
+    // A missing body is still refused.
+    let input = format!(
+        "{}\n",
+        serde_json::json!({ "id": "m", "to": [r.url("/a")] })
+    );
+    let out = run(&db, &["enqueue", "--actor", "nina"], &input);
+    assert_eq!(out.code(), Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("missing \"body\""), "{}", out.stderr);
+}
+
+#[test]
+fn over_long_line_is_refused_by_number_and_loses_nothing() {
+    let db = Db::sqlite();
+    let r = Recipient::start().unwrap();
+    let to = vec![r.url("/a")];
+    ok(&db, &["enqueue", "--actor", "olga"], &rows(2, &to));
+    let good = line("g", &to, &serde_json::json!(1));
+    let long = line("l", &to, &serde_json::json!("x".repeat(4096)));
+    let input = format!(
+        "{good}\n\n{long}\n{}\n",
+        line("h", &to, &serde_json::json!(2))
+    );
+    let out = run(
+        &db,
+        &["enqueue", "--actor", "olga", "--max-line-bytes", "1024"],
+        &input,
+    );
+    assert_eq!(out.code(), Some(2), "{}", out.stderr);
+    assert!(out.stdout.is_empty(), "{}", out.stdout);
+    let err = out
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap();
+    for needle in [
+        "line 3",
+        "longer than the limit of 1024 bytes",
+        "nothing enqueued",
+        "1 valid line(s)",
+    ] {
+        assert!(err.contains(needle), "{err:?} lacks {needle:?}");
+    }
+    // The rows enqueued before are all there, the refused input added nothing.
+    assert_eq!(pending(&db), 2);
+    // An endless line without a newline is refused too, not read whole.
+    let endless = "{\"id\": \"e\", \"body\": \"".to_string() + &"y".repeat(1 << 20);
+    let out = run(
+        &db,
+        &["enqueue", "--actor", "olga", "--max-line-bytes", "1024"],
+        &endless,
+    );
+    assert_eq!(out.code(), Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("line 1: longer than"), "{}", out.stderr);
+    assert_eq!(pending(&db), 2);
+    // Under the default limit the long line goes in.
+    ok(&db, &["enqueue", "--actor", "olga"], &input);
+    assert_eq!(pending(&db), 5);
+}
+
+#[test]
+fn read_only_commands_create_no_database() {
+    let db = Db::sqlite();
+    let Db::Sqlite { path, .. } = &db else {
+        unreachable!()
+    };
+    let commands: [&[&str]; 7] = [
+        &["status"],
+        &["status", "--json"],
+        &["lanes", "--actor", "x"],
+        &["dead-letters", "list"],
+        &["dead-letters", "purge"],
+        &["dead-letters", "replay", "--actor", "x"],
+        &["drain"],
+    ];
+    for args in commands {
+        let out = run(&db, args, "");
+        assert_eq!(out.code(), Some(2), "{args:?}: {}", out.stderr);
+        let want = format!(
+            "error: no outbox at {}; run enqueue or relay to create it",
+            path.display()
+        );
+        assert_eq!(out.stderr.trim_end(), want, "{args:?}");
+        assert!(!path.exists(), "{args:?} created {}", path.display());
+    }
+    let r = Recipient::start().unwrap();
+    ok(&db, &["enqueue", "--actor", "x"], &rows(1, &[r.url("/a")]));
+    assert_eq!(pending(&db), 1);
+
+    // A Postgres schema that does not exist (a typo) is not created either.
+    let Some(pg) = Db::postgres() else {
+        println!("skipped on Postgres: OUTBOX_LANES_TEST_PG not set");
+        return;
+    };
+    let Db::Pg { url, schema } = &pg else {
+        unreachable!()
+    };
+    for args in commands {
+        let out = run(&pg, args, "");
+        assert_eq!(out.code(), Some(2), "{args:?}: {}", out.stderr);
+        assert!(
+            out.stderr
+                .contains(&format!("no outbox in Postgres schema {schema:?}")),
+            "{args:?}: {}",
+            out.stderr
+        );
+    }
+    let mut c = postgres::Client::connect(url, postgres::NoTls).unwrap();
+    let n: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = $1",
+            &[schema],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0, "schema {schema} was created");
+    ok(&pg, &["enqueue", "--actor", "x"], &rows(1, &[r.url("/a")]));
+    assert_eq!(pending(&pg), 1);
+}
+
+#[test]
+fn unknown_actor_is_refused_alike_by_every_command() {
+    let db = Db::sqlite();
+    let r = Recipient::start().unwrap();
+    ok(
+        &db,
+        &["enqueue", "--actor", "known"],
+        &rows(1, &[r.url("/a")]),
+    );
+    let commands: [&[&str]; 5] = [
+        &["drain", "--actor", "nobody"],
+        &["lanes", "--actor", "nobody"],
+        &["dead-letters", "list", "--actor", "nobody"],
+        &["dead-letters", "replay", "--actor", "nobody"],
+        &["dead-letters", "purge", "--actor", "nobody"],
+    ];
+    for args in commands {
+        let out = run(&db, args, "");
+        assert_eq!(out.code(), Some(2), "{args:?}: {}", out.stderr);
+        assert!(out.stdout.is_empty(), "{args:?}: {}", out.stdout);
+        assert_eq!(
+            out.stderr.lines().last().unwrap_or_default(),
+            "error: unknown actor \"nobody\": no pending units, lanes or dead letters",
+            "{args:?}"
+        );
+    }
+    // A known actor without dead letters is not an error.
+    ok(&db, &["dead-letters", "list", "--actor", "known"], "");
+    ok(&db, &["dead-letters", "purge", "--actor", "known"], "");
+    assert_eq!(pending(&db), 1);
+    assert!(r.requests("/a").is_empty());
+}
+
+/// Each `: `-separated part of an error line once: no cause printed twice.
+fn said_once(err: &str) {
+    let parts: Vec<&str> = err.split(": ").collect();
+    for (i, p) in parts.iter().enumerate() {
+        assert!(!parts[i + 1..].contains(p), "{p:?} repeated in {err:?}");
+    }
+}
+
+#[test]
+fn locked_database_exits_1() {
+    let db = Db::sqlite();
+    let r = Recipient::start().unwrap();
+    ok(
+        &db,
+        &["enqueue", "--actor", "lou"],
+        &rows(1, &[r.url("/a")]),
+    );
+    let Db::Sqlite { path, .. } = &db else {
+        unreachable!()
+    };
+    // Another process holds the database's write lock, past the busy timeout.
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.execute_batch(
+        "PRAGMA locking_mode = EXCLUSIVE; BEGIN EXCLUSIVE; \
+         INSERT INTO ol_meta (key, value) VALUES ('held', '1');",
+    )
+    .unwrap();
+    for args in [&["status"][..], &["enqueue", "--actor", "lou"][..]] {
+        let out = run(&db, args, &line("x", &[r.url("/a")], &serde_json::json!(1)));
+        assert_eq!(out.code(), Some(1), "{args:?}: {}", out.stderr);
+        let err = out.stderr.lines().last().unwrap_or_default();
+        assert!(
+            err.starts_with("error: ") && err.contains("locked"),
+            "{err}"
+        );
+        said_once(err);
+    }
+    conn.execute_batch("ROLLBACK").unwrap();
+    drop(conn);
+    assert_eq!(pending(&db), 1);
+}
+
+#[cfg(unix)]
+#[test]
+fn full_disk_exits_1_and_says_each_cause_once() {
+    let db = Db::sqlite();
+    let r = Recipient::start().unwrap();
+    ok(
+        &db,
+        &["enqueue", "--actor", "fay"],
+        &rows(1, &[r.url("/a")]),
+    );
+    // The file size limit (in 512- or 1024-byte blocks, by shell) stops the write-ahead log
+    // long before it holds the 900 kB body: the writes fail as on a full disk.
+    let big = line(
+        "big",
+        &[r.url("/a")],
+        &serde_json::json!("z".repeat(900_000)),
+    );
+    let out = collect(
+        Command::new("sh")
+            .arg("-c")
+            .arg("ulimit -f 300; trap '' XFSZ; exec \"$0\" \"$@\"")
+            .arg(BIN)
+            .args(db.args())
+            .args(["enqueue", "--actor", "fay"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+        &big,
+    );
+    assert_eq!(out.code(), Some(1), "{}", out.stderr);
+    let err = out.stderr.lines().last().unwrap_or_default();
+    assert!(err.starts_with("error: nothing enqueued"), "{err}");
+    said_once(err);
+    assert_eq!(pending(&db), 1);
 }

@@ -49,8 +49,8 @@ pub(crate) struct Cli {
 /// The flags that configure delivery, common to every subcommand.
 #[derive(Debug, Args)]
 pub(crate) struct DeliveryFlags {
-    /// HTTP timeout per attempt: `30s`, `500ms`, `2m`, or plain seconds.
-    #[arg(long, global = true, value_parser = parse_duration, default_value = "30s")]
+    /// HTTP timeout per attempt: `30s`, `500ms`, `2m`, or plain seconds; more than zero.
+    #[arg(long, global = true, value_parser = parse_timeout, default_value = "30s")]
     pub(crate) timeout: Duration,
 
     /// Persisted attempts before a unit becomes a dead letter.
@@ -90,10 +90,24 @@ pub(crate) enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
     /// Read JSON lines from stdin and enqueue them, all or nothing.
+    #[command(
+        long_about = "Read JSON lines from stdin and enqueue them, all or nothing.\n\n\
+        One row per line: {\"id\": \"...\", \"to\": [\"https://...\"], \"body\": <json>, \
+        \"content_type\"?: \"...\", \"dedup_key\"?: \"...\", \"ordering_key\"?: \"...\", \
+        \"joined\"?: bool}. The body is any JSON value and is POSTed as its JSON text \
+        (\"body\": null sends the four bytes `null`); content_type defaults to \
+        application/json and must be a valid HTTP header value. Blank lines are skipped. \
+        A bad line, or a line longer than --max-line-bytes, refuses the whole input: nothing \
+        is enqueued, its line number and reason go to stderr, and the exit status is 2."
+    )]
     Enqueue {
         /// The sending actor.
         #[arg(long)]
         actor: String,
+        /// Longest input line accepted, in bytes: the largest body (1 MiB) and room for the
+        /// rest of the row (ids and recipient lists).
+        #[arg(long, default_value_t = DEFAULT_MAX_LINE, value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
+        max_line_bytes: u64,
     },
     /// Run passes until nothing is admissible, then exit.
     Drain {
@@ -152,6 +166,20 @@ pub(crate) struct DeadLetterArgs {
     pub(crate) json: bool,
 }
 
+/// The default of `enqueue --max-line-bytes`: the store's default payload limit and 4 MiB for
+/// the rest of the row.
+pub(crate) const DEFAULT_MAX_LINE: u64 = outbox_lanes_store::DEFAULT_MAX_PAYLOAD as u64 + (4 << 20);
+
+/// A `--timeout`: a duration above zero (a zero timeout would fail every attempt at once and
+/// dead-letter every unit after its attempts, for no fault of the recipients).
+fn parse_timeout(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d.is_zero() {
+        return Err(format!("{s:?}: the timeout must be more than zero"));
+    }
+    Ok(d)
+}
+
 /// `30s`, `500ms`, `1m 30s`, or plain (possibly fractional) seconds.
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
@@ -173,6 +201,10 @@ mod tests {
         assert_eq!(parse_duration("0.25"), Ok(Duration::from_millis(250)));
         assert!(parse_duration("-1").is_err());
         assert!(parse_duration("soon").is_err());
+        assert_eq!(parse_timeout("0.5"), Ok(Duration::from_millis(500)));
+        for zero in ["0", "0s", "0ms", "0.0"] {
+            assert!(parse_timeout(zero).is_err(), "{zero}");
+        }
     }
 
     #[test]

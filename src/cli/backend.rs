@@ -11,6 +11,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use anyhow::anyhow;
+
+use super::UsageError;
 use outbox_lanes_core::{ActorId, LaneKey, Outcome, Timestamp, UnitId};
 use outbox_lanes_store::{
     Acquire, ActorStatus, ActorsDue, AttemptRecord, ClaimedLane, DeadLetter, DeadLetterRequest,
@@ -347,7 +349,9 @@ impl Store for CountingStore {
     }
 }
 
-/// Why the database could not be opened: the caller's input (exit 2).
+/// Why the database could not be opened: the caller's input (exit 2) if it names what cannot
+/// be opened, a failure at run time (exit 1) if the database is locked, full or unreachable
+/// mid-way (see [`OpenError::is_input`]).
 #[derive(Debug)]
 pub(crate) struct OpenError(pub(crate) StoreError);
 
@@ -358,6 +362,17 @@ impl std::fmt::Display for OpenError {
 }
 
 impl std::error::Error for OpenError {}
+
+impl OpenError {
+    /// Whether the caller's input is at fault (a path, URL or schema that cannot be an outbox)
+    /// rather than the database at run time (locked, full, connection lost).
+    pub(crate) fn is_input(&self) -> bool {
+        matches!(
+            self.0,
+            StoreError::Open { .. } | StoreError::ReadOnly { .. } | StoreError::SchemaTooNew { .. }
+        )
+    }
+}
 
 /// Runs `f` on tokio's blocking pool.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> anyhow::Result<T> {
@@ -394,9 +409,13 @@ impl Backend {
     /// # Errors
     /// [`OpenError`] if the database cannot be opened or created; anything else is a runtime
     /// failure.
+    ///
+    /// With `create` false (commands that have nothing to do on an empty outbox), a database
+    /// or schema without an outbox is a [`UsageError`] and nothing is created.
     pub(crate) async fn open(
         db: String,
         pg_schema: String,
+        create: bool,
         config: OutboxConfig,
         counters: Arc<Counters>,
     ) -> anyhow::Result<Backend> {
@@ -404,14 +423,25 @@ impl Backend {
         // Postgres client connects with a runtime of its own, and a store that fails to
         // become an outbox is dropped here too.
         blocking(move || -> anyhow::Result<Backend> {
+            const CREATE: &str = "run enqueue or relay to create it";
             let store: Arc<dyn Store> = if is_postgres(&db) {
                 let opts = PgOptions {
                     schema: pg_schema,
                     application_name: "outbox-lanes-cli".into(),
                     ..PgOptions::default()
                 };
+                if !create && !PgStore::exists(&db, &opts).map_err(OpenError)? {
+                    return Err(UsageError(format!(
+                        "no outbox in Postgres schema {:?} (--pg-schema); {CREATE}",
+                        opts.schema
+                    ))
+                    .into());
+                }
                 Arc::new(PgStore::connect(&db, opts).map_err(OpenError)?)
             } else {
+                if !create && !SqliteStore::exists(&db).map_err(OpenError)? {
+                    return Err(UsageError(format!("no outbox at {db}; {CREATE}")).into());
+                }
                 Arc::new(SqliteStore::open(&db, SqliteOptions::default()).map_err(OpenError)?)
             };
             let store = Arc::new(CountingStore {

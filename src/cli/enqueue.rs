@@ -13,11 +13,18 @@ use serde_json::value::RawValue;
 struct Line {
     id: Option<String>,
     to: Option<Vec<String>>,
+    /// `None` only when the key is missing: `"body": null` is the JSON text `null`.
+    #[serde(default, deserialize_with = "present")]
     body: Option<Box<RawValue>>,
     content_type: Option<String>,
     dedup_key: Option<String>,
     ordering_key: Option<String>,
     joined: Option<bool>,
+}
+
+/// A field that is present, whatever its value (`null` included).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Box<RawValue>>, D::Error> {
+    Box::<RawValue>::deserialize(d).map(Some)
 }
 
 /// A refused input line: its 1-based number and why.
@@ -81,6 +88,15 @@ fn parse_line(text: &str) -> Result<NewRow, String> {
     if content_type.trim().is_empty() {
         return Err("\"content_type\" is empty".into());
     }
+    if !content_type
+        .bytes()
+        .all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
+    {
+        return Err(format!(
+            "\"content_type\" {content_type:?} is not a valid HTTP header value \
+             (visible ASCII, spaces and tabs only)"
+        ));
+    }
     Ok(NewRow {
         id,
         body: body.get().as_bytes().to_vec(),
@@ -92,28 +108,111 @@ fn parse_line(text: &str) -> Result<NewRow, String> {
     })
 }
 
-/// Parses and validates every line; the first bad line refuses the whole input.
-/// Blank lines are skipped.
-pub(crate) fn parse(input: &str) -> Result<Batch, BadLine> {
-    let mut rows = Vec::new();
-    let mut lines = Vec::new();
-    let mut seen: HashMap<String, usize> = HashMap::new();
-    for (i, text) in input.lines().enumerate() {
-        let line = i + 1;
+/// Parses and validates lines one at a time; the first bad line refuses the whole input.
+#[derive(Default)]
+struct Parser {
+    rows: Vec<NewRow>,
+    lines: Vec<usize>,
+    seen: HashMap<String, usize>,
+}
+
+impl Parser {
+    /// Takes line number `line` (1-based, without its line ending). Blank lines are skipped.
+    fn push(&mut self, line: usize, text: &str) -> Result<(), BadLine> {
         if text.trim().is_empty() {
-            continue;
+            return Ok(());
         }
         let row = parse_line(text).map_err(|reason| BadLine { line, reason })?;
-        if let Some(first) = seen.insert(row.id.clone(), line) {
+        if let Some(first) = self.seen.insert(row.id.clone(), line) {
             return Err(BadLine {
                 line,
                 reason: format!("id {:?} repeats line {first}", row.id),
             });
         }
-        rows.push(row);
-        lines.push(line);
+        self.rows.push(row);
+        self.lines.push(line);
+        Ok(())
     }
-    Ok(Batch { rows, lines })
+
+    fn finish(self) -> Batch {
+        Batch {
+            rows: self.rows,
+            lines: self.lines,
+        }
+    }
+}
+
+/// Parses and validates every line of `input`; the first bad line refuses the whole input.
+#[cfg(test)]
+pub(crate) fn parse(input: &str) -> Result<Batch, BadLine> {
+    let mut p = Parser::default();
+    for (i, text) in input.lines().enumerate() {
+        p.push(i + 1, text)?;
+    }
+    Ok(p.finish())
+}
+
+/// Why an input could not be read.
+#[derive(Debug)]
+pub(crate) enum ReadError {
+    /// A line is refused; `before` valid rows were read before it (none is enqueued).
+    Bad { bad: BadLine, before: usize },
+    /// Reading failed.
+    Io(std::io::Error),
+}
+
+/// Reads and validates the input line by line, holding at most `max_line` bytes of text at a
+/// time (plus the rows parsed so far): a line longer than that is refused without being read
+/// whole. Lines may end in LF or CRLF.
+///
+/// # Errors
+/// The first bad line (malformed, invalid, not UTF-8, too long) refuses the whole input.
+pub(crate) async fn read(
+    input: impl tokio::io::AsyncBufRead + Unpin,
+    max_line: u64,
+) -> Result<Batch, ReadError> {
+    use tokio::io::AsyncBufReadExt as _;
+    use tokio::io::AsyncReadExt as _;
+
+    let mut input = input;
+    let mut p = Parser::default();
+    let mut buf = Vec::new();
+    let mut line = 0;
+    loop {
+        buf.clear();
+        // Room for the longest line and its CRLF: anything longer is refused unread.
+        let n = (&mut input)
+            .take(max_line.saturating_add(2))
+            .read_until(b'\n', &mut buf)
+            .await
+            .map_err(ReadError::Io)?;
+        if n == 0 {
+            return Ok(p.finish());
+        }
+        line += 1;
+        let mut text: &[u8] = &buf;
+        if let Some(t) = text.strip_suffix(b"\n") {
+            text = t.strip_suffix(b"\r").unwrap_or(t);
+        }
+        let bad = |reason: String, p: &Parser| ReadError::Bad {
+            bad: BadLine { line, reason },
+            before: p.rows.len(),
+        };
+        if text.len() as u64 > max_line {
+            return Err(bad(
+                format!("longer than the limit of {max_line} bytes (--max-line-bytes)"),
+                &p,
+            ));
+        }
+        let text = match std::str::from_utf8(text) {
+            Ok(t) => t,
+            Err(e) => return Err(bad(format!("not UTF-8 text: {e}"), &p)),
+        };
+        if let Err(e) = p.push(line, text) {
+            let before = p.rows.len();
+            return Err(ReadError::Bad { bad: e, before });
+        }
+    }
 }
 
 impl Batch {
@@ -139,6 +238,14 @@ impl Batch {
             EnqueueError::PayloadTooLarge { row, size, max } => (
                 row.as_str(),
                 format!("body of {size} bytes exceeds the limit of {max} bytes"),
+            ),
+            EnqueueError::TooManyRecipients { row, count, max } => (
+                row.as_str(),
+                format!("{count} recipients exceed the limit of {max} per row"),
+            ),
+            EnqueueError::BadContentType { row, content_type } => (
+                row.as_str(),
+                format!("\"content_type\" {content_type:?} is not a valid HTTP header value"),
             ),
             EnqueueError::EmptyRowId { index } => {
                 return Some(BadLine {
@@ -176,8 +283,45 @@ pub(crate) fn output(e: &Enqueued) -> Output<'_> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    fn read_all(input: &[u8], max: u64) -> Result<Batch, ReadError> {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(read(input, max))
+    }
+
+    #[test]
+    fn lines_are_read_within_the_limit() {
+        let a = "{\"id\":\"a\",\"to\":[\"https://x.example/\"],\"body\":null}";
+        let b = "{\"id\":\"b\",\"to\":[\"https://x.example/\"],\"body\":\"x\"}";
+        let max = a.len().max(b.len()) as u64;
+        let input = format!("{a}\r\n\n{b}");
+        let batch = read_all(input.as_bytes(), max)
+            .map_err(|e| format!("{e:?}"))
+            .unwrap();
+        assert_eq!(batch.lines, [1, 3]);
+        assert_eq!(batch.rows[0].body, b"null");
+        match read_all(input.as_bytes(), max - 1) {
+            Err(ReadError::Bad { bad, before: 0 }) => {
+                assert_eq!(bad.line, 1);
+                assert!(bad.reason.contains("longer than"), "{bad}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let input = format!("{a}\n{b}xxxxxxxxxxxxxxxxxxxxxxxx\n{a}");
+        match read_all(input.as_bytes(), max) {
+            Err(ReadError::Bad { bad, before: 1 }) => assert_eq!(bad.line, 2),
+            other => panic!("{other:?}"),
+        }
+        match read_all(b"\xff\xfe\n", max) {
+            Err(ReadError::Bad { bad, .. }) => assert!(bad.reason.contains("UTF-8"), "{bad}"),
+            other => panic!("{other:?}"),
+        }
+    }
 
     fn bad(input: &str) -> BadLine {
         parse(input).expect_err("refused")
@@ -228,5 +372,10 @@ mod tests {
         assert!(e.reason.contains("repeats line 1"), "{e}");
         let e = bad("{\"id\":\"b\",\"to\":[\"ftp://x.example/\"],\"body\":1}");
         assert_eq!(e.line, 1);
+        let e = bad(&format!(
+            "{ok}{{\"id\":\"b\",\"to\":[\"https://x.example/\"],\"body\":1,\"content_type\":\"a\\r\\nX: 1\"}}"
+        ));
+        assert_eq!(e.line, 2);
+        assert!(e.reason.contains("not a valid HTTP header value"), "{e}");
     }
 }

@@ -18,7 +18,6 @@ use outbox_lanes_core::ActorId;
 use outbox_lanes_core::policy::AddressPolicy;
 use outbox_lanes_store::{DeadLetterId, DeadLetterSelection};
 use outbox_lanes_tokio::{DrainControl, DrainOutcome, OutboxConfig, OutboxError, PassReport};
-use tokio::io::AsyncReadExt as _;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
@@ -41,12 +40,33 @@ fn usage(msg: impl Into<String>) -> anyhow::Error {
     UsageError(msg.into()).into()
 }
 
-/// 2 for errors in the caller's input, 1 for failures at run time.
+/// 2 for errors in the caller's input, 1 for failures at run time (a database that is locked,
+/// full or unreachable mid-way).
 fn exit_code(e: &anyhow::Error) -> u8 {
-    let input = e
-        .chain()
-        .any(|c| c.is::<UsageError>() || c.is::<OpenError>() || c.is::<enqueue::BadLine>());
+    let input = e.chain().any(|c| {
+        c.is::<UsageError>()
+            || c.is::<enqueue::BadLine>()
+            || c.downcast_ref::<OpenError>()
+                .is_some_and(OpenError::is_input)
+    });
     if input { 2 } else { 1 }
+}
+
+/// The error and its causes, each said once: several error types repeat their source's text
+/// in their own (`enqueue failed: database error: X`) and return it as the source too.
+fn message(e: &anyhow::Error) -> String {
+    let texts: Vec<String> = e.chain().map(ToString::to_string).collect();
+    let mut kept: Vec<&str> = Vec::new();
+    for (i, t) in texts.iter().enumerate() {
+        let t = t.as_str();
+        // Said already by an outer error, or said again in full by an inner one.
+        let said = kept.iter().any(|k| k.contains(t))
+            || texts[i + 1..].iter().any(|inner| inner.contains(t));
+        if !said && !t.is_empty() {
+            kept.push(t);
+        }
+    }
+    kept.join(": ")
 }
 
 /// Runs the command line; never panics on user input.
@@ -68,7 +88,7 @@ pub(crate) fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", message(&e));
             ExitCode::from(exit_code(&e))
         }
     }
@@ -112,23 +132,37 @@ fn config(d: &DeliveryFlags) -> OutboxConfig {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     // Validate the input before the database is touched: a refused input leaves no trace.
     let batch = match &cli.command {
-        Command::Enqueue { actor } => {
+        Command::Enqueue {
+            actor,
+            max_line_bytes,
+        } => {
             if actor.trim().is_empty() {
                 return Err(usage("--actor is empty"));
             }
-            let mut text = String::new();
-            tokio::io::stdin()
-                .read_to_string(&mut text)
-                .await
-                .map_err(|e| usage(format!("cannot read stdin as UTF-8 text: {e}")))?;
-            Some(enqueue::parse(&text).context("input refused, nothing enqueued")?)
+            let stdin = tokio::io::BufReader::new(tokio::io::stdin());
+            match enqueue::read(stdin, *max_line_bytes).await {
+                Ok(batch) => Some(batch),
+                Err(enqueue::ReadError::Bad { bad, before }) => {
+                    return Err(anyhow::Error::new(bad).context(format!(
+                        "input refused, nothing enqueued (an input is all or nothing: \
+                         the {before} valid line(s) before it were not enqueued either)"
+                    )));
+                }
+                Err(enqueue::ReadError::Io(e)) => {
+                    return Err(usage(format!("cannot read stdin: {e}; nothing enqueued")));
+                }
+            }
         }
         _ => None,
     };
+    // Only these create an outbox: the others have nothing to do on an empty one, and must not
+    // leave a new database behind at a mistyped path or schema.
+    let create = matches!(cli.command, Command::Enqueue { .. } | Command::Relay { .. });
     let counters = Arc::new(Counters::default());
     let backend = Backend::open(
         cli.db.clone(),
         cli.pg_schema.clone(),
+        create,
         config(&cli.delivery),
         Arc::clone(&counters),
     )
@@ -147,7 +181,7 @@ async fn dispatch(
     // Only the long-running commands catch SIGINT and SIGTERM (to stop gracefully); the
     // others keep the default, and a transaction interrupted by a signal rolls back.
     match command {
-        Command::Enqueue { actor } => {
+        Command::Enqueue { actor, .. } => {
             let batch = batch.context("the input was not read")?;
             cmd_enqueue(backend, actor, batch).await
         }
@@ -166,16 +200,7 @@ async fn dispatch(
         Command::Lanes { actor, json } => {
             let lanes = backend.lanes(actor.clone()).await?;
             if lanes.is_empty() {
-                let known = backend
-                    .status()
-                    .await?
-                    .iter()
-                    .any(|a| a.actor.as_str() == actor);
-                if !known {
-                    return Err(usage(format!(
-                        "unknown actor {actor:?}: no pending units, lanes or dead letters"
-                    )));
-                }
+                known_actor(backend, &actor).await?;
             }
             if json {
                 print_json(&output::lanes_json(&actor, &lanes))
@@ -184,6 +209,24 @@ async fn dispatch(
             }
         }
         Command::DeadLetters(c) => cmd_dead_letters(backend, c).await,
+    }
+}
+
+/// Refuses an `--actor` the outbox has never seen (no lanes, pending units or dead letters):
+/// the same usage error (exit 2) for every command that takes one.
+async fn known_actor(backend: &Backend, actor: &str) -> anyhow::Result<()> {
+    let known = !backend.lanes(actor.to_owned()).await?.is_empty()
+        || backend
+            .status()
+            .await?
+            .iter()
+            .any(|a| a.actor.as_str() == actor);
+    if known {
+        Ok(())
+    } else {
+        Err(usage(format!(
+            "unknown actor {actor:?}: no pending units, lanes or dead letters"
+        )))
     }
 }
 
@@ -238,6 +281,9 @@ async fn cmd_drain(
     signals: Signals,
 ) -> anyhow::Result<()> {
     // Without --actor, what is left is counted over every actor (lanes in backoff included).
+    if let Some(a) = &actor {
+        known_actor(backend, a).await?;
+    }
     let scope = actor.as_ref().map(|a| vec![a.clone()]);
     let actors: Vec<String> = match actor {
         Some(a) => vec![a],
@@ -429,6 +475,9 @@ async fn cmd_dead_letters(backend: &Backend, c: DeadLetterCommand) -> anyhow::Re
         DeadLetterCommand::Replay(a) => (Op::Replay, a),
         DeadLetterCommand::Purge(a) => (Op::Purge, a),
     };
+    if let Some(actor) = &a.actor {
+        known_actor(backend, actor).await?;
+    }
     let mut listed = backend.dead_letters(a.actor.clone()).await?;
     if !a.ids.is_empty() {
         let known: BTreeSet<i64> = listed.iter().map(|d| d.id.0).collect();

@@ -105,6 +105,24 @@ pub enum EnqueueError {
         /// The limit in bytes.
         max: usize,
     },
+    /// The row names more recipients than the configured limit
+    /// ([`CommonOptions::max_recipients`](crate::CommonOptions::max_recipients)).
+    TooManyRecipients {
+        /// The row id.
+        row: String,
+        /// The recipients it names (before duplicates collapse).
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The content type cannot be sent as an HTTP header value: it holds a control character
+    /// (CR, LF, NUL, …) or a byte that is not visible ASCII (spaces and tabs are allowed).
+    BadContentType {
+        /// The row id.
+        row: String,
+        /// The content type as given.
+        content_type: String,
+    },
     /// The database failed; nothing was written.
     Store(StoreError),
 }
@@ -126,6 +144,15 @@ impl fmt::Display for EnqueueError {
                     "row {row:?}: payload of {size} bytes exceeds the limit of {max} bytes"
                 )
             }
+            EnqueueError::TooManyRecipients { row, count, max } => write!(
+                f,
+                "row {row:?}: {count} recipients exceed the limit of {max} per row"
+            ),
+            EnqueueError::BadContentType { row, content_type } => write!(
+                f,
+                "row {row:?}: content type {content_type:?} is not a valid HTTP header value \
+                 (visible ASCII, spaces and tabs only)"
+            ),
             EnqueueError::Store(e) => write!(f, "enqueue failed, nothing written: {e}"),
         }
     }

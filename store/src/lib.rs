@@ -39,6 +39,7 @@
 
 pub mod ack;
 mod error;
+mod exists;
 mod liveness;
 pub mod notify;
 #[cfg(feature = "postgres")]
@@ -78,9 +79,10 @@ pub trait Store: Send + Sync {
     /// dead-lettered, the skipped recipient is NOT revived.
     ///
     /// # Errors
-    /// A row with no recipient, a recipient that is not an absolute http(s) URL, a duplicate
-    /// row id or a payload over the limit refuses the whole batch with an error naming the row;
-    /// nothing is written.
+    /// A row with no recipient or more than the limit
+    /// ([`CommonOptions::max_recipients`]), a recipient that is not an absolute http(s) URL, a
+    /// content type that is not a valid HTTP header value, a duplicate row id or a payload over
+    /// the limit refuses the whole batch with an error naming the row; nothing is written.
     fn enqueue(&self, actor: &ActorId, rows: &[NewRow]) -> Result<Vec<Enqueued>, EnqueueError>;
 
     /// Takes `actor`'s drain slot if it is free or its lease expired (judged by the database's

@@ -488,7 +488,7 @@ impl core::fmt::Debug for PgStore {
 }
 
 /// A URL without its password, for error messages.
-fn redact(url: &str) -> String {
+pub(crate) fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(s), Some(at)) if at > s => {
             let userinfo = &url[s + 3..at];
@@ -501,7 +501,7 @@ fn redact(url: &str) -> String {
     }
 }
 
-fn valid_schema(s: &str) -> bool {
+pub(crate) fn valid_schema(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 48
         && s.bytes()
@@ -879,7 +879,7 @@ impl PgStore {
         actor: &ActorId,
         rows: &[NewRow],
     ) -> Result<(Vec<Enqueued>, PendingWake), EnqueueError> {
-        let prepared = prepare(rows, self.opts.common.max_payload)?;
+        let prepared = prepare(rows, &self.opts.common)?;
         let mut sp = tx.savepoint("ol_enqueue")?;
         let out = enqueue_tx(&mut sp, actor, &prepared, &self.channel)?;
         sp.commit()?;
@@ -1672,7 +1672,7 @@ fn select_dead(
 
 impl Store for PgStore {
     fn enqueue(&self, actor: &ActorId, rows: &[NewRow]) -> Result<Vec<Enqueued>, EnqueueError> {
-        let prepared = prepare(rows, self.opts.common.max_payload)?;
+        let prepared = prepare(rows, &self.opts.common)?;
         if prepared.is_empty() {
             return Ok(Vec::new());
         }

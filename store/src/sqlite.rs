@@ -609,7 +609,7 @@ impl SqliteStore {
         actor: &ActorId,
         rows: &[NewRow],
     ) -> Result<(Vec<Enqueued>, PendingWake), EnqueueError> {
-        let prepared = prepare(rows, self.opts.common.max_payload)?;
+        let prepared = prepare(rows, &self.opts.common)?;
         // A savepoint so a refused batch leaves the caller's transaction as it was.
         tx.execute_batch("SAVEPOINT ol_enqueue")?;
         match enqueue_tx(tx, actor, &prepared) {
@@ -1157,7 +1157,7 @@ fn select_dead(
 
 impl Store for SqliteStore {
     fn enqueue(&self, actor: &ActorId, rows: &[NewRow]) -> Result<Vec<Enqueued>, EnqueueError> {
-        let prepared = prepare(rows, self.opts.common.max_payload)?;
+        let prepared = prepare(rows, &self.opts.common)?;
         if prepared.is_empty() {
             return Ok(Vec::new());
         }

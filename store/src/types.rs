@@ -322,11 +322,24 @@ pub enum DeadLetterSelection {
 /// Default payload limit: 1 MiB.
 pub const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
 
+/// Default cap on the recipients of one row: 100,000.
+pub const DEFAULT_MAX_RECIPIENTS: usize = 100_000;
+
 /// What the stores have in common to configure.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CommonOptions {
     /// Largest payload accepted at enqueue.
     pub max_payload: usize,
+    /// Most recipients one row may name ([`DEFAULT_MAX_RECIPIENTS`] by default); a row with
+    /// more is refused with [`EnqueueError::TooManyRecipients`](crate::EnqueueError) before
+    /// anything is written.
+    ///
+    /// Every recipient becomes a unit (or a lane of a joined unit) written in the enqueue's one
+    /// transaction, which holds the database's write lock meanwhile and keeps the row's lanes in
+    /// memory: a row of millions of recipients, most likely a bug in the caller, would stall
+    /// every other enqueue and pass for that long. A real fan-out that large can be raised to,
+    /// or split into several rows.
+    pub max_recipients: usize,
     /// Keep finished units (with their payloads) this long instead of deleting them at once;
     /// [`Store::purge_acked`](crate::Store::purge_acked) removes them.
     pub ack_retention: Option<Duration>,
@@ -336,6 +349,7 @@ impl Default for CommonOptions {
     fn default() -> Self {
         CommonOptions {
             max_payload: DEFAULT_MAX_PAYLOAD,
+            max_recipients: DEFAULT_MAX_RECIPIENTS,
             ack_retention: None,
         }
     }
