@@ -72,7 +72,8 @@ pub(crate) struct DeliveryFlags {
     pub(crate) per_host_concurrency: Option<u32>,
 
     /// Allow loopback and private-range destinations (refused by default: SSRF guard).
-    /// Link-local addresses (cloud metadata services) stay refused.
+    /// Link-local addresses and cloud metadata services (169.254.169.254, fd00:ec2::254,
+    /// 100.100.100.200, 168.63.129.16, ...) stay refused.
     #[arg(long, global = true)]
     pub(crate) allow_private_destinations: bool,
 }
