@@ -444,6 +444,9 @@ pub struct Scheduler {
     commands: VecDeque<Command>,
     ready: VecDeque<(u32, UnitId)>,
     capacity_wait: VecDeque<(u32, UnitId)>,
+    /// Lanes to read that had nothing admitted when they were queued: served first.
+    hungry_queue: VecDeque<LaneId>,
+    /// Lanes to read that only refill.
     claim_queue: VecDeque<LaneId>,
     room_waiters: Vec<LaneId>,
     timers: BinaryHeap<Reverse<(Timestamp, Timer)>>,
@@ -474,6 +477,7 @@ impl Scheduler {
             commands: VecDeque::new(),
             ready: VecDeque::new(),
             capacity_wait: VecDeque::new(),
+            hungry_queue: VecDeque::new(),
             claim_queue: VecDeque::new(),
             room_waiters: Vec::new(),
             timers: BinaryHeap::new(),
@@ -553,6 +557,10 @@ impl Scheduler {
     /// leave 750 recipients idle while the in-flight window has room for them). A lane
     /// refills once it is down to half its depth, and only when the room for the whole refill
     /// is free: few, larger reads, not one read per unit that leaves the window.
+    ///
+    /// Its cost is the lanes it takes from its queues (each leaves them, read or not), not
+    /// the length of the queues: with 10,000 lanes waiting and one unit of room, it looks at
+    /// one or a few.
     pub fn poll_claim(&mut self, now: Timestamp) -> Option<Vec<LaneClaim>> {
         self.advance(now);
         if self.stopping {
@@ -570,67 +578,69 @@ impl Scheduler {
             self.lanes.iter().filter(|l| !l.queue.is_empty()).count(),
             "the count of occupied lanes drifted"
         );
-        let queue: Vec<LaneId> = self.claim_queue.drain(..).collect();
-        let is_hungry = |lane: LaneId, lanes: &[Lane]| lanes[lane.index()].queue.is_empty();
-        let hungry = queue
-            .iter()
-            .filter(|&&lane| {
-                is_hungry(lane, &self.lanes)
-                    && Self::claimable(&self.lanes[lane.index()], self.now, u32::MAX).is_some()
-            })
-            .count();
+        // (Lanes queued as hungry may have become unclaimable since: they only make the
+        // share and the depth smaller, never zero.)
+        let hungry = self.hungry_queue.len();
         let depth = self.depth(hungry);
-        // What each lane may ask for now; `None`: not claimable, it leaves the queue.
-        let limits: Vec<Option<u32>> = queue
-            .iter()
-            .map(|lane| Self::claimable(&self.lanes[lane.index()], self.now, depth))
-            .collect();
-        // The hungry lanes share the room when it is short, one unit each at least.
         let share = u32::try_from(room / hungry.max(1))
             .unwrap_or(u32::MAX)
             .max(1);
-        let mut granted: Vec<Option<u32>> = alloc::vec![None; queue.len()];
-        for first in [true, false] {
-            for (i, lane) in queue.iter().enumerate() {
-                let Some(limit) = limits[i] else { continue };
-                if is_hungry(*lane, &self.lanes) != first || room == 0 {
-                    continue;
-                }
-                let limit = if first {
-                    limit
-                        .min(share)
-                        .min(u32::try_from(room).unwrap_or(u32::MAX))
-                } else if limit as usize <= room {
-                    limit
-                } else {
-                    // A refill waits for room for all of it; the lane still has work.
-                    continue;
-                };
-                room -= limit as usize;
-                granted[i] = Some(limit);
-            }
-        }
         let mut out = Vec::new();
-        for (i, lane) in queue.into_iter().enumerate() {
+        // Hungry lanes first, each its share (one unit at least) while there is room.
+        while room > 0 {
+            let Some(lane) = self.hungry_queue.pop_front() else {
+                break;
+            };
             let l = &mut self.lanes[lane.index()];
-            match (limits[i], granted[i]) {
-                (Some(_), Some(limit)) => {
-                    l.in_claim_queue = false;
-                    l.planned = Some(limit);
-                    l.planned_from = l.next_from;
-                    self.reserved += limit as usize;
-                    out.push(LaneClaim {
-                        lane,
-                        from: l.next_from,
-                        limit,
-                    });
-                }
-                // Claimable, but the window is short: it stays in the queue, in its place.
-                (Some(_), None) => self.claim_queue.push_back(lane),
-                (None, _) => l.in_claim_queue = false,
-            }
+            l.in_claim_queue = false;
+            let Some(limit) = Self::claimable(l, self.now, depth) else {
+                continue;
+            };
+            let limit = limit
+                .min(share)
+                .min(u32::try_from(room).unwrap_or(u32::MAX));
+            room -= limit as usize;
+            out.push(self.plan(lane, limit));
+        }
+        // Then the refills, in their order, each only if the room holds all of it: the first
+        // that does not fit waits at the front (its lane still has work admitted).
+        while room > 0 {
+            let Some(&lane) = self.claim_queue.front() else {
+                break;
+            };
+            let l = &mut self.lanes[lane.index()];
+            let Some(limit) = Self::claimable(l, self.now, depth) else {
+                self.claim_queue.pop_front();
+                l.in_claim_queue = false;
+                continue;
+            };
+            // A lane that emptied while it waited here is hungry: it takes what there is.
+            let limit = if l.queue.is_empty() {
+                limit.min(u32::try_from(room).unwrap_or(u32::MAX))
+            } else if limit as usize <= room {
+                limit
+            } else {
+                break;
+            };
+            self.claim_queue.pop_front();
+            l.in_claim_queue = false;
+            room -= limit as usize;
+            out.push(self.plan(lane, limit));
         }
         (!out.is_empty()).then_some(out)
+    }
+
+    /// Reserves `limit` units of room for a read of `lane`.
+    fn plan(&mut self, lane: LaneId, limit: u32) -> LaneClaim {
+        let l = &mut self.lanes[lane.index()];
+        l.planned = Some(limit);
+        l.planned_from = l.next_from;
+        self.reserved += limit as usize;
+        LaneClaim {
+            lane,
+            from: l.next_from,
+            limit,
+        }
     }
 
     /// A lane's share of the window: `max_units` over the lanes with work (those with units
@@ -1321,7 +1331,11 @@ impl Scheduler {
         let l = &mut self.lanes[lane.index()];
         if l.more && !l.in_claim_queue && !l.stalled && l.planned.is_none() {
             l.in_claim_queue = true;
-            self.claim_queue.push_back(lane);
+            if l.queue.is_empty() {
+                self.hungry_queue.push_back(lane);
+            } else {
+                self.claim_queue.push_back(lane);
+            }
         }
     }
 
@@ -1362,6 +1376,7 @@ impl Scheduler {
         self.joined.clear();
         self.ready.clear();
         self.capacity_wait.clear();
+        self.hungry_queue.clear();
         self.claim_queue.clear();
         self.room_waiters.clear();
         self.timers.clear();
@@ -1418,8 +1433,9 @@ impl Scheduler {
         let now = self.now;
         !(room
             && self
-                .claim_queue
+                .hungry_queue
                 .iter()
+                .chain(&self.claim_queue)
                 .any(|l| Self::claimable(&self.lanes[l.index()], now, max).is_some()))
     }
 
