@@ -175,6 +175,16 @@ impl OutboxCore {
         &self.shutdown
     }
 
+    /// Stops at once, for a process about to exit: nothing new starts, the acks waiting are
+    /// committed, and attempts in flight are not waited for (their units are delivered again
+    /// later: at-least-once). Passes still running see the shutdown and hand back.
+    pub fn abort(&self) {
+        self.begin_shutdown();
+        if let Err(e) = self.acks.flush_all() {
+            warn!(error = %e, "acks not flushed; those units will be delivered again");
+        }
+    }
+
     /// After the passes ended: stops the executor (attempts in flight finish within the
     /// HTTP timeout) and commits the acks still waiting.
     pub fn finish_shutdown(&self) {

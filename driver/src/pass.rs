@@ -55,6 +55,9 @@ pub struct PassReport {
     pub handed_back: u64,
     /// The pass stopped at its time slice or for shutdown with work left.
     pub yielded: bool,
+    /// A graceful stop's grace ended with attempts in flight: they were handed back
+    /// unanswered (their units are delivered again later).
+    pub grace_over: bool,
 }
 
 impl PassReport {
@@ -64,6 +67,7 @@ impl PassReport {
         self.dead_lettered += other.dead_lettered;
         self.handed_back += other.handed_back;
         self.yielded |= other.yielded;
+        self.grace_over |= other.grace_over;
     }
 }
 
@@ -563,6 +567,7 @@ impl PassCore {
         let mut ignored = Vec::new();
         let _ = self.execute(cx, &mut ignored, false);
         self.report.yielded = end.yielded();
+        self.report.grace_over = matches!(end, PassEnd::GraceOver(_));
         let flushed = cx.acks.flush(&self.token);
         let error = match (self.error.take(), flushed) {
             (Some(e), _) | (None, Err(e)) => Some(e),

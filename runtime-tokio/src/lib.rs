@@ -421,6 +421,18 @@ impl Outbox {
             .await;
     }
 
+    /// Stops at once, for a process about to exit (a second signal): nothing new starts,
+    /// running passes are told to stop, the acks waiting are committed, and attempts in
+    /// flight are not waited for — their units are delivered again later (at-least-once).
+    pub async fn shutdown_now(&self) {
+        let _ = self
+            .call(|core| {
+                core.abort();
+                Ok(())
+            })
+            .await;
+    }
+
     /// Starts a monitor draining every actor with work (OL-13): woken on enqueue (in this
     /// process and, through the store's watcher, in others), at the earliest lane
     /// `not_before`, and by a safety-net poll ([`OutboxConfig::poll_interval`]); passes of

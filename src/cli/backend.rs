@@ -548,6 +548,12 @@ impl Backend {
     pub(crate) async fn close(self) {
         self.outbox.shutdown().await;
     }
+
+    /// Stops at once (a second signal, or a grace that ended): commits the acks waiting and
+    /// does not wait for attempts in flight; their units are delivered again later.
+    pub(crate) async fn close_now(self) {
+        self.outbox.shutdown_now().await;
+    }
 }
 
 /// A running monitor.

@@ -36,6 +36,19 @@ impl std::fmt::Display for UsageError {
 
 impl std::error::Error for UsageError {}
 
+/// A drain or relay stopped at once (a second signal) or whose grace ended with attempts in
+/// flight: exit 1, nothing lost (what was not acknowledged is delivered again later).
+#[derive(Debug)]
+struct Interrupted(String);
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
 fn usage(msg: impl Into<String>) -> anyhow::Error {
     UsageError(msg.into()).into()
 }
@@ -168,7 +181,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     )
     .await?;
     let result = dispatch(&backend, cli.command, batch, &counters).await;
-    backend.close().await;
+    match &result {
+        // Interrupted: the attempts in flight are not waited for (up to the HTTP timeout).
+        Err(e) if e.is::<Interrupted>() => backend.close_now().await,
+        _ => backend.close().await,
+    }
     result
 }
 
@@ -325,9 +342,10 @@ async fn cmd_drain(
                  ignored (those units are delivered again)"
             );
             control.request_cancel();
-            // Cancelled passes hand back and release their slots within milliseconds;
-            // delivery tasks in flight are abandoned, not waited for.
-            tokio::time::sleep(Duration::from_secs(1)).await;
+            // Cancelled passes hand back and release their slots within milliseconds, and
+            // the drain returns its error (exit 1). Should it not within 5 s, exit anyway:
+            // what was not acknowledged is delivered again later.
+            tokio::time::sleep(Duration::from_secs(5)).await;
             eprintln!("error: {name} again: exiting without waiting for attempts in flight");
             std::process::exit(1);
         })
@@ -345,12 +363,18 @@ async fn cmd_drain(
                         total.delivered += r.delivered;
                         total.dead_lettered += r.dead_lettered;
                         total.handed_back = r.handed_back;
+                        total.grace_over |= r.grace_over;
                         // A pass yields at its time slice: run the next one, unless stopping.
                         if !r.yielded || control.stop.load(std::sync::atomic::Ordering::SeqCst) {
                             return Ok::<_, anyhow::Error>((actor, Some(total)));
                         }
                     }
                     Ok(DrainOutcome::Merged) => return Ok((actor, None)),
+                    Err(e) if control.is_cancelled() => {
+                        // The second signal cancelled the pass: not a failure of the store.
+                        tracing::debug!(%actor, error = %e, "drain cancelled");
+                        return Ok((actor, Some(total)));
+                    }
                     Err(e) => {
                         return Err(anyhow::Error::new(e).context(format!("draining {actor:?}")));
                     }
@@ -389,6 +413,7 @@ async fn cmd_drain(
                 total.delivered += r.delivered;
                 total.dead_lettered += r.dead_lettered;
                 total.handed_back += r.handed_back;
+                total.grace_over |= r.grace_over;
                 info!(%actor, delivered = r.delivered, dead_lettered = r.dead_lettered,
                     handed_back = r.handed_back, "drained");
             }
@@ -398,6 +423,23 @@ async fn cmd_drain(
     }
     if let Some(e) = failure {
         return Err(e);
+    }
+    if control.is_cancelled() {
+        return Err(Interrupted(format!(
+            "stopped at once by a second signal: {} delivered; every unit not acknowledged \
+             was handed back and is delivered again by the next drain",
+            total.delivered
+        ))
+        .into());
+    }
+    if total.grace_over {
+        return Err(Interrupted(format!(
+            "stopped by a signal, but the shutdown grace ended with attempts in flight: {} \
+             delivered; those attempts were handed back unanswered and are delivered again by \
+             the next drain",
+            total.delivered
+        ))
+        .into());
     }
     let left = progress::left(backend, scope.as_deref()).await?;
     let stopped = control.stop.load(std::sync::atomic::Ordering::SeqCst);
@@ -446,13 +488,18 @@ async fn cmd_relay(
     tokio::select! {
         () = relay.stop() => {}
         name = signals.wait() => {
-            // Nothing is lost: units not acknowledged are claimable again once the drain
-            // slot's lease expires, and are delivered again (at-least-once).
-            eprintln!(
-                "error: {name} again: exiting without waiting for attempts in flight; \
-                 their units are delivered again after the drain slot's lease expires"
-            );
-            std::process::exit(1);
+            // Nothing is lost: the acks waiting are committed on the way out, and units not
+            // acknowledged are taken over at once by the next relay (this one's holder lock
+            // goes with the process) and delivered again (at-least-once).
+            if let Some(server) = server {
+                server.abort();
+                let _ = server.await;
+            }
+            return Err(Interrupted(format!(
+                "{name} again: stopped at once, without waiting for attempts in flight; their \
+                 units are delivered again by the next relay"
+            ))
+            .into());
         }
     }
     if let Some(server) = server {

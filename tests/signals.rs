@@ -1,0 +1,129 @@
+//! The signal contract of `drain` and `relay`, with one recipient that never answers (an
+//! attempt in flight that cannot finish): a first SIGINT or SIGTERM stops admission and
+//! waits for attempts in flight within the grace; a second signal cancels at once and exits
+//! 1. Whatever the sequence, nothing is lost: every row is still pending or was delivered.
+//!
+//! Every wait is bounded; the checks are on exit statuses and the store, not on durations.
+#![cfg(unix)]
+#![allow(missing_docs, clippy::unwrap_used)]
+
+use std::io::Write as _;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use outbox_lanes_test_support::{Recipient, Reply};
+
+const BIN: &str = env!("CARGO_BIN_EXE_outbox-lanes");
+const N: usize = 5;
+
+fn command(db: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.args([
+        "--db",
+        db,
+        "--allow-private-destinations",
+        "--timeout",
+        "20s",
+    ])
+    .args(args)
+    .stdin(Stdio::piped())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    c
+}
+
+fn send(child: &Child, sig: Signal) {
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+    nix::sys::signal::kill(pid, sig).unwrap();
+}
+
+/// The exit code, waiting at most 15 s (then the child is killed and `None` returned).
+fn exit_code(mut child: Child) -> Option<i32> {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(15) {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.code();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+fn pending(db: &str) -> u64 {
+    let out = Command::new(BIN)
+        .args(["--db", db, "status", "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["actors"][0]["pending"].as_u64().unwrap()
+}
+
+/// `cmd` (drain or relay) with a hanging recipient, then `signals` with `gap` between them.
+fn run(cmd: &str, signals: &[Signal], gap: Duration) -> (Option<i32>, u64) {
+    let r = Recipient::start().unwrap();
+    r.set_default("/hang", Reply::Hang);
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("outbox.db").display().to_string();
+    let mut enqueue = command(&db, &["enqueue", "--actor", "sig"])
+        .spawn()
+        .unwrap();
+    let lines: String = (0..N)
+        .map(|i| {
+            format!(
+                "{{\"id\":\"row-{i}\",\"to\":[\"{}\"],\"body\":{i}}}\n",
+                r.url("/hang")
+            )
+        })
+        .collect();
+    enqueue
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(lines.as_bytes())
+        .unwrap();
+    assert!(enqueue.wait().unwrap().success());
+    let child = command(&db, &[cmd]).spawn().unwrap();
+    assert!(
+        r.wait_for("/hang", 1, Duration::from_secs(30)),
+        "{cmd}: no attempt started"
+    );
+    for (i, sig) in signals.iter().enumerate() {
+        if i > 0 {
+            std::thread::sleep(gap);
+        }
+        send(&child, *sig);
+    }
+    let code = exit_code(child);
+    (code, pending(&db))
+}
+
+#[test]
+fn a_second_signal_exits_1_at_once_and_loses_nothing() {
+    for cmd in ["drain", "relay"] {
+        for (first, second, gap_ms) in [
+            (Signal::SIGINT, Signal::SIGINT, 2000),
+            (Signal::SIGTERM, Signal::SIGTERM, 2000),
+            (Signal::SIGINT, Signal::SIGINT, 500),
+            (Signal::SIGTERM, Signal::SIGINT, 100),
+        ] {
+            let (code, pending) = run(cmd, &[first, second], Duration::from_millis(gap_ms));
+            assert_eq!(
+                code,
+                Some(1),
+                "{cmd}: {first:?} then {second:?} {gap_ms} ms apart"
+            );
+            assert_eq!(pending, N as u64, "{cmd}: nothing lost, nothing delivered");
+        }
+    }
+}
+
+#[test]
+fn a_drain_whose_grace_ends_with_an_attempt_in_flight_exits_1_and_loses_nothing() {
+    // One signal; the hanging attempt outlives the grace (10 s), not the 15 s bound.
+    let (code, pending) = run("drain", &[Signal::SIGINT], Duration::ZERO);
+    assert_eq!(code, Some(1));
+    assert_eq!(pending, N as u64);
+}
