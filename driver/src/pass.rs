@@ -273,7 +273,9 @@ impl PassCore {
                 queued,
             });
         }
-        if outcome != Outcome::NotSent {
+        // Kept for the attempt record or dead letter a failure may lead to; a delivery and
+        // an attempt that never left need none.
+        if outcome != Outcome::NotSent && outcome != Outcome::Delivered {
             self.last.insert((d.unit, d.lane), d.result);
         }
         if let Err(e) = self.sched.handle_outcome(d.unit, d.lane, outcome, now) {
@@ -901,11 +903,14 @@ impl PassCore {
             return String::new();
         };
         info.open = info.open.saturating_sub(1);
-        let row = info.row_id.clone();
-        if info.open == 0 {
-            self.units.remove(&unit);
+        if info.open > 0 {
+            return info.row_id.clone();
         }
-        row
+        // Its last recipient (every one-lane unit): the row id moves out, no copy.
+        self.units
+            .remove(&unit)
+            .map(|u| u.row_id)
+            .unwrap_or_default()
     }
 }
 
