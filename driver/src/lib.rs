@@ -47,7 +47,7 @@ pub use crate::hooks::{Attempted, DeadLettered, Delivered, Hooks};
 pub use crate::hosts::HostCaps;
 pub use crate::http::{AttemptResult, Delivery, HttpConfig, HttpError};
 pub use crate::job::{Completions, Done, Executor, Job};
-pub use crate::outbox::{DrainOutcome, OutboxCore};
+pub use crate::outbox::{DrainOutcome, OutboxCore, drain_outcome, store_released};
 pub use crate::pass::PassReport;
 pub use crate::sign::Signer;
 pub use outbox_lanes_core as core;

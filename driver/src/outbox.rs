@@ -6,9 +6,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use outbox_lanes_core::{ActorId, ActorResolver, DrainSlots, Release};
+use outbox_lanes_core::{
+    ActorId, ActorResolver, DrainAction, DrainEnd, DrainSession, DrainSlots, Release,
+};
 use outbox_lanes_store::{
     AckWriter, AckWriterOptions, ActorStatus, DeadLetter, Enqueued, LaneStatus, NewRow, Store,
+    StoreError,
 };
 use tracing::{debug, warn};
 
@@ -152,6 +155,30 @@ impl OutboxCore {
         r
     }
 
+    /// Executes a drain session's action on this process's slots: `true` if `action` was one
+    /// (`ReleaseLocalSlot`, `ForceReleaseLocalSlot`), the same in every runtime.
+    pub fn local_slot_action(
+        &self,
+        actor: &ActorId,
+        action: &DrainAction,
+        session: &mut DrainSession,
+    ) -> bool {
+        match action {
+            DrainAction::ReleaseLocalSlot => {
+                let r = self.release_slot(actor);
+                session.handle_local_release(r);
+                true
+            }
+            DrainAction::ForceReleaseLocalSlot => {
+                if self.force_release_slot(actor) {
+                    debug!(%actor, "a drain was asked meanwhile; the monitor comes back for it");
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Notified whenever a drain slot of this process is released: a shutdown waits on it
     /// for the running passes to end, without polling.
     pub fn slot_released(&self) -> &Arc<Signal> {
@@ -250,4 +277,46 @@ fn default_holder() -> String {
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
     format!("pid{}-{nanos:08x}", std::process::id())
+}
+
+/// Feeds the store's answer to a drain-slot release into `session` (a failed release leaves
+/// the slot to its lease, or to the liveness check of the next holder).
+pub fn store_released(
+    session: &mut DrainSession,
+    actor: &ActorId,
+    answer: Result<outbox_lanes_store::Release, StoreError>,
+) {
+    match answer {
+        Ok(outbox_lanes_store::Release::Released) => {
+            session.handle_store_release(Release::Released)
+        }
+        Ok(outbox_lanes_store::Release::LookAgain) => {
+            session.handle_store_release(Release::LookAgain);
+        }
+        Err(e) => {
+            debug!(%actor, error = %e, "slot release failed; its lease expires");
+            session.handle_failed();
+        }
+    }
+}
+
+/// What a drain returns once its session finished with `end`, in every runtime.
+///
+/// # Errors
+/// [`OutboxError::Cancelled`], or the first store failure (`otherwise` when none was kept).
+pub fn drain_outcome(
+    end: DrainEnd,
+    mut total: PassReport,
+    error: Option<StoreError>,
+    otherwise: impl FnOnce() -> OutboxError,
+) -> Result<DrainOutcome, OutboxError> {
+    match end {
+        DrainEnd::Ran { yielded } => {
+            total.yielded = yielded;
+            Ok(DrainOutcome::Ran(total))
+        }
+        DrainEnd::Merged => Ok(DrainOutcome::Merged),
+        DrainEnd::Cancelled => Err(OutboxError::Cancelled),
+        DrainEnd::Failed => Err(error.map_or_else(otherwise, OutboxError::Store)),
+    }
 }

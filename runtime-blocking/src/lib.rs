@@ -41,20 +41,21 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use outbox_lanes_core::{
-    Acquire, ActorId, ActorResolver, DrainAction, DrainEnd, DrainSession, IdentityResolver,
-    SlotAnswer,
+    Acquire, ActorId, ActorResolver, DrainAction, DrainSession, IdentityResolver, SlotAnswer,
 };
 use outbox_lanes_driver::pass::{PassCore, PassResult, RoundContext, now};
 pub use outbox_lanes_driver::{
     Attempted, DeadLettered, Delivered, DrainControl, DrainOutcome, Hooks, HostCaps, OutboxConfig,
     OutboxError, PassReport, Signer,
 };
-use outbox_lanes_driver::{Completions, Done, Executor, Job, OutboxCore};
+use outbox_lanes_driver::{
+    Completions, Done, Executor, Job, OutboxCore, drain_outcome, store_released,
+};
 pub use outbox_lanes_driver::{core, sign, store};
 use outbox_lanes_store::{
     ActorStatus, DeadLetter, Enqueued, LaneStatus, NewRow, Store, StoreError,
 };
-use tracing::{debug, warn};
+use tracing::warn;
 
 pub use crate::http::{HttpClient, HttpConfig};
 pub use crate::monitor::Monitor;
@@ -441,49 +442,19 @@ pub(crate) fn drain_actor(
                     session.handle_failed();
                     continue;
                 };
-                match store.release_slot(t) {
-                    Ok(r) => session.handle_store_release(release(r)),
-                    Err(e) => {
-                        debug!(%actor, error = %e, "slot release failed; its lease expires");
-                        session.handle_failed();
-                    }
-                }
+                store_released(&mut session, actor, store.release_slot(t));
             }
-            DrainAction::ReleaseLocalSlot => {
-                let r = core.release_slot(actor);
-                session.handle_local_release(r);
-            }
-            DrainAction::ForceReleaseLocalSlot => {
-                if core.force_release_slot(actor) {
-                    debug!(%actor, "a drain was asked meanwhile; the monitor comes back for it");
-                }
+            DrainAction::ReleaseLocalSlot | DrainAction::ForceReleaseLocalSlot => {
+                core.local_slot_action(actor, &action, &mut session);
             }
             DrainAction::Finish(end) => {
-                return match end {
-                    DrainEnd::Ran { yielded } => {
-                        total.yielded = yielded;
-                        Ok(DrainOutcome::Ran(total))
-                    }
-                    DrainEnd::Merged => Ok(DrainOutcome::Merged),
-                    DrainEnd::Cancelled => Err(OutboxError::Cancelled),
-                    DrainEnd::Failed => {
-                        Err(error.map_or(OutboxError::ShuttingDown, OutboxError::Store))
-                    }
-                };
+                return drain_outcome(end, total, error, || OutboxError::ShuttingDown);
             }
         }
     }
     Err(OutboxError::Store(StoreError::Database(
         "the drain session ended without finishing".into(),
     )))
-}
-
-/// The store's answer as the core's.
-pub(crate) fn release(r: outbox_lanes_store::Release) -> outbox_lanes_core::Release {
-    match r {
-        outbox_lanes_store::Release::Released => outbox_lanes_core::Release::Released,
-        outbox_lanes_store::Release::LookAgain => outbox_lanes_core::Release::LookAgain,
-    }
 }
 
 /// One pass on this thread: rounds, then waits for completions and wake-ups.

@@ -64,8 +64,7 @@ use std::sync::Arc;
 
 pub use outbox_lanes_core as core;
 use outbox_lanes_core::{
-    Acquire, ActorId, ActorResolver, DrainAction, DrainEnd, DrainSession, IdentityResolver,
-    SlotAnswer,
+    Acquire, ActorId, ActorResolver, DrainAction, DrainSession, IdentityResolver, SlotAnswer,
 };
 pub use outbox_lanes_driver::sign::{self, Signer};
 pub use outbox_lanes_driver::store;
@@ -73,11 +72,11 @@ pub use outbox_lanes_driver::{
     Attempted, DeadLettered, Delivered, DrainControl, DrainOutcome, Hooks, HttpConfig,
     OutboxConfig, OutboxError, PassReport,
 };
-use outbox_lanes_driver::{Executor, OutboxCore};
+use outbox_lanes_driver::{Executor, OutboxCore, drain_outcome, store_released};
 use outbox_lanes_store::{
-    ActorStatus, DeadLetter, Enqueued, LaneStatus, NewRow, Release, Store, StoreError,
+    ActorStatus, DeadLetter, Enqueued, LaneStatus, NewRow, Store, StoreError,
 };
-use tracing::{debug, warn};
+use tracing::warn;
 
 use crate::cancel::WindingDown;
 use crate::executor::{TaskExecutor, Transport};
@@ -515,42 +514,15 @@ async fn drain_actor(
                 let released = unblock(&**rt, move || c.store().release_slot(&t))
                     .await
                     .unwrap_or_else(|| Err(shutting()));
-                match released {
-                    Ok(Release::Released) => {
-                        session.handle_store_release(outbox_lanes_core::Release::Released);
-                    }
-                    Ok(Release::LookAgain) => {
-                        session.handle_store_release(outbox_lanes_core::Release::LookAgain);
-                    }
-                    Err(e) => {
-                        debug!(%actor, error = %e, "slot release failed; its lease expires");
-                        session.handle_failed();
-                    }
-                }
+                store_released(&mut session, actor, released);
             }
-            DrainAction::ReleaseLocalSlot => {
-                let r = core.release_slot(actor);
-                session.handle_local_release(r);
-            }
-            DrainAction::ForceReleaseLocalSlot => {
-                if core.force_release_slot(actor) {
-                    debug!(%actor, "a drain was asked meanwhile; the monitor comes back for it");
-                }
+            DrainAction::ReleaseLocalSlot | DrainAction::ForceReleaseLocalSlot => {
+                core.local_slot_action(actor, &action, &mut session);
             }
             DrainAction::Finish(end) => {
-                return match end {
-                    DrainEnd::Ran { yielded } => {
-                        total.yielded = yielded;
-                        Ok(DrainOutcome::Ran(total))
-                    }
-                    DrainEnd::Merged => Ok(DrainOutcome::Merged),
-                    DrainEnd::Cancelled => Err(OutboxError::Cancelled),
-                    DrainEnd::Failed => {
-                        Err(OutboxError::Store(error.unwrap_or_else(|| {
-                            StoreError::Database("the drain failed".into())
-                        })))
-                    }
-                };
+                return drain_outcome(end, total, error, || {
+                    OutboxError::Store(StoreError::Database("the drain failed".into()))
+                });
             }
         }
     }
