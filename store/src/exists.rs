@@ -54,7 +54,7 @@ mod sqlite {
 mod pg {
     use postgres::{Config, NoTls};
 
-    use crate::postgres::{redact, valid_schema};
+    use crate::postgres::checked_target;
     use crate::{PgOptions, PgStore, StoreError};
 
     impl PgStore {
@@ -65,16 +65,7 @@ mod pg {
         /// [`StoreError::Open`] if the URL is malformed, the server unreachable or the schema
         /// name invalid; [`StoreError::ConnectionLost`] if the query failed.
         pub fn exists(url: &str, opts: &PgOptions) -> Result<bool, StoreError> {
-            let target = redact(url);
-            if !valid_schema(&opts.schema) {
-                return Err(StoreError::Open {
-                    target,
-                    reason: format!(
-                        "invalid schema name {:?} (use lower-case letters, digits, _)",
-                        opts.schema
-                    ),
-                });
-            }
+            let target = checked_target(url, opts)?;
             let open = |e: postgres::Error| StoreError::Open {
                 target: target.clone(),
                 reason: e.to_string(),

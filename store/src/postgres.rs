@@ -487,8 +487,23 @@ impl core::fmt::Debug for PgStore {
     }
 }
 
+/// `url` without its password (for error messages), once `opts` names a valid schema.
+pub(crate) fn checked_target(url: &str, opts: &PgOptions) -> Result<String, StoreError> {
+    let target = redact(url);
+    if !valid_schema(&opts.schema) {
+        return Err(StoreError::Open {
+            target,
+            reason: format!(
+                "invalid schema name {:?} (use lower-case letters, digits, _)",
+                opts.schema
+            ),
+        });
+    }
+    Ok(target)
+}
+
 /// A URL without its password, for error messages.
-pub(crate) fn redact(url: &str) -> String {
+fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(s), Some(at)) if at > s => {
             let userinfo = &url[s + 3..at];
@@ -501,7 +516,7 @@ pub(crate) fn redact(url: &str) -> String {
     }
 }
 
-pub(crate) fn valid_schema(s: &str) -> bool {
+fn valid_schema(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 48
         && s.bytes()
@@ -534,16 +549,7 @@ impl PgStore {
     /// [`StoreError::Open`] if the URL is malformed, the server unreachable or the schema name
     /// invalid; [`StoreError::SchemaTooNew`] for a database from a newer version.
     pub fn connect(url: &str, opts: PgOptions) -> Result<PgStore, StoreError> {
-        let target = redact(url);
-        if !valid_schema(&opts.schema) {
-            return Err(StoreError::Open {
-                target,
-                reason: format!(
-                    "invalid schema name {:?} (use lower-case letters, digits, _)",
-                    opts.schema
-                ),
-            });
-        }
+        let target = checked_target(url, &opts)?;
         let mut config: Config = url.parse().map_err(|e: postgres::Error| StoreError::Open {
             target: target.clone(),
             reason: e.to_string(),
