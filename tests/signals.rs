@@ -121,9 +121,11 @@ fn a_second_signal_exits_1_at_once_and_loses_nothing() {
 }
 
 #[test]
-fn a_drain_whose_grace_ends_with_an_attempt_in_flight_exits_1_and_loses_nothing() {
+fn a_grace_that_ends_with_an_attempt_in_flight_exits_1_and_loses_nothing() {
     // One signal; the hanging attempt outlives the grace (10 s), not the 15 s bound.
-    let (code, pending) = run("drain", &[Signal::SIGINT], Duration::ZERO);
-    assert_eq!(code, Some(1));
-    assert_eq!(pending, N as u64);
+    for cmd in ["drain", "relay"] {
+        let (code, pending) = run(cmd, &[Signal::SIGTERM], Duration::ZERO);
+        assert_eq!(code, Some(1), "{cmd}");
+        assert_eq!(pending, N as u64, "{cmd}");
+    }
 }

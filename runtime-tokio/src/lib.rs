@@ -82,7 +82,7 @@ use crate::cancel::WindingDown;
 use crate::executor::{TaskExecutor, Transport};
 #[cfg(feature = "tokio")]
 pub use crate::http::AsyncHttpClient;
-pub use crate::monitor::Monitor;
+pub use crate::monitor::{Monitor, Stopped};
 #[cfg(feature = "async-std")]
 pub use crate::runtime::AsyncStdRuntime;
 #[cfg(feature = "smol")]

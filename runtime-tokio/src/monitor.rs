@@ -23,6 +23,7 @@ use std::collections::HashMap;
 use std::future::{Future, poll_fn};
 use std::pin::{Pin, pin};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 use std::time::{Duration, SystemTime};
 
@@ -40,6 +41,17 @@ pub struct Monitor {
     stop: Option<oneshot::Sender<()>>,
     /// Completes (or closes) when the loop has returned.
     done: Option<oneshot::Receiver<()>>,
+    /// Set when a pass's shutdown grace ended with attempts in flight.
+    grace_over: Arc<AtomicBool>,
+}
+
+/// How a [`Monitor::stop`] went.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stopped {
+    /// A pass's shutdown grace ended with attempts still in flight: they were handed back
+    /// unanswered (their units are delivered again later).
+    pub grace_over: bool,
 }
 
 impl std::fmt::Debug for Monitor {
@@ -64,26 +76,32 @@ impl Monitor {
         let (stop_tx, stop_rx) = oneshot::channel();
         let (done_tx, done_rx) = oneshot::channel();
         let rt = Arc::clone(outbox.runtime());
+        let grace_over = Arc::new(AtomicBool::new(false));
+        let g = Arc::clone(&grace_over);
         rt.spawn(Box::pin(async move {
-            run(outbox, wake, subscription, stop_rx).await;
+            run(outbox, wake, subscription, stop_rx, g).await;
             let _ = done_tx.send(());
         }));
         Ok(Monitor {
             stop: Some(stop_tx),
             done: Some(done_rx),
+            grace_over,
         })
     }
 
     /// Stops the monitor gracefully: running passes start nothing new, attempts in flight
     /// finish, the rest is handed back and the slots released; returns once every pass has
     /// ended. The outbox stays usable.
-    pub async fn stop(mut self) {
+    pub async fn stop(mut self) -> Stopped {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
         if let Some(done) = self.done.take() {
             // Closed without a value: the runtime dropped the loop (it is shutting down).
             let _ = done.await;
+        }
+        Stopped {
+            grace_over: self.grace_over.load(Ordering::SeqCst),
         }
     }
 }
@@ -137,6 +155,7 @@ async fn run(
     wake: Arc<Notify>,
     subscription: Subscription,
     stop_rx: oneshot::Receiver<()>,
+    grace_over: Arc<AtomicBool>,
 ) {
     // Unsubscribed when the loop returns.
     let _subscription = subscription;
@@ -188,12 +207,18 @@ async fn run(
                             more: false,
                             tx: done_tx.clone(),
                         };
+                        let grace_over = Arc::clone(&grace_over);
                         rt.spawn(Box::pin(async move {
                             let Some(actor) = report.actor.clone() else {
                                 return;
                             };
                             let more = match ob.drain_with(actor.as_str(), control).await {
-                                Ok(DrainOutcome::Ran(r)) => r.yielded,
+                                Ok(DrainOutcome::Ran(r)) => {
+                                    if r.grace_over {
+                                        grace_over.store(true, Ordering::SeqCst);
+                                    }
+                                    r.yielded
+                                }
                                 Ok(DrainOutcome::Merged) => false,
                                 Err(e) => {
                                     warn!(%actor, error = %e, "pass failed");

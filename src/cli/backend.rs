@@ -564,7 +564,8 @@ pub(crate) struct Relay {
 impl Relay {
     /// Stops the monitor: passes stop starting units, attempts in flight finish, the rest
     /// is handed back.
-    pub(crate) async fn stop(self) {
-        self.monitor.stop().await;
+    /// `true` if a pass's grace ended with attempts in flight (handed back unanswered).
+    pub(crate) async fn stop(self) -> bool {
+        self.monitor.stop().await.grace_over
     }
 }

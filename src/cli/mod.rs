@@ -486,7 +486,21 @@ async fn cmd_relay(
         "stopping: attempts in flight finish, the rest is handed back (a second signal exits at once)"
     );
     tokio::select! {
-        () = relay.stop() => {}
+        grace_over = relay.stop() => {
+            if grace_over {
+                if let Some(server) = server {
+                    server.abort();
+                    let _ = server.await;
+                }
+                return Err(Interrupted(
+                    "stopped by a signal, but the shutdown grace ended with attempts in \
+                     flight: they were handed back unanswered and are delivered again by the \
+                     next relay"
+                        .into(),
+                )
+                .into());
+            }
+        }
         name = signals.wait() => {
             // Nothing is lost: the acks waiting are committed on the way out, and units not
             // acknowledged are taken over at once by the next relay (this one's holder lock
