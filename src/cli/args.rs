@@ -53,6 +53,11 @@ pub(crate) struct DeliveryFlags {
     #[arg(long, global = true, value_parser = parse_timeout, default_value = "30s")]
     pub(crate) timeout: Duration,
 
+    /// After SIGINT or SIGTERM, how long `drain` and `relay` let attempts in flight finish
+    /// before handing them back unanswered and exiting 1: `10s`, `500ms`, or plain seconds.
+    #[arg(long, global = true, value_parser = parse_duration, default_value = "10s")]
+    pub(crate) shutdown_grace: Duration,
+
     /// Persisted attempts before a unit becomes a dead letter.
     #[arg(long, global = true, default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) max_attempts: u32,

@@ -128,6 +128,7 @@ const RUNTIME: &str = "tokio (passes and deliveries as tasks, reqwest)";
 fn config(d: &DeliveryFlags) -> OutboxConfig {
     let mut c = OutboxConfig::default();
     c.http.timeout = d.timeout;
+    c.shutdown_grace = d.shutdown_grace;
     c.scheduler.max_attempts = d.max_attempts;
     c.scheduler.pass_attempts = d.pass_attempts;
     c.concurrency = d.concurrency as usize;
