@@ -1425,7 +1425,12 @@ fn enqueue_tx(
     }
     let (t_lane, t_seq): (Vec<i64>, Vec<i64>) = tails.into_iter().unzip();
     // One statement, one round trip: the tables have no foreign keys, so the order of the
-    // inserts within it does not matter. The NOTIFY is delivered on commit only.
+    // inserts within it does not matter. The NOTIFY is delivered on commit only. The tails'
+    // update is driven by the batch (`l.id = v.lane` alone: a nested loop probing the lanes'
+    // primary key per tail). An extra `l.id = ANY($26)` made the planner drive it by the lanes
+    // instead and rescan the batch for each: quadratic in one enqueue's lanes (20,000
+    // recipients in one row: 4.9 s, now 0.38 s; one-recipient enqueues among 100,000 lanes:
+    // 3.3 ms, now 0.64 ms).
     t.x(
         "WITH h AS (INSERT INTO ol_units (id, actor, lane_id, seq, lanes, pending, row_id, content_type, body, \
              body_len, dedup_key, ordering_key, enqueued_at) \
@@ -1441,7 +1446,7 @@ fn enqueue_tx(
            SELECT id, uid, $1, lane, seq, rr FROM unnest($21::bigint[], $22::bigint[], $23::bigint[], \
              $24::bigint[], $25::bigint[]) AS t(id, uid, lane, seq, rr)), \
          l AS (UPDATE ol_lanes l SET tail_seq = GREATEST(l.tail_seq, v.seq) \
-           FROM unnest($26::bigint[], $27::bigint[]) AS v(lane, seq) WHERE l.id = v.lane AND l.id = ANY($26)) \
+           FROM unnest($26::bigint[], $27::bigint[]) AS v(lane, seq) WHERE l.id = v.lane) \
          SELECT pg_notify($28, $1)",
         &[
             &a, &now, &inl.id, &inl.lane, &inl.seq, &inl.n, &inl.row, &inl.ct, &inl.body, &inl.len, &inl.dk,
