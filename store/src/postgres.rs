@@ -612,9 +612,13 @@ impl PgStore {
         // whole: a lookup driven by another row is a `LATERAL (… LIMIT n)`, an `EXISTS (…
         // OFFSET 0)` (OFFSET keeps it a per-row subplan instead of a join) or an `id =
         // ANY(ARRAY(…))`, each an index probe whatever the statistics.
+        // No JIT either: a plan that must pay a disabled plan type's cost penalty looks
+        // expensive enough to be compiled, which took 112 ms on a 100-row table (the
+        // liveness check, before its index) — on every execution.
         client.batch_execute(&format!(
             "SET search_path TO {}; SET enable_seqscan = off; SET enable_bitmapscan = off; \
-             SET enable_hashjoin = off; SET enable_mergejoin = off; SET plan_cache_mode = force_generic_plan",
+             SET enable_hashjoin = off; SET enable_mergejoin = off; SET plan_cache_mode = force_generic_plan; \
+             SET jit = off",
             self.opts.schema
         ))?;
         Ok(Conn {
@@ -671,7 +675,10 @@ impl PgStore {
             }
         }
         // Holders that keep a liveness lock (any schema version: a table of its own).
-        tx.batch_execute("CREATE TABLE IF NOT EXISTS ol_live_holders (holder TEXT PRIMARY KEY)")?;
+        tx.batch_execute(
+            "CREATE TABLE IF NOT EXISTS ol_live_holders (holder TEXT PRIMARY KEY); \
+             CREATE INDEX IF NOT EXISTS ol_slots_holder ON ol_slots (holder) WHERE holder IS NOT NULL",
+        )?;
         tx.commit()?;
         Ok(())
     }
