@@ -1,4 +1,5 @@
-//! The crash harness: the `relay` binary on a SQLite file, recipients answering with random
+//! The crash harness: the `relay` binary on a SQLite file (and two relays on one Postgres
+//! schema, one of them killed at a time), recipients answering with random
 //! 5xx, 429, 400, hangs, resets and closed connections, killed with SIGKILL at seeded random
 //! moments and restarted. At the end nothing is lost (every unit delivered or dead-lettered),
 //! first arrivals per recipient are in enqueue order, and duplicates are bounded by what can
@@ -66,16 +67,10 @@ fn fault(rng: &mut Rng) -> Reply {
     r.after(LATENCY)
 }
 
-fn relay(db: &str) -> Child {
+fn relay(db: &[String]) -> Child {
     Command::new(BIN)
-        .args([
-            "--db",
-            db,
-            "--allow-private-destinations",
-            "--timeout",
-            "2s",
-            "relay",
-        ])
+        .args(db)
+        .args(["--allow-private-destinations", "--timeout", "2s", "relay"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -83,12 +78,8 @@ fn relay(db: &str) -> Child {
         .unwrap()
 }
 
-fn json(db: &str, args: &[&str]) -> Value {
-    let out = Command::new(BIN)
-        .args(["--db", db])
-        .args(args)
-        .output()
-        .unwrap();
+fn json(db: &[String], args: &[&str]) -> Value {
+    let out = Command::new(BIN).args(db).args(args).output().unwrap();
     assert!(
         out.status.success(),
         "{args:?}: {}",
@@ -114,6 +105,43 @@ fn delivered(r: &Recipient) -> Vec<(String, u64)> {
 
 #[test]
 fn killed_and_restarted_relays_lose_nothing_and_keep_every_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("outbox.db").display().to_string();
+    harness(&["--db".into(), db], 1);
+}
+
+/// Two relays on one Postgres schema; at each kill one of them (seeded) is killed and
+/// restarted while the other goes on.
+#[test]
+fn killed_relays_on_postgres_lose_nothing_and_keep_every_order() {
+    let Some(url) = std::env::var("OUTBOX_LANES_TEST_PG")
+        .ok()
+        .filter(|u| !u.is_empty())
+    else {
+        assert!(
+            std::env::var_os("CI").is_none_or(|v| v.is_empty()),
+            "CI is set but OUTBOX_LANES_TEST_PG is not"
+        );
+        eprintln!("SKIPPED: OUTBOX_LANES_TEST_PG is not set");
+        return;
+    };
+    let schema = format!("ol_crash_{}", std::process::id());
+    harness(
+        &[
+            "--db".into(),
+            url.clone(),
+            "--pg-schema".into(),
+            schema.clone(),
+        ],
+        2,
+    );
+    let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    c.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+        .unwrap();
+}
+
+/// The harness on the outbox `db` with `relays` relay processes.
+fn harness(db: &[String], relays: usize) {
     let seed = env_u64("CRASH_SEED", 1);
     let kills = env_u64("CRASH_KILLS", 4);
     let mut rng = Rng(seed);
@@ -123,8 +151,6 @@ fn killed_and_restarted_relays_lose_nothing_and_keep_every_order() {
         r.script(p, (0..3 * ROWS).map(|_| fault(&mut rng)));
         r.set_default(p, Reply::Status(200).after(LATENCY));
     }
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("outbox.db").display().to_string();
     let to: Vec<String> = paths.iter().map(|p| r.url(p)).collect();
     let lines: String = (0..ROWS)
         .map(|i| {
@@ -134,7 +160,8 @@ fn killed_and_restarted_relays_lose_nothing_and_keep_every_order() {
         })
         .collect();
     let mut enqueue = Command::new(BIN)
-        .args(["--db", &db, "enqueue", "--actor", "crash"])
+        .args(db)
+        .args(["enqueue", "--actor", "crash"])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
@@ -148,14 +175,15 @@ fn killed_and_restarted_relays_lose_nothing_and_keep_every_order() {
     assert!(enqueue.wait().unwrap().success());
 
     let mut recoveries = Vec::new();
-    let mut child = relay(&db);
+    let mut children: Vec<Child> = (0..relays).map(|_| relay(db)).collect();
     for _ in 0..kills {
         std::thread::sleep(Duration::from_millis(200 + rng.below(1000)));
-        let _ = child.kill();
-        let _ = child.wait();
+        let victim = rng.below(relays as u64) as usize;
+        let _ = children[victim].kill();
+        let _ = children[victim].wait();
         let before = delivered(&r).len();
         let restarted = Instant::now();
-        child = relay(&db);
+        children[victim] = relay(db);
         // The time to the next delivery (bounded; reported, not asserted).
         while delivered(&r).len() == before && restarted.elapsed() < Duration::from_secs(20) {
             std::thread::sleep(Duration::from_millis(10));
@@ -165,19 +193,21 @@ fn killed_and_restarted_relays_lose_nothing_and_keep_every_order() {
     // The last relay runs until nothing is pending (bounded).
     let started = Instant::now();
     let pending = || {
-        json(&db, &["status", "--json"])["actors"][0]["pending"]
+        json(db, &["status", "--json"])["actors"][0]["pending"]
             .as_u64()
             .unwrap_or(0)
     };
     while pending() > 0 && started.elapsed() < Duration::from_secs(120) {
         std::thread::sleep(Duration::from_millis(200));
     }
-    let _ = child.kill();
-    let _ = child.wait();
+    for mut child in children {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
     assert_eq!(pending(), 0, "units left pending");
 
     let got = delivered(&r);
-    let dead = json(&db, &["dead-letters", "list", "--json"]);
+    let dead = json(db, &["dead-letters", "list", "--json"]);
     let dead: Vec<(String, u64)> = dead["dead_letters"]
         .as_array()
         .unwrap()
@@ -225,7 +255,12 @@ fn killed_and_restarted_relays_lose_nothing_and_keep_every_order() {
         duplicates.insert(p.clone(), twice);
     }
     println!(
-        "crash harness: seed {seed}, {kills} kills, {} deliveries, {} dead letters, duplicates per recipient {duplicates:?}, restart to next delivery {recoveries:?}",
+        "crash harness: {relays} relay(s) on {}, seed {seed}, {kills} kills, {} deliveries, {} dead letters, duplicates per recipient {duplicates:?}, restart to next delivery {recoveries:?}",
+        if db[1].starts_with("postgres") {
+            "Postgres"
+        } else {
+            "SQLite"
+        },
         got.len(),
         dead.len()
     );
