@@ -5,9 +5,10 @@
 //! first arrivals per recipient are in enqueue order, and duplicates are bounded by what can
 //! be in flight or not yet acknowledged at each kill.
 //!
-//! `CRASH_SEED` (default 1) picks the faults and the moments; `CRASH_KILLS` (default 4) the
-//! number of kills. CI runs the default; a long run is e.g.
-//! `CRASH_KILLS=40 CRASH_SEED=7 cargo test --all-features --test crash -- --nocapture`.
+//! `CRASH_SEED` (default 1) picks the faults and the moments; `CRASH_ROWS` (default 30) sizes
+//! the backlog; `CRASH_KILLS` (default 4) bounds the kills (none once nothing is pending). CI
+//! runs the defaults; a long run is e.g. `CRASH_ROWS=100 CRASH_KILLS=30 CRASH_SEED=7 cargo test
+//! --all-features --test crash -- --nocapture --test-threads=1`.
 //! It prints the kills, the duplicates and the time from each restart to the next delivery.
 #![cfg(unix)]
 #![allow(missing_docs, clippy::unwrap_used)]
@@ -22,7 +23,6 @@ use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_outbox-lanes");
 const RECIPIENTS: usize = 3;
-const ROWS: usize = 30;
 /// Each answer takes this long at least: a lane delivers at most one unit per 30 ms.
 const LATENCY: Duration = Duration::from_millis(30);
 
@@ -143,16 +143,17 @@ fn killed_relays_on_postgres_lose_nothing_and_keep_every_order() {
 /// The harness on the outbox `db` with `relays` relay processes.
 fn harness(db: &[String], relays: usize) {
     let seed = env_u64("CRASH_SEED", 1);
+    let rows = env_u64("CRASH_ROWS", 30) as usize;
     let kills = env_u64("CRASH_KILLS", 4);
     let mut rng = Rng(seed);
     let r = Recipient::start().unwrap();
     let paths: Vec<String> = (0..RECIPIENTS).map(|i| format!("/r{i}")).collect();
     for p in &paths {
-        r.script(p, (0..3 * ROWS).map(|_| fault(&mut rng)));
+        r.script(p, (0..3 * rows).map(|_| fault(&mut rng)));
         r.set_default(p, Reply::Status(200).after(LATENCY));
     }
     let to: Vec<String> = paths.iter().map(|p| r.url(p)).collect();
-    let lines: String = (0..ROWS)
+    let lines: String = (0..rows)
         .map(|i| {
             serde_json::json!({ "id": format!("row-{i}"), "to": to, "body": { "n": i } })
                 .to_string()
@@ -176,8 +177,19 @@ fn harness(db: &[String], relays: usize) {
 
     let mut recoveries = Vec::new();
     let mut children: Vec<Child> = (0..relays).map(|_| relay(db)).collect();
+    let pending = || {
+        json(db, &["status", "--json"])["actors"][0]["pending"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let mut killed = 0;
     for _ in 0..kills {
         std::thread::sleep(Duration::from_millis(200 + rng.below(1000)));
+        if pending() == 0 {
+            // Everything is delivered: a kill now would measure nothing.
+            break;
+        }
+        killed += 1;
         let victim = rng.below(relays as u64) as usize;
         let _ = children[victim].kill();
         let _ = children[victim].wait();
@@ -192,11 +204,6 @@ fn harness(db: &[String], relays: usize) {
     }
     // The last relay runs until nothing is pending (bounded).
     let started = Instant::now();
-    let pending = || {
-        json(db, &["status", "--json"])["actors"][0]["pending"]
-            .as_u64()
-            .unwrap_or(0)
-    };
     while pending() > 0 && started.elapsed() < Duration::from_secs(120) {
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -239,7 +246,7 @@ fn harness(db: &[String], relays: usize) {
             first.windows(2).all(|w| w[0] < w[1]),
             "{p}: first arrivals out of order: {first:?}"
         );
-        for n in 0..ROWS as u64 {
+        for n in 0..rows as u64 {
             let is_dead = dead.iter().any(|(q, m)| q == p && *m == n);
             assert!(
                 first.contains(&n) || is_dead,
@@ -249,13 +256,13 @@ fn harness(db: &[String], relays: usize) {
         // Per kill, at most the unit in flight and the acks of the last 20 ms (one unit per
         // 30 ms) can be sent again.
         assert!(
-            twice <= 2 * kills as usize,
-            "{p}: {twice} duplicates after {kills} kills"
+            twice <= 2 * killed,
+            "{p}: {twice} duplicates after {killed} kills"
         );
         duplicates.insert(p.clone(), twice);
     }
     println!(
-        "crash harness: {relays} relay(s) on {}, seed {seed}, {kills} kills, {} deliveries, {} dead letters, duplicates per recipient {duplicates:?}, restart to next delivery {recoveries:?}",
+        "crash harness: {relays} relay(s) on {}, seed {seed}, {rows} rows, {killed} kills, {} deliveries, {} dead letters, duplicates per recipient {duplicates:?}, restart to next delivery {recoveries:?}",
         if db[1].starts_with("postgres") {
             "Postgres"
         } else {
