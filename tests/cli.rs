@@ -38,17 +38,7 @@ impl Db {
     /// A fresh schema, or `None` (the test skips, loudly) without `OUTBOX_LANES_TEST_PG` —
     /// unless `CI` is set: there a missing server fails the test.
     fn postgres() -> Option<Db> {
-        let Some(url) = std::env::var("OUTBOX_LANES_TEST_PG")
-            .ok()
-            .filter(|u| !u.is_empty())
-        else {
-            assert!(
-                std::env::var_os("CI").is_none_or(|v| v.is_empty()),
-                "CI is set but OUTBOX_LANES_TEST_PG is not: the Postgres tests must run in CI"
-            );
-            eprintln!("SKIPPED: OUTBOX_LANES_TEST_PG is not set");
-            return None;
-        };
+        let url = outbox_lanes_test_support::pg_url()?;
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
@@ -219,7 +209,6 @@ fn enqueue_then_drain_delivers_in_order() {
 #[test]
 fn enqueue_then_drain_on_postgres() {
     let Some(db) = Db::postgres() else {
-        println!("skipped: OUTBOX_LANES_TEST_PG not set");
         return;
     };
     enqueue_then_drain(&db);
@@ -600,7 +589,6 @@ fn sigterm_stops_drain_gracefully() {
 #[test]
 fn relay_on_postgres() {
     let Some(db) = Db::postgres() else {
-        println!("skipped: OUTBOX_LANES_TEST_PG not set");
         return;
     };
     relay_sigterm_then_drain(&db);

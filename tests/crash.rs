@@ -114,15 +114,7 @@ fn killed_and_restarted_relays_lose_nothing_and_keep_every_order() {
 /// restarted while the other goes on.
 #[test]
 fn killed_relays_on_postgres_lose_nothing_and_keep_every_order() {
-    let Some(url) = std::env::var("OUTBOX_LANES_TEST_PG")
-        .ok()
-        .filter(|u| !u.is_empty())
-    else {
-        assert!(
-            std::env::var_os("CI").is_none_or(|v| v.is_empty()),
-            "CI is set but OUTBOX_LANES_TEST_PG is not"
-        );
-        eprintln!("SKIPPED: OUTBOX_LANES_TEST_PG is not set");
+    let Some(url) = outbox_lanes_test_support::pg_url() else {
         return;
     };
     let schema = format!("ol_crash_{}", std::process::id());

@@ -108,15 +108,7 @@ fn a_relay_restarted_after_sigkill_on_sqlite_goes_on_at_once() {
 
 #[test]
 fn the_other_relay_on_postgres_takes_over_a_killed_one_at_once() {
-    let Some(url) = std::env::var("OUTBOX_LANES_TEST_PG")
-        .ok()
-        .filter(|u| !u.is_empty())
-    else {
-        assert!(
-            std::env::var_os("CI").is_none_or(|v| v.is_empty()),
-            "CI is set but OUTBOX_LANES_TEST_PG is not"
-        );
-        eprintln!("SKIPPED: OUTBOX_LANES_TEST_PG is not set");
+    let Some(url) = outbox_lanes_test_support::pg_url() else {
         return;
     };
     let schema = format!("ol_restart_{}", std::process::id());

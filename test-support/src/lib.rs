@@ -115,6 +115,27 @@ use std::thread::{self, JoinHandle};
 pub use record::{Completion, Recorded, Unanswered};
 pub use reply::{Reply, Response};
 
+/// The environment variable holding the Postgres test server's URL.
+pub const PG_ENV: &str = "OUTBOX_LANES_TEST_PG";
+
+/// The Postgres test server's URL, from [`PG_ENV`]; `None` when it is not set, said on stderr
+/// (the caller skips its Postgres half) — unless `CI` is set: there a missing server is a
+/// failure, not a green run without Postgres.
+///
+/// # Panics
+/// `CI` is set and [`PG_ENV`] is not.
+pub fn pg_url() -> Option<String> {
+    let url = std::env::var(PG_ENV).ok().filter(|u| !u.is_empty());
+    if url.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none_or(|v| v.is_empty()),
+            "CI is set but {PG_ENV} is not: the Postgres tests must run in CI"
+        );
+        eprintln!("SKIPPED: {PG_ENV} is not set; the Postgres half of this test did not run");
+    }
+    url
+}
+
 use server::{Config, Shared};
 
 /// Connections served at once unless [`Builder::max_connections`] says otherwise.
