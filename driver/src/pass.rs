@@ -385,37 +385,8 @@ impl PassCore {
                 self.store_failed("discover", e, now());
             }
         }
-        loop {
-            let _ = self.execute(cx, &mut starts, false);
-            if self.end.is_some() {
-                break;
-            }
-            let t = now();
-            if let Some(claims) = self.sched.poll_claim(t) {
-                if let Err(e) = self.claim(cx.store, &claims) {
-                    self.sched.handle_claim_failed(t);
-                    self.store_failed("claim", e, t);
-                }
-                continue;
-            }
-            // `is_done` fires timers that fell due, which may queue commands.
-            let done = self.sched.is_done(t);
-            if self.execute(cx, &mut starts, false).unwrap_or(0) > 0 {
-                continue;
-            }
-            self.session.handle_tick(t, self.sched.in_flight(), done);
-            let stopped = self.take_session_actions(t);
-            if std::mem::take(&mut self.renew_due) && self.end.is_none() {
-                match cx.store.renew_slot(&self.token, self.lease) {
-                    Ok(()) => self.session.handle_lease_renewed(now()),
-                    Err(e) => self.store_failed("lease renewal", e, now()),
-                }
-                let _ = self.take_session_actions(now());
-            }
-            if !stopped {
-                break;
-            }
-        }
+        // Not inline: it never stops for the store.
+        let _ = self.steps(cx, &mut starts, false);
         if self.end.is_some() {
             // Never sent: the attempts the scheduler started this round are handed back
             // with everything else by `finish`.
@@ -440,34 +411,7 @@ impl PassCore {
             self.store_failed("ack", e, now());
         }
         let mut starts = std::mem::take(&mut self.pending_starts);
-        let needs_store = loop {
-            if self.execute(cx, &mut starts, true).is_err() {
-                break true;
-            }
-            if self.end.is_some() {
-                break false;
-            }
-            let t = now();
-            if self.sched.poll_claim(t).is_some() {
-                // Reads wait for the blocking round; the room they reserved is released.
-                self.sched.handle_claim_failed(t);
-                break true;
-            }
-            let done = self.sched.is_done(t);
-            match self.execute(cx, &mut starts, true) {
-                Err(NeedsStore) => break true,
-                Ok(n) if n > 0 => continue,
-                Ok(_) => {}
-            }
-            self.session.handle_tick(t, self.sched.in_flight(), done);
-            let stopped = self.take_session_actions(t);
-            if self.renew_due {
-                break true;
-            }
-            if !stopped {
-                break false;
-            }
-        };
+        let needs_store = self.steps(cx, &mut starts, true).is_err();
         if self.end.is_some() {
             return Some(Vec::new());
         }
@@ -479,6 +423,59 @@ impl PassCore {
             return None;
         }
         Some(self.fetch_payloads(cx.store, &starts))
+    }
+
+    /// The body of a round, shared by both kinds: the queued commands in order, claims, timers
+    /// that fell due, the session's tick and the lease renewal, until there is nothing more
+    /// to do now or the pass ended. `inline`: without the store — it stops with
+    /// [`NeedsStore`] at the first claim, store write or renewal, keeping everything in order
+    /// for the blocking round that goes on from there.
+    fn steps(
+        &mut self,
+        cx: RoundContext<'_>,
+        starts: &mut Vec<Start>,
+        inline: bool,
+    ) -> Result<(), NeedsStore> {
+        loop {
+            self.execute(cx, starts, inline)?;
+            if self.end.is_some() {
+                return Ok(());
+            }
+            let t = now();
+            if let Some(claims) = self.sched.poll_claim(t) {
+                if inline {
+                    // Reads wait for the blocking round; the room they reserved is released.
+                    self.sched.handle_claim_failed(t);
+                    return Err(NeedsStore);
+                }
+                if let Err(e) = self.claim(cx.store, &claims) {
+                    self.sched.handle_claim_failed(t);
+                    self.store_failed("claim", e, t);
+                }
+                continue;
+            }
+            // `is_done` fires timers that fell due, which may queue commands.
+            let done = self.sched.is_done(t);
+            if self.execute(cx, starts, inline)? > 0 {
+                continue;
+            }
+            self.session.handle_tick(t, self.sched.in_flight(), done);
+            let stopped = self.take_session_actions(t);
+            if self.renew_due && self.end.is_none() {
+                if inline {
+                    return Err(NeedsStore);
+                }
+                self.renew_due = false;
+                match cx.store.renew_slot(&self.token, self.lease) {
+                    Ok(()) => self.session.handle_lease_renewed(now()),
+                    Err(e) => self.store_failed("lease renewal", e, now()),
+                }
+                let _ = self.take_session_actions(now());
+            }
+            if !stopped {
+                return Ok(());
+            }
+        }
     }
 
     /// Makes the jobs of this round's starts: with the payload the claim brought, or else
