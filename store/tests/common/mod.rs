@@ -17,21 +17,10 @@ pub enum Backend {
     Postgres,
 }
 
-pub const PG_ENV: &str = "OUTBOX_LANES_TEST_PG";
-
-/// The test server's URL; `None` (the Postgres tests skip, loudly) when it is not set —
-/// unless `CI` is set: there a missing server is a failure, not a green run without Postgres.
-pub fn pg_url() -> Option<String> {
-    let url = std::env::var(PG_ENV).ok().filter(|s| !s.is_empty());
-    if url.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none_or(|v| v.is_empty()),
-            "CI is set but {PG_ENV} is not: the Postgres tests must run in CI"
-        );
-        eprintln!("SKIPPED: {PG_ENV} is not set; the Postgres half of this test did not run");
-    }
-    url
-}
+/// The test server's URL (skipped loudly without it, a failure under `CI`): the same check
+/// as every process-level test of the workspace. (Each test crate uses what it needs.)
+#[allow(unused_imports)]
+pub use outbox_lanes_test_support::{PG_ENV, pg_url};
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
