@@ -486,41 +486,27 @@ async fn cmd_relay(
         signal = name,
         "stopping: attempts in flight finish, the rest is handed back (a second signal exits at once)"
     );
-    tokio::select! {
-        grace_over = relay.stop() => {
-            if grace_over {
-                if let Some(server) = server {
-                    server.abort();
-                    let _ = server.await;
-                }
-                return Err(Interrupted(
-                    "stopped by a signal, but the shutdown grace ended with attempts in \
-                     flight: they were handed back unanswered and are delivered again by the \
-                     next relay"
-                        .into(),
-                )
-                .into());
-            }
-        }
-        name = signals.wait() => {
-            // Nothing is lost: the acks waiting are committed on the way out, and units not
-            // acknowledged are taken over at once by the next relay (this one's holder lock
-            // goes with the process) and delivered again (at-least-once).
-            if let Some(server) = server {
-                server.abort();
-                let _ = server.await;
-            }
-            return Err(Interrupted(format!(
-                "{name} again: stopped at once, without waiting for attempts in flight; their \
-                 units are delivered again by the next relay"
-            ))
-            .into());
-        }
-    }
+    let interrupted = tokio::select! {
+        grace_over = relay.stop() => grace_over.then(|| {
+            "stopped by a signal, but the shutdown grace ended with attempts in flight: they \
+             were handed back unanswered and are delivered again by the next relay"
+                .to_owned()
+        }),
+        // Nothing is lost: the acks waiting are committed on the way out, and units not
+        // acknowledged are taken over at once by the next relay (this one's holder lock goes
+        // with the process) and delivered again (at-least-once).
+        name = signals.wait() => Some(format!(
+            "{name} again: stopped at once, without waiting for attempts in flight; their \
+             units are delivered again by the next relay"
+        )),
+    };
     if let Some(server) = server {
         server.abort();
         // Its clone of the backend goes with it, before the backend is closed.
         let _ = server.await;
+    }
+    if let Some(why) = interrupted {
+        return Err(Interrupted(why).into());
     }
     info!("relay stopped");
     Ok(())
