@@ -155,27 +155,27 @@ impl OutboxCore {
         r
     }
 
-    /// Executes a drain session's action on this process's slots: `true` if `action` was one
-    /// (`ReleaseLocalSlot`, `ForceReleaseLocalSlot`), the same in every runtime.
+    /// Executes a drain session's action on this process's slots (`ReleaseLocalSlot`,
+    /// `ForceReleaseLocalSlot`), the same in every runtime; any other action is not about
+    /// them and does nothing here.
     pub fn local_slot_action(
         &self,
         actor: &ActorId,
         action: &DrainAction,
         session: &mut DrainSession,
-    ) -> bool {
+    ) {
         match action {
             DrainAction::ReleaseLocalSlot => {
                 let r = self.release_slot(actor);
                 session.handle_local_release(r);
-                true
             }
             DrainAction::ForceReleaseLocalSlot => {
-                if self.force_release_slot(actor) {
+                let asked_meanwhile = self.force_release_slot(actor);
+                if asked_meanwhile {
                     debug!(%actor, "a drain was asked meanwhile; the monitor comes back for it");
                 }
-                true
             }
-            _ => false,
+            _ => {}
         }
     }
 
