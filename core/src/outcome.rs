@@ -77,6 +77,12 @@ pub enum DeadReason {
     Expired,
     /// The SSRF guard refused its destination address (OL-4).
     DestinationRefused,
+    /// An operator skipped it: the head of a (strict) lane set aside so its followers go on
+    /// (`outbox-lanes lanes skip-head`).
+    Skipped,
+    /// An operator purged its lane: every pending unit of the lane set aside
+    /// (`outbox-lanes lanes purge`).
+    Purged,
 }
 
 impl DeadReason {
@@ -89,6 +95,8 @@ impl DeadReason {
             DeadReason::LaneRetired => "lane_retired",
             DeadReason::Expired => "expired",
             DeadReason::DestinationRefused => "destination_refused",
+            DeadReason::Skipped => "skipped",
+            DeadReason::Purged => "purged",
         }
     }
 
@@ -101,6 +109,8 @@ impl DeadReason {
             "lane_retired" => DeadReason::LaneRetired,
             "expired" => DeadReason::Expired,
             "destination_refused" => DeadReason::DestinationRefused,
+            "skipped" => DeadReason::Skipped,
+            "purged" => DeadReason::Purged,
             _ => return None,
         })
     }

@@ -787,7 +787,7 @@ impl PassCore {
                     self.write(
                         cx.store,
                         "block lane",
-                        |s, t, l| s.block_lane(t, l, "strict lane: head failed"),
+                        |s, t, l| s.block_lane(t, l, outbox_lanes_store::STRICT_BLOCKED_REASON),
                         lane,
                     );
                 }

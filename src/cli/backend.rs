@@ -328,6 +328,18 @@ impl Store for CountingStore {
         self.inner.retry_lane_now(lane)
     }
 
+    fn purge_lane(&self, lane: StoreLaneId, at: Timestamp) -> Result<u64, StoreError> {
+        self.inner.purge_lane(lane, at)
+    }
+
+    fn skip_lane_head(
+        &self,
+        lane: StoreLaneId,
+        at: Timestamp,
+    ) -> Result<Option<UnitId>, StoreError> {
+        self.inner.skip_lane_head(lane, at)
+    }
+
     fn set_lane_strict(&self, lane: StoreLaneId, strict: bool) -> Result<(), StoreError> {
         self.inner.set_lane_strict(lane, strict)
     }

@@ -276,11 +276,38 @@ pub trait Store: Send + Sync {
     /// [`StoreError::NotFound`], database failures.
     fn resume_lane(&self, lane: StoreLaneId) -> Result<(), StoreError>;
 
-    /// Clears a lane's backoff so its head is attempted at once (operator).
+    /// Clears a lane's backoff so its head is attempted at once (operator). A strict lane
+    /// blocked on its failing head ([`STRICT_BLOCKED_REASON`]) is unblocked too, so the head is
+    /// probed again; a lane an operator paused stays paused (resume it).
     ///
     /// # Errors
     /// [`StoreError::NotFound`], database failures.
     fn retry_lane_now(&self, lane: StoreLaneId) -> Result<(), StoreError>;
+
+    /// Dead-letters every pending unit of a lane, oldest first, with reason
+    /// [`DeadReason::Purged`](outbox_lanes_core::DeadReason) (operator). A joined unit is
+    /// dead-lettered for this lane's recipient only (OL-20). Returns how many.
+    ///
+    /// Not fenced by a drain slot: an attempt a running pass already has in flight to the lane
+    /// may still reach the recipient (its dead letter then stands for a unit the recipient
+    /// saw; replaying it sends it again). Pause the lane first to stop new attempts.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`], database failures.
+    fn purge_lane(&self, lane: StoreLaneId, at: Timestamp) -> Result<u64, StoreError>;
+
+    /// Dead-letters the head (oldest pending unit) of a lane with reason
+    /// [`DeadReason::Skipped`](outbox_lanes_core::DeadReason), lifts a strict block
+    /// ([`STRICT_BLOCKED_REASON`]) and clears the lane's backoff, so its followers go on in
+    /// order (operator). Returns the skipped unit, or `None` if the lane had none pending.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`], database failures.
+    fn skip_lane_head(
+        &self,
+        lane: StoreLaneId,
+        at: Timestamp,
+    ) -> Result<Option<UnitId>, StoreError>;
 
     /// Sets a lane's strict mode (OL-8).
     ///

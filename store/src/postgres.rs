@@ -1625,6 +1625,59 @@ fn dead_letter_tx(
     Ok(true)
 }
 
+/// Clears a lane's backoff and lifts a strict block (`$2`: [`STRICT_BLOCKED_REASON`]); an
+/// operator's pause stays.
+const RETRY_LANE: &str = "UPDATE ol_lanes SET not_before = NULL, backoff_level = 0, \
+     paused = CASE WHEN pause_reason = $2 THEN FALSE ELSE paused END, \
+     pause_reason = CASE WHEN pause_reason = $2 THEN NULL ELSE pause_reason END \
+     WHERE id = $1";
+
+/// The actor owning `lane`.
+fn lane_actor(t: &mut impl Exec, lane: StoreLaneId) -> Result<String, StoreError> {
+    t.q("SELECT actor FROM ol_lanes WHERE id = $1", &[&lane.0])?
+        .first()
+        .map(|r| r.get(0))
+        .ok_or(StoreError::NotFound { what: "lane" })
+}
+
+/// Dead-letters the pending units of `lane`, oldest first (at most `limit` of them), for
+/// `reason`. Returns how many.
+fn dead_letter_lane(
+    t: &mut impl Exec,
+    actor: &str,
+    lane: StoreLaneId,
+    reason: DeadReason,
+    at: Timestamp,
+    limit: Option<u32>,
+    retention: bool,
+) -> Result<u64, StoreError> {
+    let limit = limit.map(i64::from);
+    let units: Vec<i64> = t
+        .q(
+            "SELECT coalesce(unit_id, id) FROM ol_units WHERE lane_id = $1 AND state = 0 \
+             ORDER BY seq, id LIMIT $2",
+            &[&lane.0, &limit],
+        )?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut n = 0;
+    for unit in units {
+        let req = DeadLetterRequest {
+            unit: UnitId(u(unit)),
+            lane,
+            reason,
+            status: None,
+            error: None,
+            at,
+        };
+        if dead_letter_tx(t, actor, &req, retention)? {
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
 fn lane_update(t: &mut impl Exec, sql: &str, p: &[P<'_>]) -> Result<(), StoreError> {
     if t.x(sql, p)? == 0 {
         return Err(StoreError::NotFound { what: "lane" });
@@ -2192,29 +2245,15 @@ impl Store for PgStore {
     ) -> Result<u64, StoreError> {
         let retention = self.opts.common.ack_retention.is_some();
         self.fenced(token, false, |t| {
-            let units: Vec<i64> = t
-                .q(
-                    "SELECT coalesce(unit_id, id) FROM ol_units WHERE lane_id = $1 AND state = 0 ORDER BY seq, id",
-                    &[&lane.0],
-                )?
-                .iter()
-                .map(|r| r.get(0))
-                .collect();
-            let mut n = 0;
-            for unit in units {
-                let req = DeadLetterRequest {
-                    unit: UnitId(u(unit)),
-                    lane,
-                    reason: DeadReason::LaneRetired,
-                    status: None,
-                    error: None,
-                    at,
-                };
-                if dead_letter_tx(t, token.actor().as_str(), &req, retention)? {
-                    n += 1;
-                }
-            }
-            Ok(n)
+            dead_letter_lane(
+                t,
+                token.actor().as_str(),
+                lane,
+                DeadReason::LaneRetired,
+                at,
+                None,
+                retention,
+            )
         })
     }
 
@@ -2513,11 +2552,39 @@ impl Store for PgStore {
 
     fn retry_lane_now(&self, lane: StoreLaneId) -> Result<(), StoreError> {
         let r = self.tx(true, |t| {
-            lane_update(
-                t,
-                "UPDATE ol_lanes SET not_before = NULL, backoff_level = 0 WHERE id = $1",
-                &[&lane.0],
-            )
+            lane_update(t, RETRY_LANE, &[&lane.0, &STRICT_BLOCKED_REASON])
+        });
+        self.notifier.notify();
+        r
+    }
+
+    fn purge_lane(&self, lane: StoreLaneId, at: Timestamp) -> Result<u64, StoreError> {
+        let retention = self.opts.common.ack_retention.is_some();
+        self.tx(false, |t| {
+            let actor = lane_actor(t, lane)?;
+            dead_letter_lane(t, &actor, lane, DeadReason::Purged, at, None, retention)
+        })
+    }
+
+    fn skip_lane_head(
+        &self,
+        lane: StoreLaneId,
+        at: Timestamp,
+    ) -> Result<Option<UnitId>, StoreError> {
+        let retention = self.opts.common.ack_retention.is_some();
+        let r = self.tx(false, |t| {
+            let actor = lane_actor(t, lane)?;
+            let head: Option<i64> = t
+                .q(
+                    "SELECT coalesce(unit_id, id) FROM ol_units WHERE lane_id = $1 AND state = 0 \
+                     ORDER BY seq, id LIMIT 1",
+                    &[&lane.0],
+                )?
+                .first()
+                .map(|r| r.get(0));
+            dead_letter_lane(t, &actor, lane, DeadReason::Skipped, at, Some(1), retention)?;
+            lane_update(t, RETRY_LANE, &[&lane.0, &STRICT_BLOCKED_REASON])?;
+            Ok(head.map(|h| UnitId(u(h))))
         });
         self.notifier.notify();
         r

@@ -1078,6 +1078,49 @@ fn spill(c: &Connection, head: i64) -> Result<i64, rusqlite::Error> {
     Ok(row_ref)
 }
 
+/// The actor owning `lane`.
+fn lane_actor(c: &Connection, lane: StoreLaneId) -> Result<String, StoreError> {
+    c.prepare_cached("SELECT actor FROM ol_lanes WHERE id = ?1")?
+        .query_row([lane.0], |r| r.get(0))
+        .optional()?
+        .ok_or(StoreError::NotFound { what: "lane" })
+}
+
+/// Dead-letters the pending units of `lane`, oldest first (at most `limit` of them), for
+/// `reason`. Returns how many.
+fn dead_letter_lane(
+    c: &Connection,
+    actor: &str,
+    lane: StoreLaneId,
+    reason: DeadReason,
+    at: Timestamp,
+    limit: Option<u32>,
+    retention: bool,
+) -> Result<u64, StoreError> {
+    let units: Vec<i64> = c
+        .prepare_cached(
+            "SELECT coalesce(unit_id, id) FROM ol_units WHERE lane_id = ?1 AND state = 0 \
+             ORDER BY seq, id LIMIT ?2",
+        )?
+        .query_map(params![lane.0, limit.map_or(-1, i64::from)], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    let mut n = 0;
+    for unit in units {
+        let req = DeadLetterRequest {
+            unit: UnitId(u(unit)),
+            lane,
+            reason,
+            status: None,
+            error: None,
+            at,
+        };
+        if dead_letter_tx(c, actor, &req, retention)? {
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
 fn lane_update(
     c: &Connection,
     sql: &str,
@@ -1578,25 +1621,15 @@ impl Store for SqliteStore {
         let retention = self.opts.common.ack_retention.is_some();
         self.write(|c| {
             fence(c, token)?;
-            let units: Vec<i64> = c
-                .prepare_cached("SELECT coalesce(unit_id, id) FROM ol_units WHERE lane_id = ?1 AND state = 0 ORDER BY seq, id")?
-                .query_map([lane.0], |r| r.get(0))?
-                .collect::<Result<_, _>>()?;
-            let mut n = 0;
-            for unit in units {
-                let req = DeadLetterRequest {
-                    unit: UnitId(u(unit)),
-                    lane,
-                    reason: DeadReason::LaneRetired,
-                    status: None,
-                    error: None,
-                    at,
-                };
-                if dead_letter_tx(c, token.actor().as_str(), &req, retention)? {
-                    n += 1;
-                }
-            }
-            Ok(n)
+            dead_letter_lane(
+                c,
+                token.actor().as_str(),
+                lane,
+                DeadReason::LaneRetired,
+                at,
+                None,
+                retention,
+            )
         })
     }
 
@@ -1879,11 +1912,54 @@ impl Store for SqliteStore {
         let r = self.write(|c| {
             lane_update(
                 c,
-                "UPDATE ol_lanes SET not_before = NULL, backoff_level = 0 WHERE id = ?1",
+                "UPDATE ol_lanes SET not_before = NULL, backoff_level = 0, \
+                 paused = CASE WHEN pause_reason = ?2 THEN 0 ELSE paused END, \
+                 pause_reason = CASE WHEN pause_reason = ?2 THEN NULL ELSE pause_reason END \
+                 WHERE id = ?1",
                 lane,
                 None,
-                &[],
+                &[&STRICT_BLOCKED_REASON],
             )
+        });
+        self.notifier.notify();
+        r
+    }
+
+    fn purge_lane(&self, lane: StoreLaneId, at: Timestamp) -> Result<u64, StoreError> {
+        let retention = self.opts.common.ack_retention.is_some();
+        self.write(|c| {
+            let actor = lane_actor(c, lane)?;
+            dead_letter_lane(c, &actor, lane, DeadReason::Purged, at, None, retention)
+        })
+    }
+
+    fn skip_lane_head(
+        &self,
+        lane: StoreLaneId,
+        at: Timestamp,
+    ) -> Result<Option<UnitId>, StoreError> {
+        let retention = self.opts.common.ack_retention.is_some();
+        let r = self.write(|c| {
+            let actor = lane_actor(c, lane)?;
+            let head = c
+                .prepare_cached(
+                    "SELECT coalesce(unit_id, id) FROM ol_units WHERE lane_id = ?1 AND state = 0 \
+                     ORDER BY seq, id LIMIT 1",
+                )?
+                .query_row([lane.0], |r| r.get::<_, i64>(0))
+                .optional()?;
+            dead_letter_lane(c, &actor, lane, DeadReason::Skipped, at, Some(1), retention)?;
+            lane_update(
+                c,
+                "UPDATE ol_lanes SET not_before = NULL, backoff_level = 0, \
+                 paused = CASE WHEN pause_reason = ?2 THEN 0 ELSE paused END, \
+                 pause_reason = CASE WHEN pause_reason = ?2 THEN NULL ELSE pause_reason END \
+                 WHERE id = ?1",
+                lane,
+                None,
+                &[&STRICT_BLOCKED_REASON],
+            )?;
+            Ok(head.map(|h| UnitId(u(h))))
         });
         self.notifier.notify();
         r

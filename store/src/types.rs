@@ -319,6 +319,10 @@ pub enum DeadLetterSelection {
     Ids(Vec<DeadLetterId>),
 }
 
+/// The pause reason of a strict lane blocked on its failing head (OL-8): the head would have
+/// been dead-lettered, and the lane waits for an operator's `retry` or `skip-head`.
+pub const STRICT_BLOCKED_REASON: &str = "strict lane: head failed";
+
 /// Default payload limit: 1 MiB.
 pub const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
 

@@ -49,6 +49,7 @@ contract!(
     dead_letter_durable_before_next_unit_is_claimable,
     retire_lane_dead_letters_only_that_recipient,
     operator_ops,
+    operator_lane_purge_skip_and_retry,
     ack_writer_group_commits,
     wake_ups_after_enqueue,
     watermark_finds_new_lanes,
@@ -1029,6 +1030,106 @@ fn operator_ops(b: Backend) {
         assert!(st[0].in_flight);
         let _ = s.release_slot(&t).expect("release");
         assert!(!s.status().expect("status")[0].in_flight);
+    });
+}
+
+fn operator_lane_purge_skip_and_retry(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        let mut j = row("j", &[A, B]);
+        j.joined = true;
+        s.enqueue(
+            &a,
+            &[
+                row("r0", &[A]),
+                row("r1", &[A]),
+                j,
+                row("r2", &[A]),
+                row("b0", &[B]),
+            ],
+        )
+        .expect("enqueue");
+        let (la, lb) = (lane_of(s, &a, A), lane_of(s, &a, B));
+        let t = acquire(s, &a, "h", LEASE);
+
+        // A strict lane blocked on its head: retry lifts the block and clears the backoff...
+        s.set_lane_strict(la, true).expect("strict");
+        s.set_lane_state(
+            &t,
+            la,
+            Some(now().saturating_add(Duration::from_secs(60))),
+            3,
+        )
+        .expect("backoff");
+        s.block_lane(&t, la, STRICT_BLOCKED_REASON).expect("block");
+        s.retry_lane_now(la).expect("retry");
+        let l = s.lanes(&a).expect("lanes");
+        let st = l.iter().find(|x| x.lane == la).expect("a");
+        assert!(!st.paused && st.pause_reason.is_none(), "{st:?}");
+        assert_eq!((st.not_before, st.backoff_level), (None, 0));
+        // ...but an operator's pause stays.
+        s.pause_lane(la, "maintenance").expect("pause");
+        s.retry_lane_now(la).expect("retry");
+        assert!(
+            s.lanes(&a)
+                .expect("lanes")
+                .iter()
+                .any(|x| x.lane == la && x.paused)
+        );
+        s.resume_lane(la).expect("resume");
+
+        // skip-head: only the head goes aside, the block lifts, the rest keeps its order.
+        s.block_lane(&t, la, STRICT_BLOCKED_REASON).expect("block");
+        let skipped = s.skip_lane_head(la, now()).expect("skip");
+        assert!(skipped.is_some());
+        let dl = s.dead_letters(Some(&a)).expect("dead");
+        assert_eq!(dl.len(), 1);
+        assert_eq!(
+            (dl[0].row_id.as_str(), dl[0].reason),
+            ("r0", DeadReason::Skipped)
+        );
+        assert_eq!(Some(dl[0].unit), skipped);
+        assert!(!s.lanes(&a).expect("lanes").iter().any(|x| x.paused));
+        assert_eq!(row_ids(&claim_lane(s, &t, la, 0, 10)), ["r1", "j", "r2"]);
+
+        // purge: every pending unit of lane A, in order; B keeps its share of the joined unit.
+        assert_eq!(s.purge_lane(la, now()).expect("purge"), 3);
+        let dl = s.dead_letters(Some(&a)).expect("dead");
+        let purged: Vec<&str> = dl
+            .iter()
+            .filter(|d| d.reason == DeadReason::Purged)
+            .map(|d| d.row_id.as_str())
+            .collect();
+        assert_eq!(purged, ["r1", "j", "r2"]);
+        assert!(dl.iter().all(|d| d.key == key(A)));
+        // The joined unit stays listed in A, with A no longer to serve, until B is served.
+        let ca = claim_lane(s, &t, la, 0, 10);
+        assert_eq!(row_ids(&ca), ["j"]);
+        assert!(ca.units[0].slots.iter().any(|x| x.lane == la && x.served));
+        let cb = claim_lane(s, &t, lb, 0, 10);
+        assert_eq!(row_ids(&cb), ["j", "b0"]);
+        let done: Vec<_> = cb.units.iter().map(|u| (u.id, lb)).collect();
+        s.ack(&t, &done).expect("ack");
+        assert!(claim_lane(s, &t, la, 0, 10).units.is_empty());
+        // An empty lane: nothing to skip or purge; an unknown lane is an error.
+        assert_eq!(s.skip_lane_head(la, now()).expect("skip"), None);
+        assert_eq!(s.purge_lane(la, now()).expect("purge"), 0);
+        assert_eq!(
+            s.purge_lane(StoreLaneId(987_654), now()),
+            Err(StoreError::NotFound { what: "lane" })
+        );
+        assert_eq!(
+            s.skip_lane_head(StoreLaneId(987_654), now()),
+            Err(StoreError::NotFound { what: "lane" })
+        );
+        // Replay puts them back at the tail, in their order.
+        s.replay_dead_letters(&DeadLetterSelection::Actor(a.clone()))
+            .expect("replay");
+        assert_eq!(
+            row_ids(&claim_lane(s, &t, la, 0, 10)),
+            ["r0", "r1", "j", "r2"]
+        );
     });
 }
 
