@@ -1097,3 +1097,221 @@ fn full_disk_exits_1_and_says_each_cause_once() {
     said_once(err);
     assert_eq!(pending(&db), 1);
 }
+
+/// The state column of one lane in `lanes --json`.
+fn lane_json(db: &Db, actor: &str, recipient: &str) -> Value {
+    let lanes = ok(db, &["lanes", "--actor", actor, "--json"], "").json();
+    lanes["lanes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["recipient"] == recipient)
+        .cloned()
+        .unwrap_or_else(|| panic!("no lane to {recipient}: {lanes}"))
+}
+
+fn lane_op(db: &Db, op: &str, actor: &str, recipient: &str) -> Value {
+    ok(
+        db,
+        &[
+            "lanes",
+            op,
+            "--actor",
+            actor,
+            "--recipient",
+            recipient,
+            "--json",
+        ],
+        "",
+    )
+    .json()
+}
+
+#[test]
+fn lane_controls_pause_resume_retry_purge() {
+    lane_controls(&Db::sqlite());
+}
+
+#[test]
+fn lane_controls_on_postgres() {
+    match Db::postgres() {
+        Some(db) => lane_controls(&db),
+        None => eprintln!("skipped: OUTBOX_LANES_TEST_PG is not set"),
+    }
+}
+
+fn lane_controls(db: &Db) {
+    let r = Recipient::start().unwrap();
+    let (p, q) = (r.url("/p"), r.url("/q"));
+    ok(
+        db,
+        &["enqueue", "--actor", "a"],
+        &rows(4, &[p.clone(), q.clone()]),
+    );
+
+    // A paused lane receives nothing while the others flow...
+    let out = lane_op(db, "pause", "a", &p);
+    assert_eq!(out["lane"]["paused"], true, "{out}");
+    ok(db, &["drain"], "");
+    assert_eq!(served(&r, "/q"), [0, 1, 2, 3]);
+    assert!(r.requests("/p").is_empty());
+    assert_eq!(lane_json(db, "a", &p)["depth"], 4);
+    // ...and resumes in order.
+    lane_op(db, "resume", "a", &p);
+    ok(db, &["drain"], "");
+    assert_eq!(served(&r, "/p"), [0, 1, 2, 3]);
+
+    // Retry probes a lane in backoff at once: after one failure (--pass-attempts 1) the lane
+    // backs off (30 s at level 1), so a drain right after delivers nothing; after retry it does.
+    r.script("/p", [Reply::Status(503)]);
+    ok(
+        db,
+        &["enqueue", "--actor", "a"],
+        &line("b0", &[p.clone()], &serde_json::json!({ "n": 10 })),
+    );
+    ok(db, &["drain", "--pass-attempts", "1"], "");
+    assert_eq!(lane_json(db, "a", &p)["backoff_level"], 1);
+    ok(db, &["drain"], "");
+    assert_eq!(
+        served(&r, "/p"),
+        [0, 1, 2, 3],
+        "delivered during the backoff"
+    );
+    let out = lane_op(db, "retry", "a", &p);
+    assert_eq!(out["lane"]["backoff_level"], 0, "{out}");
+    ok(db, &["drain"], "");
+    assert_eq!(served(&r, "/p"), [0, 1, 2, 3, 10]);
+
+    // Purge dead-letters only that lane's pending units, in order.
+    ok(
+        db,
+        &["enqueue", "--actor", "a"],
+        &rows(3, &[p.clone(), q.clone()]).replace("row-", "c-"),
+    );
+    lane_op(db, "pause", "a", &p);
+    let out = lane_op(db, "purge", "a", &p);
+    assert_eq!(out["dead_lettered"], 3, "{out}");
+    let dead = ok(db, &["dead-letters", "list", "--actor", "a", "--json"], "").json();
+    let dead = dead["dead_letters"].as_array().unwrap();
+    assert_eq!(
+        dead.iter()
+            .map(|d| (
+                d["row_id"].as_str().unwrap(),
+                d["reason"].as_str().unwrap(),
+                d["recipient"].as_str().unwrap()
+            ))
+            .collect::<Vec<_>>(),
+        [
+            ("c-0", "purged", p.as_str()),
+            ("c-1", "purged", p.as_str()),
+            ("c-2", "purged", p.as_str())
+        ]
+    );
+    lane_op(db, "resume", "a", &p);
+    ok(db, &["drain"], "");
+    assert_eq!(served(&r, "/q"), [0, 1, 2, 3, 0, 1, 2]);
+    assert_eq!(
+        served(&r, "/p"),
+        [0, 1, 2, 3, 10],
+        "a purged unit was delivered"
+    );
+
+    // A lane that does not exist, or a bad URL: usage errors naming it.
+    let out = run(
+        db,
+        &[
+            "lanes",
+            "pause",
+            "--actor",
+            "a",
+            "--recipient",
+            &r.url("/none"),
+        ],
+        "",
+    );
+    assert_eq!(out.code(), Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("has no lane to"), "{}", out.stderr);
+    let out = run(
+        db,
+        &["lanes", "retry", "--actor", "a", "--recipient", "not a url"],
+        "",
+    );
+    assert_eq!(out.code(), Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("--recipient"), "{}", out.stderr);
+    let out = run(
+        db,
+        &["lanes", "retry", "--actor", "nobody", "--recipient", &p],
+        "",
+    );
+    assert_eq!(out.code(), Some(2), "{}", out.stderr);
+}
+
+#[test]
+fn strict_lane_holds_its_followers_until_retry_or_skip_head() {
+    strict_lane(&Db::sqlite());
+}
+
+#[test]
+fn strict_lane_on_postgres() {
+    match Db::postgres() {
+        Some(db) => strict_lane(&db),
+        None => eprintln!("skipped: OUTBOX_LANES_TEST_PG is not set"),
+    }
+}
+
+fn strict_lane(db: &Db) {
+    let r = Recipient::start().unwrap();
+    let (p, q) = (r.url("/p"), r.url("/q"));
+    ok(
+        db,
+        &["enqueue", "--actor", "s"],
+        &rows(3, &[p.clone(), q.clone()]),
+    );
+    let out = lane_op(db, "strict", "s", &p);
+    assert_eq!(out["lane"]["strict"], true, "{out}");
+
+    // The head is refused for good: a strict lane blocks instead of dead-lettering it, and
+    // holds its followers; the other lane flows.
+    r.script("/p", [Reply::Status(422)]);
+    ok(db, &["drain"], "");
+    assert_eq!(served(&r, "/q"), [0, 1, 2]);
+    assert_eq!(r.requests("/p").len(), 1);
+    let l = lane_json(db, "s", &p);
+    assert_eq!(
+        (l["paused"].clone(), l["depth"].clone()),
+        (Value::Bool(true), 3.into()),
+        "{l}"
+    );
+    ok(db, &["drain"], "");
+    assert_eq!(r.requests("/p").len(), 1, "a blocked lane was attempted");
+    assert_eq!(pending(db), 3);
+    // Retry probes the head again (now accepted) and the lane resumes in order.
+    lane_op(db, "retry", "s", &p);
+    ok(db, &["drain"], "");
+    assert_eq!(served(&r, "/p"), [0, 1, 2]);
+
+    // Blocked again; skip-head sets the head aside and the followers go on in order.
+    ok(
+        db,
+        &["enqueue", "--actor", "s"],
+        &rows(3, &[p.clone()]).replace("row-", "d-"),
+    );
+    r.script("/p", [Reply::Status(422)]);
+    ok(db, &["drain"], "");
+    assert_eq!(lane_json(db, "s", &p)["paused"], true);
+    let out = lane_op(db, "skip-head", "s", &p);
+    assert_eq!(out["dead_lettered"], 1, "{out}");
+    assert_eq!(out["lane"]["paused"], false, "{out}");
+    ok(db, &["drain"], "");
+    assert_eq!(served(&r, "/p"), [0, 1, 2, 1, 2]);
+    let dead = ok(db, &["dead-letters", "list", "--actor", "s", "--json"], "").json();
+    let dead = dead["dead_letters"].as_array().unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        (dead[0]["row_id"].as_str(), dead[0]["reason"].as_str()),
+        (Some("d-0"), Some("skipped"))
+    );
+    // skip-head on an empty lane says so and sets nothing aside.
+    let out = lane_op(db, "skip-head", "s", &p);
+    assert_eq!(out["dead_lettered"], 0, "{out}");
+}

@@ -133,8 +133,42 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Per lane of an actor: depth, head age, last error, backoff.
-    Lanes {
+    /// Per lane of an actor: list them (depth, head age, last error, state), or act on one.
+    #[command(
+        args_conflicts_with_subcommands = true,
+        subcommand_negates_reqs = true,
+        long_about = "Per lane of an actor: list them (depth, head age, last error, state), \
+        or act on one.\n\n\
+        `lanes --actor A` lists A's lanes. The actions take effect at once in the database: a \
+        relay running elsewhere sees them at its next claim (attempts it already has in flight \
+        finish). A lane is named by --actor, --recipient (any spelling of the inbox URL) and, \
+        if it has one, --ordering-key."
+    )]
+    Lanes(LanesArgs),
+    /// List, replay or purge dead letters.
+    #[command(subcommand)]
+    DeadLetters(DeadLetterCommand),
+}
+
+/// `lanes`: a listing, or an action on one lane.
+#[derive(Debug, Args)]
+pub(crate) struct LanesArgs {
+    /// The action (default: list the actor's lanes).
+    #[command(subcommand)]
+    pub(crate) action: Option<LaneAction>,
+    /// The actor whose lanes to list.
+    #[arg(long, required = true)]
+    pub(crate) actor: Option<String>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// What to do to one lane.
+#[derive(Debug, Subcommand)]
+pub(crate) enum LaneAction {
+    /// List the actor's lanes (the default).
+    List {
         /// The actor.
         #[arg(long)]
         actor: String,
@@ -142,9 +176,65 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// List, replay or purge dead letters.
-    #[command(subcommand)]
-    DeadLetters(DeadLetterCommand),
+    /// Stop delivering to the lane: nothing of it is claimed until `resume`. Others flow.
+    Pause {
+        #[command(flatten)]
+        lane: LaneArgs,
+        /// Why (shown by `lanes` and `status`).
+        #[arg(long, default_value = "paused by an operator")]
+        reason: String,
+    },
+    /// Deliver to a paused lane again, in order, from its head.
+    Resume {
+        #[command(flatten)]
+        lane: LaneArgs,
+    },
+    /// Attempt the lane's head at once: clears its backoff and a strict lane's block (an
+    /// operator's pause stays: use `resume`).
+    Retry {
+        #[command(flatten)]
+        lane: LaneArgs,
+    },
+    /// Strict mode: a head that would be dead-lettered blocks the lane instead, holding its
+    /// followers until `retry` or `skip-head`.
+    Strict {
+        #[command(flatten)]
+        lane: LaneArgs,
+    },
+    /// Leave strict mode (a blocked head stays blocked until `retry` or `skip-head`).
+    Unstrict {
+        #[command(flatten)]
+        lane: LaneArgs,
+    },
+    /// Dead-letter every pending unit of the lane (reason `purged`); `dead-letters replay`
+    /// puts them back. Other lanes, and other recipients of joined units, are untouched.
+    Purge {
+        #[command(flatten)]
+        lane: LaneArgs,
+    },
+    /// Dead-letter the lane's head (reason `skipped`), lift a strict block and clear the
+    /// backoff: its followers go on in order.
+    SkipHead {
+        #[command(flatten)]
+        lane: LaneArgs,
+    },
+}
+
+/// Names one lane.
+#[derive(Debug, Args)]
+pub(crate) struct LaneArgs {
+    /// The actor.
+    #[arg(long)]
+    pub(crate) actor: String,
+    /// The recipient's inbox URL (any spelling: it is canonicalised as at enqueue).
+    #[arg(long)]
+    pub(crate) recipient: String,
+    /// The ordering key, if the lane has one.
+    #[arg(long)]
+    pub(crate) ordering_key: Option<String>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 /// `dead-letters` subcommands.

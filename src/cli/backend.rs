@@ -386,6 +386,34 @@ impl OpenError {
     }
 }
 
+/// What an operator does to one lane (`outbox-lanes lanes <action>`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum LaneOp {
+    /// Stop claiming the lane, with this reason.
+    Pause(String),
+    /// Claim it again.
+    Resume,
+    /// Clear its backoff (and a strict block): the head is attempted at once.
+    Retry,
+    /// Strict mode on or off.
+    Strict(bool),
+    /// Dead-letter every pending unit.
+    Purge,
+    /// Dead-letter the head, lift a strict block.
+    SkipHead,
+}
+
+/// What a [`LaneOp`] did.
+#[derive(Debug, Default)]
+pub(crate) struct LaneOpDone {
+    /// The lane afterwards (`None` if nothing is left of it to list).
+    pub(crate) lane: Option<LaneStatus>,
+    /// Units dead-lettered (purge, skip-head).
+    pub(crate) dead_lettered: u64,
+    /// The unit skip-head set aside.
+    pub(crate) skipped: Option<UnitId>,
+}
+
 /// Runs `f` on tokio's blocking pool.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> anyhow::Result<T> {
     tokio::task::spawn_blocking(f)
@@ -507,6 +535,53 @@ impl Backend {
     /// An actor's lanes.
     pub(crate) async fn lanes(&self, actor: String) -> anyhow::Result<Vec<LaneStatus>> {
         Ok(self.outbox.lanes(&actor).await?)
+    }
+
+    /// Applies an operator's `op` to the lane of `actor` keyed `key`, and returns the lane as
+    /// it is afterwards.
+    ///
+    /// # Errors
+    /// A [`UsageError`] if the actor has no such lane; database failures.
+    pub(crate) async fn lane_op(
+        &self,
+        actor: String,
+        key: LaneKey,
+        op: LaneOp,
+    ) -> anyhow::Result<LaneOpDone> {
+        let store = Arc::clone(self.outbox.store());
+        blocking(move || -> anyhow::Result<LaneOpDone> {
+            let id = ActorId::new(actor.clone());
+            let Some(lane) = store.find_lane(&id, &key)? else {
+                let ok = key
+                    .ordering_key()
+                    .map(|k| format!(" and ordering key {k:?}"))
+                    .unwrap_or_default();
+                return Err(UsageError(format!(
+                    "actor {actor:?} has no lane to {}{ok}; `outbox-lanes lanes --actor {actor}` \
+                     lists its lanes",
+                    key.recipient()
+                ))
+                .into());
+            };
+            let at = Timestamp::from_system_time(SystemTime::now());
+            let mut done = LaneOpDone::default();
+            match op {
+                LaneOp::Pause(ref reason) => store.pause_lane(lane, reason)?,
+                LaneOp::Resume => store.resume_lane(lane)?,
+                LaneOp::Retry => store.retry_lane_now(lane)?,
+                LaneOp::Strict(strict) => store.set_lane_strict(lane, strict)?,
+                LaneOp::Purge => done.dead_lettered = store.purge_lane(lane, at)?,
+                LaneOp::SkipHead => {
+                    done.skipped = store.skip_lane_head(lane, at)?;
+                    done.dead_lettered = u64::from(done.skipped.is_some());
+                }
+            }
+            // Wake a relay in this process; others see the commit through their watcher.
+            store.notifier().notify();
+            done.lane = store.lanes(&id)?.into_iter().find(|l| l.lane == lane);
+            Ok(done)
+        })
+        .await?
     }
 
     /// Dead letters of one actor or all.

@@ -14,15 +14,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use outbox_lanes_core::ActorId;
 use outbox_lanes_core::policy::AddressPolicy;
+use outbox_lanes_core::{ActorId, LaneKey};
 use outbox_lanes_store::{DeadLetterId, DeadLetterSelection};
 use outbox_lanes_tokio::{DrainControl, DrainOutcome, OutboxConfig, OutboxError, PassReport};
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
-use args::{Cli, Command, DeadLetterArgs, DeadLetterCommand, DeliveryFlags, LogFormat};
-use backend::{Backend, Counters, OpenError};
+use args::{
+    Cli, Command, DeadLetterArgs, DeadLetterCommand, DeliveryFlags, LaneAction, LanesArgs,
+    LogFormat,
+};
+use backend::{Backend, Counters, LaneOp, OpenError};
 
 /// A usage or input error: exit code 2.
 #[derive(Debug)]
@@ -215,18 +218,88 @@ async fn dispatch(
                 print(&output::status_table(&s))
             }
         }
-        Command::Lanes { actor, json } => {
-            let lanes = backend.lanes(actor.clone()).await?;
-            if lanes.is_empty() {
-                known_actor(backend, &actor).await?;
-            }
-            if json {
-                print_json(&output::lanes_json(&actor, &lanes))
-            } else {
-                print(&output::lanes_table(&lanes))
-            }
-        }
+        Command::Lanes(args) => cmd_lanes(backend, args).await,
         Command::DeadLetters(c) => cmd_dead_letters(backend, c).await,
+    }
+}
+
+/// `lanes [list] --actor A`.
+async fn cmd_list_lanes(backend: &Backend, actor: String, json: bool) -> anyhow::Result<()> {
+    let lanes = backend.lanes(actor.clone()).await?;
+    if lanes.is_empty() {
+        known_actor(backend, &actor).await?;
+    }
+    if json {
+        print_json(&output::lanes_json(&actor, &lanes))
+    } else {
+        print(&output::lanes_table(&lanes))
+    }
+}
+
+/// `lanes`: a listing, or `pause|resume|retry|strict|unstrict|purge|skip-head` on one lane.
+async fn cmd_lanes(backend: &Backend, args: LanesArgs) -> anyhow::Result<()> {
+    let (name, lane, op) = match (args.action, args.actor) {
+        (None, Some(actor)) => return cmd_list_lanes(backend, actor, args.json).await,
+        (None, None) => return Err(usage("lanes: --actor is required")),
+        (Some(LaneAction::List { actor, json }), _) => {
+            return cmd_list_lanes(backend, actor, json).await;
+        }
+        (Some(LaneAction::Pause { lane, reason }), _) => {
+            if reason.trim().is_empty() {
+                return Err(usage("--reason is empty"));
+            }
+            ("pause", lane, LaneOp::Pause(reason))
+        }
+        (Some(LaneAction::Resume { lane }), _) => ("resume", lane, LaneOp::Resume),
+        (Some(LaneAction::Retry { lane }), _) => ("retry", lane, LaneOp::Retry),
+        (Some(LaneAction::Strict { lane }), _) => ("strict", lane, LaneOp::Strict(true)),
+        (Some(LaneAction::Unstrict { lane }), _) => ("unstrict", lane, LaneOp::Strict(false)),
+        (Some(LaneAction::Purge { lane }), _) => ("purge", lane, LaneOp::Purge),
+        (Some(LaneAction::SkipHead { lane }), _) => ("skip-head", lane, LaneOp::SkipHead),
+    };
+    let key = LaneKey::new(&lane.recipient, lane.ordering_key.as_deref())
+        .map_err(|e| usage(format!("--recipient {:?}: {e}", lane.recipient)))?;
+    known_actor(backend, &lane.actor).await?;
+    let done = backend.lane_op(lane.actor.clone(), key.clone(), op).await?;
+    info!(
+        action = name,
+        actor = %lane.actor,
+        recipient = key.recipient(),
+        ordering_key = key.ordering_key(),
+        dead_lettered = done.dead_lettered,
+        "lane action done"
+    );
+    let listed = done.lane.as_slice();
+    if lane.json {
+        print_json(&serde_json::json!({
+            "action": name,
+            "actor": lane.actor,
+            "recipient": key.recipient(),
+            "ordering_key": key.ordering_key(),
+            "dead_lettered": done.dead_lettered,
+            "skipped_unit": done.skipped.map(|u| u.0),
+            "lane": serde_json::to_value(output::lanes_json(&lane.actor, listed))?["lanes"]
+                .get(0)
+                .cloned(),
+        }))
+    } else {
+        let mut text = format!("{name}: {}", output::lane_name(&key));
+        match (name, done.skipped) {
+            ("skip-head", Some(u)) => {
+                text.push_str(&format!(": unit {} dead-lettered (reason skipped)", u.0))
+            }
+            ("skip-head", None) => text.push_str(": nothing pending, nothing skipped"),
+            ("purge", _) => text.push_str(&format!(
+                ": {} unit(s) dead-lettered (reason purged)",
+                done.dead_lettered
+            )),
+            _ => text.push_str(": done"),
+        }
+        text.push('\n');
+        if !listed.is_empty() {
+            text.push_str(&output::lanes_table(listed));
+        }
+        print(&text)
     }
 }
 

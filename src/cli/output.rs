@@ -69,7 +69,7 @@ fn last_error(status: Option<u16>, error: Option<&str>) -> String {
     }
 }
 
-fn lane_name(k: &LaneKey) -> String {
+pub(crate) fn lane_name(k: &LaneKey) -> String {
     match k.ordering_key() {
         Some(o) => format!("{} [{o}]", k.recipient()),
         None => k.recipient().to_owned(),
