@@ -1167,7 +1167,11 @@ fn lane_controls(db: &Db) {
     ok(
         db,
         &["enqueue", "--actor", "a"],
-        &line("b0", &[p.clone()], &serde_json::json!({ "n": 10 })),
+        &line(
+            "b0",
+            std::slice::from_ref(&p),
+            &serde_json::json!({ "n": 10 }),
+        ),
     );
     ok(db, &["drain", "--pass-attempts", "1"], "");
     assert_eq!(lane_json(db, "a", &p)["backoff_level"], 1);
@@ -1294,7 +1298,7 @@ fn strict_lane(db: &Db) {
     ok(
         db,
         &["enqueue", "--actor", "s"],
-        &rows(3, &[p.clone()]).replace("row-", "d-"),
+        &rows(3, std::slice::from_ref(&p)).replace("row-", "d-"),
     );
     r.script("/p", [Reply::Status(422)]);
     ok(db, &["drain"], "");
