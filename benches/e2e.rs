@@ -547,14 +547,14 @@ fn binary_drain(server: &Server, l: &Load, concurrency: usize) -> Res<Run> {
         .args([
             "--db",
             db,
+            "drain",
+            "--actor",
+            "bench",
             "--concurrency",
             &concurrency.to_string(),
             "--allow-private-destinations",
             "--timeout",
             "10s",
-            "drain",
-            "--actor",
-            "bench",
         ])
         .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::null())

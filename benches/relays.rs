@@ -49,9 +49,9 @@ fn sigterm(child: &Child) -> Result<(), Box<dyn Error>> {
 fn relay(url: &str, schema: &str, concurrency: usize) -> Result<Child, Box<dyn Error>> {
     Ok(Command::new(env!("CARGO_BIN_EXE_outbox-lanes"))
         .args(["--db", url, "--pg-schema", schema])
+        .arg("relay")
         .args(["--concurrency", &concurrency.to_string()])
         .args(["--timeout", "5s", "--allow-private-destinations"])
-        .arg("relay")
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())

@@ -89,10 +89,11 @@ impl Out {
 fn command(db: &Db, args: &[&str]) -> Command {
     let mut c = Command::new(BIN);
     c.args(db.args())
-        .arg("--allow-private-destinations")
-        .arg("--timeout")
-        .arg("10s")
         .args(args)
+        // Through the environment: every command may read these, only drain and relay take
+        // them (and enqueue its own --allow-private-destinations).
+        .env("OUTBOX_LANES_ALLOW_PRIVATE_DESTINATIONS", "true")
+        .env("OUTBOX_LANES_TIMEOUT", "10s")
         .env("RUST_LOG", "info")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -1318,4 +1319,61 @@ fn strict_lane(db: &Db) {
     // skip-head on an empty lane says so and sets nothing aside.
     let out = lane_op(db, "skip-head", "s", &p);
     assert_eq!(out["dead_lettered"], 0, "{out}");
+}
+
+/// The settings precedence: a flag over its environment variable over the `--config` file
+/// over the built-in default, seen by the recipient (User-Agent) and in the outcome (a single
+/// attempt dead-letters when the file sets max-attempts = 1).
+#[test]
+fn config_file_env_and_flags_in_that_order() {
+    let db = Db::sqlite();
+    let r = Recipient::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("outbox-lanes.toml");
+    std::fs::write(
+        &file,
+        "user-agent = \"from-file/1\"\nmax_attempts = 1\npass-attempts = 1\nretry-delays = [\"10ms\"]\n",
+    )
+    .unwrap();
+    let cfg = file.display().to_string();
+    let ua = |n: usize| {
+        r.requests("/a")
+            .get(n)
+            .and_then(|q| q.header("user-agent").map(str::to_owned))
+    };
+    let drain = |extra_env: Option<(&str, &str)>, args: &[&str]| {
+        ok(
+            &db,
+            &["enqueue", "--actor", "c"],
+            &rows(1, &[r.url("/a")]).replace("row-", &format!("x{}-", r.requests("/a").len())),
+        );
+        let mut c = command(&db, &[&["drain", "--config", &cfg], args].concat());
+        if let Some((k, v)) = extra_env {
+            c.env(k, v);
+        }
+        let out = collect(c.spawn().unwrap(), "");
+        assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    };
+    drain(None, &[]);
+    assert_eq!(ua(0).as_deref(), Some("from-file/1"));
+    drain(Some(("OUTBOX_LANES_USER_AGENT", "from-env/1")), &[]);
+    assert_eq!(ua(1).as_deref(), Some("from-env/1"));
+    drain(
+        Some(("OUTBOX_LANES_USER_AGENT", "from-env/1")),
+        &["--user-agent", "from-flag/1"],
+    );
+    assert_eq!(ua(2).as_deref(), Some("from-flag/1"));
+
+    // max_attempts = 1 from the file: one refused attempt (503) is a dead letter at once.
+    r.script("/a", [Reply::Status(503)]);
+    drain(None, &[]);
+    let dead = ok(&db, &["dead-letters", "list", "--json"], "").json();
+    assert_eq!(dead["dead_letters"][0]["reason"], "exhausted", "{dead}");
+    assert_eq!(dead["dead_letters"][0]["attempts"], 1, "{dead}");
+
+    // A key that names no flag is refused before anything runs.
+    std::fs::write(&file, "concurency = 4\n").unwrap();
+    let out = run(&db, &["drain", "--config", &cfg], "");
+    assert_eq!(out.code(), Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("concurency"), "{}", out.stderr);
 }

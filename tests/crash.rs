@@ -70,7 +70,7 @@ fn fault(rng: &mut Rng) -> Reply {
 fn relay(db: &[String]) -> Child {
     Command::new(BIN)
         .args(db)
-        .args(["--allow-private-destinations", "--timeout", "2s", "relay"])
+        .args(["relay", "--allow-private-destinations", "--timeout", "2s"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -23,10 +23,9 @@ const BOUND: Duration = Duration::from_secs(20);
 fn command(db: &[String], args: &[&str]) -> Command {
     let mut c = Command::new(BIN);
     c.args(db)
-        .arg("--allow-private-destinations")
-        .arg("--timeout")
-        .arg("10s")
         .args(args)
+        .env("OUTBOX_LANES_ALLOW_PRIVATE_DESTINATIONS", "true")
+        .env("OUTBOX_LANES_TIMEOUT", "10s")
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::null());

@@ -19,19 +19,14 @@ const N: usize = 5;
 
 fn command(db: &str, args: &[&str]) -> Command {
     let mut c = Command::new(BIN);
-    c.args([
-        "--db",
-        db,
-        "--allow-private-destinations",
-        "--timeout",
-        "20s",
-        "--shutdown-grace",
-        "3s",
-    ])
-    .args(args)
-    .stdin(Stdio::piped())
-    .stdout(Stdio::null())
-    .stderr(Stdio::null());
+    c.args(["--db", db])
+        .args(args)
+        .env("OUTBOX_LANES_ALLOW_PRIVATE_DESTINATIONS", "true")
+        .env("OUTBOX_LANES_TIMEOUT", "20s")
+        .env("OUTBOX_LANES_SHUTDOWN_GRACE", "3s")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
     c
 }
 

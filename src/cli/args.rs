@@ -35,52 +35,122 @@ pub(crate) struct Cli {
     )]
     pub(crate) pg_schema: String,
 
-    #[command(flatten)]
-    pub(crate) delivery: DeliveryFlags,
+    /// A TOML file of settings: `flag-name = value` for any long flag of any command
+    /// (`concurrency = 512`, `timeout = "10s"`, `retry-delays = ["1s", "5s"]`). A flag on the
+    /// command line wins over its environment variable, which wins over the file.
+    #[arg(long, global = true, env = "OUTBOX_LANES_CONFIG", value_name = "FILE")]
+    pub(crate) config: Option<std::path::PathBuf>,
 
     /// Log format on stderr (level from RUST_LOG, default info).
-    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "OUTBOX_LANES_LOG_FORMAT")]
     pub(crate) log_format: LogFormat,
 
     #[command(subcommand)]
     pub(crate) command: Command,
 }
 
-/// The flags that configure delivery, common to every subcommand.
+/// The flags that configure delivery: `drain` and `relay` take them. Each has an
+/// `OUTBOX_LANES_*` environment variable and a `--config` key of its name.
 #[derive(Debug, Args)]
 pub(crate) struct DeliveryFlags {
     /// HTTP timeout per attempt: `30s`, `500ms`, `2m`, or plain seconds; more than zero.
-    #[arg(long, global = true, value_parser = parse_timeout, default_value = "30s")]
+    #[arg(long, value_parser = parse_timeout, default_value = "30s", env = "OUTBOX_LANES_TIMEOUT")]
     pub(crate) timeout: Duration,
 
-    /// After SIGINT or SIGTERM, how long `drain` and `relay` let attempts in flight finish
-    /// before handing them back unanswered and exiting 1: `10s`, `500ms`, or plain seconds.
-    #[arg(long, global = true, value_parser = parse_duration, default_value = "10s")]
+    /// After SIGINT or SIGTERM, how long attempts in flight may finish before they are handed
+    /// back unanswered and the command exits 1: `10s`, `500ms`, or plain seconds.
+    #[arg(long, value_parser = parse_duration, default_value = "10s", env = "OUTBOX_LANES_SHUTDOWN_GRACE")]
     pub(crate) shutdown_grace: Duration,
 
     /// Persisted attempts before a unit becomes a dead letter.
-    #[arg(long, global = true, default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..), env = "OUTBOX_LANES_MAX_ATTEMPTS")]
     pub(crate) max_attempts: u32,
 
     /// The failure within one pass that stalls a unit into lane backoff.
-    #[arg(long, global = true, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..), env = "OUTBOX_LANES_PASS_ATTEMPTS")]
     pub(crate) pass_attempts: u32,
 
     /// Deliveries in flight at once in this process, and for one actor (its in-flight
     /// window). Sized for recipients 50–500 ms away; raise it for many slow recipients.
-    #[arg(long, global = true, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65536), env = "OUTBOX_LANES_CONCURRENCY")]
     pub(crate) concurrency: u32,
 
     /// At most this many deliveries in flight at once to one host (default: no cap but
     /// --concurrency). Deliveries past it wait without holding up other hosts.
-    #[arg(long, global = true, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096), env = "OUTBOX_LANES_PER_HOST_CONCURRENCY")]
     pub(crate) per_host_concurrency: Option<u32>,
 
     /// Allow loopback and private-range destinations (refused by default: SSRF guard).
     /// Link-local addresses and cloud metadata services (169.254.169.254, fd00:ec2::254,
     /// 100.100.100.200, 168.63.129.16, ...) stay refused.
-    #[arg(long, global = true)]
+    #[arg(long, env = "OUTBOX_LANES_ALLOW_PRIVATE_DESTINATIONS")]
     pub(crate) allow_private_destinations: bool,
+
+    /// The delays between attempts of a unit within one pass, after its 1st, 2nd, ... failure
+    /// (the last repeats): comma-separated durations. Default `1s,2s,4s`.
+    #[arg(long, value_parser = parse_duration, value_delimiter = ',', env = "OUTBOX_LANES_RETRY_DELAYS")]
+    pub(crate) retry_delays: Vec<Duration>,
+
+    /// Jitter applied to every retry delay and lane backoff, in percent (± that share).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(0..=100), env = "OUTBOX_LANES_JITTER_PERCENT")]
+    pub(crate) jitter_percent: u32,
+
+    /// A stalled lane's first backoff; each further stall doubles it, up to --backoff-cap.
+    #[arg(long, value_parser = parse_duration, default_value = "30s", env = "OUTBOX_LANES_BACKOFF_BASE")]
+    pub(crate) backoff_base: Duration,
+
+    /// The longest lane backoff.
+    #[arg(long, value_parser = parse_duration, default_value = "1h", env = "OUTBOX_LANES_BACKOFF_CAP")]
+    pub(crate) backoff_cap: Duration,
+
+    /// The longest wait a recipient's Retry-After (429, 503) is honoured for.
+    #[arg(long, value_parser = parse_duration, default_value = "1h", env = "OUTBOX_LANES_RETRY_AFTER_CAP")]
+    pub(crate) retry_after_cap: Duration,
+
+    /// The backoff level from which throttled attempts (429, or 503 with Retry-After) count
+    /// toward --max-attempts, so a recipient that throttles forever still dead-letters.
+    #[arg(long, default_value_t = 1, env = "OUTBOX_LANES_MAX_THROTTLED_LEVEL")]
+    pub(crate) max_throttled_level: u32,
+
+    /// Dead-letter a unit (reason `expired`) that is older than this when it is due: `7d`,
+    /// `12h`. Default: no limit.
+    #[arg(long, value_parser = parse_duration, env = "OUTBOX_LANES_MAX_AGE")]
+    pub(crate) max_age: Option<Duration>,
+
+    /// A 410 Gone retires the whole lane: every pending unit of it is dead-lettered.
+    #[arg(long, env = "OUTBOX_LANES_RETIRE_ON_GONE")]
+    pub(crate) retire_on_gone: bool,
+
+    /// The drain slot's lease, renewed every third of it while a pass runs; another relay
+    /// takes over an actor whose holder died after at most this long.
+    #[arg(long, value_parser = parse_timeout, default_value = "30s", env = "OUTBOX_LANES_LEASE")]
+    pub(crate) lease: Duration,
+
+    /// A pass yields after this long so busy actors cannot starve the others.
+    #[arg(long, value_parser = parse_timeout, default_value = "10s", env = "OUTBOX_LANES_TIME_SLICE")]
+    pub(crate) time_slice: Duration,
+
+    /// The relay's safety-net poll for work (wake-ups after enqueue come sooner).
+    #[arg(long, value_parser = parse_timeout, default_value = "1s", env = "OUTBOX_LANES_POLL_INTERVAL")]
+    pub(crate) poll_interval: Duration,
+
+    /// Passes (actors) the relay runs at once.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=4096), env = "OUTBOX_LANES_MAX_PASSES")]
+    pub(crate) max_passes: u32,
+
+    /// The `User-Agent` header of every request (default `outbox-lanes/<version>`).
+    #[arg(long, value_parser = parse_header_value, env = "OUTBOX_LANES_USER_AGENT")]
+    pub(crate) user_agent: Option<String>,
+
+    /// The name this process holds drain slots under, as `status` shows it (default:
+    /// host-pid-random).
+    #[arg(long, env = "OUTBOX_LANES_HOLDER")]
+    pub(crate) holder: Option<String>,
+
+    /// The seed of every pass's jitter, to replay a run (default: a fresh seed per pass,
+    /// logged at DEBUG).
+    #[arg(long, env = "OUTBOX_LANES_SEED")]
+    pub(crate) seed: Option<u64>,
 }
 
 /// How logs are written.
@@ -120,12 +190,16 @@ pub(crate) enum Command {
         /// Drain this actor only (default: every actor with admissible work).
         #[arg(long)]
         actor: Option<String>,
+        #[command(flatten)]
+        delivery: DeliveryFlags,
     },
     /// Run the monitor until SIGINT or SIGTERM, then shut down gracefully.
     Relay {
         /// Serve Prometheus text metrics on this address (e.g. 127.0.0.1:9187).
-        #[arg(long)]
+        #[arg(long, env = "OUTBOX_LANES_METRICS_ADDR")]
         metrics_addr: Option<SocketAddr>,
+        #[command(flatten)]
+        delivery: DeliveryFlags,
     },
     /// Per actor: pending units, pass running, lanes in backoff, dead letters.
     Status {
@@ -276,6 +350,17 @@ fn parse_timeout(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// A header value: visible ASCII, spaces and tabs (RFC 9110 field-value, without obs-text).
+fn parse_header_value(s: &str) -> Result<String, String> {
+    if s.bytes().all(|b| b == b'\t' || (b' '..=b'~').contains(&b)) && !s.trim().is_empty() {
+        Ok(s.to_owned())
+    } else {
+        Err(format!(
+            "{s:?}: not a valid HTTP header value (visible ASCII and spaces)"
+        ))
+    }
+}
+
 /// `30s`, `500ms`, `1m 30s`, or plain (possibly fractional) seconds.
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
@@ -298,6 +383,10 @@ mod tests {
         assert!(parse_duration("-1").is_err());
         assert!(parse_duration("soon").is_err());
         assert_eq!(parse_timeout("0.5"), Ok(Duration::from_millis(500)));
+        assert!(parse_header_value("outbox-lanes/1 (+https://example.com)").is_ok());
+        for bad in ["", " ", "a\r\nX-Injected: 1", "caf\u{e9}"] {
+            assert!(parse_header_value(bad).is_err(), "{bad:?}");
+        }
         for zero in ["0", "0s", "0ms", "0.0"] {
             assert!(parse_timeout(zero).is_err(), "{zero}");
         }

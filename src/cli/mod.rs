@@ -2,6 +2,7 @@
 
 pub(crate) mod args;
 pub(crate) mod backend;
+pub(crate) mod config;
 pub(crate) mod enqueue;
 pub(crate) mod metrics;
 pub(crate) mod output;
@@ -88,7 +89,21 @@ fn message(e: &anyhow::Error) -> String {
 /// Runs the command line; never panics on user input.
 pub(crate) fn main() -> ExitCode {
     // clap prints its own usage errors and exits 2 (0 for --help and --version).
-    let cli = <Cli as clap::Parser>::parse();
+    let matches = match config::matches(
+        <Cli as clap::CommandFactory>::command(),
+        std::env::args_os().collect(),
+    ) {
+        Ok(m) => m,
+        Err(config::Error::Clap(e)) => e.exit(),
+        Err(config::Error::File(msg)) => {
+            eprintln!("error: {msg}");
+            return ExitCode::from(2);
+        }
+    };
+    let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     init_logging(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -128,6 +143,7 @@ fn init_logging(format: LogFormat) {
 /// The runtime the binary runs, as its logs name it.
 const RUNTIME: &str = "tokio (passes and deliveries as tasks, reqwest)";
 
+/// The outbox configuration the delivery flags ask for.
 fn config(d: &DeliveryFlags) -> OutboxConfig {
     let mut c = OutboxConfig::default();
     c.http.timeout = d.timeout;
@@ -143,6 +159,26 @@ fn config(d: &DeliveryFlags) -> OutboxConfig {
             allow_link_local: false,
         };
     }
+    if !d.retry_delays.is_empty() {
+        c.scheduler.retry_delays.clone_from(&d.retry_delays);
+    }
+    c.scheduler.jitter_percent = d.jitter_percent;
+    c.scheduler.lane_backoff_base = d.backoff_base;
+    c.scheduler.lane_backoff_cap = d.backoff_cap;
+    c.scheduler.retry_after_cap = d.retry_after_cap;
+    c.http.retry_after_cap = d.retry_after_cap;
+    c.scheduler.max_throttled_level = d.max_throttled_level;
+    c.scheduler.max_age = d.max_age;
+    c.scheduler.retire_on_gone = d.retire_on_gone;
+    c.lease = d.lease;
+    c.time_slice = d.time_slice;
+    c.poll_interval = d.poll_interval;
+    c.max_passes = d.max_passes as usize;
+    if let Some(ua) = &d.user_agent {
+        c.http.user_agent.clone_from(ua);
+    }
+    c.holder.clone_from(&d.holder);
+    c.seed = d.seed;
     c
 }
 
@@ -180,7 +216,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         cli.db.clone(),
         cli.pg_schema.clone(),
         create,
-        config(&cli.delivery),
+        match &cli.command {
+            Command::Drain { delivery, .. } | Command::Relay { delivery, .. } => config(delivery),
+            _ => OutboxConfig::default(),
+        },
         Arc::clone(&counters),
     )
     .await?;
@@ -206,8 +245,8 @@ async fn dispatch(
             let batch = batch.context("the input was not read")?;
             cmd_enqueue(backend, actor, batch).await
         }
-        Command::Drain { actor } => cmd_drain(backend, actor, counters, Signals::new()?).await,
-        Command::Relay { metrics_addr } => {
+        Command::Drain { actor, .. } => cmd_drain(backend, actor, counters, Signals::new()?).await,
+        Command::Relay { metrics_addr, .. } => {
             cmd_relay(backend, metrics_addr, counters, Signals::new()?).await
         }
         Command::Status { json } => {
