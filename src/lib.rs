@@ -8,6 +8,7 @@
 //! This facade re-exports the sans-IO [`core`] and, by feature, a store ([`store`]: `sqlite`,
 //! the default, and `postgres`) and a runtime ([`blocking`]: the `blocking` feature;
 //! [`tokio`](mod@tokio): the `tokio` and `async-std` features).
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use outbox_lanes_core as core;
 

@@ -1377,3 +1377,31 @@ fn config_file_env_and_flags_in_that_order() {
     assert_eq!(out.code(), Some(2), "{}", out.stderr);
     assert!(out.stderr.contains("concurency"), "{}", out.stderr);
 }
+
+/// Shell completions and the man page come from the command definition, without a database.
+#[test]
+fn completions_and_man_page() {
+    let db = Db::sqlite();
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let out = ok(&db, &["completions", shell], "");
+        for sub in [
+            "enqueue",
+            "drain",
+            "relay",
+            "lanes",
+            "skip-head",
+            "dead-letters",
+        ] {
+            assert!(out.stdout.contains(sub), "{shell} completions lack {sub}");
+        }
+    }
+    let man = ok(&db, &["man"], "");
+    assert!(man.stdout.contains(".TH outbox-lanes 1"), "{}", man.stdout);
+    assert!(man.stdout.contains("dead\\-letters"), "{}", man.stdout);
+    let Db::Sqlite { path, .. } = &db else {
+        unreachable!()
+    };
+    assert!(!path.exists(), "a database was created");
+    let out = run(&db, &["completions", "tcsh"], "");
+    assert_eq!(out.code(), Some(2), "{}", out.stderr);
+}

@@ -11,6 +11,7 @@
 //! - [`PassSession`] and [`DrainSession`]: one pass's lifecycle (lease renewal, time slice,
 //!   shutdown grace, its end) and the drain-slot protocol around passes.
 //! - [`policy`]: status classification, Retry-After, recipient URLs, the SSRF address policy.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![no_std]
 #![warn(clippy::std_instead_of_core, clippy::alloc_instead_of_core)]
 

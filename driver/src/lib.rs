@@ -26,6 +26,7 @@
 //!   [`DrainControl`] and [`OutboxCore`] (store, slots, acks, resolver).
 //!
 //! Dependencies run runtimes → driver → store / HTTP policy → core.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod config;
 mod control;

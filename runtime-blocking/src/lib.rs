@@ -30,6 +30,7 @@
 //! outbox.drain("alice")?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod monitor;
 mod wake;

@@ -50,6 +50,7 @@
 //! outbox.drain("alice").await?;
 //! # Ok(()) }
 //! ```
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod cancel;
 mod executor;

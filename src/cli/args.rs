@@ -222,6 +222,15 @@ pub(crate) enum Command {
     /// List, replay or purge dead letters.
     #[command(subcommand)]
     DeadLetters(DeadLetterCommand),
+    /// Print a shell completion script to stdout (e.g. `outbox-lanes completions bash >
+    /// /etc/bash_completion.d/outbox-lanes`).
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff) to stdout (e.g. `outbox-lanes man > outbox-lanes.1`).
+    Man,
 }
 
 /// `lanes`: a listing, or an action on one lane.

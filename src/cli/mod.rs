@@ -104,6 +104,26 @@ pub(crate) fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
+    // Generated from the command definition: no database, no runtime.
+    match &cli.command {
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(*shell, &mut cmd, "outbox-lanes", &mut std::io::stdout());
+            return ExitCode::SUCCESS;
+        }
+        Command::Man => {
+            let page = clap_mangen::Man::new(<Cli as clap::CommandFactory>::command());
+            return match page.render(&mut std::io::stdout()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: cannot write the man page: {e}");
+                    ExitCode::from(1)
+                }
+            };
+        }
+        _ => {}
+    }
     init_logging(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -259,6 +279,7 @@ async fn dispatch(
         }
         Command::Lanes(args) => cmd_lanes(backend, args).await,
         Command::DeadLetters(c) => cmd_dead_letters(backend, c).await,
+        Command::Completions { .. } | Command::Man => Ok(()),
     }
 }
 
