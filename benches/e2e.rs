@@ -440,6 +440,7 @@ fn tokio_limit(server: &Server, l: &Load, concurrency: usize) -> Res<Run> {
                         return Ok::<(), String>(());
                     };
                     let d = outbox_lanes::blocking::http::Delivery {
+                        actor: "bench",
                         unit: UnitId(i as u64 + 1),
                         recipient: to,
                         body: b,
@@ -495,6 +496,7 @@ fn blocking_limit(server: &Server, l: &Load, concurrency: usize) -> Res<Run> {
                         return;
                     };
                     let d = outbox_lanes::blocking::http::Delivery {
+                        actor: "bench",
                         unit: UnitId(i as u64 + 1),
                         recipient: to,
                         body: b,

@@ -188,6 +188,7 @@ fn serial_run(http: &HttpClient) -> Result<(), Box<dyn Error>> {
             let b = body(i);
             http.deliver(
                 &Delivery {
+                    actor: "fanout",
                     unit: UnitId((i * 4) as u64),
                     recipient: &url,
                     body: &b,
@@ -226,6 +227,7 @@ fn unconstrained_run(http: &HttpClient) -> Result<(), Box<dyn Error>> {
                 while start.elapsed() < BASELINE_BUDGET {
                     let a = http.deliver(
                         &Delivery {
+                            actor: "fanout",
                             unit: UnitId((i * 4) as u64),
                             recipient: &url,
                             body: &b,

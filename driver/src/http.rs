@@ -95,6 +95,9 @@ pub fn redact_userinfo(url: &str) -> String {
 /// One attempt to deliver one unit to one recipient.
 #[derive(Clone, Copy, Debug)]
 pub struct Delivery<'a> {
+    /// The canonical id of the actor whose unit this is, passed to the signer (which picks
+    /// the actor's key by it).
+    pub actor: &'a str,
     /// The unit; its id is sent as `Idempotency-Key`.
     pub unit: UnitId,
     /// The recipient URL (validated at enqueue; parsed again here, see
@@ -242,14 +245,24 @@ pub fn io_kind(e: &io::Error) -> TransportError {
 }
 
 /// The result of an attempt that never reached the recipient: a failure on our side (the
-/// payload could not be read, the delivery task was dropped, the runtime is stopping). It
-/// is [`Outcome::NotSent`]: retried, never counted as an attempt.
+/// payload could not be read, the request could not be signed, the delivery task was
+/// dropped, the runtime is stopping). It is [`Outcome::NotSent`]: retried, never counted as
+/// an attempt.
 pub fn not_sent(why: impl fmt::Display) -> AttemptResult {
     AttemptResult {
         outcome: Outcome::NotSent,
         status: None,
         error: Some(format!("not_sent: {why}")),
     }
+}
+
+/// The result of an attempt whose request the signer could not sign: [`not_sent`] (a
+/// local configuration fault, never the recipient's), logged at `warn` with the actor, unit
+/// and recipient.
+pub fn unsigned(d: &Delivery<'_>, e: &crate::sign::SignError) -> AttemptResult {
+    tracing::warn!(actor = d.actor, unit = %d.unit, recipient = d.recipient, error = %e,
+        "request not sent: it could not be signed");
+    not_sent(e)
 }
 
 #[cfg(test)]

@@ -96,6 +96,7 @@ impl Job {
     /// The request to make.
     pub fn delivery(&self) -> Delivery<'_> {
         Delivery {
+            actor: self.actor.as_str(),
             unit: self.unit,
             recipient: &self.recipient,
             body: &self.payload.body,

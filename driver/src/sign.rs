@@ -1,21 +1,53 @@
-//! Request signing: the [`Signer`] hook and the built-in [`StandardWebhooks`] signer.
+//! Request signing: the [`Signer`] hook and two built-in signers, [`StandardWebhooks`]
+//! (HMAC-SHA256, for webhooks) and [`HttpSignatures`] (RSA, for ActivityPub inboxes).
 //!
 //! The HTTP client calls the signer on **every attempt**, with that attempt's time, so a
 //! scheme that signs a fresh `Date` or timestamp (HTTP Signatures, Standard Webhooks) never
-//! sends a stale one on a retry.
+//! sends a stale one on a retry. The signer is told the actor whose unit is sent
+//! ([`SignRequest::actor`]), so one process can sign for many actors, each with its own key.
+//!
+//! # Which signer
+//!
+//! - [`StandardWebhooks`]: one shared secret; the receiver checks an HMAC of the unit id,
+//!   the attempt's Unix time and the body (<https://www.standardwebhooks.com/>).
+//! - [`HttpSignatures`]: a private RSA key per actor; the receiver fetches the actor's
+//!   public key by the `keyId` and checks an RSA-SHA256 signature over the request line,
+//!   `Host`, `Date` and a `Digest` of the body. This is the draft-cavage scheme Mastodon,
+//!   Lemmy, GoToSocial and Misskey verify; they refuse unsigned POSTs to an inbox.
+//!
+//! # When a request cannot be signed
+//!
+//! [`Signer::sign`] may fail: [`HttpSignatures`] has no key for the actor, or the key
+//! refused to sign. The request is then **not sent** (an unsigned POST would only be refused)
+//! and the attempt is [`Outcome::NotSent`](outbox_lanes_core::Outcome::NotSent), the outcome
+//! of failures on our side: the unit is retried later, no attempt is counted, it never
+//! moves toward a dead letter and its lane gets no backoff. Add the key (and restart) and
+//! the units go out in order, nothing lost. The clients log each such attempt at `warn`.
 
 use core::fmt;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use hmac::{Hmac, KeyInit as _, Mac as _};
 use outbox_lanes_core::UnitId;
+use outbox_lanes_core::policy::Recipient;
+use rsa::pkcs1::DecodeRsaPrivateKey as _;
+use rsa::pkcs1v15::SigningKey;
+use rsa::pkcs8::DecodePrivateKey as _;
+use rsa::signature::{RandomizedSigner as _, SignatureEncoding as _};
+use rsa::traits::PublicKeyParts as _;
+use rsa::{RsaPrivateKey, sha2 as rsa_sha2};
 use sha2::Sha256;
 
 /// What a [`Signer`] is given for one attempt.
 #[derive(Clone, Copy, Debug)]
 pub struct SignRequest<'a> {
+    /// The canonical id of the actor whose unit this is (after the resolver): the signer
+    /// picks the actor's key by it.
+    pub actor: &'a str,
     /// The unit being delivered; its id is also the `Idempotency-Key`.
     pub unit: UnitId,
     /// The canonical recipient URL the request is sent to.
@@ -34,13 +66,49 @@ pub struct SignRequest<'a> {
 ///
 /// Called on every attempt, from the delivery worker threads (hence `Send + Sync`). The
 /// headers must not repeat the ones the client sets itself (`Content-Type`,
-/// `Idempotency-Key`, `User-Agent`): a duplicate would be sent twice. A header name or
-/// value that is not valid HTTP makes the attempt fail as a permanent error, since
+/// `Idempotency-Key`, `User-Agent`, `Host`): a duplicate would be sent twice. A header name
+/// or value that is not valid HTTP makes the attempt fail as a permanent error, since
 /// retrying would build the same bad request again.
 pub trait Signer: Send + Sync {
     /// The headers (name, value) that sign this attempt.
-    fn sign(&self, req: &SignRequest<'_>) -> Vec<(String, String)>;
+    ///
+    /// # Errors
+    /// [`SignError`] when this request cannot be signed (no key for the actor): the client
+    /// then sends nothing and reports the attempt as not sent, retried without counting it
+    /// (see the [module documentation](self)).
+    fn sign(&self, req: &SignRequest<'_>) -> Result<Vec<(String, String)>, SignError>;
 }
+
+/// Why a [`Signer`] could not sign a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SignError {
+    /// The signer has no key for this actor.
+    NoKey {
+        /// The actor, as given in [`SignRequest::actor`].
+        actor: String,
+    },
+    /// The recipient URL could not be parsed to build the signed request line and `Host`.
+    BadRecipient(String),
+    /// The signing itself failed.
+    Failed(String),
+}
+
+impl fmt::Display for SignError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SignError::NoKey { actor } => write!(
+                f,
+                "no signing key for actor {actor:?}: not sent unsigned (add the actor to the \
+                 signing keys)"
+            ),
+            SignError::BadRecipient(e) => write!(f, "cannot sign for this recipient URL: {e}"),
+            SignError::Failed(e) => write!(f, "signing failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for SignError {}
 
 /// The prefix of a Standard Webhooks secret in its textual form.
 const WHSEC_PREFIX: &str = "whsec_";
@@ -64,10 +132,10 @@ const V1: &str = "v1,";
 /// let signer = StandardWebhooks::from_whsec("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")?;
 /// let at = SystemTime::now();
 /// let req = SignRequest {
-///     unit: UnitId(7), recipient: "https://example.com/hook", body: b"{}",
+///     actor: "alice", unit: UnitId(7), recipient: "https://example.com/hook", body: b"{}",
 ///     content_type: "application/json", at, attempt: 1,
 /// };
-/// let headers = signer.sign(&req);
+/// let headers = signer.sign(&req)?;
 /// let get = |n: &str| headers.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
 /// assert_eq!(get("webhook-id"), Some("7"));
 /// // The receiving side:
@@ -220,15 +288,16 @@ impl StandardWebhooks {
 }
 
 impl Signer for StandardWebhooks {
-    fn sign(&self, req: &SignRequest<'_>) -> Vec<(String, String)> {
+    /// Never fails: one secret signs for every actor.
+    fn sign(&self, req: &SignRequest<'_>) -> Result<Vec<(String, String)>, SignError> {
         let id = req.unit.to_string();
         let ts = unix_secs(req.at);
         let signature = self.signature(&id, ts, req.body);
-        vec![
+        Ok(vec![
             ("webhook-id".to_owned(), id),
             ("webhook-timestamp".to_owned(), ts.to_string()),
             ("webhook-signature".to_owned(), signature),
-        ]
+        ])
     }
 }
 
@@ -236,6 +305,451 @@ impl fmt::Debug for StandardWebhooks {
     /// Never prints the secret.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StandardWebhooks").finish_non_exhaustive()
+    }
+}
+
+/// The headers an [`HttpSignatures`] signature covers, in order (the `headers` parameter).
+pub const SIGNED_HEADERS: &str = "(request-target) host date digest";
+
+/// The shortest RSA key [`ActorKey`] accepts, in bits: what ActivityPub servers generate,
+/// and below which keys are breakable.
+pub const MIN_KEY_BITS: usize = 2048;
+
+/// One actor's HTTP Signatures key: the `keyId` receivers fetch the public key from, and the
+/// RSA private key.
+#[derive(Clone)]
+pub struct ActorKey {
+    key_id: String,
+    key: SigningKey<rsa_sha2::Sha256>,
+}
+
+/// Why a key (or a keys file entry) was not accepted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The `key_id` is empty.
+    EmptyKeyId,
+    /// The `key_id` holds a `"`, a backslash or a control character, which cannot be written
+    /// in the `Signature` header.
+    BadKeyId,
+    /// The PEM is a public key or a certificate, not a private key.
+    NotPrivate,
+    /// The PEM is an encrypted private key; decrypt it first (`openssl pkey -in K -out K2`).
+    Encrypted,
+    /// The PEM is not an RSA private key in PKCS#1 (`BEGIN RSA PRIVATE KEY`) or PKCS#8
+    /// (`BEGIN PRIVATE KEY`) form; the text says what the parser found.
+    Invalid(String),
+    /// The key is shorter than [`MIN_KEY_BITS`].
+    TooShort {
+        /// The key's size in bits.
+        bits: usize,
+    },
+}
+
+impl fmt::Display for KeyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyError::EmptyKeyId => f.write_str("key_id is empty"),
+            KeyError::BadKeyId => {
+                f.write_str("key_id holds a double quote, a backslash or a control character")
+            }
+            KeyError::NotPrivate => {
+                f.write_str("the PEM is a public key or certificate, not a private key")
+            }
+            KeyError::Encrypted => f.write_str(
+                "the private key is encrypted; give it decrypted (openssl pkey -in KEY -out KEY2)",
+            ),
+            KeyError::Invalid(e) => write!(
+                f,
+                "not an RSA private key in PEM (PKCS#1 `BEGIN RSA PRIVATE KEY` or PKCS#8 \
+                 `BEGIN PRIVATE KEY`): {e}"
+            ),
+            KeyError::TooShort { bits } => write!(
+                f,
+                "the RSA key has {bits} bits; at least {MIN_KEY_BITS} are needed"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for KeyError {}
+
+impl ActorKey {
+    /// A key from its `keyId` (usually `https://host/users/NAME#main-key`) and its PEM private
+    /// key, PKCS#1 (`-----BEGIN RSA PRIVATE KEY-----`) or PKCS#8 (`-----BEGIN PRIVATE KEY-----`).
+    ///
+    /// # Errors
+    /// [`KeyError`] when the key id cannot be sent or the PEM is not an unencrypted RSA
+    /// private key of at least [`MIN_KEY_BITS`].
+    pub fn from_pem(key_id: impl Into<String>, pem: &str) -> Result<Self, KeyError> {
+        let key_id = key_id.into();
+        if key_id.trim().is_empty() {
+            return Err(KeyError::EmptyKeyId);
+        }
+        if key_id
+            .chars()
+            .any(|c| c == '"' || c == '\\' || c.is_control())
+        {
+            return Err(KeyError::BadKeyId);
+        }
+        let pem = pem.trim();
+        let key = if pem.contains("-----BEGIN RSA PRIVATE KEY-----") {
+            RsaPrivateKey::from_pkcs1_pem(pem).map_err(|e| KeyError::Invalid(e.to_string()))?
+        } else if pem.contains("-----BEGIN PRIVATE KEY-----") {
+            RsaPrivateKey::from_pkcs8_pem(pem).map_err(|e| KeyError::Invalid(e.to_string()))?
+        } else if pem.contains("-----BEGIN ENCRYPTED PRIVATE KEY-----") {
+            return Err(KeyError::Encrypted);
+        } else if pem.contains("PUBLIC KEY-----") || pem.contains("CERTIFICATE-----") {
+            return Err(KeyError::NotPrivate);
+        } else {
+            return Err(KeyError::Invalid(
+                "no PEM private key block found".to_owned(),
+            ));
+        };
+        let bits = key.size() * 8;
+        if bits < MIN_KEY_BITS {
+            return Err(KeyError::TooShort { bits });
+        }
+        Ok(ActorKey {
+            key_id,
+            key: SigningKey::new(key),
+        })
+    }
+
+    /// The `keyId` sent in the `Signature` header.
+    pub fn key_id(&self) -> &str {
+        &self.key_id
+    }
+}
+
+impl fmt::Debug for ActorKey {
+    /// The key id only, never the private key.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ActorKey")
+            .field("key_id", &self.key_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An HTTP Signatures signer as Mastodon verifies it (draft-cavage-http-signatures-12,
+/// `rsa-sha256`), with a key per actor.
+///
+/// Adds three headers to every attempt:
+/// - `Date`: the attempt's time as an HTTP date (`Sun, 06 Nov 1994 08:49:37 GMT`), fresh on
+///   every retry (receivers refuse dates more than a few minutes off, Mastodon 12 hours,
+///   GoToSocial 30 seconds);
+/// - `Digest`: `SHA-256=` and the base64 of the body's SHA-256;
+/// - `Signature`: `keyId="…",algorithm="rsa-sha256",headers="(request-target) host date
+///   digest",signature="…"`, the signature being the base64 of the RSASSA-PKCS1-v1_5
+///   SHA-256 signature of the signing string
+///   ```text
+///   (request-target): post /inbox
+///   host: example.com
+///   date: Sun, 06 Nov 1994 08:49:37 GMT
+///   digest: SHA-256=47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=
+///   ```
+///   (lines joined by `\n`), where the request target is the recipient's path and query and
+///   `host` is exactly the `Host` header the clients send: the host, with `:port` when the
+///   port is not the scheme's default.
+///
+/// The key is picked by [`SignRequest::actor`]; an actor without a key is a
+/// [`SignError::NoKey`] and the request is not sent (see the [module documentation](self)).
+///
+/// Build it from Rust with [`HttpSignatures::insert`], or from a TOML keys file with
+/// [`HttpSignatures::from_keys_file`]:
+///
+/// ```toml
+/// [actors."https://example.com/users/alice"]
+/// key_id = "https://example.com/users/alice#main-key"
+/// private_key_file = "alice.pem"      # relative to the keys file's directory
+///
+/// [actors."https://example.com/users/bob"]
+/// key_id = "https://example.com/users/bob#main-key"
+/// private_key_pem = """
+/// -----BEGIN PRIVATE KEY-----
+/// ...
+/// -----END PRIVATE KEY-----
+/// """
+/// ```
+///
+/// The private-key operation is blinded with fresh randomness from the OS on every signature
+/// (RSA blinding, against timing attacks on the key).
+#[derive(Clone, Default)]
+pub struct HttpSignatures {
+    keys: BTreeMap<String, ActorKey>,
+}
+
+/// Why a keys file was not accepted.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum KeysFileError {
+    /// The file could not be read.
+    Read {
+        /// The keys file.
+        path: PathBuf,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// The file is not valid TOML, or not a table of `[actors."<actor>"]` tables.
+    Syntax {
+        /// The keys file.
+        path: PathBuf,
+        /// What the parser said (with the line and column).
+        message: String,
+    },
+    /// The file names no actor at all: nothing could ever be signed.
+    NoActors {
+        /// The keys file.
+        path: PathBuf,
+    },
+    /// Some entries are wrong: each with its actor and why, in the file's order of actors.
+    Entries {
+        /// The keys file.
+        path: PathBuf,
+        /// `(actor, what is wrong)` for every bad entry.
+        errors: Vec<(String, String)>,
+    },
+}
+
+impl fmt::Display for KeysFileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeysFileError::Read { path, error } => {
+                write!(
+                    f,
+                    "cannot read the signing keys file {}: {error}",
+                    path.display()
+                )
+            }
+            KeysFileError::Syntax { path, message } => write!(
+                f,
+                "the signing keys file {} is not valid: {}",
+                path.display(),
+                message.trim_end()
+            ),
+            KeysFileError::NoActors { path } => write!(
+                f,
+                "the signing keys file {} has no [actors.\"<actor>\"] entry",
+                path.display()
+            ),
+            KeysFileError::Entries { path, errors } => {
+                write!(
+                    f,
+                    "the signing keys file {} has bad entries:",
+                    path.display()
+                )?;
+                for (actor, why) in errors {
+                    write!(f, "\n  [actors.{actor:?}]: {why}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl std::error::Error for KeysFileError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            KeysFileError::Read { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+}
+
+impl HttpSignatures {
+    /// A signer with no keys yet.
+    pub fn new() -> Self {
+        HttpSignatures::default()
+    }
+
+    /// Sets `actor`'s key (the canonical actor id, as the outbox's resolver gives it);
+    /// returns the key it replaces.
+    pub fn insert(&mut self, actor: impl Into<String>, key: ActorKey) -> Option<ActorKey> {
+        self.keys.insert(actor.into(), key)
+    }
+
+    /// The key of `actor`, if it has one.
+    pub fn key(&self, actor: &str) -> Option<&ActorKey> {
+        self.keys.get(actor)
+    }
+
+    /// The actors with a key, in order.
+    pub fn actors(&self) -> impl Iterator<Item = &str> {
+        self.keys.keys().map(String::as_str)
+    }
+
+    /// Loads a TOML keys file (see the [type documentation](HttpSignatures) for its
+    /// format). A `private_key_file` is read relative to the keys file's directory.
+    ///
+    /// # Errors
+    /// [`KeysFileError`]: the file cannot be read, is not TOML of the expected shape, names
+    /// no actor, or has bad entries (every one of them is listed, with its actor).
+    pub fn from_keys_file(path: impl AsRef<Path>) -> Result<Self, KeysFileError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|error| KeysFileError::Read {
+            path: path.to_owned(),
+            error,
+        })?;
+        let dir = path.parent().unwrap_or_else(|| Path::new("."));
+        HttpSignatures::from_toml(&text, path, dir)
+    }
+
+    /// Parses the text of a keys file; `path` is only used in errors, `dir` is where
+    /// relative `private_key_file` paths are read from.
+    ///
+    /// # Errors
+    /// As [`HttpSignatures::from_keys_file`], except reading the file itself.
+    pub fn from_toml(text: &str, path: &Path, dir: &Path) -> Result<Self, KeysFileError> {
+        let syntax = |message: String| KeysFileError::Syntax {
+            path: path.to_owned(),
+            message,
+        };
+        let table: toml::Table = toml::from_str(text).map_err(|e| syntax(e.to_string()))?;
+        if let Some(other) = table.keys().find(|k| *k != "actors") {
+            return Err(syntax(format!(
+                "unknown key {other:?} at the top level (only [actors.\"<actor>\"] tables)"
+            )));
+        }
+        let actors = match table.get("actors") {
+            None => {
+                return Err(KeysFileError::NoActors {
+                    path: path.to_owned(),
+                });
+            }
+            Some(toml::Value::Table(t)) => t,
+            Some(_) => {
+                return Err(syntax(
+                    "`actors` must be tables: [actors.\"<actor>\"]".to_owned(),
+                ));
+            }
+        };
+        if actors.is_empty() {
+            return Err(KeysFileError::NoActors {
+                path: path.to_owned(),
+            });
+        }
+        let mut signer = HttpSignatures::new();
+        let mut errors = Vec::new();
+        // One bad entry does not hide the others: every one is checked and reported.
+        for (actor, entry) in actors {
+            match entry_key(actor, entry, dir) {
+                Ok(key) => {
+                    signer.insert(actor.clone(), key);
+                }
+                Err(why) => errors.push((actor.clone(), why)),
+            }
+        }
+        if errors.is_empty() {
+            Ok(signer)
+        } else {
+            Err(KeysFileError::Entries {
+                path: path.to_owned(),
+                errors,
+            })
+        }
+    }
+
+    /// The `Date`, `Digest` and `Signature` headers for a POST of `body` to `recipient` at
+    /// `at`, signed with `key`.
+    ///
+    /// # Errors
+    /// [`SignError::BadRecipient`] when `recipient` is not an http(s) URL,
+    /// [`SignError::Failed`] when the RSA operation fails.
+    pub fn headers(
+        key: &ActorKey,
+        recipient: &str,
+        body: &[u8],
+        at: SystemTime,
+    ) -> Result<Vec<(String, String)>, SignError> {
+        let url =
+            Recipient::parse(recipient).map_err(|e| SignError::BadRecipient(e.to_string()))?;
+        let mut host = url.host().to_string();
+        if url.port() != url.scheme().default_port() {
+            host.push(':');
+            host.push_str(&url.port().to_string());
+        }
+        let date = httpdate::fmt_http_date(at);
+        let digest = format!(
+            "SHA-256={}",
+            BASE64.encode(<rsa_sha2::Sha256 as rsa_sha2::Digest>::digest(body))
+        );
+        let signing_string = format!(
+            "(request-target): post {}\nhost: {host}\ndate: {date}\ndigest: {digest}",
+            url.path_and_query()
+        );
+        let signature = key
+            .key
+            .try_sign_with_rng(&mut rsa::rand_core::OsRng, signing_string.as_bytes())
+            .map_err(|e| SignError::Failed(e.to_string()))?;
+        let signature = format!(
+            "keyId=\"{}\",algorithm=\"rsa-sha256\",headers=\"{SIGNED_HEADERS}\",signature=\"{}\"",
+            key.key_id,
+            BASE64.encode(signature.to_bytes())
+        );
+        Ok(vec![
+            ("Date".to_owned(), date),
+            ("Digest".to_owned(), digest),
+            ("Signature".to_owned(), signature),
+        ])
+    }
+}
+
+/// One `[actors."<actor>"]` entry's key, or what is wrong with it.
+fn entry_key(actor: &str, entry: &toml::Value, dir: &Path) -> Result<ActorKey, String> {
+    if actor.trim().is_empty() {
+        return Err("the actor id is empty".to_owned());
+    }
+    let Some(entry) = entry.as_table() else {
+        return Err("must be a table with key_id and private_key_pem or private_key_file".into());
+    };
+    if let Some(other) = entry.keys().find(|k| {
+        !matches!(
+            k.as_str(),
+            "key_id" | "private_key_pem" | "private_key_file"
+        )
+    }) {
+        return Err(format!(
+            "unknown key {other:?} (expected key_id, private_key_pem or private_key_file)"
+        ));
+    }
+    let text = |name: &str| -> Result<Option<&str>, String> {
+        match entry.get(name) {
+            None => Ok(None),
+            Some(toml::Value::String(s)) => Ok(Some(s.as_str())),
+            Some(_) => Err(format!("{name} must be a string")),
+        }
+    };
+    let key_id = text("key_id")?.ok_or("key_id is missing")?;
+    let pem = match (text("private_key_pem")?, text("private_key_file")?) {
+        (Some(pem), None) => pem.to_owned(),
+        (None, Some(file)) => {
+            let file = dir.join(file);
+            std::fs::read_to_string(&file)
+                .map_err(|e| format!("cannot read private_key_file {}: {e}", file.display()))?
+        }
+        (Some(_), Some(_)) => {
+            return Err("give private_key_pem or private_key_file, not both".to_owned());
+        }
+        (None, None) => return Err("private_key_pem or private_key_file is missing".to_owned()),
+    };
+    ActorKey::from_pem(key_id, &pem).map_err(|e| e.to_string())
+}
+
+impl Signer for HttpSignatures {
+    fn sign(&self, req: &SignRequest<'_>) -> Result<Vec<(String, String)>, SignError> {
+        let key = self.keys.get(req.actor).ok_or_else(|| SignError::NoKey {
+            actor: req.actor.to_owned(),
+        })?;
+        HttpSignatures::headers(key, req.recipient, req.body, req.at)
+    }
+}
+
+impl fmt::Debug for HttpSignatures {
+    /// The actors and key ids, never the private keys.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map()
+            .entries(self.keys.iter().map(|(a, k)| (a, &k.key_id)))
+            .finish()
     }
 }
 
@@ -279,6 +793,7 @@ mod tests {
         let text = StandardWebhooks::from_whsec("whsec_b3V0Ym94LWxhbmVzIHRlc3Qgc2VjcmV0").unwrap();
         let at = UNIX_EPOCH + Duration::from_millis(1_700_000_000_900);
         let req = SignRequest {
+            actor: "alice",
             unit: UnitId(42),
             recipient: "https://example.com/hook",
             body: br#"{"n":1}"#,
@@ -294,8 +809,8 @@ mod tests {
                 "v1,Dx/tpP0EeGTT4nxf/qJtCJtR10fMveqliDgBEigk0Og=".to_owned(),
             ),
         ];
-        assert_eq!(raw.sign(&req), want);
-        assert_eq!(text.sign(&req), want);
+        assert_eq!(raw.sign(&req), Ok(want.clone()));
+        assert_eq!(text.sign(&req), Ok(want));
     }
 
     #[test]
@@ -359,5 +874,261 @@ mod tests {
             format!("{:?}", StandardWebhooks::new(&b"secret"[..]).unwrap()),
             "StandardWebhooks { .. }"
         );
+    }
+
+    mod http_signatures {
+        use super::super::*;
+        use outbox_lanes_test_support::signatures::{
+            ALICE_PRIVATE_PKCS8, ALICE_PUBLIC, BOB_PRIVATE_PKCS1, BOB_PUBLIC,
+        };
+        use rsa::pkcs1v15::{Signature, VerifyingKey};
+        use rsa::pkcs8::DecodePublicKey as _;
+        use rsa::signature::Verifier as _;
+
+        const ALICE: &str = "https://example.com/users/alice";
+        const BOB: &str = "https://example.com/users/bob";
+
+        fn signer() -> HttpSignatures {
+            let mut s = HttpSignatures::new();
+            s.insert(
+                ALICE,
+                ActorKey::from_pem(format!("{ALICE}#main-key"), ALICE_PRIVATE_PKCS8).unwrap(),
+            );
+            s.insert(
+                BOB,
+                ActorKey::from_pem(format!("{BOB}#main-key"), BOB_PRIVATE_PKCS1).unwrap(),
+            );
+            s
+        }
+
+        fn req<'a>(actor: &'a str, recipient: &'a str, body: &'a [u8]) -> SignRequest<'a> {
+            SignRequest {
+                actor,
+                unit: UnitId(9),
+                recipient,
+                body,
+                content_type: "application/activity+json",
+                at: UNIX_EPOCH + Duration::from_millis(1_700_000_000_500),
+                attempt: 1,
+            }
+        }
+
+        fn verify(public: &str, signing_string: &str, signature_header: &str) -> bool {
+            let b64 = signature_header
+                .rsplit_once("signature=\"")
+                .unwrap()
+                .1
+                .trim_end_matches('"');
+            let sig = Signature::try_from(BASE64.decode(b64).unwrap().as_slice()).unwrap();
+            let key = rsa::RsaPublicKey::from_public_key_pem(public).unwrap();
+            VerifyingKey::<rsa_sha2::Sha256>::new(key)
+                .verify(signing_string.as_bytes(), &sig)
+                .is_ok()
+        }
+
+        /// The headers and signing string written out by hand from draft-cavage §2.3, for a
+        /// PKCS#8 key (non-default port: `host` carries it) and a PKCS#1 key (default port).
+        #[test]
+        fn signs_the_cavage_string_with_each_actors_key() {
+            let s = signer();
+            let cases = [
+                (
+                    ALICE,
+                    ALICE_PUBLIC,
+                    "https://inbox.example:8443/users/x/inbox?a=1",
+                    "inbox.example:8443",
+                    "/users/x/inbox?a=1",
+                ),
+                (
+                    BOB,
+                    BOB_PUBLIC,
+                    "https://inbox.example/inbox",
+                    "inbox.example",
+                    "/inbox",
+                ),
+            ];
+            for (actor, public, url, host, target) in cases {
+                let headers = s.sign(&req(actor, url, b"{}")).unwrap();
+                let names: Vec<_> = headers.iter().map(|(n, _)| n.as_str()).collect();
+                assert_eq!(names, ["Date", "Digest", "Signature"]);
+                let date = "Tue, 14 Nov 2023 22:13:20 GMT";
+                let digest = "SHA-256=RBNvo1WzZ4oRRq0W9+hknpT7T8If536DEMBg9hyq/4o=";
+                assert_eq!(headers[0].1, date);
+                assert_eq!(headers[1].1, digest);
+                let sig = &headers[2].1;
+                assert!(
+                    sig.starts_with(&format!(
+                        "keyId=\"{actor}#main-key\",algorithm=\"rsa-sha256\",\
+                         headers=\"(request-target) host date digest\",signature=\""
+                    )),
+                    "{sig}"
+                );
+                let string = format!(
+                    "(request-target): post {target}\nhost: {host}\ndate: {date}\ndigest: {digest}"
+                );
+                assert!(verify(public, &string, sig), "{actor}");
+                // Another body, host or key does not verify.
+                assert!(!verify(
+                    public,
+                    &string.replace("{}", "[]").replace("post", "get"),
+                    sig
+                ));
+                let other = if public == ALICE_PUBLIC {
+                    BOB_PUBLIC
+                } else {
+                    ALICE_PUBLIC
+                };
+                assert!(!verify(other, &string, sig));
+            }
+            // http on 80 and an IPv6 literal: the Host header forms the clients send.
+            let h = HttpSignatures::headers(
+                s.key(ALICE).unwrap(),
+                "http://[::1]:8080/i",
+                b"",
+                UNIX_EPOCH,
+            )
+            .unwrap();
+            let string = format!(
+                "(request-target): post /i\nhost: [::1]:8080\ndate: {}\ndigest: {}",
+                h[0].1, h[1].1
+            );
+            assert!(verify(ALICE_PUBLIC, &string, &h[2].1));
+        }
+
+        #[test]
+        fn an_actor_without_a_key_is_an_error_not_an_unsigned_request() {
+            let s = signer();
+            let err = s.sign(&req(
+                "https://example.com/users/carol",
+                "https://x.example/i",
+                b"{}",
+            ));
+            assert_eq!(
+                err,
+                Err(SignError::NoKey {
+                    actor: "https://example.com/users/carol".to_owned()
+                })
+            );
+            assert!(err.unwrap_err().to_string().contains("users/carol"));
+            assert!(matches!(
+                s.sign(&req(ALICE, "ftp://x.example/i", b"{}")),
+                Err(SignError::BadRecipient(_))
+            ));
+        }
+
+        #[test]
+        fn keys_file_with_inline_and_relative_file_keys() {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::create_dir(dir.path().join("keys")).unwrap();
+            std::fs::write(dir.path().join("keys/bob.pem"), BOB_PRIVATE_PKCS1).unwrap();
+            let file = dir.path().join("signing.toml");
+            std::fs::write(
+                &file,
+                format!(
+                    "[actors.\"{ALICE}\"]\nkey_id = \"{ALICE}#main-key\"\n\
+                     private_key_pem = \"\"\"\n{ALICE_PRIVATE_PKCS8}\"\"\"\n\n\
+                     [actors.\"{BOB}\"]\nkey_id = \"{BOB}#main-key\"\n\
+                     private_key_file = \"keys/bob.pem\"\n"
+                ),
+            )
+            .unwrap();
+            let s = HttpSignatures::from_keys_file(&file).unwrap();
+            assert_eq!(s.actors().collect::<Vec<_>>(), [ALICE, BOB]);
+            assert_eq!(s.key(BOB).unwrap().key_id(), format!("{BOB}#main-key"));
+            let debug = format!("{s:?}");
+            assert!(
+                debug.contains("#main-key") && !debug.contains("PRIVATE"),
+                "{debug}"
+            );
+        }
+
+        #[test]
+        fn every_bad_entry_of_a_keys_file_is_named() {
+            let short = include_str!("../../test-support/keys/short1024.pkcs1.pem");
+            let text = format!(
+                "[actors.a]\nprivate_key_pem = \"x\"\n\
+                 [actors.b]\nkey_id = \"k\"\n\
+                 [actors.c]\nkey_id = \"k\"\nprivate_key_pem = \"\"\"{ALICE_PUBLIC}\"\"\"\n\
+                 [actors.d]\nkey_id = \"k\"\nprivate_key_file = \"missing.pem\"\n\
+                 [actors.e]\nkey_id = \"k\"\nprivate_key_pem = \"\"\"{short}\"\"\"\n\
+                 [actors.f]\nkey_id = \"k\"\nprivate_key_pem = \"x\"\nprivate_key_file = \"y\"\n\
+                 [actors.g]\nkey_id = \"k\"\nprivate_key = \"x\"\n\
+                 [actors.h]\nkey_id = 'a\"b'\nprivate_key_pem = \"\"\"{ALICE_PRIVATE_PKCS8}\"\"\"\n\
+                 [actors.i]\nkey_id = \"k\"\nprivate_key_pem = \"not a key\"\n\
+                 [actors.ok]\nkey_id = \"k\"\nprivate_key_pem = \"\"\"{ALICE_PRIVATE_PKCS8}\"\"\"\n"
+            );
+            let dir = tempfile::tempdir().unwrap();
+            let err =
+                HttpSignatures::from_toml(&text, Path::new("keys.toml"), dir.path()).unwrap_err();
+            let KeysFileError::Entries { errors, .. } = &err else {
+                panic!("{err}")
+            };
+            let actors: Vec<_> = errors.iter().map(|(a, _)| a.as_str()).collect();
+            assert_eq!(actors, ["a", "b", "c", "d", "e", "f", "g", "h", "i"]);
+            let why = |a: &str| &errors.iter().find(|(x, _)| x == a).unwrap().1;
+            assert!(why("a").contains("key_id is missing"));
+            assert!(why("b").contains("missing"));
+            assert!(why("c").contains("public key"));
+            assert!(why("d").contains("missing.pem"));
+            assert!(why("e").contains("1024 bits"));
+            assert!(why("f").contains("not both"));
+            assert!(why("g").contains("unknown key \"private_key\""));
+            assert!(why("h").contains("double quote"));
+            assert!(why("i").contains("no PEM private key"));
+            let text = err.to_string();
+            assert!(text.starts_with("the signing keys file keys.toml has bad entries:"));
+            assert!(
+                text.contains("[actors.\"e\"]: the RSA key has 1024 bits"),
+                "{text}"
+            );
+        }
+
+        #[test]
+        fn a_keys_file_of_the_wrong_shape_is_refused() {
+            let p = Path::new("k.toml");
+            let d = Path::new(".");
+            let syntax = |t: &str| match HttpSignatures::from_toml(t, p, d) {
+                Err(KeysFileError::Syntax { message, .. }) => message,
+                other => panic!("{other:?}"),
+            };
+            assert!(syntax("[actors.a\n").contains("line 1"));
+            assert!(syntax("actor = 1\n").contains("unknown key \"actor\""));
+            assert!(syntax("actors = 1\n").contains("[actors."));
+            for empty in ["", "[actors]\n"] {
+                assert!(matches!(
+                    HttpSignatures::from_toml(empty, p, d),
+                    Err(KeysFileError::NoActors { .. })
+                ));
+            }
+            let missing = HttpSignatures::from_keys_file("/nonexistent/keys.toml").unwrap_err();
+            assert!(
+                missing.to_string().contains("/nonexistent/keys.toml"),
+                "{missing}"
+            );
+        }
+
+        #[test]
+        fn key_errors() {
+            assert_eq!(
+                ActorKey::from_pem(" ", ALICE_PRIVATE_PKCS8).unwrap_err(),
+                KeyError::EmptyKeyId
+            );
+            assert_eq!(
+                ActorKey::from_pem("k\n", ALICE_PRIVATE_PKCS8).unwrap_err(),
+                KeyError::BadKeyId
+            );
+            assert_eq!(
+                ActorKey::from_pem(
+                    "k",
+                    "-----BEGIN ENCRYPTED PRIVATE KEY-----\nAAAA\n-----END ENCRYPTED PRIVATE KEY-----"
+                )
+                .unwrap_err(),
+                KeyError::Encrypted
+            );
+            assert!(matches!(
+                ActorKey::from_pem("k", &ALICE_PRIVATE_PKCS8.replace("MII", "XII")),
+                Err(KeyError::Invalid(_))
+            ));
+        }
     }
 }

@@ -64,7 +64,7 @@ use ureq::{Agent, Proxy, ProxyProtocol};
 
 use crate::http::{
     AttemptResult, Delivery, ERROR_EXCERPT, HttpConfig, HttpError, answered_result, io_kind,
-    precheck, refusal_message, refused_result,
+    precheck, refusal_message, refused_result, unsigned,
 };
 use crate::sign::{SignRequest, Signer};
 
@@ -174,7 +174,8 @@ impl HttpClient {
             .header("Idempotency-Key", d.unit.to_string())
             .header("User-Agent", self.shared.user_agent.as_str());
         if let Some(signer) = &self.shared.signer {
-            let headers = signer.sign(&SignRequest {
+            let signed = signer.sign(&SignRequest {
+                actor: d.actor,
                 unit: d.unit,
                 recipient: recipient.as_str(),
                 body: d.body,
@@ -182,6 +183,11 @@ impl HttpClient {
                 at: now,
                 attempt: d.attempt,
             });
+            // Unsigned, the request would only be refused: not sent, retried uncounted.
+            let headers = match signed {
+                Ok(headers) => headers,
+                Err(e) => return unsigned(d, &e),
+            };
             for (name, value) in headers {
                 req = req.header(name, value);
             }

@@ -15,7 +15,7 @@ use std::thread;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use outbox_lanes_blocking::http::{AttemptResult, Delivery, HttpClient, HttpConfig, HttpError};
-use outbox_lanes_blocking::sign::{SignRequest, Signer, StandardWebhooks};
+use outbox_lanes_blocking::sign::{SignError, SignRequest, Signer, StandardWebhooks};
 use outbox_lanes_core::policy::{AddressPolicy, Classifier, StatusClass};
 use outbox_lanes_core::{Outcome, UnitId};
 use outbox_lanes_test_support::{Completion, Recipient, Reply, Response, Unanswered};
@@ -47,6 +47,7 @@ fn post(client: &HttpClient, url: &str, unit: u64) -> AttemptResult {
 fn post_at(client: &HttpClient, url: &str, unit: u64, now: SystemTime) -> AttemptResult {
     client.deliver(
         &Delivery {
+            actor: "actor",
             unit: UnitId(unit),
             recipient: url,
             body: BODY,
@@ -658,6 +659,7 @@ fn an_invalid_header_is_permanent_and_sends_nothing() {
     let r = recipient();
     let res = loopback_client().deliver(
         &Delivery {
+            actor: "actor",
             unit: UnitId(1),
             recipient: &r.url("/inbox"),
             body: BODY,
@@ -736,6 +738,7 @@ fn standard_webhooks_signatures_verify_on_the_receiving_side() {
 /// What a [`RecordingSigner`] was asked to sign.
 #[derive(Debug, PartialEq)]
 struct Seen {
+    actor: String,
     unit: UnitId,
     recipient: String,
     body: Vec<u8>,
@@ -750,8 +753,9 @@ struct RecordingSigner {
 }
 
 impl Signer for RecordingSigner {
-    fn sign(&self, req: &SignRequest<'_>) -> Vec<(String, String)> {
+    fn sign(&self, req: &SignRequest<'_>) -> Result<Vec<(String, String)>, SignError> {
         self.seen.lock().unwrap().push(Seen {
+            actor: req.actor.to_owned(),
             unit: req.unit,
             recipient: req.recipient.to_owned(),
             body: req.body.to_vec(),
@@ -759,7 +763,7 @@ impl Signer for RecordingSigner {
             at: req.at,
             attempt: req.attempt,
         });
-        vec![("X-Attempt".to_owned(), req.attempt.to_string())]
+        Ok(vec![("X-Attempt".to_owned(), req.attempt.to_string())])
     }
 }
 
@@ -776,6 +780,7 @@ fn the_signer_is_called_on_every_attempt_with_its_time() {
     for (attempt, at) in [(1, t1), (2, t2)] {
         c.deliver(
             &Delivery {
+                actor: "actor",
                 unit: UnitId(5),
                 recipient: &url,
                 body: BODY,
@@ -788,6 +793,7 @@ fn the_signer_is_called_on_every_attempt_with_its_time() {
     let canonical = r.url("/inbox");
     let seen = signer.seen.lock().unwrap();
     let want = |attempt, at| Seen {
+        actor: "actor".to_owned(),
         unit: UnitId(5),
         recipient: canonical.clone(),
         body: BODY.to_vec(),

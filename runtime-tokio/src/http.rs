@@ -172,7 +172,8 @@ impl AsyncHttpClient {
             Err(_) => return invalid_request("the content type is not a header value"),
         }
         if let Some(signer) = &self.shared.signer {
-            let headers = signer.sign(&SignRequest {
+            let signed = signer.sign(&SignRequest {
+                actor: d.actor,
                 unit: d.unit,
                 recipient: recipient.as_str(),
                 body: d.body,
@@ -180,6 +181,11 @@ impl AsyncHttpClient {
                 at: now,
                 attempt: d.attempt,
             });
+            // Unsigned, the request would only be refused: not sent, retried uncounted.
+            let headers = match signed {
+                Ok(headers) => headers,
+                Err(e) => return outbox_lanes_driver::http::unsigned(d, &e),
+            };
             for (name, value) in headers {
                 // The same request would be built again on every retry: permanent.
                 let (Ok(name), Ok(value)) = (

@@ -36,6 +36,7 @@ fn fixed_now() -> SystemTime {
 async fn post_async(c: &AsyncHttpClient, url: &str, content_type: &str) -> AttemptResult {
     c.deliver(
         &Delivery {
+            actor: "actor",
             unit: UnitId(7),
             recipient: url,
             body: BODY,
@@ -52,6 +53,7 @@ async fn post_blocking(c: &HttpClient, url: &str, content_type: &str) -> Attempt
     tokio::task::spawn_blocking(move || {
         c.deliver(
             &Delivery {
+                actor: "actor",
                 unit: UnitId(7),
                 recipient: &url,
                 body: BODY,

@@ -1,6 +1,7 @@
 //! The command line (design §6): clap derive.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -151,6 +152,29 @@ pub(crate) struct DeliveryFlags {
     /// logged at DEBUG).
     #[arg(long, env = "OUTBOX_LANES_SEED")]
     pub(crate) seed: Option<u64>,
+
+    /// Sign every request the Standard Webhooks way (`webhook-id`, `webhook-timestamp`,
+    /// `webhook-signature`) with this secret, `whsec_<base64>`. Prefer the environment
+    /// variable: a flag's value is visible to other users in the process list.
+    #[arg(
+        long,
+        env = "OUTBOX_LANES_WEBHOOK_SECRET",
+        hide_env_values = true,
+        value_name = "SECRET",
+        conflicts_with = "signing_keys"
+    )]
+    pub(crate) webhook_secret: Option<String>,
+
+    /// Sign every request with HTTP Signatures (draft-cavage rsa-sha256 over
+    /// `(request-target) host date digest`, as Mastodon verifies), each actor with its key
+    /// from this TOML file: `[actors."<actor>"]` with `key_id` and `private_key_pem` or
+    /// `private_key_file`. An actor with work but no key stops drain and relay (exit 2).
+    #[arg(
+        long,
+        env = "OUTBOX_LANES_SIGNING_KEYS",
+        value_name = "FILE"
+    )]
+    pub(crate) signing_keys: Option<PathBuf>,
 }
 
 /// How logs are written.

@@ -22,7 +22,7 @@ use outbox_lanes_store::{
 };
 use outbox_lanes_tokio::{
     Attempted, DeadLettered, Delivered, DrainControl, DrainOutcome, Hooks, Monitor, Outbox,
-    OutboxConfig, OutboxError,
+    OutboxConfig, OutboxError, Signer,
 };
 
 /// A Prometheus histogram: cumulative counts per upper bound, a sum and a count.
@@ -457,6 +457,7 @@ impl Backend {
         pg_schema: String,
         create: bool,
         config: OutboxConfig,
+        signer: Option<Arc<dyn Signer>>,
         counters: Arc<Counters>,
     ) -> anyhow::Result<Backend> {
         // On the blocking pool (still on this runtime, which the outbox delivers on): the
@@ -488,9 +489,11 @@ impl Backend {
                 inner: store,
                 counters: Arc::clone(&counters),
             });
-            let outbox = Outbox::builder(store, config)
-                .hooks(counters.hooks())
-                .open()?;
+            let mut builder = Outbox::builder(store, config).hooks(counters.hooks());
+            if let Some(signer) = signer {
+                builder = builder.signer(signer);
+            }
+            let outbox = builder.open()?;
             Ok(Backend { outbox })
         })
         .await?

@@ -7,6 +7,7 @@ pub(crate) mod enqueue;
 pub(crate) mod metrics;
 pub(crate) mod output;
 pub(crate) mod progress;
+pub(crate) mod signing;
 
 use std::collections::BTreeSet;
 use std::io::{IsTerminal as _, Write as _};
@@ -231,18 +232,36 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     // Only these create an outbox: the others have nothing to do on an empty one, and must not
     // leave a new database behind at a mistyped path or schema.
     let create = matches!(cli.command, Command::Enqueue { .. } | Command::Relay { .. });
+    // Only the commands that deliver take the delivery flags and sign; their secret or keys
+    // are checked before the database is touched.
+    let delivery = match &cli.command {
+        Command::Drain { delivery, .. } | Command::Relay { delivery, .. } => Some(delivery),
+        _ => None,
+    };
+    let signing = match delivery {
+        Some(d) => signing::Signing::from_flags(d)?,
+        None => signing::Signing::default(),
+    };
     let counters = Arc::new(Counters::default());
     let backend = Backend::open(
         cli.db.clone(),
         cli.pg_schema.clone(),
         create,
-        match &cli.command {
-            Command::Drain { delivery, .. } | Command::Relay { delivery, .. } => config(delivery),
-            _ => OutboxConfig::default(),
-        },
+        delivery.map_or_else(OutboxConfig::default, config),
+        signing.signer.clone(),
         Arc::clone(&counters),
     )
     .await?;
+    if delivery.is_some() {
+        let only = match &cli.command {
+            Command::Drain { actor, .. } => actor.as_deref(),
+            _ => None,
+        };
+        if let Err(e) = signing.check_actors(&backend, only).await {
+            backend.close().await;
+            return Err(e);
+        }
+    }
     let result = dispatch(&backend, cli.command, batch, &counters).await;
     match &result {
         // Interrupted: the attempts in flight are not waited for (up to the HTTP timeout).

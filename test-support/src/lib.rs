@@ -103,6 +103,7 @@ mod http;
 mod record;
 mod reply;
 mod server;
+pub mod signatures;
 
 use core::fmt;
 use core::net::{Ipv4Addr, SocketAddr};
