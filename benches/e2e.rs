@@ -444,6 +444,7 @@ fn tokio_limit(server: &Server, l: &Load, concurrency: usize) -> Res<Run> {
                         recipient: to,
                         body: b,
                         content_type: "application/json",
+                        headers: &[],
                         attempt: 1,
                     };
                     let r = http.deliver(&d, SystemTime::now()).await;
@@ -499,6 +500,7 @@ fn blocking_limit(server: &Server, l: &Load, concurrency: usize) -> Res<Run> {
                         recipient: to,
                         body: b,
                         content_type: "application/json",
+                        headers: &[],
                         attempt: 1,
                     };
                     let _ = http.deliver(&d, SystemTime::now());

@@ -105,6 +105,7 @@ fn parse_line(text: &str) -> Result<NewRow, String> {
         dedup_key: line.dedup_key.filter(|k| !k.is_empty()),
         ordering_key: line.ordering_key.filter(|k| !k.is_empty()),
         joined: line.joined.unwrap_or(false),
+        headers: Vec::new(),
     })
 }
 
