@@ -530,7 +530,14 @@ fn binary_drain(server: &Server, l: &Load, concurrency: usize) -> Res<Run> {
         ));
     }
     let mut enq = std::process::Command::new(bin)
-        .args(["--db", db, "enqueue", "--actor", "bench"])
+        .args([
+            "--db",
+            db,
+            "enqueue",
+            "--actor",
+            "bench",
+            "--allow-private-destinations",
+        ])
         .env("RUST_LOG", "warn")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
