@@ -445,6 +445,7 @@ fn tokio_limit(server: &Server, l: &Load, concurrency: usize) -> Res<Run> {
                         recipient: to,
                         body: b,
                         content_type: "application/json",
+                        headers: &[],
                         attempt: 1,
                     };
                     let r = http.deliver(&d, SystemTime::now()).await;
@@ -501,6 +502,7 @@ fn blocking_limit(server: &Server, l: &Load, concurrency: usize) -> Res<Run> {
                         recipient: to,
                         body: b,
                         content_type: "application/json",
+                        headers: &[],
                         attempt: 1,
                     };
                     let _ = http.deliver(&d, SystemTime::now());
@@ -530,7 +532,14 @@ fn binary_drain(server: &Server, l: &Load, concurrency: usize) -> Res<Run> {
         ));
     }
     let mut enq = std::process::Command::new(bin)
-        .args(["--db", db, "enqueue", "--actor", "bench"])
+        .args([
+            "--db",
+            db,
+            "enqueue",
+            "--actor",
+            "bench",
+            "--allow-private-destinations",
+        ])
         .env("RUST_LOG", "warn")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())

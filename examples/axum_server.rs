@@ -133,6 +133,7 @@ async fn create_note(State(app): State<App>, Json(body): Json<Value>) -> (Status
         dedup_key: None,
         ordering_key: None,
         joined: false,
+        headers: Vec::new(),
     };
     let store = Arc::clone(&app.store);
     let actor = author.clone();

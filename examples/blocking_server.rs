@@ -194,6 +194,7 @@ fn post_note(app: &App, body: &[u8]) -> (u16, Value) {
         dedup_key: None,
         ordering_key: None,
         joined: false,
+        headers: Vec::new(),
     };
     // The note and its outbox row commit together or not at all; the store fires the
     // wake-up after the commit, and the monitor delivers.

@@ -148,6 +148,7 @@ fn outbox_run() -> Result<(), Box<dyn Error>> {
             dedup_key: None,
             ordering_key: None,
             joined: false,
+            headers: Vec::new(),
         })
         .collect();
     outbox.enqueue("case-manager", &rows)?;
@@ -193,6 +194,7 @@ fn serial_run(http: &HttpClient) -> Result<(), Box<dyn Error>> {
                     recipient: &url,
                     body: &b,
                     content_type: "application/activity+json",
+                    headers: &[],
                     attempt: 1,
                 },
                 SystemTime::now(),
@@ -232,6 +234,7 @@ fn unconstrained_run(http: &HttpClient) -> Result<(), Box<dyn Error>> {
                             recipient: &url,
                             body: &b,
                             content_type: "application/activity+json",
+                            headers: &[],
                             attempt: 1,
                         },
                         SystemTime::now(),

@@ -414,6 +414,46 @@ fn bad_input_exits_2_and_leaves_the_database_as_it_was() {
             format!("{good}\n{}\n", line("row-0", &to, &serde_json::json!(1))),
             vec!["line 2", "already used"],
         ),
+        (
+            "a header the client sets",
+            format!(
+                "{good}\n{}\n",
+                serde_json::json!({ "id": "x", "to": to, "body": 1, "headers": {"X-Ok": "1", "Content-Type": "text/plain"} })
+            ),
+            vec!["line 2", "header \"Content-Type\" refused", "content type"],
+        ),
+        (
+            "a header value with CRLF",
+            format!(
+                "{}\n",
+                serde_json::json!({ "id": "x", "to": to, "body": 1, "headers": {"X-Evil": "1\r\nHost: a"} })
+            ),
+            vec!["line 1", "\"X-Evil\"", "not a valid HTTP header value"],
+        ),
+        (
+            "a header value that is not a string",
+            format!(
+                "{}\n",
+                serde_json::json!({ "id": "x", "to": to, "body": 1, "headers": {"X-N": 1} })
+            ),
+            vec!["line 1", "expected a string"],
+        ),
+        (
+            "body and body_base64",
+            format!(
+                "{}\n",
+                serde_json::json!({ "id": "x", "to": to, "body": 1, "body_base64": "AA==" })
+            ),
+            vec!["line 1", "both \"body\" and \"body_base64\""],
+        ),
+        (
+            "bad base64",
+            format!(
+                "{good}\n{}\n",
+                serde_json::json!({ "id": "x", "to": to, "body_base64": "not base64!" })
+            ),
+            vec!["line 2", "\"body_base64\" is not valid base64"],
+        ),
     ];
     for (what, input, needles) in cases {
         let out = run(&db, &["enqueue", "--actor", "dave"], &input);
@@ -457,7 +497,7 @@ fn unopenable_database_exits_2() {
         let out = collect(
             Command::new(BIN)
                 .args(["--db", &path.display().to_string()])
-                .args(["enqueue", "--actor", "erin"])
+                .args(["enqueue", "--actor", "erin", "--allow-private-destinations"])
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
@@ -1084,7 +1124,7 @@ fn full_disk_exits_1_and_says_each_cause_once() {
             .arg("ulimit -f 300; trap '' XFSZ; exec \"$0\" \"$@\"")
             .arg(BIN)
             .args(db.args())
-            .args(["enqueue", "--actor", "fay"])
+            .args(["enqueue", "--actor", "fay", "--allow-private-destinations"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -1404,4 +1444,178 @@ fn completions_and_man_page() {
     assert!(!path.exists(), "a database was created");
     let out = run(&db, &["completions", "tcsh"], "");
     assert_eq!(out.code(), Some(2), "{}", out.stderr);
+}
+
+/// The one request a path received (each row of these tests has paths of its own).
+fn only_request(r: &Recipient, path: &str) -> outbox_lanes_test_support::Recorded {
+    let mut got = r.requests(path);
+    assert_eq!(got.len(), 1, "{path}: {} requests", got.len());
+    got.remove(0)
+}
+
+/// A row's body goes out as given: a string for a content type that is not JSON as its own
+/// text, JSON content types as JSON text, `body_base64` as its bytes; a row's headers go out
+/// with every delivery, to every recipient, and again after a dead letter is replayed.
+fn rows_are_sent_as_given(db: &Db) {
+    let r = Recipient::start().unwrap();
+    r.script("/dead-once", [Reply::Status(400)]);
+    let input = [
+        serde_json::json!({"id": "text", "to": [r.url("/text")], "body": "hello \"you\"\n", "content_type": "text/plain; charset=utf-8"}),
+        serde_json::json!({"id": "json", "to": [r.url("/json")], "body": "hello"}),
+        serde_json::json!({"id": "activity", "to": [r.url("/activity")], "body": "hi", "content_type": "Application/Activity+JSON; profile=x"}),
+        serde_json::json!({"id": "object", "to": [r.url("/object")], "body": {"a": [1, 2]}, "content_type": "text/plain"}),
+        serde_json::json!({"id": "b64", "to": [r.url("/b64")], "body_base64": "AAEC/w=="}),
+        serde_json::json!({"id": "headers", "to": [r.url("/h1"), r.url("/h2")], "body": 1,
+            "headers": {"Authorization": "Bearer t0k3n", "X-Trace": "42"}}),
+        serde_json::json!({"id": "dead", "to": [r.url("/dead-once")], "body": "again", "content_type": "text/plain",
+            "headers": {"X-Replayed": "yes"}}),
+    ]
+    .iter()
+    .map(|l| l.to_string() + "\n")
+    .collect::<String>();
+    ok(db, &["enqueue", "--actor", "rita"], &input);
+    ok(db, &["drain"], "");
+
+    let text = only_request(&r, "/text");
+    assert_eq!(text.body, b"hello \"you\"\n");
+    assert_eq!(
+        text.header("content-type"),
+        Some("text/plain; charset=utf-8")
+    );
+    assert_eq!(only_request(&r, "/json").body, b"\"hello\"");
+    assert_eq!(only_request(&r, "/activity").body, b"\"hi\"");
+    assert_eq!(only_request(&r, "/object").body, b"{\"a\":[1,2]}");
+    let b64 = only_request(&r, "/b64");
+    assert_eq!(b64.body, [0u8, 1, 2, 255]);
+    assert_eq!(b64.header("content-type"), Some("application/octet-stream"));
+    for path in ["/h1", "/h2"] {
+        let q = only_request(&r, path);
+        assert_eq!(q.header("authorization"), Some("Bearer t0k3n"), "{path}");
+        assert_eq!(q.header("x-trace"), Some("42"), "{path}");
+        assert_eq!(q.header("content-type"), Some("application/json"), "{path}");
+        assert!(q.header("idempotency-key").is_some(), "{path}");
+    }
+    assert!(only_request(&r, "/text").header("authorization").is_none());
+
+    // Dead-lettered at the 400, replayed: sent again with its headers.
+    ok(db, &["dead-letters", "replay", "--actor", "rita"], "");
+    ok(db, &["drain"], "");
+    let again = r.requests("/dead-once");
+    assert_eq!(again.len(), 2);
+    for q in &again {
+        assert_eq!(q.body, b"again");
+        assert_eq!(q.header("x-replayed"), Some("yes"));
+    }
+    assert_eq!(again[1].completion.status(), Some(200));
+}
+
+#[test]
+fn rows_are_sent_as_given_sqlite() {
+    rows_are_sent_as_given(&Db::sqlite());
+}
+
+#[test]
+fn rows_are_sent_as_given_postgres() {
+    let Some(db) = Db::postgres() else { return };
+    rows_are_sent_as_given(&db);
+}
+
+/// `command` without the `--allow-private-destinations` every other test passes.
+fn run_strict(db: &Db, args: &[&str], stdin: &str) -> Out {
+    let mut c = Command::new(BIN);
+    c.args(db.args())
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    collect(c.spawn().unwrap(), stdin)
+}
+
+#[test]
+fn enqueue_refuses_destinations_delivery_would_refuse() {
+    let db = Db::sqlite();
+    let r = Recipient::start().unwrap();
+    let public = line(
+        "pub",
+        &["https://example.org/inbox".into()],
+        &serde_json::json!(1),
+    );
+    for (to, class) in [
+        (r.url("/a"), "loopback"),
+        ("http://localhost:9/inbox".to_owned(), "loopback"),
+        ("http://[::1]:9/inbox".to_owned(), "loopback"),
+        ("http://10.0.0.7/inbox".to_owned(), "private"),
+    ] {
+        let input = format!(
+            "{public}\n{}\n",
+            line("x", std::slice::from_ref(&to), &serde_json::json!(1))
+        );
+        let out = run_strict(&db, &["enqueue", "--actor", "sam"], &input);
+        assert_eq!(out.code(), Some(2), "{to}: {}", out.stderr);
+        for needle in [
+            "line 2",
+            &to,
+            class,
+            "--allow-private-destinations",
+            "nothing enqueued",
+        ] {
+            assert!(
+                out.stderr.contains(needle),
+                "{to}: {:?} lacks {needle:?}",
+                out.stderr
+            );
+        }
+    }
+    // Nothing was enqueued by any of them (not even the good first line).
+    assert!(!matches!(&db, Db::Sqlite { path, .. } if path.exists()));
+
+    // Cloud metadata stays refused with the flag, and the message does not offer it.
+    let meta = line(
+        "m",
+        &["http://169.254.169.254/latest".into()],
+        &serde_json::json!(1),
+    );
+    let out = run_strict(
+        &db,
+        &["enqueue", "--actor", "sam", "--allow-private-destinations"],
+        &meta,
+    );
+    assert_eq!(out.code(), Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("always refuses"), "{}", out.stderr);
+    assert!(!out.stderr.contains("pass --allow"), "{}", out.stderr);
+
+    // With the flag on enqueue itself the loopback recipient is accepted, and delivered by a
+    // drain that allows it too.
+    let input = format!("{}\n", line("x", &[r.url("/a")], &serde_json::json!(1)));
+    let out = run_strict(
+        &db,
+        &["enqueue", "--actor", "sam", "--allow-private-destinations"],
+        &input,
+    );
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    ok(&db, &["drain"], "");
+    assert_eq!(r.count("/a"), 1);
+}
+
+#[test]
+fn enqueue_help_shows_the_line_format() {
+    let out = run_strict(&Db::sqlite(), &["enqueue", "--help"], "");
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    for needle in [
+        "body_base64",
+        "content_type",
+        "headers",
+        "dedup_key",
+        "ordering_key",
+        "joined",
+        "Example:",
+        "{\"id\": \"n-1\"",
+        "--allow-private-destinations",
+    ] {
+        assert!(
+            out.stdout.contains(needle),
+            "help lacks {needle:?}:\n{}",
+            out.stdout
+        );
+    }
 }

@@ -154,7 +154,12 @@ fn harness(db: &[String], relays: usize) {
         .collect();
     let mut enqueue = Command::new(BIN)
         .args(db)
-        .args(["enqueue", "--actor", "crash"])
+        .args([
+            "enqueue",
+            "--actor",
+            "crash",
+            "--allow-private-destinations",
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()

@@ -302,6 +302,7 @@ mod tests {
                 row_id: format!("r{unit}"),
                 content_type: "text/plain".into(),
                 body: Vec::new(),
+                headers: Vec::new(),
             },
             Arc::new(Chan(Mutex::new(reply.clone()))),
             Arc::new(std::sync::atomic::AtomicBool::new(true)),

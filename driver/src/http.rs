@@ -107,6 +107,9 @@ pub struct Delivery<'a> {
     pub body: &'a [u8],
     /// The request's `Content-Type`.
     pub content_type: &'a str,
+    /// The row's own headers ([`Payload::headers`](outbox_lanes_store::Payload::headers)),
+    /// sent after the client's own; usually empty.
+    pub headers: &'a [(String, String)],
     /// The attempt number, passed to the signer.
     pub attempt: u32,
 }

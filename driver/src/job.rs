@@ -101,6 +101,7 @@ impl Job {
             recipient: &self.recipient,
             body: &self.payload.body,
             content_type: &self.payload.content_type,
+            headers: &self.payload.headers,
             attempt: self.attempt,
         }
     }

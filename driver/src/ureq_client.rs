@@ -173,6 +173,23 @@ impl HttpClient {
             .header("Content-Type", d.content_type)
             .header("Idempotency-Key", d.unit.to_string())
             .header("User-Agent", self.shared.user_agent.as_str());
+        for (name, value) in d.headers {
+            // Checked at enqueue; a row written with plain SQL may still hold a bad one, and
+            // the same request would be built again on every retry: permanent.
+            let (Ok(n), Ok(v)) = (
+                ureq::http::HeaderName::from_bytes(name.as_bytes()),
+                ureq::http::HeaderValue::from_str(value),
+            ) else {
+                return AttemptResult {
+                    outcome: Outcome::Permanent,
+                    status: None,
+                    error: Some(format!(
+                        "invalid_request: the row's header {name:?} is not valid"
+                    )),
+                };
+            };
+            req = req.header(n, v);
+        }
         if let Some(signer) = &self.shared.signer {
             let signed = signer.sign(&SignRequest {
                 actor: d.actor,

@@ -92,6 +92,7 @@ fn row(u: &mut Unstructured<'_>) -> AResult<NewRow> {
         dedup_key,
         ordering_key,
         joined: u.arbitrary()?,
+        headers: Vec::new(),
     })
 }
 

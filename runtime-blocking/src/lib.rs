@@ -26,6 +26,7 @@
 //!     dedup_key: None,
 //!     ordering_key: None,
 //!     joined: false,
+//!     headers: Vec::new(),
 //! }])?;
 //! outbox.drain("alice")?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())

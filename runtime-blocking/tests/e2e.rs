@@ -47,6 +47,7 @@ fn row(id: &str, to: &[String]) -> NewRow {
         dedup_key: None,
         ordering_key: None,
         joined: false,
+        headers: Vec::new(),
     }
 }
 

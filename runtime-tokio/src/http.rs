@@ -171,6 +171,17 @@ impl AsyncHttpClient {
             Ok(v) => req = req.header(reqwest::header::CONTENT_TYPE, v),
             Err(_) => return invalid_request("the content type is not a header value"),
         }
+        for (name, value) in d.headers {
+            // Checked at enqueue; a row written with plain SQL may still hold a bad one, and
+            // the same request would be built again on every retry: permanent.
+            let (Ok(n), Ok(v)) = (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(value),
+            ) else {
+                return invalid_request(&format!("the row's header {name:?} is not valid"));
+            };
+            req = req.header(n, v);
+        }
         if let Some(signer) = &self.shared.signer {
             let signed = signer.sign(&SignRequest {
                 actor: d.actor,

@@ -46,6 +46,7 @@
 //!     dedup_key: None,
 //!     ordering_key: None,
 //!     joined: false,
+//!     headers: Vec::new(),
 //! }]).await?;
 //! outbox.drain("alice").await?;
 //! # Ok(()) }

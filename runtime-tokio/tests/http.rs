@@ -41,6 +41,7 @@ async fn post_async(c: &AsyncHttpClient, url: &str, content_type: &str) -> Attem
             recipient: url,
             body: BODY,
             content_type,
+            headers: &[],
             attempt: 1,
         },
         fixed_now(),
@@ -58,6 +59,7 @@ async fn post_blocking(c: &HttpClient, url: &str, content_type: &str) -> Attempt
                 recipient: &url,
                 body: BODY,
                 content_type: &content_type,
+                headers: &[],
                 attempt: 1,
             },
             fixed_now(),
@@ -359,4 +361,72 @@ async fn construction_errors() {
         ..HttpConfig::default()
     });
     assert!(e.contains("User-Agent"), "{e}");
+}
+
+/// A row's own headers, sent by both clients after their own; one they cannot send is a
+/// permanent `invalid_request` on both, with nothing sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_headers_are_sent_by_both_clients() {
+    let r = Recipient::start().expect("recipient");
+    let a = AsyncHttpClient::new(loopback(), None).expect("async client");
+    let b = HttpClient::new(loopback(), None).expect("blocking client");
+    let good = vec![
+        ("Authorization".to_owned(), "Bearer t0k3n".to_owned()),
+        ("X-Trace".to_owned(), "a, b".to_owned()),
+    ];
+    let bad = vec![("X Bad".to_owned(), "1".to_owned())];
+    for (client, path) in [("async", "/async"), ("blocking", "/blocking")] {
+        for (headers, sub) in [(&good, "good"), (&bad, "bad")] {
+            let (headers, url2) = (headers.clone(), r.url(&format!("{path}/{sub}")));
+            let res = if client == "async" {
+                a.deliver(
+                    &Delivery {
+                        unit: UnitId(7),
+                        recipient: &url2,
+                        body: BODY,
+                        content_type: CONTENT_TYPE,
+                        headers: &headers,
+                        attempt: 1,
+                    },
+                    fixed_now(),
+                )
+                .await
+            } else {
+                let b = b.clone();
+                tokio::task::spawn_blocking(move || {
+                    b.deliver(
+                        &Delivery {
+                            unit: UnitId(7),
+                            recipient: &url2,
+                            body: BODY,
+                            content_type: CONTENT_TYPE,
+                            headers: &headers,
+                            attempt: 1,
+                        },
+                        fixed_now(),
+                    )
+                })
+                .await
+                .expect("join")
+            };
+            let path = format!("{path}/{sub}");
+            if sub == "good" {
+                assert_eq!(res.outcome, Outcome::Delivered, "{client}: {res:?}");
+                let q = r.requests(&path);
+                assert_eq!(q.len(), 1, "{client}");
+                assert_eq!(
+                    q[0].header("authorization"),
+                    Some("Bearer t0k3n"),
+                    "{client}"
+                );
+                assert_eq!(q[0].header("x-trace"), Some("a, b"), "{client}");
+                assert_eq!(q[0].header("content-type"), Some(CONTENT_TYPE), "{client}");
+                assert_eq!(q[0].header("idempotency-key"), Some("7"), "{client}");
+            } else {
+                assert_eq!(res.outcome, Outcome::Permanent, "{client}: {res:?}");
+                assert_eq!(code(&res), Some("invalid_request"), "{client}: {res:?}");
+                assert_eq!(r.count(&path), 0, "{client}");
+            }
+        }
+    }
 }

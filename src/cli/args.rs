@@ -190,20 +190,16 @@ pub(crate) enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
     /// Read JSON lines from stdin and enqueue them, all or nothing.
-    #[command(
-        long_about = "Read JSON lines from stdin and enqueue them, all or nothing.\n\n\
-        One row per line: {\"id\": \"...\", \"to\": [\"https://...\"], \"body\": <json>, \
-        \"content_type\"?: \"...\", \"dedup_key\"?: \"...\", \"ordering_key\"?: \"...\", \
-        \"joined\"?: bool}. The body is any JSON value and is POSTed as its JSON text \
-        (\"body\": null sends the four bytes `null`); content_type defaults to \
-        application/json and must be a valid HTTP header value. Blank lines are skipped. \
-        A bad line, or a line longer than --max-line-bytes, refuses the whole input: nothing \
-        is enqueued, its line number and reason go to stderr, and the exit status is 2."
-    )]
+    #[command(long_about = ENQUEUE_ABOUT)]
     Enqueue {
         /// The sending actor.
         #[arg(long)]
         actor: String,
+        /// Accept loopback and private-range recipients (IP literals, `localhost`), which
+        /// delivery refuses unless `drain`/`relay` get this flag too. Without it such a row
+        /// is refused here instead of dead-lettered at its first attempt.
+        #[arg(long, env = "OUTBOX_LANES_ALLOW_PRIVATE_DESTINATIONS")]
+        allow_private_destinations: bool,
         /// Longest input line accepted, in bytes: the largest body (1 MiB) and room for the
         /// rest of the row (ids and recipient lists).
         #[arg(long, default_value_t = DEFAULT_MAX_LINE, value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
@@ -343,6 +339,38 @@ pub(crate) struct LaneArgs {
     #[arg(long)]
     pub(crate) json: bool,
 }
+
+/// `enqueue --help`: the line format, with an example.
+const ENQUEUE_ABOUT: &str = "\
+Read JSON lines from stdin and enqueue them, all or nothing.
+
+One row per line, a JSON object:
+  id            string, required: unique for the actor
+  to            [string], required: recipient URLs (absolute http or https)
+  body          any JSON value: with a JSON content type (application/json,
+                application/*+json) it is POSTed as its JSON text (\"body\": \"hi\" sends
+                the 4 bytes \"hi\" with the quotes); with any other content type a string
+                is POSTed as its own text (\"hi\" sends 2 bytes), other values as JSON text
+  body_base64   string: the body as base64 bytes, instead of body (exactly one of the two)
+  content_type  string: default application/json (application/octet-stream with
+                body_base64); a valid HTTP header value
+  headers       {name: value}: extra request headers for every delivery of the row;
+                Content-Type, Content-Length, Host, Idempotency-Key, User-Agent,
+                Transfer-Encoding, Connection (and other hop-by-hop headers), Date,
+                Digest, Signature, Signature-Input and webhook-* are refused
+  dedup_key     string: skip recipients with a pending unit of the same key
+  ordering_key  string: order per (recipient, key) instead of per recipient
+  joined        bool: one unit occupying every recipient at once
+
+Example:
+  {\"id\": \"n-1\", \"to\": [\"https://example.org/hook\"], \"body\": \"hello\", \"content_type\": \"text/plain\", \"headers\": {\"Authorization\": \"Bearer t0k3n\"}}
+  {\"id\": \"n-2\", \"to\": [\"https://example.org/inbox\"], \"body\": {\"type\": \"Create\"}, \"content_type\": \"application/activity+json\"}
+  {\"id\": \"n-3\", \"to\": [\"https://example.org/blob\"], \"body_base64\": \"AAEC/w==\"}
+
+Recipients that delivery refuses without a lookup (loopback or private IP literals,
+localhost) are refused unless --allow-private-destinations is given. Blank lines are
+skipped. A bad line, or a line longer than --max-line-bytes, refuses the whole input:
+nothing is enqueued, its line number and reason go to stderr, and the exit status is 2.";
 
 /// `dead-letters` subcommands.
 #[derive(Debug, Subcommand)]

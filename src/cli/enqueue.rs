@@ -1,8 +1,18 @@
 //! `enqueue`: JSON lines in, one JSON result per row out, all or nothing.
+//!
+//! A line is one row: its recipients, its body (a JSON value, sent as its JSON text for a
+//! JSON content type and as the string's own bytes otherwise, or bytes in base64), its
+//! content type and own headers, and its dedup and ordering keys. Everything the store or
+//! delivery would refuse later is refused here with the line's number, before the database
+//! is opened: a recipient the address policy refuses is one, since delivery would
+//! dead-letter it at once.
 
 use std::collections::HashMap;
+use std::fmt;
 
+use base64::Engine as _;
 use outbox_lanes_core::LaneKey;
+use outbox_lanes_core::policy::{AddressPolicy, Recipient};
 use outbox_lanes_store::{EnqueueError, Enqueued, NewRow};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -16,7 +26,10 @@ struct Line {
     /// `None` only when the key is missing: `"body": null` is the JSON text `null`.
     #[serde(default, deserialize_with = "present")]
     body: Option<Box<RawValue>>,
+    body_base64: Option<String>,
     content_type: Option<String>,
+    #[serde(default, deserialize_with = "header_object")]
+    headers: Vec<(String, String)>,
     dedup_key: Option<String>,
     ordering_key: Option<String>,
     joined: Option<bool>,
@@ -25,6 +38,77 @@ struct Line {
 /// A field that is present, whatever its value (`null` included).
 fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Box<RawValue>>, D::Error> {
     Box::<RawValue>::deserialize(d).map(Some)
+}
+
+/// `"headers": {"Name": "value", …}` in the line's order (a map type would sort them and
+/// keep the last of a repeated name without a word; the store refuses repeats instead).
+fn header_object<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Vec<(String, String)>, D::Error> {
+    struct Headers;
+    impl<'de> serde::de::Visitor<'de> for Headers {
+        type Value = Vec<(String, String)>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("an object of header names to string values")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::with_capacity(map.size_hint().unwrap_or(0).min(64));
+            while let Some(pair) = map.next_entry::<String, String>()? {
+                out.push(pair);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_map(Headers)
+}
+
+/// Whether a content type's media type is JSON: `application/json` or any
+/// `application/*+json` (`activity+json`, `ld+json`), parameters and case aside.
+fn is_json(content_type: &str) -> bool {
+    let media = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    media == "application/json"
+        || media
+            .strip_prefix("application/")
+            .is_some_and(|sub| sub.len() > "+json".len() && sub.ends_with("+json"))
+}
+
+/// Refuses a recipient that delivery's address policy would refuse without a lookup (an IP
+/// literal, `localhost`): every unit for it would be dead-lettered at the first attempt.
+fn check_destination(url: &str, policy: &AddressPolicy) -> Result<(), String> {
+    // The URL has been parsed as a lane key already; a refusal here is not this check's.
+    let Ok(recipient) = Recipient::parse(url) else {
+        return Ok(());
+    };
+    let Some(class) = recipient.host().known_class() else {
+        return Ok(());
+    };
+    if policy.allows(class) {
+        return Ok(());
+    }
+    let opened = AddressPolicy {
+        allow_loopback: true,
+        allow_private: true,
+        ..*policy
+    };
+    if opened.allows(class) {
+        Err(format!(
+            "recipient {url:?} is a {class} address, which delivery refuses by default \
+             (SSRF guard): pass --allow-private-destinations to enqueue, and to drain or \
+             relay, to deliver to it"
+        ))
+    } else {
+        Err(format!(
+            "recipient {url:?} is a {class} address, which delivery always refuses (SSRF guard)"
+        ))
+    }
 }
 
 /// A refused input line: its 1-based number and why.
@@ -64,7 +148,7 @@ fn json_reason(e: &serde_json::Error) -> String {
     format!("{kind}{msg} (column {})", e.column())
 }
 
-fn parse_line(text: &str) -> Result<NewRow, String> {
+fn parse_line(text: &str, policy: &AddressPolicy) -> Result<NewRow, String> {
     let line: Line = serde_json::from_str(text).map_err(|e| json_reason(&e))?;
     let id = match line.id {
         Some(id) if !id.trim().is_empty() => id,
@@ -78,13 +162,15 @@ fn parse_line(text: &str) -> Result<NewRow, String> {
     for url in &to {
         LaneKey::new(url, None)
             .map_err(|e| format!("recipient {url:?} is not an absolute http(s) URL: {e}"))?;
+        check_destination(url, policy)?;
     }
-    let body = line
-        .body
-        .ok_or("missing \"body\" (any JSON value, sent as its JSON text)")?;
-    let content_type = line
-        .content_type
-        .unwrap_or_else(|| "application/json".into());
+    let content_type = line.content_type.unwrap_or_else(|| {
+        if line.body_base64.is_some() {
+            "application/octet-stream".into()
+        } else {
+            "application/json".into()
+        }
+    });
     if content_type.trim().is_empty() {
         return Err("\"content_type\" is empty".into());
     }
@@ -97,15 +183,45 @@ fn parse_line(text: &str) -> Result<NewRow, String> {
              (visible ASCII, spaces and tabs only)"
         ));
     }
-    Ok(NewRow {
+    let body = match (line.body, line.body_base64) {
+        (Some(_), Some(_)) => {
+            return Err("both \"body\" and \"body_base64\" are given: give one".into());
+        }
+        (None, None) => {
+            return Err(
+                "missing \"body\" (a JSON value) or \"body_base64\" (bytes in base64)".into(),
+            );
+        }
+        (None, Some(b64)) => base64::engine::general_purpose::STANDARD
+            .decode(b64.trim())
+            .map_err(|e| format!("\"body_base64\" is not valid base64: {e}"))?,
+        // A JSON body is its JSON text; a string for another content type is its text.
+        (Some(raw), None) if !is_json(&content_type) && raw.get().starts_with('"') => {
+            serde_json::from_str::<String>(raw.get())
+                .map_err(|e| json_reason(&e))?
+                .into_bytes()
+        }
+        (Some(raw), None) => raw.get().as_bytes().to_vec(),
+    };
+    let row = NewRow {
         id,
-        body: body.get().as_bytes().to_vec(),
+        body,
         content_type,
         recipients: to,
         dedup_key: line.dedup_key.filter(|k| !k.is_empty()),
         ordering_key: line.ordering_key.filter(|k| !k.is_empty()),
         joined: line.joined.unwrap_or(false),
-    })
+        headers: line.headers,
+    };
+    if let Err(e) = outbox_lanes_store::check_headers(&row) {
+        return Err(match e {
+            EnqueueError::BadHeader { name, reason, .. } => {
+                format!("header {name:?} refused: {reason}")
+            }
+            other => other.to_string(),
+        });
+    }
+    Ok(row)
 }
 
 /// Parses and validates lines one at a time; the first bad line refuses the whole input.
@@ -114,6 +230,8 @@ struct Parser {
     rows: Vec<NewRow>,
     lines: Vec<usize>,
     seen: HashMap<String, usize>,
+    /// The destinations delivery will allow.
+    policy: AddressPolicy,
 }
 
 impl Parser {
@@ -122,7 +240,7 @@ impl Parser {
         if text.trim().is_empty() {
             return Ok(());
         }
-        let row = parse_line(text).map_err(|reason| BadLine { line, reason })?;
+        let row = parse_line(text, &self.policy).map_err(|reason| BadLine { line, reason })?;
         if let Some(first) = self.seen.insert(row.id.clone(), line) {
             return Err(BadLine {
                 line,
@@ -144,8 +262,11 @@ impl Parser {
 
 /// Parses and validates every line of `input`; the first bad line refuses the whole input.
 #[cfg(test)]
-pub(crate) fn parse(input: &str) -> Result<Batch, BadLine> {
-    let mut p = Parser::default();
+pub(crate) fn parse(input: &str, policy: AddressPolicy) -> Result<Batch, BadLine> {
+    let mut p = Parser {
+        policy,
+        ..Parser::default()
+    };
     for (i, text) in input.lines().enumerate() {
         p.push(i + 1, text)?;
     }
@@ -163,19 +284,25 @@ pub(crate) enum ReadError {
 
 /// Reads and validates the input line by line, holding at most `max_line` bytes of text at a
 /// time (plus the rows parsed so far): a line longer than that is refused without being read
-/// whole. Lines may end in LF or CRLF.
+/// whole. Lines may end in LF or CRLF. Recipients are checked against `policy`, the
+/// destinations delivery will allow.
 ///
 /// # Errors
-/// The first bad line (malformed, invalid, not UTF-8, too long) refuses the whole input.
+/// The first bad line (malformed, invalid, not UTF-8, too long, a refused destination or
+/// header) refuses the whole input.
 pub(crate) async fn read(
     input: impl tokio::io::AsyncBufRead + Unpin,
     max_line: u64,
+    policy: AddressPolicy,
 ) -> Result<Batch, ReadError> {
     use tokio::io::AsyncBufReadExt as _;
     use tokio::io::AsyncReadExt as _;
 
     let mut input = input;
-    let mut p = Parser::default();
+    let mut p = Parser {
+        policy,
+        ..Parser::default()
+    };
     let mut buf = Vec::new();
     let mut line = 0;
     loop {
@@ -247,6 +374,9 @@ impl Batch {
                 row.as_str(),
                 format!("\"content_type\" {content_type:?} is not a valid HTTP header value"),
             ),
+            EnqueueError::BadHeader { row, name, reason } => {
+                (row.as_str(), format!("header {name:?} refused: {reason}"))
+            }
             EnqueueError::EmptyRowId { index } => {
                 return Some(BadLine {
                     line: self.lines.get(*index).copied().unwrap_or(0),
@@ -291,7 +421,7 @@ mod tests {
         tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap()
-            .block_on(read(input, max))
+            .block_on(read(input, max, AddressPolicy::default()))
     }
 
     #[test]
@@ -324,7 +454,7 @@ mod tests {
     }
 
     fn bad(input: &str) -> BadLine {
-        parse(input).expect_err("refused")
+        parse(input, AddressPolicy::default()).expect_err("refused")
     }
 
     #[test]
@@ -333,14 +463,85 @@ mod tests {
             "{\"id\":\"a\",\"to\":[\"https://x.example/inbox\"],\"body\":{\"k\": [1, 2]}}\n\n\
              {\"id\":\"b\",\"to\":[\"http://y.example/i\"],\"body\":\"s\",\"content_type\":\"text/plain\",\
              \"dedup_key\":\"d\",\"ordering_key\":\"o\",\"joined\":true}\n",
+            AddressPolicy::default(),
         )
         .expect("parsed");
         assert_eq!(b.rows.len(), 2);
         assert_eq!(b.rows[0].body, b"{\"k\": [1, 2]}");
         assert_eq!(b.rows[0].content_type, "application/json");
-        assert_eq!(b.rows[1].body, b"\"s\"");
+        // A string for a content type that is not JSON is its text, without quotes.
+        assert_eq!(b.rows[1].body, b"s");
         assert!(b.rows[1].joined);
         assert_eq!(b.lines, [1, 3]);
+    }
+
+    #[test]
+    fn json_content_types() {
+        for ct in [
+            "application/json",
+            "Application/JSON; charset=utf-8",
+            "application/activity+json",
+            "application/ld+json; profile=\"https://www.w3.org/ns/activitystreams\"",
+        ] {
+            assert!(is_json(ct), "{ct}");
+        }
+        for ct in [
+            "text/plain",
+            "application/+json",
+            "text/json",
+            "application/jsonx",
+            "",
+        ] {
+            assert!(!is_json(ct), "{ct}");
+        }
+    }
+
+    #[test]
+    fn bodies_and_headers() {
+        let row = |fields: &str| {
+            let b = parse(
+                &format!("{{\"id\":\"a\",\"to\":[\"https://x.example/\"],{fields}}}"),
+                AddressPolicy::default(),
+            )
+            .map_err(|e| e.to_string())
+            .unwrap();
+            b.rows.into_iter().next().unwrap()
+        };
+        let r = row("\"body\":\"a\\\"b\\u00e9\",\"content_type\":\"text/plain\"");
+        assert_eq!(r.body, "a\"b\u{e9}".as_bytes());
+        let r = row("\"body\":\"a\",\"content_type\":\"application/activity+json\"");
+        assert_eq!(r.body, b"\"a\"");
+        let r = row("\"body\":[1, \"x\"],\"content_type\":\"text/plain\"");
+        assert_eq!(r.body, b"[1, \"x\"]");
+        let r = row("\"body_base64\":\"AAEC/w==\"");
+        assert_eq!(r.body, [0, 1, 2, 255]);
+        assert_eq!(r.content_type, "application/octet-stream");
+        let r = row("\"body\":1,\"headers\":{\"X-B\":\"2\",\"X-A\":\"1\"}");
+        let names: Vec<&str> = r.headers.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["X-B", "X-A"], "kept in the line's order");
+        assert!(row("\"body\":1").headers.is_empty());
+    }
+
+    #[test]
+    fn destinations_delivery_refuses_are_refused() {
+        let line = |url: &str| format!("{{\"id\":\"a\",\"to\":[\"{url}\"],\"body\":1}}");
+        let open = AddressPolicy {
+            allow_loopback: true,
+            allow_private: true,
+            allow_link_local: false,
+        };
+        for url in [
+            "http://127.0.0.1:1/",
+            "http://localhost/",
+            "http://192.168.1.2/",
+        ] {
+            let e = parse(&line(url), AddressPolicy::default()).expect_err(url);
+            assert!(e.reason.contains("--allow-private-destinations"), "{e}");
+            assert!(parse(&line(url), open).is_ok(), "{url}");
+        }
+        let e = parse(&line("http://[fe80::1]/"), open).expect_err("link-local");
+        assert!(e.reason.contains("always refuses"), "{e}");
+        assert!(parse(&line("https://example.org/"), AddressPolicy::default()).is_ok());
     }
 
     #[test]

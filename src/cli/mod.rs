@@ -173,13 +173,7 @@ fn config(d: &DeliveryFlags) -> OutboxConfig {
     c.scheduler.pass_attempts = d.pass_attempts;
     c.concurrency = d.concurrency as usize;
     c.per_host = d.per_host_concurrency.map(|n| n as usize);
-    if d.allow_private_destinations {
-        c.http.addresses = AddressPolicy {
-            allow_loopback: true,
-            allow_private: true,
-            allow_link_local: false,
-        };
-    }
+    c.http.addresses = address_policy(d.allow_private_destinations);
     if !d.retry_delays.is_empty() {
         c.scheduler.retry_delays.clone_from(&d.retry_delays);
     }
@@ -203,18 +197,34 @@ fn config(d: &DeliveryFlags) -> OutboxConfig {
     c
 }
 
+/// The destinations `--allow-private-destinations` opens (loopback and private ranges; never
+/// link-local or the cloud metadata services), for delivery and for enqueue's early check.
+fn address_policy(allow_private_destinations: bool) -> AddressPolicy {
+    if allow_private_destinations {
+        AddressPolicy {
+            allow_loopback: true,
+            allow_private: true,
+            allow_link_local: false,
+        }
+    } else {
+        AddressPolicy::default()
+    }
+}
+
 async fn run(cli: Cli) -> anyhow::Result<()> {
     // Validate the input before the database is touched: a refused input leaves no trace.
     let batch = match &cli.command {
         Command::Enqueue {
             actor,
             max_line_bytes,
+            allow_private_destinations,
         } => {
             if actor.trim().is_empty() {
                 return Err(usage("--actor is empty"));
             }
             let stdin = tokio::io::BufReader::new(tokio::io::stdin());
-            match enqueue::read(stdin, *max_line_bytes).await {
+            let policy = address_policy(*allow_private_destinations);
+            match enqueue::read(stdin, *max_line_bytes, policy).await {
                 Ok(batch) => Some(batch),
                 Err(enqueue::ReadError::Bad { bad, before }) => {
                     return Err(anyhow::Error::new(bad).context(format!(

@@ -123,6 +123,17 @@ pub enum EnqueueError {
         /// The content type as given.
         content_type: String,
     },
+    /// One of the row's headers cannot be sent: its name is not an HTTP token, its value is
+    /// not a valid header value, the name repeats, or the client sets it itself
+    /// ([`RESERVED_HEADERS`](crate::RESERVED_HEADERS)).
+    BadHeader {
+        /// The row id.
+        row: String,
+        /// The header name as given.
+        name: String,
+        /// Why it is refused.
+        reason: String,
+    },
     /// The database failed; nothing was written.
     Store(StoreError),
 }
@@ -153,6 +164,9 @@ impl fmt::Display for EnqueueError {
                 "row {row:?}: content type {content_type:?} is not a valid HTTP header value \
                  (visible ASCII, spaces and tabs only)"
             ),
+            EnqueueError::BadHeader { row, name, reason } => {
+                write!(f, "row {row:?}: header {name:?} refused: {reason}")
+            }
             EnqueueError::Store(e) => write!(f, "enqueue failed, nothing written: {e}"),
         }
     }

@@ -60,12 +60,13 @@ pub use error::{EnqueueError, StoreError};
 pub use notify::{Notifier, PendingWake, Subscription};
 #[cfg(feature = "postgres")]
 pub use postgres::{PgOptions, PgStore};
+pub use prepare::check_headers;
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteOptions, SqliteStore, Synchronous};
 pub use types::*;
 
 /// The newest schema version this build writes and understands.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// The blocking store interface shared by every runtime. Object-safe: used as
 /// `Arc<dyn Store>`.
@@ -81,8 +82,9 @@ pub trait Store: Send + Sync {
     /// # Errors
     /// A row with no recipient or more than the limit
     /// ([`CommonOptions::max_recipients`]), a recipient that is not an absolute http(s) URL, a
-    /// content type that is not a valid HTTP header value, a duplicate row id or a payload over
-    /// the limit refuses the whole batch with an error naming the row; nothing is written.
+    /// content type that is not a valid HTTP header value, a refused header
+    /// ([`check_headers`]), a duplicate row id or a payload over the limit refuses the whole
+    /// batch with an error naming the row; nothing is written.
     fn enqueue(&self, actor: &ActorId, rows: &[NewRow]) -> Result<Vec<Enqueued>, EnqueueError>;
 
     /// Takes `actor`'s drain slot if it is free or its lease expired (judged by the database's

@@ -52,7 +52,9 @@ use outbox_lanes_core::{ActorId, DeadReason, LaneKey, Seq, Timestamp, UnitId};
 use crate::notify::{Notifier, PendingWake};
 use crate::prepare::{PreparedRow, prepare};
 use crate::types::*;
-use crate::util::{assemble_status, i, key_of, ms, status_of, ts, u, u32_of};
+use crate::util::{
+    assemble_status, decode_headers, encode_headers, i, key_of, ms, status_of, ts, u, u32_of,
+};
 use crate::{EnqueueError, SCHEMA_VERSION, Store, StoreError};
 
 /// How a [`PgStore`] connects.
@@ -295,6 +297,14 @@ DROP TABLE pg_temp.ol_migrate_units;
 UPDATE ol_meta SET value = '2' WHERE key = 'schema_version';
 "
 );
+
+/// Version 2 to 3 (SCHEMA.md "Migrations"): the rows' own request headers, `NULL` for a row
+/// without. A nullable column without a default is added without rewriting any row; the
+/// statement takes its table's lock only for that moment. Relays of version 2 keep working
+/// against version 3 (they name their columns), without headers.
+const MIGRATE_V2_TO_V3: &str = "ALTER TABLE ol_units ADD COLUMN headers TEXT; \
+     ALTER TABLE ol_rows ADD COLUMN headers TEXT; \
+     UPDATE ol_meta SET value = '3' WHERE key = 'schema_version';";
 
 const STATE_PENDING: i64 = 0;
 const STATE_DEAD: i64 = 2;
@@ -643,11 +653,14 @@ impl PgStore {
         )?;
         match found {
             None => {
-                tx.batch_execute(SCHEMA_V2)?;
+                // Created as version 2 and migrated at once: new and migrated databases
+                // cannot differ.
                 tx.execute(
-                    "INSERT INTO ol_meta (key, value) VALUES ('schema_version', $1)",
-                    &[&SCHEMA_VERSION.to_string()],
+                    "INSERT INTO ol_meta (key, value) VALUES ('schema_version', '2')",
+                    &[],
                 )?;
+                tx.batch_execute(SCHEMA_V2)?;
+                tx.batch_execute(MIGRATE_V2_TO_V3)?;
             }
             Some(row) => {
                 let v: String = row.get(0);
@@ -662,10 +675,15 @@ impl PgStore {
                         });
                     }
                     1 => {
-                        tracing::info!(target: "outbox_lanes::store", schema = %self.opts.schema, "migrating the schema from version 1 to 2");
+                        tracing::info!(target: "outbox_lanes::store", schema = %self.opts.schema, "migrating the schema from version 1 to 3");
                         tx.batch_execute(MIGRATE_V1_TO_V2)?;
+                        tx.batch_execute(MIGRATE_V2_TO_V3)?;
                     }
-                    2 => {}
+                    2 => {
+                        tracing::info!(target: "outbox_lanes::store", schema = %self.opts.schema, "migrating the schema from version 2 to 3");
+                        tx.batch_execute(MIGRATE_V2_TO_V3)?;
+                    }
+                    3 => {}
                     _ => {
                         return Err(StoreError::Database(format!(
                             "unknown schema_version {found}"
@@ -1072,8 +1090,8 @@ fn enqueue_one_lane_rows(
         l_last.push(last);
         ordinal.insert(key, count(k + 1));
     }
-    let (mut r_id, mut r_lane, mut r_ct, mut r_body, mut r_len) =
-        (vec![], vec![], vec![], vec![], vec![]);
+    let (mut r_id, mut r_lane, mut r_ct, mut r_body, mut r_len, mut r_hd) =
+        (vec![], vec![], vec![], vec![], vec![], vec![]);
     for p in rows {
         let key = p
             .lanes
@@ -1089,6 +1107,7 @@ fn enqueue_one_lane_rows(
         r_ct.push(p.row.content_type.as_str());
         r_body.push(p.row.body.as_slice());
         r_len.push(count(p.row.body.len()));
+        r_hd.push(encode_headers(&p.row.headers));
     }
     // Each data-modifying part depends on `a`, which writes nothing when a duplicate was
     // found: a refused batch writes nothing. The probes of ol_rows are skipped altogether
@@ -1112,14 +1131,15 @@ fn enqueue_one_lane_rows(
              k AS (SELECT array_agg(l.id ORDER BY v.lane) AS ids FROM v JOIN l \
                ON l.recipient = v.recipient AND l.ordering_key = v.ok), \
              u AS (INSERT INTO ol_units (actor, lane_id, seq, row_id, content_type, body, body_len, \
-                 ordering_key, enqueued_at) \
-               SELECT $1, k.ids[r.lane], a.base + r.ix, r.row_id, r.ct, r.body, r.len, $9[r.lane], $11 \
-               FROM a, k, unnest($3::text[], $4::bigint[], $5::text[], $6::bytea[], $7::bigint[]) \
-                 WITH ORDINALITY AS r(row_id, lane, ct, body, len, ix) RETURNING id, seq) \
+                 ordering_key, enqueued_at, headers) \
+               SELECT $1, k.ids[r.lane], a.base + r.ix, r.row_id, r.ct, r.body, r.len, $9[r.lane], $11, r.hd \
+               FROM a, k, unnest($3::text[], $4::bigint[], $5::text[], $6::bytea[], $7::bigint[], $13::text[]) \
+                 WITH ORDINALITY AS r(row_id, lane, ct, body, len, hd, ix) RETURNING id, seq) \
              SELECT NULL::text[], (SELECT base FROM a), \
                (SELECT array_agg(id ORDER BY seq) FROM u), (SELECT pg_notify($12, $1) FROM a)",
             &[
                 &a, &n, &r_id, &r_lane, &r_ct, &r_body, &r_len, &l_rec, &l_ok, &l_last, &now, &channel,
+                &r_hd,
             ],
         )
         .map_err(|e| duplicate_of(&e, rows).unwrap_or_else(|| EnqueueError::from(e)))?
@@ -1317,6 +1337,7 @@ fn enqueue_tx(
         len: Vec<i64>,
         dk: Vec<Option<&'r str>>,
         ok: Vec<&'r str>,
+        hd: Vec<Option<String>>,
     }
     #[derive(Default)]
     struct Shared<'r> {
@@ -1328,6 +1349,7 @@ fn enqueue_tx(
         len: Vec<i64>,
         dk: Vec<Option<&'r str>>,
         ok: Vec<&'r str>,
+        hd: Vec<Option<String>>,
     }
     #[derive(Default)]
     struct Bare {
@@ -1385,6 +1407,7 @@ fn enqueue_tx(
                 inl.len.push(len);
                 inl.dk.push(p.row.dedup_key.as_deref());
                 inl.ok.push(p.ordering_key);
+                inl.hd.push(encode_headers(&p.row.headers));
                 for lane in others {
                     bare.id.push(next_unit()?);
                     bare.unit.push(Some(head));
@@ -1406,6 +1429,7 @@ fn enqueue_tx(
                 sh.len.push(len);
                 sh.dk.push(p.row.dedup_key.as_deref());
                 sh.ok.push(p.ordering_key);
+                sh.hd.push(encode_headers(&p.row.headers));
                 for lane in &kept {
                     let head = next_unit()?;
                     bare.id.push(head);
@@ -1440,15 +1464,15 @@ fn enqueue_tx(
     // 3.3 ms, now 0.64 ms).
     t.x(
         "WITH h AS (INSERT INTO ol_units (id, actor, lane_id, seq, lanes, pending, row_id, content_type, body, \
-             body_len, dedup_key, ordering_key, enqueued_at) \
-           SELECT id, $1, lane, seq, n, n, row_id, ct, body, len, dk, ok, $2 FROM unnest($3::bigint[], $4::bigint[], \
-             $5::bigint[], $6::bigint[], $7::text[], $8::text[], $9::bytea[], $10::bigint[], $11::text[], $12::text[]) \
-             AS t(id, lane, seq, n, row_id, ct, body, len, dk, ok)), \
+             body_len, dedup_key, ordering_key, enqueued_at, headers) \
+           SELECT id, $1, lane, seq, n, n, row_id, ct, body, len, dk, ok, $2, hd FROM unnest($3::bigint[], $4::bigint[], \
+             $5::bigint[], $6::bigint[], $7::text[], $8::text[], $9::bytea[], $10::bigint[], $11::text[], $12::text[], \
+             $29::text[]) AS t(id, lane, seq, n, row_id, ct, body, len, dk, ok, hd)), \
          r AS (INSERT INTO ol_rows (id, actor, row_id, seq, content_type, body, body_len, dedup_key, ordering_key, \
-             enqueued_at) \
-           SELECT id, $1, row_id, seq, ct, body, len, dk, ok, $2 FROM unnest($13::bigint[], $14::text[], \
-             $15::bigint[], $16::text[], $17::bytea[], $18::bigint[], $19::text[], $20::text[]) \
-             AS t(id, row_id, seq, ct, body, len, dk, ok)), \
+             enqueued_at, headers) \
+           SELECT id, $1, row_id, seq, ct, body, len, dk, ok, $2, hd FROM unnest($13::bigint[], $14::text[], \
+             $15::bigint[], $16::text[], $17::bytea[], $18::bigint[], $19::text[], $20::text[], $30::text[]) \
+             AS t(id, row_id, seq, ct, body, len, dk, ok, hd)), \
          o AS (INSERT INTO ol_units (id, unit_id, actor, lane_id, seq, row_ref) \
            SELECT id, uid, $1, lane, seq, rr FROM unnest($21::bigint[], $22::bigint[], $23::bigint[], \
              $24::bigint[], $25::bigint[]) AS t(id, uid, lane, seq, rr)), \
@@ -1458,7 +1482,7 @@ fn enqueue_tx(
         &[
             &a, &now, &inl.id, &inl.lane, &inl.seq, &inl.n, &inl.row, &inl.ct, &inl.body, &inl.len, &inl.dk,
             &inl.ok, &sh.id, &sh.row, &sh.seq, &sh.ct, &sh.body, &sh.len, &sh.dk, &sh.ok, &bare.id, &bare.unit,
-            &bare.lane, &bare.seq, &bare.row_ref, &t_lane, &t_seq, &channel,
+            &bare.lane, &bare.seq, &bare.row_ref, &t_lane, &t_seq, &channel, &inl.hd, &sh.hd,
         ],
     )
     .map_err(|e| duplicate_of(&e, rows).unwrap_or_else(|| EnqueueError::from(e)))?;
@@ -1577,13 +1601,13 @@ fn dead_letter_tx(
         None => t
             .one(
                 "WITH s AS (INSERT INTO ol_rows (actor, row_id, seq, content_type, body, body_len, dedup_key, \
-                   ordering_key, enqueued_at) \
+                   ordering_key, enqueued_at, headers) \
                  SELECT actor, coalesce(row_id, 'unit-' || id), seq, coalesce(content_type, ''), \
                    coalesce(body, ''::bytea), coalesce(body_len, length(body), 0), dedup_key, \
-                   coalesce(ordering_key, ''), coalesce(enqueued_at, 0) \
+                   coalesce(ordering_key, ''), coalesce(enqueued_at, 0), headers \
                    FROM ol_units WHERE id = $1 AND unit_id IS NULL AND row_ref IS NULL RETURNING id) \
                  UPDATE ol_units u SET row_ref = s.id, row_id = NULL, content_type = NULL, body = NULL, \
-                   body_len = NULL, dedup_key = NULL, ordering_key = NULL, enqueued_at = NULL \
+                   body_len = NULL, dedup_key = NULL, ordering_key = NULL, enqueued_at = NULL, headers = NULL \
                  FROM s WHERE u.id = $1 RETURNING s.id",
                 &[&unit],
             )?
@@ -1995,8 +2019,9 @@ impl Store for PgStore {
             let r = t
                 .opt(
                     "SELECT coalesce(h.row_id, r.row_id), coalesce(h.content_type, r.content_type), \
-                     coalesce(h.body, r.body) FROM ol_units h \
-                     LEFT JOIN LATERAL (SELECT r.row_id, r.content_type, r.body FROM ol_rows r \
+                     coalesce(h.body, r.body), CASE WHEN h.row_ref IS NULL THEN h.headers ELSE r.headers END \
+                     FROM ol_units h \
+                     LEFT JOIN LATERAL (SELECT r.row_id, r.content_type, r.body, r.headers FROM ol_rows r \
                        WHERE r.id = h.row_ref LIMIT 1) r ON TRUE \
                      WHERE h.id = $1 AND h.unit_id IS NULL AND h.acked_at IS NULL",
                     &[&i(unit.0)],
@@ -2007,6 +2032,7 @@ impl Store for PgStore {
                     row_id,
                     content_type,
                     body,
+                    headers: decode_headers(r.get(3)),
                 }),
                 // A head referring to a payload row that is gone: the tables were edited.
                 _ => Err(StoreError::Database(format!("unit {unit} has no payload"))),
@@ -2486,7 +2512,8 @@ impl Store for PgStore {
                             "UPDATE ol_units SET acked_at = NULL, pending = 1, lanes = 1, seq = $2, lane_id = $3, \
                              state = 0, attempts = 0, last_status = NULL, last_error = NULL, first_attempt_at = NULL, \
                              last_attempt_at = NULL, row_ref = $4, row_id = NULL, content_type = NULL, body = NULL, \
-                             body_len = NULL, dedup_key = NULL, ordering_key = NULL, enqueued_at = NULL WHERE id = $1",
+                             body_len = NULL, dedup_key = NULL, ordering_key = NULL, enqueued_at = NULL, headers = NULL \
+                             WHERE id = $1",
                             &[&unit, &seq, &lane, &row_ref],
                         )?;
                         revived.insert(unit);

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use outbox_lanes_core::LaneKey;
 
 use crate::error::EnqueueError;
-use crate::types::{CommonOptions, NewRow};
+use crate::types::{CommonOptions, NewRow, RESERVED_HEADERS};
 
 /// A validated row: canonical lanes, duplicates collapsed.
 pub(crate) struct PreparedRow<'a> {
@@ -22,6 +22,57 @@ pub(crate) struct PreparedRow<'a> {
 /// attempt, dead-lettering the unit long after the enqueue that could have said so).
 pub(crate) fn is_header_value(s: &str) -> bool {
     s.bytes().all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
+}
+
+/// Checks a row's [`headers`](NewRow::headers) as [`Store::enqueue`](crate::Store::enqueue)
+/// does, for callers that validate their input before they open a store.
+///
+/// Checked at enqueue because a header the HTTP client cannot send would fail every attempt
+/// and dead-letter the unit long after the enqueue that could have said so.
+///
+/// # Errors
+/// [`EnqueueError::BadHeader`] naming the row and the first header that is not an HTTP
+/// token, has a value that is not a valid header value (or has whitespace around it),
+/// repeats a name (case-insensitively) or is one the client sets itself
+/// ([`RESERVED_HEADERS`], `webhook-*`).
+pub fn check_headers(row: &NewRow) -> Result<(), EnqueueError> {
+    let refuse = |name: &str, reason: String| EnqueueError::BadHeader {
+        row: row.id.clone(),
+        name: name.to_owned(),
+        reason,
+    };
+    let mut seen = HashSet::with_capacity(row.headers.len());
+    for (name, value) in &row.headers {
+        let parsed = http::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| refuse(name, "not a valid HTTP header name".into()))?;
+        let lower = parsed.as_str();
+        if RESERVED_HEADERS.contains(&lower) || lower.starts_with("webhook-") {
+            let why = if lower == "content-type" {
+                "set the row's content type instead".to_owned()
+            } else {
+                "the HTTP client sets it itself".to_owned()
+            };
+            return Err(refuse(name, why));
+        }
+        if !is_header_value(value) {
+            return Err(refuse(
+                name,
+                format!(
+                    "value {value:?} is not a valid HTTP header value (visible ASCII, spaces and tabs only)"
+                ),
+            ));
+        }
+        if value.trim_matches([' ', '\t']).len() != value.len() {
+            return Err(refuse(
+                name,
+                format!("value {value:?} has leading or trailing whitespace (HTTP drops it)"),
+            ));
+        }
+        if !seen.insert(parsed) {
+            return Err(refuse(name, "given twice".into()));
+        }
+    }
+    Ok(())
 }
 
 pub(crate) fn prepare<'a>(
@@ -64,6 +115,7 @@ pub(crate) fn prepare<'a>(
                 content_type: row.content_type.clone(),
             });
         }
+        check_headers(row)?;
         let ordering_key = row.ordering_key.as_deref().unwrap_or("");
         let ok = (!ordering_key.is_empty()).then_some(ordering_key);
         let mut lanes: Vec<LaneKey> = Vec::with_capacity(row.recipients.len());

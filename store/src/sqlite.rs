@@ -33,7 +33,9 @@ use crate::liveness::Liveness;
 use crate::notify::{Notifier, PendingWake};
 use crate::prepare::{PreparedRow, prepare};
 use crate::types::*;
-use crate::util::{assemble_status, i, key_of, ms, status_of, ts, u, u32_of};
+use crate::util::{
+    assemble_status, decode_headers, encode_headers, i, key_of, ms, status_of, ts, u, u32_of,
+};
 use crate::{EnqueueError, SCHEMA_VERSION, Store, StoreError};
 
 /// The durability of a commit.
@@ -272,8 +274,17 @@ CREATE INDEX ol_units_settled ON ol_units (lane_id) WHERE state <> 0 AND lane_id
     };
 }
 
-/// A new database (version 2).
-pub(crate) const SCHEMA_V2: &str = concat!(shared_tables_ddl!(), units_v2_ddl!());
+/// The version 2 layout. A new database is created in it and then migrated to version 3 in
+/// the same transaction, so that new and migrated databases cannot differ; a migration test
+/// builds a version 2 database from it.
+#[doc(hidden)]
+pub const SCHEMA_V2: &str = concat!(shared_tables_ddl!(), units_v2_ddl!());
+
+/// Version 2 → 3 (SCHEMA.md, "Migrations"): the rows' own request headers, `NULL` for a row
+/// without (the common case costs nothing). Adding a nullable column without a default
+/// rewrites no row.
+const V2_TO_V3: &str = "ALTER TABLE ol_units ADD COLUMN headers TEXT; \
+     ALTER TABLE ol_rows ADD COLUMN headers TEXT;";
 
 /// The version 2 `ol_units` alone, for the migration from version 1.
 const UNITS_V2: &str = units_v2_ddl!();
@@ -353,6 +364,7 @@ fn init_schema(conn: &mut Connection) -> Result<(), StoreError> {
     match found {
         None => {
             tx.execute_batch(SCHEMA_V2)?;
+            tx.execute_batch(V2_TO_V3)?;
             tx.execute(
                 "INSERT INTO ol_meta (key, value) VALUES ('schema_version', ?1)",
                 [SCHEMA_VERSION.to_string()],
@@ -376,6 +388,9 @@ fn init_schema(conn: &mut Connection) -> Result<(), StoreError> {
             }
             if found < 2 {
                 migrate_v1_to_v2(&tx)?;
+            }
+            if found < 3 {
+                tx.execute_batch(V2_TO_V3)?;
             }
             if found < SCHEMA_VERSION {
                 tx.execute(
@@ -806,6 +821,7 @@ fn enqueue_tx(
             kept.push(id);
         }
         let body_len = i64::try_from(row.body.len()).unwrap_or(i64::MAX);
+        let headers = encode_headers(&row.headers);
         let mut units = Vec::new();
         if kept.is_empty() {
             // Nothing is stored, but the id must still be one the actor does not have.
@@ -835,13 +851,14 @@ fn enqueue_tx(
                 body_len,
                 row.dedup_key,
                 p.ordering_key,
-                now
+                now,
+                headers
             ];
             let inserted = if shared_rows {
                 c.prepare_cached(
                     "INSERT INTO ol_units (actor, lane_id, seq, lanes, pending, row_id, content_type, body, \
-                     body_len, dedup_key, ordering_key, enqueued_at) \
-                     SELECT ?1, ?2, ?3, ?4, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11 \
+                     body_len, dedup_key, ordering_key, enqueued_at, headers) \
+                     SELECT ?1, ?2, ?3, ?4, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12 \
                      WHERE NOT EXISTS (SELECT 1 FROM ol_rows WHERE actor = ?1 AND row_id = ?5)",
                 )?
                 .execute(args)
@@ -850,8 +867,8 @@ fn enqueue_tx(
                     Some(st) => st,
                     None => insert_inline.insert(c.prepare_cached(
                         "INSERT INTO ol_units (actor, lane_id, seq, lanes, pending, row_id, content_type, body, \
-                         body_len, dedup_key, ordering_key, enqueued_at) \
-                         VALUES (?1, ?2, ?3, ?4, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                         body_len, dedup_key, ordering_key, enqueued_at, headers) \
+                         VALUES (?1, ?2, ?3, ?4, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
                     )?),
                 };
                 st.execute(args)
@@ -877,7 +894,7 @@ fn enqueue_tx(
             let inserted = c
                 .prepare_cached(
                     "INSERT INTO ol_rows (actor, row_id, seq, content_type, body, body_len, dedup_key, \
-                     ordering_key, enqueued_at) SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9 \
+                     ordering_key, enqueued_at, headers) SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10 \
                      WHERE NOT EXISTS (SELECT 1 FROM ol_units WHERE actor = ?1 AND row_id = ?2)",
                 )?
                 .execute(params![
@@ -889,7 +906,8 @@ fn enqueue_tx(
                     body_len,
                     row.dedup_key,
                     p.ordering_key,
-                    now
+                    now,
+                    headers
                 ])
                 .map_err(|e| dup_or(e, &row.id))?;
             if inserted == 0 {
@@ -1063,16 +1081,17 @@ fn dead_letter_tx(
 /// a head written by plain SQL that left a column out must not make dead-lettering fail.)
 fn spill(c: &Connection, head: i64) -> Result<i64, rusqlite::Error> {
     c.prepare_cached(
-        "INSERT INTO ol_rows (actor, row_id, seq, content_type, body, body_len, dedup_key, ordering_key, enqueued_at) \
+        "INSERT INTO ol_rows (actor, row_id, seq, content_type, body, body_len, dedup_key, ordering_key, enqueued_at, \
+         headers) \
          SELECT actor, coalesce(row_id, 'unit-' || id), seq, coalesce(content_type, ''), coalesce(body, x''), \
-         coalesce(body_len, length(body), 0), dedup_key, coalesce(ordering_key, ''), coalesce(enqueued_at, 0) \
-         FROM ol_units WHERE id = ?1",
+         coalesce(body_len, length(body), 0), dedup_key, coalesce(ordering_key, ''), coalesce(enqueued_at, 0), \
+         headers FROM ol_units WHERE id = ?1",
     )?
     .execute([head])?;
     let row_ref = c.last_insert_rowid();
     c.prepare_cached(
         "UPDATE ol_units SET row_ref = ?2, row_id = NULL, content_type = NULL, body = NULL, body_len = NULL, \
-         dedup_key = NULL, ordering_key = NULL, enqueued_at = NULL WHERE id = ?1",
+         dedup_key = NULL, ordering_key = NULL, enqueued_at = NULL, headers = NULL WHERE id = ?1",
     )?
     .execute(params![head, row_ref])?;
     Ok(row_ref)
@@ -1358,7 +1377,8 @@ impl Store for SqliteStore {
                     "SELECT d.id, d.unit_id, d.seq, d.attempts, d.state, coalesce(d.row_id, r.row_id), \
                      coalesce(d.body_len, r.body_len), coalesce(d.enqueued_at, r.enqueued_at), d.lanes, \
                      CASE WHEN d.lanes = 1 THEN coalesce(d.content_type, r.content_type) END, \
-                     CASE WHEN d.lanes = 1 THEN CASE WHEN d.row_ref IS NULL THEN d.body ELSE r.body END END \
+                     CASE WHEN d.lanes = 1 THEN CASE WHEN d.row_ref IS NULL THEN d.body ELSE r.body END END, \
+                     CASE WHEN d.lanes = 1 THEN CASE WHEN d.row_ref IS NULL THEN d.headers ELSE r.headers END END \
                      FROM ol_units d LEFT JOIN ol_rows r ON r.id = d.row_ref \
                      WHERE d.lane_id = ?1 AND d.seq >= ?2 ORDER BY d.seq, d.id LIMIT +?3",
                 )?;
@@ -1367,14 +1387,14 @@ impl Store for SqliteStore {
                 type Row = (
                     (i64, Option<i64>, i64, i64, i64),
                     (Option<String>, Option<i64>, Option<i64>, i64),
-                    (Option<String>, Option<Vec<u8>>),
+                    (Option<String>, Option<Vec<u8>>, Option<String>),
                 );
                 let rows: Vec<Row> = st
                     .query_map(params![req.lane.0, i(req.from.0), i64::from(req.limit)], |r| {
                         Ok((
                             (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?),
                             (r.get(5)?, r.get(6)?, r.get(7)?, r.get(8)?),
-                            (r.get(9)?, r.get(10)?),
+                            (r.get(9)?, r.get(10)?, r.get(11)?),
                         ))
                     })?
                     .collect::<Result<_, _>>()?;
@@ -1400,10 +1420,11 @@ impl Store for SqliteStore {
                     };
                     let (row_id, len, at) = (row_id.unwrap_or_default(), len.unwrap_or(0), at.unwrap_or(0));
                     let payload = match (head, body) {
-                        (None, (Some(content_type), Some(body))) if nlanes <= 1 => Some(Payload {
+                        (None, (Some(content_type), Some(body), headers)) if nlanes <= 1 => Some(Payload {
                             row_id: row_id.clone(),
                             content_type,
                             body,
+                            headers: decode_headers(headers),
                         }),
                         _ => None,
                     };
@@ -1840,7 +1861,8 @@ impl Store for SqliteStore {
                             "UPDATE ol_units SET acked_at = NULL, pending = 1, lanes = 1, seq = ?2, lane_id = ?3, \
                              state = 0, attempts = 0, last_status = NULL, last_error = NULL, first_attempt_at = NULL, \
                              last_attempt_at = NULL, row_ref = ?4, row_id = NULL, content_type = NULL, body = NULL, \
-                             body_len = NULL, dedup_key = NULL, ordering_key = NULL, enqueued_at = NULL WHERE id = ?1",
+                             body_len = NULL, dedup_key = NULL, ordering_key = NULL, enqueued_at = NULL, headers = NULL \
+                             WHERE id = ?1",
                         )?
                         .execute(params![unit, seq, lane, row_ref])?;
                         revived.insert(unit);
@@ -2075,7 +2097,8 @@ fn watch_loop(conn: &Connection, stop: &AtomicBool, notifier: &Notifier, every: 
 fn read_payload(c: &Transaction<'_>, unit: UnitId) -> Result<Payload, StoreError> {
     c.prepare_cached(
         "SELECT coalesce(h.row_id, r.row_id), coalesce(h.content_type, r.content_type), \
-         CASE WHEN h.row_ref IS NULL THEN h.body ELSE r.body END \
+         CASE WHEN h.row_ref IS NULL THEN h.body ELSE r.body END, \
+         CASE WHEN h.row_ref IS NULL THEN h.headers ELSE r.headers END \
          FROM ol_units h LEFT JOIN ol_rows r ON r.id = h.row_ref \
          WHERE h.id = ?1 AND h.unit_id IS NULL AND h.acked_at IS NULL",
     )?
@@ -2084,6 +2107,7 @@ fn read_payload(c: &Transaction<'_>, unit: UnitId) -> Result<Payload, StoreError
             row_id: r.get(0)?,
             content_type: r.get(1)?,
             body: r.get(2)?,
+            headers: decode_headers(r.get(3)?),
         })
     })
     .optional()?

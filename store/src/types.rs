@@ -154,6 +154,9 @@ pub struct Payload {
     pub content_type: String,
     /// The bytes to POST.
     pub body: Vec<u8>,
+    /// The row's own request headers, sent as given after the client's own (see
+    /// [`NewRow::headers`]); empty for most rows.
+    pub headers: Vec<(String, String)>,
 }
 
 /// One persisted attempt of one recipient of a unit (OL-5).
@@ -207,7 +210,39 @@ pub struct NewRow {
     pub ordering_key: Option<String>,
     /// One unit occupying every lane at once, instead of one unit per recipient.
     pub joined: bool,
+    /// Extra request headers (name, value) sent with every delivery of the row, in this order.
+    ///
+    /// Names are HTTP tokens, at most once each (case-insensitively); values are visible
+    /// ASCII, spaces and tabs, without leading or trailing whitespace. The headers the client
+    /// sets itself or that would break delivery are refused (see [`RESERVED_HEADERS`]):
+    /// `Content-Type` is [`NewRow::content_type`]. Empty (the default) stores nothing.
+    pub headers: Vec<(String, String)>,
 }
+
+/// Request headers a row may not set, lower-case: the client sets them itself (the body's
+/// framing, the idempotency key, the user agent, the signer's headers) or they would break
+/// delivery (hop-by-hop headers). Every name starting with `webhook-` is refused too (the
+/// Standard Webhooks signer's).
+pub const RESERVED_HEADERS: &[&str] = &[
+    "content-type",
+    "content-length",
+    "host",
+    "idempotency-key",
+    "user-agent",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "upgrade",
+    "expect",
+    "date",
+    "digest",
+    "content-digest",
+    "signature",
+    "signature-input",
+];
 
 /// What enqueue did with one row.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -67,3 +67,63 @@ pub(crate) fn assemble_status(
     }
     core::mem::take(map).into_values().collect()
 }
+
+/// A row's headers as the `headers` column stores them: one `name: value` per line, LF
+/// between lines (SCHEMA.md); `None` (SQL `NULL`) for none, so rows without headers store
+/// nothing.
+pub(crate) fn encode_headers(headers: &[(String, String)]) -> Option<String> {
+    if headers.is_empty() {
+        return None;
+    }
+    let mut s = String::with_capacity(headers.iter().map(|(n, v)| n.len() + v.len() + 3).sum());
+    for (i, (name, value)) in headers.iter().enumerate() {
+        if i > 0 {
+            s.push('\n');
+        }
+        s.push_str(name);
+        s.push_str(": ");
+        s.push_str(value);
+    }
+    Some(s)
+}
+
+/// The inverse of [`encode_headers`], lenient for rows written with plain SQL: a CR before
+/// the LF and spaces or tabs around the value are dropped, blank lines skipped. A line without
+/// a colon is kept as a name with an empty value, for the HTTP client to refuse (the attempt
+/// then fails with the reason) rather than be dropped unseen.
+pub(crate) fn decode_headers(column: Option<String>) -> Vec<(String, String)> {
+    let Some(text) = column else {
+        return Vec::new();
+    };
+    text.split('\n')
+        .map(|l| l.strip_suffix('\r').unwrap_or(l))
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| match l.split_once(':') {
+            Some((n, v)) => (n.trim().to_owned(), v.trim_matches([' ', '\t']).to_owned()),
+            None => (l.trim().to_owned(), String::new()),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip_and_plain_sql_forms_decode() {
+        let h = vec![
+            ("X-Trace".to_owned(), "a: b".to_owned()),
+            ("authorization".to_owned(), "Bearer t\tx".to_owned()),
+        ];
+        let text = encode_headers(&h).unwrap();
+        assert_eq!(text, "X-Trace: a: b\nauthorization: Bearer t\tx");
+        assert_eq!(decode_headers(Some(text)), h);
+        assert_eq!(encode_headers(&[]), None);
+        assert!(decode_headers(None).is_empty());
+        assert_eq!(
+            decode_headers(Some("A:1\r\n\r\nB:\t 2 \nbroken".into())),
+            [("A", "1"), ("B", "2"), ("broken", "")].map(|(n, v)| (n.to_owned(), v.to_owned()))
+        );
+    }
+}

@@ -56,6 +56,8 @@ contract!(
     ack_retention_and_purge,
     acquire_ready_picks_free_actors_with_work,
     row_ids_unique_across_payload_shapes,
+    row_headers_round_trip_and_survive_dead_letters,
+    bad_row_headers_are_refused_naming_the_row,
 );
 
 fn enqueue_order_and_claim_order(b: Backend) {
@@ -1403,5 +1405,174 @@ fn row_ids_unique_across_payload_shapes(b: Backend) {
         );
         assert!(claim_lane(s, &t, la, 0, 10).units.is_empty());
         assert!(claim_lane(s, &t, lb, 0, 10).units.is_empty());
+    });
+}
+
+fn hdrs(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+fn with_headers(r: NewRow, pairs: &[(&str, &str)]) -> NewRow {
+    NewRow {
+        headers: hdrs(pairs),
+        ..r
+    }
+}
+
+/// Headers come back with the payload in every payload shape (inline, shared by a fan-out,
+/// a joined unit), through both enqueue paths (one-lane rows; rows with dedup keys and
+/// fan-outs), in claims that carry the payload, and after a dead letter is replayed.
+fn row_headers_round_trip_and_survive_dead_letters(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        let one = [("Authorization", "Bearer t0k"), ("X-Trace", "a: b\tc")];
+        let first = s
+            .enqueue(
+                &a,
+                &[with_headers(row("inline", &[A]), &one), row("plain", &[A])],
+            )
+            .expect("enqueue");
+        let fan_h = [("x-fan", "1")];
+        let second = s
+            .enqueue(
+                &a,
+                &[
+                    with_headers(row("fan", &[B, C]), &fan_h),
+                    NewRow {
+                        joined: true,
+                        ..with_headers(row("joined", &[B, C]), &[("X-Joined", "yes")])
+                    },
+                    NewRow {
+                        dedup_key: Some("k".into()),
+                        ..with_headers(row("dedup", &[C]), &[("X-Dedup", "2")])
+                    },
+                ],
+            )
+            .expect("enqueue");
+        let payload = |u: UnitId| s.payload(u).expect("payload");
+        assert_eq!(payload(first[0].units[0]).headers, hdrs(&one));
+        assert!(payload(first[1].units[0]).headers.is_empty());
+        for u in &second[0].units {
+            assert_eq!(payload(*u).headers, hdrs(&fan_h));
+        }
+        assert_eq!(
+            payload(second[1].units[0]).headers,
+            hdrs(&[("X-Joined", "yes")])
+        );
+        assert_eq!(
+            payload(second[2].units[0]).headers,
+            hdrs(&[("X-Dedup", "2")])
+        );
+
+        // A claim that carries the payload carries its headers.
+        let t = acquire(s, &a, "h", LEASE);
+        let la = lane_of(s, &a, A);
+        let c = claim_lane(s, &t, la, 0, 10);
+        assert_eq!(row_ids(&c), ["inline", "plain"]);
+        if let Some(p) = &c.units[0].payload {
+            assert_eq!(p.headers, hdrs(&one));
+        }
+        if let Some(p) = &c.units[1].payload {
+            assert!(p.headers.is_empty());
+        }
+
+        // Dead-lettered (its inline payload moves aside) and replayed: the headers stay.
+        let u = first[0].units[0];
+        s.dead_letter(
+            &t,
+            &DeadLetterRequest {
+                unit: u,
+                lane: la,
+                reason: DeadReason::Permanent,
+                status: Some(400),
+                error: None,
+                at: now(),
+            },
+        )
+        .expect("dead");
+        assert_eq!(
+            s.replay_dead_letters(&DeadLetterSelection::Actor(a.clone())),
+            Ok(vec![u])
+        );
+        assert_eq!(payload(u).headers, hdrs(&one));
+        let c = claim_lane(s, &t, la, 0, 10);
+        assert_eq!(row_ids(&c), ["plain", "inline"]);
+        if let Some(p) = &c.units[1].payload {
+            assert_eq!(p.headers, hdrs(&one));
+        }
+    });
+}
+
+fn bad_row_headers_are_refused_naming_the_row(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        let good = with_headers(row("ok", &[A]), &[("X-Ok", "1")]);
+        for (pairs, name, why) in [
+            (
+                &[("Content-Type", "text/plain")][..],
+                "Content-Type",
+                "content type",
+            ),
+            (
+                &[("content-length", "3")][..],
+                "content-length",
+                "sets it itself",
+            ),
+            (
+                &[("Idempotency-Key", "k")][..],
+                "Idempotency-Key",
+                "sets it itself",
+            ),
+            (&[("webhook-id", "k")][..], "webhook-id", "sets it itself"),
+            (&[("Signature", "s")][..], "Signature", "sets it itself"),
+            (&[("Date", "d")][..], "Date", "sets it itself"),
+            (
+                &[("X Bad", "1")][..],
+                "X Bad",
+                "not a valid HTTP header name",
+            ),
+            (&[("", "1")][..], "", "not a valid HTTP header name"),
+            (
+                &[("X-Evil", "a\r\nHost: x")][..],
+                "X-Evil",
+                "not a valid HTTP header value",
+            ),
+            (
+                &[("X-Utf", "caf\u{e9}")][..],
+                "X-Utf",
+                "not a valid HTTP header value",
+            ),
+            (&[("X-Pad", " 1")][..], "X-Pad", "whitespace"),
+            (&[("X-A", "1"), ("x-a", "2")][..], "x-a", "twice"),
+        ] {
+            let bad = with_headers(row("bad", &[B]), pairs);
+            let err = s.enqueue(&a, &[good.clone(), bad]).expect_err("refused");
+            match &err {
+                EnqueueError::BadHeader {
+                    row,
+                    name: n,
+                    reason,
+                } => {
+                    assert_eq!(row, "bad");
+                    assert_eq!(n, name);
+                    assert!(reason.contains(why), "{reason:?} says {why:?}");
+                }
+                other => panic!("{pairs:?}: unexpected {other:?}"),
+            }
+            assert!(err.to_string().contains("\"bad\""), "{err}");
+            assert_eq!(
+                check_headers(&with_headers(row("bad", &[B]), pairs)),
+                Err(err)
+            );
+        }
+        // Nothing was written by any refused batch.
+        assert!(s.status().expect("status").is_empty());
+        assert!(s.find_lane(&a, &key(A)).expect("find").is_none());
+        s.enqueue(&a, &[good]).expect("a good header is fine");
     });
 }

@@ -1,7 +1,8 @@
 //! Postgres: a schema version 1 database (units in `ol_rows` + `ol_units` + `ol_deliveries`),
 //! written with version 1's plain-SQL enqueue, is migrated to version 2 when a store connects,
 //! and reads and works as it did: the same units in the same order with their attempts and
-//! served flags, payloads, acks, dead letters and replay, and unit ids never reused.
+//! served flags, payloads, acks, dead letters and replay, and unit ids never reused. A
+//! version 2 database is migrated to version 3 (row headers) and keeps its units and order.
 #![cfg(feature = "postgres")]
 #![allow(missing_docs, clippy::std_instead_of_core)]
 
@@ -249,7 +250,7 @@ fn postgres_v1_database_is_migrated_and_keeps_working() {
         )
         .expect("version")
         .get(0);
-    assert_eq!(version, "2");
+    assert_eq!(version, SCHEMA_VERSION.to_string());
     let deliveries: Option<String> = c
         .query_one("SELECT to_regclass('ol_deliveries')::text", &[])
         .expect("regclass")
@@ -531,4 +532,131 @@ fn postgres_migration_waits_for_version_1_writers() {
     let claimed = claim_lane(&store, &t, lane_id(&mut c, A), 0, 10);
     assert_eq!(row_ids(&claimed), ["two"], "the acked unit is not back");
     store.payload(claimed.units[0].id).expect("payload");
+}
+
+/// Version 2's plain-SQL enqueue (SCHEMA.md of version 2) of one row: inline with one
+/// recipient (4a), else the payload in ol_rows and one unit per recipient (4c). It names its
+/// columns, as a service written against version 2 does, so it also runs against version 3.
+fn v2_enqueue(c: &mut Client, row_id: &str, to: &[&str]) {
+    let mut tx = c.transaction().expect("tx");
+    let seq: i64 = tx
+        .query_one(
+            "INSERT INTO ol_actors AS a (actor, last_seq) VALUES ('alice', 1) \
+             ON CONFLICT (actor) DO UPDATE SET last_seq = a.last_seq + excluded.last_seq RETURNING last_seq",
+            &[],
+        )
+        .expect("seq")
+        .get(0);
+    let lanes: Vec<i64> = to.iter().map(|r| lane(&mut tx, r)).collect();
+    let body = format!("body of {row_id}").into_bytes();
+    let len = body.len() as i64;
+    if let [l] = lanes[..] {
+        tx.execute(
+            "INSERT INTO ol_units (actor, lane_id, seq, row_id, content_type, body, body_len, dedup_key, \
+             ordering_key, enqueued_at) VALUES ('alice', $1, $2, $3, 'text/plain', $4, $5, NULL, '', 1)",
+            &[&l, &seq, &row_id, &body, &len],
+        )
+        .expect("inline unit");
+    } else {
+        let row_ref: i64 = tx
+            .query_one(
+                "INSERT INTO ol_rows (actor, row_id, seq, content_type, body, body_len, dedup_key, \
+                 ordering_key, enqueued_at) VALUES ('alice', $1, $2, 'text/plain', $3, $4, NULL, '', 1) \
+                 RETURNING id",
+                &[&row_id, &seq, &body, &len],
+            )
+            .expect("shared row")
+            .get(0);
+        for l in &lanes {
+            tx.execute(
+                "INSERT INTO ol_units (actor, lane_id, seq, row_ref) VALUES ('alice', $1, $2, $3)",
+                &[l, &seq, &row_ref],
+            )
+            .expect("unit");
+        }
+    }
+    for l in &lanes {
+        tx.execute(
+            "UPDATE ol_lanes SET tail_seq = GREATEST(tail_seq, $2) WHERE id = $1",
+            &[l, &seq],
+        )
+        .expect("tail");
+    }
+    tx.commit().expect("commit");
+}
+
+#[test]
+fn postgres_v2_database_is_migrated_to_v3_and_keeps_working() {
+    let Some(url) = pg_url() else {
+        println!("skipped: OUTBOX_LANES_TEST_PG not set");
+        return;
+    };
+    let schema = Schema::new(&url, "v2");
+    let mut c = schema.client();
+    c.batch_execute(
+        "CREATE TABLE ol_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL); \
+         INSERT INTO ol_meta (key, value) VALUES ('schema_version', '2');",
+    )
+    .expect("meta");
+    c.batch_execute(SCHEMA_V2).expect("v2 ddl");
+    for (id, to) in [
+        ("r0", &[A][..]),
+        ("fan", &[A, B][..]),
+        ("r1", &[A][..]),
+        ("r2", &[B][..]),
+    ] {
+        v2_enqueue(&mut c, id, to);
+    }
+
+    let store = schema.store(CommonOptions::default());
+    let version: String = c
+        .query_one(
+            "SELECT value FROM ol_meta WHERE key = 'schema_version'",
+            &[],
+        )
+        .expect("version")
+        .get(0);
+    assert_eq!(version, "3");
+    let a = actor("alice");
+    let t = acquire(&store, &a, "h", LEASE);
+    let (la, lb) = (lane_id(&mut c, A), lane_id(&mut c, B));
+    let ca = claim_lane(&store, &t, la, 0, 100);
+    assert_eq!(row_ids(&ca), ["r0", "fan", "r1"]);
+    assert_eq!(row_ids(&claim_lane(&store, &t, lb, 0, 100)), ["fan", "r2"]);
+    for u in &ca.units {
+        let p = store.payload(u.id).expect("payload");
+        assert_eq!(p.body, format!("body of {}", u.row_id).into_bytes());
+        assert_eq!(p.content_type, "text/plain");
+        assert!(p.headers.is_empty());
+    }
+
+    // New rows carry headers; a version 2 plain-SQL writer still works, without headers.
+    let h = vec![("X-New".to_owned(), "1".to_owned())];
+    let out = store
+        .enqueue(
+            &a,
+            &[NewRow {
+                headers: h.clone(),
+                ..row("new", &[A])
+            }],
+        )
+        .expect("enqueue");
+    assert_eq!(store.payload(out[0].units[0]).expect("payload").headers, h);
+    v2_enqueue(&mut c, "late", &[A]);
+    let ca = claim_lane(&store, &t, la, 0, 100);
+    assert_eq!(row_ids(&ca), ["r0", "fan", "r1", "new", "late"]);
+    assert!(
+        store
+            .payload(ca.units[4].id)
+            .expect("payload")
+            .headers
+            .is_empty()
+    );
+    assert_eq!(store.release_slot(&t).expect("release"), Release::Released);
+    drop(store);
+
+    // Connecting again is a no-op.
+    let again = schema.store(CommonOptions::default());
+    let t = acquire(&again, &a, "h2", LEASE);
+    assert_eq!(claim_lane(&again, &t, la, 0, 100).units.len(), 5);
 }

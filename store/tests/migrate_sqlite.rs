@@ -1,6 +1,7 @@
-//! Opening a schema version 1 SQLite database migrates it to version 2 (SCHEMA.md,
+//! Opening a schema version 1 SQLite database migrates it to version 2 and on to 3 (SCHEMA.md,
 //! "Migrations"): the same units in the same lane order with their attempts and states, their
-//! payloads, dead letters that replay, and unit ids that never come back.
+//! payloads, dead letters that replay, and unit ids that never come back. A version 2
+//! database (built with the version 2 DDL and plain-SQL enqueue) migrates to 3 the same way.
 //!
 //! The version 1 database is built with the version 1 DDL and the version 1 plain-SQL enqueue
 //! (the statements SCHEMA.md documented for version 1), on a real file.
@@ -13,7 +14,7 @@ use std::path::Path;
 
 use common::*;
 use outbox_lanes_core::{ActorId, Seq, Timestamp, UnitId};
-use outbox_lanes_store::sqlite::{SCHEMA_V1, rusqlite};
+use outbox_lanes_store::sqlite::{SCHEMA_V1, SCHEMA_V2, rusqlite};
 use outbox_lanes_store::*;
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -311,7 +312,7 @@ fn v1_database_migrates_to_v2_and_keeps_every_unit() {
     );
 
     let store = SqliteStore::open(&path, SqliteOptions::default()).expect("open migrates");
-    assert_eq!(schema_version(&path), "2");
+    assert_eq!(schema_version(&path), "3");
     assert!(!table_exists(&path, "ol_deliveries"));
     assert!(!table_exists(&path, "ol_units_v1"));
     // One row per (unit, lane): heads for the 7 units left (the dead one is gone), plus one
@@ -506,9 +507,9 @@ fn v1_database_migrates_to_v2_and_keeps_every_unit() {
     assert_eq!(s.release_slot(&t).expect("release"), Release::Released);
     drop(store);
 
-    // Opening again is a no-op: already version 2, nothing moved.
+    // Opening again is a no-op: already the current version, nothing moved.
     let again = SqliteStore::open(&path, SqliteOptions::default()).expect("reopen");
-    assert_eq!(schema_version(&path), "2");
+    assert_eq!(schema_version(&path), "3");
     let t = acquire(&again, &a, "h2", LEASE);
     assert_eq!(row_ids(&claim_all(&again, &t, la)), ["fresh"]);
 }
@@ -519,7 +520,7 @@ fn empty_v1_database_migrates() {
     let path = dir.path().join("empty.db");
     drop(v1_database(&path));
     let store = SqliteStore::open(&path, SqliteOptions::default()).expect("open");
-    assert_eq!(schema_version(&path), "2");
+    assert_eq!(schema_version(&path), "3");
     let a = actor(ALICE);
     let out = store
         .enqueue(&a, &[row("r0", &[A]), row("r1", &[A, B])])
@@ -567,7 +568,7 @@ fn failed_migration_leaves_the_v1_database_as_it_was() {
         .execute_batch("DROP TABLE ol_units_v1")
         .expect("drop squatter");
     let store = SqliteStore::open(&path, SqliteOptions::default()).expect("open");
-    assert_eq!(schema_version(&path), "2");
+    assert_eq!(schema_version(&path), "3");
     let t = acquire(&store, &actor(ALICE), "h", LEASE);
     assert_eq!(
         unit_ids(&claim_all(&store, &t, v1.lanes[0])),
@@ -689,4 +690,134 @@ fn sqlite_file_row_ids_unique_across_both_places() {
 #[test]
 fn sqlite_memory_row_ids_unique_across_both_places() {
     row_ids_unique_across_both_places(Backend::SqliteMemory);
+}
+
+/// A fresh version 2 database at `path`.
+fn v2_database(path: &Path) -> Connection {
+    let c = Connection::open(path).expect("open v2");
+    c.execute_batch(SCHEMA_V2).expect("v2 DDL");
+    c.execute_batch(
+        "CREATE TABLE ol_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL); \
+         INSERT INTO ol_meta (key, value) VALUES ('schema_version', '2');",
+    )
+    .expect("v2 meta");
+    c
+}
+
+/// Version 2's plain-SQL enqueue of one row (SCHEMA.md of version 2, steps 1-5): one
+/// recipient inline (4a), several in `ol_rows` (4c). It names its columns, as a service
+/// written against version 2 does, so it also runs against version 3.
+fn v2_enqueue(c: &Connection, row_id: &str, to: &[&str]) {
+    let seq: i64 = c
+        .query_row(
+            "INSERT INTO ol_actors AS a (actor, last_seq) VALUES (?1, 1) \
+             ON CONFLICT (actor) DO UPDATE SET last_seq = a.last_seq + excluded.last_seq RETURNING last_seq",
+            [ALICE],
+            |r| r.get(0),
+        )
+        .expect("seq");
+    let lanes: Vec<i64> = to.iter().map(|u| v1_lane(c, u)).collect();
+    let body = body_of(row_id);
+    let len = body.len() as i64;
+    if let [lane] = lanes[..] {
+        c.execute(
+            "INSERT INTO ol_units (actor, lane_id, seq, row_id, content_type, body, body_len, dedup_key, \
+             ordering_key, enqueued_at) VALUES (?1, ?2, ?3, ?4, 'text/plain', ?5, ?6, NULL, '', 1)",
+            params![ALICE, lane, seq, row_id, body, len],
+        )
+        .expect("inline unit");
+    } else {
+        let row_ref: i64 = c
+            .query_row(
+                "INSERT INTO ol_rows (actor, row_id, seq, content_type, body, body_len, dedup_key, \
+                 ordering_key, enqueued_at) VALUES (?1, ?2, ?3, 'text/plain', ?4, ?5, NULL, '', 1) RETURNING id",
+                params![ALICE, row_id, seq, body, len],
+                |r| r.get(0),
+            )
+            .expect("shared row");
+        for &lane in &lanes {
+            c.execute(
+                "INSERT INTO ol_units (actor, lane_id, seq, row_ref) VALUES (?1, ?2, ?3, ?4)",
+                params![ALICE, lane, seq, row_ref],
+            )
+            .expect("unit");
+        }
+    }
+    for &lane in &lanes {
+        c.execute(
+            "UPDATE ol_lanes SET tail_seq = max(tail_seq, ?2) WHERE id = ?1",
+            params![lane, seq],
+        )
+        .expect("tail");
+    }
+}
+
+#[test]
+fn v2_database_migrates_to_v3_and_keeps_every_unit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("v2.db");
+    let c = v2_database(&path);
+    for (id, to) in [
+        ("r0", &[A][..]),
+        ("fan", &[A, B][..]),
+        ("r1", &[A][..]),
+        ("r2", &[B][..]),
+    ] {
+        v2_enqueue(&c, id, to);
+    }
+    drop(c);
+
+    let store = SqliteStore::open(&path, SqliteOptions::default()).expect("open");
+    assert_eq!(schema_version(&path), "3");
+    assert_eq!(
+        count(
+            &path,
+            "SELECT count(*) FROM ol_units WHERE headers IS NOT NULL"
+        ),
+        0
+    );
+    let a = actor(ALICE);
+    let t = acquire(&store, &a, "h", LEASE);
+    let (la, lb) = (lane_of(&store, &a, A).0, lane_of(&store, &a, B).0);
+    let ca = claim_all(&store, &t, la);
+    assert_eq!(row_ids(&ca), ["r0", "fan", "r1"]);
+    assert_eq!(row_ids(&claim_all(&store, &t, lb)), ["fan", "r2"]);
+    for u in &ca.units {
+        let p = store.payload(u.id).expect("payload");
+        assert_eq!(p.body, body_of(&u.row_id));
+        assert_eq!(p.content_type, "text/plain");
+        assert!(p.headers.is_empty());
+    }
+
+    // New rows carry headers; a version 2 plain-SQL writer still works, and its rows
+    // queue behind, without headers.
+    let h = vec![("X-New".to_owned(), "1".to_owned())];
+    let out = store
+        .enqueue(
+            &a,
+            &[NewRow {
+                headers: h.clone(),
+                ..row("new", &[A])
+            }],
+        )
+        .expect("enqueue");
+    assert_eq!(store.payload(out[0].units[0]).expect("payload").headers, h);
+    v2_enqueue(&Connection::open(&path).expect("raw"), "late", &[A]);
+    let ca = claim_all(&store, &t, la);
+    assert_eq!(row_ids(&ca), ["r0", "fan", "r1", "new", "late"]);
+    assert!(
+        store
+            .payload(ca.units[4].id)
+            .expect("payload")
+            .headers
+            .is_empty()
+    );
+    assert_eq!(store.release_slot(&t).expect("release"), Release::Released);
+    drop(store);
+
+    // Opening again is a no-op.
+    let again = SqliteStore::open(&path, SqliteOptions::default()).expect("reopen");
+    assert_eq!(schema_version(&path), "3");
+    let t = acquire(&again, &a, "h2", LEASE);
+    assert_eq!(claim_all(&again, &t, la).units.len(), 5);
 }

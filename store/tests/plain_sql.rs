@@ -153,8 +153,8 @@ fn plain_enqueue(c: &mut dyn Raw) -> i64 {
     }
     let (la, lb) = (lane(c, "alice", A), lane(c, "alice", B));
     let head = "INSERT INTO ol_units (actor, lane_id, seq, lanes, pending, row_id, content_type, body, \
-                body_len, dedup_key, ordering_key, enqueued_at) \
-                VALUES ($1, $2, $3, $4, $4, $5, 'text/plain', $6, $7, NULL, '', 0) RETURNING id";
+                body_len, dedup_key, ordering_key, enqueued_at, headers) \
+                VALUES ($1, $2, $3, $4, $4, $5, 'text/plain', $6, $7, NULL, '', 0, $8) RETURNING id";
     // 4a: one recipient.
     let p0 = c.ints(
         head,
@@ -166,6 +166,7 @@ fn plain_enqueue(c: &mut dyn Raw) -> i64 {
             t("p0"),
             V::B(b"zero".to_vec()),
             V::I(4),
+            t("X-A: 1"),
         ],
     )[0];
     // 4b: joined, two lanes.
@@ -179,6 +180,7 @@ fn plain_enqueue(c: &mut dyn Raw) -> i64 {
             t("p1"),
             V::B(b"one".to_vec()),
             V::I(3),
+            t("Authorization: Bearer j"),
         ],
     )[0];
     c.ints(
@@ -188,8 +190,14 @@ fn plain_enqueue(c: &mut dyn Raw) -> i64 {
     // 4c: two recipients, not joined.
     let row_ref = c.ints(
         "INSERT INTO ol_rows (actor, row_id, seq, content_type, body, body_len, dedup_key, ordering_key, \
-         enqueued_at) VALUES ($1, $2, $3, 'text/plain', $4, 3, NULL, '', 0) RETURNING id",
-        &[t("alice"), t("p2"), V::I(seq(2)), V::B(b"two".to_vec())],
+         enqueued_at, headers) VALUES ($1, $2, $3, 'text/plain', $4, 3, NULL, '', 0, $5) RETURNING id",
+        &[
+            t("alice"),
+            t("p2"),
+            V::I(seq(2)),
+            V::B(b"two".to_vec()),
+            t("X-B: 2\nX-C:3"),
+        ],
     )[0];
     for l in [la, lb] {
         c.ints(
@@ -238,6 +246,27 @@ fn check(h: &H, p0: i64) {
     assert_eq!(
         bodies[..3],
         [b"zero".to_vec(), b"one".to_vec(), b"two".to_vec()]
+    );
+    // The headers column in the documented format.
+    let headers: Vec<Vec<(String, String)>> = ca
+        .units
+        .iter()
+        .map(|u| s.payload(u.id).expect("payload").headers)
+        .collect();
+    let h = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+            .collect()
+    };
+    assert_eq!(
+        headers,
+        [
+            h(&[("X-A", "1")]),
+            h(&[("Authorization", "Bearer j")]),
+            h(&[("X-B", "2"), ("X-C", "3")]),
+            h(&[]),
+        ]
     );
     // Plain-SQL ids and the store's own never collide.
     let mut ids: Vec<UnitId> = ca.units.iter().chain(&cb.units).map(|u| u.id).collect();

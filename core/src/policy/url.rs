@@ -39,6 +39,8 @@ use core::fmt;
 use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use core::str::FromStr;
 
+use crate::policy::addr::{AddrClass, classify_addr};
+
 /// URL scheme of a recipient.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Scheme {
@@ -91,6 +93,24 @@ impl Host {
             Host::Domain(_) => None,
             Host::Ipv4(a) => Some(IpAddr::V4(*a)),
             Host::Ipv6(a) => Some(IpAddr::V6(*a)),
+        }
+    }
+
+    /// The address class the host is known to have without a lookup: an IP literal's
+    /// ([`classify_addr`]), and [`AddrClass::Loopback`] for `localhost` and names under
+    /// `.localhost` (RFC 6761 reserves them for loopback). `None` for any other name: only
+    /// the addresses it resolves to tell, and they are checked when it is resolved.
+    ///
+    /// For checks made ahead of delivery (at enqueue), with
+    /// [`AddressPolicy::allows`](crate::policy::AddressPolicy::allows), so that a destination delivery would refuse is
+    /// refused early.
+    pub fn known_class(&self) -> Option<AddrClass> {
+        match self {
+            Host::Domain(d) if d == "localhost" || d.ends_with(".localhost") => {
+                Some(AddrClass::Loopback)
+            }
+            Host::Domain(_) => None,
+            Host::Ipv4(_) | Host::Ipv6(_) => self.ip_addr().map(classify_addr),
         }
     }
 }
@@ -616,6 +636,23 @@ mod tests {
             Ok(r) => String::from(r.as_str()),
             Err(e) => panic!("{s:?} refused: {e}"),
         }
+    }
+
+    #[test]
+    fn known_class_of_hosts() {
+        let class = |u: &str| Recipient::parse(u).unwrap().host().known_class();
+        assert_eq!(class("http://127.0.0.1:8080/i"), Some(AddrClass::Loopback));
+        assert_eq!(class("http://[::1]/i"), Some(AddrClass::Loopback));
+        assert_eq!(class("http://LOCALHOST./i"), Some(AddrClass::Loopback));
+        assert_eq!(class("http://app.localhost/i"), Some(AddrClass::Loopback));
+        assert_eq!(class("http://10.1.2.3/i"), Some(AddrClass::Private));
+        assert_eq!(
+            class("http://169.254.169.254/i"),
+            Some(AddrClass::CloudMetadata)
+        );
+        assert_eq!(class("https://93.184.215.14/i"), Some(AddrClass::Public));
+        assert_eq!(class("https://notlocalhost.example/i"), None);
+        assert_eq!(class("https://localhost.example/i"), None);
     }
 
     fn err(s: &str) -> UrlError {

@@ -43,6 +43,7 @@ pub fn row(id: &str, to: &[String]) -> NewRow {
         dedup_key: None,
         ordering_key: None,
         joined: false,
+        headers: Vec::new(),
     }
 }
 
