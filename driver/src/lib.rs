@@ -30,6 +30,7 @@
 mod config;
 mod control;
 mod error;
+pub mod fmt;
 mod hooks;
 mod hosts;
 pub mod http;
