@@ -81,6 +81,11 @@ pub(crate) struct DeliveryFlags {
     /// 100.100.100.200, 168.63.129.16, ...) stay refused.
     #[arg(long, global = true)]
     pub(crate) allow_private_destinations: bool,
+
+    /// `drain`: no progress reports on stderr (the bar on a terminal, a line a second
+    /// otherwise, a JSON event a second with --log-format json); the summary stays.
+    #[arg(long, global = true)]
+    pub(crate) no_progress: bool,
 }
 
 /// How logs are written.
