@@ -1344,3 +1344,40 @@ fn info_lines_follow_a_lane_through_backoff_probe_and_recovery() {
     let table = ok(&db, &["lanes", "--actor", "kim"], "").stdout;
     assert!(table.contains("(stale)"), "{table}");
 }
+
+#[test]
+fn status_shows_the_slot_holder_while_a_pass_runs() {
+    let db = Db::sqlite();
+    let r = Recipient::start().unwrap();
+    r.set_default("/hang", Reply::Hang);
+    ok(
+        &db,
+        &["enqueue", "--actor", "ray"],
+        &rows(1, &[r.url("/hang")]),
+    );
+    // The attempt hangs until its timeout, then the unit is a dead letter and the drain ends.
+    let drain = command(&db, &["drain", "--timeout", "5s", "--max-attempts", "1"])
+        .spawn()
+        .unwrap();
+    let pid = drain.id();
+    assert!(
+        r.wait_for("/hang", 1, RUN_BOUND),
+        "the attempt never arrived"
+    );
+    let st = status(&db);
+    let a = actor(&st, "ray").unwrap();
+    assert_eq!(a["in_flight"], true, "{a}");
+    let holder = a["slot"]["holder"].as_str().unwrap();
+    assert!(holder.starts_with(&format!("pid{pid}-")), "{a}");
+    assert!(
+        rfc3339(&a["slot"]["lease_expires"]) > std::time::SystemTime::now(),
+        "{a}"
+    );
+    let table = ok(&db, &["status"], "").stdout;
+    assert!(table.contains(holder), "{table}");
+    let out = collect(drain, "");
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    let a = status(&db);
+    let a = actor(&a, "ray").unwrap();
+    assert!(a["slot"].is_null(), "{a}");
+}

@@ -236,7 +236,8 @@ pub struct ActorsDue {
 /// Who holds an actor's drain slot (OL-12), as `status` shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SlotHolder {
-    /// The holder name the pass gave at acquisition (the binary uses `host:pid`).
+    /// The holder name given at acquisition (by default the runtimes name the process:
+    /// `pid<pid>-<nanos>`).
     pub holder: String,
     /// When its lease ends, by the database's clock, unless renewed.
     pub lease_expires: Timestamp,
