@@ -1169,6 +1169,7 @@ fn json_logs_are_json_on_every_stderr_line() {
     assert_eq!(f["recipient"], r.url("/gone"));
     assert_eq!(f["status"], 422, "a number: {f}");
     assert_eq!(f["reason"], "permanent");
+    assert_eq!(f["row"], "row-0");
     assert!(f["unit"].is_u64(), "a number: {f}");
 
     let throttled = events(&logs, "lane throttled by Retry-After");

@@ -871,10 +871,10 @@ impl PassCore {
                     self.store_failed("dead letter", e, now());
                     return;
                 }
-                info!(actor = %self.actor, unit = unit.0, recipient = self.recipient(lane),
-                    reason = reason.as_str(), status, error = error.as_deref(), "dead-lettered");
                 self.report.dead_lettered += 1;
                 let row = self.resolved(unit, lane);
+                info!(actor = %self.actor, unit = unit.0, %row, recipient = self.recipient(lane),
+                    reason = reason.as_str(), status, error = error.as_deref(), "dead-lettered");
                 if let Some(hook) = &cx.hooks.dead_lettered {
                     hook(&DeadLettered {
                         actor: self.actor.clone(),

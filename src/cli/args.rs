@@ -132,13 +132,13 @@ pub(crate) enum Command {
         #[arg(long)]
         metrics_addr: Option<SocketAddr>,
     },
-    /// Per actor: pending units, pass running, lanes in backoff, dead letters.
+    /// Per actor: pending units, the pass holding the slot, lanes not open, dead letters.
     Status {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
     },
-    /// Per lane of an actor: depth, head age, last error, backoff.
+    /// Per lane of an actor: depth, head age, last error, state.
     Lanes {
         /// The actor.
         #[arg(long)]
