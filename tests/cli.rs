@@ -1199,6 +1199,22 @@ fn json_logs_are_json_on_every_stderr_line() {
         "{f}"
     );
     assert_eq!(served(&r, "/slow"), [0, 1, 2]);
+    // The delivery that ended the throttle cleared it.
+    let slow_lane = || {
+        ok(&db, &["lanes", "--actor", "jo", "--json"], "").json()["lanes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["recipient"] == r.url("/slow"))
+            .unwrap()
+            .clone()
+    };
+    let l = slow_lane();
+    assert_eq!(
+        (&l["state"], &l["not_before"]),
+        (&"open".into(), &Value::Null),
+        "{l}"
+    );
 
     // --no-progress: the same run has no progress events, and still its summary.
     r.set_default("/ok", Reply::Status(200));
@@ -1211,13 +1227,28 @@ fn json_logs_are_json_on_every_stderr_line() {
     ok(
         &db,
         &["enqueue", "--actor", "jo"],
-        &line("late", &[r.url("/slow")], &2.into()),
+        &line("late", &[r.url("/slow")], &serde_json::json!({ "n": 3 })),
     );
     let out = ok(&db, &["--log-format", "json", "drain", "--no-progress"], "");
     let logs = json_lines(&out.stderr);
     assert_eq!(events(&logs, "lane throttled by Retry-After").len(), 1);
     assert!(events(&logs, "drain progress").is_empty(), "{}", out.stderr);
     assert_eq!(events(&logs, "drain summary").len(), 1, "{}", out.stderr);
+    // The pass ended with the lane throttled; once its Retry-After is over, the next drain
+    // delivers, logs the recovery and clears the throttle.
+    assert_eq!(slow_lane()["state"], "throttled");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while slow_lane()["state"] != "open" {
+        assert!(Instant::now() < deadline, "the throttle never ended");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = ok(&db, &["--log-format", "json", "drain", "--no-progress"], "");
+    let logs = json_lines(&out.stderr);
+    let recovered = events(&logs, "lane recovered");
+    assert_eq!(recovered.len(), 1, "{}", out.stderr);
+    assert_eq!(recovered[0]["fields"]["after_level"], 0);
+    assert_eq!(slow_lane()["not_before"], Value::Null);
+    assert_eq!(served(&r, "/slow"), [0, 1, 2, 3]);
 
     // A run-time failure's message is a JSON line too.
     let out = run(

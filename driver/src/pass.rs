@@ -606,7 +606,9 @@ impl PassCore {
                 continue;
             }
             let lane = self.lane(info.lane, &info.key);
-            let waits = info.backoff_level > 0 || info.not_before.is_some_and(|nb| nb > t);
+            // Any persisted `not_before` at level 0 is a throttle not yet ended by a delivery
+            // (even one already past: it is cleared, and logged, at the next delivery).
+            let waits = info.backoff_level > 0 || info.not_before.is_some();
             if waits {
                 self.waiting.entry(lane).or_insert(info.backoff_level);
             }
@@ -716,7 +718,7 @@ impl PassCore {
             .pop_front()
             .or_else(|| self.sched.poll_command())
         {
-            if inline && writes(&cmd) {
+            if inline && self.needs_store(&cmd) {
                 self.deferred.push_front(cmd);
                 result = Err(NeedsStore);
                 break;
@@ -780,8 +782,15 @@ impl PassCore {
                 if !self.lane_failure.is_empty() {
                     self.lane_failure.remove(&lane);
                 }
-                if !self.waiting.is_empty() {
-                    self.recovered(lane, "delivered");
+                // A throttle ends with the lane's first delivery: its persisted `not_before`
+                // is cleared then (a backoff is cleared by the LaneOpen that follows).
+                if !self.waiting.is_empty() && self.recovered(lane, "delivered") == Some(0) {
+                    self.write(
+                        cx.store,
+                        "lane state",
+                        |s, t, l| s.set_lane_state(t, l, None, 0),
+                        lane,
+                    );
                 }
                 if let Some(hook) = &cx.hooks.delivered {
                     hook(&Delivered {
@@ -933,13 +942,25 @@ impl PassCore {
         }
     }
 
-    /// The INFO line of a throttled or backed-off lane that answered again.
-    fn recovered(&mut self, lane: LaneId, how: &'static str) {
-        match self.waiting.remove(&lane) {
+    /// The INFO line of a throttled or backed-off lane that answered again; the level it
+    /// was at (0: throttled), if it was waiting.
+    fn recovered(&mut self, lane: LaneId, how: &'static str) -> Option<u32> {
+        let level = self.waiting.remove(&lane);
+        match level {
             Some(level) => info!(actor = %self.actor, recipient = self.recipient(lane),
                 after_level = level, how, "lane recovered"),
             None => debug!(actor = %self.actor, recipient = self.recipient(lane), how,
                 "lane open"),
+        }
+        level
+    }
+
+    /// Whether executing `cmd` writes to the store: [`writes`], and the delivery that ends
+    /// a throttle (its `not_before` is cleared).
+    fn needs_store(&self, cmd: &Command) -> bool {
+        match cmd {
+            Command::Delivered { lane, .. } => self.waiting.get(lane) == Some(&0),
+            other => writes(other),
         }
     }
 
