@@ -483,3 +483,47 @@ impl Default for CommonOptions {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lane_state_precedence_and_names() {
+        let now = Timestamp::from_millis(10_000);
+        let later = Some(Timestamp::from_millis(20_000));
+        let past = Some(Timestamp::from_millis(5_000));
+        let blocked = format!("{STRICT_BLOCKED_REASON}: head failed");
+        let cases = [
+            (None, 0, false, None, LaneState::Open, "open"),
+            (past, 0, false, None, LaneState::Open, "open"),
+            (later, 0, false, None, LaneState::Throttled, "throttled"),
+            (later, 3, false, None, LaneState::Backoff(3), "backoff 3"),
+            // A backoff whose probe is due is still a backoff until the probe answers.
+            (past, 1, false, None, LaneState::Backoff(1), "backoff 1"),
+            // A pause wins over a backoff; the reason tells a strict block from it.
+            (
+                later,
+                2,
+                true,
+                Some("maintenance"),
+                LaneState::Paused,
+                "paused",
+            ),
+            (
+                None,
+                0,
+                true,
+                Some(blocked.as_str()),
+                LaneState::StrictBlocked,
+                "strict blocked",
+            ),
+        ];
+        for (nb, level, paused, reason, want, text) in cases {
+            let got = LaneState::of(nb, level, paused, reason, now);
+            assert_eq!(got, want, "{nb:?} {level} {paused} {reason:?}");
+            assert_eq!(got.to_string(), text);
+        }
+        assert_eq!(LaneState::StrictBlocked.name(), "strict_blocked");
+    }
+}
