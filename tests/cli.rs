@@ -855,12 +855,11 @@ fn loopback_destinations_are_refused_by_default() {
         "",
     );
     assert_eq!(out.code(), Some(0), "{}", out.stderr);
-    // Logs are JSON lines; the summary is the one plain line.
-    let logs: Vec<&str> = out.stderr.lines().filter(|l| l.starts_with('{')).collect();
+    // Logs are JSON lines, the summary included.
+    let logs = json_lines(&out.stderr);
     assert!(!logs.is_empty());
-    for l in logs {
-        let v: Value = serde_json::from_str(l).unwrap();
-        assert!(v["level"].is_string(), "{l}");
+    for v in &logs {
+        assert!(v["level"].is_string(), "{v}");
     }
     assert!(r.requests("/a").is_empty());
     let dead = ok(&db, &["dead-letters", "list", "--json"], "").json();
@@ -1618,4 +1617,321 @@ fn enqueue_help_shows_the_line_format() {
             out.stdout
         );
     }
+}
+
+/// Every stderr line of a run, parsed as JSON: the test fails on the first line that is not.
+fn json_lines(stderr: &str) -> Vec<Value> {
+    stderr
+        .lines()
+        .map(|l| {
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}\n{stderr}"))
+        })
+        .collect()
+}
+
+/// The events whose message is `message`.
+fn events<'a>(logs: &'a [Value], message: &str) -> Vec<&'a Value> {
+    logs.iter()
+        .filter(|v| v["fields"]["message"] == message)
+        .collect()
+}
+
+/// No field holds Rust debug text of an absent or wrapped value.
+fn assert_typed(logs: &[Value]) {
+    for v in logs {
+        for (k, f) in v["fields"].as_object().unwrap() {
+            if let Some(s) = f.as_str() {
+                let raw_millis = s
+                    .strip_suffix("ms")
+                    .is_some_and(|n| n.parse::<u64>().is_ok());
+                assert!(
+                    !s.starts_with("Some(") && s != "None" && !raw_millis,
+                    "{k} is debug text: {v}"
+                );
+            }
+        }
+    }
+}
+
+fn rfc3339(v: &Value) -> std::time::SystemTime {
+    let s = v.as_str().unwrap_or_else(|| panic!("not a string: {v}"));
+    humantime::parse_rfc3339(s).unwrap_or_else(|e| panic!("not RFC 3339 ({e}): {s}"))
+}
+
+#[test]
+fn json_logs_are_json_on_every_stderr_line() {
+    let db = Db::sqlite();
+    let r = Recipient::start().unwrap();
+    // /gone refuses its first unit for good; /slow is throttled once for 2 s (longer than the
+    // first in-pass delay, so the Retry-After sets the lane's next attempt). /ok answers
+    // slowly: its lane keeps the pass running until the throttle is over (a pass with only
+    // throttled lanes left would end and hand them back), and past the first progress report.
+    r.set_default("/ok", Reply::Status(200).after(Duration::from_millis(1500)));
+    r.script("/gone", [Reply::Status(422)]);
+    r.script(
+        "/slow",
+        [Reply::Response(
+            outbox_lanes_test_support::Response::new(429).with_header("Retry-After", "2"),
+        )],
+    );
+    let to = [r.url("/ok"), r.url("/gone"), r.url("/slow")];
+    ok(&db, &["enqueue", "--actor", "jo"], &rows(3, &to));
+    let out = ok(&db, &["--log-format", "json", "drain"], "");
+    let logs = json_lines(&out.stderr);
+    assert_typed(&logs);
+    for v in &logs {
+        assert!(v["level"].is_string(), "{v}");
+        rfc3339(&v["timestamp"]);
+    }
+
+    let dead = events(&logs, "dead-lettered");
+    assert_eq!(dead.len(), 1, "{}", out.stderr);
+    let f = &dead[0]["fields"];
+    assert_eq!(f["actor"], "jo");
+    assert_eq!(f["recipient"], r.url("/gone"));
+    assert_eq!(f["status"], 422, "a number: {f}");
+    assert_eq!(f["reason"], "permanent");
+    assert_eq!(f["row"], "row-0");
+    assert!(f["unit"].is_u64(), "a number: {f}");
+
+    let throttled = events(&logs, "lane throttled by Retry-After");
+    assert_eq!(throttled.len(), 1, "{}", out.stderr);
+    let f = &throttled[0]["fields"];
+    assert_eq!(f["actor"], "jo");
+    assert_eq!(f["recipient"], r.url("/slow"));
+    assert_eq!(f["status"], 429);
+    assert!(f.get("level").is_none(), "absent, not null: {f}");
+    assert!(rfc3339(&f["next_attempt"]) > rfc3339(&throttled[0]["timestamp"]));
+    let recovered = events(&logs, "lane recovered");
+    assert_eq!(recovered.len(), 1, "{}", out.stderr);
+    assert_eq!(recovered[0]["fields"]["recipient"], r.url("/slow"));
+
+    let progress = events(&logs, "drain progress");
+    assert!(!progress.is_empty(), "{}", out.stderr);
+    for p in progress {
+        assert!(p["fields"]["delivered"].is_u64(), "{p}");
+        assert!(p["fields"]["lanes_in_backoff"].is_u64(), "{p}");
+    }
+    let summary = events(&logs, "drain summary");
+    assert_eq!(summary.len(), 1, "{}", out.stderr);
+    let f = &summary[0]["fields"];
+    assert_eq!(
+        (&f["delivered"], &f["dead_lettered"], &f["remaining"]),
+        (&8.into(), &1.into(), &0.into()),
+        "{f}"
+    );
+    assert_eq!(served(&r, "/slow"), [0, 1, 2]);
+    // The delivery that ended the throttle cleared it.
+    let slow_lane = || {
+        ok(&db, &["lanes", "--actor", "jo", "--json"], "").json()["lanes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["recipient"] == r.url("/slow"))
+            .unwrap()
+            .clone()
+    };
+    let l = slow_lane();
+    assert_eq!(
+        (&l["state"], &l["not_before"]),
+        (&"open".into(), &Value::Null),
+        "{l}"
+    );
+
+    // --no-progress: the same run has no progress events, and still its summary.
+    r.set_default("/ok", Reply::Status(200));
+    r.script(
+        "/slow",
+        [Reply::Response(
+            outbox_lanes_test_support::Response::new(429).with_header("Retry-After", "2"),
+        )],
+    );
+    ok(
+        &db,
+        &["enqueue", "--actor", "jo"],
+        &line("late", &[r.url("/slow")], &serde_json::json!({ "n": 3 })),
+    );
+    let out = ok(&db, &["--log-format", "json", "drain", "--no-progress"], "");
+    let logs = json_lines(&out.stderr);
+    assert_eq!(events(&logs, "lane throttled by Retry-After").len(), 1);
+    assert!(events(&logs, "drain progress").is_empty(), "{}", out.stderr);
+    assert_eq!(events(&logs, "drain summary").len(), 1, "{}", out.stderr);
+    // The pass ended with the lane throttled; once its Retry-After is over, the next drain
+    // delivers, logs the recovery and clears the throttle.
+    assert_eq!(slow_lane()["state"], "throttled");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while slow_lane()["state"] != "open" {
+        assert!(Instant::now() < deadline, "the throttle never ended");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = ok(&db, &["--log-format", "json", "drain", "--no-progress"], "");
+    let logs = json_lines(&out.stderr);
+    let recovered = events(&logs, "lane recovered");
+    assert_eq!(recovered.len(), 1, "{}", out.stderr);
+    assert_eq!(recovered[0]["fields"]["after_level"], 0);
+    assert_eq!(slow_lane()["not_before"], Value::Null);
+    assert_eq!(served(&r, "/slow"), [0, 1, 2, 3]);
+
+    // A run-time failure's message is a JSON line too.
+    let out = run(
+        &db,
+        &["--log-format", "json", "lanes", "--actor", "nobody"],
+        "",
+    );
+    assert_eq!(out.code(), Some(2));
+    let logs = json_lines(&out.stderr);
+    assert_eq!(logs.last().unwrap()["level"], "ERROR", "{}", out.stderr);
+}
+
+#[test]
+fn info_lines_follow_a_lane_through_backoff_probe_and_recovery() {
+    let db = Db::sqlite();
+    let r = Recipient::start().unwrap();
+    // /flaky fails once; with --pass-attempts 1 that failure stalls its lane into backoff.
+    r.script("/flaky", [Reply::Status(503)]);
+    let (flaky, steady) = (r.url("/flaky"), r.url("/steady"));
+    ok(
+        &db,
+        &["enqueue", "--actor", "kim"],
+        &rows(2, &[flaky.clone(), steady.clone()]),
+    );
+    let out = ok(
+        &db,
+        &["--log-format", "json", "drain", "--pass-attempts", "1"],
+        "",
+    );
+    let logs = json_lines(&out.stderr);
+    let entered = events(&logs, "lane entered backoff");
+    assert_eq!(entered.len(), 1, "{}", out.stderr);
+    let f = &entered[0]["fields"];
+    assert_eq!(f["actor"], "kim");
+    assert_eq!(f["recipient"], flaky);
+    assert_eq!(f["status"], 503);
+    assert_eq!(f["level"], 1);
+    let next = rfc3339(&f["next_attempt"]);
+    assert!(next > rfc3339(&entered[0]["timestamp"]));
+    let summary = &events(&logs, "drain summary")[0]["fields"];
+    assert_eq!(summary["lanes_in_backoff"], 1, "{summary}");
+    assert_eq!(summary["remaining"], 2, "{summary}");
+    assert_eq!(served(&r, "/steady"), [0, 1]);
+
+    // `lanes` and `status` say the same thing about the lane.
+    let lanes = ok(&db, &["lanes", "--actor", "kim", "--json"], "").json();
+    let lane = |lanes: &Value, url: &str| {
+        lanes["lanes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["recipient"] == url)
+            .unwrap()
+            .clone()
+    };
+    let l = lane(&lanes, &flaky);
+    assert_eq!(
+        (&l["state"], &l["backoff_level"]),
+        (&"backoff".into(), &1.into())
+    );
+    assert_eq!(
+        (&l["last_status"], &l["last_error_stale"]),
+        (&503.into(), &false.into())
+    );
+    assert_eq!(rfc3339(&l["not_before"]), next);
+    assert_eq!(lane(&lanes, &steady)["state"], "open");
+    let st = status(&db);
+    let k = actor(&st, "kim").unwrap();
+    let waiting = k["lanes_in_backoff"].as_array().unwrap();
+    assert_eq!(waiting.len(), 1, "{k}");
+    assert_eq!(waiting[0]["recipient"], flaky);
+    assert_eq!(waiting[0]["state"], "backoff");
+    assert_eq!(waiting[0]["backoff_level"], 1);
+    assert_eq!(rfc3339(&waiting[0]["next_attempt"]), next);
+    assert_eq!(k["lanes_paused"], serde_json::json!([]));
+    assert!(k["slot"].is_null(), "no pass runs: {k}");
+    let table = ok(&db, &["status"], "").stdout;
+    assert!(table.contains("backoff 1"), "{table}");
+    let table = ok(&db, &["lanes", "--actor", "kim"], "").stdout;
+    assert!(
+        table.contains("backoff 1") && table.contains("503"),
+        "{table}"
+    );
+
+    // The backoff's time passes (the lane's next attempt is moved into the past).
+    let Db::Sqlite { path, .. } = &db else {
+        unreachable!()
+    };
+    rusqlite::Connection::open(path)
+        .unwrap()
+        .execute(
+            "UPDATE ol_lanes SET not_before = 1 WHERE backoff_level > 0",
+            [],
+        )
+        .unwrap();
+    let out = ok(&db, &["--log-format", "json", "drain"], "");
+    let logs = json_lines(&out.stderr);
+    let probed = events(&logs, "lane probed: one attempt at its head");
+    assert_eq!(probed.len(), 1, "{}", out.stderr);
+    assert_eq!(probed[0]["fields"]["recipient"], flaky);
+    assert_eq!(probed[0]["fields"]["level"], 1);
+    let recovered = events(&logs, "lane recovered");
+    assert_eq!(recovered.len(), 1, "{}", out.stderr);
+    assert_eq!(recovered[0]["fields"]["recipient"], flaky);
+    assert_eq!(recovered[0]["fields"]["after_level"], 1);
+    let order: Vec<&str> = logs
+        .iter()
+        .filter_map(|v| v["fields"]["message"].as_str())
+        .filter(|m| m.starts_with("lane "))
+        .collect();
+    assert_eq!(
+        order,
+        ["lane probed: one attempt at its head", "lane recovered"]
+    );
+    assert_eq!(served(&r, "/flaky"), [0, 1]);
+    let l = lane(
+        &ok(&db, &["lanes", "--actor", "kim", "--json"], "").json(),
+        &flaky,
+    );
+    assert_eq!(l["state"], "open");
+    assert_eq!(
+        (&l["last_status"], &l["last_error_stale"]),
+        (&503.into(), &true.into())
+    );
+    let table = ok(&db, &["lanes", "--actor", "kim"], "").stdout;
+    assert!(table.contains("(stale)"), "{table}");
+}
+
+#[test]
+fn status_shows_the_slot_holder_while_a_pass_runs() {
+    let db = Db::sqlite();
+    let r = Recipient::start().unwrap();
+    r.set_default("/hang", Reply::Hang);
+    ok(
+        &db,
+        &["enqueue", "--actor", "ray"],
+        &rows(1, &[r.url("/hang")]),
+    );
+    // The attempt hangs until its timeout, then the unit is a dead letter and the drain ends.
+    let drain = command(&db, &["drain", "--timeout", "5s", "--max-attempts", "1"])
+        .spawn()
+        .unwrap();
+    let pid = drain.id();
+    assert!(
+        r.wait_for("/hang", 1, RUN_BOUND),
+        "the attempt never arrived"
+    );
+    let st = status(&db);
+    let a = actor(&st, "ray").unwrap();
+    assert_eq!(a["in_flight"], true, "{a}");
+    let holder = a["slot"]["holder"].as_str().unwrap();
+    assert!(holder.starts_with(&format!("pid{pid}-")), "{a}");
+    assert!(
+        rfc3339(&a["slot"]["lease_expires"]) > std::time::SystemTime::now(),
+        "{a}"
+    );
+    let table = ok(&db, &["status"], "").stdout;
+    assert!(table.contains(holder), "{table}");
+    let out = collect(drain, "");
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    let a = status(&db);
+    let a = actor(&a, "ray").unwrap();
+    assert!(a["slot"].is_null(), "{a}");
 }

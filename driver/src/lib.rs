@@ -31,6 +31,7 @@
 mod config;
 mod control;
 mod error;
+pub mod fmt;
 mod hooks;
 mod hosts;
 pub mod http;

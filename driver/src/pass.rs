@@ -40,6 +40,7 @@ use outbox_lanes_store::{
 use tracing::{debug, info, trace, warn};
 
 use crate::config::OutboxConfig;
+use crate::fmt::rfc3339;
 use crate::hooks::{Attempted, DeadLettered, Delivered, Hooks};
 use crate::http::AttemptResult;
 use crate::job::{Completions, Done, Job};
@@ -137,6 +138,12 @@ pub struct PassCore {
     /// A store write failed: nothing more is written or started (acks excepted).
     error: Option<StoreError>,
     records: Vec<AttemptRecord>,
+    /// Lanes throttled or in backoff (level 0: throttled by a Retry-After), as this pass last
+    /// wrote or read them: what the INFO lines of a probe and a recovery need.
+    waiting: HashMap<LaneId, u32>,
+    /// The last failure per lane (status, error), for the INFO line of its backoff; only
+    /// failures write it, a delivery removes it.
+    lane_failure: HashMap<LaneId, (Option<u16>, Option<String>)>,
     /// Deliveries of this round, handed to the ack writer together at its end.
     acked: Vec<(UnitId, StoreLaneId)>,
     /// The session asked for a lease renewal; done at the next round.
@@ -215,6 +222,8 @@ impl PassCore {
             end: None,
             error: None,
             records: Vec::new(),
+            waiting: HashMap::new(),
+            lane_failure: HashMap::new(),
             acked: Vec::new(),
             renew_due: false,
             deferred: VecDeque::new(),
@@ -254,7 +263,10 @@ impl PassCore {
     /// An attempt finished.
     pub fn handle_done(&mut self, d: Done, hooks: &Hooks, now: Timestamp) {
         let outcome = d.result.outcome;
-        trace!(unit = %d.unit, lane = d.lane.index(), ?outcome, status = d.result.status,
+        trace!(actor = %self.actor, unit = d.unit.0, recipient = self.recipient(d.lane),
+            outcome = outcome_name(outcome),
+            retry_after_ms = outcome.retry_after().map(|d| d.as_millis() as u64),
+            status = d.result.status,
             error = d.result.error.as_deref(), took_ms = d.started.elapsed().as_millis() as u64,
             "attempt finished");
         if let Some(hook) = &hooks.attempted {
@@ -276,6 +288,8 @@ impl PassCore {
         // Kept for the attempt record or dead letter a failure may lead to; a delivery and
         // an attempt that never left need none.
         if outcome != Outcome::NotSent && outcome != Outcome::Delivered {
+            self.lane_failure
+                .insert(d.lane, (d.result.status, d.result.error.clone()));
             self.last.insert((d.unit, d.lane), d.result);
         }
         if let Err(e) = self.sched.handle_outcome(d.unit, d.lane, outcome, now) {
@@ -592,6 +606,12 @@ impl PassCore {
                 continue;
             }
             let lane = self.lane(info.lane, &info.key);
+            // Any persisted `not_before` at level 0 is a throttle not yet ended by a delivery
+            // (even one already past: it is cleared, and logged, at the next delivery).
+            let waits = info.backoff_level > 0 || info.not_before.is_some();
+            if waits {
+                self.waiting.entry(lane).or_insert(info.backoff_level);
+            }
             self.sched.handle_lane(
                 lane,
                 LaneInfo {
@@ -698,7 +718,7 @@ impl PassCore {
             .pop_front()
             .or_else(|| self.sched.poll_command())
         {
-            if inline && writes(&cmd) {
+            if inline && self.needs_store(&cmd) {
                 self.deferred.push_front(cmd);
                 result = Err(NeedsStore);
                 break;
@@ -727,9 +747,20 @@ impl PassCore {
                 attempt,
             } => {
                 if let Some(info) = self.units.get(&unit) {
-                    trace!(%unit, row = %info.row_id, lane = lane.index(), attempt,
+                    trace!(actor = %self.actor, unit = unit.0, row = %info.row_id,
+                        recipient = self.recipient(lane), attempt,
                         queued_ms = now().saturating_duration_since(info.enqueued_at).as_millis() as u64,
                         "started");
+                }
+                // A start in a lane in backoff is its probe (OL-11): one per interval.
+                if let Some(&level) = self.waiting.get(&lane) {
+                    if level > 0 {
+                        info!(actor = %self.actor, recipient = self.recipient(lane), unit = unit.0,
+                            level, attempt, "lane probed: one attempt at its head");
+                    } else {
+                        debug!(actor = %self.actor, recipient = self.recipient(lane), unit = unit.0,
+                            attempt, "throttled lane retried");
+                    }
                 }
                 // After a failure nothing starts: the unit is handed back at the end.
                 if writable && self.end.is_none() {
@@ -745,7 +776,22 @@ impl PassCore {
                 self.acked.push((unit, self.store_lane(lane)));
                 self.report.delivered += 1;
                 let row = self.resolved(unit, lane);
-                trace!(%unit, %row, lane = lane.index(), "delivered");
+                trace!(actor = %self.actor, unit = unit.0, %row, recipient = self.recipient(lane),
+                    "delivered");
+                // Only lanes that failed are in these maps: a healthy lane pays two checks.
+                if !self.lane_failure.is_empty() {
+                    self.lane_failure.remove(&lane);
+                }
+                // A throttle ends with the lane's first delivery: its persisted `not_before`
+                // is cleared then (a backoff is cleared by the LaneOpen that follows).
+                if !self.waiting.is_empty() && self.recovered(lane, "delivered") == Some(0) {
+                    self.write(
+                        cx.store,
+                        "lane state",
+                        |s, t, l| s.set_lane_state(t, l, None, 0),
+                        lane,
+                    );
+                }
                 if let Some(hook) = &cx.hooks.delivered {
                     hook(&Delivered {
                         actor: self.actor.clone(),
@@ -766,8 +812,8 @@ impl PassCore {
                     .last
                     .get(&(unit, lane))
                     .map_or((None, None), |r| (r.status, r.error.clone()));
-                debug!(actor = %self.actor, %unit, recipient = self.recipient(lane), attempts,
-                    counted, status, error = error.as_deref(), "attempt failed");
+                debug!(actor = %self.actor, unit = unit.0, recipient = self.recipient(lane),
+                    attempts, counted, status, error = error.as_deref(), "attempt failed");
                 self.records.push(AttemptRecord {
                     unit,
                     lane: self.store_lane(lane),
@@ -779,15 +825,16 @@ impl PassCore {
             }
             Command::Hold { unit, lane, reason } => match reason {
                 HoldReason::Stalled => {
-                    debug!(%unit, recipient = self.recipient(lane), "stalled: lane in backoff");
+                    debug!(actor = %self.actor, unit = unit.0, recipient = self.recipient(lane),
+                        "stalled: held until the lane's next attempt");
                 }
                 HoldReason::Blocked => {
-                    warn!(actor = %self.actor, %unit, recipient = self.recipient(lane),
+                    warn!(actor = %self.actor, unit = unit.0, recipient = self.recipient(lane),
                         "strict lane blocked on its head until an operator acts");
                     self.write(
                         cx.store,
                         "block lane",
-                        |s, t, l| s.block_lane(t, l, outbox_lanes_store::STRICT_BLOCKED_REASON),
+                        |s, t, l| s.block_lane(t, l, "its head failed for good"),
                         lane,
                     );
                 }
@@ -797,7 +844,7 @@ impl PassCore {
                 not_before,
                 level,
             } => {
-                debug!(actor = %self.actor, recipient = self.recipient(lane), level, %not_before, "lane backoff");
+                self.log_backoff(lane, not_before, level);
                 self.write(
                     cx.store,
                     "lane state",
@@ -806,7 +853,7 @@ impl PassCore {
                 );
             }
             Command::LaneOpen { lane } => {
-                debug!(actor = %self.actor, recipient = self.recipient(lane), "lane reopened");
+                self.recovered(lane, "the recipient answered");
                 self.write(
                     cx.store,
                     "lane state",
@@ -833,10 +880,10 @@ impl PassCore {
                     self.store_failed("dead letter", e, now());
                     return;
                 }
-                info!(actor = %self.actor, %unit, recipient = self.recipient(lane), %reason,
-                    status, error = error.as_deref(), "dead-lettered");
                 self.report.dead_lettered += 1;
                 let row = self.resolved(unit, lane);
+                info!(actor = %self.actor, unit = unit.0, %row, recipient = self.recipient(lane),
+                    reason = reason.as_str(), status, error = error.as_deref(), "dead-lettered");
                 if let Some(hook) = &cx.hooks.dead_lettered {
                     hook(&DeadLettered {
                         actor: self.actor.clone(),
@@ -868,8 +915,52 @@ impl PassCore {
             Command::HandBack { unit } => {
                 self.units.remove(&unit);
                 self.report.handed_back += 1;
-                trace!(%unit, "handed back");
+                trace!(actor = %self.actor, unit = unit.0, "handed back");
             }
+        }
+    }
+
+    /// The INFO line of a lane entering or staying in backoff (or a throttle), with the
+    /// failure that put it there and its next attempt.
+    fn log_backoff(&mut self, lane: LaneId, not_before: Timestamp, level: u32) {
+        let before = self.waiting.insert(lane, level);
+        let (status, error) = self
+            .lane_failure
+            .get(&lane)
+            .map_or((None, None), |(s, e)| (*s, e.as_deref()));
+        let next_attempt = rfc3339(not_before);
+        let recipient = self.recipient(lane);
+        match (before, level) {
+            (Some(0), 0) => debug!(actor = %self.actor, recipient, status, error,
+                next_attempt = %next_attempt, "lane still throttled"),
+            (_, 0) => info!(actor = %self.actor, recipient, status, error,
+                next_attempt = %next_attempt, "lane throttled by Retry-After"),
+            (Some(b), _) if b > 0 => info!(actor = %self.actor, recipient, level, status, error,
+                next_attempt = %next_attempt, "lane probe failed; backoff extended"),
+            _ => info!(actor = %self.actor, recipient, level, status, error,
+                next_attempt = %next_attempt, "lane entered backoff"),
+        }
+    }
+
+    /// The INFO line of a throttled or backed-off lane that answered again; the level it
+    /// was at (0: throttled), if it was waiting.
+    fn recovered(&mut self, lane: LaneId, how: &'static str) -> Option<u32> {
+        let level = self.waiting.remove(&lane);
+        match level {
+            Some(level) => info!(actor = %self.actor, recipient = self.recipient(lane),
+                after_level = level, how, "lane recovered"),
+            None => debug!(actor = %self.actor, recipient = self.recipient(lane), how,
+                "lane open"),
+        }
+        level
+    }
+
+    /// Whether executing `cmd` writes to the store: [`writes`], and the delivery that ends
+    /// a throttle (its `not_before` is cleared).
+    fn needs_store(&self, cmd: &Command) -> bool {
+        match cmd {
+            Command::Delivered { lane, .. } => self.waiting.get(lane) == Some(&0),
+            other => writes(other),
         }
     }
 
@@ -908,6 +999,19 @@ impl PassCore {
             .remove(&unit)
             .map(|u| u.row_id)
             .unwrap_or_default()
+    }
+}
+
+/// How logs name an outcome.
+fn outcome_name(o: Outcome) -> &'static str {
+    match o {
+        Outcome::Delivered => "delivered",
+        Outcome::Throttled { .. } => "throttled",
+        Outcome::Transient { .. } => "transient",
+        Outcome::Permanent => "permanent",
+        Outcome::Gone => "gone",
+        Outcome::Refused => "refused",
+        Outcome::NotSent => "not_sent",
     }
 }
 

@@ -170,7 +170,11 @@ async fn run(
     let mut stopping = false;
     // The earliest lane `not_before` of the last poll, to name why a timeout fired.
     let mut next_not_before: Option<Timestamp> = None;
-    info!(max_passes, ?poll_interval, "monitor started");
+    info!(
+        max_passes,
+        poll_interval_ms = poll_interval.as_millis() as u64,
+        "monitor started"
+    );
     loop {
         let now = wall_now();
         if !stopping {
@@ -184,7 +188,8 @@ async fn run(
                             Ok(due) => {
                                 trace!(
                                     ready = due.ready.len(),
-                                    next_not_before = ?due.next_not_before,
+                                    next_not_before =
+                                        due.next_not_before.map(outbox_lanes_driver::fmt::rfc3339),
                                     "monitor poll"
                                 );
                                 next_not_before = due.next_not_before;
@@ -304,11 +309,15 @@ async fn run(
                     (Some(nb), Some(d)) if nb <= d => {
                         debug!(
                             reason = "not_before",
-                            ?wait,
+                            wait_ms = wait.as_millis() as u64,
                             "monitor timeout: a lane is due"
                         );
                     }
-                    _ => trace!(reason = "safety_net_poll", ?wait, "monitor timeout"),
+                    _ => trace!(
+                        reason = "safety_net_poll",
+                        wait_ms = wait.as_millis() as u64,
+                        "monitor timeout"
+                    ),
                 }
             }
         }

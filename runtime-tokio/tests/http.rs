@@ -381,6 +381,7 @@ async fn row_headers_are_sent_by_both_clients() {
             let res = if client == "async" {
                 a.deliver(
                     &Delivery {
+                        actor: "actor",
                         unit: UnitId(7),
                         recipient: &url2,
                         body: BODY,
@@ -396,6 +397,7 @@ async fn row_headers_are_sent_by_both_clients() {
                 tokio::task::spawn_blocking(move || {
                     b.deliver(
                         &Delivery {
+                            actor: "actor",
                             unit: UnitId(7),
                             recipient: &url2,
                             body: BODY,

@@ -169,12 +169,13 @@ pub(crate) struct DeliveryFlags {
     /// `(request-target) host date digest`, as Mastodon verifies), each actor with its key
     /// from this TOML file: `[actors."<actor>"]` with `key_id` and `private_key_pem` or
     /// `private_key_file`. An actor with work but no key stops drain and relay (exit 2).
-    #[arg(
-        long,
-        env = "OUTBOX_LANES_SIGNING_KEYS",
-        value_name = "FILE"
-    )]
+    #[arg(long, env = "OUTBOX_LANES_SIGNING_KEYS", value_name = "FILE")]
     pub(crate) signing_keys: Option<PathBuf>,
+
+    /// `drain`: no progress reports on stderr (the bar on a terminal, a line a second
+    /// otherwise, a JSON event a second with --log-format json); the summary stays.
+    #[arg(long, env = "OUTBOX_LANES_NO_PROGRESS")]
+    pub(crate) no_progress: bool,
 }
 
 /// How logs are written.
@@ -221,7 +222,7 @@ pub(crate) enum Command {
         #[command(flatten)]
         delivery: DeliveryFlags,
     },
-    /// Per actor: pending units, pass running, lanes in backoff, dead letters.
+    /// Per actor: pending units, the pass holding the slot, lanes not open, dead letters.
     Status {
         /// Print JSON instead of a table.
         #[arg(long)]

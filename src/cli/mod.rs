@@ -137,11 +137,18 @@ pub(crate) fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    let json = cli.log_format == LogFormat::Json;
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", message(&e));
-            ExitCode::from(exit_code(&e))
+            let code = exit_code(&e);
+            // With JSON logs every stderr line is JSON, the last one included.
+            if json {
+                tracing::error!(exit_code = code, "{}", message(&e));
+            } else {
+                eprintln!("error: {}", message(&e));
+            }
+            ExitCode::from(code)
         }
     }
 }
@@ -272,7 +279,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             return Err(e);
         }
     }
-    let result = dispatch(&backend, cli.command, batch, &counters).await;
+    let style = match cli.log_format {
+        LogFormat::Text => progress::Style::Text,
+        LogFormat::Json => progress::Style::Json,
+    };
+    let report = (style, !delivery.is_some_and(|d| d.no_progress));
+    let result = dispatch(&backend, cli.command, batch, &counters, report).await;
     match &result {
         // Interrupted: the attempts in flight are not waited for (up to the HTTP timeout).
         Err(e) if e.is::<Interrupted>() => backend.close_now().await,
@@ -286,6 +298,7 @@ async fn dispatch(
     command: Command,
     batch: Option<enqueue::Batch>,
     counters: &Arc<Counters>,
+    report: (progress::Style, bool),
 ) -> anyhow::Result<()> {
     // Only the long-running commands catch SIGINT and SIGTERM (to stop gracefully); the
     // others keep the default, and a transaction interrupted by a signal rolls back.
@@ -294,7 +307,9 @@ async fn dispatch(
             let batch = batch.context("the input was not read")?;
             cmd_enqueue(backend, actor, batch).await
         }
-        Command::Drain { actor, .. } => cmd_drain(backend, actor, counters, Signals::new()?).await,
+        Command::Drain { actor, .. } => {
+            cmd_drain(backend, actor, counters, Signals::new()?, report).await
+        }
         Command::Relay { metrics_addr, .. } => {
             cmd_relay(backend, metrics_addr, counters, Signals::new()?).await
         }
@@ -459,6 +474,7 @@ async fn cmd_drain(
     actor: Option<String>,
     counters: &Arc<Counters>,
     signals: Signals,
+    (style, show_progress): (progress::Style, bool),
 ) -> anyhow::Result<()> {
     // Without --actor, what is left is counted over every actor (lanes in backoff included).
     if let Some(a) = &actor {
@@ -481,12 +497,15 @@ async fn cmd_drain(
         actors = actors.len(),
         "draining"
     );
-    let progress = progress::Progress::start(
-        backend.clone(),
-        scope.clone(),
-        Arc::clone(counters),
-        Duration::from_secs(1),
-    );
+    let progress = show_progress.then(|| {
+        progress::Progress::start(
+            backend.clone(),
+            scope.clone(),
+            Arc::clone(counters),
+            Duration::from_secs(1),
+            style,
+        )
+    });
     let stopper = {
         let control = Arc::clone(&control);
         let mut signals = signals;
@@ -509,7 +528,11 @@ async fn cmd_drain(
             // the drain returns its error (exit 1). Should it not within 5 s, exit anyway:
             // what was not acknowledged is delivered again later.
             tokio::time::sleep(Duration::from_secs(5)).await;
-            eprintln!("error: {name} again: exiting without waiting for attempts in flight");
+            let why = format!("{name} again: exiting without waiting for attempts in flight");
+            match style {
+                progress::Style::Json => tracing::error!(exit_code = 1, "{why}"),
+                progress::Style::Text => eprintln!("error: {why}"),
+            }
             std::process::exit(1);
         })
     };
@@ -568,7 +591,9 @@ async fn cmd_drain(
     // The stopper stays: a second signal during the close still exits at once.
     drop(stopper);
     // Logged once the progress bar is gone, so no line is drawn over it.
-    progress.finish().await;
+    if let Some(p) = progress {
+        p.finish().await;
+    }
     let mut total = PassReport::default();
     for (actor, report) in done {
         match report {
@@ -606,18 +631,13 @@ async fn cmd_drain(
     }
     let left = progress::left(backend, scope.as_deref()).await?;
     let stopped = control.stop.load(std::sync::atomic::Ordering::SeqCst);
-    eprintln!(
-        "{} {} actor(s): {} delivered, {} dead-lettered, {} remaining, {} lane(s) in backoff",
-        if stopped {
-            "stopped by a signal after draining"
-        } else {
-            "drained"
-        },
+    progress::summary(
+        style,
+        stopped,
         actors.len(),
         total.delivered,
         total.dead_lettered,
-        left.remaining,
-        left.stalled
+        left,
     );
     Ok(())
 }

@@ -3,7 +3,7 @@
 use std::time::{Duration, SystemTime};
 
 use outbox_lanes_core::{LaneKey, Timestamp};
-use outbox_lanes_store::{ActorStatus, DeadLetter, LaneStatus};
+use outbox_lanes_store::{ActorStatus, DeadLetter, LaneState, LaneStatus, LaneSummary};
 use serde::Serialize;
 
 /// RFC 3339 in UTC with milliseconds.
@@ -76,11 +76,24 @@ pub(crate) fn lane_name(k: &LaneKey) -> String {
     }
 }
 
+/// A lane that is not open, in `status --json`.
 #[derive(Serialize)]
-struct BackoffJson<'a> {
+struct WaitingLaneJson<'a> {
     recipient: &'a str,
     ordering_key: Option<&'a str>,
-    next_attempt: String,
+    /// `throttled`, `backoff`, `paused` or `strict_blocked`.
+    state: &'static str,
+    /// The backoff level, for `backoff`.
+    backoff_level: Option<u32>,
+    /// RFC 3339, for `throttled` and `backoff`.
+    next_attempt: Option<String>,
+}
+
+/// The holder of the drain slot.
+#[derive(Serialize)]
+struct SlotJson<'a> {
+    holder: &'a str,
+    lease_expires: String,
 }
 
 #[derive(Serialize)]
@@ -88,13 +101,28 @@ struct ActorJson<'a> {
     actor: &'a str,
     pending: u64,
     in_flight: bool,
-    lanes_in_backoff: Vec<BackoffJson<'a>>,
+    slot: Option<SlotJson<'a>>,
+    lanes_in_backoff: Vec<WaitingLaneJson<'a>>,
+    lanes_paused: Vec<WaitingLaneJson<'a>>,
     dead_letters: u64,
 }
 
 #[derive(Serialize)]
 struct StatusJson<'a> {
     actors: Vec<ActorJson<'a>>,
+}
+
+fn waiting_json(l: &LaneSummary) -> WaitingLaneJson<'_> {
+    WaitingLaneJson {
+        recipient: l.key.recipient(),
+        ordering_key: l.key.ordering_key(),
+        state: l.state.name(),
+        backoff_level: match l.state {
+            LaneState::Backoff(n) => Some(n),
+            _ => None,
+        },
+        next_attempt: l.next_attempt.map(time),
+    }
 }
 
 /// `status --json`.
@@ -106,19 +134,20 @@ pub(crate) fn status_json(s: &[ActorStatus]) -> impl Serialize + '_ {
                 actor: a.actor.as_str(),
                 pending: a.pending,
                 in_flight: a.in_flight,
-                lanes_in_backoff: a
-                    .lanes_in_backoff
-                    .iter()
-                    .map(|(k, t)| BackoffJson {
-                        recipient: k.recipient(),
-                        ordering_key: k.ordering_key(),
-                        next_attempt: time(*t),
-                    })
-                    .collect(),
+                slot: a.slot.as_ref().map(|h| SlotJson {
+                    holder: &h.holder,
+                    lease_expires: time(h.lease_expires),
+                }),
+                lanes_in_backoff: a.lanes_in_backoff.iter().map(waiting_json).collect(),
+                lanes_paused: a.lanes_paused.iter().map(waiting_json).collect(),
                 dead_letters: a.dead_letters,
             })
             .collect(),
     }
+}
+
+fn count(n: usize) -> String {
+    if n == 0 { "-".into() } else { n.to_string() }
 }
 
 /// `status`.
@@ -128,16 +157,15 @@ pub(crate) fn status_table(s: &[ActorStatus]) -> String {
     }
     let mut rows = Vec::new();
     for a in s {
-        let backoff = if a.lanes_in_backoff.is_empty() {
-            "-".to_string()
-        } else {
-            a.lanes_in_backoff.len().to_string()
-        };
         rows.push(vec![
             a.actor.as_str().to_owned(),
             a.pending.to_string(),
-            if a.in_flight { "yes" } else { "no" }.to_owned(),
-            backoff,
+            a.slot.as_ref().map_or("-".into(), |h| h.holder.clone()),
+            a.slot
+                .as_ref()
+                .map_or("-".into(), |h| time(h.lease_expires)),
+            count(a.lanes_in_backoff.len()),
+            count(a.lanes_paused.len()),
             a.dead_letters.to_string(),
         ]);
     }
@@ -145,25 +173,32 @@ pub(crate) fn status_table(s: &[ActorStatus]) -> String {
         &[
             "ACTOR",
             "PENDING",
-            "IN FLIGHT",
+            "PASS HELD BY",
+            "LEASE ENDS",
             "LANES IN BACKOFF",
+            "LANES PAUSED",
             "DEAD LETTERS",
         ],
         &rows,
     );
-    let backoff: Vec<Vec<String>> = s
+    let waiting: Vec<Vec<String>> = s
         .iter()
         .flat_map(|a| {
-            a.lanes_in_backoff
-                .iter()
-                .map(|(k, t)| vec![a.actor.as_str().to_owned(), lane_name(k), time(*t)])
+            a.lanes_in_backoff.iter().chain(&a.lanes_paused).map(|l| {
+                vec![
+                    a.actor.as_str().to_owned(),
+                    lane_name(&l.key),
+                    l.state.to_string(),
+                    l.next_attempt.map_or("-".into(), time),
+                ]
+            })
         })
         .collect();
-    if !backoff.is_empty() {
+    if !waiting.is_empty() {
         out.push('\n');
         out.push_str(&table(
-            &["ACTOR", "LANE IN BACKOFF", "NEXT ATTEMPT"],
-            &backoff,
+            &["ACTOR", "LANE NOT OPEN", "STATE", "NEXT ATTEMPT"],
+            &waiting,
         ));
     }
     out
@@ -179,6 +214,8 @@ struct LaneJson<'a> {
     head_age_ms: Option<u64>,
     last_status: Option<u16>,
     last_error: Option<&'a str>,
+    last_error_stale: bool,
+    state: &'static str,
     not_before: Option<String>,
     backoff_level: u32,
     strict: bool,
@@ -212,6 +249,8 @@ pub(crate) fn lanes_json<'a>(actor: &'a str, lanes: &'a [LaneStatus]) -> impl Se
                 head_age_ms: head_age(l, now).map(|d| d.as_millis() as u64),
                 last_status: l.last_status,
                 last_error: l.last_error.as_deref(),
+                last_error_stale: l.last_error_stale,
+                state: l.state(now).name(),
                 not_before: l.not_before.map(time),
                 backoff_level: l.backoff_level,
                 strict: l.strict,
@@ -228,34 +267,23 @@ pub(crate) fn lanes_table(lanes: &[LaneStatus]) -> String {
     let rows: Vec<Vec<String>> = lanes
         .iter()
         .map(|l| {
-            let mut state = Vec::new();
-            if l.paused {
-                state.push(format!(
-                    "paused{}",
-                    l.pause_reason
-                        .as_deref()
-                        .map(|r| format!(" ({r})"))
-                        .unwrap_or_default()
-                ));
+            let state = l.state(now);
+            let state = match (state, l.pause_reason.as_deref()) {
+                (LaneState::Paused, Some(r)) => format!("{state} ({r})"),
+                _ => state.to_string(),
+            };
+            let mut last = last_error(l.last_status, l.last_error.as_deref());
+            if l.last_error_stale {
+                last.push_str(" (stale)");
             }
-            if l.strict {
-                state.push("strict".into());
-            }
-            if l.backoff_level > 0 {
-                state.push(format!("backoff level {}", l.backoff_level));
-            }
-            let last = last_error(l.last_status, l.last_error.as_deref());
             vec![
                 lane_name(&l.key),
                 l.depth.to_string(),
                 head_age(l, now).map_or("-".into(), age),
                 last,
                 l.not_before.map_or("-".into(), time),
-                if state.is_empty() {
-                    "open".into()
-                } else {
-                    state.join(", ")
-                },
+                state,
+                if l.strict { "strict" } else { "-" }.into(),
             ]
         })
         .collect();
@@ -267,6 +295,7 @@ pub(crate) fn lanes_table(lanes: &[LaneStatus]) -> String {
             "LAST ERROR",
             "NOT BEFORE",
             "STATE",
+            "MODE",
         ],
         &rows,
     )

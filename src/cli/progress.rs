@@ -1,4 +1,6 @@
-//! `drain` progress on stderr: a bar on a terminal, a plain line a second otherwise.
+//! `drain` progress on stderr: a bar on a terminal, a plain line a second otherwise, a JSON log
+//! event a second with `--log-format json` (so every stderr line parses), nothing with
+//! `--no-progress`. The drain's closing summary is written here too, in the same form.
 
 use std::io::{IsTerminal as _, Write};
 use std::sync::atomic::Ordering;
@@ -65,8 +67,10 @@ impl Drop for LogLine {
 pub(crate) struct Left {
     /// Units not yet finished.
     pub(crate) remaining: u64,
-    /// Lanes in backoff.
-    pub(crate) stalled: usize,
+    /// Lanes with pending units that are throttled or in backoff.
+    pub(crate) in_backoff: usize,
+    /// Lanes with pending units that are paused or strict blocked.
+    pub(crate) paused: usize,
 }
 
 /// Reads what is left for `actors` (every actor if `None`).
@@ -78,9 +82,53 @@ pub(crate) async fn left(backend: &Backend, actors: Option<&[String]>) -> anyhow
         .filter(|a| actors.is_none_or(|list| list.iter().any(|x| x == a.actor.as_str())))
     {
         l.remaining += a.pending;
-        l.stalled += a.lanes_in_backoff.len();
+        l.in_backoff += a.lanes_in_backoff.len();
+        l.paused += a.lanes_paused.len();
     }
     Ok(l)
+}
+
+/// How progress and the summary are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Style {
+    /// A bar on a terminal, a plain line otherwise.
+    Text,
+    /// One JSON log event per report, like every other stderr line.
+    Json,
+}
+
+/// The drain's closing summary.
+pub(crate) fn summary(
+    style: Style,
+    stopped: bool,
+    actors: usize,
+    delivered: u64,
+    dead: u64,
+    l: Left,
+) {
+    let how = if stopped {
+        "stopped by a signal after draining"
+    } else {
+        "drained"
+    };
+    match style {
+        Style::Json => tracing::info!(
+            target: "outbox_lanes::drain",
+            stopped,
+            actors,
+            delivered,
+            dead_lettered = dead,
+            remaining = l.remaining,
+            lanes_in_backoff = l.in_backoff,
+            lanes_paused = l.paused,
+            "drain summary"
+        ),
+        Style::Text => eprintln!(
+            "{how} {actors} actor(s): {delivered} delivered, {dead} dead-lettered, {} remaining, \
+             {} lane(s) in backoff, {} paused",
+            l.remaining, l.in_backoff, l.paused
+        ),
+    }
 }
 
 /// The running display; [`Progress::finish`] stops it.
@@ -96,10 +144,11 @@ impl Progress {
         actors: Option<Vec<String>>,
         counters: Arc<Counters>,
         every: Duration,
+        style: Style,
     ) -> Progress {
         let (stop, mut stopped) = watch::channel(false);
         let task = tokio::spawn(async move {
-            let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = (style == Style::Text && std::io::stderr().is_terminal()).then(|| {
                 let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
                 bar.set_style(
                     ProgressStyle::with_template(
@@ -131,19 +180,29 @@ impl Progress {
                 let Ok(l) = left(&backend, actors.as_deref()).await else {
                     continue;
                 };
-                match &bar {
-                    Some(bar) => {
+                match (&bar, style) {
+                    (Some(bar), _) => {
                         bar.set_length(delivered + dead + l.remaining);
                         bar.set_position(delivered + dead);
                         bar.set_message(format!(
-                            "{rate:.1}/s, {dead} dead-lettered, {} stalled lanes",
-                            l.stalled
+                            "{rate:.1}/s, {dead} dead-lettered, {} lane(s) in backoff, {} paused",
+                            l.in_backoff, l.paused
                         ));
                     }
-                    None => eprintln!(
+                    (None, Style::Json) => tracing::info!(
+                        target: "outbox_lanes::drain",
+                        delivered,
+                        dead_lettered = dead,
+                        remaining = l.remaining,
+                        per_second = (rate * 10.0).round() / 10.0,
+                        lanes_in_backoff = l.in_backoff,
+                        lanes_paused = l.paused,
+                        "drain progress"
+                    ),
+                    (None, Style::Text) => eprintln!(
                         "drain: {delivered} delivered, {dead} dead-lettered, {} remaining, \
-                         {rate:.1}/s, {} stalled lanes",
-                        l.remaining, l.stalled
+                         {rate:.1}/s, {} lane(s) in backoff, {} paused",
+                        l.remaining, l.in_backoff, l.paused
                     ),
                 }
             }

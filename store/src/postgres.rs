@@ -53,7 +53,8 @@ use crate::notify::{Notifier, PendingWake};
 use crate::prepare::{PreparedRow, prepare};
 use crate::types::*;
 use crate::util::{
-    assemble_status, decode_headers, encode_headers, i, key_of, ms, status_of, ts, u, u32_of,
+    WaitingLane, assemble_status, decode_headers, encode_headers, i, key_of, ms, status_of, ts, u,
+    u32_of,
 };
 use crate::{EnqueueError, SCHEMA_VERSION, Store, StoreError};
 
@@ -1649,11 +1650,13 @@ fn dead_letter_tx(
     Ok(true)
 }
 
-/// Clears a lane's backoff and lifts a strict block (`$2`: [`STRICT_BLOCKED_REASON`]); an
+/// Clears a lane's backoff and lifts a strict block (a pause reason starting with `$2`,
+/// [`STRICT_BLOCKED_REASON`]); an
 /// operator's pause stays.
 const RETRY_LANE: &str = "UPDATE ol_lanes SET not_before = NULL, backoff_level = 0, \
-     paused = CASE WHEN pause_reason = $2 THEN FALSE ELSE paused END, \
-     pause_reason = CASE WHEN pause_reason = $2 THEN NULL ELSE pause_reason END \
+     paused = CASE WHEN substr(pause_reason, 1, length($2)) = $2 THEN FALSE ELSE paused END, \
+     pause_reason = CASE WHEN substr(pause_reason, 1, length($2)) = $2 THEN NULL \
+     ELSE pause_reason END \
      WHERE id = $1";
 
 /// The actor owning `lane`.
@@ -2254,6 +2257,7 @@ impl Store for PgStore {
         lane: StoreLaneId,
         reason: &str,
     ) -> Result<(), StoreError> {
+        let reason = format!("{STRICT_BLOCKED_REASON}: {reason}");
         self.fenced(token, true, |t| {
             lane_update(
                 t,
@@ -2388,26 +2392,35 @@ impl Store for PgStore {
                 .map(|r| (r.get(0), r.get(1)))
                 .collect();
             let held = t
-                .q(&format!("SELECT actor FROM ol_slots WHERE holder IS NOT NULL AND lease_expires > {NOW}"), &[])?
-                .iter()
-                .map(|r| r.get(0))
-                .collect();
-            let backoff = t
                 .q(
-                    "SELECT l.actor, l.recipient, l.ordering_key, l.not_before FROM ol_lanes l WHERE l.not_before > $1 \
+                    &format!(
+                        "SELECT actor, holder, lease_expires FROM ol_slots \
+                         WHERE holder IS NOT NULL AND lease_expires > {NOW}"
+                    ),
+                    &[],
+                )?
+                .iter()
+                .map(|r| (r.get(0), r.get(1), r.get(2)))
+                .collect();
+            // Every lane that may not be open and has pending units; `LaneState::of` says which.
+            let waiting: Vec<WaitingLane> = t
+                .q(
+                    "SELECT l.actor, l.recipient, l.ordering_key, l.not_before, l.backoff_level::bigint, l.paused, \
+                     l.pause_reason FROM ol_lanes l \
+                     WHERE (l.paused OR l.backoff_level > 0 OR l.not_before > $1) \
                      AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0) \
                      ORDER BY l.actor, l.not_before, l.id",
                     &[&now],
                 )?
                 .iter()
-                .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+                .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5), r.get(6)))
                 .collect();
             let dead = t
                 .q("SELECT actor, count(*) FROM ol_dead_letters GROUP BY actor", &[])?
                 .iter()
                 .map(|r| (r.get(0), r.get(1)))
                 .collect();
-            Ok(assemble_status(&mut BTreeMap::new(), pending, held, backoff, dead))
+            Ok(assemble_status(&mut BTreeMap::new(), pending, held, waiting, dead, ts(now)))
         })
     }
 
@@ -2424,12 +2437,21 @@ impl Store for PgStore {
                  - (SELECT count(*) FROM ol_units d WHERE d.lane_id = l.id AND d.state <> 0), \
                      (SELECT coalesce(h.enqueued_at, r.enqueued_at) FROM ol_units d \
                       JOIN ol_units h ON h.id = coalesce(d.unit_id, d.id) LEFT JOIN ol_rows r ON r.id = h.row_ref \
+                      WHERE d.lane_id = l.id AND d.state = 0 ORDER BY d.seq, d.id LIMIT 1), \
+                     (SELECT d.last_attempt_at IS NOT NULL FROM ol_units d \
                       WHERE d.lane_id = l.id AND d.state = 0 ORDER BY d.seq, d.id LIMIT 1) \
                      FROM ol_lanes l WHERE l.actor = $1 ORDER BY l.id",
                     &[&actor.as_str()],
                 )?
                 .iter()
-                .map(|r| LaneStatus {
+                .map(|r| {
+                    let last_status = status_of(r.get(8));
+                    let last_error: Option<String> = r.get(9);
+                    let head_failed = r.get::<_, Option<bool>>(12).unwrap_or(false);
+                    LaneStatus {
+                    last_error_stale: (last_status.is_some() || last_error.is_some()) && !head_failed,
+                    last_status,
+                    last_error,
                     lane: StoreLaneId(r.get(0)),
                     key: key_of(r.get(1), r.get(2)),
                     not_before: r.get::<_, Option<i64>>(3).map(ts),
@@ -2437,11 +2459,9 @@ impl Store for PgStore {
                     strict: r.get(5),
                     paused: r.get(6),
                     pause_reason: r.get(7),
-                    last_status: status_of(r.get(8)),
-                    last_error: r.get(9),
                     depth: u(r.get(10)),
                     head_enqueued_at: r.get::<_, Option<i64>>(11).map(ts),
-                })
+                }})
                 .collect())
         })
     }

@@ -34,7 +34,8 @@ use crate::notify::{Notifier, PendingWake};
 use crate::prepare::{PreparedRow, prepare};
 use crate::types::*;
 use crate::util::{
-    assemble_status, decode_headers, encode_headers, i, key_of, ms, status_of, ts, u, u32_of,
+    WaitingLane, assemble_status, decode_headers, encode_headers, i, key_of, ms, status_of, ts, u,
+    u32_of,
 };
 use crate::{EnqueueError, SCHEMA_VERSION, Store, StoreError};
 
@@ -1628,7 +1629,7 @@ impl Store for SqliteStore {
                 "UPDATE ol_lanes SET paused = 1, pause_reason = ?3 WHERE id = ?1 AND actor = ?2",
                 lane,
                 Some(token.actor().as_str()),
-                &[&reason],
+                &[&format!("{STRICT_BLOCKED_REASON}: {reason}")],
             )
         })
     }
@@ -1734,25 +1735,31 @@ impl Store for SqliteStore {
                 )?
                 .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
                 .collect::<Result<_, _>>()?;
-            let held: Vec<String> = c
+            let held: Vec<(String, String, i64)> = c
                 .prepare_cached(&format!(
-                    "SELECT actor FROM ol_slots WHERE holder IS NOT NULL AND lease_expires > {NOW}"
+                    "SELECT actor, holder, lease_expires FROM ol_slots \
+                     WHERE holder IS NOT NULL AND lease_expires > {NOW}"
                 ))?
-                .query_map([], |r| r.get(0))?
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
                 .collect::<Result<_, _>>()?;
-            let backoff: Vec<(String, String, String, i64)> = c
+            // Every lane that may not be open and has pending units; `LaneState::of` says which.
+            let waiting: Vec<WaitingLane> = c
                 .prepare_cached(
-                    "SELECT l.actor, l.recipient, l.ordering_key, l.not_before FROM ol_lanes l WHERE l.not_before > ?1 \
+                    "SELECT l.actor, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.paused, \
+                     l.pause_reason FROM ol_lanes l \
+                     WHERE (l.paused <> 0 OR l.backoff_level > 0 OR l.not_before > ?1) \
                      AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0) \
                      ORDER BY l.actor, l.not_before, l.id",
                 )?
-                .query_map([now], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+                .query_map([now], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?))
+                })?
                 .collect::<Result<_, _>>()?;
             let dead: Vec<(String, i64)> = c
                 .prepare_cached("SELECT actor, count(*) FROM ol_dead_letters GROUP BY actor")?
                 .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
                 .collect::<Result<_, _>>()?;
-            Ok(assemble_status(&mut map, pending, held, backoff, dead))
+            Ok(assemble_status(&mut map, pending, held, waiting, dead, ts(now)))
         })
     }
 
@@ -1767,11 +1774,19 @@ impl Store for SqliteStore {
                  - (SELECT count(*) FROM ol_units d WHERE d.lane_id = l.id AND d.state <> 0), \
                  (SELECT coalesce(h.enqueued_at, r.enqueued_at) FROM ol_units d \
                   JOIN ol_units h ON h.id = coalesce(d.unit_id, d.id) LEFT JOIN ol_rows r ON r.id = h.row_ref \
+                  WHERE d.lane_id = l.id AND d.state = 0 ORDER BY d.seq, d.id LIMIT 1), \
+                 (SELECT d.last_attempt_at IS NOT NULL FROM ol_units d \
                   WHERE d.lane_id = l.id AND d.state = 0 ORDER BY d.seq, d.id LIMIT 1) \
                  FROM ol_lanes l WHERE l.actor = ?1 ORDER BY l.id",
             )?
             .query_map([actor.as_str()], |r| {
+                let last_status = status_of(r.get(8)?);
+                let last_error: Option<String> = r.get(9)?;
+                let head_failed = r.get::<_, Option<bool>>(12)?.unwrap_or(false);
                 Ok(LaneStatus {
+                    last_error_stale: (last_status.is_some() || last_error.is_some()) && !head_failed,
+                    last_status,
+                    last_error,
                     lane: StoreLaneId(r.get(0)?),
                     key: key_of(r.get(1)?, r.get(2)?),
                     not_before: r.get::<_, Option<i64>>(3)?.map(ts),
@@ -1779,8 +1794,6 @@ impl Store for SqliteStore {
                     strict: r.get(5)?,
                     paused: r.get(6)?,
                     pause_reason: r.get(7)?,
-                    last_status: status_of(r.get(8)?),
-                    last_error: r.get(9)?,
                     depth: u(r.get(10)?),
                     head_enqueued_at: r.get::<_, Option<i64>>(11)?.map(ts),
                 })
@@ -1935,8 +1948,9 @@ impl Store for SqliteStore {
             lane_update(
                 c,
                 "UPDATE ol_lanes SET not_before = NULL, backoff_level = 0, \
-                 paused = CASE WHEN pause_reason = ?2 THEN 0 ELSE paused END, \
-                 pause_reason = CASE WHEN pause_reason = ?2 THEN NULL ELSE pause_reason END \
+                 paused = CASE WHEN substr(pause_reason, 1, length(?2)) = ?2 THEN 0 ELSE paused END, \
+                 pause_reason = CASE WHEN substr(pause_reason, 1, length(?2)) = ?2 THEN NULL \
+                 ELSE pause_reason END \
                  WHERE id = ?1",
                 lane,
                 None,
@@ -1974,8 +1988,9 @@ impl Store for SqliteStore {
             lane_update(
                 c,
                 "UPDATE ol_lanes SET not_before = NULL, backoff_level = 0, \
-                 paused = CASE WHEN pause_reason = ?2 THEN 0 ELSE paused END, \
-                 pause_reason = CASE WHEN pause_reason = ?2 THEN NULL ELSE pause_reason END \
+                 paused = CASE WHEN substr(pause_reason, 1, length(?2)) = ?2 THEN 0 ELSE paused END, \
+                 pause_reason = CASE WHEN substr(pause_reason, 1, length(?2)) = ?2 THEN NULL \
+                 ELSE pause_reason END \
                  WHERE id = ?1",
                 lane,
                 None,

@@ -268,6 +268,16 @@ pub struct ActorsDue {
     pub next_not_before: Option<Timestamp>,
 }
 
+/// Who holds an actor's drain slot (OL-12), as `status` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotHolder {
+    /// The holder name given at acquisition (by default the runtimes name the process:
+    /// `pid<pid>-<nanos>`).
+    pub holder: String,
+    /// When its lease ends, by the database's clock, unless renewed.
+    pub lease_expires: Timestamp,
+}
+
 /// One actor's outbox at a glance.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ActorStatus {
@@ -277,10 +287,113 @@ pub struct ActorStatus {
     pub pending: u64,
     /// Whether a pass holds the actor's drain slot (a live lease).
     pub in_flight: bool,
-    /// Lanes with pending units in backoff, with their next attempt time.
-    pub lanes_in_backoff: Vec<(LaneKey, Timestamp)>,
+    /// The holder of the drain slot and its lease end, while a lease is live.
+    pub slot: Option<SlotHolder>,
+    /// Lanes with pending units that wait for a time: [`LaneState::Throttled`] or
+    /// [`LaneState::Backoff`], earliest next attempt first.
+    pub lanes_in_backoff: Vec<LaneSummary>,
+    /// Lanes with pending units that wait for an operator: [`LaneState::Paused`] or
+    /// [`LaneState::StrictBlocked`].
+    pub lanes_paused: Vec<LaneSummary>,
     /// Dead letters kept for the actor.
     pub dead_letters: u64,
+}
+
+/// A lane that is not open, in [`ActorStatus`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaneSummary {
+    /// The lane key (recipient and ordering key).
+    pub key: LaneKey,
+    /// Its state.
+    pub state: LaneState,
+    /// Its next attempt (the persisted `not_before`), if it waits for a time.
+    pub next_attempt: Option<Timestamp>,
+}
+
+/// What `pause_reason` of a strict lane blocked on its failing head starts with (OL-8): how
+/// [`LaneState::StrictBlocked`] is told from an operator's pause.
+pub const STRICT_BLOCKED_REASON: &str = "strict lane blocked";
+
+/// The state of one lane, as every view shows it (`lanes`, `status`, the drain's progress).
+///
+/// Computed in one place, [`LaneState::of`], from the persisted lane columns and the time of
+/// the look.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LaneState {
+    /// Deliveries start as soon as the lane's head is ready.
+    Open,
+    /// A recipient's Retry-After set the lane's next attempt (OL-6); its backoff level is 0.
+    Throttled,
+    /// The lane stalled and waits for its next probe (OL-11); the level counts the stalls and
+    /// failed probes since the lane last answered.
+    Backoff(u32),
+    /// An operator paused the lane.
+    Paused,
+    /// A strict lane's head failed for good: the lane waits for an operator (OL-8).
+    StrictBlocked,
+}
+
+impl LaneState {
+    /// The state of a lane from its persisted columns, at `now`.
+    ///
+    /// A pause wins over a backoff; a lane at level 0 whose `not_before` passed is open again
+    /// (a throttle needs no probe), one at a level above 0 stays in backoff until its probe
+    /// succeeds.
+    pub fn of(
+        not_before: Option<Timestamp>,
+        backoff_level: u32,
+        paused: bool,
+        pause_reason: Option<&str>,
+        now: Timestamp,
+    ) -> LaneState {
+        if paused {
+            if pause_reason.is_some_and(|r| r.starts_with(STRICT_BLOCKED_REASON)) {
+                LaneState::StrictBlocked
+            } else {
+                LaneState::Paused
+            }
+        } else if backoff_level > 0 {
+            LaneState::Backoff(backoff_level)
+        } else if not_before.is_some_and(|t| t > now) {
+            LaneState::Throttled
+        } else {
+            LaneState::Open
+        }
+    }
+
+    /// The state's name without its level: `open`, `throttled`, `backoff`, `paused`,
+    /// `strict_blocked` (for JSON).
+    pub fn name(self) -> &'static str {
+        match self {
+            LaneState::Open => "open",
+            LaneState::Throttled => "throttled",
+            LaneState::Backoff(_) => "backoff",
+            LaneState::Paused => "paused",
+            LaneState::StrictBlocked => "strict_blocked",
+        }
+    }
+
+    /// Whether the lane waits for a time (throttled or in backoff).
+    pub fn is_waiting_for_time(self) -> bool {
+        matches!(self, LaneState::Throttled | LaneState::Backoff(_))
+    }
+
+    /// Whether the lane waits for an operator (paused or strict blocked).
+    pub fn is_waiting_for_operator(self) -> bool {
+        matches!(self, LaneState::Paused | LaneState::StrictBlocked)
+    }
+}
+
+impl core::fmt::Display for LaneState {
+    /// `open`, `throttled`, `backoff N`, `paused`, `strict blocked`.
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            LaneState::Backoff(level) => write!(f, "backoff {level}"),
+            LaneState::StrictBlocked => f.write_str("strict blocked"),
+            other => f.write_str(other.name()),
+        }
+    }
 }
 
 /// One lane at a glance.
@@ -298,6 +411,9 @@ pub struct LaneStatus {
     pub last_status: Option<u16>,
     /// The last error seen in the lane.
     pub last_error: Option<String>,
+    /// The last status/error is stale: the unit it came from is no longer pending at the
+    /// lane's head (the lane delivered it or moved past it since), and the head has not failed.
+    pub last_error_stale: bool,
     /// Backoff until then.
     pub not_before: Option<Timestamp>,
     /// Backoff level.
@@ -308,6 +424,19 @@ pub struct LaneStatus {
     pub paused: bool,
     /// Why it is paused.
     pub pause_reason: Option<String>,
+}
+
+impl LaneStatus {
+    /// The lane's state at `now` ([`LaneState::of`]).
+    pub fn state(&self, now: Timestamp) -> LaneState {
+        LaneState::of(
+            self.not_before,
+            self.backoff_level,
+            self.paused,
+            self.pause_reason.as_deref(),
+            now,
+        )
+    }
 }
 
 /// A dead letter's id.
@@ -354,10 +483,6 @@ pub enum DeadLetterSelection {
     Ids(Vec<DeadLetterId>),
 }
 
-/// The pause reason of a strict lane blocked on its failing head (OL-8): the head would have
-/// been dead-lettered, and the lane waits for an operator's `retry` or `skip-head`.
-pub const STRICT_BLOCKED_REASON: &str = "strict lane: head failed";
-
 /// Default payload limit: 1 MiB.
 pub const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
 
@@ -391,5 +516,49 @@ impl Default for CommonOptions {
             max_recipients: DEFAULT_MAX_RECIPIENTS,
             ack_retention: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lane_state_precedence_and_names() {
+        let now = Timestamp::from_millis(10_000);
+        let later = Some(Timestamp::from_millis(20_000));
+        let past = Some(Timestamp::from_millis(5_000));
+        let blocked = format!("{STRICT_BLOCKED_REASON}: head failed");
+        let cases = [
+            (None, 0, false, None, LaneState::Open, "open"),
+            (past, 0, false, None, LaneState::Open, "open"),
+            (later, 0, false, None, LaneState::Throttled, "throttled"),
+            (later, 3, false, None, LaneState::Backoff(3), "backoff 3"),
+            // A backoff whose probe is due is still a backoff until the probe answers.
+            (past, 1, false, None, LaneState::Backoff(1), "backoff 1"),
+            // A pause wins over a backoff; the reason tells a strict block from it.
+            (
+                later,
+                2,
+                true,
+                Some("maintenance"),
+                LaneState::Paused,
+                "paused",
+            ),
+            (
+                None,
+                0,
+                true,
+                Some(blocked.as_str()),
+                LaneState::StrictBlocked,
+                "strict blocked",
+            ),
+        ];
+        for (nb, level, paused, reason, want, text) in cases {
+            let got = LaneState::of(nb, level, paused, reason, now);
+            assert_eq!(got, want, "{nb:?} {level} {paused} {reason:?}");
+            assert_eq!(got.to_string(), text);
+        }
+        assert_eq!(LaneState::StrictBlocked.name(), "strict_blocked");
     }
 }

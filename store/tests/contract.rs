@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use outbox_lanes_core::{DeadReason, Seq, Timestamp, UnitId};
+use outbox_lanes_core::{DeadReason, LaneKey, Seq, Timestamp, UnitId};
 use outbox_lanes_store::*;
 
 const A: &str = "https://a.example/inbox";
@@ -58,6 +58,8 @@ contract!(
     row_ids_unique_across_payload_shapes,
     row_headers_round_trip_and_survive_dead_letters,
     bad_row_headers_are_refused_naming_the_row,
+    one_lane_state_in_lanes_and_status,
+    last_error_goes_stale_once_the_head_moves_on,
 );
 
 fn enqueue_order_and_claim_order(b: Backend) {
@@ -673,7 +675,14 @@ fn lane_backoff_persists(b: Backend) {
         assert_eq!(due.ready, std::slice::from_ref(&a), "lane B is still open");
         assert_eq!(due.next_not_before, Some(later));
         let st = s.status().expect("status");
-        assert_eq!(st[0].lanes_in_backoff, [(key(A), later)]);
+        assert_eq!(
+            st[0].lanes_in_backoff,
+            [LaneSummary {
+                key: key(A),
+                state: LaneState::Backoff(3),
+                next_attempt: Some(later),
+            }]
+        );
         // Only lane A left: the actor is not ready until `later`.
         let lb = lane_of(s, &a, B);
         let u = claim_lane(s, &t, lb, 0, 1).units[0].id;
@@ -1574,5 +1583,128 @@ fn bad_row_headers_are_refused_naming_the_row(b: Backend) {
         assert!(s.status().expect("status").is_empty());
         assert!(s.find_lane(&a, &key(A)).expect("find").is_none());
         s.enqueue(&a, &[good]).expect("a good header is fine");
+    });
+}
+
+/// `lanes` and `status` agree on every lane's state: a Retry-After throttle (level 0, future
+/// `not_before`) is `throttled` in both, a paused lane is not "in backoff", and the slot's
+/// holder and lease end are shown.
+fn one_lane_state_in_lanes_and_status(b: Backend) {
+    const D: &str = "https://d.example/inbox";
+    const E: &str = "https://e.example/inbox";
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        s.enqueue(&a, &[row("r0", &[A, B, C, D, E])])
+            .expect("enqueue");
+        let [la, lb, lc, ld] = [A, B, C, D].map(|u| lane_of(s, &a, u));
+        let t = acquire(s, &a, "host-1:42", LEASE);
+        let later = now() + Duration::from_secs(3600);
+        s.set_lane_state(&t, la, Some(later), 0).expect("throttle");
+        s.set_lane_state(&t, lb, Some(later), 2).expect("backoff");
+        s.pause_lane(lc, "maintenance").expect("pause");
+        s.set_lane_strict(ld, true).expect("strict");
+        s.block_lane(&t, ld, "head failed").expect("block");
+        let n = now();
+        let states: Vec<(String, LaneState)> = s
+            .lanes(&a)
+            .expect("lanes")
+            .iter()
+            .map(|l| (l.key.recipient().to_owned(), l.state(n)))
+            .collect();
+        assert_eq!(
+            states,
+            [
+                (A.to_owned(), LaneState::Throttled),
+                (B.to_owned(), LaneState::Backoff(2)),
+                (C.to_owned(), LaneState::Paused),
+                (D.to_owned(), LaneState::StrictBlocked),
+                (E.to_owned(), LaneState::Open),
+            ]
+        );
+        let st = s.status().expect("status");
+        assert_eq!(st.len(), 1);
+        let waiting: Vec<(LaneKey, LaneState, Option<Timestamp>)> = st[0]
+            .lanes_in_backoff
+            .iter()
+            .map(|l| (l.key.clone(), l.state, l.next_attempt))
+            .collect();
+        assert_eq!(
+            waiting,
+            [
+                (key(A), LaneState::Throttled, Some(later)),
+                (key(B), LaneState::Backoff(2), Some(later)),
+            ]
+        );
+        let paused: Vec<(LaneKey, LaneState)> = st[0]
+            .lanes_paused
+            .iter()
+            .map(|l| (l.key.clone(), l.state))
+            .collect();
+        assert_eq!(
+            paused,
+            [
+                (key(C), LaneState::Paused),
+                (key(D), LaneState::StrictBlocked)
+            ]
+        );
+        let slot = st[0].slot.as_ref().expect("the slot is held");
+        assert_eq!(slot.holder, "host-1:42");
+        assert!(slot.lease_expires > n && slot.lease_expires <= n + LEASE + Duration::from_secs(5));
+        assert_eq!(LaneState::Backoff(2).to_string(), "backoff 2");
+        assert_eq!(LaneState::StrictBlocked.to_string(), "strict blocked");
+        // A throttle that has passed needs no probe: the lane is open again.
+        assert_eq!(
+            LaneState::of(Some(n), 0, false, None, n + Duration::from_secs(1)),
+            LaneState::Open
+        );
+        let _ = s.release_slot(&t).expect("release");
+        let st = s.status().expect("status");
+        assert_eq!(st[0].slot, None);
+        assert!(!st[0].in_flight);
+    });
+}
+
+/// The lane's last error describes its head while the head is the unit that failed; once the
+/// lane delivers it the error is marked stale, and a new failure makes it current again.
+fn last_error_goes_stale_once_the_head_moves_on(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        s.enqueue(&a, &[row("r0", &[A]), row("r1", &[A])])
+            .expect("enqueue");
+        let la = lane_of(s, &a, A);
+        let t = acquire(s, &a, "h", LEASE);
+        let units = unit_ids(&claim_lane(s, &t, la, 0, 2));
+        let fail = |unit: UnitId, attempts: u32| {
+            s.record_attempts(
+                &t,
+                &[AttemptRecord {
+                    unit,
+                    lane: la,
+                    attempts,
+                    status: Some(503),
+                    error: Some("status 503".into()),
+                    at: now(),
+                }],
+            )
+            .expect("record");
+        };
+        let lane = |s: &dyn Store| s.lanes(&a).expect("lanes").remove(0);
+        assert!(!lane(s).last_error_stale, "no error yet");
+        fail(units[0], 1);
+        let l = lane(s);
+        assert_eq!(l.last_status, Some(503));
+        assert!(!l.last_error_stale, "the head is the unit that failed");
+        s.ack(&t, &[(units[0], la)]).expect("ack");
+        let l = lane(s);
+        assert_eq!(l.last_status, Some(503), "kept for the operator");
+        assert!(l.last_error_stale, "the lane delivered past it");
+        fail(units[1], 1);
+        assert!(!lane(s).last_error_stale);
+        s.ack(&t, &[(units[1], la)]).expect("ack");
+        let l = lane(s);
+        assert_eq!(l.depth, 0);
+        assert!(l.last_error_stale);
     });
 }
