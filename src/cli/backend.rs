@@ -15,10 +15,10 @@ use anyhow::anyhow;
 use super::UsageError;
 use outbox_lanes_core::{ActorId, LaneKey, Outcome, Timestamp, UnitId};
 use outbox_lanes_store::{
-    Acquire, ActorStatus, ActorsDue, AttemptRecord, ClaimedLane, DeadLetter, DeadLetterRequest,
-    DeadLetterSelection, EnqueueError, Enqueued, LaneClaim, LaneInfo, LaneStatus, NewRow, Notifier,
-    Payload, PgOptions, PgStore, Release, SlotToken, SqliteOptions, SqliteStore, Store, StoreError,
-    StoreLaneId,
+    Acquire, ActorStatus, ActorsDue, AttemptRecord, ClaimedLane, DeadLetter, DeadLetterId,
+    DeadLetterRequest, DeadLetterSelection, EnqueueError, Enqueued, LaneClaim, LaneInfo,
+    LaneStatus, NewRow, Notifier, Payload, PgOptions, PgStore, Release, SlotToken, SqliteOptions,
+    SqliteStore, Store, StoreError, StoreLaneId,
 };
 use outbox_lanes_tokio::{
     Attempted, DeadLettered, Delivered, DrainControl, DrainOutcome, Hooks, Monitor, Outbox,
@@ -314,6 +314,14 @@ impl Store for CountingStore {
 
     fn purge_dead_letters(&self, which: &DeadLetterSelection) -> Result<u64, StoreError> {
         self.inner.purge_dead_letters(which)
+    }
+
+    fn dead_letter_payload(&self, id: DeadLetterId) -> Result<Payload, StoreError> {
+        self.inner.dead_letter_payload(id)
+    }
+
+    fn oldest_pending(&self) -> Result<Vec<(ActorId, Timestamp)>, StoreError> {
+        self.inner.oldest_pending()
     }
 
     fn pause_lane(&self, lane: StoreLaneId, reason: &str) -> Result<(), StoreError> {
