@@ -936,7 +936,7 @@ fn read_only_commands_create_no_database() {
         &["status", "--json"],
         &["lanes", "--actor", "x"],
         &["dead-letters", "list"],
-        &["dead-letters", "purge"],
+        &["dead-letters", "purge", "--all"],
         &["dead-letters", "replay", "--actor", "x"],
         &["drain"],
     ];
@@ -1096,4 +1096,185 @@ fn full_disk_exits_1_and_says_each_cause_once() {
     assert!(err.starts_with("error: nothing enqueued"), "{err}");
     said_once(err);
     assert_eq!(pending(&db), 1);
+}
+
+fn dead_ids(db: &Db, filter: &[&str]) -> Vec<i64> {
+    let mut args = vec!["dead-letters", "list", "--json"];
+    args.extend_from_slice(filter);
+    ok(db, &args, "").json()["dead_letters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["id"].as_i64().unwrap())
+        .collect()
+}
+
+/// Dead letters of two reasons, two recipients and two actors; returns the recipient.
+fn four_dead_letters(db: &Db) -> Recipient {
+    let r = Recipient::start().unwrap();
+    r.set_default("/bad", Reply::Status(422));
+    r.set_default("/gone", Reply::Status(410));
+    let (bad, gone) = (r.url("/bad"), r.url("/gone"));
+    let dora = line(
+        "d0",
+        &[bad.clone(), gone.clone()],
+        &serde_json::json!({ "n": 0 }),
+    ) + "\n"
+        + &line(
+            "d1",
+            std::slice::from_ref(&bad),
+            &serde_json::json!({ "n": 1 }),
+        );
+    ok(db, &["enqueue", "--actor", "dora"], &dora);
+    ok(
+        db,
+        &["enqueue", "--actor", "emma"],
+        &line("e0", &[bad], &serde_json::json!({ "n": 2 })),
+    );
+    ok(db, &["drain"], "");
+    assert_eq!(dead_ids(db, &[]).len(), 4);
+    r
+}
+
+fn dead_letter_operations(db: &Db) {
+    let r = four_dead_letters(db);
+    let (bad, gone) = (r.url("/bad"), r.url("/gone"));
+
+    // Filters, alone and combined; a recipient is compared in its canonical spelling.
+    let gone_ids = dead_ids(db, &["--reason", "gone"]);
+    assert_eq!(gone_ids.len(), 1);
+    assert_eq!(dead_ids(db, &["--reason", "permanent"]).len(), 3);
+    assert_eq!(dead_ids(db, &["--recipient", &bad]).len(), 3);
+    let shouted = bad.replace("http://", "HTTP://");
+    assert_eq!(dead_ids(db, &["--recipient", &shouted]).len(), 3);
+    assert_eq!(
+        dead_ids(db, &["--actor", "dora", "--recipient", &bad]).len(),
+        2
+    );
+    assert_eq!(dead_ids(db, &["--recipient", &gone]), gone_ids);
+    assert_eq!(dead_ids(db, &["--older-than", "0s"]).len(), 4);
+    assert!(dead_ids(db, &["--older-than", "1h"]).is_empty());
+    let out = run(db, &["dead-letters", "list", "--reason", "late"], "");
+    assert_eq!(out.code(), Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("lane_retired"), "{}", out.stderr);
+
+    // show: the dead letter with its payload, in JSON and as text.
+    let id = gone_ids[0].to_string();
+    let shown = ok(db, &["dead-letters", "show", "--id", &id, "--json"], "").json();
+    assert_eq!(shown["id"], gone_ids[0]);
+    assert_eq!(shown["actor"], "dora");
+    assert_eq!(shown["row_id"], "d0");
+    assert_eq!(shown["recipient"], gone);
+    assert_eq!(shown["reason"], "gone");
+    assert_eq!(shown["last_status"], 410);
+    assert_eq!(shown["payload"]["content_type"], "application/json");
+    assert_eq!(shown["payload"]["body"], serde_json::json!({ "n": 0 }));
+    let text = ok(db, &["dead-letters", "show", "--id", &id], "").stdout;
+    assert!(text.contains(&gone) && text.contains("gone"), "{text}");
+    assert!(text.lines().any(|l| l == r#"{"n":0}"#), "{text}");
+    let out = run(db, &["dead-letters", "show", "--id", "999999"], "");
+    assert_eq!(out.code(), Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("no dead letter with id 999999"),
+        "{}",
+        out.stderr
+    );
+
+    // Dry runs print what they would do and change nothing.
+    let dry = ok(
+        db,
+        &[
+            "dead-letters",
+            "replay",
+            "--reason",
+            "gone",
+            "--dry-run",
+            "--json",
+        ],
+        "",
+    )
+    .json();
+    assert_eq!(dry["dry_run"], true);
+    assert_eq!(dry["would_replay"], 1);
+    assert_eq!(dry["dead_letters"][0]["id"], gone_ids[0]);
+    let dry = ok(
+        db,
+        &[
+            "dead-letters",
+            "purge",
+            "--actor",
+            "dora",
+            "--recipient",
+            &bad,
+            "--dry-run",
+        ],
+        "",
+    )
+    .stdout;
+    assert!(
+        dry.starts_with("dry run: would purge 2 dead letter(s)"),
+        "{dry}"
+    );
+    assert_eq!(dead_ids(db, &[]).len(), 4);
+    assert_eq!(pending(db), 0);
+
+    // Purge with no selector is refused, naming --all; --all takes no selector.
+    for args in [
+        &["dead-letters", "purge"][..],
+        &["dead-letters", "purge", "--json"][..],
+        &["dead-letters", "purge", "--dry-run"][..],
+    ] {
+        let out = run(db, args, "");
+        assert_eq!(out.code(), Some(2), "{args:?}: {}", out.stderr);
+        assert!(out.stderr.contains("--all"), "{}", out.stderr);
+    }
+    let out = run(
+        db,
+        &["dead-letters", "purge", "--all", "--actor", "dora"],
+        "",
+    );
+    assert_eq!(out.code(), Some(2), "{}", out.stderr);
+    assert_eq!(dead_ids(db, &[]).len(), 4);
+
+    // The filters select what replay and purge act on.
+    let purged = ok(
+        db,
+        &[
+            "dead-letters",
+            "purge",
+            "--actor",
+            "dora",
+            "--reason",
+            "permanent",
+            "--json",
+        ],
+        "",
+    )
+    .json();
+    assert_eq!(purged["purged"], 2);
+    let replayed = ok(
+        db,
+        &["dead-letters", "replay", "--reason", "gone", "--json"],
+        "",
+    )
+    .json();
+    assert_eq!(replayed["replayed"], 1);
+    assert_eq!(pending(db), 1);
+    assert_eq!(dead_ids(db, &[]).len(), 1);
+    let purged = ok(db, &["dead-letters", "purge", "--all", "--json"], "").json();
+    assert_eq!(purged["purged"], 1);
+    assert!(dead_ids(db, &[]).is_empty());
+}
+
+#[test]
+fn dead_letters_show_filter_dry_run_and_purge_all() {
+    dead_letter_operations(&Db::sqlite());
+}
+
+#[test]
+fn dead_letters_show_filter_dry_run_and_purge_all_on_postgres() {
+    let Some(db) = Db::postgres() else {
+        return;
+    };
+    dead_letter_operations(&db);
 }

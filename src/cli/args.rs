@@ -4,6 +4,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use outbox_lanes_core::DeadReason;
+use outbox_lanes_core::policy::Recipient;
 
 /// Per-recipient ordered outbox delivery over HTTP: enqueue, drain, relay, inspect.
 #[derive(Debug, Parser)]
@@ -152,13 +154,39 @@ pub(crate) enum Command {
 pub(crate) enum DeadLetterCommand {
     /// List dead letters.
     List(DeadLetterArgs),
+    /// One dead letter in full, with its payload.
+    Show {
+        /// The dead letter (an id from `list`).
+        #[arg(long)]
+        id: i64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Put dead letters back at the tail of their lanes, in their original order.
-    Replay(DeadLetterArgs),
-    /// Delete dead letters.
-    Purge(DeadLetterArgs),
+    Replay {
+        #[command(flatten)]
+        which: DeadLetterArgs,
+        /// Print what would be replayed, and change nothing.
+        #[arg(long, env = "OUTBOX_LANES_DRY_RUN")]
+        dry_run: bool,
+    },
+    /// Delete dead letters: those selected, or every one with `--all`.
+    Purge {
+        #[command(flatten)]
+        which: DeadLetterArgs,
+        /// Print what would be purged, and change nothing.
+        #[arg(long, env = "OUTBOX_LANES_DRY_RUN")]
+        dry_run: bool,
+        /// Purge every dead letter (required when no other selector is given). Deliberately
+        /// without an environment variable: it is the confirmation.
+        #[arg(long, conflicts_with_all = ["actor", "ids", "reason", "recipient", "older_than"])]
+        all: bool,
+    },
 }
 
-/// Which dead letters, and how to print.
+/// Which dead letters, and how to print. The selectors combine (a dead letter must match
+/// every one given).
 #[derive(Debug, Args)]
 pub(crate) struct DeadLetterArgs {
     /// This actor's only (default: every actor's).
@@ -167,9 +195,47 @@ pub(crate) struct DeadLetterArgs {
     /// These dead letters only (ids from `list`); repeatable.
     #[arg(long = "id")]
     pub(crate) ids: Vec<i64>,
+    /// With this reason only: exhausted, permanent, gone, lane_retired, expired or
+    /// destination_refused.
+    #[arg(long, env = "OUTBOX_LANES_REASON", value_parser = parse_reason)]
+    pub(crate) reason: Option<DeadReason>,
+    /// For this recipient URL only (compared in its canonical form).
+    #[arg(long, env = "OUTBOX_LANES_RECIPIENT", value_parser = parse_recipient)]
+    pub(crate) recipient: Option<String>,
+    /// Dead-lettered longer ago than this only: `7d`, `12h`, `30m`, or seconds.
+    #[arg(long, env = "OUTBOX_LANES_OLDER_THAN", value_parser = parse_duration)]
+    pub(crate) older_than: Option<Duration>,
     /// Print JSON.
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+impl DeadLetterArgs {
+    /// Whether any selector narrows the set (without one, it is every dead letter).
+    pub(crate) fn selects(&self) -> bool {
+        self.actor.is_some()
+            || !self.ids.is_empty()
+            || self.reason.is_some()
+            || self.recipient.is_some()
+            || self.older_than.is_some()
+    }
+}
+
+/// A dead letter's reason code.
+fn parse_reason(s: &str) -> Result<DeadReason, String> {
+    DeadReason::from_code(s.trim()).ok_or_else(|| {
+        format!(
+            "{s:?}: not a reason (exhausted, permanent, gone, lane_retired, expired, \
+             destination_refused)"
+        )
+    })
+}
+
+/// A recipient URL, canonicalised as the store keys lanes.
+fn parse_recipient(s: &str) -> Result<String, String> {
+    Recipient::parse(s.trim())
+        .map(|r| r.as_str().to_owned())
+        .map_err(|e| format!("{s:?}: {e}"))
 }
 
 /// The default of `enqueue --max-line-bytes`: the store's default payload limit and 4 MiB for
@@ -208,9 +274,21 @@ mod tests {
         assert!(parse_duration("-1").is_err());
         assert!(parse_duration("soon").is_err());
         assert_eq!(parse_timeout("0.5"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
         for zero in ["0", "0s", "0ms", "0.0"] {
             assert!(parse_timeout(zero).is_err(), "{zero}");
         }
+    }
+
+    #[test]
+    fn reasons_and_recipients() {
+        assert_eq!(parse_reason("gone"), Ok(DeadReason::Gone));
+        assert!(parse_reason("late").unwrap_err().contains("lane_retired"));
+        assert_eq!(
+            parse_recipient("HTTP://Example.COM:80/inbox"),
+            Ok("http://example.com/inbox".to_owned())
+        );
+        assert!(parse_recipient("example.com/inbox").is_err());
     }
 
     #[test]

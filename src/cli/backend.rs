@@ -544,6 +544,12 @@ impl Backend {
         .await?
     }
 
+    /// A dead letter's payload.
+    pub(crate) async fn dead_letter_payload(&self, id: DeadLetterId) -> anyhow::Result<Payload> {
+        let store = Arc::clone(self.outbox.store());
+        Ok(blocking(move || store.dead_letter_payload(id)).await??)
+    }
+
     /// Starts the monitor.
     pub(crate) async fn start_monitor(&self) -> anyhow::Result<Relay> {
         let monitor = self.outbox.monitor().await?;

@@ -167,6 +167,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 }
             }
         }
+        Command::DeadLetters(DeadLetterCommand::Purge { which, all, .. })
+            if !which.selects() && !all =>
+        {
+            return Err(usage(
+                "dead-letters purge needs a selector (--actor, --id, --reason, --recipient, \
+                 --older-than), or --all to delete every dead letter",
+            ));
+        }
         _ => None,
     };
     // Only these create an outbox: the others have nothing to do on an empty one, and must not
@@ -518,10 +526,13 @@ async fn cmd_dead_letters(backend: &Backend, c: DeadLetterCommand) -> anyhow::Re
         Replay,
         Purge,
     }
-    let (op, a): (Op, DeadLetterArgs) = match c {
-        DeadLetterCommand::List(a) => (Op::List, a),
-        DeadLetterCommand::Replay(a) => (Op::Replay, a),
-        DeadLetterCommand::Purge(a) => (Op::Purge, a),
+    let (op, a, dry_run): (Op, DeadLetterArgs, bool) = match c {
+        DeadLetterCommand::List(a) => (Op::List, a, false),
+        DeadLetterCommand::Show { id, json } => {
+            return cmd_dead_letter_show(backend, id, json).await;
+        }
+        DeadLetterCommand::Replay { which, dry_run } => (Op::Replay, which, dry_run),
+        DeadLetterCommand::Purge { which, dry_run, .. } => (Op::Purge, which, dry_run),
     };
     if let Some(actor) = &a.actor {
         known_actor(backend, actor).await?;
@@ -540,25 +551,50 @@ async fn cmd_dead_letters(backend: &Backend, c: DeadLetterCommand) -> anyhow::Re
         }
         listed.retain(|d| a.ids.contains(&d.id.0));
     }
-    let selection: Vec<DeadLetterSelection> = if !a.ids.is_empty() {
-        vec![DeadLetterSelection::Ids(
-            a.ids.iter().map(|&i| DeadLetterId(i)).collect(),
-        )]
-    } else if let Some(actor) = &a.actor {
-        vec![DeadLetterSelection::Actor(ActorId::new(actor.clone()))]
-    } else {
-        let actors: BTreeSet<&str> = listed.iter().map(|d| d.actor.as_str()).collect();
-        actors
-            .into_iter()
-            .map(|x| DeadLetterSelection::Actor(ActorId::new(x)))
-            .collect()
-    };
+    // The other filters apply to what the store listed, here: a replay or purge then acts on
+    // exactly the ids listed (what a dry run prints), never on a dead letter that arrived
+    // since; one replayed or purged meanwhile by someone else is skipped.
+    let now = outbox_lanes_core::Timestamp::from_system_time(std::time::SystemTime::now());
+    listed.retain(|d| {
+        a.reason.is_none_or(|r| d.reason == r)
+            && a.recipient
+                .as_deref()
+                .is_none_or(|r| d.key.recipient() == r)
+            && a.older_than
+                .is_none_or(|age| now.saturating_duration_since(d.dead_at) >= age)
+    });
+    let selection = vec![DeadLetterSelection::Ids(
+        listed.iter().map(|d| DeadLetterId(d.id.0)).collect(),
+    )];
     match op {
         Op::List => {
             if a.json {
                 print_json(&output::dead_json(&listed))
             } else {
                 print(&output::dead_table(&listed))
+            }
+        }
+        Op::Replay | Op::Purge if dry_run => {
+            let verb = if matches!(op, Op::Replay) {
+                "replay"
+            } else {
+                "purge"
+            };
+            if a.json {
+                let mut v = serde_json::to_value(output::dead_json(&listed))?;
+                v["dry_run"] = true.into();
+                v[format!("would_{verb}")] = listed.len().into();
+                print_json(&v)
+            } else {
+                print(&format!(
+                    "dry run: would {verb} {} dead letter(s); nothing changed\n{}",
+                    listed.len(),
+                    if listed.is_empty() {
+                        String::new()
+                    } else {
+                        output::dead_table(&listed)
+                    }
+                ))
             }
         }
         Op::Replay => {
@@ -591,6 +627,35 @@ async fn cmd_dead_letters(backend: &Backend, c: DeadLetterCommand) -> anyhow::Re
                 print(&format!("purged {n} dead letter(s)\n"))
             }
         }
+    }
+}
+
+/// `dead-letters show --id N`: the dead letter and its payload.
+async fn cmd_dead_letter_show(backend: &Backend, id: i64, json: bool) -> anyhow::Result<()> {
+    let missing = || usage(format!("no dead letter with id {id}"));
+    let Some(d) = backend
+        .dead_letters(None)
+        .await?
+        .into_iter()
+        .find(|d| d.id.0 == id)
+    else {
+        return Err(missing());
+    };
+    let payload = match backend.dead_letter_payload(DeadLetterId(id)).await {
+        Ok(p) => p,
+        // Replayed or purged since it was listed.
+        Err(e)
+            if e.downcast_ref::<outbox_lanes_store::StoreError>()
+                .is_some_and(|e| matches!(e, outbox_lanes_store::StoreError::NotFound { .. })) =>
+        {
+            return Err(missing());
+        }
+        Err(e) => return Err(e),
+    };
+    if json {
+        print_json(&output::dead_show_json(&d, &payload))
+    } else {
+        print(&output::dead_show_text(&d, &payload))
     }
 }
 
