@@ -1278,3 +1278,134 @@ fn dead_letters_show_filter_dry_run_and_purge_all_on_postgres() {
     };
     dead_letter_operations(&db);
 }
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `GET path` on 127.0.0.1:`port`: the status line's code and the body, or `None` if the
+/// server does not answer (yet).
+fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n")?.1.to_owned();
+    Some((code, body))
+}
+
+/// Retries `GET path` until `done` accepts the answer (bounded); returns the last answer.
+fn get_until(port: u16, path: &str, done: impl Fn(u16, &str) -> bool) -> (u16, String) {
+    let mut last = None;
+    for _ in 0..600 {
+        if let Some((code, body)) = get(port, path) {
+            if done(code, &body) {
+                return (code, body);
+            }
+            last = Some((code, body));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    last.unwrap_or_else(|| panic!("nothing answered GET {path} on port {port}"))
+}
+
+fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[test]
+fn relay_serves_health_readiness_and_the_oldest_pending_age() {
+    let db = Db::sqlite();
+    let r = Recipient::start().unwrap();
+    // Never served: the backlog stays, its lane in backoff.
+    r.set_default("/down", Reply::Status(503));
+    ok(
+        &db,
+        &["enqueue", "--actor", "hank"],
+        &rows(3, &[r.url("/down")]),
+    );
+    let port = free_port();
+    // A host name, given through the environment.
+    let relay = command(&db, &["relay"])
+        .env("OUTBOX_LANES_METRICS_ADDR", format!("localhost:{port}"))
+        .spawn()
+        .unwrap();
+    assert!(r.wait_for("/down", 1, Duration::from_secs(60)));
+    let (code, body) = get_until(port, "/healthz", |c, _| c == 200);
+    assert_eq!((code, body.as_str()), (200, "ok\n"));
+    let (code, body) = get_until(port, "/readyz", |c, _| c == 200);
+    assert_eq!((code, body.as_str()), (200, "ready\n"));
+    let (code, _) = get_until(port, "/nope", |_, _| true);
+    assert_eq!(code, 404);
+    let name = "outbox_lanes_oldest_pending_seconds{actor=\"hank\"}";
+    let (code, text) = get_until(port, "/metrics", |_, t| {
+        sample(t, name).is_some_and(|age| age > 0.0)
+    });
+    assert_eq!(code, 200, "{text}");
+    assert!(
+        text.contains("# TYPE outbox_lanes_oldest_pending_seconds gauge"),
+        "{text}"
+    );
+    assert!(sample(&text, name).is_some_and(|age| age > 0.0), "{text}");
+    sigterm(&relay);
+    let out = collect(relay, "");
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    assert_eq!(pending(&db), 3);
+}
+
+#[test]
+fn readyz_is_503_with_the_reason_when_the_store_cannot_answer() {
+    let db = Db::sqlite();
+    let Db::Sqlite { path, .. } = &db else {
+        unreachable!()
+    };
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let relay = command(&db, &["relay", "--metrics-addr", &addr])
+        .spawn()
+        .unwrap();
+    let (code, _) = get_until(port, "/readyz", |c, _| c == 200);
+    assert_eq!(code, 200);
+    // The lanes table goes: the store can no longer answer the probe.
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.execute_batch("DROP TABLE ol_lanes").unwrap();
+    drop(conn);
+    let (code, body) = get_until(port, "/readyz", |c, _| c != 200);
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.starts_with("not ready: ") && body.contains("ol_lanes"),
+        "{body}"
+    );
+    // Alive all the same.
+    assert_eq!(get(port, "/healthz").map(|a| a.0), Some(200));
+    sigterm(&relay);
+    let _ = collect(relay, "");
+}
+
+#[test]
+fn bad_metrics_addresses_exit_2() {
+    let db = Db::sqlite();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = taken.local_addr().unwrap().to_string();
+    for (addr, says) in [
+        ("9187", "no valid port"),
+        ("127.0.0.1:http", "no valid port"),
+        (taken.as_str(), "cannot bind"),
+    ] {
+        let out = run(&db, &["relay", "--metrics-addr", addr], "");
+        assert_eq!(out.code(), Some(2), "{addr}: {}", out.stderr);
+        assert!(
+            out.stderr.contains("--metrics-addr") && out.stderr.contains(says),
+            "{addr}: {}",
+            out.stderr
+        );
+    }
+}

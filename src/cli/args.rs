@@ -124,11 +124,7 @@ pub(crate) enum Command {
         actor: Option<String>,
     },
     /// Run the monitor until SIGINT or SIGTERM, then shut down gracefully.
-    Relay {
-        /// Serve Prometheus text metrics on this address (e.g. 127.0.0.1:9187).
-        #[arg(long)]
-        metrics_addr: Option<SocketAddr>,
-    },
+    Relay(RelayArgs),
     /// Per actor: pending units, pass running, lanes in backoff, dead letters.
     Status {
         /// Print JSON instead of a table.
@@ -147,6 +143,54 @@ pub(crate) enum Command {
     /// List, replay or purge dead letters.
     #[command(subcommand)]
     DeadLetters(DeadLetterCommand),
+}
+
+/// `relay`'s flags.
+#[derive(Debug, Args)]
+pub(crate) struct RelayArgs {
+    /// Serve `/metrics` (Prometheus text), `/healthz` and `/readyz` on this address:
+    /// `HOST:PORT` (`127.0.0.1:9187`, `localhost:9187`, `[::1]:9187`), or `:PORT` for every
+    /// IPv4 interface (0.0.0.0, as Prometheus exporters do).
+    #[arg(long, env = "OUTBOX_LANES_METRICS_ADDR", value_parser = parse_metrics_addr)]
+    pub(crate) metrics_addr: Option<MetricsAddr>,
+}
+
+/// A `--metrics-addr`: what was given, and the addresses it resolved to.
+#[derive(Debug, Clone)]
+pub(crate) struct MetricsAddr {
+    /// As given.
+    pub(crate) spec: String,
+    /// Tried in order; the first that binds is served.
+    pub(crate) addrs: Vec<SocketAddr>,
+}
+
+/// `HOST:PORT`, `[V6]:PORT` or `:PORT` (every IPv4 interface), resolved with the system
+/// resolver (`localhost` included).
+fn parse_metrics_addr(s: &str) -> Result<MetricsAddr, String> {
+    use std::net::ToSocketAddrs as _;
+    let t = s.trim();
+    let full = match t.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => t.to_owned(),
+    };
+    let hint = "(expected HOST:PORT, [::1]:PORT or :PORT, e.g. 127.0.0.1:9187)";
+    if full
+        .rsplit_once(':')
+        .is_none_or(|(_, p)| p.parse::<u16>().is_err())
+    {
+        return Err(format!("{s:?}: no valid port {hint}"));
+    }
+    let addrs: Vec<SocketAddr> = full
+        .to_socket_addrs()
+        .map_err(|e| format!("{s:?}: {e} {hint}"))?
+        .collect();
+    if addrs.is_empty() {
+        return Err(format!("{s:?}: resolves to no address {hint}"));
+    }
+    Ok(MetricsAddr {
+        spec: s.to_owned(),
+        addrs,
+    })
 }
 
 /// `dead-letters` subcommands.
@@ -277,6 +321,35 @@ mod tests {
         assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
         for zero in ["0", "0s", "0ms", "0.0"] {
             assert!(parse_timeout(zero).is_err(), "{zero}");
+        }
+    }
+
+    #[test]
+    fn metrics_addresses() {
+        let v4 = |s: &str| parse_metrics_addr(s).map(|a| a.addrs);
+        assert_eq!(
+            v4("127.0.0.1:9187"),
+            Ok(vec!["127.0.0.1:9187".parse().unwrap()])
+        );
+        assert_eq!(v4(":9187"), Ok(vec!["0.0.0.0:9187".parse().unwrap()]));
+        assert_eq!(v4("[::1]:9187"), Ok(vec!["[::1]:9187".parse().unwrap()]));
+        let local = v4("localhost:9187").unwrap();
+        assert!(
+            !local.is_empty()
+                && local
+                    .iter()
+                    .all(|a| a.ip().is_loopback() && a.port() == 9187)
+        );
+        for bad in [
+            "",
+            "9187",
+            ":",
+            "127.0.0.1",
+            "127.0.0.1:99999",
+            ":x",
+            "[::1]",
+        ] {
+            assert!(parse_metrics_addr(bad).is_err(), "{bad:?}");
         }
     }
 

@@ -550,6 +550,24 @@ impl Backend {
         Ok(blocking(move || store.dead_letter_payload(id)).await??)
     }
 
+    /// Per actor with pending units, when its oldest lane head was enqueued.
+    pub(crate) async fn oldest_pending(&self) -> anyhow::Result<Vec<(ActorId, Timestamp)>> {
+        let store = Arc::clone(self.outbox.store());
+        Ok(blocking(move || store.oldest_pending()).await??)
+    }
+
+    /// Whether the store answers a query: one probe of the lanes' unique index (for an empty
+    /// actor and recipient; what it finds does not matter), the cheapest read of a table.
+    pub(crate) async fn ready(&self) -> anyhow::Result<()> {
+        let store = Arc::clone(self.outbox.store());
+        blocking(move || {
+            let key = LaneKey::from_canonical(String::new(), None);
+            store.find_lane(&ActorId::new(""), &key).map(drop)
+        })
+        .await??;
+        Ok(())
+    }
+
     /// Starts the monitor.
     pub(crate) async fn start_monitor(&self) -> anyhow::Result<Relay> {
         let monitor = self.outbox.monitor().await?;

@@ -21,7 +21,7 @@ use outbox_lanes_tokio::{DrainControl, DrainOutcome, OutboxConfig, OutboxError, 
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
-use args::{Cli, Command, DeadLetterArgs, DeadLetterCommand, DeliveryFlags, LogFormat};
+use args::{Cli, Command, DeadLetterArgs, DeadLetterCommand, DeliveryFlags, LogFormat, RelayArgs};
 use backend::{Backend, Counters, OpenError};
 
 /// A usage or input error: exit code 2.
@@ -179,7 +179,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     };
     // Only these create an outbox: the others have nothing to do on an empty one, and must not
     // leave a new database behind at a mistyped path or schema.
-    let create = matches!(cli.command, Command::Enqueue { .. } | Command::Relay { .. });
+    let create = matches!(cli.command, Command::Enqueue { .. } | Command::Relay(_));
     let counters = Arc::new(Counters::default());
     let backend = Backend::open(
         cli.db.clone(),
@@ -212,9 +212,7 @@ async fn dispatch(
             cmd_enqueue(backend, actor, batch).await
         }
         Command::Drain { actor } => cmd_drain(backend, actor, counters, Signals::new()?).await,
-        Command::Relay { metrics_addr } => {
-            cmd_relay(backend, metrics_addr, counters, Signals::new()?).await
-        }
+        Command::Relay(r) => cmd_relay(backend, r, counters, Signals::new()?).await,
         Command::Status { json } => {
             let s = backend.status().await?;
             if json {
@@ -470,15 +468,15 @@ async fn cmd_drain(
 
 async fn cmd_relay(
     backend: &Backend,
-    metrics_addr: Option<std::net::SocketAddr>,
+    r: RelayArgs,
     counters: &Arc<Counters>,
     signals: Signals,
 ) -> anyhow::Result<()> {
-    let server = match metrics_addr {
+    let server = match &r.metrics_addr {
         Some(addr) => Some(
             metrics::serve(addr, backend.clone(), Arc::clone(counters))
                 .await
-                .map_err(|e| usage(format!("--metrics-addr {addr}: {e}")))?,
+                .map_err(|e| usage(format!("--metrics-addr {}: {e}", addr.spec)))?,
         ),
         None => None,
     };
