@@ -1409,3 +1409,58 @@ fn bad_metrics_addresses_exit_2() {
         );
     }
 }
+
+#[test]
+fn on_dead_letter_runs_the_command_with_the_dead_letter_on_stdin() {
+    let db = Db::sqlite();
+    let dir = tempfile::tempdir().unwrap();
+    let r = Recipient::start().unwrap();
+    r.set_default("/bad", Reply::Status(422));
+    r.set_default("/ok", Reply::Status(200));
+    // Each run writes its own file, then fails: logged, and nothing else changes.
+    let cmd = format!("cat > {}/dead-$$.json; exit 3", dir.path().display());
+    let relay = command(&db, &["relay", "--on-dead-letter", &cmd])
+        .spawn()
+        .unwrap();
+    ok(
+        &db,
+        &["enqueue", "--actor", "ivy"],
+        &rows(2, &[r.url("/bad"), r.url("/ok")]),
+    );
+    assert!(r.wait_for("/ok", 2, Duration::from_secs(60)));
+    let mut seen: Vec<Value> = Vec::new();
+    for _ in 0..600 {
+        seen = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|e| std::fs::read_to_string(e.unwrap().path()).ok())
+            .filter_map(|t| serde_json::from_str(&t).ok())
+            .collect();
+        if seen.len() == 2 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    seen.sort_by_key(|v| v["row_id"].as_str().unwrap().to_owned());
+    for (i, v) in seen.iter().enumerate() {
+        assert_eq!(v["actor"], "ivy");
+        assert_eq!(v["recipient"], r.url("/bad"));
+        assert_eq!(v["row_id"], format!("row-{i}"));
+        assert_eq!(v["reason"], "permanent");
+        assert_eq!(v["status"], 422);
+        assert_eq!(v["attempts"], 1);
+        assert!(v["unit"].is_u64() && v["dead_at"].is_string(), "{v}");
+    }
+    sigterm(&relay);
+    let out = collect(relay, "");
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("--on-dead-letter: the command failed"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(served(&r, "/ok"), [0, 1]);
+    assert_eq!(dead_ids(&db, &[]).len(), 2);
+    let out = run(&db, &["relay", "--on-dead-letter", " "], "");
+    assert_eq!(out.code(), Some(2), "{}", out.stderr);
+}

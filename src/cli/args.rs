@@ -153,6 +153,18 @@ pub(crate) struct RelayArgs {
     /// IPv4 interface (0.0.0.0, as Prometheus exporters do).
     #[arg(long, env = "OUTBOX_LANES_METRICS_ADDR", value_parser = parse_metrics_addr)]
     pub(crate) metrics_addr: Option<MetricsAddr>,
+
+    /// Run this command (with `sh -c`) for every dead letter, the dead letter as one JSON
+    /// object on its stdin. Off the delivery path: a slow or failing command delays and
+    /// loses no delivery; its failure is logged at WARN.
+    #[arg(long, env = "OUTBOX_LANES_ON_DEAD_LETTER", value_name = "CMD")]
+    pub(crate) on_dead_letter: Option<String>,
+
+    /// At most this many `--on-dead-letter` commands run at once; dead letters past it wait
+    /// in a queue (of 10,000; past that, they are logged at WARN and not passed on).
+    #[arg(long, env = "OUTBOX_LANES_ON_DEAD_LETTER_CONCURRENCY", default_value_t = 4,
+        value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub(crate) on_dead_letter_concurrency: u32,
 }
 
 /// A `--metrics-addr`: what was given, and the addresses it resolved to.

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use anyhow::anyhow;
@@ -80,6 +80,8 @@ pub(crate) struct Counters {
     pub(crate) finished: AtomicU64,
     /// The rest, under one lock (hooks run on pass threads, scrapes are rare).
     pub(crate) detail: Mutex<Detail>,
+    /// `relay --on-dead-letter`: where the dead-letter hook also sends each dead letter.
+    pub(crate) on_dead_letter: OnceLock<super::on_dead::Sink>,
 }
 
 /// Labelled counters and histograms.
@@ -111,6 +113,7 @@ impl Default for Counters {
                 latency: Histogram::new(LATENCY),
                 queue_wait: Histogram::new(QUEUE_WAIT),
             }),
+            on_dead_letter: OnceLock::new(),
         }
     }
 }
@@ -160,6 +163,9 @@ impl Counters {
                     .dead_by_reason
                     .entry(d.reason.as_str())
                     .or_default() += 1;
+                if let Some(sink) = on_dead.on_dead_letter.get() {
+                    sink.send(d);
+                }
             })),
             attempted: Some(Box::new(move |a: &Attempted| {
                 on_attempt.finished.fetch_add(1, Ordering::Relaxed);
@@ -410,6 +416,11 @@ impl Backend {
     /// Deliveries in flight at once (`--concurrency`).
     pub(crate) fn concurrency(&self) -> usize {
         self.outbox.core().config().concurrency
+    }
+
+    /// How long a stop lets what runs finish (`--shutdown-grace`).
+    pub(crate) fn shutdown_grace(&self) -> Duration {
+        self.outbox.core().config().shutdown_grace
     }
 
     /// Opens the store named by `db` and an outbox over it, delivering as tokio tasks.

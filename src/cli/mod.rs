@@ -4,6 +4,7 @@ pub(crate) mod args;
 pub(crate) mod backend;
 pub(crate) mod enqueue;
 pub(crate) mod metrics;
+pub(crate) mod on_dead;
 pub(crate) mod output;
 pub(crate) mod progress;
 
@@ -167,6 +168,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 }
             }
         }
+        Command::Relay(RelayArgs {
+            on_dead_letter: Some(cmd),
+            ..
+        }) if cmd.trim().is_empty() => return Err(usage("--on-dead-letter is empty")),
         Command::DeadLetters(DeadLetterCommand::Purge { which, all, .. })
             if !which.selects() && !all =>
         {
@@ -480,6 +485,12 @@ async fn cmd_relay(
         ),
         None => None,
     };
+    let hook = r.on_dead_letter.map(|cmd| {
+        let (sink, runner) = on_dead::start(cmd, r.on_dead_letter_concurrency as usize);
+        // Set once, before any pass of this process runs.
+        let _ = counters.on_dead_letter.set(sink);
+        runner
+    });
     let relay = backend.start_monitor().await?;
     info!(
         runtime = RUNTIME,
@@ -510,6 +521,16 @@ async fn cmd_relay(
         server.abort();
         // Its clone of the backend goes with it, before the backend is closed.
         let _ = server.await;
+    }
+    if let Some(hook) = hook {
+        // No pass runs any more: the commands queued run now, within the grace (none after
+        // a second signal).
+        let grace = if interrupted.is_some() {
+            Duration::ZERO
+        } else {
+            backend.shutdown_grace()
+        };
+        hook.finish(grace).await;
     }
     if let Some(why) = interrupted {
         return Err(Interrupted(why).into());
