@@ -1261,6 +1261,23 @@ fn dead_letter_operations(db: &Db) {
     assert_eq!(replayed["replayed"], 1);
     assert_eq!(pending(db), 1);
     assert_eq!(dead_ids(db, &[]).len(), 1);
+    // --dry-run from the environment, in any of the usual spellings.
+    for yes in ["1", "true", "yes"] {
+        let out = collect(
+            command(db, &["dead-letters", "purge", "--all"])
+                .env("OUTBOX_LANES_DRY_RUN", yes)
+                .spawn()
+                .unwrap(),
+            "",
+        );
+        assert_eq!(out.code(), Some(0), "{yes}: {}", out.stderr);
+        assert!(
+            out.stdout.starts_with("dry run: would purge 1"),
+            "{}",
+            out.stdout
+        );
+    }
+    assert_eq!(dead_ids(db, &[]).len(), 1);
     let purged = ok(db, &["dead-letters", "purge", "--all", "--json"], "").json();
     assert_eq!(purged["purged"], 1);
     assert!(dead_ids(db, &[]).is_empty());

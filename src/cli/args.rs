@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use clap::builder::BoolishValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use outbox_lanes_core::DeadReason;
 use outbox_lanes_core::policy::Recipient;
@@ -224,7 +225,7 @@ pub(crate) enum DeadLetterCommand {
         #[command(flatten)]
         which: DeadLetterArgs,
         /// Print what would be replayed, and change nothing.
-        #[arg(long, env = "OUTBOX_LANES_DRY_RUN")]
+        #[arg(long, env = "OUTBOX_LANES_DRY_RUN", value_parser = BoolishValueParser::new())]
         dry_run: bool,
     },
     /// Delete dead letters: those selected, or every one with `--all`.
@@ -232,7 +233,7 @@ pub(crate) enum DeadLetterCommand {
         #[command(flatten)]
         which: DeadLetterArgs,
         /// Print what would be purged, and change nothing.
-        #[arg(long, env = "OUTBOX_LANES_DRY_RUN")]
+        #[arg(long, env = "OUTBOX_LANES_DRY_RUN", value_parser = BoolishValueParser::new())]
         dry_run: bool,
         /// Purge every dead letter (required when no other selector is given). Deliberately
         /// without an environment variable: it is the confirmation.

@@ -600,10 +600,10 @@ async fn cmd_dead_letters(backend: &Backend, c: DeadLetterCommand) -> anyhow::Re
                 "purge"
             };
             if a.json {
-                let mut v = serde_json::to_value(output::dead_json(&listed))?;
-                v["dry_run"] = true.into();
-                v[format!("would_{verb}")] = listed.len().into();
-                print_json(&v)
+                print_json(&output::dead_dry_run_json(
+                    matches!(op, Op::Replay),
+                    &listed,
+                ))
             } else {
                 print(&format!(
                     "dry run: would {verb} {} dead letter(s); nothing changed\n{}",

@@ -357,6 +357,27 @@ pub(crate) fn dead_table(d: &[DeadLetter]) -> String {
     )
 }
 
+#[derive(Serialize)]
+struct DryRunJson<'a> {
+    dry_run: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    would_replay: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    would_purge: Option<usize>,
+    dead_letters: Vec<DeadJson<'a>>,
+}
+
+/// `dead-letters replay|purge --dry-run --json`: what would be replayed (`replay`) or purged,
+/// each dead letter as `list --json` has it.
+pub(crate) fn dead_dry_run_json(replay: bool, d: &[DeadLetter]) -> impl Serialize + '_ {
+    DryRunJson {
+        dry_run: true,
+        would_replay: replay.then_some(d.len()),
+        would_purge: (!replay).then_some(d.len()),
+        dead_letters: d.iter().map(dead_one).collect(),
+    }
+}
+
 /// A payload in JSON: `body` when it is JSON text (what `enqueue` stores), else `body_text`
 /// when it is UTF-8, else `body_base64`.
 #[derive(Serialize)]
