@@ -6,6 +6,9 @@
 //! - `/metrics` (and `/`): the exposition text; 503 if the store cannot be read.
 //! - `/healthz`: 200 while the process serves requests (liveness: it checks nothing else).
 //! - `/readyz`: 200 if the store answers a query now, else 503 with the reason (readiness).
+//!
+//! A store that does not answer within [`STORE_WAIT`] gets a 503 too: a probe or a scrape
+//! never hangs on it.
 //! - anything else: 404.
 
 use std::fmt::Write as _;
@@ -76,10 +79,20 @@ pub(crate) async fn serve(
     }))
 }
 
+/// How long `/metrics` and `/readyz` wait for the store.
+pub(crate) const STORE_WAIT: Duration = Duration::from_secs(5);
+
+/// `f`, or an error if the store takes longer than [`STORE_WAIT`].
+async fn bounded<T>(f: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::time::timeout(STORE_WAIT, f)
+        .await
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within {STORE_WAIT:?}")))
+}
+
 /// The exposition text, with what it needs from the store.
 async fn metrics(backend: &Backend, counters: &Counters) -> anyhow::Result<String> {
-    let status = backend.status().await?;
-    let oldest = backend.oldest_pending().await?;
+    let status = bounded(backend.status()).await?;
+    let oldest = bounded(backend.oldest_pending()).await?;
     let now = Timestamp::from_system_time(SystemTime::now());
     Ok(render(&status, &oldest, now, counters))
 }
@@ -115,7 +128,7 @@ async fn respond(mut s: TcpStream, backend: &Backend, counters: &Counters) -> st
                 Err(e) => ("503 Service Unavailable", TEXT, format!("store: {e:#}\n")),
             },
             "/healthz" => ("200 OK", TEXT, "ok\n".to_string()),
-            "/readyz" => match backend.ready().await {
+            "/readyz" => match bounded(backend.ready()).await {
                 Ok(()) => ("200 OK", TEXT, "ready\n".to_string()),
                 Err(e) => (
                     "503 Service Unavailable",
