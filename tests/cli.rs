@@ -976,7 +976,7 @@ fn read_only_commands_create_no_database() {
         &["status", "--json"],
         &["lanes", "--actor", "x"],
         &["dead-letters", "list"],
-        &["dead-letters", "purge"],
+        &["dead-letters", "purge", "--all"],
         &["dead-letters", "replay", "--actor", "x"],
         &["drain"],
     ];
@@ -1934,4 +1934,388 @@ fn status_shows_the_slot_holder_while_a_pass_runs() {
     let a = status(&db);
     let a = actor(&a, "ray").unwrap();
     assert!(a["slot"].is_null(), "{a}");
+}
+
+fn dead_ids(db: &Db, filter: &[&str]) -> Vec<i64> {
+    let mut args = vec!["dead-letters", "list", "--json"];
+    args.extend_from_slice(filter);
+    ok(db, &args, "").json()["dead_letters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["id"].as_i64().unwrap())
+        .collect()
+}
+
+/// Dead letters of two reasons, two recipients and two actors; returns the recipient.
+fn four_dead_letters(db: &Db) -> Recipient {
+    let r = Recipient::start().unwrap();
+    r.set_default("/bad", Reply::Status(422));
+    r.set_default("/gone", Reply::Status(410));
+    let (bad, gone) = (r.url("/bad"), r.url("/gone"));
+    let dora = line(
+        "d0",
+        &[bad.clone(), gone.clone()],
+        &serde_json::json!({ "n": 0 }),
+    ) + "\n"
+        + &line(
+            "d1",
+            std::slice::from_ref(&bad),
+            &serde_json::json!({ "n": 1 }),
+        );
+    ok(db, &["enqueue", "--actor", "dora"], &dora);
+    ok(
+        db,
+        &["enqueue", "--actor", "emma"],
+        &line("e0", &[bad], &serde_json::json!({ "n": 2 })),
+    );
+    ok(db, &["drain"], "");
+    assert_eq!(dead_ids(db, &[]).len(), 4);
+    r
+}
+
+fn dead_letter_operations(db: &Db) {
+    let r = four_dead_letters(db);
+    let (bad, gone) = (r.url("/bad"), r.url("/gone"));
+
+    // Filters, alone and combined; a recipient is compared in its canonical spelling.
+    let gone_ids = dead_ids(db, &["--reason", "gone"]);
+    assert_eq!(gone_ids.len(), 1);
+    assert_eq!(dead_ids(db, &["--reason", "permanent"]).len(), 3);
+    assert_eq!(dead_ids(db, &["--recipient", &bad]).len(), 3);
+    let shouted = bad.replace("http://", "HTTP://");
+    assert_eq!(dead_ids(db, &["--recipient", &shouted]).len(), 3);
+    assert_eq!(
+        dead_ids(db, &["--actor", "dora", "--recipient", &bad]).len(),
+        2
+    );
+    assert_eq!(dead_ids(db, &["--recipient", &gone]), gone_ids);
+    assert_eq!(dead_ids(db, &["--older-than", "0s"]).len(), 4);
+    assert!(dead_ids(db, &["--older-than", "1h"]).is_empty());
+    let out = run(db, &["dead-letters", "list", "--reason", "late"], "");
+    assert_eq!(out.code(), Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("lane_retired"), "{}", out.stderr);
+
+    // show: the dead letter with its payload, in JSON and as text.
+    let id = gone_ids[0].to_string();
+    let shown = ok(db, &["dead-letters", "show", "--id", &id, "--json"], "").json();
+    assert_eq!(shown["id"], gone_ids[0]);
+    assert_eq!(shown["actor"], "dora");
+    assert_eq!(shown["row_id"], "d0");
+    assert_eq!(shown["recipient"], gone);
+    assert_eq!(shown["reason"], "gone");
+    assert_eq!(shown["last_status"], 410);
+    assert_eq!(shown["payload"]["content_type"], "application/json");
+    assert_eq!(shown["payload"]["body"], serde_json::json!({ "n": 0 }));
+    let text = ok(db, &["dead-letters", "show", "--id", &id], "").stdout;
+    assert!(text.contains(&gone) && text.contains("gone"), "{text}");
+    assert!(text.lines().any(|l| l == r#"{"n":0}"#), "{text}");
+    let out = run(db, &["dead-letters", "show", "--id", "999999"], "");
+    assert_eq!(out.code(), Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("no dead letter with id 999999"),
+        "{}",
+        out.stderr
+    );
+
+    // Dry runs print what they would do and change nothing.
+    let dry = ok(
+        db,
+        &[
+            "dead-letters",
+            "replay",
+            "--reason",
+            "gone",
+            "--dry-run",
+            "--json",
+        ],
+        "",
+    )
+    .json();
+    assert_eq!(dry["dry_run"], true);
+    assert_eq!(dry["would_replay"], 1);
+    assert_eq!(dry["dead_letters"][0]["id"], gone_ids[0]);
+    let dry = ok(
+        db,
+        &[
+            "dead-letters",
+            "purge",
+            "--actor",
+            "dora",
+            "--recipient",
+            &bad,
+            "--dry-run",
+        ],
+        "",
+    )
+    .stdout;
+    assert!(
+        dry.starts_with("dry run: would purge 2 dead letter(s)"),
+        "{dry}"
+    );
+    assert_eq!(dead_ids(db, &[]).len(), 4);
+    assert_eq!(pending(db), 0);
+
+    // Purge with no selector is refused, naming --all; --all takes no selector.
+    for args in [
+        &["dead-letters", "purge"][..],
+        &["dead-letters", "purge", "--json"][..],
+        &["dead-letters", "purge", "--dry-run"][..],
+    ] {
+        let out = run(db, args, "");
+        assert_eq!(out.code(), Some(2), "{args:?}: {}", out.stderr);
+        assert!(out.stderr.contains("--all"), "{}", out.stderr);
+    }
+    let out = run(
+        db,
+        &["dead-letters", "purge", "--all", "--actor", "dora"],
+        "",
+    );
+    assert_eq!(out.code(), Some(2), "{}", out.stderr);
+    assert_eq!(dead_ids(db, &[]).len(), 4);
+
+    // The filters select what replay and purge act on.
+    let purged = ok(
+        db,
+        &[
+            "dead-letters",
+            "purge",
+            "--actor",
+            "dora",
+            "--reason",
+            "permanent",
+            "--json",
+        ],
+        "",
+    )
+    .json();
+    assert_eq!(purged["purged"], 2);
+    let replayed = ok(
+        db,
+        &["dead-letters", "replay", "--reason", "gone", "--json"],
+        "",
+    )
+    .json();
+    assert_eq!(replayed["replayed"], 1);
+    assert_eq!(pending(db), 1);
+    assert_eq!(dead_ids(db, &[]).len(), 1);
+    // --dry-run from the environment, in any of the usual spellings.
+    for yes in ["1", "true", "yes"] {
+        let out = collect(
+            command(db, &["dead-letters", "purge", "--all"])
+                .env("OUTBOX_LANES_DRY_RUN", yes)
+                .spawn()
+                .unwrap(),
+            "",
+        );
+        assert_eq!(out.code(), Some(0), "{yes}: {}", out.stderr);
+        assert!(
+            out.stdout.starts_with("dry run: would purge 1"),
+            "{}",
+            out.stdout
+        );
+    }
+    assert_eq!(dead_ids(db, &[]).len(), 1);
+    let purged = ok(db, &["dead-letters", "purge", "--all", "--json"], "").json();
+    assert_eq!(purged["purged"], 1);
+    assert!(dead_ids(db, &[]).is_empty());
+}
+
+#[test]
+fn dead_letters_show_filter_dry_run_and_purge_all() {
+    dead_letter_operations(&Db::sqlite());
+}
+
+#[test]
+fn dead_letters_show_filter_dry_run_and_purge_all_on_postgres() {
+    let Some(db) = Db::postgres() else {
+        return;
+    };
+    dead_letter_operations(&db);
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `GET path` on 127.0.0.1:`port`: the status line's code and the body, or `None` if the
+/// server does not answer (yet).
+fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n")?.1.to_owned();
+    Some((code, body))
+}
+
+/// Retries `GET path` until `done` accepts the answer (bounded); returns the last answer.
+fn get_until(port: u16, path: &str, done: impl Fn(u16, &str) -> bool) -> (u16, String) {
+    let mut last = None;
+    for _ in 0..600 {
+        if let Some((code, body)) = get(port, path) {
+            if done(code, &body) {
+                return (code, body);
+            }
+            last = Some((code, body));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    last.unwrap_or_else(|| panic!("nothing answered GET {path} on port {port}"))
+}
+
+fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[test]
+fn relay_serves_health_readiness_and_the_oldest_pending_age() {
+    let db = Db::sqlite();
+    let r = Recipient::start().unwrap();
+    // Never served: the backlog stays, its lane in backoff.
+    r.set_default("/down", Reply::Status(503));
+    ok(
+        &db,
+        &["enqueue", "--actor", "hank"],
+        &rows(3, &[r.url("/down")]),
+    );
+    let port = free_port();
+    // A host name, given through the environment.
+    let relay = command(&db, &["relay"])
+        .env("OUTBOX_LANES_METRICS_ADDR", format!("localhost:{port}"))
+        .spawn()
+        .unwrap();
+    assert!(r.wait_for("/down", 1, Duration::from_secs(60)));
+    let (code, body) = get_until(port, "/healthz", |c, _| c == 200);
+    assert_eq!((code, body.as_str()), (200, "ok\n"));
+    let (code, body) = get_until(port, "/readyz", |c, _| c == 200);
+    assert_eq!((code, body.as_str()), (200, "ready\n"));
+    let (code, _) = get_until(port, "/nope", |_, _| true);
+    assert_eq!(code, 404);
+    let name = "outbox_lanes_oldest_pending_seconds{actor=\"hank\"}";
+    let (code, text) = get_until(port, "/metrics", |_, t| {
+        sample(t, name).is_some_and(|age| age > 0.0)
+    });
+    assert_eq!(code, 200, "{text}");
+    assert!(
+        text.contains("# TYPE outbox_lanes_oldest_pending_seconds gauge"),
+        "{text}"
+    );
+    assert!(sample(&text, name).is_some_and(|age| age > 0.0), "{text}");
+    sigterm(&relay);
+    let out = collect(relay, "");
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    assert_eq!(pending(&db), 3);
+}
+
+#[test]
+fn readyz_is_503_with_the_reason_when_the_store_cannot_answer() {
+    let db = Db::sqlite();
+    let Db::Sqlite { path, .. } = &db else {
+        unreachable!()
+    };
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let relay = command(&db, &["relay", "--metrics-addr", &addr])
+        .spawn()
+        .unwrap();
+    let (code, _) = get_until(port, "/readyz", |c, _| c == 200);
+    assert_eq!(code, 200);
+    // The lanes table goes: the store can no longer answer the probe.
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.execute_batch("DROP TABLE ol_lanes").unwrap();
+    drop(conn);
+    let (code, body) = get_until(port, "/readyz", |c, _| c != 200);
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.starts_with("not ready: ") && body.contains("ol_lanes"),
+        "{body}"
+    );
+    // Alive all the same.
+    assert_eq!(get(port, "/healthz").map(|a| a.0), Some(200));
+    sigterm(&relay);
+    let _ = collect(relay, "");
+}
+
+#[test]
+fn bad_metrics_addresses_exit_2() {
+    let db = Db::sqlite();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = taken.local_addr().unwrap().to_string();
+    for (addr, says) in [
+        ("9187", "no valid port"),
+        ("127.0.0.1:http", "no valid port"),
+        (taken.as_str(), "cannot bind"),
+    ] {
+        let out = run(&db, &["relay", "--metrics-addr", addr], "");
+        assert_eq!(out.code(), Some(2), "{addr}: {}", out.stderr);
+        assert!(
+            out.stderr.contains("--metrics-addr") && out.stderr.contains(says),
+            "{addr}: {}",
+            out.stderr
+        );
+    }
+}
+
+#[test]
+fn on_dead_letter_runs_the_command_with_the_dead_letter_on_stdin() {
+    let db = Db::sqlite();
+    let dir = tempfile::tempdir().unwrap();
+    let r = Recipient::start().unwrap();
+    r.set_default("/bad", Reply::Status(422));
+    r.set_default("/ok", Reply::Status(200));
+    // Each run writes its own file, then fails: logged, and nothing else changes.
+    let cmd = format!("cat > {}/dead-$$.json; exit 3", dir.path().display());
+    let relay = command(&db, &["relay", "--on-dead-letter", &cmd])
+        .spawn()
+        .unwrap();
+    ok(
+        &db,
+        &["enqueue", "--actor", "ivy"],
+        &rows(2, &[r.url("/bad"), r.url("/ok")]),
+    );
+    assert!(r.wait_for("/ok", 2, Duration::from_secs(60)));
+    let mut seen: Vec<Value> = Vec::new();
+    for _ in 0..600 {
+        seen = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|e| std::fs::read_to_string(e.unwrap().path()).ok())
+            .filter_map(|t| serde_json::from_str(&t).ok())
+            .collect();
+        if seen.len() == 2 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    seen.sort_by_key(|v| v["row_id"].as_str().unwrap().to_owned());
+    for (i, v) in seen.iter().enumerate() {
+        assert_eq!(v["actor"], "ivy");
+        assert_eq!(v["recipient"], r.url("/bad"));
+        assert_eq!(v["row_id"], format!("row-{i}"));
+        assert_eq!(v["reason"], "permanent");
+        assert_eq!(v["status"], 422);
+        assert_eq!(v["attempts"], 1);
+        assert!(v["unit"].is_u64() && v["dead_at"].is_string(), "{v}");
+    }
+    sigterm(&relay);
+    let out = collect(relay, "");
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("--on-dead-letter: the command failed"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(served(&r, "/ok"), [0, 1]);
+    assert_eq!(dead_ids(&db, &[]).len(), 2);
+    let out = run(&db, &["relay", "--on-dead-letter", " "], "");
+    assert_eq!(out.code(), Some(2), "{}", out.stderr);
 }

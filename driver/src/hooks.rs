@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use outbox_lanes_core::{ActorId, DeadReason, Outcome, UnitId};
+use outbox_lanes_core::{ActorId, DeadReason, Outcome, Timestamp, UnitId};
 
 /// A recipient was served.
 #[derive(Clone, Debug)]
@@ -35,6 +35,10 @@ pub struct DeadLettered {
     pub status: Option<u16>,
     /// The last error, if any.
     pub error: Option<String>,
+    /// The persisted attempts of this recipient (OL-5), as the dead letter keeps them.
+    pub attempts: u32,
+    /// When it was dead-lettered: the dead letter's time in the store.
+    pub at: Timestamp,
 }
 
 /// An attempt finished, whatever its outcome (for metrics: latency, queue wait, outcomes).

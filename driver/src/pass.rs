@@ -126,6 +126,10 @@ pub struct PassCore {
     recipients: Vec<String>,
     units: HashMap<UnitId, UnitInfo>,
     last: HashMap<(UnitId, LaneId), AttemptResult>,
+    /// Persisted attempt counts above zero, as claimed or recorded since, for the dead
+    /// letter hook; entries go when the recipient is served or dead-lettered. Empty while
+    /// every delivery succeeds at once, so a healthy pass pays nothing for it.
+    attempts: HashMap<(UnitId, LaneId), u32>,
     watermark: u64,
     /// Look for lanes with new units at the next round (set at the start and on wake-ups:
     /// a burst of enqueues costs one look).
@@ -214,6 +218,7 @@ impl PassCore {
             recipients: Vec::new(),
             units: HashMap::new(),
             last: HashMap::new(),
+            attempts: HashMap::new(),
             watermark: 0,
             look: true,
             sink,
@@ -647,10 +652,19 @@ impl PassCore {
                 let slots = u
                     .slots
                     .iter()
-                    .map(|s| AdmitSlot {
-                        lane: self.lane(s.lane, &s.key),
-                        attempts: s.attempts,
-                        served: s.served,
+                    .map(|s| {
+                        let lane = self.lane(s.lane, &s.key);
+                        if s.attempts > 0 {
+                            // A count recorded in this pass but not yet written may be ahead
+                            // of the store's.
+                            let n = self.attempts.entry((u.id, lane)).or_default();
+                            *n = (*n).max(s.attempts);
+                        }
+                        AdmitSlot {
+                            lane,
+                            attempts: s.attempts,
+                            served: s.served,
+                        }
                     })
                     .collect();
                 let open = u.slots.iter().filter(|s| !s.served).count();
@@ -775,6 +789,9 @@ impl PassCore {
                 // Acked even after a failure: an ack is harmless, a lost one is a resend.
                 self.acked.push((unit, self.store_lane(lane)));
                 self.report.delivered += 1;
+                if !self.attempts.is_empty() {
+                    self.attempts.remove(&(unit, lane));
+                }
                 let row = self.resolved(unit, lane);
                 trace!(actor = %self.actor, unit = unit.0, %row, recipient = self.recipient(lane),
                     "delivered");
@@ -814,6 +831,7 @@ impl PassCore {
                     .map_or((None, None), |r| (r.status, r.error.clone()));
                 debug!(actor = %self.actor, unit = unit.0, recipient = self.recipient(lane),
                     attempts, counted, status, error = error.as_deref(), "attempt failed");
+                self.attempts.insert((unit, lane), attempts);
                 self.records.push(AttemptRecord {
                     unit,
                     lane: self.store_lane(lane),
@@ -863,18 +881,20 @@ impl PassCore {
             }
             Command::DeadLetter { unit, lane, reason } => {
                 let last = self.last.remove(&(unit, lane));
+                let attempts = self.attempts.remove(&(unit, lane)).unwrap_or(0);
                 let (status, error) = last.map_or((None, None), |r| (r.status, r.error));
                 if !writable {
                     return;
                 }
                 self.flush_records(cx.store);
+                let at = now();
                 let req = DeadLetterRequest {
                     unit,
                     lane: self.store_lane(lane),
                     reason,
                     status,
                     error: error.clone(),
-                    at: now(),
+                    at,
                 };
                 if let Err(e) = cx.store.dead_letter(&self.token, &req) {
                     self.store_failed("dead letter", e, now());
@@ -893,6 +913,8 @@ impl PassCore {
                         reason,
                         status,
                         error,
+                        attempts,
+                        at,
                     });
                 }
             }

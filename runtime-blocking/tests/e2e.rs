@@ -205,7 +205,18 @@ fn gone_and_permanent_answers_are_dead_lettered_with_their_status() {
     );
     // The lane moved on past its dead letter.
     assert_eq!(bodies(&r, "/picky"), ids(2));
-    assert_eq!(dead.lock().expect("lock").len(), 3);
+    let hooked = dead.lock().expect("lock").clone();
+    assert_eq!(hooked.len(), 3);
+    // The hook saw what the store kept: attempts and time included.
+    for d in &letters {
+        let h = hooked
+            .iter()
+            .find(|h| h.unit == d.unit && h.recipient == d.key.recipient())
+            .expect("a hook call for every dead letter");
+        assert_eq!((h.reason, h.status), (d.reason, d.last_status));
+        assert_eq!(h.attempts, d.attempts);
+        assert_eq!(h.at, d.dead_at);
+    }
 }
 
 #[test]

@@ -4,7 +4,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use clap::builder::BoolishValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use outbox_lanes_core::DeadReason;
+use outbox_lanes_core::policy::Recipient;
 
 /// Per-recipient ordered outbox delivery over HTTP: enqueue, drain, relay, inspect.
 #[derive(Debug, Parser)]
@@ -215,13 +218,7 @@ pub(crate) enum Command {
         delivery: DeliveryFlags,
     },
     /// Run the monitor until SIGINT or SIGTERM, then shut down gracefully.
-    Relay {
-        /// Serve Prometheus text metrics on this address (e.g. 127.0.0.1:9187).
-        #[arg(long, env = "OUTBOX_LANES_METRICS_ADDR")]
-        metrics_addr: Option<SocketAddr>,
-        #[command(flatten)]
-        delivery: DeliveryFlags,
-    },
+    Relay(RelayArgs),
     /// Per actor: pending units, the pass holding the slot, lanes not open, dead letters.
     Status {
         /// Print JSON instead of a table.
@@ -373,18 +370,107 @@ localhost) are refused unless --allow-private-destinations is given. Blank lines
 skipped. A bad line, or a line longer than --max-line-bytes, refuses the whole input:
 nothing is enqueued, its line number and reason go to stderr, and the exit status is 2.";
 
+/// `relay`'s flags.
+#[derive(Debug, Args)]
+pub(crate) struct RelayArgs {
+    /// Serve `/metrics` (Prometheus text), `/healthz` and `/readyz` on this address:
+    /// `HOST:PORT` (`127.0.0.1:9187`, `localhost:9187`, `[::1]:9187`), or `:PORT` for every
+    /// IPv4 interface (0.0.0.0, as Prometheus exporters do).
+    #[arg(long, env = "OUTBOX_LANES_METRICS_ADDR", value_parser = parse_metrics_addr)]
+    pub(crate) metrics_addr: Option<MetricsAddr>,
+
+    /// Run this command (with `sh -c`) for every dead letter, the dead letter as one JSON
+    /// object on its stdin. Off the delivery path: a slow or failing command delays and
+    /// loses no delivery; its failure is logged at WARN.
+    #[arg(long, env = "OUTBOX_LANES_ON_DEAD_LETTER", value_name = "CMD")]
+    pub(crate) on_dead_letter: Option<String>,
+
+    /// At most this many `--on-dead-letter` commands run at once; dead letters past it wait
+    /// in a queue (of 10,000; past that, they are logged at WARN and not passed on).
+    #[arg(long, env = "OUTBOX_LANES_ON_DEAD_LETTER_CONCURRENCY", default_value_t = 4,
+        value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub(crate) on_dead_letter_concurrency: u32,
+
+    #[command(flatten)]
+    pub(crate) delivery: DeliveryFlags,
+}
+
+/// A `--metrics-addr`: what was given, and the addresses it resolved to.
+#[derive(Debug, Clone)]
+pub(crate) struct MetricsAddr {
+    /// As given.
+    pub(crate) spec: String,
+    /// Tried in order; the first that binds is served.
+    pub(crate) addrs: Vec<SocketAddr>,
+}
+
+/// `HOST:PORT`, `[V6]:PORT` or `:PORT` (every IPv4 interface), resolved with the system
+/// resolver (`localhost` included).
+fn parse_metrics_addr(s: &str) -> Result<MetricsAddr, String> {
+    use std::net::ToSocketAddrs as _;
+    let t = s.trim();
+    let full = match t.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => t.to_owned(),
+    };
+    let hint = "(expected HOST:PORT, [::1]:PORT or :PORT, e.g. 127.0.0.1:9187)";
+    if full
+        .rsplit_once(':')
+        .is_none_or(|(_, p)| p.parse::<u16>().is_err())
+    {
+        return Err(format!("{s:?}: no valid port {hint}"));
+    }
+    let addrs: Vec<SocketAddr> = full
+        .to_socket_addrs()
+        .map_err(|e| format!("{s:?}: {e} {hint}"))?
+        .collect();
+    if addrs.is_empty() {
+        return Err(format!("{s:?}: resolves to no address {hint}"));
+    }
+    Ok(MetricsAddr {
+        spec: s.to_owned(),
+        addrs,
+    })
+}
+
 /// `dead-letters` subcommands.
 #[derive(Debug, Subcommand)]
 pub(crate) enum DeadLetterCommand {
     /// List dead letters.
     List(DeadLetterArgs),
+    /// One dead letter in full, with its payload.
+    Show {
+        /// The dead letter (an id from `list`).
+        #[arg(long)]
+        id: i64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Put dead letters back at the tail of their lanes, in their original order.
-    Replay(DeadLetterArgs),
-    /// Delete dead letters.
-    Purge(DeadLetterArgs),
+    Replay {
+        #[command(flatten)]
+        which: DeadLetterArgs,
+        /// Print what would be replayed, and change nothing.
+        #[arg(long, env = "OUTBOX_LANES_DRY_RUN", value_parser = BoolishValueParser::new())]
+        dry_run: bool,
+    },
+    /// Delete dead letters: those selected, or every one with `--all`.
+    Purge {
+        #[command(flatten)]
+        which: DeadLetterArgs,
+        /// Print what would be purged, and change nothing.
+        #[arg(long, env = "OUTBOX_LANES_DRY_RUN", value_parser = BoolishValueParser::new())]
+        dry_run: bool,
+        /// Purge every dead letter (required when no other selector is given). Deliberately
+        /// without an environment variable: it is the confirmation.
+        #[arg(long, conflicts_with_all = ["actor", "ids", "reason", "recipient", "older_than"])]
+        all: bool,
+    },
 }
 
-/// Which dead letters, and how to print.
+/// Which dead letters, and how to print. The selectors combine (a dead letter must match
+/// every one given).
 #[derive(Debug, Args)]
 pub(crate) struct DeadLetterArgs {
     /// This actor's only (default: every actor's).
@@ -393,9 +479,47 @@ pub(crate) struct DeadLetterArgs {
     /// These dead letters only (ids from `list`); repeatable.
     #[arg(long = "id")]
     pub(crate) ids: Vec<i64>,
+    /// With this reason only: exhausted, permanent, gone, lane_retired, expired or
+    /// destination_refused.
+    #[arg(long, env = "OUTBOX_LANES_REASON", value_parser = parse_reason)]
+    pub(crate) reason: Option<DeadReason>,
+    /// For this recipient URL only (compared in its canonical form).
+    #[arg(long, env = "OUTBOX_LANES_RECIPIENT", value_parser = parse_recipient)]
+    pub(crate) recipient: Option<String>,
+    /// Dead-lettered longer ago than this only: `7d`, `12h`, `30m`, or seconds.
+    #[arg(long, env = "OUTBOX_LANES_OLDER_THAN", value_parser = parse_duration)]
+    pub(crate) older_than: Option<Duration>,
     /// Print JSON.
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+impl DeadLetterArgs {
+    /// Whether any selector narrows the set (without one, it is every dead letter).
+    pub(crate) fn selects(&self) -> bool {
+        self.actor.is_some()
+            || !self.ids.is_empty()
+            || self.reason.is_some()
+            || self.recipient.is_some()
+            || self.older_than.is_some()
+    }
+}
+
+/// A dead letter's reason code.
+fn parse_reason(s: &str) -> Result<DeadReason, String> {
+    DeadReason::from_code(s.trim()).ok_or_else(|| {
+        format!(
+            "{s:?}: not a reason (exhausted, permanent, gone, lane_retired, expired, \
+             destination_refused)"
+        )
+    })
+}
+
+/// A recipient URL, canonicalised as the store keys lanes.
+fn parse_recipient(s: &str) -> Result<String, String> {
+    Recipient::parse(s.trim())
+        .map(|r| r.as_str().to_owned())
+        .map_err(|e| format!("{s:?}: {e}"))
 }
 
 /// The default of `enqueue --max-line-bytes`: the store's default payload limit and 4 MiB for
@@ -449,9 +573,50 @@ mod tests {
         for bad in ["", " ", "a\r\nX-Injected: 1", "caf\u{e9}"] {
             assert!(parse_header_value(bad).is_err(), "{bad:?}");
         }
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
         for zero in ["0", "0s", "0ms", "0.0"] {
             assert!(parse_timeout(zero).is_err(), "{zero}");
         }
+    }
+
+    #[test]
+    fn metrics_addresses() {
+        let v4 = |s: &str| parse_metrics_addr(s).map(|a| a.addrs);
+        assert_eq!(
+            v4("127.0.0.1:9187"),
+            Ok(vec!["127.0.0.1:9187".parse().unwrap()])
+        );
+        assert_eq!(v4(":9187"), Ok(vec!["0.0.0.0:9187".parse().unwrap()]));
+        assert_eq!(v4("[::1]:9187"), Ok(vec!["[::1]:9187".parse().unwrap()]));
+        let local = v4("localhost:9187").unwrap();
+        assert!(
+            !local.is_empty()
+                && local
+                    .iter()
+                    .all(|a| a.ip().is_loopback() && a.port() == 9187)
+        );
+        for bad in [
+            "",
+            "9187",
+            ":",
+            "127.0.0.1",
+            "127.0.0.1:99999",
+            ":x",
+            "[::1]",
+        ] {
+            assert!(parse_metrics_addr(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn reasons_and_recipients() {
+        assert_eq!(parse_reason("gone"), Ok(DeadReason::Gone));
+        assert!(parse_reason("late").unwrap_err().contains("lane_retired"));
+        assert_eq!(
+            parse_recipient("HTTP://Example.COM:80/inbox"),
+            Ok("http://example.com/inbox".to_owned())
+        );
+        assert!(parse_recipient("example.com/inbox").is_err());
     }
 
     #[test]

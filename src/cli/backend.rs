@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use anyhow::anyhow;
@@ -15,10 +15,10 @@ use anyhow::anyhow;
 use super::UsageError;
 use outbox_lanes_core::{ActorId, LaneKey, Outcome, Timestamp, UnitId};
 use outbox_lanes_store::{
-    Acquire, ActorStatus, ActorsDue, AttemptRecord, ClaimedLane, DeadLetter, DeadLetterRequest,
-    DeadLetterSelection, EnqueueError, Enqueued, LaneClaim, LaneInfo, LaneStatus, NewRow, Notifier,
-    Payload, PgOptions, PgStore, Release, SlotToken, SqliteOptions, SqliteStore, Store, StoreError,
-    StoreLaneId,
+    Acquire, ActorStatus, ActorsDue, AttemptRecord, ClaimedLane, DeadLetter, DeadLetterId,
+    DeadLetterRequest, DeadLetterSelection, EnqueueError, Enqueued, LaneClaim, LaneInfo,
+    LaneStatus, NewRow, Notifier, Payload, PgOptions, PgStore, Release, SlotToken, SqliteOptions,
+    SqliteStore, Store, StoreError, StoreLaneId,
 };
 use outbox_lanes_tokio::{
     Attempted, DeadLettered, Delivered, DrainControl, DrainOutcome, Hooks, Monitor, Outbox,
@@ -80,6 +80,8 @@ pub(crate) struct Counters {
     pub(crate) finished: AtomicU64,
     /// The rest, under one lock (hooks run on pass threads, scrapes are rare).
     pub(crate) detail: Mutex<Detail>,
+    /// `relay --on-dead-letter`: where the dead-letter hook also sends each dead letter.
+    pub(crate) on_dead_letter: OnceLock<super::on_dead::Sink>,
 }
 
 /// Labelled counters and histograms.
@@ -111,6 +113,7 @@ impl Default for Counters {
                 latency: Histogram::new(LATENCY),
                 queue_wait: Histogram::new(QUEUE_WAIT),
             }),
+            on_dead_letter: OnceLock::new(),
         }
     }
 }
@@ -160,6 +163,9 @@ impl Counters {
                     .dead_by_reason
                     .entry(d.reason.as_str())
                     .or_default() += 1;
+                if let Some(sink) = on_dead.on_dead_letter.get() {
+                    sink.send(d);
+                }
             })),
             attempted: Some(Box::new(move |a: &Attempted| {
                 on_attempt.finished.fetch_add(1, Ordering::Relaxed);
@@ -316,6 +322,14 @@ impl Store for CountingStore {
         self.inner.purge_dead_letters(which)
     }
 
+    fn dead_letter_payload(&self, id: DeadLetterId) -> Result<Payload, StoreError> {
+        self.inner.dead_letter_payload(id)
+    }
+
+    fn oldest_pending(&self) -> Result<Vec<(ActorId, Timestamp)>, StoreError> {
+        self.inner.oldest_pending()
+    }
+
     fn pause_lane(&self, lane: StoreLaneId, reason: &str) -> Result<(), StoreError> {
         self.inner.pause_lane(lane, reason)
     }
@@ -442,6 +456,11 @@ impl Backend {
     /// Deliveries in flight at once (`--concurrency`).
     pub(crate) fn concurrency(&self) -> usize {
         self.outbox.core().config().concurrency
+    }
+
+    /// How long a stop lets what runs finish (`--shutdown-grace`).
+    pub(crate) fn shutdown_grace(&self) -> Duration {
+        self.outbox.core().config().shutdown_grace
     }
 
     /// Opens the store named by `db` and an outbox over it, delivering as tokio tasks.
@@ -624,6 +643,30 @@ impl Backend {
             Ok(n)
         })
         .await?
+    }
+
+    /// A dead letter's payload.
+    pub(crate) async fn dead_letter_payload(&self, id: DeadLetterId) -> anyhow::Result<Payload> {
+        let store = Arc::clone(self.outbox.store());
+        Ok(blocking(move || store.dead_letter_payload(id)).await??)
+    }
+
+    /// Per actor with pending units, when its oldest lane head was enqueued.
+    pub(crate) async fn oldest_pending(&self) -> anyhow::Result<Vec<(ActorId, Timestamp)>> {
+        let store = Arc::clone(self.outbox.store());
+        Ok(blocking(move || store.oldest_pending()).await??)
+    }
+
+    /// Whether the store answers a query: one probe of the lanes' unique index (for an empty
+    /// actor and recipient; what it finds does not matter), the cheapest read of a table.
+    pub(crate) async fn ready(&self) -> anyhow::Result<()> {
+        let store = Arc::clone(self.outbox.store());
+        blocking(move || {
+            let key = LaneKey::from_canonical(String::new(), None);
+            store.find_lane(&ActorId::new(""), &key).map(drop)
+        })
+        .await??;
+        Ok(())
     }
 
     /// Starts the monitor.

@@ -1,29 +1,67 @@
-//! `relay --metrics-addr`: Prometheus text metrics from a small HTTP responder.
+//! `relay --metrics-addr`: Prometheus text metrics and health probes from a small HTTP
+//! responder.
+//!
+//! A hand-written responder rather than an HTTP server crate: it answers three GET paths
+//! with `Connection: close`, and the binary otherwise needs no HTTP server.
+//! - `/metrics` (and `/`): the exposition text; 503 if the store cannot be read.
+//! - `/healthz`: 200 while the process serves requests (liveness: it checks nothing else).
+//! - `/readyz`: 200 if the store answers a query now, else 503 with the reason (readiness).
+//!
+//! A store that does not answer within [`STORE_WAIT`] gets a 503 too: a probe or a scrape
+//! never hangs on it.
+//! - anything else: 404.
 
 use std::fmt::Write as _;
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
+use outbox_lanes_core::{ActorId, Timestamp};
 use outbox_lanes_store::ActorStatus;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tracing::debug;
 
+use super::args::MetricsAddr;
 use super::backend::{Backend, Counters, Histogram};
 
-/// Binds `addr` and serves `GET /metrics` until the task is aborted.
+/// Binds the first of `addr`'s addresses that can be bound and serves the paths of the
+/// [module docs](self) until the task is aborted.
 ///
 /// # Errors
-/// The address cannot be bound.
+/// None of the addresses can be bound (the last address's error).
 pub(crate) async fn serve(
-    addr: SocketAddr,
+    addr: &MetricsAddr,
     backend: Backend,
     counters: Arc<Counters>,
 ) -> std::io::Result<JoinHandle<()>> {
-    let listener = TcpListener::bind(addr).await?;
-    tracing::info!(addr = %listener.local_addr()?, "serving metrics at /metrics");
+    let mut last = None;
+    let mut bound = None;
+    for a in &addr.addrs {
+        match TcpListener::bind(a).await {
+            Ok(l) => {
+                bound = Some(l);
+                break;
+            }
+            Err(e) => {
+                last = Some(std::io::Error::new(
+                    e.kind(),
+                    format!("cannot bind {a}: {e}"),
+                ))
+            }
+        }
+    }
+    let listener = match (bound, last) {
+        (Some(l), _) => l,
+        (None, Some(e)) => return Err(e),
+        (None, None) => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrNotAvailable,
+                "no address to bind",
+            ));
+        }
+    };
+    tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz and /readyz");
     Ok(tokio::spawn(async move {
         loop {
             let Ok((stream, peer)) = listener.accept().await else {
@@ -39,6 +77,24 @@ pub(crate) async fn serve(
             });
         }
     }))
+}
+
+/// How long `/metrics` and `/readyz` wait for the store.
+pub(crate) const STORE_WAIT: Duration = Duration::from_secs(5);
+
+/// `f`, or an error if the store takes longer than [`STORE_WAIT`].
+async fn bounded<T>(f: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::time::timeout(STORE_WAIT, f)
+        .await
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within {STORE_WAIT:?}")))
+}
+
+/// The exposition text, with what it needs from the store.
+async fn metrics(backend: &Backend, counters: &Counters) -> anyhow::Result<String> {
+    let status = bounded(backend.status()).await?;
+    let oldest = bounded(backend.oldest_pending()).await?;
+    let now = Timestamp::from_system_time(SystemTime::now());
+    Ok(render(&status, &oldest, now, counters))
 }
 
 async fn respond(mut s: TcpStream, backend: &Backend, counters: &Counters) -> std::io::Result<()> {
@@ -62,27 +118,30 @@ async fn respond(mut s: TcpStream, backend: &Backend, counters: &Counters) -> st
     let mut parts = line.split_whitespace();
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let path = target.split('?').next().unwrap_or("");
+    const TEXT: &str = "text/plain; charset=utf-8";
     let (status, ctype, body) = if method != "GET" && method != "HEAD" {
-        (
-            "405 Method Not Allowed",
-            "text/plain",
-            "GET only\n".to_string(),
-        )
-    } else if path == "/metrics" || path == "/" {
-        match backend.status().await {
-            Ok(st) => (
-                "200 OK",
-                "text/plain; version=0.0.4; charset=utf-8",
-                render(&st, counters),
-            ),
-            Err(e) => (
-                "503 Service Unavailable",
-                "text/plain",
-                format!("store: {e:#}\n"),
+        ("405 Method Not Allowed", TEXT, "GET only\n".to_string())
+    } else {
+        match path {
+            "/metrics" | "/" => match metrics(backend, counters).await {
+                Ok(text) => ("200 OK", "text/plain; version=0.0.4; charset=utf-8", text),
+                Err(e) => ("503 Service Unavailable", TEXT, format!("store: {e:#}\n")),
+            },
+            "/healthz" => ("200 OK", TEXT, "ok\n".to_string()),
+            "/readyz" => match bounded(backend.ready()).await {
+                Ok(()) => ("200 OK", TEXT, "ready\n".to_string()),
+                Err(e) => (
+                    "503 Service Unavailable",
+                    TEXT,
+                    format!("not ready: the store does not answer: {e:#}\n"),
+                ),
+            },
+            _ => (
+                "404 Not Found",
+                TEXT,
+                "not found; try /metrics, /healthz or /readyz\n".to_string(),
             ),
         }
-    } else {
-        ("404 Not Found", "text/plain", "try /metrics\n".to_string())
     };
     let mut resp = format!(
         "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
@@ -106,9 +165,16 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
 
-/// The exposition text.
-pub(crate) fn render(status: &[ActorStatus], counters: &Counters) -> String {
+/// The exposition text: `status` and `oldest` (each actor's oldest pending unit's enqueue
+/// time) read from the store, ages taken at `now`.
+pub(crate) fn render(
+    status: &[ActorStatus],
+    oldest: &[(ActorId, Timestamp)],
+    now: Timestamp,
+    counters: &Counters,
+) -> String {
     let mut o = String::new();
+    oldest_pending(&mut o, status.iter().map(|a| &a.actor), oldest, now);
     family(
         &mut o,
         "outbox_lanes_queue_depth",
@@ -226,6 +292,35 @@ pub(crate) fn render(status: &[ActorStatus], counters: &Counters) -> String {
     o
 }
 
+/// `outbox_lanes_oldest_pending_seconds` for each of `actors`: 0 for those not in `oldest`
+/// (nothing pending), so that a series does not vanish when its backlog is gone.
+fn oldest_pending<'a>(
+    o: &mut String,
+    actors: impl Iterator<Item = &'a ActorId>,
+    oldest: &[(ActorId, Timestamp)],
+    now: Timestamp,
+) {
+    family(
+        o,
+        "outbox_lanes_oldest_pending_seconds",
+        "gauge",
+        "Age of the actor's oldest pending unit (its oldest lane head), 0 with none pending.",
+    );
+    for actor in actors {
+        let age = oldest
+            .iter()
+            .find(|(x, _)| x == actor)
+            .map_or(0.0, |(_, t)| {
+                now.saturating_duration_since(*t).as_secs_f64()
+            });
+        let _ = writeln!(
+            o,
+            "outbox_lanes_oldest_pending_seconds{{actor=\"{}\"}} {age}",
+            label(actor.as_str())
+        );
+    }
+}
+
 fn histogram(o: &mut String, name: &str, help: &str, h: &Histogram) {
     family(o, name, "histogram", help);
     let mut cumulative = 0;
@@ -246,11 +341,32 @@ mod tests {
     #[test]
     fn exposition_format() {
         let c = Counters::default();
-        let text = render(&[], &c);
+        let text = render(&[], &[], Timestamp::from_millis(0), &c);
         assert!(text.contains("# TYPE outbox_lanes_delivery_latency_seconds histogram"));
         assert!(text.contains("outbox_lanes_delivery_latency_seconds_bucket{le=\"0.005\"} 0"));
         assert!(text.contains("outbox_lanes_queue_wait_seconds_bucket{le=\"+Inf\"} 0"));
         assert!(text.contains("outbox_lanes_units_in_flight 0"));
         assert_eq!(label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+
+    #[test]
+    fn oldest_pending_age_per_actor() {
+        let (a, b) = (ActorId::new("a"), ActorId::new("b"));
+        let mut text = String::new();
+        oldest_pending(
+            &mut text,
+            [&a, &b].into_iter(),
+            &[(a.clone(), Timestamp::from_millis(1_000))],
+            Timestamp::from_millis(3_500),
+        );
+        assert!(text.contains("# TYPE outbox_lanes_oldest_pending_seconds gauge"));
+        assert!(
+            text.contains("outbox_lanes_oldest_pending_seconds{actor=\"a\"} 2.5\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("outbox_lanes_oldest_pending_seconds{actor=\"b\"} 0\n"),
+            "{text}"
+        );
     }
 }

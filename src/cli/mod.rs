@@ -5,6 +5,7 @@ pub(crate) mod backend;
 pub(crate) mod config;
 pub(crate) mod enqueue;
 pub(crate) mod metrics;
+pub(crate) mod on_dead;
 pub(crate) mod output;
 pub(crate) mod progress;
 pub(crate) mod signing;
@@ -25,7 +26,7 @@ use tracing::{info, warn};
 
 use args::{
     Cli, Command, DeadLetterArgs, DeadLetterCommand, DeliveryFlags, LaneAction, LanesArgs,
-    LogFormat,
+    LogFormat, RelayArgs,
 };
 use backend::{Backend, Counters, LaneOp, OpenError};
 
@@ -244,15 +245,29 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 }
             }
         }
+        Command::Relay(RelayArgs {
+            on_dead_letter: Some(cmd),
+            ..
+        }) if cmd.trim().is_empty() => return Err(usage("--on-dead-letter is empty")),
+        Command::DeadLetters(DeadLetterCommand::Purge { which, all, .. })
+            if !which.selects() && !all =>
+        {
+            return Err(usage(
+                "dead-letters purge needs a selector (--actor, --id, --reason, --recipient, \
+                 --older-than), or --all to delete every dead letter",
+            ));
+        }
         _ => None,
     };
     // Only these create an outbox: the others have nothing to do on an empty one, and must not
     // leave a new database behind at a mistyped path or schema.
-    let create = matches!(cli.command, Command::Enqueue { .. } | Command::Relay { .. });
+    let create = matches!(cli.command, Command::Enqueue { .. } | Command::Relay(_));
     // Only the commands that deliver take the delivery flags and sign; their secret or keys
     // are checked before the database is touched.
     let delivery = match &cli.command {
-        Command::Drain { delivery, .. } | Command::Relay { delivery, .. } => Some(delivery),
+        Command::Drain { delivery, .. } | Command::Relay(RelayArgs { delivery, .. }) => {
+            Some(delivery)
+        }
         _ => None,
     };
     let signing = match delivery {
@@ -310,9 +325,7 @@ async fn dispatch(
         Command::Drain { actor, .. } => {
             cmd_drain(backend, actor, counters, Signals::new()?, report).await
         }
-        Command::Relay { metrics_addr, .. } => {
-            cmd_relay(backend, metrics_addr, counters, Signals::new()?).await
-        }
+        Command::Relay(r) => cmd_relay(backend, r, counters, Signals::new()?).await,
         Command::Status { json } => {
             let s = backend.status().await?;
             if json {
@@ -644,18 +657,24 @@ async fn cmd_drain(
 
 async fn cmd_relay(
     backend: &Backend,
-    metrics_addr: Option<std::net::SocketAddr>,
+    r: RelayArgs,
     counters: &Arc<Counters>,
     signals: Signals,
 ) -> anyhow::Result<()> {
-    let server = match metrics_addr {
+    let server = match &r.metrics_addr {
         Some(addr) => Some(
             metrics::serve(addr, backend.clone(), Arc::clone(counters))
                 .await
-                .map_err(|e| usage(format!("--metrics-addr {addr}: {e}")))?,
+                .map_err(|e| usage(format!("--metrics-addr {}: {e}", addr.spec)))?,
         ),
         None => None,
     };
+    let hook = r.on_dead_letter.map(|cmd| {
+        let (sink, runner) = on_dead::start(cmd, r.on_dead_letter_concurrency as usize);
+        // Set once, before any pass of this process runs.
+        let _ = counters.on_dead_letter.set(sink);
+        runner
+    });
     let relay = backend.start_monitor().await?;
     info!(
         runtime = RUNTIME,
@@ -687,6 +706,16 @@ async fn cmd_relay(
         // Its clone of the backend goes with it, before the backend is closed.
         let _ = server.await;
     }
+    if let Some(hook) = hook {
+        // No pass runs any more: the commands queued run now, within the grace (none after
+        // a second signal).
+        let grace = if interrupted.is_some() {
+            Duration::ZERO
+        } else {
+            backend.shutdown_grace()
+        };
+        hook.finish(grace).await;
+    }
     if let Some(why) = interrupted {
         return Err(Interrupted(why).into());
     }
@@ -700,10 +729,13 @@ async fn cmd_dead_letters(backend: &Backend, c: DeadLetterCommand) -> anyhow::Re
         Replay,
         Purge,
     }
-    let (op, a): (Op, DeadLetterArgs) = match c {
-        DeadLetterCommand::List(a) => (Op::List, a),
-        DeadLetterCommand::Replay(a) => (Op::Replay, a),
-        DeadLetterCommand::Purge(a) => (Op::Purge, a),
+    let (op, a, dry_run): (Op, DeadLetterArgs, bool) = match c {
+        DeadLetterCommand::List(a) => (Op::List, a, false),
+        DeadLetterCommand::Show { id, json } => {
+            return cmd_dead_letter_show(backend, id, json).await;
+        }
+        DeadLetterCommand::Replay { which, dry_run } => (Op::Replay, which, dry_run),
+        DeadLetterCommand::Purge { which, dry_run, .. } => (Op::Purge, which, dry_run),
     };
     if let Some(actor) = &a.actor {
         known_actor(backend, actor).await?;
@@ -722,25 +754,50 @@ async fn cmd_dead_letters(backend: &Backend, c: DeadLetterCommand) -> anyhow::Re
         }
         listed.retain(|d| a.ids.contains(&d.id.0));
     }
-    let selection: Vec<DeadLetterSelection> = if !a.ids.is_empty() {
-        vec![DeadLetterSelection::Ids(
-            a.ids.iter().map(|&i| DeadLetterId(i)).collect(),
-        )]
-    } else if let Some(actor) = &a.actor {
-        vec![DeadLetterSelection::Actor(ActorId::new(actor.clone()))]
-    } else {
-        let actors: BTreeSet<&str> = listed.iter().map(|d| d.actor.as_str()).collect();
-        actors
-            .into_iter()
-            .map(|x| DeadLetterSelection::Actor(ActorId::new(x)))
-            .collect()
-    };
+    // The other filters apply to what the store listed, here: a replay or purge then acts on
+    // exactly the ids listed (what a dry run prints), never on a dead letter that arrived
+    // since; one replayed or purged meanwhile by someone else is skipped.
+    let now = outbox_lanes_core::Timestamp::from_system_time(std::time::SystemTime::now());
+    listed.retain(|d| {
+        a.reason.is_none_or(|r| d.reason == r)
+            && a.recipient
+                .as_deref()
+                .is_none_or(|r| d.key.recipient() == r)
+            && a.older_than
+                .is_none_or(|age| now.saturating_duration_since(d.dead_at) >= age)
+    });
+    let selection = vec![DeadLetterSelection::Ids(
+        listed.iter().map(|d| DeadLetterId(d.id.0)).collect(),
+    )];
     match op {
         Op::List => {
             if a.json {
                 print_json(&output::dead_json(&listed))
             } else {
                 print(&output::dead_table(&listed))
+            }
+        }
+        Op::Replay | Op::Purge if dry_run => {
+            let verb = if matches!(op, Op::Replay) {
+                "replay"
+            } else {
+                "purge"
+            };
+            if a.json {
+                print_json(&output::dead_dry_run_json(
+                    matches!(op, Op::Replay),
+                    &listed,
+                ))
+            } else {
+                print(&format!(
+                    "dry run: would {verb} {} dead letter(s); nothing changed\n{}",
+                    listed.len(),
+                    if listed.is_empty() {
+                        String::new()
+                    } else {
+                        output::dead_table(&listed)
+                    }
+                ))
             }
         }
         Op::Replay => {
@@ -773,6 +830,35 @@ async fn cmd_dead_letters(backend: &Backend, c: DeadLetterCommand) -> anyhow::Re
                 print(&format!("purged {n} dead letter(s)\n"))
             }
         }
+    }
+}
+
+/// `dead-letters show --id N`: the dead letter and its payload.
+async fn cmd_dead_letter_show(backend: &Backend, id: i64, json: bool) -> anyhow::Result<()> {
+    let missing = || usage(format!("no dead letter with id {id}"));
+    let Some(d) = backend
+        .dead_letters(None)
+        .await?
+        .into_iter()
+        .find(|d| d.id.0 == id)
+    else {
+        return Err(missing());
+    };
+    let payload = match backend.dead_letter_payload(DeadLetterId(id)).await {
+        Ok(p) => p,
+        // Replayed or purged since it was listed.
+        Err(e)
+            if e.downcast_ref::<outbox_lanes_store::StoreError>()
+                .is_some_and(|e| matches!(e, outbox_lanes_store::StoreError::NotFound { .. })) =>
+        {
+            return Err(missing());
+        }
+        Err(e) => return Err(e),
+    };
+    if json {
+        print_json(&output::dead_show_json(&d, &payload))
+    } else {
+        print(&output::dead_show_text(&d, &payload))
     }
 }
 

@@ -1,9 +1,9 @@
-//! Plain tables and JSON for `status`, `lanes` and `dead-letters`.
+//! Plain tables and JSON for `status`, `lanes` and `dead-letters` (`show` included).
 
 use std::time::{Duration, SystemTime};
 
 use outbox_lanes_core::{LaneKey, Timestamp};
-use outbox_lanes_store::{ActorStatus, DeadLetter, LaneState, LaneStatus, LaneSummary};
+use outbox_lanes_store::{ActorStatus, DeadLetter, LaneState, LaneStatus, LaneSummary, Payload};
 use serde::Serialize;
 
 /// RFC 3339 in UTC with milliseconds.
@@ -327,25 +327,26 @@ struct DeadListJson<'a> {
 /// `dead-letters list --json`.
 pub(crate) fn dead_json(d: &[DeadLetter]) -> impl Serialize + '_ {
     DeadListJson {
-        dead_letters: d
-            .iter()
-            .map(|d| DeadJson {
-                id: d.id.0,
-                unit: d.unit.0,
-                row_id: &d.row_id,
-                actor: d.actor.as_str(),
-                recipient: d.key.recipient(),
-                ordering_key: d.key.ordering_key(),
-                reason: d.reason.as_str(),
-                last_status: d.last_status,
-                last_error: d.last_error.as_deref(),
-                attempts: d.attempts,
-                first_attempt_at: d.first_attempt_at.map(time),
-                last_attempt_at: d.last_attempt_at.map(time),
-                seq: d.seq.0,
-                dead_at: time(d.dead_at),
-            })
-            .collect(),
+        dead_letters: d.iter().map(dead_one).collect(),
+    }
+}
+
+fn dead_one(d: &DeadLetter) -> DeadJson<'_> {
+    DeadJson {
+        id: d.id.0,
+        unit: d.unit.0,
+        row_id: &d.row_id,
+        actor: d.actor.as_str(),
+        recipient: d.key.recipient(),
+        ordering_key: d.key.ordering_key(),
+        reason: d.reason.as_str(),
+        last_status: d.last_status,
+        last_error: d.last_error.as_deref(),
+        attempts: d.attempts,
+        first_attempt_at: d.first_attempt_at.map(time),
+        last_attempt_at: d.last_attempt_at.map(time),
+        seq: d.seq.0,
+        dead_at: time(d.dead_at),
     }
 }
 
@@ -383,6 +384,111 @@ pub(crate) fn dead_table(d: &[DeadLetter]) -> String {
         ],
         &rows,
     )
+}
+
+#[derive(Serialize)]
+struct DryRunJson<'a> {
+    dry_run: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    would_replay: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    would_purge: Option<usize>,
+    dead_letters: Vec<DeadJson<'a>>,
+}
+
+/// `dead-letters replay|purge --dry-run --json`: what would be replayed (`replay`) or purged,
+/// each dead letter as `list --json` has it.
+pub(crate) fn dead_dry_run_json(replay: bool, d: &[DeadLetter]) -> impl Serialize + '_ {
+    DryRunJson {
+        dry_run: true,
+        would_replay: replay.then_some(d.len()),
+        would_purge: (!replay).then_some(d.len()),
+        dead_letters: d.iter().map(dead_one).collect(),
+    }
+}
+
+/// A payload in JSON: `body` when it is JSON text (what `enqueue` stores), else `body_text`
+/// when it is UTF-8, else `body_base64`.
+#[derive(Serialize)]
+struct PayloadJson<'a> {
+    content_type: &'a str,
+    bytes: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    body: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    body_text: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    body_base64: Option<String>,
+}
+
+#[derive(Serialize)]
+struct ShowJson<'a> {
+    #[serde(flatten)]
+    dead_letter: DeadJson<'a>,
+    payload: PayloadJson<'a>,
+}
+
+/// `dead-letters show --json`: the dead letter as `list --json` has it, and its payload.
+pub(crate) fn dead_show_json<'a>(d: &'a DeadLetter, p: &'a Payload) -> impl Serialize + 'a {
+    let text = std::str::from_utf8(&p.body).ok();
+    let body = text.and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok());
+    ShowJson {
+        dead_letter: dead_one(d),
+        payload: PayloadJson {
+            content_type: &p.content_type,
+            bytes: p.body.len(),
+            body_text: if body.is_none() { text } else { None },
+            body_base64: text.is_none().then(|| {
+                use base64::Engine as _;
+                base64::engine::general_purpose::STANDARD.encode(&p.body)
+            }),
+            body,
+        },
+    }
+}
+
+/// `dead-letters show`: one field a line, a blank line, and the payload as text (or a note
+/// that it is not UTF-8).
+pub(crate) fn dead_show_text(d: &DeadLetter, p: &Payload) -> String {
+    let opt_time = |t: Option<Timestamp>| t.map_or_else(|| "-".to_owned(), time);
+    let mut rows = vec![
+        vec!["id".to_owned(), d.id.0.to_string()],
+        vec!["actor".to_owned(), d.actor.as_str().to_owned()],
+        vec!["row".to_owned(), d.row_id.clone()],
+        vec!["unit".to_owned(), d.unit.0.to_string()],
+        vec!["recipient".to_owned(), d.key.recipient().to_owned()],
+    ];
+    if let Some(k) = d.key.ordering_key() {
+        rows.push(vec!["ordering key".to_owned(), k.to_owned()]);
+    }
+    rows.extend([
+        vec!["reason".to_owned(), d.reason.as_str().to_owned()],
+        vec![
+            "last".to_owned(),
+            last_error(d.last_status, d.last_error.as_deref()),
+        ],
+        vec!["attempts".to_owned(), d.attempts.to_string()],
+        vec!["first attempt".to_owned(), opt_time(d.first_attempt_at)],
+        vec!["last attempt".to_owned(), opt_time(d.last_attempt_at)],
+        vec!["dead at".to_owned(), time(d.dead_at)],
+        vec!["content type".to_owned(), p.content_type.clone()],
+        vec!["bytes".to_owned(), p.body.len().to_string()],
+    ]);
+    let mut out = String::new();
+    for r in &rows {
+        out.push_str(&format!("{:<14}{}\n", r[0], r[1]));
+    }
+    out.push('\n');
+    match std::str::from_utf8(&p.body) {
+        Ok(t) => {
+            out.push_str(t);
+            if !t.ends_with('\n') {
+                out.push('\n');
+            }
+        }
+        Err(_) => out.push_str("(not UTF-8 text; --json shows it in base64)\n"),
+    }
+    out
 }
 
 #[cfg(test)]

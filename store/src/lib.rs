@@ -266,6 +266,20 @@ pub trait Store: Send + Sync {
     /// Database failures.
     fn purge_dead_letters(&self, which: &DeadLetterSelection) -> Result<u64, StoreError>;
 
+    /// The payload a dead letter keeps for its replay: its row id, content type and body.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] if no dead letter has this id; database failures.
+    fn dead_letter_payload(&self, id: DeadLetterId) -> Result<Payload, StoreError>;
+
+    /// Per actor with pending units, when the row of its oldest lane head was enqueued: the
+    /// age of what waits longest, the lag an operator alerts on. One statement; its cost is
+    /// one index probe per lane (the head of each lane), never a lane's depth.
+    ///
+    /// # Errors
+    /// Database failures.
+    fn oldest_pending(&self) -> Result<Vec<(ActorId, Timestamp)>, StoreError>;
+
     /// Pauses a lane (operator).
     ///
     /// # Errors

@@ -2563,6 +2563,44 @@ impl Store for PgStore {
         Ok(out)
     }
 
+    fn dead_letter_payload(&self, id: DeadLetterId) -> Result<Payload, StoreError> {
+        self.autocommit(|t| {
+            let r = t
+                .opt(
+                    "SELECT d.row_id, r.content_type, r.body, r.headers FROM ol_dead_letters d \
+                     JOIN ol_rows r ON r.id = d.row_ref WHERE d.id = $1",
+                    &[&id.0],
+                )?
+                .ok_or(StoreError::NotFound {
+                    what: "dead letter",
+                })?;
+            Ok(Payload {
+                row_id: r.get(0),
+                content_type: r.get(1),
+                body: r.get(2),
+                headers: decode_headers(r.get(3)),
+            })
+        })
+    }
+
+    fn oldest_pending(&self) -> Result<Vec<(ActorId, Timestamp)>, StoreError> {
+        self.autocommit(|t| {
+            // The head of each lane through `ol_units_lane` (the query `lanes` makes per lane).
+            Ok(t
+                .q(
+                    "SELECT actor, min(head) FROM (SELECT l.actor AS actor, \
+                     (SELECT coalesce(h.enqueued_at, r.enqueued_at) FROM ol_units d \
+                      JOIN ol_units h ON h.id = coalesce(d.unit_id, d.id) LEFT JOIN ol_rows r ON r.id = h.row_ref \
+                      WHERE d.lane_id = l.id AND d.state = 0 ORDER BY d.seq, d.id LIMIT 1) AS head \
+                     FROM ol_lanes l) x WHERE head IS NOT NULL GROUP BY actor ORDER BY actor",
+                    &[],
+                )?
+                .iter()
+                .map(|r| (ActorId::new(r.get::<_, String>(0)), ts(r.get(1))))
+                .collect())
+        })
+    }
+
     fn purge_dead_letters(&self, which: &DeadLetterSelection) -> Result<u64, StoreError> {
         self.tx(false, |t| {
             let dead = select_dead(t, which)?;

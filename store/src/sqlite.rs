@@ -1917,6 +1917,45 @@ impl Store for SqliteStore {
         })
     }
 
+    fn dead_letter_payload(&self, id: DeadLetterId) -> Result<Payload, StoreError> {
+        self.read(|c| {
+            c.prepare_cached(
+                "SELECT d.row_id, r.content_type, r.body, r.headers FROM ol_dead_letters d \
+                 JOIN ol_rows r ON r.id = d.row_ref WHERE d.id = ?1",
+            )?
+            .query_row([id.0], |r| {
+                Ok(Payload {
+                    row_id: r.get(0)?,
+                    content_type: r.get(1)?,
+                    body: r.get(2)?,
+                    headers: decode_headers(r.get(3)?),
+                })
+            })
+            .optional()?
+            .ok_or(StoreError::NotFound {
+                what: "dead letter",
+            })
+        })
+    }
+
+    fn oldest_pending(&self) -> Result<Vec<(ActorId, Timestamp)>, StoreError> {
+        self.read(|c| {
+            // The head of each lane through `ol_units_lane` (the query `lanes` makes per lane).
+            c.prepare_cached(
+                "SELECT actor, min(head) FROM (SELECT l.actor AS actor, \
+                 (SELECT coalesce(h.enqueued_at, r.enqueued_at) FROM ol_units d \
+                  JOIN ol_units h ON h.id = coalesce(d.unit_id, d.id) LEFT JOIN ol_rows r ON r.id = h.row_ref \
+                  WHERE d.lane_id = l.id AND d.state = 0 ORDER BY d.seq, d.id LIMIT 1) AS head \
+                 FROM ol_lanes l) WHERE head IS NOT NULL GROUP BY actor ORDER BY actor",
+            )?
+            .query_map([], |r| {
+                Ok((ActorId::new(r.get::<_, String>(0)?), ts(r.get(1)?)))
+            })?
+            .collect::<Result<_, _>>()
+            .map_err(StoreError::from)
+        })
+    }
+
     fn pause_lane(&self, lane: StoreLaneId, reason: &str) -> Result<(), StoreError> {
         self.write(|c| {
             lane_update(
