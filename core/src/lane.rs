@@ -1,11 +1,17 @@
 //! Lane keys and their interning into dense integer ids (OL-19).
+//!
+//! [`LaneTable`] is an [`IndexSet`]: a key's index in insertion order is its [`LaneId`], so
+//! each key is stored once and `insert_full` interns in one call. Without std, indexmap
+//! needs its hasher named: the table uses [`KeyedState`], a SipHash-1-3 keyed from the
+//! scheduler's seed, rather than an unkeyed no_std hasher (foldhash, ahash without its
+//! runtime RNG), because recipient URLs come from outside and whoever picks them must not be
+//! able to aim them at one bucket. Keying from the seed keeps runs replayable.
 
 use alloc::string::String;
-use alloc::vec::Vec;
 use core::fmt;
 use core::hash::{BuildHasher, Hash};
 
-use hashbrown::HashMap;
+use indexmap::IndexSet;
 use siphasher::sip::SipHasher13;
 
 use crate::ids::LaneId;
@@ -89,19 +95,17 @@ impl BuildHasher for KeyedState {
     }
 }
 
-/// Interns lane keys into dense [`LaneId`]s.
+/// Interns lane keys into dense [`LaneId`]s (a key's id is its index in insertion order).
 #[derive(Clone, Debug)]
 pub struct LaneTable<K = LaneKey> {
-    ids: HashMap<K, LaneId, KeyedState>,
-    keys: Vec<K>,
+    keys: IndexSet<K, KeyedState>,
 }
 
 impl<K: Clone + Eq + Hash> LaneTable<K> {
     /// An empty table whose hasher is keyed from `seed`.
     pub fn new(seed: u64) -> Self {
         LaneTable {
-            ids: HashMap::with_hasher(KeyedState::new(seed)),
-            keys: Vec::new(),
+            keys: IndexSet::with_hasher(KeyedState::new(seed)),
         }
     }
 
@@ -110,23 +114,26 @@ impl<K: Clone + Eq + Hash> LaneTable<K> {
     /// # Panics
     /// Never in practice: it would need more than `u32::MAX` distinct lanes in one table.
     pub fn intern(&mut self, key: &K) -> LaneId {
-        if let Some(id) = self.ids.get(key) {
-            return *id;
-        }
-        let id = LaneId(u32::try_from(self.keys.len()).expect("fewer than 2^32 lanes"));
-        self.keys.push(key.clone());
-        self.ids.insert(key.clone(), id);
-        id
+        // Looked up first so that a known key (the common case) is not cloned.
+        let index = match self.keys.get_index_of(key) {
+            Some(index) => index,
+            None => self.keys.insert_full(key.clone()).0,
+        };
+        LaneId(u32::try_from(index).expect("fewer than 2^32 lanes"))
     }
 
     /// The id of `key`, if it was interned.
     pub fn get(&self, key: &K) -> Option<LaneId> {
-        self.ids.get(key).copied()
+        // Every index in the table came from `intern`, which checked it fits.
+        self.keys
+            .get_index_of(key)
+            .and_then(|index| u32::try_from(index).ok())
+            .map(LaneId)
     }
 
     /// The key of `id`, if `id` came from this table.
     pub fn key(&self, id: LaneId) -> Option<&K> {
-        self.keys.get(id.index())
+        self.keys.get_index(id.index())
     }
 
     /// The number of interned lanes.
@@ -153,6 +160,26 @@ mod tests {
         assert_eq!((a.index(), b.index()), (0, 1));
         assert_eq!(t.key(b).map(String::as_str), Some("b"));
         assert_eq!(t.get(&String::from("c")), None);
+    }
+
+    #[test]
+    fn each_key_is_stored_once_and_ids_follow_insertion_order() {
+        let mut t: LaneTable<u64> = LaneTable::new(3);
+        for round in 0..3 {
+            for k in (0..1_000_u64).rev() {
+                let id = t.intern(&k);
+                assert_eq!(
+                    id.index(),
+                    999 - usize::try_from(k).unwrap_or(0),
+                    "round {round}"
+                );
+                assert_eq!(t.key(id), Some(&k));
+                assert_eq!(t.get(&k), Some(id));
+            }
+            assert_eq!(t.len(), 1_000);
+        }
+        assert_eq!(t.key(LaneId(1_000)), None);
+        assert!(!t.is_empty() && LaneTable::<u64>::new(3).is_empty());
     }
 }
 

@@ -22,9 +22,18 @@
 //!   the connection to that IPv4 address, so the IPv4 verdict is the one that matters;
 //! - 6to4 `2002:AABB:CCDD::/48` (RFC 3056): packets go encapsulated to `A.B.C.D`, so the
 //!   prefix is judged by that IPv4 address.
+//!
+//! # Why not a crate
+//!
+//! The prefixes are [`ipnet`] networks (`no_std` + `alloc`). The classification around them
+//! stays here: it is this product's policy (which space is refused, which flag opens
+//! what, the cloud metadata services, IPv6 forms judged by their IPv4 address), and std's
+//! own `Ipv4Addr::is_global` and kin are unstable and draw different lines.
 
 use core::fmt;
 use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use ipnet::{Ipv4Net, Ipv6Net};
 
 /// The class of a destination address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -119,16 +128,16 @@ pub fn classify_addr(addr: IpAddr) -> AddrClass {
     }
 }
 
-/// Whether `addr` lies in `prefix/len`.
-fn in_v4(addr: Ipv4Addr, prefix: [u8; 4], len: u32) -> bool {
-    let mask = u32::MAX.checked_shl(32 - len).unwrap_or(0);
-    u32::from(addr) & mask == u32::from(Ipv4Addr::from(prefix)) & mask
+/// `prefix/len` (checked at compile time: every use is in a constant).
+const fn net4(prefix: [u8; 4], len: u8) -> Ipv4Net {
+    let [a, b, c, d] = prefix;
+    Ipv4Net::new_assert(Ipv4Addr::new(a, b, c, d), len)
 }
 
-/// Whether `addr` lies in `prefix/len`.
-fn in_v6(addr: Ipv6Addr, prefix: [u16; 8], len: u32) -> bool {
-    let mask = u128::MAX.checked_shl(128 - len).unwrap_or(0);
-    u128::from(addr) & mask == u128::from(Ipv6Addr::from(prefix)) & mask
+/// `prefix/len` (checked at compile time: every use is in a constant).
+const fn net6(prefix: [u16; 8], len: u8) -> Ipv6Net {
+    let [a, b, c, d, e, f, g, h] = prefix;
+    Ipv6Net::new_assert(Ipv6Addr::new(a, b, c, d, e, f, g, h), len)
 }
 
 /// The IPv4 addresses of [`AddrClass::CloudMetadata`].
@@ -152,29 +161,29 @@ fn classify_v4(a: Ipv4Addr) -> AddrClass {
     if METADATA_V4.contains(&a.octets()) {
         return AddrClass::CloudMetadata;
     }
-    const TABLE: &[([u8; 4], u32, AddrClass)] = &[
-        ([0, 0, 0, 0], 8, AddrClass::Unspecified),
-        ([127, 0, 0, 0], 8, AddrClass::Loopback),
-        ([10, 0, 0, 0], 8, AddrClass::Private),
-        ([172, 16, 0, 0], 12, AddrClass::Private),
-        ([192, 168, 0, 0], 16, AddrClass::Private),
-        ([100, 64, 0, 0], 10, AddrClass::SharedCgnat),
-        ([169, 254, 0, 0], 16, AddrClass::LinkLocal),
-        ([192, 0, 0, 0], 24, AddrClass::Reserved),
-        ([192, 0, 2, 0], 24, AddrClass::Documentation),
-        ([198, 51, 100, 0], 24, AddrClass::Documentation),
-        ([203, 0, 113, 0], 24, AddrClass::Documentation),
-        ([198, 18, 0, 0], 15, AddrClass::Benchmarking),
-        ([192, 88, 99, 0], 24, AddrClass::Reserved),
-        ([224, 0, 0, 0], 4, AddrClass::Multicast),
+    const TABLE: &[(Ipv4Net, AddrClass)] = &[
+        (net4([0, 0, 0, 0], 8), AddrClass::Unspecified),
+        (net4([127, 0, 0, 0], 8), AddrClass::Loopback),
+        (net4([10, 0, 0, 0], 8), AddrClass::Private),
+        (net4([172, 16, 0, 0], 12), AddrClass::Private),
+        (net4([192, 168, 0, 0], 16), AddrClass::Private),
+        (net4([100, 64, 0, 0], 10), AddrClass::SharedCgnat),
+        (net4([169, 254, 0, 0], 16), AddrClass::LinkLocal),
+        (net4([192, 0, 0, 0], 24), AddrClass::Reserved),
+        (net4([192, 0, 2, 0], 24), AddrClass::Documentation),
+        (net4([198, 51, 100, 0], 24), AddrClass::Documentation),
+        (net4([203, 0, 113, 0], 24), AddrClass::Documentation),
+        (net4([198, 18, 0, 0], 15), AddrClass::Benchmarking),
+        (net4([192, 88, 99, 0], 24), AddrClass::Reserved),
+        (net4([224, 0, 0, 0], 4), AddrClass::Multicast),
         // Before 240/4, which contains it.
-        ([255, 255, 255, 255], 32, AddrClass::Broadcast),
-        ([240, 0, 0, 0], 4, AddrClass::Reserved),
+        (net4([255, 255, 255, 255], 32), AddrClass::Broadcast),
+        (net4([240, 0, 0, 0], 4), AddrClass::Reserved),
     ];
     TABLE
         .iter()
-        .find(|&&(prefix, len, _)| in_v4(a, prefix, len))
-        .map_or(AddrClass::Public, |&(_, _, class)| class)
+        .find(|(net, _)| net.contains(&a))
+        .map_or(AddrClass::Public, |&(_, class)| class)
 }
 
 fn classify_v6(a: Ipv6Addr) -> AddrClass {
@@ -192,25 +201,36 @@ fn classify_v6(a: Ipv6Addr) -> AddrClass {
     }
     // Most specific first: 2001:2::/48 and 2001:db8::/32 sit near 2001::/23, 64:ff9b:1::/48
     // is outside 2000::/3.
-    const TABLE: &[([u16; 8], u32, AddrClass)] = &[
-        ([0x2001, 0x2, 0, 0, 0, 0, 0, 0], 48, AddrClass::Benchmarking),
-        ([0x2001, 0, 0, 0, 0, 0, 0, 0], 23, AddrClass::Reserved),
+    const TABLE: &[(Ipv6Net, AddrClass)] = &[
         (
-            [0x2001, 0xdb8, 0, 0, 0, 0, 0, 0],
-            32,
+            net6([0x2001, 0x2, 0, 0, 0, 0, 0, 0], 48),
+            AddrClass::Benchmarking,
+        ),
+        (net6([0x2001, 0, 0, 0, 0, 0, 0, 0], 23), AddrClass::Reserved),
+        (
+            net6([0x2001, 0xdb8, 0, 0, 0, 0, 0, 0], 32),
             AddrClass::Documentation,
         ),
-        ([0x3fff, 0, 0, 0, 0, 0, 0, 0], 20, AddrClass::Documentation),
-        ([0xfc00, 0, 0, 0, 0, 0, 0, 0], 7, AddrClass::UniqueLocal),
-        ([0xfe80, 0, 0, 0, 0, 0, 0, 0], 10, AddrClass::LinkLocal),
-        ([0xfec0, 0, 0, 0, 0, 0, 0, 0], 10, AddrClass::Reserved),
-        ([0xff00, 0, 0, 0, 0, 0, 0, 0], 8, AddrClass::Multicast),
-        ([0x2000, 0, 0, 0, 0, 0, 0, 0], 3, AddrClass::Public),
+        (
+            net6([0x3fff, 0, 0, 0, 0, 0, 0, 0], 20),
+            AddrClass::Documentation,
+        ),
+        (
+            net6([0xfc00, 0, 0, 0, 0, 0, 0, 0], 7),
+            AddrClass::UniqueLocal,
+        ),
+        (
+            net6([0xfe80, 0, 0, 0, 0, 0, 0, 0], 10),
+            AddrClass::LinkLocal,
+        ),
+        (net6([0xfec0, 0, 0, 0, 0, 0, 0, 0], 10), AddrClass::Reserved),
+        (net6([0xff00, 0, 0, 0, 0, 0, 0, 0], 8), AddrClass::Multicast),
+        (net6([0x2000, 0, 0, 0, 0, 0, 0, 0], 3), AddrClass::Public),
     ];
     TABLE
         .iter()
-        .find(|&&(prefix, len, _)| in_v6(a, prefix, len))
-        .map_or(AddrClass::Reserved, |&(_, _, class)| class)
+        .find(|(net, _)| net.contains(&a))
+        .map_or(AddrClass::Reserved, |&(_, class)| class)
 }
 
 /// The IPv4 address an IPv6 address stands for, if it is one of the embedding forms in the
@@ -218,14 +238,18 @@ fn classify_v6(a: Ipv6Addr) -> AddrClass {
 fn embedded_v4(a: Ipv6Addr) -> Option<Ipv4Addr> {
     let o = a.octets();
     let low = Ipv4Addr::new(o[12], o[13], o[14], o[15]);
-    let embeds_low = in_v6(a, [0, 0, 0, 0, 0, 0xffff, 0, 0], 96) // mapped
-        || in_v6(a, [0, 0, 0, 0, 0xffff, 0, 0, 0], 96) // translated
-        || in_v6(a, [0, 0, 0, 0, 0, 0, 0, 0], 96) // compatible
-        || in_v6(a, [0x64, 0xff9b, 0, 0, 0, 0, 0, 0], 96); // NAT64
+    const EMBED_LOW: &[Ipv6Net] = &[
+        net6([0, 0, 0, 0, 0, 0xffff, 0, 0], 96),    // mapped
+        net6([0, 0, 0, 0, 0xffff, 0, 0, 0], 96),    // translated
+        net6([0, 0, 0, 0, 0, 0, 0, 0], 96),         // compatible
+        net6([0x64, 0xff9b, 0, 0, 0, 0, 0, 0], 96), // NAT64
+    ];
+    const SIX_TO_FOUR: Ipv6Net = net6([0x2002, 0, 0, 0, 0, 0, 0, 0], 16);
+    let embeds_low = EMBED_LOW.iter().any(|net| net.contains(&a));
     if embeds_low {
         return Some(low);
     }
-    if in_v6(a, [0x2002, 0, 0, 0, 0, 0, 0, 0], 16) {
+    if SIX_TO_FOUR.contains(&a) {
         return Some(Ipv4Addr::new(o[2], o[3], o[4], o[5]));
     }
     None

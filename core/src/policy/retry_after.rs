@@ -11,6 +11,18 @@
 //! against the date (the date alone says when to retry). A two-digit RFC 850 year is read as
 //! the year with those last two digits that lies within 50 years of `now`, so a date that
 //! would be more than 50 years ahead means the century before (RFC 9110 §5.6.7).
+//!
+//! # Why not a crate
+//!
+//! `httpdate`, the HTTP-date crate the HTTP stacks use, needs std (it converts through
+//! `std::time::SystemTime`), and this module is part of the `no_std` core that every
+//! runtime shares, so that both HTTP clients read a Retry-After the same way. It would also
+//! change which values are honoured: it matches day and month names case-sensitively,
+//! refuses a date whose day name is wrong, reads a two-digit RFC 850 year with a fixed
+//! pivot (`70` is 1970, `69` is 2069) instead of relative to `now`, and refuses years
+//! before 1970. Its `no_std` fork `date_header` shares those choices and has had no release
+//! since 2023. What stays here is the grammar of RFC 9110 §5.6.7 and a days-from-civil
+//! conversion, both exercised by the tests below and the `retry_after` fuzz target.
 
 use core::time::Duration;
 

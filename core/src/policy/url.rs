@@ -4,10 +4,17 @@
 //! and the canonical string must mean the same thing to every HTTP client a runtime uses
 //! (reqwest parses URLs the WHATWG way, ureq the RFC 3986 way). The parser is therefore
 //! strict: whatever the two could read differently (backslashes, userinfo, percent-encoded
-//! or non-ASCII hosts, shorthand IPv4 such as `127.1`) is refused rather than guessed.
+//! hosts, shorthand IPv4 such as `127.1`) is refused rather than guessed.
 //!
 //! The canonical form is `scheme://host[:port]/path[?query]`:
-//! - the scheme and host are lower-cased (hosts are ASCII only: use punycode for IDNs);
+//! - the scheme and host are lower-cased;
+//! - an internationalised host name (one with a non-ASCII character) goes through UTS #46
+//!   `ToASCII` (the [`idna`] crate, non-transitional, as WHATWG clients do): it is mapped
+//!   (case-folded, full-width forms narrowed, `。` read as `.`), normalised, checked (bidi,
+//!   joiners, punycode) and written in punycode, so `Bücher.example` is
+//!   `xn--bcher-kva.example`; a name UTS #46 refuses is [`UrlError::InvalidIdn`]. The
+//!   result then passes the same checks as an ASCII host. All-ASCII hosts never go through
+//!   UTS #46, so their canonical forms are exactly what they were before IDN support;
 //! - the port is dropped when it is the scheme's default (80, 443), leading zeros removed;
 //! - one trailing dot of a domain is dropped;
 //! - IPv4 hosts must be dotted quads, IPv6 hosts are written in RFC 5952 compressed form;
@@ -32,6 +39,18 @@
 //!
 //! A URL already in this form is its own canonical form, byte for byte, so stored lane keys
 //! do not change when they are parsed again.
+//!
+//! # Why not a crate
+//!
+//! Host names use the [`idna`] crate (UTS #46 and punycode, `no_std` + `alloc`). The rest
+//! stays hand-written although the `url` crate builds without std (2.5.4 and later): `url`
+//! is a WHATWG parser, and its canonical form is not this one. It accepts what this parser
+//! refuses (`127.1`, `0x7f.0.0.1`, backslashes read as slashes, `user:pass@`), keeps
+//! `%7e` and `%c3%a9` as written where this form decodes and upper-cases them, and
+//! percent-encodes a different set of characters. Canonical recipients are stored lane keys:
+//! a canonical form that changed for a URL accepted before would split its lane in two
+//! (two deliveries in flight to one inbox, out of order), and `tests/url_compat.rs` checks
+//! that none does.
 
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -160,8 +179,16 @@ pub enum UrlError {
     UserInfo,
     /// The port is not a number from 1 to 65535.
     BadPort,
-    /// The host contains non-ASCII characters.
+    /// The host contains non-ASCII characters. No longer returned: such hosts are
+    /// internationalised names, accepted or refused with [`UrlError::InvalidIdn`]. Kept so
+    /// that code matching on it still compiles.
+    #[deprecated(note = "internationalised hosts are accepted; see UrlError::InvalidIdn")]
     NonAsciiHost,
+    /// A host with non-ASCII characters that is not a valid internationalised domain name
+    /// under UTS #46: a disallowed character (`☃︎` is fine, U+FFFD is not), one that maps to
+    /// an ASCII character a host may not contain (full-width `／` to `/`), invalid punycode in
+    /// an `xn--` label, or a label breaking the bidi or joiner rules.
+    InvalidIdn,
     /// A whitespace or control character, or a backslash, appears in the URL.
     InvalidChar {
         /// The offending character.
@@ -210,9 +237,12 @@ impl fmt::Display for UrlError {
                  use a signer or header instead",
             ),
             UrlError::BadPort => f.write_str("the port must be a number from 1 to 65535"),
-            UrlError::NonAsciiHost => f.write_str(
-                "the host contains non-ASCII characters; write internationalised names in \
-                 punycode (xn--...)",
+            #[allow(deprecated)]
+            UrlError::NonAsciiHost => f.write_str("the host contains non-ASCII characters"),
+            UrlError::InvalidIdn => f.write_str(
+                "the host is not a valid internationalised domain name (UTS #46): it has a \
+                 disallowed character, invalid punycode (xn--...) or breaks the bidi or \
+                 joiner rules",
             ),
             UrlError::InvalidChar { ch, index } => write!(
                 f,
@@ -421,16 +451,48 @@ fn parse_domain_or_ipv4(raw: &str) -> Result<Host, UrlError> {
     if raw.is_empty() {
         return Err(UrlError::MissingHost);
     }
-    if !raw.is_ascii() {
-        return Err(UrlError::NonAsciiHost);
+    if raw.is_ascii() {
+        parse_ascii_host(raw)
+    } else {
+        parse_ascii_host(&idn_to_ascii(raw)?)
     }
+}
+
+/// The ASCII characters a host may contain besides letters and digits.
+fn allowed_in_host(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')
+}
+
+/// UTS #46 `ToASCII` of a host with non-ASCII characters: non-transitional, hyphens
+/// allowed (as WHATWG clients do), lengths left to [`parse_ascii_host`]. An ASCII character
+/// the ASCII rules refuse is refused as such; a non-ASCII one that maps to such a character
+/// (`／` to `/`) makes the name invalid.
+fn idn_to_ascii(raw: &str) -> Result<String, UrlError> {
+    use idna::uts46::{AsciiDenyList, DnsLength, Hyphens, Uts46};
+    /// Every visible ASCII character but letters, digits, `-`, `_` and `.`, plus space and
+    /// controls: what [`allowed_in_host`] refuses.
+    const DENY: AsciiDenyList = AsciiDenyList::new(true, "!\"#$%&'()*+,/:;<=>?@[\\]^`{|}~");
+    if let Some(ch) = raw
+        .chars()
+        .find(|&c| c.is_ascii() && !allowed_in_host(c as u8))
+    {
+        return Err(UrlError::BadHostChar { ch });
+    }
+    Uts46::new()
+        .to_ascii(raw.as_bytes(), DENY, Hyphens::Allow, DnsLength::Ignore)
+        .map(String::from)
+        .map_err(|_| UrlError::InvalidIdn)
+}
+
+/// An all-ASCII host: a domain (lower-cased, one trailing dot dropped) or a dotted quad.
+fn parse_ascii_host(raw: &str) -> Result<Host, UrlError> {
     let name = raw.strip_suffix('.').unwrap_or(raw);
     if name.is_empty() {
         return Err(UrlError::MissingHost);
     }
     if let Some(ch) = name
         .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+        .find(|&c| !(c.is_ascii() && allowed_in_host(c as u8)))
     {
         return Err(UrlError::BadHostChar { ch });
     }
@@ -979,7 +1041,6 @@ mod tests {
                 index: 14
             }
         );
-        assert_eq!(err("http://bücher.example/"), UrlError::NonAsciiHost);
         assert_eq!(
             err("http://ex%61mple.com/"),
             UrlError::BadHostChar { ch: '%' }
@@ -1023,6 +1084,93 @@ mod tests {
     }
 
     #[test]
+    fn internationalised_hosts_are_canonicalised_to_punycode() {
+        for (input, output) in [
+            (
+                "https://Bücher.example/inbox",
+                "https://xn--bcher-kva.example/inbox",
+            ),
+            // UTS #46 mapping: case folding, full-width forms, the ideographic full stop.
+            ("https://BÜCHER.EXAMPLE/", "https://xn--bcher-kva.example/"),
+            (
+                "https://ｂüｃｈｅｒ．example/",
+                "https://xn--bcher-kva.example/",
+            ),
+            (
+                "https://bücher。example./x",
+                "https://xn--bcher-kva.example/x",
+            ),
+            ("https://ＥＸＡＭＰＬＥ.com/", "https://example.com/"),
+            // Non-transitional: ß and ς stay themselves, not ss and σ.
+            ("http://faß.de/", "http://xn--fa-hia.de/"),
+            (
+                "http://ελληνικά.example:8080/a",
+                "http://xn--hxargifdar.example:8080/a",
+            ),
+            ("http://日本語.jp/", "http://xn--wgv71a119e.jp/"),
+            (
+                "http://münchen.de/ä?ö",
+                "http://xn--mnchen-3ya.de/%C3%A4?%C3%B6",
+            ),
+            // An xn-- label next to a Unicode one is checked and lower-cased.
+            (
+                "http://XN--BCHER-KVA.bücher.example/",
+                "http://xn--bcher-kva.xn--bcher-kva.example/",
+            ),
+            // Full-width digits map to a dotted quad, which is an IPv4 host.
+            ("http://１２７．０．０．１:8080/", "http://127.0.0.1:8080/"),
+        ] {
+            assert_eq!(canon(input), output, "{input}");
+            let r = Recipient::parse(input).unwrap();
+            assert_eq!(Recipient::parse(output).unwrap(), r, "{input}");
+        }
+        assert_eq!(
+            Recipient::parse("https://Bücher.example/inbox")
+                .unwrap()
+                .host(),
+            &Host::Domain(String::from("xn--bcher-kva.example"))
+        );
+        assert_eq!(
+            Recipient::parse("http://１２７．０．０．１/")
+                .unwrap()
+                .host(),
+            &Host::Ipv4(Ipv4Addr::LOCALHOST)
+        );
+    }
+
+    #[test]
+    fn invalid_internationalised_hosts_are_refused() {
+        for bad in [
+            "http://a\u{fffd}b.example/",       // disallowed code point
+            "http://bücher／evil.example/",     // full-width solidus maps to `/`
+            "http://bücher＠evil.example/",     // full-width commercial at maps to `@`
+            "http://ü\u{200d}.example/",        // ZERO WIDTH JOINER outside a joining context
+            "http://\u{0301}bücher.example/",   // a label starting with a combining mark
+            "http://xn--a-ecp.bücher.example/", // an xn-- label that is not valid punycode
+            "http://ab\u{5d0}.bücher.example/", // left-to-right and right-to-left in one label
+        ] {
+            assert_eq!(err(bad), UrlError::InvalidIdn, "{bad}");
+        }
+        // ASCII characters a host may not contain are refused as before.
+        assert_eq!(
+            err("http://bü%63her.example/"),
+            UrlError::BadHostChar { ch: '%' }
+        );
+        assert_eq!(
+            err("http://bü!cher.example/"),
+            UrlError::BadHostChar { ch: '!' }
+        );
+        // The punycode form obeys the ASCII limits.
+        assert_eq!(err("http://bücher..example/"), UrlError::EmptyLabel);
+        let long = "ü".repeat(60);
+        assert_eq!(
+            err(&format!("http://{long}.example/")),
+            UrlError::LabelTooLong
+        );
+        assert!(format!("{}", UrlError::InvalidIdn).contains("UTS #46"));
+    }
+
+    #[test]
     fn display_and_from_str_round_trip() {
         let r: Recipient = "HTTPS://[::1]:8443/a?b".parse().unwrap();
         assert_eq!(format!("{r}"), "https://[::1]:8443/a?b");
@@ -1038,7 +1186,7 @@ mod tests {
             Recipient::parse("http://a.test/").unwrap().host().ip_addr(),
             None
         );
-        assert!(!format!("{}", UrlError::NonAsciiHost).is_empty());
+        assert!(!format!("{}", UrlError::InvalidIdn).is_empty());
     }
 
     /// Tiny deterministic generator so the fuzz loop needs no dependency.
