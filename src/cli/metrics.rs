@@ -78,7 +78,7 @@ async fn respond(mut s: TcpStream, backend: &Backend, counters: &Counters) -> st
             Err(e) => (
                 "503 Service Unavailable",
                 "text/plain",
-                format!("store: {e:#}\n"),
+                format!("store: {}\n", super::message(&e)),
             ),
         }
     } else {

@@ -45,12 +45,13 @@ pub use postgres;
 use postgres::error::SqlState;
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::types::ToSql;
-use postgres::{Client, Config, NoTls, Row, Statement, Transaction};
+use postgres::{Client, Config, Row, Statement, Transaction};
 
 use outbox_lanes_core::{ActorId, DeadReason, LaneKey, Seq, Timestamp, UnitId};
 
 use crate::notify::{Notifier, PendingWake};
 use crate::prepare::{PreparedRow, prepare};
+use crate::tls::{ConfigError, Connector};
 use crate::types::*;
 use crate::util::{assemble_status, i, key_of, ms, status_of, ts, u, u32_of};
 use crate::{EnqueueError, SCHEMA_VERSION, Store, StoreError};
@@ -70,6 +71,11 @@ pub struct PgOptions {
     pub connect_timeout: Duration,
     /// How long the LISTEN watcher waits between checks of its stop flag.
     pub watch_interval: Duration,
+    /// The CA certificates (a PEM file) that sign the server's certificate, for `sslmode`
+    /// `verify-ca` and `verify-full` (and `prefer`/`require`, which then check the chain);
+    /// `sslrootcert` in the URL takes precedence. `None`: the webpki roots for the `verify-*`
+    /// modes, no check for the others. See [`SslMode`](crate::SslMode).
+    pub ssl_root_cert: Option<std::path::PathBuf>,
 }
 
 impl Default for PgOptions {
@@ -81,6 +87,7 @@ impl Default for PgOptions {
             application_name: "outbox-lanes".into(),
             connect_timeout: Duration::from_secs(10),
             watch_interval: Duration::from_millis(100),
+            ssl_root_cert: None,
         }
     }
 }
@@ -301,9 +308,52 @@ const STATE_DEAD: i64 = 2;
 
 type P<'a> = &'a (dyn ToSql + Sync);
 
-fn pg_err(e: &postgres::Error) -> StoreError {
+/// A driver error in one line, with what it wraps: the server's message, SQLSTATE, detail
+/// and hint for a `DbError` (`postgres::Error` itself only says "db error"), else the chain of
+/// causes (`error performing TLS handshake: invalid peer certificate: UnknownIssuer`).
+pub(crate) fn pg_text(e: &postgres::Error) -> String {
+    use core::fmt::Write as _;
+    let mut out = String::new();
+    if let Some(db) = e.as_db_error() {
+        let _ = write!(
+            out,
+            "{}: {} (SQLSTATE {})",
+            db.severity(),
+            db.message(),
+            db.code().code()
+        );
+        if let Some(d) = db.detail() {
+            let _ = write!(out, "; detail: {d}");
+        }
+        if let Some(h) = db.hint() {
+            let _ = write!(out, "; hint: {h}");
+        }
+    } else {
+        out = e.to_string();
+        let mut cause = core::error::Error::source(e);
+        // Bounded: an error chain is finite, but a cycle must not hang an error report.
+        for _ in 0..8 {
+            let Some(c) = cause else { break };
+            let text = c.to_string();
+            if !out.contains(&text) {
+                out.push_str(": ");
+                out.push_str(&text);
+            }
+            cause = c.source();
+        }
+        if let Some(hint) = crate::tls::hint(e) {
+            out.push_str(" (");
+            out.push_str(hint);
+            out.push(')');
+        }
+    }
+    // One line, whatever the server sent.
+    out.replace(['\n', '\r'], " ")
+}
+
+fn pg_err(e: postgres::Error) -> StoreError {
     if e.is_closed() {
-        return StoreError::ConnectionLost(e.to_string());
+        return StoreError::connection_lost(pg_text(&e), e);
     }
     match e.code() {
         Some(c)
@@ -311,7 +361,7 @@ fn pg_err(e: &postgres::Error) -> StoreError {
                 || *c == SqlState::CRASH_SHUTDOWN
                 || c.code().starts_with("08") =>
         {
-            StoreError::ConnectionLost(e.to_string())
+            StoreError::connection_lost(pg_text(&e), e)
         }
         // Aborted by the server to break a deadlock or a serialization conflict: nothing was
         // written and a retry can succeed.
@@ -325,15 +375,15 @@ fn pg_err(e: &postgres::Error) -> StoreError {
         Some(c) if *c == SqlState::READ_ONLY_SQL_TRANSACTION => StoreError::ReadOnly {
             path: "(postgres)".into(),
         },
-        Some(_) => StoreError::Database(e.to_string()),
+        Some(_) => StoreError::driver(pg_text(&e), e),
         // No SQLSTATE: an I/O failure means the connection is gone; anything else (a value
         // that does not convert) is an ordinary error.
         None => {
-            let io = core::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>());
+            let io = core::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>());
             if io {
-                StoreError::ConnectionLost(e.to_string())
+                StoreError::connection_lost(pg_text(&e), e)
             } else {
-                StoreError::Database(e.to_string())
+                StoreError::driver(pg_text(&e), e)
             }
         }
     }
@@ -341,13 +391,13 @@ fn pg_err(e: &postgres::Error) -> StoreError {
 
 impl From<postgres::Error> for StoreError {
     fn from(e: postgres::Error) -> Self {
-        pg_err(&e)
+        pg_err(e)
     }
 }
 
 impl From<postgres::Error> for EnqueueError {
     fn from(e: postgres::Error) -> Self {
-        EnqueueError::Store(pg_err(&e))
+        EnqueueError::Store(pg_err(e))
     }
 }
 
@@ -462,6 +512,8 @@ impl Drop for Watcher {
 /// The Postgres implementation of [`Store`]; see the module docs.
 pub struct PgStore {
     config: Config,
+    /// Plain or TLS connections, as the URL's `sslmode` says.
+    tls: Connector,
     target: String,
     opts: PgOptions,
     pool: Mutex<Pool>,
@@ -497,9 +549,27 @@ pub(crate) fn checked_target(url: &str, opts: &PgOptions) -> Result<String, Stor
                 "invalid schema name {:?} (use lower-case letters, digits, _)",
                 opts.schema
             ),
+            cause: None,
         });
     }
     Ok(target)
+}
+
+/// The driver's configuration and the connector for `url`: `sslmode` and `sslrootcert` are
+/// handled by [`crate::tls`], the rest by the `postgres` crate.
+pub(crate) fn parse_url(
+    url: &str,
+    target: &str,
+    opts: &PgOptions,
+) -> Result<(Config, Connector), StoreError> {
+    Connector::new(url, opts.ssl_root_cert.as_deref()).map_err(|e| match e {
+        ConfigError::Driver(e) => StoreError::open(target, pg_text(&e), e),
+        ConfigError::Message(reason) => StoreError::Open {
+            target: target.to_owned(),
+            reason,
+            cause: None,
+        },
+    })
 }
 
 /// A URL without its password, for error messages.
@@ -531,13 +601,13 @@ trait Lost {
 
 impl Lost for StoreError {
     fn lost(&self) -> bool {
-        matches!(self, StoreError::ConnectionLost(_))
+        matches!(self, StoreError::ConnectionLost { .. })
     }
 }
 
 impl Lost for EnqueueError {
     fn lost(&self) -> bool {
-        matches!(self, EnqueueError::Store(StoreError::ConnectionLost(_)))
+        matches!(self, EnqueueError::Store(StoreError::ConnectionLost { .. }))
     }
 }
 
@@ -550,15 +620,13 @@ impl PgStore {
     /// invalid; [`StoreError::SchemaTooNew`] for a database from a newer version.
     pub fn connect(url: &str, opts: PgOptions) -> Result<PgStore, StoreError> {
         let target = checked_target(url, &opts)?;
-        let mut config: Config = url.parse().map_err(|e: postgres::Error| StoreError::Open {
-            target: target.clone(),
-            reason: e.to_string(),
-        })?;
+        let (mut config, tls) = parse_url(url, &target, &opts)?;
         config.application_name(&opts.application_name);
         config.connect_timeout(opts.connect_timeout);
         let store = PgStore {
             channel: format!("outbox_lanes_{}", opts.schema),
             config,
+            tls,
             target,
             pool: Mutex::new(Pool {
                 idle: Vec::new(),
@@ -578,14 +646,11 @@ impl PgStore {
     }
 
     fn new_conn(&self, first: bool) -> Result<Conn, StoreError> {
-        let mut client = self.config.connect(NoTls).map_err(|e| {
+        let mut client = self.tls.connect(&self.config).map_err(|e| {
             if first {
-                StoreError::Open {
-                    target: self.target.clone(),
-                    reason: e.to_string(),
-                }
+                StoreError::open(self.target.clone(), pg_text(&e), e)
             } else {
-                StoreError::ConnectionLost(e.to_string())
+                StoreError::connection_lost(pg_text(&e), e)
             }
         })?;
         if first {
@@ -700,7 +765,7 @@ impl PgStore {
             return;
         }
         let registered = (|| -> Result<bool, postgres::Error> {
-            let mut client = self.config.connect(NoTls)?;
+            let mut client = self.tls.connect(&self.config)?;
             client.batch_execute(&format!("SET search_path TO {}", self.opts.schema))?;
             let got: bool = client
                 .query_one(
@@ -842,14 +907,14 @@ impl PgStore {
             let (res, at_commit) = {
                 let Conn { client, cache } = &mut conn;
                 match client.transaction() {
-                    Err(e) => (Err(E::from(pg_err(&e))), false),
+                    Err(e) => (Err(E::from(pg_err(e))), false),
                     Ok(tx) => {
                         let mut t = Tx { tx, cache };
                         match f(&mut t) {
                             Err(e) => (Err(e), false),
                             Ok(v) => match t.tx.commit() {
                                 Ok(()) => (Ok(v), false),
-                                Err(e) => (Err(E::from(pg_err(&e))), true),
+                                Err(e) => (Err(E::from(pg_err(e))), true),
                             },
                         }
                     }
@@ -2645,11 +2710,14 @@ impl Store for PgStore {
             let stop2 = Arc::clone(&stop);
             let notifier = self.notifier.clone();
             let config = self.config.clone();
+            let tls = self.tls.clone();
             let channel = self.channel.clone();
             let every = self.opts.watch_interval;
             let thread = std::thread::Builder::new()
                 .name("outbox-lanes-pg-listen".into())
-                .spawn(move || listen_loop(client, &config, &channel, &stop2, &notifier, every))
+                .spawn(move || {
+                    listen_loop(client, &config, &tls, &channel, &stop2, &notifier, every)
+                })
                 .map_err(|e| {
                     StoreError::Database(format!("cannot start the watcher thread: {e}"))
                 })?;
@@ -2667,6 +2735,7 @@ impl Store for PgStore {
 fn listen_loop(
     mut client: Client,
     config: &Config,
+    tls: &Connector,
     channel: &str,
     stop: &AtomicBool,
     notifier: &Notifier,
@@ -2700,7 +2769,7 @@ fn listen_loop(
                     return;
                 }
                 std::thread::sleep(every);
-                if let Ok(mut c) = config.connect(NoTls) {
+                if let Ok(mut c) = tls.connect(config) {
                     if c.batch_execute(&format!("LISTEN {channel}")).is_ok() {
                         client = c;
                         // Notifications sent while we were away are lost: wake everyone once.
