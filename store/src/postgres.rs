@@ -30,6 +30,13 @@
 //! check and the write. Every enqueue sends `NOTIFY` in its transaction (delivered on commit,
 //! coalesced by the server per transaction); [`Store::watch`] LISTENs on its own connection.
 //!
+//! # TLS and errors
+//!
+//! Connections honour libpq's `sslmode` and `sslrootcert` (see [`SslMode`](crate::SslMode));
+//! `sslmode=disable` connects exactly as a plain client. A failure keeps the driver's
+//! `postgres::Error` as its `source()`, and its message carries what the server said (message,
+//! SQLSTATE, detail, hint) in one line.
+//!
 //! Each store lives in one schema ([`PgOptions::schema`]), created if missing, with the tables
 //! of `SCHEMA.md` (schema version 2: a one-recipient unit is one `ol_units` row holding its
 //! payload); a version 1 schema is migrated when a store connects.
