@@ -141,6 +141,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let Some(url) = std::env::var("OUTBOX_LANES_TEST_PG")
         .ok()
         .filter(|u| !u.is_empty())
+        .map(plain)
     else {
         println!("relays bench: skipped (OUTBOX_LANES_TEST_PG not set)");
         return Ok(());
@@ -183,4 +184,18 @@ fn main() -> Result<(), Box<dyn Error>> {
         );
     }
     Ok(())
+}
+
+/// The bench measures the store, not TLS: plain connections unless the URL names an
+/// `sslmode` (the default, `prefer`, encrypts against a server with `ssl = on`).
+fn plain(url: String) -> String {
+    if url.contains("sslmode") {
+        url
+    } else if !url.starts_with("postgres") {
+        format!("{url} sslmode=disable")
+    } else if url.contains('?') {
+        format!("{url}&sslmode=disable")
+    } else {
+        format!("{url}?sslmode=disable")
+    }
 }

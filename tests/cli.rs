@@ -518,6 +518,62 @@ fn unopenable_database_exits_2() {
 }
 
 #[test]
+fn postgres_refusal_shows_the_servers_message() {
+    let Some(url) = outbox_lanes_test_support::pg_url() else {
+        return;
+    };
+    // The test server, as a role that does not exist.
+    let host = url.split_once('@').unwrap().1.split('/').next().unwrap();
+    let db = format!("postgres://nobody_ol_cli@{host}/nodb");
+    let out = collect(
+        Command::new(BIN)
+            .args(["--db", &db, "status"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+        "",
+    );
+    assert_eq!(out.code(), Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr.starts_with("error: cannot open database")
+            && out
+                .stderr
+                .contains(r#"role "nobody_ol_cli" does not exist"#)
+            && out.stderr.contains("SQLSTATE 28000"),
+        "{}",
+        out.stderr
+    );
+    assert!(!out.stderr.contains("db error"), "{}", out.stderr);
+    assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
+}
+
+#[test]
+fn bad_sslmode_exits_2_naming_the_values() {
+    let out = collect(
+        Command::new(BIN)
+            .args([
+                "--db",
+                "postgres://postgres@127.0.0.1:1/x?sslmode=allow",
+                "status",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+        "",
+    );
+    assert_eq!(out.code(), Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr.contains(r#"invalid sslmode "allow""#) && out.stderr.contains("verify-full"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
 fn database_failure_at_run_time_exits_1() {
     let db = Db::sqlite();
     let r = Recipient::start().unwrap();

@@ -1,61 +1,58 @@
 //! Why an `Outbox` operation failed.
 
-use std::fmt;
-
 use outbox_lanes_core::UnknownActor;
 use outbox_lanes_store::{EnqueueError, StoreError};
 
-/// Why an `Outbox` operation failed.
-#[derive(Debug)]
+/// Why an `Outbox` operation failed. The store's and the enqueue's errors are its
+/// [`source()`](std::error::Error::source), and chain on down to the database driver's.
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OutboxError {
     /// The actor id names no known actor.
+    #[error("{0}")]
     UnknownActor(UnknownActor),
     /// The store failed.
-    Store(StoreError),
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
     /// Enqueue refused the batch; nothing was written.
-    Enqueue(EnqueueError),
+    #[error("enqueue refused: {0}")]
+    Enqueue(#[source] EnqueueError),
     /// A thread could not be started.
-    Spawn(std::io::Error),
+    #[error("cannot start a thread: {0}")]
+    Spawn(#[source] std::io::Error),
     /// The HTTP client could not be built (a bad proxy URL or user agent).
+    #[error("HTTP client: {0}")]
     Http(String),
     /// The outbox is shutting down.
+    #[error("the outbox is shutting down")]
     ShuttingDown,
     /// The drain was cancelled (its caller went away); every unfinished unit was handed
     /// back and the slot released.
+    #[error("the drain was cancelled")]
     Cancelled,
 }
 
-impl fmt::Display for OutboxError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            OutboxError::UnknownActor(e) => e.fmt(f),
-            OutboxError::Store(e) => write!(f, "store: {e}"),
-            OutboxError::Enqueue(e) => write!(f, "enqueue refused: {e}"),
-            OutboxError::Spawn(e) => write!(f, "cannot start a thread: {e}"),
-            OutboxError::Http(e) => write!(f, "HTTP client: {e}"),
-            OutboxError::ShuttingDown => f.write_str("the outbox is shutting down"),
-            OutboxError::Cancelled => f.write_str("the drain was cancelled"),
-        }
-    }
-}
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
 
-impl std::error::Error for OutboxError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            OutboxError::Store(e) => Some(e),
-            OutboxError::Enqueue(e) => Some(e),
-            OutboxError::Spawn(e) => Some(e),
-            OutboxError::UnknownActor(_)
-            | OutboxError::Http(_)
-            | OutboxError::ShuttingDown
-            | OutboxError::Cancelled => None,
-        }
-    }
-}
+    use outbox_lanes_store::{Cause, StoreError};
 
-impl From<StoreError> for OutboxError {
-    fn from(e: StoreError) -> Self {
-        OutboxError::Store(e)
+    use super::OutboxError;
+
+    #[test]
+    fn the_source_chain_reaches_the_drivers_error() {
+        let e = OutboxError::from(StoreError::Open {
+            target: "db".into(),
+            reason: "disk on fire".into(),
+            cause: Some(Cause::new(std::io::Error::other("disk on fire"))),
+        });
+        assert_eq!(
+            e.to_string(),
+            "store: cannot open database db: disk on fire"
+        );
+        let store = e.source().expect("the store error");
+        assert!(store.is::<StoreError>());
+        assert!(store.source().expect("the cause").is::<std::io::Error>());
     }
 }

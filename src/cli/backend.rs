@@ -387,7 +387,11 @@ impl std::fmt::Display for OpenError {
     }
 }
 
-impl std::error::Error for OpenError {}
+impl std::error::Error for OpenError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
 
 impl OpenError {
     /// Whether the caller's input is at fault (a path, URL or schema that cannot be an outbox)

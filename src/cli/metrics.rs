@@ -125,7 +125,11 @@ async fn respond(mut s: TcpStream, backend: &Backend, counters: &Counters) -> st
         match path {
             "/metrics" | "/" => match metrics(backend, counters).await {
                 Ok(text) => ("200 OK", "text/plain; version=0.0.4; charset=utf-8", text),
-                Err(e) => ("503 Service Unavailable", TEXT, format!("store: {e:#}\n")),
+                Err(e) => (
+                    "503 Service Unavailable",
+                    TEXT,
+                    format!("store: {}\n", super::message(&e)),
+                ),
             },
             "/healthz" => ("200 OK", TEXT, "ok\n".to_string()),
             "/readyz" => match bounded(backend.ready()).await {
@@ -133,7 +137,10 @@ async fn respond(mut s: TcpStream, backend: &Backend, counters: &Counters) -> st
                 Err(e) => (
                     "503 Service Unavailable",
                     TEXT,
-                    format!("not ready: the store does not answer: {e:#}\n"),
+                    format!(
+                        "not ready: the store does not answer: {}\n",
+                        super::message(&e)
+                    ),
                 ),
             },
             _ => (

@@ -74,7 +74,15 @@ fn exit_code(e: &anyhow::Error) -> u8 {
 /// The error and its causes, each said once: several error types repeat their source's text
 /// in their own (`enqueue failed: database error: X`) and return it as the source too.
 fn message(e: &anyhow::Error) -> String {
-    let texts: Vec<String> = e.chain().map(ToString::to_string).collect();
+    // A store error's text already says its cause in one line (the server's message, not the
+    // driver's bare "db error"): the driver's errors below it are for programs, not repeated.
+    let mut texts: Vec<String> = Vec::new();
+    for c in e.chain() {
+        texts.push(c.to_string());
+        if c.is::<outbox_lanes_store::StoreError>() || c.is::<OpenError>() {
+            break;
+        }
+    }
     let mut kept: Vec<&str> = Vec::new();
     for (i, t) in texts.iter().enumerate() {
         let t = t.as_str();

@@ -1,39 +1,99 @@
 //! The store's error enums.
+//!
+//! A failure that came from the database library keeps that library's error as its
+//! [`source()`](core::error::Error::source) (a [`Cause`]), so callers can walk down to the
+//! driver's own error (`postgres::Error`, and below it the server's `DbError` with its
+//! SQLSTATE); the variant's message already says what the driver said, in one line.
 
 use core::fmt;
+use std::sync::Arc;
 
 use outbox_lanes_core::policy::url::UrlError;
 
+/// The database library's error behind a [`StoreError`]: what its `source()` returns.
+///
+/// Shared (`Arc`) so the error stays `Clone`; two causes are equal when they say the same
+/// thing, so errors still compare with `==`. It dereferences to the driver's error, which
+/// `downcast_ref` recovers (`postgres::Error`, `rusqlite::Error`).
+#[derive(Clone)]
+pub struct Cause(Arc<dyn core::error::Error + Send + Sync + 'static>);
+
+impl Cause {
+    /// Keeps `e` as a cause.
+    pub fn new(e: impl core::error::Error + Send + Sync + 'static) -> Cause {
+        Cause(Arc::new(e))
+    }
+}
+
+impl core::ops::Deref for Cause {
+    type Target = dyn core::error::Error + Send + Sync + 'static;
+
+    fn deref(&self) -> &Self::Target {
+        &*self.0
+    }
+}
+
+impl fmt::Debug for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&*self.0, f)
+    }
+}
+
+impl PartialEq for Cause {
+    fn eq(&self, other: &Cause) -> bool {
+        self.0.to_string() == other.0.to_string()
+    }
+}
+
+impl Eq for Cause {}
+
 /// Why a store operation failed.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
     /// The drain slot token is not the current one, or its lease expired (OL-12). Nothing was
     /// written; the pass must stop.
+    #[error("drain slot token is stale (lease expired or slot taken over)")]
     StaleToken,
     /// The database stayed locked by another connection past the busy timeout (SQLite), or the
     /// server aborted the transaction to break a deadlock or serialization conflict (Postgres).
     /// Nothing was written; the operation can be retried.
+    #[error("database is locked by another connection (busy timeout passed); nothing was written")]
     Busy,
     /// The named thing does not exist (a unit whose payload was asked for, a lane).
+    #[error("{what} not found")]
     NotFound {
         /// What was looked for.
         what: &'static str,
     },
     /// The database (or its directory) cannot be written.
+    #[error("database {path} is read-only or its directory is not writable")]
     ReadOnly {
         /// The database path.
         path: String,
     },
     /// The database could not be opened or connected to.
+    #[error("cannot open database {target}: {reason}")]
     Open {
         /// The path or URL (without password) that was opened.
         target: String,
-        /// What the database library said.
+        /// What the database library (or the server) said, in one line.
         reason: String,
+        /// The library's error, when it gave one.
+        #[source]
+        cause: Option<Cause>,
     },
     /// The database was written by a newer version of outbox-lanes; it is refused rather than
     /// misread.
+    #[error(
+        "database schema version {found} is newer than this build supports ({supported}); upgrade outbox-lanes"
+    )]
     SchemaTooNew {
         /// The schema version found in the database.
         found: u32,
@@ -42,30 +102,64 @@ pub enum StoreError {
     },
     /// The connection to the database was lost and the operation could not be retried safely;
     /// whether it took effect is unknown.
-    ConnectionLost(String),
-    /// Any other database error.
+    #[error("database connection lost: {reason}")]
+    ConnectionLost {
+        /// What the database library said, in one line.
+        reason: String,
+        /// The library's error, when it gave one.
+        #[source]
+        cause: Option<Cause>,
+    },
+    /// The database library or server refused the operation.
+    #[error("database error: {reason}")]
+    Driver {
+        /// What the library (or the server: message, SQLSTATE, detail, hint) said, in one line.
+        reason: String,
+        /// The library's error.
+        #[source]
+        cause: Cause,
+    },
+    /// Any other database error (found by outbox-lanes itself, not reported by the library).
+    #[error("database error: {0}")]
     Database(String),
 }
 
-impl fmt::Display for StoreError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StoreError::StaleToken => f.write_str("drain slot token is stale (lease expired or slot taken over)"),
-            StoreError::Busy => f.write_str("database is locked by another connection (busy timeout passed); nothing was written"),
-            StoreError::NotFound { what } => write!(f, "{what} not found"),
-            StoreError::ReadOnly { path } => write!(f, "database {path} is read-only or its directory is not writable"),
-            StoreError::Open { target, reason } => write!(f, "cannot open database {target}: {reason}"),
-            StoreError::SchemaTooNew { found, supported } => write!(
-                f,
-                "database schema version {found} is newer than this build supports ({supported}); upgrade outbox-lanes"
-            ),
-            StoreError::ConnectionLost(e) => write!(f, "database connection lost: {e}"),
-            StoreError::Database(e) => write!(f, "database error: {e}"),
+impl StoreError {
+    /// A lost connection, with the library's error as the cause.
+    pub(crate) fn connection_lost(
+        reason: String,
+        e: impl core::error::Error + Send + Sync + 'static,
+    ) -> StoreError {
+        StoreError::ConnectionLost {
+            reason,
+            cause: Some(Cause::new(e)),
+        }
+    }
+
+    /// A refusal by the library, with its error as the cause.
+    pub(crate) fn driver(
+        reason: String,
+        e: impl core::error::Error + Send + Sync + 'static,
+    ) -> StoreError {
+        StoreError::Driver {
+            reason,
+            cause: Cause::new(e),
+        }
+    }
+
+    /// An open failure, with the library's error as the cause.
+    pub(crate) fn open(
+        target: impl Into<String>,
+        reason: String,
+        e: impl core::error::Error + Send + Sync + 'static,
+    ) -> StoreError {
+        StoreError::Open {
+            target: target.into(),
+            reason,
+            cause: Some(Cause::new(e)),
         }
     }
 }
-
-impl core::error::Error for StoreError {}
 
 /// Why an enqueue was refused. Every variant about a row names it; the whole batch was
 /// refused and nothing was written (OL-4).

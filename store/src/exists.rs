@@ -28,10 +28,7 @@ mod sqlite {
                 {
                     StoreError::Busy
                 }
-                _ => StoreError::Open {
-                    target: shown.clone(),
-                    reason: e.to_string(),
-                },
+                _ => StoreError::open(shown.clone(), e.to_string(), e),
             };
             let conn = Connection::open_with_flags(
                 path,
@@ -52,9 +49,7 @@ mod sqlite {
 
 #[cfg(feature = "postgres")]
 mod pg {
-    use postgres::{Config, NoTls};
-
-    use crate::postgres::checked_target;
+    use crate::postgres::{checked_target, parse_url, pg_text};
     use crate::{PgOptions, PgStore, StoreError};
 
     impl PgStore {
@@ -66,20 +61,18 @@ mod pg {
         /// name invalid; [`StoreError::ConnectionLost`] if the query failed.
         pub fn exists(url: &str, opts: &PgOptions) -> Result<bool, StoreError> {
             let target = checked_target(url, opts)?;
-            let open = |e: postgres::Error| StoreError::Open {
-                target: target.clone(),
-                reason: e.to_string(),
-            };
-            let mut config: Config = url.parse().map_err(open)?;
+            let (mut config, tls) = parse_url(url, &target, opts)?;
             config.application_name(&opts.application_name);
             config.connect_timeout(opts.connect_timeout);
-            let mut client = config.connect(NoTls).map_err(open)?;
+            let mut client = tls
+                .connect(&config)
+                .map_err(|e| StoreError::open(target, pg_text(&e), e))?;
             let found: bool = client
                 .query_one(
                     "SELECT to_regclass($1) IS NOT NULL",
                     &[&format!("{}.ol_meta", opts.schema)],
                 )
-                .map_err(|e| StoreError::ConnectionLost(e.to_string()))?
+                .map_err(|e| StoreError::connection_lost(pg_text(&e), e))?
                 .get(0);
             Ok(found)
         }

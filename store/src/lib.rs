@@ -47,6 +47,8 @@ pub mod postgres;
 mod prepare;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+#[cfg(feature = "postgres")]
+mod tls;
 mod types;
 mod util;
 
@@ -56,13 +58,15 @@ pub use outbox_lanes_core as core_types;
 use outbox_lanes_core::{ActorId, Timestamp, UnitId};
 
 pub use ack::{AckWriter, AckWriterOptions};
-pub use error::{EnqueueError, StoreError};
+pub use error::{Cause, EnqueueError, StoreError};
 pub use notify::{Notifier, PendingWake, Subscription};
 #[cfg(feature = "postgres")]
 pub use postgres::{PgOptions, PgStore};
 pub use prepare::check_headers;
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteOptions, SqliteStore, Synchronous};
+#[cfg(feature = "postgres")]
+pub use tls::SslMode;
 pub use types::*;
 
 /// The newest schema version this build writes and understands.

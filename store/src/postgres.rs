@@ -30,6 +30,13 @@
 //! check and the write. Every enqueue sends `NOTIFY` in its transaction (delivered on commit,
 //! coalesced by the server per transaction); [`Store::watch`] LISTENs on its own connection.
 //!
+//! # TLS and errors
+//!
+//! Connections honour libpq's `sslmode` and `sslrootcert` (see [`SslMode`](crate::SslMode));
+//! `sslmode=disable` connects exactly as a plain client. A failure keeps the driver's
+//! `postgres::Error` as its `source()`, and its message carries what the server said (message,
+//! SQLSTATE, detail, hint) in one line.
+//!
 //! Each store lives in one schema ([`PgOptions::schema`]), created if missing, with the tables
 //! of `SCHEMA.md` (schema version 2: a one-recipient unit is one `ol_units` row holding its
 //! payload); a version 1 schema is migrated when a store connects.
@@ -45,12 +52,13 @@ pub use postgres;
 use postgres::error::SqlState;
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::types::ToSql;
-use postgres::{Client, Config, NoTls, Row, Statement, Transaction};
+use postgres::{Client, Config, Row, Statement, Transaction};
 
 use outbox_lanes_core::{ActorId, DeadReason, LaneKey, Seq, Timestamp, UnitId};
 
 use crate::notify::{Notifier, PendingWake};
 use crate::prepare::{PreparedRow, prepare};
+use crate::tls::{ConfigError, Connector};
 use crate::types::*;
 use crate::util::{
     WaitingLane, assemble_status, decode_headers, encode_headers, i, key_of, ms, status_of, ts, u,
@@ -73,6 +81,11 @@ pub struct PgOptions {
     pub connect_timeout: Duration,
     /// How long the LISTEN watcher waits between checks of its stop flag.
     pub watch_interval: Duration,
+    /// The CA certificates (a PEM file) that sign the server's certificate, for `sslmode`
+    /// `verify-ca` and `verify-full` (and `prefer`/`require`, which then check the chain);
+    /// `sslrootcert` in the URL takes precedence. `None`: the webpki roots for the `verify-*`
+    /// modes, no check for the others. See [`SslMode`](crate::SslMode).
+    pub ssl_root_cert: Option<std::path::PathBuf>,
 }
 
 impl Default for PgOptions {
@@ -84,6 +97,7 @@ impl Default for PgOptions {
             application_name: "outbox-lanes".into(),
             connect_timeout: Duration::from_secs(10),
             watch_interval: Duration::from_millis(100),
+            ssl_root_cert: None,
         }
     }
 }
@@ -312,9 +326,52 @@ const STATE_DEAD: i64 = 2;
 
 type P<'a> = &'a (dyn ToSql + Sync);
 
-fn pg_err(e: &postgres::Error) -> StoreError {
+/// A driver error in one line, with what it wraps: the server's message, SQLSTATE, detail
+/// and hint for a `DbError` (`postgres::Error` itself only says "db error"), else the chain of
+/// causes (`error performing TLS handshake: invalid peer certificate: UnknownIssuer`).
+pub(crate) fn pg_text(e: &postgres::Error) -> String {
+    use core::fmt::Write as _;
+    let mut out = String::new();
+    if let Some(db) = e.as_db_error() {
+        let _ = write!(
+            out,
+            "{}: {} (SQLSTATE {})",
+            db.severity(),
+            db.message(),
+            db.code().code()
+        );
+        if let Some(d) = db.detail() {
+            let _ = write!(out, "; detail: {d}");
+        }
+        if let Some(h) = db.hint() {
+            let _ = write!(out, "; hint: {h}");
+        }
+    } else {
+        out = e.to_string();
+        let mut cause = core::error::Error::source(e);
+        // Bounded: an error chain is finite, but a cycle must not hang an error report.
+        for _ in 0..8 {
+            let Some(c) = cause else { break };
+            let text = c.to_string();
+            if !out.contains(&text) {
+                out.push_str(": ");
+                out.push_str(&text);
+            }
+            cause = c.source();
+        }
+        if let Some(hint) = crate::tls::hint(e) {
+            out.push_str(" (");
+            out.push_str(hint);
+            out.push(')');
+        }
+    }
+    // One line, whatever the server sent.
+    out.replace(['\n', '\r'], " ")
+}
+
+fn pg_err(e: postgres::Error) -> StoreError {
     if e.is_closed() {
-        return StoreError::ConnectionLost(e.to_string());
+        return StoreError::connection_lost(pg_text(&e), e);
     }
     match e.code() {
         Some(c)
@@ -322,7 +379,7 @@ fn pg_err(e: &postgres::Error) -> StoreError {
                 || *c == SqlState::CRASH_SHUTDOWN
                 || c.code().starts_with("08") =>
         {
-            StoreError::ConnectionLost(e.to_string())
+            StoreError::connection_lost(pg_text(&e), e)
         }
         // Aborted by the server to break a deadlock or a serialization conflict: nothing was
         // written and a retry can succeed.
@@ -336,15 +393,15 @@ fn pg_err(e: &postgres::Error) -> StoreError {
         Some(c) if *c == SqlState::READ_ONLY_SQL_TRANSACTION => StoreError::ReadOnly {
             path: "(postgres)".into(),
         },
-        Some(_) => StoreError::Database(e.to_string()),
+        Some(_) => StoreError::driver(pg_text(&e), e),
         // No SQLSTATE: an I/O failure means the connection is gone; anything else (a value
         // that does not convert) is an ordinary error.
         None => {
-            let io = core::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>());
+            let io = core::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>());
             if io {
-                StoreError::ConnectionLost(e.to_string())
+                StoreError::connection_lost(pg_text(&e), e)
             } else {
-                StoreError::Database(e.to_string())
+                StoreError::driver(pg_text(&e), e)
             }
         }
     }
@@ -352,13 +409,13 @@ fn pg_err(e: &postgres::Error) -> StoreError {
 
 impl From<postgres::Error> for StoreError {
     fn from(e: postgres::Error) -> Self {
-        pg_err(&e)
+        pg_err(e)
     }
 }
 
 impl From<postgres::Error> for EnqueueError {
     fn from(e: postgres::Error) -> Self {
-        EnqueueError::Store(pg_err(&e))
+        EnqueueError::Store(pg_err(e))
     }
 }
 
@@ -473,6 +530,8 @@ impl Drop for Watcher {
 /// The Postgres implementation of [`Store`]; see the module docs.
 pub struct PgStore {
     config: Config,
+    /// Plain or TLS connections, as the URL's `sslmode` says.
+    tls: Connector,
     target: String,
     opts: PgOptions,
     pool: Mutex<Pool>,
@@ -508,9 +567,27 @@ pub(crate) fn checked_target(url: &str, opts: &PgOptions) -> Result<String, Stor
                 "invalid schema name {:?} (use lower-case letters, digits, _)",
                 opts.schema
             ),
+            cause: None,
         });
     }
     Ok(target)
+}
+
+/// The driver's configuration and the connector for `url`: `sslmode` and `sslrootcert` are
+/// handled by [`crate::tls`], the rest by the `postgres` crate.
+pub(crate) fn parse_url(
+    url: &str,
+    target: &str,
+    opts: &PgOptions,
+) -> Result<(Config, Connector), StoreError> {
+    Connector::new(url, opts.ssl_root_cert.as_deref()).map_err(|e| match e {
+        ConfigError::Driver(e) => StoreError::open(target, pg_text(&e), e),
+        ConfigError::Message(reason) => StoreError::Open {
+            target: target.to_owned(),
+            reason,
+            cause: None,
+        },
+    })
 }
 
 /// A URL without its password, for error messages.
@@ -542,13 +619,13 @@ trait Lost {
 
 impl Lost for StoreError {
     fn lost(&self) -> bool {
-        matches!(self, StoreError::ConnectionLost(_))
+        matches!(self, StoreError::ConnectionLost { .. })
     }
 }
 
 impl Lost for EnqueueError {
     fn lost(&self) -> bool {
-        matches!(self, EnqueueError::Store(StoreError::ConnectionLost(_)))
+        matches!(self, EnqueueError::Store(StoreError::ConnectionLost { .. }))
     }
 }
 
@@ -561,15 +638,13 @@ impl PgStore {
     /// invalid; [`StoreError::SchemaTooNew`] for a database from a newer version.
     pub fn connect(url: &str, opts: PgOptions) -> Result<PgStore, StoreError> {
         let target = checked_target(url, &opts)?;
-        let mut config: Config = url.parse().map_err(|e: postgres::Error| StoreError::Open {
-            target: target.clone(),
-            reason: e.to_string(),
-        })?;
+        let (mut config, tls) = parse_url(url, &target, &opts)?;
         config.application_name(&opts.application_name);
         config.connect_timeout(opts.connect_timeout);
         let store = PgStore {
             channel: format!("outbox_lanes_{}", opts.schema),
             config,
+            tls,
             target,
             pool: Mutex::new(Pool {
                 idle: Vec::new(),
@@ -589,14 +664,11 @@ impl PgStore {
     }
 
     fn new_conn(&self, first: bool) -> Result<Conn, StoreError> {
-        let mut client = self.config.connect(NoTls).map_err(|e| {
+        let mut client = self.tls.connect(&self.config).map_err(|e| {
             if first {
-                StoreError::Open {
-                    target: self.target.clone(),
-                    reason: e.to_string(),
-                }
+                StoreError::open(self.target.clone(), pg_text(&e), e)
             } else {
-                StoreError::ConnectionLost(e.to_string())
+                StoreError::connection_lost(pg_text(&e), e)
             }
         })?;
         if first {
@@ -719,7 +791,7 @@ impl PgStore {
             return;
         }
         let registered = (|| -> Result<bool, postgres::Error> {
-            let mut client = self.config.connect(NoTls)?;
+            let mut client = self.tls.connect(&self.config)?;
             client.batch_execute(&format!("SET search_path TO {}", self.opts.schema))?;
             let got: bool = client
                 .query_one(
@@ -861,14 +933,14 @@ impl PgStore {
             let (res, at_commit) = {
                 let Conn { client, cache } = &mut conn;
                 match client.transaction() {
-                    Err(e) => (Err(E::from(pg_err(&e))), false),
+                    Err(e) => (Err(E::from(pg_err(e))), false),
                     Ok(tx) => {
                         let mut t = Tx { tx, cache };
                         match f(&mut t) {
                             Err(e) => (Err(e), false),
                             Ok(v) => match t.tx.commit() {
                                 Ok(()) => (Ok(v), false),
-                                Err(e) => (Err(E::from(pg_err(&e))), true),
+                                Err(e) => (Err(E::from(pg_err(e))), true),
                             },
                         }
                     }
@@ -2730,11 +2802,14 @@ impl Store for PgStore {
             let stop2 = Arc::clone(&stop);
             let notifier = self.notifier.clone();
             let config = self.config.clone();
+            let tls = self.tls.clone();
             let channel = self.channel.clone();
             let every = self.opts.watch_interval;
             let thread = std::thread::Builder::new()
                 .name("outbox-lanes-pg-listen".into())
-                .spawn(move || listen_loop(client, &config, &channel, &stop2, &notifier, every))
+                .spawn(move || {
+                    listen_loop(client, &config, &tls, &channel, &stop2, &notifier, every)
+                })
                 .map_err(|e| {
                     StoreError::Database(format!("cannot start the watcher thread: {e}"))
                 })?;
@@ -2752,6 +2827,7 @@ impl Store for PgStore {
 fn listen_loop(
     mut client: Client,
     config: &Config,
+    tls: &Connector,
     channel: &str,
     stop: &AtomicBool,
     notifier: &Notifier,
@@ -2785,7 +2861,7 @@ fn listen_loop(
                     return;
                 }
                 std::thread::sleep(every);
-                if let Ok(mut c) = config.connect(NoTls) {
+                if let Ok(mut c) = tls.connect(config) {
                     if c.batch_execute(&format!("LISTEN {channel}")).is_ok() {
                         client = c;
                         // Notifications sent while we were away are lost: wake everyone once.

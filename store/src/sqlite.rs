@@ -311,9 +311,9 @@ fn db_err(e: rusqlite::Error) -> StoreError {
             ErrorCode::ReadOnly => StoreError::ReadOnly {
                 path: String::from("(database)"),
             },
-            _ => StoreError::Database(e.to_string()),
+            _ => StoreError::driver(e.to_string(), e),
         },
-        _ => StoreError::Database(e.to_string()),
+        _ => StoreError::driver(e.to_string(), e),
     }
 }
 
@@ -676,10 +676,8 @@ impl SqliteStore {
 fn open_err(target: &str, e: rusqlite::Error) -> StoreError {
     match &e {
         rusqlite::Error::SqliteFailure(f, _) if f.code == ErrorCode::CannotOpen => {
-            StoreError::Open {
-                target: target.to_string(),
-                reason: format!("{e} (does the directory exist and is it writable?)"),
-            }
+            let reason = format!("{e} (does the directory exist and is it writable?)");
+            StoreError::open(target, reason, e)
         }
         rusqlite::Error::SqliteFailure(f, _) if f.code == ErrorCode::ReadOnly => {
             StoreError::ReadOnly {
@@ -691,10 +689,7 @@ fn open_err(target: &str, e: rusqlite::Error) -> StoreError {
         {
             StoreError::Busy
         }
-        _ => StoreError::Open {
-            target: target.to_string(),
-            reason: e.to_string(),
-        },
+        _ => StoreError::open(target, e.to_string(), e),
     }
 }
 

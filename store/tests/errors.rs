@@ -1,0 +1,113 @@
+//! Store errors keep their cause: the driver's error is the `source()`, and the message says
+//! what the server said (not only the driver's "db error").
+#![allow(missing_docs, clippy::unwrap_used)]
+
+use core::error::Error as _;
+
+use outbox_lanes_store::*;
+
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_open_error_shows_the_server_message_and_chains_to_the_driver_error() {
+    let Some(url) = outbox_lanes_test_support::pg_url() else {
+        return;
+    };
+    // The test server's address with a role that does not exist.
+    let (_, hostpart) = url.split_once('@').expect("user@host in the test URL");
+    let host = hostpart.split('/').next().unwrap();
+    let target = format!("postgres://nobody_ol_test@{host}/nodb");
+    let err = PgStore::connect(&target, PgOptions::default()).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains(r#"role "nobody_ol_test" does not exist"#) && text.contains("SQLSTATE 28000"),
+        "{text}"
+    );
+    assert!(!text.contains("db error"), "{text}");
+    assert!(!text.contains('\n'), "one line: {text}");
+    let pg = err
+        .source()
+        .and_then(|s| s.downcast_ref::<::postgres::Error>())
+        .expect("source() is the postgres::Error");
+    let db = pg.as_db_error().expect("a server error");
+    assert_eq!(db.code().code(), "28000");
+    // And below it the server's DbError, as the driver chains it.
+    assert!(
+        pg.source()
+            .is_some_and(|s| s.is::<::postgres::error::DbError>())
+    );
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_unreachable_server_names_the_os_error() {
+    let opts = PgOptions {
+        connect_timeout: core::time::Duration::from_secs(2),
+        ..PgOptions::default()
+    };
+    let err =
+        PgStore::connect("postgres://postgres@127.0.0.1:1/test?sslmode=disable", opts).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("error connecting to server") && text.contains("refused"),
+        "{text}"
+    );
+    assert!(
+        err.source().is_some_and(|s| s.is::<::postgres::Error>()),
+        "{err:?}"
+    );
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_bad_sslmode_is_an_open_error_without_a_connection() {
+    let err = PgStore::connect(
+        "postgres://postgres@127.0.0.1:1/test?sslmode=allow",
+        PgOptions::default(),
+    )
+    .unwrap_err();
+    assert!(matches!(err, StoreError::Open { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains(r#"invalid sslmode "allow""#),
+        "{err}"
+    );
+}
+
+#[cfg(feature = "sqlite")]
+#[test]
+fn sqlite_errors_chain_to_the_rusqlite_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = SqliteStore::open(
+        dir.path().join("missing").join("x.db"),
+        SqliteOptions::default(),
+    )
+    .unwrap_err();
+    assert!(matches!(err, StoreError::Open { .. }), "{err:?}");
+    assert!(
+        err.source().is_some_and(|s| s.is::<rusqlite::Error>()),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn errors_with_causes_still_compare_by_what_they_say() {
+    let io = || std::io::Error::other("disk on fire");
+    let a = StoreError::Open {
+        target: "x".into(),
+        reason: "r".into(),
+        cause: Some(Cause::new(io())),
+    };
+    let b = StoreError::Open {
+        target: "x".into(),
+        reason: "r".into(),
+        cause: Some(Cause::new(io())),
+    };
+    assert_eq!(a, b);
+    let c = StoreError::Open {
+        target: "x".into(),
+        reason: "r".into(),
+        cause: Some(Cause::new(std::io::Error::other("flood"))),
+    };
+    assert_ne!(a, c);
+    assert!(a.source().is_some_and(|s| s.is::<std::io::Error>()));
+    assert_eq!(a.clone(), a);
+}
