@@ -175,6 +175,23 @@ impl PassSession {
         }
     }
 
+    /// The same pass, on a slot whose lease was acquired or last renewed at `at`, before
+    /// this pass began. A drain runs pass after pass on one slot and hands the time on, so
+    /// the lease is renewed every third of it across passes: passes shorter than a third of
+    /// the lease, back to back, would otherwise each count from their own start and never
+    /// renew, and the lease would lapse under a drain that is still working.
+    #[must_use]
+    pub fn with_lease_renewed_at(mut self, at: Timestamp) -> Self {
+        self.renewed = self.renewed.min(at);
+        self
+    }
+
+    /// When the slot's lease was acquired or last renewed, as this pass knows it: what the
+    /// next pass on the same slot starts from ([`PassSession::with_lease_renewed_at`]).
+    pub fn lease_renewed_at(&self) -> Timestamp {
+        self.renewed
+    }
+
     fn push(&mut self, a: SessionAction) {
         if let Some(slot) = self.actions.iter_mut().find(|s| s.is_none()) {
             *slot = Some(a);

@@ -71,6 +71,40 @@ fn a_pass_that_drains_ends_drained() {
     assert_eq!(s.poll_timeout(), None);
 }
 
+/// Passes of 2 s, back to back on one slot with a 30 s lease: each starts from the renewal
+/// time the previous one handed on, so the lease is renewed at 10 s, not never.
+#[test]
+fn back_to_back_passes_renew_the_lease_they_inherit() {
+    let mut renewed = T0;
+    let mut log = Vec::new();
+    for pass in 0..8u64 {
+        let start = secs(2 * pass);
+        let mut s = PassSession::new(cfg(2, 30, 5), start).with_lease_renewed_at(renewed);
+        for t in 0..=2 {
+            let now = secs(2 * pass + t);
+            s.handle_tick(now, 1, false);
+            for a in actions(&mut s) {
+                if a == RenewLease {
+                    s.handle_lease_renewed(now);
+                }
+                log.push((2 * pass + t, a));
+            }
+        }
+        renewed = s.lease_renewed_at();
+    }
+    let renewals: Vec<u64> = log
+        .iter()
+        .filter(|(_, a)| *a == RenewLease)
+        .map(|(t, _)| *t)
+        .collect();
+    assert_eq!(renewals, [10], "{log:?}");
+    // A pass never moves the renewal time forward by itself starting.
+    let s = PassSession::new(cfg(2, 30, 5), secs(5)).with_lease_renewed_at(secs(1));
+    assert_eq!(s.lease_renewed_at(), secs(1));
+    let s = PassSession::new(cfg(2, 30, 5), secs(5)).with_lease_renewed_at(secs(9));
+    assert_eq!(s.lease_renewed_at(), secs(5));
+}
+
 #[test]
 fn a_long_pass_renews_its_lease_every_third_of_it() {
     let mut s = PassSession::new(cfg(3600, 30, 5), T0);

@@ -81,6 +81,9 @@ pub struct PassResult {
     pub end: PassEnd,
     /// The store failure that ended it, or a failure of the final ack flush.
     pub error: Option<StoreError>,
+    /// When the slot's lease was acquired or last renewed: the next pass on the same slot
+    /// starts from it ([`PassCore::new`]).
+    pub lease_renewed: Timestamp,
 }
 
 /// What a round needs besides the pass itself.
@@ -189,12 +192,16 @@ fn fresh_seed() -> u64 {
 }
 
 impl PassCore {
-    /// A pass holding `token`, whose completions arrive through `sink`.
+    /// A pass holding `token`, whose completions arrive through `sink`, starting at `now`;
+    /// the slot's lease was acquired or last renewed at `lease_renewed` (the acquisition
+    /// time for a drain's first pass, then [`PassResult::lease_renewed`] of the one before),
+    /// so the lease is renewed every third of it across back-to-back passes.
     pub fn new(
         token: SlotToken,
         config: &OutboxConfig,
         sink: Arc<dyn Completions>,
         now: Timestamp,
+        lease_renewed: Timestamp,
     ) -> PassCore {
         let seed = config.seed.unwrap_or_else(fresh_seed);
         let actor = token.actor().clone();
@@ -212,7 +219,8 @@ impl PassCore {
                     shutdown_grace: config.shutdown_grace,
                 },
                 now,
-            ),
+            )
+            .with_lease_renewed_at(lease_renewed),
             lanes: HashMap::new(),
             store_lanes: Vec::new(),
             recipients: Vec::new(),
@@ -598,6 +606,7 @@ impl PassCore {
             report: self.report,
             end,
             error,
+            lease_renewed: self.session.lease_renewed_at(),
         }
     }
 

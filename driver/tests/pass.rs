@@ -136,7 +136,7 @@ fn a_cancelled_pass_still_acks_what_was_delivered_and_calls_the_hook() {
     };
     let sink = Arc::new(Sink::default());
     let t = token(&*f.store);
-    let mut pass = PassCore::new(t.clone(), &config(), sink.clone(), now());
+    let mut pass = PassCore::new(t.clone(), &config(), sink.clone(), now(), now());
     assert_eq!(pass.seed(), 7, "the configured seed is the pass's");
     let jobs = started(&mut pass, cx);
     assert_eq!(jobs.len(), 1, "one lane: one in flight");
@@ -165,7 +165,7 @@ fn a_cancelled_pass_still_acks_what_was_delivered_and_calls_the_hook() {
     // The next pass starts with the second unit, not the delivered one again.
     let _ = f.store.release_slot(&t).expect("release");
     let sink = Arc::new(Sink::default());
-    let mut next = PassCore::new(token(&*f.store), &config(), sink, now());
+    let mut next = PassCore::new(token(&*f.store), &config(), sink, now(), now());
     let jobs = started(&mut next, cx);
     assert_eq!(jobs.len(), 1);
     assert_ne!(jobs[0].unit, first);
@@ -181,7 +181,7 @@ fn attempts_that_never_left_are_retried_without_counting() {
         hooks: &hooks,
     };
     let sink = Arc::new(Sink::default());
-    let mut pass = PassCore::new(token(&*f.store), &config(), sink.clone(), now());
+    let mut pass = PassCore::new(token(&*f.store), &config(), sink.clone(), now(), now());
     // Twenty attempts dropped before they were sent (a delivery task the runtime dropped):
     // with max_attempts 3, counting them would have dead-lettered the unit "exhausted".
     for _ in 0..20 {
@@ -225,7 +225,7 @@ fn a_lost_slot_ends_the_pass_before_anything_else_starts() {
     };
     let sink = Arc::new(Sink::default());
     let t = token(&*f.store);
-    let mut pass = PassCore::new(t.clone(), &config(), sink.clone(), now());
+    let mut pass = PassCore::new(t.clone(), &config(), sink.clone(), now(), now());
     let jobs = started(&mut pass, cx);
     assert_eq!(jobs.len(), 1);
     // The slot is lost (another holder took it over): this pass's acks are refused.
@@ -289,7 +289,7 @@ fn a_round_that_needs_no_store_runs_inline_and_one_that_writes_does_not() {
     };
     let sink = Arc::new(Sink::default());
     let t = token(&*f.store);
-    let mut pass = PassCore::new(t.clone(), &config(), sink.clone(), now());
+    let mut pass = PassCore::new(t.clone(), &config(), sink.clone(), now(), now());
     // The first round must look for lanes in the store.
     assert!(pass.try_round_inline(cx).is_none());
     let jobs = started(&mut pass, cx);

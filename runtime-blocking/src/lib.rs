@@ -411,12 +411,17 @@ pub(crate) fn drain_actor(
     let mut token = None;
     let mut total = PassReport::default();
     let mut error: Option<StoreError> = None;
+    // When the slot's lease was acquired or last renewed; handed from pass to pass.
+    let mut lease_renewed = now();
     while let Some(action) = session.poll_action() {
         match action {
             DrainAction::AcquireStoreSlot => {
+                // Read before asking: the lease runs from the database's acquisition, later.
+                let asked = now();
                 match store.acquire_slot(actor, core.holder(), config.lease) {
                     Ok(outbox_lanes_store::Acquire::Acquired(t)) => {
                         token = Some(t);
+                        lease_renewed = asked;
                         session.handle_store_acquire(SlotAnswer::Acquired);
                     }
                     Ok(outbox_lanes_store::Acquire::Held) => {
@@ -432,7 +437,8 @@ pub(crate) fn drain_actor(
                 let t = token
                     .clone()
                     .expect("the session runs a pass only after acquiring the store's slot");
-                let result = run_pass(core, t, control);
+                let result = run_pass(core, t, control, lease_renewed);
+                lease_renewed = result.lease_renewed;
                 total.add(&result.report);
                 if let Some(e) = result.error {
                     error.get_or_insert(e);
@@ -464,6 +470,7 @@ fn run_pass(
     core: &OutboxCore,
     token: outbox_lanes_store::SlotToken,
     control: &Arc<DrainControl>,
+    lease_renewed: outbox_lanes_core::Timestamp,
 ) -> PassResult {
     let (tx, rx) = mpsc::channel();
     let wake = tx.clone();
@@ -480,7 +487,13 @@ fn run_pass(
     let _shutdown = core.shutdown_signal().subscribe(move || {
         let _ = ctl.send(Msg::Control);
     });
-    let mut pass = PassCore::new(token, core.config(), Arc::new(ChannelSink(tx)), now());
+    let mut pass = PassCore::new(
+        token,
+        core.config(),
+        Arc::new(ChannelSink(tx)),
+        now(),
+        lease_renewed,
+    );
     let cx = RoundContext {
         store: &**core.store(),
         acks: core.acks(),

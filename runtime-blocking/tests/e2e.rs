@@ -579,3 +579,29 @@ fn a_direct_drain_goes_on_past_its_time_slice_until_nothing_is_admissible() {
     got.dedup();
     assert_eq!(got, ids(20));
 }
+
+/// A drain runs pass after pass on one drain slot; the lease must be renewed across them:
+/// passes of 100 ms with a 900 ms lease (renewal due every 300 ms) never reach a renewal by
+/// their own clock, and the drain failed with a stale token once the lease lapsed.
+#[test]
+fn the_lease_is_renewed_across_back_to_back_passes() {
+    let f = fixture();
+    let r = Recipient::start().expect("recipient");
+    r.set_default("/a", Reply::Status(200).after(Duration::from_millis(40)));
+    let to = vec![r.url("/a")];
+    let mut cfg = config();
+    cfg.time_slice = Duration::from_millis(100);
+    cfg.lease = Duration::from_millis(900);
+    let outbox = Outbox::open(Arc::clone(&f.store), cfg).expect("outbox");
+    for i in 0..40 {
+        outbox
+            .enqueue("long", &[row(&format!("e{i}"), &to)])
+            .expect("enqueue");
+    }
+    let out = outbox.drain("long").expect("drain");
+    assert!(
+        matches!(out, DrainOutcome::Ran(r) if r.delivered == 40),
+        "{out:?}"
+    );
+    assert_eq!(bodies(&r, "/a"), ids(40));
+}

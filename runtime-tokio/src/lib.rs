@@ -472,9 +472,13 @@ async fn drain_actor(
     let mut total = PassReport::default();
     let mut error: Option<StoreError> = None;
     let shutting = || StoreError::Database("the runtime is shutting down".into());
+    // When the slot's lease was acquired or last renewed; handed from pass to pass.
+    let mut lease_renewed = outbox_lanes_driver::pass::now();
     while let Some(action) = session.poll_action() {
         match action {
             DrainAction::AcquireStoreSlot => {
+                // Read before asking: the lease runs from the database's acquisition, later.
+                let asked = outbox_lanes_driver::pass::now();
                 let (c, a) = (Arc::clone(core), actor.clone());
                 let got = unblock(&**rt, move || {
                     c.store().acquire_slot(&a, c.holder(), c.config().lease)
@@ -484,6 +488,7 @@ async fn drain_actor(
                 match got {
                     Ok(outbox_lanes_store::Acquire::Acquired(t)) => {
                         token = Some(t);
+                        lease_renewed = asked;
                         session.handle_store_acquire(SlotAnswer::Acquired);
                     }
                     Ok(outbox_lanes_store::Acquire::Held) => {
@@ -499,7 +504,8 @@ async fn drain_actor(
                 let t = token
                     .clone()
                     .expect("the session runs a pass only after acquiring the store's slot");
-                let result = pass::run_pass(rt, core, t, control).await;
+                let result = pass::run_pass(rt, core, t, control, lease_renewed).await;
+                lease_renewed = result.lease_renewed;
                 total.add(&result.report);
                 if let Some(e) = result.error {
                     warn!(%actor, error = %e, end = ?result.end, "pass ended on a store failure");

@@ -60,6 +60,7 @@ pub(crate) async fn run_pass(
     core: &Arc<OutboxCore>,
     token: SlotToken,
     control: &Arc<DrainControl>,
+    lease_renewed: outbox_lanes_core::Timestamp,
 ) -> PassResult {
     let (tx, mut rx) = mpsc::unbounded_channel::<Done>();
     let events = Arc::new(Notify::new());
@@ -79,6 +80,7 @@ pub(crate) async fn run_pass(
         core.config(),
         Arc::new(TaskSink(tx)),
         now(),
+        lease_renewed,
     ));
     let mut batch: Vec<Done> = Vec::with_capacity(BATCH);
     loop {
@@ -108,6 +110,7 @@ pub(crate) async fn run_pass(
                     report: Default::default(),
                     end: PassEnd::Cancelled,
                     error: Some(StoreError::Database("the runtime is shutting down".into())),
+                    lease_renewed,
                 };
             };
             pass = p;
@@ -175,6 +178,7 @@ pub(crate) async fn run_pass(
             report: Default::default(),
             end: end.unwrap_or(PassEnd::Cancelled),
             error: Some(StoreError::Database("the runtime is shutting down".into())),
+            lease_renewed,
         },
     }
 }

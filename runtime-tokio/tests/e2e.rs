@@ -465,3 +465,31 @@ fn opening_outside_a_tokio_runtime_is_an_error() {
         "{err:?}"
     );
 }
+
+/// A drain runs pass after pass on one drain slot; the lease must be renewed across them, not
+/// only within a pass: passes of 100 ms with a 900 ms lease (renewal due every 300 ms) never
+/// reach a renewal by their own clock. Before the fix the drain failed with a stale token
+/// once the lease lapsed, 900 ms in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lease_is_renewed_across_back_to_back_passes() {
+    let f = fixture();
+    let r = Recipient::start().expect("recipient");
+    r.set_default("/a", Reply::Status(200).after(Duration::from_millis(40)));
+    let to = vec![r.url("/a")];
+    let mut cfg = config();
+    cfg.time_slice = Duration::from_millis(100);
+    cfg.lease = Duration::from_millis(900);
+    let outbox = Outbox::open(Arc::clone(&f.store), cfg).expect("outbox");
+    for i in 0..40 {
+        outbox
+            .enqueue("long", vec![row(&format!("e{i}"), &to)])
+            .await
+            .expect("enqueue");
+    }
+    let out = outbox.drain("long").await.expect("drain");
+    assert!(
+        matches!(out, DrainOutcome::Ran(r) if r.delivered == 40),
+        "{out:?}"
+    );
+    assert_eq!(bodies(&r, "/a"), ids(40));
+}
