@@ -33,7 +33,8 @@ pub enum DrainOutcome {
     Merged,
 }
 
-/// The state every runtime's `Outbox` shares; see the [module docs](self).
+/// The state every runtime's `Outbox` shares: the store, its configuration, hooks, ack writer,
+/// executor and drain slots.
 pub struct OutboxCore {
     store: Arc<dyn Store>,
     config: OutboxConfig,
