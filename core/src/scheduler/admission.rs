@@ -138,6 +138,7 @@ impl Scheduler {
 
     /// A lane's share of the window: `max_units` over the lanes with work (those with units
     /// admitted, and `hungry` more waiting for their first), between 1 and `max_per_lane`.
+    #[inline]
     pub(super) fn depth(&self, hungry: usize) -> u32 {
         let lanes = (self.occupied + hungry).max(1);
         u32::try_from(self.config.max_units / lanes)
@@ -147,6 +148,7 @@ impl Scheduler {
 
     /// How many units `l` may be asked for now, up to `depth` admitted, or `None` if it must
     /// not be claimed.
+    #[inline]
     pub(super) fn claimable(l: &Lane, now: Timestamp, depth: u32) -> Option<u32> {
         if !l.more
             || l.stalled
@@ -343,11 +345,13 @@ impl Scheduler {
     }
 
     /// Whether one more unit of `bytes` fits the window.
+    #[inline]
     pub(super) fn room_for(&self, bytes: u32) -> bool {
         self.admitted < self.config.max_units.max(1) && self.bytes_fit(bytes)
     }
 
     /// Whether `seq` may be appended to `lane`'s admitted units.
+    #[inline]
     pub(super) fn in_order(&self, lane: LaneId, seq: Seq) -> bool {
         let l = &self.lanes[lane.index()];
         seq >= l.next_from
@@ -357,6 +361,7 @@ impl Scheduler {
     }
 
     /// Whether unit `idx` heads every lane it occupies.
+    #[inline]
     pub(super) fn heads_all(&self, idx: u32) -> bool {
         self.units[idx as usize]
             .slots
@@ -387,6 +392,7 @@ impl Scheduler {
     }
 
     /// Whether `bytes` more fit `max_bytes` (a lone unit always fits).
+    #[inline]
     pub(super) fn bytes_fit(&self, bytes: u32) -> bool {
         self.admitted == 0 || self.admitted_bytes + u64::from(bytes) <= self.config.max_bytes
     }
@@ -451,6 +457,7 @@ impl Scheduler {
     }
 
     /// Puts `lane` in the claim queue if it may have units to read.
+    #[inline]
     pub(super) fn queue_for_claim(&mut self, lane: LaneId) {
         let l = &mut self.lanes[lane.index()];
         if l.more && !l.in_claim_queue && !l.stalled && l.planned.is_none() {

@@ -41,13 +41,13 @@
 //!
 //! | state | flag(s) | entered when | left when |
 //! |---|---|---|---|
-//! | has work | `more` | the store reports units (discovery, a short read that was not exhausted) | a read comes back exhausted |
+//! | has work | `more` | the store reports units (discovery, a read that was not exhausted) | a read comes back exhausted |
 //! | queued for a read | `in_claim_queue` | it has work, is not stalled and no read is out | `poll_claim` takes it (read or dropped) |
 //! | read outstanding | `planned` | `poll_claim` asks for it | `handle_claimed` / `handle_claim_failed` |
 //! | waiting at a joined unit | `waiting_on` | its read reached a joined unit not yet admitted | the unit is admitted, or handed back |
 //! | waiting for room | `room_wait` | its next unit did not fit the window | any unit leaves the window |
 //! | attempt in flight | `in_flight` | its head starts | the outcome arrives |
-//! | in backoff (probe mode above level 0) | `not_before`, `level` | a stall, a failed probe, a Retry-After | its timer fires; an answer reopens it |
+//! | in backoff (probe mode above level 0) | `not_before`, `level` | a stall, a failed probe, a Retry-After | its timer fires (`not_before` ends, probe mode stays); an answer reopens it (level 0) |
 //! | stalled | `stalled` | its head failed `pass_attempts` times or its probe failed: the head is held, the rest handed back (OL-7) | the head is resolved, or the lane reopens |
 //! | blocked (strict lanes) | `blocked` (and `stalled`) | a strict lane's head would be dead-lettered (OL-8) | the pass ends (an operator acts) |
 //!
@@ -139,6 +139,7 @@ enum Phase {
 
 impl Phase {
     /// Delivered or dead-lettered: nothing more happens to this recipient.
+    #[inline]
     fn resolved(self) -> bool {
         matches!(self, Phase::Served | Phase::Dead)
     }
@@ -196,6 +197,7 @@ struct Lane {
 
 impl Lane {
     /// Not in backoff at `now`.
+    #[inline]
     fn open(&self, now: Timestamp) -> bool {
         self.not_before.is_none_or(|t| t <= now)
     }

@@ -103,6 +103,7 @@ impl Scheduler {
         Ok(())
     }
 
+    #[inline]
     pub(super) fn count_attempt(&mut self, idx: u32, s: usize) {
         let u = &mut self.units[idx as usize];
         let slot = &mut u.slots[s];
@@ -308,6 +309,7 @@ impl Scheduler {
     }
 
     /// Finishes unit `idx` if every recipient of it is delivered or dead-lettered.
+    #[inline]
     pub(super) fn finish_if_resolved(&mut self, idx: u32) {
         let u = &self.units[idx as usize];
         if u.live && u.slots.iter().all(|s| s.phase.resolved()) {
@@ -333,6 +335,7 @@ impl Scheduler {
     }
 
     /// Takes unit `idx` out of `lane`'s admitted units.
+    #[inline]
     pub(super) fn remove_from_lane(&mut self, lane: LaneId, idx: u32) {
         let q = &mut self.lanes[lane.index()].queue;
         let was_empty = q.is_empty();

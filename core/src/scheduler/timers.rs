@@ -45,6 +45,7 @@ impl Scheduler {
 
     /// Whether `timer` at `t` still means something: the lane's backoff still ends then, or
     /// the unit is still admitted and a recipient of it still retries then.
+    #[inline]
     pub(super) fn timer_valid(&self, t: Timestamp, timer: Timer) -> bool {
         match timer {
             Timer::Lane(l) => self.lanes[l as usize].not_before == Some(t),
@@ -56,12 +57,14 @@ impl Scheduler {
     }
 
     /// Moves time forward (never backward) and fires due timers.
+    #[inline]
     pub(super) fn advance_to(&mut self, now: Timestamp) {
         self.set_now(now);
         self.fire_timers();
     }
 
     /// Moves time forward, never backward (a clock that steps back is clamped).
+    #[inline]
     pub(super) fn set_now(&mut self, now: Timestamp) {
         if now > self.now {
             self.now = now;

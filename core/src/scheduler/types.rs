@@ -28,9 +28,10 @@ pub struct Admit {
     pub id: UnitId,
     /// The enqueue sequence number of its row.
     pub seq: Seq,
-    /// Payload size in bytes, counted against [`Config::max_bytes`].
+    /// Payload size in bytes, counted against
+    /// [`Config::max_bytes`](crate::config::Config::max_bytes).
     pub bytes: u32,
-    /// When its row was enqueued (for [`Config::max_age`]).
+    /// When its row was enqueued (for [`Config::max_age`](crate::config::Config::max_age)).
     pub enqueued_at: Timestamp,
     /// Its recipients: one for a normal unit, several for a joined one.
     pub slots: SmallVec<[AdmitSlot; 1]>,
@@ -109,8 +110,9 @@ pub struct LaneChunk {
 /// Why a unit (for one recipient) is held, not attempted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HoldReason {
-    /// It failed [`Config::pass_attempts`] times in this pass, or its probe failed: its lane
-    /// is in backoff and it waits for the lane's `not_before` (OL-7, OL-11).
+    /// It failed [`Config::pass_attempts`](crate::config::Config::pass_attempts) times in
+    /// this pass, or its probe failed: its lane is in backoff and it waits for the lane's
+    /// `not_before` (OL-7, OL-11).
     Stalled,
     /// A strict lane's head that would have been dead-lettered: the lane stays blocked until
     /// an operator acts (OL-8).
