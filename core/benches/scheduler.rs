@@ -336,6 +336,20 @@ fn by_lanes(c: &mut Criterion) {
     g.finish();
 }
 
+/// Joined units over many lanes: many joined units are reached by some of their lanes and
+/// wait for the others, so a cost per finished unit that grows with them shows here.
+fn by_joined_lanes(c: &mut Criterion) {
+    const UNITS: usize = 20_000;
+    let config = Config::default();
+    let mut g = c.benchmark_group("scheduler_joined");
+    g.sample_size(10).sampling_mode(SamplingMode::Flat);
+    for lanes in [1_000, 10_000] {
+        let w = Workload::new(lanes, 3, UNITS);
+        bench_pass(&mut g, BenchmarkId::new("joined3", lanes), &w, &config);
+    }
+    g.finish();
+}
+
 /// Per-unit cost by pass size, at 100 lanes.
 fn by_units(c: &mut Criterion) {
     let config = Config::default();
@@ -384,5 +398,5 @@ fn lane_intern(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, by_lanes, by_units, lane_intern);
+criterion_group!(benches, by_lanes, by_joined_lanes, by_units, lane_intern);
 criterion_main!(benches);

@@ -886,3 +886,90 @@ fn a_lane_with_nothing_admitted_gets_the_room_before_a_lane_that_refills() {
     w.ok(units["a"][1], "a");
     assert_eq!(w.take(), ["delivered u5 a", "start u9 a #1"]);
 }
+
+#[test]
+fn complete_joined_units_waiting_for_room_go_in_as_units_leave_in_completion_order() {
+    // Room for two units of 100 bytes: x1 and x2 fill it, and the joined units j1 (a, b),
+    // j2 (c, d), j3 (e, f) and j4 (g, h) are reached by all their lanes but wait for room,
+    // complete in that order.
+    let mut w = World::new(Config {
+        max_bytes: 200,
+        ..transcript_config()
+    });
+    let x1 = w.enqueue(&["x"], false)[0];
+    let x2 = w.enqueue(&["x"], false)[0];
+    let j: Vec<UnitId> = [["a", "b"], ["c", "d"], ["e", "f"], ["g", "h"]]
+        .iter()
+        .map(|lanes| w.enqueue(lanes, true)[0])
+        .collect();
+    w.discover();
+    assert_eq!(w.take(), ["start u1 x #1"]);
+    assert_eq!(w.s.admitted(), 2);
+    // x1 leaves: j1, complete first, takes its room; the others still do not fit.
+    w.ok(x1, "x");
+    assert_eq!(
+        w.take(),
+        [
+            "delivered u1 x",
+            "start u2 x #1",
+            "start u3 a #1",
+            "start u3 b #1"
+        ]
+    );
+    assert_eq!(w.s.admitted(), 2);
+    w.ok(x2, "x");
+    assert_eq!(
+        w.take(),
+        ["delivered u2 x", "start u4 c #1", "start u4 d #1"]
+    );
+    w.ok(j[0], "a");
+    w.ok(j[0], "b");
+    assert_eq!(
+        w.take(),
+        [
+            "delivered u3 a",
+            "delivered u3 b",
+            "start u5 e #1",
+            "start u5 f #1"
+        ]
+    );
+    w.ok(j[1], "c");
+    w.ok(j[1], "d");
+    assert_eq!(
+        w.take(),
+        [
+            "delivered u4 c",
+            "delivered u4 d",
+            "start u6 g #1",
+            "start u6 h #1"
+        ]
+    );
+    for (u, l) in [(j[2], "e"), (j[2], "f"), (j[3], "g"), (j[3], "h")] {
+        w.ok(u, l);
+    }
+    assert_eq!(w.take().len(), 4);
+    assert!(w.s.is_done(w.now));
+}
+
+#[test]
+fn is_done_is_a_query_a_due_retry_fires_only_on_handle_timeout() {
+    let mut w = World::new(transcript_config());
+    let a1 = w.enqueue(&["a"], false)[0];
+    w.discover();
+    assert_eq!(w.take(), ["start u1 a #1"]);
+    w.fail(a1, "a");
+    assert_eq!(w.take(), ["attempt u1 a 1"]);
+    let due = w.s.poll_timeout().expect("the in-pass retry");
+    // Past the retry's deadline the pass is not over, and asking changes nothing.
+    assert!(!w.s.is_done(due + secs(5)));
+    assert!(!w.s.is_done(due + secs(5)));
+    assert_eq!(w.s.poll_command(), None);
+    assert_eq!(w.s.poll_timeout(), Some(due));
+    w.now = due;
+    w.s.handle_timeout(w.now);
+    w.settle();
+    assert_eq!(w.take(), ["start u1 a #2"]);
+    w.ok(a1, "a");
+    assert_eq!(w.take(), ["delivered u1 a"]);
+    assert!(w.s.is_done(w.now));
+}

@@ -469,6 +469,8 @@ impl PassCore {
                 return Ok(());
             }
             let t = now();
+            // Timers that fell due fire first: a retry or a probe may queue starts.
+            self.sched.handle_timeout(t);
             if let Some(claims) = self.sched.poll_claim(t) {
                 if inline {
                     // Reads wait for the blocking round; the room they reserved is released.
@@ -481,7 +483,6 @@ impl PassCore {
                 }
                 continue;
             }
-            // `is_done` fires timers that fell due, which may queue commands.
             let done = self.sched.is_done(t);
             if self.execute(cx, starts, inline)? > 0 {
                 continue;

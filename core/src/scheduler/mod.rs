@@ -1,0 +1,493 @@
+//! The lane scheduler: one actor's pass, from the lanes with work to the commands a runtime
+//! executes.
+//!
+//! It implements the per-recipient ordered outbox (OL-1 … OL-20 of the design) without I/O
+//! and without a clock: every input takes `now`, every output is a value the runtime pulls.
+//! A runtime feeds it what the store and the recipients said, and executes what it asks for.
+//!
+//! # A pass
+//!
+//! 1. **Discovery** — [`Scheduler::handle_lane`]: the store says a lane has pending units (and
+//!    its persisted backoff). The lane is queued for a read.
+//! 2. **Claims** — [`Scheduler::poll_claim`]: which lanes to read now, and how many units of
+//!    each. The admission window (`max_units`, `max_bytes`) is shared breadth first: a lane
+//!    with nothing admitted is read before one that only refills, each gets
+//!    `max_units / lanes with work` (between 1 and `max_per_lane`), and a lane in probe mode
+//!    gets its head only. The room asked for is reserved until the answer comes.
+//! 3. **Admission** — [`Scheduler::handle_claimed`]: the store's answer, each lane's next units
+//!    in `seq` order. A joined unit (several recipients) is admitted only once the reads of
+//!    *all* its lanes have reached it, so it sits behind every earlier unit of each (OL-3).
+//! 4. **Starts** — a unit that heads every lane it occupies is *ready*; it starts when each
+//!    lane it still needs is open (not in backoff), has nothing in flight and is not blocked
+//!    (OL-1), within `max_in_flight`: one [`Command::Start`] per recipient.
+//! 5. **Outcomes** — [`Scheduler::handle_outcome`]: a 2xx resolves the recipient; a transient
+//!    or throttled failure retries in the pass, stalls the lane, or dead-letters the unit
+//!    (OL-5 … OL-8); a permanent failure dead-letters it (410 may retire the lane, OL-9). A
+//!    unit whose recipients are all resolved leaves its lanes, and the next heads are ready.
+//! 6. **Timers** — [`Scheduler::handle_timeout`] at [`Scheduler::poll_timeout`]: in-pass retries
+//!    fall due, lane backoffs end (the head is probed, OL-11).
+//! 7. **End** — [`Scheduler::is_done`] (a query) says nothing can happen any more without a
+//!    new input from the store: nothing in flight, no retry pending, nothing startable, and
+//!    nothing to read outside lanes in backoff (OL-10). [`Scheduler::handle_pass_end`] then
+//!    hands every unit still admitted back to the store in enqueue order (OL-10, OL-14).
+//!
+//! After **every** `handle_*` call the runtime drains [`Scheduler::poll_command`] and executes
+//! the commands in order ([`Command::DeadLetter`] and [`Command::RetireLane`] durable before
+//! the next one, OL-16).
+//!
+//! # The states of a lane
+//!
+//! A lane is a recipient's FIFO. Its state is a few independent flags, each with one job:
+//!
+//! | state | flag(s) | entered when | left when |
+//! |---|---|---|---|
+//! | has work | `more` | the store reports units (discovery, a read that was not exhausted) | a read comes back exhausted |
+//! | queued for a read | `in_claim_queue` | it has work, is not stalled and no read is out | `poll_claim` takes it (read or dropped) |
+//! | read outstanding | `planned` | `poll_claim` asks for it | `handle_claimed` / `handle_claim_failed` |
+//! | waiting at a joined unit | `waiting_on` | its read reached a joined unit not yet admitted | the unit is admitted, or handed back |
+//! | waiting for room | `room_wait` | its next unit did not fit the window | any unit leaves the window |
+//! | attempt in flight | `in_flight` | its head starts | the outcome arrives |
+//! | in backoff (probe mode above level 0) | `not_before`, `level` | a stall, a failed probe, a Retry-After | its timer fires (`not_before` ends, probe mode stays); an answer reopens it (level 0) |
+//! | stalled | `stalled` | its head failed `pass_attempts` times or its probe failed: the head is held, the rest handed back (OL-7) | the head is resolved, or the lane reopens |
+//! | blocked (strict lanes) | `blocked` (and `stalled`) | a strict lane's head would be dead-lettered (OL-8) | the pass ends (an operator acts) |
+//!
+//! A lane is read only when it has work, is not stalled, has no read out, waits neither at a
+//! joined unit nor for room, and is open; it starts its head only when it is open, idle and
+//! not blocked. A recipient of a unit (a *slot*) is `Idle`, `InFlight`, `RetryAt(t)`,
+//! `Stalled`, `Blocked`, `Served` or `Dead`; a unit finishes when every slot is `Served` or
+//! `Dead`.
+//!
+//! # Invariants
+//!
+//! The model test (`core/tests/model.rs`) drives random admissions, outcomes, time jumps
+//! (backwards too), interruptions and bad events against a per-lane FIFO reference store, and
+//! checks on every command:
+//!
+//! - a unit starts only when nothing earlier is pending in any lane it occupies (OL-1, OL-3);
+//! - at most one attempt is in flight per lane;
+//! - nothing starts before its lane's `not_before` (OL-6, OL-11);
+//! - each recipient of a unit is resolved (delivered or dead-lettered) once, while pending;
+//! - a batch of hand-backs comes in enqueue order (OL-10, OL-14);
+//! - the window holds: at most `max_units` admitted, at most `max_bytes` unless one unit;
+//! - with recipients answering, every unit is resolved in the end (quiescence).
+//!
+//! Events the scheduler cannot apply (a stale or second completion, a chunk nobody asked for)
+//! are refused with an error and change nothing.
+//!
+//! # Costs
+//!
+//! Work is queued, never searched for: ready units, lanes to read (hungry and refill queues),
+//! lanes waiting for room, timers in a heap, and joined units that every lane has reached
+//! but that wait for room ([`Scheduler`] keeps them in a queue, so a unit that leaves the
+//! window costs the joined units it lets in, not a scan of every joined unit being read).
+//!
+//! # Two output channels
+//!
+//! Commands ([`Scheduler::poll_command`]) are effects the runtime executes in order, queued as
+//! events happen. Claims ([`Scheduler::poll_claim`]) are not: they are computed when the
+//! runtime is ready to read, from the room free *then*, and come as one batch so the runtime
+//! reads many lanes in one store query. Queuing them as commands would fix their size when an
+//! event happens (before the commands ahead of them free room), split one read into many, and
+//! reserve room the runtime may not use yet; so claims stay a separate, pull-based channel.
+//!
+//! # Files
+//!
+//! - `mod.rs`: this overview, the internal state, the scheduler's constructor, queries and
+//!   pass end;
+//! - `types.rs`: the public inputs and outputs ([`Admit`], [`Command`], errors, …);
+//! - `admission.rs`: discovery, claims and admission (joined units included);
+//! - `outcomes.rs`: outcomes, retries, stalls, backoff, dead letters, units leaving;
+//! - `timers.rs`: time, and the timers of retries and lane backoffs;
+//! - `start.rs`: which ready units start now.
+
+mod admission;
+mod outcomes;
+mod start;
+mod timers;
+mod types;
+
+pub use types::{
+    Admit, AdmitError, AdmitSlot, ClaimReport, Command, EventError, HoldReason, LaneChunk,
+    LaneClaim, LaneInfo,
+};
+
+use alloc::collections::{BinaryHeap, VecDeque};
+use alloc::vec::Vec;
+use core::cmp::Reverse;
+use core::hash::{BuildHasherDefault, Hasher};
+
+use hashbrown::HashMap;
+use smallvec::SmallVec;
+
+use crate::config::Config;
+use crate::ids::{LaneId, Seq, UnitId};
+use crate::lane::{LaneKey, LaneTable};
+use crate::rng::Rng;
+use crate::time::Timestamp;
+
+/// Where one recipient of an admitted unit is (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Idle,
+    InFlight,
+    RetryAt(Timestamp),
+    Stalled,
+    Blocked,
+    Served,
+    Dead,
+}
+
+impl Phase {
+    /// Delivered or dead-lettered: nothing more happens to this recipient.
+    #[inline]
+    fn resolved(self) -> bool {
+        matches!(self, Phase::Served | Phase::Dead)
+    }
+}
+
+/// One recipient of an admitted unit.
+#[derive(Clone, Debug)]
+struct Slot {
+    lane: LaneId,
+    attempts: u32,
+    pass_failures: u32,
+    /// Attempts of this pass that never left (`Outcome::NotSent`): they pace the retry, and
+    /// count for nothing else.
+    not_sent: u32,
+    phase: Phase,
+}
+
+/// An admitted unit (a slot of the slab; `live` is false once it left the window).
+#[derive(Clone, Debug)]
+struct Unit {
+    id: UnitId,
+    seq: Seq,
+    bytes: u32,
+    enqueued_at: Timestamp,
+    slots: SmallVec<[Slot; 1]>,
+    started: bool,
+    live: bool,
+}
+
+/// A lane's state in this pass; the flags are the states of the table in the module doc.
+#[derive(Clone, Debug, Default)]
+struct Lane {
+    /// Admitted units of this lane, in seq order (slab indices).
+    queue: VecDeque<u32>,
+    in_flight: bool,
+    not_before: Option<Timestamp>,
+    level: u32,
+    strict: bool,
+    /// The store may hold units of this lane at or after `next_from`.
+    more: bool,
+    next_from: Seq,
+    /// Closed for admission: its head is stalled or blocked.
+    stalled: bool,
+    blocked: bool,
+    in_claim_queue: bool,
+    /// A claim for this lane is outstanding, for this many units…
+    planned: Option<u32>,
+    /// …from this sequence number on.
+    planned_from: Seq,
+    /// The read reached this joined unit, which is not admitted yet: read nothing further.
+    waiting_on: Option<UnitId>,
+    /// Its next unit did not fit the window: read nothing until a unit leaves it.
+    room_wait: bool,
+}
+
+impl Lane {
+    /// Not in backoff at `now`.
+    #[inline]
+    fn open(&self, now: Timestamp) -> bool {
+        self.not_before.is_none_or(|t| t <= now)
+    }
+}
+
+/// A joined unit that some of its lanes' reads have reached.
+#[derive(Clone, Debug)]
+struct Reached {
+    admit: Admit,
+    /// The lanes whose reads reached it; it is complete when all of its lanes did.
+    lanes: SmallVec<[LaneId; 4]>,
+    /// It is in [`Scheduler::complete_joined`] (complete, waiting for room).
+    queued: bool,
+}
+
+/// A deadline: a lane's backoff ends, or a unit's in-pass retry is due. Stale ones (the
+/// state changed since) are skipped when they come up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Timer {
+    Lane(u32),
+    Retry(u32, UnitId),
+}
+
+/// A multiplicative hasher for store-assigned unit ids (integers the store picks, not
+/// strings from outside, so a keyed hash is not needed here).
+#[derive(Default, Clone, Copy)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        let x = (self.0 ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = x ^ (x >> 29);
+    }
+}
+
+/// The lane scheduler for one actor's outbox pass.
+///
+/// It keeps the ordering rules of the design (OL-1 … OL-20) for the units a runtime admits,
+/// and tells the runtime what to do through [`Command`]s. It performs no I/O and reads no
+/// clock: every input takes `now`, and deadlines come back from [`Scheduler::poll_timeout`].
+///
+/// # The driving loop
+///
+/// After **every** `handle_*` call, drain [`Scheduler::poll_command`] until `None` and
+/// execute the commands in order; then ask [`Scheduler::poll_claim`] for lanes to read from
+/// the store, and wait for the earliest of a completion, new rows, or
+/// [`Scheduler::poll_timeout`] (then call [`Scheduler::handle_timeout`]). The pass is over
+/// when [`Scheduler::is_done`] says so; then [`Scheduler::handle_pass_end`] hands every
+/// waiting unit back. The [module documentation](self) describes a pass step by step.
+///
+/// ```
+/// use outbox_lanes_core::{
+///     Admit, Command, Config, LaneChunk, LaneInfo, LaneKey, Outcome, Scheduler, Seq,
+///     Timestamp, UnitId,
+/// };
+///
+/// let mut sched = Scheduler::new(Config::default(), 7);
+/// let now = Timestamp::from_secs(1_700_000_000);
+/// let lane = sched.lane(&LaneKey::new("https://b.example/inbox", None).unwrap());
+/// // The store said this lane has pending units.
+/// sched.handle_lane(lane, LaneInfo::default(), now);
+///
+/// let mut delivered = Vec::new();
+/// while !sched.is_done(now) {
+///     // Read lane heads from the store (here: two units, then nothing more).
+///     if let Some(claims) = sched.poll_claim(now) {
+///         let chunks = claims
+///             .iter()
+///             .map(|c| LaneChunk {
+///                 lane: c.lane,
+///                 units: vec![Admit::single(UnitId(1), Seq(1), c.lane), Admit::single(UnitId(2), Seq(2), c.lane)],
+///                 exhausted: true,
+///             })
+///             .collect();
+///         let _report = sched.handle_claimed(chunks, now);
+///     }
+///     while let Some(cmd) = sched.poll_command() {
+///         match cmd {
+///             Command::Start { unit, lane, .. } => {
+///                 // POST the payload here; then report what happened.
+///                 sched.handle_outcome(unit, lane, Outcome::Delivered, now).unwrap();
+///             }
+///             Command::Delivered { unit, .. } => delivered.push(unit),
+///             Command::RecordAttempt { .. }
+///             | Command::Hold { .. }
+///             | Command::LaneBackoff { .. }
+///             | Command::LaneOpen { .. }
+///             | Command::DeadLetter { .. }
+///             | Command::RetireLane { .. }
+///             | Command::HandBack { .. } => {}
+///         }
+///     }
+/// }
+/// sched.handle_pass_end(now);
+/// assert_eq!(delivered, [UnitId(1), UnitId(2)]);
+/// ```
+#[derive(Debug)]
+pub struct Scheduler {
+    config: Config,
+    rng: Rng,
+    now: Timestamp,
+    table: LaneTable<LaneKey>,
+    lanes: Vec<Lane>,
+    units: Vec<Unit>,
+    free: Vec<u32>,
+    index: HashMap<UnitId, u32, BuildHasherDefault<IdHasher>>,
+    /// Joined units some of whose lanes' reads reached them, not admitted yet.
+    joined: HashMap<UnitId, Reached, BuildHasherDefault<IdHasher>>,
+    /// Joined units every lane of which reached them but that did not fit the window, in
+    /// the order they became complete: admitted when units leave the window.
+    complete_joined: VecDeque<UnitId>,
+    commands: VecDeque<Command>,
+    ready: VecDeque<(u32, UnitId)>,
+    capacity_wait: VecDeque<(u32, UnitId)>,
+    /// Lanes to read that had nothing admitted when they were queued: served first.
+    hungry_queue: VecDeque<LaneId>,
+    /// Lanes to read that only refill.
+    claim_queue: VecDeque<LaneId>,
+    room_waiters: Vec<LaneId>,
+    timers: BinaryHeap<Reverse<(Timestamp, Timer)>>,
+    admitted: usize,
+    admitted_bytes: u64,
+    /// Lanes with at least one admitted unit.
+    occupied: usize,
+    reserved: usize,
+    in_flight: usize,
+    retry_pending: usize,
+    stopping: bool,
+}
+
+impl Scheduler {
+    /// A scheduler with `config`; `seed` drives the retry jitter and keys the lane hasher, so
+    /// the same seed replays the same run.
+    pub fn new(config: Config, seed: u64) -> Self {
+        Scheduler {
+            config,
+            rng: Rng::new(seed),
+            now: Timestamp::EPOCH,
+            table: LaneTable::new(seed),
+            lanes: Vec::new(),
+            units: Vec::new(),
+            free: Vec::new(),
+            index: HashMap::default(),
+            joined: HashMap::default(),
+            complete_joined: VecDeque::new(),
+            commands: VecDeque::new(),
+            ready: VecDeque::new(),
+            capacity_wait: VecDeque::new(),
+            hungry_queue: VecDeque::new(),
+            claim_queue: VecDeque::new(),
+            room_waiters: Vec::new(),
+            timers: BinaryHeap::new(),
+            admitted: 0,
+            admitted_bytes: 0,
+            occupied: 0,
+            reserved: 0,
+            in_flight: 0,
+            retry_pending: 0,
+            stopping: false,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The lane id of `key`, interning it on first sight.
+    pub fn lane(&mut self, key: &LaneKey) -> LaneId {
+        let id = self.table.intern(key);
+        if self.lanes.len() <= id.index() {
+            self.lanes.resize_with(id.index() + 1, Lane::default);
+        }
+        id
+    }
+
+    /// The key of a lane interned by this scheduler.
+    pub fn lane_key(&self, lane: LaneId) -> Option<&LaneKey> {
+        self.table.key(lane)
+    }
+
+    /// Units admitted and not yet finished or handed back.
+    pub fn admitted(&self) -> usize {
+        self.admitted
+    }
+
+    /// Payload bytes of the admitted units.
+    pub fn admitted_bytes(&self) -> u64 {
+        self.admitted_bytes
+    }
+
+    /// Attempts in flight.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// Stop starting units (graceful shutdown or the end of a time slice): attempts in
+    /// flight finish, nothing new starts or is claimed, and [`Scheduler::is_done`] turns true
+    /// once nothing is in flight.
+    pub fn handle_stop(&mut self, now: Timestamp) {
+        self.set_now(now);
+        self.stopping = true;
+    }
+
+    /// Ends the pass: every admitted unit that is not finished — waiting, stalled, blocked,
+    /// or (after an interruption) in flight — is handed back in enqueue order (OL-10,
+    /// OL-14). Completions that arrive later are refused with [`EventError::UnknownUnit`].
+    /// The scheduler can then start a new pass.
+    pub fn handle_pass_end(&mut self, now: Timestamp) {
+        // Nothing due fires first: what was waiting goes back, it does not start.
+        self.set_now(now);
+        let mut live: Vec<(Seq, UnitId)> = self
+            .units
+            .iter()
+            .filter(|u| u.live)
+            .map(|u| (u.seq, u.id))
+            .collect();
+        live.sort_unstable();
+        for (_, unit) in live {
+            self.commands.push_back(Command::HandBack { unit });
+        }
+        self.units.clear();
+        self.free.clear();
+        self.index.clear();
+        self.joined.clear();
+        self.complete_joined.clear();
+        self.ready.clear();
+        self.capacity_wait.clear();
+        self.hungry_queue.clear();
+        self.claim_queue.clear();
+        self.room_waiters.clear();
+        self.timers.clear();
+        for l in &mut self.lanes {
+            *l = Lane::default();
+        }
+        self.admitted = 0;
+        self.admitted_bytes = 0;
+        self.occupied = 0;
+        self.reserved = 0;
+        self.in_flight = 0;
+        self.retry_pending = 0;
+        self.stopping = false;
+    }
+
+    /// An interruption (an error, a cancellation): same as [`Scheduler::handle_pass_end`],
+    /// including the units in flight, whose outcome is unknown (at-least-once).
+    pub fn handle_interrupt(&mut self, now: Timestamp) {
+        self.handle_pass_end(now);
+    }
+
+    /// The next command to execute, in order.
+    pub fn poll_command(&mut self) -> Option<Command> {
+        self.commands.pop_front()
+    }
+
+    /// Whether the pass is over at `now`: nothing in flight, no in-pass retry pending,
+    /// nothing startable, and nothing to read outside lanes in backoff (OL-10).
+    ///
+    /// A query: it changes nothing. A timer that fell due by `now` and was not handled yet
+    /// (no input at `now` so far) counts as work: call [`Scheduler::handle_timeout`] first.
+    pub fn is_done(&self, now: Timestamp) -> bool {
+        if self.in_flight > 0 || self.reserved > 0 || !self.commands.is_empty() {
+            return false;
+        }
+        if self.stopping {
+            return true;
+        }
+        let now = now.max(self.now);
+        if self.timer_due(now)
+            || self.retry_pending > 0
+            || !self.ready.is_empty()
+            || !self.capacity_wait.is_empty()
+        {
+            return false;
+        }
+        let room = self.admitted < self.config.max_units;
+        let max = self.config.max_per_lane;
+        !(room
+            && self
+                .hungry_queue
+                .iter()
+                .chain(&self.claim_queue)
+                .any(|l| Self::claimable(&self.lanes[l.index()], now, max).is_some()))
+    }
+}

@@ -1,0 +1,438 @@
+//! Outcomes: what an attempt's answer does to its unit and lane.
+//!
+//! A 2xx resolves the recipient. A transient or throttled failure retries in the pass, stalls
+//! the lane (the head held in backoff, the rest handed back, OL-7) or, at the attempt limit,
+//! dead-letters the unit (blocks a strict lane, OL-8); see
+//! [`Scheduler::retry_stall_or_dead_letter`]. A permanent failure dead-letters it, and 410 may
+//! retire the lane (OL-9). A unit whose recipients are all resolved leaves its lanes and the
+//! window.
+
+use alloc::vec::Vec;
+use core::cmp::Reverse;
+use core::time::Duration;
+
+use smallvec::SmallVec;
+
+use super::types::{Command, EventError, HoldReason};
+use super::{Phase, Scheduler, Timer};
+use crate::config::{MAX_BACKOFF_LEVEL, jittered};
+use crate::ids::{LaneId, Seq, UnitId};
+use crate::outcome::{DeadReason, Outcome};
+use crate::time::Timestamp;
+
+impl Scheduler {
+    /// The outcome of the attempt started for `unit` on `lane`.
+    ///
+    /// # Errors
+    /// [`EventError`] when no such attempt is in flight (an unknown or finished unit, a
+    /// second completion); nothing changes then.
+    pub fn handle_outcome(
+        &mut self,
+        unit: UnitId,
+        lane: LaneId,
+        outcome: Outcome,
+        now: Timestamp,
+    ) -> Result<(), EventError> {
+        // The input applies to the state the runtime saw: timers that fell due meanwhile
+        // fire after it, so a stale answer never lands on a restarted attempt.
+        self.set_now(now);
+        let &idx = self.index.get(&unit).ok_or(EventError::UnknownUnit(unit))?;
+        let s = self.units[idx as usize]
+            .slots
+            .iter()
+            .position(|s| s.lane == lane)
+            .ok_or(EventError::UnknownLane(unit, lane))?;
+        if self.units[idx as usize].slots[s].phase != Phase::InFlight {
+            return Err(EventError::NotInFlight(unit, lane));
+        }
+        self.lanes[lane.index()].in_flight = false;
+        self.in_flight -= 1;
+        self.units[idx as usize].slots[s].phase = Phase::Idle;
+
+        match outcome {
+            Outcome::Delivered => {
+                self.units[idx as usize].slots[s].phase = Phase::Served;
+                self.commands.push_back(Command::Delivered { unit, lane });
+                self.reopen_lane(lane);
+                self.finish_if_resolved(idx);
+            }
+            Outcome::Throttled { retry_after } => {
+                // Free below `max_throttled_level` (OL-5); from it on, a recipient that is
+                // still throttling after a stall counts like a failing one, so it ends.
+                if self.lanes[lane.index()].level >= self.config.max_throttled_level {
+                    self.count_attempt(idx, s);
+                    self.retry_stall_or_dead_letter(idx, s, retry_after, true);
+                } else {
+                    let attempts = self.units[idx as usize].slots[s].attempts;
+                    self.commands.push_back(Command::RecordAttempt {
+                        unit,
+                        lane,
+                        attempts,
+                        counted: false,
+                    });
+                    self.retry_stall_or_dead_letter(idx, s, retry_after, false);
+                }
+            }
+            Outcome::Transient { retry_after } => {
+                self.count_attempt(idx, s);
+                self.retry_stall_or_dead_letter(idx, s, retry_after, true);
+            }
+            Outcome::Permanent | Outcome::Gone => {
+                self.count_attempt(idx, s);
+                // The recipient answered: it is up, whatever it thinks of this unit.
+                self.reopen_lane(lane);
+                let gone = outcome == Outcome::Gone;
+                let reason = if gone {
+                    DeadReason::Gone
+                } else {
+                    DeadReason::Permanent
+                };
+                if self.dead_letter_or_block(idx, s, reason) && gone && self.config.retire_on_gone {
+                    self.retire(lane, idx);
+                }
+                self.finish_if_resolved(idx);
+            }
+            Outcome::Refused => {
+                self.count_attempt(idx, s);
+                self.dead_letter_or_block(idx, s, DeadReason::DestinationRefused);
+                self.finish_if_resolved(idx);
+            }
+            Outcome::NotSent => self.not_sent(idx, s),
+        }
+        self.fire_timers();
+        Ok(())
+    }
+
+    #[inline]
+    pub(super) fn count_attempt(&mut self, idx: u32, s: usize) {
+        let u = &mut self.units[idx as usize];
+        let slot = &mut u.slots[s];
+        slot.attempts = slot.attempts.saturating_add(1);
+        self.commands.push_back(Command::RecordAttempt {
+            unit: u.id,
+            lane: slot.lane,
+            attempts: slot.attempts,
+            counted: true,
+        });
+    }
+
+    /// An attempt that never left: retried after the in-pass delay, nothing recorded, the
+    /// unit and its lane untouched otherwise.
+    pub(super) fn not_sent(&mut self, idx: u32, s: usize) {
+        let slot = &mut self.units[idx as usize].slots[s];
+        slot.not_sent = slot.not_sent.saturating_add(1);
+        let n = slot.not_sent;
+        let delay = jittered(
+            self.config.retry_delay(n),
+            self.config.jitter_percent,
+            &mut self.rng,
+        );
+        let at = self.now + delay;
+        let u = &mut self.units[idx as usize];
+        u.slots[s].phase = Phase::RetryAt(at);
+        self.retry_pending += 1;
+        self.timers.push(Reverse((at, Timer::Retry(idx, u.id))));
+    }
+
+    /// A transient or throttled failure of slot `s` of unit `idx`: retry it in the pass,
+    /// stall its lane (OL-7), or dead-letter it once its attempts are exhausted (OL-8).
+    ///
+    /// A Retry-After is a floor, never a shortcut: the wait is the longer of it and the delay
+    /// taken without one, so `Retry-After: 0` cannot make a tight loop.
+    pub(super) fn retry_stall_or_dead_letter(
+        &mut self,
+        idx: u32,
+        s: usize,
+        retry_after: Option<Duration>,
+        counted: bool,
+    ) {
+        let lane = self.units[idx as usize].slots[s].lane;
+        let probe = self.lanes[lane.index()].level > 0;
+        let retry_after = retry_after.map(|d| d.min(self.config.retry_after_cap));
+        let slot = &mut self.units[idx as usize].slots[s];
+        let exhausted = counted && slot.attempts >= self.config.max_attempts;
+        if !probe && !exhausted {
+            slot.pass_failures += 1;
+        }
+        let failures = slot.pass_failures;
+        let stall = probe || (!exhausted && failures >= self.config.pass_attempts);
+        // The in-pass retry: after the ladder's delay, or the Retry-After if it is longer.
+        let mut retry_at = None;
+        if stall {
+            // A failed probe, or the stall itself, puts the lane one backoff level further.
+            self.extend_backoff(lane, retry_after);
+        } else {
+            let delay = jittered(
+                self.config.retry_delay(failures),
+                self.config.jitter_percent,
+                &mut self.rng,
+            );
+            match retry_after {
+                Some(ra) if ra > delay => {
+                    // Retry-After sets the lane's not_before at once (OL-6).
+                    let t = self.now + ra;
+                    let l = &mut self.lanes[lane.index()];
+                    let t = l.not_before.map_or(t, |old| old.max(t));
+                    l.not_before = Some(t);
+                    let level = l.level;
+                    self.timers.push(Reverse((t, Timer::Lane(lane.0))));
+                    self.commands.push_back(Command::LaneBackoff {
+                        lane,
+                        not_before: t,
+                        level,
+                    });
+                }
+                _ => retry_at = Some(self.now + delay),
+            }
+        }
+        if exhausted {
+            self.dead_letter_or_block(idx, s, DeadReason::Exhausted);
+            self.finish_if_resolved(idx);
+            return;
+        }
+        if stall {
+            self.hold_stalled(idx, s);
+            return;
+        }
+        // Without a retry time the lane's not_before governs; its timer brings the unit back.
+        if let Some(at) = retry_at {
+            let u = &mut self.units[idx as usize];
+            u.slots[s].phase = Phase::RetryAt(at);
+            self.retry_pending += 1;
+            self.timers.push(Reverse((at, Timer::Retry(idx, u.id))));
+        }
+    }
+
+    /// Puts `lane` in backoff one level further (up to [`MAX_BACKOFF_LEVEL`]) for the lane
+    /// backoff of that level, or the Retry-After if it is longer, and persists it.
+    pub(super) fn extend_backoff(&mut self, lane: LaneId, retry_after: Option<Duration>) {
+        let l = &mut self.lanes[lane.index()];
+        l.level = l.level.saturating_add(1).min(MAX_BACKOFF_LEVEL);
+        let level = l.level;
+        let backoff = jittered(
+            self.config.lane_backoff(level),
+            self.config.jitter_percent,
+            &mut self.rng,
+        );
+        let delay = retry_after.map_or(backoff, |ra| ra.max(backoff));
+        let t = self.now + delay;
+        let l = &mut self.lanes[lane.index()];
+        l.not_before = Some(t);
+        self.timers.push(Reverse((t, Timer::Lane(lane.0))));
+        self.commands.push_back(Command::LaneBackoff {
+            lane,
+            not_before: t,
+            level,
+        });
+    }
+
+    /// Holds a stalled unit at its lane's head and hands back the lane's other units (OL-7).
+    pub(super) fn hold_stalled(&mut self, idx: u32, s: usize) {
+        let u = &mut self.units[idx as usize];
+        u.slots[s].phase = Phase::Stalled;
+        let (unit, lane) = (u.id, u.slots[s].lane);
+        self.lanes[lane.index()].stalled = true;
+        self.commands.push_back(Command::Hold {
+            unit,
+            lane,
+            reason: HoldReason::Stalled,
+        });
+        self.hand_back_behind(lane);
+    }
+
+    /// Dead-letters `idx` for slot `s`, or blocks the lane if it is strict. Returns whether
+    /// it was dead-lettered.
+    pub(super) fn dead_letter_or_block(&mut self, idx: u32, s: usize, reason: DeadReason) -> bool {
+        let u = &mut self.units[idx as usize];
+        let (unit, lane) = (u.id, u.slots[s].lane);
+        if self.lanes[lane.index()].strict {
+            u.slots[s].phase = Phase::Blocked;
+            let l = &mut self.lanes[lane.index()];
+            l.blocked = true;
+            l.stalled = true;
+            self.commands.push_back(Command::Hold {
+                unit,
+                lane,
+                reason: HoldReason::Blocked,
+            });
+            self.hand_back_behind(lane);
+            return false;
+        }
+        u.slots[s].phase = Phase::Dead;
+        self.commands
+            .push_back(Command::DeadLetter { unit, lane, reason });
+        let l = &mut self.lanes[lane.index()];
+        if l.stalled {
+            // The stalled head is gone; the lane moves on (still in backoff if it is).
+            l.stalled = false;
+            self.queue_for_claim(lane);
+        }
+        true
+    }
+
+    /// 410 Gone with `retire_on_gone`: every pending unit of `lane` is dead-lettered by the
+    /// store; here they are dropped from the lane.
+    pub(super) fn retire(&mut self, lane: LaneId, head: u32) {
+        self.commands.push_back(Command::RetireLane { lane });
+        let queued: Vec<u32> = self.lanes[lane.index()].queue.iter().copied().collect();
+        for idx in queued {
+            if idx == head {
+                continue;
+            }
+            for slot in self.units[idx as usize].slots.iter_mut() {
+                if slot.lane == lane && !slot.phase.resolved() {
+                    slot.phase = Phase::Dead;
+                }
+            }
+            self.finish_if_resolved(idx);
+        }
+        // A joined unit this lane's read reached but that is not admitted yet lost this
+        // recipient too: it must not be posted to it when it is admitted.
+        for r in self.joined.values_mut() {
+            for slot in r.admit.slots.iter_mut().filter(|s| s.lane == lane) {
+                slot.served = true;
+            }
+        }
+        self.lanes[lane.index()].more = false;
+    }
+
+    /// A recipient answered on `lane`: end its backoff.
+    pub(super) fn reopen_lane(&mut self, lane: LaneId) {
+        let l = &mut self.lanes[lane.index()];
+        if l.level > 0 || l.stalled {
+            l.level = 0;
+            l.not_before = None;
+            l.stalled = false;
+            self.commands.push_back(Command::LaneOpen { lane });
+            self.queue_for_claim(lane);
+        }
+    }
+
+    /// Finishes unit `idx` if every recipient of it is delivered or dead-lettered.
+    #[inline]
+    pub(super) fn finish_if_resolved(&mut self, idx: u32) {
+        let u = &self.units[idx as usize];
+        if u.live && u.slots.iter().all(|s| s.phase.resolved()) {
+            self.finish_unit(idx);
+        }
+    }
+
+    /// Removes a finished unit: its lanes move on.
+    pub(super) fn finish_unit(&mut self, idx: u32) {
+        let lanes: SmallVec<[LaneId; 4]> = self.units[idx as usize]
+            .slots
+            .iter()
+            .map(|s| s.lane)
+            .collect();
+        for lane in lanes {
+            self.remove_from_lane(lane, idx);
+            if let Some(&head) = self.lanes[lane.index()].queue.front() {
+                self.ready.push_back((head, self.units[head as usize].id));
+            }
+            self.queue_for_claim(lane);
+        }
+        self.leave_window(idx);
+    }
+
+    /// Takes unit `idx` out of `lane`'s admitted units.
+    #[inline]
+    pub(super) fn remove_from_lane(&mut self, lane: LaneId, idx: u32) {
+        let q = &mut self.lanes[lane.index()].queue;
+        let was_empty = q.is_empty();
+        if q.front() == Some(&idx) {
+            q.pop_front();
+        } else if let Some(p) = q.iter().position(|&i| i == idx) {
+            q.remove(p);
+        }
+        if !was_empty && q.is_empty() {
+            self.occupied -= 1;
+        }
+    }
+
+    /// Unit `idx` leaves the window (finished or handed back): its room goes to the complete
+    /// joined units waiting for it, then to the lanes that waited for room.
+    pub(super) fn leave_window(&mut self, idx: u32) {
+        let u = &mut self.units[idx as usize];
+        u.live = false;
+        for s in u.slots.iter() {
+            if let Phase::RetryAt(_) = s.phase {
+                self.retry_pending -= 1;
+            }
+        }
+        self.index.remove(&u.id);
+        self.admitted -= 1;
+        self.admitted_bytes -= u64::from(u.bytes);
+        self.free.push(idx);
+        if !self.complete_joined.is_empty() {
+            self.admit_complete_joined();
+        }
+        if !self.room_waiters.is_empty() {
+            for lane in core::mem::take(&mut self.room_waiters) {
+                self.lanes[lane.index()].room_wait = false;
+                self.lanes[lane.index()].more = true;
+                self.queue_for_claim(lane);
+            }
+        }
+    }
+
+    /// Hands back every unit behind `lane`'s head, and with them every unit that, through a
+    /// joined unit, waits behind one of them in another lane.
+    pub(super) fn hand_back_behind(&mut self, lane: LaneId) {
+        let l = &mut self.lanes[lane.index()];
+        if l.queue.len() <= 1 {
+            return;
+        }
+        let mut victims: Vec<u32> = l.queue.drain(1..).collect();
+        let mut touched: SmallVec<[LaneId; 8]> = SmallVec::new();
+        let mut i = 0;
+        while i < victims.len() {
+            let v = victims[i];
+            i += 1;
+            if !self.units[v as usize].live {
+                continue;
+            }
+            self.units[v as usize].live = false;
+            let seq = self.units[v as usize].seq;
+            let lanes: SmallVec<[LaneId; 4]> = self.units[v as usize]
+                .slots
+                .iter()
+                .map(|s| s.lane)
+                .collect();
+            for m in lanes {
+                let ml = &mut self.lanes[m.index()];
+                if let Some(p) = ml.queue.iter().position(|&x| x == v) {
+                    victims.extend(ml.queue.drain(p..).skip(1));
+                    if ml.queue.is_empty() {
+                        self.occupied -= 1;
+                    }
+                }
+                ml.next_from = ml.next_from.min(seq);
+                ml.more = true;
+                if let Some(j) = ml.waiting_on.take() {
+                    // It will read up to that joined unit again, behind the units handed back.
+                    if let Some(r) = self.joined.get_mut(&j) {
+                        r.lanes.retain(|x| *x != m);
+                    }
+                }
+                if !touched.contains(&m) {
+                    touched.push(m);
+                }
+            }
+        }
+        let mut handed: Vec<(Seq, UnitId, u32)> = victims
+            .iter()
+            .map(|&v| (self.units[v as usize].seq, self.units[v as usize].id, v))
+            .collect();
+        handed.sort_unstable();
+        handed.dedup();
+        for (_, id, v) in handed {
+            self.units[v as usize].live = true;
+            self.leave_window(v);
+            self.commands.push_back(Command::HandBack { unit: id });
+        }
+        // Lanes that lost units may read them again when they can.
+        for m in touched {
+            self.queue_for_claim(m);
+        }
+    }
+}
