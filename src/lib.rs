@@ -7,7 +7,11 @@
 //!
 //! This facade re-exports the sans-IO [`core`] and, by feature, a store ([`store`]: `sqlite`,
 //! the default, and `postgres`) and a runtime ([`blocking`]: the `blocking` feature;
-//! [`tokio`](mod@tokio): the `tokio` and `async-std` features).
+//! `tokio`: the `tokio` and `async-std` features).
+//!
+//! The default features (`sqlite`, `blocking`) are the library's: they bring in no async
+//! runtime, no Postgres client and no command-line parser. The `outbox-lanes` binary is its own
+//! package, `outbox-lanes-cli`.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use outbox_lanes_core as core;

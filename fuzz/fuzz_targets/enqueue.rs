@@ -1,6 +1,6 @@
 //! The store's enqueue validation and atomicity, on rows built from the fuzz input.
 //!
-//! The CLI's JSON line parser (`src/cli/enqueue.rs`, `parse_line`) is private to the
+//! The CLI's JSON line parser (`cli/src/cli/enqueue.rs`, `parse_line`) is private to the
 //! `outbox-lanes` binary and cannot be reached from here without moving it, so this target
 //! fuzzes what it feeds: `Store::enqueue` of an in-memory `SqliteStore` with batches of
 //! `NewRow`s (ids, recipients, content types, bodies, dedup and ordering keys, joined).

@@ -126,6 +126,7 @@ pub enum StoreError {
 
 impl StoreError {
     /// A lost connection, with the library's error as the cause.
+    #[cfg(feature = "postgres")]
     pub(crate) fn connection_lost(
         reason: String,
         e: impl core::error::Error + Send + Sync + 'static,

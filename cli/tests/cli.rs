@@ -735,19 +735,25 @@ fn relay_delivers_new_rows_and_serves_metrics() {
     let out = collect(relay, "");
     assert_eq!(out.code(), Some(0), "{}", out.stderr);
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
-    for family in [
-        "outbox_lanes_queue_depth",
-        "outbox_lanes_stalled_lanes",
-        "outbox_lanes_dead_letters",
-        "outbox_lanes_delivered_total",
-        "outbox_lanes_dead_lettered_total",
-        "outbox_lanes_units_in_flight",
-        "outbox_lanes_attempts_total",
-        "outbox_lanes_delivery_latency_seconds",
-        "outbox_lanes_queue_wait_seconds",
+    assert!(
+        text.contains("\r\nContent-Type: application/openmetrics-text; version=1.0.0"),
+        "{text}"
+    );
+    assert!(text.ends_with("\n# EOF\n"), "{text}");
+    // OpenMetrics: a counter family is named without `_total`, its samples with it.
+    for (family, kind) in [
+        ("outbox_lanes_queue_depth", "gauge"),
+        ("outbox_lanes_stalled_lanes", "gauge"),
+        ("outbox_lanes_dead_letters", "gauge"),
+        ("outbox_lanes_delivered", "counter"),
+        ("outbox_lanes_dead_lettered", "counter"),
+        ("outbox_lanes_units_in_flight", "gauge"),
+        ("outbox_lanes_attempts", "counter"),
+        ("outbox_lanes_delivery_latency_seconds", "histogram"),
+        ("outbox_lanes_queue_wait_seconds", "histogram"),
     ] {
         assert!(
-            text.contains(&format!("# TYPE {family}")),
+            text.lines().any(|l| l == format!("# TYPE {family} {kind}")),
             "{family} missing: {text}"
         );
     }
