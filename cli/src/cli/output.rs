@@ -1,10 +1,16 @@
 //! Plain tables and JSON for `status`, `lanes` and `dead-letters` (`show` included).
+//!
+//! The table renderer is ours: a fixed, border-less format (left-aligned columns two spaces
+//! apart, trailing spaces trimmed) that people read and scripts `awk`, in a dozen lines; a
+//! table crate (comfy-table, tabled) would bring a layout engine for it. Cell widths come from
+//! `unicode-width`, so actor names and recipients outside ASCII still line up.
 
 use std::time::{Duration, SystemTime};
 
 use outbox_lanes_core::{LaneKey, Timestamp};
 use outbox_lanes_store::{ActorStatus, DeadLetter, LaneState, LaneStatus, LaneSummary, Payload};
 use serde::Serialize;
+use unicode_width::UnicodeWidthStr as _;
 
 /// RFC 3339 in UTC with milliseconds.
 pub(crate) fn time(t: Timestamp) -> String {
@@ -27,10 +33,10 @@ fn age(d: Duration) -> String {
 
 /// Left-aligned columns, two spaces apart.
 pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut width: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    let mut width: Vec<usize> = header.iter().map(|h| h.width()).collect();
     for r in rows {
         for (w, c) in width.iter_mut().zip(r) {
-            *w = (*w).max(c.chars().count());
+            *w = (*w).max(c.width());
         }
     }
     let mut out = String::new();
@@ -41,11 +47,7 @@ pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
                 l.push_str("  ");
             }
             l.push_str(c);
-            let pad = width
-                .get(i)
-                .copied()
-                .unwrap_or(0)
-                .saturating_sub(c.chars().count());
+            let pad = width.get(i).copied().unwrap_or(0).saturating_sub(c.width());
             l.extend(std::iter::repeat_n(' ', pad));
         }
         out.push_str(l.trim_end());
@@ -505,6 +507,15 @@ mod tests {
             ],
         );
         assert_eq!(t, "A          BB\nlong cell  x\ns\n");
+        // Wide characters take two columns: the next column still lines up.
+        let t = table(
+            &["WHO", "N"],
+            &[
+                vec!["日本".into(), "1".into()],
+                vec!["ab".into(), "2".into()],
+            ],
+        );
+        assert_eq!(t, "WHO   N\n日本  1\nab    2\n");
     }
 
     #[test]
