@@ -40,6 +40,7 @@
 pub mod ack;
 mod error;
 mod exists;
+#[cfg(feature = "sqlite")]
 mod liveness;
 pub mod notify;
 #[cfg(feature = "postgres")]
