@@ -72,8 +72,8 @@ mod pg {
                     "SELECT to_regclass($1) IS NOT NULL",
                     &[&format!("{}.ol_meta", opts.schema)],
                 )
-                .map_err(|e| StoreError::connection_lost(pg_text(&e), e))?
-                .get(0);
+                .and_then(|r| r.try_get(0))
+                .map_err(|e| StoreError::connection_lost(pg_text(&e), e))?;
             Ok(found)
         }
     }

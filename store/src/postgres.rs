@@ -736,7 +736,7 @@ impl PgStore {
                 tx.batch_execute(MIGRATE_V2_TO_V3)?;
             }
             Some(row) => {
-                let v: String = row.get(0);
+                let v: String = row.try_get(0)?;
                 let found: u32 = v.parse().map_err(|_| {
                     StoreError::Database(format!("unreadable schema_version {v:?}"))
                 })?;
@@ -798,7 +798,7 @@ impl PgStore {
                     "SELECT pg_try_advisory_lock($1, hashtext($2))",
                     &[&LIVE_LOCK, &self.live_key(holder)],
                 )?
-                .get(0);
+                .try_get(0)?;
             if got {
                 client.execute(
                     "INSERT INTO ol_live_holders (holder) VALUES ($1) ON CONFLICT DO NOTHING",
@@ -835,8 +835,8 @@ impl PgStore {
                 &[&us, &actor.map(ActorId::as_str)],
             )?
             .iter()
-            .map(|r| r.get(0))
-            .collect();
+            .map(|r| r.try_get(0))
+            .collect::<Result<_, _>>()?;
         for dead in candidates {
             let key = self.live_key(&dead);
             // Taken at once when nobody holds it: then the holder is gone; given back at once
@@ -846,7 +846,7 @@ impl PgStore {
                     "SELECT pg_try_advisory_lock($1, hashtext($2))",
                     &[&LIVE_LOCK, &key],
                 )?
-                .get(0);
+                .try_get(0)?;
             if !free {
                 continue;
             }
@@ -1085,7 +1085,7 @@ fn alloc_seqs(t: &mut impl Exec, actor: &str, n: i64) -> Result<i64, StoreError>
              ON CONFLICT (actor) DO UPDATE SET last_seq = a.last_seq + excluded.last_seq RETURNING last_seq",
             &[&actor, &n],
         )?
-        .get(0);
+        .try_get(0)?;
     Ok(last - n + 1)
 }
 
@@ -1232,14 +1232,15 @@ fn enqueue_one_lane_rows(
             "SELECT row_id FROM ol_rows WHERE actor = $1 AND row_id = ANY($2) LIMIT 1",
             &[&a, &r_id],
         )?
-        .map(|r| r.get::<_, String>(0))
+        .map(|r| r.try_get::<_, String>(0))
+        .transpose()?
     {
         return Err(EnqueueError::DuplicateRowId { row: taken });
     }
     let base: i64 = r
-        .get::<_, Option<i64>>(1)
+        .try_get::<_, Option<i64>>(1)?
         .ok_or_else(|| StoreError::Database("no seq reserved".into()))?;
-    let units: Vec<i64> = r.get::<_, Option<Vec<i64>>>(2).unwrap_or_default();
+    let units: Vec<i64> = r.try_get::<_, Option<Vec<i64>>>(2)?.unwrap_or_default();
     if units.len() != rows.len() {
         return Err(StoreError::Database(format!(
             "{} units written for {} rows",
@@ -1349,7 +1350,7 @@ fn enqueue_tx(
         &[&a, &ids, &recs, &oks, &dks, &max_shared, &max_units],
     )?;
     let taken: HashSet<String> = plan_row
-        .get::<_, Option<Vec<String>>>(0)
+        .try_get::<_, Option<Vec<String>>>(0)?
         .unwrap_or_default()
         .into_iter()
         .collect();
@@ -1360,9 +1361,9 @@ fn enqueue_tx(
     }
     let mut lane_ids: HashMap<(String, String), i64> = HashMap::new();
     if let (Some(i), Some(r), Some(o)) = (
-        plan_row.get::<_, Option<Vec<i64>>>(1),
-        plan_row.get::<_, Option<Vec<String>>>(2),
-        plan_row.get::<_, Option<Vec<String>>>(3),
+        plan_row.try_get::<_, Option<Vec<i64>>>(1)?,
+        plan_row.try_get::<_, Option<Vec<String>>>(2)?,
+        plan_row.try_get::<_, Option<Vec<String>>>(3)?,
     ) {
         for ((id, rec), ok) in i.into_iter().zip(r).zip(o) {
             lane_ids.insert((rec, ok), id);
@@ -1370,13 +1371,17 @@ fn enqueue_tx(
     }
     let mut pending: HashSet<(String, String)> = HashSet::new();
     if let (Some(d), Some(r)) = (
-        plan_row.get::<_, Option<Vec<String>>>(4),
-        plan_row.get::<_, Option<Vec<String>>>(5),
+        plan_row.try_get::<_, Option<Vec<String>>>(4)?,
+        plan_row.try_get::<_, Option<Vec<String>>>(5)?,
     ) {
         pending.extend(d.into_iter().zip(r));
     }
-    let shared_keys: Vec<i64> = plan_row.get::<_, Option<Vec<i64>>>(6).unwrap_or_default();
-    let unit_keys: Vec<i64> = plan_row.get::<_, Option<Vec<i64>>>(7).unwrap_or_default();
+    let shared_keys: Vec<i64> = plan_row
+        .try_get::<_, Option<Vec<i64>>>(6)?
+        .unwrap_or_default();
+    let unit_keys: Vec<i64> = plan_row
+        .try_get::<_, Option<Vec<i64>>>(7)?
+        .unwrap_or_default();
 
     // Lanes used for the first time.
     if lane_ids.len() < recs.len() {
@@ -1391,7 +1396,7 @@ fn enqueue_tx(
              ON CONFLICT (actor, recipient, ordering_key) DO NOTHING RETURNING id, recipient, ordering_key",
             &[&a, &mr, &mo],
         )? {
-            lane_ids.insert((r.get(1), r.get(2)), r.get(0));
+            lane_ids.insert((r.try_get(1)?, r.try_get(2)?), r.try_get(0)?);
         }
     }
 
@@ -1594,7 +1599,7 @@ fn settle(t: &mut impl Exec, unit: i64, retention: bool) -> Result<(), StoreErro
         "UPDATE ol_units SET pending = pending - 1 WHERE id = $1 AND unit_id IS NULL RETURNING pending",
         &[&unit],
     )?;
-    if r.get::<_, i64>(0) > 0 {
+    if r.try_get::<_, i64>(0)? > 0 {
         return Ok(());
     }
     t.x("DELETE FROM ol_units WHERE unit_id = $1", &[&unit])?;
@@ -1609,7 +1614,7 @@ fn settle(t: &mut impl Exec, unit: i64, retention: bool) -> Result<(), StoreErro
         "DELETE FROM ol_units WHERE id = $1 RETURNING row_ref",
         &[&unit],
     )? {
-        drop_row_if_unused(t, r.get(0))?;
+        drop_row_if_unused(t, r.try_get(0)?)?;
     }
     Ok(())
 }
@@ -1653,17 +1658,17 @@ fn dead_letter_tx(
         &[&unit, &d.lane.0, &actor],
     )?;
     let Some(r) = found else { return Ok(false) };
-    let row: i64 = r.get(0);
-    let seq: i64 = r.get(1);
-    let attempts: i64 = r.get(2);
-    let status: Option<i64> = d.status.map(i64::from).or(r.get(3));
-    let error: Option<String> = d.error.clone().or(r.get(4));
-    let first: Option<i64> = r.get(5);
-    let last: Option<i64> = r.get(6);
-    let row_ref: Option<i64> = r.get(7);
-    let row_id: Option<String> = r.get(8);
-    let recipient: String = r.get(9);
-    let ok: String = r.get(10);
+    let row: i64 = r.try_get(0)?;
+    let seq: i64 = r.try_get(1)?;
+    let attempts: i64 = r.try_get(2)?;
+    let status: Option<i64> = d.status.map(i64::from).or(r.try_get(3)?);
+    let error: Option<String> = d.error.clone().or(r.try_get(4)?);
+    let first: Option<i64> = r.try_get(5)?;
+    let last: Option<i64> = r.try_get(6)?;
+    let row_ref: Option<i64> = r.try_get(7)?;
+    let row_id: Option<String> = r.try_get(8)?;
+    let recipient: String = r.try_get(9)?;
+    let ok: String = r.try_get(10)?;
     // A head written by hand without a row id still becomes a dead letter (the spill below
     // names it the same way).
     let row_id = row_id.unwrap_or_else(|| format!("unit-{unit}"));
@@ -1684,7 +1689,7 @@ fn dead_letter_tx(
                  FROM s WHERE u.id = $1 RETURNING s.id",
                 &[&unit],
             )?
-            .get(0),
+            .try_get(0)?,
     };
     t.x(
         "INSERT INTO ol_dead_letters (unit_id, row_ref, row_id, actor, lane_id, recipient, ordering_key, reason, \
@@ -1735,7 +1740,8 @@ const RETRY_LANE: &str = "UPDATE ol_lanes SET not_before = NULL, backoff_level =
 fn lane_actor(t: &mut impl Exec, lane: StoreLaneId) -> Result<String, StoreError> {
     t.q("SELECT actor FROM ol_lanes WHERE id = $1", &[&lane.0])?
         .first()
-        .map(|r| r.get(0))
+        .map(|r| r.try_get(0))
+        .transpose()?
         .ok_or(StoreError::NotFound { what: "lane" })
 }
 
@@ -1758,8 +1764,8 @@ fn dead_letter_lane(
             &[&lane.0, &limit],
         )?
         .iter()
-        .map(|r| r.get(0))
-        .collect();
+        .map(|r| r.try_get(0))
+        .collect::<Result<_, _>>()?;
     let mut n = 0;
     for unit in units {
         let req = DeadLetterRequest {
@@ -1787,28 +1793,28 @@ fn lane_update(t: &mut impl Exec, sql: &str, p: &[P<'_>]) -> Result<(), StoreErr
 const DEAD_COLS: &str = "id, unit_id, row_id, actor, recipient, ordering_key, reason, last_status, last_error, \
                          attempts, first_attempt_at, last_attempt_at, seq, dead_at, row_ref, lane_id";
 
-fn dead_of(r: &Row) -> (DeadLetter, i64, i64) {
-    let reason: String = r.get(6);
-    (
+fn dead_of(r: &Row) -> Result<(DeadLetter, i64, i64), postgres::Error> {
+    let reason: String = r.try_get(6)?;
+    Ok((
         DeadLetter {
-            id: DeadLetterId(r.get(0)),
-            unit: UnitId(u(r.get(1))),
-            row_id: r.get(2),
-            actor: ActorId::new(r.get::<_, String>(3)),
-            key: key_of(r.get(4), r.get(5)),
+            id: DeadLetterId(r.try_get(0)?),
+            unit: UnitId(u(r.try_get(1)?)),
+            row_id: r.try_get(2)?,
+            actor: ActorId::new(r.try_get::<_, String>(3)?),
+            key: key_of(r.try_get(4)?, r.try_get(5)?),
             // A code from a newer build reads as the closest meaning we know.
             reason: DeadReason::from_code(&reason).unwrap_or(DeadReason::Permanent),
-            last_status: status_of(r.get(7)),
-            last_error: r.get(8),
-            attempts: u32_of(r.get(9)),
-            first_attempt_at: r.get::<_, Option<i64>>(10).map(ts),
-            last_attempt_at: r.get::<_, Option<i64>>(11).map(ts),
-            seq: Seq(u(r.get(12))),
-            dead_at: ts(r.get(13)),
+            last_status: status_of(r.try_get(7)?),
+            last_error: r.try_get(8)?,
+            attempts: u32_of(r.try_get(9)?),
+            first_attempt_at: r.try_get::<_, Option<i64>>(10)?.map(ts),
+            last_attempt_at: r.try_get::<_, Option<i64>>(11)?.map(ts),
+            seq: Seq(u(r.try_get(12)?)),
+            dead_at: ts(r.try_get(13)?),
         },
-        r.get(14),
-        r.get(15),
-    )
+        r.try_get(14)?,
+        r.try_get(15)?,
+    ))
 }
 
 fn select_dead(
@@ -1823,7 +1829,7 @@ fn select_dead(
             )?
             .iter()
             .map(dead_of)
-            .collect()),
+            .collect::<Result<_, _>>()?),
         DeadLetterSelection::Ids(ids) => {
             let ids: Vec<i64> = ids.iter().map(|d| d.0).collect();
             Ok(t
@@ -1835,7 +1841,7 @@ fn select_dead(
                 )?
                 .iter()
                 .map(dead_of)
-                .collect())
+                .collect::<Result<_, _>>()?)
         }
     }
 }
@@ -1872,7 +1878,7 @@ impl Store for PgStore {
                 &[&actor.as_str(), &holder, &lease],
             )?;
             match got {
-                Some(r) => Ok(Acquire::Acquired(SlotToken::new(actor.clone(), u(r.get(0)), holder.to_string()))),
+                Some(r) => Ok(Acquire::Acquired(SlotToken::new(actor.clone(), u(r.try_get(0)?), holder.to_string()))),
                 None => {
                     t.x("UPDATE ol_slots SET look_again = TRUE WHERE actor = $1", &[&actor.as_str()])?;
                     Ok(Acquire::Held)
@@ -1904,7 +1910,7 @@ impl Store for PgStore {
                 ),
                 &[&token.actor().as_str(), &i(token.fencing())],
             )?;
-            match look.map(|r| r.get::<_, bool>(0)) {
+            match look.map(|r| r.try_get::<_, bool>(0)).transpose()? {
                 None => Err(StoreError::StaleToken),
                 Some(true) => {
                     t.x("UPDATE ol_slots SET look_again = FALSE WHERE actor = $1", &[&token.actor().as_str()])?;
@@ -1938,21 +1944,21 @@ impl Store for PgStore {
                 ),
                 &[&token.actor().as_str(), &i(token.fencing()), &i(since)],
             )?;
-            if !rows.first().is_some_and(|r| r.get::<_, bool>(0)) {
+            if !rows.first().map(|r| r.try_get::<_, bool>(0)).transpose()?.unwrap_or(false) {
                 return Err(stale(token));
             }
             let mut mark = since;
             let mut out = Vec::with_capacity(rows.len());
             for r in rows {
-                let Some(id) = r.get::<_, Option<i64>>(1) else { continue };
-                mark = mark.max(u(r.get(8)));
+                let Some(id) = r.try_get::<_, Option<i64>>(1)? else { continue };
+                mark = mark.max(u(r.try_get(8)?));
                 out.push(LaneInfo {
                     lane: StoreLaneId(id),
-                    key: key_of(r.get(2), r.get(3)),
-                    not_before: r.get::<_, Option<i64>>(4).map(ts),
-                    backoff_level: u32_of(r.get(5)),
-                    strict: r.get(6),
-                    paused: r.get(7),
+                    key: key_of(r.try_get(2)?, r.try_get(3)?),
+                    not_before: r.try_get::<_, Option<i64>>(4)?.map(ts),
+                    backoff_level: u32_of(r.try_get(5)?),
+                    strict: r.try_get(6)?,
+                    paused: r.try_get(7)?,
                 });
             }
             Ok((out, mark))
@@ -2007,28 +2013,30 @@ impl Store for PgStore {
                 ),
                 &[&actor, &i(token.fencing()), &k_lane, &k_from, &k_lim],
             )?;
-            if !rows.first().is_some_and(|r| r.get::<_, bool>(0)) {
+            if !rows.first().map(|r| r.try_get::<_, bool>(0)).transpose()?.unwrap_or(false) {
                 return Err(stale(token));
             }
             let mut info: HashMap<i64, (LaneKey, bool)> = HashMap::new();
             let mut heads: Vec<Vec<Row>> = lanes.iter().map(|_| Vec::new()).collect();
             for r in rows {
-                let Some(lane) = r.get::<_, Option<i64>>(10) else { continue };
-                info.entry(lane).or_insert_with(|| (key_of(r.get(11), r.get(12)), r.get(13)));
-                if r.get::<_, Option<i64>>(1).is_none() {
+                let Some(lane) = r.try_get::<_, Option<i64>>(10)? else { continue };
+                if let std::collections::hash_map::Entry::Vacant(e) = info.entry(lane) {
+                    e.insert((key_of(r.try_get(11)?, r.try_get(12)?), r.try_get(13)?));
+                }
+                if r.try_get::<_, Option<i64>>(1)?.is_none() {
                     continue;
                 }
-                let ord = usize::try_from(r.get::<_, i64>(9)).unwrap_or(0);
+                let ord = usize::try_from(r.try_get::<_, i64>(9)?).unwrap_or(0);
                 if let Some(v) = ord.checked_sub(1).and_then(|k| heads.get_mut(k)) {
                     v.push(r);
                 }
             }
-            let joined: Vec<i64> = heads
-                .iter()
-                .flatten()
-                .filter(|h| h.get::<_, i64>(8) > 1)
-                .map(|h| h.get(1))
-                .collect();
+            let mut joined: Vec<i64> = Vec::new();
+            for h in heads.iter().flatten() {
+                if h.try_get::<_, i64>(8)? > 1 {
+                    joined.push(h.try_get(1)?);
+                }
+            }
             let mut slots_of: HashMap<i64, Vec<ClaimedSlot>> = HashMap::new();
             if !joined.is_empty() {
                 for r in t.q(
@@ -2040,11 +2048,11 @@ impl Store for PgStore {
                      JOIN ol_lanes l ON l.id = d.lane_id ORDER BY d.unit, d.lane_id",
                     &[&joined],
                 )? {
-                    slots_of.entry(r.get(0)).or_default().push(ClaimedSlot {
-                        lane: StoreLaneId(r.get(1)),
-                        key: key_of(r.get(2), r.get(3)),
-                        attempts: u32_of(r.get(4)),
-                        served: r.get::<_, i64>(5) != STATE_PENDING,
+                    slots_of.entry(r.try_get(0)?).or_default().push(ClaimedSlot {
+                        lane: StoreLaneId(r.try_get(1)?),
+                        key: key_of(r.try_get(2)?, r.try_get(3)?),
+                        attempts: u32_of(r.try_get(4)?),
+                        served: r.try_get::<_, i64>(5)? != STATE_PENDING,
                     });
                 }
             }
@@ -2057,32 +2065,32 @@ impl Store for PgStore {
                 let exhausted = *paused || rows.len() < req.limit as usize;
                 let units = rows
                     .iter()
-                    .map(|h| {
-                        let unit: i64 = h.get(1);
-                        let slots = if h.get::<_, i64>(8) > 1 {
+                    .map(|h| -> Result<ClaimedUnit, postgres::Error> {
+                        let unit: i64 = h.try_get(1)?;
+                        let slots = if h.try_get::<_, i64>(8)? > 1 {
                             slots_of.get(&unit).cloned().unwrap_or_default()
                         } else {
                             vec![ClaimedSlot {
                                 lane: req.lane,
                                 key: key.clone(),
-                                attempts: u32_of(h.get(3)),
-                                served: h.get::<_, i64>(4) != STATE_PENDING,
+                                attempts: u32_of(h.try_get(3)?),
+                                served: h.try_get::<_, i64>(4)? != STATE_PENDING,
                             }]
                         };
-                        ClaimedUnit {
+                        Ok(ClaimedUnit {
                             id: UnitId(u(unit)),
-                            seq: Seq(u(h.get(2))),
+                            seq: Seq(u(h.try_get(2)?)),
                             // A head written by hand without these reads as empty, as on
                             // SQLite: one odd row neither panics nor blocks the claim.
-                            row_id: h.get::<_, Option<String>>(5).unwrap_or_default(),
-                            bytes: u32_of(h.get::<_, Option<i64>>(6).unwrap_or(0)),
-                            enqueued_at: ts(h.get::<_, Option<i64>>(7).unwrap_or(0)),
+                            row_id: h.try_get::<_, Option<String>>(5)?.unwrap_or_default(),
+                            bytes: u32_of(h.try_get::<_, Option<i64>>(6)?.unwrap_or(0)),
+                            enqueued_at: ts(h.try_get::<_, Option<i64>>(7)?.unwrap_or(0)),
                             slots,
                             // Read when an attempt starts (`Store::payloads`).
                             payload: None,
-                        }
+                        })
                     })
-                    .collect();
+                    .collect::<Result<_, _>>()?;
                 out.push(ClaimedLane { lane: req.lane, units, exhausted });
             }
             Ok(out)
@@ -2102,12 +2110,12 @@ impl Store for PgStore {
                     &[&i(unit.0)],
                 )?
                 .ok_or(StoreError::NotFound { what: "unit" })?;
-            match (r.get(0), r.get(1), r.get(2)) {
+            match (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?) {
                 (Some(row_id), Some(content_type), Some(body)) => Ok(Payload {
                     row_id,
                     content_type,
                     body,
-                    headers: decode_headers(r.get(3)),
+                    headers: decode_headers(r.try_get(3)?),
                 }),
                 // A head referring to a payload row that is gone: the tables were edited.
                 _ => Err(StoreError::Database(format!("unit {unit} has no payload"))),
@@ -2168,10 +2176,10 @@ impl Store for PgStore {
         );
         let r =
             self.autocommit(|t| t.one(&fast, &[&actor, &i(token.fencing()), &units, &lanes]))?;
-        if !r.get::<_, bool>(0) {
+        if !r.try_get::<_, bool>(0)? {
             return Err(stale(token));
         }
-        if !r.get::<_, bool>(1) {
+        if !r.try_get::<_, bool>(1)? {
             return Ok(());
         }
         // Joined units (the statement above wrote nothing): in a transaction, fenced.
@@ -2191,8 +2199,8 @@ impl Store for PgStore {
                    WHERE h.unit_id IS NULL AND h.state = 0 AND h.actor = $3",
                 &[&units, &lanes, &actor],
             )? {
-                let e = per_unit.entry(r.get(0)).or_insert((0, None));
-                match r.get::<_, Option<i64>>(1) {
+                let e = per_unit.entry(r.try_get(0)?).or_insert((0, None));
+                match r.try_get::<_, Option<i64>>(1)? {
                     None => e.0 += 1,
                     own => e.1 = own,
                 }
@@ -2218,9 +2226,12 @@ impl Store for PgStore {
                     &[&h_id, &h_n, &h_lane],
                 )?
                 .iter()
-                .filter(|r| r.get::<_, i64>(1) <= 0)
-                .map(|r| (r.get(0), r.get(2)))
-                .collect();
+                .filter_map(|r| match r.try_get::<_, i64>(1) {
+                    Ok(pending) if pending > 0 => None,
+                    Ok(_) => Some(r.try_get(0).and_then(|id| Ok((id, r.try_get(2)?)))),
+                    Err(e) => Some(Err(e)),
+                })
+                .collect::<Result<_, postgres::Error>>()?;
             if done.is_empty() {
                 return Ok(());
             }
@@ -2390,8 +2401,8 @@ impl Store for PgStore {
                     &[&ms(now)],
                 )?
                 .iter()
-                .map(|r| (r.get(0), r.get(1)))
-                .collect();
+                .map(|r| -> Result<_, postgres::Error> { Ok((r.try_get(0)?, r.try_get(1)?)) })
+                .collect::<Result<_, _>>()?;
             let take: Vec<&str> = slots.iter().filter(|s| s.1).take(max).map(|s| s.0.as_str()).collect();
             let held: Vec<&str> = slots.iter().filter(|s| !s.1).map(|s| s.0.as_str()).collect();
             if !held.is_empty() {
@@ -2412,8 +2423,8 @@ impl Store for PgStore {
                     &[&take, &holder, &lease],
                 )?
                 .iter()
-                .map(|r| (r.get(0), r.get(1)))
-                .collect();
+                .map(|r| -> Result<_, postgres::Error> { Ok((r.try_get(0)?, r.try_get(1)?)) })
+                .collect::<Result<_, _>>()?;
             got.sort();
             Ok(got
                 .into_iter()
@@ -2432,15 +2443,15 @@ impl Store for PgStore {
                     &[&ms(now)],
                 )?
                 .iter()
-                .map(|r| ActorId::new(r.get::<_, String>(0)))
-                .collect();
+                .map(|r| -> Result<_, postgres::Error> { Ok(ActorId::new(r.try_get::<_, String>(0)?)) })
+                .collect::<Result<_, _>>()?;
             let next: Option<i64> = t
                 .one(
                     "SELECT min(l.not_before) FROM ol_lanes l WHERE NOT l.paused AND l.not_before > $1 \
                      AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0)",
                     &[&ms(now)],
                 )?
-                .get(0);
+                .try_get(0)?;
             Ok(ActorsDue { ready, next_not_before: next.map(ts) })
         })
     }
@@ -2461,8 +2472,8 @@ impl Store for PgStore {
                     &[],
                 )?
                 .iter()
-                .map(|r| (r.get(0), r.get(1)))
-                .collect();
+                .map(|r| -> Result<_, postgres::Error> { Ok((r.try_get(0)?, r.try_get(1)?)) })
+                .collect::<Result<_, _>>()?;
             let held = t
                 .q(
                     &format!(
@@ -2472,8 +2483,8 @@ impl Store for PgStore {
                     &[],
                 )?
                 .iter()
-                .map(|r| (r.get(0), r.get(1), r.get(2)))
-                .collect();
+                .map(|r| -> Result<_, postgres::Error> { Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)) })
+                .collect::<Result<_, _>>()?;
             // Every lane that may not be open and has pending units; `LaneState::of` says which.
             let waiting: Vec<WaitingLane> = t
                 .q(
@@ -2485,13 +2496,13 @@ impl Store for PgStore {
                     &[&now],
                 )?
                 .iter()
-                .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5), r.get(6)))
-                .collect();
+                .map(|r| -> Result<_, postgres::Error> { Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?, r.try_get(4)?, r.try_get(5)?, r.try_get(6)?)) })
+                .collect::<Result<_, _>>()?;
             let dead = t
                 .q("SELECT actor, count(*) FROM ol_dead_letters GROUP BY actor", &[])?
                 .iter()
-                .map(|r| (r.get(0), r.get(1)))
-                .collect();
+                .map(|r| -> Result<_, postgres::Error> { Ok((r.try_get(0)?, r.try_get(1)?)) })
+                .collect::<Result<_, _>>()?;
             Ok(assemble_status(&mut BTreeMap::new(), pending, held, waiting, dead, ts(now)))
         })
     }
@@ -2516,25 +2527,25 @@ impl Store for PgStore {
                     &[&actor.as_str()],
                 )?
                 .iter()
-                .map(|r| {
-                    let last_status = status_of(r.get(8));
-                    let last_error: Option<String> = r.get(9);
-                    let head_failed = r.get::<_, Option<bool>>(12).unwrap_or(false);
-                    LaneStatus {
+                .map(|r| -> Result<LaneStatus, postgres::Error> {
+                    let last_status = status_of(r.try_get(8)?);
+                    let last_error: Option<String> = r.try_get(9)?;
+                    let head_failed = r.try_get::<_, Option<bool>>(12)?.unwrap_or(false);
+                    Ok(LaneStatus {
                     last_error_stale: (last_status.is_some() || last_error.is_some()) && !head_failed,
                     last_status,
                     last_error,
-                    lane: StoreLaneId(r.get(0)),
-                    key: key_of(r.get(1), r.get(2)),
-                    not_before: r.get::<_, Option<i64>>(3).map(ts),
-                    backoff_level: u32_of(r.get(4)),
-                    strict: r.get(5),
-                    paused: r.get(6),
-                    pause_reason: r.get(7),
-                    depth: u(r.get(10)),
-                    head_enqueued_at: r.get::<_, Option<i64>>(11).map(ts),
-                }})
-                .collect())
+                    lane: StoreLaneId(r.try_get(0)?),
+                    key: key_of(r.try_get(1)?, r.try_get(2)?),
+                    not_before: r.try_get::<_, Option<i64>>(3)?.map(ts),
+                    backoff_level: u32_of(r.try_get(4)?),
+                    strict: r.try_get(5)?,
+                    paused: r.try_get(6)?,
+                    pause_reason: r.try_get(7)?,
+                    depth: u(r.try_get(10)?),
+                    head_enqueued_at: r.try_get::<_, Option<i64>>(11)?.map(ts),
+                })})
+                .collect::<Result<_, _>>()?)
         })
     }
 
@@ -2546,7 +2557,7 @@ impl Store for PgStore {
                     .q(&format!("SELECT {DEAD_COLS} FROM ol_dead_letters ORDER BY actor, seq, unit_id, id"), &[])?
                     .iter()
                     .map(dead_of)
-                    .collect(),
+                    .collect::<Result<_, _>>()?,
             }
             .into_iter()
             .map(|d| d.0)
@@ -2578,7 +2589,10 @@ impl Store for PgStore {
                         "SELECT pending, acked_at FROM ol_units WHERE id = $1 AND unit_id IS NULL",
                         &[&unit],
                     )?
-                    .map(|r| (r.get::<_, i64>(0), r.get::<_, Option<i64>>(1)));
+                    .map(|r| -> Result<_, postgres::Error> {
+                        Ok((r.try_get::<_, i64>(0)?, r.try_get::<_, Option<i64>>(1)?))
+                    })
+                    .transpose()?;
                 match existing {
                     // The unit is still pending elsewhere: this lane's row rejoins in place.
                     Some((pending, None)) if pending > 0 && !revived.contains(&unit) => {
@@ -2647,10 +2661,10 @@ impl Store for PgStore {
                     what: "dead letter",
                 })?;
             Ok(Payload {
-                row_id: r.get(0),
-                content_type: r.get(1),
-                body: r.get(2),
-                headers: decode_headers(r.get(3)),
+                row_id: r.try_get(0)?,
+                content_type: r.try_get(1)?,
+                body: r.try_get(2)?,
+                headers: decode_headers(r.try_get(3)?),
             })
         })
     }
@@ -2668,8 +2682,8 @@ impl Store for PgStore {
                     &[],
                 )?
                 .iter()
-                .map(|r| (ActorId::new(r.get::<_, String>(0)), ts(r.get(1))))
-                .collect())
+                .map(|r| -> Result<_, postgres::Error> { Ok((ActorId::new(r.try_get::<_, String>(0)?), ts(r.try_get(1)?))) })
+                .collect::<Result<_, _>>()?)
         })
     }
 
@@ -2738,7 +2752,8 @@ impl Store for PgStore {
                     &[&lane.0],
                 )?
                 .first()
-                .map(|r| r.get(0));
+                .map(|r| r.try_get(0))
+                .transpose()?;
             dead_letter_lane(t, &actor, lane, DeadReason::Skipped, at, Some(1), retention)?;
             lane_update(t, RETRY_LANE, &[&lane.0, &STRICT_BLOCKED_REASON])?;
             Ok(head.map(|h| UnitId(u(h))))
@@ -2767,7 +2782,8 @@ impl Store for PgStore {
                     &key.ordering_key().unwrap_or(""),
                 ],
             )?
-            .map(|r| StoreLaneId(r.get(0))))
+            .map(|r| r.try_get(0).map(StoreLaneId))
+            .transpose()?)
         })
     }
 
@@ -2779,8 +2795,8 @@ impl Store for PgStore {
                     &[&ms(older_than)],
                 )?
                 .iter()
-                .map(|r| (r.get(0), r.get(1)))
-                .collect();
+                .map(|r| -> Result<_, postgres::Error> { Ok((r.try_get(0)?, r.try_get(1)?)) })
+                .collect::<Result<_, _>>()?;
             for (unit, row_ref) in &done {
                 t.x("DELETE FROM ol_units WHERE id = $1", &[unit])?;
                 drop_row_if_unused(t, *row_ref)?;

@@ -111,3 +111,54 @@ fn errors_with_causes_still_compare_by_what_they_say() {
     assert!(a.source().is_some_and(|s| s.is::<std::io::Error>()));
     assert_eq!(a.clone(), a);
 }
+
+/// A column whose type is not the one the store reads (a table edited by hand) is an error
+/// naming the column, not a panic: every Postgres row is read with `try_get`.
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_column_of_the_wrong_type_is_an_error_not_a_panic() {
+    let Some(url) = outbox_lanes_test_support::pg_url() else {
+        return;
+    };
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let schema = format!("ol_errors_{}_{nanos}", std::process::id());
+    let opts = PgOptions {
+        schema: schema.clone(),
+        ..PgOptions::default()
+    };
+    let store = PgStore::connect(&url, opts).unwrap();
+    let actor = outbox_lanes_core::ActorId::new("a");
+    let row = NewRow {
+        id: "r".into(),
+        body: b"{}".to_vec(),
+        content_type: "application/json".into(),
+        recipients: vec!["https://a.example/inbox".into()],
+        ..NewRow::default()
+    };
+    store.enqueue(&actor, &[row]).unwrap();
+    assert_eq!(store.lanes(&actor).unwrap().len(), 1);
+    let mut c = ::postgres::Client::connect(&url, ::postgres::NoTls).unwrap();
+    c.batch_execute(&format!(
+        "ALTER TABLE {schema}.ol_lanes ALTER COLUMN backoff_level TYPE text USING backoff_level::text"
+    ))
+    .unwrap();
+    // A fresh connection: its statements are prepared against the edited table (the first
+    // store's cached plans would be refused by the server before any row is read).
+    drop(store);
+    let store = PgStore::connect(
+        &url,
+        PgOptions {
+            schema: schema.clone(),
+            ..PgOptions::default()
+        },
+    )
+    .unwrap();
+    let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| store.lanes(&actor)));
+    let _ = c.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
+    let err = got
+        .expect("reading a mistyped column panicked")
+        .unwrap_err();
+    assert!(err.to_string().contains("column"), "{err}");
+}
