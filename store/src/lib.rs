@@ -47,6 +47,8 @@ pub mod postgres;
 mod prepare;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+#[cfg(feature = "sqlx")]
+pub mod sqlx;
 #[cfg(feature = "postgres")]
 mod tls;
 mod types;
