@@ -10,6 +10,7 @@
 //! the lanes, inline or shared payloads, joined rows, dedup keys and headers.
 //!
 //! ```no_run
+//! # use outbox_lanes_store::sqlx::sqlx;
 //! # async fn f(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
 //! use outbox_lanes_store::{NewRow, core_types::ActorId, sqlx::SqlxOutbox};
 //! let outbox = SqlxOutbox::new(); // once; Postgres schema `outbox_lanes`
@@ -50,6 +51,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// The sqlx crate this module is built on (0.9), for callers that take it from here and so
+/// stay on the same version without a dependency of their own.
+pub use ::sqlx;
 use ::sqlx::{AnyConnection, Connection as _, PgConnection, Row as _, SqliteConnection};
 use outbox_lanes_core::{ActorId, LaneKey, Seq, Timestamp, UnitId};
 
@@ -314,12 +318,14 @@ macro_rules! enqueue_body {
         };
         // A savepoint inside the caller's transaction (a transaction of its own outside one).
         let mut t = conn.begin().await.map_err(sqlx_err)?;
-        let version = match q(&sql.version).fetch_optional(&mut *t).await {
-            Ok(row) => row
-                .map(|r| r.try_get::<String, _>(0))
-                .transpose()
-                .map_err(sqlx_err)?,
-            // No ol_meta table: the store never opened this database (or schema).
+        let now = ms(Timestamp::from_system_time(std::time::SystemTime::now()));
+        let n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
+        // 1. FIRST: the actor's row (its lock orders the actor's enqueues by seq). A write
+        //    before any read: SQLite takes its write lock here, waiting for it, where a read
+        //    first would make the lock upgrade fail at once under a concurrent writer.
+        let last: i64 = match q(&sql.alloc).bind(a).bind(n).fetch_one(&mut *t).await {
+            Ok(r) => r.try_get(0).map_err(sqlx_err)?,
+            // No outbox tables: the store never opened this database (or schema).
             Err(::sqlx::Error::Database(d))
                 if d.code().as_deref() == Some("42P01")
                     || d.message().contains("no such table") =>
@@ -328,17 +334,12 @@ macro_rules! enqueue_body {
             }
             Err(e) => return Err(sqlx_err(e)),
         };
-        check_version(version, &where_)?;
-        let now = ms(Timestamp::from_system_time(std::time::SystemTime::now()));
-        let n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
-        // 1. FIRST: the actor's row (its lock orders the actor's enqueues by seq).
-        let last: i64 = q(&sql.alloc)
-            .bind(a)
-            .bind(n)
-            .fetch_one(&mut *t)
+        let version = q(&sql.version)
+            .fetch_optional(&mut *t)
             .await
-            .and_then(|r| r.try_get(0))
+            .and_then(|row| row.map(|r| r.try_get::<String, _>(0)).transpose())
             .map_err(sqlx_err)?;
+        check_version(version, &where_)?;
         let first = last - n + 1;
         let mut lanes: HashMap<&LaneKey, i64> = HashMap::new();
         let mut tails: HashMap<i64, i64> = HashMap::new();
