@@ -254,17 +254,27 @@ pub trait SqlxConnection: sealed::Sealed + Send {
 fn sqlx_err(e: ::sqlx::Error) -> EnqueueError {
     let reason = e.to_string().replace('\n', " ");
     let err = match &e {
-        ::sqlx::Error::Database(d)
-            if matches!(d.code().as_deref(), Some("5" | "6" | "40001" | "40P01")) =>
-        {
-            StoreError::Busy
-        }
+        ::sqlx::Error::Database(d) if retryable(&**d) => StoreError::Busy,
         ::sqlx::Error::Io(_) | ::sqlx::Error::PoolTimedOut | ::sqlx::Error::PoolClosed => {
             StoreError::connection_lost(reason, e)
         }
         _ => StoreError::driver(reason, e),
     };
     EnqueueError::Store(err)
+}
+
+/// SQLite busy or locked (any extended code of `SQLITE_BUSY` / `SQLITE_LOCKED`), or a
+/// Postgres serialization failure or deadlock: nothing was written, the caller may retry.
+fn retryable(d: &dyn ::sqlx::error::DatabaseError) -> bool {
+    let code = d.code();
+    let code = code.as_deref().unwrap_or("");
+    if d.try_downcast_ref::<::sqlx::sqlite::SqliteError>()
+        .is_some()
+    {
+        code.parse::<i32>().is_ok_and(|c| matches!(c & 0xff, 5 | 6))
+    } else {
+        matches!(code, "40001" | "40P01")
+    }
 }
 
 fn schema_missing(where_: &str) -> EnqueueError {

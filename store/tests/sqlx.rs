@@ -339,3 +339,32 @@ fn postgres_wakes_the_relays_at_commit() {
         );
     });
 }
+
+/// SQLite held by another writer past the caller's busy timeout: `StoreError::Busy` (nothing
+/// written, retry), as the store reports it, and the caller's transaction is still usable.
+#[test]
+fn a_locked_sqlite_database_is_busy() {
+    run(Backend::SqliteFile, CommonOptions::default(), |h| {
+        let path = h.sqlite_path().expect("file");
+        let holder = outbox_lanes_store::sqlite::rusqlite::Connection::open(&path).expect("holder");
+        holder.execute_batch("BEGIN IMMEDIATE").expect("write lock");
+        let rt = rt();
+        rt.block_on(async {
+            let opts = ::sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(&path)
+                .busy_timeout(std::time::Duration::from_millis(20));
+            let mut c = SqliteConnection::connect_with(&opts).await.expect("sqlite");
+            let mut tx = c.begin().await.expect("begin");
+            let e = SqlxOutbox::new()
+                .enqueue(&mut *tx, &actor("alice"), &[row("r", &[A])])
+                .await;
+            assert_eq!(e, Err(EnqueueError::Store(StoreError::Busy)));
+            ::sqlx::query("SELECT 1")
+                .execute(&mut *tx)
+                .await
+                .expect("tx still usable");
+        });
+        holder.execute_batch("ROLLBACK").expect("release");
+        assert!(h.store.status().expect("status").is_empty());
+    });
+}
