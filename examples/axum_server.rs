@@ -1,25 +1,25 @@
-//! An axum service with a transactional outbox: the POST handler writes a business record
-//! and enqueues the outgoing activity in the **same SQLite transaction**, then asks for a
-//! drain without waiting for it. Either both are written or neither: a note whose write
-//! fails never reaches a follower, and a note that is written always does (at least once,
-//! in order per follower), even if the process dies right after the commit — the monitor
-//! finds the row on the next start.
+//! An axum service with a transactional outbox on **sqlx**: the POST handler enqueues the
+//! outgoing activity and writes the note in the **same sqlx transaction** (SQLite by default,
+//! Postgres when given a URL), then asks for a drain without waiting for it. Either both are
+//! written or neither: a note whose write fails never reaches a follower, and a note that is
+//! written always does (at least once, in order per follower), even if the process dies right
+//! after the commit — the monitor finds the row on the next start.
 //!
 //! ```text
 //! POST /notes {"id": "n1", "author": "alice", "text": "hi", "followers": ["http://…/inbox"]}
 //!   201 {"id": "n1", "units": 1}        written and enqueued
 //!   409 {"error": …}                    the note exists: nothing written, nothing enqueued
-//!   422 {"error": …}                    a follower URL refused: nothing written
+//!   422 {"error": …}                    a follower URL (or the text) refused: nothing written
 //! ```
 //!
-//! Run: `cargo run --example axum_server --features tokio -- [DB] [ADDR]` (default
-//! `./axum-outbox.db` and `127.0.0.1:3000`). Deliveries to loopback or private addresses are
-//! refused by default (the SSRF guard); set `ALLOW_LOOPBACK=1` to try it against a local
-//! receiver. Its test (`cargo test --example axum_server --features tokio`) starts it on
-//! `127.0.0.1:0` and drives it over HTTP.
+//! Run: `cargo run --example axum_server --features tokio,postgres,sqlx -- [DB] [ADDR]` (default
+//! `./axum-outbox.db` and `127.0.0.1:3000`; DB may be a `postgres://` URL). Deliveries to
+//! loopback or private addresses are refused by default (the SSRF guard); set
+//! `ALLOW_LOOPBACK=1` to try it against a local receiver. Its test
+//! (`cargo test --example axum_server --features tokio,sqlx,postgres`) starts it on
+//! `127.0.0.1:0` on SQLite and on Postgres and drives it over HTTP.
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -27,80 +27,112 @@ use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
 use outbox_lanes::core::ActorId;
-use outbox_lanes::store::{EnqueueError, NewRow, SqliteOptions, SqliteStore, StoreError};
+// sqlx as the store re-exports it (feature `sqlx`): the same version, no dependency of its own.
+use outbox_lanes::store::sqlx::{SqlxOutbox, sqlx};
+use outbox_lanes::store::{
+    EnqueueError, NewRow, PgOptions, PgStore, SqliteOptions, SqliteStore, Store,
+};
 use outbox_lanes::tokio::{Monitor, Outbox, OutboxConfig};
 use serde_json::{Value, json};
+use sqlx::AnyPool;
 
 /// What the handlers share.
 #[derive(Clone)]
 struct App {
-    store: Arc<SqliteStore>,
+    db: AnyPool,
     outbox: Outbox,
+    enqueue: SqlxOutbox,
 }
 
 /// Why a POST failed; every variant rolled the transaction back.
 #[derive(Debug)]
 enum WriteError {
-    Store(StoreError),
-    Sql(rusqlite::Error),
+    Sql(sqlx::Error),
     Enqueue(EnqueueError),
 }
 
-impl std::fmt::Display for WriteError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            WriteError::Store(e) => write!(f, "store: {e}"),
-            WriteError::Sql(e) => write!(f, "{e}"),
-            WriteError::Enqueue(e) => write!(f, "{e}"),
-        }
-    }
-}
-
-impl From<StoreError> for WriteError {
-    fn from(e: StoreError) -> Self {
-        WriteError::Store(e)
-    }
-}
-
-impl From<rusqlite::Error> for WriteError {
-    fn from(e: rusqlite::Error) -> Self {
+impl From<sqlx::Error> for WriteError {
+    fn from(e: sqlx::Error) -> Self {
         WriteError::Sql(e)
     }
 }
 
+impl From<EnqueueError> for WriteError {
+    fn from(e: EnqueueError) -> Self {
+        WriteError::Enqueue(e)
+    }
+}
+
 impl App {
-    /// Opens the database (the outbox tables and the business table live in one file), the
-    /// outbox on the current tokio runtime, and its monitor.
-    async fn open(db: &Path, config: OutboxConfig) -> anyhow::Result<(App, Monitor)> {
-        let db = db.to_owned();
-        // Opening SQLite blocks: keep it off the async workers.
-        let store = tokio::task::spawn_blocking(move || -> anyhow::Result<SqliteStore> {
-            let store = SqliteStore::open(db, SqliteOptions::default())?;
-            store
-                .with_transaction(|tx| -> Result<(), WriteError> {
-                    tx.execute_batch(
-                        "CREATE TABLE IF NOT EXISTS notes (
-                         id TEXT PRIMARY KEY,
-                         author TEXT NOT NULL,
-                         text TEXT NOT NULL CHECK (length(text) > 0)
-                     )",
-                    )?;
-                    Ok(())
-                })
-                .map_err(|e| anyhow::anyhow!("creating the notes table: {e}"))?;
-            Ok(store)
+    /// Opens the outbox's store the usual way (it creates the outbox tables; SQLite file or
+    /// Postgres URL), the outbox on the current tokio runtime and its monitor, and the
+    /// service's own sqlx pool on the same database.
+    async fn open(db: &str, config: OutboxConfig) -> anyhow::Result<(App, Monitor)> {
+        let (target, url) = (db.to_owned(), db.to_owned());
+        // Opening a store blocks: keep it off the async workers.
+        let store = tokio::task::spawn_blocking(move || -> anyhow::Result<Arc<dyn Store>> {
+            Ok(if target.starts_with("postgres") {
+                Arc::new(PgStore::connect(&target, PgOptions::default())?)
+            } else {
+                Arc::new(SqliteStore::open(&target, SqliteOptions::default())?)
+            })
         })
         .await??;
-        let store = Arc::new(store);
-        let outbox = Outbox::open(store.clone(), config)?;
+        sqlx::any::install_default_drivers();
+        let url = if url.starts_with("postgres") {
+            url
+        } else {
+            format!("sqlite://{url}")
+        };
+        let db = AnyPool::connect(&url).await?;
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS notes (id TEXT PRIMARY KEY, author TEXT NOT NULL, \
+             text TEXT NOT NULL CHECK (length(text) > 0))",
+        )
+        .execute(&db)
+        .await?;
+        let outbox = Outbox::open(store, config)?;
         let monitor = outbox.monitor().await?;
-        Ok((App { store, outbox }, monitor))
+        let enqueue = SqlxOutbox::new();
+        Ok((
+            App {
+                db,
+                outbox,
+                enqueue,
+            },
+            monitor,
+        ))
     }
 
     fn router(self) -> Router {
         Router::new()
             .route("/notes", post(create_note))
             .with_state(self)
+    }
+
+    /// The activity and the note in one sqlx transaction. The note goes last: a note the
+    /// database refuses rolls back the enqueued activity too.
+    async fn write(&self, author: &str, text: &str, row: NewRow) -> Result<usize, WriteError> {
+        let mut tx = self.db.begin().await?;
+        let mut units = 0;
+        if !row.recipients.is_empty() {
+            let actor = ActorId::new(author);
+            let enqueued = self
+                .enqueue
+                .enqueue(&mut *tx, &actor, std::slice::from_ref(&row))
+                .await?;
+            units = enqueued.iter().map(|e| e.units.len()).sum();
+        }
+        let id = row.id.trim_start_matches("create-");
+        sqlx::query("INSERT INTO notes (id, author, text) VALUES ($1, $2, $3)")
+            .bind(id)
+            .bind(author)
+            .bind(text)
+            .execute(&mut *tx)
+            .await?;
+        // Relays are woken by the commit (Postgres NOTIFY, SQLite data_version).
+        tx.commit().await?;
+        Ok(units)
     }
 }
 
@@ -130,38 +162,10 @@ async fn create_note(State(app): State<App>, Json(body): Json<Value>) -> (Status
         body: activity.to_string().into_bytes(),
         content_type: "application/activity+json".into(),
         recipients: followers,
-        dedup_key: None,
-        ordering_key: None,
-        joined: false,
-        headers: Vec::new(),
+        ..NewRow::default()
     };
-    let store = Arc::clone(&app.store);
-    let actor = author.clone();
-    // rusqlite blocks: the whole transaction runs on the blocking pool.
-    let written = tokio::task::spawn_blocking(move || {
-        store.with_transaction(|tx| -> Result<usize, WriteError> {
-            tx.execute(
-                "INSERT INTO notes (id, author, text) VALUES (?1, ?2, ?3)",
-                (&id, &actor, &text),
-            )?;
-            if row.recipients.is_empty() {
-                return Ok(0);
-            }
-            // Inside the caller's transaction; its wake-up is fired by with_transaction after
-            // the commit (never before), so the PendingWake is not needed here.
-            let (enqueued, _wake) = store
-                .enqueue_in(
-                    tx,
-                    &ActorId::new(actor.as_str()),
-                    std::slice::from_ref(&row),
-                )
-                .map_err(WriteError::Enqueue)?;
-            Ok(enqueued.iter().map(|e| e.units.len()).sum())
-        })
-    })
-    .await;
-    match written {
-        Ok(Ok(units)) => {
+    match app.write(&author, &text, row).await {
+        Ok(units) => {
             if units > 0 {
                 app.outbox.request_drain(&author);
             }
@@ -170,17 +174,25 @@ async fn create_note(State(app): State<App>, Json(body): Json<Value>) -> (Status
                 Json(json!({"id": body["id"], "units": units})),
             )
         }
-        Ok(Err(WriteError::Sql(e)))
-            if e.sqlite_error_code() == Some(rusqlite::ErrorCode::ConstraintViolation) =>
-        {
+        Err(WriteError::Sql(sqlx::Error::Database(e))) if e.is_unique_violation() => {
             error(StatusCode::CONFLICT, &format!("note not written: {e}"))
         }
-        Ok(Err(WriteError::Enqueue(e))) => error(
+        Err(WriteError::Enqueue(EnqueueError::DuplicateRowId { .. })) => error(
+            StatusCode::CONFLICT,
+            "note not written: its activity exists",
+        ),
+        Err(WriteError::Sql(sqlx::Error::Database(e))) if e.is_check_violation() => error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            &format!("note refused, activity not enqueued: {e}"),
+        ),
+        Err(WriteError::Enqueue(e @ EnqueueError::Store(_))) => {
+            error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string())
+        }
+        Err(WriteError::Enqueue(e)) => error(
             StatusCode::UNPROCESSABLE_ENTITY,
             &format!("activity refused, note not written: {e}"),
         ),
-        Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+        Err(WriteError::Sql(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     }
 }
 
@@ -200,7 +212,7 @@ async fn main() -> anyhow::Result<()> {
     if std::env::var_os("ALLOW_LOOPBACK").is_some() {
         config = config.allow_loopback();
     }
-    let (app, monitor) = App::open(Path::new(&db), config).await?;
+    let (app, monitor) = App::open(&db, config).await?;
     let outbox = app.outbox.clone();
     let listener = tokio::net::TcpListener::bind(addr).await?;
     println!("listening on http://{}", listener.local_addr()?);
@@ -253,127 +265,167 @@ mod tests {
         .expect("join")
     }
 
-    fn notes(store: &SqliteStore) -> Vec<String> {
-        store
-            .with_transaction(|tx| -> Result<Vec<String>, WriteError> {
-                let mut q = tx.prepare("SELECT id FROM notes ORDER BY id")?;
-                let ids = q
-                    .query_map([], |r| r.get::<_, String>(0))?
-                    .collect::<Result<_, _>>()?;
-                Ok(ids)
-            })
+    /// The notes, read through the service's own pool.
+    async fn notes(app: &App) -> Vec<String> {
+        sqlx::query_scalar("SELECT id FROM notes ORDER BY id")
+            .fetch_all(&app.db)
+            .await
             .expect("notes")
     }
 
-    fn outbox_rows(store: &SqliteStore) -> i64 {
-        store
-            .with_transaction(|tx| -> Result<i64, WriteError> {
-                // Units (a one-recipient row's payload is on its unit) and shared payloads.
-                Ok(tx.query_row(
-                    "SELECT (SELECT count(*) FROM ol_units) + (SELECT count(*) FROM ol_rows)",
-                    [],
-                    |r| r.get(0),
-                )?)
-            })
+    /// Outbox entries: units (a one-recipient row's payload is on its unit) and shared
+    /// payloads, in the store's tables (Postgres: schema `outbox_lanes`).
+    async fn outbox_rows(app: &App, pg: bool) -> i64 {
+        let p = if pg { "outbox_lanes." } else { "" };
+        let sql = format!(
+            "SELECT (SELECT count(*) FROM {p}ol_units) + (SELECT count(*) FROM {p}ol_rows)"
+        );
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .fetch_one(&app.db)
+            .await
             .expect("rows")
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_post_writes_and_enqueues_in_one_transaction() {
-        let dir = tempfile::tempdir().expect("tempdir");
+    /// Through the example's router on 127.0.0.1: the note and its activity commit together
+    /// and are delivered in order; a failed write (the note refused after its activity was
+    /// enqueued, or the activity refused) leaves neither.
+    async fn one_transaction(db: &str, pg: bool) {
         let follower = Arc::new(Recipient::start().expect("recipient"));
         let inbox = follower.url("/inbox");
-        let (app, monitor) = App::open(
-            &dir.path().join("app.db"),
-            OutboxConfig::default().allow_loopback(),
-        )
-        .await
-        .expect("open");
-        let store = Arc::clone(&app.store);
+        let (app, monitor) = App::open(db, OutboxConfig::default().allow_loopback())
+            .await
+            .expect("open");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let server = tokio::spawn(async move { axum::serve(listener, app.router()).await });
+        let server = tokio::spawn(axum::serve(listener, app.clone().router()).into_future());
 
-        // Written and delivered.
-        let (status, body) = post_json(
-            addr,
-            "/notes",
-            json!({"id": "n1", "author": "alice", "text": "hello", "followers": [inbox]}),
-        )
-        .await;
-        assert_eq!((status, body["units"].as_u64()), (201, Some(1)), "{body}");
+        // Written and delivered, in order.
+        for (id, text) in [("n1", "hello"), ("n2", "again"), ("n3", "and again")] {
+            let (status, body) = post_json(
+                addr,
+                "/notes",
+                json!({"id": id, "author": "alice", "text": text, "followers": [inbox]}),
+            )
+            .await;
+            assert_eq!((status, body["units"].as_u64()), (201, Some(1)), "{body}");
+        }
         let f = Arc::clone(&follower);
         let arrived =
-            tokio::task::spawn_blocking(move || f.wait_for("/inbox", 1, Duration::from_secs(20)))
+            tokio::task::spawn_blocking(move || f.wait_for("/inbox", 3, Duration::from_secs(20)))
                 .await
                 .expect("join");
-        assert!(arrived, "the follower got the activity");
-        let got: Value = serde_json::from_slice(&follower.bodies("/inbox")[0]).expect("json");
-        assert_eq!(got["object"]["content"], "hello");
+        assert!(arrived, "the follower got the activities");
+        let contents: Vec<Value> = follower
+            .bodies("/inbox")
+            .iter()
+            .map(|b| serde_json::from_slice::<Value>(b).expect("json")["object"]["content"].clone())
+            .collect();
+        assert_eq!(
+            contents,
+            [json!("hello"), json!("again"), json!("and again")]
+        );
         assert_eq!(
             follower.requests("/inbox")[0].header("content-type"),
             Some("application/activity+json")
         );
+        // Once the acks are durable the delivered rows are gone from the outbox.
+        assert!(outbox_empties(&app, pg).await);
 
-        // Once its ack is durable the delivered row is gone from the outbox.
-        assert!(pending_reaches_zero(&store).await);
-        let rows_before = outbox_rows(&store);
-        assert_eq!(rows_before, 0);
-
-        // The business write fails (the note exists): no outbox row either.
+        // The note exists: refused after its activity was enqueued, which rolls back too.
         let (status, _) = post_json(
             addr,
             "/notes",
-            json!({"id": "n1", "author": "alice", "text": "again", "followers": [follower.url("/inbox")]}),
+            json!({"id": "n1", "author": "alice", "text": "twice", "followers": [inbox]}),
         )
         .await;
         assert_eq!(status, 409);
         assert_eq!(
-            outbox_rows(&store),
-            rows_before,
+            outbox_rows(&app, pg).await,
+            0,
             "no outbox row for a failed write"
         );
-
+        // The same for an empty text (the notes table's CHECK).
+        let (status, _) = post_json(
+            addr,
+            "/notes",
+            json!({"id": "n4", "author": "alice", "text": "", "followers": [inbox]}),
+        )
+        .await;
+        assert_eq!(status, 422);
+        assert_eq!(outbox_rows(&app, pg).await, 0);
         // The outbox refuses the activity (a follower that is no URL): no note either.
         let (status, _) = post_json(
             addr,
             "/notes",
-            json!({"id": "n2", "author": "alice", "text": "hi", "followers": ["not a url"]}),
+            json!({"id": "n5", "author": "alice", "text": "hi", "followers": ["not a url"]}),
         )
         .await;
         assert_eq!(status, 422);
-        assert_eq!(notes(&store), ["n1"]);
-        assert_eq!(outbox_rows(&store), rows_before);
-
-        // Nothing else reaches the follower, and nothing is left pending.
-        assert!(pending_reaches_zero(&store).await);
-        assert_eq!(follower.count("/inbox"), 1);
+        assert_eq!(notes(&app).await, ["n1", "n2", "n3"]);
+        assert_eq!(outbox_rows(&app, pg).await, 0);
+        assert_eq!(follower.count("/inbox"), 3);
 
         server.abort();
         monitor.stop().await;
+        app.outbox.shutdown().await;
+        app.db.close().await;
+        // A Postgres store must be dropped off the async workers.
+        tokio::task::spawn_blocking(move || drop(app))
+            .await
+            .expect("drop");
     }
 
-    /// Waits (bounded) until no unit is pending: acks are group-committed just after the
-    /// delivery.
-    async fn pending_reaches_zero(store: &Arc<SqliteStore>) -> bool {
+    /// Waits (bounded) until the outbox holds nothing: acks are group-committed just after
+    /// the deliveries.
+    async fn outbox_empties(app: &App, pg: bool) -> bool {
         for _ in 0..500 {
-            let store = Arc::clone(store);
-            let pending: u64 = tokio::task::spawn_blocking(move || {
-                outbox_lanes::store::Store::status(&*store)
-                    .expect("status")
-                    .iter()
-                    .map(|s| s.pending)
-                    .sum()
-            })
-            .await
-            .expect("join");
-            if pending == 0 {
+            if outbox_rows(app, pg).await == 0 {
                 return true;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         false
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite_note_and_activity_commit_together() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = dir.path().join("app.db");
+        one_transaction(db.to_str().expect("utf-8 path"), false).await;
+    }
+
+    /// On a database of its own (created and dropped here): the example uses the store's
+    /// default schema and a `notes` table.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_note_and_activity_commit_together() {
+        let Some(url) = outbox_lanes_test_support::pg_url() else {
+            println!("skipped: OUTBOX_LANES_TEST_PG not set");
+            return;
+        };
+        let name = format!("ol_axum_{}", std::process::id());
+        let (base, _) = url.rsplit_once('/').expect("a database in the URL");
+        let admin = url.clone();
+        let create = name.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut c = postgres::Client::connect(&admin, postgres::NoTls).expect("admin");
+            for sql in [
+                format!("DROP DATABASE IF EXISTS {create} WITH (FORCE)"),
+                format!("CREATE DATABASE {create}"),
+            ] {
+                c.batch_execute(&sql).expect("create database");
+            }
+        })
+        .await
+        .expect("join");
+        one_transaction(&format!("{base}/{name}"), true).await;
+        tokio::task::spawn_blocking(move || {
+            let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("admin");
+            c.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                .expect("drop database");
+        })
+        .await
+        .expect("join");
     }
 }

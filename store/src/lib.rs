@@ -33,6 +33,9 @@
 //!
 //! The schema is documented in `SCHEMA.md` next to this crate's manifest, with the plain SQL
 //! a service on another SQL library uses to enqueue (OL-15).
+//!
+//! A service on sqlx enqueues inside its own sqlx transaction with the `sqlx` module
+//! (feature `sqlx`): async, on the caller's connection, nothing blocks.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 // Without a backend only the shared types remain; their helpers are then unused.
 #![cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
@@ -48,6 +51,8 @@ pub mod postgres;
 mod prepare;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+#[cfg(feature = "sqlx")]
+pub mod sqlx;
 #[cfg(feature = "postgres")]
 mod tls;
 mod types;
