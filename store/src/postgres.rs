@@ -1746,7 +1746,7 @@ fn lane_actor(t: &mut impl Exec, lane: StoreLaneId) -> Result<String, StoreError
 }
 
 /// Dead-letters the pending units of `lane`, oldest first (at most `limit` of them), for
-/// `reason`. Returns how many.
+/// `reason`. Returns the units dead-lettered, in that order.
 fn dead_letter_lane(
     t: &mut impl Exec,
     actor: &str,
@@ -1755,7 +1755,7 @@ fn dead_letter_lane(
     at: Timestamp,
     limit: Option<u32>,
     retention: bool,
-) -> Result<u64, StoreError> {
+) -> Result<Vec<UnitId>, StoreError> {
     let limit = limit.map(i64::from);
     let units: Vec<i64> = t
         .q(
@@ -1766,7 +1766,7 @@ fn dead_letter_lane(
         .iter()
         .map(|r| r.try_get(0))
         .collect::<Result<_, _>>()?;
-    let mut n = 0;
+    let mut done = Vec::new();
     for unit in units {
         let req = DeadLetterRequest {
             unit: UnitId(u(unit)),
@@ -1777,10 +1777,10 @@ fn dead_letter_lane(
             at,
         };
         if dead_letter_tx(t, actor, &req, retention)? {
-            n += 1;
+            done.push(req.unit);
         }
     }
-    Ok(n)
+    Ok(done)
 }
 
 fn lane_update(t: &mut impl Exec, sql: &str, p: &[P<'_>]) -> Result<(), StoreError> {
@@ -2367,6 +2367,7 @@ impl Store for PgStore {
                 None,
                 retention,
             )
+            .map(|retired| retired.len() as u64)
         })
     }
 
@@ -2733,7 +2734,9 @@ impl Store for PgStore {
         let retention = self.opts.common.ack_retention.is_some();
         self.tx(false, |t| {
             let actor = lane_actor(t, lane)?;
-            dead_letter_lane(t, &actor, lane, DeadReason::Purged, at, None, retention)
+            let purged =
+                dead_letter_lane(t, &actor, lane, DeadReason::Purged, at, None, retention)?;
+            Ok(purged.len() as u64)
         })
     }
 
@@ -2745,18 +2748,10 @@ impl Store for PgStore {
         let retention = self.opts.common.ack_retention.is_some();
         let r = self.tx(false, |t| {
             let actor = lane_actor(t, lane)?;
-            let head: Option<i64> = t
-                .q(
-                    "SELECT coalesce(unit_id, id) FROM ol_units WHERE lane_id = $1 AND state = 0 \
-                     ORDER BY seq, id LIMIT 1",
-                    &[&lane.0],
-                )?
-                .first()
-                .map(|r| r.try_get(0))
-                .transpose()?;
-            dead_letter_lane(t, &actor, lane, DeadReason::Skipped, at, Some(1), retention)?;
+            let skipped =
+                dead_letter_lane(t, &actor, lane, DeadReason::Skipped, at, Some(1), retention)?;
             lane_update(t, RETRY_LANE, &[&lane.0, &STRICT_BLOCKED_REASON])?;
-            Ok(head.map(|h| UnitId(u(h))))
+            Ok(skipped.first().copied())
         });
         self.notifier.notify();
         r

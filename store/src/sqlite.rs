@@ -1101,8 +1101,16 @@ fn lane_actor(c: &Connection, lane: StoreLaneId) -> Result<String, StoreError> {
         .ok_or(StoreError::NotFound { what: "lane" })
 }
 
+/// Clears a lane's backoff and lifts a strict block (a pause reason starting with `?2`,
+/// [`STRICT_BLOCKED_REASON`]); an operator's pause stays.
+const RETRY_LANE: &str = "UPDATE ol_lanes SET not_before = NULL, backoff_level = 0, \
+     paused = CASE WHEN substr(pause_reason, 1, length(?2)) = ?2 THEN 0 ELSE paused END, \
+     pause_reason = CASE WHEN substr(pause_reason, 1, length(?2)) = ?2 THEN NULL \
+     ELSE pause_reason END \
+     WHERE id = ?1";
+
 /// Dead-letters the pending units of `lane`, oldest first (at most `limit` of them), for
-/// `reason`. Returns how many.
+/// `reason`. Returns the units dead-lettered, in that order.
 fn dead_letter_lane(
     c: &Connection,
     actor: &str,
@@ -1111,7 +1119,7 @@ fn dead_letter_lane(
     at: Timestamp,
     limit: Option<u32>,
     retention: bool,
-) -> Result<u64, StoreError> {
+) -> Result<Vec<UnitId>, StoreError> {
     let units: Vec<i64> = c
         .prepare_cached(
             "SELECT coalesce(unit_id, id) FROM ol_units WHERE lane_id = ?1 AND state = 0 \
@@ -1119,7 +1127,7 @@ fn dead_letter_lane(
         )?
         .query_map(params![lane.0, limit.map_or(-1, i64::from)], |r| r.get(0))?
         .collect::<Result<_, _>>()?;
-    let mut n = 0;
+    let mut done = Vec::new();
     for unit in units {
         let req = DeadLetterRequest {
             unit: UnitId(u(unit)),
@@ -1130,10 +1138,10 @@ fn dead_letter_lane(
             at,
         };
         if dead_letter_tx(c, actor, &req, retention)? {
-            n += 1;
+            done.push(req.unit);
         }
     }
-    Ok(n)
+    Ok(done)
 }
 
 fn lane_update(
@@ -1647,6 +1655,7 @@ impl Store for SqliteStore {
                 None,
                 retention,
             )
+            .map(|retired| retired.len() as u64)
         })
     }
 
@@ -1978,19 +1987,7 @@ impl Store for SqliteStore {
     }
 
     fn retry_lane_now(&self, lane: StoreLaneId) -> Result<(), StoreError> {
-        let r = self.write(|c| {
-            lane_update(
-                c,
-                "UPDATE ol_lanes SET not_before = NULL, backoff_level = 0, \
-                 paused = CASE WHEN substr(pause_reason, 1, length(?2)) = ?2 THEN 0 ELSE paused END, \
-                 pause_reason = CASE WHEN substr(pause_reason, 1, length(?2)) = ?2 THEN NULL \
-                 ELSE pause_reason END \
-                 WHERE id = ?1",
-                lane,
-                None,
-                &[&STRICT_BLOCKED_REASON],
-            )
-        });
+        let r = self.write(|c| lane_update(c, RETRY_LANE, lane, None, &[&STRICT_BLOCKED_REASON]));
         self.notifier.notify();
         r
     }
@@ -1999,7 +1996,9 @@ impl Store for SqliteStore {
         let retention = self.opts.common.ack_retention.is_some();
         self.write(|c| {
             let actor = lane_actor(c, lane)?;
-            dead_letter_lane(c, &actor, lane, DeadReason::Purged, at, None, retention)
+            let purged =
+                dead_letter_lane(c, &actor, lane, DeadReason::Purged, at, None, retention)?;
+            Ok(purged.len() as u64)
         })
     }
 
@@ -2011,26 +2010,10 @@ impl Store for SqliteStore {
         let retention = self.opts.common.ack_retention.is_some();
         let r = self.write(|c| {
             let actor = lane_actor(c, lane)?;
-            let head = c
-                .prepare_cached(
-                    "SELECT coalesce(unit_id, id) FROM ol_units WHERE lane_id = ?1 AND state = 0 \
-                     ORDER BY seq, id LIMIT 1",
-                )?
-                .query_row([lane.0], |r| r.get::<_, i64>(0))
-                .optional()?;
-            dead_letter_lane(c, &actor, lane, DeadReason::Skipped, at, Some(1), retention)?;
-            lane_update(
-                c,
-                "UPDATE ol_lanes SET not_before = NULL, backoff_level = 0, \
-                 paused = CASE WHEN substr(pause_reason, 1, length(?2)) = ?2 THEN 0 ELSE paused END, \
-                 pause_reason = CASE WHEN substr(pause_reason, 1, length(?2)) = ?2 THEN NULL \
-                 ELSE pause_reason END \
-                 WHERE id = ?1",
-                lane,
-                None,
-                &[&STRICT_BLOCKED_REASON],
-            )?;
-            Ok(head.map(|h| UnitId(u(h))))
+            let skipped =
+                dead_letter_lane(c, &actor, lane, DeadReason::Skipped, at, Some(1), retention)?;
+            lane_update(c, RETRY_LANE, lane, None, &[&STRICT_BLOCKED_REASON])?;
+            Ok(skipped.first().copied())
         });
         self.notifier.notify();
         r
