@@ -68,6 +68,7 @@ pub use outbox_lanes_core as core;
 use outbox_lanes_core::{
     Acquire, ActorId, ActorResolver, DrainAction, DrainSession, IdentityResolver, SlotAnswer,
 };
+pub use outbox_lanes_driver::fmt::rfc3339;
 pub use outbox_lanes_driver::sign::{self, Signer};
 pub use outbox_lanes_driver::store;
 pub use outbox_lanes_driver::{

@@ -12,10 +12,8 @@ use outbox_lanes_store::{ActorStatus, DeadLetter, LaneState, LaneStatus, LaneSum
 use serde::Serialize;
 use unicode_width::UnicodeWidthStr as _;
 
-/// RFC 3339 in UTC with milliseconds.
-pub(crate) fn time(t: Timestamp) -> String {
-    humantime::format_rfc3339_millis(t.to_system_time()).to_string()
-}
+/// RFC 3339 in UTC with milliseconds: the logs' format, from one definition.
+pub(crate) use outbox_lanes_tokio::rfc3339 as time;
 
 fn now() -> Timestamp {
     Timestamp::from_system_time(SystemTime::now())
