@@ -42,6 +42,20 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// The stable snake_case name logs and metrics give the outcome (`delivered`,
+    /// `throttled`, `transient`, `permanent`, `gone`, `refused`, `not_sent`).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Outcome::Delivered => "delivered",
+            Outcome::Throttled { .. } => "throttled",
+            Outcome::Transient { .. } => "transient",
+            Outcome::Permanent => "permanent",
+            Outcome::Gone => "gone",
+            Outcome::Refused => "refused",
+            Outcome::NotSent => "not_sent",
+        }
+    }
+
     /// Whether the attempt delivered the unit.
     pub fn is_delivered(&self) -> bool {
         matches!(self, Outcome::Delivered)

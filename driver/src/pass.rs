@@ -277,7 +277,7 @@ impl PassCore {
     pub fn handle_done(&mut self, d: Done, hooks: &Hooks, now: Timestamp) {
         let outcome = d.result.outcome;
         trace!(actor = %self.actor, unit = d.unit.0, recipient = self.recipient(d.lane),
-            outcome = outcome_name(outcome),
+            outcome = outcome.as_str(),
             retry_after_ms = outcome.retry_after().map(|d| d.as_millis() as u64),
             status = d.result.status,
             error = d.result.error.as_deref(), took_ms = d.started.elapsed().as_millis() as u64,
@@ -1031,19 +1031,6 @@ impl PassCore {
             .remove(&unit)
             .map(|u| u.row_id)
             .unwrap_or_default()
-    }
-}
-
-/// How logs name an outcome.
-fn outcome_name(o: Outcome) -> &'static str {
-    match o {
-        Outcome::Delivered => "delivered",
-        Outcome::Throttled { .. } => "throttled",
-        Outcome::Transient { .. } => "transient",
-        Outcome::Permanent => "permanent",
-        Outcome::Gone => "gone",
-        Outcome::Refused => "refused",
-        Outcome::NotSent => "not_sent",
     }
 }
 

@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 use anyhow::anyhow;
 
 use super::UsageError;
-use outbox_lanes_core::{ActorId, LaneKey, Outcome, Timestamp, UnitId};
+use outbox_lanes_core::{ActorId, LaneKey, Timestamp, UnitId};
 use outbox_lanes_store::{
     Acquire, ActorStatus, ActorsDue, AttemptRecord, ClaimedLane, DeadLetter, DeadLetterId,
     DeadLetterRequest, DeadLetterSelection, EnqueueError, Enqueued, LaneClaim, LaneInfo,
@@ -118,18 +118,6 @@ impl Default for Counters {
     }
 }
 
-fn outcome_label(o: &Outcome) -> &'static str {
-    match o {
-        Outcome::Delivered => "delivered",
-        Outcome::Throttled { .. } => "throttled",
-        Outcome::Transient { .. } => "transient",
-        Outcome::Permanent => "permanent",
-        Outcome::Gone => "gone",
-        Outcome::Refused => "refused",
-        Outcome::NotSent => "not_sent",
-    }
-}
-
 impl Counters {
     /// Attempts in flight: handed to a worker and not yet finished.
     pub(crate) fn in_flight(&self) -> u64 {
@@ -170,7 +158,7 @@ impl Counters {
             attempted: Some(Box::new(move |a: &Attempted| {
                 on_attempt.finished.fetch_add(1, Ordering::Relaxed);
                 let mut d = on_attempt.detail();
-                *d.attempts.entry(outcome_label(&a.outcome)).or_default() += 1;
+                *d.attempts.entry(a.outcome.as_str()).or_default() += 1;
                 d.latency.observe(a.latency);
                 if a.outcome.is_delivered() {
                     d.queue_wait.observe(a.queued);
