@@ -1093,6 +1093,16 @@ fn spill(c: &Connection, head: i64) -> Result<i64, rusqlite::Error> {
     Ok(row_ref)
 }
 
+/// A payload from a row of (row id, content type, body, headers).
+fn payload_of(r: &rusqlite::Row<'_>) -> Result<Payload, rusqlite::Error> {
+    Ok(Payload {
+        row_id: r.get(0)?,
+        content_type: r.get(1)?,
+        body: r.get(2)?,
+        headers: decode_headers(r.get(3)?),
+    })
+}
+
 /// The actor owning `lane`.
 fn lane_actor(c: &Connection, lane: StoreLaneId) -> Result<String, StoreError> {
     c.prepare_cached("SELECT actor FROM ol_lanes WHERE id = ?1")?
@@ -1927,14 +1937,7 @@ impl Store for SqliteStore {
                 "SELECT d.row_id, r.content_type, r.body, r.headers FROM ol_dead_letters d \
                  JOIN ol_rows r ON r.id = d.row_ref WHERE d.id = ?1",
             )?
-            .query_row([id.0], |r| {
-                Ok(Payload {
-                    row_id: r.get(0)?,
-                    content_type: r.get(1)?,
-                    body: r.get(2)?,
-                    headers: decode_headers(r.get(3)?),
-                })
-            })
+            .query_row([id.0], payload_of)
             .optional()?
             .ok_or(StoreError::NotFound {
                 what: "dead letter",
@@ -2134,14 +2137,7 @@ fn read_payload(c: &Transaction<'_>, unit: UnitId) -> Result<Payload, StoreError
          FROM ol_units h LEFT JOIN ol_rows r ON r.id = h.row_ref \
          WHERE h.id = ?1 AND h.unit_id IS NULL AND h.acked_at IS NULL",
     )?
-    .query_row([i(unit.0)], |r| {
-        Ok(Payload {
-            row_id: r.get(0)?,
-            content_type: r.get(1)?,
-            body: r.get(2)?,
-            headers: decode_headers(r.get(3)?),
-        })
-    })
+    .query_row([i(unit.0)], payload_of)
     .optional()?
     .ok_or(StoreError::NotFound { what: "unit" })
 }
