@@ -25,7 +25,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use outbox_lanes::core::ActorId;
-use outbox_lanes::store::{NewRow, PgOptions, PgStore, Store};
+use outbox_lanes::store::{NewRow, PgOptions, PgStore, ServiceStore};
 use outbox_lanes_test_support::{Recipient, Reply};
 
 const RECIPIENTS: usize = 4;

@@ -41,6 +41,20 @@ pub struct DeadLettered {
     pub at: Timestamp,
 }
 
+/// An attempt starts: its payload was read and it is handed to the executor (for metrics:
+/// attempts in flight are the started ones not yet [`Attempted`]).
+#[derive(Clone, Debug)]
+pub struct Started {
+    /// The actor.
+    pub actor: ActorId,
+    /// The unit.
+    pub unit: UnitId,
+    /// The recipient URL.
+    pub recipient: String,
+    /// The 1-based attempt number.
+    pub attempt: u32,
+}
+
 /// An attempt finished, whatever its outcome (for metrics: latency, queue wait, outcomes).
 #[derive(Clone, Debug)]
 pub struct Attempted {
@@ -72,6 +86,10 @@ pub struct Hooks {
     pub dead_lettered: Option<Hook<DeadLettered>>,
     /// Called for every finished attempt, before the outcome is acted on.
     pub attempted: Option<Hook<Attempted>>,
+    /// Called for every attempt handed to the executor. Every started attempt is later
+    /// reported to `attempted` (an attempt dropped unsent as [`Outcome::NotSent`]), unless
+    /// the pass ends first and hands it back.
+    pub started: Option<Hook<Started>>,
 }
 
 impl fmt::Debug for Hooks {
@@ -80,6 +98,7 @@ impl fmt::Debug for Hooks {
             .field("delivered", &self.delivered.is_some())
             .field("dead_lettered", &self.dead_lettered.is_some())
             .field("attempted", &self.attempted.is_some())
+            .field("started", &self.started.is_some())
             .finish()
     }
 }

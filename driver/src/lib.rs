@@ -45,7 +45,7 @@ pub mod ureq_client;
 pub use crate::config::{DEFAULT_CONCURRENCY, OutboxConfig};
 pub use crate::control::{ControlSubscription, DrainControl, Signal};
 pub use crate::error::OutboxError;
-pub use crate::hooks::{Attempted, DeadLettered, Delivered, Hooks};
+pub use crate::hooks::{Attempted, DeadLettered, Delivered, Hooks, Started};
 pub use crate::hosts::HostCaps;
 pub use crate::http::{AttemptResult, Delivery, HttpConfig, HttpError};
 pub use crate::job::{Completions, Done, Executor, Job};

@@ -285,13 +285,13 @@ fn default_holder() -> String {
 pub fn store_released(
     session: &mut DrainSession,
     actor: &ActorId,
-    answer: Result<outbox_lanes_store::Release, StoreError>,
+    answer: Result<outbox_lanes_store::SlotRelease, StoreError>,
 ) {
     match answer {
-        Ok(outbox_lanes_store::Release::Released) => {
+        Ok(outbox_lanes_store::SlotRelease::Released) => {
             session.handle_store_release(Release::Released)
         }
-        Ok(outbox_lanes_store::Release::LookAgain) => {
+        Ok(outbox_lanes_store::SlotRelease::LookAgain) => {
             session.handle_store_release(Release::LookAgain);
         }
         Err(e) => {

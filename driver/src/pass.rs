@@ -41,7 +41,7 @@ use tracing::{debug, info, trace, warn};
 
 use crate::config::OutboxConfig;
 use crate::fmt::rfc3339;
-use crate::hooks::{Attempted, DeadLettered, Delivered, Hooks};
+use crate::hooks::{Attempted, DeadLettered, Delivered, Hooks, Started};
 use crate::http::AttemptResult;
 use crate::job::{Completions, Done, Job};
 
@@ -419,7 +419,7 @@ impl PassCore {
             // with everything else by `finish`.
             return Vec::new();
         }
-        self.fetch_payloads(cx.store, &starts)
+        self.fetch_payloads(cx.store, cx.hooks, &starts)
     }
 
     /// One round without the store, on the caller's thread (an async runtime's task): taken
@@ -449,7 +449,7 @@ impl PassCore {
             self.pending_starts = starts;
             return None;
         }
-        Some(self.fetch_payloads(cx.store, &starts))
+        Some(self.fetch_payloads(cx.store, cx.hooks, &starts))
     }
 
     /// The body of a round, shared by both kinds: the queued commands in order, claims, timers
@@ -508,7 +508,7 @@ impl PassCore {
 
     /// Makes the jobs of this round's starts: with the payload the claim brought, or else
     /// with the payloads read in one call.
-    fn fetch_payloads(&mut self, store: &dyn Store, starts: &[Start]) -> Vec<Job> {
+    fn fetch_payloads(&mut self, store: &dyn Store, hooks: &Hooks, starts: &[Start]) -> Vec<Job> {
         if starts.is_empty() {
             return Vec::new();
         }
@@ -569,6 +569,16 @@ impl PassCore {
             // Dropping them reports NotSent to a pass that is ending: nothing is sent.
             self.live.store(false, Ordering::SeqCst);
             return Vec::new();
+        }
+        if let Some(hook) = &hooks.started {
+            for job in &jobs {
+                hook(&Started {
+                    actor: job.actor.clone(),
+                    unit: job.unit,
+                    recipient: job.recipient.clone(),
+                    attempt: job.attempt,
+                });
+            }
         }
         jobs
     }
@@ -641,9 +651,9 @@ impl PassCore {
     }
 
     fn claim(&mut self, store: &dyn Store, claims: &[LaneClaim]) -> Result<(), StoreError> {
-        let req: Vec<outbox_lanes_store::LaneClaim> = claims
+        let req: Vec<outbox_lanes_store::ClaimRange> = claims
             .iter()
-            .map(|c| outbox_lanes_store::LaneClaim {
+            .map(|c| outbox_lanes_store::ClaimRange {
                 lane: self.store_lane(c.lane),
                 from: c.from,
                 limit: c.limit,

@@ -12,7 +12,8 @@ use outbox_lanes_driver::http::AttemptResult;
 use outbox_lanes_driver::pass::{PassCore, RoundContext, now};
 use outbox_lanes_driver::{Completions, Done, Hooks, Job, OutboxConfig};
 use outbox_lanes_store::{
-    AckWriter, AckWriterOptions, Acquire, NewRow, SlotToken, SqliteOptions, SqliteStore, Store,
+    AckWriter, AckWriterOptions, NewRow, SlotAcquisition, SlotToken, SqliteOptions, SqliteStore,
+    Store,
 };
 
 /// Never contacted: these tests feed completions by hand.
@@ -74,8 +75,8 @@ fn token(store: &dyn Store) -> SlotToken {
         )
         .expect("acquire")
     {
-        Acquire::Acquired(t) => t,
-        Acquire::Held => panic!("slot held"),
+        SlotAcquisition::Acquired(t) => t,
+        SlotAcquisition::Held => panic!("slot held"),
     }
 }
 
@@ -263,7 +264,7 @@ fn attempts_of(store: &dyn Store, t: &SlotToken, row: &str) -> u32 {
     let claimed = store
         .claim(
             t,
-            &[outbox_lanes_store::LaneClaim {
+            &[outbox_lanes_store::ClaimRange {
                 lane: lanes[0].lane,
                 from: outbox_lanes_core::Seq(0),
                 limit: 100,

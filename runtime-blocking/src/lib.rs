@@ -48,7 +48,7 @@ use outbox_lanes_core::{
 use outbox_lanes_driver::pass::{PassCore, PassResult, RoundContext, now};
 pub use outbox_lanes_driver::{
     Attempted, DeadLettered, Delivered, DrainControl, DrainOutcome, Hooks, HostCaps, OutboxConfig,
-    OutboxError, PassReport, Signer,
+    OutboxError, PassReport, Signer, Started,
 };
 use outbox_lanes_driver::{
     Completions, Done, Executor, Job, OutboxCore, drain_outcome, store_released,
@@ -419,12 +419,12 @@ pub(crate) fn drain_actor(
                 // Read before asking: the lease runs from the database's acquisition, later.
                 let asked = now();
                 match store.acquire_slot(actor, core.holder(), config.lease) {
-                    Ok(outbox_lanes_store::Acquire::Acquired(t)) => {
+                    Ok(outbox_lanes_store::SlotAcquisition::Acquired(t)) => {
                         token = Some(t);
                         lease_renewed = asked;
                         session.handle_store_acquire(SlotAnswer::Acquired);
                     }
-                    Ok(outbox_lanes_store::Acquire::Held) => {
+                    Ok(outbox_lanes_store::SlotAcquisition::Held) => {
                         session.handle_store_acquire(SlotAnswer::Held);
                     }
                     Err(e) => {

@@ -73,7 +73,7 @@ pub use outbox_lanes_driver::sign::{self, Signer};
 pub use outbox_lanes_driver::store;
 pub use outbox_lanes_driver::{
     Attempted, DeadLettered, Delivered, DrainControl, DrainOutcome, Hooks, HttpConfig,
-    OutboxConfig, OutboxError, PassReport,
+    OutboxConfig, OutboxError, PassReport, Started,
 };
 use outbox_lanes_driver::{Executor, OutboxCore, drain_outcome, store_released};
 use outbox_lanes_store::{
@@ -487,12 +487,12 @@ async fn drain_actor(
                 .await
                 .unwrap_or_else(|| Err(shutting()));
                 match got {
-                    Ok(outbox_lanes_store::Acquire::Acquired(t)) => {
+                    Ok(outbox_lanes_store::SlotAcquisition::Acquired(t)) => {
                         token = Some(t);
                         lease_renewed = asked;
                         session.handle_store_acquire(SlotAnswer::Acquired);
                     }
-                    Ok(outbox_lanes_store::Acquire::Held) => {
+                    Ok(outbox_lanes_store::SlotAcquisition::Held) => {
                         session.handle_store_acquire(SlotAnswer::Held);
                     }
                     Err(e) => {

@@ -163,8 +163,8 @@ fn acquire(store: &dyn Store, a: &ActorId) -> SlotToken {
         .acquire_slot(a, "bench", Duration::from_secs(3600))
         .unwrap()
     {
-        Acquire::Acquired(t) => t,
-        Acquire::Held => panic!("slot held"),
+        SlotAcquisition::Acquired(t) => t,
+        SlotAcquisition::Held => panic!("slot held"),
     }
 }
 
@@ -186,10 +186,10 @@ fn claim_ack_round(store: &dyn Store, slot: &SlotToken, cur: &mut Cursors) -> us
             return 0;
         }
     }
-    let claims: Vec<LaneClaim> = cur
+    let claims: Vec<ClaimRange> = cur
         .lanes
         .iter()
-        .map(|&(lane, from)| LaneClaim {
+        .map(|&(lane, from)| ClaimRange {
             lane,
             from,
             limit: (BATCH / LANES) as u32,

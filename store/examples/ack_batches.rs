@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use outbox_lanes_core::{ActorId, Seq, UnitId};
 use outbox_lanes_store::{
-    Acquire, LaneClaim, NewRow, SqliteOptions, SqliteStore, Store, StoreLaneId,
+    ClaimRange, DriverStore, NewRow, ServiceStore, SlotAcquisition, SqliteOptions, SqliteStore,
+    StoreLaneId,
 };
 
 const UNITS: usize = 200_000;
@@ -44,7 +45,7 @@ fn run(recipients: usize, batch: usize) {
             .collect();
         store.enqueue(&actor, &chunk).unwrap();
     }
-    let Acquire::Acquired(slot) = store
+    let SlotAcquisition::Acquired(slot) = store
         .acquire_slot(&actor, "bench", Duration::from_secs(3600))
         .unwrap()
     else {
@@ -56,9 +57,9 @@ fn run(recipients: usize, batch: usize) {
     let mut acked = 0;
     let mut waiting: Vec<(UnitId, StoreLaneId)> = Vec::new();
     while !cursors.is_empty() || !waiting.is_empty() {
-        let claims: Vec<LaneClaim> = cursors
+        let claims: Vec<ClaimRange> = cursors
             .iter()
-            .map(|&(lane, from)| LaneClaim {
+            .map(|&(lane, from)| ClaimRange {
                 lane,
                 from,
                 limit: 5,

@@ -3,24 +3,24 @@
 //!
 //! # How a pass uses the store
 //!
-//! 0. The monitor finds work with [`Store::actors_with_work`] (or takes the slots of free
-//!    actors with work at once with [`Store::acquire_ready`]), woken by [`Store::watch`].
-//! 1. [`Store::acquire_slot`] takes the actor's drain slot (OL-12). Nothing is written per
+//! 0. The monitor finds work with [`DriverStore::actors_with_work`] (or takes the slots of free
+//!    actors with work at once with [`DriverStore::acquire_ready`]), woken by [`DriverStore::watch`].
+//! 1. [`DriverStore::acquire_slot`] takes the actor's drain slot (OL-12). Nothing is written per
 //!    unit at claim time: the slot's lease *is* the lease of every unit the pass reads. A
 //!    crash lets the lease expire, and the next holder reads every lane from its head again
 //!    (at-least-once, OL-16).
-//! 2. [`Store::lanes_with_work`] lists lanes with pending units (and, with a watermark, only
+//! 2. [`DriverStore::lanes_with_work`] lists lanes with pending units (and, with a watermark, only
 //!    lanes that received units since the last look — admission streams, OL-3).
-//! 3. [`Store::claim`] reads the next few units at the heads of chosen lanes, from a cursor,
+//! 3. [`DriverStore::claim`] reads the next few units at the heads of chosen lanes, from a cursor,
 //!    at a cost proportional to what it returns, never to a lane's depth.
-//! 4. [`Store::payload`] fetches a unit's bytes when it starts.
-//! 5. Outcomes: [`Store::ack`] (group-committed through [`AckWriter`]),
-//!    [`Store::record_attempts`], [`Store::dead_letter`] and [`Store::retire_lane`] (durable
-//!    when they return, OL-16), [`Store::set_lane_state`], [`Store::block_lane`].
+//! 4. [`DriverStore::payload`] fetches a unit's bytes when it starts.
+//! 5. Outcomes: [`DriverStore::ack`] (group-committed through [`AckWriter`]),
+//!    [`DriverStore::record_attempts`], [`DriverStore::dead_letter`] and [`DriverStore::retire_lane`] (durable
+//!    when they return, OL-16), [`DriverStore::set_lane_state`], [`DriverStore::block_lane`].
 //! 6. **Hand-back needs no write.** Since a claim writes nothing, handing a unit back (OL-10,
 //!    OL-14) is a reset of the pass's cursor in that lane to the unit's `seq`; the unit stays
 //!    where it was and is claimed again by the next claim or the next pass.
-//! 7. [`Store::release_slot`]; on [`Release::LookAgain`] re-read the outbox and release again.
+//! 7. [`DriverStore::release_slot`]; on [`SlotRelease::LookAgain`] re-read the outbox and release again.
 //!
 //! Every pass operation takes the [`SlotToken`] and checks it in its own transaction: a stale
 //! token gets [`StoreError::StaleToken`] and nothing is written.
@@ -78,28 +78,26 @@ pub use types::*;
 /// The newest schema version this build writes and understands.
 pub const SCHEMA_VERSION: u32 = 3;
 
-/// The blocking store interface shared by every runtime. Object-safe: used as
-/// `Arc<dyn Store>`.
-pub trait Store: Send + Sync {
-    /// Enqueues rows for `actor`, all or nothing, and fires the wake-up after the commit.
-    ///
-    /// Each row gets the next sequence number of the actor. A normal row with k recipients
-    /// becomes k units (one lane each); a `joined` row becomes one unit with k lanes.
-    /// Recipients for which a unit with the same dedup key is still pending (neither finished
-    /// nor dead-lettered) are skipped and reported (OL-17); if that pending unit is later
-    /// dead-lettered, the skipped recipient is NOT revived.
-    ///
-    /// # Errors
-    /// A row with no recipient or more than the limit
-    /// ([`CommonOptions::max_recipients`]), a recipient that is not an absolute http(s) URL, a
-    /// content type that is not a valid HTTP header value, a refused header
-    /// ([`check_headers`]), a duplicate row id or a payload over the limit refuses the whole
-    /// batch with an error naming the row; nothing is written.
-    fn enqueue(&self, actor: &ActorId, rows: &[NewRow]) -> Result<Vec<Enqueued>, EnqueueError>;
+/// The whole store: what a runtime holds, as `Arc<dyn Store>`. It is the two sides below
+/// together and has no method of its own; every type that implements both is a `Store`.
+///
+/// - [`DriverStore`]: what a pass and the monitor call — the drain slot, discovery, claims,
+///   payloads, acks, attempt records, dead letters and lane states of a pass, the wake-ups.
+///   Every call but the monitor's is fenced by the pass's [`SlotToken`].
+/// - [`ServiceStore`]: what the embedding service and the operator's CLI call — enqueue,
+///   status, lanes, dead letters and lane controls. None of it is fenced by a drain slot.
+///
+/// Both are blocking and object-safe; call a method through `Arc<dyn Store>` with the side's
+/// trait in scope.
+pub trait Store: DriverStore + ServiceStore {}
 
+impl<T: DriverStore + ServiceStore + ?Sized> Store for T {}
+
+/// The driver's side of the store: what a pass and the monitor call (see [`Store`]).
+pub trait DriverStore: Send + Sync {
     /// Takes `actor`'s drain slot if it is free or its lease expired (judged by the database's
     /// clock), with a fresh fencing token. If another holder's lease is live, sets its
-    /// "look again" flag and returns [`Acquire::Held`] without waiting.
+    /// "look again" flag and returns [`SlotAcquisition::Held`] without waiting.
     ///
     /// # Errors
     /// Database failures.
@@ -108,7 +106,7 @@ pub trait Store: Send + Sync {
         actor: &ActorId,
         holder: &str,
         lease: Duration,
-    ) -> Result<Acquire, StoreError>;
+    ) -> Result<SlotAcquisition, StoreError>;
 
     /// Extends the lease of a held slot to `lease` from now.
     ///
@@ -117,11 +115,11 @@ pub trait Store: Send + Sync {
     fn renew_slot(&self, token: &SlotToken, lease: Duration) -> Result<(), StoreError>;
 
     /// Releases the slot, unless "look again" was set: then the flag is cleared, the slot is
-    /// kept and [`Release::LookAgain`] tells the holder to re-read the outbox first.
+    /// kept and [`SlotRelease::LookAgain`] tells the holder to re-read the outbox first.
     ///
     /// # Errors
     /// [`StoreError::StaleToken`] if the slot was lost.
-    fn release_slot(&self, token: &SlotToken) -> Result<Release, StoreError>;
+    fn release_slot(&self, token: &SlotToken) -> Result<SlotRelease, StoreError>;
 
     /// The actor's lanes holding pending units whose last enqueued `seq` is above `since`
     /// (0: every lane with pending units), and the new watermark to pass next time.
@@ -132,15 +130,18 @@ pub trait Store: Send + Sync {
         &self,
         token: &SlotToken,
         since: u64,
-    ) -> Result<(Vec<LaneInfo>, u64), StoreError>;
+    ) -> Result<(Vec<PendingLane>, u64), StoreError>;
 
     /// For each requested lane, up to `limit` units with `seq >= from`, in `seq` order.
     /// Writes nothing. A paused lane, or a lane of another actor, returns no unit.
     ///
     /// # Errors
     /// [`StoreError::StaleToken`], database failures.
-    fn claim(&self, token: &SlotToken, lanes: &[LaneClaim])
-    -> Result<Vec<ClaimedLane>, StoreError>;
+    fn claim(
+        &self,
+        token: &SlotToken,
+        lanes: &[ClaimRange],
+    ) -> Result<Vec<ClaimedLane>, StoreError>;
 
     /// The payload of a unit.
     ///
@@ -228,7 +229,7 @@ pub trait Store: Send + Sync {
     /// Picks up to `max` actors with work admissible at `now` whose drain slot is free (or
     /// expired), and acquires their slots for `holder` — the monitor's "what do I drain next".
     /// Actors with work whose slot is held by a live lease get "look again" set, as
-    /// [`Store::acquire_slot`] would. On Postgres the slot rows are locked
+    /// [`DriverStore::acquire_slot`] would. On Postgres the slot rows are locked
     /// `FOR UPDATE SKIP LOCKED`: several relays calling this at once spread over the actors
     /// instead of queueing on the same rows (a slot skipped because another relay is touching
     /// it at that instant is left to that relay or to the next poll).
@@ -242,6 +243,38 @@ pub trait Store: Send + Sync {
         now: Timestamp,
         max: usize,
     ) -> Result<Vec<SlotToken>, StoreError>;
+
+    /// The in-process wake-up fired after every enqueue through this store.
+    fn notifier(&self) -> Notifier;
+
+    /// Starts (once) the cross-process watcher — Postgres LISTEN/NOTIFY, or SQLite
+    /// `PRAGMA data_version` polled every few milliseconds on its own connection — and returns
+    /// the notifier that both it and in-process enqueues fire. The watcher stops when the
+    /// store is dropped.
+    ///
+    /// # Errors
+    /// The watcher's connection could not be opened.
+    fn watch(&self) -> Result<Notifier, StoreError>;
+}
+
+/// The user's side of the store: what the embedding service and the operator's CLI call
+/// (see [`Store`]).
+pub trait ServiceStore: Send + Sync {
+    /// Enqueues rows for `actor`, all or nothing, and fires the wake-up after the commit.
+    ///
+    /// Each row gets the next sequence number of the actor. A normal row with k recipients
+    /// becomes k units (one lane each); a `joined` row becomes one unit with k lanes.
+    /// Recipients for which a unit with the same dedup key is still pending (neither finished
+    /// nor dead-lettered) are skipped and reported (OL-17); if that pending unit is later
+    /// dead-lettered, the skipped recipient is NOT revived.
+    ///
+    /// # Errors
+    /// A row with no recipient or more than the limit
+    /// ([`CommonOptions::max_recipients`]), a recipient that is not an absolute http(s) URL, a
+    /// content type that is not a valid HTTP header value, a refused header
+    /// ([`check_headers`]), a duplicate row id or a payload over the limit refuses the whole
+    /// batch with an error naming the row; nothing is written.
+    fn enqueue(&self, actor: &ActorId, rows: &[NewRow]) -> Result<Vec<Enqueued>, EnqueueError>;
 
     /// Every actor with pending units or dead letters, at a glance.
     ///
@@ -356,16 +389,4 @@ pub trait Store: Send + Sync {
     /// # Errors
     /// Database failures.
     fn purge_acked(&self, older_than: Timestamp) -> Result<u64, StoreError>;
-
-    /// The in-process wake-up fired after every enqueue through this store.
-    fn notifier(&self) -> Notifier;
-
-    /// Starts (once) the cross-process watcher — Postgres LISTEN/NOTIFY, or SQLite
-    /// `PRAGMA data_version` polled every few milliseconds on its own connection — and returns
-    /// the notifier that both it and in-process enqueues fire. The watcher stops when the
-    /// store is dropped.
-    ///
-    /// # Errors
-    /// The watcher's connection could not be opened.
-    fn watch(&self) -> Result<Notifier, StoreError>;
 }

@@ -1,7 +1,7 @@
 //! Wake-ups: "something changed in the outbox" (OL-13).
 //!
 //! A [`Notifier`] is a coalescing generation counter. Enqueues through the store fire it after
-//! they commit; the cross-process watcher started by [`Store::watch`](crate::Store::watch)
+//! they commit; the cross-process watcher started by [`DriverStore::watch`](crate::DriverStore::watch)
 //! fires it when another process changed the database. Waiters either block
 //! ([`Notifier::wait_timeout`]) or register a callback ([`Notifier::subscribe`]) — an async
 //! runtime bridges the callback to its own primitive (`tokio::sync::Notify::notify_one`)

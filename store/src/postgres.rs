@@ -28,7 +28,7 @@
 //! machines with skewed clocks agree. Pass operations lock the slot row `FOR SHARE` while
 //! they check the token, so a take-over waits for them to commit and cannot slip between the
 //! check and the write. Every enqueue sends `NOTIFY` in its transaction (delivered on commit,
-//! coalesced by the server per transaction); [`Store::watch`] LISTENs on its own connection.
+//! coalesced by the server per transaction); [`DriverStore::watch`] LISTENs on its own connection.
 //!
 //! # TLS and errors
 //!
@@ -64,7 +64,7 @@ use crate::util::{
     WaitingLane, assemble_status, decode_headers, encode_headers, i, key_of, ms, status_of, ts, u,
     u32_of,
 };
-use crate::{EnqueueError, SCHEMA_VERSION, Store, StoreError};
+use crate::{DriverStore, EnqueueError, SCHEMA_VERSION, ServiceStore, StoreError};
 
 /// How a [`PgStore`] connects.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -975,7 +975,7 @@ impl PgStore {
     /// to wake this process's waiters.
     ///
     /// # Errors
-    /// As [`Store::enqueue`]. The enqueue runs under a savepoint: a refused batch leaves the
+    /// As [`ServiceStore::enqueue`]. The enqueue runs under a savepoint: a refused batch leaves the
     /// caller's transaction usable.
     pub fn enqueue_in(
         &self,
@@ -1846,25 +1846,13 @@ fn select_dead(
     }
 }
 
-impl Store for PgStore {
-    fn enqueue(&self, actor: &ActorId, rows: &[NewRow]) -> Result<Vec<Enqueued>, EnqueueError> {
-        let prepared = prepare(rows, &self.opts.common)?;
-        if prepared.is_empty() {
-            return Ok(Vec::new());
-        }
-        // In a transaction even when it is one statement: a statement that fails before the
-        // COMMIT is sent certainly did not commit, so it is retried on a new connection.
-        let out = self.with_tx(false, |t| enqueue_tx(t, actor, &prepared, &self.channel))?;
-        self.notifier.notify();
-        Ok(out)
-    }
-
+impl DriverStore for PgStore {
     fn acquire_slot(
         &self,
         actor: &ActorId,
         holder: &str,
         lease: Duration,
-    ) -> Result<Acquire, StoreError> {
+    ) -> Result<SlotAcquisition, StoreError> {
         let lease = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
         self.register_holder(holder);
         self.tx(false, |t| {
@@ -1878,10 +1866,10 @@ impl Store for PgStore {
                 &[&actor.as_str(), &holder, &lease],
             )?;
             match got {
-                Some(r) => Ok(Acquire::Acquired(SlotToken::new(actor.clone(), u(r.try_get(0)?), holder.to_string()))),
+                Some(r) => Ok(SlotAcquisition::Acquired(SlotToken::new(actor.clone(), u(r.try_get(0)?), holder.to_string()))),
                 None => {
                     t.x("UPDATE ol_slots SET look_again = TRUE WHERE actor = $1", &[&actor.as_str()])?;
-                    Ok(Acquire::Held)
+                    Ok(SlotAcquisition::Held)
                 }
             }
         })
@@ -1901,7 +1889,7 @@ impl Store for PgStore {
         })
     }
 
-    fn release_slot(&self, token: &SlotToken) -> Result<Release, StoreError> {
+    fn release_slot(&self, token: &SlotToken) -> Result<SlotRelease, StoreError> {
         self.tx(false, |t| {
             let look = t.opt(
                 &format!(
@@ -1914,11 +1902,11 @@ impl Store for PgStore {
                 None => Err(StoreError::StaleToken),
                 Some(true) => {
                     t.x("UPDATE ol_slots SET look_again = FALSE WHERE actor = $1", &[&token.actor().as_str()])?;
-                    Ok(Release::LookAgain)
+                    Ok(SlotRelease::LookAgain)
                 }
                 Some(false) => {
                     t.x("UPDATE ol_slots SET holder = NULL, lease_expires = 0 WHERE actor = $1", &[&token.actor().as_str()])?;
-                    Ok(Release::Released)
+                    Ok(SlotRelease::Released)
                 }
             }
         })
@@ -1928,7 +1916,7 @@ impl Store for PgStore {
         &self,
         token: &SlotToken,
         since: u64,
-    ) -> Result<(Vec<LaneInfo>, u64), StoreError> {
+    ) -> Result<(Vec<PendingLane>, u64), StoreError> {
         self.autocommit(|t| {
             // Fenced in the same statement (one round trip): the first column says whether the
             // token is live; a stale token reads no lane. A lane's rows are probed from its tail:
@@ -1952,7 +1940,7 @@ impl Store for PgStore {
             for r in rows {
                 let Some(id) = r.try_get::<_, Option<i64>>(1)? else { continue };
                 mark = mark.max(u(r.try_get(8)?));
-                out.push(LaneInfo {
+                out.push(PendingLane {
                     lane: StoreLaneId(id),
                     key: key_of(r.try_get(2)?, r.try_get(3)?),
                     not_before: r.try_get::<_, Option<i64>>(4)?.map(ts),
@@ -1968,7 +1956,7 @@ impl Store for PgStore {
     fn claim(
         &self,
         token: &SlotToken,
-        lanes: &[LaneClaim],
+        lanes: &[ClaimRange],
     ) -> Result<Vec<ClaimedLane>, StoreError> {
         // One round trip whatever the number of lanes (and a second one only when joined units
         // are read): the fence, every lane's state and its heads (one index range scan per
@@ -2086,7 +2074,7 @@ impl Store for PgStore {
                             bytes: u32_of(h.try_get::<_, Option<i64>>(6)?.unwrap_or(0)),
                             enqueued_at: ts(h.try_get::<_, Option<i64>>(7)?.unwrap_or(0)),
                             slots,
-                            // Read when an attempt starts (`Store::payloads`).
+                            // Read when an attempt starts (`DriverStore::payloads`).
                             payload: None,
                         })
                     })
@@ -2457,6 +2445,52 @@ impl Store for PgStore {
         })
     }
 
+    fn notifier(&self) -> Notifier {
+        self.notifier.clone()
+    }
+
+    fn watch(&self) -> Result<Notifier, StoreError> {
+        let mut w = self.watcher.lock().unwrap_or_else(PoisonError::into_inner);
+        if w.is_none() {
+            let mut client = self.new_conn(false)?.client;
+            client.batch_execute(&format!("LISTEN {}", self.channel))?;
+            let stop = Arc::new(AtomicBool::new(false));
+            let stop2 = Arc::clone(&stop);
+            let notifier = self.notifier.clone();
+            let config = self.config.clone();
+            let tls = self.tls.clone();
+            let channel = self.channel.clone();
+            let every = self.opts.watch_interval;
+            let thread = std::thread::Builder::new()
+                .name("outbox-lanes-pg-listen".into())
+                .spawn(move || {
+                    listen_loop(client, &config, &tls, &channel, &stop2, &notifier, every)
+                })
+                .map_err(|e| {
+                    StoreError::Database(format!("cannot start the watcher thread: {e}"))
+                })?;
+            *w = Some(Watcher {
+                stop,
+                thread: Some(thread),
+            });
+        }
+        Ok(self.notifier.clone())
+    }
+}
+
+impl ServiceStore for PgStore {
+    fn enqueue(&self, actor: &ActorId, rows: &[NewRow]) -> Result<Vec<Enqueued>, EnqueueError> {
+        let prepared = prepare(rows, &self.opts.common)?;
+        if prepared.is_empty() {
+            return Ok(Vec::new());
+        }
+        // In a transaction even when it is one statement: a statement that fails before the
+        // COMMIT is sent certainly did not commit, so it is retried on a new connection.
+        let out = self.with_tx(false, |t| enqueue_tx(t, actor, &prepared, &self.channel))?;
+        self.notifier.notify();
+        Ok(out)
+    }
+
     fn status(&self) -> Result<Vec<ActorStatus>, StoreError> {
         let now = ms(Timestamp::from_system_time(std::time::SystemTime::now()));
         self.autocommit(|t| {
@@ -2798,38 +2832,6 @@ impl Store for PgStore {
             }
             Ok(done.len() as u64)
         })
-    }
-
-    fn notifier(&self) -> Notifier {
-        self.notifier.clone()
-    }
-
-    fn watch(&self) -> Result<Notifier, StoreError> {
-        let mut w = self.watcher.lock().unwrap_or_else(PoisonError::into_inner);
-        if w.is_none() {
-            let mut client = self.new_conn(false)?.client;
-            client.batch_execute(&format!("LISTEN {}", self.channel))?;
-            let stop = Arc::new(AtomicBool::new(false));
-            let stop2 = Arc::clone(&stop);
-            let notifier = self.notifier.clone();
-            let config = self.config.clone();
-            let tls = self.tls.clone();
-            let channel = self.channel.clone();
-            let every = self.opts.watch_interval;
-            let thread = std::thread::Builder::new()
-                .name("outbox-lanes-pg-listen".into())
-                .spawn(move || {
-                    listen_loop(client, &config, &tls, &channel, &stop2, &notifier, every)
-                })
-                .map_err(|e| {
-                    StoreError::Database(format!("cannot start the watcher thread: {e}"))
-                })?;
-            *w = Some(Watcher {
-                stop,
-                thread: Some(thread),
-            });
-        }
-        Ok(self.notifier.clone())
     }
 }
 

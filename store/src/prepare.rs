@@ -24,7 +24,7 @@ pub(crate) fn is_header_value(s: &str) -> bool {
     s.bytes().all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
 }
 
-/// Checks a row's [`headers`](NewRow::headers) as [`Store::enqueue`](crate::Store::enqueue)
+/// Checks a row's [`headers`](NewRow::headers) as [`ServiceStore::enqueue`](crate::ServiceStore::enqueue)
 /// does, for callers that validate their input before they open a store.
 ///
 /// Checked at enqueue because a header the HTTP client cannot send would fail every attempt

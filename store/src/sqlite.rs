@@ -37,7 +37,7 @@ use crate::util::{
     WaitingLane, assemble_status, decode_headers, encode_headers, i, key_of, ms, status_of, ts, u,
     u32_of,
 };
-use crate::{EnqueueError, SCHEMA_VERSION, Store, StoreError};
+use crate::{DriverStore, EnqueueError, SCHEMA_VERSION, ServiceStore, StoreError};
 
 /// The durability of a commit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -614,11 +614,11 @@ impl SqliteStore {
     /// to this store's database (the schema exists once the store was opened).
     ///
     /// Call the returned [`PendingWake::fire`] after the commit; never before. If it is not
-    /// fired, the cross-process watcher (started by [`Store::watch`]) or the monitor's poll
+    /// fired, the cross-process watcher (started by [`DriverStore::watch`]) or the monitor's poll
     /// still finds the rows.
     ///
     /// # Errors
-    /// As [`Store::enqueue`]; the caller's transaction is left to the caller (roll it back).
+    /// As [`ServiceStore::enqueue`]; the caller's transaction is left to the caller (roll it back).
     pub fn enqueue_in(
         &self,
         tx: &Transaction<'_>,
@@ -1231,29 +1231,13 @@ fn select_dead(
     }
 }
 
-impl Store for SqliteStore {
-    fn enqueue(&self, actor: &ActorId, rows: &[NewRow]) -> Result<Vec<Enqueued>, EnqueueError> {
-        let prepared = prepare(rows, &self.opts.common)?;
-        if prepared.is_empty() {
-            return Ok(Vec::new());
-        }
-        let out = {
-            let mut conn = self.writer();
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let out = enqueue_tx(&tx, actor, &prepared)?;
-            tx.commit()?;
-            out
-        };
-        self.notifier.notify();
-        Ok(out)
-    }
-
+impl DriverStore for SqliteStore {
     fn acquire_slot(
         &self,
         actor: &ActorId,
         holder: &str,
         lease: Duration,
-    ) -> Result<Acquire, StoreError> {
+    ) -> Result<SlotAcquisition, StoreError> {
         if let Some(l) = &self.liveness {
             l.register(holder);
         }
@@ -1269,11 +1253,11 @@ impl Store for SqliteStore {
                 .query_row(params![actor.as_str(), holder, dur_ms(lease)], |r| r.get(0))
                 .optional()?;
             match got {
-                Some(t) => Ok(Acquire::Acquired(SlotToken::new(actor.clone(), u(t), holder.to_string()))),
+                Some(t) => Ok(SlotAcquisition::Acquired(SlotToken::new(actor.clone(), u(t), holder.to_string()))),
                 None => {
                     c.prepare_cached("UPDATE ol_slots SET look_again = 1 WHERE actor = ?1")?
                         .execute([actor.as_str()])?;
-                    Ok(Acquire::Held)
+                    Ok(SlotAcquisition::Held)
                 }
             }
         })
@@ -1291,7 +1275,7 @@ impl Store for SqliteStore {
         })
     }
 
-    fn release_slot(&self, token: &SlotToken) -> Result<Release, StoreError> {
+    fn release_slot(&self, token: &SlotToken) -> Result<SlotRelease, StoreError> {
         self.write(|c| {
             let look: Option<bool> = c
                 .prepare_cached(&format!(
@@ -1307,14 +1291,14 @@ impl Store for SqliteStore {
                 Some(true) => {
                     c.prepare_cached("UPDATE ol_slots SET look_again = 0 WHERE actor = ?1")?
                         .execute([token.actor().as_str()])?;
-                    Ok(Release::LookAgain)
+                    Ok(SlotRelease::LookAgain)
                 }
                 Some(false) => {
                     c.prepare_cached(
                         "UPDATE ol_slots SET holder = NULL, lease_expires = 0 WHERE actor = ?1",
                     )?
                     .execute([token.actor().as_str()])?;
-                    Ok(Release::Released)
+                    Ok(SlotRelease::Released)
                 }
             }
         })
@@ -1324,7 +1308,7 @@ impl Store for SqliteStore {
         &self,
         token: &SlotToken,
         since: u64,
-    ) -> Result<(Vec<LaneInfo>, u64), StoreError> {
+    ) -> Result<(Vec<PendingLane>, u64), StoreError> {
         self.read(|c| {
             fence(c, token)?;
             let mut mark = since;
@@ -1335,7 +1319,7 @@ impl Store for SqliteStore {
             )?;
             let rows = st.query_map(params![token.actor().as_str(), i(since)], |r| {
                 Ok((
-                    LaneInfo {
+                    PendingLane {
                         lane: StoreLaneId(r.get(0)?),
                         key: key_of(r.get(1)?, r.get(2)?),
                         not_before: r.get::<_, Option<i64>>(3)?.map(ts),
@@ -1359,7 +1343,7 @@ impl Store for SqliteStore {
     fn claim(
         &self,
         token: &SlotToken,
-        lanes: &[LaneClaim],
+        lanes: &[ClaimRange],
     ) -> Result<Vec<ClaimedLane>, StoreError> {
         self.read(|c| {
             fence(c, token)?;
@@ -1732,6 +1716,59 @@ impl Store for SqliteStore {
         })
     }
 
+    fn notifier(&self) -> Notifier {
+        self.notifier.clone()
+    }
+
+    fn watch(&self) -> Result<Notifier, StoreError> {
+        let Some(path) = &self.path else {
+            // Nothing outside this process can reach a private in-memory database.
+            return Ok(self.notifier.clone());
+        };
+        let mut w = self.watcher.lock().unwrap_or_else(PoisonError::into_inner);
+        if w.is_none() {
+            let conn = Connection::open_with_flags(
+                path,
+                OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            )
+            .map_err(|e| open_err(&path.display().to_string(), e))?;
+            conn.busy_timeout(self.opts.busy_timeout)?;
+            let stop = Arc::new(AtomicBool::new(false));
+            let stop2 = Arc::clone(&stop);
+            let notifier = self.notifier.clone();
+            let every = self.opts.watch_interval;
+            let thread = std::thread::Builder::new()
+                .name("outbox-lanes-sqlite-watch".into())
+                .spawn(move || watch_loop(&conn, &stop2, &notifier, every))
+                .map_err(|e| {
+                    StoreError::Database(format!("cannot start the watcher thread: {e}"))
+                })?;
+            *w = Some(Watcher {
+                stop,
+                thread: Some(thread),
+            });
+        }
+        Ok(self.notifier.clone())
+    }
+}
+
+impl ServiceStore for SqliteStore {
+    fn enqueue(&self, actor: &ActorId, rows: &[NewRow]) -> Result<Vec<Enqueued>, EnqueueError> {
+        let prepared = prepare(rows, &self.opts.common)?;
+        if prepared.is_empty() {
+            return Ok(Vec::new());
+        }
+        let out = {
+            let mut conn = self.writer();
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let out = enqueue_tx(&tx, actor, &prepared)?;
+            tx.commit()?;
+            out
+        };
+        self.notifier.notify();
+        Ok(out)
+    }
+
     fn status(&self) -> Result<Vec<ActorStatus>, StoreError> {
         let now = ms(Timestamp::from_system_time(std::time::SystemTime::now()));
         self.read(|c| {
@@ -2065,41 +2102,6 @@ impl Store for SqliteStore {
             }
             Ok(done.len() as u64)
         })
-    }
-
-    fn notifier(&self) -> Notifier {
-        self.notifier.clone()
-    }
-
-    fn watch(&self) -> Result<Notifier, StoreError> {
-        let Some(path) = &self.path else {
-            // Nothing outside this process can reach a private in-memory database.
-            return Ok(self.notifier.clone());
-        };
-        let mut w = self.watcher.lock().unwrap_or_else(PoisonError::into_inner);
-        if w.is_none() {
-            let conn = Connection::open_with_flags(
-                path,
-                OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-            )
-            .map_err(|e| open_err(&path.display().to_string(), e))?;
-            conn.busy_timeout(self.opts.busy_timeout)?;
-            let stop = Arc::new(AtomicBool::new(false));
-            let stop2 = Arc::clone(&stop);
-            let notifier = self.notifier.clone();
-            let every = self.opts.watch_interval;
-            let thread = std::thread::Builder::new()
-                .name("outbox-lanes-sqlite-watch".into())
-                .spawn(move || watch_loop(&conn, &stop2, &notifier, every))
-                .map_err(|e| {
-                    StoreError::Database(format!("cannot start the watcher thread: {e}"))
-                })?;
-            *w = Some(Watcher {
-                stop,
-                thread: Some(thread),
-            });
-        }
-        Ok(self.notifier.clone())
     }
 }
 

@@ -4,7 +4,7 @@
 //! Why: a service on sqlx cannot hand its transaction to [`SqliteStore`](crate::SqliteStore)
 //! or [`PgStore`](crate::PgStore) (they own rusqlite and `postgres` connections). Rather than
 //! copy `SCHEMA.md`'s plain SQL, and its URL canonicalisation, into every service,
-//! [`SqlxOutbox::enqueue`] validates the batch exactly as [`Store::enqueue`](crate::Store::enqueue)
+//! [`SqlxOutbox::enqueue`] validates the batch exactly as [`ServiceStore::enqueue`](crate::ServiceStore::enqueue)
 //! does (the same preparation: canonical recipients, limits, header checks) and runs that SQL
 //! on the caller's connection: the actor's row lock first, the row-id check in both places,
 //! the lanes, inline or shared payloads, joined rows, dedup keys and headers.
@@ -39,7 +39,7 @@
 //! - **SQLite:** nothing to do. A relay's watcher polls `PRAGMA data_version`, which changes on
 //!   every commit by another connection, the caller's sqlx connection included, so it sees the
 //!   rows within a few milliseconds. A relay in the same process without a watcher (no
-//!   [`Store::watch`](crate::Store::watch)) is woken by calling its
+//!   [`DriverStore::watch`](crate::DriverStore::watch)) is woken by calling its
 //!   [`Notifier::notify`](crate::Notifier::notify) (or the runtime's `request_drain`) after the
 //!   commit; otherwise the monitor's safety-net poll finds the rows. SQLite takes its write lock
 //!   at the first write: begin the transaction with `BEGIN IMMEDIATE` if it reads before it
@@ -198,14 +198,14 @@ impl SqlxOutbox {
     }
 
     /// Enqueues `rows` for `actor` on `conn`, inside its transaction: all or nothing, and
-    /// committed (or rolled back) with it. Returns what [`Store::enqueue`](crate::Store::enqueue)
+    /// committed (or rolled back) with it. Returns what [`ServiceStore::enqueue`](crate::ServiceStore::enqueue)
     /// returns for the same batch; the relays are woken at the commit (see the module docs).
     ///
     /// `conn` is a [`PgConnection`], a [`SqliteConnection`] or an [`AnyConnection`] to either:
     /// pass `&mut *tx` for a `sqlx::Transaction`.
     ///
     /// # Errors
-    /// As [`Store::enqueue`](crate::Store::enqueue): a refused row refuses the batch before
+    /// As [`ServiceStore::enqueue`](crate::ServiceStore::enqueue): a refused row refuses the batch before
     /// anything is written; a row id the actor already has is
     /// [`EnqueueError::DuplicateRowId`]. [`EnqueueError::Store`] for a database failure, a
     /// schema the store has not created ([`StoreError::Database`]) or a newer one

@@ -48,10 +48,10 @@ impl SlotToken {
     }
 }
 
-/// What [`Store::acquire_slot`](crate::Store::acquire_slot) found.
+/// What [`DriverStore::acquire_slot`](crate::DriverStore::acquire_slot) found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[must_use]
-pub enum Acquire {
+pub enum SlotAcquisition {
     /// The slot was free or its lease had expired: it is now held with this token.
     Acquired(SlotToken),
     /// Another holder's lease is live; "look again" was set so that holder re-reads the outbox
@@ -59,10 +59,10 @@ pub enum Acquire {
     Held,
 }
 
-/// What [`Store::release_slot`](crate::Store::release_slot) did.
+/// What [`DriverStore::release_slot`](crate::DriverStore::release_slot) did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[must_use]
-pub enum Release {
+pub enum SlotRelease {
     /// The slot is free.
     Released,
     /// Someone asked for a pass while this one ran: the flag was cleared and the slot is KEPT.
@@ -72,7 +72,7 @@ pub enum Release {
 
 /// A lane with pending units, as a pass sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LaneInfo {
+pub struct PendingLane {
     /// The store's lane id.
     pub lane: StoreLaneId,
     /// The lane's canonical key.
@@ -89,7 +89,7 @@ pub struct LaneInfo {
 
 /// One lane's part of a claim: up to `limit` pending units with `seq >= from`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LaneClaim {
+pub struct ClaimRange {
     /// The lane.
     pub lane: StoreLaneId,
     /// The first sequence number wanted (the pass's cursor in the lane).
@@ -126,7 +126,7 @@ pub struct ClaimedUnit {
     /// Every lane of the unit (one for a normal unit, several for a joined one).
     pub slots: Vec<ClaimedSlot>,
     /// The payload, when the store read it with the claim (SQLite does for one-lane units,
-    /// in the same statement); `None`: read it with [`Store::payloads`](crate::Store::payloads)
+    /// in the same statement); `None`: read it with [`DriverStore::payloads`](crate::DriverStore::payloads)
     /// when an attempt starts.
     pub payload: Option<Payload>,
 }
@@ -505,7 +505,7 @@ pub struct CommonOptions {
     /// or split into several rows.
     pub max_recipients: usize,
     /// Keep finished units (with their payloads) this long instead of deleting them at once;
-    /// [`Store::purge_acked`](crate::Store::purge_acked) removes them.
+    /// [`ServiceStore::purge_acked`](crate::ServiceStore::purge_acked) removes them.
     pub ack_retention: Option<Duration>,
 }
 

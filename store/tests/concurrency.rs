@@ -102,8 +102,8 @@ fn eight_enqueuers_two_claimers(b: Backend) {
                             let a = actor(name);
                             let token =
                                 match store.acquire_slot(&a, &holder, Duration::from_secs(60)) {
-                                    Ok(Acquire::Acquired(t)) => t,
-                                    Ok(Acquire::Held) | Err(StoreError::Busy) => continue,
+                                    Ok(SlotAcquisition::Acquired(t)) => t,
+                                    Ok(SlotAcquisition::Held) | Err(StoreError::Busy) => continue,
                                     Err(e) => panic!("acquire: {e}"),
                                 };
                             assert!(
@@ -120,7 +120,7 @@ fn eight_enqueuers_two_claimers(b: Backend) {
                                 // may take the slot at once. Until then nobody else can.
                                 in_pass[ai].store(false, Ordering::SeqCst);
                                 match release(&*store, &token) {
-                                    Release::LookAgain => {
+                                    SlotRelease::LookAgain => {
                                         // Still ours.
                                         assert!(
                                             !in_pass[ai].swap(true, Ordering::SeqCst),
@@ -128,7 +128,7 @@ fn eight_enqueuers_two_claimers(b: Backend) {
                                         );
                                         continue;
                                     }
-                                    Release::Released => break,
+                                    SlotRelease::Released => break,
                                 }
                             }
                         }
@@ -163,7 +163,7 @@ fn eight_enqueuers_two_claimers(b: Backend) {
     });
 }
 
-fn release(store: &dyn Store, t: &SlotToken) -> Release {
+fn release(store: &dyn Store, t: &SlotToken) -> SlotRelease {
     loop {
         match store.release_slot(t) {
             Ok(r) => return r,
@@ -182,9 +182,9 @@ fn pass(store: &dyn Store, t: &SlotToken, a: &ActorId, seen: &Mutex<Seen>) -> bo
             Err(StoreError::Busy) => continue,
             Err(e) => panic!("lanes: {e}"),
         };
-        let claims: Vec<LaneClaim> = lanes
+        let claims: Vec<ClaimRange> = lanes
             .iter()
-            .map(|l| LaneClaim {
+            .map(|l| ClaimRange {
                 lane: l.lane,
                 from: Seq(0),
                 limit: 16,

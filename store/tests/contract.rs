@@ -360,7 +360,7 @@ fn lease_expiry_lets_another_holder_claim_again_in_order(b: Backend) {
         assert_eq!(row_ids(&c2), ["r1", "r2", "r3"]);
         assert_eq!(unit_ids(&c2), unit_ids(&c1)[1..]);
         assert_eq!(s.claim(&t1, &[]), Err(StoreError::StaleToken));
-        assert_eq!(other.release_slot(&t2), Ok(Release::Released));
+        assert_eq!(other.release_slot(&t2), Ok(SlotRelease::Released));
     });
 }
 
@@ -484,7 +484,7 @@ fn hand_back_keeps_positions(b: Backend) {
             c.units[1..].iter().map(|u| u.seq).collect::<Vec<_>>()[..]
         );
         // And after the slot is released and taken again.
-        assert_eq!(s.release_slot(&t), Ok(Release::Released));
+        assert_eq!(s.release_slot(&t), Ok(SlotRelease::Released));
         let t2 = acquire(s, &a, "h2", LEASE);
         assert_eq!(
             row_ids(&claim_lane(s, &t2, la, 0, 10)),
@@ -727,29 +727,32 @@ fn drain_slot_exclusive_across_instances_with_look_again(b: Backend) {
         let one = h.store.clone();
         let two = h.second();
         let t1 = acquire(&*one, &a, "relay-1", LEASE);
-        assert_eq!(two.acquire_slot(&a, "relay-2", LEASE), Ok(Acquire::Held));
+        assert_eq!(
+            two.acquire_slot(&a, "relay-2", LEASE),
+            Ok(SlotAcquisition::Held)
+        );
         assert_eq!(
             one.acquire_slot(&a, "relay-1-again", LEASE),
-            Ok(Acquire::Held)
+            Ok(SlotAcquisition::Held)
         );
         // Another actor's slot is independent.
         let tb = acquire(&*two, &actor("bob"), "relay-2", LEASE);
         // The running pass must look again before it lets go.
-        assert_eq!(one.release_slot(&t1), Ok(Release::LookAgain));
+        assert_eq!(one.release_slot(&t1), Ok(SlotRelease::LookAgain));
         assert_eq!(
             two.acquire_slot(&a, "relay-2", LEASE),
-            Ok(Acquire::Held),
+            Ok(SlotAcquisition::Held),
             "kept after look-again"
         );
-        assert_eq!(one.release_slot(&t1), Ok(Release::LookAgain));
-        assert_eq!(one.release_slot(&t1), Ok(Release::Released));
+        assert_eq!(one.release_slot(&t1), Ok(SlotRelease::LookAgain));
+        assert_eq!(one.release_slot(&t1), Ok(SlotRelease::Released));
         let t2 = acquire(&*two, &a, "relay-2", LEASE);
         assert!(t2.fencing() > t1.fencing());
         assert_eq!(t2.holder(), "relay-2");
         assert_eq!(one.release_slot(&t1), Err(StoreError::StaleToken));
         two.renew_slot(&t2, LEASE).expect("renew");
-        assert_eq!(two.release_slot(&t2), Ok(Release::Released));
-        assert_eq!(two.release_slot(&tb), Ok(Release::Released));
+        assert_eq!(two.release_slot(&t2), Ok(SlotRelease::Released));
+        assert_eq!(two.release_slot(&tb), Ok(SlotRelease::Released));
         // Concurrent acquirers on two instances: exactly one wins.
         let winners: Vec<bool> = std::thread::scope(|sc| {
             let hs: Vec<_> = [one.clone(), two.clone()]
@@ -760,7 +763,7 @@ fn drain_slot_exclusive_across_instances_with_look_again(b: Backend) {
                     sc.spawn(move || {
                         matches!(
                             st.acquire_slot(&a, &format!("r{k}"), LEASE),
-                            Ok(Acquire::Acquired(_))
+                            Ok(SlotAcquisition::Acquired(_))
                         )
                     })
                 })
@@ -854,12 +857,12 @@ fn deep_lane_does_not_slow_a_short_lane_claim(b: Backend) {
             .claim(
                 &t,
                 &[
-                    LaneClaim {
+                    ClaimRange {
                         lane: la,
                         from: Seq(0),
                         limit: 4,
                     },
-                    LaneClaim {
+                    ClaimRange {
                         lane: lb,
                         from: Seq(0),
                         limit: 4,
@@ -1285,7 +1288,7 @@ fn acquire_ready_picks_free_actors_with_work(b: Backend) {
         let l4 = lane_of(s, &actor("a4"), A);
         s.set_lane_state(&t4, l4, Some(now() + Duration::from_secs(3600)), 1)
             .expect("backoff");
-        assert_eq!(s.release_slot(&t4), Ok(Release::Released));
+        assert_eq!(s.release_slot(&t4), Ok(SlotRelease::Released));
 
         let got = s.acquire_ready("relay", LEASE, now(), 1).expect("ready");
         assert_eq!(got.len(), 1);
@@ -1298,7 +1301,7 @@ fn acquire_ready_picks_free_actors_with_work(b: Backend) {
         names.sort_unstable();
         assert_eq!(names, ["a1", "a2"]);
         // The running pass of a3 was told to look again.
-        assert_eq!(s.release_slot(&held), Ok(Release::LookAgain));
+        assert_eq!(s.release_slot(&held), Ok(SlotRelease::LookAgain));
         assert!(
             s.acquire_ready("relay", LEASE, now(), 10)
                 .expect("ready")
@@ -1306,8 +1309,8 @@ fn acquire_ready_picks_free_actors_with_work(b: Backend) {
         );
         // Later calls saw those slots held, so they too must look again before letting go.
         for t in got.iter().chain(&rest) {
-            assert_eq!(s.release_slot(t), Ok(Release::LookAgain));
-            assert_eq!(s.release_slot(t), Ok(Release::Released));
+            assert_eq!(s.release_slot(t), Ok(SlotRelease::LookAgain));
+            assert_eq!(s.release_slot(t), Ok(SlotRelease::Released));
         }
         // Two relays at once on two instances: no actor is acquired twice.
         let other = h.second();

@@ -161,7 +161,7 @@ mod pg {
         let c2 = claim_lane(&store, &t, lane, 0, 10);
         assert_eq!(row_ids(&c2), ["r2", "r3"]);
         assert_eq!(store.dead_letters(None).expect("dl").len(), 1);
-        assert_eq!(store.release_slot(&t), Ok(Release::Released));
+        assert_eq!(store.release_slot(&t), Ok(SlotRelease::Released));
         drop(store);
         drop_schema(&url, &schema);
     }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_lanes_core::{ActorId, Timestamp};
-use outbox_lanes_store::{Acquire, NewRow, SqliteOptions, SqliteStore, Store};
+use outbox_lanes_store::{NewRow, SlotAcquisition, SqliteOptions, SqliteStore, Store};
 
 const CHILD: &str = "OUTBOX_LANES_LIVENESS_CHILD";
 const LEASE: Duration = Duration::from_secs(600);
@@ -41,7 +41,7 @@ fn child(target: &str) {
     let held = ["alice", "bob"].iter().all(|a| {
         matches!(
             store.acquire_slot(&ActorId::new(*a), "child-relay", LEASE),
-            Ok(Acquire::Acquired(_))
+            Ok(SlotAcquisition::Acquired(_))
         )
     });
     println!("{}", if held { "held" } else { "refused" });
@@ -91,7 +91,7 @@ fn killed_holder_is_taken_over(target: &str, test_name: &str) {
         store
             .acquire_slot(&alice, "parent-relay", LEASE)
             .expect("acquire"),
-        Acquire::Held
+        SlotAcquisition::Held
     ));
     assert!(
         store
@@ -113,11 +113,11 @@ fn killed_holder_is_taken_over(target: &str, test_name: &str) {
             .acquire_slot(&alice, "parent-relay", LEASE)
             .expect("acquire")
         {
-            Acquire::Acquired(t) => break t,
-            Acquire::Held if killed.elapsed() < Duration::from_secs(3) => {
+            SlotAcquisition::Acquired(t) => break t,
+            SlotAcquisition::Held if killed.elapsed() < Duration::from_secs(3) => {
                 std::thread::sleep(Duration::from_millis(20));
             }
-            Acquire::Held => panic!("the dead holder's slot still waits for its lease"),
+            SlotAcquisition::Held => panic!("the dead holder's slot still waits for its lease"),
         }
     };
     assert!(token.fencing() >= 2, "a new fencing token");

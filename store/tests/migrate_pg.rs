@@ -429,7 +429,7 @@ fn postgres_v1_database_is_migrated_and_keeps_working() {
     s.ack(&t, &acks).expect("drain");
     let (lanes, _) = s.lanes_with_work(&t, 0).expect("lanes");
     assert!(lanes.is_empty());
-    assert_eq!(s.release_slot(&t), Ok(Release::Released));
+    assert_eq!(s.release_slot(&t), Ok(SlotRelease::Released));
     drop(store);
 
     // Opening again does not migrate again: the lanes and the retained units are there.
@@ -652,7 +652,10 @@ fn postgres_v2_database_is_migrated_to_v3_and_keeps_working() {
             .headers
             .is_empty()
     );
-    assert_eq!(store.release_slot(&t).expect("release"), Release::Released);
+    assert_eq!(
+        store.release_slot(&t).expect("release"),
+        SlotRelease::Released
+    );
     drop(store);
 
     // Connecting again is a no-op.

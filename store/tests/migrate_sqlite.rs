@@ -504,7 +504,7 @@ fn v1_database_migrates_to_v2_and_keeps_every_unit() {
             .collect::<Vec<_>>(),
         ["fresh"]
     );
-    assert_eq!(s.release_slot(&t).expect("release"), Release::Released);
+    assert_eq!(s.release_slot(&t).expect("release"), SlotRelease::Released);
     drop(store);
 
     // Opening again is a no-op: already the current version, nothing moved.
@@ -812,7 +812,10 @@ fn v2_database_migrates_to_v3_and_keeps_every_unit() {
             .headers
             .is_empty()
     );
-    assert_eq!(store.release_slot(&t).expect("release"), Release::Released);
+    assert_eq!(
+        store.release_slot(&t).expect("release"),
+        SlotRelease::Released
+    );
     drop(store);
 
     // Opening again is a no-op.

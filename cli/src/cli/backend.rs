@@ -15,14 +15,12 @@ use anyhow::anyhow;
 use super::UsageError;
 use outbox_lanes_core::{ActorId, LaneKey, Timestamp, UnitId};
 use outbox_lanes_store::{
-    Acquire, ActorStatus, ActorsDue, AttemptRecord, ClaimedLane, DeadLetter, DeadLetterId,
-    DeadLetterRequest, DeadLetterSelection, EnqueueError, Enqueued, LaneClaim, LaneInfo,
-    LaneStatus, NewRow, Notifier, Payload, PgOptions, PgStore, Release, SlotToken, SqliteOptions,
-    SqliteStore, Store, StoreError, StoreLaneId,
+    ActorStatus, DeadLetter, DeadLetterId, DeadLetterSelection, Enqueued, LaneStatus, NewRow,
+    Payload, PgOptions, PgStore, SqliteOptions, SqliteStore, Store, StoreError,
 };
 use outbox_lanes_tokio::{
     Attempted, DeadLettered, Delivered, DrainControl, DrainOutcome, Hooks, Monitor, Outbox,
-    OutboxConfig, OutboxError, Signer,
+    OutboxConfig, OutboxError, Signer, Started,
 };
 
 /// A Prometheus histogram: cumulative counts per upper bound, a sum and a count.
@@ -74,7 +72,7 @@ pub(crate) struct Counters {
     pub(crate) delivered: AtomicU64,
     /// Recipients dead-lettered.
     pub(crate) dead_lettered: AtomicU64,
-    /// Attempts started (their delivery task read the payload; see [`CountingStore`]).
+    /// Attempts started (handed to the executor; the driver's `started` hook).
     pub(crate) started: AtomicU64,
     /// Attempts finished.
     pub(crate) finished: AtomicU64,
@@ -135,6 +133,7 @@ impl Counters {
         let on_delivered = Arc::clone(self);
         let on_dead = Arc::clone(self);
         let on_attempt = Arc::clone(self);
+        let on_start = Arc::clone(self);
         Hooks {
             delivered: Some(Box::new(move |d: &Delivered| {
                 on_delivered.delivered.fetch_add(1, Ordering::Relaxed);
@@ -164,202 +163,10 @@ impl Counters {
                     d.queue_wait.observe(a.queued);
                 }
             })),
+            started: Some(Box::new(move |_: &Started| {
+                on_start.started.fetch_add(1, Ordering::Relaxed);
+            })),
         }
-    }
-}
-
-/// The store, counting the attempts that start: the async runtime's delivery task reads a
-/// unit's payload once per attempt, as the attempt starts (holding one of the
-/// `--concurrency` permits), and nothing else reads payloads. Every other call is passed
-/// through unchanged.
-struct CountingStore {
-    inner: Arc<dyn Store>,
-    counters: Arc<Counters>,
-}
-
-impl Store for CountingStore {
-    fn enqueue(&self, actor: &ActorId, rows: &[NewRow]) -> Result<Vec<Enqueued>, EnqueueError> {
-        self.inner.enqueue(actor, rows)
-    }
-
-    fn acquire_slot(
-        &self,
-        actor: &ActorId,
-        holder: &str,
-        lease: Duration,
-    ) -> Result<Acquire, StoreError> {
-        self.inner.acquire_slot(actor, holder, lease)
-    }
-
-    fn renew_slot(&self, token: &SlotToken, lease: Duration) -> Result<(), StoreError> {
-        self.inner.renew_slot(token, lease)
-    }
-
-    fn release_slot(&self, token: &SlotToken) -> Result<Release, StoreError> {
-        self.inner.release_slot(token)
-    }
-
-    fn lanes_with_work(
-        &self,
-        token: &SlotToken,
-        since: u64,
-    ) -> Result<(Vec<LaneInfo>, u64), StoreError> {
-        self.inner.lanes_with_work(token, since)
-    }
-
-    fn claim(
-        &self,
-        token: &SlotToken,
-        lanes: &[LaneClaim],
-    ) -> Result<Vec<ClaimedLane>, StoreError> {
-        self.inner.claim(token, lanes)
-    }
-
-    fn payload(&self, unit: UnitId) -> Result<Payload, StoreError> {
-        self.counters.started.fetch_add(1, Ordering::Relaxed);
-        self.inner.payload(unit)
-    }
-
-    fn payloads(&self, units: &[UnitId]) -> Vec<Result<Payload, StoreError>> {
-        self.counters
-            .started
-            .fetch_add(units.len() as u64, Ordering::Relaxed);
-        self.inner.payloads(units)
-    }
-
-    fn ack(
-        &self,
-        token: &SlotToken,
-        delivered: &[(UnitId, StoreLaneId)],
-    ) -> Result<(), StoreError> {
-        self.inner.ack(token, delivered)
-    }
-
-    fn record_attempts(
-        &self,
-        token: &SlotToken,
-        attempts: &[AttemptRecord],
-    ) -> Result<(), StoreError> {
-        self.inner.record_attempts(token, attempts)
-    }
-
-    fn dead_letter(&self, token: &SlotToken, dead: &DeadLetterRequest) -> Result<(), StoreError> {
-        self.inner.dead_letter(token, dead)
-    }
-
-    fn set_lane_state(
-        &self,
-        token: &SlotToken,
-        lane: StoreLaneId,
-        not_before: Option<Timestamp>,
-        backoff_level: u32,
-    ) -> Result<(), StoreError> {
-        self.inner
-            .set_lane_state(token, lane, not_before, backoff_level)
-    }
-
-    fn block_lane(
-        &self,
-        token: &SlotToken,
-        lane: StoreLaneId,
-        reason: &str,
-    ) -> Result<(), StoreError> {
-        self.inner.block_lane(token, lane, reason)
-    }
-
-    fn retire_lane(
-        &self,
-        token: &SlotToken,
-        lane: StoreLaneId,
-        at: Timestamp,
-    ) -> Result<u64, StoreError> {
-        self.inner.retire_lane(token, lane, at)
-    }
-
-    fn actors_with_work(&self, now: Timestamp) -> Result<ActorsDue, StoreError> {
-        self.inner.actors_with_work(now)
-    }
-
-    fn acquire_ready(
-        &self,
-        holder: &str,
-        lease: Duration,
-        now: Timestamp,
-        max: usize,
-    ) -> Result<Vec<SlotToken>, StoreError> {
-        self.inner.acquire_ready(holder, lease, now, max)
-    }
-
-    fn status(&self) -> Result<Vec<ActorStatus>, StoreError> {
-        self.inner.status()
-    }
-
-    fn lanes(&self, actor: &ActorId) -> Result<Vec<LaneStatus>, StoreError> {
-        self.inner.lanes(actor)
-    }
-
-    fn dead_letters(&self, actor: Option<&ActorId>) -> Result<Vec<DeadLetter>, StoreError> {
-        self.inner.dead_letters(actor)
-    }
-
-    fn replay_dead_letters(&self, which: &DeadLetterSelection) -> Result<Vec<UnitId>, StoreError> {
-        self.inner.replay_dead_letters(which)
-    }
-
-    fn purge_dead_letters(&self, which: &DeadLetterSelection) -> Result<u64, StoreError> {
-        self.inner.purge_dead_letters(which)
-    }
-
-    fn dead_letter_payload(&self, id: DeadLetterId) -> Result<Payload, StoreError> {
-        self.inner.dead_letter_payload(id)
-    }
-
-    fn oldest_pending(&self) -> Result<Vec<(ActorId, Timestamp)>, StoreError> {
-        self.inner.oldest_pending()
-    }
-
-    fn pause_lane(&self, lane: StoreLaneId, reason: &str) -> Result<(), StoreError> {
-        self.inner.pause_lane(lane, reason)
-    }
-
-    fn resume_lane(&self, lane: StoreLaneId) -> Result<(), StoreError> {
-        self.inner.resume_lane(lane)
-    }
-
-    fn retry_lane_now(&self, lane: StoreLaneId) -> Result<(), StoreError> {
-        self.inner.retry_lane_now(lane)
-    }
-
-    fn purge_lane(&self, lane: StoreLaneId, at: Timestamp) -> Result<u64, StoreError> {
-        self.inner.purge_lane(lane, at)
-    }
-
-    fn skip_lane_head(
-        &self,
-        lane: StoreLaneId,
-        at: Timestamp,
-    ) -> Result<Option<UnitId>, StoreError> {
-        self.inner.skip_lane_head(lane, at)
-    }
-
-    fn set_lane_strict(&self, lane: StoreLaneId, strict: bool) -> Result<(), StoreError> {
-        self.inner.set_lane_strict(lane, strict)
-    }
-
-    fn find_lane(&self, actor: &ActorId, key: &LaneKey) -> Result<Option<StoreLaneId>, StoreError> {
-        self.inner.find_lane(actor, key)
-    }
-
-    fn purge_acked(&self, older_than: Timestamp) -> Result<u64, StoreError> {
-        self.inner.purge_acked(older_than)
-    }
-
-    fn notifier(&self) -> Notifier {
-        self.inner.notifier()
-    }
-
-    fn watch(&self) -> Result<Notifier, StoreError> {
-        self.inner.watch()
     }
 }
 
@@ -496,10 +303,6 @@ impl Backend {
                 }
                 Arc::new(SqliteStore::open(&db, SqliteOptions::default()).map_err(OpenError)?)
             };
-            let store = Arc::new(CountingStore {
-                inner: store,
-                counters: Arc::clone(&counters),
-            });
             let mut builder = Outbox::builder(store, config).hooks(counters.hooks());
             if let Some(signer) = signer {
                 builder = builder.signer(signer);

@@ -309,8 +309,8 @@ pub const LEASE: Duration = Duration::from_secs(60);
 
 pub fn acquire(store: &dyn Store, a: &ActorId, holder: &str, lease: Duration) -> SlotToken {
     match store.acquire_slot(a, holder, lease).expect("acquire") {
-        Acquire::Acquired(t) => t,
-        Acquire::Held => panic!("slot of {a} unexpectedly held"),
+        SlotAcquisition::Acquired(t) => t,
+        SlotAcquisition::Held => panic!("slot of {a} unexpectedly held"),
     }
 }
 
@@ -322,7 +322,8 @@ pub fn acquire_eventually(
     lease: Duration,
 ) -> SlotToken {
     for _ in 0..2000 {
-        if let Acquire::Acquired(t) = store.acquire_slot(a, holder, lease).expect("acquire") {
+        if let SlotAcquisition::Acquired(t) = store.acquire_slot(a, holder, lease).expect("acquire")
+        {
             return t;
         }
         std::thread::sleep(Duration::from_millis(10));
@@ -348,7 +349,7 @@ pub fn claim_lane(
     let mut v = store
         .claim(
             t,
-            &[LaneClaim {
+            &[ClaimRange {
                 lane,
                 from: Seq(from),
                 limit,
