@@ -61,8 +61,8 @@ use crate::prepare::{PreparedRow, prepare};
 use crate::tls::{ConfigError, Connector};
 use crate::types::*;
 use crate::util::{
-    WaitingLane, assemble_status, decode_headers, encode_headers, i, key_of, ms, status_of, ts, u,
-    u32_of,
+    WaitingLane, assemble_status, decode_headers, encode_headers, key_of, millis_of, status_of,
+    timestamp_of, to_i64, to_u32, to_u64,
 };
 use crate::{DriverStore, EnqueueError, SCHEMA_VERSION, ServiceStore, StoreError};
 
@@ -324,7 +324,7 @@ const MIGRATE_V2_TO_V3: &str = "ALTER TABLE ol_units ADD COLUMN headers TEXT; \
 const STATE_PENDING: i64 = 0;
 const STATE_DEAD: i64 = 2;
 
-type P<'a> = &'a (dyn ToSql + Sync);
+type PgParam<'a> = &'a (dyn ToSql + Sync);
 
 /// A driver error in one line, with what it wraps: the server's message, SQLSTATE, detail
 /// and hint for a `DbError` (`postgres::Error` itself only says "db error"), else the chain of
@@ -420,37 +420,41 @@ impl From<postgres::Error> for EnqueueError {
 }
 
 /// Runs SQL on a transaction, with or without the statement cache.
-trait Exec {
-    fn q(&mut self, sql: &str, p: &[P<'_>]) -> Result<Vec<Row>, postgres::Error>;
-    fn x(&mut self, sql: &str, p: &[P<'_>]) -> Result<u64, postgres::Error>;
-    fn opt(&mut self, sql: &str, p: &[P<'_>]) -> Result<Option<Row>, postgres::Error> {
-        Ok(self.q(sql, p)?.into_iter().next())
+trait PgExec {
+    fn query_rows(&mut self, sql: &str, p: &[PgParam<'_>]) -> Result<Vec<Row>, postgres::Error>;
+    fn execute_sql(&mut self, sql: &str, p: &[PgParam<'_>]) -> Result<u64, postgres::Error>;
+    fn query_opt_row(
+        &mut self,
+        sql: &str,
+        p: &[PgParam<'_>],
+    ) -> Result<Option<Row>, postgres::Error> {
+        Ok(self.query_rows(sql, p)?.into_iter().next())
     }
-    fn one(&mut self, sql: &str, p: &[P<'_>]) -> Result<Row, StoreError> {
+    fn query_one_row(&mut self, sql: &str, p: &[PgParam<'_>]) -> Result<Row, StoreError> {
         // Every caller's SQL returns one row (an aggregate, or RETURNING of a row the same
         // transaction just wrote or locked); none means the tables were edited by hand.
-        self.q(sql, p)?
+        self.query_rows(sql, p)?
             .into_iter()
             .next()
             .ok_or_else(|| StoreError::Database(format!("no row returned by: {sql}")))
     }
 }
 
-impl Exec for Transaction<'_> {
-    fn q(&mut self, sql: &str, p: &[P<'_>]) -> Result<Vec<Row>, postgres::Error> {
+impl PgExec for Transaction<'_> {
+    fn query_rows(&mut self, sql: &str, p: &[PgParam<'_>]) -> Result<Vec<Row>, postgres::Error> {
         self.query(sql, p)
     }
-    fn x(&mut self, sql: &str, p: &[P<'_>]) -> Result<u64, postgres::Error> {
+    fn execute_sql(&mut self, sql: &str, p: &[PgParam<'_>]) -> Result<u64, postgres::Error> {
         self.execute(sql, p)
     }
 }
 
-struct Tx<'a> {
+struct PgTx<'a> {
     tx: Transaction<'a>,
     cache: &'a mut HashMap<String, Statement>,
 }
 
-impl Tx<'_> {
+impl PgTx<'_> {
     fn st(&mut self, sql: &str) -> Result<Statement, postgres::Error> {
         if let Some(s) = self.cache.get(sql) {
             return Ok(s.clone());
@@ -461,25 +465,25 @@ impl Tx<'_> {
     }
 }
 
-impl Exec for Tx<'_> {
-    fn q(&mut self, sql: &str, p: &[P<'_>]) -> Result<Vec<Row>, postgres::Error> {
+impl PgExec for PgTx<'_> {
+    fn query_rows(&mut self, sql: &str, p: &[PgParam<'_>]) -> Result<Vec<Row>, postgres::Error> {
         let st = self.st(sql)?;
         self.tx.query(&st, p)
     }
-    fn x(&mut self, sql: &str, p: &[P<'_>]) -> Result<u64, postgres::Error> {
+    fn execute_sql(&mut self, sql: &str, p: &[PgParam<'_>]) -> Result<u64, postgres::Error> {
         let st = self.st(sql)?;
         self.tx.execute(&st, p)
     }
 }
 
 /// A connection used outside a transaction (reads), with its statement cache.
-struct Cn<'a> {
+struct PgConn<'a> {
     client: &'a mut Client,
     cache: &'a mut HashMap<String, Statement>,
 }
 
-impl Exec for Cn<'_> {
-    fn q(&mut self, sql: &str, p: &[P<'_>]) -> Result<Vec<Row>, postgres::Error> {
+impl PgExec for PgConn<'_> {
+    fn query_rows(&mut self, sql: &str, p: &[PgParam<'_>]) -> Result<Vec<Row>, postgres::Error> {
         let st = match self.cache.get(sql) {
             Some(s) => s.clone(),
             None => {
@@ -490,7 +494,7 @@ impl Exec for Cn<'_> {
         };
         self.client.query(&st, p)
     }
-    fn x(&mut self, sql: &str, p: &[P<'_>]) -> Result<u64, postgres::Error> {
+    fn execute_sql(&mut self, sql: &str, p: &[PgParam<'_>]) -> Result<u64, postgres::Error> {
         let st = match self.cache.get(sql) {
             Some(s) => s.clone(),
             None => {
@@ -821,12 +825,12 @@ impl PgStore {
     /// their advisory lock free) among those holding `actor`'s slot, or any slot.
     fn expire_dead_holders(
         &self,
-        t: &mut Tx<'_>,
+        t: &mut PgTx<'_>,
         us: &str,
         actor: Option<&ActorId>,
     ) -> Result<(), StoreError> {
         let candidates: Vec<String> = t
-            .q(
+            .query_rows(
                 &format!(
                     "SELECT h.holder FROM ol_live_holders h WHERE h.holder <> $1 AND EXISTS \
                      (SELECT 1 FROM ol_slots s WHERE s.holder = h.holder AND s.lease_expires > {NOW} \
@@ -842,7 +846,7 @@ impl PgStore {
             // Taken at once when nobody holds it: then the holder is gone; given back at once
             // (a session lock outlives the transaction).
             let free: bool = t
-                .one(
+                .query_one_row(
                     "SELECT pg_try_advisory_lock($1, hashtext($2))",
                     &[&LIVE_LOCK, &key],
                 )?
@@ -850,15 +854,15 @@ impl PgStore {
             if !free {
                 continue;
             }
-            t.one(
+            t.query_one_row(
                 "SELECT pg_advisory_unlock($1, hashtext($2))",
                 &[&LIVE_LOCK, &key],
             )?;
-            let n = t.x(
+            let n = t.execute_sql(
                 "UPDATE ol_slots SET lease_expires = 0 WHERE holder = $1",
                 &[&dead],
             )?;
-            t.x("DELETE FROM ol_live_holders WHERE holder = $1", &[&dead])?;
+            t.execute_sql("DELETE FROM ol_live_holders WHERE holder = $1", &[&dead])?;
             tracing::info!(target: "outbox_lanes::store", holder = %dead, slots = n,
                 "the holder of these drain slots is gone (its session ended): taken over without waiting for the lease");
         }
@@ -924,7 +928,7 @@ impl PgStore {
     fn with_tx<T, E: From<StoreError> + Lost>(
         &self,
         idempotent: bool,
-        mut f: impl FnMut(&mut Tx<'_>) -> Result<T, E>,
+        mut f: impl FnMut(&mut PgTx<'_>) -> Result<T, E>,
     ) -> Result<T, E> {
         let mut attempt = 0;
         loop {
@@ -935,7 +939,7 @@ impl PgStore {
                 match client.transaction() {
                     Err(e) => (Err(E::from(pg_err(e))), false),
                     Ok(tx) => {
-                        let mut t = Tx { tx, cache };
+                        let mut t = PgTx { tx, cache };
                         match f(&mut t) {
                             Err(e) => (Err(e), false),
                             Ok(v) => match t.tx.commit() {
@@ -1000,7 +1004,7 @@ impl PgStore {
     /// safe to retry once on a fresh connection as a read.
     fn autocommit<T>(
         &self,
-        mut f: impl FnMut(&mut Cn<'_>) -> Result<T, StoreError>,
+        mut f: impl FnMut(&mut PgConn<'_>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         let mut attempt = 0;
         loop {
@@ -1008,7 +1012,7 @@ impl PgStore {
             let mut conn = self.checkout()?;
             let res = {
                 let Conn { client, cache } = &mut conn;
-                f(&mut Cn { client, cache })
+                f(&mut PgConn { client, cache })
             };
             match res {
                 Ok(v) => {
@@ -1034,7 +1038,7 @@ impl PgStore {
     fn tx<T>(
         &self,
         idempotent: bool,
-        f: impl FnMut(&mut Tx<'_>) -> Result<T, StoreError>,
+        f: impl FnMut(&mut PgTx<'_>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         self.with_tx(idempotent, f)
     }
@@ -1043,7 +1047,7 @@ impl PgStore {
         &self,
         token: &SlotToken,
         idempotent: bool,
-        mut f: impl FnMut(&mut Tx<'_>) -> Result<T, StoreError>,
+        mut f: impl FnMut(&mut PgTx<'_>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         self.tx(idempotent, |t| {
             fence(t, token, true)?;
@@ -1062,7 +1066,7 @@ fn stale(token: &SlotToken) -> StoreError {
     StoreError::StaleToken
 }
 
-fn fence(t: &mut impl Exec, token: &SlotToken, lock: bool) -> Result<(), StoreError> {
+fn fence(t: &mut impl PgExec, token: &SlotToken, lock: bool) -> Result<(), StoreError> {
     let sql = if lock {
         "SELECT 1 FROM ol_slots WHERE actor = $1 AND token = $2 AND holder IS NOT NULL \
          AND lease_expires > (extract(epoch from clock_timestamp()) * 1000)::bigint FOR SHARE"
@@ -1070,17 +1074,17 @@ fn fence(t: &mut impl Exec, token: &SlotToken, lock: bool) -> Result<(), StoreEr
         "SELECT 1 FROM ol_slots WHERE actor = $1 AND token = $2 AND holder IS NOT NULL \
          AND lease_expires > (extract(epoch from clock_timestamp()) * 1000)::bigint"
     };
-    match t.opt(sql, &[&token.actor().as_str(), &i(token.fencing())])? {
+    match t.query_opt_row(sql, &[&token.actor().as_str(), &to_i64(token.fencing())])? {
         Some(_) => Ok(()),
         None => Err(stale(token)),
     }
 }
 
-fn alloc_seqs(t: &mut impl Exec, actor: &str, n: i64) -> Result<i64, StoreError> {
+fn alloc_seqs(t: &mut impl PgExec, actor: &str, n: i64) -> Result<i64, StoreError> {
     // The row lock taken here is held to commit: enqueues of one actor commit in seq order,
     // so a pass never sees seq n+1 before seq n.
     let last: i64 = t
-        .one(
+        .query_one_row(
             "INSERT INTO ol_actors AS a (actor, last_seq) VALUES ($1, $2) \
              ON CONFLICT (actor) DO UPDATE SET last_seq = a.last_seq + excluded.last_seq RETURNING last_seq",
             &[&actor, &n],
@@ -1133,13 +1137,13 @@ fn one_lane_rows(rows: &[PreparedRow<'_>]) -> bool {
 /// it. Lanes are upserted, so one created meanwhile is found all the same; seqs still follow
 /// commit order (the lock is held to commit).
 fn enqueue_one_lane_rows(
-    t: &mut impl Exec,
+    t: &mut impl PgExec,
     actor: &ActorId,
     rows: &[PreparedRow<'_>],
     channel: &str,
 ) -> Result<Vec<Enqueued>, EnqueueError> {
     let a = actor.as_str();
-    let now = ms(Timestamp::from_system_time(std::time::SystemTime::now()));
+    let now = millis_of(Timestamp::from_system_time(std::time::SystemTime::now()));
     let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
     let n = count(rows.len());
     // The batch's lanes in key order (the upsert locks them in that order), each with the
@@ -1190,7 +1194,7 @@ fn enqueue_one_lane_rows(
     // the lane arrays; `k` lists the upserted lanes' ids in that order. The NOTIFY is
     // delivered on commit only.
     let r = t
-        .q(
+        .query_rows(
             "WITH a AS (INSERT INTO ol_actors AS a (actor, last_seq) SELECT $1::text, $2::bigint \
                ON CONFLICT (actor) DO UPDATE SET last_seq = a.last_seq + excluded.last_seq \
                RETURNING a.last_seq - $2::bigint AS base), \
@@ -1228,7 +1232,7 @@ fn enqueue_one_lane_rows(
     // or (the dead letter) hold the inline row this batch would have collided with.
     // The caller's transaction (or savepoint) is rolled back on the error.
     if let Some(taken) = t
-        .opt(
+        .query_opt_row(
             "SELECT row_id FROM ol_rows WHERE actor = $1 AND row_id = ANY($2) LIMIT 1",
             &[&a, &r_id],
         )?
@@ -1255,8 +1259,8 @@ fn enqueue_one_lane_rows(
         .enumerate()
         .map(|(k, (p, unit))| Enqueued {
             row_id: p.row.id.clone(),
-            seq: Seq(u(base + count(k + 1))),
-            units: vec![UnitId(u(unit))],
+            seq: Seq(to_u64(base + count(k + 1))),
+            units: vec![UnitId(to_u64(unit))],
             skipped: Vec::new(),
         })
         .collect())
@@ -1265,7 +1269,7 @@ fn enqueue_one_lane_rows(
 /// Set-based: a fixed number of statements per batch whatever its size, because every
 /// statement costs a round trip to the server.
 fn enqueue_tx(
-    t: &mut impl Exec,
+    t: &mut impl PgExec,
     actor: &ActorId,
     rows: &[PreparedRow<'_>],
     channel: &str,
@@ -1278,7 +1282,7 @@ fn enqueue_tx(
     }
     // The general case: several recipients, joined units, dedup keys.
     let a = actor.as_str();
-    let now = ms(Timestamp::from_system_time(std::time::SystemTime::now()));
+    let now = millis_of(Timestamp::from_system_time(std::time::SystemTime::now()));
     let n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
     // First: the actor row lock serialises this actor's enqueues (seq order = commit order),
     // and the plan below reads after it, so it sees every enqueue committed before.
@@ -1323,7 +1327,7 @@ fn enqueue_tx(
     // statistics would read every row id of the actor.
     // The serial sequences are named literally (`<table>_id_seq`, as BIGSERIAL names them):
     // `pg_get_serial_sequence` would be re-evaluated for every id drawn (a catalog search each).
-    let plan_row = t.one(
+    let plan_row = t.query_one_row(
         "SELECT dup.v, ln.ids, ln.recs, ln.oks, pend.dks, pend.recs, idr.v, idu.v FROM \
          (SELECT array_agg(k.row_id) AS v FROM unnest($2::text[]) AS k(row_id) CROSS JOIN LATERAL ( \
             SELECT 1 FROM ol_units u WHERE u.actor = $1 AND u.row_id = k.row_id \
@@ -1391,7 +1395,7 @@ fn enqueue_tx(
             .filter(|(r, o)| !lane_ids.contains_key(&((**r).to_string(), (**o).to_string())))
             .map(|(r, o)| (*r, *o))
             .unzip();
-        for r in t.q(
+        for r in t.query_rows(
             "INSERT INTO ol_lanes (actor, recipient, ordering_key) SELECT $1, * FROM unnest($2::text[], $3::text[]) \
              ON CONFLICT (actor, recipient, ordering_key) DO NOTHING RETURNING id, recipient, ordering_key",
             &[&a, &mr, &mo],
@@ -1493,7 +1497,7 @@ fn enqueue_tx(
                     bare.seq.push(seq);
                     bare.row_ref.push(None);
                 }
-                units.push(UnitId(u(head)));
+                units.push(UnitId(to_u64(head)));
             } else {
                 // Several units: the payload once in ol_rows, one head per lane referring to it.
                 let row_ref = sk
@@ -1515,13 +1519,13 @@ fn enqueue_tx(
                     bare.lane.push(*lane);
                     bare.seq.push(seq);
                     bare.row_ref.push(Some(row_ref));
-                    units.push(UnitId(u(head)));
+                    units.push(UnitId(to_u64(head)));
                 }
             }
         }
         out.push(Enqueued {
             row_id: p.row.id.clone(),
-            seq: Seq(u(seq)),
+            seq: Seq(to_u64(seq)),
             units,
             skipped,
         });
@@ -1529,7 +1533,7 @@ fn enqueue_tx(
     if tails.is_empty() {
         // Every recipient was skipped by dedup: nothing to write but the wake-up (delivered
         // to listeners when, and only if, the transaction commits).
-        t.x("SELECT pg_notify($1, $2)", &[&channel, &a])?;
+        t.execute_sql("SELECT pg_notify($1, $2)", &[&channel, &a])?;
         return Ok(out);
     }
     let (t_lane, t_seq): (Vec<i64>, Vec<i64>) = tails.into_iter().unzip();
@@ -1539,8 +1543,8 @@ fn enqueue_tx(
     // primary key per tail). An extra `l.id = ANY($26)` made the planner drive it by the lanes
     // instead and rescan the batch for each: quadratic in one enqueue's lanes (20,000
     // recipients in one row: 4.9 s, now 0.38 s; one-recipient enqueues among 100,000 lanes:
-    // 3.3 ms, now 0.64 ms).
-    t.x(
+    // 3.3 ms, now 0.64 millis_of).
+    t.execute_sql(
         "WITH h AS (INSERT INTO ol_units (id, actor, lane_id, seq, lanes, pending, row_id, content_type, body, \
              body_len, dedup_key, ordering_key, enqueued_at, headers) \
            SELECT id, $1, lane, seq, n, n, row_id, ct, body, len, dk, ok, $2, hd FROM unnest($3::bigint[], $4::bigint[], \
@@ -1570,21 +1574,21 @@ fn enqueue_tx(
 /// A row for another lane of unit `unit` (a replayed dead letter rejoining a unit revived in
 /// the same replay), and the lane's tail.
 fn insert_lane_row(
-    t: &mut impl Exec,
+    t: &mut impl PgExec,
     unit: i64,
     actor: &str,
     lane: i64,
     seq: i64,
 ) -> Result<(), postgres::Error> {
-    t.x(
+    t.execute_sql(
         "INSERT INTO ol_units (unit_id, actor, lane_id, seq) VALUES ($1, $2, $3, $4)",
         &[&unit, &actor, &lane, &seq],
     )?;
     advance_tail(t, lane, seq)
 }
 
-fn advance_tail(t: &mut impl Exec, lane: i64, seq: i64) -> Result<(), postgres::Error> {
-    t.x(
+fn advance_tail(t: &mut impl PgExec, lane: i64, seq: i64) -> Result<(), postgres::Error> {
+    t.execute_sql(
         "UPDATE ol_lanes SET tail_seq = GREATEST(tail_seq, $2) WHERE id = $1",
         &[&lane, &seq],
     )?;
@@ -1594,23 +1598,23 @@ fn advance_tail(t: &mut impl Exec, lane: i64, seq: i64) -> Result<(), postgres::
 /// One recipient of `unit` is no longer pending: count it down, and finish the unit when
 /// nothing is left (its other lanes' rows deleted; the head deleted, or kept out of every lane
 /// for the ack retention).
-fn settle(t: &mut impl Exec, unit: i64, retention: bool) -> Result<(), StoreError> {
-    let r = t.one(
+fn settle(t: &mut impl PgExec, unit: i64, retention: bool) -> Result<(), StoreError> {
+    let r = t.query_one_row(
         "UPDATE ol_units SET pending = pending - 1 WHERE id = $1 AND unit_id IS NULL RETURNING pending",
         &[&unit],
     )?;
     if r.try_get::<_, i64>(0)? > 0 {
         return Ok(());
     }
-    t.x("DELETE FROM ol_units WHERE unit_id = $1", &[&unit])?;
+    t.execute_sql("DELETE FROM ol_units WHERE unit_id = $1", &[&unit])?;
     if retention {
-        t.x(
+        t.execute_sql(
             &format!(
                 "UPDATE ol_units SET acked_at = {NOW}, lane_id = NULL, pending = 0 WHERE id = $1"
             ),
             &[&unit],
         )?;
-    } else if let Some(r) = t.opt(
+    } else if let Some(r) = t.query_opt_row(
         "DELETE FROM ol_units WHERE id = $1 RETURNING row_ref",
         &[&unit],
     )? {
@@ -1619,11 +1623,11 @@ fn settle(t: &mut impl Exec, unit: i64, retention: bool) -> Result<(), StoreErro
     Ok(())
 }
 
-fn drop_row_if_unused(t: &mut impl Exec, row_ref: Option<i64>) -> Result<(), postgres::Error> {
+fn drop_row_if_unused(t: &mut impl PgExec, row_ref: Option<i64>) -> Result<(), postgres::Error> {
     let Some(row_ref) = row_ref else {
         return Ok(());
     };
-    t.x(
+    t.execute_sql(
         "DELETE FROM ol_rows WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM ol_units WHERE row_ref = $1 OFFSET 0) \
          AND NOT EXISTS (SELECT 1 FROM ol_dead_letters WHERE row_ref = $1 OFFSET 0)",
         &[&row_ref],
@@ -1640,13 +1644,13 @@ const ROW_OF_UNIT_IN_LANE: &str = "ARRAY(SELECT x.id FROM ol_units x WHERE x.id 
      AND x.lane_id = $2 UNION ALL SELECT x.id FROM ol_units x WHERE x.unit_id = $1 AND x.lane_id = $2)";
 
 fn dead_letter_tx(
-    t: &mut impl Exec,
+    t: &mut impl PgExec,
     actor: &str,
     d: &DeadLetterRequest,
     retention: bool,
 ) -> Result<bool, StoreError> {
-    let unit = i(d.unit.0);
-    let found = t.opt(
+    let unit = to_i64(d.unit.0);
+    let found = t.query_opt_row(
         &format!(
             "SELECT d.id, d.seq, d.attempts, d.last_status, d.last_error, d.first_attempt_at, d.last_attempt_at, \
              h.row_ref, coalesce(h.row_id, (SELECT r.row_id FROM ol_rows r WHERE r.id = h.row_ref)), \
@@ -1677,7 +1681,7 @@ fn dead_letter_tx(
     let row_ref: i64 = match row_ref {
         Some(r) => r,
         None => t
-            .one(
+            .query_one_row(
                 "WITH s AS (INSERT INTO ol_rows (actor, row_id, seq, content_type, body, body_len, dedup_key, \
                    ordering_key, enqueued_at, headers) \
                  SELECT actor, coalesce(row_id, 'unit-' || id), seq, coalesce(content_type, ''), \
@@ -1691,7 +1695,7 @@ fn dead_letter_tx(
             )?
             .try_get(0)?,
     };
-    t.x(
+    t.execute_sql(
         "INSERT INTO ol_dead_letters (unit_id, row_ref, row_id, actor, lane_id, recipient, ordering_key, reason, \
          last_status, last_error, attempts, first_attempt_at, last_attempt_at, seq, dead_at) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
@@ -1710,15 +1714,15 @@ fn dead_letter_tx(
             &first,
             &last,
             &seq,
-            &ms(d.at),
+            &millis_of(d.at),
         ],
     )?;
-    t.x(
+    t.execute_sql(
         "UPDATE ol_units SET state = $2 WHERE id = $1",
         &[&row, &STATE_DEAD],
     )?;
     if d.status.is_some() || d.error.is_some() {
-        t.x(
+        t.execute_sql(
             "UPDATE ol_lanes SET last_status = $2, last_error = $3 WHERE id = $1",
             &[&d.lane.0, &status, &error],
         )?;
@@ -1737,8 +1741,8 @@ const RETRY_LANE: &str = "UPDATE ol_lanes SET not_before = NULL, backoff_level =
      WHERE id = $1";
 
 /// The actor owning `lane`.
-fn lane_actor(t: &mut impl Exec, lane: StoreLaneId) -> Result<String, StoreError> {
-    t.q("SELECT actor FROM ol_lanes WHERE id = $1", &[&lane.0])?
+fn lane_actor(t: &mut impl PgExec, lane: StoreLaneId) -> Result<String, StoreError> {
+    t.query_rows("SELECT actor FROM ol_lanes WHERE id = $1", &[&lane.0])?
         .first()
         .map(|r| r.try_get(0))
         .transpose()?
@@ -1748,7 +1752,7 @@ fn lane_actor(t: &mut impl Exec, lane: StoreLaneId) -> Result<String, StoreError
 /// Dead-letters the pending units of `lane`, oldest first (at most `limit` of them), for
 /// `reason`. Returns the units dead-lettered, in that order.
 fn dead_letter_lane(
-    t: &mut impl Exec,
+    t: &mut impl PgExec,
     actor: &str,
     lane: StoreLaneId,
     reason: DeadReason,
@@ -1758,7 +1762,7 @@ fn dead_letter_lane(
 ) -> Result<Vec<UnitId>, StoreError> {
     let limit = limit.map(i64::from);
     let units: Vec<i64> = t
-        .q(
+        .query_rows(
             "SELECT coalesce(unit_id, id) FROM ol_units WHERE lane_id = $1 AND state = 0 \
              ORDER BY seq, id LIMIT $2",
             &[&lane.0, &limit],
@@ -1769,7 +1773,7 @@ fn dead_letter_lane(
     let mut done = Vec::new();
     for unit in units {
         let req = DeadLetterRequest {
-            unit: UnitId(u(unit)),
+            unit: UnitId(to_u64(unit)),
             lane,
             reason,
             status: None,
@@ -1783,8 +1787,8 @@ fn dead_letter_lane(
     Ok(done)
 }
 
-fn lane_update(t: &mut impl Exec, sql: &str, p: &[P<'_>]) -> Result<(), StoreError> {
-    if t.x(sql, p)? == 0 {
+fn lane_update(t: &mut impl PgExec, sql: &str, p: &[PgParam<'_>]) -> Result<(), StoreError> {
+    if t.execute_sql(sql, p)? == 0 {
         return Err(StoreError::NotFound { what: "lane" });
     }
     Ok(())
@@ -1798,7 +1802,7 @@ fn dead_of(r: &Row) -> Result<(DeadLetter, i64, i64), postgres::Error> {
     Ok((
         DeadLetter {
             id: DeadLetterId(r.try_get(0)?),
-            unit: UnitId(u(r.try_get(1)?)),
+            unit: UnitId(to_u64(r.try_get(1)?)),
             row_id: r.try_get(2)?,
             actor: ActorId::new(r.try_get::<_, String>(3)?),
             key: key_of(r.try_get(4)?, r.try_get(5)?),
@@ -1806,11 +1810,11 @@ fn dead_of(r: &Row) -> Result<(DeadLetter, i64, i64), postgres::Error> {
             reason: DeadReason::from_code(&reason).unwrap_or(DeadReason::Permanent),
             last_status: status_of(r.try_get(7)?),
             last_error: r.try_get(8)?,
-            attempts: u32_of(r.try_get(9)?),
-            first_attempt_at: r.try_get::<_, Option<i64>>(10)?.map(ts),
-            last_attempt_at: r.try_get::<_, Option<i64>>(11)?.map(ts),
-            seq: Seq(u(r.try_get(12)?)),
-            dead_at: ts(r.try_get(13)?),
+            attempts: to_u32(r.try_get(9)?),
+            first_attempt_at: r.try_get::<_, Option<i64>>(10)?.map(timestamp_of),
+            last_attempt_at: r.try_get::<_, Option<i64>>(11)?.map(timestamp_of),
+            seq: Seq(to_u64(r.try_get(12)?)),
+            dead_at: timestamp_of(r.try_get(13)?),
         },
         r.try_get(14)?,
         r.try_get(15)?,
@@ -1818,12 +1822,12 @@ fn dead_of(r: &Row) -> Result<(DeadLetter, i64, i64), postgres::Error> {
 }
 
 fn select_dead(
-    t: &mut impl Exec,
+    t: &mut impl PgExec,
     which: &DeadLetterSelection,
 ) -> Result<Vec<(DeadLetter, i64, i64)>, postgres::Error> {
     match which {
         DeadLetterSelection::Actor(a) => Ok(t
-            .q(
+            .query_rows(
                 &format!("SELECT {DEAD_COLS} FROM ol_dead_letters WHERE actor = $1 ORDER BY seq, unit_id, id"),
                 &[&a.as_str()],
             )?
@@ -1833,7 +1837,7 @@ fn select_dead(
         DeadLetterSelection::Ids(ids) => {
             let ids: Vec<i64> = ids.iter().map(|d| d.0).collect();
             Ok(t
-                .q(
+                .query_rows(
                     &format!(
                         "SELECT {DEAD_COLS} FROM ol_dead_letters WHERE id = ANY($1) ORDER BY actor, seq, unit_id, id"
                     ),
@@ -1856,9 +1860,9 @@ impl DriverStore for PgStore {
         let lease = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
         self.register_holder(holder);
         self.tx(false, |t| {
-            t.x("INSERT INTO ol_slots (actor) VALUES ($1) ON CONFLICT (actor) DO NOTHING", &[&actor.as_str()])?;
+            t.execute_sql("INSERT INTO ol_slots (actor) VALUES ($1) ON CONFLICT (actor) DO NOTHING", &[&actor.as_str()])?;
             self.expire_dead_holders(t, holder, Some(actor))?;
-            let got = t.opt(
+            let got = t.query_opt_row(
                 &format!(
                     "UPDATE ol_slots SET token = token + 1, holder = $2, lease_expires = {NOW} + $3, look_again = FALSE \
                      WHERE actor = $1 AND (holder IS NULL OR lease_expires <= {NOW}) RETURNING token"
@@ -1866,9 +1870,9 @@ impl DriverStore for PgStore {
                 &[&actor.as_str(), &holder, &lease],
             )?;
             match got {
-                Some(r) => Ok(SlotAcquisition::Acquired(SlotToken::new(actor.clone(), u(r.try_get(0)?), holder.to_string()))),
+                Some(r) => Ok(SlotAcquisition::Acquired(SlotToken::new(actor.clone(), to_u64(r.try_get(0)?), holder.to_string()))),
                 None => {
-                    t.x("UPDATE ol_slots SET look_again = TRUE WHERE actor = $1", &[&actor.as_str()])?;
+                    t.execute_sql("UPDATE ol_slots SET look_again = TRUE WHERE actor = $1", &[&actor.as_str()])?;
                     Ok(SlotAcquisition::Held)
                 }
             }
@@ -1878,12 +1882,12 @@ impl DriverStore for PgStore {
     fn renew_slot(&self, token: &SlotToken, lease: Duration) -> Result<(), StoreError> {
         let lease = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
         self.tx(true, |t| {
-            let n = t.x(
+            let n = t.execute_sql(
                 &format!(
                     "UPDATE ol_slots SET lease_expires = {NOW} + $3 WHERE actor = $1 AND token = $2 \
                      AND holder IS NOT NULL AND lease_expires > {NOW}"
                 ),
-                &[&token.actor().as_str(), &i(token.fencing()), &lease],
+                &[&token.actor().as_str(), &to_i64(token.fencing()), &lease],
             )?;
             if n == 0 { Err(StoreError::StaleToken) } else { Ok(()) }
         })
@@ -1891,21 +1895,21 @@ impl DriverStore for PgStore {
 
     fn release_slot(&self, token: &SlotToken) -> Result<SlotRelease, StoreError> {
         self.tx(false, |t| {
-            let look = t.opt(
+            let look = t.query_opt_row(
                 &format!(
                     "SELECT look_again FROM ol_slots WHERE actor = $1 AND token = $2 AND holder IS NOT NULL \
                      AND lease_expires > {NOW} FOR UPDATE"
                 ),
-                &[&token.actor().as_str(), &i(token.fencing())],
+                &[&token.actor().as_str(), &to_i64(token.fencing())],
             )?;
             match look.map(|r| r.try_get::<_, bool>(0)).transpose()? {
                 None => Err(StoreError::StaleToken),
                 Some(true) => {
-                    t.x("UPDATE ol_slots SET look_again = FALSE WHERE actor = $1", &[&token.actor().as_str()])?;
+                    t.execute_sql("UPDATE ol_slots SET look_again = FALSE WHERE actor = $1", &[&token.actor().as_str()])?;
                     Ok(SlotRelease::LookAgain)
                 }
                 Some(false) => {
-                    t.x("UPDATE ol_slots SET holder = NULL, lease_expires = 0 WHERE actor = $1", &[&token.actor().as_str()])?;
+                    t.execute_sql("UPDATE ol_slots SET holder = NULL, lease_expires = 0 WHERE actor = $1", &[&token.actor().as_str()])?;
                     Ok(SlotRelease::Released)
                 }
             }
@@ -1922,7 +1926,7 @@ impl DriverStore for PgStore {
             // token is live; a stale token reads no lane. A lane's rows are probed from its tail:
             // acked units leave dead index entries at its head until vacuum, and the tail holds
             // the newest units (kept a per-lane subplan, scanning backwards, by OFFSET 0).
-            let rows = t.q(
+            let rows = t.query_rows(
                 &format!(
                     "SELECT f.live, l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, \
                      l.paused, l.tail_seq FROM (SELECT EXISTS ({LIVE_SLOT}) AS live) f \
@@ -1930,7 +1934,7 @@ impl DriverStore for PgStore {
                      AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id \
                      ORDER BY d.lane_id DESC, d.seq DESC, d.id DESC LIMIT 1 OFFSET 0)) l ON TRUE ORDER BY l.id"
                 ),
-                &[&token.actor().as_str(), &i(token.fencing()), &i(since)],
+                &[&token.actor().as_str(), &to_i64(token.fencing()), &to_i64(since)],
             )?;
             if !rows.first().map(|r| r.try_get::<_, bool>(0)).transpose()?.unwrap_or(false) {
                 return Err(stale(token));
@@ -1939,12 +1943,12 @@ impl DriverStore for PgStore {
             let mut out = Vec::with_capacity(rows.len());
             for r in rows {
                 let Some(id) = r.try_get::<_, Option<i64>>(1)? else { continue };
-                mark = mark.max(u(r.try_get(8)?));
+                mark = mark.max(to_u64(r.try_get(8)?));
                 out.push(PendingLane {
                     lane: StoreLaneId(id),
                     key: key_of(r.try_get(2)?, r.try_get(3)?),
-                    not_before: r.try_get::<_, Option<i64>>(4)?.map(ts),
-                    backoff_level: u32_of(r.try_get(5)?),
+                    not_before: r.try_get::<_, Option<i64>>(4)?.map(timestamp_of),
+                    backoff_level: to_u32(r.try_get(5)?),
                     strict: r.try_get(6)?,
                     paused: r.try_get(7)?,
                 });
@@ -1973,10 +1977,10 @@ impl DriverStore for PgStore {
             let (mut k_lane, mut k_from, mut k_lim) = (vec![], vec![], vec![]);
             for req in lanes {
                 k_lane.push(req.lane.0);
-                k_from.push(i(req.from.0));
+                k_from.push(to_i64(req.from.0));
                 k_lim.push(i64::from(req.limit));
             }
-            let rows = t.q(
+            let rows = t.query_rows(
                 &format!(
                     "SELECT f.live, d.unit, d.seq, d.attempts, d.state, d.row_id, d.len, d.at, d.lanes, \
                        l.ord, l.id, l.recipient, l.ordering_key, l.paused \
@@ -1999,7 +2003,7 @@ impl DriverStore for PgStore {
                        ORDER BY d.lane_id, d.seq, d.id LIMIT l.lim) d ON TRUE \
                      ORDER BY l.ord, d.seq, d.id"
                 ),
-                &[&actor, &i(token.fencing()), &k_lane, &k_from, &k_lim],
+                &[&actor, &to_i64(token.fencing()), &k_lane, &k_from, &k_lim],
             )?;
             if !rows.first().map(|r| r.try_get::<_, bool>(0)).transpose()?.unwrap_or(false) {
                 return Err(stale(token));
@@ -2027,7 +2031,7 @@ impl DriverStore for PgStore {
             }
             let mut slots_of: HashMap<i64, Vec<ClaimedSlot>> = HashMap::new();
             if !joined.is_empty() {
-                for r in t.q(
+                for r in t.query_rows(
                     "SELECT d.unit, d.lane_id, l.recipient, l.ordering_key, d.attempts, d.state FROM ( \
                        SELECT id AS unit, lane_id, attempts, state FROM ol_units \
                          WHERE id = ANY($1::bigint[]) AND unit_id IS NULL \
@@ -2039,7 +2043,7 @@ impl DriverStore for PgStore {
                     slots_of.entry(r.try_get(0)?).or_default().push(ClaimedSlot {
                         lane: StoreLaneId(r.try_get(1)?),
                         key: key_of(r.try_get(2)?, r.try_get(3)?),
-                        attempts: u32_of(r.try_get(4)?),
+                        attempts: to_u32(r.try_get(4)?),
                         served: r.try_get::<_, i64>(5)? != STATE_PENDING,
                     });
                 }
@@ -2061,18 +2065,18 @@ impl DriverStore for PgStore {
                             vec![ClaimedSlot {
                                 lane: req.lane,
                                 key: key.clone(),
-                                attempts: u32_of(h.try_get(3)?),
+                                attempts: to_u32(h.try_get(3)?),
                                 served: h.try_get::<_, i64>(4)? != STATE_PENDING,
                             }]
                         };
                         Ok(ClaimedUnit {
-                            id: UnitId(u(unit)),
-                            seq: Seq(u(h.try_get(2)?)),
+                            id: UnitId(to_u64(unit)),
+                            seq: Seq(to_u64(h.try_get(2)?)),
                             // A head written by hand without these reads as empty, as on
                             // SQLite: one odd row neither panics nor blocks the claim.
                             row_id: h.try_get::<_, Option<String>>(5)?.unwrap_or_default(),
-                            bytes: u32_of(h.try_get::<_, Option<i64>>(6)?.unwrap_or(0)),
-                            enqueued_at: ts(h.try_get::<_, Option<i64>>(7)?.unwrap_or(0)),
+                            bytes: to_u32(h.try_get::<_, Option<i64>>(6)?.unwrap_or(0)),
+                            enqueued_at: timestamp_of(h.try_get::<_, Option<i64>>(7)?.unwrap_or(0)),
                             slots,
                             // Read when an attempt starts (`DriverStore::payloads`).
                             payload: None,
@@ -2088,14 +2092,14 @@ impl DriverStore for PgStore {
     fn payload(&self, unit: UnitId) -> Result<Payload, StoreError> {
         self.autocommit(|t| {
             let r = t
-                .opt(
+                .query_opt_row(
                     "SELECT coalesce(h.row_id, r.row_id), coalesce(h.content_type, r.content_type), \
                      coalesce(h.body, r.body), CASE WHEN h.row_ref IS NULL THEN h.headers ELSE r.headers END \
                      FROM ol_units h \
                      LEFT JOIN LATERAL (SELECT r.row_id, r.content_type, r.body, r.headers FROM ol_rows r \
                        WHERE r.id = h.row_ref LIMIT 1) r ON TRUE \
                      WHERE h.id = $1 AND h.unit_id IS NULL AND h.acked_at IS NULL",
-                    &[&i(unit.0)],
+                    &[&to_i64(unit.0)],
                 )?
                 .ok_or(StoreError::NotFound { what: "unit" })?;
             match (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?) {
@@ -2123,7 +2127,7 @@ impl DriverStore for PgStore {
         let mut pairs = delivered.to_vec();
         pairs.sort();
         pairs.dedup();
-        let units: Vec<i64> = pairs.iter().map(|(u, _)| i(u.0)).collect();
+        let units: Vec<i64> = pairs.iter().map(|(u, _)| to_i64(u.0)).collect();
         let lanes: Vec<i64> = pairs.iter().map(|(_, l)| l.0).collect();
         let actor = token.actor().as_str();
         // The common batch, one-lane units only, in ONE autocommitted statement (no BEGIN or
@@ -2162,8 +2166,9 @@ impl DriverStore for PgStore {
                AND NOT EXISTS (SELECT 1 FROM ol_dead_letters x WHERE x.row_ref = r.id OFFSET 0)) \
              SELECT EXISTS (SELECT 1 FROM f), (SELECT joined FROM j)"
         );
-        let r =
-            self.autocommit(|t| t.one(&fast, &[&actor, &i(token.fencing()), &units, &lanes]))?;
+        let r = self.autocommit(|t| {
+            t.query_one_row(&fast, &[&actor, &to_i64(token.fencing()), &units, &lanes])
+        })?;
         if !r.try_get::<_, bool>(0)? {
             return Err(stale(token));
         }
@@ -2177,7 +2182,7 @@ impl DriverStore for PgStore {
             // row twice): first the other lanes' rows, with a read of the heads acked on their
             // own lane (a one-lane unit's head is its only row)...
             let mut per_unit: BTreeMap<i64, (i64, Option<i64>)> = BTreeMap::new();
-            for r in t.q(
+            for r in t.query_rows(
                 "WITH a AS (SELECT * FROM unnest($1::bigint[], $2::bigint[]) AS a(unit, lane)), \
                  o AS (UPDATE ol_units d SET state = 1 FROM a \
                    WHERE d.unit_id = a.unit AND d.lane_id = a.lane AND d.state = 0 AND d.actor = $3 \
@@ -2205,7 +2210,7 @@ impl DriverStore for PgStore {
                 h_lane.push(own);
             }
             let done: Vec<(i64, Option<i64>)> = t
-                .q(
+                .query_rows(
                     "UPDATE ol_units h SET \
                        state = CASE WHEN h.lane_id = x.lane AND h.state = 0 THEN 1 ELSE h.state END, \
                        pending = h.pending - x.n - CASE WHEN h.lane_id = x.lane AND h.state = 0 THEN 1 ELSE 0 END \
@@ -2225,7 +2230,7 @@ impl DriverStore for PgStore {
             }
             let ids: Vec<i64> = done.iter().map(|d| d.0).collect();
             if retention {
-                t.x(
+                t.execute_sql(
                     &format!(
                         "WITH o AS (DELETE FROM ol_units d USING unnest($1::bigint[]) AS k(id) WHERE d.unit_id = k.id) \
                          UPDATE ol_units h SET acked_at = {NOW}, lane_id = NULL, pending = 0 \
@@ -2237,7 +2242,7 @@ impl DriverStore for PgStore {
                 let rows: Vec<Option<i64>> = done.iter().map(|d| d.1).collect();
                 // One round trip: the row delete runs on the statement's snapshot, which still
                 // shows the finished units, so it skips them by id.
-                t.x(
+                t.execute_sql(
                     "WITH o AS (DELETE FROM ol_units d USING unnest($1::bigint[]) AS k(id) WHERE d.unit_id = k.id), \
                           h AS (DELETE FROM ol_units h USING unnest($1::bigint[]) AS k(id) WHERE h.id = k.id) \
                      DELETE FROM ol_rows r WHERE r.id = ANY($2::bigint[]) \
@@ -2265,30 +2270,30 @@ impl DriverStore for PgStore {
             // own (recipient order); this writes several lanes too. Taking the actor's row
             // first as well (shared: attempt writers do not wait for each other) orders the
             // two, instead of letting them lock two lanes crosswise and deadlock.
-            t.x(
+            t.execute_sql(
                 "SELECT 1 FROM ol_actors WHERE actor = $1 FOR SHARE",
                 &[&actor],
             )?;
             for a in &sorted {
                 let status = a.status.map(i64::from);
-                let n = t.x(
+                let n = t.execute_sql(
                     &format!(
                         "UPDATE ol_units SET attempts = $3, last_status = $4, last_error = $5, \
                          first_attempt_at = coalesce(first_attempt_at, $6), last_attempt_at = $6 \
                          WHERE id = ANY({ROW_OF_UNIT_IN_LANE}) AND lane_id = $2 AND actor = $7"
                     ),
                     &[
-                        &i(a.unit.0),
+                        &to_i64(a.unit.0),
                         &a.lane.0,
                         &i64::from(a.attempts),
                         &status,
                         &a.error,
-                        &ms(a.at),
+                        &millis_of(a.at),
                         &actor,
                     ],
                 )?;
                 if n == 1 {
-                    t.x(
+                    t.execute_sql(
                         "UPDATE ol_lanes SET last_status = $2, last_error = $3 WHERE id = $1",
                         &[&a.lane.0, &status, &a.error],
                     )?;
@@ -2317,7 +2322,7 @@ impl DriverStore for PgStore {
             lane_update(
                 t,
                 "UPDATE ol_lanes SET not_before = $3, backoff_level = $4 WHERE id = $1 AND actor = $2",
-                &[&lane.0, &token.actor().as_str(), &not_before.map(ms), &i64::from(backoff_level)],
+                &[&lane.0, &token.actor().as_str(), &not_before.map(millis_of), &i64::from(backoff_level)],
             )
         })
     }
@@ -2370,16 +2375,16 @@ impl DriverStore for PgStore {
         self.register_holder(holder);
         self.tx(false, |t| {
             self.expire_dead_holders(t, holder, None)?;
-            t.x(
+            t.execute_sql(
                 "INSERT INTO ol_slots (actor) SELECT DISTINCT l.actor FROM ol_lanes l \
                  WHERE NOT l.paused AND (l.not_before IS NULL OR l.not_before <= $1) \
                  AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0) \
                  ON CONFLICT (actor) DO NOTHING",
-                &[&ms(now)],
+                &[&millis_of(now)],
             )?;
             // Rows another relay is acquiring or releasing right now are skipped, not waited on.
             let slots: Vec<(String, bool)> = t
-                .q(
+                .query_rows(
                     &format!(
                         "SELECT s.actor, (s.holder IS NULL OR s.lease_expires <= {NOW}) FROM ol_slots s \
                          WHERE s.actor IN (SELECT l.actor FROM ol_lanes l WHERE NOT l.paused \
@@ -2387,7 +2392,7 @@ impl DriverStore for PgStore {
                            AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0)) \
                          ORDER BY s.lease_expires, s.actor FOR UPDATE OF s SKIP LOCKED"
                     ),
-                    &[&ms(now)],
+                    &[&millis_of(now)],
                 )?
                 .iter()
                 .map(|r| -> Result<_, postgres::Error> { Ok((r.try_get(0)?, r.try_get(1)?)) })
@@ -2395,7 +2400,7 @@ impl DriverStore for PgStore {
             let take: Vec<&str> = slots.iter().filter(|s| s.1).take(max).map(|s| s.0.as_str()).collect();
             let held: Vec<&str> = slots.iter().filter(|s| !s.1).map(|s| s.0.as_str()).collect();
             if !held.is_empty() {
-                t.x(
+                t.execute_sql(
                     "UPDATE ol_slots SET look_again = TRUE WHERE actor IN (SELECT unnest($1::text[]))",
                     &[&held],
                 )?;
@@ -2404,7 +2409,7 @@ impl DriverStore for PgStore {
                 return Ok(Vec::new());
             }
             let mut got: Vec<(String, i64)> = t
-                .q(
+                .query_rows(
                     &format!(
                         "UPDATE ol_slots SET token = token + 1, holder = $2, lease_expires = {NOW} + $3, \
                          look_again = FALSE WHERE actor IN (SELECT unnest($1::text[])) RETURNING actor, token"
@@ -2417,7 +2422,7 @@ impl DriverStore for PgStore {
             got.sort();
             Ok(got
                 .into_iter()
-                .map(|(a, tok)| SlotToken::new(ActorId::new(a), u(tok), holder.to_string()))
+                .map(|(a, tok)| SlotToken::new(ActorId::new(a), to_u64(tok), holder.to_string()))
                 .collect())
         })
     }
@@ -2425,23 +2430,23 @@ impl DriverStore for PgStore {
     fn actors_with_work(&self, now: Timestamp) -> Result<ActorsDue, StoreError> {
         self.autocommit(|t| {
             let ready = t
-                .q(
+                .query_rows(
                     "SELECT DISTINCT l.actor FROM ol_lanes l WHERE NOT l.paused \
                      AND (l.not_before IS NULL OR l.not_before <= $1) \
                      AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0) ORDER BY l.actor",
-                    &[&ms(now)],
+                    &[&millis_of(now)],
                 )?
                 .iter()
                 .map(|r| -> Result<_, postgres::Error> { Ok(ActorId::new(r.try_get::<_, String>(0)?)) })
                 .collect::<Result<_, _>>()?;
             let next: Option<i64> = t
-                .one(
+                .query_one_row(
                     "SELECT min(l.not_before) FROM ol_lanes l WHERE NOT l.paused AND l.not_before > $1 \
                      AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0)",
-                    &[&ms(now)],
+                    &[&millis_of(now)],
                 )?
                 .try_get(0)?;
-            Ok(ActorsDue { ready, next_not_before: next.map(ts) })
+            Ok(ActorsDue { ready, next_not_before: next.map(timestamp_of) })
         })
     }
 
@@ -2492,13 +2497,13 @@ impl ServiceStore for PgStore {
     }
 
     fn status(&self) -> Result<Vec<ActorStatus>, StoreError> {
-        let now = ms(Timestamp::from_system_time(std::time::SystemTime::now()));
+        let now = millis_of(Timestamp::from_system_time(std::time::SystemTime::now()));
         self.autocommit(|t| {
             let pending = t
                 // Unfinished units = rows in lanes minus the other lanes of joined units,
                 // counted from the lane index and the small joined-unit index rather than by
                 // reading every unit row (payload included).
-                .q(
+                .query_rows(
                     "SELECT actor, sum(n)::bigint FROM ( \
                        SELECT l.actor AS actor, count(*) AS n FROM ol_lanes l JOIN ol_units d \
                          ON d.lane_id = l.id GROUP BY l.actor \
@@ -2510,7 +2515,7 @@ impl ServiceStore for PgStore {
                 .map(|r| -> Result<_, postgres::Error> { Ok((r.try_get(0)?, r.try_get(1)?)) })
                 .collect::<Result<_, _>>()?;
             let held = t
-                .q(
+                .query_rows(
                     &format!(
                         "SELECT actor, holder, lease_expires FROM ol_slots \
                          WHERE holder IS NOT NULL AND lease_expires > {NOW}"
@@ -2522,7 +2527,7 @@ impl ServiceStore for PgStore {
                 .collect::<Result<_, _>>()?;
             // Every lane that may not be open and has pending units; `LaneState::of` says which.
             let waiting: Vec<WaitingLane> = t
-                .q(
+                .query_rows(
                     "SELECT l.actor, l.recipient, l.ordering_key, l.not_before, l.backoff_level::bigint, l.paused, \
                      l.pause_reason FROM ol_lanes l \
                      WHERE (l.paused OR l.backoff_level > 0 OR l.not_before > $1) \
@@ -2534,11 +2539,11 @@ impl ServiceStore for PgStore {
                 .map(|r| -> Result<_, postgres::Error> { Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?, r.try_get(4)?, r.try_get(5)?, r.try_get(6)?)) })
                 .collect::<Result<_, _>>()?;
             let dead = t
-                .q("SELECT actor, count(*) FROM ol_dead_letters GROUP BY actor", &[])?
+                .query_rows("SELECT actor, count(*) FROM ol_dead_letters GROUP BY actor", &[])?
                 .iter()
                 .map(|r| -> Result<_, postgres::Error> { Ok((r.try_get(0)?, r.try_get(1)?)) })
                 .collect::<Result<_, _>>()?;
-            Ok(assemble_status(&mut BTreeMap::new(), pending, held, waiting, dead, ts(now)))
+            Ok(assemble_status(&mut BTreeMap::new(), pending, held, waiting, dead, timestamp_of(now)))
         })
     }
 
@@ -2548,7 +2553,7 @@ impl ServiceStore for PgStore {
             // units still pending elsewhere), two index counts: no unit row, so no payload, is
             // read.
             Ok(t
-                .q(
+                .query_rows(
                     "SELECT l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, l.paused, \
                      l.pause_reason, l.last_status, l.last_error, \
                      (SELECT count(*) FROM ol_units d WHERE d.lane_id = l.id) \
@@ -2572,13 +2577,13 @@ impl ServiceStore for PgStore {
                     last_error,
                     lane: StoreLaneId(r.try_get(0)?),
                     key: key_of(r.try_get(1)?, r.try_get(2)?),
-                    not_before: r.try_get::<_, Option<i64>>(3)?.map(ts),
-                    backoff_level: u32_of(r.try_get(4)?),
+                    not_before: r.try_get::<_, Option<i64>>(3)?.map(timestamp_of),
+                    backoff_level: to_u32(r.try_get(4)?),
                     strict: r.try_get(5)?,
                     paused: r.try_get(6)?,
                     pause_reason: r.try_get(7)?,
-                    depth: u(r.try_get(10)?),
-                    head_enqueued_at: r.try_get::<_, Option<i64>>(11)?.map(ts),
+                    depth: to_u64(r.try_get(10)?),
+                    head_enqueued_at: r.try_get::<_, Option<i64>>(11)?.map(timestamp_of),
                 })})
                 .collect::<Result<_, _>>()?)
         })
@@ -2589,7 +2594,7 @@ impl ServiceStore for PgStore {
             Ok(match actor {
                 Some(a) => select_dead(t, &DeadLetterSelection::Actor(a.clone()))?,
                 None => t
-                    .q(&format!("SELECT {DEAD_COLS} FROM ol_dead_letters ORDER BY actor, seq, unit_id, id"), &[])?
+                    .query_rows(&format!("SELECT {DEAD_COLS} FROM ol_dead_letters ORDER BY actor, seq, unit_id, id"), &[])?
                     .iter()
                     .map(dead_of)
                     .collect::<Result<_, _>>()?,
@@ -2617,10 +2622,10 @@ impl ServiceStore for PgStore {
                 if !actors.contains(&dl.actor) {
                     actors.push(dl.actor.clone());
                 }
-                let unit = i(dl.unit.0);
+                let unit = to_i64(dl.unit.0);
                 let a = dl.actor.as_str();
                 let existing = t
-                    .opt(
+                    .query_opt_row(
                         "SELECT pending, acked_at FROM ol_units WHERE id = $1 AND unit_id IS NULL",
                         &[&unit],
                     )?
@@ -2631,25 +2636,25 @@ impl ServiceStore for PgStore {
                 match existing {
                     // The unit is still pending elsewhere: this lane's row rejoins in place.
                     Some((pending, None)) if pending > 0 && !revived.contains(&unit) => {
-                        t.x(
+                        t.execute_sql(
                             &format!(
                                 "UPDATE ol_units SET state = 0, attempts = 0, last_status = NULL, last_error = NULL, \
                                  first_attempt_at = NULL, last_attempt_at = NULL WHERE id = ANY({ROW_OF_UNIT_IN_LANE})"
                             ),
                             &[&unit, &lane],
                         )?;
-                        t.x("UPDATE ol_units SET pending = pending + 1 WHERE id = $1", &[&unit])?;
+                        t.execute_sql("UPDATE ol_units SET pending = pending + 1 WHERE id = $1", &[&unit])?;
                     }
                     // Revived earlier in this replay: another lane joins it.
                     Some(_) if revived.contains(&unit) => {
-                        t.x("UPDATE ol_units SET pending = pending + 1, lanes = lanes + 1 WHERE id = $1", &[&unit])?;
+                        t.execute_sql("UPDATE ol_units SET pending = pending + 1, lanes = lanes + 1 WHERE id = $1", &[&unit])?;
                         insert_lane_row(t, unit, a, lane, seq)?;
                     }
                     // Kept by the ack retention: the head becomes a fresh one-lane unit at the
                     // tail (its payload is in ol_rows since it was dead-lettered).
                     Some(_) => {
-                        t.x("DELETE FROM ol_units WHERE unit_id = $1", &[&unit])?;
-                        t.x(
+                        t.execute_sql("DELETE FROM ol_units WHERE unit_id = $1", &[&unit])?;
+                        t.execute_sql(
                             "UPDATE ol_units SET acked_at = NULL, pending = 1, lanes = 1, seq = $2, lane_id = $3, \
                              state = 0, attempts = 0, last_status = NULL, last_error = NULL, first_attempt_at = NULL, \
                              last_attempt_at = NULL, row_ref = $4, row_id = NULL, content_type = NULL, body = NULL, \
@@ -2662,7 +2667,7 @@ impl ServiceStore for PgStore {
                     }
                     // Gone: a head with the same id (the idempotency key stays stable).
                     None => {
-                        t.x(
+                        t.execute_sql(
                             "INSERT INTO ol_units (id, actor, lane_id, seq, row_ref) VALUES ($1, $2, $3, $4, $5)",
                             &[&unit, &a, &lane, &seq, &row_ref],
                         )?;
@@ -2670,13 +2675,13 @@ impl ServiceStore for PgStore {
                         advance_tail(t, lane, seq)?;
                     }
                 }
-                t.x("DELETE FROM ol_dead_letters WHERE id = $1", &[&dl.id.0])?;
+                t.execute_sql("DELETE FROM ol_dead_letters WHERE id = $1", &[&dl.id.0])?;
                 if !units.contains(&dl.unit) {
                     units.push(dl.unit);
                 }
             }
             for a in &actors {
-                t.x("SELECT pg_notify($1, $2)", &[&self.channel, &a.as_str()])?;
+                t.execute_sql("SELECT pg_notify($1, $2)", &[&self.channel, &a.as_str()])?;
             }
             Ok(units)
         })?;
@@ -2687,7 +2692,7 @@ impl ServiceStore for PgStore {
     fn dead_letter_payload(&self, id: DeadLetterId) -> Result<Payload, StoreError> {
         self.autocommit(|t| {
             let r = t
-                .opt(
+                .query_opt_row(
                     "SELECT d.row_id, r.content_type, r.body, r.headers FROM ol_dead_letters d \
                      JOIN ol_rows r ON r.id = d.row_ref WHERE d.id = $1",
                     &[&id.0],
@@ -2708,7 +2713,7 @@ impl ServiceStore for PgStore {
         self.autocommit(|t| {
             // The head of each lane through `ol_units_lane` (the query `lanes` makes per lane).
             Ok(t
-                .q(
+                .query_rows(
                     "SELECT actor, min(head) FROM (SELECT l.actor AS actor, \
                      (SELECT coalesce(h.enqueued_at, r.enqueued_at) FROM ol_units d \
                       JOIN ol_units h ON h.id = coalesce(d.unit_id, d.id) LEFT JOIN ol_rows r ON r.id = h.row_ref \
@@ -2717,7 +2722,7 @@ impl ServiceStore for PgStore {
                     &[],
                 )?
                 .iter()
-                .map(|r| -> Result<_, postgres::Error> { Ok((ActorId::new(r.try_get::<_, String>(0)?), ts(r.try_get(1)?))) })
+                .map(|r| -> Result<_, postgres::Error> { Ok((ActorId::new(r.try_get::<_, String>(0)?), timestamp_of(r.try_get(1)?))) })
                 .collect::<Result<_, _>>()?)
         })
     }
@@ -2727,7 +2732,7 @@ impl ServiceStore for PgStore {
             let dead = select_dead(t, which)?;
             let mut n = 0;
             for (dl, row_ref, _) in dead {
-                n += t.x("DELETE FROM ol_dead_letters WHERE id = $1", &[&dl.id.0])?;
+                n += t.execute_sql("DELETE FROM ol_dead_letters WHERE id = $1", &[&dl.id.0])?;
                 drop_row_if_unused(t, Some(row_ref))?;
             }
             Ok(n)
@@ -2803,7 +2808,7 @@ impl ServiceStore for PgStore {
 
     fn find_lane(&self, actor: &ActorId, key: &LaneKey) -> Result<Option<StoreLaneId>, StoreError> {
         self.autocommit(|t| {
-            Ok(t.opt(
+            Ok(t.query_opt_row(
                 "SELECT id FROM ol_lanes WHERE actor = $1 AND recipient = $2 AND ordering_key = $3",
                 &[
                     &actor.as_str(),
@@ -2819,15 +2824,15 @@ impl ServiceStore for PgStore {
     fn purge_acked(&self, older_than: Timestamp) -> Result<u64, StoreError> {
         self.tx(true, |t| {
             let done: Vec<(i64, Option<i64>)> = t
-                .q(
+                .query_rows(
                     "SELECT id, row_ref FROM ol_units WHERE acked_at IS NOT NULL AND acked_at < $1",
-                    &[&ms(older_than)],
+                    &[&millis_of(older_than)],
                 )?
                 .iter()
                 .map(|r| -> Result<_, postgres::Error> { Ok((r.try_get(0)?, r.try_get(1)?)) })
                 .collect::<Result<_, _>>()?;
             for (unit, row_ref) in &done {
-                t.x("DELETE FROM ol_units WHERE id = $1", &[unit])?;
+                t.execute_sql("DELETE FROM ol_units WHERE id = $1", &[unit])?;
                 drop_row_if_unused(t, *row_ref)?;
             }
             Ok(done.len() as u64)

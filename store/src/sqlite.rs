@@ -34,8 +34,8 @@ use crate::notify::{Notifier, PendingWake};
 use crate::prepare::{PreparedRow, prepare};
 use crate::types::*;
 use crate::util::{
-    WaitingLane, assemble_status, decode_headers, encode_headers, i, key_of, ms, status_of, ts, u,
-    u32_of,
+    WaitingLane, assemble_status, decode_headers, encode_headers, key_of, millis_of, status_of,
+    timestamp_of, to_i64, to_u32, to_u64,
 };
 use crate::{DriverStore, EnqueueError, SCHEMA_VERSION, ServiceStore, StoreError};
 
@@ -699,7 +699,9 @@ fn fence(c: &Connection, t: &SlotToken) -> Result<(), StoreError> {
             "SELECT EXISTS (SELECT 1 FROM ol_slots WHERE actor = ?1 AND token = ?2 \
              AND holder IS NOT NULL AND lease_expires > {NOW})"
         ))?
-        .query_row(params![t.actor().as_str(), i(t.fencing())], |r| r.get(0))?;
+        .query_row(params![t.actor().as_str(), to_i64(t.fencing())], |r| {
+            r.get(0)
+        })?;
     if live {
         Ok(())
     } else {
@@ -779,7 +781,7 @@ fn enqueue_tx(
     rows: &[PreparedRow<'_>],
 ) -> Result<Vec<Enqueued>, EnqueueError> {
     let a = actor.as_str();
-    let now = ms(Timestamp::from_system_time(std::time::SystemTime::now()));
+    let now = millis_of(Timestamp::from_system_time(std::time::SystemTime::now()));
     let n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
     let first = alloc_seqs(c, a, n)?;
     let mut lanes: HashMap<&LaneKey, i64> = HashMap::new();
@@ -884,7 +886,7 @@ fn enqueue_tx(
                 .execute(params![unit, a, lane, seq])?;
                 tails.insert(lane, seq);
             }
-            units.push(UnitId(u(unit)));
+            units.push(UnitId(to_u64(unit)));
         } else {
             // k units sharing one payload: it goes once into `ol_rows`.
             let inserted = c
@@ -918,13 +920,13 @@ fn enqueue_tx(
                     "INSERT INTO ol_units (actor, lane_id, seq, row_ref) VALUES (?1, ?2, ?3, ?4)",
                 )?
                 .execute(params![a, lane, seq, row_ref])?;
-                units.push(UnitId(u(c.last_insert_rowid())));
+                units.push(UnitId(to_u64(c.last_insert_rowid())));
                 tails.insert(lane, seq);
             }
         }
         out.push(Enqueued {
             row_id: row.id.clone(),
-            seq: Seq(u(seq)),
+            seq: Seq(to_u64(seq)),
             units,
             skipped,
         });
@@ -1007,7 +1009,7 @@ fn dead_letter_tx(
     d: &DeadLetterRequest,
     retention: bool,
 ) -> Result<bool, rusqlite::Error> {
-    let unit = i(d.unit.0);
+    let unit = to_i64(d.unit.0);
     let found = c
         .prepare_cached(&format!(
             "SELECT d.id, d.seq, d.attempts, d.last_status, d.last_error, d.first_attempt_at, d.last_attempt_at, \
@@ -1061,7 +1063,7 @@ fn dead_letter_tx(
         row.first_attempt_at,
         row.last_attempt_at,
         row.seq,
-        ms(d.at)
+        millis_of(d.at)
     ])?;
     c.prepare_cached("UPDATE ol_units SET state = ?2 WHERE id = ?1")?
         .execute(params![row.id, STATE_DEAD])?;
@@ -1140,7 +1142,7 @@ fn dead_letter_lane(
     let mut done = Vec::new();
     for unit in units {
         let req = DeadLetterRequest {
-            unit: UnitId(u(unit)),
+            unit: UnitId(to_u64(unit)),
             lane,
             reason,
             status: None,
@@ -1184,7 +1186,7 @@ fn select_dead(
         Ok((
             DeadLetter {
                 id: DeadLetterId(r.get(0)?),
-                unit: UnitId(u(r.get(1)?)),
+                unit: UnitId(to_u64(r.get(1)?)),
                 row_id: r.get(2)?,
                 actor: ActorId::new(r.get::<_, String>(3)?),
                 key: key_of(r.get(4)?, r.get(5)?),
@@ -1192,11 +1194,11 @@ fn select_dead(
                 reason: DeadReason::from_code(&reason).unwrap_or(DeadReason::Permanent),
                 last_status: status_of(r.get(7)?),
                 last_error: r.get(8)?,
-                attempts: u32_of(r.get(9)?),
-                first_attempt_at: r.get::<_, Option<i64>>(10)?.map(ts),
-                last_attempt_at: r.get::<_, Option<i64>>(11)?.map(ts),
-                seq: Seq(u(r.get(12)?)),
-                dead_at: ts(r.get(13)?),
+                attempts: to_u32(r.get(9)?),
+                first_attempt_at: r.get::<_, Option<i64>>(10)?.map(timestamp_of),
+                last_attempt_at: r.get::<_, Option<i64>>(11)?.map(timestamp_of),
+                seq: Seq(to_u64(r.get(12)?)),
+                dead_at: timestamp_of(r.get(13)?),
             },
             r.get(14)?,
             r.get(15)?,
@@ -1253,7 +1255,7 @@ impl DriverStore for SqliteStore {
                 .query_row(params![actor.as_str(), holder, dur_ms(lease)], |r| r.get(0))
                 .optional()?;
             match got {
-                Some(t) => Ok(SlotAcquisition::Acquired(SlotToken::new(actor.clone(), u(t), holder.to_string()))),
+                Some(t) => Ok(SlotAcquisition::Acquired(SlotToken::new(actor.clone(), to_u64(t), holder.to_string()))),
                 None => {
                     c.prepare_cached("UPDATE ol_slots SET look_again = 1 WHERE actor = ?1")?
                         .execute([actor.as_str()])?;
@@ -1270,7 +1272,7 @@ impl DriverStore for SqliteStore {
                     "UPDATE ol_slots SET lease_expires = {NOW} + ?3 WHERE actor = ?1 AND token = ?2 \
                      AND holder IS NOT NULL AND lease_expires > {NOW}"
                 ))?
-                .execute(params![token.actor().as_str(), i(token.fencing()), dur_ms(lease)])?;
+                .execute(params![token.actor().as_str(), to_i64(token.fencing()), dur_ms(lease)])?;
             if n == 0 { Err(StoreError::StaleToken) } else { Ok(()) }
         })
     }
@@ -1282,9 +1284,10 @@ impl DriverStore for SqliteStore {
                     "SELECT look_again FROM ol_slots WHERE actor = ?1 AND token = ?2 \
                      AND holder IS NOT NULL AND lease_expires > {NOW}"
                 ))?
-                .query_row(params![token.actor().as_str(), i(token.fencing())], |r| {
-                    r.get(0)
-                })
+                .query_row(
+                    params![token.actor().as_str(), to_i64(token.fencing())],
+                    |r| r.get(0),
+                )
                 .optional()?;
             match look {
                 None => Err(StoreError::StaleToken),
@@ -1317,17 +1320,17 @@ impl DriverStore for SqliteStore {
                  FROM ol_lanes l WHERE l.actor = ?1 AND l.tail_seq > ?2 \
                  AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id) ORDER BY l.id",
             )?;
-            let rows = st.query_map(params![token.actor().as_str(), i(since)], |r| {
+            let rows = st.query_map(params![token.actor().as_str(), to_i64(since)], |r| {
                 Ok((
                     PendingLane {
                         lane: StoreLaneId(r.get(0)?),
                         key: key_of(r.get(1)?, r.get(2)?),
-                        not_before: r.get::<_, Option<i64>>(3)?.map(ts),
-                        backoff_level: u32_of(r.get(4)?),
+                        not_before: r.get::<_, Option<i64>>(3)?.map(timestamp_of),
+                        backoff_level: to_u32(r.get(4)?),
                         strict: r.get(5)?,
                         paused: r.get(6)?,
                     },
-                    u(r.get(7)?),
+                    to_u64(r.get(7)?),
                 ))
             })?;
             let mut out = Vec::new();
@@ -1388,7 +1391,7 @@ impl DriverStore for SqliteStore {
                     (Option<String>, Option<Vec<u8>>, Option<String>),
                 );
                 let rows: Vec<Row> = st
-                    .query_map(params![req.lane.0, i(req.from.0), i64::from(req.limit)], |r| {
+                    .query_map(params![req.lane.0, to_i64(req.from.0), i64::from(req.limit)], |r| {
                         Ok((
                             (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?),
                             (r.get(5)?, r.get(6)?, r.get(7)?, r.get(8)?),
@@ -1430,7 +1433,7 @@ impl DriverStore for SqliteStore {
                         vec![ClaimedSlot {
                             lane: req.lane,
                             key: key.clone(),
-                            attempts: u32_of(attempts),
+                            attempts: to_u32(attempts),
                             served: state != STATE_PENDING,
                         }]
                     } else {
@@ -1443,18 +1446,18 @@ impl DriverStore for SqliteStore {
                             Ok(ClaimedSlot {
                                 lane: StoreLaneId(r.get(0)?),
                                 key: key_of(r.get(1)?, r.get(2)?),
-                                attempts: u32_of(r.get(3)?),
+                                attempts: to_u32(r.get(3)?),
                                 served: r.get::<_, i64>(4)? != STATE_PENDING,
                             })
                         })?
                         .collect::<Result<_, _>>()?
                     };
                     units.push(ClaimedUnit {
-                        id: UnitId(u(unit)),
-                        seq: Seq(u(seq)),
+                        id: UnitId(to_u64(unit)),
+                        seq: Seq(to_u64(seq)),
                         row_id,
-                        bytes: u32_of(len),
-                        enqueued_at: ts(at),
+                        bytes: to_u32(len),
+                        enqueued_at: timestamp_of(at),
                         slots,
                         payload,
                     });
@@ -1519,7 +1522,7 @@ impl DriverStore for SqliteStore {
             // once per batch, not once per ack.
             let mut rows: Vec<i64> = Vec::new();
             for (unit, lane) in delivered {
-                let unit = i(unit.0);
+                let unit = to_i64(unit.0);
                 let p = params![unit, lane.0, actor];
                 let mut done = false;
                 for try_shared in [shared_first, !shared_first] {
@@ -1575,7 +1578,7 @@ impl DriverStore for SqliteStore {
                          first_attempt_at = coalesce(first_attempt_at, ?6), last_attempt_at = ?6 \
                          WHERE {UNIT_LANE} AND d.actor = ?7"),
                     )?
-                    .execute(params![i(a.unit.0), a.lane.0, i64::from(a.attempts), status, a.error, ms(a.at), actor])?;
+                    .execute(params![to_i64(a.unit.0), a.lane.0, i64::from(a.attempts), status, a.error, millis_of(a.at), actor])?;
                 if n == 1 {
                     c.prepare_cached("UPDATE ol_lanes SET last_status = ?2, last_error = ?3 WHERE id = ?1")?
                         .execute(params![a.lane.0, status, a.error])?;
@@ -1608,7 +1611,7 @@ impl DriverStore for SqliteStore {
                 "UPDATE ol_lanes SET not_before = ?3, backoff_level = ?4 WHERE id = ?1 AND actor = ?2",
                 lane,
                 Some(token.actor().as_str()),
-                &[&not_before.map(ms), &i64::from(backoff_level)],
+                &[&not_before.map(millis_of), &i64::from(backoff_level)],
             )
         })
     }
@@ -1665,7 +1668,7 @@ impl DriverStore for SqliteStore {
         }
         // SQLite has one writer at a time: the write lock does what SKIP LOCKED does on Postgres.
         self.write(|c| {
-            c.prepare_cached(READY_SLOTS_SQLITE)?.execute([ms(now)])?;
+            c.prepare_cached(READY_SLOTS_SQLITE)?.execute([millis_of(now)])?;
             self.expire_dead_holders(c, holder, None)?;
             let slots: Vec<(String, bool)> = c
                 .prepare_cached(&format!(
@@ -1675,7 +1678,7 @@ impl DriverStore for SqliteStore {
                        AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0)) \
                      ORDER BY s.lease_expires, s.actor"
                 ))?
-                .query_map([ms(now)], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .query_map([millis_of(now)], |r| Ok((r.get(0)?, r.get(1)?)))?
                 .collect::<Result<_, _>>()?;
             let mut out = Vec::new();
             for (actor, free) in slots {
@@ -1686,7 +1689,7 @@ impl DriverStore for SqliteStore {
                              look_again = 0 WHERE actor = ?1 RETURNING token"
                         ))?
                         .query_row(params![actor, holder, dur_ms(lease)], |r| r.get(0))?;
-                    out.push(SlotToken::new(ActorId::new(actor), u(token), holder.to_string()));
+                    out.push(SlotToken::new(ActorId::new(actor), to_u64(token), holder.to_string()));
                 } else if !free {
                     c.prepare_cached("UPDATE ol_slots SET look_again = 1 WHERE actor = ?1")?
                         .execute([actor])?;
@@ -1704,15 +1707,15 @@ impl DriverStore for SqliteStore {
                      AND (l.not_before IS NULL OR l.not_before <= ?1) \
                      AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0) ORDER BY l.actor",
                 )?
-                .query_map([ms(now)], |r| Ok(ActorId::new(r.get::<_, String>(0)?)))?
+                .query_map([millis_of(now)], |r| Ok(ActorId::new(r.get::<_, String>(0)?)))?
                 .collect::<Result<_, _>>()?;
             let next: Option<i64> = c
                 .prepare_cached(
                     "SELECT min(l.not_before) FROM ol_lanes l WHERE l.paused = 0 AND l.not_before > ?1 \
                      AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0)",
                 )?
-                .query_row([ms(now)], |r| r.get(0))?;
-            Ok(ActorsDue { ready, next_not_before: next.map(ts) })
+                .query_row([millis_of(now)], |r| r.get(0))?;
+            Ok(ActorsDue { ready, next_not_before: next.map(timestamp_of) })
         })
     }
 
@@ -1770,7 +1773,7 @@ impl ServiceStore for SqliteStore {
     }
 
     fn status(&self) -> Result<Vec<ActorStatus>, StoreError> {
-        let now = ms(Timestamp::from_system_time(std::time::SystemTime::now()));
+        let now = millis_of(Timestamp::from_system_time(std::time::SystemTime::now()));
         self.read(|c| {
             let mut map: BTreeMap<String, ActorStatus> = BTreeMap::new();
             let pending: Vec<(String, i64)> = c
@@ -1810,7 +1813,7 @@ impl ServiceStore for SqliteStore {
                 .prepare_cached("SELECT actor, count(*) FROM ol_dead_letters GROUP BY actor")?
                 .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
                 .collect::<Result<_, _>>()?;
-            Ok(assemble_status(&mut map, pending, held, waiting, dead, ts(now)))
+            Ok(assemble_status(&mut map, pending, held, waiting, dead, timestamp_of(now)))
         })
     }
 
@@ -1840,13 +1843,13 @@ impl ServiceStore for SqliteStore {
                     last_error,
                     lane: StoreLaneId(r.get(0)?),
                     key: key_of(r.get(1)?, r.get(2)?),
-                    not_before: r.get::<_, Option<i64>>(3)?.map(ts),
-                    backoff_level: u32_of(r.get(4)?),
+                    not_before: r.get::<_, Option<i64>>(3)?.map(timestamp_of),
+                    backoff_level: to_u32(r.get(4)?),
                     strict: r.get(5)?,
                     paused: r.get(6)?,
                     pause_reason: r.get(7)?,
-                    depth: u(r.get(10)?),
-                    head_enqueued_at: r.get::<_, Option<i64>>(11)?.map(ts),
+                    depth: to_u64(r.get(10)?),
+                    head_enqueued_at: r.get::<_, Option<i64>>(11)?.map(timestamp_of),
                 })
             })?
             .collect::<Result<_, _>>()
@@ -1892,7 +1895,7 @@ impl ServiceStore for SqliteStore {
                     seq = alloc_seqs(c, dl.actor.as_str(), 1)?;
                     last_group = Some(group);
                 }
-                let unit = i(dl.unit.0);
+                let unit = to_i64(dl.unit.0);
                 let existing: Option<(i64, Option<i64>)> = c
                     .prepare_cached("SELECT pending, acked_at FROM ol_units WHERE id = ?1 AND unit_id IS NULL")?
                     .query_row([unit], |r| Ok((r.get(0)?, r.get(1)?)))
@@ -1993,7 +1996,7 @@ impl ServiceStore for SqliteStore {
                  FROM ol_lanes l) WHERE head IS NOT NULL GROUP BY actor ORDER BY actor",
             )?
             .query_map([], |r| {
-                Ok((ActorId::new(r.get::<_, String>(0)?), ts(r.get(1)?)))
+                Ok((ActorId::new(r.get::<_, String>(0)?), timestamp_of(r.get(1)?)))
             })?
             .collect::<Result<_, _>>()
             .map_err(StoreError::from)
@@ -2095,7 +2098,7 @@ impl ServiceStore for SqliteStore {
                 .prepare_cached(
                     "DELETE FROM ol_units WHERE acked_at IS NOT NULL AND acked_at < ?1 RETURNING row_ref",
                 )?
-                .query_map([ms(older_than)], |r| r.get(0))?
+                .query_map([millis_of(older_than)], |r| r.get(0))?
                 .collect::<Result<_, _>>()?;
             for row_ref in done.iter().flatten() {
                 drop_row_if_unused(c, *row_ref)?;
@@ -2139,7 +2142,7 @@ fn read_payload(c: &Transaction<'_>, unit: UnitId) -> Result<Payload, StoreError
          FROM ol_units h LEFT JOIN ol_rows r ON r.id = h.row_ref \
          WHERE h.id = ?1 AND h.unit_id IS NULL AND h.acked_at IS NULL",
     )?
-    .query_row([i(unit.0)], payload_of)
+    .query_row([to_i64(unit.0)], payload_of)
     .optional()?
     .ok_or(StoreError::NotFound { what: "unit" })
 }

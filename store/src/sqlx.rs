@@ -63,7 +63,7 @@ use crate::types::{CommonOptions, Enqueued, NewRow};
 
 /// The boxed future of the sealed [`SqlxConnection`] (Send: axum handlers need it).
 type BoxFuture<'a, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-use crate::util::{encode_headers, ms, u};
+use crate::util::{encode_headers, millis_of, to_u64};
 use crate::{SCHEMA_VERSION, StoreError};
 
 /// The SQL of one dialect, with the tables' schema written in (Postgres).
@@ -328,7 +328,7 @@ macro_rules! enqueue_body {
         };
         // A savepoint inside the caller's transaction (a transaction of its own outside one).
         let mut t = conn.begin().await.map_err(sqlx_err)?;
-        let now = ms(Timestamp::from_system_time(std::time::SystemTime::now()));
+        let now = millis_of(Timestamp::from_system_time(std::time::SystemTime::now()));
         let n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
         // 1. FIRST: the actor's row (its lock orders the actor's enqueues by seq). A write
         //    before any read: SQLite takes its write lock here, waiting for it, where a read
@@ -448,7 +448,7 @@ macro_rules! enqueue_body {
                         .map_err(sqlx_err)?;
                     tails.insert(lane, seq);
                 }
-                units.push(UnitId(u(unit)));
+                units.push(UnitId(to_u64(unit)));
             } else {
                 // 4c. k units sharing one payload in ol_rows.
                 let row_ref: i64 = q(&sql.shared_row)
@@ -476,13 +476,13 @@ macro_rules! enqueue_body {
                         .await
                         .and_then(|r| r.try_get(0))
                         .map_err(sqlx_err)?;
-                    units.push(UnitId(u(unit)));
+                    units.push(UnitId(to_u64(unit)));
                     tails.insert(lane, seq);
                 }
             }
             out.push(Enqueued {
                 row_id: row.id.clone(),
-                seq: Seq(u(seq)),
+                seq: Seq(to_u64(seq)),
                 units,
                 skipped,
             });

@@ -6,23 +6,23 @@ use outbox_lanes_core::{ActorId, LaneKey, Timestamp};
 
 use crate::types::{ActorStatus, LaneState, LaneSummary, SlotHolder};
 
-pub(crate) fn ts(v: i64) -> Timestamp {
+pub(crate) fn timestamp_of(v: i64) -> Timestamp {
     Timestamp::from_millis(u64::try_from(v).unwrap_or(0))
 }
 
-pub(crate) fn ms(t: Timestamp) -> i64 {
+pub(crate) fn millis_of(t: Timestamp) -> i64 {
     i64::try_from(t.as_millis()).unwrap_or(i64::MAX)
 }
 
-pub(crate) fn u(v: i64) -> u64 {
+pub(crate) fn to_u64(v: i64) -> u64 {
     u64::try_from(v).unwrap_or(0)
 }
 
-pub(crate) fn u32_of(v: i64) -> u32 {
+pub(crate) fn to_u32(v: i64) -> u32 {
     u32::try_from(v).unwrap_or(if v < 0 { 0 } else { u32::MAX })
 }
 
-pub(crate) fn i(v: u64) -> i64 {
+pub(crate) fn to_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
@@ -69,19 +69,19 @@ pub(crate) fn assemble_status(
         })
     }
     for (a, n) in pending {
-        get(map, a).pending = u(n);
+        get(map, a).pending = to_u64(n);
     }
     for (a, holder, lease) in held {
         let s = get(map, a);
         s.in_flight = true;
         s.slot = Some(SlotHolder {
             holder,
-            lease_expires: ts(lease),
+            lease_expires: timestamp_of(lease),
         });
     }
     for (a, r, k, nb, level, paused, reason) in waiting {
-        let not_before = nb.map(ts);
-        let state = LaneState::of(not_before, u32_of(level), paused, reason.as_deref(), now);
+        let not_before = nb.map(timestamp_of);
+        let state = LaneState::of(not_before, to_u32(level), paused, reason.as_deref(), now);
         let lane = LaneSummary {
             key: key_of(r, k),
             state,
@@ -94,7 +94,7 @@ pub(crate) fn assemble_status(
         }
     }
     for (a, n) in dead {
-        get(map, a).dead_letters = u(n);
+        get(map, a).dead_letters = to_u64(n);
     }
     core::mem::take(map).into_values().collect()
 }
