@@ -41,21 +41,35 @@
 #![cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 
 pub mod ack;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod backend;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod db;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod dead_letters;
 mod error;
 mod exists;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod lanes;
 #[cfg(feature = "sqlite")]
 mod liveness;
 pub mod notify;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod prepare;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod service;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 #[cfg(feature = "sqlx")]
 pub mod sqlx;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod status;
 #[cfg(feature = "postgres")]
 mod tls;
 mod types;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod units;
 mod util;
 
 use core::time::Duration;

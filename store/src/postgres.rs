@@ -56,15 +56,17 @@ use postgres::{Client, Config, Row, Statement, Transaction};
 
 use outbox_lanes_core::{ActorId, DeadReason, LaneKey, Seq, Timestamp, UnitId};
 
+use crate::backend::Backend;
+use crate::db::{Db, Dialect, Get, Sql, Value};
 use crate::notify::{Notifier, PendingWake};
 use crate::prepare::{PreparedRow, prepare};
 use crate::tls::{ConfigError, Connector};
 use crate::types::*;
 use crate::util::{
-    WaitingLane, assemble_status, decode_headers, encode_headers, key_of, millis_of, status_of,
-    timestamp_of, to_i64, to_u32, to_u64,
+    decode_headers, encode_headers, key_of, millis_of, timestamp_of, to_i64, to_u32, to_u64,
 };
-use crate::{DriverStore, EnqueueError, SCHEMA_VERSION, ServiceStore, StoreError};
+use crate::{DriverStore, EnqueueError, SCHEMA_VERSION, StoreError};
+use crate::{dead_letters, lanes, status, units};
 
 /// How a [`PgStore`] connects.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -322,7 +324,11 @@ const MIGRATE_V2_TO_V3: &str = "ALTER TABLE ol_units ADD COLUMN headers TEXT; \
      UPDATE ol_meta SET value = '3' WHERE key = 'schema_version';";
 
 const STATE_PENDING: i64 = 0;
-const STATE_DEAD: i64 = 2;
+
+/// The id of unit `$1`'s row in lane `$2` (its head, or another lane's row of a joined unit)
+/// as an array for `id = ANY(…)`: two index probes, where an `OR` of the two would scan.
+const ROW_OF_UNIT_IN_LANE: &str = "ARRAY(SELECT x.id FROM ol_units x WHERE x.id = $1 AND x.unit_id IS NULL \
+     AND x.lane_id = $2 UNION ALL SELECT x.id FROM ol_units x WHERE x.unit_id = $1 AND x.lane_id = $2)";
 
 type PgParam<'a> = &'a (dyn ToSql + Sync);
 
@@ -449,7 +455,7 @@ impl PgExec for Transaction<'_> {
     }
 }
 
-struct PgTx<'a> {
+pub(crate) struct PgTx<'a> {
     tx: Transaction<'a>,
     cache: &'a mut HashMap<String, Statement>,
 }
@@ -476,8 +482,29 @@ impl PgExec for PgTx<'_> {
     }
 }
 
+/// Every runner of SQL on Postgres is a [`Db`] of the shared statement layer.
+impl<E: PgExec> Db for E {
+    const DIALECT: Dialect = Dialect::Postgres;
+
+    fn execute(&mut self, sql: &Sql, args: &[Value<'_>]) -> Result<u64, StoreError> {
+        let params: Vec<PgParam<'_>> = args.iter().map(|v| v as PgParam<'_>).collect();
+        Ok(self.execute_sql(sql.text(Dialect::Postgres), &params)?)
+    }
+
+    fn query<T>(
+        &mut self,
+        sql: &Sql,
+        args: &[Value<'_>],
+        mut map: impl FnMut(&dyn Get) -> Result<T, StoreError>,
+    ) -> Result<Vec<T>, StoreError> {
+        let params: Vec<PgParam<'_>> = args.iter().map(|v| v as PgParam<'_>).collect();
+        let rows = self.query_rows(sql.text(Dialect::Postgres), &params)?;
+        rows.iter().map(|r| map(r)).collect()
+    }
+}
+
 /// A connection used outside a transaction (reads), with its statement cache.
-struct PgConn<'a> {
+pub(crate) struct PgConn<'a> {
     client: &'a mut Client,
     cache: &'a mut HashMap<String, Statement>,
 }
@@ -1080,19 +1107,6 @@ fn fence(t: &mut impl PgExec, token: &SlotToken, lock: bool) -> Result<(), Store
     }
 }
 
-fn alloc_seqs(t: &mut impl PgExec, actor: &str, n: i64) -> Result<i64, StoreError> {
-    // The row lock taken here is held to commit: enqueues of one actor commit in seq order,
-    // so a pass never sees seq n+1 before seq n.
-    let last: i64 = t
-        .query_one_row(
-            "INSERT INTO ol_actors AS a (actor, last_seq) VALUES ($1, $2) \
-             ON CONFLICT (actor) DO UPDATE SET last_seq = a.last_seq + excluded.last_seq RETURNING last_seq",
-            &[&actor, &n],
-        )?
-        .try_get(0)?;
-    Ok(last - n + 1)
-}
-
 /// A unique violation on a row id index (`ol_units_row_id` or `ol_rows`' `UNIQUE (actor,
 /// row_id)`), mapped to the batch row it names: how the one-statement enqueue refuses a row id
 /// already inline on a unit, and a safety net for the general path (whose plan checks both
@@ -1286,7 +1300,7 @@ fn enqueue_tx(
     let n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
     // First: the actor row lock serialises this actor's enqueues (seq order = commit order),
     // and the plan below reads after it, so it sees every enqueue committed before.
-    let first = alloc_seqs(t, a, n)?;
+    let first = units::alloc_seqs(t, a, n)?;
 
     // Everything the plan needs, in one round trip: row ids already taken (inline on a unit
     // or in ol_rows), the batch's known lanes, what is pending for its dedup keys, and enough
@@ -1571,282 +1585,57 @@ fn enqueue_tx(
     Ok(out)
 }
 
-/// A row for another lane of unit `unit` (a replayed dead letter rejoining a unit revived in
-/// the same replay), and the lane's tail.
-fn insert_lane_row(
-    t: &mut impl PgExec,
-    unit: i64,
-    actor: &str,
-    lane: i64,
-    seq: i64,
-) -> Result<(), postgres::Error> {
-    t.execute_sql(
-        "INSERT INTO ol_units (unit_id, actor, lane_id, seq) VALUES ($1, $2, $3, $4)",
-        &[&unit, &actor, &lane, &seq],
-    )?;
-    advance_tail(t, lane, seq)
-}
-
-fn advance_tail(t: &mut impl PgExec, lane: i64, seq: i64) -> Result<(), postgres::Error> {
-    t.execute_sql(
-        "UPDATE ol_lanes SET tail_seq = GREATEST(tail_seq, $2) WHERE id = $1",
-        &[&lane, &seq],
-    )?;
-    Ok(())
-}
-
-/// One recipient of `unit` is no longer pending: count it down, and finish the unit when
-/// nothing is left (its other lanes' rows deleted; the head deleted, or kept out of every lane
-/// for the ack retention).
-fn settle(t: &mut impl PgExec, unit: i64, retention: bool) -> Result<(), StoreError> {
-    let r = t.query_one_row(
-        "UPDATE ol_units SET pending = pending - 1 WHERE id = $1 AND unit_id IS NULL RETURNING pending",
-        &[&unit],
-    )?;
-    if r.try_get::<_, i64>(0)? > 0 {
-        return Ok(());
-    }
-    t.execute_sql("DELETE FROM ol_units WHERE unit_id = $1", &[&unit])?;
-    if retention {
-        t.execute_sql(
-            &format!(
-                "UPDATE ol_units SET acked_at = {NOW}, lane_id = NULL, pending = 0 WHERE id = $1"
-            ),
-            &[&unit],
-        )?;
-    } else if let Some(r) = t.query_opt_row(
-        "DELETE FROM ol_units WHERE id = $1 RETURNING row_ref",
-        &[&unit],
-    )? {
-        drop_row_if_unused(t, r.try_get(0)?)?;
-    }
-    Ok(())
-}
-
-fn drop_row_if_unused(t: &mut impl PgExec, row_ref: Option<i64>) -> Result<(), postgres::Error> {
-    let Some(row_ref) = row_ref else {
-        return Ok(());
-    };
-    t.execute_sql(
-        "DELETE FROM ol_rows WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM ol_units WHERE row_ref = $1 OFFSET 0) \
-         AND NOT EXISTS (SELECT 1 FROM ol_dead_letters WHERE row_ref = $1 OFFSET 0)",
-        &[&row_ref],
-    )?;
-    Ok(())
-}
-
 /// In a claim, the head of lane row `d`: `d` itself, or the unit's head for another lane's row.
 const HEAD_OF_D: &str = "FROM ol_units h WHERE h.id = coalesce(d.unit_id, d.id)";
 
-/// The id of unit `$1`'s row in lane `$2` (its head, or another lane's row of a joined unit)
-/// as an array for `id = ANY(…)`: two index probes, where an `OR` of the two would scan.
-const ROW_OF_UNIT_IN_LANE: &str = "ARRAY(SELECT x.id FROM ol_units x WHERE x.id = $1 AND x.unit_id IS NULL \
-     AND x.lane_id = $2 UNION ALL SELECT x.id FROM ol_units x WHERE x.unit_id = $1 AND x.lane_id = $2)";
+impl Backend for PgStore {
+    type Reader<'c> = PgConn<'c>;
+    type Writer<'c> = PgTx<'c>;
 
-fn dead_letter_tx(
-    t: &mut impl PgExec,
-    actor: &str,
-    d: &DeadLetterRequest,
-    retention: bool,
-) -> Result<bool, StoreError> {
-    let unit = to_i64(d.unit.0);
-    let found = t.query_opt_row(
-        &format!(
-            "SELECT d.id, d.seq, d.attempts, d.last_status, d.last_error, d.first_attempt_at, d.last_attempt_at, \
-             h.row_ref, coalesce(h.row_id, (SELECT r.row_id FROM ol_rows r WHERE r.id = h.row_ref)), \
-             l.recipient, l.ordering_key \
-             FROM ol_units d JOIN ol_units h ON h.id = $1 AND h.unit_id IS NULL JOIN ol_lanes l ON l.id = d.lane_id \
-             WHERE d.id = ANY({ROW_OF_UNIT_IN_LANE}) AND d.lane_id = $2 AND d.state = 0 AND l.actor = $3 \
-             FOR UPDATE OF d"
-        ),
-        &[&unit, &d.lane.0, &actor],
-    )?;
-    let Some(r) = found else { return Ok(false) };
-    let row: i64 = r.try_get(0)?;
-    let seq: i64 = r.try_get(1)?;
-    let attempts: i64 = r.try_get(2)?;
-    let status: Option<i64> = d.status.map(i64::from).or(r.try_get(3)?);
-    let error: Option<String> = d.error.clone().or(r.try_get(4)?);
-    let first: Option<i64> = r.try_get(5)?;
-    let last: Option<i64> = r.try_get(6)?;
-    let row_ref: Option<i64> = r.try_get(7)?;
-    let row_id: Option<String> = r.try_get(8)?;
-    let recipient: String = r.try_get(9)?;
-    let ok: String = r.try_get(10)?;
-    // A head written by hand without a row id still becomes a dead letter (the spill below
-    // names it the same way).
-    let row_id = row_id.unwrap_or_else(|| format!("unit-{unit}"));
-    // A dead letter keeps its payload in ol_rows: an inline payload moves there first (the
-    // head then refers to it), so it outlives the unit and serves a replay.
-    let row_ref: i64 = match row_ref {
-        Some(r) => r,
-        None => t
-            .query_one_row(
-                "WITH s AS (INSERT INTO ol_rows (actor, row_id, seq, content_type, body, body_len, dedup_key, \
-                   ordering_key, enqueued_at, headers) \
-                 SELECT actor, coalesce(row_id, 'unit-' || id), seq, coalesce(content_type, ''), \
-                   coalesce(body, ''::bytea), coalesce(body_len, length(body), 0), dedup_key, \
-                   coalesce(ordering_key, ''), coalesce(enqueued_at, 0), headers \
-                   FROM ol_units WHERE id = $1 AND unit_id IS NULL AND row_ref IS NULL RETURNING id) \
-                 UPDATE ol_units u SET row_ref = s.id, row_id = NULL, content_type = NULL, body = NULL, \
-                   body_len = NULL, dedup_key = NULL, ordering_key = NULL, enqueued_at = NULL, headers = NULL \
-                 FROM s WHERE u.id = $1 RETURNING s.id",
-                &[&unit],
-            )?
-            .try_get(0)?,
-    };
-    t.execute_sql(
-        "INSERT INTO ol_dead_letters (unit_id, row_ref, row_id, actor, lane_id, recipient, ordering_key, reason, \
-         last_status, last_error, attempts, first_attempt_at, last_attempt_at, seq, dead_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
-        &[
-            &unit,
-            &row_ref,
-            &row_id,
-            &actor,
-            &d.lane.0,
-            &recipient,
-            &ok,
-            &d.reason.as_str(),
-            &status,
-            &error,
-            &attempts,
-            &first,
-            &last,
-            &seq,
-            &millis_of(d.at),
-        ],
-    )?;
-    t.execute_sql(
-        "UPDATE ol_units SET state = $2 WHERE id = $1",
-        &[&row, &STATE_DEAD],
-    )?;
-    if d.status.is_some() || d.error.is_some() {
-        t.execute_sql(
-            "UPDATE ol_lanes SET last_status = $2, last_error = $3 WHERE id = $1",
-            &[&d.lane.0, &status, &error],
-        )?;
+    fn read<T>(
+        &self,
+        f: impl FnMut(&mut PgConn<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.autocommit(f)
     }
-    settle(t, unit, retention)?;
-    Ok(true)
-}
 
-/// Clears a lane's backoff and lifts a strict block (a pause reason starting with `$2`,
-/// [`STRICT_BLOCKED_REASON`]); an
-/// operator's pause stays.
-const RETRY_LANE: &str = "UPDATE ol_lanes SET not_before = NULL, backoff_level = 0, \
-     paused = CASE WHEN substr(pause_reason, 1, length($2)) = $2 THEN FALSE ELSE paused END, \
-     pause_reason = CASE WHEN substr(pause_reason, 1, length($2)) = $2 THEN NULL \
-     ELSE pause_reason END \
-     WHERE id = $1";
+    fn write<T>(
+        &self,
+        idempotent: bool,
+        f: impl FnMut(&mut PgTx<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.tx(idempotent, f)
+    }
 
-/// The actor owning `lane`.
-fn lane_actor(t: &mut impl PgExec, lane: StoreLaneId) -> Result<String, StoreError> {
-    t.query_rows("SELECT actor FROM ol_lanes WHERE id = $1", &[&lane.0])?
-        .first()
-        .map(|r| r.try_get(0))
-        .transpose()?
-        .ok_or(StoreError::NotFound { what: "lane" })
-}
+    fn common(&self) -> &CommonOptions {
+        &self.opts.common
+    }
 
-/// Dead-letters the pending units of `lane`, oldest first (at most `limit` of them), for
-/// `reason`. Returns the units dead-lettered, in that order.
-fn dead_letter_lane(
-    t: &mut impl PgExec,
-    actor: &str,
-    lane: StoreLaneId,
-    reason: DeadReason,
-    at: Timestamp,
-    limit: Option<u32>,
-    retention: bool,
-) -> Result<Vec<UnitId>, StoreError> {
-    let limit = limit.map(i64::from);
-    let units: Vec<i64> = t
-        .query_rows(
-            "SELECT coalesce(unit_id, id) FROM ol_units WHERE lane_id = $1 AND state = 0 \
-             ORDER BY seq, id LIMIT $2",
-            &[&lane.0, &limit],
-        )?
-        .iter()
-        .map(|r| r.try_get(0))
-        .collect::<Result<_, _>>()?;
-    let mut done = Vec::new();
-    for unit in units {
-        let req = DeadLetterRequest {
-            unit: UnitId(to_u64(unit)),
-            lane,
-            reason,
-            status: None,
-            error: None,
-            at,
-        };
-        if dead_letter_tx(t, actor, &req, retention)? {
-            done.push(req.unit);
+    fn notify(&self) {
+        self.notifier.notify();
+    }
+
+    fn notify_others(&self, t: &mut PgTx<'_>, actors: &[ActorId]) -> Result<(), StoreError> {
+        for a in actors {
+            t.execute_sql("SELECT pg_notify($1, $2)", &[&self.channel, &a.as_str()])?;
         }
+        Ok(())
     }
-    Ok(done)
-}
 
-fn lane_update(t: &mut impl PgExec, sql: &str, p: &[PgParam<'_>]) -> Result<(), StoreError> {
-    if t.execute_sql(sql, p)? == 0 {
-        return Err(StoreError::NotFound { what: "lane" });
-    }
-    Ok(())
-}
-
-const DEAD_COLS: &str = "id, unit_id, row_id, actor, recipient, ordering_key, reason, last_status, last_error, \
-                         attempts, first_attempt_at, last_attempt_at, seq, dead_at, row_ref, lane_id";
-
-fn dead_of(r: &Row) -> Result<(DeadLetter, i64, i64), postgres::Error> {
-    let reason: String = r.try_get(6)?;
-    Ok((
-        DeadLetter {
-            id: DeadLetterId(r.try_get(0)?),
-            unit: UnitId(to_u64(r.try_get(1)?)),
-            row_id: r.try_get(2)?,
-            actor: ActorId::new(r.try_get::<_, String>(3)?),
-            key: key_of(r.try_get(4)?, r.try_get(5)?),
-            // A code from a newer build reads as the closest meaning we know.
-            reason: DeadReason::from_code(&reason).unwrap_or(DeadReason::Permanent),
-            last_status: status_of(r.try_get(7)?),
-            last_error: r.try_get(8)?,
-            attempts: to_u32(r.try_get(9)?),
-            first_attempt_at: r.try_get::<_, Option<i64>>(10)?.map(timestamp_of),
-            last_attempt_at: r.try_get::<_, Option<i64>>(11)?.map(timestamp_of),
-            seq: Seq(to_u64(r.try_get(12)?)),
-            dead_at: timestamp_of(r.try_get(13)?),
-        },
-        r.try_get(14)?,
-        r.try_get(15)?,
-    ))
-}
-
-fn select_dead(
-    t: &mut impl PgExec,
-    which: &DeadLetterSelection,
-) -> Result<Vec<(DeadLetter, i64, i64)>, postgres::Error> {
-    match which {
-        DeadLetterSelection::Actor(a) => Ok(t
-            .query_rows(
-                &format!("SELECT {DEAD_COLS} FROM ol_dead_letters WHERE actor = $1 ORDER BY seq, unit_id, id"),
-                &[&a.as_str()],
-            )?
-            .iter()
-            .map(dead_of)
-            .collect::<Result<_, _>>()?),
-        DeadLetterSelection::Ids(ids) => {
-            let ids: Vec<i64> = ids.iter().map(|d| d.0).collect();
-            Ok(t
-                .query_rows(
-                    &format!(
-                        "SELECT {DEAD_COLS} FROM ol_dead_letters WHERE id = ANY($1) ORDER BY actor, seq, unit_id, id"
-                    ),
-                    &[&ids],
-                )?
-                .iter()
-                .map(dead_of)
-                .collect::<Result<_, _>>()?)
+    fn enqueue_batch(
+        &self,
+        actor: &ActorId,
+        rows: &[NewRow],
+    ) -> Result<Vec<Enqueued>, EnqueueError> {
+        let prepared = prepare(rows, &self.opts.common)?;
+        if prepared.is_empty() {
+            return Ok(Vec::new());
         }
+        // In a transaction even when it is one statement: a statement that fails before the
+        // COMMIT is sent certainly did not commit, so it is retried on a new connection.
+        let out = self.with_tx(false, |t| enqueue_tx(t, actor, &prepared, &self.channel))?;
+        self.notifier.notify();
+        Ok(out)
     }
 }
 
@@ -2306,7 +2095,7 @@ impl DriverStore for PgStore {
     fn dead_letter(&self, token: &SlotToken, dead: &DeadLetterRequest) -> Result<(), StoreError> {
         let retention = self.opts.common.ack_retention.is_some();
         self.fenced(token, true, |t| {
-            dead_letter_tx(t, token.actor().as_str(), dead, retention)?;
+            dead_letters::dead_letter(t, token.actor().as_str(), dead, retention)?;
             Ok(())
         })
     }
@@ -2319,11 +2108,7 @@ impl DriverStore for PgStore {
         backoff_level: u32,
     ) -> Result<(), StoreError> {
         self.fenced(token, true, |t| {
-            lane_update(
-                t,
-                "UPDATE ol_lanes SET not_before = $3, backoff_level = $4 WHERE id = $1 AND actor = $2",
-                &[&lane.0, &token.actor().as_str(), &not_before.map(millis_of), &i64::from(backoff_level)],
-            )
+            lanes::set_backoff(t, token.actor().as_str(), lane, not_before, backoff_level)
         })
     }
 
@@ -2333,13 +2118,8 @@ impl DriverStore for PgStore {
         lane: StoreLaneId,
         reason: &str,
     ) -> Result<(), StoreError> {
-        let reason = format!("{STRICT_BLOCKED_REASON}: {reason}");
         self.fenced(token, true, |t| {
-            lane_update(
-                t,
-                "UPDATE ol_lanes SET paused = TRUE, pause_reason = $3 WHERE id = $1 AND actor = $2",
-                &[&lane.0, &token.actor().as_str(), &reason],
-            )
+            lanes::block(t, token.actor().as_str(), lane, reason)
         })
     }
 
@@ -2351,7 +2131,7 @@ impl DriverStore for PgStore {
     ) -> Result<u64, StoreError> {
         let retention = self.opts.common.ack_retention.is_some();
         self.fenced(token, false, |t| {
-            dead_letter_lane(
+            dead_letters::dead_letter_lane(
                 t,
                 token.actor().as_str(),
                 lane,
@@ -2428,26 +2208,7 @@ impl DriverStore for PgStore {
     }
 
     fn actors_with_work(&self, now: Timestamp) -> Result<ActorsDue, StoreError> {
-        self.autocommit(|t| {
-            let ready = t
-                .query_rows(
-                    "SELECT DISTINCT l.actor FROM ol_lanes l WHERE NOT l.paused \
-                     AND (l.not_before IS NULL OR l.not_before <= $1) \
-                     AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0) ORDER BY l.actor",
-                    &[&millis_of(now)],
-                )?
-                .iter()
-                .map(|r| -> Result<_, postgres::Error> { Ok(ActorId::new(r.try_get::<_, String>(0)?)) })
-                .collect::<Result<_, _>>()?;
-            let next: Option<i64> = t
-                .query_one_row(
-                    "SELECT min(l.not_before) FROM ol_lanes l WHERE NOT l.paused AND l.not_before > $1 \
-                     AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0)",
-                    &[&millis_of(now)],
-                )?
-                .try_get(0)?;
-            Ok(ActorsDue { ready, next_not_before: next.map(timestamp_of) })
-        })
+        self.autocommit(|t| status::actors_with_work(t, now))
     }
 
     fn notifier(&self) -> Notifier {
@@ -2480,363 +2241,6 @@ impl DriverStore for PgStore {
             });
         }
         Ok(self.notifier.clone())
-    }
-}
-
-impl ServiceStore for PgStore {
-    fn enqueue(&self, actor: &ActorId, rows: &[NewRow]) -> Result<Vec<Enqueued>, EnqueueError> {
-        let prepared = prepare(rows, &self.opts.common)?;
-        if prepared.is_empty() {
-            return Ok(Vec::new());
-        }
-        // In a transaction even when it is one statement: a statement that fails before the
-        // COMMIT is sent certainly did not commit, so it is retried on a new connection.
-        let out = self.with_tx(false, |t| enqueue_tx(t, actor, &prepared, &self.channel))?;
-        self.notifier.notify();
-        Ok(out)
-    }
-
-    fn status(&self) -> Result<Vec<ActorStatus>, StoreError> {
-        let now = millis_of(Timestamp::from_system_time(std::time::SystemTime::now()));
-        self.autocommit(|t| {
-            let pending = t
-                // Unfinished units = rows in lanes minus the other lanes of joined units,
-                // counted from the lane index and the small joined-unit index rather than by
-                // reading every unit row (payload included).
-                .query_rows(
-                    "SELECT actor, sum(n)::bigint FROM ( \
-                       SELECT l.actor AS actor, count(*) AS n FROM ol_lanes l JOIN ol_units d \
-                         ON d.lane_id = l.id GROUP BY l.actor \
-                       UNION ALL SELECT actor, -count(*) FROM ol_units WHERE unit_id IS NOT NULL GROUP BY actor) x \
-                     GROUP BY actor HAVING sum(n) > 0",
-                    &[],
-                )?
-                .iter()
-                .map(|r| -> Result<_, postgres::Error> { Ok((r.try_get(0)?, r.try_get(1)?)) })
-                .collect::<Result<_, _>>()?;
-            let held = t
-                .query_rows(
-                    &format!(
-                        "SELECT actor, holder, lease_expires FROM ol_slots \
-                         WHERE holder IS NOT NULL AND lease_expires > {NOW}"
-                    ),
-                    &[],
-                )?
-                .iter()
-                .map(|r| -> Result<_, postgres::Error> { Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)) })
-                .collect::<Result<_, _>>()?;
-            // Every lane that may not be open and has pending units; `LaneState::of` says which.
-            let waiting: Vec<WaitingLane> = t
-                .query_rows(
-                    "SELECT l.actor, l.recipient, l.ordering_key, l.not_before, l.backoff_level::bigint, l.paused, \
-                     l.pause_reason FROM ol_lanes l \
-                     WHERE (l.paused OR l.backoff_level > 0 OR l.not_before > $1) \
-                     AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0) \
-                     ORDER BY l.actor, l.not_before, l.id",
-                    &[&now],
-                )?
-                .iter()
-                .map(|r| -> Result<_, postgres::Error> { Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?, r.try_get(4)?, r.try_get(5)?, r.try_get(6)?)) })
-                .collect::<Result<_, _>>()?;
-            let dead = t
-                .query_rows("SELECT actor, count(*) FROM ol_dead_letters GROUP BY actor", &[])?
-                .iter()
-                .map(|r| -> Result<_, postgres::Error> { Ok((r.try_get(0)?, r.try_get(1)?)) })
-                .collect::<Result<_, _>>()?;
-            Ok(assemble_status(&mut BTreeMap::new(), pending, held, waiting, dead, timestamp_of(now)))
-        })
-    }
-
-    fn lanes(&self, actor: &ActorId) -> Result<Vec<LaneStatus>, StoreError> {
-        self.autocommit(|t| {
-            // Depth: the lane's rows minus its settled ones (served or dead lanes of joined
-            // units still pending elsewhere), two index counts: no unit row, so no payload, is
-            // read.
-            Ok(t
-                .query_rows(
-                    "SELECT l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, l.paused, \
-                     l.pause_reason, l.last_status, l.last_error, \
-                     (SELECT count(*) FROM ol_units d WHERE d.lane_id = l.id) \
-                 - (SELECT count(*) FROM ol_units d WHERE d.lane_id = l.id AND d.state <> 0), \
-                     (SELECT coalesce(h.enqueued_at, r.enqueued_at) FROM ol_units d \
-                      JOIN ol_units h ON h.id = coalesce(d.unit_id, d.id) LEFT JOIN ol_rows r ON r.id = h.row_ref \
-                      WHERE d.lane_id = l.id AND d.state = 0 ORDER BY d.seq, d.id LIMIT 1), \
-                     (SELECT d.last_attempt_at IS NOT NULL FROM ol_units d \
-                      WHERE d.lane_id = l.id AND d.state = 0 ORDER BY d.seq, d.id LIMIT 1) \
-                     FROM ol_lanes l WHERE l.actor = $1 ORDER BY l.id",
-                    &[&actor.as_str()],
-                )?
-                .iter()
-                .map(|r| -> Result<LaneStatus, postgres::Error> {
-                    let last_status = status_of(r.try_get(8)?);
-                    let last_error: Option<String> = r.try_get(9)?;
-                    let head_failed = r.try_get::<_, Option<bool>>(12)?.unwrap_or(false);
-                    Ok(LaneStatus {
-                    last_error_stale: (last_status.is_some() || last_error.is_some()) && !head_failed,
-                    last_status,
-                    last_error,
-                    lane: StoreLaneId(r.try_get(0)?),
-                    key: key_of(r.try_get(1)?, r.try_get(2)?),
-                    not_before: r.try_get::<_, Option<i64>>(3)?.map(timestamp_of),
-                    backoff_level: to_u32(r.try_get(4)?),
-                    strict: r.try_get(5)?,
-                    paused: r.try_get(6)?,
-                    pause_reason: r.try_get(7)?,
-                    depth: to_u64(r.try_get(10)?),
-                    head_enqueued_at: r.try_get::<_, Option<i64>>(11)?.map(timestamp_of),
-                })})
-                .collect::<Result<_, _>>()?)
-        })
-    }
-
-    fn dead_letters(&self, actor: Option<&ActorId>) -> Result<Vec<DeadLetter>, StoreError> {
-        self.autocommit(|t| {
-            Ok(match actor {
-                Some(a) => select_dead(t, &DeadLetterSelection::Actor(a.clone()))?,
-                None => t
-                    .query_rows(&format!("SELECT {DEAD_COLS} FROM ol_dead_letters ORDER BY actor, seq, unit_id, id"), &[])?
-                    .iter()
-                    .map(dead_of)
-                    .collect::<Result<_, _>>()?,
-            }
-            .into_iter()
-            .map(|d| d.0)
-            .collect())
-        })
-    }
-
-    fn replay_dead_letters(&self, which: &DeadLetterSelection) -> Result<Vec<UnitId>, StoreError> {
-        let out = self.tx(false, |t| {
-            let dead = select_dead(t, which)?;
-            let mut revived: HashSet<i64> = HashSet::new();
-            let mut units = Vec::new();
-            let mut last_group: Option<(String, Seq)> = None;
-            let mut seq = 0;
-            let mut actors = Vec::new();
-            for (dl, row_ref, lane) in dead {
-                let group = (dl.actor.as_str().to_string(), dl.seq);
-                if last_group.as_ref() != Some(&group) {
-                    seq = alloc_seqs(t, dl.actor.as_str(), 1)?;
-                    last_group = Some(group);
-                }
-                if !actors.contains(&dl.actor) {
-                    actors.push(dl.actor.clone());
-                }
-                let unit = to_i64(dl.unit.0);
-                let a = dl.actor.as_str();
-                let existing = t
-                    .query_opt_row(
-                        "SELECT pending, acked_at FROM ol_units WHERE id = $1 AND unit_id IS NULL",
-                        &[&unit],
-                    )?
-                    .map(|r| -> Result<_, postgres::Error> {
-                        Ok((r.try_get::<_, i64>(0)?, r.try_get::<_, Option<i64>>(1)?))
-                    })
-                    .transpose()?;
-                match existing {
-                    // The unit is still pending elsewhere: this lane's row rejoins in place.
-                    Some((pending, None)) if pending > 0 && !revived.contains(&unit) => {
-                        t.execute_sql(
-                            &format!(
-                                "UPDATE ol_units SET state = 0, attempts = 0, last_status = NULL, last_error = NULL, \
-                                 first_attempt_at = NULL, last_attempt_at = NULL WHERE id = ANY({ROW_OF_UNIT_IN_LANE})"
-                            ),
-                            &[&unit, &lane],
-                        )?;
-                        t.execute_sql("UPDATE ol_units SET pending = pending + 1 WHERE id = $1", &[&unit])?;
-                    }
-                    // Revived earlier in this replay: another lane joins it.
-                    Some(_) if revived.contains(&unit) => {
-                        t.execute_sql("UPDATE ol_units SET pending = pending + 1, lanes = lanes + 1 WHERE id = $1", &[&unit])?;
-                        insert_lane_row(t, unit, a, lane, seq)?;
-                    }
-                    // Kept by the ack retention: the head becomes a fresh one-lane unit at the
-                    // tail (its payload is in ol_rows since it was dead-lettered).
-                    Some(_) => {
-                        t.execute_sql("DELETE FROM ol_units WHERE unit_id = $1", &[&unit])?;
-                        t.execute_sql(
-                            "UPDATE ol_units SET acked_at = NULL, pending = 1, lanes = 1, seq = $2, lane_id = $3, \
-                             state = 0, attempts = 0, last_status = NULL, last_error = NULL, first_attempt_at = NULL, \
-                             last_attempt_at = NULL, row_ref = $4, row_id = NULL, content_type = NULL, body = NULL, \
-                             body_len = NULL, dedup_key = NULL, ordering_key = NULL, enqueued_at = NULL, headers = NULL \
-                             WHERE id = $1",
-                            &[&unit, &seq, &lane, &row_ref],
-                        )?;
-                        revived.insert(unit);
-                        advance_tail(t, lane, seq)?;
-                    }
-                    // Gone: a head with the same id (the idempotency key stays stable).
-                    None => {
-                        t.execute_sql(
-                            "INSERT INTO ol_units (id, actor, lane_id, seq, row_ref) VALUES ($1, $2, $3, $4, $5)",
-                            &[&unit, &a, &lane, &seq, &row_ref],
-                        )?;
-                        revived.insert(unit);
-                        advance_tail(t, lane, seq)?;
-                    }
-                }
-                t.execute_sql("DELETE FROM ol_dead_letters WHERE id = $1", &[&dl.id.0])?;
-                if !units.contains(&dl.unit) {
-                    units.push(dl.unit);
-                }
-            }
-            for a in &actors {
-                t.execute_sql("SELECT pg_notify($1, $2)", &[&self.channel, &a.as_str()])?;
-            }
-            Ok(units)
-        })?;
-        self.notifier.notify();
-        Ok(out)
-    }
-
-    fn dead_letter_payload(&self, id: DeadLetterId) -> Result<Payload, StoreError> {
-        self.autocommit(|t| {
-            let r = t
-                .query_opt_row(
-                    "SELECT d.row_id, r.content_type, r.body, r.headers FROM ol_dead_letters d \
-                     JOIN ol_rows r ON r.id = d.row_ref WHERE d.id = $1",
-                    &[&id.0],
-                )?
-                .ok_or(StoreError::NotFound {
-                    what: "dead letter",
-                })?;
-            Ok(Payload {
-                row_id: r.try_get(0)?,
-                content_type: r.try_get(1)?,
-                body: r.try_get(2)?,
-                headers: decode_headers(r.try_get(3)?),
-            })
-        })
-    }
-
-    fn oldest_pending(&self) -> Result<Vec<(ActorId, Timestamp)>, StoreError> {
-        self.autocommit(|t| {
-            // The head of each lane through `ol_units_lane` (the query `lanes` makes per lane).
-            Ok(t
-                .query_rows(
-                    "SELECT actor, min(head) FROM (SELECT l.actor AS actor, \
-                     (SELECT coalesce(h.enqueued_at, r.enqueued_at) FROM ol_units d \
-                      JOIN ol_units h ON h.id = coalesce(d.unit_id, d.id) LEFT JOIN ol_rows r ON r.id = h.row_ref \
-                      WHERE d.lane_id = l.id AND d.state = 0 ORDER BY d.seq, d.id LIMIT 1) AS head \
-                     FROM ol_lanes l) x WHERE head IS NOT NULL GROUP BY actor ORDER BY actor",
-                    &[],
-                )?
-                .iter()
-                .map(|r| -> Result<_, postgres::Error> { Ok((ActorId::new(r.try_get::<_, String>(0)?), timestamp_of(r.try_get(1)?))) })
-                .collect::<Result<_, _>>()?)
-        })
-    }
-
-    fn purge_dead_letters(&self, which: &DeadLetterSelection) -> Result<u64, StoreError> {
-        self.tx(false, |t| {
-            let dead = select_dead(t, which)?;
-            let mut n = 0;
-            for (dl, row_ref, _) in dead {
-                n += t.execute_sql("DELETE FROM ol_dead_letters WHERE id = $1", &[&dl.id.0])?;
-                drop_row_if_unused(t, Some(row_ref))?;
-            }
-            Ok(n)
-        })
-    }
-
-    fn pause_lane(&self, lane: StoreLaneId, reason: &str) -> Result<(), StoreError> {
-        self.tx(true, |t| {
-            lane_update(
-                t,
-                "UPDATE ol_lanes SET paused = TRUE, pause_reason = $2 WHERE id = $1",
-                &[&lane.0, &reason],
-            )
-        })
-    }
-
-    fn resume_lane(&self, lane: StoreLaneId) -> Result<(), StoreError> {
-        let r = self.tx(true, |t| {
-            lane_update(
-                t,
-                "UPDATE ol_lanes SET paused = FALSE, pause_reason = NULL WHERE id = $1",
-                &[&lane.0],
-            )
-        });
-        self.notifier.notify();
-        r
-    }
-
-    fn retry_lane_now(&self, lane: StoreLaneId) -> Result<(), StoreError> {
-        let r = self.tx(true, |t| {
-            lane_update(t, RETRY_LANE, &[&lane.0, &STRICT_BLOCKED_REASON])
-        });
-        self.notifier.notify();
-        r
-    }
-
-    fn purge_lane(&self, lane: StoreLaneId, at: Timestamp) -> Result<u64, StoreError> {
-        let retention = self.opts.common.ack_retention.is_some();
-        self.tx(false, |t| {
-            let actor = lane_actor(t, lane)?;
-            let purged =
-                dead_letter_lane(t, &actor, lane, DeadReason::Purged, at, None, retention)?;
-            Ok(purged.len() as u64)
-        })
-    }
-
-    fn skip_lane_head(
-        &self,
-        lane: StoreLaneId,
-        at: Timestamp,
-    ) -> Result<Option<UnitId>, StoreError> {
-        let retention = self.opts.common.ack_retention.is_some();
-        let r = self.tx(false, |t| {
-            let actor = lane_actor(t, lane)?;
-            let skipped =
-                dead_letter_lane(t, &actor, lane, DeadReason::Skipped, at, Some(1), retention)?;
-            lane_update(t, RETRY_LANE, &[&lane.0, &STRICT_BLOCKED_REASON])?;
-            Ok(skipped.first().copied())
-        });
-        self.notifier.notify();
-        r
-    }
-
-    fn set_lane_strict(&self, lane: StoreLaneId, strict: bool) -> Result<(), StoreError> {
-        self.tx(true, |t| {
-            lane_update(
-                t,
-                "UPDATE ol_lanes SET strict = $2 WHERE id = $1",
-                &[&lane.0, &strict],
-            )
-        })
-    }
-
-    fn find_lane(&self, actor: &ActorId, key: &LaneKey) -> Result<Option<StoreLaneId>, StoreError> {
-        self.autocommit(|t| {
-            Ok(t.query_opt_row(
-                "SELECT id FROM ol_lanes WHERE actor = $1 AND recipient = $2 AND ordering_key = $3",
-                &[
-                    &actor.as_str(),
-                    &key.recipient(),
-                    &key.ordering_key().unwrap_or(""),
-                ],
-            )?
-            .map(|r| r.try_get(0).map(StoreLaneId))
-            .transpose()?)
-        })
-    }
-
-    fn purge_acked(&self, older_than: Timestamp) -> Result<u64, StoreError> {
-        self.tx(true, |t| {
-            let done: Vec<(i64, Option<i64>)> = t
-                .query_rows(
-                    "SELECT id, row_ref FROM ol_units WHERE acked_at IS NOT NULL AND acked_at < $1",
-                    &[&millis_of(older_than)],
-                )?
-                .iter()
-                .map(|r| -> Result<_, postgres::Error> { Ok((r.try_get(0)?, r.try_get(1)?)) })
-                .collect::<Result<_, _>>()?;
-            for (unit, row_ref) in &done {
-                t.execute_sql("DELETE FROM ol_units WHERE id = $1", &[unit])?;
-                drop_row_if_unused(t, *row_ref)?;
-            }
-            Ok(done.len() as u64)
-        })
     }
 }
 

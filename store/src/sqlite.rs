@@ -17,7 +17,7 @@
 
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use core::time::Duration;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
@@ -29,15 +29,17 @@ use rusqlite::{
 
 use outbox_lanes_core::{ActorId, DeadReason, LaneKey, Seq, Timestamp, UnitId};
 
+use crate::backend::Backend;
+use crate::db::SqliteDb;
 use crate::liveness::Liveness;
 use crate::notify::{Notifier, PendingWake};
 use crate::prepare::{PreparedRow, prepare};
 use crate::types::*;
 use crate::util::{
-    WaitingLane, assemble_status, decode_headers, encode_headers, key_of, millis_of, status_of,
-    timestamp_of, to_i64, to_u32, to_u64,
+    decode_headers, encode_headers, key_of, millis_of, timestamp_of, to_i64, to_u32, to_u64,
 };
-use crate::{DriverStore, EnqueueError, SCHEMA_VERSION, ServiceStore, StoreError};
+use crate::{DriverStore, EnqueueError, SCHEMA_VERSION, StoreError};
+use crate::{dead_letters, lanes, status, units};
 
 /// The durability of a commit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -292,7 +294,9 @@ const UNITS_V2: &str = units_v2_ddl!();
 
 const STATE_PENDING: i64 = 0;
 const STATE_SERVED: i64 = 1;
-const STATE_DEAD: i64 = 2;
+/// The row of one (unit, lane): the unit's head itself, or one of its other lanes. `+lane_id`
+/// keeps the planner on the id / `ol_units_unit` lookups instead of walking the lane's index.
+const UNIT_LANE: &str = "(d.id = ?1 AND d.unit_id IS NULL OR d.unit_id = ?1) AND +d.lane_id = ?2";
 
 fn dur_ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
@@ -727,16 +731,6 @@ fn lane_id(c: &Connection, actor: &str, key: &LaneKey) -> Result<i64, rusqlite::
     }
 }
 
-fn alloc_seqs(c: &Connection, actor: &str, n: i64) -> Result<i64, rusqlite::Error> {
-    let last: i64 = c
-        .prepare_cached(
-            "INSERT INTO ol_actors AS a (actor, last_seq) VALUES (?1, ?2) \
-             ON CONFLICT (actor) DO UPDATE SET last_seq = a.last_seq + excluded.last_seq RETURNING last_seq",
-        )?
-        .query_row(params![actor, n], |r| r.get(0))?;
-    Ok(last - n + 1)
-}
-
 /// Whether `e` is a UNIQUE violation (here: a row id the actor already has).
 fn is_unique_violation(e: &rusqlite::Error) -> bool {
     matches!(e, rusqlite::Error::SqliteFailure(f, _)
@@ -783,7 +777,7 @@ fn enqueue_tx(
     let a = actor.as_str();
     let now = millis_of(Timestamp::from_system_time(std::time::SystemTime::now()));
     let n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
-    let first = alloc_seqs(c, a, n)?;
+    let first = units::alloc_seqs(&mut SqliteDb(c), a, n)?;
     let mut lanes: HashMap<&LaneKey, i64> = HashMap::new();
     let mut tails: HashMap<i64, i64> = HashMap::new();
     let mut out = Vec::with_capacity(rows.len());
@@ -939,162 +933,6 @@ fn enqueue_tx(
     Ok(out)
 }
 
-/// Decrements a unit's pending recipients; finishes it at zero.
-fn settle(c: &Connection, unit: i64, retention: bool) -> Result<(), rusqlite::Error> {
-    let pending: Option<i64> = c
-        .prepare_cached(
-            "UPDATE ol_units SET pending = pending - 1 WHERE id = ?1 AND unit_id IS NULL RETURNING pending",
-        )?
-        .query_row([unit], |r| r.get(0))
-        .optional()?;
-    if pending.is_none_or(|p| p > 0) {
-        return Ok(());
-    }
-    c.prepare_cached("DELETE FROM ol_units WHERE unit_id = ?1")?
-        .execute([unit])?;
-    finish_head(c, unit, retention)
-}
-
-/// Removes a finished unit's head (or keeps it, out of every lane, for the retention), and
-/// its shared payload once nothing refers to it.
-fn finish_head(c: &Connection, unit: i64, retention: bool) -> Result<(), rusqlite::Error> {
-    if retention {
-        c.prepare_cached(&format!(
-            "UPDATE ol_units SET acked_at = {NOW}, pending = 0, lane_id = NULL WHERE id = ?1"
-        ))?
-        .execute([unit])?;
-    } else {
-        let row_ref: Option<Option<i64>> = c
-            .prepare_cached("DELETE FROM ol_units WHERE id = ?1 RETURNING row_ref")?
-            .query_row([unit], |r| r.get(0))
-            .optional()?;
-        if let Some(Some(row_ref)) = row_ref {
-            drop_row_if_unused(c, row_ref)?;
-        }
-    }
-    Ok(())
-}
-
-fn drop_row_if_unused(c: &Connection, row_ref: i64) -> Result<(), rusqlite::Error> {
-    c.prepare_cached(
-        "DELETE FROM ol_rows WHERE id = ?1 \
-         AND NOT EXISTS (SELECT 1 FROM ol_units WHERE row_ref = ?1) \
-         AND NOT EXISTS (SELECT 1 FROM ol_dead_letters WHERE row_ref = ?1)",
-    )?
-    .execute([row_ref])?;
-    Ok(())
-}
-
-/// The row of one (unit, lane): the unit's head itself, or one of its other lanes. `+lane_id`
-/// keeps the planner on the id / `ol_units_unit` lookups instead of walking the lane's index.
-const UNIT_LANE: &str = "(d.id = ?1 AND d.unit_id IS NULL OR d.unit_id = ?1) AND +d.lane_id = ?2";
-
-struct DeliveryRow {
-    id: i64,
-    seq: i64,
-    attempts: i64,
-    last_status: Option<i64>,
-    last_error: Option<String>,
-    first_attempt_at: Option<i64>,
-    last_attempt_at: Option<i64>,
-    row_ref: Option<i64>,
-    row_id: String,
-    recipient: String,
-    ordering_key: String,
-}
-
-fn dead_letter_tx(
-    c: &Connection,
-    actor: &str,
-    d: &DeadLetterRequest,
-    retention: bool,
-) -> Result<bool, rusqlite::Error> {
-    let unit = to_i64(d.unit.0);
-    let found = c
-        .prepare_cached(&format!(
-            "SELECT d.id, d.seq, d.attempts, d.last_status, d.last_error, d.first_attempt_at, d.last_attempt_at, \
-             h.row_ref, coalesce(h.row_id, r.row_id, 'unit-' || h.id), l.recipient, l.ordering_key \
-             FROM ol_units d JOIN ol_units h ON h.id = ?1 AND h.unit_id IS NULL \
-             LEFT JOIN ol_rows r ON r.id = h.row_ref JOIN ol_lanes l ON l.id = d.lane_id \
-             WHERE {UNIT_LANE} AND d.state = 0 AND l.actor = ?3"
-        ))?
-        .query_row(params![unit, d.lane.0, actor], |r| {
-            Ok(DeliveryRow {
-                id: r.get(0)?,
-                seq: r.get(1)?,
-                attempts: r.get(2)?,
-                last_status: r.get(3)?,
-                last_error: r.get(4)?,
-                first_attempt_at: r.get(5)?,
-                last_attempt_at: r.get(6)?,
-                row_ref: r.get(7)?,
-                row_id: r.get(8)?,
-                recipient: r.get(9)?,
-                ordering_key: r.get(10)?,
-            })
-        })
-        .optional()?;
-    let Some(row) = found else { return Ok(false) };
-    // A dead letter keeps its payload in `ol_rows`: an inline payload moves there first (the
-    // head then refers to it, like a shared row's units).
-    let row_ref = match row.row_ref {
-        Some(r) => r,
-        None => spill(c, unit)?,
-    };
-    let status = d.status.map(i64::from).or(row.last_status);
-    let error = d.error.clone().or(row.last_error);
-    c.prepare_cached(
-        "INSERT INTO ol_dead_letters (unit_id, row_ref, row_id, actor, lane_id, recipient, ordering_key, \
-         reason, last_status, last_error, attempts, first_attempt_at, last_attempt_at, seq, dead_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
-    )?
-    .execute(params![
-        unit,
-        row_ref,
-        row.row_id,
-        actor,
-        d.lane.0,
-        row.recipient,
-        row.ordering_key,
-        d.reason.as_str(),
-        status,
-        error,
-        row.attempts,
-        row.first_attempt_at,
-        row.last_attempt_at,
-        row.seq,
-        millis_of(d.at)
-    ])?;
-    c.prepare_cached("UPDATE ol_units SET state = ?2 WHERE id = ?1")?
-        .execute(params![row.id, STATE_DEAD])?;
-    if d.status.is_some() || d.error.is_some() {
-        c.prepare_cached("UPDATE ol_lanes SET last_status = ?2, last_error = ?3 WHERE id = ?1")?
-            .execute(params![d.lane.0, status, error])?;
-    }
-    settle(c, unit, retention)?;
-    Ok(true)
-}
-
-/// Moves a head's inline payload into `ol_rows`; returns the new `row_ref`. (`coalesce`s:
-/// a head written by plain SQL that left a column out must not make dead-lettering fail.)
-fn spill(c: &Connection, head: i64) -> Result<i64, rusqlite::Error> {
-    c.prepare_cached(
-        "INSERT INTO ol_rows (actor, row_id, seq, content_type, body, body_len, dedup_key, ordering_key, enqueued_at, \
-         headers) \
-         SELECT actor, coalesce(row_id, 'unit-' || id), seq, coalesce(content_type, ''), coalesce(body, x''), \
-         coalesce(body_len, length(body), 0), dedup_key, coalesce(ordering_key, ''), coalesce(enqueued_at, 0), \
-         headers FROM ol_units WHERE id = ?1",
-    )?
-    .execute([head])?;
-    let row_ref = c.last_insert_rowid();
-    c.prepare_cached(
-        "UPDATE ol_units SET row_ref = ?2, row_id = NULL, content_type = NULL, body = NULL, body_len = NULL, \
-         dedup_key = NULL, ordering_key = NULL, enqueued_at = NULL, headers = NULL WHERE id = ?1",
-    )?
-    .execute(params![head, row_ref])?;
-    Ok(row_ref)
-}
-
 /// A payload from a row of (row id, content type, body, headers).
 fn payload_of(r: &rusqlite::Row<'_>) -> Result<Payload, rusqlite::Error> {
     Ok(Payload {
@@ -1105,131 +943,56 @@ fn payload_of(r: &rusqlite::Row<'_>) -> Result<Payload, rusqlite::Error> {
     })
 }
 
-/// The actor owning `lane`.
-fn lane_actor(c: &Connection, lane: StoreLaneId) -> Result<String, StoreError> {
-    c.prepare_cached("SELECT actor FROM ol_lanes WHERE id = ?1")?
-        .query_row([lane.0], |r| r.get(0))
-        .optional()?
-        .ok_or(StoreError::NotFound { what: "lane" })
-}
+impl Backend for SqliteStore {
+    type Reader<'c> = SqliteDb<'c>;
+    type Writer<'c> = SqliteDb<'c>;
 
-/// Clears a lane's backoff and lifts a strict block (a pause reason starting with `?2`,
-/// [`STRICT_BLOCKED_REASON`]); an operator's pause stays.
-const RETRY_LANE: &str = "UPDATE ol_lanes SET not_before = NULL, backoff_level = 0, \
-     paused = CASE WHEN substr(pause_reason, 1, length(?2)) = ?2 THEN 0 ELSE paused END, \
-     pause_reason = CASE WHEN substr(pause_reason, 1, length(?2)) = ?2 THEN NULL \
-     ELSE pause_reason END \
-     WHERE id = ?1";
+    fn read<T>(
+        &self,
+        mut f: impl FnMut(&mut SqliteDb<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        SqliteStore::read(self, |tx| f(&mut SqliteDb(tx)))
+    }
 
-/// Dead-letters the pending units of `lane`, oldest first (at most `limit` of them), for
-/// `reason`. Returns the units dead-lettered, in that order.
-fn dead_letter_lane(
-    c: &Connection,
-    actor: &str,
-    lane: StoreLaneId,
-    reason: DeadReason,
-    at: Timestamp,
-    limit: Option<u32>,
-    retention: bool,
-) -> Result<Vec<UnitId>, StoreError> {
-    let units: Vec<i64> = c
-        .prepare_cached(
-            "SELECT coalesce(unit_id, id) FROM ol_units WHERE lane_id = ?1 AND state = 0 \
-             ORDER BY seq, id LIMIT ?2",
-        )?
-        .query_map(params![lane.0, limit.map_or(-1, i64::from)], |r| r.get(0))?
-        .collect::<Result<_, _>>()?;
-    let mut done = Vec::new();
-    for unit in units {
-        let req = DeadLetterRequest {
-            unit: UnitId(to_u64(unit)),
-            lane,
-            reason,
-            status: None,
-            error: None,
-            at,
+    fn write<T>(
+        &self,
+        _idempotent: bool,
+        mut f: impl FnMut(&mut SqliteDb<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        SqliteStore::write(self, |tx| f(&mut SqliteDb(tx)))
+    }
+
+    fn common(&self) -> &CommonOptions {
+        &self.opts.common
+    }
+
+    fn notify(&self) {
+        self.notifier.notify();
+    }
+
+    fn notify_others(&self, _: &mut SqliteDb<'_>, _: &[ActorId]) -> Result<(), StoreError> {
+        // The other processes' watchers see every commit (`PRAGMA data_version`).
+        Ok(())
+    }
+
+    fn enqueue_batch(
+        &self,
+        actor: &ActorId,
+        rows: &[NewRow],
+    ) -> Result<Vec<Enqueued>, EnqueueError> {
+        let prepared = prepare(rows, &self.opts.common)?;
+        if prepared.is_empty() {
+            return Ok(Vec::new());
+        }
+        let out = {
+            let mut conn = self.writer();
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let out = enqueue_tx(&tx, actor, &prepared)?;
+            tx.commit()?;
+            out
         };
-        if dead_letter_tx(c, actor, &req, retention)? {
-            done.push(req.unit);
-        }
-    }
-    Ok(done)
-}
-
-fn lane_update(
-    c: &Connection,
-    sql: &str,
-    lane: StoreLaneId,
-    actor: Option<&str>,
-    extra: &[&dyn rusqlite::ToSql],
-) -> Result<(), StoreError> {
-    let mut args: Vec<&dyn rusqlite::ToSql> = vec![&lane.0];
-    if let Some(a) = &actor {
-        args.push(a);
-    }
-    args.extend_from_slice(extra);
-    let n = c.prepare_cached(sql)?.execute(args.as_slice())?;
-    if n == 0 {
-        return Err(StoreError::NotFound { what: "lane" });
-    }
-    Ok(())
-}
-
-fn select_dead(
-    c: &Connection,
-    which: &DeadLetterSelection,
-) -> Result<Vec<(DeadLetter, i64, i64)>, rusqlite::Error> {
-    const COLS: &str = "id, unit_id, row_id, actor, recipient, ordering_key, reason, last_status, last_error, \
-                        attempts, first_attempt_at, last_attempt_at, seq, dead_at, row_ref, lane_id";
-    let map = |r: &rusqlite::Row<'_>| -> Result<(DeadLetter, i64, i64), rusqlite::Error> {
-        let reason: String = r.get(6)?;
-        Ok((
-            DeadLetter {
-                id: DeadLetterId(r.get(0)?),
-                unit: UnitId(to_u64(r.get(1)?)),
-                row_id: r.get(2)?,
-                actor: ActorId::new(r.get::<_, String>(3)?),
-                key: key_of(r.get(4)?, r.get(5)?),
-                // A code from a newer build reads as the closest meaning we know.
-                reason: DeadReason::from_code(&reason).unwrap_or(DeadReason::Permanent),
-                last_status: status_of(r.get(7)?),
-                last_error: r.get(8)?,
-                attempts: to_u32(r.get(9)?),
-                first_attempt_at: r.get::<_, Option<i64>>(10)?.map(timestamp_of),
-                last_attempt_at: r.get::<_, Option<i64>>(11)?.map(timestamp_of),
-                seq: Seq(to_u64(r.get(12)?)),
-                dead_at: timestamp_of(r.get(13)?),
-            },
-            r.get(14)?,
-            r.get(15)?,
-        ))
-    };
-    match which {
-        DeadLetterSelection::Actor(a) => c
-            .prepare_cached(&format!(
-                "SELECT {COLS} FROM ol_dead_letters WHERE actor = ?1 ORDER BY seq, unit_id, id"
-            ))?
-            .query_map([a.as_str()], map)?
-            .collect(),
-        DeadLetterSelection::Ids(ids) => {
-            let mut out = Vec::with_capacity(ids.len());
-            let mut st =
-                c.prepare_cached(&format!("SELECT {COLS} FROM ol_dead_letters WHERE id = ?1"))?;
-            for id in ids {
-                if let Some(v) = st.query_row([id.0], map).optional()? {
-                    out.push(v);
-                }
-            }
-            out.sort_by(|a, b| {
-                (a.0.actor.as_str(), a.0.seq, a.0.unit, a.0.id).cmp(&(
-                    b.0.actor.as_str(),
-                    b.0.seq,
-                    b.0.unit,
-                    b.0.id,
-                ))
-            });
-            Ok(out)
-        }
+        self.notifier.notify();
+        Ok(out)
     }
 }
 
@@ -1550,13 +1313,13 @@ impl DriverStore for SqliteStore {
                     ))?
                     .execute(p)?;
                 if n == 1 {
-                    settle(c, unit, retention)?;
+                    units::settle(&mut SqliteDb(c), unit, retention)?;
                 }
             }
             rows.sort_unstable();
             rows.dedup();
             for row_ref in rows {
-                drop_row_if_unused(c, row_ref)?;
+                units::drop_row_if_unused(&mut SqliteDb(c), row_ref)?;
             }
             Ok(())
         })
@@ -1592,7 +1355,7 @@ impl DriverStore for SqliteStore {
         let retention = self.opts.common.ack_retention.is_some();
         self.write(|c| {
             fence(c, token)?;
-            dead_letter_tx(c, token.actor().as_str(), dead, retention)?;
+            dead_letters::dead_letter(&mut SqliteDb(c), token.actor().as_str(), dead, retention)?;
             Ok(())
         })
     }
@@ -1606,13 +1369,8 @@ impl DriverStore for SqliteStore {
     ) -> Result<(), StoreError> {
         self.write(|c| {
             fence(c, token)?;
-            lane_update(
-                c,
-                "UPDATE ol_lanes SET not_before = ?3, backoff_level = ?4 WHERE id = ?1 AND actor = ?2",
-                lane,
-                Some(token.actor().as_str()),
-                &[&not_before.map(millis_of), &i64::from(backoff_level)],
-            )
+            let actor = token.actor().as_str();
+            lanes::set_backoff(&mut SqliteDb(c), actor, lane, not_before, backoff_level)
         })
     }
 
@@ -1624,13 +1382,7 @@ impl DriverStore for SqliteStore {
     ) -> Result<(), StoreError> {
         self.write(|c| {
             fence(c, token)?;
-            lane_update(
-                c,
-                "UPDATE ol_lanes SET paused = 1, pause_reason = ?3 WHERE id = ?1 AND actor = ?2",
-                lane,
-                Some(token.actor().as_str()),
-                &[&format!("{STRICT_BLOCKED_REASON}: {reason}")],
-            )
+            lanes::block(&mut SqliteDb(c), token.actor().as_str(), lane, reason)
         })
     }
 
@@ -1643,8 +1395,8 @@ impl DriverStore for SqliteStore {
         let retention = self.opts.common.ack_retention.is_some();
         self.write(|c| {
             fence(c, token)?;
-            dead_letter_lane(
-                c,
+            dead_letters::dead_letter_lane(
+                &mut SqliteDb(c),
                 token.actor().as_str(),
                 lane,
                 DeadReason::LaneRetired,
@@ -1700,23 +1452,7 @@ impl DriverStore for SqliteStore {
     }
 
     fn actors_with_work(&self, now: Timestamp) -> Result<ActorsDue, StoreError> {
-        self.read(|c| {
-            let ready = c
-                .prepare_cached(
-                    "SELECT DISTINCT l.actor FROM ol_lanes l WHERE l.paused = 0 \
-                     AND (l.not_before IS NULL OR l.not_before <= ?1) \
-                     AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0) ORDER BY l.actor",
-                )?
-                .query_map([millis_of(now)], |r| Ok(ActorId::new(r.get::<_, String>(0)?)))?
-                .collect::<Result<_, _>>()?;
-            let next: Option<i64> = c
-                .prepare_cached(
-                    "SELECT min(l.not_before) FROM ol_lanes l WHERE l.paused = 0 AND l.not_before > ?1 \
-                     AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0)",
-                )?
-                .query_row([millis_of(now)], |r| r.get(0))?;
-            Ok(ActorsDue { ready, next_not_before: next.map(timestamp_of) })
-        })
+        self.read(|c| status::actors_with_work(&mut SqliteDb(c), now))
     }
 
     fn notifier(&self) -> Notifier {
@@ -1753,365 +1489,6 @@ impl DriverStore for SqliteStore {
         }
         Ok(self.notifier.clone())
     }
-}
-
-impl ServiceStore for SqliteStore {
-    fn enqueue(&self, actor: &ActorId, rows: &[NewRow]) -> Result<Vec<Enqueued>, EnqueueError> {
-        let prepared = prepare(rows, &self.opts.common)?;
-        if prepared.is_empty() {
-            return Ok(Vec::new());
-        }
-        let out = {
-            let mut conn = self.writer();
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let out = enqueue_tx(&tx, actor, &prepared)?;
-            tx.commit()?;
-            out
-        };
-        self.notifier.notify();
-        Ok(out)
-    }
-
-    fn status(&self) -> Result<Vec<ActorStatus>, StoreError> {
-        let now = millis_of(Timestamp::from_system_time(std::time::SystemTime::now()));
-        self.read(|c| {
-            let mut map: BTreeMap<String, ActorStatus> = BTreeMap::new();
-            let pending: Vec<(String, i64)> = c
-                // Unfinished units = rows in lanes minus the other lanes of joined units,
-                // counted from the lane index (the CROSS JOIN keeps lanes as the outer loop)
-                // and the small joined-unit index: no unit row, and so no payload, is read.
-                .prepare_cached(
-                    "SELECT actor, sum(n) FROM ( \
-                       SELECT l.actor AS actor, count(*) AS n FROM ol_lanes l CROSS JOIN ol_units d \
-                         ON d.lane_id = l.id GROUP BY l.actor \
-                       UNION ALL SELECT actor, -count(*) FROM ol_units WHERE unit_id IS NOT NULL GROUP BY actor) \
-                     GROUP BY actor HAVING sum(n) > 0",
-                )?
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-                .collect::<Result<_, _>>()?;
-            let held: Vec<(String, String, i64)> = c
-                .prepare_cached(&format!(
-                    "SELECT actor, holder, lease_expires FROM ol_slots \
-                     WHERE holder IS NOT NULL AND lease_expires > {NOW}"
-                ))?
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
-                .collect::<Result<_, _>>()?;
-            // Every lane that may not be open and has pending units; `LaneState::of` says which.
-            let waiting: Vec<WaitingLane> = c
-                .prepare_cached(
-                    "SELECT l.actor, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.paused, \
-                     l.pause_reason FROM ol_lanes l \
-                     WHERE (l.paused <> 0 OR l.backoff_level > 0 OR l.not_before > ?1) \
-                     AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0) \
-                     ORDER BY l.actor, l.not_before, l.id",
-                )?
-                .query_map([now], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?))
-                })?
-                .collect::<Result<_, _>>()?;
-            let dead: Vec<(String, i64)> = c
-                .prepare_cached("SELECT actor, count(*) FROM ol_dead_letters GROUP BY actor")?
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-                .collect::<Result<_, _>>()?;
-            Ok(assemble_status(&mut map, pending, held, waiting, dead, timestamp_of(now)))
-        })
-    }
-
-    fn lanes(&self, actor: &ActorId) -> Result<Vec<LaneStatus>, StoreError> {
-        self.read(|c| {
-            // Depth: the lane's rows minus its settled ones (served or dead lanes of joined units
-            // still pending elsewhere), two index counts: no unit row, so no payload, is read.
-            c.prepare_cached(
-                "SELECT l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, l.paused, \
-                 l.pause_reason, l.last_status, l.last_error, \
-                 (SELECT count(*) FROM ol_units d WHERE d.lane_id = l.id) \
-                 - (SELECT count(*) FROM ol_units d WHERE d.lane_id = l.id AND d.state <> 0), \
-                 (SELECT coalesce(h.enqueued_at, r.enqueued_at) FROM ol_units d \
-                  JOIN ol_units h ON h.id = coalesce(d.unit_id, d.id) LEFT JOIN ol_rows r ON r.id = h.row_ref \
-                  WHERE d.lane_id = l.id AND d.state = 0 ORDER BY d.seq, d.id LIMIT 1), \
-                 (SELECT d.last_attempt_at IS NOT NULL FROM ol_units d \
-                  WHERE d.lane_id = l.id AND d.state = 0 ORDER BY d.seq, d.id LIMIT 1) \
-                 FROM ol_lanes l WHERE l.actor = ?1 ORDER BY l.id",
-            )?
-            .query_map([actor.as_str()], |r| {
-                let last_status = status_of(r.get(8)?);
-                let last_error: Option<String> = r.get(9)?;
-                let head_failed = r.get::<_, Option<bool>>(12)?.unwrap_or(false);
-                Ok(LaneStatus {
-                    last_error_stale: (last_status.is_some() || last_error.is_some()) && !head_failed,
-                    last_status,
-                    last_error,
-                    lane: StoreLaneId(r.get(0)?),
-                    key: key_of(r.get(1)?, r.get(2)?),
-                    not_before: r.get::<_, Option<i64>>(3)?.map(timestamp_of),
-                    backoff_level: to_u32(r.get(4)?),
-                    strict: r.get(5)?,
-                    paused: r.get(6)?,
-                    pause_reason: r.get(7)?,
-                    depth: to_u64(r.get(10)?),
-                    head_enqueued_at: r.get::<_, Option<i64>>(11)?.map(timestamp_of),
-                })
-            })?
-            .collect::<Result<_, _>>()
-            .map_err(StoreError::from)
-        })
-    }
-
-    fn dead_letters(&self, actor: Option<&ActorId>) -> Result<Vec<DeadLetter>, StoreError> {
-        self.read(|c| match actor {
-            Some(a) => Ok(select_dead(c, &DeadLetterSelection::Actor(a.clone()))?
-                .into_iter()
-                .map(|d| d.0)
-                .collect()),
-            None => {
-                let actors: Vec<String> = c
-                    .prepare_cached("SELECT DISTINCT actor FROM ol_dead_letters ORDER BY actor")?
-                    .query_map([], |r| r.get(0))?
-                    .collect::<Result<_, _>>()?;
-                let mut out = Vec::new();
-                for a in actors {
-                    out.extend(
-                        select_dead(c, &DeadLetterSelection::Actor(ActorId::new(a)))?
-                            .into_iter()
-                            .map(|d| d.0),
-                    );
-                }
-                Ok(out)
-            }
-        })
-    }
-
-    fn replay_dead_letters(&self, which: &DeadLetterSelection) -> Result<Vec<UnitId>, StoreError> {
-        let out = self.write(|c| {
-            let dead = select_dead(c, which)?;
-            let mut revived: HashSet<i64> = HashSet::new();
-            let mut units = Vec::new();
-            // One new seq per (actor, original seq): the units of one row keep sharing a seq.
-            let mut last_group: Option<(String, Seq)> = None;
-            let mut seq = 0;
-            for (dl, row_ref, lane) in dead {
-                let group = (dl.actor.as_str().to_string(), dl.seq);
-                if last_group.as_ref() != Some(&group) {
-                    seq = alloc_seqs(c, dl.actor.as_str(), 1)?;
-                    last_group = Some(group);
-                }
-                let unit = to_i64(dl.unit.0);
-                let existing: Option<(i64, Option<i64>)> = c
-                    .prepare_cached("SELECT pending, acked_at FROM ol_units WHERE id = ?1 AND unit_id IS NULL")?
-                    .query_row([unit], |r| Ok((r.get(0)?, r.get(1)?)))
-                    .optional()?;
-                match existing {
-                    Some((pending, None)) if pending > 0 && !revived.contains(&unit) => {
-                        // A joined unit still pending for other recipients: this recipient
-                        // rejoins in place (its lanes already hold the unit at its seq).
-                        c.prepare_cached(&format!(
-                            "UPDATE ol_units AS d SET state = 0, attempts = 0, last_status = NULL, last_error = NULL, \
-                             first_attempt_at = NULL, last_attempt_at = NULL WHERE {UNIT_LANE}"
-                        ))?
-                        .execute(params![unit, lane])?;
-                        c.prepare_cached("UPDATE ol_units SET pending = pending + 1 WHERE id = ?1")?.execute([unit])?;
-                    }
-                    Some(_) if revived.contains(&unit) => {
-                        c.prepare_cached("UPDATE ol_units SET pending = pending + 1, lanes = lanes + 1 WHERE id = ?1")?
-                            .execute([unit])?;
-                        c.prepare_cached(
-                            "INSERT INTO ol_units (unit_id, actor, lane_id, seq) VALUES (?1, ?2, ?3, ?4)",
-                        )?
-                        .execute(params![unit, dl.actor.as_str(), lane, seq])?;
-                        advance_tail(c, lane, seq)?;
-                    }
-                    Some(_) => {
-                        // Kept for the ack retention: it becomes pending again, in this lane only,
-                        // its payload read from the dead letter's row.
-                        c.prepare_cached("DELETE FROM ol_units WHERE unit_id = ?1")?.execute([unit])?;
-                        c.prepare_cached(
-                            "UPDATE ol_units SET acked_at = NULL, pending = 1, lanes = 1, seq = ?2, lane_id = ?3, \
-                             state = 0, attempts = 0, last_status = NULL, last_error = NULL, first_attempt_at = NULL, \
-                             last_attempt_at = NULL, row_ref = ?4, row_id = NULL, content_type = NULL, body = NULL, \
-                             body_len = NULL, dedup_key = NULL, ordering_key = NULL, enqueued_at = NULL, headers = NULL \
-                             WHERE id = ?1",
-                        )?
-                        .execute(params![unit, seq, lane, row_ref])?;
-                        revived.insert(unit);
-                        advance_tail(c, lane, seq)?;
-                    }
-                    None => {
-                        // Same id: the idempotency key stays stable (AUTOINCREMENT never
-                        // handed it to anything else).
-                        c.prepare_cached(
-                            "INSERT INTO ol_units (id, actor, lane_id, seq, row_ref) VALUES (?1, ?2, ?3, ?4, ?5)",
-                        )?
-                        .execute(params![unit, dl.actor.as_str(), lane, seq, row_ref])?;
-                        revived.insert(unit);
-                        advance_tail(c, lane, seq)?;
-                    }
-                }
-                c.prepare_cached("DELETE FROM ol_dead_letters WHERE id = ?1")?.execute([dl.id.0])?;
-                if !units.contains(&dl.unit) {
-                    units.push(dl.unit);
-                }
-            }
-            Ok(units)
-        })?;
-        self.notifier.notify();
-        Ok(out)
-    }
-
-    fn purge_dead_letters(&self, which: &DeadLetterSelection) -> Result<u64, StoreError> {
-        self.write(|c| {
-            let dead = select_dead(c, which)?;
-            let mut n = 0;
-            for (dl, row_ref, _) in dead {
-                n += c
-                    .prepare_cached("DELETE FROM ol_dead_letters WHERE id = ?1")?
-                    .execute([dl.id.0])? as u64;
-                drop_row_if_unused(c, row_ref)?;
-            }
-            Ok(n)
-        })
-    }
-
-    fn dead_letter_payload(&self, id: DeadLetterId) -> Result<Payload, StoreError> {
-        self.read(|c| {
-            c.prepare_cached(
-                "SELECT d.row_id, r.content_type, r.body, r.headers FROM ol_dead_letters d \
-                 JOIN ol_rows r ON r.id = d.row_ref WHERE d.id = ?1",
-            )?
-            .query_row([id.0], payload_of)
-            .optional()?
-            .ok_or(StoreError::NotFound {
-                what: "dead letter",
-            })
-        })
-    }
-
-    fn oldest_pending(&self) -> Result<Vec<(ActorId, Timestamp)>, StoreError> {
-        self.read(|c| {
-            // The head of each lane through `ol_units_lane` (the query `lanes` makes per lane).
-            c.prepare_cached(
-                "SELECT actor, min(head) FROM (SELECT l.actor AS actor, \
-                 (SELECT coalesce(h.enqueued_at, r.enqueued_at) FROM ol_units d \
-                  JOIN ol_units h ON h.id = coalesce(d.unit_id, d.id) LEFT JOIN ol_rows r ON r.id = h.row_ref \
-                  WHERE d.lane_id = l.id AND d.state = 0 ORDER BY d.seq, d.id LIMIT 1) AS head \
-                 FROM ol_lanes l) WHERE head IS NOT NULL GROUP BY actor ORDER BY actor",
-            )?
-            .query_map([], |r| {
-                Ok((ActorId::new(r.get::<_, String>(0)?), timestamp_of(r.get(1)?)))
-            })?
-            .collect::<Result<_, _>>()
-            .map_err(StoreError::from)
-        })
-    }
-
-    fn pause_lane(&self, lane: StoreLaneId, reason: &str) -> Result<(), StoreError> {
-        self.write(|c| {
-            lane_update(
-                c,
-                "UPDATE ol_lanes SET paused = 1, pause_reason = ?2 WHERE id = ?1",
-                lane,
-                None,
-                &[&reason],
-            )
-        })
-    }
-
-    fn resume_lane(&self, lane: StoreLaneId) -> Result<(), StoreError> {
-        let r = self.write(|c| {
-            lane_update(
-                c,
-                "UPDATE ol_lanes SET paused = 0, pause_reason = NULL WHERE id = ?1",
-                lane,
-                None,
-                &[],
-            )
-        });
-        self.notifier.notify();
-        r
-    }
-
-    fn retry_lane_now(&self, lane: StoreLaneId) -> Result<(), StoreError> {
-        let r = self.write(|c| lane_update(c, RETRY_LANE, lane, None, &[&STRICT_BLOCKED_REASON]));
-        self.notifier.notify();
-        r
-    }
-
-    fn purge_lane(&self, lane: StoreLaneId, at: Timestamp) -> Result<u64, StoreError> {
-        let retention = self.opts.common.ack_retention.is_some();
-        self.write(|c| {
-            let actor = lane_actor(c, lane)?;
-            let purged =
-                dead_letter_lane(c, &actor, lane, DeadReason::Purged, at, None, retention)?;
-            Ok(purged.len() as u64)
-        })
-    }
-
-    fn skip_lane_head(
-        &self,
-        lane: StoreLaneId,
-        at: Timestamp,
-    ) -> Result<Option<UnitId>, StoreError> {
-        let retention = self.opts.common.ack_retention.is_some();
-        let r = self.write(|c| {
-            let actor = lane_actor(c, lane)?;
-            let skipped =
-                dead_letter_lane(c, &actor, lane, DeadReason::Skipped, at, Some(1), retention)?;
-            lane_update(c, RETRY_LANE, lane, None, &[&STRICT_BLOCKED_REASON])?;
-            Ok(skipped.first().copied())
-        });
-        self.notifier.notify();
-        r
-    }
-
-    fn set_lane_strict(&self, lane: StoreLaneId, strict: bool) -> Result<(), StoreError> {
-        self.write(|c| {
-            lane_update(
-                c,
-                "UPDATE ol_lanes SET strict = ?2 WHERE id = ?1",
-                lane,
-                None,
-                &[&strict],
-            )
-        })
-    }
-
-    fn find_lane(&self, actor: &ActorId, key: &LaneKey) -> Result<Option<StoreLaneId>, StoreError> {
-        self.read(|c| {
-            Ok(c.prepare_cached(
-                "SELECT id FROM ol_lanes WHERE actor = ?1 AND recipient = ?2 AND ordering_key = ?3",
-            )?
-            .query_row(
-                params![
-                    actor.as_str(),
-                    key.recipient(),
-                    key.ordering_key().unwrap_or("")
-                ],
-                |r| r.get(0),
-            )
-            .optional()?
-            .map(StoreLaneId))
-        })
-    }
-
-    fn purge_acked(&self, older_than: Timestamp) -> Result<u64, StoreError> {
-        self.write(|c| {
-            let done: Vec<Option<i64>> = c
-                .prepare_cached(
-                    "DELETE FROM ol_units WHERE acked_at IS NOT NULL AND acked_at < ?1 RETURNING row_ref",
-                )?
-                .query_map([millis_of(older_than)], |r| r.get(0))?
-                .collect::<Result<_, _>>()?;
-            for row_ref in done.iter().flatten() {
-                drop_row_if_unused(c, *row_ref)?;
-            }
-            Ok(done.len() as u64)
-        })
-    }
-}
-
-fn advance_tail(c: &Connection, lane: i64, seq: i64) -> Result<(), rusqlite::Error> {
-    c.prepare_cached("UPDATE ol_lanes SET tail_seq = max(tail_seq, ?2) WHERE id = ?1")?
-        .execute(params![lane, seq])?;
-    Ok(())
 }
 
 /// `PRAGMA data_version` changes when another connection (another process, or this store's

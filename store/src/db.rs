@@ -1,0 +1,406 @@
+//! The statement layer shared by the two backends: a statement is written once, with `$n`
+//! placeholders, and runs on SQLite (rusqlite) or Postgres (postgres) through [`Db`]; its rows
+//! are read through [`Get`], whose every accessor returns a typed error instead of panicking
+//! on a column of the wrong type.
+//!
+//! Where the dialects differ, a statement says so in one of two ways:
+//!
+//! - tokens, replaced once per dialect when the statement is first used: `{now}` (the
+//!   database's clock in milliseconds) and `{lock}` (`FOR UPDATE` on Postgres, nothing on
+//!   SQLite, whose single writer already serialises the transaction), `{empty_bytes}` (an
+//!   empty blob literal);
+//! - a second text for SQLite ([`Sql::with_sqlite`]) when the statement itself must differ
+//!   (arrays, planner hints, `SKIP LOCKED`).
+//!
+//! Booleans are written `TRUE`/`FALSE` and `NOT x` (SQLite reads them as 1/0); casts are left
+//! out. The hot path (enqueue, claim, ack) keeps its own tuned SQL in each backend's module.
+//!
+//! Why not sqlx or diesel here: the store's backends are the blocking rusqlite and postgres
+//! clients (the relay's threads and the blocking runtime need no async executor), and a
+//! query builder would hide the hand-tuned statements this layer exists to share.
+
+use std::sync::OnceLock;
+
+use crate::StoreError;
+
+/// Which database a statement runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Dialect {
+    /// rusqlite.
+    Sqlite,
+    /// postgres.
+    Postgres,
+}
+
+impl Dialect {
+    /// The database's clock in Unix milliseconds, as an SQL expression.
+    fn now(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => "CAST(unixepoch('subsec') * 1000 AS INTEGER)",
+            Dialect::Postgres => "(extract(epoch from clock_timestamp()) * 1000)::bigint",
+        }
+    }
+
+    fn empty_bytes(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => "x''",
+            Dialect::Postgres => "''::bytea",
+        }
+    }
+
+    fn lock(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => "",
+            Dialect::Postgres => "FOR UPDATE",
+        }
+    }
+}
+
+/// One SQL statement, written once for both dialects (see the module docs). Declared as a
+/// `static`: the text adapted to each dialect is made once and kept.
+#[derive(Debug)]
+pub(crate) struct Sql {
+    text: &'static str,
+    sqlite: Option<&'static str>,
+    adapted: [OnceLock<String>; 2],
+}
+
+impl Sql {
+    /// A statement whose text serves both dialects.
+    pub(crate) const fn new(text: &'static str) -> Sql {
+        Sql {
+            text,
+            sqlite: None,
+            adapted: [OnceLock::new(), OnceLock::new()],
+        }
+    }
+
+    /// A statement whose SQLite text differs: `text` for Postgres, `sqlite` for SQLite (both
+    /// with `$n` placeholders and the tokens).
+    pub(crate) const fn with_sqlite(text: &'static str, sqlite: &'static str) -> Sql {
+        Sql {
+            text,
+            sqlite: Some(sqlite),
+            adapted: [OnceLock::new(), OnceLock::new()],
+        }
+    }
+
+    /// The text to run on `dialect`.
+    pub(crate) fn text(&self, dialect: Dialect) -> &str {
+        let (slot, source) = match dialect {
+            Dialect::Sqlite => (&self.adapted[0], self.sqlite.unwrap_or(self.text)),
+            Dialect::Postgres => (&self.adapted[1], self.text),
+        };
+        slot.get_or_init(|| adapt(source, dialect))
+    }
+}
+
+/// Replaces the tokens, and on SQLite the `$n` placeholders by `?n` (SQLite would number a
+/// `$1` by its first appearance, not by its digits).
+fn adapt(text: &str, dialect: Dialect) -> String {
+    let text = text
+        .replace("{now}", dialect.now())
+        .replace("{lock}", dialect.lock())
+        .replace("{empty_bytes}", dialect.empty_bytes());
+    match dialect {
+        Dialect::Postgres => text,
+        Dialect::Sqlite => {
+            let mut out = String::with_capacity(text.len());
+            let mut chars = text.chars().peekable();
+            let mut quoted = false;
+            while let Some(c) = chars.next() {
+                if c == '\'' {
+                    quoted = !quoted;
+                }
+                if c == '$' && !quoted && chars.peek().is_some_and(char::is_ascii_digit) {
+                    out.push('?');
+                } else {
+                    out.push(c);
+                }
+            }
+            out
+        }
+    }
+}
+
+/// A value bound to a statement's placeholder.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Value<'a> {
+    /// A 64-bit integer (every integer column is `BIGINT`).
+    Int(i64),
+    /// An integer or `NULL`.
+    OptInt(Option<i64>),
+    /// Text.
+    Text(&'a str),
+    /// Text or `NULL`.
+    OptText(Option<&'a str>),
+    /// A boolean (an integer 0/1 on SQLite).
+    Bool(bool),
+}
+
+impl From<i64> for Value<'_> {
+    fn from(v: i64) -> Self {
+        Value::Int(v)
+    }
+}
+
+impl From<Option<i64>> for Value<'_> {
+    fn from(v: Option<i64>) -> Self {
+        Value::OptInt(v)
+    }
+}
+
+impl<'a> From<&'a str> for Value<'a> {
+    fn from(v: &'a str) -> Self {
+        Value::Text(v)
+    }
+}
+
+impl<'a> From<&'a String> for Value<'a> {
+    fn from(v: &'a String) -> Self {
+        Value::Text(v)
+    }
+}
+
+impl<'a> From<Option<&'a str>> for Value<'a> {
+    fn from(v: Option<&'a str>) -> Self {
+        Value::OptText(v)
+    }
+}
+
+impl From<bool> for Value<'_> {
+    fn from(v: bool) -> Self {
+        Value::Bool(v)
+    }
+}
+
+/// The values of a statement's placeholders, in order: `args![lane.0, reason]`.
+macro_rules! args {
+    ($($v:expr),* $(,)?) => {
+        &[$($crate::db::Value::from($v)),*]
+    };
+}
+pub(crate) use args;
+
+/// One row of a result, read by column index. A column of another type, or a `NULL` where a
+/// value is required, is an error ([`StoreError::Database`] naming the column), never a panic.
+pub(crate) trait Get {
+    /// An integer.
+    fn int(&self, col: usize) -> Result<i64, StoreError>;
+    /// An integer or `NULL`.
+    fn opt_int(&self, col: usize) -> Result<Option<i64>, StoreError>;
+    /// Text.
+    fn text(&self, col: usize) -> Result<String, StoreError>;
+    /// Text or `NULL`.
+    fn opt_text(&self, col: usize) -> Result<Option<String>, StoreError>;
+    /// A boolean (SQLite: an integer, non-zero is true).
+    fn flag(&self, col: usize) -> Result<bool, StoreError>;
+    /// A boolean or `NULL`.
+    fn opt_flag(&self, col: usize) -> Result<Option<bool>, StoreError>;
+    /// Bytes.
+    fn bytes(&self, col: usize) -> Result<Vec<u8>, StoreError>;
+}
+
+/// A connection or transaction of either backend, running [`Sql`] statements.
+pub(crate) trait Db {
+    /// The dialect of this connection.
+    const DIALECT: Dialect;
+
+    /// Runs a statement that returns no rows; returns how many rows it changed.
+    fn execute(&mut self, sql: &Sql, args: &[Value<'_>]) -> Result<u64, StoreError>;
+
+    /// Runs a query and maps every row.
+    fn query<T>(
+        &mut self,
+        sql: &Sql,
+        args: &[Value<'_>],
+        map: impl FnMut(&dyn Get) -> Result<T, StoreError>,
+    ) -> Result<Vec<T>, StoreError>;
+
+    /// The first row, if any.
+    fn query_opt<T>(
+        &mut self,
+        sql: &Sql,
+        args: &[Value<'_>],
+        map: impl FnMut(&dyn Get) -> Result<T, StoreError>,
+    ) -> Result<Option<T>, StoreError> {
+        Ok(self.query(sql, args, map)?.into_iter().next())
+    }
+
+    /// The one row a statement always returns (an aggregate, or `RETURNING` of a row the same
+    /// transaction wrote); none means the tables were edited by hand.
+    fn query_one<T>(
+        &mut self,
+        sql: &Sql,
+        args: &[Value<'_>],
+        map: impl FnMut(&dyn Get) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.query_opt(sql, args, map)?.ok_or_else(|| {
+            StoreError::Database(format!("no row returned by: {}", sql.text(Self::DIALECT)))
+        })
+    }
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    use rusqlite::types::{ToSqlOutput, ValueRef};
+    use rusqlite::{Connection, ToSql};
+
+    use super::{Db, Dialect, Get, Sql, Value};
+    use crate::StoreError;
+
+    impl ToSql for Value<'_> {
+        fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+            Ok(match *self {
+                Value::Int(v) => ToSqlOutput::Borrowed(ValueRef::Integer(v)),
+                Value::OptInt(Some(v)) => ToSqlOutput::Borrowed(ValueRef::Integer(v)),
+                Value::Text(v) | Value::OptText(Some(v)) => {
+                    ToSqlOutput::Borrowed(ValueRef::Text(v.as_bytes()))
+                }
+                Value::OptInt(None) | Value::OptText(None) => ToSqlOutput::Borrowed(ValueRef::Null),
+                Value::Bool(v) => ToSqlOutput::Borrowed(ValueRef::Integer(i64::from(v))),
+            })
+        }
+    }
+
+    impl Get for rusqlite::Row<'_> {
+        fn int(&self, col: usize) -> Result<i64, StoreError> {
+            Ok(self.get(col)?)
+        }
+        fn opt_int(&self, col: usize) -> Result<Option<i64>, StoreError> {
+            Ok(self.get(col)?)
+        }
+        fn text(&self, col: usize) -> Result<String, StoreError> {
+            Ok(self.get(col)?)
+        }
+        fn opt_text(&self, col: usize) -> Result<Option<String>, StoreError> {
+            Ok(self.get(col)?)
+        }
+        fn flag(&self, col: usize) -> Result<bool, StoreError> {
+            Ok(self.get(col)?)
+        }
+        fn opt_flag(&self, col: usize) -> Result<Option<bool>, StoreError> {
+            Ok(self.get(col)?)
+        }
+        fn bytes(&self, col: usize) -> Result<Vec<u8>, StoreError> {
+            Ok(self.get(col)?)
+        }
+    }
+
+    /// A SQLite connection (or a transaction on it) as a [`Db`]; statements are prepared
+    /// through rusqlite's statement cache.
+    pub(crate) struct SqliteDb<'c>(pub(crate) &'c Connection);
+
+    impl Db for SqliteDb<'_> {
+        const DIALECT: Dialect = Dialect::Sqlite;
+
+        fn execute(&mut self, sql: &Sql, args: &[Value<'_>]) -> Result<u64, StoreError> {
+            let mut st = self.0.prepare_cached(sql.text(Dialect::Sqlite))?;
+            let n = st.execute(rusqlite::params_from_iter(args.iter()))?;
+            Ok(n as u64)
+        }
+
+        fn query<T>(
+            &mut self,
+            sql: &Sql,
+            args: &[Value<'_>],
+            mut map: impl FnMut(&dyn Get) -> Result<T, StoreError>,
+        ) -> Result<Vec<T>, StoreError> {
+            let mut st = self.0.prepare_cached(sql.text(Dialect::Sqlite))?;
+            let mut rows = st.query(rusqlite::params_from_iter(args.iter()))?;
+            let mut out = Vec::new();
+            while let Some(row) = rows.next()? {
+                out.push(map(row)?);
+            }
+            Ok(out)
+        }
+    }
+}
+
+#[cfg(feature = "sqlite")]
+pub(crate) use sqlite::SqliteDb;
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use std::error::Error;
+
+    use postgres::types::private::BytesMut;
+    use postgres::types::{IsNull, ToSql, Type, to_sql_checked};
+
+    use super::{Get, Value};
+    use crate::StoreError;
+
+    impl ToSql for Value<'_> {
+        fn to_sql(
+            &self,
+            ty: &Type,
+            out: &mut BytesMut,
+        ) -> Result<IsNull, Box<dyn Error + Sync + Send>> {
+            match *self {
+                Value::Int(v) => v.to_sql_checked(ty, out),
+                Value::OptInt(v) => v.to_sql_checked(ty, out),
+                Value::Text(v) => v.to_sql_checked(ty, out),
+                Value::OptText(v) => v.to_sql_checked(ty, out),
+                Value::Bool(v) => v.to_sql_checked(ty, out),
+            }
+        }
+
+        fn accepts(_: &Type) -> bool {
+            // Each value checks its own type in `to_sql`.
+            true
+        }
+
+        to_sql_checked!();
+    }
+
+    impl Get for postgres::Row {
+        fn int(&self, col: usize) -> Result<i64, StoreError> {
+            Ok(self.try_get(col)?)
+        }
+        fn opt_int(&self, col: usize) -> Result<Option<i64>, StoreError> {
+            Ok(self.try_get(col)?)
+        }
+        fn text(&self, col: usize) -> Result<String, StoreError> {
+            Ok(self.try_get(col)?)
+        }
+        fn opt_text(&self, col: usize) -> Result<Option<String>, StoreError> {
+            Ok(self.try_get(col)?)
+        }
+        fn flag(&self, col: usize) -> Result<bool, StoreError> {
+            Ok(self.try_get(col)?)
+        }
+        fn opt_flag(&self, col: usize) -> Result<Option<bool>, StoreError> {
+            Ok(self.try_get(col)?)
+        }
+        fn bytes(&self, col: usize) -> Result<Vec<u8>, StoreError> {
+            Ok(self.try_get(col)?)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Dialect, Sql, adapt};
+
+    #[test]
+    fn placeholders_become_numbered_question_marks_on_sqlite_only() {
+        let s = Sql::new("SELECT '$1', x FROM t WHERE a = $1 AND b = $12 AND c < {now} {lock}");
+        assert_eq!(
+            s.text(Dialect::Sqlite),
+            "SELECT '$1', x FROM t WHERE a = ?1 AND b = ?12 AND c < CAST(unixepoch('subsec') * 1000 AS INTEGER) "
+        );
+        assert_eq!(
+            s.text(Dialect::Postgres),
+            "SELECT '$1', x FROM t WHERE a = $1 AND b = $12 AND c < \
+             (extract(epoch from clock_timestamp()) * 1000)::bigint FOR UPDATE"
+        );
+    }
+
+    #[test]
+    fn a_statement_may_carry_its_own_sqlite_text() {
+        let s = Sql::with_sqlite("SELECT $1 OFFSET 0", "SELECT +$1");
+        assert_eq!(s.text(Dialect::Postgres), "SELECT $1 OFFSET 0");
+        assert_eq!(s.text(Dialect::Sqlite), "SELECT +?1");
+        assert_eq!(adapt("$x", Dialect::Sqlite), "$x");
+    }
+}

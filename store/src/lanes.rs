@@ -1,0 +1,152 @@
+//! Lanes, written once for both backends: a pass's lane states (backoff, strict block), the
+//! operator's controls (pause, resume, retry now, strict), finding a lane, and the lane list.
+
+use outbox_lanes_core::{ActorId, LaneKey, Timestamp};
+
+use crate::db::{Db, Sql, args};
+use crate::types::{LaneStatus, STRICT_BLOCKED_REASON};
+use crate::util::{key_of, millis_of, status_of, timestamp_of, to_u32, to_u64};
+use crate::{StoreError, StoreLaneId};
+
+static LANE_ACTOR: Sql = Sql::new("SELECT actor FROM ol_lanes WHERE id = $1");
+
+/// The actor owning `lane`.
+pub(crate) fn lane_actor(db: &mut impl Db, lane: StoreLaneId) -> Result<String, StoreError> {
+    db.query_opt(&LANE_ACTOR, args![lane.0], |r| r.text(0))?
+        .ok_or(StoreError::NotFound { what: "lane" })
+}
+
+/// Runs an update of one lane; [`StoreError::NotFound`] if it changed nothing.
+fn update(db: &mut impl Db, sql: &Sql, args: &[crate::db::Value<'_>]) -> Result<(), StoreError> {
+    if db.execute(sql, args)? == 0 {
+        return Err(StoreError::NotFound { what: "lane" });
+    }
+    Ok(())
+}
+
+static SET_BACKOFF: Sql = Sql::new(
+    "UPDATE ol_lanes SET not_before = $3, backoff_level = $4 WHERE id = $1 AND actor = $2",
+);
+
+/// Persists a lane's backoff (`None`: open) for a pass of `actor`.
+pub(crate) fn set_backoff(
+    db: &mut impl Db,
+    actor: &str,
+    lane: StoreLaneId,
+    not_before: Option<Timestamp>,
+    level: u32,
+) -> Result<(), StoreError> {
+    let level = i64::from(level);
+    update(
+        db,
+        &SET_BACKOFF,
+        args![lane.0, actor, not_before.map(millis_of), level],
+    )
+}
+
+static BLOCK: Sql =
+    Sql::new("UPDATE ol_lanes SET paused = TRUE, pause_reason = $3 WHERE id = $1 AND actor = $2");
+
+/// Pauses a strict lane of `actor` on its failing head ([`STRICT_BLOCKED_REASON`]).
+pub(crate) fn block(
+    db: &mut impl Db,
+    actor: &str,
+    lane: StoreLaneId,
+    reason: &str,
+) -> Result<(), StoreError> {
+    let reason = format!("{STRICT_BLOCKED_REASON}: {reason}");
+    update(db, &BLOCK, args![lane.0, actor, &reason])
+}
+
+static PAUSE: Sql = Sql::new("UPDATE ol_lanes SET paused = TRUE, pause_reason = $2 WHERE id = $1");
+static RESUME: Sql =
+    Sql::new("UPDATE ol_lanes SET paused = FALSE, pause_reason = NULL WHERE id = $1");
+static SET_STRICT: Sql = Sql::new("UPDATE ol_lanes SET strict = $2 WHERE id = $1");
+/// Clears a lane's backoff and lifts a strict block (a pause reason starting with `$2`,
+/// [`STRICT_BLOCKED_REASON`]); an operator's pause stays.
+static RETRY_NOW: Sql = Sql::new(
+    "UPDATE ol_lanes SET not_before = NULL, backoff_level = 0, \
+     paused = CASE WHEN substr(pause_reason, 1, length($2)) = $2 THEN FALSE ELSE paused END, \
+     pause_reason = CASE WHEN substr(pause_reason, 1, length($2)) = $2 THEN NULL \
+     ELSE pause_reason END \
+     WHERE id = $1",
+);
+
+/// Pauses a lane (operator).
+pub(crate) fn pause(db: &mut impl Db, lane: StoreLaneId, reason: &str) -> Result<(), StoreError> {
+    update(db, &PAUSE, args![lane.0, reason])
+}
+
+/// Resumes a paused lane (operator).
+pub(crate) fn resume(db: &mut impl Db, lane: StoreLaneId) -> Result<(), StoreError> {
+    update(db, &RESUME, args![lane.0])
+}
+
+/// Sets a lane's strict mode (operator).
+pub(crate) fn set_strict(
+    db: &mut impl Db,
+    lane: StoreLaneId,
+    strict: bool,
+) -> Result<(), StoreError> {
+    update(db, &SET_STRICT, args![lane.0, strict])
+}
+
+/// Clears a lane's backoff and lifts a strict block (operator).
+pub(crate) fn retry_now(db: &mut impl Db, lane: StoreLaneId) -> Result<(), StoreError> {
+    update(db, &RETRY_NOW, args![lane.0, STRICT_BLOCKED_REASON])
+}
+
+static FIND: Sql =
+    Sql::new("SELECT id FROM ol_lanes WHERE actor = $1 AND recipient = $2 AND ordering_key = $3");
+
+/// The id of an actor's lane, if it exists.
+pub(crate) fn find(
+    db: &mut impl Db,
+    actor: &ActorId,
+    key: &LaneKey,
+) -> Result<Option<StoreLaneId>, StoreError> {
+    let ordering_key = key.ordering_key().unwrap_or("");
+    db.query_opt(
+        &FIND,
+        args![actor.as_str(), key.recipient(), ordering_key],
+        |r| Ok(StoreLaneId(r.int(0)?)),
+    )
+}
+
+/// Depth: the lane's rows minus its settled ones (served or dead lanes of joined units still
+/// pending elsewhere), two index counts: no unit row, so no payload, is read.
+static LIST: Sql = Sql::new(
+    "SELECT l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, l.paused, \
+     l.pause_reason, l.last_status, l.last_error, \
+     (SELECT count(*) FROM ol_units d WHERE d.lane_id = l.id) \
+     - (SELECT count(*) FROM ol_units d WHERE d.lane_id = l.id AND d.state <> 0), \
+     (SELECT coalesce(h.enqueued_at, r.enqueued_at) FROM ol_units d \
+      JOIN ol_units h ON h.id = coalesce(d.unit_id, d.id) LEFT JOIN ol_rows r ON r.id = h.row_ref \
+      WHERE d.lane_id = l.id AND d.state = 0 ORDER BY d.seq, d.id LIMIT 1), \
+     (SELECT d.last_attempt_at IS NOT NULL FROM ol_units d \
+      WHERE d.lane_id = l.id AND d.state = 0 ORDER BY d.seq, d.id LIMIT 1) \
+     FROM ol_lanes l WHERE l.actor = $1 ORDER BY l.id",
+);
+
+/// Every lane of the actor, with its depth and state.
+pub(crate) fn list(db: &mut impl Db, actor: &ActorId) -> Result<Vec<LaneStatus>, StoreError> {
+    db.query(&LIST, args![actor.as_str()], |r| {
+        let last_status = status_of(r.opt_int(8)?);
+        let last_error = r.opt_text(9)?;
+        let head_failed = r.opt_flag(12)?.unwrap_or(false);
+        Ok(LaneStatus {
+            last_error_stale: (last_status.is_some() || last_error.is_some()) && !head_failed,
+            last_status,
+            last_error,
+            lane: StoreLaneId(r.int(0)?),
+            key: key_of(r.text(1)?, r.text(2)?),
+            not_before: r.opt_int(3)?.map(timestamp_of),
+            backoff_level: to_u32(r.int(4)?),
+            strict: r.flag(5)?,
+            paused: r.flag(6)?,
+            pause_reason: r.opt_text(7)?,
+            depth: to_u64(r.int(10)?),
+            head_enqueued_at: r.opt_int(11)?.map(timestamp_of),
+        })
+    })
+}

@@ -1,0 +1,144 @@
+//! The user's side of the store ([`ServiceStore`]), written once for every [`Backend`]: each
+//! method opens the backend's read or write transaction and runs the shared operation of its
+//! concern (`status`, `lanes`, `dead_letters`, `units`).
+
+use std::time::SystemTime;
+
+use outbox_lanes_core::{ActorId, DeadReason, LaneKey, Timestamp, UnitId};
+
+use crate::backend::Backend;
+use crate::db::{Db, Sql, args};
+use crate::types::{
+    ActorStatus, DeadLetter, DeadLetterId, DeadLetterSelection, Enqueued, LaneStatus, NewRow,
+    Payload,
+};
+use crate::units::drop_row_if_unused;
+use crate::util::millis_of;
+use crate::{EnqueueError, ServiceStore, StoreError, StoreLaneId, dead_letters, lanes, status};
+
+static RETAINED_BEFORE: Sql =
+    Sql::new("SELECT id, row_ref FROM ol_units WHERE acked_at IS NOT NULL AND acked_at < $1");
+static DELETE_UNIT: Sql = Sql::new("DELETE FROM ol_units WHERE id = $1");
+
+// `Backend` is crate-private on purpose (sealed): only this crate's stores implement it.
+#[allow(private_bounds)]
+impl<B: Backend> ServiceStore for B {
+    fn enqueue(&self, actor: &ActorId, rows: &[NewRow]) -> Result<Vec<Enqueued>, EnqueueError> {
+        self.enqueue_batch(actor, rows)
+    }
+
+    fn status(&self) -> Result<Vec<ActorStatus>, StoreError> {
+        let now = Timestamp::from_system_time(SystemTime::now());
+        self.read(|db| status::status(db, now))
+    }
+
+    fn lanes(&self, actor: &ActorId) -> Result<Vec<LaneStatus>, StoreError> {
+        self.read(|db| lanes::list(db, actor))
+    }
+
+    fn dead_letters(&self, actor: Option<&ActorId>) -> Result<Vec<DeadLetter>, StoreError> {
+        self.read(|db| dead_letters::list(db, actor))
+    }
+
+    fn replay_dead_letters(&self, which: &DeadLetterSelection) -> Result<Vec<UnitId>, StoreError> {
+        let units = self.write(false, |db| {
+            let (units, actors) = dead_letters::replay(db, which)?;
+            self.notify_others(db, &actors)?;
+            Ok(units)
+        })?;
+        self.notify();
+        Ok(units)
+    }
+
+    fn purge_dead_letters(&self, which: &DeadLetterSelection) -> Result<u64, StoreError> {
+        self.write(false, |db| dead_letters::purge(db, which))
+    }
+
+    fn dead_letter_payload(&self, id: DeadLetterId) -> Result<Payload, StoreError> {
+        self.read(|db| dead_letters::payload(db, id))
+    }
+
+    fn oldest_pending(&self) -> Result<Vec<(ActorId, Timestamp)>, StoreError> {
+        self.read(|db| status::oldest_pending(db))
+    }
+
+    fn pause_lane(&self, lane: StoreLaneId, reason: &str) -> Result<(), StoreError> {
+        self.write(true, |db| lanes::pause(db, lane, reason))
+    }
+
+    fn resume_lane(&self, lane: StoreLaneId) -> Result<(), StoreError> {
+        let r = self.write(true, |db| lanes::resume(db, lane));
+        self.notify();
+        r
+    }
+
+    fn retry_lane_now(&self, lane: StoreLaneId) -> Result<(), StoreError> {
+        let r = self.write(true, |db| lanes::retry_now(db, lane));
+        self.notify();
+        r
+    }
+
+    fn purge_lane(&self, lane: StoreLaneId, at: Timestamp) -> Result<u64, StoreError> {
+        let retention = self.common().ack_retention.is_some();
+        self.write(false, |db| {
+            let actor = lanes::lane_actor(db, lane)?;
+            let purged = dead_letters::dead_letter_lane(
+                db,
+                &actor,
+                lane,
+                DeadReason::Purged,
+                at,
+                None,
+                retention,
+            )?;
+            Ok(purged.len() as u64)
+        })
+    }
+
+    fn skip_lane_head(
+        &self,
+        lane: StoreLaneId,
+        at: Timestamp,
+    ) -> Result<Option<UnitId>, StoreError> {
+        let retention = self.common().ack_retention.is_some();
+        let r = self.write(false, |db| {
+            let actor = lanes::lane_actor(db, lane)?;
+            let skipped = dead_letters::dead_letter_lane(
+                db,
+                &actor,
+                lane,
+                DeadReason::Skipped,
+                at,
+                Some(1),
+                retention,
+            )?;
+            lanes::retry_now(db, lane)?;
+            Ok(skipped.first().copied())
+        });
+        self.notify();
+        r
+    }
+
+    fn set_lane_strict(&self, lane: StoreLaneId, strict: bool) -> Result<(), StoreError> {
+        self.write(true, |db| lanes::set_strict(db, lane, strict))
+    }
+
+    fn find_lane(&self, actor: &ActorId, key: &LaneKey) -> Result<Option<StoreLaneId>, StoreError> {
+        self.read(|db| lanes::find(db, actor, key))
+    }
+
+    fn purge_acked(&self, older_than: Timestamp) -> Result<u64, StoreError> {
+        self.write(true, |db| {
+            let done = db.query(&RETAINED_BEFORE, args![millis_of(older_than)], |r| {
+                Ok((r.int(0)?, r.opt_int(1)?))
+            })?;
+            for (unit, row_ref) in &done {
+                db.execute(&DELETE_UNIT, args![*unit])?;
+                if let Some(row_ref) = row_ref {
+                    drop_row_if_unused(db, *row_ref)?;
+                }
+            }
+            Ok(done.len() as u64)
+        })
+    }
+}
