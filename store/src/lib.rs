@@ -59,6 +59,8 @@ pub mod postgres;
 mod prepare;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod service;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod slots;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 #[cfg(feature = "sqlx")]

@@ -66,7 +66,7 @@ use crate::util::{
     decode_headers, encode_headers, key_of, millis_of, timestamp_of, to_i64, to_u32, to_u64,
 };
 use crate::{DriverStore, EnqueueError, SCHEMA_VERSION, StoreError};
-use crate::{dead_letters, lanes, status, units};
+use crate::{dead_letters, lanes, slots, status, units};
 
 /// How a [`PgStore`] connects.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -1077,7 +1077,7 @@ impl PgStore {
         mut f: impl FnMut(&mut PgTx<'_>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         self.tx(idempotent, |t| {
-            fence(t, token, true)?;
+            slots::fence(t, token)?;
             f(t)
         })
     }
@@ -1087,25 +1087,6 @@ impl PgStore {
 /// statements that fence themselves instead of spending a round trip on [`fence`].
 const LIVE_SLOT: &str = "SELECT 1 FROM ol_slots WHERE actor = $1 AND token = $2 AND holder IS NOT NULL \
      AND lease_expires > (extract(epoch from clock_timestamp()) * 1000)::bigint";
-
-fn stale(token: &SlotToken) -> StoreError {
-    tracing::debug!(target: "outbox_lanes::store", actor = token.actor().as_str(), fencing = token.fencing(), "stale drain-slot token refused");
-    StoreError::StaleToken
-}
-
-fn fence(t: &mut impl PgExec, token: &SlotToken, lock: bool) -> Result<(), StoreError> {
-    let sql = if lock {
-        "SELECT 1 FROM ol_slots WHERE actor = $1 AND token = $2 AND holder IS NOT NULL \
-         AND lease_expires > (extract(epoch from clock_timestamp()) * 1000)::bigint FOR SHARE"
-    } else {
-        "SELECT 1 FROM ol_slots WHERE actor = $1 AND token = $2 AND holder IS NOT NULL \
-         AND lease_expires > (extract(epoch from clock_timestamp()) * 1000)::bigint"
-    };
-    match t.query_opt_row(sql, &[&token.actor().as_str(), &to_i64(token.fencing())])? {
-        Some(_) => Ok(()),
-        None => Err(stale(token)),
-    }
-}
 
 /// A unique violation on a row id index (`ol_units_row_id` or `ol_rows`' `UNIQUE (actor,
 /// row_id)`), mapped to the batch row it names: how the one-statement enqueue refuses a row id
@@ -1646,63 +1627,20 @@ impl DriverStore for PgStore {
         holder: &str,
         lease: Duration,
     ) -> Result<SlotAcquisition, StoreError> {
-        let lease = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
         self.register_holder(holder);
         self.tx(false, |t| {
-            t.execute_sql("INSERT INTO ol_slots (actor) VALUES ($1) ON CONFLICT (actor) DO NOTHING", &[&actor.as_str()])?;
-            self.expire_dead_holders(t, holder, Some(actor))?;
-            let got = t.query_opt_row(
-                &format!(
-                    "UPDATE ol_slots SET token = token + 1, holder = $2, lease_expires = {NOW} + $3, look_again = FALSE \
-                     WHERE actor = $1 AND (holder IS NULL OR lease_expires <= {NOW}) RETURNING token"
-                ),
-                &[&actor.as_str(), &holder, &lease],
-            )?;
-            match got {
-                Some(r) => Ok(SlotAcquisition::Acquired(SlotToken::new(actor.clone(), to_u64(r.try_get(0)?), holder.to_string()))),
-                None => {
-                    t.execute_sql("UPDATE ol_slots SET look_again = TRUE WHERE actor = $1", &[&actor.as_str()])?;
-                    Ok(SlotAcquisition::Held)
-                }
-            }
+            slots::acquire(t, actor, holder, lease, |t| {
+                self.expire_dead_holders(t, holder, Some(actor))
+            })
         })
     }
 
     fn renew_slot(&self, token: &SlotToken, lease: Duration) -> Result<(), StoreError> {
-        let lease = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
-        self.tx(true, |t| {
-            let n = t.execute_sql(
-                &format!(
-                    "UPDATE ol_slots SET lease_expires = {NOW} + $3 WHERE actor = $1 AND token = $2 \
-                     AND holder IS NOT NULL AND lease_expires > {NOW}"
-                ),
-                &[&token.actor().as_str(), &to_i64(token.fencing()), &lease],
-            )?;
-            if n == 0 { Err(StoreError::StaleToken) } else { Ok(()) }
-        })
+        self.tx(true, |t| slots::renew(t, token, lease))
     }
 
     fn release_slot(&self, token: &SlotToken) -> Result<SlotRelease, StoreError> {
-        self.tx(false, |t| {
-            let look = t.query_opt_row(
-                &format!(
-                    "SELECT look_again FROM ol_slots WHERE actor = $1 AND token = $2 AND holder IS NOT NULL \
-                     AND lease_expires > {NOW} FOR UPDATE"
-                ),
-                &[&token.actor().as_str(), &to_i64(token.fencing())],
-            )?;
-            match look.map(|r| r.try_get::<_, bool>(0)).transpose()? {
-                None => Err(StoreError::StaleToken),
-                Some(true) => {
-                    t.execute_sql("UPDATE ol_slots SET look_again = FALSE WHERE actor = $1", &[&token.actor().as_str()])?;
-                    Ok(SlotRelease::LookAgain)
-                }
-                Some(false) => {
-                    t.execute_sql("UPDATE ol_slots SET holder = NULL, lease_expires = 0 WHERE actor = $1", &[&token.actor().as_str()])?;
-                    Ok(SlotRelease::Released)
-                }
-            }
-        })
+        self.tx(false, |t| slots::release(t, token))
     }
 
     fn lanes_with_work(
@@ -1726,7 +1664,7 @@ impl DriverStore for PgStore {
                 &[&token.actor().as_str(), &to_i64(token.fencing()), &to_i64(since)],
             )?;
             if !rows.first().map(|r| r.try_get::<_, bool>(0)).transpose()?.unwrap_or(false) {
-                return Err(stale(token));
+                return Err(slots::stale(token));
             }
             let mut mark = since;
             let mut out = Vec::with_capacity(rows.len());
@@ -1795,7 +1733,7 @@ impl DriverStore for PgStore {
                 &[&actor, &to_i64(token.fencing()), &k_lane, &k_from, &k_lim],
             )?;
             if !rows.first().map(|r| r.try_get::<_, bool>(0)).transpose()?.unwrap_or(false) {
-                return Err(stale(token));
+                return Err(slots::stale(token));
             }
             let mut info: HashMap<i64, (LaneKey, bool)> = HashMap::new();
             let mut heads: Vec<Vec<Row>> = lanes.iter().map(|_| Vec::new()).collect();
@@ -1959,14 +1897,14 @@ impl DriverStore for PgStore {
             t.query_one_row(&fast, &[&actor, &to_i64(token.fencing()), &units, &lanes])
         })?;
         if !r.try_get::<_, bool>(0)? {
-            return Err(stale(token));
+            return Err(slots::stale(token));
         }
         if !r.try_get::<_, bool>(1)? {
             return Ok(());
         }
         // Joined units (the statement above wrote nothing): in a transaction, fenced.
         self.tx(true, |t| {
-            fence(t, token, true)?;
+            slots::fence(t, token)?;
             // Each statement writes a row once (Postgres does not let one statement update a
             // row twice): first the other lanes' rows, with a read of the heads acked on their
             // own lane (a one-lane unit's head is its only row)...
@@ -2151,59 +2089,11 @@ impl DriverStore for PgStore {
         now: Timestamp,
         max: usize,
     ) -> Result<Vec<SlotToken>, StoreError> {
-        let lease = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
         self.register_holder(holder);
         self.tx(false, |t| {
-            self.expire_dead_holders(t, holder, None)?;
-            t.execute_sql(
-                "INSERT INTO ol_slots (actor) SELECT DISTINCT l.actor FROM ol_lanes l \
-                 WHERE NOT l.paused AND (l.not_before IS NULL OR l.not_before <= $1) \
-                 AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0) \
-                 ON CONFLICT (actor) DO NOTHING",
-                &[&millis_of(now)],
-            )?;
-            // Rows another relay is acquiring or releasing right now are skipped, not waited on.
-            let slots: Vec<(String, bool)> = t
-                .query_rows(
-                    &format!(
-                        "SELECT s.actor, (s.holder IS NULL OR s.lease_expires <= {NOW}) FROM ol_slots s \
-                         WHERE s.actor IN (SELECT l.actor FROM ol_lanes l WHERE NOT l.paused \
-                           AND (l.not_before IS NULL OR l.not_before <= $1) \
-                           AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0)) \
-                         ORDER BY s.lease_expires, s.actor FOR UPDATE OF s SKIP LOCKED"
-                    ),
-                    &[&millis_of(now)],
-                )?
-                .iter()
-                .map(|r| -> Result<_, postgres::Error> { Ok((r.try_get(0)?, r.try_get(1)?)) })
-                .collect::<Result<_, _>>()?;
-            let take: Vec<&str> = slots.iter().filter(|s| s.1).take(max).map(|s| s.0.as_str()).collect();
-            let held: Vec<&str> = slots.iter().filter(|s| !s.1).map(|s| s.0.as_str()).collect();
-            if !held.is_empty() {
-                t.execute_sql(
-                    "UPDATE ol_slots SET look_again = TRUE WHERE actor IN (SELECT unnest($1::text[]))",
-                    &[&held],
-                )?;
-            }
-            if take.is_empty() {
-                return Ok(Vec::new());
-            }
-            let mut got: Vec<(String, i64)> = t
-                .query_rows(
-                    &format!(
-                        "UPDATE ol_slots SET token = token + 1, holder = $2, lease_expires = {NOW} + $3, \
-                         look_again = FALSE WHERE actor IN (SELECT unnest($1::text[])) RETURNING actor, token"
-                    ),
-                    &[&take, &holder, &lease],
-                )?
-                .iter()
-                .map(|r| -> Result<_, postgres::Error> { Ok((r.try_get(0)?, r.try_get(1)?)) })
-                .collect::<Result<_, _>>()?;
-            got.sort();
-            Ok(got
-                .into_iter()
-                .map(|(a, tok)| SlotToken::new(ActorId::new(a), to_u64(tok), holder.to_string()))
-                .collect())
+            slots::acquire_ready(t, holder, lease, now, max, |t| {
+                self.expire_dead_holders(t, holder, None)
+            })
         })
     }
 

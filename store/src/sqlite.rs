@@ -39,7 +39,7 @@ use crate::util::{
     decode_headers, encode_headers, key_of, millis_of, timestamp_of, to_i64, to_u32, to_u64,
 };
 use crate::{DriverStore, EnqueueError, SCHEMA_VERSION, StoreError};
-use crate::{dead_letters, lanes, status, units};
+use crate::{dead_letters, lanes, slots, status, units};
 
 /// The durability of a commit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -120,12 +120,6 @@ impl core::fmt::Debug for SqliteStore {
             .finish_non_exhaustive()
     }
 }
-
-/// Makes sure every actor with admissible work has a slot row.
-const READY_SLOTS_SQLITE: &str = "INSERT INTO ol_slots (actor) SELECT DISTINCT l.actor FROM ol_lanes l \
-     WHERE l.paused = 0 AND (l.not_before IS NULL OR l.not_before <= ?1) \
-     AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0) \
-     ON CONFLICT (actor) DO NOTHING";
 
 /// SQLite's clock in milliseconds, read inside the statement.
 const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
@@ -297,10 +291,6 @@ const STATE_SERVED: i64 = 1;
 /// The row of one (unit, lane): the unit's head itself, or one of its other lanes. `+lane_id`
 /// keeps the planner on the id / `ol_units_unit` lookups instead of walking the lane's index.
 const UNIT_LANE: &str = "(d.id = ?1 AND d.unit_id IS NULL OR d.unit_id = ?1) AND +d.lane_id = ?2";
-
-fn dur_ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
 
 fn lock(m: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
     // A panic inside a transaction rolled it back when the Transaction dropped; the
@@ -516,7 +506,7 @@ impl SqliteStore {
     /// are then taken over at once, with a new fencing token, instead of after their lease.
     fn expire_dead_holders(
         &self,
-        c: &Transaction<'_>,
+        c: &Connection,
         us: &str,
         actor: Option<&ActorId>,
     ) -> Result<(), StoreError> {
@@ -694,23 +684,6 @@ fn open_err(target: &str, e: rusqlite::Error) -> StoreError {
             StoreError::Busy
         }
         _ => StoreError::open(target, e.to_string(), e),
-    }
-}
-
-fn fence(c: &Connection, t: &SlotToken) -> Result<(), StoreError> {
-    let live: bool = c
-        .prepare_cached(&format!(
-            "SELECT EXISTS (SELECT 1 FROM ol_slots WHERE actor = ?1 AND token = ?2 \
-             AND holder IS NOT NULL AND lease_expires > {NOW})"
-        ))?
-        .query_row(params![t.actor().as_str(), to_i64(t.fencing())], |r| {
-            r.get(0)
-        })?;
-    if live {
-        Ok(())
-    } else {
-        tracing::debug!(target: "outbox_lanes::store", actor = t.actor().as_str(), fencing = t.fencing(), "stale drain-slot token refused");
-        Err(StoreError::StaleToken)
     }
 }
 
@@ -1007,67 +980,18 @@ impl DriverStore for SqliteStore {
             l.register(holder);
         }
         self.write(|c| {
-            c.prepare_cached("INSERT INTO ol_slots (actor) VALUES (?1) ON CONFLICT (actor) DO NOTHING")?
-                .execute([actor.as_str()])?;
-            self.expire_dead_holders(c, holder, Some(actor))?;
-            let got: Option<i64> = c
-                .prepare_cached(&format!(
-                    "UPDATE ol_slots SET token = token + 1, holder = ?2, lease_expires = {NOW} + ?3, look_again = 0 \
-                     WHERE actor = ?1 AND (holder IS NULL OR lease_expires <= {NOW}) RETURNING token"
-                ))?
-                .query_row(params![actor.as_str(), holder, dur_ms(lease)], |r| r.get(0))
-                .optional()?;
-            match got {
-                Some(t) => Ok(SlotAcquisition::Acquired(SlotToken::new(actor.clone(), to_u64(t), holder.to_string()))),
-                None => {
-                    c.prepare_cached("UPDATE ol_slots SET look_again = 1 WHERE actor = ?1")?
-                        .execute([actor.as_str()])?;
-                    Ok(SlotAcquisition::Held)
-                }
-            }
+            slots::acquire(&mut SqliteDb(c), actor, holder, lease, |db| {
+                self.expire_dead_holders(db.0, holder, Some(actor))
+            })
         })
     }
 
     fn renew_slot(&self, token: &SlotToken, lease: Duration) -> Result<(), StoreError> {
-        self.write(|c| {
-            let n = c
-                .prepare_cached(&format!(
-                    "UPDATE ol_slots SET lease_expires = {NOW} + ?3 WHERE actor = ?1 AND token = ?2 \
-                     AND holder IS NOT NULL AND lease_expires > {NOW}"
-                ))?
-                .execute(params![token.actor().as_str(), to_i64(token.fencing()), dur_ms(lease)])?;
-            if n == 0 { Err(StoreError::StaleToken) } else { Ok(()) }
-        })
+        self.write(|c| slots::renew(&mut SqliteDb(c), token, lease))
     }
 
     fn release_slot(&self, token: &SlotToken) -> Result<SlotRelease, StoreError> {
-        self.write(|c| {
-            let look: Option<bool> = c
-                .prepare_cached(&format!(
-                    "SELECT look_again FROM ol_slots WHERE actor = ?1 AND token = ?2 \
-                     AND holder IS NOT NULL AND lease_expires > {NOW}"
-                ))?
-                .query_row(
-                    params![token.actor().as_str(), to_i64(token.fencing())],
-                    |r| r.get(0),
-                )
-                .optional()?;
-            match look {
-                None => Err(StoreError::StaleToken),
-                Some(true) => {
-                    c.prepare_cached("UPDATE ol_slots SET look_again = 0 WHERE actor = ?1")?
-                        .execute([token.actor().as_str()])?;
-                    Ok(SlotRelease::LookAgain)
-                }
-                Some(false) => {
-                    c.prepare_cached(
-                        "UPDATE ol_slots SET holder = NULL, lease_expires = 0 WHERE actor = ?1",
-                    )?
-                    .execute([token.actor().as_str()])?;
-                    Ok(SlotRelease::Released)
-                }
-            }
-        })
+        self.write(|c| slots::release(&mut SqliteDb(c), token))
     }
 
     fn lanes_with_work(
@@ -1076,7 +1000,7 @@ impl DriverStore for SqliteStore {
         since: u64,
     ) -> Result<(Vec<PendingLane>, u64), StoreError> {
         self.read(|c| {
-            fence(c, token)?;
+            slots::fence(&mut SqliteDb(c), token)?;
             let mut mark = since;
             let mut st = c.prepare_cached(
                 "SELECT l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, l.paused, l.tail_seq \
@@ -1112,7 +1036,7 @@ impl DriverStore for SqliteStore {
         lanes: &[ClaimRange],
     ) -> Result<Vec<ClaimedLane>, StoreError> {
         self.read(|c| {
-            fence(c, token)?;
+            slots::fence(&mut SqliteDb(c), token)?;
             let actor = token.actor().as_str();
             let mut out = Vec::with_capacity(lanes.len());
             for req in lanes {
@@ -1257,7 +1181,7 @@ impl DriverStore for SqliteStore {
     ) -> Result<(), StoreError> {
         let retention = self.opts.common.ack_retention.is_some();
         self.write(|c| {
-            fence(c, token)?;
+            slots::fence(&mut SqliteDb(c), token)?;
             let actor = token.actor().as_str();
             // A unit with one lane (the common case) is finished by its ack: its one row goes
             // (with its payload, when inline) in one plain DELETE; with the retention, the head
@@ -1331,7 +1255,7 @@ impl DriverStore for SqliteStore {
         attempts: &[AttemptRecord],
     ) -> Result<(), StoreError> {
         self.write(|c| {
-            fence(c, token)?;
+            slots::fence(&mut SqliteDb(c), token)?;
             let actor = token.actor().as_str();
             for a in attempts {
                 let status = a.status.map(i64::from);
@@ -1354,7 +1278,7 @@ impl DriverStore for SqliteStore {
     fn dead_letter(&self, token: &SlotToken, dead: &DeadLetterRequest) -> Result<(), StoreError> {
         let retention = self.opts.common.ack_retention.is_some();
         self.write(|c| {
-            fence(c, token)?;
+            slots::fence(&mut SqliteDb(c), token)?;
             dead_letters::dead_letter(&mut SqliteDb(c), token.actor().as_str(), dead, retention)?;
             Ok(())
         })
@@ -1368,7 +1292,7 @@ impl DriverStore for SqliteStore {
         backoff_level: u32,
     ) -> Result<(), StoreError> {
         self.write(|c| {
-            fence(c, token)?;
+            slots::fence(&mut SqliteDb(c), token)?;
             let actor = token.actor().as_str();
             lanes::set_backoff(&mut SqliteDb(c), actor, lane, not_before, backoff_level)
         })
@@ -1381,7 +1305,7 @@ impl DriverStore for SqliteStore {
         reason: &str,
     ) -> Result<(), StoreError> {
         self.write(|c| {
-            fence(c, token)?;
+            slots::fence(&mut SqliteDb(c), token)?;
             lanes::block(&mut SqliteDb(c), token.actor().as_str(), lane, reason)
         })
     }
@@ -1394,7 +1318,7 @@ impl DriverStore for SqliteStore {
     ) -> Result<u64, StoreError> {
         let retention = self.opts.common.ack_retention.is_some();
         self.write(|c| {
-            fence(c, token)?;
+            slots::fence(&mut SqliteDb(c), token)?;
             dead_letters::dead_letter_lane(
                 &mut SqliteDb(c),
                 token.actor().as_str(),
@@ -1418,36 +1342,10 @@ impl DriverStore for SqliteStore {
         if let Some(l) = &self.liveness {
             l.register(holder);
         }
-        // SQLite has one writer at a time: the write lock does what SKIP LOCKED does on Postgres.
         self.write(|c| {
-            c.prepare_cached(READY_SLOTS_SQLITE)?.execute([millis_of(now)])?;
-            self.expire_dead_holders(c, holder, None)?;
-            let slots: Vec<(String, bool)> = c
-                .prepare_cached(&format!(
-                    "SELECT s.actor, (s.holder IS NULL OR s.lease_expires <= {NOW}) FROM ol_slots s \
-                     WHERE s.actor IN (SELECT l.actor FROM ol_lanes l WHERE l.paused = 0 \
-                       AND (l.not_before IS NULL OR l.not_before <= ?1) \
-                       AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0)) \
-                     ORDER BY s.lease_expires, s.actor"
-                ))?
-                .query_map([millis_of(now)], |r| Ok((r.get(0)?, r.get(1)?)))?
-                .collect::<Result<_, _>>()?;
-            let mut out = Vec::new();
-            for (actor, free) in slots {
-                if free && out.len() < max {
-                    let token: i64 = c
-                        .prepare_cached(&format!(
-                            "UPDATE ol_slots SET token = token + 1, holder = ?2, lease_expires = {NOW} + ?3, \
-                             look_again = 0 WHERE actor = ?1 RETURNING token"
-                        ))?
-                        .query_row(params![actor, holder, dur_ms(lease)], |r| r.get(0))?;
-                    out.push(SlotToken::new(ActorId::new(actor), to_u64(token), holder.to_string()));
-                } else if !free {
-                    c.prepare_cached("UPDATE ol_slots SET look_again = 1 WHERE actor = ?1")?
-                        .execute([actor])?;
-                }
-            }
-            Ok(out)
+            slots::acquire_ready(&mut SqliteDb(c), holder, lease, now, max, |db| {
+                self.expire_dead_holders(db.0, holder, None)
+            })
         })
     }
 

@@ -1,0 +1,187 @@
+//! The drain slot of each actor (OL-12), written once for both backends: taking it with a
+//! fresh fencing token, renewing its lease, releasing it (or keeping it when "look again" was
+//! set), checking a token, and the monitor's "take the slots of free actors with work".
+//!
+//! Each backend brings its own way of finding holders that died (SQLite: lock files; Postgres:
+//! session advisory locks) as the `expire_dead` step.
+
+use core::time::Duration;
+
+use outbox_lanes_core::{ActorId, Timestamp};
+
+use crate::StoreError;
+use crate::db::{Db, Sql, args};
+use crate::types::{SlotAcquisition, SlotRelease, SlotToken};
+use crate::util::{millis_of, to_i64, to_u64};
+
+fn lease_ms(lease: Duration) -> i64 {
+    i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)
+}
+
+static ENSURE: Sql =
+    Sql::new("INSERT INTO ol_slots (actor) VALUES ($1) ON CONFLICT (actor) DO NOTHING");
+static TAKE_IF_FREE: Sql = Sql::new(
+    "UPDATE ol_slots SET token = token + 1, holder = $2, lease_expires = {now} + $3, look_again = FALSE \
+     WHERE actor = $1 AND (holder IS NULL OR lease_expires <= {now}) RETURNING token",
+);
+static LOOK_AGAIN: Sql = Sql::new("UPDATE ol_slots SET look_again = TRUE WHERE actor = $1");
+
+/// Takes `actor`'s slot if it is free or its lease expired; else sets "look again".
+pub(crate) fn acquire<D: Db>(
+    db: &mut D,
+    actor: &ActorId,
+    holder: &str,
+    lease: Duration,
+    expire_dead: impl FnOnce(&mut D) -> Result<(), StoreError>,
+) -> Result<SlotAcquisition, StoreError> {
+    db.execute(&ENSURE, args![actor.as_str()])?;
+    expire_dead(db)?;
+    let got = db.query_opt(
+        &TAKE_IF_FREE,
+        args![actor.as_str(), holder, lease_ms(lease)],
+        |r| r.int(0),
+    )?;
+    match got {
+        Some(t) => Ok(SlotAcquisition::Acquired(SlotToken::new(
+            actor.clone(),
+            to_u64(t),
+            holder.to_string(),
+        ))),
+        None => {
+            db.execute(&LOOK_AGAIN, args![actor.as_str()])?;
+            Ok(SlotAcquisition::Held)
+        }
+    }
+}
+
+static RENEW: Sql = Sql::new(
+    "UPDATE ol_slots SET lease_expires = {now} + $3 WHERE actor = $1 AND token = $2 \
+     AND holder IS NOT NULL AND lease_expires > {now}",
+);
+
+/// Extends a held slot's lease to `lease` from now; [`StoreError::StaleToken`] if it was lost.
+pub(crate) fn renew(
+    db: &mut impl Db,
+    token: &SlotToken,
+    lease: Duration,
+) -> Result<(), StoreError> {
+    let fencing = to_i64(token.fencing());
+    match db.execute(
+        &RENEW,
+        args![token.actor().as_str(), fencing, lease_ms(lease)],
+    )? {
+        0 => Err(stale(token)),
+        _ => Ok(()),
+    }
+}
+
+/// The live slot's "look again" flag, locked on Postgres until the release commits.
+static LOOK_AGAIN_OF_LIVE: Sql = Sql::new(
+    "SELECT look_again FROM ol_slots WHERE actor = $1 AND token = $2 AND holder IS NOT NULL \
+     AND lease_expires > {now} {lock}",
+);
+static CLEAR_LOOK_AGAIN: Sql = Sql::new("UPDATE ol_slots SET look_again = FALSE WHERE actor = $1");
+static FREE: Sql =
+    Sql::new("UPDATE ol_slots SET holder = NULL, lease_expires = 0 WHERE actor = $1");
+
+/// Releases the slot, unless "look again" was set: then the flag is cleared and it is kept.
+pub(crate) fn release(db: &mut impl Db, token: &SlotToken) -> Result<SlotRelease, StoreError> {
+    let actor = token.actor().as_str();
+    let fencing = to_i64(token.fencing());
+    match db.query_opt(&LOOK_AGAIN_OF_LIVE, args![actor, fencing], |r| r.flag(0))? {
+        None => Err(stale(token)),
+        Some(true) => {
+            db.execute(&CLEAR_LOOK_AGAIN, args![actor])?;
+            Ok(SlotRelease::LookAgain)
+        }
+        Some(false) => {
+            db.execute(&FREE, args![actor])?;
+            Ok(SlotRelease::Released)
+        }
+    }
+}
+
+/// The token's slot is held and its lease live (Postgres: the slot row is share-locked to the
+/// commit, so a release or takeover waits for this transaction).
+static FENCE: Sql = Sql::with_sqlite(
+    "SELECT 1 FROM ol_slots WHERE actor = $1 AND token = $2 AND holder IS NOT NULL \
+     AND lease_expires > {now} FOR SHARE",
+    "SELECT 1 FROM ol_slots WHERE actor = $1 AND token = $2 AND holder IS NOT NULL \
+     AND lease_expires > {now}",
+);
+
+/// Checks the token in the caller's transaction: [`StoreError::StaleToken`] unless its slot is
+/// held and its lease live.
+pub(crate) fn fence(db: &mut impl Db, token: &SlotToken) -> Result<(), StoreError> {
+    let fencing = to_i64(token.fencing());
+    match db.query_opt(&FENCE, args![token.actor().as_str(), fencing], |_| Ok(()))? {
+        Some(()) => Ok(()),
+        None => Err(stale(token)),
+    }
+}
+
+/// The error of a token whose slot was lost (logged: a pass that sees it ends).
+pub(crate) fn stale(token: &SlotToken) -> StoreError {
+    tracing::debug!(target: "outbox_lanes::store", actor = token.actor().as_str(),
+        fencing = token.fencing(), "stale drain-slot token refused");
+    StoreError::StaleToken
+}
+
+static ENSURE_READY: Sql = Sql::new(
+    "INSERT INTO ol_slots (actor) SELECT DISTINCT l.actor FROM ol_lanes l \
+     WHERE NOT l.paused AND (l.not_before IS NULL OR l.not_before <= $1) \
+     AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0) \
+     ON CONFLICT (actor) DO NOTHING",
+);
+/// The slots of actors with work at `$1`, free ones first by how long they have been free, and
+/// whether each is free. Postgres skips the rows another relay is acquiring or releasing right
+/// now instead of waiting on them; SQLite's single writer does what SKIP LOCKED does.
+static READY: Sql = Sql::with_sqlite(
+    "SELECT s.actor, (s.holder IS NULL OR s.lease_expires <= {now}) FROM ol_slots s \
+     WHERE s.actor IN (SELECT l.actor FROM ol_lanes l WHERE NOT l.paused \
+       AND (l.not_before IS NULL OR l.not_before <= $1) \
+       AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0)) \
+     ORDER BY s.lease_expires, s.actor FOR UPDATE OF s SKIP LOCKED",
+    "SELECT s.actor, (s.holder IS NULL OR s.lease_expires <= {now}) FROM ol_slots s \
+     WHERE s.actor IN (SELECT l.actor FROM ol_lanes l WHERE NOT l.paused \
+       AND (l.not_before IS NULL OR l.not_before <= $1) \
+       AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0)) \
+     ORDER BY s.lease_expires, s.actor",
+);
+static TAKE: Sql = Sql::new(
+    "UPDATE ol_slots SET token = token + 1, holder = $2, lease_expires = {now} + $3, \
+     look_again = FALSE WHERE actor = $1 RETURNING token",
+);
+
+/// Takes the slots of up to `max` actors with work admissible at `now` whose slot is free (or
+/// expired), for `holder`; sets "look again" on the held ones. Returns the tokens in actor
+/// order.
+pub(crate) fn acquire_ready<D: Db>(
+    db: &mut D,
+    holder: &str,
+    lease: Duration,
+    now: Timestamp,
+    max: usize,
+    expire_dead: impl FnOnce(&mut D) -> Result<(), StoreError>,
+) -> Result<Vec<SlotToken>, StoreError> {
+    let now = millis_of(now);
+    db.execute(&ENSURE_READY, args![now])?;
+    expire_dead(db)?;
+    let slots = db.query(&READY, args![now], |r| Ok((r.text(0)?, r.flag(1)?)))?;
+    let mut out = Vec::new();
+    for (actor, free) in slots {
+        if free && out.len() < max {
+            let token =
+                db.query_one(&TAKE, args![&actor, holder, lease_ms(lease)], |r| r.int(0))?;
+            out.push(SlotToken::new(
+                ActorId::new(actor),
+                to_u64(token),
+                holder.to_string(),
+            ));
+        } else if !free {
+            db.execute(&LOOK_AGAIN, args![&actor])?;
+        }
+    }
+    out.sort_by(|a, b| a.actor().cmp(b.actor()));
+    Ok(out)
+}
