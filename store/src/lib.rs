@@ -1,6 +1,26 @@
 //! The store of outbox-lanes: the [`Store`] trait, SQLite (embedded default, feature
 //! `sqlite`) and Postgres (feature `postgres`).
 //!
+//! [`Store`] is two traits: [`DriverStore`], what a pass and the monitor call, and
+//! [`ServiceStore`], what the embedding service and the operator's CLI call.
+//!
+//! # Where things are
+//!
+//! | module | what |
+//! |---|---|
+//! | `lib.rs`, `types.rs` | the traits and the types they speak |
+//! | `db.rs` | the statement layer: one SQL text with `$n` placeholders for both backends, typed row reads |
+//! | `slots.rs` | the drain slot: acquire, renew, release, fence, the monitor's acquire-ready |
+//! | `lanes.rs` | lane states, operator lane controls, the lane list |
+//! | `dead_letters.rs` | dead-lettering, listing, payloads, replay, purge |
+//! | `status.rs` | status, oldest pending, actors with work |
+//! | `units.rs` | a unit's lifecycle after enqueue: settle, finish, payload rows, seqs |
+//! | `service.rs` | [`ServiceStore`] once for both backends |
+//! | `sqlite.rs`, `postgres.rs` | connections, schema and migrations, and the hot path tuned per backend: enqueue, claim, ack, attempt records |
+//! | `prepare.rs` | validating and canonicalising rows before enqueue |
+//! | `ack.rs` | the group-committing ack writer |
+//! | `notify.rs`, `liveness.rs`, `exists.rs`, `tls.rs`, `error.rs` | wake-ups, dead-holder detection, opening, Postgres TLS, errors |
+//!
 //! # How a pass uses the store
 //!
 //! 0. The monitor finds work with [`DriverStore::actors_with_work`] (or takes the slots of free

@@ -101,7 +101,7 @@ impl Drop for Watcher {
     }
 }
 
-/// The SQLite implementation of [`Store`]; see the module docs.
+/// The SQLite implementation of [`Store`](crate::Store); see the module docs.
 pub struct SqliteStore {
     conns: Conns,
     path: Option<PathBuf>,
@@ -612,7 +612,7 @@ impl SqliteStore {
     /// still finds the rows.
     ///
     /// # Errors
-    /// As [`ServiceStore::enqueue`]; the caller's transaction is left to the caller (roll it back).
+    /// As [`ServiceStore::enqueue`](crate::ServiceStore::enqueue); the caller's transaction is left to the caller (roll it back).
     pub fn enqueue_in(
         &self,
         tx: &Transaction<'_>,
