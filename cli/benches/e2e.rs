@@ -741,6 +741,15 @@ fn main() -> Res<()> {
     if want("a") {
         let to: Vec<String> = (0..100).map(|r| server.url(&format!("/r{r}"))).collect();
         let l = load(&to, n(2000), None);
+        // For a profiler: `E2E_ONLY=outbox` or `E2E_ONLY=limit` runs that side of (a) alone.
+        if let Ok(only) = std::env::var("E2E_ONLY") {
+            let run = match only.as_str() {
+                "outbox" => tokio_outbox(&server, &l, 100, None)?,
+                _ => tokio_limit(&server, &l, 100)?,
+            };
+            println!("{only}: {:.0}/s, {:.1} us CPU per delivery", run.rate(), run.cpu_per());
+            return Ok(());
+        }
         let limit = tokio_limit(&server, &l, 100)?;
         let outbox = tokio_outbox(&server, &l, 100, None)?;
         rows.push(Row {
