@@ -747,7 +747,11 @@ fn main() -> Res<()> {
                 "outbox" => tokio_outbox(&server, &l, 100, None)?,
                 _ => tokio_limit(&server, &l, 100)?,
             };
-            println!("{only}: {:.0}/s, {:.1} us CPU per delivery", run.rate(), run.cpu_per());
+            println!(
+                "{only}: {:.0}/s, {:.1} us CPU per delivery",
+                run.rate(),
+                run.cpu_per()
+            );
             return Ok(());
         }
         let limit = tokio_limit(&server, &l, 100)?;

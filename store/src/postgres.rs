@@ -558,7 +558,7 @@ impl Drop for Watcher {
     }
 }
 
-/// The Postgres implementation of [`Store`]; see the module docs.
+/// The Postgres implementation of [`Store`](crate::Store); see the module docs.
 pub struct PgStore {
     config: Config,
     /// Plain or TLS connections, as the URL's `sslmode` says.
@@ -1006,7 +1006,7 @@ impl PgStore {
     /// to wake this process's waiters.
     ///
     /// # Errors
-    /// As [`ServiceStore::enqueue`]. The enqueue runs under a savepoint: a refused batch leaves the
+    /// As [`ServiceStore::enqueue`](crate::ServiceStore::enqueue). The enqueue runs under a savepoint: a refused batch leaves the
     /// caller's transaction usable.
     pub fn enqueue_in(
         &self,
