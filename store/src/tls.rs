@@ -18,6 +18,11 @@
 //!
 //! `prefer` is the default, as in libpq. With `disable` the plain connector is used: the same
 //! start-up as before TLS existed, no extra round trip.
+//!
+//! A client certificate is sent when `sslcert` (its PEM chain) and `sslkey` (its PEM private
+//! key: PKCS#8, PKCS#1 or SEC1) are both given, for servers whose `pg_hba.conf` says `cert`
+//! or `clientcert=verify-ca|verify-full`. One without the other is refused. Unlike libpq,
+//! nothing is read from `~/.postgresql/` when they are not given.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -28,7 +33,7 @@ use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
 };
@@ -79,17 +84,23 @@ pub(crate) struct TlsSettings {
     pub(crate) mode: Option<SslMode>,
     /// `sslrootcert`, if given.
     pub(crate) root_cert: Option<PathBuf>,
+    /// `sslcert`, if given.
+    pub(crate) cert: Option<PathBuf>,
+    /// `sslkey`, if given.
+    pub(crate) key: Option<PathBuf>,
 }
 
 impl TlsSettings {
-    /// Takes `sslmode` and `sslrootcert` out of `conn` (a `postgres://` URL or a key=value
-    /// string) and returns the rest, for the `postgres` crate to parse.
+    /// Takes `sslmode`, `sslrootcert`, `sslcert` and `sslkey` out of `conn` (a `postgres://`
+    /// URL or a key=value string) and returns the rest, for the `postgres` crate to parse.
     pub(crate) fn take(conn: &str) -> Result<(TlsSettings, String), String> {
         let mut settings = TlsSettings::default();
         let mut take = |key: &str, value: &str| -> Result<bool, String> {
             match key {
                 "sslmode" => settings.mode = Some(SslMode::parse(value)?),
                 "sslrootcert" => settings.root_cert = Some(PathBuf::from(value)),
+                "sslcert" => settings.cert = Some(PathBuf::from(value)),
+                "sslkey" => settings.key = Some(PathBuf::from(value)),
                 _ => return Ok(false),
             }
             Ok(true)
@@ -244,10 +255,24 @@ impl Connector {
             SslMode::Prefer => DriverMode::Prefer,
             SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => DriverMode::Require,
         });
+        let identity = match (&settings.cert, &settings.key) {
+            (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(ConfigError::Message(
+                    "sslcert is given without sslkey".into(),
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::Message(
+                    "sslkey is given without sslcert".into(),
+                ));
+            }
+        };
         let tls = match mode {
             SslMode::Disable => None,
             _ => Some(MakeRustlsConnect::new(
-                client_config(mode, root_cert).map_err(ConfigError::Message)?,
+                client_config(mode, root_cert, identity).map_err(ConfigError::Message)?,
             )),
         };
         Ok((config, Connector { tls }))
@@ -276,8 +301,13 @@ fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// The rustls configuration for `mode` (not `Disable`).
-fn client_config(mode: SslMode, root_cert: Option<&Path>) -> Result<ClientConfig, String> {
+/// The rustls configuration for `mode` (not `Disable`), with the client certificate chain
+/// and key files of `identity`, if any.
+fn client_config(
+    mode: SslMode,
+    root_cert: Option<&Path>,
+    identity: Option<(&Path, &Path)>,
+) -> Result<ClientConfig, String> {
     let provider = provider();
     let builder = ClientConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()
@@ -301,10 +331,37 @@ fn client_config(mode: SslMode, root_cert: Option<&Path>) -> Result<ClientConfig
             }
         }
     };
-    Ok(builder
+    let builder = builder
         .dangerous()
-        .with_custom_certificate_verifier(verifier)
-        .with_no_client_auth())
+        .with_custom_certificate_verifier(verifier);
+    match identity {
+        None => Ok(builder.with_no_client_auth()),
+        Some((cert, key)) => {
+            let (chain, key) = read_identity(cert, key)?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| format!("sslcert/sslkey: {e}"))
+        }
+    }
+}
+
+/// The client certificate chain and private key of PEM files `cert` and `key`.
+fn read_identity(
+    cert: &Path,
+    key: &Path,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
+    let (shown_cert, shown_key) = (cert.display(), key.display());
+    let pem = std::fs::read(cert).map_err(|e| format!("cannot read sslcert {shown_cert}: {e}"))?;
+    let chain = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("sslcert {shown_cert} is not PEM: {e}"))?;
+    if chain.is_empty() {
+        return Err(format!("sslcert {shown_cert} holds no certificate"));
+    }
+    let pem = std::fs::read(key).map_err(|e| format!("cannot read sslkey {shown_key}: {e}"))?;
+    let key = PrivateKeyDer::from_pem_slice(&pem)
+        .map_err(|e| format!("sslkey {shown_key} holds no usable private key: {e}"))?;
+    Ok((chain, key))
 }
 
 fn webpki_roots() -> RootCertStore {
@@ -461,6 +518,15 @@ mod tests {
             (s, rest.as_str()),
             (TlsSettings::default(), "postgres://h/d")
         );
+        let (s, rest) = take("postgres://h/d?sslcert=%2Fk%2Fc.pem&connect_timeout=3&sslkey=k.pem");
+        assert_eq!(
+            (s.cert, s.key, rest.as_str()),
+            (
+                Some(PathBuf::from("/k/c.pem")),
+                Some(PathBuf::from("k.pem")),
+                "postgres://h/d?connect_timeout=3"
+            )
+        );
     }
 
     #[test]
@@ -489,14 +555,14 @@ mod tests {
     fn a_missing_or_empty_ca_file_is_refused_with_its_path() {
         let dir = tempfile::tempdir().expect("tempdir");
         let missing = dir.path().join("missing.pem");
-        let e = client_config(SslMode::VerifyFull, Some(&missing)).expect_err("missing");
+        let e = client_config(SslMode::VerifyFull, Some(&missing), None).expect_err("missing");
         assert!(
             e.contains("cannot read sslrootcert") && e.contains("missing.pem"),
             "{e}"
         );
         let empty = dir.path().join("empty.pem");
         std::fs::write(&empty, "not a certificate\n").expect("write");
-        let e = client_config(SslMode::VerifyFull, Some(&empty)).expect_err("empty");
+        let e = client_config(SslMode::VerifyFull, Some(&empty), None).expect_err("empty");
         assert!(e.contains("holds no certificate"), "{e}");
     }
 }

@@ -166,6 +166,15 @@ fn make_certs(dir: &Path) {
         .distinguished_name
         .push(DnType::CommonName, "localhost");
     let cert = server.signed_by(&key, &issuer).unwrap();
+    // A client certificate for role `certuser` (cert authentication matches the CN).
+    let client_key = KeyPair::generate().unwrap();
+    let mut client = CertificateParams::new(Vec::<String>::new()).unwrap();
+    client
+        .distinguished_name
+        .push(DnType::CommonName, "certuser");
+    let client_cert = client.signed_by(&client_key, &issuer).unwrap();
+    std::fs::write(dir.join("client.crt"), client_cert.pem()).unwrap();
+    std::fs::write(dir.join("client.key"), client_key.serialize_pem()).unwrap();
     std::fs::write(dir.join("ca.pem"), ca_cert.pem()).unwrap();
     std::fs::write(dir.join("server.crt"), cert.pem()).unwrap();
     std::fs::write(dir.join("server.key"), key.serialize_pem()).unwrap();
@@ -219,6 +228,7 @@ fn start() -> Result<Cluster, String> {
     let conf = format!(
         "\nport = {}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{d}'\n\
          ssl = on\nssl_cert_file = '{d}/server.crt'\nssl_key_file = '{d}/server.key'\n\
+         ssl_ca_file = '{d}/ca.pem'\n\
          fsync = off\nmax_connections = 20\nshared_buffers = 16MB\n",
         c.port
     );
@@ -229,6 +239,7 @@ fn start() -> Result<Cluster, String> {
     std::fs::write(
         c.data().join("pg_hba.conf"),
         "local all all trust\n\
+         hostssl all certuser 127.0.0.1/32 cert\n\
          hostssl all all 127.0.0.1/32 trust\n\
          hostnossl all all 127.0.0.1/32 reject\n",
     )
@@ -371,4 +382,53 @@ fn postgres_over_tls_honours_sslmode_and_the_ca_file() {
         .and_then(|s| s.downcast_ref::<::postgres::Error>())
         .expect("the driver's error is the source");
     assert!(pg.as_db_error().is_some(), "{pg:?}");
+
+    // Client certificates: role `certuser` may only log in with a certificate the CA signed
+    // for it (pg_hba `cert`).
+    let dir = c.dir.path().display().to_string();
+    let mut admin = ::postgres::Client::connect(
+        &format!("host={dir} port={port} user=postgres dbname=postgres"),
+        ::postgres::NoTls,
+    )
+    .expect("the cluster's unix socket");
+    admin
+        .batch_execute("CREATE ROLE certuser LOGIN SUPERUSER")
+        .unwrap();
+    drop(admin);
+    let cert_url = |extra: &str| {
+        format!(
+            "postgres://certuser@localhost:{port}/postgres?sslmode=verify-full&sslrootcert={ca}{extra}"
+        )
+    };
+    let with_cert = cert_url(&format!(
+        "&sslcert={dir}/client.crt&sslkey={dir}/client.key"
+    ));
+    let store = PgStore::connect(&with_cert, opts("tls_cert"))
+        .unwrap_or_else(|e| panic!("with a client certificate: {e}"));
+    let a = actor("carol");
+    let to = "https://example.org/inbox";
+    store.enqueue(&a, &[row("c1", &[to])]).unwrap();
+    let t = acquire(&store, &a, "h", LEASE);
+    let lane = lane_of(&store, &a, to);
+    assert_eq!(row_ids(&claim_lane(&store, &t, lane, 0, 10)), ["c1"]);
+    drop(store);
+    // Without the certificate the server refuses, and says why.
+    let e = open_err(&cert_url(""), opts("tls_cert"));
+    assert!(
+        e.contains("certificate") && e.contains("SQLSTATE 28000"),
+        "{e}"
+    );
+    // One file without the other, or a file that cannot be read, is refused here, by name.
+    let e = open_err(
+        &cert_url(&format!("&sslcert={dir}/client.crt")),
+        opts("tls_cert"),
+    );
+    assert!(e.contains("sslcert is given without sslkey"), "{e}");
+    let e = open_err(
+        &cert_url(&format!(
+            "&sslcert={dir}/client.crt&sslkey=/nonexistent/k.pem"
+        )),
+        opts("tls_cert"),
+    );
+    assert!(e.contains("cannot read sslkey /nonexistent/k.pem"), "{e}");
 }
