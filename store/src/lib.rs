@@ -38,39 +38,46 @@
 //! (feature `sqlx`): async, on the caller's connection, nothing blocks.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 // Without a backend only the shared types remain; their helpers are then unused.
-#![cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+#![cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "sqlx")),
+    allow(dead_code)
+)]
 
 pub mod ack;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod backend;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod db;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod dead_letters;
 mod error;
 mod exists;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod lanes;
 #[cfg(feature = "sqlite")]
 mod liveness;
 pub mod notify;
+#[cfg(any(feature = "postgres", feature = "sqlx"))]
+mod pg_path;
+#[cfg(any(feature = "postgres", feature = "sqlx"))]
+mod pg_schema;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod prepare;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod service;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod slots;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 #[cfg(feature = "sqlx")]
 pub mod sqlx;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod status;
 #[cfg(feature = "postgres")]
 mod tls;
 mod types;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod units;
 mod util;
 

@@ -177,13 +177,7 @@ impl SqlxOutbox {
     /// [`StoreError::Database`] for a name the store would refuse (lower-case letters, digits
     /// and `_`, not starting with a digit, at most 48 bytes).
     pub fn with_schema(self, schema: &str) -> Result<SqlxOutbox, StoreError> {
-        let valid = !schema.is_empty()
-            && schema.len() <= 48
-            && schema
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-            && !schema.as_bytes()[0].is_ascii_digit();
-        if !valid {
+        if !crate::pg_schema::valid_schema(schema) {
             return Err(StoreError::Database(format!(
                 "invalid schema name {schema:?} (use lower-case letters, digits, _)"
             )));
@@ -224,7 +218,7 @@ impl SqlxOutbox {
     }
 
     fn channel(&self) -> String {
-        format!("outbox_lanes_{}", self.schema)
+        crate::pg_schema::channel(&self.schema)
     }
 }
 
