@@ -72,6 +72,8 @@ mod slots;
 pub mod sqlite;
 #[cfg(feature = "sqlx")]
 pub mod sqlx;
+#[cfg(feature = "sqlx")]
+mod sqlx_pg;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod status;
 #[cfg(feature = "postgres")]

@@ -735,7 +735,7 @@ struct Plan {
 }
 
 /// The constraint and the detail of a unique violation reported by either driver.
-fn unique_violation(e: &StoreError) -> Option<(String, String)> {
+pub(crate) fn unique_violation(e: &StoreError) -> Option<(String, String)> {
     const UNIQUE_VIOLATION: &str = "23505";
     let StoreError::Driver { cause, .. } = e else {
         return None;

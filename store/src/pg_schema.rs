@@ -129,9 +129,9 @@ CREATE INDEX ol_units_settled ON ol_units (lane_id) WHERE state <> 0 AND lane_id
 
 /// Schema version 1 (units in three tables: `ol_rows`, `ol_units`, `ol_deliveries`). Only read
 /// by the migration to version 2; public for the migration test, which builds a version 1
-/// database.
-#[doc(hidden)]
-pub const SCHEMA_V1: &str = concat!(
+/// database (re-exported by the `postgres` module).
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) const SCHEMA_V1: &str = concat!(
     shared_tables_a!(),
     "CREATE TABLE ol_units (
     id        BIGSERIAL PRIMARY KEY,
@@ -162,8 +162,7 @@ CREATE INDEX ol_deliveries_lane ON ol_deliveries (lane_id, seq, unit_id);
 );
 
 /// Schema version 2 (SCHEMA.md): a one-recipient unit is one `ol_units` row.
-#[doc(hidden)]
-pub const SCHEMA_V2: &str = concat!(
+pub(crate) const SCHEMA_V2: &str = concat!(
     shared_tables_a!(),
     units_v2!("BIGSERIAL PRIMARY KEY"),
     shared_tables_b!()

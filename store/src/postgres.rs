@@ -58,11 +58,10 @@ use outbox_lanes_core::ActorId;
 
 use crate::backend::Backend;
 use crate::db::{Db, Dialect, Get, Sql, Value, args};
+use crate::error::Lost;
 use crate::notify::{Notifier, PendingWake};
 use crate::pg_path::{self, PgBackend};
 use crate::pg_schema;
-#[doc(hidden)]
-pub use crate::pg_schema::{SCHEMA_V1, SCHEMA_V2};
 use crate::prepare::prepare;
 use crate::tls::{ConfigError, Connector};
 use crate::types::*;
@@ -105,6 +104,13 @@ impl Default for PgOptions {
 }
 
 type PgParam<'a> = &'a (dyn ToSql + Sync);
+
+/// Schema version 1, for the migration test, which builds a version 1 database.
+#[doc(hidden)]
+pub const SCHEMA_V1: &str = pg_schema::SCHEMA_V1;
+/// Schema version 2, for the migration test.
+#[doc(hidden)]
+pub const SCHEMA_V2: &str = pg_schema::SCHEMA_V2;
 
 /// A driver error in one line, with what it wraps: the server's message, SQLSTATE, detail
 /// and hint for a `DbError` (`postgres::Error` itself only says "db error"), else the chain of
@@ -401,23 +407,6 @@ fn redact(url: &str) -> String {
             }
         }
         _ => url.to_string(),
-    }
-}
-
-/// Errors that can tell "the connection was lost".
-trait Lost {
-    fn lost(&self) -> bool;
-}
-
-impl Lost for StoreError {
-    fn lost(&self) -> bool {
-        matches!(self, StoreError::ConnectionLost { .. })
-    }
-}
-
-impl Lost for EnqueueError {
-    fn lost(&self) -> bool {
-        matches!(self, EnqueueError::Store(StoreError::ConnectionLost { .. }))
     }
 }
 

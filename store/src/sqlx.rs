@@ -51,6 +51,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+pub use crate::sqlx_pg::{SqlxPgOptions, SqlxPgStore};
 /// The sqlx crate this module is built on (0.9), for callers that take it from here and so
 /// stay on the same version without a dependency of their own.
 pub use ::sqlx;
