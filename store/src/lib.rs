@@ -1,5 +1,5 @@
 //! The store of outbox-lanes: the [`Store`] trait, SQLite (embedded default, feature
-//! `sqlite`) and Postgres (feature `postgres`).
+//! `sqlite`) and Postgres (feature `postgres`, or feature `sqlx` on a sqlx pool).
 //!
 //! # How a pass uses the store
 //!
@@ -31,11 +31,18 @@
 //! client owns a tokio runtime of its own: every call *and the drop* of a [`PgStore`] must stay
 //! off an async executor thread.
 //!
+//! `sqlx::SqlxPgStore` (feature `sqlx`) is the Postgres store on a caller's sqlx pool, with no
+//! blocking client: each statement's future runs on the pool's tokio runtime while the calling
+//! (blocking) thread waits. Called from an executor thread it uses `block_in_place` on a
+//! multi-thread runtime, and returns an error on a current-thread runtime's own thread; its
+//! drop never blocks.
+//!
 //! The schema is documented in `SCHEMA.md` next to this crate's manifest, with the plain SQL
 //! a service on another SQL library uses to enqueue (OL-15).
 //!
 //! A service on sqlx enqueues inside its own sqlx transaction with the `sqlx` module
-//! (feature `sqlx`): async, on the caller's connection, nothing blocks.
+//! (feature `sqlx`): async, on the caller's connection, nothing blocks; its relay runs on the
+//! same pool through `SqlxPgStore`.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 // Without a backend only the shared types remain; their helpers are then unused.
 #![cfg_attr(

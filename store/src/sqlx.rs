@@ -1,6 +1,9 @@
 //! Enqueue inside a caller's **sqlx** transaction (feature `sqlx`; the transactional outbox,
 //! OL-15): the service's own rows and its outbox rows commit, or roll back, together.
 //!
+//! The relay of such a service runs on the same sqlx pool with [`SqlxPgStore`] (Postgres; see
+//! its docs), instead of a second pool of blocking `postgres` connections.
+//!
 //! Why: a service on sqlx cannot hand its transaction to [`SqliteStore`](crate::SqliteStore)
 //! or [`PgStore`](crate::PgStore) (they own rusqlite and `postgres` connections). Rather than
 //! copy `SCHEMA.md`'s plain SQL, and its URL canonicalisation, into every service,
