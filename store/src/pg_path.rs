@@ -1165,6 +1165,18 @@ fn expire_dead_holders(
     Ok(())
 }
 
+/// Logs how a holder's liveness registration went: `Ok(true)` registered, `Ok(false)` the
+/// lock is held by another live session, an error no liveness at all.
+pub(crate) fn log_registration(holder: &str, outcome: &Result<bool, StoreError>) {
+    match outcome {
+        Ok(true) => {}
+        Ok(false) => tracing::warn!(target: "outbox_lanes::store", holder,
+            "another live session holds this holder's lock (a holder name used twice?); its slots wait for their lease"),
+        Err(e) => tracing::debug!(target: "outbox_lanes::store", holder, error = %e,
+            "no liveness lock; slots of this holder wait for their lease"),
+    }
+}
+
 /// Tells the relays listening on `channel` that `actors` have work (delivered on commit).
 pub(crate) fn notify_actors(
     db: &mut impl Db,

@@ -505,13 +505,7 @@ impl PgStore {
             }
             Ok(got)
         })();
-        match registered {
-            Ok(true) => {}
-            Ok(false) => tracing::warn!(target: "outbox_lanes::store", holder,
-                "another live session holds this holder's lock (a holder name used twice?); its slots wait for their lease"),
-            Err(e) => tracing::debug!(target: "outbox_lanes::store", holder, error = %e,
-                "no liveness lock; slots of this holder wait for their lease"),
-        }
+        pg_path::log_registration(holder, &registered);
     }
 
     fn lock_pool(&self) -> MutexGuard<'_, Pool> {

@@ -455,15 +455,14 @@ impl PgBackend for SqlxPgStore {
         if live.get(holder).is_some_and(|t| !t.0.is_finished()) {
             return;
         }
-        match self.keep_alive(holder) {
-            Ok(Some(task)) => {
+        let outcome = self.keep_alive(holder).map(|task| match task {
+            Some(task) => {
                 live.insert(holder.to_owned(), task);
+                true
             }
-            Ok(None) => tracing::warn!(target: "outbox_lanes::store", holder,
-                "another live session holds this holder's lock (a holder name used twice?); its slots wait for their lease"),
-            Err(e) => tracing::debug!(target: "outbox_lanes::store", holder, error = %e,
-                "no liveness lock; slots of this holder wait for their lease"),
-        }
+            None => false,
+        });
+        pg_path::log_registration(holder, &outcome);
     }
 
     fn wake_ups(&self) -> Notifier {
