@@ -1,6 +1,8 @@
 //! An axum service with a transactional outbox on **sqlx**: the POST handler enqueues the
 //! outgoing activity and writes the note in the **same sqlx transaction** (SQLite by default,
-//! Postgres when given a URL), then asks for a drain without waiting for it. Either both are
+//! Postgres when given a URL), then asks for a drain without waiting for it. On Postgres the
+//! relay runs on the service's own sqlx pool (`SqlxPgStore`): no second pool, no blocking
+//! Postgres client. Either both are
 //! written or neither: a note whose write fails never reaches a follower, and a note that is
 //! written always does (at least once, in order per follower), even if the process dies right
 //! after the commit — the monitor finds the row on the next start.
@@ -28,18 +30,23 @@ use axum::routing::post;
 use axum::{Json, Router};
 use outbox_lanes::core::ActorId;
 // sqlx as the store re-exports it (feature `sqlx`): the same version, no dependency of its own.
-use outbox_lanes::store::sqlx::{SqlxOutbox, sqlx};
-use outbox_lanes::store::{
-    EnqueueError, NewRow, PgOptions, PgStore, SqliteOptions, SqliteStore, Store,
-};
+use outbox_lanes::store::sqlx::{SqlxConnection, SqlxOutbox, SqlxPgOptions, SqlxPgStore, sqlx};
+use outbox_lanes::store::{EnqueueError, NewRow, SqliteOptions, SqliteStore, Store};
 use outbox_lanes::tokio::{Monitor, Outbox, OutboxConfig};
 use serde_json::{Value, json};
-use sqlx::AnyPool;
+use sqlx::{PgPool, SqlitePool};
+
+/// The service's pool: on Postgres the relay shares it.
+#[derive(Clone)]
+enum Db {
+    Pg(PgPool),
+    Sqlite(SqlitePool),
+}
 
 /// What the handlers share.
 #[derive(Clone)]
 struct App {
-    db: AnyPool,
+    db: Db,
     outbox: Outbox,
     enqueue: SqlxOutbox,
 }
@@ -64,33 +71,35 @@ impl From<EnqueueError> for WriteError {
 }
 
 impl App {
-    /// Opens the outbox's store the usual way (it creates the outbox tables; SQLite file or
-    /// Postgres URL), the outbox on the current tokio runtime and its monitor, and the
-    /// service's own sqlx pool on the same database.
+    /// The service's sqlx pool (SQLite file or Postgres URL), the outbox's store (on
+    /// Postgres, on that very pool; it creates the outbox tables), the outbox on the current
+    /// tokio runtime and its monitor.
     async fn open(db: &str, config: OutboxConfig) -> anyhow::Result<(App, Monitor)> {
-        let (target, url) = (db.to_owned(), db.to_owned());
-        // Opening a store blocks: keep it off the async workers.
-        let store = tokio::task::spawn_blocking(move || -> anyhow::Result<Arc<dyn Store>> {
-            Ok(if target.starts_with("postgres") {
-                Arc::new(PgStore::connect(&target, PgOptions::default())?)
-            } else {
-                Arc::new(SqliteStore::open(&target, SqliteOptions::default())?)
-            })
-        })
-        .await??;
-        sqlx::any::install_default_drivers();
-        let url = if url.starts_with("postgres") {
-            url
+        let (db, store): (Db, Arc<dyn Store>) = if db.starts_with("postgres") {
+            let pool = PgPool::connect(db).await?;
+            let p = pool.clone();
+            // Making a store blocks: keep it off the async workers.
+            let store =
+                tokio::task::spawn_blocking(move || SqlxPgStore::new(p, SqlxPgOptions::default()))
+                    .await??;
+            (Db::Pg(pool), Arc::new(store))
         } else {
-            format!("sqlite://{url}")
+            let path = db.to_owned();
+            let store = tokio::task::spawn_blocking(move || {
+                SqliteStore::open(&path, SqliteOptions::default())
+            })
+            .await??;
+            (
+                Db::Sqlite(SqlitePool::connect(&format!("sqlite://{db}")).await?),
+                Arc::new(store),
+            )
         };
-        let db = AnyPool::connect(&url).await?;
-        sqlx::query(
-            "CREATE TABLE IF NOT EXISTS notes (id TEXT PRIMARY KEY, author TEXT NOT NULL, \
-             text TEXT NOT NULL CHECK (length(text) > 0))",
-        )
-        .execute(&db)
-        .await?;
+        let notes = "CREATE TABLE IF NOT EXISTS notes (id TEXT PRIMARY KEY, author TEXT NOT NULL, \
+             text TEXT NOT NULL CHECK (length(text) > 0))";
+        match &db {
+            Db::Pg(p) => sqlx::query(notes).execute(p).await.map(drop)?,
+            Db::Sqlite(p) => sqlx::query(notes).execute(p).await.map(drop)?,
+        }
         let outbox = Outbox::open(store, config)?;
         let monitor = outbox.monitor().await?;
         let enqueue = SqlxOutbox::new();
@@ -110,10 +119,31 @@ impl App {
             .with_state(self)
     }
 
-    /// The activity and the note in one sqlx transaction. The note goes last: a note the
-    /// database refuses rolls back the enqueued activity too.
+    /// The activity and the note in one sqlx transaction.
     async fn write(&self, author: &str, text: &str, row: NewRow) -> Result<usize, WriteError> {
-        let mut tx = self.db.begin().await?;
+        match &self.db {
+            Db::Pg(pool) => self.write_in(pool, author, text, row).await,
+            Db::Sqlite(pool) => self.write_in(pool, author, text, row).await,
+        }
+    }
+
+    /// [`App::write`] on either pool. The note goes last: a note the database refuses rolls
+    /// back the enqueued activity too.
+    async fn write_in<DB>(
+        &self,
+        pool: &sqlx::Pool<DB>,
+        author: &str,
+        text: &str,
+        row: NewRow,
+    ) -> Result<usize, WriteError>
+    where
+        DB: sqlx::Database,
+        DB::Connection: SqlxConnection,
+        for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+        for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+        DB::Arguments: sqlx::IntoArguments<DB>,
+    {
+        let mut tx = pool.begin().await?;
         let mut units = 0;
         if !row.recipients.is_empty() {
             let actor = ActorId::new(author);
@@ -267,10 +297,12 @@ mod tests {
 
     /// The notes, read through the service's own pool.
     async fn notes(app: &App) -> Vec<String> {
-        sqlx::query_scalar("SELECT id FROM notes ORDER BY id")
-            .fetch_all(&app.db)
-            .await
-            .expect("notes")
+        let sql = "SELECT id FROM notes ORDER BY id";
+        match &app.db {
+            Db::Pg(p) => sqlx::query_scalar(sql).fetch_all(p).await,
+            Db::Sqlite(p) => sqlx::query_scalar(sql).fetch_all(p).await,
+        }
+        .expect("notes")
     }
 
     /// Outbox entries: units (a one-recipient row's payload is on its unit) and shared
@@ -280,10 +312,19 @@ mod tests {
         let sql = format!(
             "SELECT (SELECT count(*) FROM {p}ol_units) + (SELECT count(*) FROM {p}ol_rows)"
         );
-        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-            .fetch_one(&app.db)
-            .await
-            .expect("rows")
+        match &app.db {
+            Db::Pg(p) => {
+                sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                    .fetch_one(p)
+                    .await
+            }
+            Db::Sqlite(p) => {
+                sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                    .fetch_one(p)
+                    .await
+            }
+        }
+        .expect("rows")
     }
 
     /// Through the example's router on 127.0.0.1: the note and its activity commit together
@@ -370,8 +411,11 @@ mod tests {
         server.abort();
         monitor.stop().await;
         app.outbox.shutdown().await;
-        app.db.close().await;
-        // A Postgres store must be dropped off the async workers.
+        match &app.db {
+            Db::Pg(p) => p.close().await,
+            Db::Sqlite(p) => p.close().await,
+        }
+        // A SQLite store joins its watcher when dropped: off the async workers.
         tokio::task::spawn_blocking(move || drop(app))
             .await
             .expect("drop");

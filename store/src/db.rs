@@ -1,7 +1,7 @@
-//! The statement layer shared by the two backends: a statement is written once, with `$n`
-//! placeholders, and runs on SQLite (rusqlite) or Postgres (postgres) through [`Db`]; its rows
-//! are read through [`Get`], whose every accessor returns a typed error instead of panicking
-//! on a column of the wrong type.
+//! The statement layer shared by the backends: a statement is written once, with `$n`
+//! placeholders, and runs on SQLite (rusqlite) or Postgres (postgres or sqlx) through [`Db`];
+//! its rows are read through [`Get`], whose every accessor returns a typed error instead of
+//! panicking on a column of the wrong type.
 //!
 //! Where the dialects differ, a statement says so in one of two ways:
 //!
@@ -13,11 +13,13 @@
 //!   (arrays, planner hints, `SKIP LOCKED`).
 //!
 //! Booleans are written `TRUE`/`FALSE` and `NOT x` (SQLite reads them as 1/0); casts are left
-//! out. The hot path (enqueue, claim, ack) keeps its own tuned SQL in each backend's module.
+//! out. The hot path (enqueue, claim, ack) keeps its own tuned SQL per dialect: SQLite's in
+//! `sqlite.rs`, Postgres's in `pg_path.rs`, written over this layer too (with arrays, which
+//! only Postgres binds and reads: on SQLite they are an error, never a panic).
 //!
-//! Why not sqlx or diesel here: the store's backends are the blocking rusqlite and postgres
-//! clients (the relay's threads and the blocking runtime need no async executor), and a
-//! query builder would hide the hand-tuned statements this layer exists to share.
+//! Postgres runs on two drivers: the blocking `postgres` client ([`PgStore`](crate::PgStore))
+//! and a caller's sqlx pool (`SqlxPgStore`, feature `sqlx`), each a [`Db`] here. Why no query
+//! builder: it would hide the hand-tuned statements this layer exists to share.
 
 use std::sync::OnceLock;
 
@@ -25,6 +27,11 @@ use crate::StoreError;
 
 /// Which database a statement runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+// A build with one database names only its own dialect.
+#[cfg_attr(
+    not(all(feature = "sqlite", any(feature = "postgres", feature = "sqlx"))),
+    allow(dead_code)
+)]
 pub(crate) enum Dialect {
     /// rusqlite.
     Sqlite,
@@ -136,6 +143,46 @@ pub(crate) enum Value<'a> {
     OptText(Option<&'a str>),
     /// A boolean (an integer 0/1 on SQLite).
     Bool(bool),
+    /// A `BIGINT[]` (Postgres only, like every array).
+    Ints(&'a [i64]),
+    /// A `BIGINT[]` with `NULL`s.
+    OptInts(&'a [Option<i64>]),
+    /// A `TEXT[]`.
+    Texts(&'a [&'a str]),
+    /// A `TEXT[]` with `NULL`s.
+    OptTexts(&'a [Option<&'a str>]),
+    /// A `BYTEA[]`.
+    Byteses(&'a [&'a [u8]]),
+}
+
+impl<'a> From<&'a Vec<i64>> for Value<'a> {
+    fn from(v: &'a Vec<i64>) -> Self {
+        Value::Ints(v)
+    }
+}
+
+impl<'a> From<&'a Vec<Option<i64>>> for Value<'a> {
+    fn from(v: &'a Vec<Option<i64>>) -> Self {
+        Value::OptInts(v)
+    }
+}
+
+impl<'a, 'b: 'a> From<&'a Vec<&'b str>> for Value<'a> {
+    fn from(v: &'a Vec<&'b str>) -> Self {
+        Value::Texts(v)
+    }
+}
+
+impl<'a, 'b: 'a> From<&'a Vec<Option<&'b str>>> for Value<'a> {
+    fn from(v: &'a Vec<Option<&'b str>>) -> Self {
+        Value::OptTexts(v)
+    }
+}
+
+impl<'a, 'b: 'a> From<&'a Vec<&'b [u8]>> for Value<'a> {
+    fn from(v: &'a Vec<&'b [u8]>) -> Self {
+        Value::Byteses(v)
+    }
 }
 
 impl From<i64> for Value<'_> {
@@ -199,12 +246,25 @@ pub(crate) trait Get {
     fn opt_flag(&self, col: usize) -> Result<Option<bool>, StoreError>;
     /// Bytes.
     fn bytes(&self, col: usize) -> Result<Vec<u8>, StoreError>;
+    /// Bytes or `NULL`.
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlx")), allow(dead_code))]
+    fn opt_bytes(&self, col: usize) -> Result<Option<Vec<u8>>, StoreError>;
+    /// A `BIGINT[]` or `NULL` (Postgres only, like every array).
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlx")), allow(dead_code))]
+    fn opt_ints(&self, col: usize) -> Result<Option<Vec<i64>>, StoreError>;
+    /// A `TEXT[]` or `NULL`.
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlx")), allow(dead_code))]
+    fn opt_texts(&self, col: usize) -> Result<Option<Vec<String>>, StoreError>;
 }
 
 /// A connection or transaction of either backend, running [`Sql`] statements.
 pub(crate) trait Db {
     /// The dialect of this connection.
     const DIALECT: Dialect;
+
+    /// Runs statements without parameters, separated by `;` (the schema's DDL).
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlx")), allow(dead_code))]
+    fn batch(&mut self, sql: &str) -> Result<(), StoreError>;
 
     /// Runs a statement that returns no rows; returns how many rows it changed.
     fn execute(&mut self, sql: &Sql, args: &[Value<'_>]) -> Result<u64, StoreError>;
@@ -259,6 +319,15 @@ mod sqlite {
                 }
                 Value::OptInt(None) | Value::OptText(None) => ToSqlOutput::Borrowed(ValueRef::Null),
                 Value::Bool(v) => ToSqlOutput::Borrowed(ValueRef::Integer(i64::from(v))),
+                Value::Ints(_)
+                | Value::OptInts(_)
+                | Value::Texts(_)
+                | Value::OptTexts(_)
+                | Value::Byteses(_) => {
+                    return Err(rusqlite::Error::ToSqlConversionFailure(
+                        "an array bound on SQLite (arrays are Postgres only)".into(),
+                    ));
+                }
             })
         }
     }
@@ -285,6 +354,19 @@ mod sqlite {
         fn bytes(&self, col: usize) -> Result<Vec<u8>, StoreError> {
             Ok(self.get(col)?)
         }
+        fn opt_bytes(&self, col: usize) -> Result<Option<Vec<u8>>, StoreError> {
+            Ok(self.get(col)?)
+        }
+        fn opt_ints(&self, _: usize) -> Result<Option<Vec<i64>>, StoreError> {
+            Err(no_arrays())
+        }
+        fn opt_texts(&self, _: usize) -> Result<Option<Vec<String>>, StoreError> {
+            Err(no_arrays())
+        }
+    }
+
+    fn no_arrays() -> StoreError {
+        StoreError::Database("an array read on SQLite (arrays are Postgres only)".into())
     }
 
     /// A SQLite connection (or a transaction on it) as a [`Db`]; statements are prepared
@@ -293,6 +375,10 @@ mod sqlite {
 
     impl Db for SqliteDb<'_> {
         const DIALECT: Dialect = Dialect::Sqlite;
+
+        fn batch(&mut self, sql: &str) -> Result<(), StoreError> {
+            Ok(self.0.execute_batch(sql)?)
+        }
 
         fn execute(&mut self, sql: &Sql, args: &[Value<'_>]) -> Result<u64, StoreError> {
             let mut st = self.0.prepare_cached(sql.text(Dialect::Sqlite))?;
@@ -342,6 +428,11 @@ mod postgres {
                 Value::Text(v) => v.to_sql_checked(ty, out),
                 Value::OptText(v) => v.to_sql_checked(ty, out),
                 Value::Bool(v) => v.to_sql_checked(ty, out),
+                Value::Ints(v) => v.to_sql_checked(ty, out),
+                Value::OptInts(v) => v.to_sql_checked(ty, out),
+                Value::Texts(v) => v.to_sql_checked(ty, out),
+                Value::OptTexts(v) => v.to_sql_checked(ty, out),
+                Value::Byteses(v) => v.to_sql_checked(ty, out),
             }
         }
 
@@ -373,6 +464,15 @@ mod postgres {
             Ok(self.try_get(col)?)
         }
         fn bytes(&self, col: usize) -> Result<Vec<u8>, StoreError> {
+            Ok(self.try_get(col)?)
+        }
+        fn opt_bytes(&self, col: usize) -> Result<Option<Vec<u8>>, StoreError> {
+            Ok(self.try_get(col)?)
+        }
+        fn opt_ints(&self, col: usize) -> Result<Option<Vec<i64>>, StoreError> {
+            Ok(self.try_get(col)?)
+        }
+        fn opt_texts(&self, col: usize) -> Result<Option<Vec<String>>, StoreError> {
             Ok(self.try_get(col)?)
         }
     }

@@ -126,7 +126,7 @@ pub enum StoreError {
 
 impl StoreError {
     /// A lost connection, with the library's error as the cause.
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "postgres", feature = "sqlx"))]
     pub(crate) fn connection_lost(
         reason: String,
         e: impl core::error::Error + Send + Sync + 'static,
@@ -149,6 +149,7 @@ impl StoreError {
     }
 
     /// An open failure, with the library's error as the cause.
+    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     pub(crate) fn open(
         target: impl Into<String>,
         reason: String,
@@ -273,6 +274,26 @@ impl core::error::Error for EnqueueError {
             EnqueueError::Store(e) => Some(e),
             _ => None,
         }
+    }
+}
+
+/// Errors that can tell "the connection was lost" (the Postgres backends retry on those).
+#[cfg(any(feature = "postgres", feature = "sqlx"))]
+pub(crate) trait Lost {
+    fn lost(&self) -> bool;
+}
+
+#[cfg(any(feature = "postgres", feature = "sqlx"))]
+impl Lost for StoreError {
+    fn lost(&self) -> bool {
+        matches!(self, StoreError::ConnectionLost { .. })
+    }
+}
+
+#[cfg(any(feature = "postgres", feature = "sqlx"))]
+impl Lost for EnqueueError {
+    fn lost(&self) -> bool {
+        matches!(self, EnqueueError::Store(StoreError::ConnectionLost { .. }))
     }
 }
 

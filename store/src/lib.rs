@@ -1,5 +1,5 @@
 //! The store of outbox-lanes: the [`Store`] trait, SQLite (embedded default, feature
-//! `sqlite`) and Postgres (feature `postgres`).
+//! `sqlite`) and Postgres (feature `postgres`, or feature `sqlx` on a sqlx pool).
 //!
 //! [`Store`] is two traits: [`DriverStore`], what a pass and the monitor call, and
 //! [`ServiceStore`], what the embedding service and the operator's CLI call.
@@ -51,46 +51,62 @@
 //! client owns a tokio runtime of its own: every call *and the drop* of a [`PgStore`] must stay
 //! off an async executor thread.
 //!
+//! `sqlx::SqlxPgStore` (feature `sqlx`) is the Postgres store on a caller's sqlx pool, with no
+//! blocking client: each statement's future runs on the pool's tokio runtime while the calling
+//! (blocking) thread waits. Called from an executor thread it uses `block_in_place` on a
+//! multi-thread runtime, and returns an error on a current-thread runtime's own thread; its
+//! drop never blocks.
+//!
 //! The schema is documented in `SCHEMA.md` next to this crate's manifest, with the plain SQL
 //! a service on another SQL library uses to enqueue (OL-15).
 //!
 //! A service on sqlx enqueues inside its own sqlx transaction with the `sqlx` module
-//! (feature `sqlx`): async, on the caller's connection, nothing blocks.
+//! (feature `sqlx`): async, on the caller's connection, nothing blocks; its relay runs on the
+//! same pool through `SqlxPgStore`.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 // Without a backend only the shared types remain; their helpers are then unused.
-#![cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+#![cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "sqlx")),
+    allow(dead_code)
+)]
 
 pub mod ack;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod backend;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod db;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod dead_letters;
 mod error;
 mod exists;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod lanes;
 #[cfg(feature = "sqlite")]
 mod liveness;
 pub mod notify;
+#[cfg(any(feature = "postgres", feature = "sqlx"))]
+mod pg_path;
+#[cfg(any(feature = "postgres", feature = "sqlx"))]
+mod pg_schema;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod prepare;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod service;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod slots;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 #[cfg(feature = "sqlx")]
 pub mod sqlx;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sqlx")]
+mod sqlx_pg;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod status;
 #[cfg(feature = "postgres")]
 mod tls;
 mod types;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod units;
 mod util;
 

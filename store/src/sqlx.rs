@@ -1,6 +1,9 @@
 //! Enqueue inside a caller's **sqlx** transaction (feature `sqlx`; the transactional outbox,
 //! OL-15): the service's own rows and its outbox rows commit, or roll back, together.
 //!
+//! The relay of such a service runs on the same sqlx pool with [`SqlxPgStore`] (Postgres; see
+//! its docs), instead of a second pool of blocking `postgres` connections.
+//!
 //! Why: a service on sqlx cannot hand its transaction to [`SqliteStore`](crate::SqliteStore)
 //! or [`PgStore`](crate::PgStore) (they own rusqlite and `postgres` connections). Rather than
 //! copy `SCHEMA.md`'s plain SQL, and its URL canonicalisation, into every service,
@@ -51,6 +54,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+pub use crate::sqlx_pg::{SqlxPgOptions, SqlxPgStore};
 /// The sqlx crate this module is built on (0.9), for callers that take it from here and so
 /// stay on the same version without a dependency of their own.
 pub use ::sqlx;
@@ -177,13 +181,7 @@ impl SqlxOutbox {
     /// [`StoreError::Database`] for a name the store would refuse (lower-case letters, digits
     /// and `_`, not starting with a digit, at most 48 bytes).
     pub fn with_schema(self, schema: &str) -> Result<SqlxOutbox, StoreError> {
-        let valid = !schema.is_empty()
-            && schema.len() <= 48
-            && schema
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-            && !schema.as_bytes()[0].is_ascii_digit();
-        if !valid {
+        if !crate::pg_schema::valid_schema(schema) {
             return Err(StoreError::Database(format!(
                 "invalid schema name {schema:?} (use lower-case letters, digits, _)"
             )));
@@ -224,7 +222,7 @@ impl SqlxOutbox {
     }
 
     fn channel(&self) -> String {
-        format!("outbox_lanes_{}", self.schema)
+        crate::pg_schema::channel(&self.schema)
     }
 }
 

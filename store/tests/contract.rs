@@ -1,5 +1,6 @@
 //! The store contract: the same test bodies against a SQLite file, SQLite in memory and
-//! Postgres (when `OUTBOX_LANES_TEST_PG` is set).
+//! Postgres (when `OUTBOX_LANES_TEST_PG` is set), the latter on the blocking `postgres` client
+//! and on a sqlx pool (`SqlxPgStore`).
 #![allow(missing_docs, clippy::std_instead_of_core)]
 
 mod common;
@@ -25,6 +26,9 @@ macro_rules! contract {
         }
         mod postgres {
             $( #[test] fn $name() { super::$name(super::Backend::Postgres) } )*
+        }
+        mod sqlx_postgres {
+            $( #[test] fn $name() { super::$name(super::Backend::SqlxPostgres) } )*
         }
     };
 }

@@ -1,0 +1,321 @@
+//! The Postgres schema, shared by the two Postgres backends ([`PgStore`](crate::PgStore) and
+//! the `sqlx` module's `SqlxPgStore`): the tables of `SCHEMA.md`, the migrations, the
+//! planner settings of the store's sessions, and [`init`], which creates or migrates a
+//! schema in a transaction.
+
+use crate::db::{Db, Sql, args};
+use crate::{SCHEMA_VERSION, StoreError};
+
+/// The tables both schema versions share (everything but the units).
+macro_rules! shared_tables_a {
+    () => {
+        "
+CREATE TABLE ol_actors (
+    actor     TEXT PRIMARY KEY,
+    last_seq  BIGINT NOT NULL DEFAULT 0
+);
+CREATE TABLE ol_rows (
+    id            BIGSERIAL PRIMARY KEY,
+    actor         TEXT NOT NULL,
+    row_id        TEXT NOT NULL,
+    seq           BIGINT NOT NULL,
+    content_type  TEXT NOT NULL,
+    body          BYTEA NOT NULL,
+    body_len      BIGINT NOT NULL,
+    dedup_key     TEXT,
+    ordering_key  TEXT NOT NULL DEFAULT '',
+    enqueued_at   BIGINT NOT NULL,
+    UNIQUE (actor, row_id)
+);
+CREATE INDEX ol_rows_dedup ON ol_rows (actor, dedup_key) WHERE dedup_key IS NOT NULL;
+CREATE TABLE ol_lanes (
+    id             BIGSERIAL PRIMARY KEY,
+    actor          TEXT NOT NULL,
+    recipient      TEXT NOT NULL,
+    ordering_key   TEXT NOT NULL DEFAULT '',
+    not_before     BIGINT,
+    backoff_level  BIGINT NOT NULL DEFAULT 0,
+    strict         BOOLEAN NOT NULL DEFAULT FALSE,
+    paused         BOOLEAN NOT NULL DEFAULT FALSE,
+    pause_reason   TEXT,
+    last_status    BIGINT,
+    last_error     TEXT,
+    tail_seq       BIGINT NOT NULL DEFAULT 0,
+    UNIQUE (actor, recipient, ordering_key)
+);
+CREATE INDEX ol_lanes_tail ON ol_lanes (actor, tail_seq);
+"
+    };
+}
+
+/// The tables both schema versions share, after the units.
+macro_rules! shared_tables_b {
+    () => {
+        "
+CREATE TABLE ol_dead_letters (
+    id                BIGSERIAL PRIMARY KEY,
+    unit_id           BIGINT NOT NULL,
+    row_ref           BIGINT NOT NULL,
+    row_id            TEXT NOT NULL,
+    actor             TEXT NOT NULL,
+    lane_id           BIGINT NOT NULL,
+    recipient         TEXT NOT NULL,
+    ordering_key      TEXT NOT NULL,
+    reason            TEXT NOT NULL,
+    last_status       BIGINT,
+    last_error        TEXT,
+    attempts          BIGINT NOT NULL,
+    first_attempt_at  BIGINT,
+    last_attempt_at   BIGINT,
+    seq               BIGINT NOT NULL,
+    dead_at           BIGINT NOT NULL
+);
+CREATE INDEX ol_dead_letters_actor ON ol_dead_letters (actor, seq);
+CREATE INDEX ol_dead_letters_row ON ol_dead_letters (row_ref);
+CREATE TABLE ol_slots (
+    actor          TEXT PRIMARY KEY,
+    token          BIGINT NOT NULL DEFAULT 0,
+    holder         TEXT,
+    lease_expires  BIGINT NOT NULL DEFAULT 0,
+    look_again     BOOLEAN NOT NULL DEFAULT FALSE
+);
+"
+    };
+}
+
+/// Version 2's `ol_units` (SCHEMA.md) with its indexes; `$id` is the id column's type: a fresh
+/// database gets `BIGSERIAL`, the migration keeps version 1's sequence.
+macro_rules! units_v2 {
+    ($id:literal) => {
+        concat!(
+            "
+CREATE TABLE ol_units (
+    id                ",
+            $id,
+            ",
+    unit_id           BIGINT,
+    actor             TEXT NOT NULL,
+    lane_id           BIGINT,
+    seq               BIGINT NOT NULL,
+    state             BIGINT NOT NULL DEFAULT 0,
+    attempts          BIGINT NOT NULL DEFAULT 0,
+    last_status       BIGINT,
+    last_error        TEXT,
+    first_attempt_at  BIGINT,
+    last_attempt_at   BIGINT,
+    lanes             BIGINT NOT NULL DEFAULT 1,
+    pending           BIGINT NOT NULL DEFAULT 1,
+    acked_at          BIGINT,
+    row_ref           BIGINT,
+    row_id            TEXT,
+    content_type      TEXT,
+    body              BYTEA,
+    body_len          BIGINT,
+    dedup_key         TEXT,
+    ordering_key      TEXT,
+    enqueued_at       BIGINT
+);
+CREATE INDEX ol_units_lane ON ol_units (lane_id, seq, id) WHERE lane_id IS NOT NULL;
+CREATE UNIQUE INDEX ol_units_row_id ON ol_units (actor, row_id) WHERE row_id IS NOT NULL;
+CREATE INDEX ol_units_unit ON ol_units (unit_id) WHERE unit_id IS NOT NULL;
+CREATE INDEX ol_units_row ON ol_units (row_ref) WHERE row_ref IS NOT NULL;
+CREATE INDEX ol_units_dedup ON ol_units (actor, dedup_key) WHERE dedup_key IS NOT NULL;
+CREATE INDEX ol_units_acked ON ol_units (acked_at) WHERE acked_at IS NOT NULL;
+CREATE INDEX ol_units_settled ON ol_units (lane_id) WHERE state <> 0 AND lane_id IS NOT NULL;
+"
+        )
+    };
+}
+
+/// Schema version 1 (units in three tables: `ol_rows`, `ol_units`, `ol_deliveries`). Only read
+/// by the migration to version 2; public for the migration test, which builds a version 1
+/// database (re-exported by the `postgres` module).
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) const SCHEMA_V1: &str = concat!(
+    shared_tables_a!(),
+    "CREATE TABLE ol_units (
+    id        BIGSERIAL PRIMARY KEY,
+    actor     TEXT NOT NULL,
+    row_ref   BIGINT NOT NULL,
+    seq       BIGINT NOT NULL,
+    lanes     BIGINT NOT NULL,
+    pending   BIGINT NOT NULL,
+    acked_at  BIGINT
+);
+CREATE INDEX ol_units_row ON ol_units (row_ref);
+CREATE INDEX ol_units_acked ON ol_units (acked_at) WHERE acked_at IS NOT NULL;
+CREATE TABLE ol_deliveries (
+    unit_id           BIGINT NOT NULL,
+    lane_id           BIGINT NOT NULL,
+    seq               BIGINT NOT NULL,
+    state             BIGINT NOT NULL DEFAULT 0,
+    attempts          BIGINT NOT NULL DEFAULT 0,
+    last_status       BIGINT,
+    last_error        TEXT,
+    first_attempt_at  BIGINT,
+    last_attempt_at   BIGINT,
+    PRIMARY KEY (unit_id, lane_id)
+);
+CREATE INDEX ol_deliveries_lane ON ol_deliveries (lane_id, seq, unit_id);
+",
+    shared_tables_b!()
+);
+
+/// Schema version 2 (SCHEMA.md): a one-recipient unit is one `ol_units` row.
+pub(crate) const SCHEMA_V2: &str = concat!(
+    shared_tables_a!(),
+    units_v2!("BIGSERIAL PRIMARY KEY"),
+    shared_tables_b!()
+);
+
+/// Version 1 to 2, in the opening transaction (SCHEMA.md "Migrations"). Each version 1 unit
+/// becomes its head row for its lowest lane (a unit kept by the ack retention has no delivery:
+/// no lane, served); its other deliveries become rows of their own with fresh ids. The payload
+/// stays in `ol_rows` (`row_ref`). The id sequence is detached before the old table goes and
+/// reused by the new one, so no unit id is ever handed out twice; index names are per schema,
+/// so the old table goes before the new one is created.
+const MIGRATE_V1_TO_V2: &str = concat!(
+    // First: wait for every transaction still writing the version 1 tables (a relay of the
+    // previous version acking, dead-lettering…) and keep new ones out until the commit, so
+    // the copy below (its own statement, its own snapshot) misses no write and none lands in
+    // a table about to be dropped. Such a relay fails on its next statement afterwards.
+    "
+LOCK TABLE ol_actors, ol_rows, ol_lanes, ol_units, ol_deliveries, ol_dead_letters, ol_slots
+    IN ACCESS EXCLUSIVE MODE;
+ALTER SEQUENCE ol_units_id_seq OWNED BY NONE;
+CREATE TEMP TABLE ol_migrate_units ON COMMIT DROP AS
+    SELECT u.id, NULL::bigint AS unit_id, u.actor, d.lane_id, coalesce(d.seq, u.seq) AS seq,
+        coalesce(d.state, 1) AS state, coalesce(d.attempts, 0) AS attempts, d.last_status,
+        d.last_error, d.first_attempt_at, d.last_attempt_at, u.lanes, u.pending, u.acked_at,
+        u.row_ref
+    FROM ol_units u LEFT JOIN LATERAL (SELECT * FROM ol_deliveries x WHERE x.unit_id = u.id
+        ORDER BY x.lane_id LIMIT 1) d ON TRUE
+    UNION ALL
+    SELECT nextval('ol_units_id_seq'), o.unit_id, o.actor, o.lane_id, o.seq, o.state, o.attempts,
+        o.last_status, o.last_error, o.first_attempt_at, o.last_attempt_at, 1, 1, NULL, NULL
+    FROM (SELECT d.*, u.actor FROM ol_deliveries d JOIN ol_units u ON u.id = d.unit_id
+        WHERE d.lane_id > (SELECT min(x.lane_id) FROM ol_deliveries x WHERE x.unit_id = d.unit_id)
+        ORDER BY d.unit_id, d.lane_id) o;
+DROP TABLE ol_deliveries;
+DROP TABLE ol_units;
+",
+    units_v2!("BIGINT NOT NULL DEFAULT nextval('ol_units_id_seq') PRIMARY KEY"),
+    "
+ALTER SEQUENCE ol_units_id_seq OWNED BY ol_units.id;
+INSERT INTO ol_units (id, unit_id, actor, lane_id, seq, state, attempts, last_status, last_error,
+        first_attempt_at, last_attempt_at, lanes, pending, acked_at, row_ref)
+    SELECT * FROM pg_temp.ol_migrate_units ORDER BY id;
+SELECT setval('ol_units_id_seq', m) FROM (SELECT max(id) AS m FROM ol_units) x
+    WHERE m > (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM ol_units_id_seq);
+DROP TABLE pg_temp.ol_migrate_units;
+UPDATE ol_meta SET value = '2' WHERE key = 'schema_version';
+"
+);
+
+/// Version 2 to 3 (SCHEMA.md "Migrations"): the rows' own request headers, `NULL` for a row
+/// without. A nullable column without a default is added without rewriting any row; the
+/// statement takes its table's lock only for that moment. Relays of version 2 keep working
+/// against version 3 (they name their columns), without headers.
+const MIGRATE_V2_TO_V3: &str = "ALTER TABLE ol_units ADD COLUMN headers TEXT; \
+     ALTER TABLE ol_rows ADD COLUMN headers TEXT; \
+     UPDATE ol_meta SET value = '3' WHERE key = 'schema_version';";
+
+/// A schema name the store accepts: lower-case letters, digits and `_`, not starting with a
+/// digit, at most 48 bytes (it is written into SQL and into the wake-up channel's name).
+pub(crate) fn valid_schema(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 48
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        && !s.as_bytes()[0].is_ascii_digit()
+}
+
+/// The wake-up channel of the store in `schema` (LISTEN/NOTIFY).
+pub(crate) fn channel(schema: &str) -> String {
+    format!("outbox_lanes_{schema}")
+}
+
+/// The settings every statement of the store runs under, as `SET` statements (`scope`: empty
+/// for a session, `LOCAL` for one transaction): the schema first on the `search_path`, and a
+/// planner that can only follow indexes.
+///
+/// Queue tables churn faster than their statistics follow: a plan made while a table looked
+/// empty would scan it whole once it is deep (a hash join reading every row id of the actor to
+/// check a batch of 100, say). Every statement of the store has an ordered index path, so its
+/// own sessions plan no sequential or bitmap scans and join by index probes only (claims must
+/// cost what they return, never a lane's depth, whatever the statistics say). Prepared
+/// statements always run their generic plan: the server otherwise re-plans some of them at
+/// every execution (the enqueue's plan statement took 0.4 ms for one row that way), and with
+/// these settings no plan depends on the values. The hot statements go further and are
+/// written so that no plan can read a table whole: a lookup driven by another row is a
+/// `LATERAL (… LIMIT n)`, an `EXISTS (… OFFSET 0)` (OFFSET keeps it a per-row subplan instead
+/// of a join) or an `id = ANY(ARRAY(…))`, each an index probe whatever the statistics.
+/// No JIT either: a plan that must pay a disabled plan type's cost penalty looks expensive
+/// enough to be compiled, which took 112 ms on a 100-row table (the liveness check, before its
+/// index) — on every execution.
+pub(crate) fn settings(scope: &str, schema: &str) -> String {
+    format!(
+        "SET {scope} search_path TO {schema}; SET {scope} enable_seqscan = off; \
+         SET {scope} enable_bitmapscan = off; SET {scope} enable_hashjoin = off; \
+         SET {scope} enable_mergejoin = off; SET {scope} plan_cache_mode = force_generic_plan; \
+         SET {scope} jit = off"
+    )
+}
+
+static SERIALISE: Sql = Sql::new("SELECT pg_advisory_xact_lock(hashtext($1))");
+static VERSION: Sql = Sql::new("SELECT value FROM ol_meta WHERE key = 'schema_version'");
+static CREATED_AS_V2: Sql =
+    Sql::new("INSERT INTO ol_meta (key, value) VALUES ('schema_version', '2')");
+
+/// Creates the tables in `db`'s schema (first on its `search_path`), or migrates them to
+/// [`SCHEMA_VERSION`], inside the caller's transaction; concurrent first connections to one
+/// schema are serialised by an advisory lock on `channel`.
+///
+/// # Errors
+/// [`StoreError::SchemaTooNew`] for a database from a newer version; database failures.
+pub(crate) fn init(db: &mut impl Db, schema: &str, channel: &str) -> Result<(), StoreError> {
+    db.execute(&SERIALISE, args![channel])?;
+    db.batch("CREATE TABLE IF NOT EXISTS ol_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")?;
+    match db.query_opt(&VERSION, &[], |r| r.text(0))? {
+        None => {
+            // Created as version 2 and migrated at once: new and migrated databases
+            // cannot differ.
+            db.execute(&CREATED_AS_V2, &[])?;
+            db.batch(SCHEMA_V2)?;
+            db.batch(MIGRATE_V2_TO_V3)?;
+        }
+        Some(v) => {
+            let found: u32 = v
+                .parse()
+                .map_err(|_| StoreError::Database(format!("unreadable schema_version {v:?}")))?;
+            match found {
+                _ if found > SCHEMA_VERSION => {
+                    return Err(StoreError::SchemaTooNew {
+                        found,
+                        supported: SCHEMA_VERSION,
+                    });
+                }
+                1 => {
+                    tracing::info!(target: "outbox_lanes::store", schema, "migrating the schema from version 1 to 3");
+                    db.batch(MIGRATE_V1_TO_V2)?;
+                    db.batch(MIGRATE_V2_TO_V3)?;
+                }
+                2 => {
+                    tracing::info!(target: "outbox_lanes::store", schema, "migrating the schema from version 2 to 3");
+                    db.batch(MIGRATE_V2_TO_V3)?;
+                }
+                3 => {}
+                _ => {
+                    return Err(StoreError::Database(format!(
+                        "unknown schema_version {found}"
+                    )));
+                }
+            }
+        }
+    }
+    // Holders that keep a liveness lock (any schema version: a table of its own).
+    db.batch(
+        "CREATE TABLE IF NOT EXISTS ol_live_holders (holder TEXT PRIMARY KEY); \
+         CREATE INDEX IF NOT EXISTS ol_slots_holder ON ol_slots (holder) WHERE holder IS NOT NULL",
+    )
+}

@@ -1,0 +1,513 @@
+//! [`SqlxPgStore`]: the Postgres store on a caller's sqlx pool (feature `sqlx`), so a service
+//! on sqlx runs its relay without a second pool of blocking `postgres` connections.
+//!
+//! It runs the same statements as [`PgStore`](crate::PgStore) (the hot path of `pg_path.rs`,
+//! the operations written once over the statement layer), on the same schema, with the same
+//! wake-up channel: relays on either store, and enqueues through
+//! [`SqlxOutbox`](crate::sqlx::SqlxOutbox), interoperate.
+//!
+//! # Blocking, on the pool's runtime
+//!
+//! Every [`Store`](crate::Store) method blocks, as the trait says; the store runs each
+//! statement's future on the tokio runtime the pool belongs to (the one current when the store
+//! was made) and waits for it. The runtimes call the store from blocking threads
+//! (`outbox_lanes_tokio` through `spawn_blocking`, the blocking runtime from its own threads),
+//! so no executor thread waits. Called from an executor thread anyway:
+//!
+//! - on a multi-thread runtime, the call runs in `tokio::task::block_in_place`: the worker's
+//!   other tasks move to another worker while it waits (correct, but it costs a worker);
+//! - on a current-thread runtime, the runtime's own thread cannot wait for a future only it
+//!   could drive: the call returns [`StoreError::Database`] saying so (tokio's refusal, caught:
+//!   a build with `panic = "abort"` aborts instead). Call it through `spawn_blocking`.
+//!
+//! Dropping the store never blocks (its background tasks are aborted), on any thread.
+//!
+//! # Connections
+//!
+//! Statements run on connections of the caller's pool, each operation in a transaction that
+//! begins with `SET LOCAL` of the store's settings (its schema first on the `search_path`, the
+//! planner settings of `PgStore`'s sessions): nothing changes for the caller's other queries on
+//! the same connections. Reads and the one-statement ack, which `PgStore` runs outside a
+//! transaction, are transactions here too (one round trip more). An operation that loses its
+//! connection is retried once on another, when that is safe (as `PgStore` does).
+//!
+//! - [`DriverStore::watch`](crate::DriverStore::watch) holds one connection of the pool for
+//!   its `LISTEN` (a `PgListener`), for the store's life.
+//! - Liveness: each slot holder takes a session advisory lock on a connection of its own,
+//!   opened with the pool's connect options but outside the pool, and pinged every second; when
+//!   the process dies or that connection drops, other relays take the holder's slots over at
+//!   once, as with `PgStore`. If that connection cannot be opened the holder's slots are
+//!   recovered by lease expiry only.
+
+use core::future::Future;
+use core::time::Duration;
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Mutex, PoisonError};
+
+use ::sqlx::postgres::{PgConnection, PgDatabaseError, PgListener, PgPool, PgRow};
+use ::sqlx::{AssertSqlSafe, Connection as _, Row as _};
+use outbox_lanes_core::ActorId;
+use tokio::runtime::{Handle, RuntimeFlavor};
+use tokio::task::JoinHandle;
+
+use crate::backend::Backend;
+use crate::db::{Db, Dialect, Get, Sql, Value, args};
+use crate::error::Lost;
+use crate::notify::Notifier;
+use crate::pg_path::{self, PgBackend};
+use crate::pg_schema;
+use crate::types::{CommonOptions, Enqueued, NewRow};
+use crate::{EnqueueError, StoreError};
+
+/// How a [`SqlxPgStore`] uses its pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SqlxPgOptions {
+    /// The schema holding the tables (as [`PgOptions::schema`](crate::PgOptions)); created if
+    /// missing. Letters, digits and `_` only.
+    pub schema: String,
+    /// Payload limit and ack retention.
+    pub common: CommonOptions,
+}
+
+impl Default for SqlxPgOptions {
+    fn default() -> Self {
+        SqlxPgOptions {
+            schema: "outbox_lanes".into(),
+            common: CommonOptions::default(),
+        }
+    }
+}
+
+/// How often a holder's liveness connection is checked (and reopened once lost).
+const LIVENESS_PING: Duration = Duration::from_secs(1);
+
+/// A background task, aborted when dropped.
+#[derive(Debug)]
+struct Task(JoinHandle<()>);
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The Postgres store on a caller's [`PgPool`]; see the [module docs](self).
+#[derive(Debug)]
+pub struct SqlxPgStore {
+    pool: PgPool,
+    handle: Handle,
+    opts: SqlxPgOptions,
+    /// `BEGIN` and the store's `SET LOCAL`s, one round trip.
+    begin: String,
+    channel: String,
+    notifier: Notifier,
+    watcher: Mutex<Option<Task>>,
+    /// Per holder, the task keeping its liveness lock's connection.
+    live: Mutex<HashMap<String, Task>>,
+}
+
+impl SqlxPgStore {
+    /// A store on `pool`, creating or migrating the schema (blocking: call it where the other
+    /// methods are called, e.g. in `spawn_blocking`). The pool's runtime must be the current
+    /// one: every statement runs on it.
+    ///
+    /// # Errors
+    /// [`StoreError::Open`] outside a tokio runtime or for an invalid schema name;
+    /// [`StoreError::SchemaTooNew`] for a database from a newer version; database failures.
+    pub fn new(pool: PgPool, opts: SqlxPgOptions) -> Result<SqlxPgStore, StoreError> {
+        let open_error = |reason: String| StoreError::Open {
+            target: format!("sqlx pool (schema {})", opts.schema),
+            reason,
+            cause: None,
+        };
+        if !pg_schema::valid_schema(&opts.schema) {
+            return Err(open_error(format!(
+                "invalid schema name {:?} (use lower-case letters, digits, _)",
+                opts.schema
+            )));
+        }
+        let handle = Handle::try_current().map_err(|e| {
+            open_error(format!(
+                "no tokio runtime to run the pool's futures on: {e}"
+            ))
+        })?;
+        let store = SqlxPgStore {
+            begin: format!("BEGIN; {}", pg_schema::settings("LOCAL", &opts.schema)),
+            channel: pg_schema::channel(&opts.schema),
+            pool,
+            handle,
+            notifier: Notifier::new(),
+            watcher: Mutex::new(None),
+            live: Mutex::new(HashMap::new()),
+            opts,
+        };
+        let create = format!("CREATE SCHEMA IF NOT EXISTS {}", store.opts.schema);
+        match store.run_sql(::sqlx::raw_sql(AssertSqlSafe(create)).execute(&store.pool)) {
+            // Two stores creating the schema at once: the loser sees a unique violation.
+            Err(e) if pg_path::unique_violation(&e).is_none() => return Err(e),
+            _ => {}
+        }
+        store.tx(false, |db| {
+            pg_schema::init(db, &store.opts.schema, &store.channel)
+        })?;
+        Ok(store)
+    }
+
+    /// The options the store was made with.
+    pub fn options(&self) -> &SqlxPgOptions {
+        &self.opts
+    }
+
+    /// The pool the store runs on.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Waits for `f` on the pool's runtime (see the module docs).
+    fn run<F: Future>(&self, f: F) -> Result<F::Output, StoreError> {
+        match Handle::try_current().map(|h| h.runtime_flavor()) {
+            Ok(RuntimeFlavor::MultiThread) => {
+                Ok(tokio::task::block_in_place(|| self.handle.block_on(f)))
+            }
+            // A current-thread runtime's blocking thread may wait; its own thread may not, and
+            // tokio refuses that before the future is polled.
+            Ok(_) => std::panic::catch_unwind(AssertUnwindSafe(|| self.handle.block_on(f)))
+                .map_err(|_| {
+                    StoreError::Database(
+                        "SqlxPgStore called on a current-thread tokio runtime's own thread; \
+                         call it through spawn_blocking"
+                            .into(),
+                    )
+                }),
+            Err(_) => Ok(self.handle.block_on(f)),
+        }
+    }
+
+    /// [`Self::run`] for a sqlx future.
+    fn run_sql<T>(
+        &self,
+        f: impl Future<Output = Result<T, ::sqlx::Error>>,
+    ) -> Result<T, StoreError> {
+        self.run(f)?.map_err(sqlx_err)
+    }
+
+    /// Runs `f` in a transaction and commits; retries once on a lost connection when safe:
+    /// always if the commit was not sent, only `idempotent` operations otherwise.
+    fn tx<T, E: From<StoreError> + Lost>(
+        &self,
+        idempotent: bool,
+        mut f: impl FnMut(&mut SqlxDb<'_>) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let (res, at_commit) =
+                match self.run_sql(self.pool.begin_with(AssertSqlSafe(self.begin.clone()))) {
+                    Err(e) => (Err(E::from(e)), false),
+                    Ok(mut tx) => match f(&mut SqlxDb {
+                        conn: &mut tx,
+                        store: self,
+                    }) {
+                        Err(e) => {
+                            // On the runtime: a pooled connection goes back to its pool from there.
+                            let _ = self.run(tx.rollback());
+                            (Err(e), false)
+                        }
+                        Ok(v) => match self.run_sql(tx.commit()) {
+                            Ok(()) => (Ok(v), false),
+                            Err(e) => (Err(E::from(e)), true),
+                        },
+                    },
+                };
+            match res {
+                Err(e) if e.lost() => {
+                    let retry = attempt < 2 && (!at_commit || idempotent);
+                    tracing::warn!(target: "outbox_lanes::store", at_commit, idempotent, retry, "postgres connection lost (sqlx pool)");
+                    if !retry {
+                        return Err(e);
+                    }
+                }
+                res => return res,
+            }
+        }
+    }
+
+    /// Takes `holder`'s liveness lock on a connection of its own, kept by a task that pings it
+    /// (see the module docs and `PgStore`'s `register_holder`).
+    fn keep_alive(&self, holder: &str) -> Result<Option<Task>, StoreError> {
+        let options = self.pool.connect_options();
+        let mut conn = self.run_sql(PgConnection::connect_with(&options))?;
+        let mut db = SqlxDb {
+            conn: &mut conn,
+            store: self,
+        };
+        db.batch(&format!("SET search_path TO {}", self.opts.schema))?;
+        let key = pg_path::live_key(&self.opts.schema, holder);
+        if !db.query_one(&pg_path::TRY_LIVE_LOCK, args![&key], |r| r.flag(0))? {
+            return Ok(None);
+        }
+        db.execute(&pg_path::REGISTER_HOLDER, args![holder])?;
+        Ok(Some(Task(self.handle.spawn(async move {
+            // Ends when the connection is lost; the next acquisition opens a new one.
+            loop {
+                tokio::time::sleep(LIVENESS_PING).await;
+                if conn.ping().await.is_err() {
+                    return;
+                }
+            }
+        }))))
+    }
+}
+
+/// A sqlx error in one line, as [`StoreError`]: lost connections, conflicts the server broke
+/// (retryable) and read-only servers apart, the rest a driver error keeping it as the cause.
+fn sqlx_err(e: ::sqlx::Error) -> StoreError {
+    use ::sqlx::Error as E;
+    let reason = match &e {
+        E::Database(db) => {
+            let mut out = format!(
+                "{} (SQLSTATE {})",
+                db.message(),
+                db.code().as_deref().unwrap_or("?")
+            );
+            if let Some(d) = db
+                .try_downcast_ref::<PgDatabaseError>()
+                .and_then(|p| p.detail())
+            {
+                out.push_str("; detail: ");
+                out.push_str(d);
+            }
+            out
+        }
+        other => other.to_string(),
+    }
+    .replace(['\n', '\r'], " ");
+    match &e {
+        E::Io(_) | E::Tls(_) | E::Protocol(_) | E::WorkerCrashed => {
+            StoreError::connection_lost(reason, e)
+        }
+        E::Database(db) => match db.code().as_deref() {
+            Some(c) if c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03") => {
+                StoreError::connection_lost(reason, e)
+            }
+            // Aborted by the server to break a deadlock or a serialization conflict: nothing
+            // was written and a retry can succeed.
+            Some("40001" | "40P01" | "55P03") => StoreError::Busy,
+            Some("25006") => StoreError::ReadOnly {
+                path: "(postgres)".into(),
+            },
+            _ => StoreError::driver(reason, e),
+        },
+        _ => StoreError::driver(reason, e),
+    }
+}
+
+/// A connection of the store (in a transaction, or the liveness session) as a [`Db`]: each
+/// statement waits on the pool's runtime; sqlx caches the prepared statements per connection.
+pub(crate) struct SqlxDb<'c> {
+    conn: &'c mut PgConnection,
+    store: &'c SqlxPgStore,
+}
+
+/// Binds the values in order.
+fn bind<'q>(
+    mut q: ::sqlx::query::Query<'q, ::sqlx::Postgres, ::sqlx::postgres::PgArguments>,
+    args: &[Value<'_>],
+) -> ::sqlx::query::Query<'q, ::sqlx::Postgres, ::sqlx::postgres::PgArguments> {
+    for v in args {
+        q = match *v {
+            Value::Int(v) => q.bind(v),
+            Value::OptInt(v) => q.bind(v),
+            Value::Text(v) => q.bind(v),
+            Value::OptText(v) => q.bind(v),
+            Value::Bool(v) => q.bind(v),
+            Value::Ints(v) => q.bind(v),
+            Value::OptInts(v) => q.bind(v),
+            Value::Texts(v) => q.bind(v),
+            Value::OptTexts(v) => q.bind(v),
+            Value::Byteses(v) => q.bind(v),
+        };
+    }
+    q
+}
+
+impl Db for SqlxDb<'_> {
+    const DIALECT: Dialect = Dialect::Postgres;
+
+    fn batch(&mut self, sql: &str) -> Result<(), StoreError> {
+        self.store
+            .run_sql(::sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut *self.conn))?;
+        Ok(())
+    }
+
+    fn execute(&mut self, sql: &Sql, args: &[Value<'_>]) -> Result<u64, StoreError> {
+        let q = bind(
+            ::sqlx::query(AssertSqlSafe(sql.text(Dialect::Postgres))),
+            args,
+        );
+        Ok(self
+            .store
+            .run_sql(q.execute(&mut *self.conn))?
+            .rows_affected())
+    }
+
+    fn query<T>(
+        &mut self,
+        sql: &Sql,
+        args: &[Value<'_>],
+        mut map: impl FnMut(&dyn Get) -> Result<T, StoreError>,
+    ) -> Result<Vec<T>, StoreError> {
+        let q = bind(
+            ::sqlx::query(AssertSqlSafe(sql.text(Dialect::Postgres))),
+            args,
+        );
+        let rows = self.store.run_sql(q.fetch_all(&mut *self.conn))?;
+        rows.iter().map(|r| map(r)).collect()
+    }
+}
+
+impl Get for PgRow {
+    fn int(&self, col: usize) -> Result<i64, StoreError> {
+        self.try_get(col).map_err(sqlx_err)
+    }
+    fn opt_int(&self, col: usize) -> Result<Option<i64>, StoreError> {
+        self.try_get(col).map_err(sqlx_err)
+    }
+    fn text(&self, col: usize) -> Result<String, StoreError> {
+        self.try_get(col).map_err(sqlx_err)
+    }
+    fn opt_text(&self, col: usize) -> Result<Option<String>, StoreError> {
+        self.try_get(col).map_err(sqlx_err)
+    }
+    fn flag(&self, col: usize) -> Result<bool, StoreError> {
+        self.try_get(col).map_err(sqlx_err)
+    }
+    fn opt_flag(&self, col: usize) -> Result<Option<bool>, StoreError> {
+        self.try_get(col).map_err(sqlx_err)
+    }
+    fn bytes(&self, col: usize) -> Result<Vec<u8>, StoreError> {
+        self.try_get(col).map_err(sqlx_err)
+    }
+    fn opt_bytes(&self, col: usize) -> Result<Option<Vec<u8>>, StoreError> {
+        self.try_get(col).map_err(sqlx_err)
+    }
+    fn opt_ints(&self, col: usize) -> Result<Option<Vec<i64>>, StoreError> {
+        self.try_get(col).map_err(sqlx_err)
+    }
+    fn opt_texts(&self, col: usize) -> Result<Option<Vec<String>>, StoreError> {
+        self.try_get(col).map_err(sqlx_err)
+    }
+}
+
+impl Backend for SqlxPgStore {
+    type Reader<'c> = SqlxDb<'c>;
+    type Writer<'c> = SqlxDb<'c>;
+
+    fn read<T>(
+        &self,
+        f: impl FnMut(&mut SqlxDb<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        // Committed, not rolled back: the one-statement ack writes through a read.
+        self.tx(true, f)
+    }
+
+    fn write<T>(
+        &self,
+        idempotent: bool,
+        f: impl FnMut(&mut SqlxDb<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.tx(idempotent, f)
+    }
+
+    fn common(&self) -> &CommonOptions {
+        &self.opts.common
+    }
+
+    fn notify(&self) {
+        self.notifier.notify();
+    }
+
+    fn notify_others(&self, db: &mut SqlxDb<'_>, actors: &[ActorId]) -> Result<(), StoreError> {
+        pg_path::notify_actors(db, &self.channel, actors)
+    }
+
+    fn enqueue_batch(
+        &self,
+        actor: &ActorId,
+        rows: &[NewRow],
+    ) -> Result<Vec<Enqueued>, EnqueueError> {
+        self.enqueue_pg(actor, rows)
+    }
+}
+
+impl PgBackend for SqlxPgStore {
+    fn schema(&self) -> &str {
+        &self.opts.schema
+    }
+
+    fn channel(&self) -> &str {
+        &self.channel
+    }
+
+    fn register_holder(&self, holder: &str) {
+        let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        if live.get(holder).is_some_and(|t| !t.0.is_finished()) {
+            return;
+        }
+        let outcome = self.keep_alive(holder).map(|task| match task {
+            Some(task) => {
+                live.insert(holder.to_owned(), task);
+                true
+            }
+            None => false,
+        });
+        pg_path::log_registration(holder, &outcome);
+    }
+
+    fn wake_ups(&self) -> Notifier {
+        self.notifier.clone()
+    }
+
+    fn listen(&self) -> Result<Notifier, StoreError> {
+        let mut w = self.watcher.lock().unwrap_or_else(PoisonError::into_inner);
+        if w.is_none() {
+            let mut listener = self.run_sql(async {
+                let mut listener = PgListener::connect_with(&self.pool).await?;
+                listener.listen(&self.channel).await?;
+                Ok(listener)
+            })?;
+            let notifier = self.notifier.clone();
+            *w = Some(Task(self.handle.spawn(async move {
+                loop {
+                    match listener.try_recv().await {
+                        Ok(Some(_)) => {
+                            tracing::trace!(target: "outbox_lanes::store", reason = "notify", "wake-up from another process");
+                            notifier.notify();
+                        }
+                        // Lost: the listener reconnects and listens again on the next call.
+                        // Notifications sent meanwhile are lost: wake everyone once.
+                        Ok(None) => {
+                            tracing::warn!(target: "outbox_lanes::store", reason = "listen_reconnected", "LISTEN connection lost; reconnecting");
+                            notifier.notify();
+                        }
+                        Err(::sqlx::Error::PoolClosed) => return,
+                        Err(e) => {
+                            tracing::warn!(target: "outbox_lanes::store", error = %e, "LISTEN failed; retrying");
+                            tokio::time::sleep(LIVENESS_PING).await;
+                            notifier.notify();
+                        }
+                    }
+                }
+            })));
+        }
+        Ok(self.notifier.clone())
+    }
+
+    fn write_enqueue<T>(
+        &self,
+        f: impl FnMut(&mut SqlxDb<'_>) -> Result<T, EnqueueError>,
+    ) -> Result<T, EnqueueError> {
+        self.tx(false, f)
+    }
+}
