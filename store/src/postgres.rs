@@ -28,7 +28,7 @@
 //! machines with skewed clocks agree. Pass operations lock the slot row `FOR SHARE` while
 //! they check the token, so a take-over waits for them to commit and cannot slip between the
 //! check and the write. Every enqueue sends `NOTIFY` in its transaction (delivered on commit,
-//! coalesced by the server per transaction); [`DriverStore::watch`] LISTENs on its own connection.
+//! coalesced by the server per transaction); [`DriverStore::watch`](crate::DriverStore::watch) LISTENs on its own connection.
 //!
 //! # TLS and errors
 //!

@@ -92,7 +92,7 @@ impl Drop for Task {
     }
 }
 
-/// The Postgres store on a caller's [`PgPool`]; see the [module docs](self).
+/// The Postgres store on a caller's [`PgPool`]; see the [`sqlx` module docs](crate::sqlx).
 #[derive(Debug)]
 pub struct SqlxPgStore {
     pool: PgPool,
