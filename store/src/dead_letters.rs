@@ -179,7 +179,7 @@ static DEAD_OF_ACTOR: Sql = Sql::new(concat!(
     "WHERE actor = $1 ORDER BY seq, unit_id, id"
 ));
 static DEAD_BY_ID: Sql = Sql::new(concat!(dead_cols!(), "WHERE id = $1"));
-static DEAD_ACTORS: Sql = Sql::new("SELECT DISTINCT actor FROM ol_dead_letters ORDER BY actor");
+static DEAD_ALL: Sql = Sql::new(concat!(dead_cols!(), "ORDER BY actor, seq, unit_id, id"));
 
 /// A dead letter with its payload row and lane.
 struct Selected {
@@ -242,19 +242,11 @@ pub(crate) fn list(
     db: &mut impl Db,
     actor: Option<&ActorId>,
 ) -> Result<Vec<DeadLetter>, StoreError> {
-    let actors = match actor {
-        Some(a) => vec![a.clone()],
-        None => db.query(&DEAD_ACTORS, &[], |r| Ok(ActorId::new(r.text(0)?)))?,
+    let selected = match actor {
+        Some(a) => db.query(&DEAD_OF_ACTOR, args![a.as_str()], dead_of)?,
+        None => db.query(&DEAD_ALL, &[], dead_of)?,
     };
-    let mut out = Vec::new();
-    for a in actors {
-        out.extend(
-            select(db, &DeadLetterSelection::Actor(a))?
-                .into_iter()
-                .map(|s| s.dead),
-        );
-    }
-    Ok(out)
+    Ok(selected.into_iter().map(|s| s.dead).collect())
 }
 
 static DEAD_LETTER_PAYLOAD: Sql = Sql::new(
