@@ -15,11 +15,15 @@
 //! | `dead_letters.rs` | dead-lettering, listing, payloads, replay, purge |
 //! | `status.rs` | status, oldest pending, actors with work |
 //! | `units.rs` | a unit's lifecycle after enqueue: settle, finish, payload rows, seqs |
-//! | `service.rs` | [`ServiceStore`] once for both backends |
-//! | `sqlite.rs`, `postgres.rs` | connections, schema and migrations, and the hot path tuned per backend: enqueue, claim, ack, attempt records |
+//! | `service.rs` | [`ServiceStore`] once for every backend |
+//! | `driver.rs` | [`DriverStore`] once for every backend, over each backend's hot path |
+//! | `sqlite.rs` | SQLite: connections, schema and migrations, its hot path (enqueue, claim, ack, attempt records) |
+//! | `pg_path.rs`, `pg_schema.rs` | Postgres, for both of its drivers: the hot path, the schema and migrations |
+//! | `postgres.rs`, `sqlx_pg.rs` | the two Postgres drivers: [`PgStore`] (blocking `postgres` client, own pool, TLS) and `SqlxPgStore` (a caller's sqlx pool) |
+//! | `sqlx.rs` | enqueue inside a caller's sqlx transaction |
 //! | `prepare.rs` | validating and canonicalising rows before enqueue |
 //! | `ack.rs` | the group-committing ack writer |
-//! | `notify.rs`, `liveness.rs`, `exists.rs`, `tls.rs`, `error.rs` | wake-ups, dead-holder detection, opening, Postgres TLS, errors |
+//! | `notify.rs`, `watcher.rs`, `liveness.rs`, `exists.rs`, `tls.rs`, `error.rs` | wake-ups, watcher threads, dead-holder detection, opening, Postgres TLS, errors |
 //!
 //! # How a pass uses the store
 //!
@@ -77,6 +81,8 @@ mod backend;
 mod db;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod dead_letters;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
+mod driver;
 mod error;
 mod exists;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
@@ -109,6 +115,8 @@ mod types;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod units;
 mod util;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod watcher;
 
 use core::time::Duration;
 

@@ -8,21 +8,21 @@
 //! [`DriverStore`] is implemented here once for every [`PgBackend`]; each backend brings its
 //! connections, its liveness sessions and its LISTEN watcher.
 
-use core::time::Duration;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use outbox_lanes_core::{ActorId, DeadReason, LaneKey, Seq, Timestamp, UnitId};
+use outbox_lanes_core::{ActorId, LaneKey, Seq, Timestamp, UnitId};
 
 use crate::backend::Backend;
 use crate::db::{Db, Sql, args};
+use crate::driver::HotPath;
 use crate::notify::Notifier;
 use crate::prepare::{PreparedRow, prepare};
 use crate::types::*;
 use crate::util::{
     decode_headers, encode_headers, key_of, millis_of, timestamp_of, to_i64, to_u32, to_u64,
 };
-use crate::{DriverStore, EnqueueError, StoreError};
-use crate::{dead_letters, lanes, slots, status, units};
+use crate::{EnqueueError, StoreError};
+use crate::{slots, units};
 
 const STATE_PENDING: i64 = 0;
 
@@ -1224,47 +1224,25 @@ pub(crate) trait PgBackend: Backend {
         self.notify();
         Ok(out)
     }
-
-    /// Runs `f` in a transaction fenced by `token`.
-    fn fenced<T>(
-        &self,
-        token: &SlotToken,
-        idempotent: bool,
-        mut f: impl FnMut(&mut Self::Writer<'_>) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        self.write(idempotent, |t| {
-            slots::fence(t, token)?;
-            f(t)
-        })
-    }
 }
 
 // `PgBackend` is crate-private on purpose (sealed): only this crate's stores implement it.
 #[allow(private_bounds)]
-impl<B: PgBackend> DriverStore for B {
-    fn acquire_slot(
+impl<B: PgBackend> HotPath for B {
+    fn register_holder(&self, holder: &str) {
+        PgBackend::register_holder(self, holder);
+    }
+
+    fn expire_dead_holders(
         &self,
-        actor: &ActorId,
-        holder: &str,
-        lease: Duration,
-    ) -> Result<SlotAcquisition, StoreError> {
-        self.register_holder(holder);
-        self.write(false, |t| {
-            slots::acquire(t, actor, holder, lease, |t| {
-                expire_dead_holders(t, self.schema(), holder, Some(actor))
-            })
-        })
+        t: &mut Self::Writer<'_>,
+        us: &str,
+        actor: Option<&ActorId>,
+    ) -> Result<(), StoreError> {
+        expire_dead_holders(t, self.schema(), us, actor)
     }
 
-    fn renew_slot(&self, token: &SlotToken, lease: Duration) -> Result<(), StoreError> {
-        self.write(true, |t| slots::renew(t, token, lease))
-    }
-
-    fn release_slot(&self, token: &SlotToken) -> Result<SlotRelease, StoreError> {
-        self.write(false, |t| slots::release(t, token))
-    }
-
-    fn lanes_with_work(
+    fn find_lanes_with_work(
         &self,
         token: &SlotToken,
         since: u64,
@@ -1272,7 +1250,7 @@ impl<B: PgBackend> DriverStore for B {
         self.read(|t| lanes_with_work(t, token, since))
     }
 
-    fn claim(
+    fn claim_units(
         &self,
         token: &SlotToken,
         lanes: &[ClaimRange],
@@ -1280,11 +1258,11 @@ impl<B: PgBackend> DriverStore for B {
         self.read(|t| claim(t, token, lanes))
     }
 
-    fn payload(&self, unit: UnitId) -> Result<Payload, StoreError> {
+    fn read_payload(&self, unit: UnitId) -> Result<Payload, StoreError> {
         self.read(|t| payload(t, unit))
     }
 
-    fn ack(
+    fn ack_units(
         &self,
         token: &SlotToken,
         delivered: &[(UnitId, StoreLaneId)],
@@ -1311,7 +1289,7 @@ impl<B: PgBackend> DriverStore for B {
         })
     }
 
-    fn record_attempts(
+    fn write_attempts(
         &self,
         token: &SlotToken,
         attempts: &[AttemptRecord],
@@ -1325,82 +1303,11 @@ impl<B: PgBackend> DriverStore for B {
         })
     }
 
-    fn dead_letter(&self, token: &SlotToken, dead: &DeadLetterRequest) -> Result<(), StoreError> {
-        let retention = self.common().ack_retention.is_some();
-        self.fenced(token, true, |t| {
-            dead_letters::dead_letter(t, token.actor().as_str(), dead, retention)?;
-            Ok(())
-        })
+    fn wake_ups(&self) -> Notifier {
+        PgBackend::wake_ups(self)
     }
 
-    fn set_lane_state(
-        &self,
-        token: &SlotToken,
-        lane: StoreLaneId,
-        not_before: Option<Timestamp>,
-        backoff_level: u32,
-    ) -> Result<(), StoreError> {
-        self.fenced(token, true, |t| {
-            lanes::set_backoff(t, token.actor().as_str(), lane, not_before, backoff_level)
-        })
-    }
-
-    fn block_lane(
-        &self,
-        token: &SlotToken,
-        lane: StoreLaneId,
-        reason: &str,
-    ) -> Result<(), StoreError> {
-        self.fenced(token, true, |t| {
-            lanes::block(t, token.actor().as_str(), lane, reason)
-        })
-    }
-
-    fn retire_lane(
-        &self,
-        token: &SlotToken,
-        lane: StoreLaneId,
-        at: Timestamp,
-    ) -> Result<u64, StoreError> {
-        let retention = self.common().ack_retention.is_some();
-        self.fenced(token, false, |t| {
-            dead_letters::dead_letter_lane(
-                t,
-                token.actor().as_str(),
-                lane,
-                DeadReason::LaneRetired,
-                at,
-                None,
-                retention,
-            )
-            .map(|retired| retired.len() as u64)
-        })
-    }
-
-    fn acquire_ready(
-        &self,
-        holder: &str,
-        lease: Duration,
-        now: Timestamp,
-        max: usize,
-    ) -> Result<Vec<SlotToken>, StoreError> {
-        self.register_holder(holder);
-        self.write(false, |t| {
-            slots::acquire_ready(t, holder, lease, now, max, |t| {
-                expire_dead_holders(t, self.schema(), holder, None)
-            })
-        })
-    }
-
-    fn actors_with_work(&self, now: Timestamp) -> Result<ActorsDue, StoreError> {
-        self.read(|t| status::actors_with_work(t, now))
-    }
-
-    fn notifier(&self) -> Notifier {
-        self.wake_ups()
-    }
-
-    fn watch(&self) -> Result<Notifier, StoreError> {
+    fn start_watch(&self) -> Result<Notifier, StoreError> {
         self.listen()
     }
 }

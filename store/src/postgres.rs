@@ -43,8 +43,7 @@
 
 use core::time::Duration;
 use std::collections::HashMap;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::thread::JoinHandle;
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 
 use core::sync::atomic::{AtomicBool, Ordering};
 
@@ -65,6 +64,7 @@ use crate::pg_schema;
 use crate::prepare::prepare;
 use crate::tls::{ConfigError, Connector};
 use crate::types::*;
+use crate::watcher::WatcherThread;
 use crate::{EnqueueError, StoreError};
 
 /// How a [`PgStore`] connects.
@@ -323,20 +323,6 @@ struct Pool {
     open: usize,
 }
 
-struct Watcher {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Drop for Watcher {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
 /// The Postgres implementation of [`Store`](crate::Store); see the module docs.
 pub struct PgStore {
     config: Config,
@@ -348,7 +334,7 @@ pub struct PgStore {
     freed: Condvar,
     notifier: Notifier,
     channel: String,
-    watcher: Mutex<Option<Watcher>>,
+    watcher: Mutex<Option<WatcherThread>>,
     /// One session per holder of this store, holding the holder's advisory lock for the
     /// store's life: see [`PgStore::register_holder`].
     live: Mutex<HashMap<String, postgres::Client>>,
@@ -752,25 +738,15 @@ impl PgBackend for PgStore {
         if w.is_none() {
             let mut client = self.new_conn(false)?.client;
             client.batch_execute(&format!("LISTEN {}", self.channel))?;
-            let stop = Arc::new(AtomicBool::new(false));
-            let stop2 = Arc::clone(&stop);
             let notifier = self.notifier.clone();
             let config = self.config.clone();
             let tls = self.tls.clone();
             let channel = self.channel.clone();
             let every = self.opts.watch_interval;
-            let thread = std::thread::Builder::new()
-                .name("outbox-lanes-pg-listen".into())
-                .spawn(move || {
-                    listen_loop(client, &config, &tls, &channel, &stop2, &notifier, every)
-                })
-                .map_err(|e| {
-                    StoreError::Database(format!("cannot start the watcher thread: {e}"))
-                })?;
-            *w = Some(Watcher {
-                stop,
-                thread: Some(thread),
-            });
+            *w = Some(WatcherThread::spawn(
+                "outbox-lanes-pg-listen",
+                move |stop| listen_loop(client, &config, &tls, &channel, stop, &notifier, every),
+            )?);
         }
         Ok(self.notifier.clone())
     }

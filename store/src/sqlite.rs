@@ -19,18 +19,18 @@ use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use core::time::Duration;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::thread::JoinHandle;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 pub use rusqlite;
 use rusqlite::{
     Connection, ErrorCode, OpenFlags, OptionalExtension, Transaction, TransactionBehavior, params,
 };
 
-use outbox_lanes_core::{ActorId, DeadReason, LaneKey, Seq, Timestamp, UnitId};
+use outbox_lanes_core::{ActorId, LaneKey, Seq, Timestamp, UnitId};
 
 use crate::backend::Backend;
 use crate::db::SqliteDb;
+use crate::driver::HotPath;
 use crate::liveness::Liveness;
 use crate::notify::{Notifier, PendingWake};
 use crate::prepare::{PreparedRow, prepare};
@@ -38,8 +38,9 @@ use crate::types::*;
 use crate::util::{
     decode_headers, encode_headers, key_of, millis_of, timestamp_of, to_i64, to_u32, to_u64,
 };
-use crate::{DriverStore, EnqueueError, SCHEMA_VERSION, StoreError};
-use crate::{dead_letters, lanes, slots, status, units};
+use crate::watcher::WatcherThread;
+use crate::{EnqueueError, SCHEMA_VERSION, StoreError};
+use crate::{slots, units};
 
 /// The durability of a commit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -87,27 +88,13 @@ enum Conns {
     },
 }
 
-struct Watcher {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Drop for Watcher {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
 /// The SQLite implementation of [`Store`](crate::Store); see the module docs.
 pub struct SqliteStore {
     conns: Conns,
     path: Option<PathBuf>,
     opts: SqliteOptions,
     notifier: Notifier,
-    watcher: Mutex<Option<Watcher>>,
+    watcher: Mutex<Option<WatcherThread>>,
     /// Holder locks beside the leases (a file database only): see [`crate::liveness`].
     liveness: Option<Liveness>,
 }
@@ -969,32 +956,23 @@ impl Backend for SqliteStore {
     }
 }
 
-impl DriverStore for SqliteStore {
-    fn acquire_slot(
-        &self,
-        actor: &ActorId,
-        holder: &str,
-        lease: Duration,
-    ) -> Result<SlotAcquisition, StoreError> {
+impl HotPath for SqliteStore {
+    fn register_holder(&self, holder: &str) {
         if let Some(l) = &self.liveness {
             l.register(holder);
         }
-        self.write(|c| {
-            slots::acquire(&mut SqliteDb(c), actor, holder, lease, |db| {
-                self.expire_dead_holders(db.0, holder, Some(actor))
-            })
-        })
     }
 
-    fn renew_slot(&self, token: &SlotToken, lease: Duration) -> Result<(), StoreError> {
-        self.write(|c| slots::renew(&mut SqliteDb(c), token, lease))
+    fn expire_dead_holders(
+        &self,
+        db: &mut SqliteDb<'_>,
+        us: &str,
+        actor: Option<&ActorId>,
+    ) -> Result<(), StoreError> {
+        SqliteStore::expire_dead_holders(self, db.0, us, actor)
     }
 
-    fn release_slot(&self, token: &SlotToken) -> Result<SlotRelease, StoreError> {
-        self.write(|c| slots::release(&mut SqliteDb(c), token))
-    }
-
-    fn lanes_with_work(
+    fn find_lanes_with_work(
         &self,
         token: &SlotToken,
         since: u64,
@@ -1030,7 +1008,7 @@ impl DriverStore for SqliteStore {
         })
     }
 
-    fn claim(
+    fn claim_units(
         &self,
         token: &SlotToken,
         lanes: &[ClaimRange],
@@ -1155,11 +1133,11 @@ impl DriverStore for SqliteStore {
         })
     }
 
-    fn payload(&self, unit: UnitId) -> Result<Payload, StoreError> {
+    fn read_payload(&self, unit: UnitId) -> Result<Payload, StoreError> {
         self.read(|c| read_payload(c, unit))
     }
 
-    fn payloads(&self, units: &[UnitId]) -> Vec<Result<Payload, StoreError>> {
+    fn read_payloads(&self, units: &[UnitId]) -> Vec<Result<Payload, StoreError>> {
         // One snapshot and one statement for the round's starts.
         let mut out = Vec::with_capacity(units.len());
         let all = self.read(|c| {
@@ -1174,7 +1152,7 @@ impl DriverStore for SqliteStore {
         }
     }
 
-    fn ack(
+    fn ack_units(
         &self,
         token: &SlotToken,
         delivered: &[(UnitId, StoreLaneId)],
@@ -1249,7 +1227,7 @@ impl DriverStore for SqliteStore {
         })
     }
 
-    fn record_attempts(
+    fn write_attempts(
         &self,
         token: &SlotToken,
         attempts: &[AttemptRecord],
@@ -1275,89 +1253,11 @@ impl DriverStore for SqliteStore {
         })
     }
 
-    fn dead_letter(&self, token: &SlotToken, dead: &DeadLetterRequest) -> Result<(), StoreError> {
-        let retention = self.opts.common.ack_retention.is_some();
-        self.write(|c| {
-            slots::fence(&mut SqliteDb(c), token)?;
-            dead_letters::dead_letter(&mut SqliteDb(c), token.actor().as_str(), dead, retention)?;
-            Ok(())
-        })
-    }
-
-    fn set_lane_state(
-        &self,
-        token: &SlotToken,
-        lane: StoreLaneId,
-        not_before: Option<Timestamp>,
-        backoff_level: u32,
-    ) -> Result<(), StoreError> {
-        self.write(|c| {
-            slots::fence(&mut SqliteDb(c), token)?;
-            let actor = token.actor().as_str();
-            lanes::set_backoff(&mut SqliteDb(c), actor, lane, not_before, backoff_level)
-        })
-    }
-
-    fn block_lane(
-        &self,
-        token: &SlotToken,
-        lane: StoreLaneId,
-        reason: &str,
-    ) -> Result<(), StoreError> {
-        self.write(|c| {
-            slots::fence(&mut SqliteDb(c), token)?;
-            lanes::block(&mut SqliteDb(c), token.actor().as_str(), lane, reason)
-        })
-    }
-
-    fn retire_lane(
-        &self,
-        token: &SlotToken,
-        lane: StoreLaneId,
-        at: Timestamp,
-    ) -> Result<u64, StoreError> {
-        let retention = self.opts.common.ack_retention.is_some();
-        self.write(|c| {
-            slots::fence(&mut SqliteDb(c), token)?;
-            dead_letters::dead_letter_lane(
-                &mut SqliteDb(c),
-                token.actor().as_str(),
-                lane,
-                DeadReason::LaneRetired,
-                at,
-                None,
-                retention,
-            )
-            .map(|retired| retired.len() as u64)
-        })
-    }
-
-    fn acquire_ready(
-        &self,
-        holder: &str,
-        lease: Duration,
-        now: Timestamp,
-        max: usize,
-    ) -> Result<Vec<SlotToken>, StoreError> {
-        if let Some(l) = &self.liveness {
-            l.register(holder);
-        }
-        self.write(|c| {
-            slots::acquire_ready(&mut SqliteDb(c), holder, lease, now, max, |db| {
-                self.expire_dead_holders(db.0, holder, None)
-            })
-        })
-    }
-
-    fn actors_with_work(&self, now: Timestamp) -> Result<ActorsDue, StoreError> {
-        self.read(|c| status::actors_with_work(&mut SqliteDb(c), now))
-    }
-
-    fn notifier(&self) -> Notifier {
+    fn wake_ups(&self) -> Notifier {
         self.notifier.clone()
     }
 
-    fn watch(&self) -> Result<Notifier, StoreError> {
+    fn start_watch(&self) -> Result<Notifier, StoreError> {
         let Some(path) = &self.path else {
             // Nothing outside this process can reach a private in-memory database.
             return Ok(self.notifier.clone());
@@ -1370,20 +1270,12 @@ impl DriverStore for SqliteStore {
             )
             .map_err(|e| open_err(&path.display().to_string(), e))?;
             conn.busy_timeout(self.opts.busy_timeout)?;
-            let stop = Arc::new(AtomicBool::new(false));
-            let stop2 = Arc::clone(&stop);
             let notifier = self.notifier.clone();
             let every = self.opts.watch_interval;
-            let thread = std::thread::Builder::new()
-                .name("outbox-lanes-sqlite-watch".into())
-                .spawn(move || watch_loop(&conn, &stop2, &notifier, every))
-                .map_err(|e| {
-                    StoreError::Database(format!("cannot start the watcher thread: {e}"))
-                })?;
-            *w = Some(Watcher {
-                stop,
-                thread: Some(thread),
-            });
+            *w = Some(WatcherThread::spawn(
+                "outbox-lanes-sqlite-watch",
+                move |stop| watch_loop(&conn, stop, &notifier, every),
+            )?);
         }
         Ok(self.notifier.clone())
     }
