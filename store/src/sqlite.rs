@@ -595,7 +595,7 @@ impl SqliteStore {
     /// to this store's database (the schema exists once the store was opened).
     ///
     /// Call the returned [`PendingWake::fire`] after the commit; never before. If it is not
-    /// fired, the cross-process watcher (started by [`DriverStore::watch`]) or the monitor's poll
+    /// fired, the cross-process watcher (started by [`DriverStore::watch`](crate::DriverStore::watch)) or the monitor's poll
     /// still finds the rows.
     ///
     /// # Errors
