@@ -709,7 +709,15 @@ fn relay_delivers_new_rows_and_serves_metrics() {
         &["enqueue", "--actor", "gina"],
         &rows(5, &[r.url("/m")]),
     );
-    assert!(r.wait_for("/m", 5, Duration::from_secs(60)));
+    if !r.wait_for("/m", 5, Duration::from_secs(60)) {
+        sigterm(&relay);
+        let out = collect(relay, "");
+        panic!(
+            "the relay delivered {:?} in 60 s; its stderr:\n{}",
+            served(&r, "/m"),
+            out.stderr
+        );
+    }
     // The recipient records a request when it arrives; the relay counts it once the answer
     // is back. Scrape until the counters caught up (bounded).
     let samples = [

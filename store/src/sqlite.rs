@@ -463,16 +463,32 @@ impl SqliteStore {
             configure(&conn, &opts, true).map_err(|e| open_err(&shown, e))?;
             Ok(conn)
         };
-        let mut writer = open_one()?;
-        init_schema(&mut writer).map_err(|e| match e {
-            StoreError::ReadOnly { .. } => StoreError::ReadOnly {
-                path: shown.clone(),
-            },
-            other => other,
+        // Two processes opening a new database at once (a relay starting while an enqueue
+        // creates the file) race to switch it to WAL and to create the tables; SQLite answers
+        // the loser "busy" at once, without its busy handler. Both steps are retried until
+        // the busy timeout has passed.
+        let deadline = std::time::Instant::now() + opts.busy_timeout;
+        let retry_busy = |step: &mut dyn FnMut() -> Result<Connection, StoreError>| loop {
+            match step() {
+                Err(StoreError::Busy) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                other => return other,
+            }
+        };
+        let writer = retry_busy(&mut || {
+            let mut writer = open_one()?;
+            init_schema(&mut writer).map_err(|e| match e {
+                StoreError::ReadOnly { .. } => StoreError::ReadOnly {
+                    path: shown.clone(),
+                },
+                other => other,
+            })?;
+            Ok(writer)
         })?;
         let mut readers = Vec::with_capacity(opts.readers.max(1));
         for _ in 0..opts.readers.max(1) {
-            readers.push(Mutex::new(open_one()?));
+            readers.push(Mutex::new(retry_busy(&mut || open_one())?));
         }
         Ok(SqliteStore {
             conns: Conns::File {

@@ -205,3 +205,30 @@ mod pg {
         assert!(!text.contains("secret"), "password leaked: {text}");
     }
 }
+
+/// Processes starting at once on a database that does not exist yet (a relay starting while
+/// the first enqueue creates the file) race to switch it to WAL and to create the tables;
+/// SQLite answers the loser "busy" at once, without waiting. Every open must still succeed.
+#[test]
+fn stores_opening_a_new_database_at_once_all_open_it() {
+    for round in 0..40 {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("new.db");
+        let start = std::sync::Arc::new(std::sync::Barrier::new(4));
+        let opened: Vec<Result<SqliteStore, StoreError>> = (0..4)
+            .map(|_| {
+                let (path, start) = (path.clone(), std::sync::Arc::clone(&start));
+                std::thread::spawn(move || {
+                    start.wait();
+                    SqliteStore::open(&path, SqliteOptions::default())
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .collect();
+        for r in &opened {
+            assert!(r.is_ok(), "round {round}: {:?}", r.as_ref().err());
+        }
+    }
+}
