@@ -141,7 +141,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let Some(url) = std::env::var("OUTBOX_LANES_TEST_PG")
         .ok()
         .filter(|u| !u.is_empty())
-        .map(plain)
+        .map(|url| outbox_lanes_test_support::pg_url_without_tls(&url))
     else {
         println!("relays bench: skipped (OUTBOX_LANES_TEST_PG not set)");
         return Ok(());
@@ -184,18 +184,4 @@ fn main() -> Result<(), Box<dyn Error>> {
         );
     }
     Ok(())
-}
-
-/// The bench measures the store, not TLS: plain connections unless the URL names an
-/// `sslmode` (the default, `prefer`, encrypts against a server with `ssl = on`).
-fn plain(url: String) -> String {
-    if url.contains("sslmode") {
-        url
-    } else if !url.starts_with("postgres") {
-        format!("{url} sslmode=disable")
-    } else if url.contains('?') {
-        format!("{url}&sslmode=disable")
-    } else {
-        format!("{url}?sslmode=disable")
-    }
 }

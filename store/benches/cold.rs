@@ -316,23 +316,10 @@ fn main() {
     #[cfg(feature = "postgres")]
     if wanted("pg") {
         match std::env::var("OUTBOX_LANES_TEST_PG") {
-            Ok(url) if !url.is_empty() => postgres(&plain(url), reps),
+            Ok(url) if !url.is_empty() => {
+                postgres(&outbox_lanes_test_support::pg_url_without_tls(&url), reps)
+            }
             _ => println!("Postgres: skipped (OUTBOX_LANES_TEST_PG not set)"),
         }
-    }
-}
-
-#[cfg(feature = "postgres")]
-/// The bench measures the store, not TLS: plain connections unless the URL names an
-/// `sslmode` (as in `store.rs`).
-fn plain(url: String) -> String {
-    if url.contains("sslmode") {
-        url
-    } else if !url.starts_with("postgres") {
-        format!("{url} sslmode=disable")
-    } else if url.contains('?') {
-        format!("{url}&sslmode=disable")
-    } else {
-        format!("{url}?sslmode=disable")
     }
 }

@@ -579,30 +579,19 @@ fn main() {
     #[cfg(feature = "postgres")]
     if wanted("pg") {
         match std::env::var("OUTBOX_LANES_TEST_PG") {
-            Ok(url) if !url.is_empty() => postgres(&plain(url)),
+            Ok(url) if !url.is_empty() => {
+                postgres(&outbox_lanes_test_support::pg_url_without_tls(&url))
+            }
             _ => println!("Postgres: skipped (OUTBOX_LANES_TEST_PG not set)"),
         }
     }
     #[cfg(all(feature = "postgres", feature = "sqlx"))]
     if wanted("sqlx") {
         match std::env::var("OUTBOX_LANES_TEST_PG") {
-            Ok(url) if !url.is_empty() => postgres_sqlx(&plain(url)),
+            Ok(url) if !url.is_empty() => {
+                postgres_sqlx(&outbox_lanes_test_support::pg_url_without_tls(&url))
+            }
             _ => println!("Postgres through sqlx: skipped (OUTBOX_LANES_TEST_PG not set)"),
         }
-    }
-}
-
-#[cfg(feature = "postgres")]
-/// The bench measures the store, not TLS: plain connections unless the URL names an
-/// `sslmode` (the default, `prefer`, encrypts against a server with `ssl = on`).
-fn plain(url: String) -> String {
-    if url.contains("sslmode") {
-        url
-    } else if !url.starts_with("postgres") {
-        format!("{url} sslmode=disable")
-    } else if url.contains('?') {
-        format!("{url}&sslmode=disable")
-    } else {
-        format!("{url}?sslmode=disable")
     }
 }

@@ -116,6 +116,21 @@ use std::thread::{self, JoinHandle};
 pub use record::{Completion, Recorded, Unanswered};
 pub use reply::{Reply, Response};
 
+/// A Postgres URL (or key=value string) for a benchmark: `sslmode=disable` added unless it names
+/// an `sslmode`, so a bench measures the store, not TLS (the store's default, `prefer`,
+/// encrypts against a server with `ssl = on`).
+pub fn pg_url_without_tls(url: &str) -> String {
+    if url.contains("sslmode") {
+        url.to_owned()
+    } else if !url.starts_with("postgres") {
+        format!("{url} sslmode=disable")
+    } else if url.contains('?') {
+        format!("{url}&sslmode=disable")
+    } else {
+        format!("{url}?sslmode=disable")
+    }
+}
+
 /// The environment variable holding the Postgres test server's URL.
 pub const PG_ENV: &str = "OUTBOX_LANES_TEST_PG";
 
