@@ -16,9 +16,10 @@ use crate::units::drop_row_if_unused;
 use crate::util::millis_of;
 use crate::{EnqueueError, ServiceStore, StoreError, StoreLaneId, dead_letters, lanes, status};
 
-static RETAINED_BEFORE: Sql =
-    Sql::new("SELECT id, row_ref FROM ol_units WHERE acked_at IS NOT NULL AND acked_at < $1");
-static DELETE_UNIT: Sql = Sql::new("DELETE FROM ol_units WHERE id = $1");
+/// Deletes the finished units kept for the retention that finished before `$1`, returning
+/// their payload rows.
+static PURGE_RETAINED: Sql =
+    Sql::new("DELETE FROM ol_units WHERE acked_at IS NOT NULL AND acked_at < $1 RETURNING row_ref");
 
 // `Backend` is crate-private on purpose (sealed): only this crate's stores implement it.
 #[allow(private_bounds)]
@@ -129,14 +130,14 @@ impl<B: Backend> ServiceStore for B {
 
     fn purge_acked(&self, older_than: Timestamp) -> Result<u64, StoreError> {
         self.write(true, |db| {
-            let done = db.query(&RETAINED_BEFORE, args![millis_of(older_than)], |r| {
-                Ok((r.int(0)?, r.opt_int(1)?))
+            let done = db.query(&PURGE_RETAINED, args![millis_of(older_than)], |r| {
+                r.opt_int(0)
             })?;
-            for (unit, row_ref) in &done {
-                db.execute(&DELETE_UNIT, args![*unit])?;
-                if let Some(row_ref) = row_ref {
-                    drop_row_if_unused(db, *row_ref)?;
-                }
+            let mut rows: Vec<i64> = done.iter().flatten().copied().collect();
+            rows.sort_unstable();
+            rows.dedup();
+            for row_ref in rows {
+                drop_row_if_unused(db, row_ref)?;
             }
             Ok(done.len() as u64)
         })
