@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use outbox_lanes_core::{ActorId, DeadReason, Seq, Timestamp, UnitId};
 
-use crate::db::{Db, Get, Sql, args};
+use crate::db::{Db, Dialect, Get, Sql, Value, args};
 use crate::types::{DeadLetter, DeadLetterId, DeadLetterRequest, DeadLetterSelection, Payload};
 use crate::units::{advance_tail, alloc_seqs, drop_row_if_unused, settle};
 use crate::util::{
@@ -179,6 +179,10 @@ static DEAD_OF_ACTOR: Sql = Sql::new(concat!(
     "WHERE actor = $1 ORDER BY seq, unit_id, id"
 ));
 static DEAD_BY_ID: Sql = Sql::new(concat!(dead_cols!(), "WHERE id = $1"));
+static DEAD_BY_IDS: Sql = Sql::new(concat!(
+    dead_cols!(),
+    "WHERE id = ANY($1) ORDER BY actor, seq, unit_id, id"
+));
 static DEAD_ALL: Sql = Sql::new(concat!(dead_cols!(), "ORDER BY actor, seq, unit_id, id"));
 
 /// A dead letter with its payload row and lane.
@@ -213,25 +217,23 @@ fn dead_of(r: &dyn Get) -> Result<Selected, StoreError> {
 }
 
 /// The selected dead letters in (actor, original seq, unit, id) order.
-fn select(db: &mut impl Db, which: &DeadLetterSelection) -> Result<Vec<Selected>, StoreError> {
+fn select<D: Db>(db: &mut D, which: &DeadLetterSelection) -> Result<Vec<Selected>, StoreError> {
     match which {
         DeadLetterSelection::Actor(a) => db.query(&DEAD_OF_ACTOR, args![a.as_str()], dead_of),
+        // Postgres reads them in one statement; SQLite, which binds no arrays, one by one.
+        DeadLetterSelection::Ids(ids) if D::DIALECT == Dialect::Postgres => {
+            let ids: Vec<i64> = ids.iter().map(|d| d.0).collect();
+            db.query(&DEAD_BY_IDS, &[Value::Ints(&ids)], dead_of)
+        }
         DeadLetterSelection::Ids(ids) => {
             let mut out = Vec::with_capacity(ids.len());
             for id in ids {
                 out.extend(db.query_opt(&DEAD_BY_ID, args![id.0], dead_of)?);
             }
-            out.sort_by(|a, b| {
-                let key = |s: &Selected| {
-                    (
-                        s.dead.actor.as_str().to_owned(),
-                        s.dead.seq,
-                        s.dead.unit,
-                        s.dead.id,
-                    )
-                };
-                key(a).cmp(&key(b))
-            });
+            fn key(s: &Selected) -> (&str, Seq, UnitId, DeadLetterId) {
+                (s.dead.actor.as_str(), s.dead.seq, s.dead.unit, s.dead.id)
+            }
+            out.sort_by(|a, b| key(a).cmp(&key(b)));
             Ok(out)
         }
     }
