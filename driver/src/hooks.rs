@@ -42,15 +42,16 @@ pub struct DeadLettered {
 }
 
 /// An attempt starts: its payload was read and it is handed to the executor (for metrics:
-/// attempts in flight are the started ones not yet [`Attempted`]).
-#[derive(Clone, Debug)]
-pub struct Started {
+/// attempts in flight are the started ones not yet [`Attempted`]). Borrowed from the job: the
+/// hook runs once per attempt, and copies nothing it does not keep.
+#[derive(Clone, Copy, Debug)]
+pub struct Started<'a> {
     /// The actor.
-    pub actor: ActorId,
+    pub actor: &'a ActorId,
     /// The unit.
     pub unit: UnitId,
     /// The recipient URL.
-    pub recipient: String,
+    pub recipient: &'a str,
     /// The 1-based attempt number.
     pub attempt: u32,
 }
@@ -75,6 +76,8 @@ pub struct Attempted {
 }
 
 type Hook<T> = Box<dyn Fn(&T) + Send + Sync>;
+/// A hook of [`Started`], which borrows from the job.
+type StartedHook = Box<dyn for<'a> Fn(&Started<'a>) + Send + Sync>;
 
 /// Delivery hooks for the embedding service. They are called from the pass (a pass thread
 /// or a blocking-pool thread): keep them short, and do not block on an async runtime in them.
@@ -89,7 +92,7 @@ pub struct Hooks {
     /// Called for every attempt handed to the executor. Every started attempt is later
     /// reported to `attempted` (an attempt dropped unsent as [`Outcome::NotSent`]), unless
     /// the pass ends first and hands it back.
-    pub started: Option<Hook<Started>>,
+    pub started: Option<StartedHook>,
 }
 
 impl fmt::Debug for Hooks {

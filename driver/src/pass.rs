@@ -573,9 +573,9 @@ impl PassCore {
         if let Some(hook) = &hooks.started {
             for job in &jobs {
                 hook(&Started {
-                    actor: job.actor.clone(),
+                    actor: &job.actor,
                     unit: job.unit,
-                    recipient: job.recipient.clone(),
+                    recipient: &job.recipient,
                     attempt: job.attempt,
                 });
             }

@@ -163,7 +163,7 @@ impl Counters {
                     d.queue_wait.observe(a.queued);
                 }
             })),
-            started: Some(Box::new(move |_: &Started| {
+            started: Some(Box::new(move |_: &Started<'_>| {
                 on_start.started.fetch_add(1, Ordering::Relaxed);
             })),
         }
