@@ -3,7 +3,7 @@
 
 use outbox_lanes_core::{ActorId, LaneKey, Timestamp};
 
-use crate::db::{Db, Sql, args};
+use crate::db::{Db, Get, Sql, args};
 use crate::types::{LaneStatus, STRICT_BLOCKED_REASON};
 use crate::util::{key_of, millis_of, status_of, timestamp_of, to_u32, to_u64};
 use crate::{StoreError, StoreLaneId};
@@ -113,40 +113,70 @@ pub(crate) fn find(
     )
 }
 
-/// Depth: the lane's rows minus its settled ones (served or dead lanes of joined units still
-/// pending elsewhere), two index counts: no unit row, so no payload, is read.
-static LIST: Sql = Sql::new(
-    "SELECT l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, l.paused, \
-     l.pause_reason, l.last_status, l.last_error, \
-     (SELECT count(*) FROM ol_units d WHERE d.lane_id = l.id) \
-     - (SELECT count(*) FROM ol_units d WHERE d.lane_id = l.id AND d.state <> 0), \
-     (SELECT coalesce(h.enqueued_at, r.enqueued_at) FROM ol_units d \
-      JOIN ol_units h ON h.id = coalesce(d.unit_id, d.id) LEFT JOIN ol_rows r ON r.id = h.row_ref \
-      WHERE d.lane_id = l.id AND d.state = 0 ORDER BY d.seq, d.id LIMIT 1), \
-     (SELECT d.last_attempt_at IS NOT NULL FROM ol_units d \
-      WHERE d.lane_id = l.id AND d.state = 0 ORDER BY d.seq, d.id LIMIT 1) \
-     FROM ol_lanes l WHERE l.actor = $1 ORDER BY l.id",
+/// A lane's status row: `$where` picks the lanes. Depth: the lane's rows minus its settled
+/// ones (served or dead lanes of joined units still pending elsewhere), two index counts: no
+/// unit row, so no payload, is read.
+macro_rules! lane_status {
+    ($where:literal) => {
+        concat!(
+            "SELECT l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, \
+             l.paused, l.pause_reason, l.last_status, l.last_error, \
+             (SELECT count(*) FROM ol_units d WHERE d.lane_id = l.id) \
+             - (SELECT count(*) FROM ol_units d WHERE d.lane_id = l.id AND d.state <> 0), \
+             (SELECT coalesce(h.enqueued_at, r.enqueued_at) FROM ol_units d \
+              JOIN ol_units h ON h.id = coalesce(d.unit_id, d.id) LEFT JOIN ol_rows r ON r.id = h.row_ref \
+              WHERE d.lane_id = l.id AND d.state = 0 ORDER BY d.seq, d.id LIMIT 1), \
+             (SELECT d.last_attempt_at IS NOT NULL FROM ol_units d \
+              WHERE d.lane_id = l.id AND d.state = 0 ORDER BY d.seq, d.id LIMIT 1) \
+             FROM ol_lanes l WHERE ",
+            $where
+        )
+    };
+}
+
+static LIST: Sql = Sql::new(lane_status!("l.actor = $1 ORDER BY l.id"));
+static ONE: Sql = Sql::new(lane_status!("l.id = $1"));
+
+/// Whether the outbox has seen the actor: an enqueue, a lane or a dead letter (three index
+/// probes).
+static KNOWN_ACTOR: Sql = Sql::new(
+    "SELECT EXISTS (SELECT 1 FROM ol_actors WHERE actor = $1) \
+     OR EXISTS (SELECT 1 FROM ol_lanes WHERE actor = $1) \
+     OR EXISTS (SELECT 1 FROM ol_dead_letters WHERE actor = $1)",
 );
 
 /// Every lane of the actor, with its depth and state.
 pub(crate) fn list(db: &mut impl Db, actor: &ActorId) -> Result<Vec<LaneStatus>, StoreError> {
-    db.query(&LIST, args![actor.as_str()], |r| {
-        let last_status = status_of(r.opt_int(8)?);
-        let last_error = r.opt_text(9)?;
-        let head_failed = r.opt_flag(12)?.unwrap_or(false);
-        Ok(LaneStatus {
-            last_error_stale: (last_status.is_some() || last_error.is_some()) && !head_failed,
-            last_status,
-            last_error,
-            lane: StoreLaneId(r.int(0)?),
-            key: key_of(r.text(1)?, r.text(2)?),
-            not_before: r.opt_int(3)?.map(timestamp_of),
-            backoff_level: to_u32(r.int(4)?),
-            strict: r.flag(5)?,
-            paused: r.flag(6)?,
-            pause_reason: r.opt_text(7)?,
-            depth: to_u64(r.int(10)?),
-            head_enqueued_at: r.opt_int(11)?.map(timestamp_of),
-        })
+    db.query(&LIST, args![actor.as_str()], status_of_row)
+}
+
+/// One lane with its depth and state, if it exists.
+pub(crate) fn one(db: &mut impl Db, lane: StoreLaneId) -> Result<Option<LaneStatus>, StoreError> {
+    db.query_opt(&ONE, args![lane.0], status_of_row)
+}
+
+/// Whether the outbox has seen `actor` (see [`KNOWN_ACTOR`]).
+pub(crate) fn known_actor(db: &mut impl Db, actor: &ActorId) -> Result<bool, StoreError> {
+    db.query_one(&KNOWN_ACTOR, args![actor.as_str()], |r| r.flag(0))
+}
+
+/// A [`LaneStatus`] from a row of [`lane_status!`].
+fn status_of_row(r: &dyn Get) -> Result<LaneStatus, StoreError> {
+    let last_status = status_of(r.opt_int(8)?);
+    let last_error = r.opt_text(9)?;
+    let head_failed = r.opt_flag(12)?.unwrap_or(false);
+    Ok(LaneStatus {
+        last_error_stale: (last_status.is_some() || last_error.is_some()) && !head_failed,
+        last_status,
+        last_error,
+        lane: StoreLaneId(r.int(0)?),
+        key: key_of(r.text(1)?, r.text(2)?),
+        not_before: r.opt_int(3)?.map(timestamp_of),
+        backoff_level: to_u32(r.int(4)?),
+        strict: r.flag(5)?,
+        paused: r.flag(6)?,
+        pause_reason: r.opt_text(7)?,
+        depth: to_u64(r.int(10)?),
+        head_enqueued_at: r.opt_int(11)?.map(timestamp_of),
     })
 }

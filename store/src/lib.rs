@@ -348,6 +348,20 @@ pub trait ServiceStore: Send + Sync {
     /// Database failures.
     fn lanes(&self, actor: &ActorId) -> Result<Vec<LaneStatus>, StoreError>;
 
+    /// One lane, with its depth and state, as [`ServiceStore::lanes`] lists it; `None` if no
+    /// lane has this id. Reads that lane alone, however many the actor has.
+    ///
+    /// # Errors
+    /// Database failures.
+    fn lane_status(&self, lane: StoreLaneId) -> Result<Option<LaneStatus>, StoreError>;
+
+    /// Whether the outbox has seen `actor`: it enqueued at least once, or has a lane or a dead
+    /// letter. A few index probes, for tools that refuse a mistyped actor.
+    ///
+    /// # Errors
+    /// Database failures.
+    fn knows_actor(&self, actor: &ActorId) -> Result<bool, StoreError>;
+
     /// Dead letters, of one actor or all, in (actor, original seq) order.
     ///
     /// # Errors

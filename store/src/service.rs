@@ -37,6 +37,14 @@ impl<B: Backend> ServiceStore for B {
         self.read(|db| lanes::list(db, actor))
     }
 
+    fn lane_status(&self, lane: StoreLaneId) -> Result<Option<LaneStatus>, StoreError> {
+        self.read(|db| lanes::one(db, lane))
+    }
+
+    fn knows_actor(&self, actor: &ActorId) -> Result<bool, StoreError> {
+        self.read(|db| lanes::known_actor(db, actor))
+    }
+
     fn dead_letters(&self, actor: Option<&ActorId>) -> Result<Vec<DeadLetter>, StoreError> {
         self.read(|db| dead_letters::list(db, actor))
     }

@@ -64,6 +64,7 @@ contract!(
     bad_row_headers_are_refused_naming_the_row,
     one_lane_state_in_lanes_and_status,
     last_error_goes_stale_once_the_head_moves_on,
+    one_lane_status_and_known_actors,
 );
 
 fn enqueue_order_and_claim_order(b: Backend) {
@@ -1713,5 +1714,41 @@ fn last_error_goes_stale_once_the_head_moves_on(b: Backend) {
         let l = lane(s);
         assert_eq!(l.depth, 0);
         assert!(l.last_error_stale);
+    });
+}
+
+/// One lane's status is the row `lanes` lists for it, whatever the lane's state; an unknown id
+/// is none. An actor is known once it enqueued, and stays unknown until then.
+fn one_lane_status_and_known_actors(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let (a, bob) = (actor("alice"), actor("bob"));
+        assert!(!s.knows_actor(&a).expect("knows alice"));
+        s.enqueue(&a, &[row("r0", &[A, B, C]), row("r1", &[C])])
+            .expect("enqueue");
+        assert!(s.knows_actor(&a).expect("knows alice"));
+        assert!(!s.knows_actor(&bob).expect("knows bob"));
+        let t = acquire(s, &a, "host-1:42", LEASE);
+        s.set_lane_state(
+            &t,
+            lane_of(s, &a, A),
+            Some(now() + Duration::from_secs(60)),
+            1,
+        )
+        .expect("backoff");
+        s.pause_lane(lane_of(s, &a, B), "maintenance")
+            .expect("pause");
+        let listed = s.lanes(&a).expect("lanes");
+        assert_eq!(listed.len(), 3);
+        for l in &listed {
+            assert_eq!(s.lane_status(l.lane).expect("lane").as_ref(), Some(l));
+        }
+        let depths: Vec<(&str, u64)> = listed
+            .iter()
+            .map(|l| (l.key.recipient(), l.depth))
+            .collect();
+        assert_eq!(depths, [(A, 1), (B, 1), (C, 2)]);
+        let unknown = StoreLaneId(listed.iter().map(|l| l.lane.0).max().unwrap_or(0) + 1_000);
+        assert_eq!(s.lane_status(unknown).expect("unknown lane"), None);
     });
 }

@@ -354,6 +354,12 @@ impl Backend {
         Ok(self.outbox.lanes(&actor).await?)
     }
 
+    /// Whether the outbox has seen `actor` (an enqueue, a lane or a dead letter).
+    pub(crate) async fn knows_actor(&self, actor: String) -> anyhow::Result<bool> {
+        let store = Arc::clone(self.outbox.store());
+        Ok(blocking(move || store.knows_actor(&ActorId::new(actor))).await??)
+    }
+
     /// Applies an operator's `op` to the lane of `actor` keyed `key`, and returns the lane as
     /// it is afterwards.
     ///
@@ -395,7 +401,7 @@ impl Backend {
             }
             // Wake a relay in this process; others see the commit through their watcher.
             store.notifier().notify();
-            done.lane = store.lanes(&id)?.into_iter().find(|l| l.lane == lane);
+            done.lane = store.lane_status(lane)?;
             Ok(done)
         })
         .await?

@@ -431,13 +431,7 @@ async fn cmd_lanes(backend: &Backend, args: LanesArgs) -> anyhow::Result<()> {
 /// Refuses an `--actor` the outbox has never seen (no lanes, pending units or dead letters):
 /// the same usage error (exit 2) for every command that takes one.
 async fn known_actor(backend: &Backend, actor: &str) -> anyhow::Result<()> {
-    let known = !backend.lanes(actor.to_owned()).await?.is_empty()
-        || backend
-            .status()
-            .await?
-            .iter()
-            .any(|a| a.actor.as_str() == actor);
-    if known {
+    if backend.knows_actor(actor.to_owned()).await? {
         Ok(())
     } else {
         Err(usage(format!(
