@@ -11,9 +11,10 @@
 //! the replayed units are dead-lettered again by `retire_lane`, the purged ones enqueued again
 //! under fresh row ids and dead-lettered the same way).
 //!
-//! Only the public API, and only names that are the same before and after the store's trait
-//! split (`use outbox_lanes_store::*` brings `Store`, or `DriverStore` and `ServiceStore`, into
-//! scope), so the same file builds against either.
+//! Only the public API (`use outbox_lanes_store::*` brings `Store`, or `DriverStore` and
+//! `ServiceStore`, into scope). Before `lane_status` and `knows_actor` existed (the store's
+//! trait split, commit 127d71e, built this file without them), their two figures were not
+//! there: remove them to build the file against an older store.
 //!
 //! Run: `cargo bench -p outbox-lanes-store --all-features --bench cold`
 //! (set `OUTBOX_LANES_TEST_PG` to include Postgres, on a fresh schema dropped afterwards;
@@ -182,6 +183,9 @@ fn measure(store: &dyn Store, reps: usize) {
     let mut pause_resume = Figure::new("pause_lane+resume_lane");
     let mut retry = Figure::new("retry_lane_now");
     let mut find = Figure::new("find_lane");
+    let mut find_again = Figure::new("find_lane, again");
+    let mut one_lane = Figure::new("lane_status(lane)");
+    let mut known = Figure::new("knows_actor");
     let mut replay = Figure::new("replay_dead_letters(200)");
     let mut purge = Figure::new("purge_dead_letters(200)");
     let which = DeadLetterSelection::Actor(s.dead.clone());
@@ -213,6 +217,13 @@ fn measure(store: &dyn Store, reps: usize) {
         });
         retry.time(|| store.retry_lane_now(lane).unwrap());
         let _ = find.time(|| store.find_lane(&s.a, &key).unwrap());
+        // The same call with no write since the last read: on a SQLite file, a reader
+        // connection drops its page cache when another connection has written since its last
+        // read transaction, so the first figure includes re-reading those pages.
+        let _ = find_again.time(|| store.find_lane(&s.a, &key).unwrap());
+        // What the binary's lane actions and `--actor` checks read (instead of `lanes(actor)`).
+        let _ = one_lane.time(|| store.lane_status(lane).unwrap());
+        let _ = known.time(|| store.knows_actor(&s.a).unwrap());
         if k % HEAVY_EVERY == HEAVY_EVERY - 1 {
             replayed = replay
                 .time(|| store.replay_dead_letters(&which).unwrap())
@@ -232,6 +243,9 @@ fn measure(store: &dyn Store, reps: usize) {
         &pause_resume,
         &retry,
         &find,
+        &find_again,
+        &one_lane,
+        &known,
         &replay,
         &purge,
     ] {
