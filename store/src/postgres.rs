@@ -229,24 +229,27 @@ pub(crate) struct PgTx<'a> {
     cache: &'a mut HashMap<String, Statement>,
 }
 
-impl PgTx<'_> {
-    fn st(&mut self, sql: &str) -> Result<Statement, postgres::Error> {
-        if let Some(s) = self.cache.get(sql) {
-            return Ok(s.clone());
-        }
-        let s = self.tx.prepare(sql)?;
-        self.cache.insert(sql.to_string(), s.clone());
-        Ok(s)
+/// The connection's prepared statement for `sql`, prepared by `prepare` the first time.
+fn cached(
+    cache: &mut HashMap<String, Statement>,
+    sql: &str,
+    prepare: impl FnOnce(&str) -> Result<Statement, postgres::Error>,
+) -> Result<Statement, postgres::Error> {
+    if let Some(s) = cache.get(sql) {
+        return Ok(s.clone());
     }
+    let s = prepare(sql)?;
+    cache.insert(sql.to_owned(), s.clone());
+    Ok(s)
 }
 
 impl PgExec for PgTx<'_> {
     fn query_rows(&mut self, sql: &str, p: &[PgParam<'_>]) -> Result<Vec<Row>, postgres::Error> {
-        let st = self.st(sql)?;
+        let st = cached(self.cache, sql, |s| self.tx.prepare(s))?;
         self.tx.query(&st, p)
     }
     fn execute_sql(&mut self, sql: &str, p: &[PgParam<'_>]) -> Result<u64, postgres::Error> {
-        let st = self.st(sql)?;
+        let st = cached(self.cache, sql, |s| self.tx.prepare(s))?;
         self.tx.execute(&st, p)
     }
     fn batch_sql(&mut self, sql: &str) -> Result<(), postgres::Error> {
@@ -287,25 +290,11 @@ pub(crate) struct PgConn<'a> {
 
 impl PgExec for PgConn<'_> {
     fn query_rows(&mut self, sql: &str, p: &[PgParam<'_>]) -> Result<Vec<Row>, postgres::Error> {
-        let st = match self.cache.get(sql) {
-            Some(s) => s.clone(),
-            None => {
-                let s = self.client.prepare(sql)?;
-                self.cache.insert(sql.to_string(), s.clone());
-                s
-            }
-        };
+        let st = cached(self.cache, sql, |s| self.client.prepare(s))?;
         self.client.query(&st, p)
     }
     fn execute_sql(&mut self, sql: &str, p: &[PgParam<'_>]) -> Result<u64, postgres::Error> {
-        let st = match self.cache.get(sql) {
-            Some(s) => s.clone(),
-            None => {
-                let s = self.client.prepare(sql)?;
-                self.cache.insert(sql.to_string(), s.clone());
-                s
-            }
-        };
+        let st = cached(self.cache, sql, |s| self.client.prepare(s))?;
         self.client.execute(&st, p)
     }
     fn batch_sql(&mut self, sql: &str) -> Result<(), postgres::Error> {
