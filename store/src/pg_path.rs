@@ -678,7 +678,7 @@ pub(crate) fn enqueue_tx(
     // primary key per tail). An extra `l.id = ANY($26)` made the planner drive it by the lanes
     // instead and rescan the batch for each: quadratic in one enqueue's lanes (20,000
     // recipients in one row: 4.9 s, now 0.38 s; one-recipient enqueues among 100,000 lanes:
-    // 3.3 ms, now 0.64 millis_of).
+    // 3.3 ms, now 0.64 ms).
     let (inl_hd, sh_hd): (Vec<Option<&str>>, Vec<Option<&str>>) = (
         inl.hd.iter().map(Option::as_deref).collect(),
         sh.hd.iter().map(Option::as_deref).collect(),
