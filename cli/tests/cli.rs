@@ -2385,7 +2385,28 @@ fn on_dead_letter_runs_the_command_with_the_dead_letter_on_stdin() {
         out.stderr
     );
     assert_eq!(served(&r, "/ok"), [0, 1]);
-    assert_eq!(dead_ids(&db, &[]).len(), 2);
+    // Each command was told the id `dead-letters list` shows for its dead letter.
+    let listed = ok(&db, &["dead-letters", "list", "--json"], "").json();
+    let mut listed: Vec<(i64, String, String)> = listed["dead_letters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            let text = |k: &str| d[k].as_str().unwrap().to_owned();
+            (d["id"].as_i64().unwrap(), text("recipient"), text("row_id"))
+        })
+        .collect();
+    listed.sort();
+    let mut told: Vec<(i64, String, String)> = seen
+        .iter()
+        .map(|v| {
+            let id = v["id"].as_i64().unwrap_or_else(|| panic!("an id: {v}"));
+            let text = |k: &str| v[k].as_str().unwrap().to_owned();
+            (id, text("recipient"), text("row_id"))
+        })
+        .collect();
+    told.sort();
+    assert_eq!(told, listed);
     let out = run(&db, &["relay", "--on-dead-letter", " "], "");
     assert_eq!(out.code(), Some(2), "{}", out.stderr);
 }

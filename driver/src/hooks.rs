@@ -4,6 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use outbox_lanes_core::{ActorId, DeadReason, Outcome, Timestamp, UnitId};
+use outbox_lanes_store::DeadLetterId;
 
 /// A recipient was served.
 #[derive(Clone, Debug)]
@@ -21,6 +22,9 @@ pub struct Delivered {
 /// A recipient's unit became a dead letter.
 #[derive(Clone, Debug)]
 pub struct DeadLettered {
+    /// The dead letter's id in the store: what the store's `dead_letters` lists, and what
+    /// showing, replaying or purging this one dead letter takes.
+    pub id: DeadLetterId,
     /// The actor.
     pub actor: ActorId,
     /// The unit.
@@ -85,7 +89,8 @@ type StartedHook = Box<dyn for<'a> Fn(&Started<'a>) + Send + Sync>;
 pub struct Hooks {
     /// Called for every recipient served.
     pub delivered: Option<Hook<Delivered>>,
-    /// Called for every dead letter, once it is durable.
+    /// Called for every dead letter a pass writes, once it is durable. Dead letters an
+    /// operator makes (a lane's purge or skipped head) are not passes' and call no hook.
     pub dead_lettered: Option<Hook<DeadLettered>>,
     /// Called for every finished attempt, before the outcome is acted on.
     pub attempted: Option<Hook<Attempted>>,

@@ -916,16 +916,28 @@ impl PassCore {
                     error: error.clone(),
                     at,
                 };
-                if let Err(e) = cx.store.dead_letter(&self.token, &req) {
-                    self.store_failed("dead letter", e, now());
-                    return;
-                }
-                self.report.dead_lettered += 1;
+                let written = match cx.store.dead_letter(&self.token, &req) {
+                    Ok(written) => written,
+                    Err(e) => {
+                        self.store_failed("dead letter", e, now());
+                        return;
+                    }
+                };
                 let row = self.resolved(unit, lane);
+                let Some(id) = written else {
+                    // Not ours to report: an operator purged the lane or skipped its head
+                    // while the attempt was in flight, and that made the dead letter.
+                    debug!(actor = %self.actor, unit = unit.0, %row, recipient = self.recipient(lane),
+                        reason = reason.as_str(), "not dead-lettered: no longer pending");
+                    return;
+                };
+                self.report.dead_lettered += 1;
                 info!(actor = %self.actor, unit = unit.0, %row, recipient = self.recipient(lane),
-                    reason = reason.as_str(), status, error = error.as_deref(), "dead-lettered");
+                    reason = reason.as_str(), status, error = error.as_deref(),
+                    dead_letter = id.0, "dead-lettered");
                 if let Some(hook) = &cx.hooks.dead_lettered {
                     hook(&DeadLettered {
+                        id,
                         actor: self.actor.clone(),
                         unit,
                         row_id: row,

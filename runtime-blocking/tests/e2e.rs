@@ -216,6 +216,7 @@ fn gone_and_permanent_answers_are_dead_lettered_with_their_status() {
         assert_eq!((h.reason, h.status), (d.reason, d.last_status));
         assert_eq!(h.attempts, d.attempts);
         assert_eq!(h.at, d.dead_at);
+        assert_eq!(h.id, d.id, "the hook names the dead letter the store lists");
     }
 }
 

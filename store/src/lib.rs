@@ -238,12 +238,22 @@ pub trait DriverStore: Send + Sync {
     ) -> Result<(), StoreError>;
 
     /// Moves one recipient's delivery of a unit to the dead letters; durable when it returns
-    /// (OL-16). Finishes the unit if it has no other pending recipient. A delivery that is not
-    /// pending is left alone.
+    /// (OL-16). Finishes the unit if it has no other pending recipient. Returns the new dead
+    /// letter's id (the one [`ServiceStore::dead_letters`] lists), so that whoever is told
+    /// about it can show, replay or purge it by id.
+    ///
+    /// A delivery that is not pending is left alone and `None` returned (it was served, or
+    /// something else dead-lettered it, such as an operator's [`ServiceStore::purge_lane`]).
+    /// Calling it again with the same request after it succeeded (a store retrying a commit
+    /// whose outcome it did not learn) returns the same id.
     ///
     /// # Errors
     /// [`StoreError::StaleToken`] (nothing written), database failures.
-    fn dead_letter(&self, token: &SlotToken, dead: &DeadLetterRequest) -> Result<(), StoreError>;
+    fn dead_letter(
+        &self,
+        token: &SlotToken,
+        dead: &DeadLetterRequest,
+    ) -> Result<Option<DeadLetterId>, StoreError>;
 
     /// Persists a lane's backoff (OL-11): `None` opens it.
     ///

@@ -51,6 +51,7 @@ contract!(
     deep_lane_does_not_slow_a_short_lane_claim,
     ids_unique_across_actors,
     dead_letter_durable_before_next_unit_is_claimable,
+    dead_letter_returns_its_id_and_none_when_not_pending,
     retire_lane_dead_letters_only_that_recipient,
     operator_ops,
     operator_lane_purge_skip_and_retry,
@@ -524,25 +525,30 @@ fn dead_letter_fields_and_replay_order(b: Backend) {
             }],
         )
         .expect("attempts");
+        let mut written = Vec::new();
         for (u, reason, status) in [
             (u0, DeadReason::Exhausted, Some(500)),
             (u1, DeadReason::Permanent, Some(404)),
         ] {
-            s.dead_letter(
-                &t,
-                &DeadLetterRequest {
-                    unit: u,
-                    lane: la,
-                    reason,
-                    status,
-                    error: None,
-                    at: Timestamp::from_millis(9_000),
-                },
-            )
-            .expect("dead");
+            let id = s
+                .dead_letter(
+                    &t,
+                    &DeadLetterRequest {
+                        unit: u,
+                        lane: la,
+                        reason,
+                        status,
+                        error: None,
+                        at: Timestamp::from_millis(9_000),
+                    },
+                )
+                .expect("dead");
+            written.push(id.expect("a pending delivery is dead-lettered"));
         }
         let dl = s.dead_letters(Some(&a)).expect("dl");
         assert_eq!(dl.len(), 2);
+        // The ids returned are the ones listed.
+        assert_eq!(dl.iter().map(|d| d.id).collect::<Vec<_>>(), written);
         assert_eq!(dl[0].unit, u0);
         assert_eq!(dl[0].row_id, "r0");
         assert_eq!(dl[0].actor, a);
@@ -574,20 +580,24 @@ fn dead_letter_fields_and_replay_order(b: Backend) {
         assert!(c2.units[2].seq > c2.units[1].seq);
         assert_eq!(c2.units[2].slots[0].attempts, 0);
         assert_eq!(s.payload(u0).expect("payload").row_id, "r0");
-        // Replay by id, and purge.
-        s.dead_letter(
-            &t,
-            &DeadLetterRequest {
-                unit: u0,
-                lane: la,
-                reason: DeadReason::Gone,
-                status: Some(410),
-                error: None,
-                at: now(),
-            },
-        )
-        .expect("dead");
+        // Replay by id, and purge: a replayed unit's new dead letter has a new id.
+        let again = s
+            .dead_letter(
+                &t,
+                &DeadLetterRequest {
+                    unit: u0,
+                    lane: la,
+                    reason: DeadReason::Gone,
+                    status: Some(410),
+                    error: None,
+                    at: now(),
+                },
+            )
+            .expect("dead")
+            .expect("pending again after the replay");
         let id = s.dead_letters(None).expect("dl")[0].id;
+        assert_eq!(again, id);
+        assert!(!written.contains(&id));
         assert_eq!(
             s.purge_dead_letters(&DeadLetterSelection::Ids(vec![id])),
             Ok(1)
@@ -802,17 +812,20 @@ fn stale_token_is_refused_and_writes_nothing(b: Backend) {
                 at: now(),
             }],
         ));
-        stale(s.dead_letter(
-            &t1,
-            &DeadLetterRequest {
-                unit: u0,
-                lane: la,
-                reason: DeadReason::Exhausted,
-                status: None,
-                error: None,
-                at: now(),
-            },
-        ));
+        assert_eq!(
+            s.dead_letter(
+                &t1,
+                &DeadLetterRequest {
+                    unit: u0,
+                    lane: la,
+                    reason: DeadReason::Exhausted,
+                    status: None,
+                    error: None,
+                    at: now(),
+                },
+            ),
+            Err(StoreError::StaleToken)
+        );
         stale(s.set_lane_state(&t1, la, Some(now() + Duration::from_secs(60)), 1));
         stale(s.block_lane(&t1, la, "strict"));
         assert_eq!(s.retire_lane(&t1, la, now()), Err(StoreError::StaleToken));
@@ -950,6 +963,58 @@ fn dead_letter_durable_before_next_unit_is_claimable(b: Backend) {
         assert_eq!(dl.len(), 1);
         assert_eq!(dl[0].unit, u0);
         assert_eq!(row_ids(&claim_lane(s, &t, la, 0, 10)), ["r1"]);
+    });
+}
+
+fn dead_letter_returns_its_id_and_none_when_not_pending(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        s.enqueue(&a, &[row("r0", &[A]), row("r1", &[A]), row("r2", &[A])])
+            .expect("enqueue");
+        let la = lane_of(s, &a, A);
+        let t = acquire(s, &a, "h", LEASE);
+        let c = claim_lane(s, &t, la, 0, 10);
+        let req = |unit, reason| DeadLetterRequest {
+            unit,
+            lane: la,
+            reason,
+            status: Some(422),
+            error: None,
+            at: Timestamp::from_millis(8_000),
+        };
+        let first = req(c.units[0].id, DeadReason::Permanent);
+        let id = s.dead_letter(&t, &first).expect("dead").expect("written");
+        assert_eq!(s.dead_letters(Some(&a)).expect("dl")[0].id, id);
+        // The same request again (a store retrying a commit it lost track of) names the
+        // dead letter it wrote; nothing new is written.
+        assert_eq!(s.dead_letter(&t, &first), Ok(Some(id)));
+        assert_eq!(s.dead_letters(Some(&a)).expect("dl").len(), 1);
+        // Another request for a delivery that is no longer pending writes nothing.
+        assert_eq!(
+            s.dead_letter(&t, &req(c.units[0].id, DeadReason::Exhausted)),
+            Ok(None)
+        );
+        s.ack(&t, &[(c.units[1].id, la)]).expect("ack");
+        assert_eq!(
+            s.dead_letter(&t, &req(c.units[1].id, DeadReason::Permanent)),
+            Ok(None)
+        );
+        // A unit the operator skipped while its attempt was in flight: the skip's dead
+        // letter stands, the pass's request writes none.
+        let skipped = s.skip_lane_head(la, now()).expect("skip");
+        assert_eq!(skipped, Some(c.units[2].id));
+        assert_eq!(
+            s.dead_letter(&t, &req(c.units[2].id, DeadReason::Permanent)),
+            Ok(None)
+        );
+        let dl = s.dead_letters(Some(&a)).expect("dl");
+        assert_eq!(
+            dl.iter()
+                .map(|d| (d.row_id.as_str(), d.reason))
+                .collect::<Vec<_>>(),
+            [("r0", DeadReason::Permanent), ("r2", DeadReason::Skipped)]
+        );
     });
 }
 
