@@ -7,7 +7,9 @@ use std::collections::HashSet;
 use outbox_lanes_core::{ActorId, DeadReason, Seq, Timestamp, UnitId};
 
 use crate::db::{Db, Dialect, Get, Sql, Value, args};
-use crate::types::{DeadLetter, DeadLetterId, DeadLetterRequest, DeadLetterSelection, Payload};
+use crate::types::{
+    DeadLetter, DeadLetterId, DeadLetterRequest, DeadLetterSelection, LaneDeadLetter, Payload,
+};
 use crate::units::{advance_tail, alloc_seqs, drop_row_if_unused, settle};
 use crate::util::{
     decode_headers, key_of, millis_of, status_of, timestamp_of, to_i64, to_u32, to_u64,
@@ -72,14 +74,15 @@ static LANE_PENDING_UNITS: Sql = Sql::with_sqlite(
 );
 
 /// Moves one recipient's pending delivery of a unit to the dead letters (durable with the
-/// transaction); finishes the unit if nothing else is pending. Returns the new dead letter's
-/// id, or `None` if nothing was pending there (already served, dead or another actor's lane).
+/// transaction); finishes the unit if nothing else is pending. Returns the dead letter
+/// written, or `None` if nothing was pending there (already served, dead or another actor's
+/// lane).
 pub(crate) fn dead_letter(
     db: &mut impl Db,
     actor: &str,
     d: &DeadLetterRequest,
     retention: bool,
-) -> Result<Option<DeadLetterId>, StoreError> {
+) -> Result<Option<LaneDeadLetter>, StoreError> {
     let unit = to_i64(d.unit.0);
     let found = db.query_opt(&DELIVERY_ROW, args![unit, d.lane.0, actor], |r| {
         Ok((
@@ -113,6 +116,7 @@ pub(crate) fn dead_letter(
     };
     let status = d.status.map(i64::from).or(last_status);
     let error = d.error.clone().or(last_error);
+    let dead_at = millis_of(d.at);
     let id = db.query_one(
         &INSERT_DEAD_LETTER,
         args![
@@ -130,7 +134,7 @@ pub(crate) fn dead_letter(
             first,
             last,
             seq,
-            millis_of(d.at)
+            dead_at
         ],
         |r| r.int(0),
     )?;
@@ -139,7 +143,16 @@ pub(crate) fn dead_letter(
         db.execute(&LANE_LAST_ERROR, args![d.lane.0, status, error.as_deref()])?;
     }
     settle(db, unit, retention)?;
-    Ok(Some(DeadLetterId(id)))
+    Ok(Some(LaneDeadLetter {
+        id: DeadLetterId(id),
+        unit: d.unit,
+        row_id,
+        seq: Seq(to_u64(seq)),
+        attempts: to_u32(attempts),
+        last_status: status_of(status),
+        last_error: error,
+        dead_at: timestamp_of(dead_at),
+    }))
 }
 
 /// [`dead_letter`] for a request that may run a second time after a commit whose outcome was
@@ -155,7 +168,7 @@ pub(crate) fn dead_letter_once(
     retention: bool,
 ) -> Result<Option<DeadLetterId>, StoreError> {
     if let Some(written) = dead_letter(db, actor, d, retention)? {
-        return Ok(Some(written));
+        return Ok(Some(written.id));
     }
     let key = args![
         actor,
@@ -169,7 +182,7 @@ pub(crate) fn dead_letter_once(
 }
 
 /// Dead-letters the pending units of `lane`, oldest first (at most `limit` of them), for
-/// `reason`. Returns the units dead-lettered, in that order.
+/// `reason`. Returns the dead letters written, in that order.
 pub(crate) fn dead_letter_lane(
     db: &mut impl Db,
     actor: &str,
@@ -178,10 +191,10 @@ pub(crate) fn dead_letter_lane(
     at: Timestamp,
     limit: Option<u32>,
     retention: bool,
-) -> Result<Vec<UnitId>, StoreError> {
+) -> Result<Vec<LaneDeadLetter>, StoreError> {
     let limit = limit.map(i64::from);
     let units = db.query(&LANE_PENDING_UNITS, args![lane.0, limit], |r| r.int(0))?;
-    let mut done = Vec::new();
+    let mut done = Vec::with_capacity(units.len());
     for unit in units {
         let req = DeadLetterRequest {
             unit: UnitId(to_u64(unit)),
@@ -191,9 +204,7 @@ pub(crate) fn dead_letter_lane(
             error: None,
             at,
         };
-        if dead_letter(db, actor, &req, retention)?.is_some() {
-            done.push(req.unit);
-        }
+        done.extend(dead_letter(db, actor, &req, retention)?);
     }
     Ok(done)
 }

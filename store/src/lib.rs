@@ -279,7 +279,9 @@ pub trait DriverStore: Send + Sync {
     ) -> Result<(), StoreError>;
 
     /// Dead-letters every pending delivery of the lane with reason `lane_retired` (for a joined
-    /// unit, only this recipient); durable when it returns. Returns how many.
+    /// unit, only this recipient), in one transaction; durable when it returns. Returns the
+    /// dead letters written, one per delivery, in lane order (oldest first): what a pass
+    /// reports to its dead-letter hook. The list is as long as the lane was deep.
     ///
     /// # Errors
     /// [`StoreError::StaleToken`] (nothing written), database failures.
@@ -288,7 +290,7 @@ pub trait DriverStore: Send + Sync {
         token: &SlotToken,
         lane: StoreLaneId,
         at: Timestamp,
-    ) -> Result<u64, StoreError>;
+    ) -> Result<Vec<LaneDeadLetter>, StoreError>;
 
     /// Actors with work admissible at `now`, and the earliest future `not_before` (OL-13).
     ///

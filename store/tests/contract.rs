@@ -1037,7 +1037,21 @@ fn retire_lane_dead_letters_only_that_recipient(b: Backend) {
             .expect("enqueue");
         let t = acquire(s, &a, "h", LEASE);
         let (la, lb) = (lane_of(s, &a, A), lane_of(s, &a, B));
-        assert_eq!(s.retire_lane(&t, la, now()), Ok(3));
+        // r0 failed before: its dead letter keeps that, and so does what retire returns.
+        s.record_attempts(
+            &t,
+            &[AttemptRecord {
+                unit: out[0].units[0],
+                lane: la,
+                attempts: 3,
+                status: Some(503),
+                error: Some("status 503".into()),
+                at: Timestamp::from_millis(4_000),
+            }],
+        )
+        .expect("attempts");
+        let at = Timestamp::from_millis(7_000);
+        let retired = s.retire_lane(&t, la, at).expect("retire");
         let dl = s.dead_letters(Some(&a)).expect("dl");
         assert_eq!(dl.len(), 3);
         assert!(
@@ -1048,6 +1062,33 @@ fn retire_lane_dead_letters_only_that_recipient(b: Backend) {
             dl.iter().map(|d| d.row_id.as_str()).collect::<Vec<_>>(),
             ["r0", "j", "r1"]
         );
+        // Retire returns the dead letters it wrote, in lane order, as they are listed.
+        let listed: Vec<LaneDeadLetter> = dl
+            .iter()
+            .map(|d| LaneDeadLetter {
+                id: d.id,
+                unit: d.unit,
+                row_id: d.row_id.clone(),
+                seq: d.seq,
+                attempts: d.attempts,
+                last_status: d.last_status,
+                last_error: d.last_error.clone(),
+                dead_at: d.dead_at,
+            })
+            .collect();
+        assert_eq!(retired, listed);
+        assert_eq!(
+            retired.iter().map(|d| d.unit).collect::<Vec<_>>(),
+            [out[0].units[0], out[1].units[0], out[2].units[0]]
+        );
+        assert_eq!(
+            (retired[0].attempts, retired[0].last_status),
+            (3, Some(503))
+        );
+        assert_eq!(retired[0].last_error.as_deref(), Some("status 503"));
+        assert!(retired.iter().all(|d| d.dead_at == at));
+        // Nothing pending is left to retire.
+        assert_eq!(s.retire_lane(&t, la, now()), Ok(Vec::new()));
         // The joined unit, still pending for B, stays listed in A with A no longer to serve.
         let ca = claim_lane(s, &t, la, 0, 10);
         assert_eq!(row_ids(&ca), ["j"]);
