@@ -2342,15 +2342,19 @@ fn on_dead_letter_runs_the_command_with_the_dead_letter_on_stdin() {
     let r = Recipient::start().unwrap();
     r.set_default("/bad", Reply::Status(422));
     r.set_default("/ok", Reply::Status(200));
+    r.set_default("/gone", Reply::Status(410));
     // Each run writes its own file, then fails: logged, and nothing else changes.
     let cmd = format!("cat > {}/dead-$$.json; exit 3", dir.path().display());
-    let relay = command(&db, &["relay", "--on-dead-letter", &cmd])
-        .spawn()
-        .unwrap();
+    let relay = command(
+        &db,
+        &["relay", "--retire-on-gone", "--on-dead-letter", &cmd],
+    )
+    .spawn()
+    .unwrap();
     ok(
         &db,
         &["enqueue", "--actor", "ivy"],
-        &rows(2, &[r.url("/bad"), r.url("/ok")]),
+        &rows(2, &[r.url("/bad"), r.url("/ok"), r.url("/gone")]),
     );
     assert!(r.wait_for("/ok", 2, Duration::from_secs(60)));
     let mut seen: Vec<Value> = Vec::new();
@@ -2360,14 +2364,20 @@ fn on_dead_letter_runs_the_command_with_the_dead_letter_on_stdin() {
             .filter_map(|e| std::fs::read_to_string(e.unwrap().path()).ok())
             .filter_map(|t| serde_json::from_str(&t).ok())
             .collect();
-        if seen.len() == 2 {
+        if seen.len() == 4 {
             break;
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert_eq!(seen.len(), 2, "{seen:?}");
-    seen.sort_by_key(|v| v["row_id"].as_str().unwrap().to_owned());
-    for (i, v) in seen.iter().enumerate() {
+    assert_eq!(seen.len(), 4, "{seen:?}");
+    seen.sort_by_key(|v| {
+        (
+            v["recipient"].as_str().unwrap().to_owned(),
+            v["row_id"].as_str().unwrap().to_owned(),
+        )
+    });
+    let (bad, gone) = seen.split_at(2);
+    for (i, v) in bad.iter().enumerate() {
         assert_eq!(v["actor"], "ivy");
         assert_eq!(v["recipient"], r.url("/bad"));
         assert_eq!(v["row_id"], format!("row-{i}"));
@@ -2376,6 +2386,27 @@ fn on_dead_letter_runs_the_command_with_the_dead_letter_on_stdin() {
         assert_eq!(v["attempts"], 1);
         assert!(v["unit"].is_u64() && v["dead_at"].is_string(), "{v}");
     }
+    // The 410 dead-letters row-0 and retires the lane: row-1 is dead-lettered unattempted,
+    // and the command runs for it too.
+    assert_eq!(gone[0]["recipient"], r.url("/gone"));
+    assert_eq!(
+        (&gone[0]["row_id"], &gone[0]["reason"], &gone[0]["status"]),
+        (
+            &Value::from("row-0"),
+            &Value::from("gone"),
+            &Value::from(410)
+        )
+    );
+    assert_eq!(gone[1]["recipient"], r.url("/gone"));
+    assert_eq!(
+        (&gone[1]["row_id"], &gone[1]["reason"], &gone[1]["attempts"]),
+        (
+            &Value::from("row-1"),
+            &Value::from("lane_retired"),
+            &Value::from(0)
+        )
+    );
+    assert_eq!(r.requests("/gone").len(), 1);
     sigterm(&relay);
     let out = collect(relay, "");
     assert_eq!(out.code(), Some(0), "{}", out.stderr);
@@ -2385,7 +2416,28 @@ fn on_dead_letter_runs_the_command_with_the_dead_letter_on_stdin() {
         out.stderr
     );
     assert_eq!(served(&r, "/ok"), [0, 1]);
-    assert_eq!(dead_ids(&db, &[]).len(), 2);
+    // Each command was told the id `dead-letters list` shows for its dead letter.
+    let listed = ok(&db, &["dead-letters", "list", "--json"], "").json();
+    let mut listed: Vec<(i64, String, String)> = listed["dead_letters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            let text = |k: &str| d[k].as_str().unwrap().to_owned();
+            (d["id"].as_i64().unwrap(), text("recipient"), text("row_id"))
+        })
+        .collect();
+    listed.sort();
+    let mut told: Vec<(i64, String, String)> = seen
+        .iter()
+        .map(|v| {
+            let id = v["id"].as_i64().unwrap_or_else(|| panic!("an id: {v}"));
+            let text = |k: &str| v[k].as_str().unwrap().to_owned();
+            (id, text("recipient"), text("row_id"))
+        })
+        .collect();
+    told.sort();
+    assert_eq!(told, listed);
     let out = run(&db, &["relay", "--on-dead-letter", " "], "");
     assert_eq!(out.code(), Some(2), "{}", out.stderr);
 }

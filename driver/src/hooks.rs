@@ -4,6 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use outbox_lanes_core::{ActorId, DeadReason, Outcome, Timestamp, UnitId};
+use outbox_lanes_store::DeadLetterId;
 
 /// A recipient was served.
 #[derive(Clone, Debug)]
@@ -18,9 +19,14 @@ pub struct Delivered {
     pub recipient: String,
 }
 
-/// A recipient's unit became a dead letter.
+/// A recipient's unit became a dead letter: one call per dead letter, whether a failure of
+/// the unit itself put it there or a 410 Gone retired its whole lane
+/// ([`DeadReason::LaneRetired`], one call per unit of the lane, in lane order).
 #[derive(Clone, Debug)]
 pub struct DeadLettered {
+    /// The dead letter's id in the store: what the store's `dead_letters` lists, and what
+    /// showing, replaying or purging this one dead letter takes.
+    pub id: DeadLetterId,
     /// The actor.
     pub actor: ActorId,
     /// The unit.
@@ -31,9 +37,10 @@ pub struct DeadLettered {
     pub recipient: String,
     /// Why.
     pub reason: DeadReason,
-    /// The last HTTP status, if any.
+    /// The last HTTP status, if any (for a retired lane's unit, the one its dead letter
+    /// keeps from earlier attempts).
     pub status: Option<u16>,
-    /// The last error, if any.
+    /// The last error, if any (for a retired lane's unit, as its dead letter keeps it).
     pub error: Option<String>,
     /// The persisted attempts of this recipient (OL-5), as the dead letter keeps them.
     pub attempts: u32,
@@ -85,7 +92,9 @@ type StartedHook = Box<dyn for<'a> Fn(&Started<'a>) + Send + Sync>;
 pub struct Hooks {
     /// Called for every recipient served.
     pub delivered: Option<Hook<Delivered>>,
-    /// Called for every dead letter, once it is durable.
+    /// Called for every dead letter a pass writes, once it is durable: a unit's own, and each
+    /// unit of a lane a 410 Gone retired. Dead letters an operator makes (a lane's purge or
+    /// skipped head) are not passes' and call no hook.
     pub dead_lettered: Option<Hook<DeadLettered>>,
     /// Called for every finished attempt, before the outcome is acted on.
     pub attempted: Option<Hook<Attempted>>,

@@ -30,8 +30,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use outbox_lanes_core::{
-    ActorId, Admit, AdmitSlot, Command, HoldReason, LaneChunk, LaneClaim, LaneId, LaneInfo,
-    Outcome, PassEnd, PassSession, Scheduler, SessionAction, SessionConfig, Timestamp, UnitId,
+    ActorId, Admit, AdmitSlot, Command, DeadReason, HoldReason, LaneChunk, LaneClaim, LaneId,
+    LaneInfo, Outcome, PassEnd, PassSession, Scheduler, SessionAction, SessionConfig, Timestamp,
+    UnitId,
 };
 use outbox_lanes_store::{
     AckWriter, AttemptRecord, ClaimedLane, DeadLetterRequest, Payload, SlotToken, Store,
@@ -50,7 +51,8 @@ use crate::job::{Completions, Done, Job};
 pub struct PassReport {
     /// Recipients served.
     pub delivered: u64,
-    /// Recipients dead-lettered.
+    /// Recipients dead-lettered: one per dead letter the pass wrote, each unit of a lane a
+    /// 410 retired included (one per call of the dead-letter hook).
     pub dead_lettered: u64,
     /// Units handed back at the end (stalled, waiting behind a stall, in backoff).
     pub handed_back: u64,
@@ -916,16 +918,28 @@ impl PassCore {
                     error: error.clone(),
                     at,
                 };
-                if let Err(e) = cx.store.dead_letter(&self.token, &req) {
-                    self.store_failed("dead letter", e, now());
-                    return;
-                }
-                self.report.dead_lettered += 1;
+                let written = match cx.store.dead_letter(&self.token, &req) {
+                    Ok(written) => written,
+                    Err(e) => {
+                        self.store_failed("dead letter", e, now());
+                        return;
+                    }
+                };
                 let row = self.resolved(unit, lane);
+                let Some(id) = written else {
+                    // Not ours to report: an operator purged the lane or skipped its head
+                    // while the attempt was in flight, and that made the dead letter.
+                    debug!(actor = %self.actor, unit = unit.0, %row, recipient = self.recipient(lane),
+                        reason = reason.as_str(), "not dead-lettered: no longer pending");
+                    return;
+                };
+                self.report.dead_lettered += 1;
                 info!(actor = %self.actor, unit = unit.0, %row, recipient = self.recipient(lane),
-                    reason = reason.as_str(), status, error = error.as_deref(), "dead-lettered");
+                    reason = reason.as_str(), status, error = error.as_deref(),
+                    dead_letter = id.0, "dead-lettered");
                 if let Some(hook) = &cx.hooks.dead_lettered {
                     hook(&DeadLettered {
+                        id,
                         actor: self.actor.clone(),
                         unit,
                         row_id: row,
@@ -943,15 +957,44 @@ impl PassCore {
                     return;
                 }
                 self.flush_records(cx.store);
-                match cx
+                let retired = match cx
                     .store
                     .retire_lane(&self.token, self.store_lane(lane), now())
                 {
-                    Ok(n) => {
-                        info!(actor = %self.actor, recipient = self.recipient(lane), units = n,
-                        "lane retired (410 Gone)")
+                    Ok(retired) => retired,
+                    Err(e) => {
+                        self.store_failed("retire lane", e, now());
+                        return;
                     }
-                    Err(e) => self.store_failed("retire lane", e, now()),
+                };
+                let units = retired.len() as u64;
+                self.report.dead_lettered += units;
+                // One INFO line for the lane, not one per unit: a retired lane can be deep.
+                info!(actor = %self.actor, recipient = self.recipient(lane), units,
+                    "lane retired (410 Gone)");
+                let reason = DeadReason::LaneRetired;
+                for d in retired {
+                    self.attempts.remove(&(d.unit, lane));
+                    // Admitted units of the lane are resolved (the scheduler dropped them).
+                    self.resolved(d.unit, lane);
+                    debug!(actor = %self.actor, unit = d.unit.0, row = %d.row_id,
+                        recipient = self.recipient(lane), reason = reason.as_str(),
+                        status = d.last_status, error = d.last_error.as_deref(),
+                        dead_letter = d.id.0, "dead-lettered");
+                    if let Some(hook) = &cx.hooks.dead_lettered {
+                        hook(&DeadLettered {
+                            id: d.id,
+                            actor: self.actor.clone(),
+                            unit: d.unit,
+                            row_id: d.row_id,
+                            recipient: self.recipient(lane).to_owned(),
+                            reason,
+                            status: d.last_status,
+                            error: d.last_error,
+                            attempts: d.attempts,
+                            at: d.dead_at,
+                        });
+                    }
                 }
             }
             Command::HandBack { unit } => {

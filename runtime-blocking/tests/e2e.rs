@@ -216,7 +216,84 @@ fn gone_and_permanent_answers_are_dead_lettered_with_their_status() {
         assert_eq!((h.reason, h.status), (d.reason, d.last_status));
         assert_eq!(h.attempts, d.attempts);
         assert_eq!(h.at, d.dead_at);
+        assert_eq!(h.id, d.id, "the hook names the dead letter the store lists");
     }
+}
+
+#[test]
+fn a_lane_retired_by_410_calls_the_hook_for_each_of_its_units_in_order() {
+    let f = fixture();
+    let r = Recipient::start().expect("recipient");
+    r.set_default("/gone", Reply::Status(410));
+    let (gone, ok) = (r.url("/gone"), r.url("/ok"));
+    let mut c = config();
+    c.scheduler.retire_on_gone = true;
+    let dead: Arc<Mutex<Vec<DeadLettered>>> = Arc::default();
+    let seen = Arc::clone(&dead);
+    let outbox = Outbox::builder(Arc::clone(&f.store), c)
+        .hooks(Hooks {
+            dead_lettered: Some(Box::new(move |d| {
+                seen.lock().expect("lock").push(d.clone());
+            })),
+            ..Hooks::default()
+        })
+        .open()
+        .expect("outbox");
+    // e1 is joined: retiring /gone dead-letters it there and it is still delivered to /ok.
+    let rows = [
+        row("e0", std::slice::from_ref(&gone)),
+        NewRow {
+            joined: true,
+            ..row("e1", &[gone.clone(), ok.clone()])
+        },
+        row("e2", std::slice::from_ref(&gone)),
+        row("e3", std::slice::from_ref(&gone)),
+        row("e4", std::slice::from_ref(&gone)),
+    ];
+    outbox.enqueue("actor", &rows).expect("enqueue");
+    let out = outbox.drain("actor").expect("drain");
+    // One request to /gone: its 410 retired the lane.
+    assert_eq!(bodies(&r, "/gone"), ids(1));
+    assert_eq!(bodies(&r, "/ok"), [ids(2)[1].clone()]);
+    let letters = outbox.dead_letters(Some("actor")).expect("dead letters");
+    assert_eq!(
+        letters
+            .iter()
+            .map(|d| d.row_id.as_str())
+            .collect::<Vec<_>>(),
+        ["e0", "e1", "e2", "e3", "e4"]
+    );
+    // One hook call per dead letter, in lane order, naming it by its id.
+    let hooked = dead.lock().expect("lock").clone();
+    assert_eq!(
+        hooked
+            .iter()
+            .map(|h| (h.id, h.row_id.as_str(), h.reason))
+            .collect::<Vec<_>>(),
+        letters
+            .iter()
+            .map(|d| (d.id, d.row_id.as_str(), d.reason))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(hooked[0].reason, DeadReason::Gone);
+    assert!(
+        hooked[1..]
+            .iter()
+            .all(|h| h.reason == DeadReason::LaneRetired)
+    );
+    for (h, d) in hooked.iter().zip(&letters) {
+        assert_eq!(h.unit, d.unit);
+        assert_eq!(h.recipient, gone);
+        assert_eq!(
+            (h.status, h.attempts, h.at),
+            (d.last_status, d.attempts, d.dead_at)
+        );
+    }
+    // The pass counts them all.
+    assert!(
+        matches!(out, DrainOutcome::Ran(rep) if rep.dead_lettered == 5 && rep.delivered == 1),
+        "{out:?}"
+    );
 }
 
 #[test]

@@ -172,7 +172,69 @@ async fn gone_and_permanent_answers_are_dead_lettered_with_their_status() {
     );
     // The lane moved on past its dead letter.
     assert_eq!(bodies(&r, "/picky"), ids(2));
-    assert_eq!(dead.lock().expect("lock").len(), 3);
+    let mut hooked: Vec<_> = dead.lock().expect("lock").iter().map(|h| h.id).collect();
+    hooked.sort_unstable();
+    let mut listed: Vec<_> = letters.iter().map(|d| d.id).collect();
+    listed.sort_unstable();
+    assert_eq!(
+        hooked, listed,
+        "one hook call per dead letter, naming its id"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_retired_by_410_calls_the_hook_for_each_of_its_units_in_order() {
+    let f = fixture();
+    let r = Recipient::start().expect("recipient");
+    r.set_default("/gone", Reply::Status(410));
+    let gone = r.url("/gone");
+    let mut c = config();
+    c.scheduler.retire_on_gone = true;
+    let dead: Arc<Mutex<Vec<DeadLettered>>> = Arc::default();
+    let seen = Arc::clone(&dead);
+    let outbox = Outbox::builder(Arc::clone(&f.store), c)
+        .hooks(Hooks {
+            dead_lettered: Some(Box::new(move |d| {
+                seen.lock().expect("lock").push(d.clone());
+            })),
+            ..Hooks::default()
+        })
+        .open()
+        .expect("outbox");
+    let rows = (0..4)
+        .map(|i| row(&format!("e{i}"), std::slice::from_ref(&gone)))
+        .collect();
+    outbox.enqueue("actor", rows).await.expect("enqueue");
+    let out = outbox.drain("actor").await.expect("drain");
+    assert_eq!(bodies(&r, "/gone"), ids(1));
+    let letters = outbox
+        .dead_letters(Some("actor"))
+        .await
+        .expect("dead letters");
+    let hooked = dead.lock().expect("lock").clone();
+    assert_eq!(
+        hooked
+            .iter()
+            .map(|h| (h.id, h.unit, h.row_id.as_str(), h.reason))
+            .collect::<Vec<_>>(),
+        letters
+            .iter()
+            .map(|d| (d.id, d.unit, d.row_id.as_str(), d.reason))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        hooked.iter().map(|h| h.reason).collect::<Vec<_>>(),
+        [
+            DeadReason::Gone,
+            DeadReason::LaneRetired,
+            DeadReason::LaneRetired,
+            DeadReason::LaneRetired
+        ]
+    );
+    assert!(
+        matches!(out, DrainOutcome::Ran(rep) if rep.dead_lettered == 4),
+        "{out:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,9 @@ use std::collections::HashSet;
 use outbox_lanes_core::{ActorId, DeadReason, Seq, Timestamp, UnitId};
 
 use crate::db::{Db, Dialect, Get, Sql, Value, args};
-use crate::types::{DeadLetter, DeadLetterId, DeadLetterRequest, DeadLetterSelection, Payload};
+use crate::types::{
+    DeadLetter, DeadLetterId, DeadLetterRequest, DeadLetterSelection, LaneDeadLetter, Payload,
+};
 use crate::units::{advance_tail, alloc_seqs, drop_row_if_unused, settle};
 use crate::util::{
     decode_headers, key_of, millis_of, status_of, timestamp_of, to_i64, to_u32, to_u64,
@@ -51,7 +53,13 @@ static REFER_TO_SPILLED: Sql = Sql::new(
 static INSERT_DEAD_LETTER: Sql = Sql::new(
     "INSERT INTO ol_dead_letters (unit_id, row_ref, row_id, actor, lane_id, recipient, ordering_key, \
      reason, last_status, last_error, attempts, first_attempt_at, last_attempt_at, seq, dead_at) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) RETURNING id",
+);
+/// The dead letter a request for unit `$2` in lane `$3` of actor `$1`, for reason `$4` at
+/// `$5`, wrote: the request's own, as no other one has the same reason and time.
+static WRITTEN_BY_REQUEST: Sql = Sql::new(
+    "SELECT id FROM ol_dead_letters WHERE actor = $1 AND unit_id = $2 AND lane_id = $3 \
+     AND reason = $4 AND dead_at = $5 ORDER BY id DESC LIMIT 1",
 );
 static MARK_DEAD: Sql = Sql::new("UPDATE ol_units SET state = $2 WHERE id = $1");
 static LANE_LAST_ERROR: Sql =
@@ -66,14 +74,15 @@ static LANE_PENDING_UNITS: Sql = Sql::with_sqlite(
 );
 
 /// Moves one recipient's pending delivery of a unit to the dead letters (durable with the
-/// transaction); finishes the unit if nothing else is pending. `false`: nothing was pending
-/// there (already served, dead or another actor's lane).
+/// transaction); finishes the unit if nothing else is pending. Returns the dead letter
+/// written, or `None` if nothing was pending there (already served, dead or another actor's
+/// lane).
 pub(crate) fn dead_letter(
     db: &mut impl Db,
     actor: &str,
     d: &DeadLetterRequest,
     retention: bool,
-) -> Result<bool, StoreError> {
+) -> Result<Option<LaneDeadLetter>, StoreError> {
     let unit = to_i64(d.unit.0);
     let found = db.query_opt(&DELIVERY_ROW, args![unit, d.lane.0, actor], |r| {
         Ok((
@@ -90,7 +99,7 @@ pub(crate) fn dead_letter(
         (row_id, recipient, ordering_key),
     )) = found
     else {
-        return Ok(false);
+        return Ok(None);
     };
     // A head written by hand without a row id still becomes a dead letter (the spill names it
     // the same way).
@@ -107,7 +116,8 @@ pub(crate) fn dead_letter(
     };
     let status = d.status.map(i64::from).or(last_status);
     let error = d.error.clone().or(last_error);
-    db.execute(
+    let dead_at = millis_of(d.at);
+    let id = db.query_one(
         &INSERT_DEAD_LETTER,
         args![
             unit,
@@ -124,19 +134,55 @@ pub(crate) fn dead_letter(
             first,
             last,
             seq,
-            millis_of(d.at)
+            dead_at
         ],
+        |r| r.int(0),
     )?;
     db.execute(&MARK_DEAD, args![row, STATE_DEAD])?;
     if d.status.is_some() || d.error.is_some() {
         db.execute(&LANE_LAST_ERROR, args![d.lane.0, status, error.as_deref()])?;
     }
     settle(db, unit, retention)?;
-    Ok(true)
+    Ok(Some(LaneDeadLetter {
+        id: DeadLetterId(id),
+        unit: d.unit,
+        row_id,
+        seq: Seq(to_u64(seq)),
+        attempts: to_u32(attempts),
+        last_status: status_of(status),
+        last_error: error,
+        dead_at: timestamp_of(dead_at),
+    }))
+}
+
+/// [`dead_letter`] for a request that may run a second time after a commit whose outcome was
+/// not known (Postgres runs an idempotent write again on a fresh connection): when nothing is
+/// pending any more because the first run committed, the dead letter it wrote is found (same
+/// unit, lane, reason and time) and named all the same. `None`: nothing was pending and this
+/// request wrote nothing (served, or dead-lettered by something else, such as an operator's
+/// purge).
+pub(crate) fn dead_letter_once(
+    db: &mut impl Db,
+    actor: &str,
+    d: &DeadLetterRequest,
+    retention: bool,
+) -> Result<Option<DeadLetterId>, StoreError> {
+    if let Some(written) = dead_letter(db, actor, d, retention)? {
+        return Ok(Some(written.id));
+    }
+    let key = args![
+        actor,
+        to_i64(d.unit.0),
+        d.lane.0,
+        d.reason.as_str(),
+        millis_of(d.at)
+    ];
+    let earlier = db.query_opt(&WRITTEN_BY_REQUEST, key, |r| r.int(0))?;
+    Ok(earlier.map(DeadLetterId))
 }
 
 /// Dead-letters the pending units of `lane`, oldest first (at most `limit` of them), for
-/// `reason`. Returns the units dead-lettered, in that order.
+/// `reason`. Returns the dead letters written, in that order.
 pub(crate) fn dead_letter_lane(
     db: &mut impl Db,
     actor: &str,
@@ -145,10 +191,10 @@ pub(crate) fn dead_letter_lane(
     at: Timestamp,
     limit: Option<u32>,
     retention: bool,
-) -> Result<Vec<UnitId>, StoreError> {
+) -> Result<Vec<LaneDeadLetter>, StoreError> {
     let limit = limit.map(i64::from);
     let units = db.query(&LANE_PENDING_UNITS, args![lane.0, limit], |r| r.int(0))?;
-    let mut done = Vec::new();
+    let mut done = Vec::with_capacity(units.len());
     for unit in units {
         let req = DeadLetterRequest {
             unit: UnitId(to_u64(unit)),
@@ -158,9 +204,7 @@ pub(crate) fn dead_letter_lane(
             error: None,
             at,
         };
-        if dead_letter(db, actor, &req, retention)? {
-            done.push(req.unit);
-        }
+        done.extend(dead_letter(db, actor, &req, retention)?);
     }
     Ok(done)
 }

@@ -12,8 +12,8 @@ use outbox_lanes_core::{ActorId, DeadReason, Timestamp, UnitId};
 use crate::backend::Backend;
 use crate::notify::Notifier;
 use crate::types::{
-    ActorsDue, AttemptRecord, ClaimRange, ClaimedLane, DeadLetterRequest, Payload, PendingLane,
-    SlotAcquisition, SlotRelease, SlotToken, StoreLaneId,
+    ActorsDue, AttemptRecord, ClaimRange, ClaimedLane, DeadLetterId, DeadLetterRequest,
+    LaneDeadLetter, Payload, PendingLane, SlotAcquisition, SlotRelease, SlotToken, StoreLaneId,
 };
 use crate::{DriverStore, StoreError, dead_letters, lanes, slots, status};
 
@@ -155,10 +155,15 @@ impl<B: HotPath> DriverStore for B {
         self.write_attempts(token, attempts)
     }
 
-    fn dead_letter(&self, token: &SlotToken, dead: &DeadLetterRequest) -> Result<(), StoreError> {
+    fn dead_letter(
+        &self,
+        token: &SlotToken,
+        dead: &DeadLetterRequest,
+    ) -> Result<Option<DeadLetterId>, StoreError> {
         let retention = self.common().ack_retention.is_some();
+        // Idempotent: a second run finds the dead letter the first one wrote.
         self.fenced(token, true, |db| {
-            dead_letters::dead_letter(db, token.actor().as_str(), dead, retention).map(drop)
+            dead_letters::dead_letter_once(db, token.actor().as_str(), dead, retention)
         })
     }
 
@@ -190,13 +195,12 @@ impl<B: HotPath> DriverStore for B {
         token: &SlotToken,
         lane: StoreLaneId,
         at: Timestamp,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<Vec<LaneDeadLetter>, StoreError> {
         let retention = self.common().ack_retention.is_some();
         self.fenced(token, false, |db| {
             let actor = token.actor().as_str();
             let reason = DeadReason::LaneRetired;
             dead_letters::dead_letter_lane(db, actor, lane, reason, at, None, retention)
-                .map(|retired| retired.len() as u64)
         })
     }
 

@@ -238,12 +238,22 @@ pub trait DriverStore: Send + Sync {
     ) -> Result<(), StoreError>;
 
     /// Moves one recipient's delivery of a unit to the dead letters; durable when it returns
-    /// (OL-16). Finishes the unit if it has no other pending recipient. A delivery that is not
-    /// pending is left alone.
+    /// (OL-16). Finishes the unit if it has no other pending recipient. Returns the new dead
+    /// letter's id (the one [`ServiceStore::dead_letters`] lists), so that whoever is told
+    /// about it can show, replay or purge it by id.
+    ///
+    /// A delivery that is not pending is left alone and `None` returned (it was served, or
+    /// something else dead-lettered it, such as an operator's [`ServiceStore::purge_lane`]).
+    /// Calling it again with the same request after it succeeded (a store retrying a commit
+    /// whose outcome it did not learn) returns the same id.
     ///
     /// # Errors
     /// [`StoreError::StaleToken`] (nothing written), database failures.
-    fn dead_letter(&self, token: &SlotToken, dead: &DeadLetterRequest) -> Result<(), StoreError>;
+    fn dead_letter(
+        &self,
+        token: &SlotToken,
+        dead: &DeadLetterRequest,
+    ) -> Result<Option<DeadLetterId>, StoreError>;
 
     /// Persists a lane's backoff (OL-11): `None` opens it.
     ///
@@ -269,7 +279,9 @@ pub trait DriverStore: Send + Sync {
     ) -> Result<(), StoreError>;
 
     /// Dead-letters every pending delivery of the lane with reason `lane_retired` (for a joined
-    /// unit, only this recipient); durable when it returns. Returns how many.
+    /// unit, only this recipient), in one transaction; durable when it returns. Returns the
+    /// dead letters written, one per delivery, in lane order (oldest first): what a pass
+    /// reports to its dead-letter hook. The list is as long as the lane was deep.
     ///
     /// # Errors
     /// [`StoreError::StaleToken`] (nothing written), database failures.
@@ -278,7 +290,7 @@ pub trait DriverStore: Send + Sync {
         token: &SlotToken,
         lane: StoreLaneId,
         at: Timestamp,
-    ) -> Result<u64, StoreError>;
+    ) -> Result<Vec<LaneDeadLetter>, StoreError>;
 
     /// Actors with work admissible at `now`, and the earliest future `not_before` (OL-13).
     ///

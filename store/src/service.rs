@@ -122,7 +122,7 @@ impl<B: Backend> ServiceStore for B {
                 retention,
             )?;
             lanes::retry_now(db, lane)?;
-            Ok(skipped.first().copied())
+            Ok(skipped.first().map(|d| d.unit))
         });
         self.notify();
         r

@@ -474,6 +474,31 @@ pub struct DeadLetter {
     pub dead_at: Timestamp,
 }
 
+/// A dead letter written by an operation on a whole lane, as [`DriverStore::retire_lane`]
+/// returns it: the fields of its [`DeadLetter`] that differ from one unit of the lane to the
+/// next (the actor, the lane and the reason are the caller's).
+///
+/// [`DriverStore::retire_lane`]: crate::DriverStore::retire_lane
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaneDeadLetter {
+    /// The dead letter's id (what `dead-letters show --id` and a replay by id take).
+    pub id: DeadLetterId,
+    /// The unit.
+    pub unit: UnitId,
+    /// The row id.
+    pub row_id: String,
+    /// The sequence number it had.
+    pub seq: Seq,
+    /// Persisted attempts.
+    pub attempts: u32,
+    /// The last HTTP status, as the dead letter keeps it.
+    pub last_status: Option<u16>,
+    /// The last error, as the dead letter keeps it.
+    pub last_error: Option<String>,
+    /// When it was dead-lettered.
+    pub dead_at: Timestamp,
+}
+
 /// Which dead letters an operator operation applies to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DeadLetterSelection {

@@ -51,6 +51,7 @@ contract!(
     deep_lane_does_not_slow_a_short_lane_claim,
     ids_unique_across_actors,
     dead_letter_durable_before_next_unit_is_claimable,
+    dead_letter_returns_its_id_and_none_when_not_pending,
     retire_lane_dead_letters_only_that_recipient,
     operator_ops,
     operator_lane_purge_skip_and_retry,
@@ -525,25 +526,30 @@ fn dead_letter_fields_and_replay_order(b: Backend) {
             }],
         )
         .expect("attempts");
+        let mut written = Vec::new();
         for (u, reason, status) in [
             (u0, DeadReason::Exhausted, Some(500)),
             (u1, DeadReason::Permanent, Some(404)),
         ] {
-            s.dead_letter(
-                &t,
-                &DeadLetterRequest {
-                    unit: u,
-                    lane: la,
-                    reason,
-                    status,
-                    error: None,
-                    at: Timestamp::from_millis(9_000),
-                },
-            )
-            .expect("dead");
+            let id = s
+                .dead_letter(
+                    &t,
+                    &DeadLetterRequest {
+                        unit: u,
+                        lane: la,
+                        reason,
+                        status,
+                        error: None,
+                        at: Timestamp::from_millis(9_000),
+                    },
+                )
+                .expect("dead");
+            written.push(id.expect("a pending delivery is dead-lettered"));
         }
         let dl = s.dead_letters(Some(&a)).expect("dl");
         assert_eq!(dl.len(), 2);
+        // The ids returned are the ones listed.
+        assert_eq!(dl.iter().map(|d| d.id).collect::<Vec<_>>(), written);
         assert_eq!(dl[0].unit, u0);
         assert_eq!(dl[0].row_id, "r0");
         assert_eq!(dl[0].actor, a);
@@ -575,20 +581,24 @@ fn dead_letter_fields_and_replay_order(b: Backend) {
         assert!(c2.units[2].seq > c2.units[1].seq);
         assert_eq!(c2.units[2].slots[0].attempts, 0);
         assert_eq!(s.payload(u0).expect("payload").row_id, "r0");
-        // Replay by id, and purge.
-        s.dead_letter(
-            &t,
-            &DeadLetterRequest {
-                unit: u0,
-                lane: la,
-                reason: DeadReason::Gone,
-                status: Some(410),
-                error: None,
-                at: now(),
-            },
-        )
-        .expect("dead");
+        // Replay by id, and purge: a replayed unit's new dead letter has a new id.
+        let again = s
+            .dead_letter(
+                &t,
+                &DeadLetterRequest {
+                    unit: u0,
+                    lane: la,
+                    reason: DeadReason::Gone,
+                    status: Some(410),
+                    error: None,
+                    at: now(),
+                },
+            )
+            .expect("dead")
+            .expect("pending again after the replay");
         let id = s.dead_letters(None).expect("dl")[0].id;
+        assert_eq!(again, id);
+        assert!(!written.contains(&id));
         assert_eq!(
             s.purge_dead_letters(&DeadLetterSelection::Ids(vec![id])),
             Ok(1)
@@ -803,17 +813,20 @@ fn stale_token_is_refused_and_writes_nothing(b: Backend) {
                 at: now(),
             }],
         ));
-        stale(s.dead_letter(
-            &t1,
-            &DeadLetterRequest {
-                unit: u0,
-                lane: la,
-                reason: DeadReason::Exhausted,
-                status: None,
-                error: None,
-                at: now(),
-            },
-        ));
+        assert_eq!(
+            s.dead_letter(
+                &t1,
+                &DeadLetterRequest {
+                    unit: u0,
+                    lane: la,
+                    reason: DeadReason::Exhausted,
+                    status: None,
+                    error: None,
+                    at: now(),
+                },
+            ),
+            Err(StoreError::StaleToken)
+        );
         stale(s.set_lane_state(&t1, la, Some(now() + Duration::from_secs(60)), 1));
         stale(s.block_lane(&t1, la, "strict"));
         assert_eq!(s.retire_lane(&t1, la, now()), Err(StoreError::StaleToken));
@@ -954,6 +967,58 @@ fn dead_letter_durable_before_next_unit_is_claimable(b: Backend) {
     });
 }
 
+fn dead_letter_returns_its_id_and_none_when_not_pending(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        s.enqueue(&a, &[row("r0", &[A]), row("r1", &[A]), row("r2", &[A])])
+            .expect("enqueue");
+        let la = lane_of(s, &a, A);
+        let t = acquire(s, &a, "h", LEASE);
+        let c = claim_lane(s, &t, la, 0, 10);
+        let req = |unit, reason| DeadLetterRequest {
+            unit,
+            lane: la,
+            reason,
+            status: Some(422),
+            error: None,
+            at: Timestamp::from_millis(8_000),
+        };
+        let first = req(c.units[0].id, DeadReason::Permanent);
+        let id = s.dead_letter(&t, &first).expect("dead").expect("written");
+        assert_eq!(s.dead_letters(Some(&a)).expect("dl")[0].id, id);
+        // The same request again (a store retrying a commit it lost track of) names the
+        // dead letter it wrote; nothing new is written.
+        assert_eq!(s.dead_letter(&t, &first), Ok(Some(id)));
+        assert_eq!(s.dead_letters(Some(&a)).expect("dl").len(), 1);
+        // Another request for a delivery that is no longer pending writes nothing.
+        assert_eq!(
+            s.dead_letter(&t, &req(c.units[0].id, DeadReason::Exhausted)),
+            Ok(None)
+        );
+        s.ack(&t, &[(c.units[1].id, la)]).expect("ack");
+        assert_eq!(
+            s.dead_letter(&t, &req(c.units[1].id, DeadReason::Permanent)),
+            Ok(None)
+        );
+        // A unit the operator skipped while its attempt was in flight: the skip's dead
+        // letter stands, the pass's request writes none.
+        let skipped = s.skip_lane_head(la, now()).expect("skip");
+        assert_eq!(skipped, Some(c.units[2].id));
+        assert_eq!(
+            s.dead_letter(&t, &req(c.units[2].id, DeadReason::Permanent)),
+            Ok(None)
+        );
+        let dl = s.dead_letters(Some(&a)).expect("dl");
+        assert_eq!(
+            dl.iter()
+                .map(|d| (d.row_id.as_str(), d.reason))
+                .collect::<Vec<_>>(),
+            [("r0", DeadReason::Permanent), ("r2", DeadReason::Skipped)]
+        );
+    });
+}
+
 fn retire_lane_dead_letters_only_that_recipient(b: Backend) {
     run(b, CommonOptions::default(), |h| {
         let s = &*h.store;
@@ -973,7 +1038,21 @@ fn retire_lane_dead_letters_only_that_recipient(b: Backend) {
             .expect("enqueue");
         let t = acquire(s, &a, "h", LEASE);
         let (la, lb) = (lane_of(s, &a, A), lane_of(s, &a, B));
-        assert_eq!(s.retire_lane(&t, la, now()), Ok(3));
+        // r0 failed before: its dead letter keeps that, and so does what retire returns.
+        s.record_attempts(
+            &t,
+            &[AttemptRecord {
+                unit: out[0].units[0],
+                lane: la,
+                attempts: 3,
+                status: Some(503),
+                error: Some("status 503".into()),
+                at: Timestamp::from_millis(4_000),
+            }],
+        )
+        .expect("attempts");
+        let at = Timestamp::from_millis(7_000);
+        let retired = s.retire_lane(&t, la, at).expect("retire");
         let dl = s.dead_letters(Some(&a)).expect("dl");
         assert_eq!(dl.len(), 3);
         assert!(
@@ -984,6 +1063,33 @@ fn retire_lane_dead_letters_only_that_recipient(b: Backend) {
             dl.iter().map(|d| d.row_id.as_str()).collect::<Vec<_>>(),
             ["r0", "j", "r1"]
         );
+        // Retire returns the dead letters it wrote, in lane order, as they are listed.
+        let listed: Vec<LaneDeadLetter> = dl
+            .iter()
+            .map(|d| LaneDeadLetter {
+                id: d.id,
+                unit: d.unit,
+                row_id: d.row_id.clone(),
+                seq: d.seq,
+                attempts: d.attempts,
+                last_status: d.last_status,
+                last_error: d.last_error.clone(),
+                dead_at: d.dead_at,
+            })
+            .collect();
+        assert_eq!(retired, listed);
+        assert_eq!(
+            retired.iter().map(|d| d.unit).collect::<Vec<_>>(),
+            [out[0].units[0], out[1].units[0], out[2].units[0]]
+        );
+        assert_eq!(
+            (retired[0].attempts, retired[0].last_status),
+            (3, Some(503))
+        );
+        assert_eq!(retired[0].last_error.as_deref(), Some("status 503"));
+        assert!(retired.iter().all(|d| d.dead_at == at));
+        // Nothing pending is left to retire.
+        assert_eq!(s.retire_lane(&t, la, now()), Ok(Vec::new()));
         // The joined unit, still pending for B, stays listed in A with A no longer to serve.
         let ca = claim_lane(s, &t, la, 0, 10);
         assert_eq!(row_ids(&ca), ["j"]);

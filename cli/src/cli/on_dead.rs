@@ -34,9 +34,9 @@ pub(crate) const QUEUE: usize = 10_000;
 /// The JSON a command reads on its stdin: one object, then end of input.
 #[derive(Debug, Serialize)]
 struct Json<'a> {
-    /// The dead letter's id: `null`, as the hook runs before it is read back from the store
-    /// (`dead-letters list --actor A` shows it).
-    id: Option<i64>,
+    /// The dead letter's id, as `dead-letters list` shows it and `show`, `replay` and
+    /// `purge --id` take it.
+    id: i64,
     actor: &'a str,
     recipient: &'a str,
     unit: u64,
@@ -51,7 +51,7 @@ struct Json<'a> {
 /// The JSON of one dead letter.
 pub(crate) fn json(d: &DeadLettered) -> String {
     let j = Json {
-        id: None,
+        id: d.id.0,
         actor: d.actor.as_str(),
         recipient: &d.recipient,
         unit: d.unit.0,
@@ -231,9 +231,11 @@ async fn run_one(cmd: String, label: String, json: String) {
 mod tests {
     use super::*;
     use outbox_lanes_core::{ActorId, DeadReason, Timestamp, UnitId};
+    use outbox_lanes_tokio::store::DeadLetterId;
 
     fn dead(unit: u64) -> DeadLettered {
         DeadLettered {
+            id: DeadLetterId(i64::try_from(unit).unwrap() + 100),
             actor: ActorId::new("alice"),
             unit: UnitId(unit),
             row_id: format!("r{unit}"),
@@ -290,6 +292,7 @@ mod tests {
     #[test]
     fn json_names_the_dead_letter() {
         let d = DeadLettered {
+            id: DeadLetterId(3),
             actor: ActorId::new("alice"),
             unit: UnitId(7),
             row_id: "r1".into(),
@@ -304,7 +307,7 @@ mod tests {
         assert_eq!(
             v,
             serde_json::json!({
-                "id": null, "actor": "alice", "recipient": "http://127.0.0.1:1/inbox",
+                "id": 3, "actor": "alice", "recipient": "http://127.0.0.1:1/inbox",
                 "unit": 7, "row_id": "r1", "reason": "permanent", "status": 422,
                 "error": "status 422", "attempts": 1, "dead_at": "1970-01-01T00:00:01.500Z",
             })
