@@ -17,7 +17,8 @@
 //!   so any operation is retried;
 //! - the failure came from the commit itself (did it commit?): only idempotent operations are
 //!   retried — reads, `ack` (acking a served unit is a no-op), `record_attempts` (absolute
-//!   values), `dead_letter` (a delivery no longer pending is left alone), lane state writes,
+//!   values), `dead_letter` (a delivery no longer pending is left alone; the re-run of one that
+//!   did commit finds its dead letter and returns the same id), lane state writes,
 //!   `renew_slot`. `enqueue`, `acquire_slot`, `release_slot`, `retire_lane`, replay and purge
 //!   return [`StoreError::ConnectionLost`] instead: the caller must check (a re-sent enqueue
 //!   would be refused as a duplicate row id if the first one committed).
