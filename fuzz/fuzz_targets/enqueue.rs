@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use libfuzzer_sys::arbitrary::{Result as AResult, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use outbox_lanes_core::{ActorId, LaneKey};
-use outbox_lanes_store::{CommonOptions, EnqueueError, NewRow, SqliteOptions, SqliteStore, DriverStore, ServiceStore, Store};
+use outbox_lanes_store::{CommonOptions, EnqueueError, NewRow, SqliteOptions, SqliteStore, ServiceStore};
 
 const MAX_PAYLOAD: usize = 48;
 const MAX_RECIPIENTS: usize = 4;
