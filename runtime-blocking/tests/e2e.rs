@@ -169,15 +169,9 @@ fn gone_and_permanent_answers_are_dead_lettered_with_their_status() {
     r.set_default("/gone", Reply::Status(410));
     r.script("/picky", [Reply::Status(422)]);
     let to = vec![r.url("/gone"), r.url("/picky")];
-    let dead: Arc<Mutex<Vec<DeadLettered>>> = Arc::default();
-    let seen = Arc::clone(&dead);
+    let (dead, hooks) = recording_dead_letters();
     let outbox = Outbox::builder(Arc::clone(&f.store), config())
-        .hooks(Hooks {
-            dead_lettered: Some(Box::new(move |d| {
-                seen.lock().expect("lock").push(d.clone());
-            })),
-            ..Hooks::default()
-        })
+        .hooks(hooks)
         .open()
         .expect("outbox");
     outbox
@@ -228,15 +222,9 @@ fn a_lane_retired_by_410_calls_the_hook_for_each_of_its_units_in_order() {
     let (gone, ok) = (r.url("/gone"), r.url("/ok"));
     let mut c = config();
     c.scheduler.retire_on_gone = true;
-    let dead: Arc<Mutex<Vec<DeadLettered>>> = Arc::default();
-    let seen = Arc::clone(&dead);
+    let (dead, hooks) = recording_dead_letters();
     let outbox = Outbox::builder(Arc::clone(&f.store), c)
-        .hooks(Hooks {
-            dead_lettered: Some(Box::new(move |d| {
-                seen.lock().expect("lock").push(d.clone());
-            })),
-            ..Hooks::default()
-        })
+        .hooks(hooks)
         .open()
         .expect("outbox");
     // e1 is joined: retiring /gone dead-letters it there and it is still delivered to /ok.
@@ -681,4 +669,17 @@ fn the_lease_is_renewed_across_back_to_back_passes() {
         "{out:?}"
     );
     assert_eq!(bodies(&r, "/a"), ids(40));
+}
+
+/// Hooks that record every dead letter the pass reports, and the record.
+fn recording_dead_letters() -> (Arc<Mutex<Vec<DeadLettered>>>, Hooks) {
+    let dead: Arc<Mutex<Vec<DeadLettered>>> = Arc::default();
+    let seen = Arc::clone(&dead);
+    let hooks = Hooks {
+        dead_lettered: Some(Box::new(move |d| {
+            seen.lock().expect("lock").push(d.clone());
+        })),
+        ..Hooks::default()
+    };
+    (dead, hooks)
 }

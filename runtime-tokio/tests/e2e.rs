@@ -127,15 +127,9 @@ async fn gone_and_permanent_answers_are_dead_lettered_with_their_status() {
         )],
     );
     let to = vec![r.url("/gone"), r.url("/picky")];
-    let dead: Arc<Mutex<Vec<DeadLettered>>> = Arc::default();
-    let seen = Arc::clone(&dead);
+    let (dead, hooks) = recording_dead_letters();
     let outbox = Outbox::builder(Arc::clone(&f.store), config())
-        .hooks(Hooks {
-            dead_lettered: Some(Box::new(move |d| {
-                seen.lock().expect("lock").push(d.clone());
-            })),
-            ..Hooks::default()
-        })
+        .hooks(hooks)
         .open()
         .expect("outbox");
     outbox
@@ -190,15 +184,9 @@ async fn a_lane_retired_by_410_calls_the_hook_for_each_of_its_units_in_order() {
     let gone = r.url("/gone");
     let mut c = config();
     c.scheduler.retire_on_gone = true;
-    let dead: Arc<Mutex<Vec<DeadLettered>>> = Arc::default();
-    let seen = Arc::clone(&dead);
+    let (dead, hooks) = recording_dead_letters();
     let outbox = Outbox::builder(Arc::clone(&f.store), c)
-        .hooks(Hooks {
-            dead_lettered: Some(Box::new(move |d| {
-                seen.lock().expect("lock").push(d.clone());
-            })),
-            ..Hooks::default()
-        })
+        .hooks(hooks)
         .open()
         .expect("outbox");
     let rows = (0..4)
@@ -554,4 +542,17 @@ async fn the_lease_is_renewed_across_back_to_back_passes() {
         "{out:?}"
     );
     assert_eq!(bodies(&r, "/a"), ids(40));
+}
+
+/// Hooks that record every dead letter the pass reports, and the record.
+fn recording_dead_letters() -> (Arc<Mutex<Vec<DeadLettered>>>, Hooks) {
+    let dead: Arc<Mutex<Vec<DeadLettered>>> = Arc::default();
+    let seen = Arc::clone(&dead);
+    let hooks = Hooks {
+        dead_lettered: Some(Box::new(move |d| {
+            seen.lock().expect("lock").push(d.clone());
+        })),
+        ..Hooks::default()
+    };
+    (dead, hooks)
 }
