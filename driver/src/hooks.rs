@@ -37,10 +37,10 @@ pub struct DeadLettered {
     pub recipient: String,
     /// Why.
     pub reason: DeadReason,
-    /// The last HTTP status, if any (for a retired lane's unit, the one its dead letter
-    /// keeps from earlier attempts).
+    /// The last HTTP status, if any, as the dead letter keeps it (an earlier attempt's when
+    /// the last one had none, or when this pass made no attempt, as for a retired lane's unit).
     pub status: Option<u16>,
-    /// The last error, if any (for a retired lane's unit, as its dead letter keeps it).
+    /// The last error, if any, as the dead letter keeps it.
     pub error: Option<String>,
     /// The persisted attempts of this recipient (OL-5), as the dead letter keeps them.
     pub attempts: u32,

@@ -131,10 +131,6 @@ pub struct PassCore {
     recipients: Vec<String>,
     units: HashMap<UnitId, UnitInfo>,
     last: HashMap<(UnitId, LaneId), AttemptResult>,
-    /// Persisted attempt counts above zero, as claimed or recorded since, for the dead
-    /// letter hook; entries go when the recipient is served or dead-lettered. Empty while
-    /// every delivery succeeds at once, so a healthy pass pays nothing for it.
-    attempts: HashMap<(UnitId, LaneId), u32>,
     watermark: u64,
     /// Look for lanes with new units at the next round (set at the start and on wake-ups:
     /// a burst of enqueues costs one look).
@@ -228,7 +224,6 @@ impl PassCore {
             recipients: Vec::new(),
             units: HashMap::new(),
             last: HashMap::new(),
-            attempts: HashMap::new(),
             watermark: 0,
             look: true,
             sink,
@@ -676,12 +671,6 @@ impl PassCore {
                     .iter()
                     .map(|s| {
                         let lane = self.lane(s.lane, &s.key);
-                        if s.attempts > 0 {
-                            // A count recorded in this pass but not yet written may be ahead
-                            // of the store's.
-                            let n = self.attempts.entry((u.id, lane)).or_default();
-                            *n = (*n).max(s.attempts);
-                        }
                         AdmitSlot {
                             lane,
                             attempts: s.attempts,
@@ -811,9 +800,6 @@ impl PassCore {
                 // Acked even after a failure: an ack is harmless, a lost one is a resend.
                 self.acked.push((unit, self.store_lane(lane)));
                 self.report.delivered += 1;
-                if !self.attempts.is_empty() {
-                    self.attempts.remove(&(unit, lane));
-                }
                 let row = self.resolved(unit, lane);
                 trace!(actor = %self.actor, unit = unit.0, %row, recipient = self.recipient(lane),
                     "delivered");
@@ -853,7 +839,6 @@ impl PassCore {
                     .map_or((None, None), |r| (r.status, r.error.clone()));
                 debug!(actor = %self.actor, unit = unit.0, recipient = self.recipient(lane),
                     attempts, counted, status, error = error.as_deref(), "attempt failed");
-                self.attempts.insert((unit, lane), attempts);
                 self.records.push(AttemptRecord {
                     unit,
                     lane: self.store_lane(lane),
@@ -903,20 +888,19 @@ impl PassCore {
             }
             Command::DeadLetter { unit, lane, reason } => {
                 let last = self.last.remove(&(unit, lane));
-                let attempts = self.attempts.remove(&(unit, lane)).unwrap_or(0);
                 let (status, error) = last.map_or((None, None), |r| (r.status, r.error));
                 if !writable {
                     return;
                 }
+                // This pass's attempts first: the dead letter keeps the persisted count.
                 self.flush_records(cx.store);
-                let at = now();
                 let req = DeadLetterRequest {
                     unit,
                     lane: self.store_lane(lane),
                     reason,
                     status,
-                    error: error.clone(),
-                    at,
+                    error,
+                    at: now(),
                 };
                 let written = match cx.store.dead_letter(&self.token, &req) {
                     Ok(written) => written,
@@ -926,7 +910,7 @@ impl PassCore {
                     }
                 };
                 let row = self.resolved(unit, lane);
-                let Some(id) = written else {
+                let Some(d) = written else {
                     // Not ours to report: an operator purged the lane or skipped its head
                     // while the attempt was in flight, and that made the dead letter.
                     debug!(actor = %self.actor, unit = unit.0, %row, recipient = self.recipient(lane),
@@ -935,20 +919,21 @@ impl PassCore {
                 };
                 self.report.dead_lettered += 1;
                 info!(actor = %self.actor, unit = unit.0, %row, recipient = self.recipient(lane),
-                    reason = reason.as_str(), status, error = error.as_deref(),
-                    dead_letter = id.0, "dead-lettered");
+                    reason = reason.as_str(), status = d.last_status,
+                    error = d.last_error.as_deref(), attempts = d.attempts,
+                    dead_letter = d.id.0, "dead-lettered");
                 if let Some(hook) = &cx.hooks.dead_lettered {
                     hook(&DeadLettered {
-                        id,
+                        id: d.id,
                         actor: self.actor.clone(),
                         unit,
                         row_id: row,
                         recipient: self.recipient(lane).to_owned(),
                         reason,
-                        status,
-                        error,
-                        attempts,
-                        at,
+                        status: d.last_status,
+                        error: d.last_error,
+                        attempts: d.attempts,
+                        at: d.dead_at,
                     });
                 }
             }
@@ -974,7 +959,6 @@ impl PassCore {
                     "lane retired (410 Gone)");
                 let reason = DeadReason::LaneRetired;
                 for d in retired {
-                    self.attempts.remove(&(d.unit, lane));
                     // Admitted units of the lane are resolved (the scheduler dropped them).
                     self.resolved(d.unit, lane);
                     debug!(actor = %self.actor, unit = d.unit.0, row = %d.row_id,

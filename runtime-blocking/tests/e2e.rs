@@ -214,6 +214,48 @@ fn gone_and_permanent_answers_are_dead_lettered_with_their_status() {
     }
 }
 
+/// A unit that fails in one pass and expires in the next, where no attempt is made: the hook
+/// reports what the dead letter keeps (the earlier pass's status and attempts), not only what
+/// the dead-lettering pass saw.
+#[test]
+fn a_dead_letter_without_an_attempt_in_its_pass_reports_the_earlier_ones() {
+    let f = fixture();
+    let r = Recipient::start().expect("recipient");
+    r.set_default("/down", Reply::Status(503));
+    let mut c = config();
+    c.scheduler.pass_attempts = 2;
+    let first = Outbox::builder(Arc::clone(&f.store), c.clone())
+        .open()
+        .expect("outbox");
+    first
+        .enqueue("actor", &[row("e0", &[r.url("/down")])])
+        .expect("enqueue");
+    // Two failures stall the unit; its lane waits a minute.
+    first.drain("actor").expect("drain");
+    assert_eq!(r.requests("/down").len(), 2);
+    let lane = first.lanes("actor").expect("lanes")[0].lane;
+    drop(first);
+    // An operator's retry makes the lane due at once; the unit is older than max_age by then.
+    f.store.retry_lane_now(lane).expect("retry");
+    c.scheduler.max_age = Some(Duration::from_millis(1));
+    let (dead, hooks) = recording_dead_letters();
+    let second = Outbox::builder(Arc::clone(&f.store), c)
+        .hooks(hooks)
+        .open()
+        .expect("outbox");
+    second.drain("actor").expect("drain");
+    assert_eq!(r.requests("/down").len(), 2, "an expired unit is not sent");
+    let listed = second.dead_letters(Some("actor")).expect("dead letters");
+    let hooked = dead.lock().expect("lock").clone();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(hooked.len(), 1);
+    let (h, d) = (&hooked[0], &listed[0]);
+    assert_eq!(h.reason, DeadReason::Expired);
+    assert_eq!((h.id, h.unit, h.at), (d.id, d.unit, d.dead_at));
+    assert_eq!((h.status, h.attempts), (Some(503), 2));
+    assert_eq!((d.last_status, d.attempts), (Some(503), 2));
+}
+
 #[test]
 fn a_lane_retired_by_410_calls_the_hook_for_each_of_its_units_in_order() {
     let f = fixture();

@@ -8,7 +8,7 @@ use outbox_lanes_core::{ActorId, DeadReason, Seq, Timestamp, UnitId};
 
 use crate::db::{Db, Dialect, Get, Sql, Value, args};
 use crate::types::{
-    DeadLetter, DeadLetterId, DeadLetterRequest, DeadLetterSelection, LaneDeadLetter, Payload,
+    DeadLetter, DeadLetterId, DeadLetterRequest, DeadLetterSelection, Payload, WrittenDeadLetter,
 };
 use crate::units::{advance_tail, alloc_seqs, drop_row_if_unused, settle};
 use crate::util::{
@@ -58,8 +58,9 @@ static INSERT_DEAD_LETTER: Sql = Sql::new(
 /// The dead letter a request for unit `$2` in lane `$3` of actor `$1`, for reason `$4` at
 /// `$5`, wrote: the request's own, as no other one has the same reason and time.
 static WRITTEN_BY_REQUEST: Sql = Sql::new(
-    "SELECT id FROM ol_dead_letters WHERE actor = $1 AND unit_id = $2 AND lane_id = $3 \
-     AND reason = $4 AND dead_at = $5 ORDER BY id DESC LIMIT 1",
+    "SELECT id, row_id, seq, attempts, last_status, last_error FROM ol_dead_letters \
+     WHERE actor = $1 AND unit_id = $2 AND lane_id = $3 AND reason = $4 AND dead_at = $5 \
+     ORDER BY id DESC LIMIT 1",
 );
 static MARK_DEAD: Sql = Sql::new("UPDATE ol_units SET state = $2 WHERE id = $1");
 static LANE_LAST_ERROR: Sql =
@@ -82,7 +83,7 @@ pub(crate) fn dead_letter(
     actor: &str,
     d: &DeadLetterRequest,
     retention: bool,
-) -> Result<Option<LaneDeadLetter>, StoreError> {
+) -> Result<Option<WrittenDeadLetter>, StoreError> {
     let unit = to_i64(d.unit.0);
     let found = db.query_opt(&DELIVERY_ROW, args![unit, d.lane.0, actor], |r| {
         Ok((
@@ -143,7 +144,7 @@ pub(crate) fn dead_letter(
         db.execute(&LANE_LAST_ERROR, args![d.lane.0, status, error.as_deref()])?;
     }
     settle(db, unit, retention)?;
-    Ok(Some(LaneDeadLetter {
+    Ok(Some(WrittenDeadLetter {
         id: DeadLetterId(id),
         unit: d.unit,
         row_id,
@@ -158,17 +159,17 @@ pub(crate) fn dead_letter(
 /// [`dead_letter`] for a request that may run a second time after a commit whose outcome was
 /// not known (Postgres runs an idempotent write again on a fresh connection): when nothing is
 /// pending any more because the first run committed, the dead letter it wrote is found (same
-/// unit, lane, reason and time) and named all the same. `None`: nothing was pending and this
-/// request wrote nothing (served, or dead-lettered by something else, such as an operator's
-/// purge).
+/// unit, lane, reason and time) and returned all the same. `None`: nothing was pending and
+/// this request wrote nothing (served, or dead-lettered by something else, such as an
+/// operator's purge).
 pub(crate) fn dead_letter_once(
     db: &mut impl Db,
     actor: &str,
     d: &DeadLetterRequest,
     retention: bool,
-) -> Result<Option<DeadLetterId>, StoreError> {
+) -> Result<Option<WrittenDeadLetter>, StoreError> {
     if let Some(written) = dead_letter(db, actor, d, retention)? {
-        return Ok(Some(written.id));
+        return Ok(Some(written));
     }
     let key = args![
         actor,
@@ -177,8 +178,18 @@ pub(crate) fn dead_letter_once(
         d.reason.as_str(),
         millis_of(d.at)
     ];
-    let earlier = db.query_opt(&WRITTEN_BY_REQUEST, key, |r| r.int(0))?;
-    Ok(earlier.map(DeadLetterId))
+    db.query_opt(&WRITTEN_BY_REQUEST, key, |r| {
+        Ok(WrittenDeadLetter {
+            id: DeadLetterId(r.int(0)?),
+            unit: d.unit,
+            row_id: r.text(1)?,
+            seq: Seq(to_u64(r.int(2)?)),
+            attempts: to_u32(r.int(3)?),
+            last_status: status_of(r.opt_int(4)?),
+            last_error: r.opt_text(5)?,
+            dead_at: timestamp_of(millis_of(d.at)),
+        })
+    })
 }
 
 /// Dead-letters the pending units of `lane`, oldest first (at most `limit` of them), for
@@ -191,7 +202,7 @@ pub(crate) fn dead_letter_lane(
     at: Timestamp,
     limit: Option<u32>,
     retention: bool,
-) -> Result<Vec<LaneDeadLetter>, StoreError> {
+) -> Result<Vec<WrittenDeadLetter>, StoreError> {
     let limit = limit.map(i64::from);
     let units = db.query(&LANE_PENDING_UNITS, args![lane.0, limit], |r| r.int(0))?;
     let mut done = Vec::with_capacity(units.len());

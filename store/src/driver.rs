@@ -12,8 +12,8 @@ use outbox_lanes_core::{ActorId, DeadReason, Timestamp, UnitId};
 use crate::backend::Backend;
 use crate::notify::Notifier;
 use crate::types::{
-    ActorsDue, AttemptRecord, ClaimRange, ClaimedLane, DeadLetterId, DeadLetterRequest,
-    LaneDeadLetter, Payload, PendingLane, SlotAcquisition, SlotRelease, SlotToken, StoreLaneId,
+    ActorsDue, AttemptRecord, ClaimRange, ClaimedLane, DeadLetterRequest, Payload, PendingLane,
+    SlotAcquisition, SlotRelease, SlotToken, StoreLaneId, WrittenDeadLetter,
 };
 use crate::{DriverStore, StoreError, dead_letters, lanes, slots, status};
 
@@ -159,7 +159,7 @@ impl<B: HotPath> DriverStore for B {
         &self,
         token: &SlotToken,
         dead: &DeadLetterRequest,
-    ) -> Result<Option<DeadLetterId>, StoreError> {
+    ) -> Result<Option<WrittenDeadLetter>, StoreError> {
         let retention = self.common().ack_retention.is_some();
         // Idempotent: a second run finds the dead letter the first one wrote.
         self.fenced(token, true, |db| {
@@ -195,7 +195,7 @@ impl<B: HotPath> DriverStore for B {
         token: &SlotToken,
         lane: StoreLaneId,
         at: Timestamp,
-    ) -> Result<Vec<LaneDeadLetter>, StoreError> {
+    ) -> Result<Vec<WrittenDeadLetter>, StoreError> {
         let retention = self.common().ack_retention.is_some();
         self.fenced(token, false, |db| {
             let actor = token.actor().as_str();

@@ -239,13 +239,14 @@ pub trait DriverStore: Send + Sync {
 
     /// Moves one recipient's delivery of a unit to the dead letters; durable when it returns
     /// (OL-16). Finishes the unit if it has no other pending recipient. Returns the new dead
-    /// letter's id (the one [`ServiceStore::dead_letters`] lists), so that whoever is told
-    /// about it can show, replay or purge it by id.
+    /// letter as the store keeps it: its id (the one [`ServiceStore::dead_letters`] lists), so
+    /// that whoever is told about it can show, replay or purge it by id, and the attempts,
+    /// status and error persisted by every pass, not only the caller's.
     ///
     /// A delivery that is not pending is left alone and `None` returned (it was served, or
     /// something else dead-lettered it, such as an operator's [`ServiceStore::purge_lane`]).
     /// Calling it again with the same request after it succeeded (a store retrying a commit
-    /// whose outcome it did not learn) returns the same id.
+    /// whose outcome it did not learn) returns the same dead letter.
     ///
     /// # Errors
     /// [`StoreError::StaleToken`] (nothing written), database failures.
@@ -253,7 +254,7 @@ pub trait DriverStore: Send + Sync {
         &self,
         token: &SlotToken,
         dead: &DeadLetterRequest,
-    ) -> Result<Option<DeadLetterId>, StoreError>;
+    ) -> Result<Option<WrittenDeadLetter>, StoreError>;
 
     /// Persists a lane's backoff (OL-11): `None` opens it.
     ///
@@ -290,7 +291,7 @@ pub trait DriverStore: Send + Sync {
         token: &SlotToken,
         lane: StoreLaneId,
         at: Timestamp,
-    ) -> Result<Vec<LaneDeadLetter>, StoreError>;
+    ) -> Result<Vec<WrittenDeadLetter>, StoreError>;
 
     /// Actors with work admissible at `now`, and the earliest future `not_before` (OL-13).
     ///

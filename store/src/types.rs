@@ -474,13 +474,15 @@ pub struct DeadLetter {
     pub dead_at: Timestamp,
 }
 
-/// A dead letter written by an operation on a whole lane, as [`DriverStore::retire_lane`]
-/// returns it: the fields of its [`DeadLetter`] that differ from one unit of the lane to the
-/// next (the actor, the lane and the reason are the caller's).
+/// A dead letter a pass wrote, as [`DriverStore::dead_letter`] and
+/// [`DriverStore::retire_lane`] return it: the fields of its [`DeadLetter`] the caller does not
+/// already know (the actor, the lane and the reason are the caller's), as the store keeps them
+/// (attempts, status and error persisted by earlier passes included).
 ///
+/// [`DriverStore::dead_letter`]: crate::DriverStore::dead_letter
 /// [`DriverStore::retire_lane`]: crate::DriverStore::retire_lane
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LaneDeadLetter {
+pub struct WrittenDeadLetter {
     /// The dead letter's id (what `dead-letters show --id` and a replay by id take).
     pub id: DeadLetterId,
     /// The unit.

@@ -51,7 +51,7 @@ contract!(
     deep_lane_does_not_slow_a_short_lane_claim,
     ids_unique_across_actors,
     dead_letter_durable_before_next_unit_is_claimable,
-    dead_letter_returns_its_id_and_none_when_not_pending,
+    dead_letter_returns_what_it_wrote_and_none_when_not_pending,
     retire_lane_dead_letters_only_that_recipient,
     operator_ops,
     operator_lane_purge_skip_and_retry,
@@ -967,7 +967,7 @@ fn dead_letter_durable_before_next_unit_is_claimable(b: Backend) {
     });
 }
 
-fn dead_letter_returns_its_id_and_none_when_not_pending(b: Backend) {
+fn dead_letter_returns_what_it_wrote_and_none_when_not_pending(b: Backend) {
     run(b, CommonOptions::default(), |h| {
         let s = &*h.store;
         let a = actor("alice");
@@ -984,12 +984,43 @@ fn dead_letter_returns_its_id_and_none_when_not_pending(b: Backend) {
             error: None,
             at: Timestamp::from_millis(8_000),
         };
+        // Two attempts persisted earlier (by an earlier pass, say): the dead letter returned
+        // carries them, not only what this request knows.
+        s.write_attempts(
+            &t,
+            &[AttemptRecord {
+                unit: c.units[0].id,
+                lane: la,
+                attempts: 2,
+                status: Some(503),
+                error: None,
+                at: Timestamp::from_millis(7_000),
+            }],
+        )
+        .expect("attempts");
         let first = req(c.units[0].id, DeadReason::Permanent);
-        let id = s.dead_letter(&t, &first).expect("dead").expect("written");
-        assert_eq!(s.dead_letters(Some(&a)).expect("dl")[0].id, id);
-        // The same request again (a store retrying a commit it lost track of) names the
+        let written = s.dead_letter(&t, &first).expect("dead").expect("written");
+        let listed = &s.dead_letters(Some(&a)).expect("dl")[0];
+        assert_eq!(
+            written,
+            WrittenDeadLetter {
+                id: listed.id,
+                unit: listed.unit,
+                row_id: "r0".into(),
+                seq: listed.seq,
+                attempts: 2,
+                last_status: Some(422),
+                last_error: None,
+                dead_at: Timestamp::from_millis(8_000),
+            }
+        );
+        assert_eq!(
+            (listed.attempts, listed.last_status, listed.dead_at),
+            (2, Some(422), Timestamp::from_millis(8_000))
+        );
+        // The same request again (a store retrying a commit it lost track of) returns the
         // dead letter it wrote; nothing new is written.
-        assert_eq!(s.dead_letter(&t, &first), Ok(Some(id)));
+        assert_eq!(s.dead_letter(&t, &first), Ok(Some(written)));
         assert_eq!(s.dead_letters(Some(&a)).expect("dl").len(), 1);
         // Another request for a delivery that is no longer pending writes nothing.
         assert_eq!(
@@ -1064,9 +1095,9 @@ fn retire_lane_dead_letters_only_that_recipient(b: Backend) {
             ["r0", "j", "r1"]
         );
         // Retire returns the dead letters it wrote, in lane order, as they are listed.
-        let listed: Vec<LaneDeadLetter> = dl
+        let listed: Vec<WrittenDeadLetter> = dl
             .iter()
-            .map(|d| LaneDeadLetter {
+            .map(|d| WrittenDeadLetter {
                 id: d.id,
                 unit: d.unit,
                 row_id: d.row_id.clone(),
