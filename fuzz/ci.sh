@@ -15,6 +15,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 seconds="${OUTBOX_LANES_FUZZ_SECONDS:-20}"
+case "$seconds" in
+    '' | *[!0-9]*)
+        echo "OUTBOX_LANES_FUZZ_SECONDS must be a whole number of seconds, not '$seconds'" >&2
+        exit 2
+        ;;
+esac
 if [ -n "${CARGO_TARGET_DIR:-}" ]; then
     export CARGO_TARGET_DIR="${OUTBOX_LANES_FUZZ_TARGET_DIR:-$CARGO_TARGET_DIR-fuzz}"
 elif [ -n "${OUTBOX_LANES_FUZZ_TARGET_DIR:-}" ]; then
@@ -23,11 +29,11 @@ fi
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
     echo "installing cargo-fuzz"
-    cargo install --locked --quiet cargo-fuzz
+    cargo install --locked --quiet --version 0.13.2 cargo-fuzz
 fi
 
 toolchain=()
-if command -v rustup >/dev/null 2>&1 && rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
+if command -v rustup >/dev/null 2>&1 && rustup toolchain list 2>/dev/null | grep '^nightly' >/dev/null; then
     toolchain=(+nightly)
 else
     export RUSTC_BOOTSTRAP=1
@@ -41,13 +47,16 @@ echo "fuzz targets built: $(echo $targets)"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 for t in $targets; do
-    mkdir -p "$work/corpus/$t" "$work/artifacts/$t"
-    # A fixed seed: the same binary explores the same inputs first, run after run.
-    cargo "${toolchain[@]}" fuzz run "$t" "$work/corpus/$t" -- \
-        -seed=1 -max_total_time="$seconds" -print_final_stats=1 \
-        -artifact_prefix="$work/artifacts/$t/" 2>"$work/$t.log" || {
+    # The corpus is thrown away; a crash input is kept in fuzz/artifacts/ (not committed).
+    mkdir -p "$work/corpus/$t" "fuzz/artifacts/$t"
+    # A fixed seed: the same binary explores the same inputs first, run after run. An input
+    # that runs 10 s is a finding (libFuzzer's default waits 20 minutes), and the whole run
+    # is bounded whatever happens.
+    timeout "$((seconds + 300))" cargo "${toolchain[@]}" fuzz run "$t" "$work/corpus/$t" -- \
+        -seed=1 -max_total_time="$seconds" -timeout=10 -print_final_stats=1 \
+        -artifact_prefix="fuzz/artifacts/$t/" 2>"$work/$t.log" || {
         tail -n 40 "$work/$t.log"
-        echo "fuzz target $t failed; the input is in the lines above (artifact_prefix)"
+        echo "fuzz target $t failed; its input is in fuzz/artifacts/$t/ (see the lines above)"
         exit 1
     }
     runs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$work/$t.log" | grep -o '[0-9]*$' || true)

@@ -94,7 +94,10 @@ pub struct Hooks {
     pub delivered: Option<Hook<Delivered>>,
     /// Called for every dead letter a pass writes, once it is durable: a unit's own, and each
     /// unit of a lane a 410 Gone retired. Dead letters an operator makes (a lane's purge or
-    /// skipped head) are not passes' and call no hook.
+    /// skipped head) are not passes' and call no hook. One exception: on Postgres, when the
+    /// connection is lost while a lane's retirement commits, the pass learns of the error
+    /// and not of the dead letters, which may have been written (`dead-letters list` shows
+    /// them); a unit's own dead letter is found again and reported.
     pub dead_lettered: Option<Hook<DeadLettered>>,
     /// Called for every finished attempt, before the outcome is acted on.
     pub attempted: Option<Hook<Attempted>>,

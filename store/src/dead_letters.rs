@@ -57,6 +57,8 @@ static INSERT_DEAD_LETTER: Sql = Sql::new(
 );
 /// The dead letter a request for unit `$2` in lane `$3` of actor `$1`, for reason `$4` at
 /// `$5`, wrote: the request's own, as no other one has the same reason and time.
+/// (No index serves `unit_id` here: the actor's dead letters are scanned, on a path taken only
+/// when a delivery was no longer pending.)
 static WRITTEN_BY_REQUEST: Sql = Sql::new(
     "SELECT id, row_id, seq, attempts, last_status, last_error FROM ol_dead_letters \
      WHERE actor = $1 AND unit_id = $2 AND lane_id = $3 AND reason = $4 AND dead_at = $5 \

@@ -137,13 +137,10 @@ macro_rules! lane_status {
 static LIST: Sql = Sql::new(lane_status!("l.actor = $1 ORDER BY l.id"));
 static ONE: Sql = Sql::new(lane_status!("l.id = $1"));
 
-/// Whether the outbox has seen the actor: an enqueue, a lane or a dead letter (three index
-/// probes).
-static KNOWN_ACTOR: Sql = Sql::new(
-    "SELECT EXISTS (SELECT 1 FROM ol_actors WHERE actor = $1) \
-     OR EXISTS (SELECT 1 FROM ol_lanes WHERE actor = $1) \
-     OR EXISTS (SELECT 1 FROM ol_dead_letters WHERE actor = $1)",
-);
+/// Whether the actor ever enqueued: every enqueue (the store's, `SqlxOutbox`'s, the plain SQL
+/// of SCHEMA.md) writes its actor's row, never deleted, before any lane, unit or dead letter
+/// of it exists. One primary-key probe.
+static KNOWN_ACTOR: Sql = Sql::new("SELECT EXISTS (SELECT 1 FROM ol_actors WHERE actor = $1)");
 
 /// Every lane of the actor, with its depth and state.
 pub(crate) fn list(db: &mut impl Db, actor: &ActorId) -> Result<Vec<LaneStatus>, StoreError> {

@@ -368,8 +368,9 @@ pub trait ServiceStore: Send + Sync {
     /// Database failures.
     fn lane_status(&self, lane: StoreLaneId) -> Result<Option<LaneStatus>, StoreError>;
 
-    /// Whether the outbox has seen `actor`: it enqueued at least once, or has a lane or a dead
-    /// letter. A few index probes, for tools that refuse a mistyped actor.
+    /// Whether the outbox has seen `actor`: it enqueued at least once (so every actor with a
+    /// lane, a pending unit or a dead letter). One index probe, for tools that refuse a
+    /// mistyped actor.
     ///
     /// # Errors
     /// Database failures.

@@ -354,10 +354,16 @@ impl Backend {
         Ok(self.outbox.lanes(&actor).await?)
     }
 
-    /// Whether the outbox has seen `actor` (an enqueue, a lane or a dead letter).
+    /// Whether the outbox has seen `actor` (an enqueue, a lane or a dead letter), spelled as
+    /// every command takes it (the outbox's resolver: surrounding spaces do not count).
     pub(crate) async fn knows_actor(&self, actor: String) -> anyhow::Result<bool> {
+        let id = match self.outbox.resolve(&actor) {
+            Ok(id) => id,
+            Err(OutboxError::UnknownActor(_)) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        };
         let store = Arc::clone(self.outbox.store());
-        Ok(blocking(move || store.knows_actor(&ActorId::new(actor))).await??)
+        Ok(blocking(move || store.knows_actor(&id)).await??)
     }
 
     /// Applies an operator's `op` to the lane of `actor` keyed `key`, and returns the lane as
@@ -372,8 +378,8 @@ impl Backend {
         op: LaneOp,
     ) -> anyhow::Result<LaneOpDone> {
         let store = Arc::clone(self.outbox.store());
+        let id = self.outbox.resolve(&actor)?;
         blocking(move || -> anyhow::Result<LaneOpDone> {
-            let id = ActorId::new(actor.clone());
             let Some(lane) = store.find_lane(&id, &key)? else {
                 let ok = key
                     .ordering_key()

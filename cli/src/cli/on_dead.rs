@@ -8,15 +8,17 @@
 //! `sh -c CMD` for each dead letter, at most `--on-dead-letter-concurrency` at once, the JSON
 //! on the command's stdin (its stdout and stderr are the relay's); a non-zero exit or a
 //! failure to start is logged at WARN. Should the queue fill up (a command far slower than
-//! dead letters arrive), the dead letters past it are logged at WARN and not passed on:
-//! they are in the store all the same (`dead-letters list`).
+//! dead letters arrive), the dead letters past it are not passed on: they are in the store
+//! all the same (`dead-letters list`). That is logged at WARN for the 1st, 2nd, 4th, 8th…
+//! dead letter left out, with the count so far, so that a deep lane retired at once (one
+//! dead letter per unit) does not flood the log.
 //!
 //! When the relay stops, the commands queued and running get the shutdown grace to finish;
 //! those still running after it are killed, with a WARN.
 
 use std::process::Stdio;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use outbox_lanes_tokio::DeadLettered;
@@ -73,6 +75,13 @@ pub(crate) struct Sink {
     tx: mpsc::Sender<(String, String)>,
     /// Dead letters queued or whose command runs.
     unfinished: Arc<AtomicUsize>,
+    /// Dead letters not passed on because the queue was full, since the relay started.
+    dropped: Arc<AtomicU64>,
+}
+
+/// Whether the `n`-th dead letter left out of a full queue is logged: the 1st, 2nd, 4th, 8th…
+fn worth_a_warning(n: u64) -> bool {
+    n.is_power_of_two()
 }
 
 impl Sink {
@@ -87,11 +96,18 @@ impl Sink {
         }
         match sent {
             Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(_)) => warn!(
-                actor = %d.actor, unit = %d.unit, recipient = %d.recipient,
-                "--on-dead-letter: {QUEUE} dead letters already wait for the command; this one \
-                 is not passed on (it is kept in the store: dead-letters list)"
-            ),
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+                if worth_a_warning(n) {
+                    warn!(
+                        actor = %d.actor, unit = %d.unit, recipient = %d.recipient,
+                        dead_letter = d.id.0, not_passed_on = n,
+                        "--on-dead-letter: {QUEUE} dead letters already wait for the command; \
+                         {n} dead letter(s) not passed on so far, this one included (they are \
+                         kept in the store: dead-letters list); logged again at twice as many"
+                    );
+                }
+            }
             Err(mpsc::error::TrySendError::Closed(_)) => warn!(
                 actor = %d.actor, unit = %d.unit, recipient = %d.recipient,
                 "--on-dead-letter: the relay is stopping; the command is not run for this \
@@ -126,6 +142,7 @@ pub(crate) fn start(cmd: String, concurrency: usize) -> (Sink, Runner) {
         Sink {
             tx,
             unfinished: Arc::clone(&unfinished),
+            dropped: Arc::default(),
         },
         Runner {
             stop,
@@ -232,6 +249,25 @@ mod tests {
     use super::*;
     use outbox_lanes_core::{ActorId, DeadReason, Timestamp, UnitId};
     use outbox_lanes_tokio::store::DeadLetterId;
+
+    /// A full queue leaves the dead letters past it out and counts them; the warning comes
+    /// at the 1st, 2nd, 4th, 8th… only (a deep lane retired at once must not flood the log).
+    #[test]
+    fn a_full_queue_counts_what_it_leaves_out_and_warns_at_powers_of_two() {
+        let (tx, _rx) = mpsc::channel(2);
+        let sink = Sink {
+            tx,
+            unfinished: Arc::default(),
+            dropped: Arc::default(),
+        };
+        for unit in 0..10 {
+            sink.send(&dead(unit));
+        }
+        assert_eq!(sink.dropped.load(Ordering::Relaxed), 8);
+        assert_eq!(sink.unfinished.load(Ordering::SeqCst), 2);
+        let warned: Vec<u64> = (1..=1000).filter(|&n| worth_a_warning(n)).collect();
+        assert_eq!(warned, [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]);
+    }
 
     fn dead(unit: u64) -> DeadLettered {
         DeadLettered {
