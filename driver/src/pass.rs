@@ -36,7 +36,7 @@ use outbox_lanes_core::{
 };
 use outbox_lanes_store::{
     AckWriter, AttemptRecord, ClaimedLane, DeadLetterRequest, Payload, SlotToken, Store,
-    StoreError, StoreLaneId,
+    StoreError, StoreLaneId, WrittenDeadLetter,
 };
 use tracing::{debug, info, trace, warn};
 
@@ -923,18 +923,7 @@ impl PassCore {
                     error = d.last_error.as_deref(), attempts = d.attempts,
                     dead_letter = d.id.0, "dead-lettered");
                 if let Some(hook) = &cx.hooks.dead_lettered {
-                    hook(&DeadLettered {
-                        id: d.id,
-                        actor: self.actor.clone(),
-                        unit,
-                        row_id: row,
-                        recipient: self.recipient(lane).to_owned(),
-                        reason,
-                        status: d.last_status,
-                        error: d.last_error,
-                        attempts: d.attempts,
-                        at: d.dead_at,
-                    });
+                    hook(&self.dead_lettered(d, lane, reason));
                 }
             }
             Command::RetireLane { lane } => {
@@ -966,18 +955,7 @@ impl PassCore {
                         status = d.last_status, error = d.last_error.as_deref(),
                         dead_letter = d.id.0, "dead-lettered");
                     if let Some(hook) = &cx.hooks.dead_lettered {
-                        hook(&DeadLettered {
-                            id: d.id,
-                            actor: self.actor.clone(),
-                            unit: d.unit,
-                            row_id: d.row_id,
-                            recipient: self.recipient(lane).to_owned(),
-                            reason,
-                            status: d.last_status,
-                            error: d.last_error,
-                            attempts: d.attempts,
-                            at: d.dead_at,
-                        });
+                        hook(&self.dead_lettered(d, lane, reason));
                     }
                 }
             }
@@ -986,6 +964,27 @@ impl PassCore {
                 self.report.handed_back += 1;
                 trace!(actor = %self.actor, unit = unit.0, "handed back");
             }
+        }
+    }
+
+    /// What the dead-letter hook is told of a dead letter the store wrote for `lane`.
+    fn dead_lettered(
+        &self,
+        d: WrittenDeadLetter,
+        lane: LaneId,
+        reason: DeadReason,
+    ) -> DeadLettered {
+        DeadLettered {
+            id: d.id,
+            actor: self.actor.clone(),
+            unit: d.unit,
+            row_id: d.row_id,
+            recipient: self.recipient(lane).to_owned(),
+            reason,
+            status: d.last_status,
+            error: d.last_error,
+            attempts: d.attempts,
+            at: d.dead_at,
         }
     }
 
