@@ -354,8 +354,8 @@ impl Backend {
         Ok(self.outbox.lanes(&actor).await?)
     }
 
-    /// Whether the outbox has seen `actor` (an enqueue, a lane or a dead letter), spelled as
-    /// every command takes it (the outbox's resolver: surrounding spaces do not count).
+    /// Whether the outbox has seen `actor` (it enqueued at least once), spelled as every
+    /// command takes it (the outbox's resolver: surrounding spaces do not count).
     pub(crate) async fn knows_actor(&self, actor: String) -> anyhow::Result<bool> {
         let id = match self.outbox.resolve(&actor) {
             Ok(id) => id,
