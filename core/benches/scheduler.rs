@@ -189,6 +189,7 @@ fn drain(
             }
             Command::Delivered { unit, lane } => delivered(unit, lane),
             Command::RecordAttempt { .. }
+            | Command::Interrupted { .. }
             | Command::Hold { .. }
             | Command::LaneBackoff { .. }
             | Command::LaneOpen { .. }

@@ -22,7 +22,11 @@ pub struct Config {
     pub max_bytes: u64,
     /// The most attempts in flight at once in one pass.
     pub max_in_flight: usize,
-    /// The failure within one pass that stalls a unit (OL-7). Default 4.
+    /// The failure in a row of a lane's head that stalls its lane (OL-7). Default 4.
+    ///
+    /// Counted from the head's persisted attempts, not per pass: a recipient that fails
+    /// slowly reaches its lane backoff after this many failures however passes are
+    /// sliced, and then costs one probe per backoff interval.
     pub pass_attempts: u32,
     /// The persisted attempt count at which a unit is dead-lettered (OL-8). Default 12.
     pub max_attempts: u32,

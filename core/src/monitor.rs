@@ -34,6 +34,9 @@ pub struct MonitorBook {
     max_passes: usize,
     poll_interval: Duration,
     running: BTreeSet<ActorId>,
+    /// Running passes that only wait on attempts in flight: not counted against
+    /// `max_passes` (OL-13).
+    waiting: BTreeSet<ActorId>,
     queued: BTreeSet<ActorId>,
     queue: VecDeque<ActorId>,
     /// Actors asked for while their pass ran: drained again when it ends.
@@ -51,6 +54,7 @@ impl MonitorBook {
             max_passes: max_passes.max(1),
             poll_interval,
             running: BTreeSet::new(),
+            waiting: BTreeSet::new(),
             queued: BTreeSet::new(),
             queue: VecDeque::new(),
             again: BTreeSet::new(),
@@ -96,9 +100,26 @@ impl MonitorBook {
     /// actors cannot starve the others.
     pub fn handle_pass_done(&mut self, actor: &ActorId, more: bool, _now: Timestamp) {
         self.running.remove(actor);
+        self.waiting.remove(actor);
         let again = self.again.remove(actor);
         if more || again {
             self.want(actor.clone());
+        }
+    }
+
+    /// A running pass now only waits on attempts in flight (`true`: nothing startable,
+    /// nothing to read — a hanging recipient, say), or has work again (`false`). A waiting
+    /// pass does not count against `max_passes`, so actors waiting on hanging recipients
+    /// keep no other actor from a pass (OL-13). The bound is on passes with work: one that
+    /// has work again counts again, and no new pass starts until the count is below it.
+    pub fn handle_pass_waiting(&mut self, actor: &ActorId, waiting: bool, _now: Timestamp) {
+        if !self.running.contains(actor) {
+            return;
+        }
+        if waiting {
+            self.waiting.insert(actor.clone());
+        } else {
+            self.waiting.remove(actor);
         }
     }
 
@@ -119,7 +140,7 @@ impl MonitorBook {
             self.next_not_before = None;
             return Some(MonitorAction::Poll);
         }
-        if self.running.len() >= self.max_passes {
+        if self.running.len() - self.waiting.len() >= self.max_passes {
             return None;
         }
         let actor = self.queue.pop_front()?;
@@ -140,9 +161,14 @@ impl MonitorBook {
         })
     }
 
-    /// Passes running now.
+    /// Passes running now, waiting ones included.
     pub fn running(&self) -> usize {
         self.running.len()
+    }
+
+    /// Running passes that only wait on attempts in flight.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
     }
 }
 

@@ -80,7 +80,8 @@ pub struct SessionConfig {
     pub time_slice: Duration,
     /// The drain slot's lease; renewed every third of it.
     pub lease: Duration,
-    /// After a stop, how long attempts in flight may finish.
+    /// After a shutdown, how long attempts in flight may finish (a time slice has no grace:
+    /// its attempts finish or time out, OL-13).
     pub shutdown_grace: Duration,
 }
 
@@ -100,7 +101,8 @@ pub enum PassEnd {
     Drained,
     /// Stopped starting (slice or shutdown), and everything in flight finished.
     Yielded(StopReason),
-    /// Stopped starting, but attempts were still in flight when the grace period ran out.
+    /// Stopped starting, but attempts were still in flight when a shutdown's grace period ran
+    /// out (a time slice never ends this way: its attempts finish or time out).
     GraceOver(StopReason),
     /// The caller went away.
     Cancelled,
@@ -248,7 +250,9 @@ impl PassSession {
                 self.end(PassEnd::Yielded(reason), false);
                 return;
             }
-            if now >= since + self.cfg.shutdown_grace {
+            // A time slice has no grace: its attempts in flight finish or hit the HTTP
+            // timeout and are recorded like any other (OL-13). Only a shutdown cuts them.
+            if reason == StopReason::Shutdown && now >= since + self.cfg.shutdown_grace {
                 self.end(PassEnd::GraceOver(reason), false);
                 return;
             }
@@ -265,20 +269,25 @@ impl PassSession {
         self.renew_asked = false;
     }
 
-    /// A graceful stop was asked. While stopping for the time slice, the reason becomes
-    /// `Shutdown` (the pass then ends as a shutdown's, and is not followed by another), but the
-    /// grace period keeps counting from the first stop.
+    /// A graceful stop was asked: nothing new starts, and attempts in flight have the grace
+    /// period to finish. While stopping for the time slice, the reason becomes `Shutdown`
+    /// (the pass then ends as a shutdown's, and is not followed by another) and the grace
+    /// period starts now: the slice itself never cut an attempt. A second request changes
+    /// nothing.
     pub fn handle_shutdown(&mut self, now: Timestamp) {
         let now = self.seen(now);
         match self.state {
             State::Running => self.stop(StopReason::Shutdown, now),
-            State::Stopping { since, .. } => {
+            State::Stopping {
+                reason: StopReason::TimeSlice,
+                ..
+            } => {
                 self.state = State::Stopping {
                     reason: StopReason::Shutdown,
-                    since,
+                    since: now,
                 };
             }
-            State::Ended => {}
+            State::Stopping { .. } | State::Ended => {}
         }
     }
 
@@ -304,13 +313,20 @@ impl PassSession {
     }
 
     /// When the next decision falls due without any event: the lease renewal, the end of the
-    /// time slice, the end of the grace period. `None` once ended.
+    /// time slice, the end of a shutdown's grace period. `None` once ended.
     pub fn poll_timeout(&self) -> Option<Timestamp> {
         let renew = (!self.renew_asked).then(|| self.renew_at());
         let own = match self.state {
             State::Ended => return None,
             State::Running => Some(self.slice_end()),
-            State::Stopping { since, .. } => Some(since + self.cfg.shutdown_grace),
+            State::Stopping {
+                reason: StopReason::Shutdown,
+                since,
+            } => Some(since + self.cfg.shutdown_grace),
+            State::Stopping {
+                reason: StopReason::TimeSlice,
+                ..
+            } => None,
         };
         match (renew, own) {
             (Some(a), Some(b)) => Some(a.min(b)),

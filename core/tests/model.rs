@@ -115,6 +115,13 @@ impl Checker {
                     );
                 }
             }
+            Command::Interrupted { unit, lane, .. } => {
+                assert_eq!(
+                    self.in_flight.remove(&lane),
+                    Some(unit),
+                    "{unit:?} recorded as interrupted on {lane:?} but was not in flight there"
+                );
+            }
             Command::RecordAttempt { .. }
             | Command::Hold { .. }
             | Command::LaneBackoff { .. }
@@ -214,8 +221,12 @@ fn run(ops: Vec<Op>, config: Config) {
             Op::Interrupt => {
                 w.s.handle_interrupt(w.now);
                 let stale = std::mem::take(&mut c.flights);
-                c.in_flight.clear();
                 settle(&mut w, &mut c);
+                assert!(
+                    c.in_flight.is_empty(),
+                    "attempts cut off in flight but not recorded as interrupted: {:?}",
+                    c.in_flight
+                );
                 assert_eq!(w.s.admitted(), 0);
                 // Late completions of interrupted attempts are refused and change nothing.
                 for (u, l) in stale {

@@ -167,12 +167,15 @@ fn the_slice_ends_with_work_left_then_the_pass_yields_when_in_flight_reaches_zer
     assert!(s.is_stopping());
     assert_eq!(
         s.poll_timeout(),
-        Some(secs(30)),
-        "the end of the grace period"
+        Some(secs(100)),
+        "no grace for a slice: only the lease renewal is due"
     );
     s.handle_tick(secs(26), 1, false);
     assert_eq!(actions(&mut s), []);
-    s.handle_tick(secs(27), 0, true);
+    // Past where a grace would have ended: the attempt in flight is still waited for.
+    s.handle_tick(secs(40), 1, false);
+    assert_eq!(actions(&mut s), []);
+    s.handle_tick(secs(47), 0, true);
     assert_eq!(actions(&mut s), [End(PassEnd::Yielded(TimeSlice))]);
     let end = PassEnd::Yielded(TimeSlice);
     assert!(end.yielded());
@@ -226,18 +229,33 @@ fn shutdown_with_a_hanging_attempt_ends_grace_over_at_exactly_the_grace() {
 }
 
 #[test]
-fn shutdown_during_a_slice_stop_upgrades_the_reason_and_keeps_the_grace_deadline() {
+fn shutdown_during_a_slice_stop_upgrades_the_reason_and_starts_the_grace() {
     let mut s = PassSession::new(cfg(25, 300, 5), T0);
     s.handle_tick(secs(25), 1, false);
     assert_eq!(actions(&mut s), [StopStarting(TimeSlice)]);
     s.handle_shutdown(secs(27));
-    // The scheduler already stops starting: no second StopStarting, and the grace period
-    // still runs from the stop at 25 s.
+    // The scheduler already stops starting: no second StopStarting; the grace period runs
+    // from the shutdown, since the slice cut nothing.
     assert_eq!(actions(&mut s), []);
-    assert_eq!(s.poll_timeout(), Some(secs(30)));
+    assert_eq!(s.poll_timeout(), Some(secs(32)));
     s.handle_tick(secs(28), 0, true);
     // Shutdown, so that a direct drain does not run another pass.
     assert_eq!(actions(&mut s), [End(PassEnd::Yielded(Shutdown))]);
+}
+
+#[test]
+fn shutdown_during_a_slice_stop_cuts_a_hanging_attempt_at_the_grace_from_the_shutdown() {
+    let mut s = PassSession::new(cfg(10, 300, 10), T0);
+    s.handle_tick(secs(10), 1, false);
+    assert_eq!(actions(&mut s), [StopStarting(TimeSlice)]);
+    s.handle_tick(secs(25), 1, false);
+    assert_eq!(actions(&mut s), [], "the slice waits for the attempt");
+    s.handle_shutdown(secs(25));
+    assert_eq!(actions(&mut s), []);
+    s.handle_tick(at(34_999), 1, false);
+    assert_eq!(actions(&mut s), []);
+    s.handle_tick(secs(35), 1, false);
+    assert_eq!(actions(&mut s), [End(PassEnd::GraceOver(Shutdown))]);
 }
 
 #[test]
@@ -250,13 +268,17 @@ fn shutdown_with_nothing_in_flight_yields_at_the_next_tick() {
 }
 
 #[test]
-fn a_zero_grace_ends_with_the_stop_when_attempts_are_in_flight() {
+fn a_zero_grace_ends_with_the_shutdown_when_attempts_are_in_flight() {
     let mut s = PassSession::new(cfg(25, 300, 0), T0);
     s.handle_tick(secs(25), 3, false);
     assert_eq!(
         actions(&mut s),
-        [StopStarting(TimeSlice), End(PassEnd::GraceOver(TimeSlice))]
+        [StopStarting(TimeSlice)],
+        "a slice cuts nothing, even with no grace"
     );
+    s.handle_shutdown(secs(26));
+    s.handle_tick(secs(26), 3, false);
+    assert_eq!(actions(&mut s), [End(PassEnd::GraceOver(Shutdown))]);
 }
 
 #[test]
@@ -329,11 +351,17 @@ fn poll_timeout_is_the_next_renewal_slice_end_or_grace_end() {
     assert_eq!(actions(&mut s), [StopStarting(TimeSlice)]);
     assert_eq!(
         s.poll_timeout(),
-        Some(secs(30)),
-        "the grace ends before the renewal"
+        Some(secs(32)),
+        "a slice has no grace: the renewal"
     );
-    s.handle_tick(secs(30), 1, false);
-    assert_eq!(actions(&mut s), [End(PassEnd::GraceOver(TimeSlice))]);
+    s.handle_shutdown(secs(26));
+    assert_eq!(
+        s.poll_timeout(),
+        Some(secs(31)),
+        "a shutdown's grace ends before the renewal"
+    );
+    s.handle_tick(secs(31), 1, false);
+    assert_eq!(actions(&mut s), [End(PassEnd::GraceOver(Shutdown))]);
     assert_eq!(s.poll_timeout(), None);
 }
 
@@ -635,8 +663,9 @@ fn inputs_the_drain_is_not_waiting_for_are_ignored() {
 
 // --- both together -------------------------------------------------------------------------
 
-/// A direct drain of a pass that would run 70 s with an attempt always in flight: two time
-/// slices, each stopped and ended by its grace period, then the rest drains.
+/// A direct drain of a pass that would run 70 s with an attempt always in flight: the slice
+/// ends at 25 s and stops starting, but cuts nothing (OL-13): the pass waits for the
+/// attempts in flight, yields when the last one is answered, and the next pass drains.
 #[test]
 fn a_direct_drain_runs_slices_back_to_back_until_drained() {
     let c = cfg(25, 30, 5);
@@ -679,11 +708,9 @@ fn a_direct_drain_runs_slices_back_to_back_until_drained() {
         [
             "AcquireStoreSlot",
             "RunPass",
-            "GraceOver(TimeSlice) at 30s",
+            "Yielded(TimeSlice) at 70s",
             "RunPass",
-            "GraceOver(TimeSlice) at 60s",
-            "RunPass",
-            "Drained at 70s",
+            "Drained at 71s",
             "ReleaseStoreSlot",
             "ReleaseLocalSlot",
             "Finish(Ran { yielded: false })",

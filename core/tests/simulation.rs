@@ -362,7 +362,8 @@ struct Sim {
     in_flight: BTreeMap<(UnitId, LaneId), Timestamp>,
     busy_lanes: BTreeSet<LaneId>,
     started_in_pass: BTreeSet<UnitId>,
-    /// Failures of a unit on a lane in this pass since it was last held.
+    /// Failures in a row of a unit on a lane since it was last held: its persisted attempts
+    /// when first started in the pass, plus the pass's failures (OL-7).
     pass_failures: BTreeMap<(UnitId, LaneId), u32>,
     /// The earliest time a unit that failed in this pass may be retried on a lane.
     retry_not_before: BTreeMap<(UnitId, LaneId), Timestamp>,
@@ -370,6 +371,8 @@ struct Sim {
     received: BTreeMap<LaneId, Vec<(Seq, UnitId)>>,
     /// Attempts whose answer was lost although the recipient got the payload.
     ambiguous: BTreeSet<(UnitId, LaneId)>,
+    /// Attempts an interruption cut off in flight, each to be recorded once (OL-14).
+    cut: BTreeSet<(UnitId, LaneId)>,
 
     stats: Stats,
     trace: Option<Vec<String>>,
@@ -525,6 +528,7 @@ impl Sim {
             busy_lanes: BTreeSet::new(),
             started_in_pass: BTreeSet::new(),
             pass_failures: BTreeMap::new(),
+            cut: BTreeSet::new(),
             retry_not_before: BTreeMap::new(),
             received: BTreeMap::new(),
             ambiguous: BTreeSet::new(),
@@ -744,12 +748,18 @@ impl Sim {
         self.stats.interrupts += 1;
         self.look_again = Some(self.now + SAFETY_NET);
         let cut: Vec<(UnitId, LaneId)> = self.in_flight.keys().copied().collect();
+        self.cut = cut.iter().copied().collect();
         self.in_flight.clear();
         self.busy_lanes.clear();
         self.s.handle_interrupt(self.now);
         self.epoch += 1;
         self.claim_outstanding = false;
         self.drain(Cause::Interrupt)?;
+        ensure!(
+            self.cut.is_empty(),
+            "attempts cut off in flight but not recorded as interrupted: {:?}",
+            self.cut
+        );
         for (unit, lane) in cut {
             // The runtime lost the answer; the recipient may or may not have the payload.
             if self.d.per_mille(500) {
@@ -1217,6 +1227,9 @@ impl Sim {
                     attempt == persisted + 1,
                     "attempt #{attempt} with {persisted} persisted"
                 );
+                // OL-7: the way to a stall starts from the persisted attempts, not from 0
+                // in each pass.
+                self.pass_failures.entry((unit, lane)).or_insert(persisted);
                 // OL-6: an in-pass retry waits for its delay.
                 if let Some(&t) = self.retry_not_before.get(&(unit, lane)) {
                     ensure!(self.now >= t, "retry of {unit:?} on {lane:?} before {t:?}");
@@ -1433,6 +1446,25 @@ impl Sim {
                 }
                 self.stats.retires += 1;
             }
+            Command::Interrupted {
+                unit,
+                lane,
+                attempts,
+            } => {
+                ensure!(
+                    matches!(cause, Cause::Interrupt),
+                    "an interrupted attempt outside an interruption"
+                );
+                ensure!(
+                    self.cut.remove(&(unit, lane)),
+                    "{unit:?} recorded as interrupted on {lane:?} but was not in flight there"
+                );
+                let persisted = self.store.attempts(unit, lane).ok_or("unknown unit")?;
+                ensure!(
+                    attempts == persisted,
+                    "an interrupted attempt changed the count: {attempts} after {persisted}"
+                );
+            }
             Command::HandBack { unit } => {
                 let info = self
                     .units
@@ -1551,7 +1583,7 @@ impl Sim {
                 let stall_due = f >= self.cfg.pass_attempts || prev_level > 0;
                 ensure!(
                     held == stall_due,
-                    "failure {f} of the pass (pass_attempts {}, lane level {prev_level}): \
+                    "failure {f} in a row (pass_attempts {}, lane level {prev_level}): \
                      held={held} (OL-7/OL-11)",
                     self.cfg.pass_attempts
                 );

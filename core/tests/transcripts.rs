@@ -275,10 +275,21 @@ fn an_error_mid_pass_hands_back_every_unfinished_unit_in_enqueue_order() {
             "back u3"
         ]
     );
-    // The runtime hits an error: everything unfinished goes back, stalled and in flight too.
+    // The runtime hits an error: everything unfinished goes back, stalled and in flight too;
+    // each attempt cut off in flight is recorded first, uncounted (OL-14).
     w.s.handle_interrupt(w.now);
     w.settle();
-    assert_eq!(w.take(), ["back u1", "back u2", "back u4", "back u5"]);
+    assert_eq!(
+        w.take(),
+        [
+            "interrupted u2 b 0",
+            "interrupted u4 c 0",
+            "back u1",
+            "back u2",
+            "back u4",
+            "back u5"
+        ]
+    );
     assert_eq!(w.s.admitted(), 0);
     assert_eq!(w.store.units.len(), 5, "nothing was lost");
 }

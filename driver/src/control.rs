@@ -4,7 +4,10 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use outbox_lanes_core::ActorId;
+
 type Waker = Arc<dyn Fn() + Send + Sync>;
+type WaitingHook = Arc<dyn Fn(&ActorId, bool) + Send + Sync>;
 
 /// Stops or cancels a running drain from another thread or task.
 ///
@@ -23,6 +26,7 @@ pub struct DrainControl {
     /// a direct drain returns only when nothing is admissible.
     pub yield_at_slice: AtomicBool,
     signal: Arc<Signal>,
+    waiting: Mutex<Option<WaitingHook>>,
 }
 
 impl std::fmt::Debug for DrainControl {
@@ -73,6 +77,27 @@ impl DrainControl {
 
     fn wake(&self) {
         self.signal.notify();
+    }
+
+    /// Calls `f` whenever a pass of this drain comes to only wait on attempts in flight or
+    /// in-pass retries (`true`), or has work again (`false`). A monitor uses it to count
+    /// only passes with work against its bound (OL-13,
+    /// [`MonitorBook::handle_pass_waiting`](outbox_lanes_core::MonitorBook::handle_pass_waiting)).
+    /// Replaces any earlier hook.
+    pub fn on_waiting(&self, f: impl Fn(&ActorId, bool) + Send + Sync + 'static) {
+        *self.waiting.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(f));
+    }
+
+    /// Tells the [`DrainControl::on_waiting`] hook, if any, that `actor`'s pass waits or not.
+    pub fn report_waiting(&self, actor: &ActorId, waiting: bool) {
+        let hook = self
+            .waiting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(f) = hook {
+            f(actor, waiting);
+        }
     }
 }
 

@@ -46,6 +46,10 @@ use crate::hooks::{Attempted, DeadLettered, Delivered, Hooks, Started};
 use crate::http::AttemptResult;
 use crate::job::{Completions, Done, Job};
 
+/// The last error recorded for an attempt cut off in flight (OL-14): it does not count
+/// toward the maximum, and says why the unit is sent again.
+pub const INTERRUPTED: &str = "interrupted: the relay stopped with the attempt in flight";
+
 /// How a pass ended, with its totals.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct PassReport {
@@ -159,6 +163,8 @@ pub struct PassCore {
     /// Starts of an inline round that could not finish without the store; the next round
     /// sends them with its own.
     pending_starts: Vec<Start>,
+    /// What [`PassCore::waiting_changed`] last said.
+    only_waiting: bool,
 }
 
 /// An inline round stopped: what is left needs the store.
@@ -238,6 +244,7 @@ impl PassCore {
             renew_due: false,
             deferred: VecDeque::new(),
             pending_starts: Vec::new(),
+            only_waiting: false,
         }
     }
 
@@ -254,6 +261,34 @@ impl PassCore {
     /// Why the pass ended, once it has.
     pub fn ended(&self) -> Option<PassEnd> {
         self.end
+    }
+
+    /// The actor of this pass.
+    pub fn actor(&self) -> &ActorId {
+        &self.actor
+    }
+
+    /// Whether the pass came to only wait (`Some(true)`) or has work again (`Some(false)`)
+    /// since the last call; `None`: no change. Waiting: attempts in flight or in-pass
+    /// retries pending, and nothing startable, to read or to write now
+    /// ([`Scheduler::only_waits`]). A runtime reports it through
+    /// [`DrainControl::report_waiting`](crate::DrainControl::report_waiting) after each
+    /// round, so a monitor does not count a pass that waits on a hanging recipient against
+    /// its bound (OL-13).
+    pub fn waiting_changed(&mut self) -> Option<bool> {
+        let t = now();
+        let waiting = self.end.is_none()
+            && !self.look
+            && !self.renew_due
+            && self.pending_starts.is_empty()
+            && self.deferred.is_empty()
+            && self.records.is_empty()
+            && !self.sched.is_done(t)
+            && self.sched.only_waits(t);
+        (waiting != self.only_waiting).then(|| {
+            self.only_waiting = waiting;
+            waiting
+        })
     }
 
     /// Attempts in flight (the scheduler's count: started, not yet completed).
@@ -848,6 +883,22 @@ impl PassCore {
                     at: now(),
                 });
             }
+            Command::Interrupted {
+                unit,
+                lane,
+                attempts,
+            } => {
+                info!(actor = %self.actor, unit = unit.0, recipient = self.recipient(lane),
+                    attempts, "attempt interrupted in flight; the unit will be sent again");
+                self.records.push(AttemptRecord {
+                    unit,
+                    lane: self.store_lane(lane),
+                    attempts,
+                    status: None,
+                    error: Some(INTERRUPTED.to_owned()),
+                    at: now(),
+                });
+            }
             Command::Hold { unit, lane, reason } => match reason {
                 HoldReason::Stalled => {
                     debug!(actor = %self.actor, unit = unit.0, recipient = self.recipient(lane),
@@ -1076,6 +1127,7 @@ fn writes(cmd: &Command) -> bool {
         Command::Start { .. }
         | Command::Delivered { .. }
         | Command::RecordAttempt { .. }
+        | Command::Interrupted { .. }
         | Command::HandBack { .. }
         | Command::Hold {
             reason: HoldReason::Stalled,

@@ -164,7 +164,10 @@ impl ModelStore {
 
     fn apply(&mut self, cmd: &Command) {
         match *cmd {
-            Command::Start { .. } | Command::Hold { .. } | Command::HandBack { .. } => {}
+            Command::Start { .. }
+            | Command::Hold { .. }
+            | Command::HandBack { .. }
+            | Command::Interrupted { .. } => {}
             Command::Delivered { unit, lane } | Command::DeadLetter { unit, lane, .. } => {
                 self.resolve(unit, lane);
             }

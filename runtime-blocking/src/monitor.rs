@@ -7,13 +7,15 @@ use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
 use outbox_lanes_core::{ActorId, MonitorAction, MonitorBook, Timestamp, Wake};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::{DrainControl, DrainOutcome, Outbox, OutboxError, drain_actor};
 
 enum MonitorMsg {
     Wake,
     PassDone(ActorId, bool),
+    /// A pass only waits on attempts in flight (`true`), or has work again.
+    Waiting(ActorId, bool),
     Stop,
 }
 
@@ -89,6 +91,10 @@ fn monitor_loop(
     let mut passes: Vec<JoinHandle<()>> = Vec::new();
     let mut stopping = false;
     let control = Arc::new(DrainControl::yielding());
+    let waiting = tx.clone();
+    control.on_waiting(move |actor, w| {
+        let _ = waiting.send(MonitorMsg::Waiting(actor.clone(), w));
+    });
     loop {
         let now = Timestamp::from_system_time(SystemTime::now());
         if !stopping {
@@ -143,6 +149,10 @@ fn monitor_loop(
                 book.handle_wake(Wake::StoreChanged, now);
             }
             Ok(MonitorMsg::PassDone(actor, more)) => book.handle_pass_done(&actor, more, now),
+            Ok(MonitorMsg::Waiting(actor, w)) => {
+                debug!(%actor, waiting = w, "a pass only waits on attempts in flight: not counted against max_passes");
+                book.handle_pass_waiting(&actor, w, now);
+            }
             Ok(MonitorMsg::Stop) => {
                 // Running passes stop starting units, finish what is in flight and hand the
                 // rest back; the outbox itself stays usable.

@@ -119,6 +119,8 @@ enum Event {
     /// `true`: [`Monitor::stop`]; `false`: the [`Monitor`] was dropped.
     Stop(bool),
     PassDone(ActorId, bool),
+    /// A pass only waits on attempts in flight (`true`), or has work again.
+    Waiting(ActorId, bool),
     Woken,
     Timeout,
 }
@@ -128,7 +130,15 @@ enum Event {
 struct PassDone {
     actor: Option<ActorId>,
     more: bool,
-    tx: mpsc::UnboundedSender<(ActorId, bool)>,
+    tx: mpsc::UnboundedSender<(ActorId, Report)>,
+}
+
+/// What a pass task tells the loop.
+enum Report {
+    /// It ended; `true`: with work left.
+    Done(bool),
+    /// It only waits on attempts in flight (`true`), or has work again.
+    Waiting(bool),
 }
 
 impl PassDone {
@@ -141,7 +151,7 @@ impl PassDone {
 impl Drop for PassDone {
     fn drop(&mut self) {
         if let Some(actor) = self.actor.take() {
-            let _ = self.tx.send((actor, self.more));
+            let _ = self.tx.send((actor, Report::Done(self.more)));
         }
     }
 }
@@ -163,7 +173,9 @@ async fn run(
     let poll_interval = outbox.inner.poll_interval;
     let max_passes = outbox.inner.max_passes;
     let mut book = MonitorBook::new(max_passes, poll_interval);
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(ActorId, bool)>();
+    // Both what the passes report (ends, waiting) on one channel: a pass's reports arrive in
+    // the order it sent them, so a stale "waiting" never lands on the actor's next pass.
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(ActorId, Report)>();
     // The running passes' controls, for a graceful stop.
     let mut running: HashMap<ActorId, Arc<DrainControl>> = HashMap::new();
     let mut stop_rx = Some(stop_rx);
@@ -204,6 +216,10 @@ async fn run(
                     MonitorAction::Drain(actor) => {
                         debug!(%actor, running = running.len() + 1, "monitor starts a pass");
                         let control = Arc::new(DrainControl::yielding());
+                        let waiting = done_tx.clone();
+                        control.on_waiting(move |actor, w| {
+                            let _ = waiting.send((actor.clone(), Report::Waiting(w)));
+                        });
                         // Back to the queue at the end of a time slice, behind the others.
                         running.insert(actor.clone(), Arc::clone(&control));
                         let ob = outbox.clone();
@@ -260,8 +276,11 @@ async fn run(
                         return Poll::Ready(Event::Stop(asked.is_ok()));
                     }
                 }
-                if let Poll::Ready(Some((actor, more))) = done_rx.poll_recv(cx) {
-                    return Poll::Ready(Event::PassDone(actor, more));
+                if let Poll::Ready(Some((actor, report))) = done_rx.poll_recv(cx) {
+                    return Poll::Ready(match report {
+                        Report::Done(more) => Event::PassDone(actor, more),
+                        Report::Waiting(w) => Event::Waiting(actor, w),
+                    });
                 }
                 if notified.as_mut().poll(cx).is_ready() {
                     return Poll::Ready(Event::Woken);
@@ -290,6 +309,11 @@ async fn run(
                 debug!(reason = "pass_done", %actor, more, "monitor woken: a pass ended");
                 running.remove(&actor);
                 book.handle_pass_done(&actor, more, now);
+            }
+            Event::Waiting(actor, w) => {
+                debug!(reason = "pass_waiting", %actor, waiting = w,
+                    "monitor woken: a pass only waits on attempts in flight (not counted against max_passes), or has work again");
+                book.handle_pass_waiting(&actor, w, now);
             }
             Event::Woken => {
                 if stopping {

@@ -121,6 +121,9 @@ pub(crate) async fn run_pass(
         if pass.ended().is_some() {
             break;
         }
+        if let Some(waiting) = pass.waiting_changed() {
+            control.report_waiting(pass.actor(), waiting);
+        }
         let t = now();
         let wait = pass
             .poll_timeout()

@@ -70,7 +70,8 @@ pub(crate) struct DeliveryFlags {
     #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..), env = "OUTBOX_LANES_MAX_ATTEMPTS")]
     pub(crate) max_attempts: u32,
 
-    /// The failure within one pass that stalls a unit into lane backoff.
+    /// The failure in a row of a lane's head that stalls its lane into backoff (counted from
+    /// the head's persisted attempts, so passes and restarts do not reset it).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..), env = "OUTBOX_LANES_PASS_ATTEMPTS")]
     pub(crate) pass_attempts: u32,
 
@@ -130,7 +131,8 @@ pub(crate) struct DeliveryFlags {
     #[arg(long, value_parser = parse_timeout, default_value = "30s", env = "OUTBOX_LANES_LEASE")]
     pub(crate) lease: Duration,
 
-    /// A pass yields after this long so busy actors cannot starve the others.
+    /// A pass stops starting attempts after this long so busy actors cannot starve the
+    /// others; attempts in flight still finish or time out, and are recorded.
     #[arg(long, value_parser = parse_timeout, default_value = "10s", env = "OUTBOX_LANES_TIME_SLICE")]
     pub(crate) time_slice: Duration,
 

@@ -418,7 +418,10 @@ impl Scheduler {
                 .map(|s| Slot {
                     lane: s.lane,
                     attempts: s.attempts,
-                    pass_failures: 0,
+                    // The lane's consecutive failures are its head's persisted attempts:
+                    // a head changes only when it is resolved, so a yield, a new pass or a
+                    // restart does not reset the way to a stall (OL-7).
+                    failures: s.attempts,
                     not_sent: 0,
                     phase: if s.served { Phase::Served } else { Phase::Idle },
                 })

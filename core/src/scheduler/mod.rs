@@ -48,7 +48,7 @@
 //! | waiting for room | `room_wait` | its next unit did not fit the window | any unit leaves the window |
 //! | attempt in flight | `in_flight` | its head starts | the outcome arrives |
 //! | in backoff (probe mode above level 0) | `not_before`, `level` | a stall, a failed probe, a Retry-After | its timer fires (`not_before` ends, probe mode stays); an answer reopens it (level 0) |
-//! | stalled | `stalled` | its head failed `pass_attempts` times or its probe failed: the head is held, the rest handed back (OL-7) | the head is resolved, or the lane reopens |
+//! | stalled | `stalled` | its head failed `pass_attempts` times in a row (persisted, across passes) or its probe failed: the head is held, the rest handed back (OL-7) | the head is resolved, or the lane reopens |
 //! | blocked (strict lanes) | `blocked` (and `stalled`) | a strict lane's head would be dead-lettered (OL-8) | the pass ends (an operator acts) |
 //!
 //! A lane is read only when it has work, is not stalled, has no read out, waits neither at a
@@ -150,7 +150,10 @@ impl Phase {
 struct Slot {
     lane: LaneId,
     attempts: u32,
-    pass_failures: u32,
+    /// Consecutive failures of this recipient (throttled ones included): its persisted
+    /// attempts when admitted, plus this pass's failures. The head of a lane changes only
+    /// when it is resolved, so these are the lane's failures in a row (OL-7).
+    failures: u32,
     /// Attempts of this pass that never left (`Outcome::NotSent`): they pace the retry, and
     /// count for nothing else.
     not_sent: u32,
@@ -290,6 +293,7 @@ impl Hasher for IdHasher {
 ///             }
 ///             Command::Delivered { unit, .. } => delivered.push(unit),
 ///             Command::RecordAttempt { .. }
+///             | Command::Interrupted { .. }
 ///             | Command::Hold { .. }
 ///             | Command::LaneBackoff { .. }
 ///             | Command::LaneOpen { .. }
@@ -450,9 +454,31 @@ impl Scheduler {
         self.stopping = false;
     }
 
-    /// An interruption (an error, a cancellation): same as [`Scheduler::handle_pass_end`],
-    /// including the units in flight, whose outcome is unknown (at-least-once).
+    /// An interruption (a shutdown past its grace, a cancellation, an error): same as
+    /// [`Scheduler::handle_pass_end`], including the units in flight, whose outcome is
+    /// unknown (at-least-once). Each attempt cut off in flight is first recorded as a
+    /// [`Command::Interrupted`], in enqueue order, never silently (OL-14).
     pub fn handle_interrupt(&mut self, now: Timestamp) {
+        self.set_now(now);
+        let mut cut: Vec<(Seq, UnitId, LaneId, u32)> = self
+            .units
+            .iter()
+            .filter(|u| u.live)
+            .flat_map(|u| {
+                u.slots
+                    .iter()
+                    .filter(|s| s.phase == Phase::InFlight)
+                    .map(move |s| (u.seq, u.id, s.lane, s.attempts))
+            })
+            .collect();
+        cut.sort_unstable_by_key(|&(seq, _, lane, _)| (seq, lane));
+        for (_, unit, lane, attempts) in cut {
+            self.commands.push_back(Command::Interrupted {
+                unit,
+                lane,
+                attempts,
+            });
+        }
         self.handle_pass_end(now);
     }
 
@@ -467,18 +493,26 @@ impl Scheduler {
     /// A query: it changes nothing. A timer that fell due by `now` and was not handled yet
     /// (no input at `now` so far) counts as work: call [`Scheduler::handle_timeout`] first.
     pub fn is_done(&self, now: Timestamp) -> bool {
-        if self.in_flight > 0 || self.reserved > 0 || !self.commands.is_empty() {
+        self.in_flight == 0 && (self.stopping || self.retry_pending == 0) && self.only_waits(now)
+    }
+
+    /// Whether the pass has nothing to do at `now` but wait: for attempts in flight or for
+    /// in-pass retries, with nothing startable, nothing to read and no command queued. A
+    /// pass in that state costs nothing but its in-flight attempts, so a monitor need not
+    /// count it against its bound on passes (OL-13): an actor waiting on a hanging recipient
+    /// keeps no other actor from a pass.
+    ///
+    /// A query, like [`Scheduler::is_done`], which is this with nothing in flight and no
+    /// retry pending.
+    pub fn only_waits(&self, now: Timestamp) -> bool {
+        if self.reserved > 0 || !self.commands.is_empty() {
             return false;
         }
         if self.stopping {
             return true;
         }
         let now = now.max(self.now);
-        if self.timer_due(now)
-            || self.retry_pending > 0
-            || !self.ready.is_empty()
-            || !self.capacity_wait.is_empty()
-        {
+        if self.timer_due(now) || !self.ready.is_empty() || !self.capacity_wait.is_empty() {
             return false;
         }
         let room = self.admitted < self.config.max_units;

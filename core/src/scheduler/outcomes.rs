@@ -152,9 +152,9 @@ impl Scheduler {
         let slot = &mut self.units[idx as usize].slots[s];
         let exhausted = counted && slot.attempts >= self.config.max_attempts;
         if !probe && !exhausted {
-            slot.pass_failures += 1;
+            slot.failures += 1;
         }
-        let failures = slot.pass_failures;
+        let failures = slot.failures;
         let stall = probe || (!exhausted && failures >= self.config.pass_attempts);
         // The in-pass retry: after the ladder's delay, or the Retry-After if it is longer.
         let mut retry_at = None;

@@ -111,7 +111,8 @@ pub struct LaneChunk {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HoldReason {
     /// It failed [`Config::pass_attempts`](crate::config::Config::pass_attempts) times in
-    /// this pass, or its probe failed: its lane is in backoff and it waits for the lane's
+    /// a row (its persisted attempts count, so passes and restarts do not reset them), or
+    /// its probe failed: its lane is in backoff and it waits for the lane's
     /// `not_before` (OL-7, OL-11).
     Stalled,
     /// A strict lane's head that would have been dead-lettered: the lane stays blocked until
@@ -151,6 +152,20 @@ pub enum Command {
         attempts: u32,
         /// Whether this attempt counted toward the maximum (throttled attempts do not).
         counted: bool,
+    },
+    /// The attempt of `unit` on `lane` was cut off in flight by an interruption (a
+    /// shutdown past its grace, a cancellation, a store failure): record it as interrupted
+    /// (OL-14), so `lanes` and the dead letters say why the unit is sent again. It does not
+    /// count toward the maximum — the recipient may have it, and the cut was ours — so
+    /// `attempts` is the persisted count, unchanged. A [`Command::HandBack`] of the unit
+    /// follows.
+    Interrupted {
+        /// The unit.
+        unit: UnitId,
+        /// The recipient's lane.
+        lane: LaneId,
+        /// The persisted attempt count, unchanged.
+        attempts: u32,
     },
     /// `unit` is held for `lane` and will not be attempted until the lane reopens.
     Hold {

@@ -136,7 +136,10 @@ impl ModelStore {
 
     pub fn apply(&mut self, cmd: &Command) {
         match *cmd {
-            Command::Start { .. } | Command::Hold { .. } | Command::HandBack { .. } => {}
+            Command::Start { .. }
+            | Command::Hold { .. }
+            | Command::HandBack { .. }
+            | Command::Interrupted { .. } => {}
             Command::Delivered { unit, lane } => {
                 self.delivered.push((unit, lane));
                 self.resolve(unit, lane);
@@ -371,6 +374,11 @@ impl World {
                 n(lane),
                 if *counted { "" } else { " uncounted" }
             ),
+            Command::Interrupted {
+                unit,
+                lane,
+                attempts,
+            } => write!(s, "interrupted {unit:?} {} {attempts}", n(lane)),
             Command::Hold { unit, lane, reason } => {
                 write!(s, "hold {unit:?} {} {reason:?}", n(lane))
             }
