@@ -108,7 +108,9 @@ impl MonitorBook {
     }
 
     /// A running pass now only waits on attempts in flight (`true`: nothing startable,
-    /// nothing to read — a hanging recipient, say), or has work again (`false`). A waiting
+    /// nothing to read — a hanging recipient, say), or has work again (`false`). Each
+    /// waiting pass holds an attempt in flight, so the runtime's bound on deliveries in
+    /// flight bounds them. A waiting
     /// pass does not count against `max_passes`, so actors waiting on hanging recipients
     /// keep no other actor from a pass (OL-13). The bound is on passes with work: one that
     /// has work again counts again, and no new pass starts until the count is below it.

@@ -269,12 +269,13 @@ impl PassCore {
     }
 
     /// Whether the pass came to only wait (`Some(true)`) or has work again (`Some(false)`)
-    /// since the last call; `None`: no change. Waiting: attempts in flight or in-pass
-    /// retries pending, and nothing startable, to read or to write now
-    /// ([`Scheduler::only_waits`]). A runtime reports it through
-    /// [`DrainControl::report_waiting`](crate::DrainControl::report_waiting) after each
-    /// round, so a monitor does not count a pass that waits on a hanging recipient against
-    /// its bound (OL-13).
+    /// since the last call; `None`: no change. Waiting: attempts in flight, and nothing
+    /// startable, to read or to write now ([`Scheduler::only_waits`]). A runtime reports
+    /// it through [`DrainControl::report_waiting`](crate::DrainControl::report_waiting)
+    /// after each round, so a monitor does not count a pass that waits on a hanging
+    /// recipient against its bound (OL-13). A pass waiting only for an in-pass retry's timer
+    /// still counts: waiting passes each hold an attempt in flight, so `concurrency` bounds
+    /// them.
     pub fn waiting_changed(&mut self) -> Option<bool> {
         let t = now();
         let waiting = self.end.is_none()
@@ -283,7 +284,7 @@ impl PassCore {
             && self.pending_starts.is_empty()
             && self.deferred.is_empty()
             && self.records.is_empty()
-            && !self.sched.is_done(t)
+            && self.sched.in_flight() > 0
             && self.sched.only_waits(t);
         (waiting != self.only_waiting).then(|| {
             self.only_waiting = waiting;
