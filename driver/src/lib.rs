@@ -1,23 +1,24 @@
-//! The runtime-agnostic pass driver of outbox-lanes.
+//! The relay engine of outbox-lanes, shared by every runtime.
 //!
 //! Every runtime (`outbox-lanes-blocking`: std threads; `outbox-lanes-tokio`: tasks on
-//! tokio, async-std or smol) runs the same passes through this crate. The decisions are the
+//! tokio, async-std or smol) runs the same engine from this crate and provides only an
+//! executor ([`engine::Runtime`]) and an HTTP transport ([`Executor`]). The decisions are the
 //! core's, pure and transcript-tested: the [`Scheduler`](outbox_lanes_core::Scheduler) (which
 //! unit starts, retries, stalls, dead letters), the
 //! [`PassSession`](outbox_lanes_core::PassSession) (lease renewal, time slice, shutdown
-//! grace, when a pass ends) and the [`DrainSession`](outbox_lanes_core::DrainSession) (the
-//! drain slot protocol around passes). This crate executes them against a
-//! [`Store`](outbox_lanes_store::Store):
+//! grace, when a pass ends), the [`DrainSession`](outbox_lanes_core::DrainSession) (the
+//! drain slot protocol around passes) and the [`MonitorBook`](outbox_lanes_core::MonitorBook).
+//! This crate executes them against a [`Store`](outbox_lanes_store::Store):
 //!
-//! - [`pass::PassCore`]: one pass, advanced in **rounds**. A runtime feeds it events
+//! - [`engine`]: drains, passes as tasks, the monitor and shutdown, written once over the
+//!   small [`engine::Runtime`] trait (spawn, sleep, blocking calls, clock);
+//! - [`pass::PassCore`]: one pass, advanced in **rounds**. The engine feeds it events
 //!   (completions, wake-ups, timeouts, a stop or a cancellation) — cheap, no I/O — and then
 //!   runs one [`PassCore::round`](pass::PassCore::round) where blocking calls are allowed: it
 //!   executes every queued command in order (attempts recorded in one batch, dead letters and
 //!   lane states durable before any later start), discovers and claims lane heads, fetches
-//!   the payloads of every attempt it starts in one call, and returns the [`Job`]s to run.
-//!   The blocking runtime runs a round on its pass thread; the tokio runtime moves the pass
-//!   onto the blocking pool for the round and back, so store work is batched per round,
-//!   never one round trip per unit.
+//!   the payloads of every attempt it starts in one call, and returns the [`Job`]s to run;
+//!   store work is batched per round, never one round trip per unit.
 //! - [`Executor`]: what runs [`Job`]s (a thread pool, tasks), with [`HostCaps`] in front for
 //!   per-host caps; a job reports its [`Done`] through the pass's [`Completions`] sink.
 //! - The delivery policy every HTTP client shares ([`http`]), signing ([`sign`]) and, with
@@ -30,6 +31,7 @@
 
 mod config;
 mod control;
+pub mod engine;
 mod error;
 pub mod fmt;
 mod hooks;

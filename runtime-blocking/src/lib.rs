@@ -7,9 +7,10 @@
 //! ([`OutboxConfig::concurrency`] of them, which is also the in-flight window of one pass).
 //! [`Monitor`] drains every actor with work, woken on enqueue and by a safety-net poll.
 //!
-//! The pass itself is the shared driver's ([`outbox_lanes_driver::pass`]): this crate runs
-//! its rounds on the calling thread, waits for completions (all that are waiting at once)
-//! on a channel, and hands its jobs to the worker threads.
+//! The drain, its passes and the monitor are the engine's ([`outbox_lanes_driver::engine`]),
+//! the same code the tokio runtime runs: this crate only provides the executor —
+//! [`ThreadRuntime`], a thread per task with blocking calls in place (a drain runs on the
+//! calling thread) — and the worker threads that transmit with ureq ([`ThreadPool`]).
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -33,34 +34,26 @@
 //! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod monitor;
-mod wake;
+mod thread;
 
 use std::fmt;
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Duration;
 
-use outbox_lanes_core::{
-    Acquire, ActorId, ActorResolver, DrainAction, DrainSession, IdentityResolver, SlotAnswer,
-};
-use outbox_lanes_driver::pass::{PassCore, PassResult, RoundContext, now};
+use outbox_lanes_core::{ActorId, ActorResolver, IdentityResolver};
+pub use outbox_lanes_driver::engine::Stopped;
+use outbox_lanes_driver::engine::{self, Runtime};
 pub use outbox_lanes_driver::{
     Attempted, DeadLettered, Delivered, DrainControl, DrainOutcome, Hooks, HostCaps, OutboxConfig,
     OutboxError, PassReport, Signer, Started,
 };
-use outbox_lanes_driver::{
-    Completions, Done, Executor, Job, OutboxCore, drain_outcome, store_released,
-};
+use outbox_lanes_driver::{Executor, Job, OutboxCore};
 pub use outbox_lanes_driver::{core, sign, store};
-use outbox_lanes_store::{
-    ActorStatus, DeadLetter, Enqueued, LaneStatus, NewRow, Store, StoreError,
-};
-use tracing::warn;
+use outbox_lanes_store::{ActorStatus, DeadLetter, Enqueued, LaneStatus, NewRow, Store};
 
 pub use crate::http::{HttpClient, HttpConfig};
-pub use crate::monitor::Monitor;
+pub use crate::thread::{ThreadRuntime, block_on};
 
 /// HTTP delivery: the shared policy and the blocking ureq client.
 pub mod http {
@@ -68,16 +61,13 @@ pub mod http {
     pub use outbox_lanes_driver::ureq_client::*;
 }
 
-/// The longest a pass waits without an event: a safety net, since every event (a
-/// completion, a wake-up, a stop or cancel request, a timer) wakes it by itself.
-const MAX_WAIT: Duration = Duration::from_secs(5);
-
 /// An actor outbox over a [`Store`], delivering over HTTP from a pool of worker threads.
 ///
 /// Cloning is cheap; every clone shares the same workers and drain slots.
 #[derive(Clone)]
 pub struct Outbox {
     inner: Arc<OutboxCore>,
+    rt: Arc<dyn Runtime>,
 }
 
 impl fmt::Debug for Outbox {
@@ -148,6 +138,7 @@ impl OutboxBuilder {
         let core = OutboxCore::new(self.store, self.config, self.resolver, self.hooks, executor)?;
         Ok(Outbox {
             inner: Arc::new(core),
+            rt: Arc::new(ThreadRuntime),
         })
     }
 }
@@ -241,25 +232,6 @@ fn worker(rx: &Mutex<Receiver<Job>>, http: &HttpClient) {
     }
 }
 
-/// A message to a running pass.
-enum Msg {
-    Done(Done),
-    /// New rows were enqueued somewhere.
-    Wake,
-    /// A stop or cancel request (the pass reads the control's flags).
-    Control,
-}
-
-/// The pass's end of its channel: completions from worker threads.
-struct ChannelSink(Sender<Msg>);
-
-impl Completions for ChannelSink {
-    fn complete(&self, done: Done) {
-        // A pass that is gone no longer cares.
-        let _ = self.0.send(Msg::Done(done));
-    }
-}
-
 impl Outbox {
     /// An outbox over `store` with the default resolver and no hooks.
     ///
@@ -331,7 +303,7 @@ impl Outbox {
         control: &Arc<DrainControl>,
     ) -> Result<DrainOutcome, OutboxError> {
         let actor = self.resolve(actor)?;
-        drain_actor(&self.inner, &actor, control)
+        block_on(engine::drain(&self.rt, &self.inner, &actor, control))
     }
 
     /// Status of every actor.
@@ -362,22 +334,7 @@ impl Outbox {
     /// within the grace period and hand the rest back; then the workers stop. Nothing is lost
     /// if the grace period passes: unfinished units stay in the store.
     pub fn shutdown(&self) {
-        // Woken by every slot release (no polling); subscribed before the stop so no release
-        // is missed.
-        let (tx, rx) = mpsc::channel();
-        let _released = self.inner.slot_released().subscribe(move || {
-            let _ = tx.send(());
-        });
-        self.inner.begin_shutdown();
-        let deadline = std::time::Instant::now() + self.inner.config().shutdown_grace;
-        while self.inner.slots().running() > 0 {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            if left.is_zero() || rx.recv_timeout(left) == Err(RecvTimeoutError::Disconnected) {
-                break;
-            }
-        }
-        // A worker busy with an attempt finishes it within the HTTP timeout.
-        self.inner.finish_shutdown();
+        block_on(engine::shutdown(&self.rt, &self.inner));
     }
 
     /// Starts a monitor thread draining every actor with work (OL-13).
@@ -385,173 +342,44 @@ impl Outbox {
     /// # Errors
     /// The store's cross-process watcher or the thread could not be started.
     pub fn monitor(&self) -> Result<Monitor, OutboxError> {
-        Monitor::start(self.clone())
+        let m = block_on(engine::Monitor::start(
+            Arc::clone(&self.rt),
+            Arc::clone(&self.inner),
+        ))?;
+        Ok(Monitor { inner: Some(m) })
     }
 }
 
-/// Runs `actor`'s drain: the core's [`DrainSession`] decides, this executes.
-pub(crate) fn drain_actor(
-    core: &Arc<OutboxCore>,
-    actor: &ActorId,
-    control: &Arc<DrainControl>,
-) -> Result<DrainOutcome, OutboxError> {
-    if core.is_stopping() {
-        return Err(OutboxError::ShuttingDown);
-    }
-    if core.slots().try_acquire(actor) == Acquire::Merged {
-        return Ok(DrainOutcome::Merged);
-    }
-    let store = core.store();
-    let config = core.config();
-    let mut session = DrainSession::new(
-        control
-            .yield_at_slice
-            .load(std::sync::atomic::Ordering::SeqCst),
-    );
-    let mut token = None;
-    let mut total = PassReport::default();
-    let mut error: Option<StoreError> = None;
-    // When the slot's lease was acquired or last renewed; handed from pass to pass.
-    let mut lease_renewed = now();
-    while let Some(action) = session.poll_action() {
-        match action {
-            DrainAction::AcquireStoreSlot => {
-                // Read before asking: the lease runs from the database's acquisition, later.
-                let asked = now();
-                match store.acquire_slot(actor, core.holder(), config.lease) {
-                    Ok(outbox_lanes_store::SlotAcquisition::Acquired(t)) => {
-                        token = Some(t);
-                        lease_renewed = asked;
-                        session.handle_store_acquire(SlotAnswer::Acquired);
-                    }
-                    Ok(outbox_lanes_store::SlotAcquisition::Held) => {
-                        session.handle_store_acquire(SlotAnswer::Held);
-                    }
-                    Err(e) => {
-                        error.get_or_insert(e);
-                        session.handle_failed();
-                    }
-                }
-            }
-            DrainAction::RunPass => {
-                let t = token
-                    .clone()
-                    .expect("the session runs a pass only after acquiring the store's slot");
-                let result = run_pass(core, t, control, lease_renewed);
-                lease_renewed = result.lease_renewed;
-                total.add(&result.report);
-                if let Some(e) = result.error {
-                    error.get_or_insert(e);
-                }
-                session.handle_pass_end(result.end);
-            }
-            DrainAction::ReleaseStoreSlot => {
-                let Some(t) = &token else {
-                    session.handle_failed();
-                    continue;
-                };
-                store_released(&mut session, actor, store.release_slot(t));
-            }
-            DrainAction::ReleaseLocalSlot | DrainAction::ForceReleaseLocalSlot => {
-                core.local_slot_action(actor, &action, &mut session);
-            }
-            DrainAction::Finish(end) => {
-                return drain_outcome(end, total, error, || OutboxError::ShuttingDown);
-            }
-        }
-    }
-    Err(OutboxError::Store(StoreError::Database(
-        "the drain session ended without finishing".into(),
-    )))
+/// The monitor (the engine's, [`engine::Monitor`]) on a thread of its own: drains every
+/// actor with work admissible now, woken on enqueue (in this process and, through the
+/// store's watcher, in others), at the earliest lane `not_before`, and by a safety-net poll;
+/// each pass on a thread of its own. Stopped by [`Monitor::stop`] or on drop, gracefully:
+/// running passes start nothing new, attempts in flight finish within the shutdown grace,
+/// the rest is handed back.
+pub struct Monitor {
+    inner: Option<engine::Monitor>,
 }
 
-/// One pass on this thread: rounds, then waits for completions and wake-ups.
-fn run_pass(
-    core: &OutboxCore,
-    token: outbox_lanes_store::SlotToken,
-    control: &Arc<DrainControl>,
-    lease_renewed: outbox_lanes_core::Timestamp,
-) -> PassResult {
-    let (tx, rx) = mpsc::channel();
-    let wake = tx.clone();
-    let woken = wake::Coalesced::default();
-    let w = woken.clone();
-    let _enqueues = core.store().notifier().subscribe(move || {
-        w.wake(&wake, || Msg::Wake);
-    });
-    let ctl = tx.clone();
-    let _control = control.subscribe(move || {
-        let _ = ctl.send(Msg::Control);
-    });
-    let ctl = tx.clone();
-    let _shutdown = core.shutdown_signal().subscribe(move || {
-        let _ = ctl.send(Msg::Control);
-    });
-    let mut pass = PassCore::new(
-        token,
-        core.config(),
-        Arc::new(ChannelSink(tx)),
-        now(),
-        lease_renewed,
-    );
-    let cx = RoundContext {
-        store: &**core.store(),
-        acks: core.acks(),
-        hooks: core.hooks(),
-    };
-    loop {
-        if control.is_cancelled() {
-            pass.handle_cancel(now());
-        } else if control.is_stopped() || core.is_stopping() {
-            pass.handle_shutdown(now());
-        }
-        let jobs = pass.round(cx);
-        for job in jobs {
-            if let Err(job) = core.executor().execute(job) {
-                // The workers stopped: the job reports NotSent as it is dropped.
-                drop(job);
-                pass.handle_shutdown(now());
-            }
-        }
-        if pass.ended().is_some() {
-            break;
-        }
-        if let Some(waiting) = pass.waiting_changed() {
-            control.report_waiting(pass.actor(), waiting);
-        }
-        let t = now();
-        let wait = pass
-            .poll_timeout()
-            .map_or(MAX_WAIT, |d| {
-                Duration::from_millis(d.as_millis().saturating_sub(t.as_millis()))
-            })
-            .min(MAX_WAIT);
-        match rx.recv_timeout(wait) {
-            Ok(msg) => handle(&mut pass, core, msg, &woken),
-            Err(RecvTimeoutError::Timeout) => pass.handle_timeout(now()),
-            Err(RecvTimeoutError::Disconnected) => pass.handle_cancel(now()),
-        }
-        // Everything already waiting, before the next round: one round for many events.
-        while let Ok(msg) = rx.try_recv() {
-            handle(&mut pass, core, msg, &woken);
-        }
-        pass.handle_timeout(now());
+impl fmt::Debug for Monitor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Monitor").finish_non_exhaustive()
     }
-    let result = pass.finish(cx);
-    if let Some(e) = &result.error {
-        warn!(error = %e, end = ?result.end, "pass ended on a store failure");
-    }
-    result
 }
 
-fn handle(pass: &mut PassCore, core: &OutboxCore, msg: Msg, woken: &wake::Coalesced) {
-    match msg {
-        Msg::Done(d) => pass.handle_done(d, core.hooks(), now()),
-        Msg::Wake => {
-            woken.taken();
-            pass.handle_wake();
+impl Monitor {
+    /// Stops the monitor and waits for its passes to end (see [`Monitor`]).
+    pub fn stop(mut self) -> Stopped {
+        self.inner
+            .take()
+            .map(|m| block_on(m.stop()))
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        if let Some(m) = self.inner.take() {
+            block_on(m.stop());
         }
-        // Read at the top of the loop.
-        Msg::Control => {}
     }
 }

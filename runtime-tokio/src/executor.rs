@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use outbox_lanes_driver::{Executor, Job};
 use tokio::sync::Semaphore;
 
-use crate::runtime::Runtime;
+use outbox_lanes_driver::engine::Runtime;
 #[cfg(feature = "blocking-http")]
-use crate::runtime::unblock;
+use outbox_lanes_driver::engine::unblock;
 
 /// How a task delivers.
 #[derive(Clone, Debug)]

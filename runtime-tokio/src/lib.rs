@@ -1,14 +1,14 @@
 //! The async runtime of outbox-lanes: tokio (async-std/smol by feature), reqwest and a Store.
 //!
-//! [`Outbox`] runs the shared pass driver ([`outbox_lanes_driver`]) as async tasks: the same
-//! scheduler, pass session, drain slots, monitor and rules as the blocking runtime, with
+//! [`Outbox`] runs the relay engine ([`outbox_lanes_driver::engine`]: drains, passes and the
+//! monitor, the same code the blocking runtime runs) on an async executor. This crate only
+//! provides the executor's side:
 //!
-//! - each pass an async task ([`pass`]) that takes completions in batches (one wake-up for
-//!   many) and runs each round of store work on the runtime's blocking pool in one hop
-//!   (attempt records, dead letters, claims, and the payloads of every attempt it starts),
-//!   never one round trip per unit; every store call (enqueue, status, lanes, dead letters
-//!   too) stays on the blocking pool, so the Postgres client is only ever used and dropped
-//!   there;
+//! - a [`Runtime`] per executor (tokio, async-std, smol): tasks, the blocking pool, timers.
+//!   Each pass is a task that takes completions in batches (one wake-up for many) and runs
+//!   each round of store work on the blocking pool in one hop, never one round trip per
+//!   unit; every store call (enqueue, status, lanes, dead letters too) stays on the blocking
+//!   pool, so the Postgres client is only ever used and dropped there;
 //! - deliveries as tasks, at most [`OutboxConfig::concurrency`] at once (default 256; it is
 //!   also one pass's in-flight window), POSTing with reqwest (`AsyncHttpClient`, the
 //!   blocking client's policy and results) on tokio, or with the blocking ureq client on the
@@ -18,12 +18,11 @@
 //!   `tokio::time::timeout` around it, cancels the pass — a token that wakes it at once, not
 //!   a poll — which hands every unfinished unit back and releases the drain slot (OL-14):
 //!   nothing stays claimed until a lease runs out, and the next drain of that actor runs a
-//!   pass of its own. Attempts in flight are abandoned, not aborted: their answers are
-//!   ignored and the units sent again later (delivery is at-least-once, and every request
-//!   carries the unit's idempotency key);
-//! - a [`Monitor`] task driven by the core's `MonitorBook`: woken on enqueue through the
-//!   store's notifier, at the earliest lane `not_before` and by a safety-net poll, running
-//!   the passes of several actors at once as tasks (each an [`Outbox::drain_with`]).
+//!   pass of its own. Attempts in flight are abandoned, not aborted: they are recorded as
+//!   interrupted, their answers ignored and the units sent again later (delivery is
+//!   at-least-once, and every request carries the unit's idempotency key);
+//! - [`Outbox::monitor`]: the engine's [`Monitor`] as a task, running the passes of several
+//!   actors at once as tasks.
 //!
 //! Executors, by feature: `tokio` (default; `TokioRuntime`, reqwest), `smol`
 //! (`SmolRuntime`) and `async-std` (`AsyncStdRuntime`; async-std is discontinued
@@ -57,17 +56,13 @@ mod cancel;
 mod executor;
 #[cfg(feature = "tokio")]
 pub mod http;
-mod monitor;
-pub mod pass;
 pub mod runtime;
 
 use std::fmt;
 use std::sync::Arc;
 
 pub use outbox_lanes_core as core;
-use outbox_lanes_core::{
-    Acquire, ActorId, ActorResolver, DrainAction, DrainSession, IdentityResolver, SlotAnswer,
-};
+use outbox_lanes_core::{ActorId, ActorResolver, IdentityResolver};
 pub use outbox_lanes_driver::fmt::rfc3339;
 pub use outbox_lanes_driver::sign::{self, Signer};
 pub use outbox_lanes_driver::store;
@@ -75,34 +70,29 @@ pub use outbox_lanes_driver::{
     Attempted, DeadLettered, Delivered, DrainControl, DrainOutcome, Hooks, HttpConfig,
     OutboxConfig, OutboxError, PassReport, Started,
 };
-use outbox_lanes_driver::{Executor, OutboxCore, drain_outcome, store_released};
-use outbox_lanes_store::{
-    ActorStatus, DeadLetter, Enqueued, LaneStatus, NewRow, Store, StoreError,
-};
+use outbox_lanes_driver::{Executor, OutboxCore};
+use outbox_lanes_store::{ActorStatus, DeadLetter, Enqueued, LaneStatus, NewRow, Store};
 use tracing::warn;
 
 use crate::cancel::WindingDown;
 use crate::executor::{TaskExecutor, Transport};
 #[cfg(feature = "tokio")]
 pub use crate::http::AsyncHttpClient;
-pub use crate::monitor::{Monitor, Stopped};
 #[cfg(feature = "async-std")]
 pub use crate::runtime::AsyncStdRuntime;
 #[cfg(feature = "smol")]
 pub use crate::runtime::SmolRuntime;
 #[cfg(feature = "tokio")]
 pub use crate::runtime::TokioRuntime;
-use crate::runtime::unblock;
-pub use crate::runtime::{BoxFuture, Runtime};
+use outbox_lanes_driver::engine::{self, unblock};
+pub use outbox_lanes_driver::engine::{BoxFuture, Runtime};
+pub use outbox_lanes_driver::engine::{Monitor, Stopped};
 
 struct Inner {
     /// `Some` until dropped; taken by `Drop` to drop it on the blocking pool.
     core: Option<Arc<OutboxCore>>,
     rt: Arc<dyn Runtime>,
     winding: Arc<WindingDown>,
-    /// The monitor's bound on concurrent passes and its safety-net poll.
-    max_passes: usize,
-    poll_interval: std::time::Duration,
 }
 
 impl Inner {
@@ -213,16 +203,12 @@ impl OutboxBuilder {
             self.config.concurrency,
             grace,
         ));
-        let max_passes = self.config.max_passes;
-        let poll_interval = self.config.poll_interval;
         let core = OutboxCore::new(self.store, self.config, self.resolver, self.hooks, executor)?;
         Ok(Outbox {
             inner: Arc::new(Inner {
                 core: Some(Arc::new(core)),
                 rt,
                 winding: Arc::default(),
-                max_passes,
-                poll_interval,
             }),
         })
     }
@@ -338,7 +324,7 @@ impl Outbox {
         let core = Arc::clone(self.inner.core());
         self.inner.rt.spawn(Box::pin(async move {
             let _done = done;
-            let result = drain_actor(&rt, &core, &id, &control).await;
+            let result = engine::drain(&rt, &core, &id, &control).await;
             let _ = tx.send(result);
             // The last reference to the store may go with the core: never on an executor
             // thread (a Postgres client panics when dropped there).
@@ -393,34 +379,7 @@ impl Outbox {
     /// (within the HTTP timeout) and acks flushed. Nothing is lost if the grace period
     /// passes: unfinished units stay in the store.
     pub async fn shutdown(&self) {
-        let core = self.inner.core();
-        // Woken by every slot release (no polling); subscribed before the stop so no release
-        // is missed (`Notify` keeps a permit for a release that comes before the wait).
-        let released = Arc::new(tokio::sync::Notify::new());
-        let r = Arc::clone(&released);
-        let _released = core.slot_released().subscribe(move || r.notify_one());
-        core.begin_shutdown();
-        let grace = core.config().shutdown_grace;
-        let mut timeout = self.inner.rt.sleep(grace);
-        while core.slots().running() > 0 {
-            let mut notified = std::pin::pin!(released.notified());
-            let timed_out = std::future::poll_fn(|cx| {
-                if notified.as_mut().poll(cx).is_ready() {
-                    return std::task::Poll::Ready(false);
-                }
-                timeout.as_mut().poll(cx).map(|()| true)
-            })
-            .await;
-            if timed_out {
-                break;
-            }
-        }
-        let _ = self
-            .call(|core| {
-                core.finish_shutdown();
-                Ok(())
-            })
-            .await;
+        engine::shutdown(&self.inner.rt, self.inner.core()).await;
     }
 
     /// Stops at once, for a process about to exit (a second signal): nothing new starts,
@@ -440,102 +399,15 @@ impl Outbox {
     /// `not_before`, and by a safety-net poll ([`OutboxConfig::poll_interval`]); passes of
     /// several actors at once, at most [`OutboxConfig::max_passes`].
     ///
-    /// The monitor is a task on the outbox's runtime; each pass is a task of its own running
-    /// [`Outbox::drain_with`] (its rounds of store work on the blocking pool, its deliveries
-    /// this outbox's tasks). It works the same on tokio, async-std and smol.
+    /// The monitor is the engine's ([`outbox_lanes_driver::engine`]): a task on the outbox's
+    /// runtime; each pass is a task of its own (its rounds of store work on the blocking
+    /// pool, its deliveries this outbox's tasks). It works the same on tokio, async-std and
+    /// smol. A pass that only waits on attempts in flight does not count against
+    /// `max_passes`.
     ///
     /// # Errors
     /// The store's cross-process watcher could not be started.
     pub async fn monitor(&self) -> Result<Monitor, OutboxError> {
-        Monitor::start(self.clone()).await
+        Monitor::start(Arc::clone(&self.inner.rt), Arc::clone(self.inner.core())).await
     }
-}
-
-/// Runs `actor`'s drain as async code: the core's [`DrainSession`] decides, this executes
-/// (store calls on the blocking pool, passes as [`pass::run_pass`]).
-async fn drain_actor(
-    rt: &Arc<dyn Runtime>,
-    core: &Arc<OutboxCore>,
-    actor: &ActorId,
-    control: &Arc<DrainControl>,
-) -> Result<DrainOutcome, OutboxError> {
-    if core.is_stopping() {
-        return Err(OutboxError::ShuttingDown);
-    }
-    if core.slots().try_acquire(actor) == Acquire::Merged {
-        return Ok(DrainOutcome::Merged);
-    }
-    let yield_at_slice = control
-        .yield_at_slice
-        .load(std::sync::atomic::Ordering::SeqCst);
-    let mut session = DrainSession::new(yield_at_slice);
-    let mut token = None;
-    let mut total = PassReport::default();
-    let mut error: Option<StoreError> = None;
-    let shutting = || StoreError::Database("the runtime is shutting down".into());
-    // When the slot's lease was acquired or last renewed; handed from pass to pass.
-    let mut lease_renewed = outbox_lanes_driver::pass::now();
-    while let Some(action) = session.poll_action() {
-        match action {
-            DrainAction::AcquireStoreSlot => {
-                // Read before asking: the lease runs from the database's acquisition, later.
-                let asked = outbox_lanes_driver::pass::now();
-                let (c, a) = (Arc::clone(core), actor.clone());
-                let got = unblock(&**rt, move || {
-                    c.store().acquire_slot(&a, c.holder(), c.config().lease)
-                })
-                .await
-                .unwrap_or_else(|| Err(shutting()));
-                match got {
-                    Ok(outbox_lanes_store::SlotAcquisition::Acquired(t)) => {
-                        token = Some(t);
-                        lease_renewed = asked;
-                        session.handle_store_acquire(SlotAnswer::Acquired);
-                    }
-                    Ok(outbox_lanes_store::SlotAcquisition::Held) => {
-                        session.handle_store_acquire(SlotAnswer::Held);
-                    }
-                    Err(e) => {
-                        error.get_or_insert(e);
-                        session.handle_failed();
-                    }
-                }
-            }
-            DrainAction::RunPass => {
-                let t = token
-                    .clone()
-                    .expect("the session runs a pass only after acquiring the store's slot");
-                let result = pass::run_pass(rt, core, t, control, lease_renewed).await;
-                lease_renewed = result.lease_renewed;
-                total.add(&result.report);
-                if let Some(e) = result.error {
-                    warn!(%actor, error = %e, end = ?result.end, "pass ended on a store failure");
-                    error.get_or_insert(e);
-                }
-                session.handle_pass_end(result.end);
-            }
-            DrainAction::ReleaseStoreSlot => {
-                let Some(t) = token.clone() else {
-                    session.handle_failed();
-                    continue;
-                };
-                let c = Arc::clone(core);
-                let released = unblock(&**rt, move || c.store().release_slot(&t))
-                    .await
-                    .unwrap_or_else(|| Err(shutting()));
-                store_released(&mut session, actor, released);
-            }
-            DrainAction::ReleaseLocalSlot | DrainAction::ForceReleaseLocalSlot => {
-                core.local_slot_action(actor, &action, &mut session);
-            }
-            DrainAction::Finish(end) => {
-                return drain_outcome(end, total, error, || {
-                    OutboxError::Store(StoreError::Database("the drain failed".into()))
-                });
-            }
-        }
-    }
-    Err(OutboxError::Store(StoreError::Database(
-        "the drain session ended without finishing".into(),
-    )))
 }

@@ -1,50 +1,9 @@
-//! The executor abstraction: a small [`Runtime`] trait with one implementation per executor
-//! (quinn's pattern), so the same driver runs on tokio, async-std or smol.
+//! The executors: one implementation of the engine's [`Runtime`] trait per executor
+//! (quinn's pattern), so the same engine runs on tokio, async-std or smol.
 
-use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-/// A boxed, sendable future, as the [`Runtime`] trait takes and returns them.
-pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
-
-/// What the outbox needs from an async executor. Object-safe: used as `Arc<dyn Runtime>`.
-///
-/// Every method may be called from any thread, including threads that are not the
-/// executor's own (the pass driver runs on the blocking pool and spawns deliveries from
-/// there).
-pub trait Runtime: Send + Sync + fmt::Debug + 'static {
-    /// Runs `future` to completion in the background.
-    fn spawn(&self, future: BoxFuture<()>);
-
-    /// Runs `f` on the executor's pool for blocking work (store calls, the pass loop, the
-    /// blocking HTTP client).
-    fn spawn_blocking(&self, f: Box<dyn FnOnce() + Send + 'static>);
-
-    /// A future that completes after `duration`.
-    fn sleep(&self, duration: Duration) -> BoxFuture<()>;
-
-    /// The executor's clock (tokio's can be paused and advanced in tests).
-    fn now(&self) -> Instant {
-        Instant::now()
-    }
-}
-
-/// Runs `f` on `rt`'s blocking pool and waits for its value.
-///
-/// `None` if the runtime dropped the work unrun (it is shutting down) or `f` panicked.
-pub(crate) async fn unblock<T, F>(rt: &dyn Runtime, f: F) -> Option<T>
-where
-    T: Send + 'static,
-    F: FnOnce() -> T + Send + 'static,
-{
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    rt.spawn_blocking(Box::new(move || {
-        let _ = tx.send(f());
-    }));
-    rx.await.ok()
-}
+pub use outbox_lanes_driver::engine::{BoxFuture, Runtime};
 
 /// tokio: tasks on a runtime [`Handle`](tokio::runtime::Handle), `spawn_blocking`, tokio's timer.
 #[cfg(feature = "tokio")]

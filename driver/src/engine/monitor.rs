@@ -1,41 +1,39 @@
-//! The monitor task (OL-13): [`MonitorBook`] driven by an async loop on any
-//! [`Runtime`](crate::Runtime).
+//! The monitor (OL-13): the core's [`MonitorBook`] driven by one task on any [`Runtime`].
 //!
-//! One task owns the book. It asks the store which actors are due (on the blocking pool),
-//! starts each due actor's pass as a task of its own through [`Outbox::drain_with`] (at most
-//! [`OutboxConfig::max_passes`](crate::OutboxConfig::max_passes) at once: the book enforces
-//! it), and otherwise waits for the first of:
+//! One task owns the book. It asks the store which actors are due (where blocking is
+//! allowed), starts each due actor's drain as a task of its own (at most `max_passes` with
+//! work at once: the book enforces it; a pass that only waits on attempts in flight is not
+//! counted), and otherwise waits for the first of:
 //!
 //! - a stop request ([`Monitor::stop`], or the [`Monitor`] dropped);
-//! - a pass ending (each pass task reports back on a channel, however it ends);
+//! - a pass ending, or coming to only wait on its attempts in flight (each pass task reports
+//!   on one channel, in order, however it ends);
 //! - a wake-up from the store's [`Notifier`](outbox_lanes_store::Notifier): an enqueue in
 //!   this process (after its commit) or a change seen by the cross-process watcher;
 //! - the book's [`MonitorBook::poll_timeout`]: the safety-net poll or the earliest lane
 //!   `not_before`, on the runtime's timer.
-//!
-//! Only executor-independent primitives are used, so the loop runs unchanged on tokio,
-//! async-std and smol: `tokio::sync` (`Notify`, `mpsc`, `oneshot`: plain wakers, no
-//! reactor or timer behind them, already how this crate waits on the blocking pool), the
-//! [`Runtime`](crate::Runtime)'s `spawn`, `spawn_blocking` and `sleep`, and a hand-written
-//! race over [`std::future::poll_fn`] (no `futures` dependency).
 
 use std::collections::HashMap;
 use std::future::{Future, poll_fn};
-use std::pin::{Pin, pin};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 use std::time::{Duration, SystemTime};
 
+use futures_channel::{mpsc, oneshot};
+use futures_core::Stream;
 use outbox_lanes_core::{ActorId, MonitorAction, MonitorBook, Timestamp, Wake};
 use outbox_lanes_store::Subscription;
-use tokio::sync::{Notify, mpsc, oneshot};
 use tracing::{debug, info, trace, warn};
 
-use crate::{DrainControl, DrainOutcome, Outbox, OutboxError};
+use super::{Runtime, unblock, wake};
+use crate::control::DrainControl;
+use crate::error::OutboxError;
+use crate::outbox::{DrainOutcome, OutboxCore};
 
-/// A running monitor task; see [`Outbox::monitor`]. Stop it with [`Monitor::stop`];
-/// dropping it stops it in the background.
+/// A running monitor; see [`Monitor::start`]. Stop it with [`Monitor::stop`]; dropping it
+/// stops it in the background.
 pub struct Monitor {
     /// Sending (or dropping) it asks the loop to stop.
     stop: Option<oneshot::Sender<()>>,
@@ -49,8 +47,8 @@ pub struct Monitor {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stopped {
-    /// A pass's shutdown grace ended with attempts still in flight: they were handed back
-    /// unanswered (their units are delivered again later).
+    /// A pass's shutdown grace ended with attempts still in flight: they were recorded as
+    /// interrupted and handed back (their units are delivered again later).
     pub grace_over: bool,
 }
 
@@ -63,24 +61,35 @@ impl std::fmt::Debug for Monitor {
 }
 
 impl Monitor {
-    /// Subscribes to the store's wake-ups and spawns the loop on the outbox's runtime.
-    pub(crate) async fn start(outbox: Outbox) -> Result<Monitor, OutboxError> {
-        // Starting the cross-process watcher opens a connection: blocking pool.
-        let notifier = outbox.call(|ob| Ok(ob.store().watch()?)).await?;
-        let wake = Arc::new(Notify::new());
-        let w = Arc::clone(&wake);
-        // Runs on the notifying thread (an enqueuer, the watcher): `notify_one` only stores a
-        // permit and wakes the loop's waker, so it is short and never blocks. Coalescing:
-        // any number of wake-ups before the loop looks are one wake-up.
-        let subscription = notifier.subscribe(move || w.notify_one());
+    /// Subscribes to the store's wake-ups (starting its cross-process watcher) and spawns
+    /// the monitor's loop on `rt`.
+    ///
+    /// # Errors
+    /// The store's watcher could not be started.
+    pub async fn start(
+        rt: Arc<dyn Runtime>,
+        core: Arc<OutboxCore>,
+    ) -> Result<Monitor, OutboxError> {
+        // Starting the cross-process watcher opens a connection: blocking.
+        let c = Arc::clone(&core);
+        let notifier = unblock(&*rt, move || c.store().watch())
+            .await
+            .ok_or(OutboxError::ShuttingDown)??;
+        let (waker, woken) = wake::pair();
+        // Runs on the notifying thread (an enqueuer, the watcher): short, never blocks; any
+        // number of wake-ups before the loop looks are one.
+        let subscription = notifier.subscribe(move || waker.wake());
         let (stop_tx, stop_rx) = oneshot::channel();
         let (done_tx, done_rx) = oneshot::channel();
-        let rt = Arc::clone(outbox.runtime());
         let grace_over = Arc::new(AtomicBool::new(false));
         let g = Arc::clone(&grace_over);
+        let r = Arc::clone(&rt);
         rt.spawn(Box::pin(async move {
-            run(outbox, wake, subscription, stop_rx, g).await;
+            run(&r, &core, woken, subscription, stop_rx, g).await;
             let _ = done_tx.send(());
+            // The last reference to the store may go with the core: never on an executor
+            // thread (a Postgres client panics when dropped there).
+            r.spawn_blocking(Box::new(move || drop(core)));
         }));
         Ok(Monitor {
             stop: Some(stop_tx),
@@ -90,8 +99,8 @@ impl Monitor {
     }
 
     /// Stops the monitor gracefully: running passes start nothing new, attempts in flight
-    /// finish, the rest is handed back and the slots released; returns once every pass has
-    /// ended. The outbox stays usable.
+    /// finish (within the shutdown grace), the rest is handed back and the slots released;
+    /// returns once every pass has ended. The outbox stays usable.
     pub async fn stop(mut self) -> Stopped {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
@@ -108,8 +117,8 @@ impl Monitor {
 
 impl Drop for Monitor {
     fn drop(&mut self) {
-        // Dropping the sender closes the loop's stop channel: it stops the same way,
-        // in the background.
+        // Dropping the sender closes the loop's stop channel: it stops the same way, in the
+        // background.
         self.stop.take();
     }
 }
@@ -118,19 +127,9 @@ impl Drop for Monitor {
 enum Event {
     /// `true`: [`Monitor::stop`]; `false`: the [`Monitor`] was dropped.
     Stop(bool),
-    PassDone(ActorId, bool),
-    /// A pass only waits on attempts in flight (`true`), or has work again.
-    Waiting(ActorId, bool),
+    Report(ActorId, Report),
     Woken,
     Timeout,
-}
-
-/// Reports a pass's end to the loop however the pass task ends: normally, by a panic, or
-/// dropped unrun by a runtime that is shutting down (then as "no more work").
-struct PassDone {
-    actor: Option<ActorId>,
-    more: bool,
-    tx: mpsc::UnboundedSender<(ActorId, Report)>,
 }
 
 /// What a pass task tells the loop.
@@ -139,6 +138,14 @@ enum Report {
     Done(bool),
     /// It only waits on attempts in flight (`true`), or has work again.
     Waiting(bool),
+}
+
+/// Reports a pass's end to the loop however the pass task ends: normally, by a panic, or
+/// dropped unrun by a runtime that is shutting down (then as "no more work").
+struct PassDone {
+    actor: Option<ActorId>,
+    more: bool,
+    tx: mpsc::UnboundedSender<(ActorId, Report)>,
 }
 
 impl PassDone {
@@ -151,7 +158,7 @@ impl PassDone {
 impl Drop for PassDone {
     fn drop(&mut self) {
         if let Some(actor) = self.actor.take() {
-            let _ = self.tx.send((actor, Report::Done(self.more)));
+            let _ = self.tx.unbounded_send((actor, Report::Done(self.more)));
         }
     }
 }
@@ -161,21 +168,21 @@ fn wall_now() -> Timestamp {
 }
 
 async fn run(
-    outbox: Outbox,
-    wake: Arc<Notify>,
+    rt: &Arc<dyn Runtime>,
+    core: &Arc<OutboxCore>,
+    mut woken: wake::Woken,
     subscription: Subscription,
     stop_rx: oneshot::Receiver<()>,
     grace_over: Arc<AtomicBool>,
 ) {
     // Unsubscribed when the loop returns.
     let _subscription = subscription;
-    let rt = Arc::clone(outbox.runtime());
-    let poll_interval = outbox.inner.poll_interval;
-    let max_passes = outbox.inner.max_passes;
+    let poll_interval = core.config().poll_interval;
+    let max_passes = core.config().max_passes;
     let mut book = MonitorBook::new(max_passes, poll_interval);
-    // Both what the passes report (ends, waiting) on one channel: a pass's reports arrive in
-    // the order it sent them, so a stale "waiting" never lands on the actor's next pass.
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(ActorId, Report)>();
+    // What the passes report (ends, waiting) on one channel: a pass's reports arrive in the
+    // order it sent them, so a stale "waiting" never lands on the actor's next pass.
+    let (report_tx, mut report_rx) = mpsc::unbounded::<(ActorId, Report)>();
     // The running passes' controls, for a graceful stop.
     let mut running: HashMap<ActorId, Arc<DrainControl>> = HashMap::new();
     let mut stop_rx = Some(stop_rx);
@@ -193,52 +200,51 @@ async fn run(
             while let Some(action) = book.poll_action(now) {
                 match action {
                     MonitorAction::Poll => {
-                        let due = outbox
-                            .call(move |ob| Ok(ob.store().actors_with_work(now)?))
-                            .await;
+                        let c = Arc::clone(core);
+                        let due = unblock(&**rt, move || c.store().actors_with_work(now)).await;
                         match due {
-                            Ok(due) => {
+                            Some(Ok(due)) => {
                                 trace!(
                                     ready = due.ready.len(),
-                                    next_not_before =
-                                        due.next_not_before.map(outbox_lanes_driver::fmt::rfc3339),
+                                    next_not_before = due.next_not_before.map(crate::fmt::rfc3339),
                                     "monitor poll"
                                 );
                                 next_not_before = due.next_not_before;
                                 book.handle_due(due.ready, due.next_not_before, now);
                             }
-                            Err(e) => {
+                            Some(Err(e)) => {
                                 warn!(error = %e, "monitor poll failed; retrying at the next tick");
                                 book.handle_poll_failed(now);
                             }
+                            None => book.handle_poll_failed(now),
                         }
                     }
                     MonitorAction::Drain(actor) => {
                         debug!(%actor, running = running.len() + 1, "monitor starts a pass");
-                        let control = Arc::new(DrainControl::yielding());
-                        let waiting = done_tx.clone();
-                        control.on_waiting(move |actor, w| {
-                            let _ = waiting.send((actor.clone(), Report::Waiting(w)));
-                        });
                         // Back to the queue at the end of a time slice, behind the others.
+                        let control = Arc::new(DrainControl::yielding());
+                        let waiting = report_tx.clone();
+                        control.on_waiting(move |actor, w| {
+                            let _ = waiting.unbounded_send((actor.clone(), Report::Waiting(w)));
+                        });
                         running.insert(actor.clone(), Arc::clone(&control));
-                        let ob = outbox.clone();
                         let report = PassDone {
                             actor: Some(actor),
                             more: false,
-                            tx: done_tx.clone(),
+                            tx: report_tx.clone(),
                         };
                         let grace_over = Arc::clone(&grace_over);
+                        let (r, c) = (Arc::clone(rt), Arc::clone(core));
                         rt.spawn(Box::pin(async move {
                             let Some(actor) = report.actor.clone() else {
                                 return;
                             };
-                            let more = match ob.drain_with(actor.as_str(), control).await {
-                                Ok(DrainOutcome::Ran(r)) => {
-                                    if r.grace_over {
+                            let more = match super::drain(&r, &c, &actor, &control).await {
+                                Ok(DrainOutcome::Ran(rep)) => {
+                                    if rep.grace_over {
                                         grace_over.store(true, Ordering::SeqCst);
                                     }
-                                    r.yielded
+                                    rep.yielded
                                 }
                                 Ok(DrainOutcome::Merged) => false,
                                 Err(e) => {
@@ -268,7 +274,6 @@ async fn run(
             );
         let event = {
             let mut sleep = rt.sleep(wait);
-            let mut notified = pin!(wake.notified());
             poll_fn(|cx| {
                 if let Some(rx) = stop_rx.as_mut() {
                     if let Poll::Ready(asked) = Pin::new(rx).poll(cx) {
@@ -276,13 +281,10 @@ async fn run(
                         return Poll::Ready(Event::Stop(asked.is_ok()));
                     }
                 }
-                if let Poll::Ready(Some((actor, report))) = done_rx.poll_recv(cx) {
-                    return Poll::Ready(match report {
-                        Report::Done(more) => Event::PassDone(actor, more),
-                        Report::Waiting(w) => Event::Waiting(actor, w),
-                    });
+                if let Poll::Ready(Some((actor, report))) = Pin::new(&mut report_rx).poll_next(cx) {
+                    return Poll::Ready(Event::Report(actor, report));
                 }
-                if notified.as_mut().poll(cx).is_ready() {
+                if woken.poll_woken(cx).is_ready() {
                     return Poll::Ready(Event::Woken);
                 }
                 if sleep.as_mut().poll(cx).is_ready() {
@@ -305,12 +307,12 @@ async fn run(
                     control.request_stop();
                 }
             }
-            Event::PassDone(actor, more) => {
+            Event::Report(actor, Report::Done(more)) => {
                 debug!(reason = "pass_done", %actor, more, "monitor woken: a pass ended");
                 running.remove(&actor);
                 book.handle_pass_done(&actor, more, now);
             }
-            Event::Waiting(actor, w) => {
+            Event::Report(actor, Report::Waiting(w)) => {
                 debug!(reason = "pass_waiting", %actor, waiting = w,
                     "monitor woken: a pass only waits on attempts in flight (not counted against max_passes), or has work again");
                 book.handle_pass_waiting(&actor, w, now);

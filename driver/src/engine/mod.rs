@@ -1,0 +1,210 @@
+//! The relay engine: the drain-slot protocol, the pass loop and the monitor, written once
+//! for every runtime.
+//!
+//! A runtime provides only an executor, the [`Runtime`] trait (quinn's `Runtime` over
+//! quinn-proto, in small): spawn a task, sleep, run a blocking store call, and its clock.
+//! Waiting for a store wake-up or a completion uses runtime-free primitives
+//! (`futures-channel`), and transmitting one HTTP request is the [`Executor`](crate::Executor)
+//! the runtime hands to [`OutboxCore`]. Everything that decides — the core's
+//! [`DrainSession`], [`PassSession`](outbox_lanes_core::PassSession),
+//! [`Scheduler`](outbox_lanes_core::Scheduler) and [`MonitorBook`](outbox_lanes_core::MonitorBook)
+//! — is driven from here:
+//!
+//! - [`drain`]: one actor's drain: the in-process slot, the store's fenced slot, passes,
+//!   look-again (OL-12);
+//! - [`pass`]: one pass as a task: rounds on the task when they need no store, on the
+//!   blocking side when they do, completions taken in batches (one wake-up for many);
+//! - [`Monitor`]: drains every actor with work (OL-13), passes of several actors at once up
+//!   to `max_passes` — passes that only wait on attempts in flight not counted;
+//! - [`shutdown`]: graceful stop of every pass of the outbox.
+//!
+//! The tokio runtime implements [`Runtime`] over tokio (or async-std, smol); the blocking
+//! runtime over std threads, where each task owns a thread and blocking calls run in place
+//! ([`Runtime::blocking_in_place`]).
+
+mod monitor;
+pub mod pass;
+mod wake;
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use outbox_lanes_core::{Acquire, ActorId, DrainAction, DrainSession, SlotAnswer};
+use outbox_lanes_store::{SlotAcquisition, StoreError};
+use tracing::warn;
+
+pub use self::monitor::{Monitor, Stopped};
+use crate::control::DrainControl;
+use crate::error::OutboxError;
+use crate::outbox::{DrainOutcome, OutboxCore, drain_outcome, store_released};
+use crate::pass::PassReport;
+
+/// A boxed, sendable future, as the [`Runtime`] trait takes and returns them.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// What the engine needs from an executor. Object-safe: used as `Arc<dyn Runtime>`.
+///
+/// Every method may be called from any thread, including threads that are not the
+/// executor's own.
+pub trait Runtime: Send + Sync + fmt::Debug + 'static {
+    /// Runs `future` to completion in the background.
+    fn spawn(&self, future: BoxFuture<()>);
+
+    /// Runs `f` where blocking is allowed (store calls, the blocking HTTP client).
+    fn spawn_blocking(&self, f: Box<dyn FnOnce() + Send + 'static>);
+
+    /// A future that completes after `duration`.
+    fn sleep(&self, duration: Duration) -> BoxFuture<()>;
+
+    /// The executor's clock (tokio's can be paused and advanced in tests).
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
+    /// Whether a task may run blocking calls in place (each task owns a thread: the
+    /// blocking runtime), instead of handing them to [`Runtime::spawn_blocking`].
+    fn blocking_in_place(&self) -> bool {
+        false
+    }
+}
+
+/// Runs `f` where blocking is allowed and waits for its value.
+///
+/// `None` if the runtime dropped the work unrun (it is shutting down) or `f` panicked.
+pub async fn unblock<T, F>(rt: &dyn Runtime, f: F) -> Option<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    if rt.blocking_in_place() {
+        return Some(f());
+    }
+    let (tx, rx) = futures_channel::oneshot::channel();
+    rt.spawn_blocking(Box::new(move || {
+        let _ = tx.send(f());
+    }));
+    rx.await.ok()
+}
+
+fn shutting_down() -> StoreError {
+    StoreError::Database("the runtime is shutting down".into())
+}
+
+/// Runs `actor`'s drain on `rt`: the core's [`DrainSession`] decides, this executes — the
+/// in-process slot, the store's fenced slot, passes and look-again (OL-12). Returns
+/// [`DrainOutcome::Merged`] at once if a pass of the actor already runs.
+///
+/// # Errors
+/// [`OutboxError::ShuttingDown`] once the outbox stops; a store failure (every unfinished
+/// unit was handed back first, OL-14).
+pub async fn drain(
+    rt: &Arc<dyn Runtime>,
+    core: &Arc<OutboxCore>,
+    actor: &ActorId,
+    control: &Arc<DrainControl>,
+) -> Result<DrainOutcome, OutboxError> {
+    if core.is_stopping() {
+        return Err(OutboxError::ShuttingDown);
+    }
+    if core.slots().try_acquire(actor) == Acquire::Merged {
+        return Ok(DrainOutcome::Merged);
+    }
+    let yield_at_slice = control
+        .yield_at_slice
+        .load(std::sync::atomic::Ordering::SeqCst);
+    let mut session = DrainSession::new(yield_at_slice);
+    let mut token = None;
+    let mut total = PassReport::default();
+    let mut error: Option<StoreError> = None;
+    // When the slot's lease was acquired or last renewed; handed from pass to pass.
+    let mut lease_renewed = crate::pass::now();
+    while let Some(action) = session.poll_action() {
+        match action {
+            DrainAction::AcquireStoreSlot => {
+                // Read before asking: the lease runs from the database's acquisition, later.
+                let asked = crate::pass::now();
+                let (c, a) = (Arc::clone(core), actor.clone());
+                let got = unblock(&**rt, move || {
+                    c.store().acquire_slot(&a, c.holder(), c.config().lease)
+                })
+                .await
+                .unwrap_or_else(|| Err(shutting_down()));
+                match got {
+                    Ok(SlotAcquisition::Acquired(t)) => {
+                        token = Some(t);
+                        lease_renewed = asked;
+                        session.handle_store_acquire(SlotAnswer::Acquired);
+                    }
+                    Ok(SlotAcquisition::Held) => session.handle_store_acquire(SlotAnswer::Held),
+                    Err(e) => {
+                        error.get_or_insert(e);
+                        session.handle_failed();
+                    }
+                }
+            }
+            DrainAction::RunPass => {
+                let t = token
+                    .clone()
+                    .expect("the session runs a pass only after acquiring the store's slot");
+                let result = pass::run_pass(rt, core, t, control, lease_renewed).await;
+                lease_renewed = result.lease_renewed;
+                total.add(&result.report);
+                if let Some(e) = result.error {
+                    warn!(%actor, error = %e, end = ?result.end, "pass ended on a store failure");
+                    error.get_or_insert(e);
+                }
+                session.handle_pass_end(result.end);
+            }
+            DrainAction::ReleaseStoreSlot => {
+                let Some(t) = token.clone() else {
+                    session.handle_failed();
+                    continue;
+                };
+                let c = Arc::clone(core);
+                let released = unblock(&**rt, move || c.store().release_slot(&t))
+                    .await
+                    .unwrap_or_else(|| Err(shutting_down()));
+                store_released(&mut session, actor, released);
+            }
+            DrainAction::ReleaseLocalSlot | DrainAction::ForceReleaseLocalSlot => {
+                core.local_slot_action(actor, &action, &mut session);
+            }
+            DrainAction::Finish(end) => {
+                return drain_outcome(end, total, error, || OutboxError::ShuttingDown);
+            }
+        }
+    }
+    Err(OutboxError::Store(StoreError::Database(
+        "the drain session ended without finishing".into(),
+    )))
+}
+
+/// Graceful shutdown of every pass of `core`: they stop starting units, attempts in flight
+/// have the shutdown grace to finish, the rest is handed back; then the executor stops.
+/// Nothing is lost if the grace passes: unfinished units stay in the store.
+pub async fn shutdown(rt: &Arc<dyn Runtime>, core: &Arc<OutboxCore>) {
+    // Woken by every slot release (no polling); subscribed before the stop so no release
+    // is missed.
+    let (released, mut waiting) = wake::pair();
+    let _released = core.slot_released().subscribe(move || released.wake());
+    core.begin_shutdown();
+    let mut timeout = rt.sleep(core.config().shutdown_grace);
+    while core.slots().running() > 0 {
+        let timed_out = std::future::poll_fn(|cx| {
+            if waiting.poll_woken(cx).is_ready() {
+                return std::task::Poll::Ready(false);
+            }
+            timeout.as_mut().poll(cx).map(|()| true)
+        })
+        .await;
+        if timed_out {
+            break;
+        }
+    }
+    let c = Arc::clone(core);
+    // A worker busy with an attempt finishes it within the HTTP timeout.
+    let _ = unblock(&**rt, move || c.finish_shutdown()).await;
+}
