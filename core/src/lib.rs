@@ -42,7 +42,7 @@ pub use scheduler::{
 };
 pub use session::{
     DrainAction, DrainEnd, DrainSession, PassEnd, PassSession, SessionAction, SessionConfig,
-    SlotAnswer, StopReason,
+    SlotAnswer, StopReason, UNCONTENDED_SLICES,
 };
 pub use slot::{
     Acquire, ActorResolver, AliasResolver, DrainSlots, IdentityResolver, Release, UnknownActor,

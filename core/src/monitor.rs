@@ -168,6 +168,11 @@ impl MonitorBook {
         self.running.len()
     }
 
+    /// Actors waiting for a pass.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
     /// Running passes that only wait on attempts in flight.
     pub fn waiting(&self) -> usize {
         self.waiting.len()

@@ -73,6 +73,10 @@ use core::time::Duration;
 use crate::slot::Release;
 use crate::time::Timestamp;
 
+/// How many time slices a pass runs when nobody waits for a pass
+/// ([`PassSession::set_slicing`] off): 30, five minutes with the default 10 s slice.
+pub const UNCONTENDED_SLICES: u32 = 30;
+
 /// The timing of a pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SessionConfig {
@@ -160,6 +164,8 @@ pub struct PassSession {
     /// The latest time seen: a clock that steps back moves no deadline.
     latest: Timestamp,
     state: State,
+    /// Whether the time slice applies (see [`PassSession::set_slicing`]).
+    slicing: bool,
     actions: [Option<SessionAction>; 3],
 }
 
@@ -173,6 +179,7 @@ impl PassSession {
             renew_asked: false,
             latest: now,
             state: State::Running,
+            slicing: true,
             actions: [None; 3],
         }
     }
@@ -220,7 +227,8 @@ impl PassSession {
     }
 
     fn slice_end(&self) -> Timestamp {
-        self.started + self.cfg.time_slice
+        let slices = if self.slicing { 1 } else { UNCONTENDED_SLICES };
+        self.started + self.cfg.time_slice * slices
     }
 
     fn stop(&mut self, reason: StopReason, now: Timestamp) {
@@ -261,6 +269,18 @@ impl PassSession {
             self.renew_asked = true;
             self.push(SessionAction::RenewLease);
         }
+    }
+
+    /// Whether the time slice applies (by default it does). A slice exists so that busy
+    /// actors cannot keep others from a pass; where nobody waits for one (a direct drain, or
+    /// a monitor with no actor queued) stopping at every slice would only make the pass's
+    /// other lanes wait for its slowest attempt in flight, so the runtime turns it off: the
+    /// pass then stops after [`UNCONTENDED_SLICES`] slices, which bounds what a pass
+    /// accumulates (its interned lanes) and how often its lanes wait for a hanging attempt.
+    /// Turned on past the slice's end, the pass stops at the next tick. No effect once the
+    /// pass stops or ends.
+    pub fn set_slicing(&mut self, on: bool) {
+        self.slicing = on;
     }
 
     /// The lease was renewed at `now`.

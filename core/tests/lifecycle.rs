@@ -60,6 +60,8 @@ struct Sim {
     /// How every pass ended, and when.
     ends: Vec<(Duration, PassEnd)>,
     seen: usize,
+    /// Whether other actors wait for a pass (the time slice applies only then).
+    contended: bool,
 }
 
 impl Sim {
@@ -71,6 +73,7 @@ impl Sim {
             requests: BTreeMap::new(),
             ends: Vec::new(),
             seen: 0,
+            contended: true,
         }
     }
 
@@ -106,6 +109,7 @@ impl Sim {
     /// Runs one pass until its session ends it; returns how.
     fn pass(&mut self) -> PassEnd {
         let mut session = PassSession::new(session_config(), self.w.now);
+        session.set_slicing(self.contended);
         self.w.discover();
         loop {
             self.send_started();
@@ -442,4 +446,33 @@ fn a_slice_stop_waits_for_the_hanging_attempt_and_the_next_pass_starts_at_its_an
     let mut sorted = ok.clone();
     sorted.sort();
     assert_eq!(ok, sorted, "the healthy lane in order");
+}
+
+/// The same hanging lane next to a busy healthy one, with nobody waiting for a pass (a
+/// direct drain, or a monitor with no actor queued): the slice does not stop the pass, so
+/// the healthy lane never waits for the hanging attempt.
+#[test]
+fn uncontended_the_healthy_lane_never_waits_for_the_hanging_attempt() {
+    let mut sim = Sim::new();
+    sim.contended = false;
+    sim.recipient("hang", hangs());
+    sim.recipient("ok", answers_after(Duration::from_millis(200)));
+    sim.w.enqueue(&["hang"], false);
+    for _ in 0..200 {
+        sim.w.enqueue(&["ok"], false);
+    }
+    sim.run_until(Duration::from_secs(60));
+    // 200 rows 200 ms apart: one after another, no gap for the hanging attempt's 30 s.
+    let gaps = sim.gaps("ok");
+    assert_eq!(gaps.len(), 199);
+    assert!(
+        gaps.iter().all(|g| *g == Duration::from_millis(200)),
+        "the healthy lane paused: {:?}",
+        gaps.iter().max()
+    );
+    assert!(
+        sim.ends
+            .iter()
+            .all(|e| e.1 == PassEnd::Drained || e.0 > Duration::from_secs(40))
+    );
 }

@@ -366,6 +366,32 @@ fn poll_timeout_is_the_next_renewal_slice_end_or_grace_end() {
 }
 
 #[test]
+fn with_slicing_off_the_pass_runs_uncontended_slices_then_stops_when_turned_on() {
+    let mut s = PassSession::new(cfg(10, 3600, 10), T0);
+    s.set_slicing(false);
+    s.handle_tick(secs(10), 1, false);
+    assert_eq!(actions(&mut s), [], "nobody waits: no stop at the slice");
+    let long = 10 * u64::from(outbox_lanes_core::UNCONTENDED_SLICES);
+    assert_eq!(s.poll_timeout(), Some(secs(long)));
+    // Another actor starts waiting: the pass stops at once, being past its slice.
+    s.set_slicing(true);
+    assert_eq!(s.poll_timeout(), Some(secs(10)));
+    s.handle_tick(secs(120), 1, false);
+    assert_eq!(actions(&mut s), [StopStarting(TimeSlice)]);
+}
+
+#[test]
+fn with_slicing_off_the_pass_still_stops_after_the_uncontended_slices() {
+    let mut s = PassSession::new(cfg(10, 3600, 10), T0);
+    s.set_slicing(false);
+    let long = 10 * u64::from(outbox_lanes_core::UNCONTENDED_SLICES);
+    s.handle_tick(secs(long - 1), 1, false);
+    assert_eq!(actions(&mut s), []);
+    s.handle_tick(secs(long), 1, false);
+    assert_eq!(actions(&mut s), [StopStarting(TimeSlice)]);
+}
+
+#[test]
 fn the_lease_is_renewed_while_stopping() {
     let mut s = PassSession::new(cfg(5, 30, 60), T0);
     s.handle_tick(secs(5), 1, false);

@@ -25,6 +25,9 @@ pub struct DrainControl {
     /// other actors run: OL-13). Otherwise the drain goes on with another pass at once, so
     /// a direct drain returns only when nothing is admissible.
     pub yield_at_slice: AtomicBool,
+    /// Other actors wait for a pass (set by the monitor): only then does a yielding drain's
+    /// pass stop at its time slice.
+    contended: AtomicBool,
     signal: Arc<Signal>,
     waiting: Mutex<Option<WaitingHook>>,
 }
@@ -58,6 +61,23 @@ impl DrainControl {
     pub fn request_cancel(&self) {
         self.cancel.store(true, Ordering::SeqCst);
         self.wake();
+    }
+
+    /// Tells a yielding drain whether other actors wait for a pass; a pass that is past its
+    /// slice is woken to stop when they start to.
+    pub fn set_contended(&self, contended: bool) {
+        let was = self.contended.swap(contended, Ordering::SeqCst);
+        if contended && !was {
+            self.wake();
+        }
+    }
+
+    /// Whether the drain's passes stop at their time slice: a yielding drain's (the
+    /// monitor's) while other actors wait for a pass. A direct drain's never do: nobody waits
+    /// for its slot in this process, and stopping would only make its lanes wait for its
+    /// slowest attempt in flight.
+    pub fn slicing(&self) -> bool {
+        self.yield_at_slice.load(Ordering::SeqCst) && self.contended.load(Ordering::SeqCst)
     }
 
     /// Whether a stop was asked.

@@ -356,9 +356,17 @@ impl PassCore {
     /// A graceful stop was asked (shutdown, a stop request): nothing new starts, attempts in
     /// flight finish within the grace period.
     pub fn handle_shutdown(&mut self, now: Timestamp) {
-        if !self.session.is_stopping() && self.end.is_none() {
+        // Also while stopping for the time slice: the stop becomes a shutdown's, whose grace
+        // starts now (a slice has none, and would wait for a hanging attempt's timeout).
+        if self.end.is_none() {
             self.session.handle_shutdown(now);
         }
+    }
+
+    /// Whether the time slice applies to this pass: see
+    /// [`PassSession::set_slicing`](outbox_lanes_core::PassSession::set_slicing).
+    pub fn set_slicing(&mut self, on: bool) {
+        self.session.set_slicing(on);
     }
 
     /// The caller went away: the pass ends at the next round, handing everything back.

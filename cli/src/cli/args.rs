@@ -131,8 +131,9 @@ pub(crate) struct DeliveryFlags {
     #[arg(long, value_parser = parse_timeout, default_value = "30s", env = "OUTBOX_LANES_LEASE")]
     pub(crate) lease: Duration,
 
-    /// A pass stops starting attempts after this long so busy actors cannot starve the
-    /// others; attempts in flight still finish or time out, and are recorded.
+    /// A pass stops starting attempts after this long, while other actors wait for a pass,
+    /// so busy actors cannot starve them (uncontended, after 30 slices); attempts in flight
+    /// still finish or time out, and are recorded.
     #[arg(long, value_parser = parse_timeout, default_value = "10s", env = "OUTBOX_LANES_TIME_SLICE")]
     pub(crate) time_slice: Duration,
 
@@ -140,7 +141,8 @@ pub(crate) struct DeliveryFlags {
     #[arg(long, value_parser = parse_timeout, default_value = "1s", env = "OUTBOX_LANES_POLL_INTERVAL")]
     pub(crate) poll_interval: Duration,
 
-    /// Passes (actors) the relay runs at once.
+    /// Passes (actors) with work the relay runs at once; a pass that only waits on attempts
+    /// in flight (a hanging recipient) is not counted.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=4096), env = "OUTBOX_LANES_MAX_PASSES")]
     pub(crate) max_passes: u32,
 

@@ -262,6 +262,11 @@ async fn run(
             info!("monitor stopped");
             return;
         }
+        // Running passes yield at their time slice only while other actors wait for one.
+        let contended = book.queued() > 0;
+        for control in running.values() {
+            control.set_contended(contended);
+        }
         // Wall-clock deadlines (lane `not_before` is wall-clock), slept on the runtime's timer.
         let deadline = book.poll_timeout();
         let wait = deadline

@@ -102,6 +102,7 @@ pub async fn run_pass(
     ));
     let mut batch: Vec<Done> = Vec::with_capacity(64);
     loop {
+        pass.set_slicing(control.slicing());
         if control.is_cancelled() {
             pass.handle_cancel(now());
         } else if control.is_stopped() || core.is_stopping() {
