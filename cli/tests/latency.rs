@@ -622,3 +622,62 @@ fn hanging_recipients_of_eight_actors_keep_a_healthy_actor_from_nothing() {
         timeline(&hanging, t0).join("\n  ")
     ));
 }
+
+/// A relay stopped (SIGTERM) while its attempt to a hanging recipient is in flight: the
+/// shutdown grace (10 s) ends first, and the attempt is recorded as interrupted — the lane
+/// shows it as its last error, not counted toward the maximum (the recipient may have the
+/// unit; the cut was ours) — then handed back, and the relay exits 1. Nothing is lost: the
+/// unit is still pending.
+#[test]
+fn a_shutdown_past_its_grace_records_the_cut_attempt_as_interrupted() {
+    let r = Recipient::start().unwrap();
+    r.set_default("/hang", Reply::Hang);
+    let (_dir, db) = database();
+    let hang = r.url("/hang");
+    enqueue(
+        &db,
+        "cut",
+        &row("h-0", &hang, &serde_json::json!({ "h": 0 })),
+    );
+    let t0 = Instant::now();
+    let mut relay = Proc::spawn("relay", &db, &["relay", "--allow-private-destinations"]);
+    let sent = r.wait_for("/hang", 1, Duration::from_secs(20));
+    let stopped = relay.terminate(STOP_BOUND);
+    let how = relay.describe();
+    let lanes = json(&ok(&db, &["lanes", "--actor", "cut", "--json"], ""));
+    let lane = lanes["lanes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["recipient"] == hang)
+        .cloned()
+        .unwrap_or_default();
+    let requests = r.requests("/hang");
+    let mut e = Expect::default();
+    e.that(sent, "the attempt was sent");
+    e.that(
+        stopped.and_then(|s| s.code()) == Some(1),
+        format!("the relay exited 1 after its grace, got {stopped:?}"),
+    );
+    e.that(
+        lane["last_error"]
+            .as_str()
+            .is_some_and(|s| s.contains("interrupted")),
+        format!(
+            "the lane's last error says interrupted, got {}",
+            lane["last_error"]
+        ),
+    );
+    e.that(
+        lane["depth"] == 1,
+        format!("the unit is still pending, got depth {}", lane["depth"]),
+    );
+    e.that(
+        requests.len() == 1,
+        format!("one request, got {}", requests.len()),
+    );
+    e.check(&format!(
+        "{how}\nrequests:\n  {}\nlanes --json: {lanes}",
+        timeline(&requests, t0).join("\n  ")
+    ));
+}

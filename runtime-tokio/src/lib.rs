@@ -108,7 +108,7 @@ impl Drop for Inner {
         // The last reference to the store may go with it (a Postgres client must not be
         // dropped on an executor thread), and the ack writer's thread is joined.
         if let Some(core) = self.core.take() {
-            self.rt.spawn_blocking(Box::new(move || drop(core)));
+            engine::drop_core(&*self.rt, core);
         }
     }
 }
@@ -326,9 +326,7 @@ impl Outbox {
             let _done = done;
             let result = engine::drain(&rt, &core, &id, &control).await;
             let _ = tx.send(result);
-            // The last reference to the store may go with the core: never on an executor
-            // thread (a Postgres client panics when dropped there).
-            rt.spawn_blocking(Box::new(move || drop(core)));
+            engine::drop_core(&*rt, core);
         }));
         let result = rx.await.unwrap_or(Err(OutboxError::ShuttingDown));
         guard.disarm();

@@ -89,6 +89,16 @@ where
     rx.await.ok()
 }
 
+/// Drops a reference to the core where blocking is allowed: it may be the last one, and the
+/// store may go with it (a Postgres client panics when dropped on an executor thread).
+pub fn drop_core(rt: &dyn Runtime, core: Arc<OutboxCore>) {
+    if rt.blocking_in_place() {
+        drop(core);
+    } else {
+        rt.spawn_blocking(Box::new(move || drop(core)));
+    }
+}
+
 fn shutting_down() -> StoreError {
     StoreError::Database("the runtime is shutting down".into())
 }

@@ -86,10 +86,8 @@ impl Monitor {
         let r = Arc::clone(&rt);
         rt.spawn(Box::pin(async move {
             run(&r, &core, woken, subscription, stop_rx, g).await;
+            super::drop_core(&*r, core);
             let _ = done_tx.send(());
-            // The last reference to the store may go with the core: never on an executor
-            // thread (a Postgres client panics when dropped there).
-            r.spawn_blocking(Box::new(move || drop(core)));
         }));
         Ok(Monitor {
             stop: Some(stop_tx),
@@ -252,6 +250,7 @@ async fn run(
                                     false
                                 }
                             };
+                            super::drop_core(&*r, c);
                             report.finish(more);
                         }));
                     }
