@@ -219,9 +219,11 @@ pub enum EnqueueError {
         /// The content type as given.
         content_type: String,
     },
-    /// One of the row's headers cannot be sent: its name is not an HTTP token, its value is
-    /// not a valid header value, the name repeats, or the client sets it itself
-    /// ([`RESERVED_HEADERS`](crate::RESERVED_HEADERS)).
+    /// One of the row's headers cannot be sent ([`validate_headers`](crate::validate_headers)):
+    /// its name is not an HTTP token, its value is not a valid header value, the name
+    /// repeats, the client, the signer or a hop sets it
+    /// ([`RESERVED_HEADERS`](crate::RESERVED_HEADERS)), or the row has too many headers or
+    /// too many bytes of them.
     BadHeader {
         /// The row id.
         row: String,

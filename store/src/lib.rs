@@ -85,6 +85,7 @@ mod dead_letters;
 mod driver;
 mod error;
 mod exists;
+mod headers;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod lanes;
 #[cfg(feature = "sqlite")]
@@ -125,6 +126,7 @@ use outbox_lanes_core::{ActorId, Timestamp, UnitId};
 
 pub use ack::{AckWriter, AckWriterOptions};
 pub use error::{Cause, EnqueueError, StoreError};
+pub use headers::{HeaderProblem, MAX_HEADER_BYTES, MAX_HEADERS, RefusedHeader, validate_headers};
 pub use notify::{Notifier, PendingWake, Subscription};
 #[cfg(feature = "postgres")]
 pub use postgres::{PgOptions, PgStore};

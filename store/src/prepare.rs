@@ -7,7 +7,8 @@ use std::collections::HashSet;
 use outbox_lanes_core::LaneKey;
 
 use crate::error::EnqueueError;
-use crate::types::{CommonOptions, NewRow, RESERVED_HEADERS};
+use crate::headers::{is_header_value, validate_headers};
+use crate::types::{CommonOptions, NewRow};
 
 /// A validated row: canonical lanes, duplicates collapsed.
 pub(crate) struct PreparedRow<'a> {
@@ -17,62 +18,25 @@ pub(crate) struct PreparedRow<'a> {
     pub(crate) lanes: Vec<LaneKey>,
 }
 
-/// Whether `s` can be sent as an HTTP header value as it is: visible ASCII, spaces and tabs
-/// only. A CR or LF would split the header (or be refused by the HTTP client at every
-/// attempt, dead-lettering the unit long after the enqueue that could have said so).
-pub(crate) fn is_header_value(s: &str) -> bool {
-    s.bytes().all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
-}
-
 /// Checks a row's [`headers`](NewRow::headers) as [`ServiceStore::enqueue`](crate::ServiceStore::enqueue)
-/// does, for callers that validate their input before they open a store.
+/// does, for callers that validate their input before they open a store: the rules of
+/// [`validate_headers`], the same a delivery attempt applies again before anything is sent.
 ///
-/// Checked at enqueue because a header the HTTP client cannot send would fail every attempt
-/// and dead-letter the unit long after the enqueue that could have said so.
+/// Checked at enqueue because a header the HTTP client refuses to send fails the unit's
+/// first attempt and dead-letters it, long after the enqueue that could have said so.
 ///
 /// # Errors
 /// [`EnqueueError::BadHeader`] naming the row and the first header that is not an HTTP
 /// token, has a value that is not a valid header value (or has whitespace around it),
-/// repeats a name (case-insensitively) or is one the client sets itself
-/// ([`RESERVED_HEADERS`], `webhook-*`).
+/// repeats a name (case-insensitively), is one the client, the signer or a hop sets
+/// ([`RESERVED_HEADERS`](crate::RESERVED_HEADERS), `webhook-*`), or is past
+/// [`MAX_HEADERS`](crate::MAX_HEADERS) or [`MAX_HEADER_BYTES`](crate::MAX_HEADER_BYTES).
 pub fn check_headers(row: &NewRow) -> Result<(), EnqueueError> {
-    let refuse = |name: &str, reason: String| EnqueueError::BadHeader {
+    validate_headers(&row.headers).map_err(|refused| EnqueueError::BadHeader {
         row: row.id.clone(),
-        name: name.to_owned(),
-        reason,
-    };
-    let mut seen = HashSet::with_capacity(row.headers.len());
-    for (name, value) in &row.headers {
-        let parsed = http::HeaderName::from_bytes(name.as_bytes())
-            .map_err(|_| refuse(name, "not a valid HTTP header name".into()))?;
-        let lower = parsed.as_str();
-        if RESERVED_HEADERS.contains(&lower) || lower.starts_with("webhook-") {
-            let why = if lower == "content-type" {
-                "set the row's content type instead".to_owned()
-            } else {
-                "the HTTP client sets it itself".to_owned()
-            };
-            return Err(refuse(name, why));
-        }
-        if !is_header_value(value) {
-            return Err(refuse(
-                name,
-                format!(
-                    "value {value:?} is not a valid HTTP header value (visible ASCII, spaces and tabs only)"
-                ),
-            ));
-        }
-        if value.trim_matches([' ', '\t']).len() != value.len() {
-            return Err(refuse(
-                name,
-                format!("value {value:?} has leading or trailing whitespace (HTTP drops it)"),
-            ));
-        }
-        if !seen.insert(parsed) {
-            return Err(refuse(name, "given twice".into()));
-        }
-    }
-    Ok(())
+        reason: refused.problem.to_string(),
+        name: refused.name,
+    })
 }
 
 pub(crate) fn prepare<'a>(

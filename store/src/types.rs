@@ -154,8 +154,10 @@ pub struct Payload {
     pub content_type: String,
     /// The bytes to POST.
     pub body: Vec<u8>,
-    /// The row's own request headers, sent as given after the client's own (see
-    /// [`NewRow::headers`]); empty for most rows.
+    /// The row's own request headers as stored (see [`NewRow::headers`]); empty for most
+    /// rows. A delivery checks them again before sending anything
+    /// ([`validate_headers`](crate::validate_headers)): a row written with plain SQL may hold
+    /// one enqueue would have refused.
     pub headers: Vec<(String, String)>,
 }
 
@@ -213,16 +215,19 @@ pub struct NewRow {
     /// Extra request headers (name, value) sent with every delivery of the row, in this order.
     ///
     /// Names are HTTP tokens, at most once each (case-insensitively); values are visible
-    /// ASCII, spaces and tabs, without leading or trailing whitespace. The headers the client
-    /// sets itself or that would break delivery are refused (see [`RESERVED_HEADERS`]):
+    /// ASCII, spaces and tabs, without leading or trailing whitespace; at most
+    /// [`MAX_HEADERS`](crate::MAX_HEADERS) of them and
+    /// [`MAX_HEADER_BYTES`](crate::MAX_HEADER_BYTES) of names and values. The headers the
+    /// client or the signer sets and hop-by-hop ones are refused (see [`RESERVED_HEADERS`]):
     /// `Content-Type` is [`NewRow::content_type`]. Empty (the default) stores nothing.
     pub headers: Vec<(String, String)>,
 }
 
 /// Request headers a row may not set, lower-case: the client sets them itself (the body's
-/// framing, the idempotency key, the user agent, the signer's headers) or they would break
-/// delivery (hop-by-hop headers). Every name starting with `webhook-` is refused too (the
-/// Standard Webhooks signer's).
+/// framing, the host, the idempotency key, the user agent), the signer does, or they are
+/// hop-by-hop or proxy headers that would change how the request is framed or forwarded.
+/// Every name starting with `webhook-` is refused too (the Standard Webhooks signer's). Refused
+/// at enqueue and again before every delivery attempt ([`validate_headers`](crate::validate_headers)).
 pub const RESERVED_HEADERS: &[&str] = &[
     "content-type",
     "content-length",
@@ -233,8 +238,11 @@ pub const RESERVED_HEADERS: &[&str] = &[
     "connection",
     "keep-alive",
     "proxy-connection",
+    "proxy-authorization",
+    "proxy-authenticate",
     "te",
     "trailer",
+    "trailers",
     "upgrade",
     "expect",
     "date",

@@ -1689,6 +1689,12 @@ fn bad_row_headers_are_refused_naming_the_row(b: Backend) {
             (&[("Signature", "s")][..], "Signature", "sets it itself"),
             (&[("Date", "d")][..], "Date", "sets it itself"),
             (
+                &[("Proxy-Authorization", "Basic eDp5")][..],
+                "Proxy-Authorization",
+                "hop-by-hop or proxy",
+            ),
+            (&[("Trailers", "x")][..], "Trailers", "hop-by-hop or proxy"),
+            (
                 &[("X Bad", "1")][..],
                 "X Bad",
                 "not a valid HTTP header name",

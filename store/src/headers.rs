@@ -1,0 +1,290 @@
+//! The one check of a row's own request headers, made at enqueue ([`check_headers`]) and
+//! again before every delivery attempt (the driver's request builder): a row written with
+//! plain SQL never went through enqueue, and what it stored must not reach the wire unchecked.
+//!
+//! [`check_headers`]: crate::check_headers
+
+use core::fmt;
+use std::collections::HashSet;
+
+/// At most this many headers per row.
+pub const MAX_HEADERS: usize = 64;
+
+/// At most this many bytes of header names and values together per row (8 KiB): well inside
+/// what servers accept for a whole request head (often 8–16 KiB, with the client's own
+/// headers and a signature beside them).
+pub const MAX_HEADER_BYTES: usize = 8 * 1024;
+
+/// Why a row's header cannot be sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HeaderProblem {
+    /// The name is not an HTTP token.
+    BadName,
+    /// `Content-Type`: the row's content type is sent instead.
+    ContentType,
+    /// The HTTP client sets it itself: the body's framing (`Content-Length`,
+    /// `Transfer-Encoding`), `Host`, `Idempotency-Key`, `User-Agent`.
+    SetByClient,
+    /// The signer sets it: `Date`, `Digest`, `Content-Digest`, `Signature`,
+    /// `Signature-Input`, `webhook-*`.
+    SetBySigner,
+    /// A hop-by-hop or proxy header (`Connection`, `Keep-Alive`, `Proxy-*`, `TE`,
+    /// `Trailer(s)`, `Upgrade`, `Expect`): it would change how the request is framed,
+    /// forwarded or answered.
+    HopByHop,
+    /// The value is not visible ASCII, spaces and tabs (a CR or LF would split the header).
+    BadValue,
+    /// The value starts or ends with whitespace, which HTTP drops.
+    Whitespace,
+    /// The name was given before (names compare case-insensitively).
+    Repeated,
+    /// The row has more than [`MAX_HEADERS`] headers; this is the first one past the limit.
+    TooMany,
+    /// The names and values of the row's headers take more than [`MAX_HEADER_BYTES`]; this
+    /// is the header that goes past the limit.
+    TooLarge,
+}
+
+impl HeaderProblem {
+    /// Whether the name is refused whatever its value: one the client, the signer or a hop
+    /// between them sets.
+    pub fn is_reserved(self) -> bool {
+        matches!(
+            self,
+            HeaderProblem::ContentType
+                | HeaderProblem::SetByClient
+                | HeaderProblem::SetBySigner
+                | HeaderProblem::HopByHop
+        )
+    }
+}
+
+impl fmt::Display for HeaderProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HeaderProblem::BadName => f.write_str("not a valid HTTP header name"),
+            HeaderProblem::ContentType => {
+                f.write_str("reserved (set the row's content type instead)")
+            }
+            HeaderProblem::SetByClient => f.write_str("reserved (the HTTP client sets it itself)"),
+            HeaderProblem::SetBySigner => f.write_str("reserved (the signer sets it itself)"),
+            HeaderProblem::HopByHop => f.write_str(
+                "reserved (a hop-by-hop or proxy header: it would change how the request is \
+                 framed or forwarded)",
+            ),
+            HeaderProblem::BadValue => f.write_str(
+                "the value is not a valid HTTP header value (visible ASCII, spaces and tabs only)",
+            ),
+            HeaderProblem::Whitespace => {
+                f.write_str("the value has leading or trailing whitespace (HTTP drops it)")
+            }
+            HeaderProblem::Repeated => f.write_str("given twice"),
+            HeaderProblem::TooMany => write!(f, "more than {MAX_HEADERS} headers"),
+            HeaderProblem::TooLarge => {
+                write!(
+                    f,
+                    "more than {MAX_HEADER_BYTES} bytes of header names and values"
+                )
+            }
+        }
+    }
+}
+
+/// A row's header that cannot be sent: its name as given, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefusedHeader {
+    /// The header's name, as given.
+    pub name: String,
+    /// Why it is refused.
+    pub problem: HeaderProblem,
+}
+
+impl fmt::Display for RefusedHeader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "header {:?} refused: {}", self.name, self.problem)
+    }
+}
+
+impl std::error::Error for RefusedHeader {}
+
+/// Whether `s` can be sent as an HTTP header value as it is: visible ASCII, spaces and tabs
+/// only. A CR or LF would split the header (or be refused by the HTTP client at every
+/// attempt, dead-lettering the unit long after the enqueue that could have said so).
+pub(crate) fn is_header_value(s: &str) -> bool {
+    s.bytes().all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
+}
+
+/// Why a lower-case header name is reserved, if it is. Every name of
+/// [`RESERVED_HEADERS`](crate::RESERVED_HEADERS) has a reason here, and `webhook-*`.
+fn reserved(lower: &str) -> Option<HeaderProblem> {
+    Some(match lower {
+        "content-type" => HeaderProblem::ContentType,
+        "content-length" | "transfer-encoding" | "host" | "idempotency-key" | "user-agent" => {
+            HeaderProblem::SetByClient
+        }
+        "date" | "digest" | "content-digest" | "signature" | "signature-input" => {
+            HeaderProblem::SetBySigner
+        }
+        "connection"
+        | "keep-alive"
+        | "proxy-connection"
+        | "proxy-authorization"
+        | "proxy-authenticate"
+        | "te"
+        | "trailer"
+        | "trailers"
+        | "upgrade"
+        | "expect" => HeaderProblem::HopByHop,
+        _ if lower.starts_with("webhook-") => HeaderProblem::SetBySigner,
+        _ => return None,
+    })
+}
+
+/// Checks a row's own request headers: what enqueue refuses, and what a delivery attempt
+/// refuses to send (a row written with plain SQL skipped enqueue).
+///
+/// Each name is an HTTP token, given once (case-insensitively), and not one the HTTP client,
+/// the signer or a hop sets ([`RESERVED_HEADERS`](crate::RESERVED_HEADERS), `webhook-*`); each
+/// value is visible ASCII, spaces and tabs, without whitespace around it; at most
+/// [`MAX_HEADERS`] headers and [`MAX_HEADER_BYTES`] of names and values in all.
+///
+/// # Errors
+/// The first header that breaks a rule, with the rule.
+pub fn validate_headers(headers: &[(String, String)]) -> Result<(), RefusedHeader> {
+    let refuse = |name: &str, problem| RefusedHeader {
+        name: name.to_owned(),
+        problem,
+    };
+    let mut seen = HashSet::with_capacity(headers.len());
+    let mut bytes = 0usize;
+    for (i, (name, value)) in headers.iter().enumerate() {
+        if i >= MAX_HEADERS {
+            return Err(refuse(name, HeaderProblem::TooMany));
+        }
+        bytes = bytes.saturating_add(name.len()).saturating_add(value.len());
+        if bytes > MAX_HEADER_BYTES {
+            return Err(refuse(name, HeaderProblem::TooLarge));
+        }
+        let parsed = http::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| refuse(name, HeaderProblem::BadName))?;
+        if let Some(problem) = reserved(parsed.as_str()) {
+            return Err(refuse(name, problem));
+        }
+        if !is_header_value(value) {
+            return Err(refuse(name, HeaderProblem::BadValue));
+        }
+        if value.trim_matches([' ', '\t']).len() != value.len() {
+            return Err(refuse(name, HeaderProblem::Whitespace));
+        }
+        if !seen.insert(parsed) {
+            return Err(refuse(name, HeaderProblem::Repeated));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::RESERVED_HEADERS;
+
+    fn one(name: &str, value: &str) -> Vec<(String, String)> {
+        vec![(name.to_owned(), value.to_owned())]
+    }
+
+    fn problem(headers: &[(String, String)]) -> Option<HeaderProblem> {
+        validate_headers(headers).err().map(|r| r.problem)
+    }
+
+    #[test]
+    fn every_reserved_name_has_its_reason_whatever_its_case() {
+        for name in RESERVED_HEADERS {
+            assert!(reserved(name).is_some(), "{name}");
+            let upper = name.to_ascii_uppercase();
+            let p = problem(&one(&upper, "x")).unwrap();
+            assert!(p.is_reserved(), "{name}: {p:?}");
+        }
+        for name in [
+            "Proxy-Authorization",
+            "Proxy-Authenticate",
+            "Trailer",
+            "Trailers",
+            "TE",
+            "Keep-Alive",
+            "Upgrade",
+            "Connection",
+        ] {
+            assert_eq!(
+                problem(&one(name, "x")),
+                Some(HeaderProblem::HopByHop),
+                "{name}"
+            );
+        }
+        for name in [
+            "Host",
+            "Content-Length",
+            "Transfer-Encoding",
+            "Idempotency-Key",
+        ] {
+            assert_eq!(problem(&one(name, "x")), Some(HeaderProblem::SetByClient));
+        }
+        for name in [
+            "webhook-id",
+            "Webhook-Signature",
+            "Signature",
+            "Digest",
+            "Date",
+        ] {
+            assert_eq!(problem(&one(name, "x")), Some(HeaderProblem::SetBySigner));
+        }
+        // Names that merely start like a reserved one are the row's own.
+        for name in ["Hostname", "X-Host", "Dates", "Webhook", "Proxy"] {
+            assert_eq!(problem(&one(name, "x")), None, "{name}");
+        }
+    }
+
+    #[test]
+    fn bad_names_values_and_repeats() {
+        assert_eq!(problem(&one("X Bad", "1")), Some(HeaderProblem::BadName));
+        assert_eq!(problem(&one("", "1")), Some(HeaderProblem::BadName));
+        assert_eq!(
+            problem(&one("X-Evil", "1\r\nHost: a")),
+            Some(HeaderProblem::BadValue)
+        );
+        assert_eq!(
+            problem(&one("X-Pad", " 1")),
+            Some(HeaderProblem::Whitespace)
+        );
+        let twice = [one("X-A", "1"), one("x-a", "2")].concat();
+        let err = validate_headers(&twice).unwrap_err();
+        assert_eq!(
+            (err.name.as_str(), err.problem),
+            ("x-a", HeaderProblem::Repeated)
+        );
+        assert_eq!(err.to_string(), "header \"x-a\" refused: given twice");
+    }
+
+    #[test]
+    fn count_and_size_are_bounded() {
+        let many: Vec<(String, String)> = (0..=MAX_HEADERS)
+            .map(|i| (format!("X-{i}"), "1".to_owned()))
+            .collect();
+        assert_eq!(validate_headers(&many[..MAX_HEADERS]), Ok(()));
+        let err = validate_headers(&many).unwrap_err();
+        assert_eq!(
+            (err.name, err.problem),
+            (format!("X-{MAX_HEADERS}"), HeaderProblem::TooMany)
+        );
+        let big = "v".repeat(MAX_HEADER_BYTES / 2);
+        let fits = [one("A", &big[1..]), one("B", &big[1..])].concat();
+        assert_eq!(validate_headers(&fits), Ok(()));
+        let over = [one("A", &big[1..]), one("B", &big)].concat();
+        let err = validate_headers(&over).unwrap_err();
+        assert_eq!(
+            (err.name.as_str(), err.problem),
+            ("B", HeaderProblem::TooLarge)
+        );
+    }
+}
