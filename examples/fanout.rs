@@ -13,7 +13,7 @@ use std::error::Error;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use outbox_lanes::blocking::http::Delivery;
+use outbox_lanes::blocking::http::{Bytes, Delivery, Destination};
 use outbox_lanes::blocking::{HttpClient, Outbox, OutboxConfig};
 use outbox_lanes::core::UnitId;
 use outbox_lanes::store::{NewRow, SqliteOptions, SqliteStore, Store};
@@ -185,8 +185,8 @@ fn serial_run(http: &HttpClient) -> Result<(), Box<dyn Error>> {
             if start.elapsed() > BASELINE_BUDGET {
                 break 'rows;
             }
-            let url = r.url(&format!("/{p}"));
-            let b = body(i);
+            let url = Destination::parse(&r.url(&format!("/{p}")));
+            let b = Bytes::from(body(i));
             http.deliver(
                 &Delivery {
                     actor: "fanout",
@@ -221,10 +221,10 @@ fn unconstrained_run(http: &HttpClient) -> Result<(), Box<dyn Error>> {
     let mut threads = Vec::new();
     for i in 0..ENTRIES {
         for p in PARTICIPANTS {
-            let url = r.url(&format!("/{p}"));
+            let url = Destination::parse(&r.url(&format!("/{p}")));
             let http = http.clone();
             threads.push(std::thread::spawn(move || {
-                let b = body(i);
+                let b = Bytes::from(body(i));
                 // Retry at the tail until delivered or out of budget.
                 while start.elapsed() < BASELINE_BUDGET {
                     let a = http.deliver(

@@ -39,6 +39,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use outbox_lanes::blocking::http::{Bytes, Destination};
 use outbox_lanes::core::UnitId;
 use outbox_lanes::store::{NewRow, SqliteOptions, SqliteStore, Store};
 
@@ -321,10 +322,11 @@ impl Drop for Server {
 // Workloads
 // ---------------------------------------------------------------------------------------
 
-/// A case's rows (the outbox's input) and the same requests flattened (the limit's).
+/// A case's rows (the outbox's input) and the same requests flattened (the limit's), their
+/// URLs parsed and bodies shared ahead, as a pass has them.
 struct Load {
     rows: Vec<NewRow>,
-    requests: Vec<(String, Vec<u8>)>,
+    requests: Vec<(Arc<Destination>, Bytes)>,
 }
 
 fn body(entry: usize, lane: Option<&str>) -> Vec<u8> {
@@ -340,11 +342,14 @@ fn load(to: &[String], rows: usize, keys: Option<usize>) -> Load {
         rows: Vec::with_capacity(rows),
         requests: Vec::with_capacity(rows * to.len()),
     };
+    let destinations: Vec<Arc<Destination>> =
+        to.iter().map(|r| Arc::new(Destination::parse(r))).collect();
     for i in 0..rows {
         let key = keys.map(|k| format!("k{}", i % k));
         let b = body(i, key.as_deref());
-        for r in to {
-            out.requests.push((r.clone(), b.clone()));
+        let shared = Bytes::from(b.clone());
+        for d in &destinations {
+            out.requests.push((Arc::clone(d), shared.clone()));
         }
         out.rows.push(NewRow {
             id: format!("e{i}"),

@@ -11,12 +11,13 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use outbox_lanes_core::policy::Recipient;
-
 use crate::http::{AttemptResult, not_sent};
 use crate::job::{Executor, Job};
 
-/// Caps attempts in flight per host (the canonical `host:port` of the recipient URL).
+/// Caps attempts in flight per host: the canonical `host:port` of the recipient URL (one
+/// host, one spelling, default port included), as the pass parsed it for the lane
+/// ([`Destination::host_port`](crate::request::Destination::host_port)). A recipient that
+/// does not parse is its own key (its attempt fails as `invalid_recipient`).
 pub struct HostCaps {
     shared: Arc<Shared>,
 }
@@ -56,16 +57,6 @@ impl core::fmt::Debug for HostCaps {
     }
 }
 
-/// The key of a recipient's cap: its canonical `host:port` (the core's URL parser: one host,
-/// one spelling, default port included). A recipient that does not parse (its attempt will
-/// fail as `invalid_recipient`) is its own key.
-pub(crate) fn host_of(recipient: &str) -> String {
-    match Recipient::parse(recipient) {
-        Ok(r) => format!("{}:{}", r.host(), r.port()),
-        Err(_) => recipient.to_string(),
-    }
-}
-
 impl HostCaps {
     /// At most `cap` (at least 1) attempts in flight per host through `inner`.
     pub fn new(inner: Arc<dyn Executor>, cap: usize) -> HostCaps {
@@ -99,7 +90,7 @@ fn stopped() -> AttemptResult {
 
 impl Executor for HostCaps {
     fn execute(&self, mut job: Job) -> Result<(), Job> {
-        let host = host_of(&job.recipient);
+        let host = job.recipient.host_port().to_owned();
         {
             let mut hosts = lock(&self.shared.hosts);
             let h = hosts.entry(host.clone()).or_default();
@@ -296,27 +287,17 @@ mod tests {
             ActorId::new("alice"),
             UnitId(unit),
             lane,
-            recipient.into(),
+            Arc::new(crate::request::Destination::parse(recipient)),
             1,
-            Payload {
+            Arc::new(Payload {
                 row_id: format!("r{unit}"),
                 content_type: "text/plain".into(),
                 body: Vec::new(),
                 headers: Vec::new(),
-            },
+            }),
             Arc::new(Chan(Mutex::new(reply.clone()))),
             Arc::new(std::sync::atomic::AtomicBool::new(true)),
         )
-    }
-
-    #[test]
-    fn host_of_takes_the_canonical_host_and_port() {
-        assert_eq!(host_of("https://A.example/inbox"), "a.example:443");
-        assert_eq!(host_of("https://a.example:443/other"), "a.example:443");
-        assert_eq!(host_of("http://127.0.0.1:8080/x?y#z"), "127.0.0.1:8080");
-        assert_eq!(host_of("https://[::1]:9/i"), "[::1]:9");
-        // Refused by the parser (user info): its own key, the attempt fails anyway.
-        assert_eq!(host_of("https://u:p@b.example"), "https://u:p@b.example");
     }
 
     #[test]

@@ -1,20 +1,26 @@
 //! The delivery policy every HTTP client of the workspace shares (design.md §5): the
-//! configuration, one attempt's request and result, the checks made before anything is
-//! sent, and how answers and I/O failures become an [`Outcome`].
+//! configuration, one attempt and its result, and how answers and I/O failures become an
+//! [`Outcome`]. The request itself (URL, headers, body, signature) is built in
+//! [`crate::request`].
 //!
 //! The clients themselves live beside it: `ureq_client::HttpClient` (blocking,
-//! feature `ureq`) and the tokio runtime's reqwest client. Both build every result here, so
-//! dead letters read the same whichever runtime delivered.
+//! feature `ureq`) and the tokio runtime's reqwest client. Both build every request and every
+//! result here, so they send the same request and dead letters read the same whichever
+//! runtime delivered.
 
 use core::fmt;
 use std::io;
 use std::time::Duration;
 
 use outbox_lanes_core::policy::{
-    AddressPolicy, Classifier, DEFAULT_RETRY_AFTER_CAP, DestinationRefused, Recipient,
-    TransportError,
+    AddressPolicy, Classifier, DEFAULT_RETRY_AFTER_CAP, DestinationRefused, TransportError,
+    UrlError,
 };
 use outbox_lanes_core::{Outcome, UnitId};
+
+pub use crate::request::{Destination, Request, RequestPolicy};
+/// The shared bytes of a request's body ([`Delivery::body`]): cloning them copies nothing.
+pub use bytes::Bytes;
 
 /// The default [`HttpConfig::timeout`].
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -92,7 +98,12 @@ pub fn redact_userinfo(url: &str) -> String {
     }
 }
 
-/// One attempt to deliver one unit to one recipient.
+/// One attempt to deliver one unit to one recipient, before it is a [`Request`]: what a
+/// [`Job`](crate::Job) hands its client ([`Job::delivery`](crate::Job::delivery)). The
+/// client's [`RequestPolicy`] turns it into the request it sends.
+///
+/// [`Request`]: crate::request::Request
+/// [`RequestPolicy`]: crate::request::RequestPolicy
 #[derive(Clone, Copy, Debug)]
 pub struct Delivery<'a> {
     /// The canonical id of the actor whose unit this is, passed to the signer (which picks
@@ -100,15 +111,15 @@ pub struct Delivery<'a> {
     pub actor: &'a str,
     /// The unit; its id is sent as `Idempotency-Key`.
     pub unit: UnitId,
-    /// The recipient URL (validated at enqueue; parsed again here, see
-    /// the client).
-    pub recipient: &'a str,
-    /// The request body.
-    pub body: &'a [u8],
+    /// The recipient URL, parsed once for its lane (a pass shares one [`Destination`] among
+    /// every attempt to the lane).
+    pub recipient: &'a Destination,
+    /// The request body, shared with the row's payload (cloning it copies no bytes).
+    pub body: &'a Bytes,
     /// The request's `Content-Type`.
     pub content_type: &'a str,
     /// The row's own headers ([`Payload::headers`](outbox_lanes_store::Payload::headers)),
-    /// sent after the client's own; usually empty.
+    /// checked again and sent after the client's own; usually empty.
     pub headers: &'a [(String, String)],
     /// The attempt number, passed to the signer.
     pub attempt: u32,
@@ -166,28 +177,24 @@ impl fmt::Display for HttpError {
 
 impl std::error::Error for HttpError {}
 
-/// What every client checks before sending anything: the recipient parses as an absolute
-/// http(s) URL, and an IP-literal host is allowed by the address policy (resolvers never see
-/// literals, so this is the check they get). `Err` carries the attempt's result.
-///
-/// # Errors
-/// An `invalid_recipient` [`Outcome::Permanent`], or a refused destination.
-pub fn precheck(
-    recipient: &str,
-    addresses: &AddressPolicy,
-    classifier: &Classifier,
-) -> Result<Recipient, AttemptResult> {
-    let parsed = Recipient::parse(recipient).map_err(|e| AttemptResult {
+/// The result of an attempt whose recipient URL does not parse (enqueue validates them, so
+/// a bug or a row written by hand): permanent, nothing sent.
+pub fn invalid_recipient(e: &UrlError) -> AttemptResult {
+    AttemptResult {
         outcome: Outcome::Permanent,
         status: None,
         error: Some(format!("invalid_recipient: {e}")),
-    })?;
-    if let Some(ip) = parsed.host().ip_addr() {
-        addresses
-            .check(ip)
-            .map_err(|refused| refused_result(&refused, classifier))?;
     }
-    Ok(parsed)
+}
+
+/// The result of an attempt whose request cannot be built (`why`): permanent, since every
+/// retry would build the same request; nothing sent.
+pub fn invalid_request(why: impl fmt::Display) -> AttemptResult {
+    AttemptResult {
+        outcome: Outcome::Permanent,
+        status: None,
+        error: Some(format!("invalid_request: {why}")),
+    }
 }
 
 /// The result of an attempt whose destination the SSRF guard refused.
@@ -263,7 +270,7 @@ pub fn not_sent(why: impl fmt::Display) -> AttemptResult {
 /// local configuration fault, never the recipient's), logged at `warn` with the actor, unit
 /// and recipient.
 pub fn unsigned(d: &Delivery<'_>, e: &crate::sign::SignError) -> AttemptResult {
-    tracing::warn!(actor = d.actor, unit = %d.unit, recipient = d.recipient, error = %e,
+    tracing::warn!(actor = d.actor, unit = %d.unit, recipient = d.recipient.as_str(), error = %e,
         "request not sent: it could not be signed");
     not_sent(e)
 }

@@ -4,10 +4,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+use bytes::Bytes;
 use outbox_lanes_core::{ActorId, LaneId, UnitId};
 use outbox_lanes_store::Payload;
 
 use crate::http::{AttemptResult, Delivery, not_sent};
+use crate::request::Destination;
 
 /// What an executor reports back to the pass that started the attempt.
 #[derive(Debug)]
@@ -32,7 +34,9 @@ pub trait Completions: Send + Sync {
 /// One attempt for an [`Executor`] to run: deliver [`Job::delivery`], then [`Job::finish`].
 ///
 /// The payload was read by the pass that started it, in one batch with the other attempts
-/// of its round. A job dropped unfinished reports [`Outcome::NotSent`](outbox_lanes_core::Outcome::NotSent):
+/// of its round, and is shared, not copied, by the attempts of the unit in that pass; the
+/// recipient URL was parsed once for the lane. The client turns the delivery into its request
+/// ([`RequestPolicy::build`](crate::request::RequestPolicy::build)) when it sends it. A job dropped unfinished reports [`Outcome::NotSent`](outbox_lanes_core::Outcome::NotSent):
 /// the unit is retried without counting an attempt.
 pub struct Job {
     /// The actor.
@@ -41,18 +45,30 @@ pub struct Job {
     pub unit: UnitId,
     /// The recipient's lane in the pass.
     pub lane: LaneId,
-    /// The recipient URL.
-    pub recipient: String,
+    /// The recipient URL, parsed once for the lane and shared by every attempt to it.
+    pub recipient: Arc<Destination>,
     /// The 1-based attempt number.
     pub attempt: u32,
     /// The row's payload.
-    pub payload: Payload,
+    pub payload: Arc<Payload>,
+    /// The payload's body, as the request's body: the same bytes, not a copy.
+    body: Bytes,
     started: Instant,
     sink: Option<Arc<dyn Completions>>,
     /// Cleared when the pass that started the job has ended.
     live: Arc<AtomicBool>,
     /// The job's place under its host's cap ([`crate::HostCaps`]), freed when it is dropped.
     pub(crate) permit: Option<crate::hosts::HostPermit>,
+}
+
+/// A payload's body as [`Bytes`] without copying it: the bytes stay in the payload, which
+/// the [`Bytes`] keeps alive.
+struct PayloadBody(Arc<Payload>);
+
+impl AsRef<[u8]> for PayloadBody {
+    fn as_ref(&self) -> &[u8] {
+        &self.0.body
+    }
 }
 
 impl std::fmt::Debug for Job {
@@ -73,12 +89,13 @@ impl Job {
         actor: ActorId,
         unit: UnitId,
         lane: LaneId,
-        recipient: String,
+        recipient: Arc<Destination>,
         attempt: u32,
-        payload: Payload,
+        payload: Arc<Payload>,
         sink: Arc<dyn Completions>,
         live: Arc<AtomicBool>,
     ) -> Job {
+        let body = Bytes::from_owner(PayloadBody(Arc::clone(&payload)));
         Job {
             actor,
             unit,
@@ -86,6 +103,7 @@ impl Job {
             recipient,
             attempt,
             payload,
+            body,
             started: Instant::now(),
             sink: Some(sink),
             live,
@@ -93,13 +111,13 @@ impl Job {
         }
     }
 
-    /// The request to make.
+    /// The attempt to make.
     pub fn delivery(&self) -> Delivery<'_> {
         Delivery {
             actor: self.actor.as_str(),
             unit: self.unit,
             recipient: &self.recipient,
-            body: &self.payload.body,
+            body: &self.body,
             content_type: &self.payload.content_type,
             headers: &self.payload.headers,
             attempt: self.attempt,

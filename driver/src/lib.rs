@@ -21,8 +21,10 @@
 //!   store work is batched per round, never one round trip per unit.
 //! - [`Executor`]: what runs [`Job`]s (a thread pool, tasks), with [`HostCaps`] in front for
 //!   per-host caps; a job reports its [`Done`] through the pass's [`Completions`] sink.
-//! - The delivery policy every HTTP client shares ([`http`]), signing ([`sign`]) and, with
-//!   the `ureq` feature, the blocking client ([`ureq_client::HttpClient`]).
+//! - The delivery policy every HTTP client shares ([`http`]), the one place that builds a
+//!   request (URL, headers, signature, body: [`request`]), signing ([`sign`]) and, with the
+//!   `ureq` feature, the blocking client ([`ureq_client::HttpClient`]), which like the tokio
+//!   runtime's client only transmits the request it is given.
 //! - What both runtimes' `Outbox` share: [`OutboxConfig`], [`Hooks`], [`OutboxError`],
 //!   [`DrainControl`] and [`OutboxCore`] (store, slots, acks, resolver).
 //!
@@ -40,6 +42,7 @@ pub mod http;
 mod job;
 mod outbox;
 pub mod pass;
+pub mod request;
 pub mod sign;
 #[cfg(feature = "ureq")]
 pub mod ureq_client;
@@ -53,6 +56,7 @@ pub use crate::http::{AttemptResult, Delivery, HttpConfig, HttpError};
 pub use crate::job::{Completions, Done, Executor, Job};
 pub use crate::outbox::{DrainOutcome, OutboxCore, drain_outcome, store_released};
 pub use crate::pass::PassReport;
+pub use crate::request::{Destination, Request, RequestPolicy};
 pub use crate::sign::Signer;
 pub use outbox_lanes_core as core;
 pub use outbox_lanes_store as store;

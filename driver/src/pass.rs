@@ -45,6 +45,7 @@ use crate::fmt::rfc3339;
 use crate::hooks::{Attempted, DeadLettered, Delivered, Hooks, Started};
 use crate::http::AttemptResult;
 use crate::job::{Completions, Done, Job};
+use crate::request::Destination;
 
 /// The last error recorded for an attempt cut off in flight (OL-14): it does not count
 /// toward the maximum, and says why the unit is sent again.
@@ -109,10 +110,10 @@ struct UnitInfo {
     enqueued_at: Timestamp,
     /// Recipients not yet delivered or dead-lettered in this pass.
     open: usize,
-    /// The payload, when the claim brought it: every attempt of the unit in this pass uses
-    /// it, with no store read. Kept while the unit is admitted (the scheduler's byte budget
-    /// bounds them all), dropped once it is resolved or handed back.
-    payload: Option<Payload>,
+    /// The payload, when the claim brought it: every attempt of the unit in this pass shares
+    /// it, with no store read and no copy. Kept while the unit is admitted (the scheduler's
+    /// byte budget bounds them all), dropped once it is resolved or handed back.
+    payload: Option<Arc<Payload>>,
 }
 
 /// An attempt the scheduler started, waiting for its payload at the end of the round.
@@ -133,6 +134,9 @@ pub struct PassCore {
     lanes: HashMap<StoreLaneId, LaneId>,
     store_lanes: Vec<StoreLaneId>,
     recipients: Vec<String>,
+    /// Each lane's recipient URL, parsed at its first attempt in this pass and shared by its
+    /// jobs from then on (by lane index).
+    destinations: Vec<Option<Arc<Destination>>>,
     units: HashMap<UnitId, UnitInfo>,
     last: HashMap<(UnitId, LaneId), AttemptResult>,
     watermark: u64,
@@ -228,6 +232,7 @@ impl PassCore {
             lanes: HashMap::new(),
             store_lanes: Vec::new(),
             recipients: Vec::new(),
+            destinations: Vec::new(),
             units: HashMap::new(),
             last: HashMap::new(),
             watermark: 0,
@@ -548,12 +553,13 @@ impl PassCore {
     }
 
     /// Makes the jobs of this round's starts: with the payload the claim brought, or else
-    /// with the payloads read in one call.
+    /// with the payloads read in one call. A lane's recipient URL is parsed at its first
+    /// attempt in the pass; its later jobs share it.
     fn fetch_payloads(&mut self, store: &dyn Store, hooks: &Hooks, starts: &[Start]) -> Vec<Job> {
         if starts.is_empty() {
             return Vec::new();
         }
-        let mut payloads: Vec<Option<Result<Payload, StoreError>>> = starts
+        let mut payloads: Vec<Option<Result<Arc<Payload>, StoreError>>> = starts
             .iter()
             .map(|s| {
                 self.units
@@ -571,7 +577,7 @@ impl PassCore {
         if !missing.is_empty() {
             let mut read = store.payloads(&missing).into_iter();
             for p in payloads.iter_mut().filter(|p| p.is_none()) {
-                *p = read.next();
+                *p = read.next().map(|r| r.map(Arc::new));
             }
         }
         let mut jobs = Vec::with_capacity(starts.len());
@@ -583,7 +589,7 @@ impl PassCore {
                     self.actor.clone(),
                     s.unit,
                     s.lane,
-                    self.recipient(s.lane).to_owned(),
+                    self.destination(s.lane),
                     s.attempt,
                     payload,
                     Arc::clone(&self.sink),
@@ -616,12 +622,26 @@ impl PassCore {
                 hook(&Started {
                     actor: &job.actor,
                     unit: job.unit,
-                    recipient: &job.recipient,
+                    recipient: job.recipient.as_str(),
                     attempt: job.attempt,
                 });
             }
         }
         jobs
+    }
+
+    /// `lane`'s recipient URL, parsed at the lane's first attempt in this pass.
+    fn destination(&mut self, lane: LaneId) -> Arc<Destination> {
+        let i = lane.index();
+        if self.destinations.len() <= i {
+            self.destinations.resize(i + 1, None);
+        }
+        if let Some(Some(d)) = self.destinations.get(i) {
+            return Arc::clone(d);
+        }
+        let d = Arc::new(Destination::parse(self.recipient(lane)));
+        self.destinations[i] = Some(Arc::clone(&d));
+        d
     }
 
     /// The pass is over (blocking): hands every unfinished unit back (OL-10, OL-14),
@@ -730,7 +750,7 @@ impl PassCore {
                     payload: None,
                 });
                 if info.payload.is_none() {
-                    info.payload = u.payload;
+                    info.payload = u.payload.map(Arc::new);
                 }
                 units.push(Admit {
                     id: u.id,

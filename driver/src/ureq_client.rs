@@ -5,9 +5,10 @@
 //! status, a timeout, a reset, a refused destination) becomes an [`AttemptResult`] whose
 //! [`Outcome`] the scheduler consumes. What it does (design.md §5, OL-4, OL-6, OL-9):
 //!
-//! - POSTs the body with its `Content-Type`, an `Idempotency-Key` (the unit id), the
-//!   configured `User-Agent` and the [`Signer`]'s headers, the signer being called on every
-//!   attempt with that attempt's time;
+//! - sends the request built by [`crate::request`] as it is: the method, the URL parsed once
+//!   for the lane, every header (`User-Agent`, `Accept`, `Idempotency-Key`, `Content-Type`,
+//!   the row's own after checking them again, the [`Signer`]'s, signed on every attempt with
+//!   that attempt's time) and the body; ureq adds only `Host` and `Content-Length`;
 //! - follows no redirect (a 3xx is classified, by default as permanent) and turns no status
 //!   into an error;
 //! - reads at most [`HttpConfig::max_response_body`] bytes of the answer, then drops the
@@ -20,7 +21,8 @@
 //!
 //! Recipient URLs come from outside, so the client refuses to connect to addresses the
 //! [`AddressPolicy`] does not allow (by default everything but public addresses):
-//! - an IP-literal host is checked before anything else happens;
+//! - an IP-literal host is checked when the request is built, before anything is sent
+//!   ([`RequestPolicy::build`]);
 //! - a name is resolved by the client's own resolver, which drops every address the policy
 //!   refuses and fails when none is left. The addresses it returns are the only ones ureq
 //!   connects to, so the addresses checked are the addresses used: a name that resolves to a
@@ -45,28 +47,32 @@
 //! process-wide default), with the webpki root certificates. The tokio runtime uses reqwest
 //! with rustls and `ring` too, so the process carries one TLS implementation and one crypto
 //! provider.
+//!
+//! [`Outcome`]: outbox_lanes_core::Outcome
+//! [`Outcome::Refused`]: outbox_lanes_core::Outcome::Refused
 
 use core::fmt;
 use std::io::{self, Read as _};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use outbox_lanes_core::Timestamp;
 use outbox_lanes_core::policy::{
     AddressPolicy, Classifier, DestinationRefused, TransportError, parse_retry_after,
 };
-use outbox_lanes_core::{Outcome, Timestamp};
-use ureq::config::Config;
-use ureq::http::{HeaderValue, Uri};
+use ureq::config::{AutoHeaderValue, Config};
+use ureq::http::Uri;
 use ureq::tls::TlsConfig;
 use ureq::unversioned::resolver::{DefaultResolver, ResolvedSocketAddrs, Resolver};
 use ureq::unversioned::transport::{DefaultConnector, NextTimeout};
 use ureq::{Agent, Proxy, ProxyProtocol};
 
 use crate::http::{
-    AttemptResult, Delivery, ERROR_EXCERPT, HttpConfig, HttpError, answered_result, io_kind,
-    precheck, refusal_message, refused_result, unsigned,
+    AttemptResult, Delivery, ERROR_EXCERPT, HttpConfig, HttpError, answered_result,
+    invalid_request, io_kind, refusal_message, refused_result,
 };
-use crate::sign::{SignRequest, Signer};
+use crate::request::{Request, RequestPolicy};
+use crate::sign::Signer;
 
 /// Idle connections kept per host. ureq's default (3) is below the delivery concurrency a
 /// relay runs with; many workers delivering to one host (several actors' lanes, or a
@@ -86,12 +92,11 @@ pub struct HttpClient {
 
 /// What `deliver` needs besides the agent.
 struct Shared {
-    user_agent: String,
+    requests: RequestPolicy,
     max_response_body: usize,
     addresses: AddressPolicy,
     classifier: Classifier,
     retry_after_cap: Duration,
-    signer: Option<Arc<dyn Signer>>,
 }
 
 impl HttpClient {
@@ -100,11 +105,7 @@ impl HttpClient {
     /// # Errors
     /// [`HttpError`] when the proxy or the User-Agent is invalid.
     pub fn new(cfg: HttpConfig, signer: Option<Arc<dyn Signer>>) -> Result<Self, HttpError> {
-        // ureq unwraps the configured User-Agent into a header value on every request, so a
-        // bad one would panic there: refuse it here.
-        if HeaderValue::from_str(&cfg.user_agent).is_err() {
-            return Err(HttpError::BadUserAgent);
-        }
+        let requests = RequestPolicy::new(&cfg, signer)?;
         let proxy = match &cfg.proxy {
             None => None,
             Some(p) => {
@@ -130,7 +131,11 @@ impl HttpClient {
             .timeout_global(Some(cfg.timeout))
             .max_idle_connections(IDLE_TOTAL)
             .max_idle_connections_per_host(IDLE_PER_HOST)
-            .user_agent(cfg.user_agent.as_str())
+            // Every header comes with the request (crate::request): ureq adds none of its own
+            // beside the framing.
+            .user_agent(AutoHeaderValue::None)
+            .accept(AutoHeaderValue::None)
+            .accept_encoding(AutoHeaderValue::None)
             .tls_config(tls)
             .build();
         let resolver = GuardedResolver {
@@ -141,12 +146,11 @@ impl HttpClient {
         Ok(HttpClient {
             agent,
             shared: Arc::new(Shared {
-                user_agent: cfg.user_agent,
+                requests,
                 max_response_body: cfg.max_response_body,
                 addresses: cfg.addresses,
                 classifier: cfg.classifier,
                 retry_after_cap: cfg.retry_after_cap,
-                signer,
             }),
         })
     }
@@ -154,63 +158,34 @@ impl HttpClient {
     /// Makes one delivery attempt at `now` and classifies what happened.
     ///
     /// `now` is the attempt's time: the signer signs with it and an HTTP-date Retry-After
-    /// is measured from it. Never panics, never fails: a recipient URL that does not parse
-    /// (enqueue validates them, so this means a bug or a tampered store) is
-    /// [`Outcome::Permanent`] with an `invalid_recipient` error; a refused destination is
-    /// [`Outcome::Refused`]; transport failures are classified by the
-    /// [`Classifier::transport`] (transient); statuses by the configured classifier.
+    /// is measured from it. The request is built by the shared
+    /// [`RequestPolicy::build`] (which may refuse to send anything: an `invalid_recipient`,
+    /// an `invalid_request` such as a refused row header, a refused IP literal, a request the
+    /// signer could not sign) and then [sent](HttpClient::send). Never panics, never fails:
+    /// transport failures are classified by the [`Classifier::transport`] (transient),
+    /// statuses by the configured classifier.
     pub fn deliver(&self, d: &Delivery<'_>, now: SystemTime) -> AttemptResult {
-        // A literal is checked here, before anything is sent; the resolver checks it again.
-        let recipient = match precheck(d.recipient, &self.shared.addresses, &self.shared.classifier)
-        {
-            Ok(r) => r,
-            Err(result) => return result,
+        match self.shared.requests.build(d, now) {
+            Ok(request) => self.send(&request, now),
+            Err(result) => result,
+        }
+    }
+
+    /// Sends `request` as it is — ureq adds only `Host` and `Content-Length` — under the
+    /// client's transport rules (timeout, no redirect, capped answer, guarded resolver), and
+    /// classifies what happened. `now` is the attempt's time, for an HTTP-date Retry-After.
+    pub fn send(&self, request: &Request<'_>, now: SystemTime) -> AttemptResult {
+        let mut builder = ureq::http::Request::builder()
+            .method(request.method.clone())
+            .uri(request.url.as_str());
+        for (name, value) in &request.headers {
+            builder = builder.header(name, value);
+        }
+        let req = match builder.body(&request.body[..]) {
+            Ok(req) => req,
+            Err(e) => return invalid_request(e),
         };
-
-        let mut req = self
-            .agent
-            .post(recipient.as_str())
-            .header("Content-Type", d.content_type)
-            .header("Idempotency-Key", d.unit.to_string())
-            .header("User-Agent", self.shared.user_agent.as_str());
-        for (name, value) in d.headers {
-            // Checked at enqueue; a row written with plain SQL may still hold a bad one, and
-            // the same request would be built again on every retry: permanent.
-            let (Ok(n), Ok(v)) = (
-                ureq::http::HeaderName::from_bytes(name.as_bytes()),
-                ureq::http::HeaderValue::from_str(value),
-            ) else {
-                return AttemptResult {
-                    outcome: Outcome::Permanent,
-                    status: None,
-                    error: Some(format!(
-                        "invalid_request: the row's header {name:?} is not valid"
-                    )),
-                };
-            };
-            req = req.header(n, v);
-        }
-        if let Some(signer) = &self.shared.signer {
-            let signed = signer.sign(&SignRequest {
-                actor: d.actor,
-                unit: d.unit,
-                recipient: recipient.as_str(),
-                body: d.body,
-                content_type: d.content_type,
-                at: now,
-                attempt: d.attempt,
-            });
-            // Unsigned, the request would only be refused: not sent, retried uncounted.
-            let headers = match signed {
-                Ok(headers) => headers,
-                Err(e) => return unsigned(d, &e),
-            };
-            for (name, value) in headers {
-                req = req.header(name, value);
-            }
-        }
-
-        match req.send(d.body) {
+        match self.agent.run(req) {
             Ok(response) => self.answered(response, now),
             Err(e) => self.failed(&e),
         }
@@ -242,14 +217,8 @@ impl HttpClient {
         let kind = match error_kind(e) {
             ErrorKind::Transport(kind) => kind,
             ErrorKind::Refused(refused) => return self.refused(&refused),
-            ErrorKind::InvalidRequest => {
-                // The same request would be built again on every retry.
-                return AttemptResult {
-                    outcome: Outcome::Permanent,
-                    status: None,
-                    error: Some(format!("invalid_request: {e}")),
-                };
-            }
+            // The same request would be built again on every retry.
+            ErrorKind::InvalidRequest => return invalid_request(e),
         };
         // The stable code first; the client's own words after it, without repeating the code
         // when they start with it (ureq says "timeout: global").
@@ -274,9 +243,8 @@ impl HttpClient {
 impl fmt::Debug for HttpClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HttpClient")
-            .field("user_agent", &self.shared.user_agent)
+            .field("requests", &self.shared.requests)
             .field("addresses", &self.shared.addresses)
-            .field("signed", &self.shared.signer.is_some())
             .finish_non_exhaustive()
     }
 }

@@ -342,3 +342,60 @@ fn a_round_that_needs_no_store_runs_inline_and_one_that_writes_does_not() {
     assert_eq!(r.report.delivered, 1);
     assert_eq!(pending(&*f.store), 2, "r0 acked; r1 and r2 pending");
 }
+
+/// A lane's recipient URL is parsed once per pass: every job to the lane, each unit and each
+/// retry, carries the same parsed URL (one allocation, shared), and the clients take it
+/// parsed ([`outbox_lanes_driver::Delivery::recipient`] is a `Destination`), so no attempt
+/// parses it again. Each job's body is its payload's bytes, and a retry in the same pass
+/// shares the payload: no copy of the body.
+#[test]
+fn a_lanes_url_is_parsed_once_per_pass_and_bodies_are_not_copied() {
+    let f = fixture(3);
+    let hooks = Hooks::default();
+    let cx = RoundContext {
+        store: &*f.store,
+        acks: &f.acks,
+        hooks: &hooks,
+    };
+    let sink = Arc::new(Sink::default());
+    let mut pass = PassCore::new(token(&*f.store), &config(), sink.clone(), now(), now());
+    let mut seen = Vec::new();
+    // Each unit fails once (a retry), then is delivered: six attempts in all.
+    for _ in 0..6 {
+        let jobs = started(&mut pass, cx);
+        assert_eq!(jobs.len(), 1, "one lane: one attempt at a time");
+        for j in jobs {
+            let d = j.delivery();
+            assert!(std::ptr::eq(d.body.as_ptr(), j.payload.body.as_ptr()));
+            assert_eq!(d.recipient.as_str(), TO);
+            let outcome = match seen.iter().find(|(u, _, _)| *u == j.unit) {
+                Some((_, _, first)) => {
+                    assert!(
+                        Arc::ptr_eq(first, &j.payload),
+                        "the retry shares the payload"
+                    );
+                    Outcome::Delivered
+                }
+                None => Outcome::Transient { retry_after: None },
+            };
+            seen.push((j.unit, Arc::clone(&j.recipient), Arc::clone(&j.payload)));
+            j.finish(result(outcome));
+        }
+        for d in sink.take() {
+            pass.handle_done(d, &hooks, now());
+        }
+    }
+    assert_eq!(seen.len(), 6);
+    assert!(
+        seen.iter().all(|(_, r, _)| Arc::ptr_eq(r, &seen[0].1)),
+        "every attempt shares the lane's one parsed URL"
+    );
+    for _ in 0..100 {
+        let _ = pass.round(cx);
+        if pass.ended().is_some() {
+            break;
+        }
+    }
+    let r = pass.finish(cx);
+    assert_eq!(r.report.delivered, 3);
+}

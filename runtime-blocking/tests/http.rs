@@ -14,7 +14,9 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use outbox_lanes_blocking::http::{AttemptResult, Delivery, HttpClient, HttpConfig, HttpError};
+use outbox_lanes_blocking::http::{
+    AttemptResult, Bytes, Delivery, Destination, HttpClient, HttpConfig, HttpError,
+};
 use outbox_lanes_blocking::sign::{SignError, SignRequest, Signer, StandardWebhooks};
 use outbox_lanes_core::policy::{AddressPolicy, Classifier, StatusClass};
 use outbox_lanes_core::{Outcome, UnitId};
@@ -49,8 +51,8 @@ fn post_at(client: &HttpClient, url: &str, unit: u64, now: SystemTime) -> Attemp
         &Delivery {
             actor: "actor",
             unit: UnitId(unit),
-            recipient: url,
-            body: BODY,
+            recipient: &Destination::parse(url),
+            body: &Bytes::from_static(BODY),
             content_type: CONTENT_TYPE,
             headers: &[],
             attempt: 1,
@@ -662,8 +664,8 @@ fn an_invalid_header_is_permanent_and_sends_nothing() {
         &Delivery {
             actor: "actor",
             unit: UnitId(1),
-            recipient: &r.url("/inbox"),
-            body: BODY,
+            recipient: &Destination::parse(&r.url("/inbox")),
+            body: &Bytes::from_static(BODY),
             content_type: "text/plain\r\nX-Injected: 1",
             headers: &[],
             attempt: 1,
@@ -759,7 +761,7 @@ impl Signer for RecordingSigner {
         self.seen.lock().unwrap().push(Seen {
             actor: req.actor.to_owned(),
             unit: req.unit,
-            recipient: req.recipient.to_owned(),
+            recipient: req.recipient.as_str().to_owned(),
             body: req.body.to_vec(),
             content_type: req.content_type.to_owned(),
             at: req.at,
@@ -784,8 +786,8 @@ fn the_signer_is_called_on_every_attempt_with_its_time() {
             &Delivery {
                 actor: "actor",
                 unit: UnitId(5),
-                recipient: &url,
-                body: BODY,
+                recipient: &Destination::parse(&url),
+                body: &Bytes::from_static(BODY),
                 content_type: CONTENT_TYPE,
                 headers: &[],
                 attempt,

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use outbox_lanes_blocking::http::{Delivery, HttpClient, HttpConfig};
+use outbox_lanes_blocking::http::{Bytes, Delivery, Destination, HttpClient, HttpConfig};
 use outbox_lanes_blocking::sign::{ActorKey, HttpSignatures};
 use outbox_lanes_core::policy::AddressPolicy;
 use outbox_lanes_core::{Outcome, UnitId};
@@ -35,8 +35,8 @@ fn deliver(c: &HttpClient, actor: &str, url: &str, attempt: u32, at: SystemTime)
         &Delivery {
             actor,
             unit: UnitId(3),
-            recipient: url,
-            body: br#"{"type":"Create"}"#,
+            recipient: &Destination::parse(url),
+            body: &Bytes::from_static(br#"{"type":"Create"}"#),
             content_type: "application/activity+json",
             headers: &[],
             attempt,
@@ -85,8 +85,8 @@ fn an_actor_without_a_key_sends_nothing() {
         &Delivery {
             actor: "https://social.example/users/carol",
             unit: UnitId(4),
-            recipient: &r.url("/inbox"),
-            body: b"{}",
+            recipient: &Destination::parse(&r.url("/inbox")),
+            body: &Bytes::from_static(b"{}"),
             content_type: "application/json",
             headers: &[],
             attempt: 1,

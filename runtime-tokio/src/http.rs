@@ -8,8 +8,11 @@
 //! the classification, Retry-After parsing, answer excerpts and refusal messages are the
 //! shared ones.
 //!
-//! - POST with `Content-Type`, `Idempotency-Key` (the unit id), `User-Agent` and the
-//!   [`Signer`]'s headers, the signer called on every attempt with that attempt's time;
+//! - the request built by `outbox_lanes_driver::request`, sent as it is: the method, the URL
+//!   parsed once for the lane, every header (`User-Agent`, `Accept`, `Idempotency-Key`,
+//!   `Content-Type`, the row's own after checking them again, the [`Signer`]'s, signed on
+//!   every attempt with that attempt's time) and the body, shared with the payload rather
+//!   than copied; reqwest adds only `Host` and `Content-Length`;
 //! - no redirect followed (`redirect::Policy::none()`): a 3xx is classified, by default as
 //!   permanent;
 //! - at most [`HttpConfig::max_response_body`] bytes of the answer read, then the
@@ -20,7 +23,8 @@
 //! # The SSRF guard
 //!
 //! reqwest (hyper) never passes an IP-literal host to its resolver, so a literal is checked
-//! against the [`AddressPolicy`] here, before the request is built. Names are resolved by
+//! against the [`AddressPolicy`] when the request is built ([`RequestPolicy::build`]), before
+//! anything is sent. Names are resolved by
 //! the client's own [`reqwest::dns::Resolve`], which drops every address the policy refuses
 //! and fails when none is left; hyper connects only to the addresses it returns, so the
 //! addresses checked are the addresses used (no second lookup for DNS rebinding to exploit).
@@ -43,18 +47,18 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use outbox_lanes_core::Timestamp;
 use outbox_lanes_core::policy::{
     AddressPolicy, Classifier, DestinationRefused, Recipient, TransportError, parse_retry_after,
 };
-use outbox_lanes_core::{Outcome, Timestamp};
 use outbox_lanes_driver::OutboxError;
 use outbox_lanes_driver::http::{
-    AttemptResult, Delivery, HttpConfig, answered_result, io_kind, precheck, redact_userinfo,
-    refusal_message, refused_result,
+    AttemptResult, Delivery, HttpConfig, answered_result, invalid_request, io_kind,
+    redact_userinfo, refusal_message, refused_result,
 };
-use outbox_lanes_driver::sign::{SignRequest, Signer};
+use outbox_lanes_driver::request::{Request, RequestPolicy};
+use outbox_lanes_driver::sign::Signer;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
-use reqwest::header::{HeaderName, HeaderValue};
 
 /// Idle connections kept per host (reqwest keeps unlimited by default; bounded here). Sized
 /// for a relay with hundreds of attempts in flight to one host: a smaller pool closes the
@@ -70,18 +74,16 @@ pub struct AsyncHttpClient {
 }
 
 struct Shared {
+    requests: RequestPolicy,
     max_response_body: usize,
-    addresses: AddressPolicy,
     classifier: Classifier,
     retry_after_cap: Duration,
-    signer: Option<Arc<dyn Signer>>,
 }
 
 impl fmt::Debug for AsyncHttpClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AsyncHttpClient")
-            .field("addresses", &self.shared.addresses)
-            .field("signed", &self.shared.signer.is_some())
+            .field("requests", &self.shared.requests)
             .finish_non_exhaustive()
     }
 }
@@ -94,9 +96,7 @@ impl AsyncHttpClient {
     /// cannot be built.
     pub fn new(cfg: HttpConfig, signer: Option<Arc<dyn Signer>>) -> Result<Self, OutboxError> {
         let http_err = |e: String| OutboxError::Http(e);
-        let user_agent = HeaderValue::from_str(&cfg.user_agent).map_err(|_| {
-            http_err("the User-Agent contains characters not allowed in a header".into())
-        })?;
+        let requests = RequestPolicy::new(&cfg, signer).map_err(|e| http_err(e.to_string()))?;
         let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
@@ -115,8 +115,10 @@ impl AsyncHttpClient {
             .http1_only()
             .redirect(reqwest::redirect::Policy::none())
             .timeout(cfg.timeout)
-            .pool_max_idle_per_host(IDLE_PER_HOST)
-            .user_agent(user_agent);
+            // No User-Agent here: it comes with the request (crate::request), like every
+            // header. reqwest's one default header, `Accept: */*`, is always overridden by the
+            // request's own.
+            .pool_max_idle_per_host(IDLE_PER_HOST);
         match &cfg.proxy {
             None => builder = builder.no_proxy(),
             Some(p) => {
@@ -145,70 +147,37 @@ impl AsyncHttpClient {
         Ok(AsyncHttpClient {
             client,
             shared: Arc::new(Shared {
+                requests,
                 max_response_body: cfg.max_response_body,
-                addresses: cfg.addresses,
                 classifier: cfg.classifier,
                 retry_after_cap: cfg.retry_after_cap,
-                signer,
             }),
         })
     }
 
     /// Makes one delivery attempt at `now` and classifies what happened; see
     /// the blocking client (`ureq_client::HttpClient::deliver`), whose results this matches.
+    /// The request is built by the shared [`RequestPolicy::build`], which may refuse to send
+    /// anything, and then [sent](AsyncHttpClient::send).
     pub async fn deliver(&self, d: &Delivery<'_>, now: SystemTime) -> AttemptResult {
-        // hyper skips the resolver for literals: this is the only check they get.
-        let recipient = match precheck(d.recipient, &self.shared.addresses, &self.shared.classifier)
-        {
-            Ok(r) => r,
-            Err(result) => return result,
-        };
+        match self.shared.requests.build(d, now) {
+            Ok(request) => self.send(&request, now).await,
+            Err(result) => result,
+        }
+    }
+
+    /// Sends `request` as it is — reqwest adds only `Host` and `Content-Length` — under the
+    /// client's transport rules (timeout, no redirect, capped answer, guarded resolver), and
+    /// classifies what happened. `now` is the attempt's time, for an HTTP-date Retry-After.
+    pub async fn send(&self, request: &Request<'_>, now: SystemTime) -> AttemptResult {
         let mut req = self
             .client
-            .post(recipient.as_str())
-            .header("Idempotency-Key", d.unit.to_string());
-        match HeaderValue::from_str(d.content_type) {
-            Ok(v) => req = req.header(reqwest::header::CONTENT_TYPE, v),
-            Err(_) => return invalid_request("the content type is not a header value"),
+            .request(request.method.clone(), request.url.as_str());
+        for (name, value) in &request.headers {
+            req = req.header(name, value);
         }
-        for (name, value) in d.headers {
-            // Checked at enqueue; a row written with plain SQL may still hold a bad one, and
-            // the same request would be built again on every retry: permanent.
-            let (Ok(n), Ok(v)) = (
-                HeaderName::from_bytes(name.as_bytes()),
-                HeaderValue::from_str(value),
-            ) else {
-                return invalid_request(&format!("the row's header {name:?} is not valid"));
-            };
-            req = req.header(n, v);
-        }
-        if let Some(signer) = &self.shared.signer {
-            let signed = signer.sign(&SignRequest {
-                actor: d.actor,
-                unit: d.unit,
-                recipient: recipient.as_str(),
-                body: d.body,
-                content_type: d.content_type,
-                at: now,
-                attempt: d.attempt,
-            });
-            // Unsigned, the request would only be refused: not sent, retried uncounted.
-            let headers = match signed {
-                Ok(headers) => headers,
-                Err(e) => return outbox_lanes_driver::http::unsigned(d, &e),
-            };
-            for (name, value) in headers {
-                // The same request would be built again on every retry: permanent.
-                let (Ok(name), Ok(value)) = (
-                    HeaderName::from_bytes(name.as_bytes()),
-                    HeaderValue::from_str(&value),
-                ) else {
-                    return invalid_request(&format!("the signer's header {name:?} is not valid"));
-                };
-                req = req.header(name, value);
-            }
-        }
-        match req.body(d.body.to_vec()).send().await {
+        // The body's bytes are shared, not copied.
+        match req.body(request.body.clone()).send().await {
             Ok(response) => self.answered(response, now).await,
             Err(e) => self.failed(&e),
         }
@@ -248,7 +217,7 @@ impl AsyncHttpClient {
 
     fn failed(&self, e: &reqwest::Error) -> AttemptResult {
         if e.is_builder() {
-            return invalid_request(&chain(e));
+            return invalid_request(chain(e));
         }
         let mut kind = None;
         let mut source: Option<&(dyn StdError + 'static)> = Some(e);
@@ -309,14 +278,6 @@ fn io_chain_kind(io: &io::Error) -> Option<TransportError> {
             },
             None => return found,
         }
-    }
-}
-
-fn invalid_request(why: &str) -> AttemptResult {
-    AttemptResult {
-        outcome: Outcome::Permanent,
-        status: None,
-        error: Some(format!("invalid_request: {why}")),
     }
 }
 

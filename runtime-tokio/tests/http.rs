@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use outbox_lanes_core::policy::AddressPolicy;
 use outbox_lanes_core::{Outcome, UnitId};
-use outbox_lanes_driver::http::{AttemptResult, Delivery};
+use outbox_lanes_driver::http::{AttemptResult, Bytes, Delivery, Destination};
 use outbox_lanes_driver::ureq_client::HttpClient;
 use outbox_lanes_test_support::{Completion, Recipient, Reply, Response, Unanswered};
 use outbox_lanes_tokio::{AsyncHttpClient, HttpConfig};
@@ -38,8 +38,8 @@ async fn post_async(c: &AsyncHttpClient, url: &str, content_type: &str) -> Attem
         &Delivery {
             actor: "actor",
             unit: UnitId(7),
-            recipient: url,
-            body: BODY,
+            recipient: &Destination::parse(url),
+            body: &Bytes::from_static(BODY),
             content_type,
             headers: &[],
             attempt: 1,
@@ -56,8 +56,8 @@ async fn post_blocking(c: &HttpClient, url: &str, content_type: &str) -> Attempt
             &Delivery {
                 actor: "actor",
                 unit: UnitId(7),
-                recipient: &url,
-                body: BODY,
+                recipient: &Destination::parse(&url),
+                body: &Bytes::from_static(BODY),
                 content_type: &content_type,
                 headers: &[],
                 attempt: 1,
@@ -383,8 +383,8 @@ async fn row_headers_are_sent_by_both_clients() {
                     &Delivery {
                         actor: "actor",
                         unit: UnitId(7),
-                        recipient: &url2,
-                        body: BODY,
+                        recipient: &Destination::parse(&url2),
+                        body: &Bytes::from_static(BODY),
                         content_type: CONTENT_TYPE,
                         headers: &headers,
                         attempt: 1,
@@ -399,8 +399,8 @@ async fn row_headers_are_sent_by_both_clients() {
                         &Delivery {
                             actor: "actor",
                             unit: UnitId(7),
-                            recipient: &url2,
-                            body: BODY,
+                            recipient: &Destination::parse(&url2),
+                            body: &Bytes::from_static(BODY),
                             content_type: CONTENT_TYPE,
                             headers: &headers,
                             attempt: 1,
