@@ -847,3 +847,118 @@ fn one_client_is_shared_by_many_threads() {
         assert_eq!(keys, want, "each worker's deliveries arrive in its order");
     }
 }
+
+/// Enqueues one row for one recipient with plain SQL, as store/SCHEMA.md ("Enqueue with plain
+/// SQL", steps 1, 3, 4a and 5) tells a service enqueueing from its own SQL library: nothing
+/// checks the `headers` column on that path.
+fn enqueue_with_plain_sql(db: &std::path::Path, row_id: &str, recipient: &str, headers: &str) {
+    let mut c = rusqlite::Connection::open(db).unwrap();
+    c.busy_timeout(Duration::from_secs(5)).unwrap();
+    let tx = c.transaction().unwrap();
+    let seq: i64 = tx
+        .query_row(
+            "INSERT INTO ol_actors AS a (actor, last_seq) VALUES ('actor', 1) \
+             ON CONFLICT (actor) DO UPDATE SET last_seq = a.last_seq + excluded.last_seq \
+             RETURNING last_seq",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    tx.execute(
+        "INSERT INTO ol_lanes (actor, recipient, ordering_key) VALUES ('actor', ?1, '') \
+         ON CONFLICT (actor, recipient, ordering_key) DO NOTHING",
+        [recipient],
+    )
+    .unwrap();
+    let lane: i64 = tx
+        .query_row(
+            "SELECT id FROM ol_lanes WHERE actor = 'actor' AND recipient = ?1 AND ordering_key = ''",
+            [recipient],
+            |r| r.get(0),
+        )
+        .unwrap();
+    tx.execute(
+        "INSERT INTO ol_units (actor, lane_id, seq, row_id, content_type, body, body_len, \
+         dedup_key, ordering_key, enqueued_at, headers) \
+         VALUES ('actor', ?1, ?2, ?3, 'application/json', ?4, ?5, NULL, '', ?6, ?7)",
+        rusqlite::params![
+            lane,
+            seq,
+            row_id,
+            BODY,
+            BODY.len() as i64,
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as i64,
+            headers
+        ],
+    )
+    .unwrap();
+    tx.execute(
+        "UPDATE ol_lanes SET tail_seq = max(tail_seq, ?1) WHERE id = ?2",
+        rusqlite::params![seq, lane],
+    )
+    .unwrap();
+    tx.commit().unwrap();
+}
+
+/// A row written with plain SQL bypasses enqueue's header check. Its `Host` or
+/// `Content-Length` is never sent: the unit is dead-lettered (`permanent`) on its first
+/// attempt with an error naming the header, and the recipient sees nothing of it.
+#[test]
+fn stored_headers_the_client_sets_itself_are_never_sent() {
+    use outbox_lanes_blocking::{Outbox, OutboxConfig};
+    use outbox_lanes_core::DeadReason;
+    use outbox_lanes_store::{SqliteOptions, SqliteStore};
+
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("outbox.db");
+    let store = Arc::new(SqliteStore::open(&db, SqliteOptions::default()).unwrap());
+    let r = recipient();
+    enqueue_with_plain_sql(&db, "host", &r.url("/host"), "Host: evil.internal");
+    enqueue_with_plain_sql(
+        &db,
+        "length",
+        &r.url("/length"),
+        "X-Ok: 1\nContent-Length: 0",
+    );
+    let mut cfg = OutboxConfig::default().allow_loopback();
+    cfg.http.timeout = Duration::from_secs(2);
+    let outbox = Outbox::open(store, cfg).unwrap();
+    outbox.drain("actor").unwrap();
+    assert_eq!(r.count_all(), 0, "sent: {:?}", r.all_requests());
+    let mut letters = outbox.dead_letters(Some("actor")).unwrap();
+    letters.sort_by(|a, b| a.row_id.cmp(&b.row_id));
+    let got: Vec<_> = letters
+        .iter()
+        .map(|d| {
+            (
+                d.row_id.as_str(),
+                d.reason,
+                d.attempts,
+                d.last_status,
+                d.last_error.as_deref().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (
+                "host",
+                DeadReason::Permanent,
+                1,
+                None,
+                "invalid_request: refused stored header \"Host\": reserved (the HTTP client sets it itself)"
+            ),
+            (
+                "length",
+                DeadReason::Permanent,
+                1,
+                None,
+                "invalid_request: refused stored header \"Content-Length\": reserved (the HTTP client sets it itself)"
+            ),
+        ]
+    );
+}

@@ -432,3 +432,203 @@ async fn row_headers_are_sent_by_both_clients() {
         }
     }
 }
+
+/// Both clients put the same headers, with the same values in the same order, on the same
+/// attempt of the same unit (signed, with row headers): they come from one place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_clients_send_the_same_headers() {
+    use outbox_lanes_driver::sign::StandardWebhooks;
+    let r = Recipient::start().expect("recipient");
+    let signer = std::sync::Arc::new(
+        StandardWebhooks::from_whsec("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").expect("secret"),
+    );
+    let a = AsyncHttpClient::new(loopback(), Some(signer.clone())).expect("async client");
+    let b = HttpClient::new(loopback(), Some(signer)).expect("blocking client");
+    let headers = vec![
+        ("Authorization".to_owned(), "Bearer t0k3n".to_owned()),
+        ("X-Trace".to_owned(), "a, b".to_owned()),
+    ];
+    let url = r.url("/inbox");
+    let res = a
+        .deliver(
+            &Delivery {
+                actor: "actor",
+                unit: UnitId(7),
+                recipient: &Destination::parse(&url),
+                body: &Bytes::from_static(BODY),
+                content_type: CONTENT_TYPE,
+                headers: &headers,
+                attempt: 1,
+            },
+            fixed_now(),
+        )
+        .await;
+    assert_eq!(res.outcome, Outcome::Delivered, "{res:?}");
+    let (h, u) = (headers.clone(), url.clone());
+    let res = tokio::task::spawn_blocking(move || {
+        b.deliver(
+            &Delivery {
+                actor: "actor",
+                unit: UnitId(7),
+                recipient: &Destination::parse(&u),
+                body: &Bytes::from_static(BODY),
+                content_type: CONTENT_TYPE,
+                headers: &h,
+                attempt: 1,
+            },
+            fixed_now(),
+        )
+    })
+    .await
+    .expect("join");
+    assert_eq!(res.outcome, Outcome::Delivered, "{res:?}");
+    let q = r.requests("/inbox");
+    assert_eq!(q.len(), 2);
+    // The transports add the framing (`Host`, `Content-Length`), each where it likes; every
+    // other header comes from the one request description, in its order. The attempt time
+    // is fixed, so even the signature's values agree.
+    let framing = |name: &str| ["host", "content-length"].contains(&name);
+    let split = |q: &outbox_lanes_test_support::Recorded| {
+        let (mut framed, ours): (Vec<_>, Vec<_>) =
+            q.headers.iter().cloned().partition(|(n, _)| framing(n));
+        framed.sort();
+        (ours, framed)
+    };
+    let (async_headers, async_framing) = split(&q[0]);
+    let (blocking_headers, blocking_framing) = split(&q[1]);
+    assert_eq!(
+        async_headers, blocking_headers,
+        "async first, blocking second"
+    );
+    assert_eq!(async_framing, blocking_framing);
+    assert_eq!(async_framing.len(), 2, "{async_framing:?}");
+    let names: Vec<&str> = async_headers.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "user-agent",
+            "accept",
+            "idempotency-key",
+            "content-type",
+            "authorization",
+            "x-trace",
+            "webhook-id",
+            "webhook-timestamp",
+            "webhook-signature"
+        ]
+    );
+    assert_eq!(q[0].body, q[1].body);
+}
+
+/// Enqueues one row for one recipient with plain SQL, as store/SCHEMA.md ("Enqueue with plain
+/// SQL", steps 1, 3, 4a and 5) tells a service enqueueing from its own SQL library: nothing
+/// checks the `headers` column on that path.
+fn enqueue_with_plain_sql(db: &std::path::Path, row_id: &str, recipient: &str, headers: &str) {
+    let mut c = rusqlite::Connection::open(db).expect("open");
+    c.busy_timeout(Duration::from_secs(5))
+        .expect("busy timeout");
+    let tx = c.transaction().expect("transaction");
+    let seq: i64 = tx
+        .query_row(
+            "INSERT INTO ol_actors AS a (actor, last_seq) VALUES ('actor', 1) \
+             ON CONFLICT (actor) DO UPDATE SET last_seq = a.last_seq + excluded.last_seq \
+             RETURNING last_seq",
+            [],
+            |r| r.get(0),
+        )
+        .expect("seq");
+    tx.execute(
+        "INSERT INTO ol_lanes (actor, recipient, ordering_key) VALUES ('actor', ?1, '') \
+         ON CONFLICT (actor, recipient, ordering_key) DO NOTHING",
+        [recipient],
+    )
+    .expect("lane");
+    let lane: i64 = tx
+        .query_row(
+            "SELECT id FROM ol_lanes WHERE actor = 'actor' AND recipient = ?1 AND ordering_key = ''",
+            [recipient],
+            |r| r.get(0),
+        )
+        .expect("lane id");
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    tx.execute(
+        "INSERT INTO ol_units (actor, lane_id, seq, row_id, content_type, body, body_len, \
+         dedup_key, ordering_key, enqueued_at, headers) \
+         VALUES ('actor', ?1, ?2, ?3, 'application/json', ?4, ?5, NULL, '', ?6, ?7)",
+        rusqlite::params![lane, seq, row_id, BODY, BODY.len() as i64, now_ms, headers],
+    )
+    .expect("unit");
+    tx.execute(
+        "UPDATE ol_lanes SET tail_seq = max(tail_seq, ?1) WHERE id = ?2",
+        rusqlite::params![seq, lane],
+    )
+    .expect("tail");
+    tx.commit().expect("commit");
+}
+
+/// A row written with plain SQL bypasses enqueue's header check. Its `Host` or
+/// `Content-Length` is never sent: the unit is dead-lettered (`permanent`) on its first
+/// attempt with an error naming the header, and the recipient sees nothing of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_headers_the_client_sets_itself_are_never_sent() {
+    use outbox_lanes_core::DeadReason;
+    use outbox_lanes_store::{SqliteOptions, SqliteStore};
+    use outbox_lanes_tokio::Outbox;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("outbox.db");
+    let store =
+        std::sync::Arc::new(SqliteStore::open(&db, SqliteOptions::default()).expect("open"));
+    let r = Recipient::start().expect("recipient");
+    enqueue_with_plain_sql(&db, "host", &r.url("/host"), "Host: evil.internal");
+    enqueue_with_plain_sql(
+        &db,
+        "length",
+        &r.url("/length"),
+        "X-Ok: 1\nContent-Length: 0",
+    );
+    let mut cfg = outbox_lanes_tokio::OutboxConfig::default().allow_loopback();
+    cfg.http.timeout = Duration::from_secs(2);
+    let outbox = Outbox::open(store, cfg).expect("outbox");
+    outbox.drain("actor").await.expect("drain");
+    assert_eq!(r.count_all(), 0, "sent: {:?}", r.all_requests());
+    let mut letters = outbox
+        .dead_letters(Some("actor"))
+        .await
+        .expect("dead letters");
+    letters.sort_by(|a, b| a.row_id.cmp(&b.row_id));
+    let got: Vec<_> = letters
+        .iter()
+        .map(|d| {
+            (
+                d.row_id.as_str(),
+                d.reason,
+                d.attempts,
+                d.last_status,
+                d.last_error.as_deref().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (
+                "host",
+                DeadReason::Permanent,
+                1,
+                None,
+                "invalid_request: refused stored header \"Host\": reserved (the HTTP client sets it itself)"
+            ),
+            (
+                "length",
+                DeadReason::Permanent,
+                1,
+                None,
+                "invalid_request: refused stored header \"Content-Length\": reserved (the HTTP client sets it itself)"
+            ),
+        ]
+    );
+}
