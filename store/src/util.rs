@@ -120,8 +120,8 @@ pub(crate) fn encode_headers(headers: &[(String, String)]) -> Option<String> {
 
 /// The inverse of [`encode_headers`], lenient for rows written with plain SQL: a CR before
 /// the LF and spaces or tabs around the value are dropped, blank lines skipped. A line without
-/// a colon is kept as a name with an empty value, for the HTTP client to refuse (the attempt
-/// then fails with the reason) rather than be dropped unseen.
+/// a colon is kept as a name with an empty value, for the delivery's header check
+/// ([`validate_headers`](crate::validate_headers)) to judge rather than be dropped unseen.
 pub(crate) fn decode_headers(column: Option<String>) -> Vec<(String, String)> {
     let Some(text) = column else {
         return Vec::new();

@@ -358,8 +358,9 @@ One row per line, a JSON object:
                 body_base64); a valid HTTP header value
   headers       {name: value}: extra request headers for every delivery of the row;
                 Content-Type, Content-Length, Host, Idempotency-Key, User-Agent,
-                Transfer-Encoding, Connection (and other hop-by-hop headers), Date,
-                Digest, Signature, Signature-Input and webhook-* are refused
+                Transfer-Encoding, Connection, Keep-Alive, TE, Trailer(s), Upgrade,
+                Expect, Proxy-*, Date, Digest, Signature, Signature-Input and
+                webhook-* are refused; at most 64 headers and 8 KiB of them
   dedup_key     string: skip recipients with a pending unit of the same key
   ordering_key  string: order per (recipient, key) instead of per recipient
   joined        bool: one unit occupying every recipient at once
