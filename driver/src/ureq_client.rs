@@ -94,7 +94,6 @@ pub struct HttpClient {
 struct Shared {
     requests: RequestPolicy,
     max_response_body: usize,
-    addresses: AddressPolicy,
     classifier: Classifier,
     retry_after_cap: Duration,
 }
@@ -148,7 +147,6 @@ impl HttpClient {
             shared: Arc::new(Shared {
                 requests,
                 max_response_body: cfg.max_response_body,
-                addresses: cfg.addresses,
                 classifier: cfg.classifier,
                 retry_after_cap: cfg.retry_after_cap,
             }),
@@ -244,7 +242,6 @@ impl fmt::Debug for HttpClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HttpClient")
             .field("requests", &self.shared.requests)
-            .field("addresses", &self.shared.addresses)
             .finish_non_exhaustive()
     }
 }
