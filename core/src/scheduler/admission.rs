@@ -27,6 +27,8 @@ impl Scheduler {
             return;
         };
         l.strict = info.strict;
+        // Discovery reports lanes that are not paused (any more): an operator resumed it.
+        l.paused = false;
         let idle = l.queue.is_empty() && !l.in_flight && !l.stalled;
         if idle {
             l.not_before = info.not_before;
@@ -151,6 +153,8 @@ impl Scheduler {
     #[inline]
     pub(super) fn claimable(l: &Lane, now: Timestamp, depth: u32) -> Option<u32> {
         if !l.more
+            || l.paused
+            || l.fenced
             || l.stalled
             || l.room_wait
             || l.planned.is_some()
