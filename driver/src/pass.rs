@@ -46,7 +46,8 @@
 //! Why that is enough: the action commits at C and returns at R ≥ C + 50 ms. A read that did
 //! not see it was taken before C, so its instant K is before C, and attempts start on it only
 //! until K + 50 ms < R. Every attempt handed out after R was handed out on a read that saw the
-//! action. Only lengths of time on monotonic clocks are compared, never two clocks.
+//! action. Only lengths of time on monotonic clocks are compared, never two clocks (a relay
+//! whose monotonic clock stands still meanwhile — a suspended VM — is outside the argument).
 //!
 //! What remains: an attempt handed to the executor before R may reach the recipient after R
 //! — the time from the read to the request on the wire (spawning the delivery, connecting;

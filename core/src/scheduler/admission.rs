@@ -20,7 +20,9 @@ use crate::time::Timestamp;
 impl Scheduler {
     /// The store has pending units in `lane` (discovered at pass start, or after new rows
     /// were enqueued); `info` is its persisted state. During a pass the scheduler's own view
-    /// of a lane it has admitted units for wins over `info`.
+    /// of a lane it has admitted units for wins over `info`. A lane reported here is not
+    /// paused (a runtime skips paused lanes): one that
+    /// [`Scheduler::handle_lane_control`] paused is open again.
     pub fn handle_lane(&mut self, lane: LaneId, info: LaneInfo, now: Timestamp) {
         self.advance_to(now);
         let Some(l) = self.lanes.get_mut(lane.index()) else {
