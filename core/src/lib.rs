@@ -38,7 +38,7 @@ pub use monitor::{MonitorAction, MonitorBook, Wake};
 pub use outcome::{DeadReason, Outcome};
 pub use scheduler::{
     Admit, AdmitError, AdmitSlot, ClaimReport, Command, EventError, HoldReason, LaneChunk,
-    LaneClaim, LaneInfo, Scheduler,
+    LaneClaim, LaneControl, LaneInfo, Scheduler,
 };
 pub use session::{
     DrainAction, DrainEnd, DrainSession, PassEnd, PassSession, SessionAction, SessionConfig,

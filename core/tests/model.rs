@@ -1,5 +1,6 @@
-//! Model-based property test: random admissions, completions, time jumps, interruptions and
-//! bad events, checked against a per-lane FIFO reference model (the model store).
+//! Model-based property test: random admissions, completions, time jumps, interruptions, bad
+//! events and operator lane actions (pause, resume, purge, skip-head, strict) reaching the
+//! pass, checked against a per-lane FIFO reference model (the model store).
 #![allow(missing_docs)]
 
 mod common;
@@ -13,15 +14,35 @@ use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
 enum Op {
-    Enqueue { lanes: Vec<u8>, joined: bool },
+    Enqueue {
+        lanes: Vec<u8>,
+        joined: bool,
+    },
     Discover,
-    Complete { pick: usize, outcome: u8 },
-    Advance { ms: u32 },
-    Backwards { ms: u32 },
+    Complete {
+        pick: usize,
+        outcome: u8,
+    },
+    Advance {
+        ms: u32,
+    },
+    Backwards {
+        ms: u32,
+    },
     Interrupt,
     EndPassIfDone,
-    StaleCompletion { unit: u64 },
-    UnclaimedChunk { lane: u8 },
+    StaleCompletion {
+        unit: u64,
+    },
+    UnclaimedChunk {
+        lane: u8,
+    },
+    /// An operator acts on a lane: 0 pause, 1 resume, 2 purge, 3 skip-head, 4 strict,
+    /// 5 unstrict; the pass is told the lane's state after it.
+    Control {
+        lane: u8,
+        action: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -36,6 +57,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::EndPassIfDone),
         1 => (0u64..64).prop_map(|unit| Op::StaleCompletion { unit }),
         1 => (0u8..6).prop_map(|lane| Op::UnclaimedChunk { lane }),
+        2 => (0u8..6, 0u8..6).prop_map(|(lane, action)| Op::Control { lane, action }),
     ]
 }
 
@@ -59,6 +81,11 @@ struct Checker {
     in_flight: BTreeMap<LaneId, UnitId>,
     flights: Vec<(UnitId, LaneId)>,
     resolved: BTreeSet<(UnitId, LaneId)>,
+    /// Recipients an operator dead-lettered while an attempt to them was in flight: that
+    /// attempt may still end in a delivery or a dead letter, once.
+    late: BTreeSet<(UnitId, LaneId)>,
+    /// Units an operator dead-lettered (for some lane): the pass may hand them back.
+    gone: BTreeSet<UnitId>,
     config: Config,
 }
 
@@ -71,6 +98,15 @@ impl Checker {
                     .get(&unit)
                     .expect("a started unit is pending in the store");
                 // Per-lane order: nothing earlier is pending in any lane the unit occupies.
+                // Never in a paused lane, never to a recipient an operator set aside (OL-14).
+                assert!(
+                    !store.paused.contains(&lane),
+                    "{unit:?} started on paused {lane:?}"
+                );
+                assert!(
+                    store.unresolved_in(lane).contains(&unit),
+                    "{unit:?} started on {lane:?}, where it is not pending"
+                );
                 for s in &u.admit.slots {
                     let head = store.pending_in(s.lane)[0].admit.id;
                     assert_eq!(
@@ -90,6 +126,8 @@ impl Checker {
                 );
                 self.flights.push((unit, lane));
             }
+            Command::Delivered { unit, lane } | Command::DeadLetter { unit, lane, .. }
+                if self.late.remove(&(unit, lane)) => {}
             Command::Delivered { unit, lane } | Command::DeadLetter { unit, lane, .. } => {
                 assert!(
                     self.resolved.insert((unit, lane)),
@@ -102,7 +140,7 @@ impl Checker {
             }
             Command::HandBack { unit } => {
                 assert!(
-                    store.units.contains_key(&unit),
+                    store.units.contains_key(&unit) || self.gone.contains(&unit),
                     "{unit:?} handed back but not pending"
                 );
             }
@@ -137,7 +175,9 @@ fn settle(w: &mut World, c: &mut Checker) {
         while let Some(cmd) = w.s.poll_command() {
             c.check(&w.store, w.now, &cmd);
             if let Command::HandBack { unit } = cmd {
-                backs.push(w.store.units[&unit].admit.seq);
+                if let Some(u) = w.store.units.get(&unit) {
+                    backs.push(u.admit.seq);
+                }
             }
             w.store.apply(&cmd);
             any = true;
@@ -178,10 +218,15 @@ fn run(ops: Vec<Op>, config: Config) {
         in_flight: BTreeMap::new(),
         flights: Vec::new(),
         resolved: BTreeSet::new(),
+        late: BTreeSet::new(),
+        gone: BTreeSet::new(),
         config,
     };
     let names = ["a", "b", "c", "d", "e", "f"];
     let mut enqueued: BTreeSet<(UnitId, LaneId)> = BTreeSet::new();
+    // A runtime's pass discovers its lanes before anything else: a control reaches a pass
+    // that has (before it, the pass's discovery reads the lane as the operator left it).
+    let mut discovered = false;
     for op in ops {
         match op {
             Op::Enqueue { lanes, joined } => {
@@ -195,6 +240,7 @@ fn run(ops: Vec<Op>, config: Config) {
                 }
             }
             Op::Discover => {
+                discovered = true;
                 for lane in w.store.lanes_with_work() {
                     let info = w.store.lane_info(lane);
                     w.s.handle_lane(lane, info, w.now);
@@ -219,6 +265,7 @@ fn run(ops: Vec<Op>, config: Config) {
                 settle(&mut w, &mut c);
             }
             Op::Interrupt => {
+                discovered = false;
                 w.s.handle_interrupt(w.now);
                 let stale = std::mem::take(&mut c.flights);
                 settle(&mut w, &mut c);
@@ -236,6 +283,7 @@ fn run(ops: Vec<Op>, config: Config) {
             }
             Op::EndPassIfDone => {
                 if w.s.is_done(w.now) {
+                    discovered = false;
                     w.s.handle_pass_end(w.now);
                     settle(&mut w, &mut c);
                     assert_eq!(w.s.admitted(), 0, "pass end leaves nothing admitted");
@@ -267,6 +315,43 @@ fn run(ops: Vec<Op>, config: Config) {
                 assert_eq!(report.admitted, 0);
                 settle(&mut w, &mut c);
             }
+            Op::Control { lane, action } => {
+                let name = names[lane as usize];
+                let l = w.lane(name);
+                match action {
+                    0 => {
+                        w.store.paused.insert(l);
+                    }
+                    1 => {
+                        w.store.paused.remove(&l);
+                    }
+                    2 | 3 => {
+                        let limit = (action == 3).then_some(1);
+                        for u in w.store.operator_dead_letters(l, limit) {
+                            assert!(c.resolved.insert((u, l)), "{u:?} resolved twice");
+                            c.gone.insert(u);
+                            if c.in_flight.get(&l) == Some(&u) {
+                                c.late.insert((u, l));
+                            }
+                        }
+                    }
+                    _ => w.store.lane_state.entry(l).or_default().strict = action == 4,
+                }
+                if discovered {
+                    let control = w.store.lane_control(l);
+                    w.s.handle_lane_control(l, control, w.now);
+                    settle(&mut w, &mut c);
+                }
+            }
+        }
+    }
+
+    // An operator resumes every paused lane.
+    for l in std::mem::take(&mut w.store.paused) {
+        if discovered {
+            let control = w.store.lane_control(l);
+            w.s.handle_lane_control(l, control, w.now);
+            settle(&mut w, &mut c);
         }
     }
 

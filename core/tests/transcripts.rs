@@ -984,3 +984,180 @@ fn is_done_is_a_query_a_due_retry_fires_only_on_handle_timeout() {
     assert_eq!(w.take(), ["delivered u1 a"]);
     assert!(w.s.is_done(w.now));
 }
+
+// Operator actions reaching a running pass (OL-14): `World::control` is the runtime telling
+// the scheduler a lane's state after an operator changed it in the store.
+
+#[test]
+fn a_lane_paused_mid_pass_hands_its_window_back_and_starts_nothing_until_resumed() {
+    let mut w = World::new(transcript_config());
+    let p: Vec<UnitId> = (0..3).map(|_| w.enqueue(&["p"], false)[0]).collect();
+    let q1 = w.enqueue(&["q"], false)[0];
+    w.discover();
+    assert_eq!(w.take(), ["start u1 p #1", "start u4 q #1"]);
+    // Paused while u1 is out: what waited goes back at once.
+    let pl = w.lane("p");
+    w.store.paused.insert(pl);
+    w.control("p");
+    assert_eq!(w.take(), ["back u2", "back u3"]);
+    // The attempt in flight finishes and is recorded; nothing of p starts after it.
+    w.ok(p[0], "p");
+    assert_eq!(w.take(), ["delivered u1 p"]);
+    w.ok(q1, "q");
+    assert_eq!(w.take(), ["delivered u4 q"]);
+    assert!(w.s.is_done(w.now));
+    // Resumed: p is read again, where it stopped.
+    w.store.paused.remove(&pl);
+    w.control("p");
+    assert_eq!(w.take(), ["start u2 p #1"]);
+    w.ok(p[1], "p");
+    assert_eq!(w.take(), ["delivered u2 p", "start u3 p #1"]);
+}
+
+#[test]
+fn an_attempt_in_flight_when_its_lane_is_paused_is_recorded_and_its_unit_handed_back() {
+    let mut w = World::new(transcript_config());
+    let p1 = w.enqueue(&["p"], false)[0];
+    w.enqueue(&["p"], false);
+    w.discover();
+    assert_eq!(w.take(), ["start u1 p #1"]);
+    let pl = w.lane("p");
+    w.store.paused.insert(pl);
+    w.control("p");
+    assert_eq!(w.take(), ["back u2"]);
+    // It failed: recorded, not retried.
+    w.fail(p1, "p");
+    assert_eq!(w.take(), ["attempt u1 p 1", "back u1"]);
+    assert_eq!(w.s.poll_timeout(), None);
+    assert!(w.s.is_done(w.now));
+    assert_eq!(w.store.attempts(p1, pl), Some(1));
+}
+
+#[test]
+fn a_start_the_runtime_did_not_send_is_reported_not_sent_before_the_control() {
+    let mut w = World::new(transcript_config());
+    let p1 = w.enqueue(&["p"], false)[0];
+    w.enqueue(&["p"], false);
+    w.discover();
+    assert_eq!(w.take(), ["start u1 p #1"]);
+    // The runtime learns of the pause before sending u1.
+    let pl = w.lane("p");
+    w.store.paused.insert(pl);
+    w.outcome(p1, "p", Outcome::NotSent);
+    w.control("p");
+    assert_eq!(w.take(), ["back u1", "back u2"]);
+    assert_eq!(w.s.poll_timeout(), None);
+    assert!(w.s.is_done(w.now));
+}
+
+#[test]
+fn a_purged_lane_never_starts_the_units_it_had_admitted() {
+    let mut w = World::new(transcript_config());
+    let a1 = w.enqueue(&["a"], false)[0];
+    w.enqueue(&["a"], false);
+    w.enqueue(&["a"], false);
+    w.discover();
+    assert_eq!(w.take(), ["start u1 a #1"]);
+    w.fail(a1, "a");
+    assert_eq!(w.take(), ["attempt u1 a 1"]);
+    // Purged while u1 waits for its retry.
+    let al = w.lane("a");
+    assert_eq!(w.store.operator_dead_letters(al, None).len(), 3);
+    w.control("a");
+    assert_eq!(w.take(), ["back u1", "back u2", "back u3"]);
+    w.advance(secs(10));
+    assert!(w.take().is_empty());
+    assert!(w.s.is_done(w.now));
+    // A unit enqueued after the purge goes.
+    w.enqueue(&["a"], false);
+    w.discover();
+    assert_eq!(w.take(), ["start u4 a #1"]);
+}
+
+#[test]
+fn a_skipped_stalled_head_is_never_sent_again_and_its_followers_go() {
+    let mut w = World::new(Config {
+        pass_attempts: 2,
+        ..transcript_config()
+    });
+    let a1 = w.enqueue(&["a"], false)[0];
+    let a2 = w.enqueue(&["a"], false)[0];
+    w.discover();
+    w.fail(a1, "a");
+    w.jump_to_next_timeout();
+    w.fail(a1, "a");
+    assert_eq!(
+        w.take(),
+        [
+            "start u1 a #1",
+            "attempt u1 a 1",
+            "start u1 a #2",
+            "attempt u1 a 2",
+            "backoff a until +31s level 1",
+            "hold u1 a Stalled",
+            "back u2"
+        ]
+    );
+    // skip-head: the head is a dead letter, the backoff cleared; the pass reads a again.
+    let al = w.lane("a");
+    assert_eq!(w.store.operator_dead_letters(al, Some(1)), [a1]);
+    w.control("a");
+    assert_eq!(w.take(), ["back u1", "start u2 a #1"]);
+    w.ok(a2, "a");
+    assert_eq!(w.take(), ["delivered u2 a"]);
+    w.advance(secs(60));
+    assert!(w.take().is_empty());
+}
+
+#[test]
+fn a_head_skipped_while_in_flight_is_recorded_and_not_retried() {
+    let mut w = World::new(transcript_config());
+    let a1 = w.enqueue(&["a"], false)[0];
+    w.enqueue(&["a"], false);
+    w.discover();
+    assert_eq!(w.take(), ["start u1 a #1"]);
+    let al = w.lane("a");
+    w.store.operator_dead_letters(al, Some(1));
+    w.control("a");
+    assert_eq!(w.take(), ["back u2"]);
+    w.fail(a1, "a");
+    assert_eq!(w.take(), ["attempt u1 a 1", "back u1", "start u2 a #1"]);
+}
+
+#[test]
+fn a_lane_made_strict_mid_pass_blocks_on_its_head_instead_of_dead_lettering_it() {
+    let mut w = World::new(transcript_config());
+    let s1 = w.enqueue(&["s"], false)[0];
+    w.enqueue(&["s"], false);
+    w.discover();
+    assert_eq!(w.take(), ["start u1 s #1"]);
+    let s = w.lane("s");
+    w.store.lane_state.entry(s).or_default().strict = true;
+    w.control("s");
+    assert_eq!(w.take(), ["back u2"]);
+    w.outcome(s1, "s", Outcome::Permanent);
+    assert_eq!(w.take(), ["attempt u1 s 1", "hold u1 s Blocked", "back u1"]);
+    assert!(w.s.is_done(w.now));
+}
+
+#[test]
+fn pausing_a_lane_hands_back_a_joined_unit_and_whatever_waits_behind_it() {
+    let mut w = World::new(transcript_config());
+    let a1 = w.enqueue(&["a"], false)[0];
+    w.enqueue(&["a", "b"], true);
+    w.enqueue(&["b"], false);
+    w.enqueue(&["a"], false);
+    w.discover();
+    assert_eq!(w.take(), ["start u1 a #1"]);
+    let b = w.lane("b");
+    w.store.paused.insert(b);
+    w.control("b");
+    assert_eq!(w.take(), ["back u2", "back u3", "back u4"]);
+    // a reads up to the joined unit again and waits there: b, which it occupies, is paused.
+    w.ok(a1, "a");
+    assert_eq!(w.take(), ["delivered u1 a"]);
+    assert!(w.s.is_done(w.now));
+    w.store.paused.remove(&b);
+    w.control("b");
+    assert_eq!(w.take(), ["start u2 a #1", "start u2 b #1"]);
+}

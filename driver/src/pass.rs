@@ -18,25 +18,63 @@
 //!    executes the commands still queued (acks included: a delivered unit is never sent
 //!    again because its pass was cancelled) and flushes this pass's acks.
 //!
+//! # Operator actions reach a running pass (OL-14)
+//!
+//! A pass holds units it claimed earlier in its window; an operator's `lanes pause`, `purge`,
+//! `skip-head` or `strict` changes the store, not the window. So that no unit of such a lane
+//! starts once the action has returned — in this process or another, on SQLite or Postgres —
+//! the pass starts attempts only on a *fresh* read of its actor's lane-control generation:
+//!
+//! - Every lane action bumps the actor's generation in its own transaction and stamps the lane
+//!   with it (`ol_slots.control`, `ol_lanes.control`).
+//! - The pass knows the generation from its token's acquisition, and reads it again
+//!   ([`DriverStore::lane_controls`](outbox_lanes_store::DriverStore::lane_controls), one
+//!   statement, fenced) before it hands out attempts on a read taken more than
+//!   [`CONTROL_VALIDITY`](outbox_lanes_store::CONTROL_VALIDITY) (50 ms) ago — measured from an
+//!   instant taken *before* the read was sent. A busy pass reads it at most once per 50 ms
+//!   (an inline round that finds its read stale goes to the blocking round for it); a pass
+//!   whose rounds are further apart reads it once per round that starts attempts. Never once
+//!   per unit.
+//! - When the generation moved, the same statement lists the lanes changed since; the round's
+//!   starts of those lanes that were not sent yet are reported [`Outcome::NotSent`], and
+//!   [`Scheduler::handle_lane_control`] hands back what the pass held of them (an attempt in
+//!   flight finishes and is recorded) and reads them again from the store, which answers with
+//!   the action applied. Then the round's steps run again before anything is sent.
+//! - A pause, purge, skip-head or strict, when a pass holds the actor's slot, returns only 50
+//!   ms after its commit.
+//!
+//! Why that is enough: the action commits at C and returns at R ≥ C + 50 ms. A read that did
+//! not see it was taken before C, so its instant K is before C, and attempts start on it only
+//! until K + 50 ms < R. Every attempt handed out after R was handed out on a read that saw the
+//! action. Only lengths of time on monotonic clocks are compared, never two clocks (a relay
+//! whose monotonic clock stands still meanwhile — a suspended VM — is outside the argument).
+//!
+//! What remains: an attempt handed to the executor before R may reach the recipient after R
+//! — the time from the read to the request on the wire (spawning the delivery, connecting;
+//! longer if the job waits for a worker or under a per-host cap). That is at most one attempt
+//! per lane (one is in flight per lane), and it is the "attempt already in flight" the rule
+//! allows: it finishes and is recorded — on the unit's dead letter if the action set the unit
+//! aside. A relay of an older version (schema 3) does not take part.
+//!
 //! Failures on our side never count as attempts: a payload the store cannot give becomes
 //! [`Outcome::NotSent`] (retried, not counted). A failed store write (an attempt record, a
 //! dead letter, a lane state, a claim, the lease, or this pass's group-committed acks) ends
 //! the pass at once: no attempt starts after it, and everything unfinished is handed back,
 //! so a store that cannot write never lets the pass run ahead of what it recorded.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use outbox_lanes_core::{
-    ActorId, Admit, AdmitSlot, Command, DeadReason, HoldReason, LaneChunk, LaneClaim, LaneId,
-    LaneInfo, Outcome, PassEnd, PassSession, Scheduler, SessionAction, SessionConfig, Timestamp,
-    UnitId,
+    ActorId, Admit, AdmitSlot, Command, DeadReason, HoldReason, LaneChunk, LaneClaim, LaneControl,
+    LaneId, LaneInfo, Outcome, PassEnd, PassSession, Scheduler, SessionAction, SessionConfig,
+    Timestamp, UnitId,
 };
 use outbox_lanes_store::{
-    AckWriter, AttemptRecord, ClaimedLane, DeadLetterRequest, Payload, SlotToken, Store,
-    StoreError, StoreLaneId, WrittenDeadLetter,
+    AckWriter, AttemptRecord, ChangedLane, ClaimedLane, ControlRead, DeadLetterRequest, Payload,
+    SlotToken, Store, StoreError, StoreLaneId, WrittenDeadLetter,
 };
 use tracing::{debug, info, trace, warn};
 
@@ -164,12 +202,23 @@ pub struct PassCore {
     /// Commands taken from the scheduler by an inline round that needed the store for them:
     /// the next round executes them first, in order.
     deferred: VecDeque<Command>,
-    /// Starts of an inline round that could not finish without the store; the next round
-    /// sends them with its own.
+    /// Starts of an inline round that could not finish without the store, or of a round
+    /// that could not make its read of the lane controls fresh; the next round sends them
+    /// with its own.
     pending_starts: Vec<Start>,
     /// What [`PassCore::waiting_changed`] last said.
     only_waiting: bool,
+    /// The actor's lane-control generation as last read, and when (OL-14): attempts start
+    /// only while it is fresh.
+    control: ControlRead,
+    /// No round ran yet.
+    first_round: bool,
 }
+
+/// Reads of the lane controls one round makes at most before it leaves its starts for the
+/// next round (only a store slower than [`outbox_lanes_store::CONTROL_VALIDITY`] per round
+/// needs more than two).
+const CONTROL_READS_PER_ROUND: usize = 4;
 
 /// An inline round stopped: what is left needs the store.
 #[derive(Debug)]
@@ -213,6 +262,7 @@ impl PassCore {
     ) -> PassCore {
         let seed = config.seed.unwrap_or_else(fresh_seed);
         let actor = token.actor().clone();
+        let control = token.control();
         debug!(%actor, seed, "pass started");
         PassCore {
             actor,
@@ -250,6 +300,8 @@ impl PassCore {
             deferred: VecDeque::new(),
             pending_starts: Vec::new(),
             only_waiting: false,
+            control,
+            first_round: true,
         }
     }
 
@@ -305,6 +357,10 @@ impl PassCore {
     /// The next instant the pass must be woken without an event: a retry or probe due, a
     /// lease renewal, the end of the time slice or of the grace period.
     pub fn poll_timeout(&mut self) -> Option<Timestamp> {
+        if !self.pending_starts.is_empty() {
+            // Starts left by a round that could not read the lane controls: at once.
+            return Some(now());
+        }
         match (self.sched.poll_timeout(), self.session.poll_timeout()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -452,20 +508,57 @@ impl PassCore {
         if let Some(e) = cx.acks.failure(&self.token) {
             self.store_failed("ack", e, now());
         }
+        if std::mem::take(&mut self.first_round) && !self.control.fresh_at(Instant::now()) {
+            // The token is an earlier pass's: what the pass discovers next is read after a
+            // fresh generation, so only later actions count as changes.
+            if let Err(e) = self.read_controls(cx.store, &mut starts, false) {
+                self.store_failed("lane controls", e, now());
+            }
+        }
         if self.look && self.end.is_none() {
             self.look = false;
             if let Err(e) = self.discover(cx.store) {
                 self.store_failed("discover", e, now());
             }
         }
-        // Not inline: it never stops for the store.
-        let _ = self.steps(cx, &mut starts, false);
-        if self.end.is_some() {
-            // Never sent: the attempts the scheduler started this round are handed back
-            // with everything else by `finish`.
-            return Vec::new();
+        // Payloads read this round for starts whose claim did not bring them.
+        let mut fetched = HashMap::new();
+        for _ in 0..CONTROL_READS_PER_ROUND {
+            // Not inline: it never stops for the store.
+            let _ = self.steps(cx, &mut starts, false);
+            if self.end.is_some() || starts.is_empty() {
+                // Never sent: the attempts the scheduler started this round are handed back
+                // with everything else by `finish`.
+                return Vec::new();
+            }
+            if !self.control.fresh_at(Instant::now()) {
+                // The last read of the lane controls is too old to start on (OL-14).
+                match self.read_controls(cx.store, &mut starts, true) {
+                    // An operator changed lanes: their starts are gone, and what the change
+                    // queued (hand-backs, reads, other starts) runs first.
+                    Ok(true) => continue,
+                    Ok(false) => {}
+                    Err(StoreError::Busy) => break,
+                    Err(e) => {
+                        self.store_failed("lane controls", e, now());
+                        return Vec::new();
+                    }
+                }
+            }
+            self.read_payloads(cx.store, &mut starts, &mut fetched);
+            if self.end.is_some() {
+                return Vec::new();
+            }
+            if self.control.fresh_at(Instant::now()) {
+                return self.jobs(cx.hooks, &starts, &mut fetched);
+            }
         }
-        self.fetch_payloads(cx.store, cx.hooks, &starts)
+        // The store was busy, or too slow to answer within the read's validity: the next
+        // round tries again, at once (see `poll_timeout`).
+        debug!(actor = %self.actor, starts = starts.len(),
+            "lane controls not read in time; the starts wait for the next round");
+        self.pending_starts = starts;
+        Vec::new()
     }
 
     /// One round without the store, on the caller's thread (an async runtime's task): taken
@@ -491,11 +584,13 @@ impl PassCore {
         let cached = starts
             .iter()
             .all(|s| self.units.get(&s.unit).is_some_and(|u| u.payload.is_some()));
-        if needs_store || !cached {
+        // Starts need a fresh read of the lane controls (OL-14), which is a store read.
+        let fresh = starts.is_empty() || self.control.fresh_at(Instant::now());
+        if needs_store || !cached || !fresh {
             self.pending_starts = starts;
             return None;
         }
-        Some(self.fetch_payloads(cx.store, cx.hooks, &starts))
+        Some(self.jobs(cx.hooks, &starts, &mut HashMap::new()))
     }
 
     /// The body of a round, shared by both kinds: the queued commands in order, claims, timers
@@ -552,70 +647,100 @@ impl PassCore {
         }
     }
 
-    /// Makes the jobs of this round's starts: with the payload the claim brought, or else
-    /// with the payloads read in one call. A lane's recipient URL is parsed at its first
-    /// attempt in the pass; its later jobs share it.
-    fn fetch_payloads(&mut self, store: &dyn Store, hooks: &Hooks, starts: &[Start]) -> Vec<Job> {
-        if starts.is_empty() {
-            return Vec::new();
-        }
-        let mut payloads: Vec<Option<Result<Arc<Payload>, StoreError>>> = starts
-            .iter()
-            .map(|s| {
-                self.units
-                    .get(&s.unit)
-                    .and_then(|u| u.payload.clone())
-                    .map(Ok)
-            })
-            .collect();
+    /// Reads, in one call, the payloads of this round's starts that neither their claim
+    /// brought nor an earlier read of the round did. A start whose payload cannot be read is
+    /// not sent (reported [`Outcome::NotSent`]: retried, never counted) and leaves `starts`.
+    fn read_payloads(
+        &mut self,
+        store: &dyn Store,
+        starts: &mut Vec<Start>,
+        fetched: &mut HashMap<UnitId, Arc<Payload>>,
+    ) {
         let missing: Vec<UnitId> = starts
             .iter()
-            .zip(&payloads)
-            .filter(|(_, p)| p.is_none())
-            .map(|(s, _)| s.unit)
+            .filter(|s| {
+                !fetched.contains_key(&s.unit)
+                    && self.units.get(&s.unit).is_none_or(|u| u.payload.is_none())
+            })
+            .map(|s| s.unit)
             .collect();
-        if !missing.is_empty() {
-            let mut read = store.payloads(&missing).into_iter();
-            for p in payloads.iter_mut().filter(|p| p.is_none()) {
-                *p = read.next().map(|r| r.map(Arc::new));
-            }
+        if missing.is_empty() {
+            return;
         }
-        let mut jobs = Vec::with_capacity(starts.len());
-        let t = now();
-        for (s, p) in starts.iter().zip(payloads) {
-            let p = p.unwrap_or(Err(StoreError::NotFound { what: "payload" }));
+        let mut failed: HashMap<UnitId, StoreError> = HashMap::new();
+        for (unit, p) in missing.iter().zip(store.payloads(&missing)) {
             match p {
-                Ok(payload) => jobs.push(Job::new(
-                    self.actor.clone(),
-                    s.unit,
-                    s.lane,
-                    self.destination(s.lane),
-                    s.attempt,
-                    payload,
-                    Arc::clone(&self.sink),
-                    Arc::clone(&self.live),
-                )),
+                Ok(payload) => {
+                    fetched.insert(*unit, Arc::new(payload));
+                }
                 Err(e) => {
-                    // Our side failed, the recipient saw nothing: retried, never counted.
-                    debug!(unit = %s.unit, error = %e, "payload not read; the attempt is not sent");
-                    if let Err(e) = self
-                        .sched
-                        .handle_outcome(s.unit, s.lane, Outcome::NotSent, t)
-                    {
-                        debug!(error = %e, "not-sent outcome ignored");
-                    }
-                    // A busy database may answer next time; any other failure (the unit is
-                    // gone, the database is) means the pass's view is stale: end it.
-                    if e != StoreError::Busy {
-                        self.store_failed("payload", e, t);
-                    }
+                    failed.insert(*unit, e);
                 }
             }
         }
-        if self.end.is_some() {
-            // Dropping them reports NotSent to a pass that is ending: nothing is sent.
-            self.live.store(false, Ordering::SeqCst);
+        if failed.is_empty() {
+            return;
+        }
+        let t = now();
+        let mut kept = Vec::with_capacity(starts.len());
+        for s in starts.drain(..) {
+            let Some(e) = failed.get(&s.unit) else {
+                kept.push(s);
+                continue;
+            };
+            // Our side failed, the recipient saw nothing: retried, never counted.
+            debug!(unit = %s.unit, error = %e, "payload not read; the attempt is not sent");
+            if let Err(e) = self
+                .sched
+                .handle_outcome(s.unit, s.lane, Outcome::NotSent, t)
+            {
+                debug!(error = %e, "not-sent outcome ignored");
+            }
+            // A busy database may answer next time; any other failure (the unit is gone, the
+            // database is) means the pass's view is stale: end it.
+            if *e != StoreError::Busy {
+                self.store_failed("payload", e.clone(), t);
+            }
+        }
+        *starts = kept;
+    }
+
+    /// Makes the jobs of this round's starts, each with the payload its claim brought or the
+    /// round read. Called only on a fresh read of the lane controls (OL-14).
+    fn jobs(
+        &mut self,
+        hooks: &Hooks,
+        starts: &[Start],
+        fetched: &mut HashMap<UnitId, Arc<Payload>>,
+    ) -> Vec<Job> {
+        if self.end.is_some() || starts.is_empty() {
             return Vec::new();
+        }
+        let mut jobs = Vec::with_capacity(starts.len());
+        for s in starts {
+            let cached = self.units.get(&s.unit).and_then(|u| u.payload.clone());
+            let Some(payload) = cached.or_else(|| fetched.remove(&s.unit)) else {
+                // Every start's payload was cached or read (`read_payloads`).
+                debug!(unit = %s.unit, "no payload; the attempt is not sent");
+                if let Err(e) = self
+                    .sched
+                    .handle_outcome(s.unit, s.lane, Outcome::NotSent, now())
+                {
+                    debug!(error = %e, "not-sent outcome ignored");
+                }
+                continue;
+            };
+            let destination = self.destination(s.lane);
+            jobs.push(Job::new(
+                self.actor.clone(),
+                s.unit,
+                s.lane,
+                destination,
+                s.attempt,
+                payload,
+                Arc::clone(&self.sink),
+                Arc::clone(&self.live),
+            ));
         }
         if let Some(hook) = &hooks.started {
             for job in &jobs {
@@ -642,6 +767,94 @@ impl PassCore {
         let d = Arc::new(Destination::parse(self.recipient(lane)));
         self.destinations[i] = Some(Arc::clone(&d));
         d
+    }
+
+    /// Reads the actor's lane-control generation again (OL-14) and, with `apply`, tells the
+    /// scheduler about every lane an operator changed since the last read: the starts of
+    /// those lanes that were not sent yet are reported [`Outcome::NotSent`] and leave
+    /// `starts`, then [`Scheduler::handle_lane_control`] hands back what the pass holds of
+    /// them. A changed lane the pass never saw, not paused and with work, is discovered.
+    /// Returns whether a lane the pass knew changed.
+    fn read_controls(
+        &mut self,
+        store: &dyn Store,
+        starts: &mut Vec<Start>,
+        apply: bool,
+    ) -> Result<bool, StoreError> {
+        let read = store.lane_controls(&self.token, self.control.generation)?;
+        trace!(actor = %self.actor, generation = read.read.generation,
+            changed = read.changed.len(), "lane controls read");
+        self.control = read.read;
+        if !apply || read.changed.is_empty() {
+            return Ok(false);
+        }
+        Ok(self.apply_controls(read.changed, starts))
+    }
+
+    fn apply_controls(&mut self, changed: Vec<ChangedLane>, starts: &mut Vec<Start>) -> bool {
+        let t = now();
+        let mut known = Vec::new();
+        for cl in changed {
+            let s = &cl.state;
+            let info = LaneInfo {
+                not_before: s.not_before,
+                level: s.backoff_level,
+                strict: s.strict,
+            };
+            let Some(&lane) = self.lanes.get(&s.lane) else {
+                if !s.paused && cl.pending {
+                    // Resumed, say: read it as a discovery would.
+                    let lane = self.lane(s.lane, &s.key);
+                    self.note_backoff(lane, info);
+                    self.sched.handle_lane(lane, info, t);
+                }
+                continue;
+            };
+            known.push((lane, info, s.paused, cl.pending));
+        }
+        if known.is_empty() {
+            return false;
+        }
+        let hit: HashSet<LaneId> = known.iter().map(|k| k.0).collect();
+        let actor = &self.actor;
+        let sched = &mut self.sched;
+        starts.retain(|s| {
+            if !hit.contains(&s.lane) {
+                return true;
+            }
+            debug!(%actor, unit = s.unit.0, "not sent: an operator changed its lane");
+            if let Err(e) = sched.handle_outcome(s.unit, s.lane, Outcome::NotSent, t) {
+                debug!(error = %e, "not-sent outcome ignored");
+            }
+            false
+        });
+        for (lane, info, paused, pending) in known {
+            info!(actor = %self.actor, recipient = self.recipient(lane), paused,
+                strict = info.strict, pending,
+                "lane changed by an operator: the pass hands back what it held of it");
+            self.note_backoff(lane, info);
+            self.sched.handle_lane_control(
+                lane,
+                LaneControl {
+                    info,
+                    paused,
+                    pending,
+                },
+                t,
+            );
+        }
+        true
+    }
+
+    /// Notes a lane's persisted backoff for the log lines of its probe and recovery: any
+    /// `not_before` at level 0 is a throttle not yet ended by a delivery (even one already
+    /// past: it is cleared, and logged, at the next delivery).
+    fn note_backoff(&mut self, lane: LaneId, info: LaneInfo) {
+        if info.level > 0 || info.not_before.is_some() {
+            self.waiting.entry(lane).or_insert(info.level);
+        } else {
+            self.waiting.remove(&lane);
+        }
     }
 
     /// The pass is over (blocking): hands every unfinished unit back (OL-10, OL-14),

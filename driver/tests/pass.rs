@@ -399,3 +399,64 @@ fn a_lanes_url_is_parsed_once_per_pass_and_bodies_are_not_copied() {
     let r = pass.finish(cx);
     assert_eq!(r.report.delivered, 3);
 }
+
+/// OL-14: the pass claimed the lane's next units before an operator paused it; once the pause
+/// has returned, none of them starts. The attempt in flight finishes and is acked; the rest
+/// goes back, and starts in order once the lane is resumed.
+#[test]
+fn a_lane_paused_mid_pass_starts_nothing_more_and_its_units_go_back() {
+    let f = fixture(5);
+    let hooks = Hooks::default();
+    let cx = RoundContext {
+        store: &*f.store,
+        acks: &f.acks,
+        hooks: &hooks,
+    };
+    let alice = outbox_lanes_core::ActorId::new("alice");
+    let key = outbox_lanes_core::LaneKey::new(TO, None).expect("key");
+    let lane = f
+        .store
+        .find_lane(&alice, &key)
+        .expect("find")
+        .expect("lane");
+    let sink = Arc::new(Sink::default());
+    let t = token(&*f.store);
+    let mut pass = PassCore::new(t.clone(), &config(), sink.clone(), now(), now());
+    let jobs = started(&mut pass, cx);
+    assert_eq!(jobs.len(), 1);
+    let first = jobs[0].unit;
+
+    f.store.pause_lane(lane, "maintenance").expect("pause");
+    // The attempt in flight ends; nothing of the lane starts after it.
+    jobs.into_iter()
+        .for_each(|j| j.finish(result(Outcome::Delivered)));
+    for _ in 0..100 {
+        for d in sink.take() {
+            pass.handle_done(d, &hooks, now());
+        }
+        let jobs = pass.round(cx);
+        assert!(
+            jobs.is_empty(),
+            "{:?} started after the pause returned",
+            jobs.iter().map(|j| j.unit).collect::<Vec<_>>()
+        );
+        if pass.ended().is_some() {
+            break;
+        }
+        pass.handle_timeout(now());
+    }
+    let r = pass.finish(cx);
+    assert_eq!(r.end, PassEnd::Drained);
+    assert_eq!((r.report.delivered, r.report.handed_back), (1, 4));
+    assert_eq!(pending(&*f.store), 4);
+
+    // Resumed: the next pass goes on with the second unit.
+    let _ = f.store.release_slot(&t).expect("release");
+    f.store.resume_lane(lane).expect("resume");
+    let sink = Arc::new(Sink::default());
+    let mut next = PassCore::new(token(&*f.store), &config(), sink, now(), now());
+    let jobs = started(&mut next, cx);
+    assert_eq!(jobs.len(), 1);
+    assert_ne!(jobs[0].unit, first);
+    assert_eq!(jobs[0].payload.row_id, "r1");
+}

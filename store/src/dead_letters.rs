@@ -8,7 +8,8 @@ use outbox_lanes_core::{ActorId, DeadReason, Seq, Timestamp, UnitId};
 
 use crate::db::{Db, Dialect, Get, Sql, Value, args};
 use crate::types::{
-    DeadLetter, DeadLetterId, DeadLetterRequest, DeadLetterSelection, Payload, WrittenDeadLetter,
+    AttemptRecord, DELIVERED_AFTER_SET_ASIDE, DeadLetter, DeadLetterId, DeadLetterRequest,
+    DeadLetterSelection, Payload, WrittenDeadLetter,
 };
 use crate::units::{advance_tail, alloc_seqs, drop_row_if_unused, settle};
 use crate::util::{
@@ -75,6 +76,76 @@ static LANE_PENDING_UNITS: Sql = Sql::with_sqlite(
     "SELECT coalesce(unit_id, id) FROM ol_units WHERE lane_id = $1 AND state = 0 \
      ORDER BY seq, id LIMIT coalesce($2, -1)",
 );
+
+/// The newest dead letter an operator wrote (purge, skip-head) for unit `$1` in lane `$2` of
+/// actor `$A`: the one an attempt that was in flight then belongs to. (Scans the actor's dead
+/// letters, on a path taken only when an attempt's unit was no longer pending.)
+macro_rules! set_aside {
+    ($actor:literal) => {
+        concat!(
+            "(SELECT max(x.id) FROM ol_dead_letters x WHERE x.actor = ",
+            $actor,
+            " AND x.unit_id = $1 AND x.lane_id = $2 AND x.reason IN ('purged', 'skipped'))"
+        )
+    };
+}
+
+/// An attempt record for unit `$1` in lane `$2` of actor `$7` that was no longer pending
+/// (OL-14): counts, status, error and time `$3`…`$6` land on its operator dead letter. The
+/// count is absolute, as in the unit's own record, so a retried write is harmless.
+static RECORD_ON_SET_ASIDE: Sql = Sql::new(concat!(
+    "UPDATE ol_dead_letters SET attempts = CASE WHEN attempts > $3 THEN attempts ELSE $3 END, \
+     last_status = $4, last_error = $5, first_attempt_at = coalesce(first_attempt_at, $6), \
+     last_attempt_at = $6 WHERE id = ",
+    set_aside!("$7")
+));
+
+/// An ack of unit `$1` in lane `$2` of actor `$3` that was no longer pending (OL-14): its
+/// operator dead letter counts the delivery and says so (`$4`,
+/// [`DELIVERED_AFTER_SET_ASIDE`]); the check of `$4` keeps a retried ack from counting twice.
+static DELIVERED_ON_SET_ASIDE: Sql = Sql::new(concat!(
+    "UPDATE ol_dead_letters SET attempts = attempts + 1, last_status = NULL, last_error = $4, \
+     first_attempt_at = coalesce(first_attempt_at, {now}), last_attempt_at = {now} \
+     WHERE coalesce(last_error, '') <> $4 AND id = ",
+    set_aside!("$3")
+));
+
+/// Records an attempt of the pass on a unit that was no longer pending in its lane on the
+/// dead letter an operator wrote for it while the attempt was in flight, if there is one.
+pub(crate) fn record_on_set_aside(
+    db: &mut impl Db,
+    actor: &str,
+    a: &AttemptRecord,
+) -> Result<(), StoreError> {
+    db.execute(
+        &RECORD_ON_SET_ASIDE,
+        args![
+            to_i64(a.unit.0),
+            a.lane.0,
+            i64::from(a.attempts),
+            a.status.map(i64::from),
+            a.error.as_deref(),
+            millis_of(a.at),
+            actor
+        ],
+    )?;
+    Ok(())
+}
+
+/// Records a delivery of a unit that was no longer pending in its lane on the dead letter an
+/// operator wrote for it while the attempt was in flight, if there is one.
+pub(crate) fn delivered_on_set_aside(
+    db: &mut impl Db,
+    actor: &str,
+    unit: i64,
+    lane: StoreLaneId,
+) -> Result<(), StoreError> {
+    db.execute(
+        &DELIVERED_ON_SET_ASIDE,
+        args![unit, lane.0, actor, DELIVERED_AFTER_SET_ASIDE],
+    )?;
+    Ok(())
+}
 
 /// Moves one recipient's pending delivery of a unit to the dead letters (durable with the
 /// transaction); finishes the unit if nothing else is pending. Returns the dead letter

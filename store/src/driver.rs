@@ -6,14 +6,16 @@
 //! watches for enqueues of other processes.
 
 use core::time::Duration;
+use std::time::Instant;
 
 use outbox_lanes_core::{ActorId, DeadReason, Timestamp, UnitId};
 
 use crate::backend::Backend;
 use crate::notify::Notifier;
 use crate::types::{
-    ActorsDue, AttemptRecord, ClaimRange, ClaimedLane, DeadLetterRequest, Payload, PendingLane,
-    SlotAcquisition, SlotRelease, SlotToken, StoreLaneId, WrittenDeadLetter,
+    ActorsDue, AttemptRecord, ClaimRange, ClaimedLane, ControlRead, DeadLetterRequest,
+    LaneControls, Payload, PendingLane, SlotAcquisition, SlotRelease, SlotToken, StoreLaneId,
+    WrittenDeadLetter,
 };
 use crate::{DriverStore, StoreError, dead_letters, lanes, slots, status};
 
@@ -129,6 +131,18 @@ impl<B: HotPath> DriverStore for B {
         lanes: &[ClaimRange],
     ) -> Result<Vec<ClaimedLane>, StoreError> {
         self.claim_units(token, lanes)
+    }
+
+    fn lane_controls(&self, token: &SlotToken, seen: u64) -> Result<LaneControls, StoreError> {
+        let asked_at = Instant::now();
+        let (generation, changed) = self.read(|db| lanes::controls(db, token, seen))?;
+        Ok(LaneControls {
+            read: ControlRead {
+                generation,
+                asked_at,
+            },
+            changed,
+        })
     }
 
     fn payload(&self, unit: UnitId) -> Result<Payload, StoreError> {

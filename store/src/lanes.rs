@@ -1,20 +1,13 @@
 //! Lanes, written once for both backends: a pass's lane states (backoff, strict block), the
-//! operator's controls (pause, resume, retry now, strict), finding a lane, and the lane list.
+//! operator's controls (pause, resume, retry now, strict) and the control generations that
+//! carry them to running passes (OL-14), finding a lane, and the lane list.
 
 use outbox_lanes_core::{ActorId, LaneKey, Timestamp};
 
 use crate::db::{Db, Get, Sql, args};
-use crate::types::{LaneStatus, STRICT_BLOCKED_REASON};
-use crate::util::{key_of, millis_of, status_of, timestamp_of, to_u32, to_u64};
-use crate::{StoreError, StoreLaneId};
-
-static LANE_ACTOR: Sql = Sql::new("SELECT actor FROM ol_lanes WHERE id = $1");
-
-/// The actor owning `lane`.
-pub(crate) fn lane_actor(db: &mut impl Db, lane: StoreLaneId) -> Result<String, StoreError> {
-    db.query_opt(&LANE_ACTOR, args![lane.0], |r| r.text(0))?
-        .ok_or(StoreError::NotFound { what: "lane" })
-}
+use crate::types::{ChangedLane, LaneStatus, PendingLane, STRICT_BLOCKED_REASON, SlotToken};
+use crate::util::{key_of, millis_of, status_of, timestamp_of, to_i64, to_u32, to_u64};
+use crate::{StoreError, StoreLaneId, slots};
 
 /// Runs an update of one lane; [`StoreError::NotFound`] if it changed nothing.
 fn update(db: &mut impl Db, sql: &Sql, args: &[crate::db::Value<'_>]) -> Result<(), StoreError> {
@@ -94,6 +87,97 @@ pub(crate) fn set_strict(
 /// Clears a lane's backoff and lifts a strict block (operator).
 pub(crate) fn retry_now(db: &mut impl Db, lane: StoreLaneId) -> Result<(), StoreError> {
     update(db, &RETRY_NOW, args![lane.0, STRICT_BLOCKED_REASON])
+}
+
+/// An operator action on lane `$1`: its actor's control generation goes up by one (its slot
+/// row is created if no pass ever ran), and whether a pass holds the slot comes back. The slot
+/// row is written before anything of the lane, in the order a pass's fenced writes take them
+/// (slot, then lanes and units), so that the two never wait for each other crosswise.
+static BUMP_CONTROL: Sql = Sql::new(
+    "INSERT INTO ol_slots (actor, control) SELECT actor, 1 FROM ol_lanes WHERE id = $1 \
+     ON CONFLICT (actor) DO UPDATE SET control = ol_slots.control + 1 \
+     RETURNING actor, control, holder IS NOT NULL",
+);
+static MARK_CONTROL: Sql = Sql::new("UPDATE ol_lanes SET control = $2 WHERE id = $1");
+
+/// What [`bump_control`] did.
+pub(crate) struct Bumped {
+    /// The lane's actor.
+    pub(crate) actor: ActorId,
+    /// A pass holds the actor's drain slot (it may have read the generation before).
+    pub(crate) held: bool,
+}
+
+/// Records an operator action on `lane` in its transaction, before the action's own writes
+/// (OL-14): the actor's control generation goes up, and the lane keeps the new value, so
+/// that a running pass's next [`controls`] sees the lane changed. [`StoreError::NotFound`] if
+/// no lane has this id.
+pub(crate) fn bump_control(db: &mut impl Db, lane: StoreLaneId) -> Result<Bumped, StoreError> {
+    let (actor, generation, held) = db
+        .query_opt(&BUMP_CONTROL, args![lane.0], |r| {
+            Ok((r.text(0)?, r.int(1)?, r.flag(2)?))
+        })?
+        .ok_or(StoreError::NotFound { what: "lane" })?;
+    db.execute(&MARK_CONTROL, args![lane.0, generation])?;
+    Ok(Bumped {
+        actor: ActorId::new(actor),
+        held,
+    })
+}
+
+/// The token's live slot and its control generation, with every lane of the actor changed
+/// by an operator after generation `$3` (`control > 0` lets the partial index
+/// `ol_lanes_control` serve it: it holds only lanes an operator touched). No row: the token
+/// is stale. The lanes' pending check runs only for those lanes.
+static CONTROLS: Sql = Sql::new(
+    "SELECT s.control, l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, \
+     l.strict, l.paused, \
+     EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0) \
+     FROM ol_slots s LEFT JOIN ol_lanes l ON l.actor = s.actor AND l.control > $3 AND l.control > 0 \
+     WHERE s.actor = $1 AND s.token = $2 AND s.holder IS NOT NULL AND s.lease_expires > {now} \
+     ORDER BY l.id",
+);
+
+/// The actor's control generation and the lanes an operator changed after generation `seen`
+/// (nothing when it did not change), for the pass holding `token`; one statement.
+///
+/// # Errors
+/// [`StoreError::StaleToken`] if the slot was lost; database failures.
+pub(crate) fn controls(
+    db: &mut impl Db,
+    token: &SlotToken,
+    seen: u64,
+) -> Result<(u64, Vec<ChangedLane>), StoreError> {
+    let rows = db.query(
+        &CONTROLS,
+        args![
+            token.actor().as_str(),
+            to_i64(token.fencing()),
+            to_i64(seen)
+        ],
+        |r| {
+            let generation = to_u64(r.int(0)?);
+            let lane = match r.opt_int(1)? {
+                None => None,
+                Some(id) => Some(ChangedLane {
+                    state: PendingLane {
+                        lane: StoreLaneId(id),
+                        key: key_of(r.text(2)?, r.text(3)?),
+                        not_before: r.opt_int(4)?.map(timestamp_of),
+                        backoff_level: to_u32(r.int(5)?),
+                        strict: r.flag(6)?,
+                        paused: r.flag(7)?,
+                    },
+                    pending: r.flag(8)?,
+                }),
+            };
+            Ok((generation, lane))
+        },
+    )?;
+    let Some(&(generation, _)) = rows.first() else {
+        return Err(slots::stale(token));
+    };
+    Ok((generation, rows.into_iter().filter_map(|r| r.1).collect()))
 }
 
 static FIND: Sql =

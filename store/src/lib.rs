@@ -37,6 +37,10 @@
 //!    lanes that received units since the last look — admission streams, OL-3).
 //! 3. [`DriverStore::claim`] reads the next few units at the heads of chosen lanes, from a cursor,
 //!    at a cost proportional to what it returns, never to a lane's depth.
+//!    Before it starts attempts, a pass makes sure it has read the actor's lane-control
+//!    generation within [`CONTROL_VALIDITY`] ([`DriverStore::lane_controls`]; the token's
+//!    acquisition is the first read): an operator's pause, purge, skip-head or strict reaches
+//!    it before its next start (OL-14).
 //! 4. [`DriverStore::payload`] fetches a unit's bytes when it starts.
 //! 5. Outcomes: [`DriverStore::ack`] (group-committed through [`AckWriter`]),
 //!    [`DriverStore::record_attempts`], [`DriverStore::dead_letter`] and [`DriverStore::retire_lane`] (durable
@@ -138,7 +142,7 @@ pub use tls::SslMode;
 pub use types::*;
 
 /// The newest schema version this build writes and understands.
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// The whole store: what a runtime holds, as `Arc<dyn Store>`. It is the two sides below
 /// together and has no method of its own; every type that implements both is a `Store`.
@@ -204,6 +208,18 @@ pub trait DriverStore: Send + Sync {
         token: &SlotToken,
         lanes: &[ClaimRange],
     ) -> Result<Vec<ClaimedLane>, StoreError>;
+
+    /// The actor's lane-control generation now, and the lanes an operator changed (paused,
+    /// resumed, purged, skipped, retried, made strict or not) after generation `seen`, with
+    /// their state now: what a pass reads before it starts attempts once its last read is no
+    /// longer fresh ([`ControlRead::fresh_at`]), so that no attempt of a lane starts after an
+    /// operator's action on it has returned (OL-14). One statement; the lanes are read only
+    /// when the generation moved. The read's [`LaneControls::read`] carries an instant taken
+    /// before it was sent.
+    ///
+    /// # Errors
+    /// [`StoreError::StaleToken`], database failures.
+    fn lane_controls(&self, token: &SlotToken, seen: u64) -> Result<LaneControls, StoreError>;
 
     /// The payload of a unit.
     ///
@@ -415,11 +431,17 @@ pub trait ServiceStore: Send + Sync {
 
     /// Pauses a lane (operator).
     ///
+    /// Once it returns, no pass — of this process or another, on this database — starts an
+    /// attempt of the lane (OL-14); an attempt already in flight finishes and is recorded. If
+    /// a pass holds the actor's drain slot it may have read the lane's state just before, so
+    /// the call returns only [`CONTROL_VALIDITY`] after its commit (at once otherwise).
+    ///
     /// # Errors
     /// [`StoreError::NotFound`], database failures.
     fn pause_lane(&self, lane: StoreLaneId, reason: &str) -> Result<(), StoreError>;
 
-    /// Resumes a paused lane (operator).
+    /// Resumes a paused lane (operator). A running pass picks it up at its next read of the
+    /// actor's control generation (or the next pass does).
     ///
     /// # Errors
     /// [`StoreError::NotFound`], database failures.
@@ -437,9 +459,12 @@ pub trait ServiceStore: Send + Sync {
     /// [`DeadReason::Purged`](outbox_lanes_core::DeadReason) (operator). A joined unit is
     /// dead-lettered for this lane's recipient only (OL-20). Returns how many.
     ///
-    /// Not fenced by a drain slot: an attempt a running pass already has in flight to the lane
-    /// may still reach the recipient (its dead letter then stands for a unit the recipient
-    /// saw; replaying it sends it again). Pause the lane first to stop new attempts.
+    /// Once it returns no pass starts an attempt of the purged units (OL-14, as
+    /// [`ServiceStore::pause_lane`], whose wait it shares). An attempt a running pass already
+    /// had in flight finishes and is recorded on its dead letter: a failure with its count and
+    /// status, a delivery as one attempt more with the error [`DELIVERED_AFTER_SET_ASIDE`]
+    /// (replaying that one sends the recipient a unit it has). The dead letters keep the
+    /// attempts, status and error persisted for each unit.
     ///
     /// # Errors
     /// [`StoreError::NotFound`], database failures.
@@ -450,6 +475,9 @@ pub trait ServiceStore: Send + Sync {
     /// ([`STRICT_BLOCKED_REASON`]) and clears the lane's backoff, so its followers go on in
     /// order (operator). Returns the skipped unit, or `None` if the lane had none pending.
     ///
+    /// Once it returns no pass sends the skipped unit again, and its attempt in flight, if
+    /// any, is recorded on its dead letter (OL-14, as [`ServiceStore::purge_lane`]).
+    ///
     /// # Errors
     /// [`StoreError::NotFound`], database failures.
     fn skip_lane_head(
@@ -458,7 +486,9 @@ pub trait ServiceStore: Send + Sync {
         at: Timestamp,
     ) -> Result<Option<UnitId>, StoreError>;
 
-    /// Sets a lane's strict mode (OL-8).
+    /// Sets a lane's strict mode (OL-8). Making it strict reaches running passes before it
+    /// returns, as [`ServiceStore::pause_lane`] does (no attempt of the lane starts in the old
+    /// mode after it); making it lenient again reaches them at their next read.
     ///
     /// # Errors
     /// [`StoreError::NotFound`], database failures.

@@ -22,7 +22,7 @@ use crate::util::{
     decode_headers, encode_headers, key_of, millis_of, timestamp_of, to_i64, to_u32, to_u64,
 };
 use crate::{EnqueueError, StoreError};
-use crate::{slots, units};
+use crate::{dead_letters, slots, units};
 
 const STATE_PENDING: i64 = 0;
 
@@ -68,7 +68,7 @@ macro_rules! ack_one_lane {
                AND NOT EXISTS (SELECT 1 FROM ol_units x WHERE x.row_ref = r.id \
                  AND NOT (x.id = ANY(ARRAY(SELECT id FROM s))) OFFSET 0) \
                AND NOT EXISTS (SELECT 1 FROM ol_dead_letters x WHERE x.row_ref = r.id OFFSET 0)) \
-             SELECT EXISTS (SELECT 1 FROM f), (SELECT joined FROM j)"
+             SELECT EXISTS (SELECT 1 FROM f), (SELECT joined FROM j), (SELECT count(*) FROM s)"
         )
     };
 }
@@ -275,7 +275,7 @@ static RECORD_ATTEMPT: Sql = Sql::new(concat!(
                          first_attempt_at = coalesce(first_attempt_at, $6), last_attempt_at = $6 \
                          WHERE id = ANY(",
     row_of_unit_in_lane!(),
-    ") AND lane_id = $2 AND actor = $7"
+    ") AND lane_id = $2 AND state = 0 AND actor = $7"
 ));
 
 /// Registered holders other than `$1` holding a live slot (of actor `$2`, or any).
@@ -1000,15 +1000,15 @@ pub(crate) fn payload(db: &mut impl Db, unit: UnitId) -> Result<Payload, StoreEr
 /// goes with its last unit; the statement's snapshot still shows the units it deletes, so that
 /// check skips them by id.
 ///
-/// Returns whether the token was live and whether a unit is joined (then nothing was written:
-/// run [`ack_joined`]).
+/// Returns whether the token was live, whether a unit is joined (then nothing was written:
+/// run [`ack_joined`]) and how many units it finished.
 fn ack_one_lane(
     db: &mut impl Db,
     token: &SlotToken,
     units: &Vec<i64>,
     lanes: &Vec<i64>,
     retention: bool,
-) -> Result<(bool, bool), StoreError> {
+) -> Result<(bool, bool, usize), StoreError> {
     let sql = if retention {
         &ACK_ONE_LANE_RETAIN
     } else {
@@ -1022,9 +1022,27 @@ fn ack_one_lane(
             units,
             lanes
         ],
-        |r| Ok((r.flag(0)?, r.flag(1)?)),
+        |r| {
+            Ok((
+                r.flag(0)?,
+                r.flag(1)?,
+                usize::try_from(r.int(2)?).unwrap_or(0),
+            ))
+        },
     )
 }
+
+/// Acks of one-lane units `$3` in lanes `$4` that were no longer pending (OL-14): each lands
+/// on the dead letter an operator wrote for it while its attempt was in flight, if there is
+/// one (see [`dead_letters::delivered_on_set_aside`]), in one statement.
+static DELIVERED_ON_SET_ASIDE: Sql = Sql::new(
+    "UPDATE ol_dead_letters d SET attempts = d.attempts + 1, last_status = NULL, last_error = $2, \
+     first_attempt_at = coalesce(d.first_attempt_at, {now}), last_attempt_at = {now} \
+     FROM unnest($3::bigint[], $4::bigint[]) AS a(unit, lane) \
+     WHERE coalesce(d.last_error, '') <> $2 AND d.id = (SELECT max(x.id) FROM ol_dead_letters x \
+       WHERE x.actor = $1 AND x.unit_id = a.unit AND x.lane_id = a.lane \
+       AND x.reason IN ('purged', 'skipped'))",
+);
 
 /// Acks a batch holding joined units, in the caller's fenced transaction.
 fn ack_joined(
@@ -1111,6 +1129,9 @@ fn record_attempts(
                 &LANE_LAST_ATTEMPT,
                 args![a.lane.0, status, a.error.as_deref()],
             )?;
+        } else {
+            // Set aside by an operator while the attempt was in flight (OL-14).
+            dead_letters::record_on_set_aside(db, actor, a)?;
         }
     }
     Ok(())
@@ -1276,11 +1297,27 @@ impl<B: PgBackend> HotPath for B {
         pairs.dedup();
         let units: Vec<i64> = pairs.iter().map(|(u, _)| to_i64(u.0)).collect();
         let lanes: Vec<i64> = pairs.iter().map(|(_, l)| l.0).collect();
-        let (live, joined) = self.read(|t| ack_one_lane(t, token, &units, &lanes, retention))?;
+        let (live, joined, done) =
+            self.read(|t| ack_one_lane(t, token, &units, &lanes, retention))?;
         if !live {
             return Err(slots::stale(token));
         }
         if !joined {
+            if done < units.len() {
+                // Some were not pending: set aside by an operator while their attempt was in
+                // flight (OL-14), or acked before (an ack sent again).
+                self.fenced(token, true, |t| {
+                    t.execute(
+                        &DELIVERED_ON_SET_ASIDE,
+                        args![
+                            token.actor().as_str(),
+                            DELIVERED_AFTER_SET_ASIDE,
+                            &units,
+                            &lanes
+                        ],
+                    )
+                })?;
+            }
             return Ok(());
         }
         // Joined units (the statement above wrote nothing): in a transaction, fenced.

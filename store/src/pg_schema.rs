@@ -220,6 +220,16 @@ const MIGRATE_V2_TO_V3: &str = "ALTER TABLE ol_units ADD COLUMN headers TEXT; \
      ALTER TABLE ol_rows ADD COLUMN headers TEXT; \
      UPDATE ol_meta SET value = '3' WHERE key = 'schema_version';";
 
+/// Version 3 to 4 (SCHEMA.md "Migrations"): the lane-control generations (OL-14) — per actor on
+/// its slot row, per lane the generation of the last operator action on it, with an index on
+/// the lanes an operator ever touched (only those are in it, so enqueues pay nothing for it).
+/// Columns with a constant default are added without rewriting any row. Relays of version 3
+/// keep working against version 4, without seeing operator actions mid-pass.
+const MIGRATE_V3_TO_V4: &str = "ALTER TABLE ol_slots ADD COLUMN control BIGINT NOT NULL DEFAULT 0; \
+     ALTER TABLE ol_lanes ADD COLUMN control BIGINT NOT NULL DEFAULT 0; \
+     CREATE INDEX ol_lanes_control ON ol_lanes (actor, control) WHERE control > 0; \
+     UPDATE ol_meta SET value = '4' WHERE key = 'schema_version';";
+
 /// A schema name the store accepts: lower-case letters, digits and `_`, not starting with a
 /// digit, at most 48 bytes (it is written into SQL and into the wake-up channel's name).
 pub(crate) fn valid_schema(s: &str) -> bool {
@@ -283,6 +293,7 @@ pub(crate) fn init(db: &mut impl Db, schema: &str, channel: &str) -> Result<(), 
             db.execute(&CREATED_AS_V2, &[])?;
             db.batch(SCHEMA_V2)?;
             db.batch(MIGRATE_V2_TO_V3)?;
+            db.batch(MIGRATE_V3_TO_V4)?;
         }
         Some(v) => {
             let found: u32 = v
@@ -296,15 +307,21 @@ pub(crate) fn init(db: &mut impl Db, schema: &str, channel: &str) -> Result<(), 
                     });
                 }
                 1 => {
-                    tracing::info!(target: "outbox_lanes::store", schema, "migrating the schema from version 1 to 3");
+                    tracing::info!(target: "outbox_lanes::store", schema, "migrating the schema from version 1 to 4");
                     db.batch(MIGRATE_V1_TO_V2)?;
                     db.batch(MIGRATE_V2_TO_V3)?;
+                    db.batch(MIGRATE_V3_TO_V4)?;
                 }
                 2 => {
-                    tracing::info!(target: "outbox_lanes::store", schema, "migrating the schema from version 2 to 3");
+                    tracing::info!(target: "outbox_lanes::store", schema, "migrating the schema from version 2 to 4");
                     db.batch(MIGRATE_V2_TO_V3)?;
+                    db.batch(MIGRATE_V3_TO_V4)?;
                 }
-                3 => {}
+                3 => {
+                    tracing::info!(target: "outbox_lanes::store", schema, "migrating the schema from version 3 to 4");
+                    db.batch(MIGRATE_V3_TO_V4)?;
+                }
+                4 => {}
                 _ => {
                     return Err(StoreError::Database(format!(
                         "unknown schema_version {found}"

@@ -9,8 +9,8 @@ use outbox_lanes_core::{ActorId, DeadReason, LaneKey, Timestamp, UnitId};
 use crate::backend::Backend;
 use crate::db::{Db, Sql, args};
 use crate::types::{
-    ActorStatus, DeadLetter, DeadLetterId, DeadLetterSelection, Enqueued, LaneStatus, NewRow,
-    Payload,
+    ActorStatus, CONTROL_VALIDITY, DeadLetter, DeadLetterId, DeadLetterSelection, Enqueued,
+    LaneStatus, NewRow, Payload,
 };
 use crate::units::drop_row_if_unused;
 use crate::util::millis_of;
@@ -20,6 +20,43 @@ use crate::{EnqueueError, ServiceStore, StoreError, StoreLaneId, dead_letters, l
 /// their payload rows.
 static PURGE_RETAINED: Sql =
     Sql::new("DELETE FROM ol_units WHERE acked_at IS NOT NULL AND acked_at < $1 RETURNING row_ref");
+
+/// Whether a lane action must reach running passes before it returns (OL-14): the actions
+/// after which no unit of the lane may start as it would have before (pause, purge,
+/// skip-head, strict). The others (resume, retry, unstrict) let more start, and are picked up
+/// by a pass at its next read of the generation.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reach {
+    BeforeReturn,
+    NextRead,
+}
+
+/// An operator action on `lane`, written by `f` in one transaction with the bump of the
+/// actor's control generation (OL-14), and the wake-ups after its commit.
+///
+/// With [`Reach::BeforeReturn`], if a pass held the actor's slot at the commit it may have
+/// read the generation just before: the action returns only once [`CONTROL_VALIDITY`] has
+/// passed since the commit, by when no pass starts an attempt on a read older than it (see
+/// there). No pass: it returns at once.
+fn lane_action<B: Backend, T>(
+    store: &B,
+    lane: StoreLaneId,
+    idempotent: bool,
+    reach: Reach,
+    mut f: impl FnMut(&mut B::Writer<'_>, &str) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    let (v, held) = store.write(idempotent, |db| {
+        let bumped = lanes::bump_control(db, lane)?;
+        let v = f(db, bumped.actor.as_str())?;
+        store.notify_others(db, std::slice::from_ref(&bumped.actor))?;
+        Ok((v, bumped.held))
+    })?;
+    store.notify();
+    if held && reach == Reach::BeforeReturn {
+        std::thread::sleep(CONTROL_VALIDITY);
+    }
+    Ok(v)
+}
 
 // `Backend` is crate-private on purpose (sealed): only this crate's stores implement it.
 #[allow(private_bounds)]
@@ -72,28 +109,29 @@ impl<B: Backend> ServiceStore for B {
     }
 
     fn pause_lane(&self, lane: StoreLaneId, reason: &str) -> Result<(), StoreError> {
-        self.write(true, |db| lanes::pause(db, lane, reason))
+        lane_action(self, lane, true, Reach::BeforeReturn, |db, _| {
+            lanes::pause(db, lane, reason)
+        })
     }
 
     fn resume_lane(&self, lane: StoreLaneId) -> Result<(), StoreError> {
-        let r = self.write(true, |db| lanes::resume(db, lane));
-        self.notify();
-        r
+        lane_action(self, lane, true, Reach::NextRead, |db, _| {
+            lanes::resume(db, lane)
+        })
     }
 
     fn retry_lane_now(&self, lane: StoreLaneId) -> Result<(), StoreError> {
-        let r = self.write(true, |db| lanes::retry_now(db, lane));
-        self.notify();
-        r
+        lane_action(self, lane, true, Reach::NextRead, |db, _| {
+            lanes::retry_now(db, lane)
+        })
     }
 
     fn purge_lane(&self, lane: StoreLaneId, at: Timestamp) -> Result<u64, StoreError> {
         let retention = self.common().ack_retention.is_some();
-        self.write(false, |db| {
-            let actor = lanes::lane_actor(db, lane)?;
+        lane_action(self, lane, false, Reach::BeforeReturn, |db, actor| {
             let purged = dead_letters::dead_letter_lane(
                 db,
-                &actor,
+                actor,
                 lane,
                 DeadReason::Purged,
                 at,
@@ -110,11 +148,10 @@ impl<B: Backend> ServiceStore for B {
         at: Timestamp,
     ) -> Result<Option<UnitId>, StoreError> {
         let retention = self.common().ack_retention.is_some();
-        let r = self.write(false, |db| {
-            let actor = lanes::lane_actor(db, lane)?;
+        lane_action(self, lane, false, Reach::BeforeReturn, |db, actor| {
             let skipped = dead_letters::dead_letter_lane(
                 db,
-                &actor,
+                actor,
                 lane,
                 DeadReason::Skipped,
                 at,
@@ -123,13 +160,18 @@ impl<B: Backend> ServiceStore for B {
             )?;
             lanes::retry_now(db, lane)?;
             Ok(skipped.first().map(|d| d.unit))
-        });
-        self.notify();
-        r
+        })
     }
 
     fn set_lane_strict(&self, lane: StoreLaneId, strict: bool) -> Result<(), StoreError> {
-        self.write(true, |db| lanes::set_strict(db, lane, strict))
+        let reach = if strict {
+            Reach::BeforeReturn
+        } else {
+            Reach::NextRead
+        };
+        lane_action(self, lane, true, reach, |db, _| {
+            lanes::set_strict(db, lane, strict)
+        })
     }
 
     fn find_lane(&self, actor: &ActorId, key: &LaneKey) -> Result<Option<StoreLaneId>, StoreError> {

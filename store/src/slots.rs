@@ -6,12 +6,13 @@
 //! session advisory locks) as the `expire_dead` step.
 
 use core::time::Duration;
+use std::time::Instant;
 
 use outbox_lanes_core::{ActorId, Timestamp};
 
 use crate::StoreError;
 use crate::db::{Db, Sql, args};
-use crate::types::{SlotAcquisition, SlotRelease, SlotToken};
+use crate::types::{ControlRead, SlotAcquisition, SlotRelease, SlotToken};
 use crate::util::{millis_of, to_i64, to_u64};
 
 fn lease_ms(lease: Duration) -> i64 {
@@ -22,7 +23,7 @@ static ENSURE: Sql =
     Sql::new("INSERT INTO ol_slots (actor) VALUES ($1) ON CONFLICT (actor) DO NOTHING");
 static TAKE_IF_FREE: Sql = Sql::new(
     "UPDATE ol_slots SET token = token + 1, holder = $2, lease_expires = {now} + $3, look_again = FALSE \
-     WHERE actor = $1 AND (holder IS NULL OR lease_expires <= {now}) RETURNING token",
+     WHERE actor = $1 AND (holder IS NULL OR lease_expires <= {now}) RETURNING token, control",
 );
 static LOOK_AGAIN: Sql = Sql::new("UPDATE ol_slots SET look_again = TRUE WHERE actor = $1");
 
@@ -36,16 +37,21 @@ pub(crate) fn acquire<D: Db>(
 ) -> Result<SlotAcquisition, StoreError> {
     db.execute(&ENSURE, args![actor.as_str()])?;
     expire_dead(db)?;
+    let asked_at = Instant::now();
     let got = db.query_opt(
         &TAKE_IF_FREE,
         args![actor.as_str(), holder, lease_ms(lease)],
-        |r| r.int(0),
+        |r| Ok((r.int(0)?, r.int(1)?)),
     )?;
     match got {
-        Some(t) => Ok(SlotAcquisition::Acquired(SlotToken::new(
+        Some((t, generation)) => Ok(SlotAcquisition::Acquired(SlotToken::new(
             actor.clone(),
             to_u64(t),
             holder.to_string(),
+            ControlRead {
+                generation: to_u64(generation),
+                asked_at,
+            },
         ))),
         None => {
             db.execute(&LOOK_AGAIN, args![actor.as_str()])?;
@@ -150,7 +156,7 @@ static READY: Sql = Sql::with_sqlite(
 );
 static TAKE: Sql = Sql::new(
     "UPDATE ol_slots SET token = token + 1, holder = $2, lease_expires = {now} + $3, \
-     look_again = FALSE WHERE actor = $1 RETURNING token",
+     look_again = FALSE WHERE actor = $1 RETURNING token, control",
 );
 
 /// Takes the slots of up to `max` actors with work admissible at `now` whose slot is free (or
@@ -171,12 +177,19 @@ pub(crate) fn acquire_ready<D: Db>(
     let mut out = Vec::new();
     for (actor, free) in slots {
         if free && out.len() < max {
-            let token =
-                db.query_one(&TAKE, args![&actor, holder, lease_ms(lease)], |r| r.int(0))?;
+            let asked_at = Instant::now();
+            let (token, generation) =
+                db.query_one(&TAKE, args![&actor, holder, lease_ms(lease)], |r| {
+                    Ok((r.int(0)?, r.int(1)?))
+                })?;
             out.push(SlotToken::new(
                 ActorId::new(actor),
                 to_u64(token),
                 holder.to_string(),
+                ControlRead {
+                    generation: to_u64(generation),
+                    asked_at,
+                },
             ));
         } else if !free {
             db.execute(&LOOK_AGAIN, args![&actor])?;

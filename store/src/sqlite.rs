@@ -40,7 +40,7 @@ use crate::util::{
 };
 use crate::watcher::WatcherThread;
 use crate::{EnqueueError, SCHEMA_VERSION, StoreError};
-use crate::{slots, units};
+use crate::{dead_letters, slots, units};
 
 /// The durability of a commit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -258,7 +258,7 @@ CREATE INDEX ol_units_settled ON ol_units (lane_id) WHERE state <> 0 AND lane_id
     };
 }
 
-/// The version 2 layout. A new database is created in it and then migrated to version 3 in
+/// The version 2 layout. A new database is created in it and then migrated to version 4 in
 /// the same transaction, so that new and migrated databases cannot differ; a migration test
 /// builds a version 2 database from it.
 #[doc(hidden)]
@@ -269,6 +269,14 @@ pub const SCHEMA_V2: &str = concat!(shared_tables_ddl!(), units_v2_ddl!());
 /// rewrites no row.
 const V2_TO_V3: &str = "ALTER TABLE ol_units ADD COLUMN headers TEXT; \
      ALTER TABLE ol_rows ADD COLUMN headers TEXT;";
+
+/// Version 3 → 4 (SCHEMA.md, "Migrations"): the lane-control generations (OL-14) — per actor
+/// on its slot row, per lane the generation of the last operator action on it, with an index
+/// on the lanes an operator ever touched (only those are in it: enqueues pay nothing for it).
+/// A column with a constant default rewrites no row.
+const V3_TO_V4: &str = "ALTER TABLE ol_slots ADD COLUMN control INTEGER NOT NULL DEFAULT 0; \
+     ALTER TABLE ol_lanes ADD COLUMN control INTEGER NOT NULL DEFAULT 0; \
+     CREATE INDEX ol_lanes_control ON ol_lanes (actor, control) WHERE control > 0;";
 
 /// The version 2 `ol_units` alone, for the migration from version 1.
 const UNITS_V2: &str = units_v2_ddl!();
@@ -347,6 +355,7 @@ fn init_schema(conn: &mut Connection) -> Result<(), StoreError> {
         None => {
             tx.execute_batch(SCHEMA_V2)?;
             tx.execute_batch(V2_TO_V3)?;
+            tx.execute_batch(V3_TO_V4)?;
             tx.execute(
                 "INSERT INTO ol_meta (key, value) VALUES ('schema_version', ?1)",
                 [SCHEMA_VERSION.to_string()],
@@ -373,6 +382,9 @@ fn init_schema(conn: &mut Connection) -> Result<(), StoreError> {
             }
             if found < 3 {
                 tx.execute_batch(V2_TO_V3)?;
+            }
+            if found < 4 {
+                tx.execute_batch(V3_TO_V4)?;
             }
             if found < SCHEMA_VERSION {
                 tx.execute(
@@ -1232,6 +1244,10 @@ impl HotPath for SqliteStore {
                     .execute(p)?;
                 if n == 1 {
                     units::settle(&mut SqliteDb(c), unit, retention)?;
+                } else {
+                    // Not pending: set aside by an operator while the attempt was in flight
+                    // (OL-14), or an ack sent again.
+                    dead_letters::delivered_on_set_aside(&mut SqliteDb(c), actor, unit, *lane)?;
                 }
             }
             rows.sort_unstable();
@@ -1257,12 +1273,15 @@ impl HotPath for SqliteStore {
                     .prepare_cached(
                         &format!("UPDATE ol_units AS d SET attempts = ?3, last_status = ?4, last_error = ?5, \
                          first_attempt_at = coalesce(first_attempt_at, ?6), last_attempt_at = ?6 \
-                         WHERE {UNIT_LANE} AND d.actor = ?7"),
+                         WHERE {UNIT_LANE} AND d.state = 0 AND d.actor = ?7"),
                     )?
                     .execute(params![to_i64(a.unit.0), a.lane.0, i64::from(a.attempts), status, a.error, millis_of(a.at), actor])?;
                 if n == 1 {
                     c.prepare_cached("UPDATE ol_lanes SET last_status = ?2, last_error = ?3 WHERE id = ?1")?
                         .execute(params![a.lane.0, status, a.error])?;
+                } else {
+                    // Set aside by an operator while the attempt was in flight (OL-14).
+                    dead_letters::record_on_set_aside(&mut SqliteDb(c), actor, a)?;
                 }
             }
             Ok(())

@@ -1,6 +1,7 @@
 //! The values the store takes and returns.
 
 use core::time::Duration;
+use std::time::Instant;
 
 use outbox_lanes_core::{ActorId, DeadReason, LaneKey, Seq, Timestamp, UnitId};
 
@@ -21,15 +22,24 @@ pub struct SlotToken {
     actor: ActorId,
     fencing: u64,
     holder: String,
+    control: ControlRead,
 }
 
 impl SlotToken {
-    pub(crate) fn new(actor: ActorId, fencing: u64, holder: String) -> Self {
+    pub(crate) fn new(actor: ActorId, fencing: u64, holder: String, control: ControlRead) -> Self {
         SlotToken {
             actor,
             fencing,
             holder,
+            control,
         }
+    }
+
+    /// The actor's lane-control generation as the acquisition read it (OL-14): what a pass
+    /// holding this token starts from. Every read a pass makes after the acquisition sees the
+    /// lanes with at least the operator actions up to this generation applied.
+    pub fn control(&self) -> ControlRead {
+        self.control
     }
 
     /// The actor whose slot this is.
@@ -46,6 +56,61 @@ impl SlotToken {
     pub fn holder(&self) -> &str {
         &self.holder
     }
+}
+
+/// How long a pass may start attempts on one read of its actor's lane-control generation
+/// (OL-14), and so how long an operator's lane action that a running pass may not have read
+/// yet waits, after its commit, before it returns.
+///
+/// The argument: an action commits at C and, if the actor's drain slot is held, returns at
+/// R ≥ C + `CONTROL_VALIDITY`. A pass that read the generation before C read it after an
+/// instant K < C taken (on its monotonic clock) before the read, and starts attempts on that
+/// read only while less than `CONTROL_VALIDITY` has passed since K: so before R. Any start
+/// after R follows a read made after C, which sees the action. Both sides measure the same
+/// length of time on monotonic clocks; no clock is compared with another. Relays and
+/// operator tools must agree on it (it is this build's constant).
+pub const CONTROL_VALIDITY: Duration = Duration::from_millis(50);
+
+/// An actor's lane-control generation (OL-14) as a pass read it, and an instant taken before
+/// the read: the read saw every lane action committed before that instant.
+///
+/// Every operator action on a lane (pause, resume, retry, strict, unstrict, purge, skip-head)
+/// increments its actor's generation in its own transaction; the lane remembers the
+/// generation of the last action on it, so that a pass that saw generation `g` can read
+/// exactly the lanes changed since.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ControlRead {
+    /// The generation read.
+    pub generation: u64,
+    /// Taken before the read was sent.
+    pub asked_at: Instant,
+}
+
+impl ControlRead {
+    /// Whether attempts may still start on this read at `now` (see [`CONTROL_VALIDITY`]).
+    pub fn fresh_at(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.asked_at) < CONTROL_VALIDITY
+    }
+}
+
+/// What [`DriverStore::lane_controls`](crate::DriverStore::lane_controls) read: the actor's
+/// generation now, and the lanes an operator changed since the generation the pass had seen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaneControls {
+    /// The generation read, and when the read was asked for.
+    pub read: ControlRead,
+    /// The lanes whose last operator action came after the generation the pass had seen, in
+    /// lane order, with their state now. Empty when the generation did not change.
+    pub changed: Vec<ChangedLane>,
+}
+
+/// A lane an operator changed, as it is now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChangedLane {
+    /// The lane's state (paused included).
+    pub state: PendingLane,
+    /// It holds pending units.
+    pub pending: bool,
 }
 
 /// What [`DriverStore::acquire_slot`](crate::DriverStore::acquire_slot) found.
@@ -317,6 +382,13 @@ pub struct LaneSummary {
     /// Its next attempt (the persisted `not_before`), if it waits for a time.
     pub next_attempt: Option<Timestamp>,
 }
+
+/// The `last_error` of a dead letter whose unit an operator set aside (purge, skip-head) while
+/// an attempt of it was in flight, and that attempt then delivered it (OL-14: an attempt in
+/// flight finishes and is recorded; the delivery's own status is not kept). A replay of it
+/// sends the recipient a unit it already has.
+pub const DELIVERED_AFTER_SET_ASIDE: &str =
+    "delivered: the attempt in flight when an operator set this unit aside succeeded";
 
 /// What `pause_reason` of a strict lane blocked on its failing head starts with (OL-8): how
 /// [`LaneState::StrictBlocked`] is told from an operator's pause.

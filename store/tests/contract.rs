@@ -66,6 +66,8 @@ contract!(
     one_lane_state_in_lanes_and_status,
     last_error_goes_stale_once_the_head_moves_on,
     one_lane_status_and_known_actors,
+    lane_actions_move_the_control_generation_and_list_the_lanes_changed,
+    purge_and_skip_head_dead_letters_keep_every_attempt_made,
 );
 
 fn enqueue_order_and_claim_order(b: Backend) {
@@ -1896,5 +1898,192 @@ fn one_lane_status_and_known_actors(b: Backend) {
         assert_eq!(depths, [(A, 1), (B, 1), (C, 2)]);
         let unknown = StoreLaneId(listed.iter().map(|l| l.lane.0).max().unwrap_or(0) + 1_000);
         assert_eq!(s.lane_status(unknown).expect("unknown lane"), None);
+    });
+}
+
+/// OL-14: every operator action on a lane moves its actor's control generation in its own
+/// transaction, and a pass that saw generation `g` reads exactly the lanes changed since, as
+/// they are now; other actors' actions do not move it. A read taken before a pausing action
+/// is no longer fresh once the action has returned.
+fn lane_actions_move_the_control_generation_and_list_the_lanes_changed(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let (a, bob) = (actor("alice"), actor("bob"));
+        s.enqueue(&a, &[row("r0", &[A, B]), row("r1", &[A])])
+            .expect("enqueue");
+        s.enqueue(&bob, &[row("b0", &[A])]).expect("enqueue");
+        let (la, lb, bob_a) = (lane_of(s, &a, A), lane_of(s, &a, B), lane_of(s, &bob, A));
+        let t = acquire(s, &a, "h", LEASE);
+        let g0 = t.control().generation;
+        let read = s.lane_controls(&t, g0).expect("controls");
+        assert_eq!((read.read.generation, read.changed.len()), (g0, 0));
+
+        let changed = |seen: u64| {
+            let c = s.lane_controls(&t, seen).expect("controls");
+            let lanes: Vec<(StoreLaneId, bool, bool, bool)> = c
+                .changed
+                .iter()
+                .map(|l| (l.state.lane, l.state.paused, l.state.strict, l.pending))
+                .collect();
+            (c.read.generation, lanes)
+        };
+        // A read taken before the pause is stale once the pause has returned: the pass
+        // holding the slot starts nothing on it any more.
+        let before = s.lane_controls(&t, g0).expect("controls").read;
+        s.pause_lane(la, "maintenance").expect("pause");
+        assert!(!before.fresh_at(std::time::Instant::now()));
+        let (g1, lanes) = changed(g0);
+        assert!(g1 > g0);
+        assert_eq!(lanes, [(la, true, false, true)]);
+        assert_eq!(changed(g1), (g1, vec![]));
+        // Each action moves it again; the lanes changed since an older generation are all
+        // listed, in lane order, as they are now.
+        s.set_lane_strict(lb, true).expect("strict");
+        let (g2, lanes) = changed(g1);
+        assert!(g2 > g1);
+        assert_eq!(lanes, [(lb, false, true, true)]);
+        assert_eq!(
+            changed(g0).1,
+            [(la, true, false, true), (lb, false, true, true)]
+        );
+        s.purge_lane(lb, now()).expect("purge");
+        let (g3, lanes) = changed(g2);
+        assert!(g3 > g2);
+        assert_eq!(lanes, [(lb, false, true, false)]);
+        s.skip_lane_head(la, now()).expect("skip");
+        let (g4, lanes) = changed(g3);
+        assert!(g4 > g3);
+        assert_eq!(lanes, [(la, true, false, true)]);
+        let mut g = g4;
+        for action in ["resume", "retry", "unstrict"] {
+            match action {
+                "resume" => s.resume_lane(la),
+                "retry" => s.retry_lane_now(la),
+                _ => s.set_lane_strict(lb, false),
+            }
+            .expect("action");
+            let (next, lanes) = changed(g);
+            assert!(next > g, "{action}");
+            assert_eq!(lanes.len(), 1, "{action}");
+            g = next;
+        }
+        assert_eq!(
+            changed(g4).1,
+            [(la, false, false, true), (lb, false, false, false)]
+        );
+
+        // Another actor's actions are its own: alice's generation stays.
+        s.pause_lane(bob_a, "other").expect("pause bob");
+        assert_eq!(changed(g), (g, vec![]));
+        let tb = acquire(s, &bob, "h", LEASE);
+        assert!(tb.control().generation > 0);
+        assert!(
+            s.lane_controls(&tb, 0)
+                .expect("bob")
+                .changed
+                .iter()
+                .all(|l| l.state.lane == bob_a)
+        );
+        // An unknown lane is an error and moves nothing.
+        assert_eq!(
+            s.pause_lane(StoreLaneId(987_654), "x"),
+            Err(StoreError::NotFound { what: "lane" })
+        );
+        assert_eq!(changed(g), (g, vec![]));
+
+        // The next holder starts from the generation its acquisition read.
+        assert_eq!(s.release_slot(&t).expect("release"), SlotRelease::Released);
+        assert_eq!(s.lane_controls(&t, g), Err(StoreError::StaleToken));
+        let t2 = acquire(s, &a, "h2", LEASE);
+        assert_eq!(t2.control().generation, g);
+    });
+}
+
+/// OL-14, OL-18: a purged or skipped unit's dead letter keeps the attempts, status and error
+/// persisted for it; an attempt that was in flight when the operator set it aside finishes
+/// and is recorded on that dead letter, a failure with its count and status, a delivery as
+/// one attempt more that says it was delivered (once, however often the ack is sent).
+fn purge_and_skip_head_dead_letters_keep_every_attempt_made(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        s.enqueue(
+            &a,
+            &(0..4)
+                .map(|k| row(&format!("r{k}"), &[A]))
+                .collect::<Vec<_>>(),
+        )
+        .expect("enqueue");
+        let la = lane_of(s, &a, A);
+        let t = acquire(s, &a, "h", LEASE);
+        let u = unit_ids(&claim_lane(s, &t, la, 0, 10));
+        let record = |unit: UnitId, attempts: u32, status: u16, ms: u64| {
+            s.record_attempts(
+                &t,
+                &[AttemptRecord {
+                    unit,
+                    lane: la,
+                    attempts,
+                    status: Some(status),
+                    error: Some(format!("HTTP {status}")),
+                    at: Timestamp::from_millis(ms),
+                }],
+            )
+            .expect("attempts");
+        };
+        let dead = |row: &str| {
+            s.dead_letters(Some(&a))
+                .expect("dead letters")
+                .into_iter()
+                .find(|d| d.row_id == row)
+                .unwrap_or_else(|| panic!("no dead letter of {row}"))
+        };
+        record(u[0], 2, 503, 1_000);
+        record(u[1], 1, 500, 2_000);
+
+        // skip-head: the head's two attempts and its last status.
+        s.skip_lane_head(la, now()).expect("skip");
+        let d = dead("r0");
+        assert_eq!(d.reason, DeadReason::Skipped);
+        assert_eq!((d.attempts, d.last_status), (2, Some(503)));
+        assert_eq!(d.last_error.as_deref(), Some("HTTP 503"));
+        // The attempt that was in flight ends: a third failure, recorded on the dead letter.
+        record(u[0], 3, 502, 3_000);
+        let d = dead("r0");
+        assert_eq!((d.attempts, d.last_status), (3, Some(502)));
+        assert_eq!(d.last_attempt_at, Some(Timestamp::from_millis(3_000)));
+        // A record sent again (a retried write) counts nothing more.
+        record(u[0], 3, 502, 3_000);
+        assert_eq!(dead("r0").attempts, 3);
+
+        // purge: each unit with its own attempts (none made: 0).
+        assert_eq!(s.purge_lane(la, now()).expect("purge"), 3);
+        let (d1, d2) = (dead("r1"), dead("r2"));
+        assert_eq!(
+            (d1.reason, d1.attempts, d1.last_status),
+            (DeadReason::Purged, 1, Some(500))
+        );
+        assert_eq!(
+            (d2.attempts, d2.last_status, d2.last_error),
+            (0, None, None)
+        );
+        // r2 was in flight and delivered: the dead letter says so, once.
+        for _ in 0..2 {
+            s.ack(&t, &[(u[2], la)]).expect("ack");
+            let d = dead("r2");
+            assert_eq!((d.attempts, d.last_status), (1, None));
+            assert_eq!(d.last_error.as_deref(), Some(DELIVERED_AFTER_SET_ASIDE));
+        }
+        // The ack writer's path (the one a pass takes) does the same.
+        let w = AckWriter::spawn(Arc::clone(&h.store), AckWriterOptions::default()).expect("spawn");
+        w.ack_batch(&t, vec![(u[3], la)]);
+        w.flush(&t).expect("flush");
+        let d = dead("r3");
+        assert_eq!(
+            (d.attempts, d.last_error.as_deref()),
+            (1, Some(DELIVERED_AFTER_SET_ASIDE))
+        );
+        // Nothing else changed: r1 kept its record.
+        assert_eq!(dead("r1").attempts, 1);
     });
 }

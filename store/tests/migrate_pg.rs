@@ -2,7 +2,8 @@
 //! written with version 1's plain-SQL enqueue, is migrated to version 2 when a store connects,
 //! and reads and works as it did: the same units in the same order with their attempts and
 //! served flags, payloads, acks, dead letters and replay, and unit ids never reused. A
-//! version 2 database is migrated to version 3 (row headers) and keeps its units and order.
+//! version 2 database is migrated to version 3 (row headers) and keeps its units and order; a
+//! version 3 database to version 4 (lane-control generations, OL-14).
 #![cfg(feature = "postgres")]
 #![allow(missing_docs, clippy::std_instead_of_core)]
 
@@ -586,7 +587,7 @@ fn v2_enqueue(c: &mut Client, row_id: &str, to: &[&str]) {
 }
 
 #[test]
-fn postgres_v2_database_is_migrated_to_v3_and_keeps_working() {
+fn postgres_v2_database_is_migrated_to_v4_and_keeps_working() {
     let Some(url) = pg_url() else {
         println!("skipped: OUTBOX_LANES_TEST_PG not set");
         return;
@@ -616,7 +617,7 @@ fn postgres_v2_database_is_migrated_to_v3_and_keeps_working() {
         )
         .expect("version")
         .get(0);
-    assert_eq!(version, "3");
+    assert_eq!(version, SCHEMA_VERSION.to_string());
     let a = actor("alice");
     let t = acquire(&store, &a, "h", LEASE);
     let (la, lb) = (lane_id(&mut c, A), lane_id(&mut c, B));
@@ -662,4 +663,81 @@ fn postgres_v2_database_is_migrated_to_v3_and_keeps_working() {
     let again = schema.store(CommonOptions::default());
     let t = acquire(&again, &a, "h2", LEASE);
     assert_eq!(claim_lane(&again, &t, la, 0, 100).units.len(), 5);
+}
+
+/// Version 3 → 4: the lane-control generations (OL-14) start at 0 on existing slots and
+/// lanes, the lanes' index is there, and the first operator action after the migration reaches
+/// the holder of the slot.
+#[test]
+fn postgres_v3_database_is_migrated_to_v4_with_control_generations() {
+    let Some(url) = pg_url() else {
+        println!("skipped: OUTBOX_LANES_TEST_PG not set");
+        return;
+    };
+    let schema = Schema::new(&url, "v3");
+    let mut c = schema.client();
+    c.batch_execute(
+        "CREATE TABLE ol_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL); \
+         INSERT INTO ol_meta (key, value) VALUES ('schema_version', '3');",
+    )
+    .expect("meta");
+    c.batch_execute(SCHEMA_V2).expect("v2 ddl");
+    c.batch_execute(
+        "ALTER TABLE ol_units ADD COLUMN headers TEXT; ALTER TABLE ol_rows ADD COLUMN headers TEXT;",
+    )
+    .expect("v3 ddl");
+    v2_enqueue(&mut c, "r0", &[A]);
+    c.batch_execute(
+        "UPDATE ol_lanes SET paused = TRUE, pause_reason = 'before'; \
+         INSERT INTO ol_slots (actor, token) VALUES ('alice', 7);",
+    )
+    .expect("v3 state");
+
+    let store = schema.store(CommonOptions::default());
+    let one = |c: &mut Client, sql: &str| -> i64 { c.query_one(sql, &[]).expect(sql).get(0) };
+    let version: String = c
+        .query_one(
+            "SELECT value FROM ol_meta WHERE key = 'schema_version'",
+            &[],
+        )
+        .expect("version")
+        .get(0);
+    assert_eq!(version, SCHEMA_VERSION.to_string());
+    assert_eq!(
+        one(&mut c, "SELECT count(*) FROM ol_slots WHERE control = 0"),
+        1
+    );
+    assert_eq!(
+        one(&mut c, "SELECT count(*) FROM ol_lanes WHERE control = 0"),
+        1
+    );
+    assert_eq!(
+        one(
+            &mut c,
+            "SELECT count(*) FROM pg_indexes WHERE schemaname = current_schema() \
+             AND indexname = 'ol_lanes_control'"
+        ),
+        1
+    );
+    let a = actor("alice");
+    let t = acquire(&store, &a, "h", LEASE);
+    assert_eq!(t.control().generation, 0);
+    let la = lane_id(&mut c, A);
+    assert!(
+        claim_lane(&store, &t, la, 0, 100).units.is_empty(),
+        "paused"
+    );
+    store.resume_lane(la).expect("resume");
+    let got = store.lane_controls(&t, 0).expect("controls");
+    assert_eq!(got.read.generation, 1);
+    assert_eq!(got.changed.len(), 1);
+    assert_eq!(
+        (
+            got.changed[0].state.lane,
+            got.changed[0].state.paused,
+            got.changed[0].pending
+        ),
+        (la, false, true)
+    );
+    assert_eq!(row_ids(&claim_lane(&store, &t, la, 0, 100)), ["r0"]);
 }

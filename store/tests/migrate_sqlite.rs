@@ -312,7 +312,7 @@ fn v1_database_migrates_to_v2_and_keeps_every_unit() {
     );
 
     let store = SqliteStore::open(&path, SqliteOptions::default()).expect("open migrates");
-    assert_eq!(schema_version(&path), "3");
+    assert_eq!(schema_version(&path), SCHEMA_VERSION.to_string());
     assert!(!table_exists(&path, "ol_deliveries"));
     assert!(!table_exists(&path, "ol_units_v1"));
     // One row per (unit, lane): heads for the 7 units left (the dead one is gone), plus one
@@ -509,7 +509,7 @@ fn v1_database_migrates_to_v2_and_keeps_every_unit() {
 
     // Opening again is a no-op: already the current version, nothing moved.
     let again = SqliteStore::open(&path, SqliteOptions::default()).expect("reopen");
-    assert_eq!(schema_version(&path), "3");
+    assert_eq!(schema_version(&path), SCHEMA_VERSION.to_string());
     let t = acquire(&again, &a, "h2", LEASE);
     assert_eq!(row_ids(&claim_all(&again, &t, la)), ["fresh"]);
 }
@@ -520,7 +520,7 @@ fn empty_v1_database_migrates() {
     let path = dir.path().join("empty.db");
     drop(v1_database(&path));
     let store = SqliteStore::open(&path, SqliteOptions::default()).expect("open");
-    assert_eq!(schema_version(&path), "3");
+    assert_eq!(schema_version(&path), SCHEMA_VERSION.to_string());
     let a = actor(ALICE);
     let out = store
         .enqueue(&a, &[row("r0", &[A]), row("r1", &[A, B])])
@@ -568,7 +568,7 @@ fn failed_migration_leaves_the_v1_database_as_it_was() {
         .execute_batch("DROP TABLE ol_units_v1")
         .expect("drop squatter");
     let store = SqliteStore::open(&path, SqliteOptions::default()).expect("open");
-    assert_eq!(schema_version(&path), "3");
+    assert_eq!(schema_version(&path), SCHEMA_VERSION.to_string());
     let t = acquire(&store, &actor(ALICE), "h", LEASE);
     assert_eq!(
         unit_ids(&claim_all(&store, &t, v1.lanes[0])),
@@ -753,7 +753,7 @@ fn v2_enqueue(c: &Connection, row_id: &str, to: &[&str]) {
 }
 
 #[test]
-fn v2_database_migrates_to_v3_and_keeps_every_unit() {
+fn v2_database_migrates_to_v4_and_keeps_every_unit() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("v2.db");
     let c = v2_database(&path);
@@ -768,7 +768,7 @@ fn v2_database_migrates_to_v3_and_keeps_every_unit() {
     drop(c);
 
     let store = SqliteStore::open(&path, SqliteOptions::default()).expect("open");
-    assert_eq!(schema_version(&path), "3");
+    assert_eq!(schema_version(&path), SCHEMA_VERSION.to_string());
     assert_eq!(
         count(
             &path,
@@ -820,7 +820,65 @@ fn v2_database_migrates_to_v3_and_keeps_every_unit() {
 
     // Opening again is a no-op.
     let again = SqliteStore::open(&path, SqliteOptions::default()).expect("reopen");
-    assert_eq!(schema_version(&path), "3");
+    assert_eq!(schema_version(&path), SCHEMA_VERSION.to_string());
     let t = acquire(&again, &a, "h2", LEASE);
     assert_eq!(claim_all(&again, &t, la).units.len(), 5);
+}
+
+/// Version 3 → 4: the lane-control generations (OL-14) start at 0 on existing slots and
+/// lanes, the lanes' index is there, and the first operator action after the migration reaches
+/// the holder of the slot.
+#[test]
+fn v3_database_migrates_to_v4_with_control_generations() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("v3.db");
+    let c = v2_database(&path);
+    c.execute_batch(
+        "ALTER TABLE ol_units ADD COLUMN headers TEXT; ALTER TABLE ol_rows ADD COLUMN headers TEXT; \
+         UPDATE ol_meta SET value = '3' WHERE key = 'schema_version';",
+    )
+    .expect("v3");
+    v2_enqueue(&c, "r0", &[A]);
+    c.execute_batch(
+        "UPDATE ol_lanes SET paused = 1, pause_reason = 'before'; \
+         INSERT INTO ol_slots (actor, token) VALUES ('alice', 7);",
+    )
+    .expect("v3 state");
+    drop(c);
+
+    let store = SqliteStore::open(&path, SqliteOptions::default()).expect("open");
+    assert_eq!(schema_version(&path), SCHEMA_VERSION.to_string());
+    assert_eq!(
+        count(&path, "SELECT count(*) FROM ol_slots WHERE control = 0"),
+        1
+    );
+    assert_eq!(
+        count(&path, "SELECT count(*) FROM ol_lanes WHERE control = 0"),
+        1
+    );
+    assert_eq!(
+        count(
+            &path,
+            "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = 'ol_lanes_control'"
+        ),
+        1
+    );
+    let a = actor(ALICE);
+    let t = acquire(&store, &a, "h", LEASE);
+    assert_eq!(t.control().generation, 0);
+    let la = lane_of(&store, &a, A);
+    assert!(claim_all(&store, &t, la.0).units.is_empty(), "paused");
+    store.resume_lane(la).expect("resume");
+    let c = store.lane_controls(&t, 0).expect("controls");
+    assert_eq!(c.read.generation, 1);
+    assert_eq!(c.changed.len(), 1);
+    assert_eq!(
+        (
+            c.changed[0].state.lane,
+            c.changed[0].state.paused,
+            c.changed[0].pending
+        ),
+        (la, false, true)
+    );
+    assert_eq!(row_ids(&claim_all(&store, &t, la.0)), ["r0"]);
 }

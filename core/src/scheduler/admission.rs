@@ -20,13 +20,17 @@ use crate::time::Timestamp;
 impl Scheduler {
     /// The store has pending units in `lane` (discovered at pass start, or after new rows
     /// were enqueued); `info` is its persisted state. During a pass the scheduler's own view
-    /// of a lane it has admitted units for wins over `info`.
+    /// of a lane it has admitted units for wins over `info`. A lane reported here is not
+    /// paused (a runtime skips paused lanes): one that
+    /// [`Scheduler::handle_lane_control`] paused is open again.
     pub fn handle_lane(&mut self, lane: LaneId, info: LaneInfo, now: Timestamp) {
         self.advance_to(now);
         let Some(l) = self.lanes.get_mut(lane.index()) else {
             return;
         };
         l.strict = info.strict;
+        // Discovery reports lanes that are not paused (any more): an operator resumed it.
+        l.paused = false;
         let idle = l.queue.is_empty() && !l.in_flight && !l.stalled;
         if idle {
             l.not_before = info.not_before;
@@ -151,6 +155,8 @@ impl Scheduler {
     #[inline]
     pub(super) fn claimable(l: &Lane, now: Timestamp, depth: u32) -> Option<u32> {
         if !l.more
+            || l.paused
+            || l.fenced
             || l.stalled
             || l.room_wait
             || l.planned.is_some()

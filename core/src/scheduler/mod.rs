@@ -26,7 +26,13 @@
 //!    unit whose recipients are all resolved leaves its lanes, and the next heads are ready.
 //! 6. **Timers** — [`Scheduler::handle_timeout`] at [`Scheduler::poll_timeout`]: in-pass retries
 //!    fall due, lane backoffs end (the head is probed, OL-11).
-//! 7. **End** — [`Scheduler::is_done`] (a query) says nothing can happen any more without a
+//! 7. **Operator actions** — [`Scheduler::handle_lane_control`]: an operator paused, purged,
+//!    skipped, made strict (or resumed, retried…) a lane while the pass ran. What the pass
+//!    admitted of it predates the action: it is handed back at once, and the lane starts
+//!    nothing until it is read again from the store — not at all while it is paused (OL-14).
+//!    An attempt already in flight finishes and is recorded; its unit is then handed back
+//!    unless it was resolved.
+//! 8. **End** — [`Scheduler::is_done`] (a query) says nothing can happen any more without a
 //!    new input from the store: nothing in flight, no retry pending, nothing startable, and
 //!    nothing to read outside lanes in backoff (OL-10). [`Scheduler::handle_pass_end`] then
 //!    hands every unit still admitted back to the store in enqueue order (OL-10, OL-14).
@@ -50,10 +56,12 @@
 //! | in backoff (probe mode above level 0) | `not_before`, `level` | a stall, a failed probe, a Retry-After | its timer fires (`not_before` ends, probe mode stays); an answer reopens it (level 0) |
 //! | stalled | `stalled` | its head failed `pass_attempts` times in a row (persisted, across passes) or its probe failed: the head is held, the rest handed back (OL-7) | the head is resolved, or the lane reopens |
 //! | blocked (strict lanes) | `blocked` (and `stalled`) | a strict lane's head would be dead-lettered (OL-8) | the pass ends (an operator acts) |
+//! | paused | `paused` | an operator paused it ([`Scheduler::handle_lane_control`]) | a control or a discovery says it is not |
+//! | fenced | `fenced` | an operator acted on it while its head had an attempt in flight | that attempt ended and its unit left |
 //!
-//! A lane is read only when it has work, is not stalled, has no read out, waits neither at a
-//! joined unit nor for room, and is open; it starts its head only when it is open, idle and
-//! not blocked. A recipient of a unit (a *slot*) is `Idle`, `InFlight`, `RetryAt(t)`,
+//! A lane is read only when it has work, is neither paused, fenced nor stalled, has no read
+//! out, waits neither at a joined unit nor for room, and is open; it starts its head only when
+//! it is open, idle, and neither blocked, paused nor fenced. A recipient of a unit (a *slot*) is `Idle`, `InFlight`, `RetryAt(t)`,
 //! `Stalled`, `Blocked`, `Served` or `Dead`; a unit finishes when every slot is `Served` or
 //! `Dead`.
 //!
@@ -98,9 +106,11 @@
 //! - `admission.rs`: discovery, claims and admission (joined units included);
 //! - `outcomes.rs`: outcomes, retries, stalls, backoff, dead letters, units leaving;
 //! - `timers.rs`: time, and the timers of retries and lane backoffs;
+//! - `control.rs`: operator actions that reach a running pass (OL-14);
 //! - `start.rs`: which ready units start now.
 
 mod admission;
+mod control;
 mod outcomes;
 mod start;
 mod timers;
@@ -108,7 +118,7 @@ mod types;
 
 pub use types::{
     Admit, AdmitError, AdmitSlot, ClaimReport, Command, EventError, HoldReason, LaneChunk,
-    LaneClaim, LaneInfo,
+    LaneClaim, LaneControl, LaneInfo,
 };
 
 use alloc::collections::{BinaryHeap, VecDeque};
@@ -196,6 +206,11 @@ struct Lane {
     waiting_on: Option<UnitId>,
     /// Its next unit did not fit the window: read nothing until a unit leaves it.
     room_wait: bool,
+    /// Paused by an operator: nothing of it is read or started.
+    paused: bool,
+    /// An operator acted on it while its head had an attempt in flight: it reads and starts
+    /// nothing until that unit has left (it is in [`Scheduler::fenced`]).
+    fenced: bool,
 }
 
 impl Lane {
@@ -329,6 +344,8 @@ pub struct Scheduler {
     /// Lanes to read that only refill.
     claim_queue: VecDeque<LaneId>,
     room_waiters: Vec<LaneId>,
+    /// The lanes with `fenced` set (few: the lanes an operator acted on mid-attempt).
+    fenced: Vec<LaneId>,
     timers: BinaryHeap<Reverse<(Timestamp, Timer)>>,
     admitted: usize,
     admitted_bytes: u64,
@@ -361,6 +378,7 @@ impl Scheduler {
             hungry_queue: VecDeque::new(),
             claim_queue: VecDeque::new(),
             room_waiters: Vec::new(),
+            fenced: Vec::new(),
             timers: BinaryHeap::new(),
             admitted: 0,
             admitted_bytes: 0,
@@ -441,6 +459,7 @@ impl Scheduler {
         self.hungry_queue.clear();
         self.claim_queue.clear();
         self.room_waiters.clear();
+        self.fenced.clear();
         self.timers.clear();
         for l in &mut self.lanes {
             *l = Lane::default();

@@ -99,6 +99,10 @@ impl Scheduler {
             }
             Outcome::NotSent => self.not_sent(idx, s),
         }
+        if !self.fenced.is_empty() {
+            // An operator acted on a lane while this attempt was out (OL-14).
+            self.settle_fenced();
+        }
         self.fire_timers();
         Ok(())
     }
@@ -378,11 +382,20 @@ impl Scheduler {
     /// Hands back every unit behind `lane`'s head, and with them every unit that, through a
     /// joined unit, waits behind one of them in another lane.
     pub(super) fn hand_back_behind(&mut self, lane: LaneId) {
-        let l = &mut self.lanes[lane.index()];
-        if l.queue.len() <= 1 {
+        let l = &self.lanes[lane.index()];
+        if l.queue.len() <= 1 || self.leaves_for_fence(l.queue[0]) {
+            // (A head that goes back for an operator's action takes them along, in one batch.)
             return;
         }
-        let mut victims: Vec<u32> = l.queue.drain(1..).collect();
+        let l = &mut self.lanes[lane.index()];
+        let victims: Vec<u32> = l.queue.drain(1..).collect();
+        self.hand_back(victims);
+    }
+
+    /// Hands back `victims` (units with no attempt in flight) and every unit behind one of
+    /// them in any of its lanes; a victim still in a lane's queue leaves it from its position
+    /// on.
+    pub(super) fn hand_back(&mut self, mut victims: Vec<u32>) {
         let mut touched: SmallVec<[LaneId; 8]> = SmallVec::new();
         let mut i = 0;
         while i < victims.len() {

@@ -53,7 +53,7 @@ impl Scheduler {
                     false
                 }
             };
-            let lane_ok = l.open(now) && !l.in_flight && !l.blocked;
+            let lane_ok = l.open(now) && !l.in_flight && !l.blocked && !l.paused && !l.fenced;
             if due && lane_ok {
                 startable.push(i);
             } else if !u.started && !s.phase.resolved() {

@@ -85,6 +85,20 @@ pub struct LaneInfo {
     pub strict: bool,
 }
 
+/// A lane's persisted state read again during a pass because an operator acted on it (pause,
+/// resume, purge, skip-head, retry, strict): what
+/// [`Scheduler::handle_lane_control`](super::Scheduler::handle_lane_control) is told (OL-14).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LaneControl {
+    /// Its backoff and strict mode as the store has them now.
+    pub info: LaneInfo,
+    /// Paused (by an operator, or a strict lane blocked on its head): nothing of it is read
+    /// or started until a later control or discovery says otherwise.
+    pub paused: bool,
+    /// The store holds pending units of it.
+    pub pending: bool,
+}
+
 /// Read the next units of `lane` with `seq >= from`, at most `limit` of them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LaneClaim {

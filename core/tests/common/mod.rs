@@ -7,8 +7,8 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use outbox_lanes_core::{
-    Admit, AdmitSlot, Command, Config, DeadReason, LaneChunk, LaneClaim, LaneId, LaneInfo, LaneKey,
-    Scheduler, Seq, Timestamp, UnitId,
+    Admit, AdmitSlot, Command, Config, DeadReason, LaneChunk, LaneClaim, LaneControl, LaneId,
+    LaneInfo, LaneKey, Scheduler, Seq, Timestamp, UnitId,
 };
 
 pub const T0: Timestamp = Timestamp::from_secs(1_000_000);
@@ -27,6 +27,8 @@ pub struct ModelStore {
     pub next_seq: u64,
     pub delivered: Vec<(UnitId, LaneId)>,
     pub dead: Vec<(UnitId, LaneId, DeadReason)>,
+    /// Lanes an operator paused: a claim reads nothing of them.
+    pub paused: BTreeSet<LaneId>,
 }
 
 impl ModelStore {
@@ -76,10 +78,12 @@ impl ModelStore {
         ids
     }
 
+    /// Lanes with units that are not paused (a runtime skips paused lanes at discovery).
     pub fn lanes_with_work(&self) -> BTreeSet<LaneId> {
         self.units
             .values()
             .flat_map(|u| u.admit.slots.iter().map(|s| s.lane))
+            .filter(|l| !self.paused.contains(l))
             .collect()
     }
 
@@ -101,9 +105,11 @@ impl ModelStore {
         claims
             .iter()
             .map(|c| {
+                let paused = self.paused.contains(&c.lane);
                 let units: Vec<Admit> = self
                     .pending_in(c.lane)
                     .into_iter()
+                    .filter(|_| !paused)
                     .filter(|u| u.admit.seq >= c.from)
                     .take(c.limit as usize)
                     .map(|u| {
@@ -213,6 +219,40 @@ impl ModelStore {
             })
             .map(|u| u.admit.id)
             .collect()
+    }
+
+    /// An operator's purge (`limit` None) or skip-head (`Some(1)`): the first pending units of
+    /// `lane` are dead-lettered; a skip also clears the lane's backoff.
+    pub fn operator_dead_letters(&mut self, lane: LaneId, limit: Option<usize>) -> Vec<UnitId> {
+        let units: Vec<UnitId> = self
+            .unresolved_in(lane)
+            .into_iter()
+            .take(limit.unwrap_or(usize::MAX))
+            .collect();
+        let reason = if limit.is_some() {
+            DeadReason::Skipped
+        } else {
+            DeadReason::Purged
+        };
+        for &id in &units {
+            self.dead.push((id, lane, reason));
+            self.resolve(id, lane);
+        }
+        if limit.is_some() {
+            let e = self.lane_state.entry(lane).or_default();
+            e.not_before = None;
+            e.level = 0;
+        }
+        units
+    }
+
+    /// What a pass reads of `lane` after an operator acted on it.
+    pub fn lane_control(&self, lane: LaneId) -> LaneControl {
+        LaneControl {
+            info: self.lane_info(lane),
+            paused: self.paused.contains(&lane),
+            pending: !self.unresolved_in(lane).is_empty(),
+        }
     }
 
     /// The persisted attempt count of `unit` for `lane`, if it is still stored.
@@ -335,6 +375,14 @@ impl World {
         self.s.handle_timeout(self.now);
         self.settle();
         t
+    }
+
+    /// An operator acted on the named lane; the pass is told its state now.
+    pub fn control(&mut self, lane: &str) {
+        let l = self.lane(lane);
+        let control = self.store.lane_control(l);
+        self.s.handle_lane_control(l, control, self.now);
+        self.settle();
     }
 
     pub fn end_pass(&mut self) {
