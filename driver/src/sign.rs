@@ -590,7 +590,7 @@ impl HttpSignatures {
     /// no actor, or has bad entries (every one of them is listed, with its actor).
     pub fn from_keys_file(path: impl AsRef<Path>) -> Result<Self, KeysFileError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|error| KeysFileError::Read {
+        let text = read_key_file(path).map_err(|error| KeysFileError::Read {
             path: path.to_owned(),
             error,
         })?;
@@ -695,6 +695,55 @@ impl HttpSignatures {
     }
 }
 
+/// A key file (a keys file, a `private_key_file`) holds at most this many bytes.
+const MAX_KEY_FILE: u64 = 1 << 20;
+
+/// The text of a key file: a regular file of at most [`MAX_KEY_FILE`] bytes (a device or a
+/// pipe given by mistake would be read without end). Logs a warning, once per file, if it is
+/// readable by its group or others (unix).
+fn read_key_file(path: &Path) -> std::io::Result<String> {
+    use std::io::{Error, ErrorKind, Read as _};
+    let not_regular = || Error::new(ErrorKind::InvalidInput, "not a regular file");
+    // Checked before opening (opening a FIFO waits for a writer), and on what was opened.
+    if !std::fs::metadata(path)?.is_file() {
+        return Err(not_regular());
+    }
+    let file = std::fs::File::open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(not_regular());
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        static WARNED: std::sync::Mutex<std::collections::BTreeSet<PathBuf>> =
+            std::sync::Mutex::new(std::collections::BTreeSet::new());
+        let mode = meta.permissions().mode();
+        let first = || {
+            let mut warned = WARNED
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            warned.insert(path.to_owned())
+        };
+        if mode & 0o077 != 0 && first() {
+            tracing::warn!(
+                file = %path.display(),
+                mode = %format_args!("{:o}", mode & 0o777),
+                "a signing key file is readable by its group or others; chmod 600 it"
+            );
+        }
+    }
+    let mut text = String::new();
+    file.take(MAX_KEY_FILE + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_KEY_FILE {
+        return Err(Error::new(
+            ErrorKind::InvalidData,
+            format!("larger than {} KiB", MAX_KEY_FILE / 1024),
+        ));
+    }
+    Ok(text)
+}
+
 /// One `[actors."<actor>"]` entry's key, or what is wrong with it.
 fn entry_key(actor: &str, entry: &toml::Value, dir: &Path) -> Result<ActorKey, String> {
     if actor.trim().is_empty() {
@@ -725,7 +774,7 @@ fn entry_key(actor: &str, entry: &toml::Value, dir: &Path) -> Result<ActorKey, S
         (Some(pem), None) => pem.to_owned(),
         (None, Some(file)) => {
             let file = dir.join(file);
-            std::fs::read_to_string(&file)
+            read_key_file(&file)
                 .map_err(|e| format!("cannot read private_key_file {}: {e}", file.display()))?
         }
         (Some(_), Some(_)) => {

@@ -386,7 +386,9 @@ pub(crate) struct RelayArgs {
 
     /// Run this command (with `sh -c`) for every dead letter, the dead letter as one JSON
     /// object on its stdin. Off the delivery path: a slow or failing command delays and
-    /// loses no delivery; its failure is logged at WARN.
+    /// loses no delivery; its failure is logged at WARN, its output as the relay's own log
+    /// lines. It runs in a process group of its own, without the relay's secrets in its
+    /// environment.
     #[arg(long, env = "OUTBOX_LANES_ON_DEAD_LETTER", value_name = "CMD")]
     pub(crate) on_dead_letter: Option<String>,
 

@@ -173,30 +173,92 @@ impl Counters {
 /// Why the database could not be opened: the caller's input (exit 2) if it names what cannot
 /// be opened, a failure at run time (exit 1) if the database is locked, full or unreachable
 /// mid-way (see [`OpenError::is_input`]).
-#[derive(Debug)]
-pub(crate) struct OpenError(pub(crate) StoreError);
+///
+/// Its text has the secrets of the database URL masked (the store masks the userinfo
+/// password, not a `?password=` parameter); the store's error is not its source, only that
+/// error's cause, so that no chain of errors prints the URL unmasked.
+pub(crate) struct OpenError {
+    error: StoreError,
+    text: String,
+}
+
+impl OpenError {
+    /// `error`, from opening `db`.
+    fn new(error: StoreError, db: &str) -> OpenError {
+        let text = mask_db_url_secrets(&error.to_string(), &db_url_secrets(db));
+        OpenError { error, text }
+    }
+
+    /// Whether the caller's input is at fault (a path, URL or schema that cannot be an outbox)
+    /// rather than the database at run time (locked, full, connection lost).
+    pub(crate) fn is_input(&self) -> bool {
+        matches!(
+            self.error,
+            StoreError::Open { .. } | StoreError::ReadOnly { .. } | StoreError::SchemaTooNew { .. }
+        )
+    }
+}
+
+impl std::fmt::Debug for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("OpenError").field(&self.text).finish()
+    }
+}
 
 impl std::fmt::Display for OpenError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
+        f.write_str(&self.text)
     }
 }
 
 impl std::error::Error for OpenError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.0)
+        std::error::Error::source(&self.error)
     }
 }
 
-impl OpenError {
-    /// Whether the caller's input is at fault (a path, URL or schema that cannot be an outbox)
-    /// rather than the database at run time (locked, full, connection lost).
-    pub(crate) fn is_input(&self) -> bool {
-        matches!(
-            self.0,
-            StoreError::Open { .. } | StoreError::ReadOnly { .. } | StoreError::SchemaTooNew { .. }
-        )
+/// The secrets a Postgres URL carries, each as its text in the URL and as that text masked:
+/// the password of `user:password@`, and the value of every query parameter whose name says
+/// it is one (`password`, `sslpassword`, …). Longest first, so that one is never masked in
+/// part by a shorter one. None for a SQLite path.
+pub(crate) fn db_url_secrets(url: &str) -> Vec<(String, String)> {
+    let mut secrets = Vec::new();
+    if !is_postgres(url) {
+        return secrets;
     }
+    let authority = url.find("://").map_or(0, |i| i + 3);
+    let (before_query, query) = url.split_once('?').unwrap_or((url, ""));
+    if let Some(at) = before_query.rfind('@').filter(|&at| at >= authority) {
+        let userinfo = &url[authority..at];
+        if let Some((user, password)) = userinfo.split_once(':') {
+            if !password.is_empty() {
+                secrets.push((format!("{userinfo}@"), format!("{user}:***@")));
+            }
+        }
+    }
+    let query = query.split('#').next().unwrap_or("");
+    for pair in query.split('&') {
+        if let Some((name, value)) = pair.split_once('=') {
+            let lower = name.to_ascii_lowercase();
+            let secret = ["password", "passwd", "secret", "token"]
+                .iter()
+                .any(|s| lower.contains(s));
+            if secret && !value.is_empty() {
+                secrets.push((pair.to_owned(), format!("{name}=***")));
+            }
+        }
+    }
+    secrets.sort_by_key(|(text, _)| std::cmp::Reverse(text.len()));
+    secrets
+}
+
+/// `text` with each secret of [`db_url_secrets`] masked.
+pub(crate) fn mask_db_url_secrets(text: &str, secrets: &[(String, String)]) -> String {
+    let mut text = text.to_owned();
+    for (secret, masked) in secrets {
+        text = text.replace(secret.as_str(), masked);
+    }
+    text
 }
 
 /// What an operator does to one lane (`outbox-lanes lanes <action>`).
@@ -289,19 +351,22 @@ impl Backend {
                     application_name: "outbox-lanes-cli".into(),
                     ..PgOptions::default()
                 };
-                if !create && !PgStore::exists(&db, &opts).map_err(OpenError)? {
+                if !create && !PgStore::exists(&db, &opts).map_err(|e| OpenError::new(e, &db))? {
                     return Err(UsageError(format!(
                         "no outbox in Postgres schema {:?} (--pg-schema); {CREATE}",
                         opts.schema
                     ))
                     .into());
                 }
-                Arc::new(PgStore::connect(&db, opts).map_err(OpenError)?)
+                Arc::new(PgStore::connect(&db, opts).map_err(|e| OpenError::new(e, &db))?)
             } else {
-                if !create && !SqliteStore::exists(&db).map_err(OpenError)? {
+                if !create && !SqliteStore::exists(&db).map_err(|e| OpenError::new(e, &db))? {
                     return Err(UsageError(format!("no outbox at {db}; {CREATE}")).into());
                 }
-                Arc::new(SqliteStore::open(&db, SqliteOptions::default()).map_err(OpenError)?)
+                Arc::new(
+                    SqliteStore::open(&db, SqliteOptions::default())
+                        .map_err(|e| OpenError::new(e, &db))?,
+                )
             };
             let mut builder = Outbox::builder(store, config).hooks(counters.hooks());
             if let Some(signer) = signer {
@@ -507,5 +572,41 @@ impl Relay {
     /// `true` if a pass's grace ended with attempts in flight (handed back unanswered).
     pub(crate) async fn stop(self) -> bool {
         self.monitor.stop().await.grace_over
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_password_of_a_database_url_is_masked() {
+        let url = "postgres://me:pw%40x@db.example:5432/outbox?sslmode=require&password=hunter2\
+                   &sslpassword=hunter3&application_name=x#frag";
+        let masked = mask_db_url_secrets(url, &db_url_secrets(url));
+        assert_eq!(
+            masked,
+            "postgres://me:***@db.example:5432/outbox?sslmode=require&password=***\
+             &sslpassword=***&application_name=x#frag"
+        );
+        // As the store words it (userinfo already masked), in a sentence.
+        let text = "cannot open database postgres://me:***@db.example:5432/outbox?password=hunter2: refused";
+        assert_eq!(
+            mask_db_url_secrets(text, &db_url_secrets(url)),
+            "cannot open database postgres://me:***@db.example:5432/outbox?password=***: refused"
+        );
+        // A longer value is not left in part by a shorter one.
+        let url = "postgres://h/db?password=ab&passwd=abc";
+        assert_eq!(
+            mask_db_url_secrets(url, &db_url_secrets(url)),
+            "postgres://h/db?password=***&passwd=***"
+        );
+        for clean in [
+            "postgres://me@h/db?sslmode=disable",
+            "./outbox.db",
+            "x.db?password=y",
+        ] {
+            assert!(db_url_secrets(clean).is_empty(), "{clean}");
+        }
     }
 }

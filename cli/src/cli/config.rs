@@ -65,11 +65,15 @@ pub(crate) enum Error {
 
 /// `cmd` with the file's settings as defaults.
 fn with_file(cmd: Command, path: &Path) -> Result<Command, Error> {
-    let text = std::fs::read_to_string(path)
+    let text = read_small_file(path)
         .map_err(|e| Error::File(format!("cannot read --config {}: {e}", path.display())))?;
-    let table: toml::Table = text
-        .parse()
-        .map_err(|e| Error::File(format!("--config {}: {e}", path.display())))?;
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        Error::File(format!(
+            "--config {}: {}",
+            path.display(),
+            toml_error(&text, &e)
+        ))
+    })?;
     let mut settings = Vec::new();
     for (key, value) in &table {
         let name = key.replace('_', "-");
@@ -103,6 +107,57 @@ fn with_file(cmd: Command, path: &Path) -> Result<Command, Error> {
         )));
     }
     Ok(cmd)
+}
+
+/// A settings file holds at most this many bytes.
+pub(crate) const MAX_FILE: u64 = 1 << 20;
+
+/// The text of the file at `path`, if it is a regular file of at most [`MAX_FILE`] bytes
+/// (a device or a pipe given by mistake would be read without end).
+///
+/// # Errors
+/// The file cannot be read, is not a regular file, is larger or is not UTF-8.
+pub(crate) fn read_small_file(path: &Path) -> std::io::Result<String> {
+    use std::io::{Error, ErrorKind, Read as _};
+    let not_regular = || Error::new(ErrorKind::InvalidInput, "not a regular file");
+    // Checked before opening, as opening a FIFO waits for a writer; and again on what was
+    // opened, in case the path changed in between.
+    if !std::fs::metadata(path)?.is_file() {
+        return Err(not_regular());
+    }
+    let file = std::fs::File::open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(not_regular());
+    }
+    let mut text = String::new();
+    file.take(MAX_FILE + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_FILE {
+        return Err(Error::new(
+            ErrorKind::InvalidData,
+            format!("larger than {} KiB", MAX_FILE / 1024),
+        ));
+    }
+    Ok(text)
+}
+
+/// A TOML error as its line, column and reason, without the text of the line: it may be a
+/// secret (`webhook-secret = "…`).
+pub(crate) fn toml_error(text: &str, e: &toml::de::Error) -> String {
+    let reason = e.message().trim_end();
+    let Some(at) = e.span().map(|s| s.start.min(text.len())) else {
+        return format!("not valid TOML: {reason}");
+    };
+    let before = text.as_bytes().get(..at).unwrap_or_default();
+    let line_start = before
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |i| i + 1);
+    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+    let column = String::from_utf8_lossy(&before[line_start..])
+        .chars()
+        .count()
+        + 1;
+    format!("not valid TOML at line {line}, column {column}: {reason}")
 }
 
 /// A TOML value as flag values: scalars as their text, an array as several values.
@@ -214,5 +269,30 @@ mod tests {
         assert!(e.contains("concurrency"), "{e}");
         let e = parse("[drain]\nconcurrency = 5\n", &["drain"]).expect_err("refused");
         assert!(e.contains("must be a string"), "{e}");
+    }
+
+    #[test]
+    fn a_toml_error_says_where_without_the_line() {
+        let e = parse("concurrency = 4\n  webhook-secret = \"s3cr3t\n", &["drain"])
+            .expect_err("refused");
+        assert!(!e.contains("s3cr3t"), "{e}");
+        assert!(e.contains("at line 2, column 27: "), "{e}");
+        assert_eq!(e.lines().count(), 1, "{e}");
+    }
+
+    #[test]
+    fn only_small_regular_files_are_read() {
+        let e = read_small_file(Path::new("/dev/null")).expect_err("a device");
+        assert_eq!(e.to_string(), "not a regular file");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let e = read_small_file(dir.path()).expect_err("a directory");
+        assert_eq!(e.to_string(), "not a regular file");
+        let path = dir.path().join("f.toml");
+        let len = usize::try_from(MAX_FILE).expect("small");
+        std::fs::write(&path, "#".repeat(len)).expect("write");
+        assert_eq!(read_small_file(&path).expect("at the cap").len(), len);
+        std::fs::write(&path, "#".repeat(len + 1)).expect("write");
+        let e = read_small_file(&path).expect_err("past the cap");
+        assert!(e.to_string().contains("larger than 1024 KiB"), "{e}");
     }
 }

@@ -6,32 +6,52 @@
 //! waiting ([`Sink::send`]): a pass never waits for a command, and a slow, hanging or failing
 //! command costs no delivery. A dispatcher task takes the queue in order and runs
 //! `sh -c CMD` for each dead letter, at most `--on-dead-letter-concurrency` at once, the JSON
-//! on the command's stdin (its stdout and stderr are the relay's); a non-zero exit or a
-//! failure to start is logged at WARN. Should the queue fill up (a command far slower than
-//! dead letters arrive), the dead letters past it are not passed on: they are in the store
-//! all the same (`dead-letters list`). That is logged at WARN for the 1st, 2nd, 4th, 8th…
-//! dead letter left out, with the count so far, so that a deep lane retired at once (one
-//! dead letter per unit) does not flood the log.
+//! on the command's stdin; a non-zero exit or a failure to start is logged at WARN, naming the
+//! command by its program and length only (the rest of a command line may carry a token).
+//! Should the queue fill up (a command far slower than dead letters arrive), the dead letters
+//! past it are not passed on: they are in the store all the same (`dead-letters list`). That
+//! is logged at WARN for the 1st, 2nd, 4th, 8th… dead letter left out, with the count so far,
+//! so that a deep lane retired at once (one dead letter per unit) does not flood the log.
 //!
-//! When the relay stops, the commands queued and running get the shutdown grace to finish;
-//! those still running after it are killed, with a WARN.
+//! A command does not inherit the relay's secrets (`OUTBOX_LANES_WEBHOOK_SECRET`, and
+//! `OUTBOX_LANES_DB` when its URL carries a password). Its stdout and stderr are the relay's
+//! own log lines (INFO and WARN, each line cut at [`LINE_CAP`] bytes), so that
+//! `--log-format json` stays JSON on every line.
+//!
+//! Each command runs in a process group of its own. When the relay stops, the commands
+//! queued and running get the shutdown grace to finish; after it, the process group of each
+//! one still running gets SIGTERM, and SIGKILL [`TERM_WAIT`] later if anything of it is
+//! left, so that what a command started in the background goes with it (a WARN counts them).
 
-use std::process::Stdio;
+use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use outbox_lanes_tokio::DeadLettered;
 use serde::Serialize;
-use tokio::io::AsyncWriteExt as _;
-use tokio::sync::{mpsc, oneshot};
+use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncWriteExt as _, BufReader};
+use tokio::process::Child;
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::{JoinHandle, JoinSet};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
+use super::backend::db_url_secrets;
 use super::output::time;
 
 /// Dead letters waiting for a command, at most.
 pub(crate) const QUEUE: usize = 10_000;
+
+/// A line a command writes is logged up to this many bytes, then cut (with a marker).
+pub(crate) const LINE_CAP: usize = 4096;
+
+/// How long a command stopped at the end of the grace has to go, its process group with it,
+/// between SIGTERM and SIGKILL.
+pub(crate) const TERM_WAIT: Duration = Duration::from_secs(2);
+
+/// How long a command's output is read to its end once the command exited: something it left
+/// in the background may keep the pipe open (then the rest is logged as it comes).
+const OUTPUT_WAIT: Duration = Duration::from_secs(1);
 
 /// The JSON a command reads on its stdin: one object, then end of input.
 #[derive(Debug, Serialize)]
@@ -117,10 +137,73 @@ impl Sink {
     }
 }
 
+/// The command and how it is run. No `Debug`: the command line may carry a token.
+struct Hook {
+    cmd: String,
+    /// What logs name the command by: its program.
+    program: Arc<str>,
+    /// The relay's secrets in its environment, which the command does not inherit.
+    secret_env: Vec<&'static str>,
+}
+
+impl Hook {
+    fn new(cmd: String) -> Hook {
+        Hook {
+            program: program(&cmd).into(),
+            secret_env: secret_env(|name| std::env::var(name).ok()),
+            cmd,
+        }
+    }
+
+    fn spawn(&self) -> std::io::Result<Child> {
+        let mut c = tokio::process::Command::new("sh");
+        c.arg("-c")
+            .arg(&self.cmd)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        for name in &self.secret_env {
+            c.env_remove(name);
+        }
+        // Its own group: at stop, what the command started goes with it.
+        #[cfg(unix)]
+        c.process_group(0);
+        c.spawn()
+    }
+}
+
+/// The program a shell command line runs, for logs: its first word that is not a variable
+/// assignment (`TOKEN=… notify …` is named `notify`), at most 64 characters.
+fn program(cmd: &str) -> String {
+    let assignment = |w: &str| {
+        w.split_once('=').is_some_and(|(name, _)| {
+            !name.is_empty() && name.chars().all(|c| c == '_' || c.is_ascii_alphanumeric())
+        })
+    };
+    let word = cmd
+        .split_whitespace()
+        .find(|w| !assignment(w))
+        .unwrap_or("sh");
+    word.chars().take(64).collect()
+}
+
+/// The variables (of those the relay reads) that hold a secret: the webhook secret, and the
+/// database URL when it carries a password. `var` reads the environment.
+fn secret_env(var: impl Fn(&str) -> Option<String>) -> Vec<&'static str> {
+    let mut names = vec!["OUTBOX_LANES_WEBHOOK_SECRET"];
+    if var("OUTBOX_LANES_DB").is_some_and(|db| !db_url_secrets(&db).is_empty()) {
+        names.push("OUTBOX_LANES_DB");
+    }
+    names
+}
+
 /// The dispatcher of the commands.
 #[derive(Debug)]
 pub(crate) struct Runner {
     stop: oneshot::Sender<()>,
+    /// `true`: the grace is over; the commands running are stopped, the queued ones dropped.
+    kill: watch::Sender<bool>,
     task: JoinHandle<()>,
     unfinished: Arc<AtomicUsize>,
 }
@@ -130,12 +213,14 @@ pub(crate) struct Runner {
 pub(crate) fn start(cmd: String, concurrency: usize) -> (Sink, Runner) {
     let (tx, rx) = mpsc::channel(QUEUE);
     let (stop, stopped) = oneshot::channel();
+    let (kill, killed) = watch::channel(false);
     let unfinished = Arc::new(AtomicUsize::new(0));
     let task = tokio::spawn(dispatch(
-        cmd,
+        Arc::new(Hook::new(cmd)),
         concurrency.max(1),
         rx,
         stopped,
+        killed,
         Arc::clone(&unfinished),
     ));
     (
@@ -146,6 +231,7 @@ pub(crate) fn start(cmd: String, concurrency: usize) -> (Sink, Runner) {
         },
         Runner {
             stop,
+            kill,
             task,
             unfinished,
         },
@@ -153,41 +239,53 @@ pub(crate) fn start(cmd: String, concurrency: usize) -> (Sink, Runner) {
 }
 
 impl Runner {
-    /// Runs what is queued, and waits up to `grace` for every command to finish; kills
-    /// those still running after it.
+    /// Runs what is queued, and waits up to `grace` for every command to finish; then
+    /// stops those still running with their process groups (SIGTERM, SIGKILL [`TERM_WAIT`]
+    /// later) and drops those still queued.
     pub(crate) async fn finish(self, grace: Duration) {
         let _ = self.stop.send(());
         let mut task = self.task;
-        if tokio::time::timeout(grace, &mut task).await.is_err() {
+        if tokio::time::timeout(grace, &mut task).await.is_ok() {
+            return;
+        }
+        let left = self.unfinished.load(Ordering::SeqCst);
+        let _ = self.kill.send(true);
+        // Each command is gone within TERM_WAIT of the SIGTERM; its output is read for at
+        // most OUTPUT_WAIT after. The bound past those is for a child that cannot be reaped.
+        let bound = TERM_WAIT + OUTPUT_WAIT + Duration::from_secs(2);
+        if tokio::time::timeout(bound, &mut task).await.is_err() {
+            // Dropping a command's group kills it (`Group`'s drop).
             task.abort();
             let _ = task.await;
-            let left = self.unfinished.load(Ordering::SeqCst);
-            if left > 0 {
-                warn!(
-                    grace = ?grace,
-                    dead_letters = left,
-                    "--on-dead-letter: stopping; the commands still queued or running were not \
-                     run or were killed (the dead letters are in the store: dead-letters list)"
-                );
-            }
+        }
+        if left > 0 {
+            warn!(
+                grace = ?grace,
+                dead_letters = left,
+                "--on-dead-letter: stopping; the commands still queued or running were not \
+                 run or were killed with their process groups (the dead letters are in the \
+                 store: dead-letters list)"
+            );
         }
     }
 }
 
 async fn dispatch(
-    cmd: String,
+    hook: Arc<Hook>,
     concurrency: usize,
     mut rx: mpsc::Receiver<(String, String)>,
     mut stopped: oneshot::Receiver<()>,
+    killed: watch::Receiver<bool>,
     unfinished: Arc<AtomicUsize>,
 ) {
-    // Dropping the set (an abort at the end of the grace) kills the children
-    // (`kill_on_drop`).
     let mut running = JoinSet::new();
     let mut stopping = false;
     loop {
         while running.len() >= concurrency {
             let _ = running.join_next().await;
+        }
+        if *killed.borrow() {
+            break;
         }
         let next = if stopping {
             rx.try_recv().ok()
@@ -205,42 +303,256 @@ async fn dispatch(
         };
         let Some((label, json)) = next else { break };
         let unfinished = Arc::clone(&unfinished);
-        let cmd = cmd.clone();
+        let hook = Arc::clone(&hook);
+        let killed = killed.clone();
         running.spawn(async move {
-            run_one(cmd, label, json).await;
+            run_one(&hook, label, json, killed).await;
             unfinished.fetch_sub(1, Ordering::SeqCst);
         });
     }
     while running.join_next().await.is_some() {}
 }
 
-async fn run_one(cmd: String, label: String, json: String) {
-    let child = tokio::process::Command::new("sh")
-        .arg("-c")
-        .arg(&cmd)
-        .stdin(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn();
-    let mut child = match child {
+async fn run_one(hook: &Hook, label: String, json: String, mut killed: watch::Receiver<bool>) {
+    let command = &*hook.program;
+    let command_len = hook.cmd.len();
+    let mut child = match hook.spawn() {
         Ok(c) => c,
         Err(e) => {
-            warn!(dead_letter = %label, command = %cmd, error = %e,
+            warn!(dead_letter = %label, command, command_len, error = %e,
                 "--on-dead-letter: cannot start the command");
             return;
         }
     };
-    if let Some(mut stdin) = child.stdin.take() {
-        // A command that does not read its input closes the pipe: not a failure of ours.
-        if let Err(e) = stdin.write_all(json.as_bytes()).await {
-            debug!(dead_letter = %label, error = %e, "--on-dead-letter: stdin not read");
+    let mut group = Group::of(&child);
+    let label: Arc<str> = label.into();
+    let mut output = JoinSet::new();
+    if let Some(out) = child.stdout.take() {
+        output.spawn(forward(
+            out,
+            Stream::Stdout,
+            Arc::clone(&hook.program),
+            Arc::clone(&label),
+        ));
+    }
+    if let Some(err) = child.stderr.take() {
+        output.spawn(forward(
+            err,
+            Stream::Stderr,
+            Arc::clone(&hook.program),
+            Arc::clone(&label),
+        ));
+    }
+    let stdin = child.stdin.take();
+    let ran = tokio::select! {
+        status = async {
+            if let Some(mut stdin) = stdin {
+                // A command that does not read its input closes the pipe: not a failure of ours.
+                if let Err(e) = stdin.write_all(json.as_bytes()).await {
+                    debug!(dead_letter = %label, error = %e, "--on-dead-letter: stdin not read");
+                }
+            }
+            child.wait().await
+        } => Some(status),
+        // Also when the runner is gone: the relay is exiting.
+        _ = killed.wait_for(|k| *k) => None,
+    };
+    let stopped = ran.is_none();
+    let status = match ran {
+        Some(status) => {
+            // What it left in the background is not ours to stop.
+            group.disarm();
+            status
+        }
+        None => stop(&mut child, &mut group).await,
+    };
+    drain(output).await;
+    match status {
+        // Counted in the runner's warning.
+        _ if stopped => debug!(dead_letter = %label, command, status = ?status.ok(),
+            "--on-dead-letter: the command was stopped at the end of the grace"),
+        Ok(s) if s.success() => debug!(dead_letter = %label, "--on-dead-letter: command done"),
+        Ok(s) => warn!(dead_letter = %label, command, command_len, status = %s,
+            "--on-dead-letter: the command failed"),
+        Err(e) => warn!(dead_letter = %label, command, command_len, error = %e,
+            "--on-dead-letter: cannot wait for the command"),
+    }
+}
+
+/// Waits up to [`OUTPUT_WAIT`] for a command's output to end; the readers left go on alone.
+async fn drain(mut output: JoinSet<()>) {
+    let all = async { while output.join_next().await.is_some() {} };
+    let _ = tokio::time::timeout(OUTPUT_WAIT, all).await;
+    output.detach_all();
+}
+
+/// Stops a command and its process group: SIGTERM, then SIGKILL to what is left of it after
+/// [`TERM_WAIT`]; reaps the command.
+async fn stop(child: &mut Child, group: &mut Group) -> std::io::Result<ExitStatus> {
+    group.terminate(child);
+    let deadline = tokio::time::Instant::now() + TERM_WAIT;
+    let mut status = None;
+    loop {
+        if status.is_none() {
+            status = child.try_wait().transpose();
+        }
+        // The group outlives its leader while anything it started runs.
+        if status.is_some() && !group.alive() {
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            group.kill(child);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    group.disarm();
+    match status {
+        Some(s) => s,
+        None => child.wait().await,
+    }
+}
+
+/// A command's process group (led by its `sh`), as long as the command is not reaped; it is
+/// killed if dropped then (a relay that exits without waiting).
+struct Group {
+    #[cfg(unix)]
+    id: Option<nix::unistd::Pid>,
+}
+
+impl Group {
+    fn of(child: &Child) -> Group {
+        #[cfg(unix)]
+        {
+            let id = child
+                .id()
+                .and_then(|id| i32::try_from(id).ok())
+                .map(nix::unistd::Pid::from_raw);
+            Group { id }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = child;
+            Group {}
         }
     }
-    match child.wait().await {
-        Ok(s) if s.success() => debug!(dead_letter = %label, "--on-dead-letter: command done"),
-        Ok(s) => warn!(dead_letter = %label, command = %cmd, status = %s,
-            "--on-dead-letter: the command failed"),
-        Err(e) => warn!(dead_letter = %label, command = %cmd, error = %e,
-            "--on-dead-letter: cannot wait for the command"),
+
+    /// SIGTERM to the whole group.
+    fn terminate(&self, child: &mut Child) {
+        #[cfg(unix)]
+        {
+            let _ = child;
+            if let Some(id) = self.id {
+                let _ = nix::sys::signal::killpg(id, nix::sys::signal::Signal::SIGTERM);
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = child.start_kill();
+    }
+
+    /// SIGKILL to the whole group.
+    fn kill(&self, child: &mut Child) {
+        #[cfg(unix)]
+        if let Some(id) = self.id {
+            let _ = nix::sys::signal::killpg(id, nix::sys::signal::Signal::SIGKILL);
+        }
+        let _ = child.start_kill();
+    }
+
+    /// Whether a process of the group is left.
+    fn alive(&self) -> bool {
+        #[cfg(unix)]
+        {
+            self.id.is_some_and(|id| {
+                nix::sys::signal::killpg(id, None) != Err(nix::errno::Errno::ESRCH)
+            })
+        }
+        #[cfg(not(unix))]
+        {
+            false
+        }
+    }
+
+    /// The group is no longer ours to kill.
+    fn disarm(&mut self) {
+        #[cfg(unix)]
+        {
+            self.id = None;
+        }
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        #[cfg(unix)]
+        if let Some(id) = self.id.take() {
+            let _ = nix::sys::signal::killpg(id, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// Logs each line `out` gives as the relay's own (stdout at INFO, stderr at WARN), cut at
+/// [`LINE_CAP`] bytes: at most that much of a line is held, however long it is.
+async fn forward(out: impl AsyncRead + Unpin, stream: Stream, command: Arc<str>, label: Arc<str>) {
+    let mut out = BufReader::new(out);
+    let mut line = Vec::new();
+    let mut cut = false;
+    loop {
+        let buf = match out.fill_buf().await {
+            Ok(buf) => buf,
+            Err(e) => {
+                debug!(dead_letter = %label, error = %e, ?stream,
+                    "--on-dead-letter: cannot read the command's output");
+                break;
+            }
+        };
+        if buf.is_empty() {
+            break;
+        }
+        let end = buf.iter().position(|&b| b == b'\n');
+        let chunk = &buf[..end.unwrap_or(buf.len())];
+        let room = LINE_CAP.saturating_sub(line.len());
+        cut |= chunk.len() > room;
+        line.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        let used = end.map_or(buf.len(), |i| i + 1);
+        out.consume(used);
+        if end.is_some() {
+            log_line(stream, &command, &label, &line, cut);
+            line.clear();
+            cut = false;
+        }
+    }
+    if !line.is_empty() || cut {
+        log_line(stream, &command, &label, &line, cut);
+    }
+}
+
+fn log_line(stream: Stream, command: &str, label: &str, line: &[u8], cut: bool) {
+    let text = String::from_utf8_lossy(line);
+    let text = text.strip_suffix('\r').unwrap_or(&text);
+    // Control characters (a terminal's escapes) are shown, not sent to the terminal.
+    let mut shown = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() && c != '\t' {
+            shown.extend(c.escape_default());
+        } else {
+            shown.push(c);
+        }
+    }
+    if cut {
+        shown.push_str(&format!(" …[cut at {LINE_CAP} bytes]"));
+    }
+    match stream {
+        Stream::Stdout => info!(command, dead_letter = %label, line = %shown,
+            "--on-dead-letter: the command's stdout"),
+        Stream::Stderr => warn!(command, dead_letter = %label, line = %shown,
+            "--on-dead-letter: the command's stderr"),
     }
 }
 
@@ -323,6 +635,38 @@ mod tests {
         // After the finish, the queue is closed: a late dead letter is logged, not run.
         sink.send(&dead(6));
         assert_eq!(sink.unfinished.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn a_command_is_named_by_its_program() {
+        assert_eq!(program("notify --token t0k3n"), "notify");
+        assert_eq!(
+            program("  TOKEN=t0k3n A_B=1 /usr/bin/curl -d @- x"),
+            "/usr/bin/curl"
+        );
+        assert_eq!(program("a=b"), "sh");
+        assert_eq!(program(&"x".repeat(100)).len(), 64);
+    }
+
+    #[test]
+    fn secrets_are_not_inherited() {
+        let env =
+            |db: &'static str| move |name: &str| (name == "OUTBOX_LANES_DB").then(|| db.to_owned());
+        assert_eq!(
+            secret_env(env("./outbox.db")),
+            ["OUTBOX_LANES_WEBHOOK_SECRET"]
+        );
+        assert_eq!(
+            secret_env(env("postgres://u@h/db")),
+            ["OUTBOX_LANES_WEBHOOK_SECRET"]
+        );
+        for db in ["postgres://u:pw@h/db", "postgres://u@h/db?password=pw"] {
+            assert_eq!(
+                secret_env(env(db)),
+                ["OUTBOX_LANES_WEBHOOK_SECRET", "OUTBOX_LANES_DB"],
+                "{db}"
+            );
+        }
     }
 
     #[test]

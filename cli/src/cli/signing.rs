@@ -11,7 +11,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use outbox_lanes_tokio::sign::{HttpSignatures, Signer, StandardWebhooks};
+use outbox_lanes_tokio::sign::{HttpSignatures, KeysFileError, Signer, StandardWebhooks};
 
 use super::UsageError;
 use super::args::DeliveryFlags;
@@ -46,6 +46,10 @@ impl Signing {
         }
         if let Some(file) = &d.signing_keys {
             let keys = HttpSignatures::from_keys_file(file).map_err(|e| {
+                let e = match e {
+                    KeysFileError::Syntax { .. } => without_quoted_lines(&e.to_string()),
+                    e => e.to_string(),
+                };
                 UsageError(format!(
                     "--signing-keys (or OUTBOX_LANES_SIGNING_KEYS): {e}\nnothing delivered"
                 ))
@@ -97,6 +101,39 @@ impl Signing {
     }
 }
 
+/// A TOML parser's error without the lines it quotes from the file (`2 | private_key_pem =
+/// "…`, with a caret line beneath): they may hold a key. Its other lines (the position, the
+/// reason) are joined into one.
+fn without_quoted_lines(message: &str) -> String {
+    let quoted = |l: &str| {
+        l.trim_start()
+            .trim_start_matches(|c: char| c.is_ascii_digit())
+            .trim_start()
+            .starts_with('|')
+    };
+    message
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !quoted(l))
+        .map(str::trim_end)
+        .collect::<Vec<_>>()
+        .join(": ")
+}
+
 fn display(p: &Path) -> String {
     p.display().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_toml_error_loses_the_lines_it_quotes() {
+        let e = toml::from_str::<toml::Table>("[actors.a]\nprivate_key_pem = \"MIIsecret\n")
+            .expect_err("not TOML");
+        let text = without_quoted_lines(&e.to_string());
+        assert!(!text.contains("MIIsecret"), "{text}");
+        assert!(text.contains("line 2"), "{text}");
+        assert!(!text.contains('\n'), "{text}");
+    }
 }
