@@ -3,7 +3,7 @@
 //! Each task owns a thread and runs to completion on it ([`block_on`]): a drain runs on the
 //! caller's thread, the monitor and each of its passes on a thread of their own (as many as
 //! passes run), so blocking store calls run in place ([`Runtime::blocking_in_place`]).
-//! Timers need no timer thread: a [`Sleep`] polled on a [`block_on`] thread records its
+//! Timers need no timer thread: a sleep polled on a [`block_on`] thread records its
 //! deadline, and the thread parks until the earliest one (or an unpark by a waker).
 //!
 //! Why hand-written rather than a crate: the engine needs one thread per task, wakers that
@@ -96,7 +96,7 @@ impl Wake for Unpark {
 }
 
 /// Runs `future` to completion on this thread: polls it, then parks until a waker unparks
-/// the thread or the earliest [`Sleep`] polled meanwhile is due.
+/// the thread or the earliest sleep of [`ThreadRuntime`] polled meanwhile is due.
 pub fn block_on<F: Future>(future: F) -> F::Output {
     let mut future = pin!(future);
     let waker = Waker::from(Arc::new(Unpark(thread::current())));
