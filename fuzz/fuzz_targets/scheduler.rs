@@ -282,6 +282,13 @@ impl Checker {
                     );
                 }
             }
+            Command::Interrupted { unit, lane, .. } => {
+                assert_eq!(
+                    self.in_flight.remove(&lane),
+                    Some(unit),
+                    "{unit:?} recorded as interrupted on {lane:?} but was not in flight there"
+                );
+            }
             Command::RecordAttempt { .. }
             | Command::Hold { .. }
             | Command::LaneBackoff { .. }
@@ -357,8 +364,12 @@ impl World {
     fn interrupt(&mut self) {
         self.s.handle_interrupt(self.now);
         let stale = std::mem::take(&mut self.c.flights);
-        self.c.in_flight.clear();
         self.settle();
+        assert!(
+            self.c.in_flight.is_empty(),
+            "attempts cut off in flight but not recorded as interrupted: {:?}",
+            self.c.in_flight
+        );
         assert_eq!(
             self.s.admitted(),
             0,
