@@ -698,13 +698,16 @@ impl HttpSignatures {
 /// A key file (a keys file, a `private_key_file`) holds at most this many bytes.
 const MAX_KEY_FILE: u64 = 1 << 20;
 
-/// The text of a key file: a regular file of at most [`MAX_KEY_FILE`] bytes (a device or a
-/// pipe given by mistake would be read without end). Logs a warning, once per file, if it is
-/// readable by its group or others (unix).
-fn read_key_file(path: &Path) -> std::io::Result<String> {
+/// The text of the file at `path` if it is a regular file of at most `max` bytes (a device
+/// or a pipe given by mistake would be read without end), with the metadata of what was
+/// opened. Checked before opening (opening a FIFO waits for a writer) and again on the opened
+/// file, in case the path changed in between. The binary reads its `--config` with it too.
+///
+/// # Errors
+/// The file cannot be read, is not a regular file, is larger than `max` or is not UTF-8.
+pub fn read_regular_file(path: &Path, max: u64) -> std::io::Result<(String, std::fs::Metadata)> {
     use std::io::{Error, ErrorKind, Read as _};
     let not_regular = || Error::new(ErrorKind::InvalidInput, "not a regular file");
-    // Checked before opening (opening a FIFO waits for a writer), and on what was opened.
     if !std::fs::metadata(path)?.is_file() {
         return Err(not_regular());
     }
@@ -713,6 +716,22 @@ fn read_key_file(path: &Path) -> std::io::Result<String> {
     if !meta.is_file() {
         return Err(not_regular());
     }
+    let mut text = String::new();
+    file.take(max + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > max {
+        return Err(Error::new(
+            ErrorKind::InvalidData,
+            format!("larger than {} KiB", max / 1024),
+        ));
+    }
+    Ok((text, meta))
+}
+
+/// The text of a key file: a regular file of at most [`MAX_KEY_FILE`] bytes
+/// ([`read_regular_file`]). Logs a warning, once per file, if it is readable by its group or
+/// others (unix).
+fn read_key_file(path: &Path) -> std::io::Result<String> {
+    let (text, meta) = read_regular_file(path, MAX_KEY_FILE)?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt as _;
@@ -733,14 +752,8 @@ fn read_key_file(path: &Path) -> std::io::Result<String> {
             );
         }
     }
-    let mut text = String::new();
-    file.take(MAX_KEY_FILE + 1).read_to_string(&mut text)?;
-    if text.len() as u64 > MAX_KEY_FILE {
-        return Err(Error::new(
-            ErrorKind::InvalidData,
-            format!("larger than {} KiB", MAX_KEY_FILE / 1024),
-        ));
-    }
+    #[cfg(not(unix))]
+    let _ = meta;
     Ok(text)
 }
 

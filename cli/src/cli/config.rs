@@ -118,26 +118,7 @@ pub(crate) const MAX_FILE: u64 = 1 << 20;
 /// # Errors
 /// The file cannot be read, is not a regular file, is larger or is not UTF-8.
 pub(crate) fn read_small_file(path: &Path) -> std::io::Result<String> {
-    use std::io::{Error, ErrorKind, Read as _};
-    let not_regular = || Error::new(ErrorKind::InvalidInput, "not a regular file");
-    // Checked before opening, as opening a FIFO waits for a writer; and again on what was
-    // opened, in case the path changed in between.
-    if !std::fs::metadata(path)?.is_file() {
-        return Err(not_regular());
-    }
-    let file = std::fs::File::open(path)?;
-    if !file.metadata()?.is_file() {
-        return Err(not_regular());
-    }
-    let mut text = String::new();
-    file.take(MAX_FILE + 1).read_to_string(&mut text)?;
-    if text.len() as u64 > MAX_FILE {
-        return Err(Error::new(
-            ErrorKind::InvalidData,
-            format!("larger than {} KiB", MAX_FILE / 1024),
-        ));
-    }
-    Ok(text)
+    outbox_lanes_tokio::sign::read_regular_file(path, MAX_FILE).map(|(text, _)| text)
 }
 
 /// A TOML error as its line, column and reason, without the text of the line: it may be a
