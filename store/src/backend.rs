@@ -40,6 +40,9 @@ pub(crate) trait Backend: Send + Sync {
     /// The options every backend shares.
     fn common(&self) -> &CommonOptions;
 
+    /// The outbox id (`ol_meta`), read when the store was opened.
+    fn outbox_id(&self) -> &str;
+
     /// Fires the in-process wake-up (after a commit that made work).
     fn notify(&self);
 

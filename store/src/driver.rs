@@ -244,4 +244,8 @@ impl<B: HotPath> DriverStore for B {
     fn watch(&self) -> Result<Notifier, StoreError> {
         self.start_watch()
     }
+
+    fn outbox_id(&self) -> &str {
+        Backend::outbox_id(self)
+    }
 }

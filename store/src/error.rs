@@ -100,6 +100,26 @@ pub enum StoreError {
         /// The newest schema version this build understands.
         supported: u32,
     },
+    /// The database's schema is older than this build's, and the store was opened without
+    /// [`SchemaPolicy::Migrate`](crate::SchemaPolicy::Migrate): nothing was changed.
+    #[error(
+        "database schema version {found} is older than this build's ({supported}); run `outbox-lanes migrate` (as the schema's owner) to upgrade it"
+    )]
+    SchemaTooOld {
+        /// The schema version found in the database.
+        found: u32,
+        /// The schema version this build writes.
+        supported: u32,
+    },
+    /// The database has no outbox schema, and the store was opened with
+    /// [`SchemaPolicy::Existing`](crate::SchemaPolicy::Existing): nothing was created.
+    #[error(
+        "no outbox schema in {target}; run `outbox-lanes migrate` (as the schema's owner) to create it"
+    )]
+    NoSchema {
+        /// The path, or the Postgres schema, that was looked in.
+        target: String,
+    },
     /// The connection to the database was lost and the operation could not be retried safely;
     /// whether it took effect is unknown.
     #[error("database connection lost: {reason}")]
@@ -182,7 +202,9 @@ pub enum EnqueueError {
         /// Why it was refused.
         reason: UrlError,
     },
-    /// The row id appears twice in the batch, or is already stored for the actor.
+    /// The row id appears twice in the batch, is already stored for the actor, or was
+    /// enqueued by the actor within the row-id retention
+    /// ([`CommonOptions::row_id_retention`](crate::CommonOptions::row_id_retention)).
     DuplicateRowId {
         /// The row id.
         row: String,
@@ -243,9 +265,10 @@ impl fmt::Display for EnqueueError {
             EnqueueError::BadRecipient { row, url, reason } => {
                 write!(f, "row {row:?}: recipient {url:?} refused: {reason}")
             }
-            EnqueueError::DuplicateRowId { row } => {
-                write!(f, "row id {row:?} is already used by this actor")
-            }
+            EnqueueError::DuplicateRowId { row } => write!(
+                f,
+                "row id {row:?} is already used by this actor (stored, or enqueued within the row-id retention)"
+            ),
             EnqueueError::EmptyRowId { index } => write!(f, "row #{index} has an empty id"),
             EnqueueError::PayloadTooLarge { row, size, max } => {
                 write!(

@@ -103,6 +103,8 @@ mod pg_schema;
 pub mod postgres;
 mod prepare;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
+mod row_ids;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod service;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod slots;
@@ -142,7 +144,7 @@ pub use tls::SslMode;
 pub use types::*;
 
 /// The newest schema version this build writes and understands.
-pub const SCHEMA_VERSION: u32 = 4;
+pub const SCHEMA_VERSION: u32 = 5;
 
 /// The whole store: what a runtime holds, as `Arc<dyn Store>`. It is the two sides below
 /// together and has no method of its own; every type that implements both is a `Store`.
@@ -346,6 +348,13 @@ pub trait DriverStore: Send + Sync {
     /// # Errors
     /// The watcher's connection could not be opened.
     fn watch(&self) -> Result<Notifier, StoreError>;
+
+    /// The outbox id: random, made once with the schema (`ol_meta`), the same for every store
+    /// opened on this database (or Postgres schema) and different for every other. Every
+    /// request's idempotency key is `<outbox id>-<unit id>` (see `docs/design.md`, OL-16), so
+    /// two outboxes — two services, or a database created again — never send one receiver the
+    /// same key for different units.
+    fn outbox_id(&self) -> &str;
 }
 
 /// The user's side of the store: what the embedding service and the operator's CLI call
@@ -509,4 +518,13 @@ pub trait ServiceStore: Send + Sync {
     /// # Errors
     /// Database failures.
     fn purge_acked(&self, older_than: Timestamp) -> Result<u64, StoreError>;
+
+    /// Forgets the row ids whose dedup window ended before `now`: the entries of `ol_row_ids`
+    /// enqueued longer than [`CommonOptions::row_id_retention`] ago (an id whose row is still
+    /// stored stays refused all the same). Returns how many. Deletes in bounded statements,
+    /// each its own short transaction. The relay's monitor calls it periodically.
+    ///
+    /// # Errors
+    /// Database failures.
+    fn purge_row_ids(&self, now: Timestamp) -> Result<u64, StoreError>;
 }

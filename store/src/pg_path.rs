@@ -20,9 +20,10 @@ use crate::prepare::{PreparedRow, prepare};
 use crate::types::*;
 use crate::util::{
     decode_headers, encode_headers, key_of, millis_of, timestamp_of, to_i64, to_u32, to_u64,
+    window_millis,
 };
 use crate::{EnqueueError, StoreError};
-use crate::{dead_letters, slots, units};
+use crate::{dead_letters, row_ids, slots, units};
 
 const STATE_PENDING: i64 = 0;
 
@@ -435,10 +436,15 @@ pub(crate) fn enqueue_tx(
     actor: &ActorId,
     rows: &[PreparedRow<'_>],
     channel: &str,
+    common: &CommonOptions,
 ) -> Result<Vec<Enqueued>, EnqueueError> {
     if rows.is_empty() {
         return Ok(Vec::new());
     }
+    // The dedup window past delivery, first: one statement for the batch (`row_ids.rs`).
+    let now = millis_of(Timestamp::from_system_time(std::time::SystemTime::now()));
+    let ids: Vec<&str> = rows.iter().map(|p| p.row.id.as_str()).collect();
+    row_ids::take(t, actor.as_str(), &ids, now, window_millis(common))?;
     if one_lane_rows(rows) {
         return enqueue_one_lane_rows(t, actor, rows, channel);
     }
@@ -1241,7 +1247,8 @@ pub(crate) trait PgBackend: Backend {
         }
         // In a transaction even when it is one statement: a statement that fails before the
         // COMMIT is sent certainly did not commit, so it is retried on a new connection.
-        let out = self.write_enqueue(|t| enqueue_tx(t, actor, &prepared, self.channel()))?;
+        let out =
+            self.write_enqueue(|t| enqueue_tx(t, actor, &prepared, self.channel(), self.common()))?;
         self.notify();
         Ok(out)
     }

@@ -4,7 +4,7 @@
 //! schema in a transaction.
 
 use crate::db::{Db, Sql, args};
-use crate::{SCHEMA_VERSION, StoreError};
+use crate::{SCHEMA_VERSION, SchemaPolicy, StoreError};
 
 /// The tables both schema versions share (everything but the units).
 macro_rules! shared_tables_a {
@@ -230,6 +230,25 @@ const MIGRATE_V3_TO_V4: &str = "ALTER TABLE ol_slots ADD COLUMN control BIGINT N
      CREATE INDEX ol_lanes_control ON ol_lanes (actor, control) WHERE control > 0; \
      UPDATE ol_meta SET value = '4' WHERE key = 'schema_version';";
 
+/// Version 4 to 5 (SCHEMA.md "Migrations"): the row-id ledger (the dedup window past delivery,
+/// `row_ids.rs`), filled with the row ids stored now; the outbox id, random, made once with the
+/// schema (the first half of every idempotency key); and the liveness table and index, which
+/// earlier versions created at every connect. Rows a relay of version 4 enqueues while this
+/// runs get no ledger entry: they are refused while stored all the same.
+const MIGRATE_V4_TO_V5: &str = "CREATE TABLE ol_row_ids (actor TEXT NOT NULL, row_id TEXT NOT NULL, \
+         enqueued_at BIGINT NOT NULL, PRIMARY KEY (actor, row_id)); \
+     CREATE INDEX ol_row_ids_at ON ol_row_ids (enqueued_at); \
+     INSERT INTO ol_row_ids (actor, row_id, enqueued_at) \
+         SELECT actor, row_id, coalesce(enqueued_at, 0) FROM ol_units WHERE row_id IS NOT NULL \
+         ON CONFLICT DO NOTHING; \
+     INSERT INTO ol_row_ids (actor, row_id, enqueued_at) \
+         SELECT actor, row_id, enqueued_at FROM ol_rows ON CONFLICT DO NOTHING; \
+     CREATE TABLE IF NOT EXISTS ol_live_holders (holder TEXT PRIMARY KEY); \
+     CREATE INDEX IF NOT EXISTS ol_slots_holder ON ol_slots (holder) WHERE holder IS NOT NULL; \
+     INSERT INTO ol_meta (key, value) VALUES ('outbox_id', replace(gen_random_uuid()::text, '-', '')) \
+         ON CONFLICT DO NOTHING; \
+     UPDATE ol_meta SET value = '5' WHERE key = 'schema_version';";
+
 /// A schema name the store accepts: lower-case letters, digits and `_`, not starting with a
 /// digit, at most 48 bytes (it is written into SQL and into the wake-up channel's name).
 pub(crate) fn valid_schema(s: &str) -> bool {
@@ -273,66 +292,112 @@ pub(crate) fn settings(scope: &str, schema: &str) -> String {
 }
 
 static SERIALISE: Sql = Sql::new("SELECT pg_advisory_xact_lock(hashtext($1))");
+static HAS_META: Sql = Sql::new("SELECT to_regclass($1) IS NOT NULL");
 static VERSION: Sql = Sql::new("SELECT value FROM ol_meta WHERE key = 'schema_version'");
+static OUTBOX_ID: Sql = Sql::new("SELECT value FROM ol_meta WHERE key = 'outbox_id'");
 static CREATED_AS_V2: Sql =
     Sql::new("INSERT INTO ol_meta (key, value) VALUES ('schema_version', '2')");
 
-/// Creates the tables in `db`'s schema (first on its `search_path`), or migrates them to
-/// [`SCHEMA_VERSION`], inside the caller's transaction; concurrent first connections to one
-/// schema are serialised by an advisory lock on `channel`.
+/// The schema version `schema` records, without writing anything: `None` when it has no
+/// outbox schema.
+fn version(db: &mut impl Db, schema: &str) -> Result<Option<u32>, StoreError> {
+    let meta = format!("{schema}.ol_meta");
+    if !db.query_one(&HAS_META, args![meta.as_str()], |r| r.flag(0))? {
+        return Ok(None);
+    }
+    db.query_opt(&VERSION, &[], |r| r.text(0))?
+        .map(|v| {
+            v.parse()
+                .map_err(|_| StoreError::Database(format!("unreadable schema_version {v:?}")))
+        })
+        .transpose()
+}
+
+/// Whether `policy` lets a schema at `found` be used, created or migrated: `Ok(true)` when DDL
+/// must run, `Ok(false)` when the schema is current.
+fn needs_ddl(found: Option<u32>, policy: SchemaPolicy, schema: &str) -> Result<bool, StoreError> {
+    match found {
+        Some(v) if v == SCHEMA_VERSION => Ok(false),
+        Some(v) if v > SCHEMA_VERSION => Err(StoreError::SchemaTooNew {
+            found: v,
+            supported: SCHEMA_VERSION,
+        }),
+        Some(v) if policy == SchemaPolicy::Migrate => {
+            if v < 1 {
+                return Err(StoreError::Database(format!("unknown schema_version {v}")));
+            }
+            Ok(true)
+        }
+        Some(v) => Err(StoreError::SchemaTooOld {
+            found: v,
+            supported: SCHEMA_VERSION,
+        }),
+        None if policy == SchemaPolicy::Existing => Err(StoreError::NoSchema {
+            target: format!("Postgres schema {schema:?}"),
+        }),
+        None => Ok(true),
+    }
+}
+
+/// Creates the tables in `schema` (first on `db`'s `search_path`), or migrates them to
+/// [`SCHEMA_VERSION`], as `policy` allows, inside the caller's transaction, and returns the
+/// outbox id. A current schema costs three reads and runs no DDL, so it needs no privilege
+/// beyond `SELECT` on `ol_meta` (a read-only role opens it). DDL runs after an advisory lock
+/// on `channel`, which serialises concurrent first connections to one schema, and after the
+/// version was read again under it.
 ///
 /// # Errors
-/// [`StoreError::SchemaTooNew`] for a database from a newer version; database failures.
-pub(crate) fn init(db: &mut impl Db, schema: &str, channel: &str) -> Result<(), StoreError> {
-    db.execute(&SERIALISE, args![channel])?;
-    db.batch("CREATE TABLE IF NOT EXISTS ol_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")?;
-    match db.query_opt(&VERSION, &[], |r| r.text(0))? {
+/// [`StoreError::SchemaTooNew`] for a database from a newer version;
+/// [`StoreError::SchemaTooOld`] or [`StoreError::NoSchema`] when `policy` forbids the DDL it
+/// would take; database failures (a role without the privilege to create).
+pub(crate) fn init(
+    db: &mut impl Db,
+    schema: &str,
+    channel: &str,
+    policy: SchemaPolicy,
+) -> Result<String, StoreError> {
+    if needs_ddl(version(db, schema)?, policy, schema)? {
+        db.execute(&SERIALISE, args![channel])?;
+        let found = version(db, schema)?;
+        if needs_ddl(found, policy, schema)? {
+            ddl(db, schema, found)?;
+        }
+    }
+    db.query_opt(&OUTBOX_ID, &[], |r| r.text(0))?
+        .ok_or_else(|| StoreError::Database("the schema has no outbox_id in ol_meta".into()))
+}
+
+/// Creates (`found` is `None`) or migrates the schema, under the advisory lock.
+fn ddl(db: &mut impl Db, schema: &str, found: Option<u32>) -> Result<(), StoreError> {
+    match found {
         None => {
             // Created as version 2 and migrated at once: new and migrated databases
             // cannot differ.
+            db.batch(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))?;
+            db.batch(
+                "CREATE TABLE IF NOT EXISTS ol_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+            )?;
             db.execute(&CREATED_AS_V2, &[])?;
             db.batch(SCHEMA_V2)?;
             db.batch(MIGRATE_V2_TO_V3)?;
             db.batch(MIGRATE_V3_TO_V4)?;
+            db.batch(MIGRATE_V4_TO_V5)?;
         }
-        Some(v) => {
-            let found: u32 = v
-                .parse()
-                .map_err(|_| StoreError::Database(format!("unreadable schema_version {v:?}")))?;
-            match found {
-                _ if found > SCHEMA_VERSION => {
-                    return Err(StoreError::SchemaTooNew {
-                        found,
-                        supported: SCHEMA_VERSION,
-                    });
-                }
-                1 => {
-                    tracing::info!(target: "outbox_lanes::store", schema, "migrating the schema from version 1 to 4");
-                    db.batch(MIGRATE_V1_TO_V2)?;
-                    db.batch(MIGRATE_V2_TO_V3)?;
-                    db.batch(MIGRATE_V3_TO_V4)?;
-                }
-                2 => {
-                    tracing::info!(target: "outbox_lanes::store", schema, "migrating the schema from version 2 to 4");
-                    db.batch(MIGRATE_V2_TO_V3)?;
-                    db.batch(MIGRATE_V3_TO_V4)?;
-                }
-                3 => {
-                    tracing::info!(target: "outbox_lanes::store", schema, "migrating the schema from version 3 to 4");
-                    db.batch(MIGRATE_V3_TO_V4)?;
-                }
-                4 => {}
-                _ => {
-                    return Err(StoreError::Database(format!(
-                        "unknown schema_version {found}"
-                    )));
-                }
+        Some(found) => {
+            tracing::info!(target: "outbox_lanes::store", schema, from = found, to = SCHEMA_VERSION, "migrating the Postgres schema");
+            if found < 2 {
+                db.batch(MIGRATE_V1_TO_V2)?;
+            }
+            if found < 3 {
+                db.batch(MIGRATE_V2_TO_V3)?;
+            }
+            if found < 4 {
+                db.batch(MIGRATE_V3_TO_V4)?;
+            }
+            if found < 5 {
+                db.batch(MIGRATE_V4_TO_V5)?;
             }
         }
     }
-    // Holders that keep a liveness lock (any schema version: a table of its own).
-    db.batch(
-        "CREATE TABLE IF NOT EXISTS ol_live_holders (holder TEXT PRIMARY KEY); \
-         CREATE INDEX IF NOT EXISTS ol_slots_holder ON ol_slots (holder) WHERE holder IS NOT NULL",
-    )
+    Ok(())
 }

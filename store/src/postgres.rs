@@ -328,6 +328,8 @@ pub struct PgStore {
     /// One session per holder of this store, holding the holder's advisory lock for the
     /// store's life: see [`PgStore::register_holder`].
     live: Mutex<HashMap<String, postgres::Client>>,
+    /// The outbox id (`ol_meta`), read once at connect.
+    outbox_id: String,
 }
 
 impl core::fmt::Debug for PgStore {
@@ -387,8 +389,9 @@ fn redact(url: &str) -> String {
 }
 
 impl PgStore {
-    /// Connects to `url` (a `postgres://` URL or key=value string), creating the schema and
-    /// tables if missing.
+    /// Connects to `url` (a `postgres://` URL or key=value string), and creates or migrates
+    /// the schema and its tables as [`CommonOptions::schema`] allows (by default: both). A
+    /// current schema runs no DDL.
     ///
     /// # Errors
     /// [`StoreError::Open`] if the URL is malformed, the server unreachable or the schema name
@@ -398,7 +401,7 @@ impl PgStore {
         let (mut config, tls) = parse_url(url, &target, &opts)?;
         config.application_name(&opts.application_name);
         config.connect_timeout(opts.connect_timeout);
-        let store = PgStore {
+        let mut store = PgStore {
             channel: pg_schema::channel(&opts.schema),
             config,
             tls,
@@ -411,10 +414,11 @@ impl PgStore {
             notifier: Notifier::new(),
             watcher: Mutex::new(None),
             live: Mutex::new(HashMap::new()),
+            outbox_id: String::new(),
             opts,
         };
         let mut conn = store.new_conn(true)?;
-        store.init_schema(&mut conn)?;
+        store.outbox_id = store.init_schema(&mut conn)?;
         store.lock_pool().open += 1;
         store.checkin(conn);
         Ok(store)
@@ -428,18 +432,6 @@ impl PgStore {
                 StoreError::connection_lost(pg_text(&e), e)
             }
         })?;
-        if first {
-            client
-                .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {}", self.opts.schema))
-                .or_else(|e| {
-                    // Two stores creating the schema at once: the loser sees a unique violation.
-                    if e.code() == Some(&SqlState::UNIQUE_VIOLATION) {
-                        Ok(())
-                    } else {
-                        Err(e)
-                    }
-                })?;
-        }
         // The planner settings every statement of the store is tuned for (see there).
         client.batch_execute(&pg_schema::settings("", &self.opts.schema))?;
         Ok(Conn {
@@ -448,11 +440,16 @@ impl PgStore {
         })
     }
 
-    fn init_schema(&self, conn: &mut Conn) -> Result<(), StoreError> {
+    fn init_schema(&self, conn: &mut Conn) -> Result<String, StoreError> {
         let mut tx = conn.client.transaction()?;
-        pg_schema::init(&mut tx, &self.opts.schema, &self.channel)?;
+        let id = pg_schema::init(
+            &mut tx,
+            &self.opts.schema,
+            &self.channel,
+            self.opts.common.schema,
+        )?;
         tx.commit()?;
-        Ok(())
+        Ok(id)
     }
 
     /// Liveness beside the lease: `holder` holds a session advisory lock, on a connection of
@@ -604,7 +601,7 @@ impl PgStore {
     ) -> Result<(Vec<Enqueued>, PendingWake), EnqueueError> {
         let prepared = prepare(rows, &self.opts.common)?;
         let mut sp = tx.savepoint("ol_enqueue")?;
-        let out = pg_path::enqueue_tx(&mut sp, actor, &prepared, &self.channel)?;
+        let out = pg_path::enqueue_tx(&mut sp, actor, &prepared, &self.channel, &self.opts.common)?;
         sp.commit()?;
         Ok((out, PendingWake::new(self.notifier.clone())))
     }
@@ -680,6 +677,10 @@ impl Backend for PgStore {
 
     fn common(&self) -> &CommonOptions {
         &self.opts.common
+    }
+
+    fn outbox_id(&self) -> &str {
+        &self.outbox_id
     }
 
     fn notify(&self) {

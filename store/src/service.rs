@@ -13,8 +13,10 @@ use crate::types::{
     LaneStatus, NewRow, Payload,
 };
 use crate::units::drop_row_if_unused;
-use crate::util::millis_of;
-use crate::{EnqueueError, ServiceStore, StoreError, StoreLaneId, dead_letters, lanes, status};
+use crate::util::{millis_of, window_millis};
+use crate::{
+    EnqueueError, ServiceStore, StoreError, StoreLaneId, dead_letters, lanes, row_ids, status,
+};
 
 /// Deletes the finished units kept for the retention that finished before `$1`, returning
 /// their payload rows.
@@ -191,5 +193,19 @@ impl<B: Backend> ServiceStore for B {
             }
             Ok(done.len() as u64)
         })
+    }
+
+    fn purge_row_ids(&self, now: Timestamp) -> Result<u64, StoreError> {
+        let before = millis_of(now).saturating_sub(window_millis(self.common()));
+        let mut total = 0;
+        // Bounded statements, each its own short transaction: the write lock is never held
+        // for the whole backlog.
+        loop {
+            let n = self.write(true, |db| row_ids::purge_once(db, before))?;
+            total += n;
+            if n < row_ids::PURGE_BATCH as u64 {
+                return Ok(total);
+            }
+        }
     }
 }

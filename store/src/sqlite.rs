@@ -37,10 +37,11 @@ use crate::prepare::{PreparedRow, prepare};
 use crate::types::*;
 use crate::util::{
     decode_headers, encode_headers, key_of, millis_of, timestamp_of, to_i64, to_u32, to_u64,
+    window_millis,
 };
 use crate::watcher::WatcherThread;
 use crate::{EnqueueError, SCHEMA_VERSION, StoreError};
-use crate::{dead_letters, slots, units};
+use crate::{dead_letters, row_ids, slots, units};
 
 /// The durability of a commit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -95,8 +96,11 @@ pub struct SqliteStore {
     opts: SqliteOptions,
     notifier: Notifier,
     watcher: Mutex<Option<WatcherThread>>,
-    /// Holder locks beside the leases (a file database only): see [`crate::liveness`].
+    /// Holder locks beside the leases (a file database opened for writing only): see
+    /// [`crate::liveness`].
     liveness: Option<Liveness>,
+    /// The outbox id (`ol_meta`), read once at open.
+    outbox_id: String,
 }
 
 impl core::fmt::Debug for SqliteStore {
@@ -278,6 +282,19 @@ const V3_TO_V4: &str = "ALTER TABLE ol_slots ADD COLUMN control INTEGER NOT NULL
      ALTER TABLE ol_lanes ADD COLUMN control INTEGER NOT NULL DEFAULT 0; \
      CREATE INDEX ol_lanes_control ON ol_lanes (actor, control) WHERE control > 0;";
 
+/// Version 4 → 5 (SCHEMA.md, "Migrations"): the row-id ledger (the dedup window past
+/// delivery, `row_ids.rs`), filled with the row ids stored now, and the outbox id, random, made
+/// once with the schema (the first half of every idempotency key).
+const V4_TO_V5: &str = "CREATE TABLE ol_row_ids (\
+         actor TEXT NOT NULL, row_id TEXT NOT NULL, enqueued_at INTEGER NOT NULL, \
+         PRIMARY KEY (actor, row_id)) WITHOUT ROWID; \
+     CREATE INDEX ol_row_ids_at ON ol_row_ids (enqueued_at); \
+     INSERT OR IGNORE INTO ol_row_ids (actor, row_id, enqueued_at) \
+         SELECT actor, row_id, coalesce(enqueued_at, 0) FROM ol_units WHERE row_id IS NOT NULL; \
+     INSERT OR IGNORE INTO ol_row_ids (actor, row_id, enqueued_at) \
+         SELECT actor, row_id, enqueued_at FROM ol_rows; \
+     INSERT OR IGNORE INTO ol_meta (key, value) VALUES ('outbox_id', lower(hex(randomblob(16))));";
+
 /// The version 2 `ol_units` alone, for the migration from version 1.
 const UNITS_V2: &str = units_v2_ddl!();
 
@@ -339,44 +356,90 @@ fn configure(conn: &Connection, opts: &SqliteOptions, file: bool) -> Result<(), 
     Ok(())
 }
 
-fn init_schema(conn: &mut Connection) -> Result<(), StoreError> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    tx.execute_batch(
-        "CREATE TABLE IF NOT EXISTS ol_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);",
+/// The schema version a database records, without writing anything: `None` when it has no
+/// outbox schema (no `ol_meta`, or no version in it).
+fn schema_version(conn: &Connection) -> Result<Option<u32>, StoreError> {
+    let has_meta: bool = conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'ol_meta')",
+        [],
+        |r| r.get(0),
     )?;
-    let found: Option<String> = tx
+    if !has_meta {
+        return Ok(None);
+    }
+    let v: Option<String> = conn
         .query_row(
             "SELECT value FROM ol_meta WHERE key = 'schema_version'",
             [],
             |r| r.get(0),
         )
         .optional()?;
+    v.map(|v| {
+        v.parse()
+            .map_err(|_| StoreError::Database(format!("unreadable schema_version {v:?}")))
+    })
+    .transpose()
+}
+
+/// Whether `policy` lets a database at `found` be used, created or migrated: `Ok(true)` when
+/// DDL must run, `Ok(false)` when the schema is current.
+fn needs_ddl(found: Option<u32>, policy: SchemaPolicy, target: &str) -> Result<bool, StoreError> {
+    match found {
+        Some(v) if v == SCHEMA_VERSION => Ok(false),
+        Some(v) if v > SCHEMA_VERSION => Err(StoreError::SchemaTooNew {
+            found: v,
+            supported: SCHEMA_VERSION,
+        }),
+        Some(v) if policy == SchemaPolicy::Migrate => {
+            if v < 1 {
+                return Err(StoreError::Database(format!("unknown schema_version {v}")));
+            }
+            Ok(true)
+        }
+        Some(v) => Err(StoreError::SchemaTooOld {
+            found: v,
+            supported: SCHEMA_VERSION,
+        }),
+        None if policy == SchemaPolicy::Existing => Err(StoreError::NoSchema {
+            target: target.to_owned(),
+        }),
+        None => Ok(true),
+    }
+}
+
+/// Creates or migrates the schema as `policy` allows (see [`SchemaPolicy`]). A current schema
+/// costs two reads and no write; otherwise the DDL runs in one `BEGIN IMMEDIATE` transaction,
+/// which looks at the version again under the write lock (another process may have created
+/// or migrated it meanwhile).
+fn init_schema(
+    conn: &mut Connection,
+    policy: SchemaPolicy,
+    target: &str,
+) -> Result<(), StoreError> {
+    if !needs_ddl(schema_version(conn)?, policy, target)? {
+        return Ok(());
+    }
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let found = schema_version(&tx)?;
+    if !needs_ddl(found, policy, target)? {
+        return Ok(());
+    }
     match found {
         None => {
+            tx.execute_batch(
+                "CREATE TABLE IF NOT EXISTS ol_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);",
+            )?;
             tx.execute_batch(SCHEMA_V2)?;
             tx.execute_batch(V2_TO_V3)?;
             tx.execute_batch(V3_TO_V4)?;
+            tx.execute_batch(V4_TO_V5)?;
             tx.execute(
                 "INSERT INTO ol_meta (key, value) VALUES ('schema_version', ?1)",
                 [SCHEMA_VERSION.to_string()],
             )?;
         }
-        Some(v) => {
-            let found: u32 = v
-                .parse()
-                .map_err(|_| StoreError::Database(format!("unreadable schema_version {v:?}")))?;
-            if found > SCHEMA_VERSION {
-                return Err(StoreError::SchemaTooNew {
-                    found,
-                    supported: SCHEMA_VERSION,
-                });
-            }
+        Some(found) => {
             // Migrations run in order, in this one transaction: all of them or none.
-            if found < 1 {
-                return Err(StoreError::Database(format!(
-                    "unknown schema_version {found}"
-                )));
-            }
             if found < 2 {
                 migrate_v1_to_v2(&tx)?;
             }
@@ -386,17 +449,29 @@ fn init_schema(conn: &mut Connection) -> Result<(), StoreError> {
             if found < 4 {
                 tx.execute_batch(V3_TO_V4)?;
             }
-            if found < SCHEMA_VERSION {
-                tx.execute(
-                    "UPDATE ol_meta SET value = ?1 WHERE key = 'schema_version'",
-                    [SCHEMA_VERSION.to_string()],
-                )?;
-                tracing::info!(target: "outbox_lanes::store", from = found, to = SCHEMA_VERSION, "migrated the SQLite schema");
+            if found < 5 {
+                tx.execute_batch(V4_TO_V5)?;
             }
+            tx.execute(
+                "UPDATE ol_meta SET value = ?1 WHERE key = 'schema_version'",
+                [SCHEMA_VERSION.to_string()],
+            )?;
+            tracing::info!(target: "outbox_lanes::store", from = found, to = SCHEMA_VERSION, "migrated the SQLite schema");
         }
     }
     tx.commit()?;
     Ok(())
+}
+
+/// The outbox id (`ol_meta`), made with the schema.
+fn outbox_id(conn: &Connection) -> Result<String, StoreError> {
+    conn.query_row(
+        "SELECT value FROM ol_meta WHERE key = 'outbox_id'",
+        [],
+        |r| r.get(0),
+    )
+    .optional()?
+    .ok_or_else(|| StoreError::Database("the database has no outbox_id in ol_meta".into()))
 }
 
 /// Version 1 → 2 (SCHEMA.md, "Migrations"): a unit's three tables become one `ol_units` row per
@@ -455,24 +530,95 @@ fn migrate_v1_to_v2(tx: &Transaction<'_>) -> Result<(), StoreError> {
 }
 
 impl SqliteStore {
-    /// Opens (creating if needed) the database file at `path`, creating or migrating its schema.
+    /// Opens (creating if needed) the database file at `path`, and creates or migrates its
+    /// schema as [`CommonOptions::schema`] allows (by default: both).
     ///
     /// # Errors
     /// [`StoreError::Open`] if the file cannot be opened or created (missing directory),
     /// [`StoreError::ReadOnly`] if it cannot be written, [`StoreError::SchemaTooNew`] for a
-    /// database from a newer version, [`StoreError::Busy`] if it stayed locked.
+    /// database from a newer version, [`StoreError::SchemaTooOld`] or
+    /// [`StoreError::NoSchema`] when the schema policy forbids the DDL it would take,
+    /// [`StoreError::Busy`] if it stayed locked.
     pub fn open(path: impl AsRef<Path>, opts: SqliteOptions) -> Result<SqliteStore, StoreError> {
-        let path = path.as_ref().to_path_buf();
+        SqliteStore::open_file(path.as_ref(), opts, false)
+    }
+
+    /// Opens an existing database file for reading only: no connection can write, no DDL runs
+    /// (the schema must be current), no file is created beside it (no holder locks). What
+    /// `status`, `lanes` and `dead-letters list|show` need, with only read permission on the
+    /// file. Every write through it fails with [`StoreError::ReadOnly`].
+    ///
+    /// A WAL database is read through its `-wal` and `-shm` files: when a writer has it open
+    /// they exist and only need to be readable; when none has, SQLite creates them if the
+    /// directory is writable. If it cannot (a read-only directory, no writer), the file is
+    /// read as immutable, which is exact while nobody writes it: the snapshot of a moment
+    /// when nobody did.
+    ///
+    /// # Errors
+    /// [`StoreError::Open`] if the file is missing or unreadable, [`StoreError::NoSchema`],
+    /// [`StoreError::SchemaTooOld`], [`StoreError::SchemaTooNew`].
+    pub fn open_read_only(
+        path: impl AsRef<Path>,
+        opts: SqliteOptions,
+    ) -> Result<SqliteStore, StoreError> {
+        SqliteStore::open_file(path.as_ref(), opts, true)
+    }
+
+    fn open_file(
+        path: &Path,
+        opts: SqliteOptions,
+        read_only: bool,
+    ) -> Result<SqliteStore, StoreError> {
+        let path = path.to_path_buf();
         let shown = path.display().to_string();
+        if read_only && !path.exists() {
+            return Err(StoreError::NoSchema { target: shown });
+        }
+        let policy = if read_only {
+            SchemaPolicy::Existing
+        } else {
+            opts.common.schema
+        };
+        // Read-only, a WAL database whose -shm cannot be made (no writer has it open and the
+        // directory is not writable) is read as immutable (see `open_read_only`).
+        let immutable = std::sync::atomic::AtomicBool::new(false);
         let open_one = || -> Result<Connection, StoreError> {
-            let conn = Connection::open_with_flags(
-                &path,
-                OpenFlags::SQLITE_OPEN_READ_WRITE
-                    | OpenFlags::SQLITE_OPEN_CREATE
-                    | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-            )
-            .map_err(|e| open_err(&shown, e))?;
-            configure(&conn, &opts, true).map_err(|e| open_err(&shown, e))?;
+            let conn = if read_only {
+                let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+                let probe = |conn: Connection| -> Result<Connection, rusqlite::Error> {
+                    conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| {
+                        r.get::<_, i64>(0)
+                    })?;
+                    Ok(conn)
+                };
+                let plain = if immutable.load(Ordering::Relaxed) {
+                    None
+                } else {
+                    Some(Connection::open_with_flags(&path, flags).and_then(probe))
+                };
+                match plain {
+                    Some(Ok(conn)) => conn,
+                    Some(Err(e)) if !is_cannot_open(&e) => return Err(open_err(&shown, e)),
+                    _ => {
+                        immutable.store(true, Ordering::Relaxed);
+                        Connection::open_with_flags(
+                            immutable_uri(&path),
+                            flags | OpenFlags::SQLITE_OPEN_URI,
+                        )
+                        .and_then(probe)
+                        .map_err(|e| open_err(&shown, e))?
+                    }
+                }
+            } else {
+                Connection::open_with_flags(
+                    &path,
+                    OpenFlags::SQLITE_OPEN_READ_WRITE
+                        | OpenFlags::SQLITE_OPEN_CREATE
+                        | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+                )
+                .map_err(|e| open_err(&shown, e))?
+            };
+            configure(&conn, &opts, !read_only).map_err(|e| open_err(&shown, e))?;
             Ok(conn)
         };
         // Two processes opening a new database at once (a relay starting while an enqueue
@@ -490,7 +636,7 @@ impl SqliteStore {
         };
         let writer = retry_busy(&mut || {
             let mut writer = open_one()?;
-            init_schema(&mut writer).map_err(|e| match e {
+            init_schema(&mut writer, policy, &shown).map_err(|e| match e {
                 StoreError::ReadOnly { .. } => StoreError::ReadOnly {
                     path: shown.clone(),
                 },
@@ -498,9 +644,14 @@ impl SqliteStore {
             })?;
             Ok(writer)
         })?;
+        let outbox_id = outbox_id(&writer)?;
         let mut readers = Vec::with_capacity(opts.readers.max(1));
         for _ in 0..opts.readers.max(1) {
             readers.push(Mutex::new(retry_busy(&mut || open_one())?));
+        }
+        if immutable.load(Ordering::Relaxed) {
+            tracing::debug!(target: "outbox_lanes::store", path = %shown,
+                "read as immutable: no writer has the database open and its directory is not writable");
         }
         Ok(SqliteStore {
             conns: Conns::File {
@@ -508,9 +659,10 @@ impl SqliteStore {
                 readers,
                 next: AtomicUsize::new(0),
             },
-            liveness: Some(Liveness::new(&path)),
+            liveness: (!read_only).then(|| Liveness::new(&path)),
             path: Some(path),
             opts,
+            outbox_id,
             notifier: Notifier::new(),
             watcher: Mutex::new(None),
         })
@@ -561,11 +713,14 @@ impl SqliteStore {
     pub fn in_memory_with(opts: SqliteOptions) -> Result<SqliteStore, StoreError> {
         let mut conn = Connection::open_in_memory().map_err(|e| open_err(":memory:", e))?;
         configure(&conn, &opts, false)?;
-        init_schema(&mut conn)?;
+        // A new database: there is nothing to migrate, only the schema to create.
+        init_schema(&mut conn, SchemaPolicy::Migrate, ":memory:")?;
+        let outbox_id = outbox_id(&conn)?;
         Ok(SqliteStore {
             conns: Conns::Memory(Mutex::new(conn)),
             path: None,
             opts,
+            outbox_id,
             notifier: Notifier::new(),
             watcher: Mutex::new(None),
             liveness: None,
@@ -637,7 +792,7 @@ impl SqliteStore {
         let prepared = prepare(rows, &self.opts.common)?;
         // A savepoint so a refused batch leaves the caller's transaction as it was.
         tx.execute_batch("SAVEPOINT ol_enqueue")?;
-        match enqueue_tx(tx, actor, &prepared) {
+        match enqueue_tx(tx, actor, &prepared, &self.opts.common) {
             Ok(v) => {
                 tx.execute_batch("RELEASE ol_enqueue")?;
                 Ok((v, PendingWake::new(self.notifier.clone())))
@@ -680,6 +835,28 @@ impl SqliteStore {
     pub fn options(&self) -> &SqliteOptions {
         &self.opts
     }
+}
+
+/// Whether SQLite could not open a file (for a read-only WAL database: its `-shm` could not be
+/// made).
+fn is_cannot_open(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.code == ErrorCode::CannotOpen)
+}
+
+/// `path` as an SQLite URI opening it immutable (`file:…?immutable=1`, the path's `%`, `?` and
+/// `#` escaped).
+fn immutable_uri(path: &Path) -> String {
+    let mut uri = String::from("file:");
+    for c in path.to_string_lossy().chars() {
+        match c {
+            '%' => uri.push_str("%25"),
+            '?' => uri.push_str("%3f"),
+            '#' => uri.push_str("%23"),
+            c => uri.push(c),
+        }
+    }
+    uri.push_str("?immutable=1");
+    uri
 }
 
 fn open_err(target: &str, e: rusqlite::Error) -> StoreError {
@@ -761,11 +938,15 @@ fn enqueue_tx(
     c: &Connection,
     actor: &ActorId,
     rows: &[PreparedRow<'_>],
+    common: &CommonOptions,
 ) -> Result<Vec<Enqueued>, EnqueueError> {
     let a = actor.as_str();
     let now = millis_of(Timestamp::from_system_time(std::time::SystemTime::now()));
     let n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
     let first = units::alloc_seqs(&mut SqliteDb(c), a, n)?;
+    // The dedup window past delivery: each id new to the actor, or last used before it.
+    let ids: Vec<&str> = rows.iter().map(|p| p.row.id.as_str()).collect();
+    row_ids::take(&mut SqliteDb(c), a, &ids, now, window_millis(common))?;
     let mut lanes: HashMap<&LaneKey, i64> = HashMap::new();
     let mut tails: HashMap<i64, i64> = HashMap::new();
     let mut out = Vec::with_capacity(rows.len());
@@ -954,6 +1135,10 @@ impl Backend for SqliteStore {
         &self.opts.common
     }
 
+    fn outbox_id(&self) -> &str {
+        &self.outbox_id
+    }
+
     fn notify(&self) {
         self.notifier.notify();
     }
@@ -975,7 +1160,7 @@ impl Backend for SqliteStore {
         let out = {
             let mut conn = self.writer();
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let out = enqueue_tx(&tx, actor, &prepared)?;
+            let out = enqueue_tx(&tx, actor, &prepared, &self.opts.common)?;
             tx.commit()?;
             out
         };

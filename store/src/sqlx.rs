@@ -67,7 +67,7 @@ use crate::types::{CommonOptions, Enqueued, NewRow};
 
 /// The boxed future of the sealed [`SqlxConnection`] (Send: axum handlers need it).
 type BoxFuture<'a, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-use crate::util::{encode_headers, millis_of, to_u64};
+use crate::util::{encode_headers, millis_of, to_u64, window_millis};
 use crate::{SCHEMA_VERSION, StoreError};
 
 /// The SQL of one dialect, with the tables' schema written in (Postgres).
@@ -76,6 +76,7 @@ struct Sql {
     version: String,
     alloc: String,
     taken: String,
+    row_id: String,
     lane_insert: String,
     lane_select: String,
     dedup: String,
@@ -100,6 +101,11 @@ impl Sql {
             taken: format!(
                 "SELECT 1 FROM {p}ol_units WHERE actor = $1 AND row_id = $2 \
                  UNION ALL SELECT 1 FROM {p}ol_rows WHERE actor = $1 AND row_id = $2"
+            ),
+            row_id: format!(
+                "INSERT INTO {p}ol_row_ids AS l (actor, row_id, enqueued_at) VALUES ($1, $2, $3) \
+                 ON CONFLICT (actor, row_id) DO UPDATE SET enqueued_at = excluded.enqueued_at \
+                 WHERE l.enqueued_at <= $4"
             ),
             lane_insert: format!(
                 "INSERT INTO {p}ol_lanes (actor, recipient, ordering_key) VALUES ($1, $2, $3) \
@@ -276,10 +282,9 @@ fn retryable(d: &dyn ::sqlx::error::DatabaseError) -> bool {
 }
 
 fn schema_missing(where_: &str) -> EnqueueError {
-    EnqueueError::Store(StoreError::Database(format!(
-        "no outbox-lanes schema (version {SCHEMA_VERSION}) in {where_}: open the database once with \
-         the store (SqliteStore::open / PgStore::connect) or run the relay on it, which creates it"
-    )))
+    EnqueueError::Store(StoreError::NoSchema {
+        target: where_.to_owned(),
+    })
 }
 
 /// Checks `ol_meta.schema_version` against this build's [`SCHEMA_VERSION`].
@@ -297,10 +302,10 @@ fn check_version(found: Option<String>, where_: &str) -> Result<(), EnqueueError
             found: v,
             supported: SCHEMA_VERSION,
         })),
-        _ if v < SCHEMA_VERSION => Err(EnqueueError::Store(StoreError::Database(format!(
-            "schema version {v} in {where_} is older than {SCHEMA_VERSION}: open it once with this \
-             version's store (or relay), which migrates it"
-        )))),
+        _ if v < SCHEMA_VERSION => Err(EnqueueError::Store(StoreError::SchemaTooOld {
+            found: v,
+            supported: SCHEMA_VERSION,
+        })),
         _ => Ok(()),
     }
 }
@@ -363,6 +368,22 @@ macro_rules! enqueue_body {
                 .await
                 .map_err(sqlx_err)?;
             if taken.is_some() {
+                return Err(EnqueueError::DuplicateRowId {
+                    row: row.id.clone(),
+                });
+            }
+            // 2b. The dedup window past delivery: the id new to the actor's ledger, or last
+            //     used before the window (`ol_row_ids`).
+            let since = now.saturating_sub(window_millis(&outbox.limits));
+            let recorded = q(&sql.row_id)
+                .bind(a)
+                .bind(row.id.as_str())
+                .bind(now)
+                .bind(since)
+                .execute(&mut *t)
+                .await
+                .map_err(sqlx_err)?;
+            if recorded.rows_affected() == 0 {
                 return Err(EnqueueError::DuplicateRowId {
                     row: row.id.clone(),
                 });

@@ -105,10 +105,13 @@ pub struct SqlxPgStore {
     watcher: Mutex<Option<Task>>,
     /// Per holder, the task keeping its liveness lock's connection.
     live: Mutex<HashMap<String, Task>>,
+    /// The outbox id (`ol_meta`), read once when the store was made.
+    outbox_id: String,
 }
 
 impl SqlxPgStore {
-    /// A store on `pool`, creating or migrating the schema (blocking: call it where the other
+    /// A store on `pool`, creating or migrating the schema as [`CommonOptions::schema`] allows
+    /// (blocking: call it where the other
     /// methods are called, e.g. in `spawn_blocking`). The pool's runtime must be the current
     /// one: every statement runs on it.
     ///
@@ -140,16 +143,17 @@ impl SqlxPgStore {
             notifier: Notifier::new(),
             watcher: Mutex::new(None),
             live: Mutex::new(HashMap::new()),
+            outbox_id: String::new(),
             opts,
         };
-        let create = format!("CREATE SCHEMA IF NOT EXISTS {}", store.opts.schema);
-        match store.run_sql(::sqlx::raw_sql(AssertSqlSafe(create)).execute(&store.pool)) {
-            // Two stores creating the schema at once: the loser sees a unique violation.
-            Err(e) if pg_path::unique_violation(&e).is_none() => return Err(e),
-            _ => {}
-        }
-        store.tx(false, |db| {
-            pg_schema::init(db, &store.opts.schema, &store.channel)
+        let mut store = store;
+        store.outbox_id = store.tx(false, |db| {
+            pg_schema::init(
+                db,
+                &store.opts.schema,
+                &store.channel,
+                store.opts.common.schema,
+            )
         })?;
         Ok(store)
     }
@@ -422,6 +426,10 @@ impl Backend for SqlxPgStore {
 
     fn common(&self) -> &CommonOptions {
         &self.opts.common
+    }
+
+    fn outbox_id(&self) -> &str {
+        &self.outbox_id
     }
 
     fn notify(&self) {

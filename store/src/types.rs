@@ -596,6 +596,30 @@ pub const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
 /// Default cap on the recipients of one row: 100,000.
 pub const DEFAULT_MAX_RECIPIENTS: usize = 100_000;
 
+/// Default row-id retention: 7 days (see [`CommonOptions::row_id_retention`]).
+pub const DEFAULT_ROW_ID_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// What opening a store may do to the database's schema.
+///
+/// The library's default, [`SchemaPolicy::Migrate`], makes an embedded store just work. An
+/// operator who separates privileges runs the schema's DDL once, as the schema's owner
+/// (`outbox-lanes migrate`), and opens everything else with [`SchemaPolicy::Existing`], which
+/// runs no DDL at all and so needs no privilege beyond the statements it runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum SchemaPolicy {
+    /// Create the schema in a database that has none; upgrade an older one (the default).
+    #[default]
+    Migrate,
+    /// Create the schema in a database that has none; refuse an older one with
+    /// [`StoreError::SchemaTooOld`](crate::StoreError::SchemaTooOld) instead of upgrading it.
+    Create,
+    /// Run no DDL: the schema must exist at this build's version
+    /// ([`StoreError::NoSchema`](crate::StoreError::NoSchema) or
+    /// [`StoreError::SchemaTooOld`](crate::StoreError::SchemaTooOld) otherwise).
+    Existing,
+}
+
 /// What the stores have in common to configure.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CommonOptions {
@@ -614,6 +638,15 @@ pub struct CommonOptions {
     /// Keep finished units (with their payloads) this long instead of deleting them at once;
     /// [`ServiceStore::purge_acked`](crate::ServiceStore::purge_acked) removes them.
     pub ack_retention: Option<Duration>,
+    /// How long a row id an actor used stays refused by its enqueues, counted from the
+    /// enqueue ([`DEFAULT_ROW_ID_RETENTION`], 7 days): the dedup window past delivery. An id is
+    /// refused for as long as the row is stored (pending, or kept for a dead letter or the
+    /// ack retention) and, after that, until the window has passed; the store keeps only the
+    /// (actor, row id, time) of a finished row for it, in `ol_row_ids`, which
+    /// [`ServiceStore::purge_row_ids`](crate::ServiceStore::purge_row_ids) trims.
+    pub row_id_retention: Duration,
+    /// What opening the store may do to the schema.
+    pub schema: SchemaPolicy,
 }
 
 impl Default for CommonOptions {
@@ -622,6 +655,8 @@ impl Default for CommonOptions {
             max_payload: DEFAULT_MAX_PAYLOAD,
             max_recipients: DEFAULT_MAX_RECIPIENTS,
             ack_retention: None,
+            row_id_retention: DEFAULT_ROW_ID_RETENTION,
+            schema: SchemaPolicy::Migrate,
         }
     }
 }

@@ -136,6 +136,12 @@ pub(crate) fn decode_headers(column: Option<String>) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The row-id retention in milliseconds (saturating), as the ledger compares it.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
+pub(crate) fn window_millis(common: &crate::CommonOptions) -> i64 {
+    i64::try_from(common.row_id_retention.as_millis()).unwrap_or(i64::MAX)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

@@ -68,7 +68,93 @@ contract!(
     one_lane_status_and_known_actors,
     lane_actions_move_the_control_generation_and_list_the_lanes_changed,
     purge_and_skip_head_dead_letters_keep_every_attempt_made,
+    delivered_row_ids_stay_refused_for_the_window,
+    the_outbox_id_is_made_once_per_database,
 );
+
+/// The dedup window past delivery (`ol_row_ids`): a row id stays refused after its units
+/// finished, until the window has passed; the purge forgets only what is past it.
+fn delivered_row_ids_stay_refused_for_the_window(b: Backend) {
+    let common = CommonOptions {
+        row_id_retention: Duration::from_secs(3600),
+        ..CommonOptions::default()
+    };
+    run(b, common, |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        let joined = NewRow {
+            joined: true,
+            ..row("j", &[A, B])
+        };
+        s.enqueue(&a, &[row("m", &[A, B]), row("s", &[A]), joined])
+            .expect("enqueue");
+        let t = acquire(s, &a, "h", LEASE);
+        let (la, lb) = (lane_of(s, &a, A), lane_of(s, &a, B));
+        let on_a = claim_lane(s, &t, la, 0, 10).units;
+        let on_b = claim_lane(s, &t, lb, 0, 10).units;
+        let mut acks: Vec<(UnitId, StoreLaneId)> = on_a.iter().map(|u| (u.id, la)).collect();
+        acks.extend(on_b.iter().map(|u| (u.id, lb)));
+        s.ack(&t, &acks).expect("ack");
+        assert!(claim_lane(s, &t, la, 0, 10).units.is_empty());
+        assert_eq!(s.status().expect("status")[0].pending, 0);
+        // Delivered, payloads gone: every shape of row keeps its id refused, alone or in a
+        // batch (which is refused whole), for any recipient.
+        for id in ["m", "s", "j"] {
+            assert_eq!(
+                s.enqueue(&a, &[row(id, &[C])]),
+                Err(EnqueueError::DuplicateRowId { row: id.into() })
+            );
+            assert_eq!(
+                s.enqueue(&a, &[row("fresh", &[C]), row(id, &[A, B])]),
+                Err(EnqueueError::DuplicateRowId { row: id.into() })
+            );
+        }
+        // Nothing was written by the refused batches.
+        assert_eq!(s.status().expect("status")[0].pending, 0);
+        // Another actor may use the same ids.
+        s.enqueue(&actor("bob"), &[row("m", &[A])])
+            .expect("bob's own id");
+        // The purge keeps what is inside the window …
+        assert_eq!(s.purge_row_ids(now()), Ok(0));
+        assert!(s.enqueue(&a, &[row("s", &[A])]).is_err());
+        // … and forgets what is past it: 3 of alice's ids and bob's one, an hour on.
+        assert_eq!(
+            s.purge_row_ids(now() + Duration::from_secs(3600 + 60)),
+            Ok(4)
+        );
+        for id in ["m", "s", "j"] {
+            s.enqueue(&a, &[row(id, &[C])])
+                .expect("free after the window");
+        }
+        assert_eq!(
+            row_ids(&claim_lane(s, &t, lane_of(s, &a, C), 0, 10)),
+            ["m", "s", "j"]
+        );
+        // Those are in the window again, from their new enqueue.
+        assert!(s.enqueue(&a, &[row("m", &[A])]).is_err());
+    });
+}
+
+/// Every store opened on one database reports the same outbox id; another database another.
+fn the_outbox_id_is_made_once_per_database(b: Backend) {
+    let mut first = String::new();
+    run(b, CommonOptions::default(), |h| {
+        first = h.store.outbox_id().to_owned();
+        assert_eq!(first.len(), 32, "{first}");
+        assert!(
+            first
+                .bytes()
+                .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)),
+            "{first}"
+        );
+        assert_eq!(h.second().outbox_id(), first);
+    });
+    run(b, CommonOptions::default(), |h| {
+        if !first.is_empty() {
+            assert_ne!(h.store.outbox_id(), first);
+        }
+    });
+}
 
 fn enqueue_order_and_claim_order(b: Backend) {
     run(b, CommonOptions::default(), |h| {
@@ -1396,8 +1482,10 @@ fn watermark_finds_new_lanes(b: Backend) {
 }
 
 fn ack_retention_and_purge(b: Backend) {
+    // No dedup window: the id comes back with the purge of the retained unit.
     let common = CommonOptions {
         ack_retention: Some(Duration::from_secs(3600)),
+        row_id_retention: Duration::ZERO,
         ..CommonOptions::default()
     };
     run(b, common, |h| {
@@ -1495,7 +1583,13 @@ fn acquire_ready_picks_free_actors_with_work(b: Backend) {
 /// in every shape, for as long as any unit or dead letter of the row remains, and every shape
 /// reads back its own bytes.
 fn row_ids_unique_across_payload_shapes(b: Backend) {
-    run(b, CommonOptions::default(), |h| {
+    // No dedup window here: what frees an id is its row's last unit finishing
+    // (`delivered_row_ids_stay_refused_for_the_window` has the window).
+    let common = CommonOptions {
+        row_id_retention: Duration::ZERO,
+        ..CommonOptions::default()
+    };
+    run(b, common, |h| {
         let s = &*h.store;
         let a = actor("alice");
         let joined = NewRow {

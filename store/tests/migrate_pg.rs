@@ -741,3 +741,125 @@ fn postgres_v3_database_is_migrated_to_v4_with_control_generations() {
     );
     assert_eq!(row_ids(&claim_lane(&store, &t, la, 0, 100)), ["r0"]);
 }
+
+/// A version 4 schema (version 2's DDL and the hand-written steps to 4) with a pending row `p`.
+fn v4_schema(schema: &Schema) -> Client {
+    let mut c = schema.client();
+    c.batch_execute(
+        "CREATE TABLE ol_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL); \
+         INSERT INTO ol_meta (key, value) VALUES ('schema_version', '4');",
+    )
+    .expect("meta");
+    c.batch_execute(SCHEMA_V2).expect("v2 ddl");
+    c.batch_execute(
+        "ALTER TABLE ol_units ADD COLUMN headers TEXT; ALTER TABLE ol_rows ADD COLUMN headers TEXT; \
+         ALTER TABLE ol_slots ADD COLUMN control BIGINT NOT NULL DEFAULT 0; \
+         ALTER TABLE ol_lanes ADD COLUMN control BIGINT NOT NULL DEFAULT 0; \
+         CREATE INDEX ol_lanes_control ON ol_lanes (actor, control) WHERE control > 0;",
+    )
+    .expect("v4 ddl");
+    v2_enqueue(&mut c, "p", &[A]);
+    c
+}
+
+fn schema_version_of(c: &mut Client) -> String {
+    c.query_one(
+        "SELECT value FROM ol_meta WHERE key = 'schema_version'",
+        &[],
+    )
+    .expect("version")
+    .get(0)
+}
+
+/// Version 4 → 5: the row-id ledger holds the ids stored before, the outbox id is made once,
+/// and the liveness table is part of the schema.
+#[test]
+fn postgres_v4_database_is_migrated_to_v5_with_a_ledger_and_an_outbox_id() {
+    let Some(url) = pg_url() else {
+        println!("skipped: OUTBOX_LANES_TEST_PG not set");
+        return;
+    };
+    let schema = Schema::new(&url, "v4");
+    let mut c = v4_schema(&schema);
+    let store = schema.store(CommonOptions::default());
+    assert_eq!(schema_version_of(&mut c), SCHEMA_VERSION.to_string());
+    let one = |c: &mut Client, sql: &str| -> i64 { c.query_one(sql, &[]).expect(sql).get(0) };
+    assert_eq!(
+        one(
+            &mut c,
+            "SELECT count(*) FROM ol_row_ids WHERE actor = 'alice' AND row_id = 'p'"
+        ),
+        1
+    );
+    assert_eq!(one(&mut c, "SELECT count(*) FROM ol_live_holders"), 0);
+    let id = store.outbox_id().to_owned();
+    assert_eq!(id.len(), 32, "{id}");
+    let a = actor("alice");
+    assert_eq!(
+        store.enqueue(&a, &[row("p", &[B])]),
+        Err(EnqueueError::DuplicateRowId { row: "p".into() })
+    );
+    store.enqueue(&a, &[row("q", &[A])]).expect("a new id");
+    drop(store);
+    assert_eq!(schema.store(CommonOptions::default()).outbox_id(), id);
+}
+
+/// What each schema policy does on Postgres: only `Migrate` upgrades; `Existing` creates
+/// nothing, not even the schema; neither changes what it refuses.
+#[test]
+fn postgres_schema_policies_refuse_what_they_may_not_change() {
+    let Some(url) = pg_url() else {
+        println!("skipped: OUTBOX_LANES_TEST_PG not set");
+        return;
+    };
+    let policy = |schema: SchemaPolicy| CommonOptions {
+        schema,
+        ..CommonOptions::default()
+    };
+    let connect = |name: &str, common: CommonOptions| {
+        PgStore::connect(
+            &url,
+            PgOptions {
+                schema: name.to_owned(),
+                common,
+                ..PgOptions::default()
+            },
+        )
+        .map(drop)
+    };
+    let old = Schema::new(&url, "pol4");
+    let mut c = v4_schema(&old);
+    for p in [SchemaPolicy::Create, SchemaPolicy::Existing] {
+        assert_eq!(
+            connect(&old.name, policy(p)),
+            Err(StoreError::SchemaTooOld {
+                found: 4,
+                supported: SCHEMA_VERSION
+            }),
+            "{p:?}"
+        );
+        assert_eq!(schema_version_of(&mut c), "4");
+    }
+    let fresh = Schema::new(&url, "polnew");
+    assert!(matches!(
+        connect(&fresh.name, policy(SchemaPolicy::Existing)),
+        Err(StoreError::NoSchema { .. })
+    ));
+    let mut raw = Client::connect(&url, NoTls).expect("raw client");
+    let exists: bool = raw
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
+            &[&fresh.name],
+        )
+        .expect("namespace")
+        .get(0);
+    assert!(!exists, "Existing created the schema");
+    connect(&fresh.name, policy(SchemaPolicy::Create)).expect("create");
+    for p in [
+        SchemaPolicy::Migrate,
+        SchemaPolicy::Create,
+        SchemaPolicy::Existing,
+    ] {
+        connect(&fresh.name, policy(p)).expect("current schema");
+    }
+}

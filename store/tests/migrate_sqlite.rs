@@ -587,7 +587,12 @@ fn dup_err(s: &dyn Store, a: &ActorId, r: NewRow) -> EnqueueError {
 }
 
 fn row_ids_unique_across_both_places(b: Backend) {
-    run(b, CommonOptions::default(), |h| {
+    // Without the dedup window (the contract suite tests it): an id is free once its row is.
+    let common = CommonOptions {
+        row_id_retention: core::time::Duration::ZERO,
+        ..CommonOptions::default()
+    };
+    run(b, common, |h| {
         let s = &*h.store;
         let a = actor(ALICE);
         // A fan-out row keeps its payload in `ol_rows`; the same id as a one-recipient row
@@ -881,4 +886,115 @@ fn v3_database_migrates_to_v4_with_control_generations() {
         (la, false, true)
     );
     assert_eq!(row_ids(&claim_all(&store, &t, la.0)), ["r0"]);
+}
+
+/// A version 4 database at `path` (version 2's DDL and the hand-written steps to 4), with a
+/// pending row `p` and a delivered row's id nowhere.
+fn v4_database(path: &Path) -> Connection {
+    let c = v2_database(path);
+    c.execute_batch(
+        "ALTER TABLE ol_units ADD COLUMN headers TEXT; ALTER TABLE ol_rows ADD COLUMN headers TEXT; \
+         ALTER TABLE ol_slots ADD COLUMN control INTEGER NOT NULL DEFAULT 0; \
+         ALTER TABLE ol_lanes ADD COLUMN control INTEGER NOT NULL DEFAULT 0; \
+         CREATE INDEX ol_lanes_control ON ol_lanes (actor, control) WHERE control > 0; \
+         UPDATE ol_meta SET value = '4' WHERE key = 'schema_version';",
+    )
+    .expect("v4");
+    v2_enqueue(&c, "p", &[A]);
+    c
+}
+
+/// Version 4 → 5: the row-id ledger holds the ids stored before, and the outbox id is made
+/// once (the same at every later open).
+#[test]
+fn v4_database_migrates_to_v5_with_a_ledger_and_an_outbox_id() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("v4.db");
+    drop(v4_database(&path));
+    let store = SqliteStore::open(&path, SqliteOptions::default()).expect("open");
+    assert_eq!(schema_version(&path), SCHEMA_VERSION.to_string());
+    assert_eq!(
+        count(
+            &path,
+            "SELECT count(*) FROM ol_row_ids WHERE actor = 'alice' AND row_id = 'p'"
+        ),
+        1
+    );
+    let id = store.outbox_id().to_owned();
+    assert_eq!(id.len(), 32);
+    let a = actor(ALICE);
+    assert_eq!(
+        store.enqueue(&a, &[row("p", &[B])]),
+        Err(EnqueueError::DuplicateRowId { row: "p".into() })
+    );
+    store.enqueue(&a, &[row("q", &[A])]).expect("a new id");
+    drop(store);
+    let again = SqliteStore::open(&path, SqliteOptions::default()).expect("reopen");
+    assert_eq!(again.outbox_id(), id);
+}
+
+fn with_policy(schema: SchemaPolicy) -> SqliteOptions {
+    SqliteOptions {
+        common: CommonOptions {
+            schema,
+            ..CommonOptions::default()
+        },
+        ..SqliteOptions::default()
+    }
+}
+
+/// What each schema policy does with an older schema, a missing one, and a current one: only
+/// `Migrate` upgrades, `Existing` creates nothing, and neither writes to a database it refuses.
+#[test]
+fn schema_policies_refuse_what_they_may_not_change() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let old = dir.path().join("v4.db");
+    drop(v4_database(&old));
+    for policy in [SchemaPolicy::Create, SchemaPolicy::Existing] {
+        assert_eq!(
+            SqliteStore::open(&old, with_policy(policy)).map(drop),
+            Err(StoreError::SchemaTooOld {
+                found: 4,
+                supported: SCHEMA_VERSION
+            }),
+            "{policy:?}"
+        );
+        assert_eq!(schema_version(&old), "4");
+    }
+    assert!(
+        SqliteStore::open_read_only(&old, SqliteOptions::default())
+            .map(drop)
+            .is_err_and(|e| e.to_string().contains("outbox-lanes migrate"))
+    );
+
+    let empty = dir.path().join("empty.db");
+    drop(Connection::open(&empty).expect("an empty database"));
+    assert!(matches!(
+        SqliteStore::open(&empty, with_policy(SchemaPolicy::Existing)),
+        Err(StoreError::NoSchema { .. })
+    ));
+    assert_eq!(
+        count(&empty, "SELECT count(*) FROM sqlite_master"),
+        0,
+        "nothing created"
+    );
+    let created = SqliteStore::open(&empty, with_policy(SchemaPolicy::Create)).expect("create");
+    let a = actor(ALICE);
+    created.enqueue(&a, &[row("r", &[A])]).expect("enqueue");
+    drop(created);
+    // A current schema opens under every policy, and read-only.
+    for policy in [
+        SchemaPolicy::Migrate,
+        SchemaPolicy::Create,
+        SchemaPolicy::Existing,
+    ] {
+        SqliteStore::open(&empty, with_policy(policy)).expect("current schema");
+    }
+    let ro = SqliteStore::open_read_only(&empty, SqliteOptions::default()).expect("read-only");
+    assert_eq!(ro.status().expect("status")[0].pending, 1);
+    assert!(matches!(
+        ro.enqueue(&a, &[row("s", &[A])]),
+        Err(EnqueueError::Store(StoreError::ReadOnly { .. }))
+    ));
+    assert!(!dir.path().join("empty.db-holders").exists());
 }
