@@ -190,6 +190,7 @@ fn serial_run(http: &HttpClient) -> Result<(), Box<dyn Error>> {
             http.deliver(
                 &Delivery {
                     actor: "fanout",
+                    outbox: "fanout",
                     unit: UnitId((i * 4) as u64),
                     recipient: &url,
                     body: &b,
@@ -230,6 +231,7 @@ fn unconstrained_run(http: &HttpClient) -> Result<(), Box<dyn Error>> {
                     let a = http.deliver(
                         &Delivery {
                             actor: "fanout",
+                            outbox: "fanout",
                             unit: UnitId((i * 4) as u64),
                             recipient: &url,
                             body: &b,

@@ -446,6 +446,7 @@ fn tokio_limit(server: &Server, l: &Load, concurrency: usize) -> Res<Run> {
                     };
                     let d = outbox_lanes::blocking::http::Delivery {
                         actor: "bench",
+                        outbox: "0123abcd",
                         unit: UnitId(i as u64 + 1),
                         recipient: to,
                         body: b,
@@ -503,6 +504,7 @@ fn blocking_limit(server: &Server, l: &Load, concurrency: usize) -> Res<Run> {
                     };
                     let d = outbox_lanes::blocking::http::Delivery {
                         actor: "bench",
+                        outbox: "0123abcd",
                         unit: UnitId(i as u64 + 1),
                         recipient: to,
                         body: b,

@@ -285,6 +285,7 @@ mod tests {
             .lane(&LaneKey::new("https://lane.example/", None).expect("url"));
         Job::new(
             ActorId::new("alice"),
+            Arc::from("0123abcd"),
             UnitId(unit),
             lane,
             Arc::new(crate::request::Destination::parse(recipient)),

@@ -109,7 +109,9 @@ pub struct Delivery<'a> {
     /// The canonical id of the actor whose unit this is, passed to the signer (which picks
     /// the actor's key by it).
     pub actor: &'a str,
-    /// The unit; its id is sent as `Idempotency-Key`.
+    /// The store's outbox id ([`DriverStore::outbox_id`](outbox_lanes_store::DriverStore::outbox_id)).
+    pub outbox: &'a str,
+    /// The unit. The request's `Idempotency-Key` is `<outbox>-<unit>` ([`idempotency_key`]).
     pub unit: UnitId,
     /// The recipient URL, parsed once for its lane (a pass shares one [`Destination`] among
     /// every attempt to the lane).
@@ -123,6 +125,15 @@ pub struct Delivery<'a> {
     pub headers: &'a [(String, String)],
     /// The attempt number, passed to the signer.
     pub attempt: u32,
+}
+
+/// A unit's idempotency key: `<outbox id>-<unit id>`, e.g.
+/// `3f1c0b5e9a7d4c2e8b6a1d0f9e8c7b6a-42`. Unique across outboxes (the outbox id is random,
+/// made with the schema) and stable for the unit: every attempt, retry, pass, restart and
+/// replay of a dead letter sends the same one. Sent as `Idempotency-Key` and, by the
+/// Standard Webhooks signer, as `webhook-id`.
+pub fn idempotency_key(outbox: &str, unit: UnitId) -> String {
+    format!("{outbox}-{}", unit.0)
 }
 
 /// What one attempt came to.

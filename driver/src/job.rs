@@ -41,7 +41,10 @@ pub trait Completions: Send + Sync {
 pub struct Job {
     /// The actor.
     pub actor: ActorId,
-    /// The unit (its id is the idempotency key).
+    /// The store's outbox id ([`DriverStore::outbox_id`](outbox_lanes_store::DriverStore::outbox_id)):
+    /// with the unit id, the idempotency key.
+    pub outbox: Arc<str>,
+    /// The unit.
     pub unit: UnitId,
     /// The recipient's lane in the pass.
     pub lane: LaneId,
@@ -87,6 +90,7 @@ impl Job {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         actor: ActorId,
+        outbox: Arc<str>,
         unit: UnitId,
         lane: LaneId,
         recipient: Arc<Destination>,
@@ -98,6 +102,7 @@ impl Job {
         let body = Bytes::from_owner(PayloadBody(Arc::clone(&payload)));
         Job {
             actor,
+            outbox,
             unit,
             lane,
             recipient,
@@ -115,6 +120,7 @@ impl Job {
     pub fn delivery(&self) -> Delivery<'_> {
         Delivery {
             actor: self.actor.as_str(),
+            outbox: &self.outbox,
             unit: self.unit,
             recipient: &self.recipient,
             body: &self.body,

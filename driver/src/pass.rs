@@ -184,6 +184,9 @@ pub struct PassCore {
     sink: Arc<dyn Completions>,
     /// Shared with every job this pass started; cleared when the pass ends.
     live: Arc<AtomicBool>,
+    /// The store's outbox id, the first half of every idempotency key, read at the first
+    /// start and shared by the pass's jobs.
+    outbox: Option<Arc<str>>,
     report: PassReport,
     end: Option<PassEnd>,
     /// A store write failed: nothing more is written or started (acks excepted).
@@ -289,6 +292,7 @@ impl PassCore {
             look: true,
             sink,
             live: Arc::new(AtomicBool::new(true)),
+            outbox: None,
             report: PassReport::default(),
             end: None,
             error: None,
@@ -550,7 +554,7 @@ impl PassCore {
                 return Vec::new();
             }
             if self.control.fresh_at(Instant::now()) {
-                return self.jobs(cx.hooks, &starts, &mut fetched);
+                return self.jobs(cx, &starts, &mut fetched);
             }
         }
         // The store was busy, or too slow to answer within the read's validity: the next
@@ -590,7 +594,7 @@ impl PassCore {
             self.pending_starts = starts;
             return None;
         }
-        Some(self.jobs(cx.hooks, &starts, &mut HashMap::new()))
+        Some(self.jobs(cx, &starts, &mut HashMap::new()))
     }
 
     /// The body of a round, shared by both kinds: the queued commands in order, claims, timers
@@ -709,13 +713,18 @@ impl PassCore {
     /// round read. Called only on a fresh read of the lane controls (OL-14).
     fn jobs(
         &mut self,
-        hooks: &Hooks,
+        cx: RoundContext<'_>,
         starts: &[Start],
         fetched: &mut HashMap<UnitId, Arc<Payload>>,
     ) -> Vec<Job> {
         if self.end.is_some() || starts.is_empty() {
             return Vec::new();
         }
+        let hooks = cx.hooks;
+        let outbox = Arc::clone(
+            self.outbox
+                .get_or_insert_with(|| Arc::from(cx.store.outbox_id())),
+        );
         let mut jobs = Vec::with_capacity(starts.len());
         for s in starts {
             let cached = self.units.get(&s.unit).and_then(|u| u.payload.clone());
@@ -733,6 +742,7 @@ impl PassCore {
             let destination = self.destination(s.lane);
             jobs.push(Job::new(
                 self.actor.clone(),
+                Arc::clone(&outbox),
                 s.unit,
                 s.lane,
                 destination,

@@ -13,7 +13,7 @@
 //!
 //! 1. `User-Agent`: [`HttpConfig::user_agent`];
 //! 2. `Accept: */*`, unless the row sets its own `Accept`;
-//! 3. `Idempotency-Key`: the unit id;
+//! 3. `Idempotency-Key`: [`idempotency_key`](crate::http::idempotency_key), `<outbox id>-<unit id>`;
 //! 4. `Content-Type`: the row's content type;
 //! 5. the row's own headers ([`Payload::headers`](outbox_lanes_store::Payload::headers)), in
 //!    the row's order, once they pass the check below;
@@ -54,8 +54,8 @@ use outbox_lanes_core::policy::{AddressPolicy, Classifier, Recipient, UrlError};
 use outbox_lanes_store::validate_headers;
 
 use crate::http::{
-    AttemptResult, Delivery, HttpConfig, HttpError, invalid_recipient, invalid_request,
-    refused_result, unsigned,
+    AttemptResult, Delivery, HttpConfig, HttpError, idempotency_key, invalid_recipient,
+    invalid_request, refused_result, unsigned,
 };
 use crate::sign::{SignRequest, Signer};
 
@@ -232,7 +232,12 @@ impl RequestPolicy {
         {
             headers.push((ACCEPT, HeaderValue::from_static("*/*")));
         }
-        headers.push((IDEMPOTENCY_KEY, HeaderValue::from(d.unit.0)));
+        let key = idempotency_key(d.outbox, d.unit);
+        headers.push((
+            IDEMPOTENCY_KEY,
+            HeaderValue::from_str(&key)
+                .map_err(|_| invalid_request("the outbox id is not a header value"))?,
+        ));
         headers.push((CONTENT_TYPE, content_type));
         for (name, value) in d.headers {
             headers.push(header(name, value).ok_or_else(|| {
@@ -244,6 +249,7 @@ impl RequestPolicy {
             let signed = signer.sign(&SignRequest {
                 actor: d.actor,
                 unit: d.unit,
+                idempotency_key: &key,
                 recipient: url,
                 body: d.body,
                 content_type: d.content_type,
@@ -301,6 +307,7 @@ mod tests {
     ) -> Delivery<'a> {
         Delivery {
             actor: "alice",
+            outbox: "5ca1ab1e",
             unit: UnitId(42),
             recipient: to,
             body,
@@ -338,11 +345,11 @@ mod tests {
         let mut want = vec![
             "user-agent: ua/1".to_owned(),
             "accept: */*".to_owned(),
-            "idempotency-key: 42".to_owned(),
+            "idempotency-key: 5ca1ab1e-42".to_owned(),
             "content-type: application/json".to_owned(),
             "authorization: Bearer t".to_owned(),
             "x-trace: 1".to_owned(),
-            "webhook-id: 42".to_owned(),
+            "webhook-id: 5ca1ab1e-42".to_owned(),
             "webhook-timestamp: 1700000000".to_owned(),
         ];
         let got = names(&req);

@@ -48,8 +48,12 @@ pub struct SignRequest<'a> {
     /// The canonical id of the actor whose unit this is (after the resolver): the signer
     /// picks the actor's key by it.
     pub actor: &'a str,
-    /// The unit being delivered; its id is also the `Idempotency-Key`.
+    /// The unit being delivered.
     pub unit: UnitId,
+    /// The request's `Idempotency-Key` ([`idempotency_key`](crate::http::idempotency_key):
+    /// `<outbox id>-<unit id>`), unique across outboxes and the same on every attempt: what a
+    /// signer sends as a message id.
+    pub idempotency_key: &'a str,
     /// The recipient URL the request is sent to, canonical and parsed (once for its lane:
     /// its host, port and path are what the request line and `Host` carry).
     pub recipient: &'a Recipient,
@@ -121,7 +125,8 @@ const V1: &str = "v1,";
 /// An HMAC-SHA256 signer following the Standard Webhooks specification.
 ///
 /// Adds three headers:
-/// - `webhook-id`: the unit id (the same value as `Idempotency-Key`);
+/// - `webhook-id`: the request's idempotency key, `<outbox id>-<unit id>` (the same value as
+///   `Idempotency-Key`: unique across outboxes, as the specification asks of a message id);
 /// - `webhook-timestamp`: the attempt's time in Unix seconds;
 /// - `webhook-signature`: `v1,` followed by the base64 of
 ///   HMAC-SHA256(secret, `"{webhook-id}.{webhook-timestamp}.{body}"`).
@@ -136,12 +141,12 @@ const V1: &str = "v1,";
 /// let at = SystemTime::now();
 /// let recipient = Recipient::parse("https://example.com/hook")?;
 /// let req = SignRequest {
-///     actor: "alice", unit: UnitId(7), recipient: &recipient, body: b"{}",
-///     content_type: "application/json", at, attempt: 1,
+///     actor: "alice", unit: UnitId(7), idempotency_key: "3f1c0b5e9a7d4c2e-7",
+///     recipient: &recipient, body: b"{}", content_type: "application/json", at, attempt: 1,
 /// };
 /// let headers = signer.sign(&req)?;
 /// let get = |n: &str| headers.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
-/// assert_eq!(get("webhook-id"), Some("7"));
+/// assert_eq!(get("webhook-id"), Some("3f1c0b5e9a7d4c2e-7"));
 /// // The receiving side:
 /// let (id, ts, sig) = (get("webhook-id").unwrap(), get("webhook-timestamp").unwrap(),
 ///                      get("webhook-signature").unwrap());
@@ -294,7 +299,7 @@ impl StandardWebhooks {
 impl Signer for StandardWebhooks {
     /// Never fails: one secret signs for every actor.
     fn sign(&self, req: &SignRequest<'_>) -> Result<Vec<(String, String)>, SignError> {
-        let id = req.unit.to_string();
+        let id = req.idempotency_key.to_owned();
         let ts = unix_secs(req.at);
         let signature = self.signature(&id, ts, req.body);
         Ok(vec![
@@ -846,7 +851,7 @@ mod tests {
         );
     }
 
-    /// Our own vector, with a unit id as the message id. Computed with Python:
+    /// Our own vector, with `42` as the message id. Computed with Python:
     /// `base64.b64encode(hmac.new(b"outbox-lanes test secret", b'42.1700000000.{"n":1}',
     ///  hashlib.sha256).digest())` gives `Dx/tpP0EeGTT4nxf/qJtCJtR10fMveqliDgBEigk0Og=`, and
     /// `"whsec_" + base64.b64encode(b"outbox-lanes test secret")` is the whsec form.
@@ -859,6 +864,7 @@ mod tests {
         let req = SignRequest {
             actor: "alice",
             unit: UnitId(42),
+            idempotency_key: "42",
             recipient: &recipient,
             body: br#"{"n":1}"#,
             content_type: "application/json",
@@ -969,6 +975,7 @@ mod tests {
             SignRequest {
                 actor,
                 unit: UnitId(9),
+                idempotency_key: "0123abcd-9",
                 recipient,
                 body,
                 content_type: "application/activity+json",

@@ -50,6 +50,7 @@ fn post_at(client: &HttpClient, url: &str, unit: u64, now: SystemTime) -> Attemp
     client.deliver(
         &Delivery {
             actor: "actor",
+            outbox: "0123abcd",
             unit: UnitId(unit),
             recipient: &Destination::parse(url),
             body: &Bytes::from_static(BODY),
@@ -90,7 +91,7 @@ fn delivered_with_idempotency_key_user_agent_content_type_and_exact_body() {
     assert_eq!(reqs.len(), 1);
     let req = &reqs[0];
     assert_eq!(req.method, "POST");
-    assert_eq!(req.header("idempotency-key"), Some("17"));
+    assert_eq!(req.header("idempotency-key"), Some("0123abcd-17"));
     assert_eq!(
         req.header("user-agent"),
         Some(concat!("outbox-lanes/", env!("CARGO_PKG_VERSION")))
@@ -663,6 +664,7 @@ fn an_invalid_header_is_permanent_and_sends_nothing() {
     let res = loopback_client().deliver(
         &Delivery {
             actor: "actor",
+            outbox: "0123abcd",
             unit: UnitId(1),
             recipient: &Destination::parse(&r.url("/inbox")),
             body: &Bytes::from_static(BODY),
@@ -708,7 +710,7 @@ fn standard_webhooks_signatures_verify_on_the_receiving_side() {
         let id = req.header("webhook-id").unwrap();
         let ts = req.header("webhook-timestamp").unwrap();
         let sig = req.header("webhook-signature").unwrap();
-        assert_eq!(id, "99");
+        assert_eq!(id, "0123abcd-99");
         assert_eq!(req.header("idempotency-key"), Some(id));
         receiver
             .verify(id, ts, sig, &req.body, at, Duration::from_secs(300))
@@ -785,6 +787,7 @@ fn the_signer_is_called_on_every_attempt_with_its_time() {
         c.deliver(
             &Delivery {
                 actor: "actor",
+                outbox: "0123abcd",
                 unit: UnitId(5),
                 recipient: &Destination::parse(&url),
                 body: &Bytes::from_static(BODY),
@@ -843,7 +846,9 @@ fn one_client_is_shared_by_many_threads() {
             .iter()
             .map(|q| q.header("idempotency-key").unwrap().to_owned())
             .collect();
-        let want: Vec<_> = (0..5u64).map(|i| (w * 100 + i).to_string()).collect();
+        let want: Vec<_> = (0..5u64)
+            .map(|i| format!("0123abcd-{}", w * 100 + i))
+            .collect();
         assert_eq!(keys, want, "each worker's deliveries arrive in its order");
     }
 }

@@ -34,6 +34,7 @@ fn deliver(c: &HttpClient, actor: &str, url: &str, attempt: u32, at: SystemTime)
     c.deliver(
         &Delivery {
             actor,
+            outbox: "0123abcd",
             unit: UnitId(3),
             recipient: &Destination::parse(url),
             body: &Bytes::from_static(br#"{"type":"Create"}"#),
@@ -84,6 +85,7 @@ fn an_actor_without_a_key_sends_nothing() {
     let res = c.deliver(
         &Delivery {
             actor: "https://social.example/users/carol",
+            outbox: "0123abcd",
             unit: UnitId(4),
             recipient: &Destination::parse(&r.url("/inbox")),
             body: &Bytes::from_static(b"{}"),

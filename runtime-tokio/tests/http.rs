@@ -37,6 +37,7 @@ async fn post_async(c: &AsyncHttpClient, url: &str, content_type: &str) -> Attem
     c.deliver(
         &Delivery {
             actor: "actor",
+            outbox: "0123abcd",
             unit: UnitId(7),
             recipient: &Destination::parse(url),
             body: &Bytes::from_static(BODY),
@@ -55,6 +56,7 @@ async fn post_blocking(c: &HttpClient, url: &str, content_type: &str) -> Attempt
         c.deliver(
             &Delivery {
                 actor: "actor",
+                outbox: "0123abcd",
                 unit: UnitId(7),
                 recipient: &Destination::parse(&url),
                 body: &Bytes::from_static(BODY),
@@ -157,7 +159,7 @@ async fn statuses_classify_like_the_blocking_client() {
     assert_eq!(r.count("/ok"), 2);
     // Every request carried the idempotency key, the user agent and the content type.
     for q in r.all_requests() {
-        assert_eq!(q.header("idempotency-key"), Some("7"));
+        assert_eq!(q.header("idempotency-key"), Some("0123abcd-7"));
         assert_eq!(
             q.header("user-agent"),
             Some(concat!("outbox-lanes/", env!("CARGO_PKG_VERSION")))
@@ -382,6 +384,7 @@ async fn row_headers_are_sent_by_both_clients() {
                 a.deliver(
                     &Delivery {
                         actor: "actor",
+                        outbox: "0123abcd",
                         unit: UnitId(7),
                         recipient: &Destination::parse(&url2),
                         body: &Bytes::from_static(BODY),
@@ -398,6 +401,7 @@ async fn row_headers_are_sent_by_both_clients() {
                     b.deliver(
                         &Delivery {
                             actor: "actor",
+                            outbox: "0123abcd",
                             unit: UnitId(7),
                             recipient: &Destination::parse(&url2),
                             body: &Bytes::from_static(BODY),
@@ -423,7 +427,11 @@ async fn row_headers_are_sent_by_both_clients() {
                 );
                 assert_eq!(q[0].header("x-trace"), Some("a, b"), "{client}");
                 assert_eq!(q[0].header("content-type"), Some(CONTENT_TYPE), "{client}");
-                assert_eq!(q[0].header("idempotency-key"), Some("7"), "{client}");
+                assert_eq!(
+                    q[0].header("idempotency-key"),
+                    Some("0123abcd-7"),
+                    "{client}"
+                );
             } else {
                 assert_eq!(res.outcome, Outcome::Permanent, "{client}: {res:?}");
                 assert_eq!(code(&res), Some("invalid_request"), "{client}: {res:?}");
@@ -453,6 +461,7 @@ async fn both_clients_send_the_same_headers() {
         .deliver(
             &Delivery {
                 actor: "actor",
+                outbox: "0123abcd",
                 unit: UnitId(7),
                 recipient: &Destination::parse(&url),
                 body: &Bytes::from_static(BODY),
@@ -469,6 +478,7 @@ async fn both_clients_send_the_same_headers() {
         b.deliver(
             &Delivery {
                 actor: "actor",
+                outbox: "0123abcd",
                 unit: UnitId(7),
                 recipient: &Destination::parse(&u),
                 body: &Bytes::from_static(BODY),
