@@ -1054,7 +1054,7 @@ fn read_only_commands_create_no_database() {
         let out = run(&db, args, "");
         assert_eq!(out.code(), Some(2), "{args:?}: {}", out.stderr);
         let want = format!(
-            "error: no outbox at {}; run enqueue or relay to create it",
+            "error: no outbox at {}; run `outbox-lanes migrate` (or enqueue) to create it",
             path.display()
         );
         assert_eq!(out.stderr.trim_end(), want, "{args:?}");

@@ -3,23 +3,35 @@
 
 #[cfg(feature = "sqlite")]
 mod sqlite {
+    use core::sync::atomic::AtomicBool;
     use std::path::Path;
 
-    use rusqlite::{Connection, ErrorCode, OpenFlags};
+    use rusqlite::ErrorCode;
 
+    use crate::sqlite::{read_only_conn, schema_version};
     use crate::{SqliteStore, StoreError};
 
     impl SqliteStore {
         /// Whether the file at `path` exists and holds an outbox's tables. Creates nothing:
-        /// the file is opened without `SQLITE_OPEN_CREATE`, and only if it exists.
+        /// the file is opened read-only, and only if it exists.
+        ///
+        /// # Errors
+        /// As [`SqliteStore::schema_version`].
+        pub fn exists(path: impl AsRef<Path>) -> Result<bool, StoreError> {
+            Ok(SqliteStore::schema_version(path)?.is_some())
+        }
+
+        /// The schema version of the outbox in the file at `path`: `None` if the file does not
+        /// exist or holds no outbox. Opens it read-only and writes nothing, so it needs only
+        /// read permission (what `outbox-lanes migrate` shows before it upgrades).
         ///
         /// # Errors
         /// [`StoreError::Open`] if the file exists but cannot be read as a database,
         /// [`StoreError::Busy`] if it stayed locked.
-        pub fn exists(path: impl AsRef<Path>) -> Result<bool, StoreError> {
+        pub fn schema_version(path: impl AsRef<Path>) -> Result<Option<u32>, StoreError> {
             let path = path.as_ref();
             if !path.exists() {
-                return Ok(false);
+                return Ok(None);
             }
             let shown = path.display().to_string();
             let err = |e: rusqlite::Error| match &e {
@@ -30,19 +42,10 @@ mod sqlite {
                 }
                 _ => StoreError::open(shown.clone(), e.to_string(), e),
             };
-            let conn = Connection::open_with_flags(
-                path,
-                OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-            )
-            .map_err(err)?;
+            let conn = read_only_conn(path, &AtomicBool::new(false)).map_err(err)?;
             conn.busy_timeout(core::time::Duration::from_secs(5))
                 .map_err(err)?;
-            conn.query_row(
-                "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'ol_meta')",
-                [],
-                |r| r.get(0),
-            )
-            .map_err(err)
+            schema_version(&conn)
         }
     }
 }
@@ -57,9 +60,18 @@ mod pg {
         /// `url`. Creates nothing (no schema, no table).
         ///
         /// # Errors
+        /// As [`PgStore::schema_version`].
+        pub fn exists(url: &str, opts: &PgOptions) -> Result<bool, StoreError> {
+            Ok(PgStore::schema_version(url, opts)?.is_some())
+        }
+
+        /// The schema version of the outbox in the schema [`PgOptions::schema`] on the database
+        /// at `url`: `None` if it holds none. Reads only (`SELECT` on `ol_meta`).
+        ///
+        /// # Errors
         /// [`StoreError::Open`] if the URL is malformed, the server unreachable or the schema
         /// name invalid; [`StoreError::ConnectionLost`] if the query failed.
-        pub fn exists(url: &str, opts: &PgOptions) -> Result<bool, StoreError> {
+        pub fn schema_version(url: &str, opts: &PgOptions) -> Result<Option<u32>, StoreError> {
             let target = checked_target(url, opts)?;
             let (mut config, tls) = parse_url(url, &target, opts)?;
             config.application_name(&opts.application_name);
@@ -67,14 +79,32 @@ mod pg {
             let mut client = tls
                 .connect(&config)
                 .map_err(|e| StoreError::open(target, pg_text(&e), e))?;
+            let lost = |e: postgres::Error| StoreError::connection_lost(pg_text(&e), e);
             let found: bool = client
                 .query_one(
                     "SELECT to_regclass($1) IS NOT NULL",
                     &[&format!("{}.ol_meta", opts.schema)],
                 )
                 .and_then(|r| r.try_get(0))
-                .map_err(|e| StoreError::connection_lost(pg_text(&e), e))?;
-            Ok(found)
+                .map_err(lost)?;
+            if !found {
+                return Ok(None);
+            }
+            let row = client
+                .query_opt(
+                    &format!(
+                        "SELECT value FROM {}.ol_meta WHERE key = 'schema_version'",
+                        opts.schema
+                    ),
+                    &[],
+                )
+                .map_err(lost)?;
+            row.map(|r| {
+                let v: String = r.try_get(0).map_err(lost)?;
+                v.parse()
+                    .map_err(|_| StoreError::Database(format!("unreadable schema_version {v:?}")))
+            })
+            .transpose()
         }
     }
 }

@@ -358,7 +358,7 @@ fn configure(conn: &Connection, opts: &SqliteOptions, file: bool) -> Result<(), 
 
 /// The schema version a database records, without writing anything: `None` when it has no
 /// outbox schema (no `ol_meta`, or no version in it).
-fn schema_version(conn: &Connection) -> Result<Option<u32>, StoreError> {
+pub(crate) fn schema_version(conn: &Connection) -> Result<Option<u32>, StoreError> {
     let has_meta: bool = conn.query_row(
         "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'ol_meta')",
         [],
@@ -581,34 +581,10 @@ impl SqliteStore {
         };
         // Read-only, a WAL database whose -shm cannot be made (no writer has it open and the
         // directory is not writable) is read as immutable (see `open_read_only`).
-        let immutable = std::sync::atomic::AtomicBool::new(false);
+        let immutable = AtomicBool::new(false);
         let open_one = || -> Result<Connection, StoreError> {
             let conn = if read_only {
-                let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-                let probe = |conn: Connection| -> Result<Connection, rusqlite::Error> {
-                    conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| {
-                        r.get::<_, i64>(0)
-                    })?;
-                    Ok(conn)
-                };
-                let plain = if immutable.load(Ordering::Relaxed) {
-                    None
-                } else {
-                    Some(Connection::open_with_flags(&path, flags).and_then(probe))
-                };
-                match plain {
-                    Some(Ok(conn)) => conn,
-                    Some(Err(e)) if !is_cannot_open(&e) => return Err(open_err(&shown, e)),
-                    _ => {
-                        immutable.store(true, Ordering::Relaxed);
-                        Connection::open_with_flags(
-                            immutable_uri(&path),
-                            flags | OpenFlags::SQLITE_OPEN_URI,
-                        )
-                        .and_then(probe)
-                        .map_err(|e| open_err(&shown, e))?
-                    }
-                }
+                read_only_conn(&path, &immutable).map_err(|e| open_err(&shown, e))?
             } else {
                 Connection::open_with_flags(
                     &path,
@@ -755,10 +731,23 @@ impl SqliteStore {
         f: impl FnOnce(&Transaction<'_>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         let mut conn = self.writer();
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let v = f(&tx)?;
-        tx.commit()?;
-        Ok(v)
+        let written = (|| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let v = f(&tx)?;
+            tx.commit()?;
+            Ok(v)
+        })();
+        written.map_err(|e| self.named(e))
+    }
+
+    /// `e`, naming this store's file when it is about the database being read-only.
+    fn named(&self, e: StoreError) -> StoreError {
+        match (e, &self.path) {
+            (StoreError::ReadOnly { .. }, Some(path)) => StoreError::ReadOnly {
+                path: path.display().to_string(),
+            },
+            (e, _) => e,
+        }
     }
 
     fn read<T>(
@@ -837,10 +826,37 @@ impl SqliteStore {
     }
 }
 
-/// Whether SQLite could not open a file (for a read-only WAL database: its `-shm` could not be
-/// made).
+/// A read-only connection to the database at `path`, checked with a read. A WAL database whose
+/// `-shm` cannot be made (no writer has it open and the directory is not writable) is opened
+/// immutable instead, and `immutable` is set so that the next connection goes straight there.
+pub(crate) fn read_only_conn(
+    path: &Path,
+    immutable: &AtomicBool,
+) -> Result<Connection, rusqlite::Error> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let probe = |conn: Connection| -> Result<Connection, rusqlite::Error> {
+        conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| {
+            r.get::<_, i64>(0)
+        })?;
+        Ok(conn)
+    };
+    if !immutable.load(Ordering::Relaxed) {
+        match Connection::open_with_flags(path, flags).and_then(probe) {
+            Err(e) if is_cannot_open(&e) => {}
+            other => return other,
+        }
+    }
+    immutable.store(true, Ordering::Relaxed);
+    Connection::open_with_flags(immutable_uri(path), flags | OpenFlags::SQLITE_OPEN_URI)
+        .and_then(probe)
+}
+
+/// Whether a read-only connection failed for want of the WAL index: its `-shm` could not be
+/// made or initialised (`SQLITE_CANTOPEN`, or `SQLITE_READONLY_CANTINIT` and its kin, which
+/// a connection that only reads gets for nothing else).
 fn is_cannot_open(e: &rusqlite::Error) -> bool {
-    matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.code == ErrorCode::CannotOpen)
+    matches!(e, rusqlite::Error::SqliteFailure(f, _)
+        if matches!(f.code, ErrorCode::CannotOpen | ErrorCode::ReadOnly))
 }
 
 /// `path` as an SQLite URI opening it immutable (`file:…?immutable=1`, the path's `%`, `?` and

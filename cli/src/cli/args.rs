@@ -30,7 +30,8 @@ pub(crate) struct Cli {
     )]
     pub(crate) db: String,
 
-    /// Postgres only: the schema holding the tables (created if missing).
+    /// Postgres only: the schema holding the tables (`migrate` creates it; so do `enqueue` and
+    /// `relay` when the database has no outbox yet).
     #[arg(
         long,
         global = true,
@@ -44,6 +45,12 @@ pub(crate) struct Cli {
     /// command line wins over its environment variable, which wins over the file.
     #[arg(long, global = true, env = "OUTBOX_LANES_CONFIG", value_name = "FILE")]
     pub(crate) config: Option<std::path::PathBuf>,
+
+    /// How long a row id an actor used stays refused by its enqueues, from the enqueue (the
+    /// dedup window past delivery): `7d`, `1h`, `0s` for none. `enqueue` checks it; `relay`
+    /// forgets the ids past it every 10 minutes.
+    #[arg(long, global = true, value_parser = parse_duration, default_value = "7d", env = "OUTBOX_LANES_ROW_ID_RETENTION")]
+    pub(crate) row_id_retention: Duration,
 
     /// Log format on stderr (level from RUST_LOG, default info).
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "OUTBOX_LANES_LOG_FORMAT")]
@@ -197,6 +204,14 @@ pub(crate) enum LogFormat {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
+    /// Create the outbox's schema, or upgrade it to this version's; the only command that
+    /// changes a schema that exists.
+    #[command(long_about = MIGRATE_ABOUT)]
+    Migrate {
+        /// Print JSON instead of a line of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Read JSON lines from stdin and enqueue them, all or nothing.
     #[command(long_about = ENQUEUE_ABOUT)]
     Enqueue {
@@ -254,6 +269,17 @@ pub(crate) enum Command {
     /// Print the man page (roff) to stdout (e.g. `outbox-lanes man > outbox-lanes.1`).
     Man,
 }
+
+const MIGRATE_ABOUT: &str = "Create the outbox's schema, or upgrade it to this version's; the \
+    only command that changes a schema that exists.\n\n\
+    Run it as the schema's owner after installing a new version (relays of the old version keep \
+    working against the new schema while it runs: every migration only adds). Every other \
+    command runs no DDL on an outbox that exists: `enqueue`, `drain` and `relay` refuse an older \
+    schema with a message naming this command, and the read-only commands (`status`, `lanes` \
+    without an action, `dead-letters list|show`) need only read access: a SQLite file they may \
+    only read, or a Postgres role with SELECT. On a database that has no outbox yet, `enqueue` \
+    and `relay` create it (so the embedded SQLite default just works); `migrate` does too. \
+    The privileges of each role are in docs/privileges.md.";
 
 /// `lanes`: a listing, or an action on one lane.
 #[derive(Debug, Args)]

@@ -15,8 +15,9 @@ use anyhow::anyhow;
 use super::UsageError;
 use outbox_lanes_core::{ActorId, LaneKey, Timestamp, UnitId};
 use outbox_lanes_store::{
-    ActorStatus, DeadLetter, DeadLetterId, DeadLetterSelection, Enqueued, LaneStatus, NewRow,
-    Payload, PgOptions, PgStore, SqliteOptions, SqliteStore, Store, StoreError,
+    ActorStatus, CommonOptions, DeadLetter, DeadLetterId, DeadLetterSelection, Enqueued,
+    LaneStatus, NewRow, Payload, PgOptions, PgStore, SchemaPolicy, SqliteOptions, SqliteStore,
+    Store, StoreError,
 };
 use outbox_lanes_tokio::{
     Attempted, DeadLettered, Delivered, DrainControl, DrainOutcome, Hooks, Monitor, Outbox,
@@ -194,7 +195,11 @@ impl OpenError {
     pub(crate) fn is_input(&self) -> bool {
         matches!(
             self.error,
-            StoreError::Open { .. } | StoreError::ReadOnly { .. } | StoreError::SchemaTooNew { .. }
+            StoreError::Open { .. }
+                | StoreError::ReadOnly { .. }
+                | StoreError::SchemaTooNew { .. }
+                | StoreError::SchemaTooOld { .. }
+                | StoreError::NoSchema { .. }
         )
     }
 }
@@ -252,6 +257,11 @@ pub(crate) fn db_url_secrets(url: &str) -> Vec<(String, String)> {
     secrets
 }
 
+/// `--db` as it may be shown: a Postgres URL with its secrets masked.
+pub(crate) fn redact_db(db: &str) -> String {
+    mask_db_url_secrets(db, &db_url_secrets(db))
+}
+
 /// `text` with each secret of [`db_url_secrets`] masked.
 pub(crate) fn mask_db_url_secrets(text: &str, secrets: &[(String, String)]) -> String {
     let mut text = text.to_owned();
@@ -301,6 +311,37 @@ pub(crate) fn is_postgres(db: &str) -> bool {
     db.starts_with("postgres://") || db.starts_with("postgresql://")
 }
 
+/// What a command may do to the database, least first: what it opens the store with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Access {
+    /// `status`, `lanes` (a listing), `dead-letters list|show`: reads only. A SQLite file is
+    /// opened read-only; no DDL runs (the schema must be current).
+    Read,
+    /// `drain`, the lane actions, `dead-letters replay|purge`: writes rows, runs no DDL.
+    Write,
+    /// `enqueue`, `relay`: writes rows, and creates the schema in a database that has none
+    /// (the embedded default just works); never upgrades one.
+    Create,
+    /// `migrate`: creates or upgrades the schema.
+    Migrate,
+}
+
+impl Access {
+    /// The store's schema policy for it.
+    fn policy(self) -> SchemaPolicy {
+        match self {
+            Access::Read | Access::Write => SchemaPolicy::Existing,
+            Access::Create => SchemaPolicy::Create,
+            Access::Migrate => SchemaPolicy::Migrate,
+        }
+    }
+
+    /// Whether it may create an outbox where there is none.
+    fn creates(self) -> bool {
+        matches!(self, Access::Create | Access::Migrate)
+    }
+}
+
 /// The async runtime's outbox over the chosen store. Cheap to clone; [`Backend::close`]
 /// shuts it down.
 ///
@@ -324,18 +365,18 @@ impl Backend {
         self.outbox.core().config().shutdown_grace
     }
 
-    /// Opens the store named by `db` and an outbox over it, delivering as tokio tasks.
+    /// Opens the store named by `db` and an outbox over it, delivering as tokio tasks, with
+    /// what `access` allows (see [`Access`]).
     ///
     /// # Errors
     /// [`OpenError`] if the database cannot be opened or created; anything else is a runtime
-    /// failure.
-    ///
-    /// With `create` false (commands that have nothing to do on an empty outbox), a database
-    /// or schema without an outbox is a [`UsageError`] and nothing is created.
+    /// failure. A database or schema without an outbox is a [`UsageError`] unless `access`
+    /// may create one, and nothing is created.
     pub(crate) async fn open(
         db: String,
         pg_schema: String,
-        create: bool,
+        access: Access,
+        common: CommonOptions,
         config: OutboxConfig,
         signer: Option<Arc<dyn Signer>>,
         counters: Arc<Counters>,
@@ -344,14 +385,21 @@ impl Backend {
         // Postgres client connects with a runtime of its own, and a store that fails to
         // become an outbox is dropped here too.
         blocking(move || -> anyhow::Result<Backend> {
-            const CREATE: &str = "run enqueue or relay to create it";
+            const CREATE: &str = "run `outbox-lanes migrate` (or enqueue) to create it";
+            let common = CommonOptions {
+                schema: access.policy(),
+                ..common
+            };
             let store: Arc<dyn Store> = if is_postgres(&db) {
                 let opts = PgOptions {
                     schema: pg_schema,
                     application_name: "outbox-lanes-cli".into(),
+                    common,
                     ..PgOptions::default()
                 };
-                if !create && !PgStore::exists(&db, &opts).map_err(|e| OpenError::new(e, &db))? {
+                if !access.creates()
+                    && !PgStore::exists(&db, &opts).map_err(|e| OpenError::new(e, &db))?
+                {
                     return Err(UsageError(format!(
                         "no outbox in Postgres schema {:?} (--pg-schema); {CREATE}",
                         opts.schema
@@ -360,12 +408,22 @@ impl Backend {
                 }
                 Arc::new(PgStore::connect(&db, opts).map_err(|e| OpenError::new(e, &db))?)
             } else {
-                if !create && !SqliteStore::exists(&db).map_err(|e| OpenError::new(e, &db))? {
+                if !access.creates()
+                    && !SqliteStore::exists(&db).map_err(|e| OpenError::new(e, &db))?
+                {
                     return Err(UsageError(format!("no outbox at {db}; {CREATE}")).into());
                 }
+                let opts = SqliteOptions {
+                    common,
+                    ..SqliteOptions::default()
+                };
                 Arc::new(
-                    SqliteStore::open(&db, SqliteOptions::default())
-                        .map_err(|e| OpenError::new(e, &db))?,
+                    if access == Access::Read {
+                        SqliteStore::open_read_only(&db, opts)
+                    } else {
+                        SqliteStore::open(&db, opts)
+                    }
+                    .map_err(|e| OpenError::new(e, &db))?,
                 )
             };
             let mut builder = Outbox::builder(store, config).hooks(counters.hooks());
@@ -376,6 +434,40 @@ impl Backend {
             Ok(Backend { outbox })
         })
         .await?
+    }
+
+    /// The schema version of the outbox at `db` before anything opens it (`None`: no outbox).
+    pub(crate) async fn schema_version(
+        db: String,
+        pg_schema: String,
+    ) -> anyhow::Result<Option<u32>> {
+        blocking(move || {
+            if is_postgres(&db) {
+                let opts = PgOptions {
+                    schema: pg_schema,
+                    application_name: "outbox-lanes-cli".into(),
+                    ..PgOptions::default()
+                };
+                PgStore::schema_version(&db, &opts).map_err(|e| OpenError::new(e, &db).into())
+            } else {
+                SqliteStore::schema_version(&db).map_err(|e| OpenError::new(e, &db).into())
+            }
+        })
+        .await?
+    }
+
+    /// The store's outbox id.
+    pub(crate) fn outbox_id(&self) -> String {
+        self.outbox.store().outbox_id().to_owned()
+    }
+
+    /// Forgets the row ids past their dedup window (`--row-id-retention`); returns how many.
+    pub(crate) async fn purge_row_ids(&self) -> anyhow::Result<u64> {
+        let store = Arc::clone(self.outbox.store());
+        Ok(
+            blocking(move || store.purge_row_ids(Timestamp::from_system_time(SystemTime::now())))
+                .await??,
+        )
     }
 
     /// Enqueues `rows` for `actor` in one transaction.

@@ -360,7 +360,9 @@ impl Batch {
             }
             EnqueueError::DuplicateRowId { row } => (
                 row.as_str(),
-                format!("id {row:?} is already used by this actor"),
+                format!(
+                    "id {row:?} is already used by this actor (stored, or enqueued within --row-id-retention)"
+                ),
             ),
             EnqueueError::PayloadTooLarge { row, size, max } => (
                 row.as_str(),

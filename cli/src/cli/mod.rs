@@ -19,7 +19,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use outbox_lanes_core::policy::AddressPolicy;
 use outbox_lanes_core::{ActorId, LaneKey};
-use outbox_lanes_store::{DeadLetterId, DeadLetterSelection};
+use outbox_lanes_store::{CommonOptions, DeadLetterId, DeadLetterSelection};
 use outbox_lanes_tokio::{DrainControl, DrainOutcome, OutboxConfig, OutboxError, PassReport};
 use tokio::task::JoinSet;
 use tracing::{info, warn};
@@ -28,7 +28,7 @@ use args::{
     Cli, Command, DeadLetterArgs, DeadLetterCommand, DeliveryFlags, LaneAction, LanesArgs,
     LogFormat, RelayArgs,
 };
-use backend::{Backend, Counters, LaneOp, OpenError};
+use backend::{Access, Backend, Counters, LaneOp, OpenError};
 
 /// A usage or input error: exit code 2.
 #[derive(Debug)]
@@ -267,9 +267,29 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         _ => None,
     };
-    // Only these create an outbox: the others have nothing to do on an empty one, and must not
-    // leave a new database behind at a mistyped path or schema.
-    let create = matches!(cli.command, Command::Enqueue { .. } | Command::Relay(_));
+    // Least privilege: each command opens the store with what it needs (see `Access`). Only
+    // enqueue, relay and migrate create an outbox: the others have nothing to do on an empty
+    // one, and must not leave a new database behind at a mistyped path or schema; only
+    // migrate changes a schema that exists.
+    let access = match &cli.command {
+        Command::Migrate { .. } => Access::Migrate,
+        Command::Enqueue { .. } | Command::Relay(_) => Access::Create,
+        Command::Status { .. }
+        | Command::Lanes(LanesArgs { action: None, .. })
+        | Command::Lanes(LanesArgs {
+            action: Some(LaneAction::List { .. }),
+            ..
+        })
+        | Command::DeadLetters(DeadLetterCommand::List(_))
+        | Command::DeadLetters(DeadLetterCommand::Show { .. }) => Access::Read,
+        _ => Access::Write,
+    };
+    let before = match &cli.command {
+        Command::Migrate { .. } => {
+            Backend::schema_version(cli.db.clone(), cli.pg_schema.clone()).await?
+        }
+        _ => None,
+    };
     // Only the commands that deliver take the delivery flags and sign; their secret or keys
     // are checked before the database is touched.
     let delivery = match &cli.command {
@@ -283,10 +303,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         None => signing::Signing::default(),
     };
     let counters = Arc::new(Counters::default());
+    let common = CommonOptions {
+        row_id_retention: cli.row_id_retention,
+        ..CommonOptions::default()
+    };
     let backend = Backend::open(
         cli.db.clone(),
         cli.pg_schema.clone(),
-        create,
+        access,
+        common,
         delivery.map_or_else(OutboxConfig::default, config),
         signing.signer.clone(),
         Arc::clone(&counters),
@@ -307,7 +332,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         LogFormat::Json => progress::Style::Json,
     };
     let report = (style, !delivery.is_some_and(|d| d.no_progress));
-    let result = dispatch(&backend, cli.command, batch, &counters, report).await;
+    let result = match cli.command {
+        Command::Migrate { json } => cmd_migrate(&backend, &cli.db, before, json),
+        command => dispatch(&backend, command, batch, &counters, report).await,
+    };
     match &result {
         // Interrupted: the attempts in flight are not waited for (up to the HTTP timeout).
         Err(e) if e.is::<Interrupted>() => backend.close_now().await,
@@ -344,7 +372,33 @@ async fn dispatch(
         }
         Command::Lanes(args) => cmd_lanes(backend, args).await,
         Command::DeadLetters(c) => cmd_dead_letters(backend, c).await,
-        Command::Completions { .. } | Command::Man => Ok(()),
+        Command::Migrate { .. } | Command::Completions { .. } | Command::Man => Ok(()),
+    }
+}
+
+/// `migrate`: the store was opened with [`Access::Migrate`], which created or upgraded the
+/// schema; says which, from the version `before` it was opened.
+fn cmd_migrate(backend: &Backend, db: &str, before: Option<u32>, json: bool) -> anyhow::Result<()> {
+    let now = outbox_lanes_store::SCHEMA_VERSION;
+    let what = match before {
+        None => format!("created the outbox schema (version {now})"),
+        Some(v) if v < now => format!("upgraded the outbox schema from version {v} to {now}"),
+        Some(_) => format!("the outbox schema is at version {now} already"),
+    };
+    let shown = backend::redact_db(db);
+    info!(db = %shown, from = before, to = now, "{what}");
+    if json {
+        print_json(&serde_json::json!({
+            "db": shown,
+            "from": before,
+            "schema_version": now,
+            "outbox_id": backend.outbox_id(),
+        }))
+    } else {
+        print(&format!(
+            "{what}: {shown} (outbox id {})\n",
+            backend.outbox_id()
+        ))
     }
 }
 
@@ -657,6 +711,27 @@ async fn cmd_drain(
     Ok(())
 }
 
+/// How often the relay forgets the row ids past their dedup window.
+const FORGET_EVERY: Duration = Duration::from_secs(600);
+
+/// The relay's upkeep of the row-id ledger: at start, then every [`FORGET_EVERY`], the ids
+/// past `--row-id-retention` are deleted (in bounded statements). A failure is logged and
+/// tried again at the next turn.
+async fn forget_row_ids(backend: Backend) {
+    let mut every = tokio::time::interval(FORGET_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        match backend.purge_row_ids().await {
+            Ok(0) => {}
+            Ok(n) => info!(forgotten = n, "row ids past the row-id retention forgotten"),
+            Err(e) => {
+                warn!(error = %format!("{e:#}"), "could not forget the row ids past the row-id retention; trying again later")
+            }
+        }
+    }
+}
+
 async fn cmd_relay(
     backend: &Backend,
     r: RelayArgs,
@@ -678,6 +753,7 @@ async fn cmd_relay(
         runner
     });
     let relay = backend.start_monitor().await?;
+    let forget = tokio::spawn(forget_row_ids(backend.clone()));
     info!(
         runtime = RUNTIME,
         concurrency = backend.concurrency(),
@@ -703,6 +779,9 @@ async fn cmd_relay(
              units are delivered again by the next relay"
         )),
     };
+    forget.abort();
+    // Its clone of the backend goes with it, before the backend is closed.
+    let _ = forget.await;
     if let Some(server) = server {
         server.abort();
         // Its clone of the backend goes with it, before the backend is closed.
