@@ -522,7 +522,8 @@ pub trait ServiceStore: Send + Sync {
     /// Forgets the row ids whose dedup window ended before `now`: the entries of `ol_row_ids`
     /// enqueued longer than [`CommonOptions::row_id_retention`] ago (an id whose row is still
     /// stored stays refused all the same). Returns how many. Deletes in bounded statements,
-    /// each its own short transaction. The relay's monitor calls it periodically.
+    /// each its own short transaction. The binary's `relay` calls it every 10 minutes; a service
+    /// embedding the monitor calls it itself, as it does [`ServiceStore::purge_acked`].
     ///
     /// # Errors
     /// Database failures.

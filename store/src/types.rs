@@ -643,7 +643,8 @@ pub struct CommonOptions {
     /// refused for as long as the row is stored (pending, or kept for a dead letter or the
     /// ack retention) and, after that, until the window has passed; the store keeps only the
     /// (actor, row id, time) of a finished row for it, in `ol_row_ids`, which
-    /// [`ServiceStore::purge_row_ids`](crate::ServiceStore::purge_row_ids) trims.
+    /// [`ServiceStore::purge_row_ids`](crate::ServiceStore::purge_row_ids) trims (the binary's
+    /// `relay` every 10 minutes).
     pub row_id_retention: Duration,
     /// What opening the store may do to the schema.
     pub schema: SchemaPolicy,
