@@ -83,7 +83,9 @@
 //! one transaction per claim of its heads instead of one per unit, and nothing of it is
 //! sent. The driver decides nothing here: the scheduler does, on the same outcomes as
 //! before. Such a start is resolved only on a fresh read of the lane controls, as a send
-//! would be (an operator's pause or `strict` of the lane comes first, OL-14).
+//! would be (an operator's pause or `strict` of the lane comes first, OL-14), and at most
+//! 1,024 of them per round: a deep refused lane takes several rounds, each due at once, so
+//! completions, stops and cancellations are taken in between.
 //!
 //! Failures on our side never count as attempts: a payload the store cannot give becomes
 //! [`Outcome::NotSent`] (retried, not counted). A failed store write (an attempt record, a
@@ -262,6 +264,9 @@ pub struct PassCore {
     pending_starts: Vec<Start>,
     /// What [`PassCore::waiting_changed`] last said.
     only_waiting: bool,
+    /// Starts to a destination nothing may be sent to resolved in the current round
+    /// ([`RESOLVED_PER_ROUND`] at most).
+    resolved: usize,
     /// The actor's lane-control generation as last read, and when (OL-14): attempts start
     /// only while it is fresh.
     control: ControlRead,
@@ -273,6 +278,12 @@ pub struct PassCore {
 /// next round (only a store slower than [`outbox_lanes_store::CONTROL_VALIDITY`] per round
 /// needs more than two).
 const CONTROL_READS_PER_ROUND: usize = 4;
+
+/// Starts to a destination nothing may be sent to that one round resolves at most: past it,
+/// they wait for the next round (at once, see [`PassCore::poll_timeout`]), so that a deep
+/// refused lane cannot keep a round going (and other lanes' completions, a stop or a
+/// cancellation waiting) for as long as it is deep.
+const RESOLVED_PER_ROUND: usize = 1024;
 
 /// An inline round stopped: what is left needs the store.
 #[derive(Debug)]
@@ -357,6 +368,7 @@ impl PassCore {
             deferred: VecDeque::new(),
             pending_starts: Vec::new(),
             only_waiting: false,
+            resolved: 0,
             control,
             first_round: true,
         }
@@ -576,6 +588,7 @@ impl PassCore {
         if self.end.is_some() {
             return Vec::new();
         }
+        self.resolved = 0;
         if let Some(e) = cx.acks.failure(&self.token) {
             self.store_failed("ack", e, now());
         }
@@ -639,7 +652,7 @@ impl PassCore {
         // round tries again, at once (see `poll_timeout`).
         debug!(actor = %self.actor, starts = starts.len(),
             "lane controls not read in time; the starts wait for the next round");
-        self.pending_starts = starts;
+        self.pending_starts.extend(starts);
         Vec::new()
     }
 
@@ -658,6 +671,7 @@ impl PassCore {
         if let Some(e) = cx.acks.failure(&self.token) {
             self.store_failed("ack", e, now());
         }
+        self.resolved = 0;
         let mut starts = std::mem::take(&mut self.pending_starts);
         let needs_store = self.steps(cx, &mut starts, true).is_err();
         if self.end.is_some() {
@@ -799,23 +813,31 @@ impl PassCore {
 
     /// On a fresh read of the lane controls (OL-14): takes the starts whose destination
     /// nothing may be sent to out of `starts` and gives the scheduler their results, as an
-    /// executor would. Returns whether there were any (their commands are queued).
+    /// executor would, up to [`RESOLVED_PER_ROUND`] in the round; those past it go to the
+    /// next round's starts. Returns whether any was resolved (their commands are queued).
     fn resolve_unsendable(&mut self, hooks: &Hooks, starts: &mut Vec<Start>) -> bool {
         if !starts.iter().any(|s| self.is_unsendable(s.lane))
             || !self.control.fresh_at(Instant::now())
         {
             return false;
         }
+        let mut resolved = false;
         let mut kept = Vec::with_capacity(starts.len());
         for s in std::mem::take(starts) {
             let unsendable = self.lane_destination(s.lane).unsendable.clone();
             match unsendable {
-                Some(result) => self.not_sendable(hooks, s.unit, s.lane, s.attempt, result),
+                Some(result) if self.resolved < RESOLVED_PER_ROUND => {
+                    self.resolved += 1;
+                    resolved = true;
+                    self.not_sendable(hooks, s.unit, s.lane, s.attempt, result);
+                }
+                // Never a job: the next round resolves it.
+                Some(_) => self.pending_starts.push(s),
                 None => kept.push(s),
             }
         }
         *starts = kept;
-        true
+        resolved
     }
 
     /// Makes the jobs of this round's starts, each with the payload its claim brought or the
@@ -1267,7 +1289,8 @@ impl PassCore {
                 // send (OL-14): an operator's action on the lane comes first.
                 let unsendable = self.lane_destination(lane).unsendable.clone();
                 if let Some(result) = unsendable {
-                    if self.control.fresh_at(Instant::now()) {
+                    if self.resolved < RESOLVED_PER_ROUND && self.control.fresh_at(Instant::now()) {
+                        self.resolved += 1;
                         self.not_sendable(cx.hooks, unit, lane, attempt, result);
                         return;
                     }

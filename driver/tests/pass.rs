@@ -850,3 +850,46 @@ fn a_refused_lane_paused_mid_round_dead_letters_nothing_after_the_pause() {
     assert_eq!(told.lock().expect("told").len(), 2);
     assert_eq!(pending(&*f.store), 6);
 }
+
+/// A deep refused lane does not keep one round going for as long as it is deep: a round
+/// resolves a bounded number of its starts (1,024), then returns, due again at once, so the
+/// runtime takes completions, stops and cancellations in between; the next rounds go on.
+#[test]
+fn a_deep_refused_lane_is_dead_lettered_over_bounded_rounds() {
+    let f = fixture(3000);
+    let hooks = Hooks::default();
+    let cx = RoundContext {
+        store: &*f.store,
+        acks: &f.acks,
+        hooks: &hooks,
+    };
+    let sink = Arc::new(Sink::default());
+    let mut pass = PassCore::new(
+        token(&*f.store),
+        &refusing_config(),
+        sink.clone(),
+        now(),
+        now(),
+    );
+    assert!(pass.round(cx).is_empty());
+    let dead = f.store.dead_letters(None).expect("dead letters").len();
+    assert!(
+        (1..=1024).contains(&dead),
+        "{dead} dead letters after the first round"
+    );
+    assert_eq!(pass.ended(), None);
+    assert!(
+        pass.poll_timeout().is_some_and(|t| t <= now()),
+        "the next round is due at once"
+    );
+    let mut rounds = 1;
+    while pass.ended().is_none() {
+        assert!(pass.round(cx).is_empty(), "never a job");
+        rounds += 1;
+        assert!(rounds < 100, "the lane was not finished within 100 rounds");
+    }
+    assert!(rounds >= 3, "3,000 units in {rounds} rounds");
+    let r = pass.finish(cx);
+    assert_eq!((r.end, r.report.dead_lettered), (PassEnd::Drained, 3000));
+    assert_eq!(pending(&*f.store), 0);
+}
