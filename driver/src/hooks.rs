@@ -48,8 +48,10 @@ pub struct DeadLettered {
     pub at: Timestamp,
 }
 
-/// An attempt starts: its payload was read and it is handed to the executor (for metrics:
-/// attempts in flight are the started ones not yet [`Attempted`]). Borrowed from the job: the
+/// An attempt starts: its payload was read and it is handed to the executor, or its
+/// destination is one nothing may be sent to (a refused IP literal), and its [`Attempted`]
+/// follows at once, with no request made (for metrics: attempts in flight are the started
+/// ones not yet [`Attempted`]). Borrowed from the job: the
 /// hook runs once per attempt, and copies nothing it does not keep.
 #[derive(Clone, Copy, Debug)]
 pub struct Started<'a> {
@@ -101,7 +103,8 @@ pub struct Hooks {
     pub dead_lettered: Option<Hook<DeadLettered>>,
     /// Called for every finished attempt, before the outcome is acted on.
     pub attempted: Option<Hook<Attempted>>,
-    /// Called for every attempt handed to the executor. Every started attempt is later
+    /// Called for every attempt handed to the executor, and for every attempt to a
+    /// destination refused before sending (see [`Started`]). Every started attempt is later
     /// reported to `attempted` (an attempt dropped unsent as [`Outcome::NotSent`]), unless
     /// the pass ends first and hands it back.
     pub started: Option<StartedHook>,

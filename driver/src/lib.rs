@@ -15,8 +15,9 @@
 //! - [`pass::PassCore`]: one pass, advanced in **rounds**. The engine feeds it events
 //!   (completions, wake-ups, timeouts, a stop or a cancellation) — cheap, no I/O — and then
 //!   runs one [`PassCore::round`](pass::PassCore::round) where blocking calls are allowed: it
-//!   executes every queued command in order (attempts recorded in one batch, dead letters and
-//!   lane states durable before any later start), discovers and claims lane heads, fetches
+//!   executes every queued command in order (attempts recorded in one batch, the dead
+//!   letters of the round in one transaction, both with lane states durable before any later
+//!   start), discovers and claims lane heads, fetches
 //!   the payloads of every attempt it starts in one call, and returns the [`Job`]s to run;
 //!   store work is batched per round, never one round trip per unit.
 //! - [`Executor`]: what runs [`Job`]s (a thread pool, tasks), with [`HostCaps`] in front for

@@ -56,6 +56,37 @@
 //! allows: it finishes and is recorded — on the unit's dead letter if the action set the unit
 //! aside. A relay of an older version (schema 3) does not take part.
 //!
+//! # Dead letters are written together (OL-16)
+//!
+//! The rule is about what is *sent*: no unit of a lane may reach the recipient before the
+//! dead letter of the lane's earlier unit is durable, or a crash would resend that one after
+//! it. So the dead letters the scheduler asks for while the queued commands are executed are
+//! gathered and written at the end of that execution, in one
+//! [`DriverStore::write_dead_letters`](outbox_lanes_store::DriverStore::write_dead_letters)
+//! transaction, after the attempt records gathered with them (a dead letter keeps the
+//! persisted count) — and before any other write (a lane state, a retirement: writes keep
+//! their order), before the next claim, and before the round hands out a single job. Only
+//! once it committed are they reported — INFO line, [`PassReport::dead_lettered`], the
+//! [`Hooks::dead_lettered`] hook — once each, in the order they were asked for (lane order
+//! within a lane). A failed write writes none of them and reports none; the pass ends and
+//! the next one reads their units again.
+//!
+//! Outcomes that arrive together (the heads of many lanes refused at once) thus share one
+//! commit. A single lane has one unit in flight, so its dead letters would still come one
+//! per round; but a start whose destination nothing may be sent to — an IP literal the
+//! address policy refuses, a URL that does not parse ([`Destination::check`], the checks of
+//! [`RequestPolicy::build`](crate::request::RequestPolicy::build) that need no I/O, made
+//! once per lane and pass) — needs no executor: its result is given to the scheduler in the
+//! round itself, as an executor's would be (the `started` and `attempted` hooks are called
+//! for it all the same), and the scheduler's next decision for the lane, usually its next
+//! head's start, follows in the same execution. A deep refused lane is dead-lettered with
+//! one transaction per claim of its heads instead of one per unit, and nothing of it is
+//! sent. The driver decides nothing here: the scheduler does, on the same outcomes as
+//! before. Such a start is resolved only on a fresh read of the lane controls, as a send
+//! would be (an operator's pause or `strict` of the lane comes first, OL-14), and at most
+//! 1,024 of them per round: a deep refused lane takes several rounds, each due at once, so
+//! completions, stops and cancellations are taken in between.
+//!
 //! Failures on our side never count as attempts: a payload the store cannot give becomes
 //! [`Outcome::NotSent`] (retried, not counted). A failed store write (an attempt record, a
 //! dead letter, a lane state, a claim, the lease, or this pass's group-committed acks) ends
@@ -67,6 +98,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
+use outbox_lanes_core::policy::{AddressPolicy, Classifier};
 use outbox_lanes_core::{
     ActorId, Admit, AdmitSlot, Command, DeadReason, HoldReason, LaneChunk, LaneClaim, LaneControl,
     LaneId, LaneInfo, Outcome, PassEnd, PassSession, Scheduler, SessionAction, SessionConfig,
@@ -154,6 +186,22 @@ struct UnitInfo {
     payload: Option<Arc<Payload>>,
 }
 
+/// A lane's destination in this pass: the URL parsed once, and what its checks before
+/// sending answered ([`Destination::check`]): the same for every attempt to the lane.
+struct LaneDestination {
+    to: Arc<Destination>,
+    /// `Some`: nothing may be sent to it (a refused IP literal, a URL that does not parse);
+    /// every attempt comes to this.
+    unsendable: Option<AttemptResult>,
+}
+
+/// A dead letter the scheduler asked for, waiting for the write of its execution's batch.
+struct PendingDead {
+    req: DeadLetterRequest,
+    lane: LaneId,
+    row: String,
+}
+
 /// An attempt the scheduler started, waiting for its payload at the end of the round.
 struct Start {
     unit: UnitId,
@@ -172,9 +220,13 @@ pub struct PassCore {
     lanes: HashMap<StoreLaneId, LaneId>,
     store_lanes: Vec<StoreLaneId>,
     recipients: Vec<String>,
-    /// Each lane's recipient URL, parsed at its first attempt in this pass and shared by its
-    /// jobs from then on (by lane index).
-    destinations: Vec<Option<Arc<Destination>>>,
+    /// Each lane's recipient URL, parsed and checked at its first attempt in this pass and
+    /// shared by its jobs from then on (by lane index).
+    destinations: Vec<Option<LaneDestination>>,
+    /// The address policy and classification of the HTTP clients: what
+    /// [`Destination::check`] answers before anything is sent.
+    addresses: AddressPolicy,
+    classifier: Classifier,
     units: HashMap<UnitId, UnitInfo>,
     last: HashMap<(UnitId, LaneId), AttemptResult>,
     watermark: u64,
@@ -192,6 +244,10 @@ pub struct PassCore {
     /// A store write failed: nothing more is written or started (acks excepted).
     error: Option<StoreError>,
     records: Vec<AttemptRecord>,
+    /// Dead letters of the commands executed so far, written together at the end of the
+    /// execution (one transaction), before any later write and before the round sends
+    /// anything (OL-16).
+    dead: Vec<PendingDead>,
     /// Lanes throttled or in backoff (level 0: throttled by a Retry-After), as this pass last
     /// wrote or read them: what the INFO lines of a probe and a recovery need.
     waiting: HashMap<LaneId, u32>,
@@ -211,6 +267,9 @@ pub struct PassCore {
     pending_starts: Vec<Start>,
     /// What [`PassCore::waiting_changed`] last said.
     only_waiting: bool,
+    /// Starts to a destination nothing may be sent to resolved in the current round
+    /// ([`RESOLVED_PER_ROUND`] at most).
+    resolved: usize,
     /// The actor's lane-control generation as last read, and when (OL-14): attempts start
     /// only while it is fresh.
     control: ControlRead,
@@ -222,6 +281,12 @@ pub struct PassCore {
 /// next round (only a store slower than [`outbox_lanes_store::CONTROL_VALIDITY`] per round
 /// needs more than two).
 const CONTROL_READS_PER_ROUND: usize = 4;
+
+/// Starts to a destination nothing may be sent to that one round resolves at most: past it,
+/// they wait for the next round (at once, see [`PassCore::poll_timeout`]), so that a deep
+/// refused lane cannot keep a round going (and other lanes' completions, a stop or a
+/// cancellation waiting) for as long as it is deep.
+const RESOLVED_PER_ROUND: usize = 1024;
 
 /// An inline round stopped: what is left needs the store.
 #[derive(Debug)]
@@ -286,6 +351,8 @@ impl PassCore {
             store_lanes: Vec::new(),
             recipients: Vec::new(),
             destinations: Vec::new(),
+            addresses: config.http.addresses,
+            classifier: config.http.classifier.clone(),
             units: HashMap::new(),
             last: HashMap::new(),
             watermark: 0,
@@ -297,6 +364,7 @@ impl PassCore {
             end: None,
             error: None,
             records: Vec::new(),
+            dead: Vec::new(),
             waiting: HashMap::new(),
             lane_failure: HashMap::new(),
             acked: Vec::new(),
@@ -304,6 +372,7 @@ impl PassCore {
             deferred: VecDeque::new(),
             pending_starts: Vec::new(),
             only_waiting: false,
+            resolved: 0,
             control,
             first_round: true,
         }
@@ -373,25 +442,39 @@ impl PassCore {
 
     /// An attempt finished.
     pub fn handle_done(&mut self, d: Done, hooks: &Hooks, now: Timestamp) {
-        let outcome = d.result.outcome;
-        trace!(actor = %self.actor, unit = d.unit.0, recipient = self.recipient(d.lane),
+        let latency = d.started.elapsed();
+        self.finished(d.unit, d.lane, d.result, latency, hooks, now);
+    }
+
+    /// The result of an attempt, from the executor or (for a destination nothing may be sent
+    /// to) from the round that started it: hooks, logs, and the scheduler's input.
+    fn finished(
+        &mut self,
+        unit: UnitId,
+        lane: LaneId,
+        result: AttemptResult,
+        latency: Duration,
+        hooks: &Hooks,
+        now: Timestamp,
+    ) {
+        let outcome = result.outcome;
+        trace!(actor = %self.actor, unit = unit.0, recipient = self.recipient(lane),
             outcome = outcome.as_str(),
             retry_after_ms = outcome.retry_after().map(|d| d.as_millis() as u64),
-            status = d.result.status,
-            error = d.result.error.as_deref(), took_ms = d.started.elapsed().as_millis() as u64,
+            status = result.status,
+            error = result.error.as_deref(), took_ms = latency.as_millis() as u64,
             "attempt finished");
         if let Some(hook) = &hooks.attempted {
-            let latency = d.started.elapsed();
-            let queued = self.units.get(&d.unit).map_or(Duration::ZERO, |u| {
+            let queued = self.units.get(&unit).map_or(Duration::ZERO, |u| {
                 now.saturating_sub(latency)
                     .saturating_duration_since(u.enqueued_at)
             });
             hook(&Attempted {
                 actor: self.actor.clone(),
-                unit: d.unit,
-                recipient: self.recipient(d.lane).to_owned(),
+                unit,
+                recipient: self.recipient(lane).to_owned(),
                 outcome,
-                status: d.result.status,
+                status: result.status,
                 latency,
                 queued,
             });
@@ -400,10 +483,10 @@ impl PassCore {
         // an attempt that never left need none.
         if outcome != Outcome::NotSent && outcome != Outcome::Delivered {
             self.lane_failure
-                .insert(d.lane, (d.result.status, d.result.error.clone()));
-            self.last.insert((d.unit, d.lane), d.result);
+                .insert(lane, (result.status, result.error.clone()));
+            self.last.insert((unit, lane), result);
         }
-        if let Err(e) = self.sched.handle_outcome(d.unit, d.lane, outcome, now) {
+        if let Err(e) = self.sched.handle_outcome(unit, lane, outcome, now) {
             debug!(error = %e, "late completion ignored");
         }
     }
@@ -509,6 +592,7 @@ impl PassCore {
         if self.end.is_some() {
             return Vec::new();
         }
+        self.resolved = 0;
         if let Some(e) = cx.acks.failure(&self.token) {
             self.store_failed("ack", e, now());
         }
@@ -527,7 +611,8 @@ impl PassCore {
         }
         // Payloads read this round for starts whose claim did not bring them.
         let mut fetched = HashMap::new();
-        for _ in 0..CONTROL_READS_PER_ROUND {
+        let mut reads = 0;
+        loop {
             // Not inline: it never stops for the store.
             let _ = self.steps(cx, &mut starts, false);
             if self.end.is_some() || starts.is_empty() {
@@ -536,6 +621,10 @@ impl PassCore {
                 return Vec::new();
             }
             if !self.control.fresh_at(Instant::now()) {
+                if reads == CONTROL_READS_PER_ROUND {
+                    break;
+                }
+                reads += 1;
                 // The last read of the lane controls is too old to start on (OL-14).
                 match self.read_controls(cx.store, &mut starts, true) {
                     // An operator changed lanes: their starts are gone, and what the change
@@ -549,6 +638,12 @@ impl PassCore {
                     }
                 }
             }
+            // Starts made while the read was too old, to a destination nothing may be sent
+            // to: they come to their result now, and what the scheduler makes of it (a dead
+            // letter, the lane's next start) runs first. None of them becomes a job.
+            if self.resolve_unsendable(cx.hooks, &mut starts) {
+                continue;
+            }
             self.read_payloads(cx.store, &mut starts, &mut fetched);
             if self.end.is_some() {
                 return Vec::new();
@@ -561,7 +656,7 @@ impl PassCore {
         // round tries again, at once (see `poll_timeout`).
         debug!(actor = %self.actor, starts = starts.len(),
             "lane controls not read in time; the starts wait for the next round");
-        self.pending_starts = starts;
+        self.pending_starts.extend(starts);
         Vec::new()
     }
 
@@ -580,14 +675,16 @@ impl PassCore {
         if let Some(e) = cx.acks.failure(&self.token) {
             self.store_failed("ack", e, now());
         }
+        self.resolved = 0;
         let mut starts = std::mem::take(&mut self.pending_starts);
         let needs_store = self.steps(cx, &mut starts, true).is_err();
         if self.end.is_some() {
             return Some(Vec::new());
         }
-        let cached = starts
-            .iter()
-            .all(|s| self.units.get(&s.unit).is_some_and(|u| u.payload.is_some()));
+        let cached = starts.iter().all(|s| {
+            self.units.get(&s.unit).is_some_and(|u| u.payload.is_some())
+                && !self.is_unsendable(s.lane)
+        });
         // Starts need a fresh read of the lane controls (OL-14), which is a store read.
         let fresh = starts.is_empty() || self.control.fresh_at(Instant::now());
         if needs_store || !cached || !fresh {
@@ -709,6 +806,44 @@ impl PassCore {
         *starts = kept;
     }
 
+    /// Whether nothing may be sent to `lane`'s destination ([`Destination::check`]), as
+    /// checked when the lane's first start in this pass was executed.
+    fn is_unsendable(&self, lane: LaneId) -> bool {
+        self.destinations
+            .get(lane.index())
+            .and_then(Option::as_ref)
+            .is_some_and(|d| d.unsendable.is_some())
+    }
+
+    /// On a fresh read of the lane controls (OL-14): takes the starts whose destination
+    /// nothing may be sent to out of `starts` and gives the scheduler their results, as an
+    /// executor would, up to [`RESOLVED_PER_ROUND`] in the round; those past it go to the
+    /// next round's starts. Returns whether any was resolved (their commands are queued).
+    fn resolve_unsendable(&mut self, hooks: &Hooks, starts: &mut Vec<Start>) -> bool {
+        if !starts.iter().any(|s| self.is_unsendable(s.lane))
+            || !self.control.fresh_at(Instant::now())
+        {
+            return false;
+        }
+        let mut resolved = false;
+        let mut kept = Vec::with_capacity(starts.len());
+        for s in std::mem::take(starts) {
+            let unsendable = self.lane_destination(s.lane).unsendable.clone();
+            match unsendable {
+                Some(result) if self.resolved < RESOLVED_PER_ROUND => {
+                    self.resolved += 1;
+                    resolved = true;
+                    self.not_sendable(hooks, s.unit, s.lane, s.attempt, result);
+                }
+                // Never a job: the next round resolves it.
+                Some(_) => self.pending_starts.push(s),
+                None => kept.push(s),
+            }
+        }
+        *starts = kept;
+        resolved
+    }
+
     /// Makes the jobs of this round's starts, each with the payload its claim brought or the
     /// round read. Called only on a fresh read of the lane controls (OL-14).
     fn jobs(
@@ -765,18 +900,25 @@ impl PassCore {
         jobs
     }
 
-    /// `lane`'s recipient URL, parsed at the lane's first attempt in this pass.
-    fn destination(&mut self, lane: LaneId) -> Arc<Destination> {
+    /// `lane`'s recipient URL, parsed and checked at the lane's first attempt in this pass.
+    fn lane_destination(&mut self, lane: LaneId) -> &LaneDestination {
         let i = lane.index();
         if self.destinations.len() <= i {
-            self.destinations.resize(i + 1, None);
+            self.destinations.resize_with(i + 1, || None);
         }
-        if let Some(Some(d)) = self.destinations.get(i) {
-            return Arc::clone(d);
+        if self.destinations[i].is_none() {
+            let to = Arc::new(Destination::parse(self.recipient(lane)));
+            let unsendable = to.check(&self.addresses, &self.classifier).err();
+            self.destinations[i] = Some(LaneDestination { to, unsendable });
         }
-        let d = Arc::new(Destination::parse(self.recipient(lane)));
-        self.destinations[i] = Some(Arc::clone(&d));
-        d
+        self.destinations[i]
+            .as_ref()
+            .expect("the lane's destination was just set")
+    }
+
+    /// `lane`'s recipient URL, shared by every job of the lane in this pass.
+    fn destination(&mut self, lane: LaneId) -> Arc<Destination> {
+        Arc::clone(&self.lane_destination(lane).to)
     }
 
     /// Reads the actor's lane-control generation again (OL-14) and, with `apply`, tells the
@@ -998,6 +1140,77 @@ impl PassCore {
         Ok(())
     }
 
+    /// Writes what the commands executed so far gathered: their attempt records, then their
+    /// dead letters (which keep the persisted counts), each in one call.
+    fn flush_writes(&mut self, store: &dyn Store, hooks: &Hooks) {
+        self.flush_records(store);
+        self.flush_dead_letters(store, hooks);
+    }
+
+    /// Writes the dead letters gathered so far in one transaction; once it committed, reports
+    /// each (log, [`PassReport::dead_lettered`], the hook) in the order the scheduler asked
+    /// for them, which is lane order within each lane. A failure writes none of them and
+    /// ends the pass: nothing is reported, and their units are read again by the next pass.
+    fn flush_dead_letters(&mut self, store: &dyn Store, hooks: &Hooks) {
+        if self.dead.is_empty() {
+            return;
+        }
+        let dead = std::mem::take(&mut self.dead);
+        if self.error.is_some() {
+            return;
+        }
+        let reqs: Vec<DeadLetterRequest> = dead.iter().map(|d| d.req.clone()).collect();
+        let written = match store.write_dead_letters(&self.token, &reqs) {
+            Ok(written) => written,
+            Err(e) => {
+                self.store_failed("dead letter", e, now());
+                return;
+            }
+        };
+        trace!(actor = %self.actor, dead_letters = reqs.len(), "dead letters written");
+        for (p, written) in dead.into_iter().zip(written) {
+            let (unit, reason) = (p.req.unit, p.req.reason);
+            let Some(d) = written else {
+                // Not ours to report: an operator purged the lane or skipped its head
+                // while the attempt was in flight, and that made the dead letter.
+                debug!(actor = %self.actor, unit = unit.0, row = %p.row,
+                    recipient = self.recipient(p.lane), reason = reason.as_str(),
+                    "not dead-lettered: no longer pending");
+                continue;
+            };
+            self.report.dead_lettered += 1;
+            info!(actor = %self.actor, unit = unit.0, row = %p.row,
+                recipient = self.recipient(p.lane), reason = reason.as_str(),
+                status = d.last_status, error = d.last_error.as_deref(), attempts = d.attempts,
+                dead_letter = d.id.0, "dead-lettered");
+            if let Some(hook) = &hooks.dead_lettered {
+                hook(&self.dead_lettered(d, p.lane, reason));
+            }
+        }
+    }
+
+    /// A start of `unit` on `lane`, whose destination nothing may be sent to: it is reported
+    /// to the hooks as started and finished at once, with `result`, and the result goes to
+    /// the scheduler as an executor's would; no job is made.
+    fn not_sendable(
+        &mut self,
+        hooks: &Hooks,
+        unit: UnitId,
+        lane: LaneId,
+        attempt: u32,
+        result: AttemptResult,
+    ) {
+        if let Some(hook) = &hooks.started {
+            hook(&Started {
+                actor: &self.actor,
+                unit,
+                recipient: self.recipient(lane),
+                attempt,
+            });
+        }
+        self.finished(unit, lane, result, Duration::ZERO, hooks, now());
+    }
+
     /// Writes the attempt records gathered so far, in one call.
     fn flush_records(&mut self, store: &dyn Store) {
         if self.records.is_empty() {
@@ -1043,7 +1256,7 @@ impl PassCore {
                 result = Err(NeedsStore);
             }
         } else {
-            self.flush_records(cx.store);
+            self.flush_writes(cx.store, cx.hooks);
         }
         cx.acks
             .ack_batch(&self.token, std::mem::take(&mut self.acked));
@@ -1075,13 +1288,28 @@ impl PassCore {
                     }
                 }
                 // After a failure nothing starts: the unit is handed back at the end.
-                if writable && self.end.is_none() {
-                    starts.push(Start {
-                        unit,
-                        lane,
-                        attempt,
-                    });
+                if !writable || self.end.is_some() {
+                    return;
                 }
+                // A destination nothing may be sent to (a refused IP literal) answers every
+                // attempt of its lane the same, without I/O: the attempt comes to that result
+                // here, and the scheduler's next decision for the lane (its next head's start,
+                // say) follows in this round, so a deep refused lane is dead-lettered in few
+                // rounds and transactions. Only on a fresh read of the lane controls, as a
+                // send (OL-14): an operator's action on the lane comes first.
+                let unsendable = self.lane_destination(lane).unsendable.clone();
+                if let Some(result) = unsendable {
+                    if self.resolved < RESOLVED_PER_ROUND && self.control.fresh_at(Instant::now()) {
+                        self.resolved += 1;
+                        self.not_sendable(cx.hooks, unit, lane, attempt, result);
+                        return;
+                    }
+                }
+                starts.push(Start {
+                    unit,
+                    lane,
+                    attempt,
+                });
             }
             Command::Delivered { unit, lane } => {
                 // Acked even after a failure: an ack is harmless, a lost one is a resend.
@@ -1098,7 +1326,7 @@ impl PassCore {
                 // is cleared then (a backoff is cleared by the LaneOpen that follows).
                 if !self.waiting.is_empty() && self.recovered(lane, "delivered") == Some(0) {
                     self.write(
-                        cx.store,
+                        cx,
                         "lane state",
                         |s, t, l| s.set_lane_state(t, l, None, 0),
                         lane,
@@ -1160,7 +1388,7 @@ impl PassCore {
                     warn!(actor = %self.actor, unit = unit.0, recipient = self.recipient(lane),
                         "strict lane blocked on its head until an operator acts");
                     self.write(
-                        cx.store,
+                        cx,
                         "block lane",
                         |s, t, l| s.block_lane(t, l, "its head failed for good"),
                         lane,
@@ -1174,7 +1402,7 @@ impl PassCore {
             } => {
                 self.log_backoff(lane, not_before, level);
                 self.write(
-                    cx.store,
+                    cx,
                     "lane state",
                     |s, t, l| s.set_lane_state(t, l, Some(not_before), level),
                     lane,
@@ -1183,7 +1411,7 @@ impl PassCore {
             Command::LaneOpen { lane } => {
                 self.recovered(lane, "the recipient answered");
                 self.write(
-                    cx.store,
+                    cx,
                     "lane state",
                     |s, t, l| s.set_lane_state(t, l, None, 0),
                     lane,
@@ -1195,8 +1423,11 @@ impl PassCore {
                 if !writable {
                     return;
                 }
-                // This pass's attempts first: the dead letter keeps the persisted count.
-                self.flush_records(cx.store);
+                // Written with the other dead letters of this execution, at its end
+                // (`flush_dead_letters`): before any later write, and before the round sends
+                // anything, so that no later unit of the lane is sent before this outcome is
+                // durable (OL-16).
+                let row = self.resolved(unit, lane);
                 let req = DeadLetterRequest {
                     unit,
                     lane: self.store_lane(lane),
@@ -1205,35 +1436,16 @@ impl PassCore {
                     error,
                     at: now(),
                 };
-                let written = match cx.store.dead_letter(&self.token, &req) {
-                    Ok(written) => written,
-                    Err(e) => {
-                        self.store_failed("dead letter", e, now());
-                        return;
-                    }
-                };
-                let row = self.resolved(unit, lane);
-                let Some(d) = written else {
-                    // Not ours to report: an operator purged the lane or skipped its head
-                    // while the attempt was in flight, and that made the dead letter.
-                    debug!(actor = %self.actor, unit = unit.0, %row, recipient = self.recipient(lane),
-                        reason = reason.as_str(), "not dead-lettered: no longer pending");
-                    return;
-                };
-                self.report.dead_lettered += 1;
-                info!(actor = %self.actor, unit = unit.0, %row, recipient = self.recipient(lane),
-                    reason = reason.as_str(), status = d.last_status,
-                    error = d.last_error.as_deref(), attempts = d.attempts,
-                    dead_letter = d.id.0, "dead-lettered");
-                if let Some(hook) = &cx.hooks.dead_lettered {
-                    hook(&self.dead_lettered(d, lane, reason));
-                }
+                self.dead.push(PendingDead { req, lane, row });
             }
             Command::RetireLane { lane } => {
                 if !writable {
                     return;
                 }
-                self.flush_records(cx.store);
+                self.flush_writes(cx.store, cx.hooks);
+                if self.error.is_some() {
+                    return;
+                }
                 let retired = match cx
                     .store
                     .retire_lane(&self.token, self.store_lane(lane), now())
@@ -1335,10 +1547,11 @@ impl PassCore {
         }
     }
 
-    /// One fenced write about `lane`, after the attempt records gathered before it.
+    /// One fenced write about `lane`, after the attempt records and dead letters gathered
+    /// before it.
     fn write(
         &mut self,
-        store: &dyn Store,
+        cx: RoundContext<'_>,
         what: &str,
         f: impl FnOnce(&dyn Store, &SlotToken, StoreLaneId) -> Result<(), StoreError>,
         lane: LaneId,
@@ -1346,11 +1559,11 @@ impl PassCore {
         if self.error.is_some() {
             return;
         }
-        self.flush_records(store);
+        self.flush_writes(cx.store, cx.hooks);
         if self.error.is_some() {
             return;
         }
-        if let Err(e) = f(store, &self.token, self.store_lane(lane)) {
+        if let Err(e) = f(cx.store, &self.token, self.store_lane(lane)) {
             self.store_failed(what, e, now());
         }
     }

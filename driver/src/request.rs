@@ -105,6 +105,29 @@ impl Destination {
         self.url.as_ref().map_err(|(_, e)| e)
     }
 
+    /// The checks of an attempt to this destination that need no I/O, the first that
+    /// [`RequestPolicy::build`] makes: the URL parsed, and an IP-literal host allowed by
+    /// `addresses` (names are checked by the clients' resolvers, on the addresses they
+    /// connect to). Their answer is the same for every attempt to the lane in a pass.
+    ///
+    /// # Errors
+    /// The result of the attempt when nothing may be sent: an `invalid_recipient`
+    /// [`Outcome::Permanent`](outbox_lanes_core::Outcome::Permanent), or a refused destination
+    /// as `classifier` classifies it.
+    pub fn check(
+        &self,
+        addresses: &AddressPolicy,
+        classifier: &Classifier,
+    ) -> Result<&Recipient, AttemptResult> {
+        let url = self.url().map_err(invalid_recipient)?;
+        if let Some(ip) = url.host().ip_addr() {
+            addresses
+                .check(ip)
+                .map_err(|refused| refused_result(&refused, classifier))?;
+        }
+        Ok(url)
+    }
+
     /// The canonical `host:port` (default port included), the key of the per-host caps; the
     /// URL itself when it does not parse (its attempts fail anyway).
     pub fn host_port(&self) -> &str {
@@ -194,9 +217,10 @@ impl RequestPolicy {
 
     /// The request of attempt `d` at `now` (the signer signs with that time).
     ///
-    /// Checked first, before the signer runs: the URL parsed, and an IP-literal host allowed
-    /// by the address policy (resolvers never see literals, so this is the guard's check of
-    /// them; names are checked by the clients' resolvers, on the addresses they connect to).
+    /// Checked first, before the signer runs: [`Destination::check`], the URL parsed and an
+    /// IP-literal host allowed by the address policy (resolvers never see literals, so this
+    /// is the guard's check of them; names are checked by the clients' resolvers, on the
+    /// addresses they connect to).
     ///
     /// # Errors
     /// The attempt's result when nothing may be sent: an `invalid_recipient` or
@@ -208,12 +232,7 @@ impl RequestPolicy {
         d: &Delivery<'a>,
         now: SystemTime,
     ) -> Result<Request<'a>, AttemptResult> {
-        let url = d.recipient.url().map_err(invalid_recipient)?;
-        if let Some(ip) = url.host().ip_addr() {
-            self.addresses
-                .check(ip)
-                .map_err(|refused| refused_result(&refused, &self.classifier))?;
-        }
+        let url = d.recipient.check(&self.addresses, &self.classifier)?;
         let content_type = HeaderValue::from_str(d.content_type)
             .map_err(|_| invalid_request("the content type is not a header value"))?;
         validate_headers(d.headers).map_err(|r| {

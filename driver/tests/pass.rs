@@ -12,8 +12,8 @@ use outbox_lanes_driver::http::AttemptResult;
 use outbox_lanes_driver::pass::{PassCore, RoundContext, now};
 use outbox_lanes_driver::{Completions, Done, Hooks, Job, OutboxConfig};
 use outbox_lanes_store::{
-    AckWriter, AckWriterOptions, NewRow, SlotAcquisition, SlotToken, SqliteOptions, SqliteStore,
-    Store,
+    AckWriter, AckWriterOptions, NewRow, ServiceStore, SlotAcquisition, SlotToken, SqliteOptions,
+    SqliteStore, Store,
 };
 
 /// Never contacted: these tests feed completions by hand.
@@ -35,35 +35,44 @@ impl Sink {
 }
 
 struct Fixture {
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     store: Arc<dyn Store>,
     acks: AckWriter,
 }
 
+impl Fixture {
+    /// Another store on the same database file: what another process would see committed.
+    fn second(&self) -> SqliteStore {
+        SqliteStore::open(self.dir.path().join("outbox.db"), SqliteOptions::default())
+            .expect("open sqlite again")
+    }
+}
+
+fn new_row(id: &str, to: &str) -> NewRow {
+    NewRow {
+        id: id.into(),
+        body: id.trim_start_matches(|c: char| !c.is_ascii_digit()).into(),
+        content_type: "text/plain".into(),
+        recipients: vec![to.into()],
+        ..NewRow::default()
+    }
+}
+
 fn fixture(rows: usize) -> Fixture {
+    fixture_with((0..rows).map(|i| new_row(&format!("r{i}"), TO)).collect())
+}
+
+fn fixture_with(rows: Vec<NewRow>) -> Fixture {
     let dir = tempfile::tempdir().expect("tempdir");
     let store: Arc<dyn Store> = Arc::new(
         SqliteStore::open(dir.path().join("outbox.db"), SqliteOptions::default())
             .expect("open sqlite"),
     );
-    let rows: Vec<NewRow> = (0..rows)
-        .map(|i| NewRow {
-            id: format!("r{i}"),
-            body: format!("{i}").into_bytes(),
-            content_type: "text/plain".into(),
-            recipients: vec![TO.into()],
-            ..NewRow::default()
-        })
-        .collect();
     store
         .enqueue(&outbox_lanes_core::ActorId::new("alice"), &rows)
         .expect("enqueue");
     let acks = AckWriter::spawn(Arc::clone(&store), AckWriterOptions::default()).expect("acks");
-    Fixture {
-        _dir: dir,
-        store,
-        acks,
-    }
+    Fixture { dir, store, acks }
 }
 
 fn token(store: &dyn Store) -> SlotToken {
@@ -459,4 +468,428 @@ fn a_lane_paused_mid_pass_starts_nothing_more_and_its_units_go_back() {
     assert_eq!(jobs.len(), 1);
     assert_ne!(jobs[0].unit, first);
     assert_eq!(jobs[0].payload.row_id, "r1");
+}
+
+/// The defaults, without `allow_loopback`: the tests' 127.0.0.x recipients are refused by
+/// the SSRF guard, as rows enqueued with `--allow-private-destinations` are by a relay
+/// without it.
+fn refusing_config() -> OutboxConfig {
+    let mut c = OutboxConfig::default();
+    c.scheduler.retry_delays = vec![Duration::from_millis(1)];
+    c.scheduler.jitter_percent = 0;
+    c.seed = Some(7);
+    c
+}
+
+/// What an HTTP client answers for a job to a refused loopback destination.
+fn refused() -> AttemptResult {
+    AttemptResult {
+        outcome: Outcome::Refused,
+        status: None,
+        error: Some("destination_refused: 127.0.0.1 is loopback".into()),
+    }
+}
+
+/// Rounds until the pass ends; every job handed out is answered with `answer` at once, as
+/// an executor would. Returns the number of jobs handed out.
+fn drive(
+    pass: &mut PassCore,
+    cx: RoundContext<'_>,
+    sink: &Sink,
+    answer: impl Fn() -> AttemptResult,
+) -> usize {
+    let mut jobs = 0;
+    for _ in 0..10_000 {
+        for j in pass.round(cx) {
+            jobs += 1;
+            j.finish(answer());
+        }
+        for d in sink.take() {
+            pass.handle_done(d, cx.hooks, now());
+        }
+        if pass.ended().is_some() {
+            return jobs;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+        pass.handle_timeout(now());
+    }
+    panic!("the pass did not end within 10,000 rounds");
+}
+
+/// What the dead-letter hook was told, with how many dead letters another connection saw
+/// committed when it was called.
+#[derive(Debug)]
+struct Told {
+    id: outbox_lanes_store::DeadLetterId,
+    row: String,
+    recipient: String,
+    attempts: u32,
+    reason: outbox_lanes_core::DeadReason,
+    committed: usize,
+}
+
+fn telling_hooks(second: SqliteStore, told: &Arc<Mutex<Vec<Told>>>) -> Hooks {
+    let t = Arc::clone(told);
+    Hooks {
+        dead_lettered: Some(Box::new(move |d| {
+            let committed = second.dead_letters(None).expect("dead letters").len();
+            t.lock().expect("told").push(Told {
+                id: d.id,
+                row: d.row_id.clone(),
+                recipient: d.recipient.clone(),
+                attempts: d.attempts,
+                reason: d.reason,
+                committed,
+            });
+        })),
+        ..Hooks::default()
+    }
+}
+
+/// A refused destination is a property of the lane: the round that starts its head finds
+/// the refusal without handing anything to the executor, and the scheduler's next starts of
+/// the lane follow in the same round, so one write commits many of its dead letters. Each
+/// dead letter keeps what it did (one counted attempt, the refusal as its error, ids in lane
+/// order), and the hook is called once per dead letter, in lane order, after its commit.
+#[test]
+fn a_refused_lane_is_dead_lettered_in_batches_without_a_job_each_reported_after_its_commit() {
+    const OTHER: &str = "http://127.0.0.2:9/inbox";
+    let rows = (0..40)
+        .map(|i| new_row(&format!("r{i}"), TO))
+        .chain((0..10).map(|i| new_row(&format!("o{i}"), OTHER)))
+        .collect();
+    let f = fixture_with(rows);
+    let told = Arc::new(Mutex::new(Vec::new()));
+    let mut hooks = telling_hooks(f.second(), &told);
+    let (started_n, attempted_n) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let s = Arc::clone(&started_n);
+    hooks.started = Some(Box::new(move |_| {
+        s.fetch_add(1, Ordering::SeqCst);
+    }));
+    let a = Arc::clone(&attempted_n);
+    hooks.attempted = Some(Box::new(move |at| {
+        assert_eq!(at.outcome, Outcome::Refused);
+        a.fetch_add(1, Ordering::SeqCst);
+    }));
+    let cx = RoundContext {
+        store: &*f.store,
+        acks: &f.acks,
+        hooks: &hooks,
+    };
+    let sink = Arc::new(Sink::default());
+    let mut pass = PassCore::new(
+        token(&*f.store),
+        &refusing_config(),
+        sink.clone(),
+        now(),
+        now(),
+    );
+    let jobs = drive(&mut pass, cx, &sink, refused);
+    assert_eq!(
+        jobs, 0,
+        "nothing is handed to the executor for a refused destination"
+    );
+    let r = pass.finish(cx);
+    assert_eq!(r.end, PassEnd::Drained);
+    assert_eq!(r.report.dead_lettered, 50);
+    assert_eq!(pending(&*f.store), 0);
+    // Each attempt is still reported as started and finished (metrics), once.
+    assert_eq!(started_n.load(Ordering::SeqCst), 50);
+    assert_eq!(attempted_n.load(Ordering::SeqCst), 50);
+
+    let listed = f.store.dead_letters(None).expect("dead letters");
+    assert_eq!(listed.len(), 50);
+    for d in &listed {
+        assert_eq!(d.reason, outbox_lanes_core::DeadReason::DestinationRefused);
+        assert_eq!(d.attempts, 1, "{d:?}");
+        assert_eq!(
+            d.last_error.as_deref(),
+            Some(if d.key.recipient() == TO {
+                "destination_refused: 127.0.0.1 is loopback"
+            } else {
+                "destination_refused: 127.0.0.2 is loopback"
+            })
+        );
+    }
+    let told = told.lock().expect("told");
+    assert_eq!(told.len(), 50, "one call per dead letter");
+    for (lane, prefix) in [(TO, "r"), (OTHER, "o")] {
+        let calls: Vec<&Told> = told.iter().filter(|t| t.recipient == lane).collect();
+        let rows: Vec<String> = calls.iter().map(|t| t.row.clone()).collect();
+        let expected: Vec<String> = (0..calls.len()).map(|i| format!("{prefix}{i}")).collect();
+        assert_eq!(rows, expected, "hook calls in lane order");
+        assert!(
+            calls.windows(2).all(|w| w[0].id < w[1].id),
+            "ids in lane order"
+        );
+    }
+    for (i, t) in told.iter().enumerate() {
+        assert_eq!(
+            (t.attempts, t.reason),
+            (1, outbox_lanes_core::DeadReason::DestinationRefused)
+        );
+        let l = listed
+            .iter()
+            .find(|d| d.id == t.id)
+            .expect("the hook's id is listed");
+        assert_eq!(l.row_id, t.row);
+        assert!(
+            t.committed > i,
+            "call {i} came before its dead letter was committed ({} visible)",
+            t.committed
+        );
+    }
+    assert!(
+        told[0].committed > 1,
+        "the first commit wrote several dead letters, not one: {} visible at the first call",
+        told[0].committed
+    );
+}
+
+/// OL-16 with dead letters written together: outcomes that arrive together (both lanes'
+/// heads refused by their recipients at once) are dead-lettered in one write, and no later
+/// unit of either lane is handed out before that write committed.
+#[test]
+fn a_later_unit_is_handed_out_only_once_the_dead_letters_before_it_are_committed() {
+    const B: &str = "http://127.0.0.1:9/b";
+    let rows = (0..3)
+        .flat_map(|i| [new_row(&format!("a{i}"), TO), new_row(&format!("b{i}"), B)])
+        .collect();
+    let f = fixture_with(rows);
+    let second = f.second();
+    let told = Arc::new(Mutex::new(Vec::new()));
+    let hooks = telling_hooks(f.second(), &told);
+    let cx = RoundContext {
+        store: &*f.store,
+        acks: &f.acks,
+        hooks: &hooks,
+    };
+    let sink = Arc::new(Sink::default());
+    let mut pass = PassCore::new(token(&*f.store), &config(), sink.clone(), now(), now());
+    let mut sent = Vec::new();
+    let mut jobs = started(&mut pass, cx);
+    for _ in 0..100 {
+        if jobs.is_empty() && pass.ended().is_some() {
+            break;
+        }
+        // Handed out: every earlier unit of its lane is delivered or its dead letter is
+        // committed (another connection sees it).
+        let committed: Vec<String> = second
+            .dead_letters(None)
+            .expect("dead letters")
+            .into_iter()
+            .map(|d| d.row_id)
+            .collect();
+        for j in &jobs {
+            let row = &j.payload.row_id;
+            let (lane, n) = row.split_at(1);
+            let n: usize = n.parse().expect("row number");
+            for k in 0..n {
+                let earlier = format!("{lane}{k}");
+                assert!(
+                    committed.contains(&earlier),
+                    "{row} handed out before the dead letter of {earlier} was committed"
+                );
+            }
+            sent.push(row.clone());
+        }
+        // Both heads at once: 422 each, the first two rows of each lane.
+        for j in jobs.drain(..) {
+            j.finish(AttemptResult {
+                outcome: Outcome::Permanent,
+                status: Some(422),
+                error: Some("status 422".into()),
+            });
+        }
+        for d in sink.take() {
+            pass.handle_done(d, &hooks, now());
+        }
+        jobs = pass.round(cx);
+        pass.handle_timeout(now());
+    }
+    sent.sort();
+    assert_eq!(sent, ["a0", "a1", "a2", "b0", "b1", "b2"]);
+    let r = pass.finish(cx);
+    assert_eq!(r.report.dead_lettered, 6);
+    let told = told.lock().expect("told");
+    assert_eq!(told.len(), 6);
+    assert!(
+        told.iter().enumerate().all(|(i, t)| t.committed > i),
+        "a hook call before its commit: {told:?}"
+    );
+    // The two heads' outcomes came in one round: one write for both.
+    assert_eq!(told[0].committed, 2, "{told:?}");
+}
+
+/// A dead-letter write that fails (here inside the database, at the fourth unit) writes
+/// none of the round's dead letters and reports none: no hook call, nothing counted, the
+/// pass ends and every unit is pending as before, in order.
+#[test]
+fn a_failed_dead_letter_write_writes_and_reports_none_of_its_dead_letters() {
+    let f = fixture(8);
+    let c = outbox_lanes_store::sqlite::rusqlite::Connection::open(f.dir.path().join("outbox.db"))
+        .expect("open");
+    c.execute_batch(
+        "CREATE TRIGGER test_fail_dead BEFORE INSERT ON ol_dead_letters \
+         WHEN NEW.row_id = 'r3' BEGIN SELECT RAISE(ABORT, 'injected failure'); END;",
+    )
+    .expect("trigger");
+    let told = Arc::new(Mutex::new(Vec::new()));
+    let hooks = telling_hooks(f.second(), &told);
+    let cx = RoundContext {
+        store: &*f.store,
+        acks: &f.acks,
+        hooks: &hooks,
+    };
+    let sink = Arc::new(Sink::default());
+    let t = token(&*f.store);
+    let mut pass = PassCore::new(t.clone(), &refusing_config(), sink.clone(), now(), now());
+    let _ = drive(&mut pass, cx, &sink, refused);
+    let r = pass.finish(cx);
+    assert_eq!(r.end, PassEnd::StoreFailed);
+    assert!(r.error.is_some());
+    assert_eq!(r.report.dead_lettered, 0);
+    assert!(told.lock().expect("told").is_empty(), "no hook call");
+    assert!(f.store.dead_letters(None).expect("dead letters").is_empty());
+    assert_eq!(pending(&*f.store), 8);
+    assert_eq!(
+        attempts_of(&*f.store, &t, "r0"),
+        1,
+        "the attempt record stands"
+    );
+}
+
+/// A pass whose slot was taken over while it decided (here: from the hook of its first
+/// start) writes no dead letter and reports none.
+#[test]
+fn a_stale_token_dead_letters_nothing() {
+    let f = fixture(8);
+    let told = Arc::new(Mutex::new(Vec::new()));
+    let mut hooks = telling_hooks(f.second(), &told);
+    let t = token(&*f.store);
+    let (store, t2) = (Arc::clone(&f.store), t.clone());
+    let taken = Arc::new(Mutex::new(None));
+    let tk = Arc::clone(&taken);
+    hooks.started = Some(Box::new(move |_| {
+        let mut taken = tk.lock().expect("taken");
+        if taken.is_none() {
+            let _ = store.release_slot(&t2).expect("release");
+            *taken = Some(token(&*store));
+        }
+    }));
+    let cx = RoundContext {
+        store: &*f.store,
+        acks: &f.acks,
+        hooks: &hooks,
+    };
+    let sink = Arc::new(Sink::default());
+    let mut pass = PassCore::new(t, &refusing_config(), sink.clone(), now(), now());
+    let _ = drive(&mut pass, cx, &sink, refused);
+    let r = pass.finish(cx);
+    assert_eq!(r.end, PassEnd::StoreFailed);
+    assert_eq!(r.error, Some(outbox_lanes_store::StoreError::StaleToken));
+    assert_eq!(r.report.dead_lettered, 0);
+    assert!(told.lock().expect("told").is_empty(), "no hook call");
+    assert!(f.store.dead_letters(None).expect("dead letters").is_empty());
+    assert_eq!(pending(&*f.store), 8);
+}
+
+/// OL-14 on the refused path: a refused lane paused while its units are being dead-lettered
+/// (here from the hook of its second start, so the pause has returned before the pass goes
+/// on) dead-letters nothing after that start; the rest stays pending, in order.
+#[test]
+fn a_refused_lane_paused_mid_round_dead_letters_nothing_after_the_pause() {
+    let f = fixture(8);
+    let alice = outbox_lanes_core::ActorId::new("alice");
+    let key = outbox_lanes_core::LaneKey::new(TO, None).expect("key");
+    let lane = f
+        .store
+        .find_lane(&alice, &key)
+        .expect("find")
+        .expect("lane");
+    let told = Arc::new(Mutex::new(Vec::new()));
+    let mut hooks = telling_hooks(f.second(), &told);
+    let store = Arc::clone(&f.store);
+    let starts = Arc::new(AtomicUsize::new(0));
+    let n = Arc::clone(&starts);
+    hooks.started = Some(Box::new(move |_| {
+        if n.fetch_add(1, Ordering::SeqCst) == 1 {
+            // Returns 50 ms after its commit, as a pass holds the slot.
+            store.pause_lane(lane, "maintenance").expect("pause");
+        }
+    }));
+    let cx = RoundContext {
+        store: &*f.store,
+        acks: &f.acks,
+        hooks: &hooks,
+    };
+    let sink = Arc::new(Sink::default());
+    let mut pass = PassCore::new(
+        token(&*f.store),
+        &refusing_config(),
+        sink.clone(),
+        now(),
+        now(),
+    );
+    let _ = drive(&mut pass, cx, &sink, refused);
+    let r = pass.finish(cx);
+    assert_eq!(r.end, PassEnd::Drained);
+    let rows: Vec<String> = f
+        .store
+        .dead_letters(None)
+        .expect("dead letters")
+        .into_iter()
+        .map(|d| d.row_id)
+        .collect();
+    assert_eq!(
+        rows,
+        ["r0", "r1"],
+        "the start under way finishes; nothing after it"
+    );
+    assert_eq!(starts.load(Ordering::SeqCst), 2);
+    assert_eq!(told.lock().expect("told").len(), 2);
+    assert_eq!(pending(&*f.store), 6);
+}
+
+/// A deep refused lane does not keep one round going for as long as it is deep: a round
+/// resolves a bounded number of its starts (1,024), then returns, due again at once, so the
+/// runtime takes completions, stops and cancellations in between; the next rounds go on.
+#[test]
+fn a_deep_refused_lane_is_dead_lettered_over_bounded_rounds() {
+    let f = fixture(3000);
+    let hooks = Hooks::default();
+    let cx = RoundContext {
+        store: &*f.store,
+        acks: &f.acks,
+        hooks: &hooks,
+    };
+    let sink = Arc::new(Sink::default());
+    let mut pass = PassCore::new(
+        token(&*f.store),
+        &refusing_config(),
+        sink.clone(),
+        now(),
+        now(),
+    );
+    assert!(pass.round(cx).is_empty());
+    let dead = f.store.dead_letters(None).expect("dead letters").len();
+    assert!(
+        (1..=1024).contains(&dead),
+        "{dead} dead letters after the first round"
+    );
+    assert_eq!(pass.ended(), None);
+    assert!(
+        pass.poll_timeout().is_some_and(|t| t <= now()),
+        "the next round is due at once"
+    );
+    let mut rounds = 1;
+    while pass.ended().is_none() {
+        assert!(pass.round(cx).is_empty(), "never a job");
+        rounds += 1;
+        assert!(rounds < 100, "the lane was not finished within 100 rounds");
+    }
+    assert!(rounds >= 3, "3,000 units in {rounds} rounds");
+    let r = pass.finish(cx);
+    assert_eq!((r.end, r.report.dead_lettered), (PassEnd::Drained, 3000));
+    assert_eq!(pending(&*f.store), 0);
 }

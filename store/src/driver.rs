@@ -169,15 +169,21 @@ impl<B: HotPath> DriverStore for B {
         self.write_attempts(token, attempts)
     }
 
-    fn dead_letter(
+    fn write_dead_letters(
         &self,
         token: &SlotToken,
-        dead: &DeadLetterRequest,
-    ) -> Result<Option<WrittenDeadLetter>, StoreError> {
+        dead: &[DeadLetterRequest],
+    ) -> Result<Vec<Option<WrittenDeadLetter>>, StoreError> {
+        if dead.is_empty() {
+            return Ok(Vec::new());
+        }
         let retention = self.common().ack_retention.is_some();
-        // Idempotent: a second run finds the dead letter the first one wrote.
+        // Idempotent: a second run finds the dead letters the first one wrote.
         self.fenced(token, true, |db| {
-            dead_letters::dead_letter_once(db, token.actor().as_str(), dead, retention)
+            let actor = token.actor().as_str();
+            dead.iter()
+                .map(|d| dead_letters::dead_letter_once(db, actor, d, retention))
+                .collect()
         })
     }
 

@@ -43,8 +43,8 @@
 //!    it before its next start (OL-14).
 //! 4. [`DriverStore::payload`] fetches a unit's bytes when it starts.
 //! 5. Outcomes: [`DriverStore::ack`] (group-committed through [`AckWriter`]),
-//!    [`DriverStore::record_attempts`], [`DriverStore::dead_letter`] and [`DriverStore::retire_lane`] (durable
-//!    when they return, OL-16), [`DriverStore::set_lane_state`], [`DriverStore::block_lane`].
+//!    [`DriverStore::record_attempts`], [`DriverStore::write_dead_letters`] (a round's dead letters
+//!    in one transaction) and [`DriverStore::retire_lane`] (durable when they return, OL-16), [`DriverStore::set_lane_state`], [`DriverStore::block_lane`].
 //! 6. **Hand-back needs no write.** Since a claim writes nothing, handing a unit back (OL-10,
 //!    OL-14) is a reset of the pass's cursor in that lane to the unit's `seq`; the unit stays
 //!    where it was and is claimed again by the next claim or the next pass.
@@ -257,24 +257,43 @@ pub trait DriverStore: Send + Sync {
         attempts: &[AttemptRecord],
     ) -> Result<(), StoreError>;
 
-    /// Moves one recipient's delivery of a unit to the dead letters; durable when it returns
-    /// (OL-16). Finishes the unit if it has no other pending recipient. Returns the new dead
-    /// letter as the store keeps it: its id (the one [`ServiceStore::dead_letters`] lists), so
-    /// that whoever is told about it can show, replay or purge it by id, and the attempts,
-    /// status and error persisted by every pass, not only the caller's.
+    /// Moves recipients' deliveries of units to the dead letters, in one transaction: all of
+    /// them are durable when it returns (OL-16), or, on an error, none is written. Finishes
+    /// each unit that has no other pending recipient. Returns, for each request in order, the
+    /// new dead letter as the store keeps it: its id (the one [`ServiceStore::dead_letters`]
+    /// lists; the ids of one call ascend in request order), so that whoever is told about it
+    /// can show, replay or purge it by id, and the attempts, status and error persisted by
+    /// every pass, not only the caller's.
     ///
-    /// A delivery that is not pending is left alone and `None` returned (it was served, or
-    /// something else dead-lettered it, such as an operator's [`ServiceStore::purge_lane`]).
-    /// Calling it again with the same request after it succeeded (a store retrying a commit
-    /// whose outcome it did not learn) returns the same dead letter.
+    /// A delivery that is not pending is left alone and `None` returned in its place (it was
+    /// served, or something else dead-lettered it, such as an operator's
+    /// [`ServiceStore::purge_lane`]). Calling it again with the same requests after it
+    /// succeeded (a store retrying a commit whose outcome it did not learn) returns the same
+    /// dead letters. No requests: nothing is read or written.
+    ///
+    /// A pass gathers the dead letters of units that were decided together (a round's
+    /// outcomes) into one call, and sends no later unit of their lanes before it returned.
     ///
     /// # Errors
-    /// [`StoreError::StaleToken`] (nothing written), database failures.
+    /// [`StoreError::StaleToken`] (nothing written), database failures (nothing written).
+    fn write_dead_letters(
+        &self,
+        token: &SlotToken,
+        dead: &[DeadLetterRequest],
+    ) -> Result<Vec<Option<WrittenDeadLetter>>, StoreError>;
+
+    /// One dead letter: [`DriverStore::write_dead_letters`] with one request.
+    ///
+    /// # Errors
+    /// As [`DriverStore::write_dead_letters`].
     fn dead_letter(
         &self,
         token: &SlotToken,
         dead: &DeadLetterRequest,
-    ) -> Result<Option<WrittenDeadLetter>, StoreError>;
+    ) -> Result<Option<WrittenDeadLetter>, StoreError> {
+        let mut written = self.write_dead_letters(token, std::slice::from_ref(dead))?;
+        Ok(written.pop().flatten())
+    }
 
     /// Persists a lane's backoff (OL-11): `None` opens it.
     ///

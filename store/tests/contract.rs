@@ -52,6 +52,7 @@ contract!(
     ids_unique_across_actors,
     dead_letter_durable_before_next_unit_is_claimable,
     dead_letter_returns_what_it_wrote_and_none_when_not_pending,
+    dead_letters_of_one_call_are_one_transaction_in_request_order,
     retire_lane_dead_letters_only_that_recipient,
     operator_ops,
     operator_lane_purge_skip_and_retry,
@@ -1138,6 +1139,151 @@ fn dead_letter_returns_what_it_wrote_and_none_when_not_pending(b: Backend) {
                 .collect::<Vec<_>>(),
             [("r0", DeadReason::Permanent), ("r2", DeadReason::Skipped)]
         );
+    });
+}
+
+/// Makes every later insert of a dead letter for row `row_id` fail inside the database (a
+/// trigger), on the backends a test can reach with plain SQL; false on SQLite in memory.
+fn fail_dead_letters_of(h: &H, row_id: &str) -> bool {
+    if let Some(path) = h.sqlite_path() {
+        let c = outbox_lanes_store::sqlite::rusqlite::Connection::open(path).expect("open");
+        c.execute_batch(&format!(
+            "CREATE TRIGGER test_fail_dead BEFORE INSERT ON ol_dead_letters \
+             WHEN NEW.row_id = '{row_id}' BEGIN SELECT RAISE(ABORT, 'injected failure'); END;"
+        ))
+        .expect("trigger");
+        return true;
+    }
+    #[cfg(feature = "postgres")]
+    if let Some((url, schema)) = h.pg() {
+        pg_client(&url, &schema)
+            .batch_execute(&format!(
+                "CREATE FUNCTION {schema}.test_fail_dead() RETURNS trigger AS $$ BEGIN \
+                 IF NEW.row_id = '{row_id}' THEN RAISE EXCEPTION 'injected failure'; END IF; \
+                 RETURN NEW; END $$ LANGUAGE plpgsql; \
+                 CREATE TRIGGER test_fail_dead BEFORE INSERT ON {schema}.ol_dead_letters \
+                 FOR EACH ROW EXECUTE FUNCTION {schema}.test_fail_dead();"
+            ))
+            .expect("trigger");
+        return true;
+    }
+    false
+}
+
+fn dead_letters_of_one_call_are_one_transaction_in_request_order(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        let rows: Vec<NewRow> = (0..3)
+            .flat_map(|k| [row(&format!("a{k}"), &[A]), row(&format!("b{k}"), &[B])])
+            .collect();
+        s.enqueue(&a, &rows).expect("enqueue");
+        let (la, lb) = (lane_of(s, &a, A), lane_of(s, &a, B));
+        let t = acquire(s, &a, "h", LEASE);
+        let ca = claim_lane(s, &t, la, 0, 10);
+        let cb = claim_lane(s, &t, lb, 0, 10);
+        let req = |unit, lane, k: u64| DeadLetterRequest {
+            unit,
+            lane,
+            reason: DeadReason::DestinationRefused,
+            status: None,
+            error: Some(format!("refused {k}")),
+            at: Timestamp::from_millis(9_000 + k),
+        };
+        // An earlier pass's attempts: the dead letter keeps the persisted count.
+        s.record_attempts(
+            &t,
+            &[AttemptRecord {
+                unit: ca.units[1].id,
+                lane: la,
+                attempts: 3,
+                status: Some(503),
+                error: None,
+                at: Timestamp::from_millis(8_000),
+            }],
+        )
+        .expect("attempts");
+        s.ack(&t, &[(cb.units[1].id, lb)]).expect("ack");
+        // A batch over both lanes, as a round makes it: in each lane in lane order, with a
+        // delivery that is no longer pending (served) among them.
+        let batch = [
+            req(ca.units[0].id, la, 0),
+            req(cb.units[0].id, lb, 1),
+            req(ca.units[1].id, la, 2),
+            req(cb.units[1].id, lb, 3),
+            req(ca.units[2].id, la, 4),
+        ];
+        assert_eq!(s.write_dead_letters(&t, &[]), Ok(Vec::new()));
+        // A stale token writes none of them.
+        let other = actor("bob");
+        s.enqueue(&other, &[row("x", &[A])]).expect("enqueue");
+        let t_stale = acquire(s, &other, "h", Duration::from_millis(100));
+        let _taken = acquire_eventually(s, &other, "successor", LEASE);
+        assert_eq!(
+            s.write_dead_letters(&t_stale, &batch),
+            Err(StoreError::StaleToken)
+        );
+        assert!(s.dead_letters(None).expect("dl").is_empty());
+
+        let written = s.write_dead_letters(&t, &batch).expect("dead letters");
+        assert_eq!(written.len(), batch.len());
+        assert!(
+            written[3].is_none(),
+            "a served delivery is not dead-lettered"
+        );
+        let w: Vec<&WrittenDeadLetter> = written.iter().flatten().collect();
+        assert_eq!(
+            w.iter().map(|d| d.row_id.as_str()).collect::<Vec<_>>(),
+            ["a0", "b0", "a1", "a2"]
+        );
+        assert!(
+            w.windows(2).all(|p| p[0].id < p[1].id),
+            "ids ascend in request order: {w:?}"
+        );
+        assert_eq!(
+            w.iter().map(|d| d.attempts).collect::<Vec<_>>(),
+            [0, 0, 3, 0]
+        );
+        let listed = s.dead_letters(Some(&a)).expect("dl");
+        assert_eq!(
+            listed
+                .iter()
+                .map(|d| (d.id, d.row_id.as_str(), d.last_error.as_deref()))
+                .collect::<Vec<_>>(),
+            [
+                (w[0].id, "a0", Some("refused 0")),
+                (w[1].id, "b0", Some("refused 1")),
+                (w[2].id, "a1", Some("refused 2")),
+                (w[3].id, "a2", Some("refused 4")),
+            ]
+        );
+        // The same batch again (a commit retried after its outcome was lost) returns the
+        // same dead letters and writes nothing new.
+        assert_eq!(s.write_dead_letters(&t, &batch), Ok(written));
+        assert_eq!(s.dead_letters(Some(&a)).expect("dl").len(), 4);
+        let pending = |s: &dyn Store| {
+            let st = s.status().expect("status");
+            st.iter().find(|x| x.actor == a).map_or(0, |x| x.pending)
+        };
+        assert_eq!(pending(s), 1, "b2 only");
+
+        // A failure in the middle of a batch writes none of it.
+        s.enqueue(&a, &[row("a3", &[A]), row("a4", &[A]), row("a5", &[A])])
+            .expect("enqueue");
+        let c = claim_lane(s, &t, la, 0, 10);
+        assert_eq!(row_ids(&c), ["a3", "a4", "a5"]);
+        if fail_dead_letters_of(h, "a4") {
+            let batch: Vec<DeadLetterRequest> = (0..3)
+                .map(|k| req(c.units[k].id, la, 10 + k as u64))
+                .collect();
+            assert!(s.write_dead_letters(&t, &batch).is_err());
+            assert_eq!(s.dead_letters(Some(&a)).expect("dl").len(), 4);
+            assert_eq!(
+                row_ids(&claim_lane(s, &t, la, 0, 10)),
+                ["a3", "a4", "a5"],
+                "nothing of the failed batch was written"
+            );
+        }
     });
 }
 
