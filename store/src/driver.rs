@@ -117,6 +117,10 @@ impl<B: HotPath> DriverStore for B {
         self.write(false, |db| slots::release(db, token))
     }
 
+    fn free_slot(&self, token: &SlotToken) -> Result<(), StoreError> {
+        self.write(false, |db| slots::free(db, token))
+    }
+
     fn lanes_with_work(
         &self,
         token: &SlotToken,

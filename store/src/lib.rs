@@ -187,6 +187,14 @@ pub trait DriverStore: Send + Sync {
     /// [`StoreError::StaleToken`] if the slot was lost.
     fn release_slot(&self, token: &SlotToken) -> Result<SlotRelease, StoreError>;
 
+    /// Releases the slot whatever its "look again" flag: for a holder that will not look again
+    /// itself (its drain stops, yields or failed), so that the slot is free at once for
+    /// whoever asked meanwhile instead of held, with no pass running, until its lease ends.
+    ///
+    /// # Errors
+    /// [`StoreError::StaleToken`] if the slot was lost.
+    fn free_slot(&self, token: &SlotToken) -> Result<(), StoreError>;
+
     /// The actor's lanes holding pending units whose last enqueued `seq` is above `since`
     /// (0: every lane with pending units), and the new watermark to pass next time.
     ///

@@ -984,6 +984,42 @@ impl Backend for SqliteStore {
     }
 }
 
+impl Drop for SqliteStore {
+    /// Closing the store frees the slots its holders still hold (a pass cut off by a shutdown
+    /// grace that ended; a clean one released its slots already), so that `status` shows them
+    /// free and other relays take them at once; then [`Liveness`] removes the lock files.
+    /// Nothing of this process can use the store any more, so no pass of it still needs them.
+    /// Only holders whose lock this store holds: no other store or process uses their names.
+    fn drop(&mut self) {
+        let Some(live) = &self.liveness else {
+            return;
+        };
+        let holders = live.held();
+        if holders.is_empty() {
+            return;
+        }
+        let c = self.writer();
+        for holder in holders {
+            let freed = c
+                .prepare_cached(
+                    "UPDATE ol_slots SET holder = NULL, lease_expires = 0, look_again = 0 \
+                     WHERE holder = ?1",
+                )
+                .and_then(|mut s| s.execute([&holder]));
+            match freed {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(holder = %holder, slots = n,
+                    "drain slots still held at close freed (no pass of this process runs any more)"),
+                Err(e) => {
+                    tracing::warn!(holder = %holder, error = %e,
+                        "drain slots not freed at close; other relays take them over at once (its lock file stays, unlocked)");
+                    live.leave_unlocked(&holder);
+                }
+            }
+        }
+    }
+}
+
 impl HotPath for SqliteStore {
     fn register_holder(&self, holder: &str) {
         if let Some(l) = &self.liveness {
