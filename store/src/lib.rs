@@ -319,6 +319,17 @@ pub trait DriverStore: Send + Sync {
         at: Timestamp,
     ) -> Result<Vec<WrittenDeadLetter>, StoreError>;
 
+    /// Whether the database this store opened is still the one its name leads to: on a
+    /// SQLite file, that the path still names the file (device and inode) opened; always so
+    /// for a server database. Cheap (one `stat`): the monitor asks on every poll, `/readyz`
+    /// on every probe, never per unit.
+    ///
+    /// # Errors
+    /// [`StoreError::Replaced`] if the file was removed or replaced.
+    fn check_database(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// Actors with work admissible at `now`, and the earliest future `not_before` (OL-13).
     ///
     /// # Errors

@@ -97,6 +97,17 @@ pub struct SqliteStore {
     watcher: Mutex<Option<WatcherThread>>,
     /// Holder locks beside the leases (a file database only): see [`crate::liveness`].
     liveness: Option<Liveness>,
+    /// The device and inode of the file opened (a file database on Unix), for
+    /// [`DriverStore::check_database`](crate::DriverStore::check_database).
+    identity: Option<(u64, u64)>,
+}
+
+/// The device and inode of the file at `path`, if there is one.
+#[cfg(unix)]
+fn file_identity(path: &Path) -> std::io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt as _;
+    let m = std::fs::metadata(path)?;
+    Ok((m.dev(), m.ino()))
 }
 
 impl core::fmt::Debug for SqliteStore {
@@ -509,6 +520,10 @@ impl SqliteStore {
                 next: AtomicUsize::new(0),
             },
             liveness: Some(Liveness::new(&path)),
+            #[cfg(unix)]
+            identity: file_identity(&path).ok(),
+            #[cfg(not(unix))]
+            identity: None,
             path: Some(path),
             opts,
             notifier: Notifier::new(),
@@ -569,6 +584,7 @@ impl SqliteStore {
             notifier: Notifier::new(),
             watcher: Mutex::new(None),
             liveness: None,
+            identity: None,
         })
     }
 
@@ -1021,6 +1037,24 @@ impl Drop for SqliteStore {
 }
 
 impl HotPath for SqliteStore {
+    fn check_file(&self) -> Result<(), StoreError> {
+        #[cfg(unix)]
+        if let (Some(opened), Some(path)) = (self.identity, &self.path) {
+            let what = match file_identity(path) {
+                Ok(now) if now == opened => return Ok(()),
+                Ok(_) => "replaced by another file",
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => "removed",
+                // Cannot tell (a directory made unreadable): not known to be replaced.
+                Err(_) => return Ok(()),
+            };
+            return Err(StoreError::Replaced {
+                path: path.display().to_string(),
+                what,
+            });
+        }
+        Ok(())
+    }
+
     fn register_holder(&self, holder: &str) {
         if let Some(l) = &self.liveness {
             l.register(holder);

@@ -530,10 +530,13 @@ impl Backend {
     }
 
     /// Whether the store answers a query: one probe of the lanes' unique index (for an empty
-    /// actor and recipient; what it finds does not matter), the cheapest read of a table.
+    /// actor and recipient; what it finds does not matter), the cheapest read of a table;
+    /// and whether its database file is still the one at its path (a SQLite file removed or
+    /// replaced since it was opened: the monitor stopped claiming).
     pub(crate) async fn ready(&self) -> anyhow::Result<()> {
         let store = Arc::clone(self.outbox.store());
         blocking(move || {
+            store.check_database()?;
             let key = LaneKey::from_canonical(String::new(), None);
             store.find_lane(&ActorId::new(""), &key).map(drop)
         })
@@ -572,6 +575,12 @@ impl Relay {
     /// `true` if a pass's grace ended with attempts in flight (handed back unanswered).
     pub(crate) async fn stop(self) -> bool {
         self.monitor.stop().await.grace_over
+    }
+
+    /// Completes when the monitor stopped by itself: its database file was removed or
+    /// replaced (logged at ERROR); see `Monitor::ended`. Cancellation-safe.
+    pub(crate) async fn ended(&mut self) -> StoreError {
+        self.monitor.ended().await
     }
 }
 

@@ -677,18 +677,26 @@ async fn cmd_relay(
         let _ = counters.on_dead_letter.set(sink);
         runner
     });
-    let relay = backend.start_monitor().await?;
+    let mut relay = backend.start_monitor().await?;
     info!(
         runtime = RUNTIME,
         concurrency = backend.concurrency(),
         "relay running; SIGINT or SIGTERM stops it"
     );
     let mut signals = signals;
-    let name = signals.wait().await;
-    info!(
-        signal = name,
-        "stopping: attempts in flight finish, the rest is handed back (a second signal exits at once)"
-    );
+    // The monitor stops by itself only when the database file is removed or replaced: this
+    // process then exits 1 (a supervisor starts a relay on the file now at the path; kept
+    // running, it would serve a file nobody sees, and an unready process is not restarted).
+    let lost = tokio::select! {
+        name = signals.wait() => {
+            info!(
+                signal = name,
+                "stopping: attempts in flight finish, the rest is handed back (a second signal exits at once)"
+            );
+            None
+        }
+        e = relay.ended() => Some(e),
+    };
     let interrupted = tokio::select! {
         grace_over = relay.stop() => grace_over.then(|| {
             "stopped by a signal, but the shutdown grace ended with attempts in flight: they \
@@ -717,6 +725,9 @@ async fn cmd_relay(
             backend.shutdown_grace()
         };
         hook.finish(grace).await;
+    }
+    if let Some(e) = lost {
+        return Err(anyhow::Error::new(e).context("relay stopped"));
     }
     if let Some(why) = interrupted {
         return Err(Interrupted(why).into());

@@ -56,12 +56,24 @@ impl Db {
         self.with(Command::new(BIN), args)
     }
 
+    /// The binary on the SQLite file at `file` instead (in this directory or not), with
+    /// `args` and the same environment as [`Db::command`].
+    pub fn command_at(&self, file: &std::path::Path, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.arg("--db").arg(file);
+        self.env(c, args)
+    }
+
     /// `c` (the binary, or what runs it) with this database, `args` and a clean environment.
     pub fn with(&self, mut c: Command, args: &[&str]) -> Command {
         match &self.pg {
             Some((url, schema)) => c.args(["--db", url, "--pg-schema", schema]),
             None => c.arg("--db").arg(self.file()),
         };
+        self.env(c, args)
+    }
+
+    fn env(&self, mut c: Command, args: &[&str]) -> Command {
         c.args(args)
             .env("OUTBOX_LANES_ALLOW_PRIVATE_DESTINATIONS", "true")
             .env("RUST_LOG", "info")
@@ -213,6 +225,16 @@ impl Relay {
         );
     }
 
+    /// Waits (bounded) for the relay to exit by itself; its exit status and every stderr line.
+    pub fn exited(mut self) -> (ExitStatus, Vec<String>) {
+        let status = wait_bounded(&mut self.child.0);
+        let rest = Stderr {
+            lines: self.lines,
+            reader: self.reader,
+        };
+        (status, rest.lines())
+    }
+
     /// SIGTERM, then the exit status and every stderr line.
     pub fn stop(self) -> (ExitStatus, Vec<String>) {
         let (status, rest) = self.signal();
@@ -247,3 +269,40 @@ impl Stderr {
     }
 }
 
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `GET path` on 127.0.0.1:`port`: the status line's code and the body, or `None` if the
+/// server does not answer (yet).
+pub fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n")?.1.to_owned();
+    Some((code, body))
+}
+
+/// Retries `GET path` until `done` accepts the answer (bounded); returns the last answer.
+pub fn get_until(port: u16, path: &str, done: impl Fn(u16, &str) -> bool) -> (u16, String) {
+    let mut last = None;
+    for _ in 0..600 {
+        if let Some((code, body)) = get(port, path) {
+            if done(code, &body) {
+                return (code, body);
+            }
+            last = Some((code, body));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    last.unwrap_or_else(|| panic!("nothing answered GET {path} on port {port}"))
+}
