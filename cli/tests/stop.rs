@@ -19,7 +19,11 @@ use serde_json::Value;
 fn status(db: &Db) -> Value {
     let child = db.command(&["status", "--json"]).spawn().unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -69,7 +73,11 @@ fn a_clean_stop_frees_every_slot(db: &Db, sqlite: bool) {
         eventually(|| r.requests("/busy").len() >= actors.len()),
         "every actor's pass attempted once"
     );
-    assert_eq!(held_slots(db).len(), actors.len(), "the passes hold their slots");
+    assert_eq!(
+        held_slots(db).len(),
+        actors.len(),
+        "the passes hold their slots"
+    );
     if sqlite {
         assert_eq!(lock_files(db).len(), 2, "one lock file per relay");
     }
@@ -151,10 +159,7 @@ fn a_relay_whose_sqlite_file_is_replaced_stops_claiming_is_unready_and_exits_1()
     relay.wait_for_line("ERROR");
     let (code, body) = get(port, "/readyz").expect("the relay still runs its pass");
     assert_eq!(code, 503, "{body}");
-    assert!(
-        body.contains(&path) && body.contains("replaced"),
-        "{body}"
-    );
+    assert!(body.contains(&path) && body.contains("replaced"), "{body}");
     // Into the file the relay still serves: seen by its watcher, claimed by no new pass.
     let line = serde_json::json!({ "id": "r0", "to": [r.url("/fast")], "body": {} }).to_string();
     let mut into_old = db.command_at(&old, &["enqueue", "--actor", "carol"]);
@@ -165,7 +170,11 @@ fn a_relay_whose_sqlite_file_is_replaced_stops_claiming_is_unready_and_exits_1()
     assert_eq!(status.code(), Some(1), "{lines}");
     let errors: Vec<&str> = lines.lines().filter(|l| l.contains("ERROR")).collect();
     assert_eq!(errors.len(), 1, "one ERROR line:\n{lines}");
-    assert!(errors[0].contains(&path), "it names the path: {}", errors[0]);
+    assert!(
+        errors[0].contains(&path),
+        "it names the path: {}",
+        errors[0]
+    );
     assert!(
         r.requests("/fast").is_empty(),
         "no pass started after the file was replaced:\n{lines}"

@@ -11,7 +11,8 @@ use outbox_lanes_core::{
 };
 
 use DrainAction::{
-    AcquireStoreSlot, Finish, ForceReleaseLocalSlot, ReleaseLocalSlot, FreeStoreSlot, ReleaseStoreSlot, RunPass,
+    AcquireStoreSlot, Finish, ForceReleaseLocalSlot, FreeStoreSlot, ReleaseLocalSlot,
+    ReleaseStoreSlot, RunPass,
 };
 use SessionAction::{End, RenewLease, StopStarting};
 use StopReason::{Shutdown, TimeSlice};

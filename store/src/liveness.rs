@@ -194,6 +194,9 @@ mod tests {
         assert!(file.exists());
         drop(a);
         assert!(!file.exists(), "a clean close leaves no lock file behind");
-        assert!(!dir.path().join("outbox.db-holders").exists(), "nor an empty directory");
+        assert!(
+            !dir.path().join("outbox.db-holders").exists(),
+            "nor an empty directory"
+        );
     }
 }

@@ -760,7 +760,11 @@ fn free_slot_ignores_look_again(b: Backend) {
         assert!(t2.fencing() > t1.fencing());
         assert_eq!(one.free_slot(&t1), Err(StoreError::StaleToken));
         assert_eq!(two.free_slot(&t2), Ok(()));
-        assert_eq!(two.free_slot(&t2), Err(StoreError::StaleToken), "freed already");
+        assert_eq!(
+            two.free_slot(&t2),
+            Err(StoreError::StaleToken),
+            "freed already"
+        );
     });
 }
 

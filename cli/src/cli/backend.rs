@@ -5,7 +5,7 @@
 //! batched per round of a pass. The Postgres client owns a runtime of its own, so the store is
 //! opened there too, and the outbox drops it there.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime};
@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 use anyhow::anyhow;
 
 use super::UsageError;
-use outbox_lanes_core::{ActorId, LaneKey, Timestamp, UnitId};
+use outbox_lanes_core::{ActorId, DeadReason, LaneKey, Timestamp, UnitId};
 use outbox_lanes_store::{
     ActorStatus, DeadLetter, DeadLetterId, DeadLetterSelection, Enqueued, LaneStatus, NewRow,
     Payload, PgOptions, PgStore, SqliteOptions, SqliteStore, Store, StoreError,
@@ -80,6 +80,9 @@ pub(crate) struct Counters {
     pub(crate) detail: Mutex<Detail>,
     /// `relay --on-dead-letter`: where the dead-letter hook also sends each dead letter.
     pub(crate) on_dead_letter: OnceLock<super::on_dead::Sink>,
+    /// Delivering without `--allow-private-destinations`: the lanes (actor, recipient)
+    /// already warned about for a refused address the flag would allow.
+    private_refused: OnceLock<Mutex<HashSet<(String, String)>>>,
 }
 
 /// Labelled counters and histograms.
@@ -112,6 +115,7 @@ impl Default for Counters {
                 queue_wait: Histogram::new(QUEUE_WAIT),
             }),
             on_dead_letter: OnceLock::new(),
+            private_refused: OnceLock::new(),
         }
     }
 }
@@ -122,6 +126,52 @@ impl Counters {
         self.started
             .load(Ordering::Relaxed)
             .saturating_sub(self.finished.load(Ordering::Relaxed))
+    }
+
+    /// Warns, once per lane, of a unit dead-lettered `destination_refused` for an address
+    /// that `--allow-private-destinations` allows (set when delivering without it).
+    pub(crate) fn warn_private_refusals(&self) {
+        let _ = self.private_refused.set(Mutex::new(HashSet::new()));
+    }
+
+    /// The WARN of [`Counters::warn_private_refusals`], for `d` if it is such a refusal and
+    /// its lane was not warned about yet.
+    fn private_refusal(&self, d: &DeadLettered) {
+        let Some(seen) = self.private_refused.get() else {
+            return;
+        };
+        if d.reason != DeadReason::DestinationRefused {
+            return;
+        }
+        // `destination_refused: <address> is <class>` (the HTTP policy's refusal message).
+        let Some((addr, class)) = d
+            .error
+            .as_deref()
+            .and_then(|e| e.strip_prefix("destination_refused: "))
+            .and_then(|e| e.split_once(" is "))
+        else {
+            return;
+        };
+        let Ok(ip) = addr.parse::<std::net::IpAddr>() else {
+            return;
+        };
+        if super::address_policy(true).check(ip).is_err() {
+            // Refused with the flag too (link-local, cloud metadata): nothing to suggest.
+            return;
+        }
+        let first = seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert((d.actor.as_str().to_owned(), d.recipient.clone()));
+        if first {
+            tracing::warn!(
+                actor = %d.actor,
+                recipient = %d.recipient,
+                address = addr,
+                class,
+                "this lane's units are dead-lettered destination_refused: its recipient is a {class} address, which is delivered to only with --allow-private-destinations (enqueue --allow-private-destinations accepted them); restart with the flag and run `dead-letters replay --reason destination_refused` (said once per lane)"
+            );
+        }
     }
 
     /// The detail, even if a hook panicked while holding it.
@@ -145,6 +195,7 @@ impl Counters {
             })),
             dead_lettered: Some(Box::new(move |d: &DeadLettered| {
                 on_dead.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                on_dead.private_refusal(d);
                 *on_dead
                     .detail()
                     .dead_by_reason

@@ -269,7 +269,6 @@ impl Stderr {
     }
 }
 
-
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -16,8 +16,8 @@
 use std::collections::HashMap;
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
-use std::sync::{Arc, PoisonError};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError};
 use std::task::Poll;
 use std::time::{Duration, SystemTime};
 
