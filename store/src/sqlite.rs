@@ -543,13 +543,24 @@ impl SqliteStore {
         let Some(live) = &self.liveness else {
             return Ok(());
         };
-        let holders: Vec<String> = c
-            .prepare_cached(&format!(
-                "SELECT DISTINCT holder FROM ol_slots WHERE holder IS NOT NULL AND holder <> ?1 \
-                 AND lease_expires > {NOW} AND (?2 IS NULL OR actor = ?2)"
-            ))?
-            .query_map(params![us, actor.map(ActorId::as_str)], |r| r.get(0))?
-            .collect::<Result<_, _>>()?;
+        // One primary-key lookup for one actor (every acquisition): an `?2 IS NULL OR` form
+        // would scan every slot, once per pass. Every slot only for the monitor's poll.
+        let holders: Vec<String> = match actor {
+            Some(a) => c
+                .prepare_cached(&format!(
+                    "SELECT holder FROM ol_slots WHERE actor = ?2 AND holder IS NOT NULL \
+                     AND holder <> ?1 AND lease_expires > {NOW}"
+                ))?
+                .query_map(params![us, a.as_str()], |r| r.get(0))?
+                .collect::<Result<_, _>>()?,
+            None => c
+                .prepare_cached(&format!(
+                    "SELECT DISTINCT holder FROM ol_slots WHERE holder IS NOT NULL AND holder <> ?1 \
+                     AND lease_expires > {NOW}"
+                ))?
+                .query_map(params![us], |r| r.get(0))?
+                .collect::<Result<_, _>>()?,
+        };
         for dead in holders.into_iter().filter(|h| live.is_dead(h)) {
             // Every slot it held: it is dead for all of them (and its lock file is gone now).
             let n = c
