@@ -1012,11 +1012,10 @@ impl Backend for SqliteStore {
 }
 
 impl Drop for SqliteStore {
-    /// Closing the store frees the slots its holders still hold (a pass cut off by a shutdown
-    /// grace that ended; a clean one released its slots already), so that `status` shows them
-    /// free and other relays take them at once; then [`Liveness`] removes the lock files.
-    /// Nothing of this process can use the store any more, so no pass of it still needs them.
-    /// Only holders whose lock this store holds: no other store or process uses their names.
+    /// Before [`Liveness`] removes the lock files of this store's holders (a clean stop freed
+    /// their slots already), a holder that still holds a slot (a pass cut off by a shutdown
+    /// grace that ended) keeps its file, unlocked: other processes then find it dead and take
+    /// its slots over at once, instead of not knowing it and waiting for the lease.
     fn drop(&mut self) {
         let Some(live) = &self.liveness else {
             return;
@@ -1027,21 +1026,15 @@ impl Drop for SqliteStore {
         }
         let c = self.writer();
         for holder in holders {
-            let freed = c
-                .prepare_cached(
-                    "UPDATE ol_slots SET holder = NULL, lease_expires = 0, look_again = 0 \
-                     WHERE holder = ?1",
-                )
-                .and_then(|mut s| s.execute([&holder]));
-            match freed {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(holder = %holder, slots = n,
-                    "drain slots still held at close freed (no pass of this process runs any more)"),
-                Err(e) => {
-                    tracing::warn!(holder = %holder, error = %e,
-                        "drain slots not freed at close; other relays take them over at once (its lock file stays, unlocked)");
-                    live.leave_unlocked(&holder);
-                }
+            let holds = c
+                .prepare_cached(&format!(
+                    "SELECT EXISTS (SELECT 1 FROM ol_slots WHERE holder = ?1 AND lease_expires > {NOW})"
+                ))
+                .and_then(|mut s| s.query_row([&holder], |r| r.get::<_, bool>(0)));
+            if !matches!(holds, Ok(false)) {
+                tracing::debug!(holder = %holder,
+                    "drain slots still held at close: the lock file stays, unlocked, so other relays take them over at once");
+                live.leave_unlocked(&holder);
             }
         }
     }
