@@ -4,11 +4,14 @@
 //! Every wait is bounded; assertions are about outcomes and orders, never durations.
 #![allow(missing_docs, clippy::unwrap_used)]
 
+mod common;
+
 use std::io::{Read as _, Write as _};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{free_port, get, get_until};
 use outbox_lanes_test_support::{Recipient, Reply};
 use serde_json::Value;
 
@@ -2204,43 +2207,6 @@ fn dead_letters_show_filter_dry_run_and_purge_all_on_postgres() {
         return;
     };
     dead_letter_operations(&db);
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// `GET path` on 127.0.0.1:`port`: the status line's code and the body, or `None` if the
-/// server does not answer (yet).
-fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-        .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let code = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n")?.1.to_owned();
-    Some((code, body))
-}
-
-/// Retries `GET path` until `done` accepts the answer (bounded); returns the last answer.
-fn get_until(port: u16, path: &str, done: impl Fn(u16, &str) -> bool) -> (u16, String) {
-    let mut last = None;
-    for _ in 0..600 {
-        if let Some((code, body)) = get(port, path) {
-            if done(code, &body) {
-                return (code, body);
-            }
-            last = Some((code, body));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    last.unwrap_or_else(|| panic!("nothing answered GET {path} on port {port}"))
 }
 
 fn sample(text: &str, name: &str) -> Option<f64> {

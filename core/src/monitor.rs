@@ -136,7 +136,13 @@ impl MonitorBook {
     /// The next thing to do now, if any. Call until `None`.
     pub fn poll_action(&mut self, now: Timestamp) -> Option<MonitorAction> {
         let tick = now >= self.next_poll || self.next_not_before.is_some_and(|t| t <= now);
-        if (self.poll_due || tick) && !self.poll_in_flight {
+        // A wake-up polls only once the queue is empty: what a poll finds goes to the back of
+        // the queue anyway, so polling while it still holds actors adds nothing but a scan of
+        // every actor with work — per commit, since a relay's own acks wake it through
+        // SQLite's `data_version` (quadratic in actors). The tick still polls on time, so a
+        // wake-up waits at most `poll_interval` (or for the queue ahead of it).
+        let woken = self.poll_due && self.queue.is_empty();
+        if (woken || tick) && !self.poll_in_flight {
             self.poll_due = false;
             self.poll_in_flight = true;
             self.next_not_before = None;
@@ -233,6 +239,36 @@ mod tests {
         assert_eq!(
             m.poll_action(t + Duration::from_millis(301)),
             Some(MonitorAction::Poll)
+        );
+    }
+    #[test]
+    fn a_store_wake_up_polls_once_the_queue_is_empty_or_at_the_tick() {
+        let t = Timestamp::from_secs(100);
+        let mut m = MonitorBook::new(1, Duration::from_secs(1));
+        assert_eq!(m.poll_action(t), Some(MonitorAction::Poll));
+        let (a, b, c) = (ActorId::new("a"), ActorId::new("b"), ActorId::new("c"));
+        m.handle_due(vec![a.clone(), b.clone(), c.clone()], None, t);
+        assert_eq!(drains(&mut m, t), vec![MonitorAction::Drain(a.clone())]);
+        // b and c are queued: a wake-up (a's own commits, through data_version) does not
+        // scan every actor with work again.
+        m.handle_wake(Wake::StoreChanged, t);
+        assert_eq!(drains(&mut m, t), vec![]);
+        m.handle_pass_done(&a, false, t);
+        assert_eq!(drains(&mut m, t), vec![MonitorAction::Drain(b.clone())]);
+        m.handle_pass_done(&b, false, t);
+        // The queue is empty now: the wake-up's poll runs.
+        assert_eq!(
+            drains(&mut m, t),
+            vec![MonitorAction::Drain(c.clone()), MonitorAction::Poll]
+        );
+        m.handle_due(vec![c.clone()], None, t);
+        // While c runs and something is queued, the safety-net tick still polls on time.
+        m.handle_due(vec![a.clone()], None, t);
+        m.handle_wake(Wake::StoreChanged, t);
+        assert_eq!(drains(&mut m, t), vec![]);
+        assert_eq!(
+            drains(&mut m, t + Duration::from_secs(1)),
+            vec![MonitorAction::Poll]
         );
     }
 }

@@ -60,13 +60,19 @@
 //! | acquiring (again) | `Held` | `ForceReleaseLocalSlot`, `Finish(Ran)` |
 //! | pass ended | `Drained` | `ReleaseStoreSlot` |
 //! | pass ended | `Yielded`/`GraceOver` (time slice), direct drain | `RunPass` (slot kept) |
-//! | pass ended | `Yielded`/`GraceOver`, monitor drain or shutdown | `ReleaseStoreSlot`, `ForceReleaseLocalSlot`, `Finish(Ran { yielded: true })` |
-//! | pass ended | `Cancelled` / `StoreFailed` | `ReleaseStoreSlot` (best effort), `ForceReleaseLocalSlot`, `Finish(Cancelled / Failed)` |
+//! | pass ended | `Yielded`/`GraceOver`, monitor drain or shutdown | `FreeStoreSlot`, `ForceReleaseLocalSlot`, `Finish(Ran { yielded: true })` |
+//! | pass ended | `Cancelled` / `StoreFailed` | `FreeStoreSlot` (best effort), `ForceReleaseLocalSlot`, `Finish(Cancelled / Failed)` |
 //! | releasing store slot | `LookAgain` (after `Drained`) | `RunPass` |
 //! | releasing store slot | `Released` (after `Drained`) | `ReleaseLocalSlot` |
 //! | releasing local slot | `LookAgain` | `AcquireStoreSlot` |
 //! | releasing local slot | `Released` | `Finish(Ran { yielded: false })` |
 //! | any store call | failed | `ForceReleaseLocalSlot`, `Finish(Failed)` (a cancelled drain stays `Cancelled`) |
+//!
+//! A drain that will not look again itself (it stops, yields, or failed) frees the store's slot
+//! whatever its "look again" flag (`FreeStoreSlot`): a slot kept would hold the actor, with no
+//! pass running, until its lease ran out — a stopped relay's slots would still show as held,
+//! and an actor the monitor comes back for after a yield would find its own stale slot held.
+//! Whoever asked meanwhile finds the actor with work and its slot free.
 
 use core::time::Duration;
 
@@ -399,9 +405,15 @@ pub enum DrainAction {
     AcquireStoreSlot,
     /// Run one pass, then [`DrainSession::handle_pass_end`].
     RunPass,
-    /// Release the store's slot, then [`DrainSession::handle_store_release`] (or
+    /// Release the store's slot unless "look again" was set (then the slot is kept for one
+    /// more pass), then [`DrainSession::handle_store_release`] (or
     /// [`DrainSession::handle_failed`]).
     ReleaseStoreSlot,
+    /// Release the store's slot whatever its "look again" flag (the drain stops, yields or
+    /// failed: it will not look again itself, and a slot kept would hold the actor with no
+    /// pass running until its lease ran out), then [`DrainSession::handle_store_release`]
+    /// with `Released` (or [`DrainSession::handle_failed`]).
+    FreeStoreSlot,
     /// `DrainSlots::release`, then [`DrainSession::handle_local_release`].
     ReleaseLocalSlot,
     /// `DrainSlots::force_release` (a look-again asked meanwhile is left to the monitor).
@@ -481,9 +493,13 @@ impl DrainSession {
             {
                 self.set(DrainAction::RunPass, None);
             }
-            _ => {
+            PassEnd::Drained => {
                 self.step = Step::ReleasingStore(end);
                 self.set(DrainAction::ReleaseStoreSlot, None);
+            }
+            _ => {
+                self.step = Step::ReleasingStore(end);
+                self.set(DrainAction::FreeStoreSlot, None);
             }
         }
     }

@@ -11,7 +11,8 @@ use outbox_lanes_core::{
 };
 
 use DrainAction::{
-    AcquireStoreSlot, Finish, ForceReleaseLocalSlot, ReleaseLocalSlot, ReleaseStoreSlot, RunPass,
+    AcquireStoreSlot, Finish, ForceReleaseLocalSlot, FreeStoreSlot, ReleaseLocalSlot,
+    ReleaseStoreSlot, RunPass,
 };
 use SessionAction::{End, RenewLease, StopStarting};
 use StopReason::{Shutdown, TimeSlice};
@@ -490,14 +491,18 @@ fn a_drain_that_looks_again_locally_and_then_finds_nothing_finishes_ran() {
 }
 
 #[test]
-fn a_monitor_drain_yields_at_its_slice_and_leaves_a_look_again_to_the_monitor() {
+fn a_monitor_drain_yields_at_its_slice_frees_the_store_slot_and_leaves_a_look_again_to_the_monitor()
+{
     let mut d = DrainSession::new(true);
     assert_eq!(drain_actions(&mut d), [AcquireStoreSlot]);
     d.handle_store_acquire(SlotAnswer::Acquired);
     assert_eq!(drain_actions(&mut d), [RunPass]);
+    // Not `ReleaseStoreSlot`: a look-again asked meanwhile must not keep the store's slot
+    // held with no pass running (the monitor comes back for the actor and would find it
+    // held until the lease ran out).
     d.handle_pass_end(PassEnd::Yielded(TimeSlice));
-    assert_eq!(drain_actions(&mut d), [ReleaseStoreSlot]);
-    d.handle_store_release(Release::LookAgain);
+    assert_eq!(drain_actions(&mut d), [FreeStoreSlot]);
+    d.handle_store_release(Release::Released);
     assert_eq!(
         drain_actions(&mut d),
         [
@@ -514,7 +519,7 @@ fn a_monitor_drain_whose_grace_ran_out_yields_too() {
     d.handle_store_acquire(SlotAnswer::Acquired);
     assert_eq!(drain_actions(&mut d), [RunPass]);
     d.handle_pass_end(PassEnd::GraceOver(TimeSlice));
-    assert_eq!(drain_actions(&mut d), [ReleaseStoreSlot]);
+    assert_eq!(drain_actions(&mut d), [FreeStoreSlot]);
     d.handle_store_release(Release::Released);
     assert_eq!(
         drain_actions(&mut d),
@@ -533,7 +538,7 @@ fn a_direct_drain_stopped_by_shutdown_releases_and_yields() {
         d.handle_store_acquire(SlotAnswer::Acquired);
         assert_eq!(drain_actions(&mut d), [RunPass]);
         d.handle_pass_end(end);
-        assert_eq!(drain_actions(&mut d), [ReleaseStoreSlot], "{end:?}");
+        assert_eq!(drain_actions(&mut d), [FreeStoreSlot], "{end:?}");
         d.handle_store_release(Release::Released);
         assert_eq!(
             drain_actions(&mut d),
@@ -570,7 +575,7 @@ fn a_store_failure_releases_best_effort_then_fails() {
     d.handle_store_acquire(SlotAnswer::Acquired);
     assert_eq!(drain_actions(&mut d), [RunPass]);
     d.handle_pass_end(PassEnd::StoreFailed);
-    assert_eq!(drain_actions(&mut d), [ReleaseStoreSlot]);
+    assert_eq!(drain_actions(&mut d), [FreeStoreSlot]);
     d.handle_failed();
     assert_eq!(
         drain_actions(&mut d),
@@ -582,7 +587,7 @@ fn a_store_failure_releases_best_effort_then_fails() {
     d.handle_store_acquire(SlotAnswer::Acquired);
     assert_eq!(drain_actions(&mut d), [RunPass]);
     d.handle_pass_end(PassEnd::StoreFailed);
-    assert_eq!(drain_actions(&mut d), [ReleaseStoreSlot]);
+    assert_eq!(drain_actions(&mut d), [FreeStoreSlot]);
     d.handle_store_release(Release::LookAgain);
     assert_eq!(
         drain_actions(&mut d),
@@ -597,7 +602,7 @@ fn a_cancelled_pass_releases_both_slots_and_finishes_cancelled() {
     d.handle_store_acquire(SlotAnswer::Acquired);
     assert_eq!(drain_actions(&mut d), [RunPass]);
     d.handle_pass_end(PassEnd::Cancelled);
-    assert_eq!(drain_actions(&mut d), [ReleaseStoreSlot]);
+    assert_eq!(drain_actions(&mut d), [FreeStoreSlot]);
     d.handle_store_release(Release::Released);
     assert_eq!(
         drain_actions(&mut d),
@@ -609,7 +614,7 @@ fn a_cancelled_pass_releases_both_slots_and_finishes_cancelled() {
     d.handle_store_acquire(SlotAnswer::Acquired);
     let _ = drain_actions(&mut d);
     d.handle_pass_end(PassEnd::Cancelled);
-    assert_eq!(drain_actions(&mut d), [ReleaseStoreSlot]);
+    assert_eq!(drain_actions(&mut d), [FreeStoreSlot]);
     d.handle_failed();
     assert_eq!(
         drain_actions(&mut d),
@@ -661,7 +666,7 @@ fn a_failed_protocol_call_force_releases_and_fails() {
     d.handle_store_acquire(SlotAnswer::Acquired);
     let _ = drain_actions(&mut d);
     d.handle_pass_end(PassEnd::Yielded(TimeSlice));
-    assert_eq!(drain_actions(&mut d), [ReleaseStoreSlot]);
+    assert_eq!(drain_actions(&mut d), [FreeStoreSlot]);
     d.handle_failed();
     assert_eq!(
         drain_actions(&mut d),
@@ -722,7 +727,7 @@ fn a_direct_drain_runs_slices_back_to_back_until_drained() {
                 log.push(format!("{pass_end:?} at {:?}", now - T0));
                 d.handle_pass_end(pass_end);
             }
-            ReleaseStoreSlot => d.handle_store_release(Release::Released),
+            ReleaseStoreSlot | FreeStoreSlot => d.handle_store_release(Release::Released),
             ReleaseLocalSlot => d.handle_local_release(Release::Released),
             ForceReleaseLocalSlot => {}
             Finish(e) => break e,

@@ -85,6 +85,11 @@ pub(crate) trait HotPath: Backend {
         attempts: &[AttemptRecord],
     ) -> Result<(), StoreError>;
 
+    /// [`DriverStore::check_database`].
+    fn check_file(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// [`DriverStore::notifier`].
     fn wake_ups(&self) -> Notifier;
 
@@ -115,6 +120,14 @@ impl<B: HotPath> DriverStore for B {
 
     fn release_slot(&self, token: &SlotToken) -> Result<SlotRelease, StoreError> {
         self.write(false, |db| slots::release(db, token))
+    }
+
+    fn check_database(&self) -> Result<(), StoreError> {
+        self.check_file()
+    }
+
+    fn free_slot(&self, token: &SlotToken) -> Result<(), StoreError> {
+        self.write(false, |db| slots::free(db, token))
     }
 
     fn lanes_with_work(

@@ -139,6 +139,18 @@ pub enum StoreError {
         #[source]
         cause: Cause,
     },
+    /// The database file at the path the store opened was removed or replaced by another
+    /// file since (SQLite): this process would go on serving the old file, which nobody else
+    /// sees, and never the rows enqueued at that path now.
+    #[error(
+        "database file {path} was {what} since this process opened it; it serves the old file, which no other process sees (restart it to open the file now at that path)"
+    )]
+    Replaced {
+        /// The database path, as opened.
+        path: String,
+        /// `removed` or `replaced by another file`.
+        what: &'static str,
+    },
     /// Any other database error (found by outbox-lanes itself, not reported by the library).
     #[error("database error: {0}")]
     Database(String),

@@ -189,6 +189,14 @@ pub trait DriverStore: Send + Sync {
     /// [`StoreError::StaleToken`] if the slot was lost.
     fn release_slot(&self, token: &SlotToken) -> Result<SlotRelease, StoreError>;
 
+    /// Releases the slot whatever its "look again" flag: for a holder that will not look again
+    /// itself (its drain stops, yields or failed), so that the slot is free at once for
+    /// whoever asked meanwhile instead of held, with no pass running, until its lease ends.
+    ///
+    /// # Errors
+    /// [`StoreError::StaleToken`] if the slot was lost.
+    fn free_slot(&self, token: &SlotToken) -> Result<(), StoreError>;
+
     /// The actor's lanes holding pending units whose last enqueued `seq` is above `since`
     /// (0: every lane with pending units), and the new watermark to pass next time.
     ///
@@ -331,6 +339,17 @@ pub trait DriverStore: Send + Sync {
         lane: StoreLaneId,
         at: Timestamp,
     ) -> Result<Vec<WrittenDeadLetter>, StoreError>;
+
+    /// Whether the database this store opened is still the one its name leads to: on a
+    /// SQLite file, that the path still names the file (device and inode) opened; always so
+    /// for a server database. Cheap (one `stat`): the monitor asks on every poll, `/readyz`
+    /// on every probe, never per unit.
+    ///
+    /// # Errors
+    /// [`StoreError::Replaced`] if the file was removed or replaced.
+    fn check_database(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 
     /// Actors with work admissible at `now`, and the earliest future `not_before` (OL-13).
     ///

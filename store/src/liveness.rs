@@ -58,13 +58,20 @@ impl Liveness {
             return;
         }
         let path = self.file_of(holder);
-        let file = std::fs::create_dir_all(&self.dir).and_then(|()| {
-            OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(&path)
-        });
+        let open = || {
+            std::fs::create_dir_all(&self.dir).and_then(|()| {
+                OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .open(&path)
+            })
+        };
+        // Once more if another holder's clean close removed the empty directory in between.
+        let file = match open() {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => open(),
+            r => r,
+        };
         match file {
             Ok(f) => match try_lock(&f) {
                 Ok(()) => {
@@ -78,6 +85,25 @@ impl Liveness {
                 tracing::debug!(holder, error = %e, "no holder lock file; slots wait for their lease")
             }
         }
+    }
+
+    /// The holders whose lock this store holds: no other store or process uses their names.
+    pub(crate) fn held(&self) -> Vec<String> {
+        self.held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    /// Unlocks `holder`'s file and leaves it in place, so that other processes find the
+    /// holder dead (and take its slots over) rather than unknown.
+    pub(crate) fn leave_unlocked(&self, holder: &str) {
+        self.held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(holder);
     }
 
     /// Whether `holder` is known dead: its lock file exists and nobody holds its lock.
@@ -102,6 +128,25 @@ impl Liveness {
             }
             Err(_) => false,
         }
+    }
+}
+
+impl Drop for Liveness {
+    /// A store closed (a clean stop) removes its holders' lock files at once, still locked, so
+    /// no other process can take them for a live holder's in between; one that dies without
+    /// closing leaves its file, unlocked, for [`Liveness::is_dead`] to find and remove.
+    fn drop(&mut self) {
+        let held = std::mem::take(self.held.get_mut().unwrap_or_else(PoisonError::into_inner));
+        for (holder, file) in held {
+            let path = self.file_of(&holder);
+            if let Err(e) = std::fs::remove_file(&path) {
+                tracing::debug!(holder, path = %path.display(), error = %e,
+                    "the holder's lock file could not be removed");
+            }
+            drop(file);
+        }
+        // Empty once the last holder of the database is gone (not if another one still runs).
+        let _ = std::fs::remove_dir(&self.dir);
     }
 }
 
@@ -132,8 +177,26 @@ mod tests {
         a.register("relay-1");
         assert!(!a.is_dead("relay-1"), "our own holder");
         assert!(!b.is_dead("relay-1"), "locked by its store");
-        drop(a);
-        assert!(b.is_dead("relay-1"), "its store is gone: the lock with it");
+        // Its process died: the kernel dropped the lock, the file stayed.
+        a.leave_unlocked("relay-1");
+        assert!(b.is_dead("relay-1"), "its lock is gone: dead");
         assert!(!b.is_dead("relay-1"), "its file went with it");
+        drop(a);
+    }
+
+    #[test]
+    fn a_closed_store_removes_its_lock_files_at_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = dir.path().join("outbox.db");
+        let a = Liveness::new(&db);
+        a.register("relay-1");
+        let file = a.file_of("relay-1");
+        assert!(file.exists());
+        drop(a);
+        assert!(!file.exists(), "a clean close leaves no lock file behind");
+        assert!(
+            !dir.path().join("outbox.db-holders").exists(),
+            "nor an empty directory"
+        );
     }
 }

@@ -279,11 +279,17 @@ static RECORD_ATTEMPT: Sql = Sql::new(concat!(
     ") AND lane_id = $2 AND state = 0 AND actor = $7"
 ));
 
-/// Registered holders other than `$1` holding a live slot (of actor `$2`, or any).
+/// Registered holders other than `$1` holding a live slot (of any actor: the monitor's
+/// `acquire_ready`, once per poll).
 static DEAD_HOLDER_CANDIDATES: Sql = Sql::new(
     "SELECT h.holder FROM ol_live_holders h WHERE h.holder <> $1 AND EXISTS \
-                     (SELECT 1 FROM ol_slots s WHERE s.holder = h.holder AND s.lease_expires > {now} \
-                      AND ($2::text IS NULL OR s.actor = $2))",
+                     (SELECT 1 FROM ol_slots s WHERE s.holder = h.holder AND s.lease_expires > {now})",
+);
+/// The registered holder, other than `$1`, of actor `$2`'s live slot: one primary-key
+/// lookup per acquisition (an `$2 IS NULL OR` form would scan every slot, per pass).
+static DEAD_HOLDER_CANDIDATE_OF: Sql = Sql::new(
+    "SELECT h.holder FROM ol_slots s JOIN ol_live_holders h ON h.holder = s.holder \
+                     WHERE s.actor = $2 AND s.holder <> $1 AND s.lease_expires > {now}",
 );
 
 /// A unique violation on a row id index (`ol_units_row_id` or `ol_rows`' `UNIQUE (actor,
@@ -1171,11 +1177,12 @@ fn expire_dead_holders(
     us: &str,
     actor: Option<&ActorId>,
 ) -> Result<(), StoreError> {
-    let candidates = db.query(
-        &DEAD_HOLDER_CANDIDATES,
-        args![us, actor.map(ActorId::as_str)],
-        |r| r.text(0),
-    )?;
+    let candidates = match actor {
+        Some(a) => db.query(&DEAD_HOLDER_CANDIDATE_OF, args![us, a.as_str()], |r| {
+            r.text(0)
+        })?,
+        None => db.query(&DEAD_HOLDER_CANDIDATES, args![us], |r| r.text(0))?,
+    };
     for dead in candidates {
         let key = live_key(schema, &dead);
         // Taken at once when nobody holds it: then the holder is gone; given back at once (a

@@ -107,6 +107,21 @@ pub(crate) fn release(db: &mut impl Db, token: &SlotToken) -> Result<SlotRelease
     }
 }
 
+static FREE_LIVE: Sql = Sql::new(
+    "UPDATE ol_slots SET holder = NULL, lease_expires = 0, look_again = FALSE \
+     WHERE actor = $1 AND token = $2 AND holder IS NOT NULL AND lease_expires > {now}",
+);
+
+/// Releases the slot whatever its "look again" flag (the holder will not look again itself;
+/// whoever asked finds the actor with work and the slot free).
+pub(crate) fn free(db: &mut impl Db, token: &SlotToken) -> Result<(), StoreError> {
+    let fencing = to_i64(token.fencing());
+    match db.execute(&FREE_LIVE, args![token.actor().as_str(), fencing])? {
+        0 => Err(stale(token)),
+        _ => Ok(()),
+    }
+}
+
 /// The token's slot is held and its lease live (Postgres: the slot row is share-locked to the
 /// commit, so a release or takeover waits for this transaction).
 static FENCE: Sql = Sql::with_sqlite(

@@ -101,6 +101,17 @@ pub struct SqliteStore {
     liveness: Option<Liveness>,
     /// The outbox id (`ol_meta`), read once at open.
     outbox_id: String,
+    /// The device and inode of the file opened (a file database on Unix), for
+    /// [`DriverStore::check_database`](crate::DriverStore::check_database).
+    identity: Option<(u64, u64)>,
+}
+
+/// The device and inode of the file at `path`, if there is one.
+#[cfg(unix)]
+fn file_identity(path: &Path) -> std::io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt as _;
+    let m = std::fs::metadata(path)?;
+    Ok((m.dev(), m.ino()))
 }
 
 impl core::fmt::Debug for SqliteStore {
@@ -636,6 +647,10 @@ impl SqliteStore {
                 next: AtomicUsize::new(0),
             },
             liveness: (!read_only).then(|| Liveness::new(&path)),
+            #[cfg(unix)]
+            identity: file_identity(&path).ok(),
+            #[cfg(not(unix))]
+            identity: None,
             path: Some(path),
             opts,
             outbox_id,
@@ -656,13 +671,24 @@ impl SqliteStore {
         let Some(live) = &self.liveness else {
             return Ok(());
         };
-        let holders: Vec<String> = c
-            .prepare_cached(&format!(
-                "SELECT DISTINCT holder FROM ol_slots WHERE holder IS NOT NULL AND holder <> ?1 \
-                 AND lease_expires > {NOW} AND (?2 IS NULL OR actor = ?2)"
-            ))?
-            .query_map(params![us, actor.map(ActorId::as_str)], |r| r.get(0))?
-            .collect::<Result<_, _>>()?;
+        // One primary-key lookup for one actor (every acquisition): an `?2 IS NULL OR` form
+        // would scan every slot, once per pass. Every slot only for the monitor's poll.
+        let holders: Vec<String> = match actor {
+            Some(a) => c
+                .prepare_cached(&format!(
+                    "SELECT holder FROM ol_slots WHERE actor = ?2 AND holder IS NOT NULL \
+                     AND holder <> ?1 AND lease_expires > {NOW}"
+                ))?
+                .query_map(params![us, a.as_str()], |r| r.get(0))?
+                .collect::<Result<_, _>>()?,
+            None => c
+                .prepare_cached(&format!(
+                    "SELECT DISTINCT holder FROM ol_slots WHERE holder IS NOT NULL AND holder <> ?1 \
+                     AND lease_expires > {NOW}"
+                ))?
+                .query_map(params![us], |r| r.get(0))?
+                .collect::<Result<_, _>>()?,
+        };
         for dead in holders.into_iter().filter(|h| live.is_dead(h)) {
             // Every slot it held: it is dead for all of them (and its lock file is gone now).
             let n = c
@@ -700,6 +726,7 @@ impl SqliteStore {
             notifier: Notifier::new(),
             watcher: Mutex::new(None),
             liveness: None,
+            identity: None,
         })
     }
 
@@ -1185,7 +1212,54 @@ impl Backend for SqliteStore {
     }
 }
 
+impl Drop for SqliteStore {
+    /// Before [`Liveness`] removes the lock files of this store's holders (a clean stop freed
+    /// their slots already), a holder that still holds a slot (a pass cut off by a shutdown
+    /// grace that ended) keeps its file, unlocked: other processes then find it dead and take
+    /// its slots over at once, instead of not knowing it and waiting for the lease.
+    fn drop(&mut self) {
+        let Some(live) = &self.liveness else {
+            return;
+        };
+        let holders = live.held();
+        if holders.is_empty() {
+            return;
+        }
+        let c = self.writer();
+        for holder in holders {
+            let holds = c
+                .prepare_cached(&format!(
+                    "SELECT EXISTS (SELECT 1 FROM ol_slots WHERE holder = ?1 AND lease_expires > {NOW})"
+                ))
+                .and_then(|mut s| s.query_row([&holder], |r| r.get::<_, bool>(0)));
+            if !matches!(holds, Ok(false)) {
+                tracing::debug!(holder = %holder,
+                    "drain slots still held at close: the lock file stays, unlocked, so other relays take them over at once");
+                live.leave_unlocked(&holder);
+            }
+        }
+    }
+}
+
 impl HotPath for SqliteStore {
+    fn check_file(&self) -> Result<(), StoreError> {
+        #[cfg(unix)]
+        if let (Some(opened), Some(path)) = (self.identity, &self.path) {
+            let what = match file_identity(path) {
+                Ok(now) if now == opened => return Ok(()),
+                Ok(_) => "replaced by another file",
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => "removed",
+                // Cannot tell (a directory made unreadable): not known to be replaced.
+                Err(_) => return Ok(()),
+            };
+            return Err(StoreError::Replaced {
+                path: path.display().to_string(),
+                what,
+            });
+        }
+        Ok(())
+    }
+
     fn register_holder(&self, holder: &str) {
         if let Some(l) = &self.liveness {
             l.register(holder);

@@ -47,6 +47,7 @@ contract!(
     lane_backoff_persists,
     transactional_enqueue_rolled_back_leaves_nothing,
     drain_slot_exclusive_across_instances_with_look_again,
+    free_slot_ignores_look_again,
     stale_token_is_refused_and_writes_nothing,
     deep_lane_does_not_slow_a_short_lane_claim,
     ids_unique_across_actors,
@@ -825,6 +826,32 @@ fn transactional_enqueue_rolled_back_leaves_nothing(b: Backend) {
         let t = acquire(&*h.store, &a, "h", LEASE);
         let la = lane_of(&*h.store, &a, A);
         assert_eq!(row_ids(&claim_lane(&*h.store, &t, la, 0, 10)), ["r0"]);
+    });
+}
+
+/// A holder that will not look again (its drain stops or yields) frees its slot even when
+/// someone asked for a look again: the slot is free at once, not held until the lease ends.
+fn free_slot_ignores_look_again(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let a = actor("alice");
+        let one = h.store.clone();
+        let two = h.second();
+        let t1 = acquire(&*one, &a, "relay-1", LEASE);
+        assert_eq!(
+            two.acquire_slot(&a, "relay-2", LEASE),
+            Ok(SlotAcquisition::Held),
+            "asks for a look again"
+        );
+        assert_eq!(one.free_slot(&t1), Ok(()));
+        let t2 = acquire(&*two, &a, "relay-2", LEASE);
+        assert!(t2.fencing() > t1.fencing());
+        assert_eq!(one.free_slot(&t1), Err(StoreError::StaleToken));
+        assert_eq!(two.free_slot(&t2), Ok(()));
+        assert_eq!(
+            two.free_slot(&t2),
+            Err(StoreError::StaleToken),
+            "freed already"
+        );
     });
 }
 

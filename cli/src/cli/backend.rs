@@ -5,7 +5,7 @@
 //! batched per round of a pass. The Postgres client owns a runtime of its own, so the store is
 //! opened there too, and the outbox drops it there.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime};
@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 use anyhow::anyhow;
 
 use super::UsageError;
-use outbox_lanes_core::{ActorId, LaneKey, Timestamp, UnitId};
+use outbox_lanes_core::{ActorId, DeadReason, LaneKey, Timestamp, UnitId};
 use outbox_lanes_store::{
     ActorStatus, CommonOptions, DeadLetter, DeadLetterId, DeadLetterSelection, Enqueued,
     LaneStatus, NewRow, Payload, PgOptions, PgStore, SchemaPolicy, SqliteOptions, SqliteStore,
@@ -81,6 +81,9 @@ pub(crate) struct Counters {
     pub(crate) detail: Mutex<Detail>,
     /// `relay --on-dead-letter`: where the dead-letter hook also sends each dead letter.
     pub(crate) on_dead_letter: OnceLock<super::on_dead::Sink>,
+    /// Delivering without `--allow-private-destinations`: the lanes (actor, recipient)
+    /// already warned about for a refused address the flag would allow.
+    private_refused: OnceLock<Mutex<HashSet<(String, String)>>>,
 }
 
 /// Labelled counters and histograms.
@@ -113,6 +116,7 @@ impl Default for Counters {
                 queue_wait: Histogram::new(QUEUE_WAIT),
             }),
             on_dead_letter: OnceLock::new(),
+            private_refused: OnceLock::new(),
         }
     }
 }
@@ -123,6 +127,52 @@ impl Counters {
         self.started
             .load(Ordering::Relaxed)
             .saturating_sub(self.finished.load(Ordering::Relaxed))
+    }
+
+    /// Warns, once per lane, of a unit dead-lettered `destination_refused` for an address
+    /// that `--allow-private-destinations` allows (set when delivering without it).
+    pub(crate) fn warn_private_refusals(&self) {
+        let _ = self.private_refused.set(Mutex::new(HashSet::new()));
+    }
+
+    /// The WARN of [`Counters::warn_private_refusals`], for `d` if it is such a refusal and
+    /// its lane was not warned about yet.
+    fn private_refusal(&self, d: &DeadLettered) {
+        let Some(seen) = self.private_refused.get() else {
+            return;
+        };
+        if d.reason != DeadReason::DestinationRefused {
+            return;
+        }
+        // `destination_refused: <address> is <class>` (the HTTP policy's refusal message).
+        let Some((addr, class)) = d
+            .error
+            .as_deref()
+            .and_then(|e| e.strip_prefix("destination_refused: "))
+            .and_then(|e| e.split_once(" is "))
+        else {
+            return;
+        };
+        let Ok(ip) = addr.parse::<std::net::IpAddr>() else {
+            return;
+        };
+        if super::address_policy(true).check(ip).is_err() {
+            // Refused with the flag too (link-local, cloud metadata): nothing to suggest.
+            return;
+        }
+        let first = seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert((d.actor.as_str().to_owned(), d.recipient.clone()));
+        if first {
+            tracing::warn!(
+                actor = %d.actor,
+                recipient = %d.recipient,
+                address = addr,
+                class,
+                "this lane's units are dead-lettered destination_refused: its recipient is a {class} address, which is delivered to only with --allow-private-destinations (enqueue --allow-private-destinations accepted them); restart with the flag and run `dead-letters replay --reason destination_refused` (said once per lane)"
+            );
+        }
     }
 
     /// The detail, even if a hook panicked while holding it.
@@ -146,6 +196,7 @@ impl Counters {
             })),
             dead_lettered: Some(Box::new(move |d: &DeadLettered| {
                 on_dead.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                on_dead.private_refusal(d);
                 *on_dead
                     .detail()
                     .dead_by_reason
@@ -622,10 +673,13 @@ impl Backend {
     }
 
     /// Whether the store answers a query: one probe of the lanes' unique index (for an empty
-    /// actor and recipient; what it finds does not matter), the cheapest read of a table.
+    /// actor and recipient; what it finds does not matter), the cheapest read of a table;
+    /// and whether its database file is still the one at its path (a SQLite file removed or
+    /// replaced since it was opened: the monitor stopped claiming).
     pub(crate) async fn ready(&self) -> anyhow::Result<()> {
         let store = Arc::clone(self.outbox.store());
         blocking(move || {
+            store.check_database()?;
             let key = LaneKey::from_canonical(String::new(), None);
             store.find_lane(&ActorId::new(""), &key).map(drop)
         })
@@ -664,6 +718,12 @@ impl Relay {
     /// `true` if a pass's grace ended with attempts in flight (handed back unanswered).
     pub(crate) async fn stop(self) -> bool {
         self.monitor.stop().await.grace_over
+    }
+
+    /// Completes when the monitor stopped by itself: its database file was removed or
+    /// replaced (logged at ERROR); see `Monitor::ended`. Cancellation-safe.
+    pub(crate) async fn ended(&mut self) -> StoreError {
+        self.monitor.ended().await
     }
 }
 

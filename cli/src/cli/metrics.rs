@@ -13,7 +13,8 @@
 //! as reqwest's client half; axum is a dev-dependency of the examples).
 //! - `/metrics` (and `/`): the exposition text; 503 if the store cannot be read.
 //! - `/healthz`: 200 while the process serves requests (liveness: it checks nothing else).
-//! - `/readyz`: 200 if the store answers a query now, else 503 with the reason (readiness).
+//! - `/readyz`: 200 if the store answers a query now, else 503 with the reason (readiness);
+//!   503 too once a SQLite file was removed or replaced under the process.
 //!
 //! A store that does not answer within [`STORE_WAIT`] gets a 503 too: a probe or a scrape
 //! never hangs on it.
@@ -154,10 +155,15 @@ async fn respond(mut s: TcpStream, backend: &Backend, counters: &Counters) -> st
                 Err(e) => (
                     "503 Service Unavailable",
                     TEXT,
-                    format!(
-                        "not ready: the store does not answer: {}\n",
-                        super::message(&e)
-                    ),
+                    match e.downcast_ref::<outbox_lanes_store::StoreError>() {
+                        Some(replaced @ outbox_lanes_store::StoreError::Replaced { .. }) => {
+                            format!("not ready: {replaced}\n")
+                        }
+                        _ => format!(
+                            "not ready: the store does not answer: {}\n",
+                            super::message(&e)
+                        ),
+                    },
                 ),
             },
             _ => (

@@ -106,7 +106,7 @@ pub(crate) fn main() -> ExitCode {
         Ok(m) => m,
         Err(config::Error::Clap(e)) => e.exit(),
         Err(config::Error::File(msg)) => {
-            eprintln!("error: {msg}");
+            say(&format!("error: {msg}"));
             return ExitCode::from(2);
         }
     };
@@ -118,8 +118,16 @@ pub(crate) fn main() -> ExitCode {
     match &cli.command {
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
-            clap_complete::generate(*shell, &mut cmd, "outbox-lanes", &mut std::io::stdout());
-            return ExitCode::SUCCESS;
+            // Into memory first: clap_complete panics on a failed write (a full disk).
+            let mut script = Vec::new();
+            clap_complete::generate(*shell, &mut cmd, "outbox-lanes", &mut script);
+            return match print(&String::from_utf8_lossy(&script)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    say(&format!("error: {}", message(&e)));
+                    ExitCode::from(1)
+                }
+            };
         }
         Command::Man => {
             let page = clap_mangen::Man::new(<Cli as clap::CommandFactory>::command());
@@ -127,7 +135,7 @@ pub(crate) fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
                 Err(e) => {
-                    eprintln!("error: cannot write the man page: {e}");
+                    say(&format!("error: cannot write the man page: {e}"));
                     ExitCode::from(1)
                 }
             };
@@ -142,7 +150,7 @@ pub(crate) fn main() -> ExitCode {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: cannot start the tokio runtime: {e}");
+            say(&format!("error: cannot start the tokio runtime: {e}"));
             return ExitCode::from(1);
         }
     };
@@ -155,7 +163,7 @@ pub(crate) fn main() -> ExitCode {
             if json {
                 tracing::error!(exit_code = code, "{}", message(&e));
             } else {
-                eprintln!("error: {}", message(&e));
+                say(&format!("error: {}", message(&e)));
             }
             ExitCode::from(code)
         }
@@ -215,7 +223,7 @@ fn config(d: &DeliveryFlags) -> OutboxConfig {
 
 /// The destinations `--allow-private-destinations` opens (loopback and private ranges; never
 /// link-local or the cloud metadata services), for delivery and for enqueue's early check.
-fn address_policy(allow_private_destinations: bool) -> AddressPolicy {
+pub(crate) fn address_policy(allow_private_destinations: bool) -> AddressPolicy {
     if allow_private_destinations {
         AddressPolicy {
             allow_loopback: true,
@@ -307,6 +315,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         row_id_retention: cli.row_id_retention,
         ..CommonOptions::default()
     };
+    if delivery.is_some_and(|d| !d.allow_private_destinations) {
+        counters.warn_private_refusals();
+    }
     let backend = Backend::open(
         cli.db.clone(),
         cli.pg_schema.clone(),
@@ -494,6 +505,16 @@ async fn known_actor(backend: &Backend, actor: &str) -> anyhow::Result<()> {
     }
 }
 
+/// Writes `text` and a newline to stderr. A stderr that cannot take it (a full disk, a
+/// closed pipe) loses the line: `eprintln!` would panic (exit 101) instead.
+pub(crate) fn say(text: &str) {
+    let mut err = std::io::stderr().lock();
+    let _ = err
+        .write_all(text.as_bytes())
+        .and_then(|()| err.write_all(b"\n"))
+        .and_then(|()| err.flush());
+}
+
 fn print(text: &str) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
@@ -600,7 +621,7 @@ async fn cmd_drain(
             let why = format!("{name} again: exiting without waiting for attempts in flight");
             match style {
                 progress::Style::Json => tracing::error!(exit_code = 1, "{why}"),
-                progress::Style::Text => eprintln!("error: {why}"),
+                progress::Style::Text => say(&format!("error: {why}")),
             }
             std::process::exit(1);
         })
@@ -752,7 +773,7 @@ async fn cmd_relay(
         let _ = counters.on_dead_letter.set(sink);
         runner
     });
-    let relay = backend.start_monitor().await?;
+    let mut relay = backend.start_monitor().await?;
     let forget = tokio::spawn(forget_row_ids(backend.clone()));
     info!(
         runtime = RUNTIME,
@@ -760,11 +781,19 @@ async fn cmd_relay(
         "relay running; SIGINT or SIGTERM stops it"
     );
     let mut signals = signals;
-    let name = signals.wait().await;
-    info!(
-        signal = name,
-        "stopping: attempts in flight finish, the rest is handed back (a second signal exits at once)"
-    );
+    // The monitor stops by itself only when the database file is removed or replaced: this
+    // process then exits 1 (a supervisor starts a relay on the file now at the path; kept
+    // running, it would serve a file nobody sees, and an unready process is not restarted).
+    let lost = tokio::select! {
+        name = signals.wait() => {
+            info!(
+                signal = name,
+                "stopping: attempts in flight finish, the rest is handed back (a second signal exits at once)"
+            );
+            None
+        }
+        e = relay.ended() => Some(e),
+    };
     let interrupted = tokio::select! {
         grace_over = relay.stop() => grace_over.then(|| {
             "stopped by a signal, but the shutdown grace ended with attempts in flight: they \
@@ -796,6 +825,9 @@ async fn cmd_relay(
             backend.shutdown_grace()
         };
         hook.finish(grace).await;
+    }
+    if let Some(e) = lost {
+        return Err(anyhow::Error::new(e).context("relay stopped"));
     }
     if let Some(why) = interrupted {
         return Err(Interrupted(why).into());

@@ -123,11 +123,11 @@ pub(crate) fn summary(
             lanes_paused = l.paused,
             "drain summary"
         ),
-        Style::Text => eprintln!(
+        Style::Text => super::say(&format!(
             "{how} {actors} actor(s): {delivered} delivered, {dead} dead-lettered, {} remaining, \
              {} lane(s) in backoff, {} paused",
             l.remaining, l.in_backoff, l.paused
-        ),
+        )),
     }
 }
 
@@ -199,11 +199,11 @@ impl Progress {
                         lanes_paused = l.paused,
                         "drain progress"
                     ),
-                    (None, Style::Text) => eprintln!(
+                    (None, Style::Text) => super::say(&format!(
                         "drain: {delivered} delivered, {dead} dead-lettered, {} remaining, \
                          {rate:.1}/s, {} lane(s) in backoff, {} paused",
                         l.remaining, l.in_backoff, l.paused
-                    ),
+                    )),
                 }
             }
             if let Some(bar) = bar {

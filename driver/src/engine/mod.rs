@@ -179,6 +179,21 @@ pub async fn drain(
                     .unwrap_or_else(|| Err(shutting_down()));
                 store_released(&mut session, actor, released);
             }
+            DrainAction::FreeStoreSlot => {
+                let Some(t) = token.clone() else {
+                    session.handle_failed();
+                    continue;
+                };
+                let c = Arc::clone(core);
+                let freed = unblock(&**rt, move || c.store().free_slot(&t))
+                    .await
+                    .unwrap_or_else(|| Err(shutting_down()));
+                store_released(
+                    &mut session,
+                    actor,
+                    freed.map(|()| outbox_lanes_store::SlotRelease::Released),
+                );
+            }
             DrainAction::ReleaseLocalSlot | DrainAction::ForceReleaseLocalSlot => {
                 core.local_slot_action(actor, &action, &mut session);
             }

@@ -16,16 +16,16 @@
 use std::collections::HashMap;
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError};
 use std::task::Poll;
 use std::time::{Duration, SystemTime};
 
 use futures_channel::{mpsc, oneshot};
 use futures_core::Stream;
 use outbox_lanes_core::{ActorId, MonitorAction, MonitorBook, Timestamp, Wake};
-use outbox_lanes_store::Subscription;
-use tracing::{debug, info, trace, warn};
+use outbox_lanes_store::{StoreError, Subscription};
+use tracing::{debug, error, info, trace, warn};
 
 use super::{Runtime, unblock, wake};
 use crate::control::DrainControl;
@@ -41,6 +41,8 @@ pub struct Monitor {
     done: Option<oneshot::Receiver<()>>,
     /// Set when a pass's shutdown grace ended with attempts in flight.
     grace_over: Arc<AtomicBool>,
+    /// Why the loop stopped by itself: the database was replaced or removed.
+    lost: Arc<std::sync::Mutex<Option<StoreError>>>,
 }
 
 /// How a [`Monitor::stop`] went.
@@ -50,6 +52,9 @@ pub struct Stopped {
     /// A pass's shutdown grace ended with attempts still in flight: they were recorded as
     /// interrupted and handed back (their units are delivered again later).
     pub grace_over: bool,
+    /// The monitor had stopped by itself: its database file was removed or replaced
+    /// ([`Monitor::ended`] says which).
+    pub database_lost: bool,
 }
 
 impl std::fmt::Debug for Monitor {
@@ -83,9 +88,12 @@ impl Monitor {
         let (done_tx, done_rx) = oneshot::channel();
         let grace_over = Arc::new(AtomicBool::new(false));
         let g = Arc::clone(&grace_over);
+        let lost = Arc::new(std::sync::Mutex::new(None));
+        let l = Arc::clone(&lost);
         let r = Arc::clone(&rt);
         rt.spawn(Box::pin(async move {
-            run(&r, &core, woken, subscription, stop_rx, g).await;
+            let why = run(&r, &core, woken, subscription, stop_rx, g).await;
+            *l.lock().unwrap_or_else(PoisonError::into_inner) = why;
             super::drop_core(&*r, core);
             let _ = done_tx.send(());
         }));
@@ -93,7 +101,36 @@ impl Monitor {
             stop: Some(stop_tx),
             done: Some(done_rx),
             grace_over,
+            lost,
         })
+    }
+
+    /// Completes when the monitor stopped by itself, which it does only when its database
+    /// file was removed or replaced ([`StoreError::Replaced`], logged at ERROR): it then
+    /// started no new pass, asked the running ones to stop (attempts in flight finish, the
+    /// rest is handed back) and returned once they ended. Pending forever otherwise, until
+    /// [`Monitor::stop`]. Cancellation-safe.
+    pub async fn ended(&mut self) -> StoreError {
+        loop {
+            if let Some(e) = self.lost() {
+                return e;
+            }
+            match self.done.as_mut() {
+                Some(done) => {
+                    // Closed without a value: the runtime dropped the loop.
+                    let _ = done.await;
+                    self.done = None;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        }
+    }
+
+    fn lost(&self) -> Option<StoreError> {
+        self.lost
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Stops the monitor gracefully: running passes start nothing new, attempts in flight
@@ -109,6 +146,7 @@ impl Monitor {
         }
         Stopped {
             grace_over: self.grace_over.load(Ordering::SeqCst),
+            database_lost: self.lost().is_some(),
         }
     }
 }
@@ -172,7 +210,7 @@ async fn run(
     subscription: Subscription,
     stop_rx: oneshot::Receiver<()>,
     grace_over: Arc<AtomicBool>,
-) {
+) -> Option<StoreError> {
     // Unsubscribed when the loop returns.
     let _subscription = subscription;
     let poll_interval = core.config().poll_interval;
@@ -187,6 +225,8 @@ async fn run(
     let mut stopping = false;
     // The earliest lane `not_before` of the last poll, to name why a timeout fired.
     let mut next_not_before: Option<Timestamp> = None;
+    // The database file was removed or replaced: no new pass, ever (see `Monitor::ended`).
+    let mut lost: Option<StoreError> = None;
     info!(
         max_passes,
         poll_interval_ms = poll_interval.as_millis() as u64,
@@ -199,8 +239,24 @@ async fn run(
                 match action {
                     MonitorAction::Poll => {
                         let c = Arc::clone(core);
-                        let due = unblock(&**rt, move || c.store().actors_with_work(now)).await;
+                        // The file check is one `stat`, on every poll (wake-ups and the
+                        // safety net), never per unit.
+                        let due = unblock(&**rt, move || {
+                            c.store().check_database()?;
+                            c.store().actors_with_work(now)
+                        })
+                        .await;
                         match due {
+                            Some(Err(e @ StoreError::Replaced { .. })) => {
+                                error!(error = %e, running = running.len(),
+                                    "the database file is gone: this relay stops claiming (no new pass; running passes finish their attempts in flight and hand the rest back)");
+                                lost = Some(e);
+                                stopping = true;
+                                for control in running.values() {
+                                    control.request_stop();
+                                }
+                                break;
+                            }
                             Some(Ok(due)) => {
                                 trace!(
                                     ready = due.ready.len(),
@@ -259,7 +315,7 @@ async fn run(
         }
         if stopping && running.is_empty() {
             info!("monitor stopped");
-            return;
+            return lost;
         }
         // Running passes yield at their time slice only while other actors wait for one.
         let contended = book.queued() > 0;

@@ -1,0 +1,307 @@
+//! What the binary's process-level tests share: a database (a SQLite file in a directory of
+//! its own, or a Postgres schema of its own), running the binary with bounded waits, and a
+//! relay whose stderr lines are read as they come.
+#![allow(dead_code, unreachable_pub)]
+
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_outbox-lanes");
+/// No single run of the binary in these tests takes anywhere near this long.
+pub const RUN_BOUND: Duration = Duration::from_secs(120);
+
+/// A SQLite file in a directory of its own, which the tests also write their files to; or,
+/// made by [`Db::postgres`], a Postgres schema of its own (dropped with it) and that directory.
+pub struct Db {
+    dir: tempfile::TempDir,
+    /// The Postgres URL and schema.
+    pg: Option<(String, String)>,
+}
+
+impl Db {
+    pub fn new() -> Db {
+        Db {
+            dir: tempfile::tempdir().unwrap(),
+            pg: None,
+        }
+    }
+
+    /// A schema of its own on `OUTBOX_LANES_TEST_PG`, named after `test`; `None` (the test
+    /// skips) when the variable is not set.
+    pub fn postgres(test: &str) -> Option<Db> {
+        let url = outbox_lanes_test_support::pg_url()?;
+        let schema = format!("ol_{test}_{}", std::process::id());
+        let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        c.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+            .unwrap();
+        Some(Db {
+            dir: tempfile::tempdir().unwrap(),
+            pg: Some((url, schema)),
+        })
+    }
+
+    /// The SQLite file (or, on Postgres, a file nobody uses).
+    pub fn file(&self) -> PathBuf {
+        self.path("outbox.db")
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    pub fn command(&self, args: &[&str]) -> Command {
+        self.with(Command::new(BIN), args)
+    }
+
+    /// The binary on the SQLite file at `file` instead (in this directory or not), with
+    /// `args` and the same environment as [`Db::command`].
+    pub fn command_at(&self, file: &std::path::Path, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.arg("--db").arg(file);
+        self.env(c, args)
+    }
+
+    /// `c` (the binary, or what runs it) with this database, `args` and a clean environment.
+    pub fn with(&self, mut c: Command, args: &[&str]) -> Command {
+        match &self.pg {
+            Some((url, schema)) => c.args(["--db", url, "--pg-schema", schema]),
+            None => c.arg("--db").arg(self.file()),
+        };
+        self.env(c, args)
+    }
+
+    fn env(&self, mut c: Command, args: &[&str]) -> Command {
+        c.args(args)
+            .env("OUTBOX_LANES_ALLOW_PRIVATE_DESTINATIONS", "true")
+            .env("RUST_LOG", "info")
+            .env_remove("OUTBOX_LANES_WEBHOOK_SECRET")
+            .env_remove("OUTBOX_LANES_SIGNING_KEYS")
+            .env_remove("OUTBOX_LANES_DB")
+            .env_remove("OUTBOX_LANES_CONFIG")
+            .env_remove("OUTBOX_LANES_LOG_FORMAT")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    }
+
+    /// Enqueues one row for `actor` to `to`.
+    pub fn enqueue(&self, actor: &str, to: &str) {
+        let line = serde_json::json!({ "id": "r0", "to": [to], "body": {} }).to_string();
+        let out = collect(
+            self.command(&["enqueue", "--actor", actor])
+                .spawn()
+                .unwrap(),
+            &line,
+        );
+        assert_eq!(out.code(), Some(0), "enqueue: {}", out.stderr);
+    }
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        if let Some((url, schema)) = &self.pg {
+            if let Ok(mut c) = postgres::Client::connect(url, postgres::NoTls) {
+                let _ = c.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
+            }
+        }
+    }
+}
+
+pub struct Out {
+    pub status: ExitStatus,
+    pub stderr: String,
+}
+
+impl Out {
+    pub fn code(&self) -> Option<i32> {
+        self.status.code()
+    }
+}
+
+/// Feeds `stdin`, collects stderr on a thread (so a full pipe never blocks the child), waits
+/// for the exit within [`RUN_BOUND`].
+pub fn collect(mut child: Child, stdin: &str) -> Out {
+    let mut input = child.stdin.take().unwrap();
+    let stdin = stdin.to_owned();
+    let writer = std::thread::spawn(move || {
+        let _ = input.write_all(stdin.as_bytes());
+    });
+    let mut out = child.stdout.take().unwrap();
+    let o = std::thread::spawn(move || {
+        let _ = out.read_to_end(&mut Vec::new());
+    });
+    let mut err = child.stderr.take().unwrap();
+    let e = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let status = wait_bounded(&mut child);
+    let _ = writer.join();
+    o.join().unwrap();
+    Out {
+        status,
+        stderr: e.join().unwrap(),
+    }
+}
+
+pub fn wait_bounded(child: &mut Child) -> ExitStatus {
+    let deadline = Instant::now() + RUN_BOUND;
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("outbox-lanes did not exit within {RUN_BOUND:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits (bounded) for `done`; whether it came.
+pub fn eventually(mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    done()
+}
+
+/// A child that is killed if the test ends without waiting for it (a failed assertion).
+pub struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A running relay whose stderr lines are read as they come.
+pub struct Relay {
+    child: Reaped,
+    lines: Arc<Mutex<Vec<String>>>,
+    reader: std::thread::JoinHandle<()>,
+}
+
+impl Relay {
+    pub fn start(db: &Db, args: &[&str], env: &[(&str, &str)]) -> Relay {
+        let mut child = db
+            .command(&[&["relay"], args].concat())
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let err = child.stderr.take().unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let into = Arc::clone(&lines);
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(err).lines() {
+                let Ok(line) = line else { break };
+                into.lock().unwrap().push(line);
+            }
+        });
+        Relay {
+            child: Reaped(child),
+            lines,
+            reader,
+        }
+    }
+
+    /// Waits (bounded) for a stderr line that contains `text`.
+    pub fn wait_for_line(&self, text: &str) {
+        assert!(
+            eventually(|| self.lines.lock().unwrap().iter().any(|l| l.contains(text))),
+            "no stderr line with {text:?}:\n{}",
+            self.lines.lock().unwrap().join("\n")
+        );
+    }
+
+    /// Waits (bounded) for the relay to exit by itself; its exit status and every stderr line.
+    pub fn exited(mut self) -> (ExitStatus, Vec<String>) {
+        let status = wait_bounded(&mut self.child.0);
+        let rest = Stderr {
+            lines: self.lines,
+            reader: self.reader,
+        };
+        (status, rest.lines())
+    }
+
+    /// SIGTERM, then the exit status and every stderr line.
+    pub fn stop(self) -> (ExitStatus, Vec<String>) {
+        let (status, rest) = self.signal();
+        (status, rest.lines())
+    }
+
+    /// SIGTERM, then the exit status.
+    pub fn signal(mut self) -> (ExitStatus, Stderr) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.0.id()).unwrap());
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        let status = wait_bounded(&mut self.child.0);
+        (
+            status,
+            Stderr {
+                lines: self.lines,
+                reader: self.reader,
+            },
+        )
+    }
+}
+
+/// The stderr of a relay that exited: complete once whatever inherited it is gone too.
+pub struct Stderr {
+    lines: Arc<Mutex<Vec<String>>>,
+    reader: std::thread::JoinHandle<()>,
+}
+
+impl Stderr {
+    pub fn lines(self) -> Vec<String> {
+        self.reader.join().unwrap();
+        std::mem::take(&mut *self.lines.lock().unwrap())
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `GET path` on 127.0.0.1:`port`: the status line's code and the body, or `None` if the
+/// server does not answer (yet).
+pub fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n")?.1.to_owned();
+    Some((code, body))
+}
+
+/// Retries `GET path` until `done` accepts the answer (bounded); returns the last answer.
+pub fn get_until(port: u16, path: &str, done: impl Fn(u16, &str) -> bool) -> (u16, String) {
+    let mut last = None;
+    for _ in 0..600 {
+        if let Some((code, body)) = get(port, path) {
+            if done(code, &body) {
+                return (code, body);
+            }
+            last = Some((code, body));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    last.unwrap_or_else(|| panic!("nothing answered GET {path} on port {port}"))
+}

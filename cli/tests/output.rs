@@ -1,0 +1,134 @@
+//! What the binary tells the operator, and that telling cannot crash it: a delivery without
+//! `--allow-private-destinations` to rows that `enqueue --allow-private-destinations`
+//! accepted warns once per lane, naming the flag; no command panics (exit 101) when stdout
+//! or stderr cannot be written (a full disk).
+//!
+//! Real SQLite files, real recipients on 127.0.0.1. Every wait is bounded; assertions are
+//! about outcomes, never durations.
+#![cfg(unix)]
+#![allow(missing_docs, clippy::unwrap_used)]
+
+mod common;
+
+use std::process::Stdio;
+
+use common::{Db, Relay, collect, eventually};
+use outbox_lanes_test_support::Recipient;
+use serde_json::Value;
+
+fn dead_letters(db: &Db) -> Vec<Value> {
+    let child = db
+        .command(&["dead-letters", "list", "--json"])
+        .spawn()
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    match v {
+        Value::Array(a) => a,
+        other => other["dead_letters"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default(),
+    }
+}
+
+#[test]
+fn a_relay_without_the_flag_warns_once_per_private_lane_naming_it() {
+    let db = Db::new();
+    let r = Recipient::start().unwrap();
+    // Enqueued with the flag (the tests' environment sets it): two lanes, five units.
+    let (a, b) = (r.url("/a"), r.url("/b"));
+    let lines: String = (0..3)
+        .map(|i| {
+            serde_json::json!({ "id": format!("r{i}"), "to": if i == 0 { vec![&a] } else { vec![&a, &b] }, "body": {} })
+                .to_string()
+                + "\n"
+        })
+        .collect();
+    let out = collect(
+        db.command(&["enqueue", "--actor", "ann"]).spawn().unwrap(),
+        &lines,
+    );
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    let relay = Relay::start(
+        &db,
+        &[],
+        &[("OUTBOX_LANES_ALLOW_PRIVATE_DESTINATIONS", "false")],
+    );
+    assert!(
+        eventually(|| dead_letters(&db).len() == 5),
+        "every unit is dead-lettered, as before"
+    );
+    let (status, lines) = relay.stop();
+    let log = lines.join("\n");
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert!(
+        dead_letters(&db)
+            .iter()
+            .all(|d| d["reason"] == "destination_refused"),
+        "{log}"
+    );
+    let warns: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("WARN") && l.contains("--allow-private-destinations"))
+        .collect();
+    assert_eq!(warns.len(), 2, "one WARN per lane:\n{log}");
+    for url in [&a, &b] {
+        assert_eq!(
+            warns.iter().filter(|l| l.contains(url.as_str())).count(),
+            1,
+            "{url}:\n{log}"
+        );
+    }
+    assert!(r.requests("/a").is_empty() && r.requests("/b").is_empty());
+}
+
+#[test]
+fn no_command_panics_when_stdout_or_stderr_is_full() {
+    let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
+        eprintln!("skipped: no /dev/full");
+        return;
+    };
+    let db = Db::new();
+    db.enqueue("ann", "https://social.example/inbox");
+    let row = r#"{"id":"r1","to":["https://social.example/inbox"],"body":{}}"#;
+    // (arguments, stdin, whether stdout is full too, the exit code expected)
+    let cases: &[(&[&str], &str, bool, i32)] = &[
+        (&["enqueue", "--actor", "ann"], row, false, 0),
+        (&["enqueue", "--actor", "ann"], "{\"id\": 1}", false, 2),
+        (&["status"], "", true, 1),
+        (&["status", "--bogus"], "", false, 2),
+        (&["dead-letters", "list", "--actor", "nobody"], "", false, 2),
+        (&["lanes", "--actor", "ann"], "", true, 1),
+        (&["completions", "bash"], "", true, 1),
+        (
+            &["drain", "--no-progress", "--actor", "nobody"],
+            "",
+            false,
+            2,
+        ),
+    ];
+    for (args, stdin, stdout_full, code) in cases {
+        let mut c = db.command(args);
+        c.stderr(Stdio::from(full.try_clone().unwrap()));
+        if *stdout_full {
+            c.stdout(Stdio::from(full.try_clone().unwrap()));
+        }
+        let mut child = c.spawn().unwrap();
+        if let Some(mut input) = child.stdin.take() {
+            use std::io::Write as _;
+            let _ = input.write_all(stdin.as_bytes());
+        }
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(*code),
+            "{args:?} (stdout full: {stdout_full}): 101 is a panic"
+        );
+    }
+}
