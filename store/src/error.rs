@@ -114,7 +114,7 @@ pub enum StoreError {
     /// The database has no outbox schema, and the store was opened with
     /// [`SchemaPolicy::Existing`](crate::SchemaPolicy::Existing): nothing was created.
     #[error(
-        "no outbox schema in {target}; run `outbox-lanes migrate` (as the schema's owner) to create it"
+        "no outbox schema in {target}; run `outbox-lanes migrate` (as the schema's owner), or open it once with a store that may create it (SqliteStore::open, PgStore::connect)"
     )]
     NoSchema {
         /// The path, or the Postgres schema, that was looked in.

@@ -374,16 +374,23 @@ macro_rules! enqueue_body {
             }
             // 2b. The dedup window past delivery: the id new to the actor's ledger, or last
             //     used before the window (`ol_row_ids`).
-            let since = now.saturating_sub(window_millis(&outbox.limits));
-            let recorded = q(&sql.row_id)
-                .bind(a)
-                .bind(row.id.as_str())
-                .bind(now)
-                .bind(since)
-                .execute(&mut *t)
-                .await
-                .map_err(sqlx_err)?;
-            if recorded.rows_affected() == 0 {
+            let window = window_millis(&outbox.limits);
+            let since = now.saturating_sub(window);
+            let recorded = if window <= 0 {
+                None
+            } else {
+                Some(
+                    q(&sql.row_id)
+                        .bind(a)
+                        .bind(row.id.as_str())
+                        .bind(now)
+                        .bind(since)
+                        .execute(&mut *t)
+                        .await
+                        .map_err(sqlx_err)?,
+                )
+            };
+            if recorded.is_some_and(|r| r.rows_affected() == 0) {
                 return Err(EnqueueError::DuplicateRowId {
                     row: row.id.clone(),
                 });

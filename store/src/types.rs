@@ -644,7 +644,8 @@ pub struct CommonOptions {
     /// ack retention) and, after that, until the window has passed; the store keeps only the
     /// (actor, row id, time) of a finished row for it, in `ol_row_ids`, which
     /// [`ServiceStore::purge_row_ids`](crate::ServiceStore::purge_row_ids) trims (the binary's
-    /// `relay` every 10 minutes).
+    /// `relay` every 10 minutes). Zero turns the window off: enqueue then writes no ledger
+    /// entry (one table write per row less).
     pub row_id_retention: Duration,
     /// What opening the store may do to the schema.
     pub schema: SchemaPolicy,
