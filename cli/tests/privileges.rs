@@ -9,33 +9,20 @@
 //! Every wait is bounded; nothing asserts on a duration.
 #![allow(missing_docs, clippy::unwrap_used)]
 
-use std::io::{Read as _, Write as _};
+mod common;
+
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
 
+use common::{BIN, Out, collect, eventually};
 use outbox_lanes_test_support::{Recipient, Reply};
 
-const BIN: &str = env!("CARGO_BIN_EXE_outbox-lanes");
-/// No single run of the binary in these tests takes anywhere near this long.
-const RUN_BOUND: Duration = Duration::from_secs(120);
 /// The roles' statements, as the operator reads them.
 const PRIVILEGES_MD: &str = include_str!("../../docs/privileges.md");
 
-struct Out {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
-}
-
-impl Out {
-    fn code(&self) -> Option<i32> {
-        self.status.code()
-    }
-}
-
-/// Runs `bin` with `args` and `stdin`, as `user` (uid, gid) if given, within [`RUN_BOUND`].
+/// Runs `bin` with `args` (which name the database) and `stdin`, as `user` (uid, gid) if
+/// given, in a clean environment, within the common bound.
 fn run_as(bin: &Path, user: Option<(u32, u32)>, args: &[&str], stdin: &str) -> Out {
     let mut c = Command::new(bin);
     c.args(args)
@@ -52,41 +39,7 @@ fn run_as(bin: &Path, user: Option<(u32, u32)>, args: &[&str], stdin: &str) -> O
         // As root, std drops the supplementary groups too.
         c.uid(uid).gid(gid);
     }
-    let mut child = c.spawn().unwrap();
-    let mut input = child.stdin.take().unwrap();
-    let stdin = stdin.to_owned();
-    let writer = std::thread::spawn(move || {
-        let _ = input.write_all(stdin.as_bytes());
-    });
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let o = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let e = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let deadline = Instant::now() + RUN_BOUND;
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("{args:?} did not finish within {RUN_BOUND:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    writer.join().unwrap();
-    Out {
-        status,
-        stdout: o.join().unwrap(),
-        stderr: e.join().unwrap(),
-    }
+    collect(c.spawn().unwrap(), stdin)
 }
 
 fn run(args: &[&str], stdin: &str) -> Out {
@@ -429,50 +382,21 @@ fn inspection_works_for_a_user_who_may_only_read_the_sqlite_file() {
     assert_eq!(after, listed_before, "a read-only command created a file");
 
     // A relay (the owner) holds it open: the -wal and -shm files exist.
-    let relay = RelayChild::start(&with_db(&db, &["relay"]));
-    let deadline = Instant::now() + RUN_BOUND;
-    while !Path::new(&format!("{}-shm", place.db().display())).exists() {
-        assert!(
-            Instant::now() < deadline,
-            "the relay never opened the database"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let relay = Command::new(BIN)
+        .args(with_db(&db, &["relay"]))
+        .env("OUTBOX_LANES_ALLOW_PRIVATE_DESTINATIONS", "true")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let relay = common::Stopped(relay);
+    assert!(
+        eventually(|| Path::new(&format!("{}-shm", place.db().display())).exists()),
+        "the relay never opened the database"
+    );
     check("a relay has the database open");
     drop(relay);
-}
-
-/// A relay as a child process, stopped (SIGTERM, then killed) when dropped.
-struct RelayChild(std::process::Child);
-
-impl RelayChild {
-    fn start(args: &[&str]) -> RelayChild {
-        let child = Command::new(BIN)
-            .args(args)
-            .env("OUTBOX_LANES_ALLOW_PRIVATE_DESTINATIONS", "true")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        RelayChild(child)
-    }
-}
-
-impl Drop for RelayChild {
-    fn drop(&mut self) {
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.0.id()).unwrap());
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// The three roles of docs/privileges.md, made with exactly its statements (the schema and

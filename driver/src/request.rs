@@ -13,7 +13,7 @@
 //!
 //! 1. `User-Agent`: [`HttpConfig::user_agent`];
 //! 2. `Accept: */*`, unless the row sets its own `Accept`;
-//! 3. `Idempotency-Key`: [`idempotency_key`](crate::http::idempotency_key), `<outbox id>-<unit id>`;
+//! 3. `Idempotency-Key`: [`idempotency_key`], `<outbox id>-<unit id>`;
 //! 4. `Content-Type`: the row's content type;
 //! 5. the row's own headers ([`Payload::headers`](outbox_lanes_store::Payload::headers)), in
 //!    the row's order, once they pass the check below;

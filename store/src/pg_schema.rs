@@ -4,6 +4,7 @@
 //! schema in a transaction.
 
 use crate::db::{Db, Sql, args};
+use crate::util::needs_ddl;
 use crate::{SCHEMA_VERSION, SchemaPolicy, StoreError};
 
 /// The tables both schema versions share (everything but the units).
@@ -313,32 +314,6 @@ fn version(db: &mut impl Db, schema: &str) -> Result<Option<u32>, StoreError> {
         .transpose()
 }
 
-/// Whether `policy` lets a schema at `found` be used, created or migrated: `Ok(true)` when DDL
-/// must run, `Ok(false)` when the schema is current.
-fn needs_ddl(found: Option<u32>, policy: SchemaPolicy, schema: &str) -> Result<bool, StoreError> {
-    match found {
-        Some(v) if v == SCHEMA_VERSION => Ok(false),
-        Some(v) if v > SCHEMA_VERSION => Err(StoreError::SchemaTooNew {
-            found: v,
-            supported: SCHEMA_VERSION,
-        }),
-        Some(v) if policy == SchemaPolicy::Migrate => {
-            if v < 1 {
-                return Err(StoreError::Database(format!("unknown schema_version {v}")));
-            }
-            Ok(true)
-        }
-        Some(v) => Err(StoreError::SchemaTooOld {
-            found: v,
-            supported: SCHEMA_VERSION,
-        }),
-        None if policy == SchemaPolicy::Existing => Err(StoreError::NoSchema {
-            target: format!("Postgres schema {schema:?}"),
-        }),
-        None => Ok(true),
-    }
-}
-
 /// Creates the tables in `schema` (first on `db`'s `search_path`), or migrates them to
 /// [`SCHEMA_VERSION`], as `policy` allows, inside the caller's transaction, and returns the
 /// outbox id. A current schema costs three reads and runs no DDL, so it needs no privilege
@@ -356,10 +331,11 @@ pub(crate) fn init(
     channel: &str,
     policy: SchemaPolicy,
 ) -> Result<String, StoreError> {
-    if needs_ddl(version(db, schema)?, policy, schema)? {
+    let target = || format!("Postgres schema {schema:?}");
+    if needs_ddl(version(db, schema)?, policy, target)? {
         db.execute(&SERIALISE, args![channel])?;
         let found = version(db, schema)?;
-        if needs_ddl(found, policy, schema)? {
+        if needs_ddl(found, policy, target)? {
             ddl(db, schema, found)?;
         }
     }

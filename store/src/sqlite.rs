@@ -36,8 +36,8 @@ use crate::notify::{Notifier, PendingWake};
 use crate::prepare::{PreparedRow, prepare};
 use crate::types::*;
 use crate::util::{
-    decode_headers, encode_headers, key_of, millis_of, timestamp_of, to_i64, to_u32, to_u64,
-    window_millis,
+    decode_headers, encode_headers, key_of, millis_of, needs_ddl, timestamp_of, to_i64, to_u32,
+    to_u64, window_millis,
 };
 use crate::watcher::WatcherThread;
 use crate::{EnqueueError, SCHEMA_VERSION, StoreError};
@@ -392,32 +392,6 @@ pub(crate) fn schema_version(conn: &Connection) -> Result<Option<u32>, StoreErro
     .transpose()
 }
 
-/// Whether `policy` lets a database at `found` be used, created or migrated: `Ok(true)` when
-/// DDL must run, `Ok(false)` when the schema is current.
-fn needs_ddl(found: Option<u32>, policy: SchemaPolicy, target: &str) -> Result<bool, StoreError> {
-    match found {
-        Some(v) if v == SCHEMA_VERSION => Ok(false),
-        Some(v) if v > SCHEMA_VERSION => Err(StoreError::SchemaTooNew {
-            found: v,
-            supported: SCHEMA_VERSION,
-        }),
-        Some(v) if policy == SchemaPolicy::Migrate => {
-            if v < 1 {
-                return Err(StoreError::Database(format!("unknown schema_version {v}")));
-            }
-            Ok(true)
-        }
-        Some(v) => Err(StoreError::SchemaTooOld {
-            found: v,
-            supported: SCHEMA_VERSION,
-        }),
-        None if policy == SchemaPolicy::Existing => Err(StoreError::NoSchema {
-            target: target.to_owned(),
-        }),
-        None => Ok(true),
-    }
-}
-
 /// Creates or migrates the schema as `policy` allows (see [`SchemaPolicy`]). A current schema
 /// costs two reads and no write; otherwise the DDL runs in one `BEGIN IMMEDIATE` transaction,
 /// which looks at the version again under the write lock (another process may have created
@@ -427,12 +401,12 @@ fn init_schema(
     policy: SchemaPolicy,
     target: &str,
 ) -> Result<(), StoreError> {
-    if !needs_ddl(schema_version(conn)?, policy, target)? {
+    if !needs_ddl(schema_version(conn)?, policy, || target.to_owned())? {
         return Ok(());
     }
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let found = schema_version(&tx)?;
-    if !needs_ddl(found, policy, target)? {
+    if !needs_ddl(found, policy, || target.to_owned())? {
         return Ok(());
     }
     match found {
@@ -1213,7 +1187,7 @@ impl Backend for SqliteStore {
 }
 
 impl Drop for SqliteStore {
-    /// Before [`Liveness`] removes the lock files of this store's holders (a clean stop freed
+    /// Before the liveness locks (`crate::liveness`) remove the lock files of this store's holders (a clean stop freed
     /// their slots already), a holder that still holds a slot (a pass cut off by a shutdown
     /// grace that ended) keeps its file, unlocked: other processes then find it dead and take
     /// its slots over at once, instead of not knowing it and waiting for the lease.

@@ -142,6 +142,37 @@ pub(crate) fn window_millis(common: &crate::CommonOptions) -> i64 {
     i64::try_from(common.row_id_retention.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// Whether `policy` lets a database whose schema is at `found` (`None`: no outbox) be used,
+/// created or migrated: `Ok(true)` when DDL must run, `Ok(false)` when the schema is current.
+/// `target` names the database or schema for [`StoreError::NoSchema`](crate::StoreError::NoSchema).
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
+pub(crate) fn needs_ddl(
+    found: Option<u32>,
+    policy: crate::SchemaPolicy,
+    target: impl FnOnce() -> String,
+) -> Result<bool, crate::StoreError> {
+    use crate::{SCHEMA_VERSION, SchemaPolicy, StoreError};
+    match found {
+        Some(v) if v == SCHEMA_VERSION => Ok(false),
+        Some(v) if v > SCHEMA_VERSION => Err(StoreError::SchemaTooNew {
+            found: v,
+            supported: SCHEMA_VERSION,
+        }),
+        Some(v) if policy == SchemaPolicy::Migrate => {
+            if v < 1 {
+                return Err(StoreError::Database(format!("unknown schema_version {v}")));
+            }
+            Ok(true)
+        }
+        Some(v) => Err(StoreError::SchemaTooOld {
+            found: v,
+            supported: SCHEMA_VERSION,
+        }),
+        None if policy == SchemaPolicy::Existing => Err(StoreError::NoSchema { target: target() }),
+        None => Ok(true),
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

@@ -113,6 +113,7 @@ impl Drop for Db {
 
 pub struct Out {
     pub status: ExitStatus,
+    pub stdout: String,
     pub stderr: String,
 }
 
@@ -122,7 +123,7 @@ impl Out {
     }
 }
 
-/// Feeds `stdin`, collects stderr on a thread (so a full pipe never blocks the child), waits
+/// Feeds `stdin`, collects stdout and stderr on threads (so a full pipe never blocks the child), waits
 /// for the exit within [`RUN_BOUND`].
 pub fn collect(mut child: Child, stdin: &str) -> Out {
     let mut input = child.stdin.take().unwrap();
@@ -132,7 +133,9 @@ pub fn collect(mut child: Child, stdin: &str) -> Out {
     });
     let mut out = child.stdout.take().unwrap();
     let o = std::thread::spawn(move || {
-        let _ = out.read_to_end(&mut Vec::new());
+        let mut s = Vec::new();
+        let _ = out.read_to_end(&mut s);
+        String::from_utf8_lossy(&s).into_owned()
     });
     let mut err = child.stderr.take().unwrap();
     let e = std::thread::spawn(move || {
@@ -142,9 +145,9 @@ pub fn collect(mut child: Child, stdin: &str) -> Out {
     });
     let status = wait_bounded(&mut child);
     let _ = writer.join();
-    o.join().unwrap();
     Out {
         status,
+        stdout: o.join().unwrap(),
         stderr: e.join().unwrap(),
     }
 }
@@ -180,6 +183,28 @@ pub struct Reaped(Child);
 
 impl Drop for Reaped {
     fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A child asked to stop (SIGTERM) when the test is done with it, and killed if it has not
+/// exited within [`RUN_BOUND`].
+pub struct Stopped(pub Child);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        if let Ok(pid) = i32::try_from(self.0.id()) {
+            let pid = nix::unistd::Pid::from_raw(pid);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        }
+        let deadline = Instant::now() + RUN_BOUND;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
