@@ -32,16 +32,10 @@ impl Scheduler {
         // Discovery reports lanes that are not paused (any more): an operator resumed it.
         l.paused = false;
         let idle = l.queue.is_empty() && !l.in_flight && !l.stalled;
-        if idle || !l.known {
-            // A lane the pass already read through a joined unit holds nothing it started:
-            // its persisted backoff applies as to an idle one.
-            l.not_before = match (l.known, l.not_before) {
-                (false, Some(t)) => Some(t.max(info.not_before.unwrap_or(t))),
-                _ => info.not_before,
-            };
+        if idle {
+            l.not_before = info.not_before;
             l.level = info.level.min(MAX_BACKOFF_LEVEL);
         }
-        l.known = true;
         l.more = true;
         if let Some(t) = l.not_before.filter(|&t| t > self.now) {
             self.timers.push(Reverse((t, Timer::Lane(lane.0))));

@@ -211,11 +211,6 @@ struct Lane {
     /// An operator acted on it while its head had an attempt in flight: it reads and starts
     /// nothing until that unit has left (it is in [`Scheduler::fenced`]).
     fenced: bool,
-    /// The pass was told the lane's persisted state (backoff, strict) by a discovery
-    /// ([`Scheduler::handle_lane`]) or an operator's action on it: until then a lane that a
-    /// read reached only through a joined unit is read but starts nothing, since its backoff
-    /// is not known (the next pass discovers it).
-    known: bool,
 }
 
 impl Lane {

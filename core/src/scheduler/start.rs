@@ -53,8 +53,7 @@ impl Scheduler {
                     false
                 }
             };
-            let lane_ok =
-                l.known && l.open(now) && !l.in_flight && !l.blocked && !l.paused && !l.fenced;
+            let lane_ok = l.open(now) && !l.in_flight && !l.blocked && !l.paused && !l.fenced;
             if due && lane_ok {
                 startable.push(i);
             } else if !u.started && !s.phase.resolved() {
