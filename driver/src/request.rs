@@ -491,6 +491,43 @@ mod tests {
     }
 
     #[test]
+    fn build_signs_cavage_and_build_with_passes_the_spec_and_challenge_on() {
+        use std::sync::Mutex;
+        #[derive(Default)]
+        struct Seen(Mutex<Vec<(SignatureSpec, Option<String>)>>);
+        impl Signer for Seen {
+            fn sign(
+                &self,
+                req: &SignRequest<'_>,
+            ) -> Result<Vec<(String, String)>, crate::sign::SignError> {
+                let mut seen = self.0.lock().unwrap();
+                seen.push((req.spec, req.challenge.map(str::to_owned)));
+                Ok(vec![("X-Signed".to_owned(), req.spec.as_str().to_owned())])
+            }
+        }
+        let seen = Arc::new(Seen::default());
+        let p = policy(Some(Arc::clone(&seen) as Arc<dyn Signer>));
+        let to = Destination::parse("http://127.0.0.1:8080/inbox");
+        let body = Bytes::from_static(b"{}");
+        let d = delivery(&to, &body, &[]);
+        let at = SystemTime::now();
+        let last = |r: Request<'_>| names(&r).pop().unwrap();
+        assert_eq!(last(p.build(&d, at).unwrap()), "x-signed: cavage");
+        let challenge = "sig1=(\"@method\");created";
+        let r = p
+            .build_with(&d, at, SignatureSpec::Rfc9421, Some(challenge))
+            .unwrap();
+        assert_eq!(last(r), "x-signed: rfc9421");
+        assert_eq!(
+            *seen.0.lock().unwrap(),
+            [
+                (SignatureSpec::Cavage, None),
+                (SignatureSpec::Rfc9421, Some(challenge.to_owned()))
+            ]
+        );
+    }
+
+    #[test]
     fn a_destination_is_parsed_once_and_keys_its_host() {
         let d = Destination::parse("https://A.example/inbox");
         assert_eq!(d.as_str(), "https://a.example/inbox");

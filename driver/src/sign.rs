@@ -95,10 +95,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
+use ed25519_dalek::pkcs8::DecodePrivateKey as _;
 use hmac::{Hmac, KeyInit as _, Mac as _};
 use outbox_lanes_core::UnitId;
 use outbox_lanes_core::policy::Recipient;
-use ed25519_dalek::pkcs8::DecodePrivateKey as _;
 use rsa::pkcs1::DecodeRsaPrivateKey as _;
 use rsa::pkcs1v15::SigningKey;
 use rsa::pkcs8::{PrivateKeyInfo, SecretDocument};
@@ -484,8 +484,9 @@ impl KeyAlgorithm {
 pub enum KeyError {
     /// The `key_id` is empty.
     EmptyKeyId,
-    /// The `key_id` holds a `"`, a backslash or a control character, which cannot be written
-    /// in the `Signature` header.
+    /// The `key_id` holds a `"`, a backslash, or a character other than visible ASCII and
+    /// the space (a control character, a non-ASCII letter), which cannot be written in a
+    /// signature header.
     BadKeyId,
     /// The PEM is a public key or a certificate, not a private key.
     NotPrivate,
@@ -511,9 +512,10 @@ impl fmt::Display for KeyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             KeyError::EmptyKeyId => f.write_str("key_id is empty"),
-            KeyError::BadKeyId => {
-                f.write_str("key_id holds a double quote, a backslash or a control character")
-            }
+            KeyError::BadKeyId => f.write_str(
+                "key_id holds a double quote, a backslash, or a character other than visible \
+                     ASCII and the space",
+            ),
             KeyError::NotPrivate => {
                 f.write_str("the PEM is a public key or certificate, not a private key")
             }
@@ -557,7 +559,7 @@ impl ActorKey {
         }
         if key_id
             .chars()
-            .any(|c| c == '"' || c == '\\' || c.is_control())
+            .any(|c| c == '"' || c == '\\' || !(c == ' ' || c.is_ascii_graphic()))
         {
             return Err(KeyError::BadKeyId);
         }
@@ -1169,6 +1171,7 @@ mod tests {
         use super::super::*;
         use outbox_lanes_test_support::signatures::{
             ALICE_PRIVATE_PKCS8, ALICE_PUBLIC, BOB_PRIVATE_PKCS1, BOB_PUBLIC,
+            CAROL_ED25519_PRIVATE, CAROL_ED25519_PUBLIC, P256_PRIVATE_PKCS8,
         };
         use rsa::pkcs1v15::{Signature, VerifyingKey};
         use rsa::pkcs8::DecodePublicKey as _;
@@ -1415,6 +1418,132 @@ mod tests {
                 ActorKey::from_pem("k", &ALICE_PRIVATE_PKCS8.replace("MII", "XII")),
                 Err(KeyError::Invalid(_))
             ));
+        }
+
+        #[test]
+        fn an_ed25519_key_signs_cavage_as_hs2019() {
+            use ed25519_dalek::Verifier as _;
+            use ed25519_dalek::pkcs8::DecodePublicKey as _;
+            const CAROL: &str = "https://example.com/users/carol";
+            let key = ActorKey::from_pem(format!("{CAROL}#key"), CAROL_ED25519_PRIVATE).unwrap();
+            assert_eq!(key.algorithm(), KeyAlgorithm::Ed25519);
+            assert_eq!(key.algorithm().cavage_algorithm(), "hs2019");
+            assert!(format!("{key:?}").contains("Ed25519"));
+            let mut s = HttpSignatures::new();
+            s.insert(CAROL, key);
+            let url = Recipient::parse("http://[::1]:8080/i").unwrap();
+            let h = s.sign(&req(CAROL, &url, b"{}")).unwrap();
+            let names: Vec<_> = h.iter().map(|(n, _)| n.as_str()).collect();
+            assert_eq!(names, ["Date", "Digest", "Signature"]);
+            let prefix = format!(
+                "keyId=\"{CAROL}#key\",algorithm=\"hs2019\",\
+                 headers=\"(request-target) host date digest\",signature=\""
+            );
+            let b64 = h[2]
+                .1
+                .strip_prefix(&prefix)
+                .and_then(|r| r.strip_suffix('"'))
+                .unwrap_or_else(|| panic!("{}", h[2].1));
+            let sig = ed25519_dalek::Signature::from_slice(&BASE64.decode(b64).unwrap()).unwrap();
+            let public =
+                ed25519_dalek::VerifyingKey::from_public_key_pem(CAROL_ED25519_PUBLIC).unwrap();
+            let string = format!(
+                "(request-target): post /i\nhost: [::1]:8080\ndate: {}\ndigest: {}",
+                h[0].1, h[1].1
+            );
+            assert!(public.verify(string.as_bytes(), &sig).is_ok());
+            assert!(
+                public
+                    .verify(string.replace("/i", "/j").as_bytes(), &sig)
+                    .is_err()
+            );
+        }
+
+        #[test]
+        fn the_key_tells_its_algorithm() {
+            for (pem, alg) in [
+                (ALICE_PRIVATE_PKCS8, KeyAlgorithm::Rsa),
+                (BOB_PRIVATE_PKCS1, KeyAlgorithm::Rsa),
+                (CAROL_ED25519_PRIVATE, KeyAlgorithm::Ed25519),
+            ] {
+                assert_eq!(ActorKey::from_pem("k", pem).unwrap().algorithm(), alg);
+            }
+            assert_eq!(KeyAlgorithm::Rsa.rfc9421_alg(), "rsa-v1_5-sha256");
+            assert_eq!(KeyAlgorithm::Ed25519.rfc9421_alg(), "ed25519");
+            assert_eq!(KeyAlgorithm::Rsa.cavage_algorithm(), "rsa-sha256");
+            let err = ActorKey::from_pem("k", P256_PRIVATE_PKCS8).unwrap_err();
+            assert_eq!(
+                err,
+                KeyError::Unsupported {
+                    oid: "1.2.840.10045.2.1".to_owned()
+                }
+            );
+            assert!(err.to_string().contains("not RSA or Ed25519"), "{err}");
+            // A PKCS#8 block whose content is no key at all, and an Ed25519 key cut short.
+            for bad in [
+                "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----",
+                "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIIVMcfUANtQiOi/ngTDljDyr\n\
+                 -----END PRIVATE KEY-----",
+                "-----BEGIN PRIVATE KEY-----\n\u{e9}\n-----END PRIVATE KEY-----",
+            ] {
+                assert!(
+                    matches!(ActorKey::from_pem("k", bad), Err(KeyError::Invalid(_))),
+                    "{bad}"
+                );
+            }
+        }
+
+        #[test]
+        fn a_keys_file_takes_ed25519_keys_as_they_are() {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("carol.pem"), CAROL_ED25519_PRIVATE).unwrap();
+            let text = format!(
+                "[actors.carol]\nkey_id = \"https://example.com/users/carol#key\"\n\
+                 private_key_file = \"carol.pem\"\n\
+                 [actors.alice]\nkey_id = \"k\"\nprivate_key_pem = \"\"\"{ALICE_PRIVATE_PKCS8}\"\"\"\n\
+                 [actors.ec]\nkey_id = \"k\"\nprivate_key_pem = \"\"\"{P256_PRIVATE_PKCS8}\"\"\"\n"
+            );
+            let err =
+                HttpSignatures::from_toml(&text, Path::new("keys.toml"), dir.path()).unwrap_err();
+            assert!(
+                err.to_string().contains(
+                    "[actors.\"ec\"]: the PKCS#8 key's algorithm (OID 1.2.840.10045.2.1)"
+                ),
+                "{err}"
+            );
+            let text = text.split("[actors.ec]").next().unwrap();
+            let s = HttpSignatures::from_toml(text, Path::new("keys.toml"), dir.path()).unwrap();
+            assert_eq!(s.key("carol").unwrap().algorithm(), KeyAlgorithm::Ed25519);
+            assert_eq!(s.key("alice").unwrap().algorithm(), KeyAlgorithm::Rsa);
+        }
+
+        #[test]
+        fn the_spec_picks_the_scheme_and_has_a_code() {
+            let s = signer();
+            assert!(s.http_signatures());
+            assert!(!StandardWebhooks::new(&b"k"[..]).unwrap().http_signatures());
+            let url = Recipient::parse("https://inbox.example/inbox").unwrap();
+            let mut r = req(ALICE, &url, b"{}");
+            let names =
+                |h: Vec<(String, String)>| h.into_iter().map(|(n, _)| n).collect::<Vec<_>>();
+            assert_eq!(names(s.sign(&r).unwrap()), ["Date", "Digest", "Signature"]);
+            r.spec = SignatureSpec::Rfc9421;
+            assert_eq!(
+                names(s.sign(&r).unwrap()),
+                ["Content-Digest", "Signature-Input", "Signature"]
+            );
+            // A challenge means nothing to draft-cavage.
+            r.spec = SignatureSpec::Cavage;
+            r.challenge = Some("sig1=(\"date\")");
+            assert_eq!(names(s.sign(&r).unwrap()), ["Date", "Digest", "Signature"]);
+            for spec in [SignatureSpec::Rfc9421, SignatureSpec::Cavage] {
+                assert_eq!(SignatureSpec::from_code(spec.as_str()), Some(spec));
+            }
+            assert_eq!(SignatureSpec::Rfc9421.as_str(), "rfc9421");
+            assert_eq!(SignatureSpec::Cavage.as_str(), "cavage");
+            for other in ["", "RFC9421", "auto", "cavage "] {
+                assert_eq!(SignatureSpec::from_code(other), None);
+            }
         }
     }
 }

@@ -204,8 +204,9 @@ fn member_plan(label: &str, list: &sfv::InnerList, key: &ActorKey) -> Result<Pla
                 "component parameters (\"{name}\";…) are not supported"
             ));
         }
-        let c = Component::from_name(name)
-            .ok_or_else(|| format!("cannot cover \"{name}\": not a component this signer knows the value of"))?;
+        let c = Component::from_name(name).ok_or_else(|| {
+            format!("cannot cover \"{name}\": not a component this signer knows the value of")
+        })?;
         if components.contains(&c) {
             return Err(format!("\"{name}\" is asked for twice"));
         }
@@ -402,4 +403,403 @@ pub(super) fn sign_plan(
     out.push(("Signature-Input".to_owned(), input));
     out.push(("Signature".to_owned(), signature));
     Ok(out)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a failing unwrap is a failing test
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use ed25519_dalek::pkcs8::DecodePublicKey as _;
+    use ed25519_dalek::{Signature as EdSignature, Verifier as _, VerifyingKey as EdVerifyingKey};
+    use outbox_lanes_core::UnitId;
+    use outbox_lanes_core::policy::Recipient;
+    use outbox_lanes_test_support::signatures::{
+        ALICE_PRIVATE_PKCS8, ALICE_PUBLIC, CAROL_ED25519_PRIVATE, CAROL_ED25519_PUBLIC,
+    };
+    use rsa::pkcs1v15::{Signature as RsaSignature, VerifyingKey as RsaVerifyingKey};
+
+    use super::*;
+    use crate::sign::{HttpSignatures, SignatureSpec, Signer as _};
+
+    /// RFC 9421 Appendix B.1.4, test-key-ed25519.
+    const RFC_ED25519_PRIVATE: &str = "-----BEGIN PRIVATE KEY-----\n\
+        MC4CAQAwBQYDK2VwBCIEIJ+DYvh6SEqVTm50DFtMDoQikTmiCqirVv9mWG9qfSnF\n\
+        -----END PRIVATE KEY-----\n";
+    const RFC_ED25519_PUBLIC: &str = "-----BEGIN PUBLIC KEY-----\n\
+        MCowBQYDK2VwAyEAJrQLj5P/89iXES9+vFgrIy29clF9CC/oPPsw3c5D0bs=\n\
+        -----END PUBLIC KEY-----\n";
+    /// RFC 9421 Appendix B.2.6: the signature base and signature over the B.2 request.
+    const B26_BASE: &str = "\"date\": Tue, 20 Apr 2021 02:07:55 GMT\n\
+        \"@method\": POST\n\
+        \"@path\": /foo\n\
+        \"@authority\": example.com\n\
+        \"content-type\": application/json\n\
+        \"content-length\": 18\n\
+        \"@signature-params\": (\"date\" \"@method\" \"@path\" \"@authority\" \
+        \"content-type\" \"content-length\");created=1618884473;keyid=\"test-key-ed25519\"";
+    const B26_SIGNATURE: &str =
+        "wqcAqbmYJ2ji2glfAMaRy4gruYYnx2nEFN2HN6jrnDnQCK1u02Gb04v9EDgwUPiu4A0w6vuQv5lIp5WPpBKRCw==";
+    /// The body of the RFC's B.2 request.
+    const B2_BODY: &[u8] = br#"{"hello": "world"}"#;
+
+    const ALICE: &str = "https://example.com/users/alice";
+    const CAROL: &str = "https://example.com/users/carol";
+
+    fn signer() -> HttpSignatures {
+        let mut s = HttpSignatures::new();
+        s.insert(
+            ALICE,
+            ActorKey::from_pem(format!("{ALICE}#main-key"), ALICE_PRIVATE_PKCS8).unwrap(),
+        );
+        s.insert(
+            CAROL,
+            ActorKey::from_pem(format!("{CAROL}#ed25519-key"), CAROL_ED25519_PRIVATE).unwrap(),
+        );
+        s.insert(
+            "rfc",
+            ActorKey::from_pem("test-key-ed25519", RFC_ED25519_PRIVATE).unwrap(),
+        );
+        s
+    }
+
+    fn req<'a>(
+        actor: &'a str,
+        to: &'a Recipient,
+        body: &'a [u8],
+        at_secs: u64,
+        challenge: Option<&'a str>,
+    ) -> SignRequest<'a> {
+        SignRequest {
+            actor,
+            unit: UnitId(9),
+            idempotency_key: "0123abcd-9",
+            recipient: to,
+            body,
+            content_type: "application/json",
+            at: UNIX_EPOCH + Duration::from_millis(at_secs * 1000 + 700),
+            attempt: 1,
+            spec: SignatureSpec::Rfc9421,
+            challenge,
+        }
+    }
+
+    fn get<'h>(headers: &'h [(String, String)], name: &str) -> &'h str {
+        headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+            .unwrap_or_else(|| panic!("no {name} in {headers:?}"))
+    }
+
+    /// The signature bytes of `label` in a `Signature` value, read with sfv.
+    fn signature_of(header: &str, label: &str) -> Vec<u8> {
+        let dict: Dictionary = Parser::new(header).parse_dictionary().unwrap();
+        match dict.get(label) {
+            Some(ListEntry::Item(item)) => match &item.bare_item {
+                BareItem::ByteSequence(b) => b.clone(),
+                other => panic!("{other:?}"),
+            },
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn ed25519_verifies(public: &str, base: &str, signature: &[u8]) -> bool {
+        let key = EdVerifyingKey::from_public_key_pem(public).unwrap();
+        let Ok(sig) = EdSignature::from_slice(signature) else {
+            return false;
+        };
+        key.verify(base.as_bytes(), &sig).is_ok()
+    }
+
+    fn rsa_verifies(public: &str, base: &str, signature: &[u8]) -> bool {
+        let key = rsa::RsaPublicKey::from_public_key_pem(public).unwrap();
+        let sig = RsaSignature::try_from(signature).unwrap();
+        RsaVerifyingKey::<rsa::sha2::Sha256>::new(key)
+            .verify(base.as_bytes(), &sig)
+            .is_ok()
+    }
+
+    /// RFC 9530's own example (§2, `{"hello": "world"}`), and the empty body; both checked
+    /// with Python's hashlib on this machine.
+    #[test]
+    fn content_digest_is_rfc_9530_sha_256() {
+        assert_eq!(
+            content_digest(B2_BODY),
+            "sha-256=:X48E9qOokqqrvdts8nOJRJN3OWDUoyWxBf7kbu9DBPE=:"
+        );
+        assert_eq!(
+            content_digest(b""),
+            "sha-256=:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=:"
+        );
+    }
+
+    /// The signature base and the (deterministic) Ed25519 signature of RFC 9421 B.2.6,
+    /// byte for byte, from the component values of the RFC's B.2 request.
+    #[test]
+    fn reproduces_the_rfc_ed25519_vector() {
+        let lines = [
+            ("date", "Tue, 20 Apr 2021 02:07:55 GMT".to_owned()),
+            ("@method", "POST".to_owned()),
+            ("@path", "/foo".to_owned()),
+            ("@authority", "example.com".to_owned()),
+            ("content-type", "application/json".to_owned()),
+            ("content-length", "18".to_owned()),
+        ];
+        let names: Vec<&str> = lines.iter().map(|(n, _)| *n).collect();
+        let params = signature_params(
+            &names,
+            &Params {
+                created: 1_618_884_473,
+                expires: None,
+                keyid: "test-key-ed25519",
+                alg: None,
+                nonce: None,
+                tag: None,
+            },
+        )
+        .unwrap();
+        let base = signature_base(&lines, &params);
+        assert_eq!(base, B26_BASE);
+        let key = ActorKey::from_pem("test-key-ed25519", RFC_ED25519_PRIVATE).unwrap();
+        assert_eq!(key.algorithm().rfc9421_alg(), "ed25519");
+        let sig = key.sign_bytes(base.as_bytes()).unwrap();
+        assert_eq!(BASE64.encode(&sig), B26_SIGNATURE);
+        assert!(ed25519_verifies(RFC_ED25519_PUBLIC, &base, &sig));
+    }
+
+    /// The B.2.6 covered components asked for by a challenge, on the RFC's B.2 request: the
+    /// values the signer derives from the request are the RFC's (the Date is the attempt's,
+    /// `created` too, and `alg` is always sent).
+    #[test]
+    fn a_challenge_for_the_rfc_components_derives_the_rfc_values() {
+        let s = signer();
+        let to = Recipient::parse("https://example.com/foo?param=Value&Pet=dog").unwrap();
+        let challenge = "sig-b26=(\"date\" \"@method\" \"@path\" \"@authority\" \
+                         \"content-type\" \"content-length\");created;keyid=\"test-key-ed25519\"";
+        // 02:07:55, the Date of the RFC's request.
+        let h = s
+            .sign(&req("rfc", &to, B2_BODY, 1_618_884_475, Some(challenge)))
+            .unwrap();
+        let names: Vec<&str> = h.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            ["Date", "Content-Digest", "Signature-Input", "Signature"]
+        );
+        assert_eq!(get(&h, "Date"), "Tue, 20 Apr 2021 02:07:55 GMT");
+        let params = "(\"date\" \"@method\" \"@path\" \"@authority\" \"content-type\" \
+                      \"content-length\");created=1618884475;keyid=\"test-key-ed25519\";alg=\"ed25519\"";
+        assert_eq!(get(&h, "Signature-Input"), format!("sig-b26={params}"));
+        let want_base = B26_BASE.replace(
+            ";created=1618884473;keyid=\"test-key-ed25519\"",
+            ";created=1618884475;keyid=\"test-key-ed25519\";alg=\"ed25519\"",
+        );
+        assert!(want_base.ends_with(params), "{want_base}");
+        let sig = signature_of(get(&h, "Signature"), "sig-b26");
+        assert!(ed25519_verifies(RFC_ED25519_PUBLIC, &want_base, &sig));
+        assert!(!ed25519_verifies(
+            RFC_ED25519_PUBLIC,
+            &want_base.replace("/foo", "/bar"),
+            &sig
+        ));
+    }
+
+    /// The default signature, with the base written out by hand, for an RSA key (a port that
+    /// is not the default, a query) and an Ed25519 key (default port).
+    #[test]
+    fn the_default_signature_covers_method_target_uri_and_content_digest() {
+        let s = signer();
+        let cases = [
+            (
+                ALICE,
+                ALICE_PUBLIC,
+                "https://inbox.example:8443/users/x/inbox?a=1",
+                "rsa-v1_5-sha256",
+                "#main-key",
+            ),
+            (
+                CAROL,
+                CAROL_ED25519_PUBLIC,
+                "https://inbox.example/inbox",
+                "ed25519",
+                "#ed25519-key",
+            ),
+        ];
+        for (actor, public, url, alg, fragment) in cases {
+            let to = Recipient::parse(url).unwrap();
+            let h = s
+                .sign(&req(actor, &to, b"{}", 1_700_000_000, None))
+                .unwrap();
+            let names: Vec<&str> = h.iter().map(|(n, _)| n.as_str()).collect();
+            assert_eq!(names, ["Content-Digest", "Signature-Input", "Signature"]);
+            let digest = "sha-256=:RBNvo1WzZ4oRRq0W9+hknpT7T8If536DEMBg9hyq/4o=:";
+            assert_eq!(get(&h, "Content-Digest"), digest);
+            let params = format!(
+                "(\"@method\" \"@target-uri\" \"content-digest\");created=1700000000;\
+                 keyid=\"{actor}{fragment}\";alg=\"{alg}\""
+            );
+            assert_eq!(get(&h, "Signature-Input"), format!("sig1={params}"));
+            let base = format!(
+                "\"@method\": POST\n\"@target-uri\": {url}\n\"content-digest\": {digest}\n\
+                 \"@signature-params\": {params}"
+            );
+            let sig = signature_of(get(&h, "Signature"), "sig1");
+            let verifies = |base: &str| {
+                if alg == "ed25519" {
+                    ed25519_verifies(public, base, &sig)
+                } else {
+                    rsa_verifies(public, base, &sig)
+                }
+            };
+            assert!(verifies(&base), "{actor}");
+            assert!(!verifies(&base.replace("RBNvo", "XBNvo")), "{actor}");
+            // A later attempt is signed afresh.
+            let later = s
+                .sign(&req(actor, &to, b"{}", 1_700_000_009, None))
+                .unwrap();
+            assert!(get(&later, "Signature-Input").contains(";created=1700000009;"));
+        }
+    }
+
+    #[test]
+    fn a_challenge_sets_label_components_and_the_asked_parameters() {
+        let s = signer();
+        let to = Recipient::parse("http://127.0.0.1:8080/inbox?x=%2F").unwrap();
+        let body = br#"{"n":1}"#;
+        let challenge = "other=(\"user-agent\"), \
+             proof=(\"@method\" \"@authority\" \"@scheme\" \"@path\" \"@query\" \
+             \"@request-target\" \"host\" \"content-length\" \"content-type\" \
+             \"idempotency-key\" \"content-digest\");created;expires;nonce=\"n-1\";\
+             tag=\"app\";keyid=\"https://example.com/users/alice#main-key\";\
+             alg=\"rsa-v1_5-sha256\"";
+        let h = s
+            .sign(&req(ALICE, &to, body, 1_700_000_000, Some(challenge)))
+            .unwrap();
+        let names: Vec<&str> = h.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["Content-Digest", "Signature-Input", "Signature"]);
+        let params = "(\"@method\" \"@authority\" \"@scheme\" \"@path\" \"@query\" \
+             \"@request-target\" \"host\" \"content-length\" \"content-type\" \
+             \"idempotency-key\" \"content-digest\");created=1700000000;expires=1700000300;\
+             keyid=\"https://example.com/users/alice#main-key\";alg=\"rsa-v1_5-sha256\";\
+             nonce=\"n-1\";tag=\"app\"";
+        assert_eq!(get(&h, "Signature-Input"), format!("proof={params}"));
+        let digest = get(&h, "Content-Digest");
+        let base = format!(
+            "\"@method\": POST\n\"@authority\": 127.0.0.1:8080\n\"@scheme\": http\n\
+             \"@path\": /inbox\n\"@query\": ?x=%2F\n\"@request-target\": /inbox?x=%2F\n\
+             \"host\": 127.0.0.1:8080\n\"content-length\": 7\n\
+             \"content-type\": application/json\n\"idempotency-key\": 0123abcd-9\n\
+             \"content-digest\": {digest}\n\"@signature-params\": {params}"
+        );
+        let sig = signature_of(get(&h, "Signature"), "proof");
+        assert!(rsa_verifies(ALICE_PUBLIC, &base, &sig));
+
+        // No query: `@query` is `?`; the default port is not in `@authority`.
+        let to = Recipient::parse("https://inbox.example:443/i").unwrap();
+        let h = s
+            .sign(&req(
+                CAROL,
+                &to,
+                b"",
+                1_700_000_000,
+                Some("a=(\"@query\" \"@authority\" \"@target-uri\")"),
+            ))
+            .unwrap();
+        let params = format!(
+            "(\"@query\" \"@authority\" \"@target-uri\");created=1700000000;\
+             keyid=\"{CAROL}#ed25519-key\";alg=\"ed25519\""
+        );
+        assert_eq!(get(&h, "Signature-Input"), format!("a={params}"));
+        let base = format!(
+            "\"@query\": ?\n\"@authority\": inbox.example\n\
+             \"@target-uri\": https://inbox.example/i\n\"@signature-params\": {params}"
+        );
+        let sig = signature_of(get(&h, "Signature"), "a");
+        assert!(ed25519_verifies(CAROL_ED25519_PUBLIC, &base, &sig));
+    }
+
+    /// Every challenge that cannot be honoured signs the default components, and says why.
+    #[test]
+    fn a_challenge_that_cannot_be_honoured_is_ignored() {
+        let s = signer();
+        let key = s.key(ALICE).unwrap();
+        let to = Recipient::parse("https://inbox.example/inbox").unwrap();
+        let default = s
+            .sign(&req(ALICE, &to, b"{}", 1_700_000_000, None))
+            .unwrap();
+        for (challenge, why) in [
+            ("", "no member"),
+            ("sig1=(\"@method\"", "not a structured-field dictionary"),
+            ("(((", "not a structured-field dictionary"),
+            ("sig1=\"@method\"", "not an inner list"),
+            ("sig1=(\"user-agent\")", "cannot cover \"user-agent\""),
+            ("sig1=(\"accept\")", "cannot cover \"accept\""),
+            ("sig1=(\"Content-Type\")", "cannot cover \"Content-Type\""),
+            ("sig1=(\"@query-param\";name=\"a\")", "component parameters"),
+            ("sig1=(\"content-digest\";sf)", "component parameters"),
+            ("sig1=(method)", "not a string"),
+            ("sig1=(\"@method\" \"@method\")", "asked for twice"),
+            (
+                "sig1=(\"@method\");alg=\"ed25519\"",
+                "asks for alg \"ed25519\"",
+            ),
+            ("sig1=(\"@method\");alg=\"rsa-pss-sha512\"", "asks for alg"),
+            (
+                "sig1=(\"@method\");keyid=\"other\"",
+                "asks for keyid \"other\"",
+            ),
+            ("sig1=(\"@method\");keyid=1", "wrong type"),
+            ("sig1=(\"@method\");nonce=1", "wrong type"),
+            ("sig1=(\"@method\");foo=\"bar\"", "\"foo\" is unknown"),
+        ] {
+            let err = Plan::from_challenge(challenge, key).unwrap_err();
+            assert!(err.contains(why), "{challenge:?}: {err}");
+            let h = s
+                .sign(&req(ALICE, &to, b"{}", 1_700_000_000, Some(challenge)))
+                .unwrap();
+            assert_eq!(get(&h, "Signature-Input"), get(&default, "Signature-Input"));
+            assert_eq!(get(&h, "Content-Digest"), get(&default, "Content-Digest"));
+        }
+        // The first member that can be honoured is.
+        let plan = Plan::from_challenge(
+            "a=(\"user-agent\"), b=(\"@method\");keyid=\"other\", c=(\"@path\"), d=(\"@method\")",
+            key,
+        )
+        .unwrap();
+        assert_eq!(plan.label, "c");
+        assert_eq!(plan.components, [Component::Path]);
+    }
+
+    #[test]
+    fn a_value_a_structured_field_cannot_carry_is_refused() {
+        let p = |keyid| Params {
+            created: 1,
+            expires: None,
+            keyid,
+            alg: None,
+            nonce: None,
+            tag: None,
+        };
+        let err = signature_params(&["@method"], &p("https://\u{e9}.example/k")).unwrap_err();
+        assert!(err.contains("keyid"), "{err}");
+        let err = signature_params(&["caf\u{e9}"], &p("k")).unwrap_err();
+        assert!(err.contains("component"), "{err}");
+        let mut late = p("k");
+        late.created = 1_000_000_000_000_000;
+        assert!(
+            signature_params(&[], &late)
+                .unwrap_err()
+                .contains("created")
+        );
+        // An empty list of components is a valid signature (only its parameters signed).
+        assert_eq!(
+            signature_params(&[], &p("k")).unwrap(),
+            "();created=1;keyid=\"k\""
+        );
+        // The keys a signer holds never carry such a key id.
+        assert_eq!(
+            ActorKey::from_pem("https://\u{e9}.example/k", ALICE_PRIVATE_PKCS8).unwrap_err(),
+            crate::sign::KeyError::BadKeyId
+        );
+    }
 }
