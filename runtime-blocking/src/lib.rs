@@ -45,8 +45,8 @@ use outbox_lanes_core::{ActorId, ActorResolver, IdentityResolver};
 pub use outbox_lanes_driver::engine::Stopped;
 use outbox_lanes_driver::engine::{self, Runtime};
 pub use outbox_lanes_driver::{
-    Attempted, DeadLettered, Delivered, DrainControl, DrainOutcome, Hooks, HostCaps, OutboxConfig,
-    OutboxError, PassReport, Signer, Started,
+    Attempted, DeadLettered, Delivered, DrainControl, DrainOutcome, Hooks, HostCaps, OriginConfig,
+    OutboxConfig, OutboxError, PassReport, SignatureMode, Signer, Started,
 };
 use outbox_lanes_driver::{Executor, Job, OutboxCore};
 pub use outbox_lanes_driver::{core, sign, store};
@@ -224,7 +224,7 @@ fn worker(rx: &Mutex<Receiver<Job>>, http: &HttpClient) {
             // Its pass ended and handed the unit back: dropping it sends nothing.
             Ok(job) if job.abandoned() => drop(job),
             Ok(job) => {
-                let result = http.deliver(&job.delivery(), std::time::SystemTime::now());
+                let result = http.deliver_job(&job, std::time::SystemTime::now());
                 job.finish(result);
             }
             Err(_) => return,
