@@ -127,6 +127,11 @@ pub struct OriginConfig {
     pub spec_retry: Duration,
     /// How often the state is read back from the store. Default 1 s.
     pub refresh: Duration,
+    /// Whether the double-knock applies (a signer of HTTP Signatures with
+    /// [`SignatureMode::Auto`]; the runtimes' builders set it): then an origin whose scheme is
+    /// not known takes one attempt at a time until it is, so one refused RFC 9421 request,
+    /// not one per lane, teaches it.
+    pub knock: bool,
 }
 
 impl Default for OriginConfig {
@@ -138,6 +143,7 @@ impl Default for OriginConfig {
             unavailable_after: None,
             spec_retry: DEFAULT_SPEC_RETRY,
             refresh: Duration::from_secs(1),
+            knock: false,
         }
     }
 }
@@ -221,6 +227,27 @@ impl Origin {
 
     fn open(&self) -> bool {
         self.level == 0
+    }
+
+    /// Attempts this open origin may have in flight at once: one while its signature scheme
+    /// is to be learned (the double-knock), `failures` while it has not answered (or just
+    /// failed), any number once it answers.
+    fn limit(&self, cfg: &OriginConfig, t: Timestamp) -> u32 {
+        let learning = cfg.knock
+            && match self.spec {
+                None => true,
+                Some((SignatureSpec::Cavage, at)) => {
+                    t.saturating_duration_since(at) >= cfg.spec_retry
+                }
+                Some((SignatureSpec::Rfc9421, _)) => false,
+            };
+        if learning {
+            1
+        } else if cfg.failures == 0 || (self.answered && self.failures == 0) {
+            u32::MAX
+        } else {
+            cfg.failures
+        }
     }
 }
 
@@ -406,11 +433,7 @@ impl OriginGate {
             }
             HostBlock::Open => {}
         }
-        if cfg.failures == 0 {
-            o.in_flight += 1;
-            return Admit::Send { probe: false };
-        }
-        if !o.open() {
+        if cfg.failures > 0 && !o.open() {
             if let (Some(after), Some(since)) = (cfg.unavailable_after, o.failing_since)
                 && t.saturating_duration_since(since) >= after
             {
@@ -450,8 +473,7 @@ impl OriginGate {
                 ),
             ));
         }
-        let proven = o.answered && o.failures == 0;
-        if proven || o.in_flight < cfg.failures {
+        if o.in_flight < o.limit(cfg, t) {
             o.in_flight += 1;
             return Admit::Send { probe: false };
         }
@@ -643,13 +665,13 @@ impl OriginTicket {
                 _ => {}
             }
             if o.open() {
-                let proven = o.answered && o.failures == 0;
+                let limit = o.limit(cfg, t);
                 while let Some(job) = o.parked.front() {
                     if job.abandoned() {
                         o.parked.pop_front();
                         continue;
                     }
-                    if !proven && o.in_flight >= cfg.failures.max(1) {
+                    if o.in_flight >= limit {
                         break;
                     }
                     if let Some(job) = o.parked.pop_front() {

@@ -203,7 +203,10 @@ impl OutboxBuilder {
             self.config.concurrency,
             grace,
         ));
-        let core = OutboxCore::new(self.store, self.config, self.resolver, self.hooks, executor)?;
+        let mut config = self.config;
+        config.hosts.knock = self.signer.as_ref().is_some_and(|s| s.http_signatures())
+            && config.http.signature == SignatureMode::Auto;
+        let core = OutboxCore::new(self.store, config, self.resolver, self.hooks, executor)?;
         Ok(Outbox {
             inner: Arc::new(Inner {
                 core: Some(Arc::new(core)),
