@@ -32,7 +32,7 @@
 //! ([`Outcome::Deferred`]), or with `--dead-letter` sets them aside ([`Outcome::SetAside`],
 //! reason `blocked`).
 //!
-//! # Signature schemes (the double-knock)
+//! # Signature schemes (the double-knock, OL-22)
 //!
 //! With [`SignatureMode::Auto`] and a signer of HTTP Signatures, an origin not known yet gets
 //! RFC 9421 first; a refusal that means "signature not understood" (401, 403, 400; 5xx too
