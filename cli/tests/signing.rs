@@ -181,7 +181,21 @@ fn http_signatures(db: &Db) {
     enqueue(db, BOB, "b0", &r.url("/inbox/b"));
     let before = SystemTime::now();
     let keys = keys.display().to_string();
-    ok(run(db, &["drain", "--signing-keys", &keys], ""), "drain");
+    // draft-cavage as the verifier here checks it (`auto` would knock with RFC 9421 first).
+    ok(
+        run(
+            db,
+            &[
+                "drain",
+                "--signing-keys",
+                &keys,
+                "--signature-spec",
+                "cavage",
+            ],
+            "",
+        ),
+        "drain",
+    );
     let after = SystemTime::now();
 
     let a = r.requests("/inbox/a");
@@ -370,7 +384,15 @@ fn bad_signing_input_exits_2_before_anything_is_sent() {
     ok(
         run(
             &db,
-            &["drain", "--actor", ALICE, "--signing-keys", &keys],
+            &[
+                "drain",
+                "--actor",
+                ALICE,
+                "--signing-keys",
+                &keys,
+                "--signature-spec",
+                "cavage",
+            ],
             "",
         ),
         "drain alice",

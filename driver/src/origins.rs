@@ -10,9 +10,11 @@
 //! outermost [`Executor`] of an outbox:
 //!
 //! - An origin that has not answered yet in this process, or whose last attempts failed at the
-//!   connection level, takes at most [`OriginConfig::failures`] attempts in flight; the others
-//!   wait in the origin's queue (holding no worker) for an answer. A host that answers is
-//!   then open to every lane at once; a dead one with 200 lanes is tried by a handful.
+//!   connection level, takes at most [`OriginConfig::first_contact`] (16) attempts in flight;
+//!   the others wait in the origin's queue (holding no worker) for an answer. A host that
+//!   answers is then open to every lane at once; a dead one with 200 lanes is tried by a
+//!   handful. (A host that accepts connections and never answers keeps that limit until its
+//!   attempts time out: its 17th lane waits for one of them.)
 //! - After that many connection failures in a row the origin **backs off** (exponential from
 //!   [`OriginConfig::backoff_base`], capped at [`OriginConfig::backoff_cap`], jittered,
 //!   persisted in `ol_hosts`). Its attempts are not sent: each comes back
@@ -105,15 +107,16 @@ pub const DEFAULT_HOST_BACKOFF: Duration = Duration::from_secs(10);
 pub const DEFAULT_HOST_BACKOFF_CAP: Duration = Duration::from_secs(3600);
 /// The default [`OriginConfig::spec_retry`]: 7 days.
 pub const DEFAULT_SPEC_RETRY: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The default [`OriginConfig::first_contact`].
+pub const DEFAULT_FIRST_CONTACT: u32 = 16;
 /// How long an attempt waits while its origin's probe is out, or while an operator holds it.
 const PROBE_WAIT: Duration = Duration::from_secs(5);
 
 /// How hosts are treated (see the [module documentation](self)).
 #[derive(Clone, Debug)]
 pub struct OriginConfig {
-    /// Connection-level failures in a row after which an origin backs off, and the attempts
-    /// in flight an origin not proven (or failing) takes. `0` turns origin health off (every
-    /// lane on its own, as before). Default 3.
+    /// Connection-level failures in a row after which an origin backs off. `0` turns origin
+    /// health off (every lane on its own, as before). Default 3.
     pub failures: u32,
     /// The first backoff of an origin; each failed probe doubles it. Default 10 s.
     pub backoff_base: Duration,
@@ -125,6 +128,12 @@ pub struct OriginConfig {
     /// How long an origin known to take only draft-cavage is signed so before RFC 9421 is
     /// offered again. Default 7 days.
     pub spec_retry: Duration,
+    /// Attempts in flight an origin takes while it has not answered (first contact in this
+    /// process, or after a connection failure): the most a dead host gets at once before its
+    /// failures back it off. Default 16: enough for lanes whose host hangs not to keep a
+    /// healthy path of the same host waiting, few enough that 200 lanes to a dead host cost
+    /// a handful of connections.
+    pub first_contact: u32,
     /// How often the state is read back from the store. Default 1 s.
     pub refresh: Duration,
     /// Whether the double-knock applies (a signer of HTTP Signatures with
@@ -142,6 +151,7 @@ impl Default for OriginConfig {
             backoff_cap: DEFAULT_HOST_BACKOFF_CAP,
             unavailable_after: None,
             spec_retry: DEFAULT_SPEC_RETRY,
+            first_contact: DEFAULT_FIRST_CONTACT,
             refresh: Duration::from_secs(1),
             knock: false,
         }
@@ -230,7 +240,7 @@ impl Origin {
     }
 
     /// Attempts this open origin may have in flight at once: one while its signature scheme
-    /// is to be learned (the double-knock), `failures` while it has not answered (or just
+    /// is to be learned (the double-knock), `first_contact` while it has not answered (or just
     /// failed), any number once it answers.
     fn limit(&self, cfg: &OriginConfig, t: Timestamp) -> u32 {
         let learning = cfg.knock
@@ -246,7 +256,7 @@ impl Origin {
         } else if cfg.failures == 0 || (self.answered && self.failures == 0) {
             u32::MAX
         } else {
-            cfg.failures
+            cfg.first_contact.max(1)
         }
     }
 }
@@ -612,6 +622,7 @@ impl OriginTicket {
         let t = now();
         let mut resume: Vec<Job> = Vec::new();
         let mut refused: Vec<Job> = Vec::new();
+        let dirty;
         {
             let mut map = self.shared.lock();
             let Some(o) = map.get_mut(&self.origin) else {
@@ -664,6 +675,7 @@ impl OriginTicket {
                 }
                 _ => {}
             }
+            dirty = o.dirty;
             if o.open() {
                 let limit = o.limit(cfg, t);
                 while let Some(job) = o.parked.front() {
@@ -681,8 +693,12 @@ impl OriginTicket {
                 }
             }
         }
-        self.shared.changed.notify_all();
-        let wait = {
+        if dirty {
+            self.shared.changed.notify_all();
+        }
+        let wait = if refused.is_empty() {
+            PROBE_WAIT
+        } else {
             let map = self.shared.lock();
             map.get(&self.origin)
                 .and_then(|o| o.not_before)

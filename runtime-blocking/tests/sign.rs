@@ -25,6 +25,8 @@ fn client() -> HttpClient {
     );
     let cfg = HttpConfig {
         addresses: AddressPolicy::allow_loopback_only(),
+        // The draft-cavage verifier of these tests (`auto` would sign RFC 9421 first).
+        signature: outbox_lanes_blocking::SignatureMode::Cavage,
         ..HttpConfig::default()
     };
     HttpClient::new(cfg, Some(Arc::new(keys))).unwrap()

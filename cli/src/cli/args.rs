@@ -207,10 +207,14 @@ pub(crate) struct DeliveryFlags {
     /// Connection-level failures in a row (refused, reset before an answer, DNS, TLS
     /// handshake, connect timeout), counted per host across every lane and actor, after
     /// which the host backs off: its lanes hold without attempts, one probe per interval, and
-    /// an answer reopens them all. A host not known to answer takes at most this many
-    /// attempts in flight. `0`: off (every lane on its own).
+    /// an answer reopens them all. `0`: off (every lane on its own).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(0..=1000), env = "OUTBOX_LANES_HOST_FAILURES")]
     pub(crate) host_failures: u32,
+
+    /// Attempts in flight a host takes until it answers (first contact, or after a
+    /// connection failure): what a dead host gets at once before it backs off.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=65536), env = "OUTBOX_LANES_HOST_FIRST_CONTACT")]
+    pub(crate) host_first_contact: u32,
 
     /// A host's first backoff after --host-failures; each failed probe doubles it, up to
     /// --host-backoff-cap.

@@ -228,6 +228,7 @@ fn config(d: &DeliveryFlags) -> OutboxConfig {
     c.http.signature_fallback_on_5xx = d.signature_fallback_on_5xx;
     c.http.connect_timeout = d.connect_timeout;
     c.hosts.failures = d.host_failures;
+    c.hosts.first_contact = d.host_first_contact;
     c.hosts.backoff_base = d.host_backoff_base;
     c.hosts.backoff_cap = d.host_backoff_cap.max(d.host_backoff_base);
     c.hosts.unavailable_after = d.host_unavailable_after;
