@@ -10,11 +10,12 @@
 //! outermost [`Executor`] of an outbox:
 //!
 //! - An origin that has not answered yet in this process, or whose last attempts failed at the
-//!   connection level, takes at most [`OriginConfig::first_contact`] (16) attempts in flight;
+//!   connection level, takes at most [`OriginConfig::first_contact`] (10) attempts in flight;
 //!   the others wait in the origin's queue (holding no worker) for an answer. A host that
 //!   answers is then open to every lane at once; a dead one with 200 lanes is tried by a
 //!   handful. (A host that accepts connections and never answers keeps that limit until its
-//!   attempts time out: its 17th lane waits for one of them.)
+//!   attempts time out: its 11th lane waits for one of them; after a connection
+//!   failure, the host takes no new attempt until those in flight are answered, unless none is.)
 //! - After that many connection failures in a row the origin **backs off** (exponential from
 //!   [`OriginConfig::backoff_base`], capped at [`OriginConfig::backoff_cap`], jittered,
 //!   persisted in `ol_hosts`). Its attempts are not sent: each comes back
@@ -108,7 +109,7 @@ pub const DEFAULT_HOST_BACKOFF_CAP: Duration = Duration::from_secs(3600);
 /// The default [`OriginConfig::spec_retry`]: 7 days.
 pub const DEFAULT_SPEC_RETRY: Duration = Duration::from_secs(7 * 24 * 3600);
 /// The default [`OriginConfig::first_contact`].
-pub const DEFAULT_FIRST_CONTACT: u32 = 16;
+pub const DEFAULT_FIRST_CONTACT: u32 = 10;
 /// How long an attempt waits while its origin's probe is out, or while an operator holds it.
 const PROBE_WAIT: Duration = Duration::from_secs(5);
 
@@ -129,10 +130,11 @@ pub struct OriginConfig {
     /// offered again. Default 7 days.
     pub spec_retry: Duration,
     /// Attempts in flight an origin takes while it has not answered (first contact in this
-    /// process, or after a connection failure): the most a dead host gets at once before its
-    /// failures back it off. Default 16: enough for lanes whose host hangs not to keep a
-    /// healthy path of the same host waiting, few enough that 200 lanes to a dead host cost
-    /// a handful of connections.
+    /// process): the most a dead host gets at once before its failures back it off. Default
+    /// 10: enough that a few lanes whose host hangs do not keep a healthy path of the same
+    /// host waiting, few enough that 200 lanes to a dead host cost a handful of connections.
+    /// After a connection failure, a host not proven takes no new attempt while one is in
+    /// flight.
     pub first_contact: u32,
     /// How often the state is read back from the store. Default 1 s.
     pub refresh: Duration,
@@ -251,9 +253,10 @@ impl Origin {
                 }
                 Some((SignatureSpec::Rfc9421, _)) => false,
             };
-        if learning {
+        if learning || (cfg.failures > 0 && self.failures > 0) {
+            // After a connection failure, what is in flight tells first.
             1
-        } else if cfg.failures == 0 || (self.answered && self.failures == 0) {
+        } else if cfg.failures == 0 || self.answered {
             u32::MAX
         } else {
             cfg.first_contact.max(1)
@@ -1038,8 +1041,8 @@ mod tests {
         held.finish(1, refused());
         held.finish(2, refused());
         assert!(outcomes(&rx).iter().all(|&(_, o)| o == "transient"));
-        // Still open after 2 failures: a parked job takes a freed place.
-        assert_eq!(held.running(), [3, 4, 99, 5, 6]);
+        // Still open after 2 failures, but what is in flight tells first: nothing new goes.
+        assert_eq!(held.running(), [3, 4, 99]);
         held.finish(3, refused());
         // The 3rd failure in a row: backoff; every parked job is deferred, nothing sent.
         let got = outcomes(&rx);
@@ -1049,7 +1052,7 @@ mod tests {
             .filter(|&&(_, o)| o == "deferred")
             .map(|&(u, _)| u)
             .collect();
-        assert_eq!(deferred, (7..=20).collect::<Vec<_>>());
+        assert_eq!(deferred, (5..=20).collect::<Vec<_>>());
         let snap = g.snapshot();
         let dead = snap
             .iter()
@@ -1072,7 +1075,7 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        assert_eq!(held.running(), [4, 99, 5, 6], "nothing new was sent");
+        assert_eq!(held.running(), [4, 99], "nothing new was sent");
     }
 
     #[test]

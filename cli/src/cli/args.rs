@@ -211,9 +211,9 @@ pub(crate) struct DeliveryFlags {
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(0..=1000), env = "OUTBOX_LANES_HOST_FAILURES")]
     pub(crate) host_failures: u32,
 
-    /// Attempts in flight a host takes until it answers (first contact, or after a
-    /// connection failure): what a dead host gets at once before it backs off.
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=65536), env = "OUTBOX_LANES_HOST_FIRST_CONTACT")]
+    /// Attempts in flight a host takes until it first answers: what a dead host gets at once
+    /// before it backs off (after a connection failure, one at a time).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=65536), env = "OUTBOX_LANES_HOST_FIRST_CONTACT")]
     pub(crate) host_first_contact: u32,
 
     /// A host's first backoff after --host-failures; each failed probe doubles it, up to
