@@ -2131,11 +2131,13 @@ fn dead_letter_operations(db: &Db) {
     assert_eq!(dead_ids(db, &[]).len(), 4);
     assert_eq!(pending(db), 0);
 
-    // Purge with no selector is refused, naming --all; --all takes no selector.
+    // Purge and replay with no selector are refused, naming --all; --all takes no selector.
     for args in [
         &["dead-letters", "purge"][..],
         &["dead-letters", "purge", "--json"][..],
         &["dead-letters", "purge", "--dry-run"][..],
+        &["dead-letters", "replay"][..],
+        &["dead-letters", "replay", "--dry-run"][..],
     ] {
         let out = run(db, args, "");
         assert_eq!(out.code(), Some(2), "{args:?}: {}", out.stderr);
@@ -2148,6 +2150,21 @@ fn dead_letter_operations(db: &Db) {
     );
     assert_eq!(out.code(), Some(2), "{}", out.stderr);
     assert_eq!(dead_ids(db, &[]).len(), 4);
+    // The three take the same selectors: `list --all` is every one, `replay --all --dry-run`
+    // would put every one back.
+    let listed = ok(db, &["dead-letters", "list", "--all", "--json"], "").json();
+    assert_eq!(listed["dead_letters"].as_array().map(Vec::len), Some(4));
+    let dry = ok(
+        db,
+        &["dead-letters", "replay", "--all", "--dry-run", "--json"],
+        "",
+    )
+    .json();
+    assert_eq!(dry["would_replay"], 4);
+    for (sub, word) in [("list", "purged"), ("list", "skipped"), ("replay", "--all")] {
+        let help = ok(db, &["dead-letters", sub, "--help"], "");
+        assert!(help.stdout.contains(word), "{sub} --help: {}", help.stdout);
+    }
 
     // The filters select what replay and purge act on.
     let purged = ok(

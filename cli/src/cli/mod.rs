@@ -280,13 +280,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             on_dead_letter: Some(cmd),
             ..
         }) if cmd.trim().is_empty() => return Err(usage("--on-dead-letter is empty")),
-        Command::DeadLetters(DeadLetterCommand::Purge { which, all, .. })
-            if !which.selects() && !all =>
-        {
-            return Err(usage(
-                "dead-letters purge needs a selector (--actor, --id, --reason, --recipient, \
-                 --older-than), or --all to delete every dead letter",
-            ));
+        Command::DeadLetters(
+            DeadLetterCommand::Purge { which, .. } | DeadLetterCommand::Replay { which, .. },
+        ) if !which.selects() && !which.all => {
+            let verb = match &cli.command {
+                Command::DeadLetters(DeadLetterCommand::Purge { .. }) => "purge",
+                _ => "replay",
+            };
+            return Err(usage(format!(
+                "dead-letters {verb} needs a selector (--actor, --id, --reason, --recipient, \
+                 --older-than), or --all for every dead letter"
+            )));
         }
         _ => None,
     };
