@@ -2608,3 +2608,53 @@ fn a_drain_killed_while_dead_lettering_leaves_a_prefix_and_the_rest_pending() {
     );
     assert_eq!(pending(&db), 0);
 }
+
+/// Each command's help lists only its flags; a usage error under `--log-format json` is one
+/// JSON line on stderr, like every other error.
+#[test]
+fn help_lists_each_commands_own_flags_and_usage_errors_follow_the_log_format() {
+    let db = Db::sqlite();
+    let drain = ok(&db, &["drain", "--help"], "");
+    for relay_only in ["--max-passes", "--poll-interval", "--metrics-addr"] {
+        assert!(
+            !drain.stdout.contains(relay_only),
+            "drain --help: {relay_only}"
+        );
+    }
+    let relay = ok(&db, &["relay", "--help"], "");
+    for flag in [
+        "--max-passes",
+        "--poll-interval",
+        "--host-failures",
+        "--signature-spec",
+    ] {
+        assert!(relay.stdout.contains(flag), "relay --help lacks {flag}");
+    }
+    for args in [
+        &["--log-format", "json", "drain", "--no-such-flag"][..],
+        &[
+            "--log-format=json",
+            "dead-letters",
+            "list",
+            "--reason",
+            "late",
+        ][..],
+        &["--log-format", "json", "dead-letters", "purge"][..],
+    ] {
+        let out = run(&db, args, "");
+        assert_eq!(out.code(), Some(2), "{args:?}: {}", out.stderr);
+        let lines: Vec<&str> = out.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{args:?}: {}", out.stderr);
+        let v: Value = serde_json::from_str(lines[0]).expect("a JSON line");
+        assert_eq!(v["level"], "ERROR", "{v}");
+        assert_eq!(v["fields"]["exit_code"], 2, "{v}");
+    }
+    // As text, clap's own usage error.
+    let out = run(&db, &["drain", "--no-such-flag"], "");
+    assert_eq!(out.code(), Some(2));
+    assert!(
+        out.stderr.starts_with("error: unexpected argument"),
+        "{}",
+        out.stderr
+    );
+}

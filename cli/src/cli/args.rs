@@ -144,21 +144,12 @@ pub(crate) struct DeliveryFlags {
     #[arg(long, value_parser = parse_timeout, default_value = "10s", env = "OUTBOX_LANES_TIME_SLICE")]
     pub(crate) time_slice: Duration,
 
-    /// The relay's safety-net poll for work (wake-ups after enqueue come sooner).
-    #[arg(long, value_parser = parse_timeout, default_value = "1s", env = "OUTBOX_LANES_POLL_INTERVAL")]
-    pub(crate) poll_interval: Duration,
-
-    /// Passes (actors) with work the relay runs at once; a pass that only waits on attempts
-    /// in flight (a hanging recipient) is not counted.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=4096), env = "OUTBOX_LANES_MAX_PASSES")]
-    pub(crate) max_passes: u32,
-
     /// The `User-Agent` header of every request (default `outbox-lanes/<version>`).
     #[arg(long, value_parser = parse_header_value, env = "OUTBOX_LANES_USER_AGENT")]
     pub(crate) user_agent: Option<String>,
 
     /// The name this process holds drain slots under, as `status` shows it (default:
-    /// host-pid-random).
+    /// `pid<process id>-<8 hex digits>`, e.g. `pid21974-1f085e38`).
     #[arg(long, env = "OUTBOX_LANES_HOLDER")]
     pub(crate) holder: Option<String>,
 
@@ -554,6 +545,15 @@ pub(crate) struct RelayArgs {
 
     #[command(flatten)]
     pub(crate) delivery: DeliveryFlags,
+
+    /// The relay's safety-net poll for work (wake-ups after enqueue come sooner).
+    #[arg(long, value_parser = parse_timeout, default_value = "1s", env = "OUTBOX_LANES_POLL_INTERVAL")]
+    pub(crate) poll_interval: Duration,
+
+    /// Passes (actors) with work the relay runs at once; a pass that only waits on attempts
+    /// in flight (a hanging recipient) is not counted.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=4096), env = "OUTBOX_LANES_MAX_PASSES")]
+    pub(crate) max_passes: u32,
 }
 
 /// A `--metrics-addr`: what was given, and the addresses it resolved to.
