@@ -352,7 +352,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         _ => Access::Write,
     };
     let before = match &cli.command {
-        Command::Migrate { .. } => {
+        Command::Migrate { .. } | Command::Relay(_) => {
             Backend::schema_version(cli.db.clone(), cli.pg_schema.clone()).await?
         }
         _ => None,
@@ -402,6 +402,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         if let Err(e) = signing.check_actors(&backend, only).await {
             backend.close().await;
             return Err(e);
+        }
+    }
+    if let Command::Relay(_) = &cli.command {
+        // A relay started in the wrong directory would create `./outbox.db` and idle.
+        let shown = backend::redact_db(&cli.db);
+        let schema = backend::is_postgres(&cli.db).then_some(cli.pg_schema.as_str());
+        match before {
+            Some(version) => info!(db = %shown, pg_schema = schema, schema_version = version,
+                "relay opened the outbox"),
+            None => warn!(db = %shown, pg_schema = schema,
+                "relay created a new, empty outbox: if you meant an existing one, check --db \
+                 (and --pg-schema)"),
         }
     }
     let style = match cli.log_format {
