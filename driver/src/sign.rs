@@ -29,7 +29,7 @@
 //!
 //! ```text
 //! Content-Digest: sha-256=:RBNvo1WzZ4oRRq0W9+hknpT7T8If536DEMBg9hyq/4o=:
-//! Signature-Input: sig1=("@method" "@target-uri" "content-digest");created=1700000000;keyid="https://example.com/users/alice#main-key";alg="rsa-v1_5-sha256"
+//! Signature-Input: sig1=("@method" "@target-uri" "content-digest");created=1700000000;alg="rsa-v1_5-sha256";keyid="https://example.com/users/alice#main-key"
 //! Signature: sig1=:<base64>:
 //! ```
 //!

@@ -251,7 +251,7 @@ fn member_plan(label: &str, list: &sfv::InnerList, key: &ActorKey) -> Result<Pla
     Ok(plan)
 }
 
-/// The signature parameters of a signature (§2.3).
+/// The signature parameters of a signature (§2.3), `keyid` always among them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Params<'a> {
     pub(super) created: u64,
@@ -265,6 +265,12 @@ pub(super) struct Params<'a> {
 /// The `@signature-params` value: the inner list of component identifiers with the
 /// parameters, serialised as RFC 8941 writes it (the same text `Signature-Input` carries
 /// after its label).
+///
+/// The parameters go in the order `created`, `expires`, `nonce`, `alg`, `keyid`, `tag`.
+/// RFC 9421 §2.3 has a verifier sign over the `Signature-Input` text it received, in
+/// whatever order; some verifiers instead write the parameters again in an order of their
+/// own (httpsig, in this one), and a signature in another order fails with them. Sent in
+/// this order it verifies with both.
 ///
 /// # Errors
 /// A string (a component name, `keyid`, `nonce`, `tag`) that a structured field cannot
@@ -283,9 +289,13 @@ pub(super) fn signature_params(names: &[&str], p: &Params<'_>) -> Result<String,
         .collect::<Result<Vec<_>, _>>()?;
     let created = int("created", p.created)?;
     let expires = p.expires.map(|t| int("expires", t)).transpose()?;
-    let keyid = string("keyid", p.keyid)?;
-    let mut strings = Vec::with_capacity(3);
-    for (name, v) in [("alg", p.alg), ("nonce", p.nonce), ("tag", p.tag)] {
+    let mut strings = Vec::with_capacity(4);
+    for (name, v) in [
+        ("nonce", p.nonce),
+        ("alg", p.alg),
+        ("keyid", Some(p.keyid)),
+        ("tag", p.tag),
+    ] {
         if let Some(v) = v {
             strings.push((KeyRef::constant(name), string(name, v)?));
         }
@@ -303,7 +313,6 @@ pub(super) fn signature_params(names: &[&str], p: &Params<'_>) -> Result<String,
         if let Some(expires) = expires {
             params = params.parameter(KeyRef::constant("expires"), RefBareItem::Integer(expires));
         }
-        params = params.parameter(KeyRef::constant("keyid"), RefBareItem::String(keyid));
         for (name, v) in strings {
             params = params.parameter(name, RefBareItem::String(v));
         }
@@ -588,11 +597,11 @@ mod tests {
         );
         assert_eq!(get(&h, "Date"), "Tue, 20 Apr 2021 02:07:55 GMT");
         let params = "(\"date\" \"@method\" \"@path\" \"@authority\" \"content-type\" \
-                      \"content-length\");created=1618884475;keyid=\"test-key-ed25519\";alg=\"ed25519\"";
+                      \"content-length\");created=1618884475;alg=\"ed25519\";keyid=\"test-key-ed25519\"";
         assert_eq!(get(&h, "Signature-Input"), format!("sig-b26={params}"));
         let want_base = B26_BASE.replace(
             ";created=1618884473;keyid=\"test-key-ed25519\"",
-            ";created=1618884475;keyid=\"test-key-ed25519\";alg=\"ed25519\"",
+            ";created=1618884475;alg=\"ed25519\";keyid=\"test-key-ed25519\"",
         );
         assert!(want_base.ends_with(params), "{want_base}");
         let sig = signature_of(get(&h, "Signature"), "sig-b26");
@@ -636,7 +645,7 @@ mod tests {
             assert_eq!(get(&h, "Content-Digest"), digest);
             let params = format!(
                 "(\"@method\" \"@target-uri\" \"content-digest\");created=1700000000;\
-                 keyid=\"{actor}{fragment}\";alg=\"{alg}\""
+                 alg=\"{alg}\";keyid=\"{actor}{fragment}\""
             );
             assert_eq!(get(&h, "Signature-Input"), format!("sig1={params}"));
             let base = format!(
@@ -680,8 +689,8 @@ mod tests {
         let params = "(\"@method\" \"@authority\" \"@scheme\" \"@path\" \"@query\" \
              \"@request-target\" \"host\" \"content-length\" \"content-type\" \
              \"idempotency-key\" \"content-digest\");created=1700000000;expires=1700000300;\
-             keyid=\"https://example.com/users/alice#main-key\";alg=\"rsa-v1_5-sha256\";\
-             nonce=\"n-1\";tag=\"app\"";
+             nonce=\"n-1\";alg=\"rsa-v1_5-sha256\";\
+             keyid=\"https://example.com/users/alice#main-key\";tag=\"app\"";
         assert_eq!(get(&h, "Signature-Input"), format!("proof={params}"));
         let digest = get(&h, "Content-Digest");
         let base = format!(
@@ -707,7 +716,7 @@ mod tests {
             .unwrap();
         let params = format!(
             "(\"@query\" \"@authority\" \"@target-uri\");created=1700000000;\
-             keyid=\"{CAROL}#ed25519-key\";alg=\"ed25519\""
+             alg=\"ed25519\";keyid=\"{CAROL}#ed25519-key\""
         );
         assert_eq!(get(&h, "Signature-Input"), format!("a={params}"));
         let base = format!(
