@@ -262,8 +262,9 @@ fn cavage_attempts_verify_with_sigh_rsa_sha256_and_hs2019() {
 }
 
 /// A challenge for every component the signer can cover: the values it signs are the ones
-/// ureq puts on the wire (`Host`, `Content-Length`, the request target), with and without
-/// a body.
+/// ureq puts on the wire (`Host`, `Content-Length`, the request target). For an empty body
+/// ureq sends `Content-Length: 0`, but reqwest sends none, so the signer does not cover it
+/// there: the challenge without `content-length` is honoured.
 #[test]
 fn a_challenge_is_signed_over_what_the_transport_really_sends() {
     let r = Recipient::start().unwrap();
@@ -282,10 +283,16 @@ fn a_challenge_is_signed_over_what_the_transport_really_sends() {
         "idempotency-key",
         "date",
     ];
-    let list = components.map(|c| format!("\"{c}\"")).join(" ");
-    let challenge =
-        format!("proof=({list});created;expires;nonce=\"n-42\";tag=\"inbox\";alg=\"ed25519\"");
     for (i, body) in [&br#"{"type":"Follow"}"#[..], b""].into_iter().enumerate() {
+        let components: Vec<&str> = components
+            .into_iter()
+            .filter(|c| !body.is_empty() || *c != "content-length")
+            .collect();
+        let list: Vec<String> = components.iter().map(|c| format!("\"{c}\"")).collect();
+        let challenge = format!(
+            "proof=({});created;expires;nonce=\"n-42\";tag=\"inbox\";alg=\"ed25519\"",
+            list.join(" ")
+        );
         let url = r.url(&format!("/users/./bob/inbox{i}?page=1&x=%2F"));
         let at = SystemTime::now();
         let out = send_signed(
@@ -312,7 +319,7 @@ fn a_challenge_is_signed_over_what_the_transport_really_sends() {
         );
         let v = verifiers::rfc9421(req, CAROL_ED25519_PUBLIC).unwrap();
         assert_eq!(v.label, "proof");
-        assert_eq!(v.components, components.map(|c| format!("\"{c}\"")));
+        assert_eq!(v.components, list);
         let created = unix_secs(at);
         assert_eq!(v.created, Some(created));
         assert_eq!(v.expires, Some(created + 300));
@@ -321,6 +328,7 @@ fn a_challenge_is_signed_over_what_the_transport_really_sends() {
         assert_eq!(v.alg.as_deref(), Some("ed25519"));
     }
     // Asked of an RSA key, `alg="ed25519"` cannot be honoured: the default signature.
+    let challenge = "proof=(\"@method\");alg=\"ed25519\"";
     let url = r.url("/inbox/rsa");
     let out = send_signed(
         ALICE,
@@ -329,7 +337,7 @@ fn a_challenge_is_signed_over_what_the_transport_really_sends() {
         1,
         SystemTime::now(),
         SignatureSpec::Rfc9421,
-        Some(&challenge),
+        Some(challenge),
     );
     assert_eq!(out, Outcome::Delivered);
     let v = verifiers::rfc9421(&r.requests("/inbox/rsa")[0], ALICE_PUBLIC).unwrap();

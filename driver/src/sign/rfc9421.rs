@@ -38,9 +38,10 @@ pub(super) const EXPIRES_AFTER_SECS: u64 = 300;
 /// The derived components come from the recipient URL the request is sent to; the fields
 /// are the ones the signer sets itself (`Content-Digest`, `Date`), the ones the request
 /// builder sets from what the signer is given (`Content-Type`, `Idempotency-Key`), and the
-/// two the transports add: `Content-Length` (both send the body's length) and `Host` (the
-/// URL's host, with `:port` when the port is not the scheme's default, the value draft-cavage
-/// signing relies on too). The request's other headers (`User-Agent`, `Accept`, a row's
+/// two the transports add: `Content-Length` (both send the body's length, but for an empty
+/// body only ureq sends `Content-Length: 0`, reqwest sends none, so it is covered only for a
+/// body that is not empty) and `Host` (the URL's host, with `:port` when the port is not the
+/// scheme's default, the value draft-cavage signing relies on too). The request's other headers (`User-Agent`, `Accept`, a row's
 /// own) are not known to the signer: a challenge asking for one is not honoured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Component {
@@ -167,18 +168,23 @@ impl Plan {
     /// the first member that is an inner list of components this signer can cover, with
     /// no component parameters, and parameters among `created`, `expires` (both without a
     /// value), `nonce`, `tag`, `keyid` and `alg` (strings), a `keyid` or `alg` naming this
-    /// key.
+    /// key. `body_len` is the request body's length (an empty body has no `Content-Length`
+    /// to cover).
     ///
     /// # Errors
     /// Why no member can be honoured (the first member's reason), in words.
-    pub(super) fn from_challenge(challenge: &str, key: &ActorKey) -> Result<Plan, String> {
+    pub(super) fn from_challenge(
+        challenge: &str,
+        key: &ActorKey,
+        body_len: usize,
+    ) -> Result<Plan, String> {
         let dict: Dictionary = Parser::new(challenge)
             .parse_dictionary()
             .map_err(|e| format!("not a structured-field dictionary: {e}"))?;
         let mut first_error = None;
         for (label, entry) in &dict {
             let planned = match entry {
-                ListEntry::InnerList(list) => member_plan(label.as_str(), list, key),
+                ListEntry::InnerList(list) => member_plan(label.as_str(), list, key, body_len),
                 ListEntry::Item(_) => Err("not an inner list of components".to_owned()),
             };
             match planned {
@@ -192,7 +198,12 @@ impl Plan {
     }
 }
 
-fn member_plan(label: &str, list: &sfv::InnerList, key: &ActorKey) -> Result<Plan, String> {
+fn member_plan(
+    label: &str,
+    list: &sfv::InnerList,
+    key: &ActorKey,
+    body_len: usize,
+) -> Result<Plan, String> {
     let mut components = Vec::with_capacity(list.items.len());
     for item in &list.items {
         let BareItem::String(name) = &item.bare_item else {
@@ -207,6 +218,13 @@ fn member_plan(label: &str, list: &sfv::InnerList, key: &ActorKey) -> Result<Pla
         let c = Component::from_name(name).ok_or_else(|| {
             format!("cannot cover \"{name}\": not a component this signer knows the value of")
         })?;
+        if c == Component::ContentLength && body_len == 0 {
+            return Err(
+                "cannot cover \"content-length\" of an empty body: not every HTTP \
+                        client sends one (reqwest does not)"
+                    .to_owned(),
+            );
+        }
         if components.contains(&c) {
             return Err(format!("\"{name}\" is asked for twice"));
         }
@@ -349,16 +367,18 @@ pub(super) fn headers(
 ) -> Result<Vec<(String, String)>, SignError> {
     let plan = match req.challenge {
         None => Plan::default_plan(),
-        Some(challenge) => Plan::from_challenge(challenge, key).unwrap_or_else(|why| {
-            tracing::debug!(
-                actor = req.actor,
-                unit = %req.unit,
-                recipient = req.recipient.as_str(),
-                reason = %why,
-                "Accept-Signature not honoured: signing the default components"
-            );
-            Plan::default_plan()
-        }),
+        Some(challenge) => {
+            Plan::from_challenge(challenge, key, req.body.len()).unwrap_or_else(|why| {
+                tracing::debug!(
+                    actor = req.actor,
+                    unit = %req.unit,
+                    recipient = req.recipient.as_str(),
+                    reason = %why,
+                    "Accept-Signature not honoured: signing the default components"
+                );
+                Plan::default_plan()
+            })
+        }
     };
     sign_plan(key, req, &plan)
 }
@@ -761,7 +781,7 @@ mod tests {
             ("sig1=(\"@method\");nonce=1", "wrong type"),
             ("sig1=(\"@method\");foo=\"bar\"", "\"foo\" is unknown"),
         ] {
-            let err = Plan::from_challenge(challenge, key).unwrap_err();
+            let err = Plan::from_challenge(challenge, key, 2).unwrap_err();
             assert!(err.contains(why), "{challenge:?}: {err}");
             let h = s
                 .sign(&req(ALICE, &to, b"{}", 1_700_000_000, Some(challenge)))
@@ -769,10 +789,15 @@ mod tests {
             assert_eq!(get(&h, "Signature-Input"), get(&default, "Signature-Input"));
             assert_eq!(get(&h, "Content-Digest"), get(&default, "Content-Digest"));
         }
+        // An empty body has no Content-Length to cover.
+        let err = Plan::from_challenge("a=(\"content-length\")", key, 0).unwrap_err();
+        assert!(err.contains("empty body"), "{err}");
+        assert!(Plan::from_challenge("a=(\"content-length\")", key, 1).is_ok());
         // The first member that can be honoured is.
         let plan = Plan::from_challenge(
             "a=(\"user-agent\"), b=(\"@method\");keyid=\"other\", c=(\"@path\"), d=(\"@method\")",
             key,
+            2,
         )
         .unwrap();
         assert_eq!(plan.label, "c");
