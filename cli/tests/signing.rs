@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use outbox_lanes::tokio::sign::StandardWebhooks;
 use outbox_lanes_test_support::signatures::{
     ALICE_PRIVATE_PKCS8, ALICE_PUBLIC, BOB_PRIVATE_PKCS1, BOB_PUBLIC, CAROL_ED25519_PRIVATE,
-    CAROL_ED25519_PUBLIC, verify_http_signature,
+    CAROL_ED25519_PUBLIC, P256_PRIVATE_PKCS8, verify_http_signature,
 };
 use outbox_lanes_test_support::{Recipient, Reply, verifiers};
 
@@ -390,7 +390,8 @@ fn bad_signing_input_exits_2_before_anything_is_sent() {
         &bad,
         format!(
             "[actors.\"{ALICE}\"]\nkey_id = \"k\"\nprivate_key_pem = \"\"\"{ALICE_PUBLIC}\"\"\"\n\
-             [actors.\"{BOB}\"]\nprivate_key_file = \"nowhere.pem\"\n"
+             [actors.\"{BOB}\"]\nprivate_key_file = \"nowhere.pem\"\n\
+             [actors.\"{ERIN}\"]\nkey_id = \"k\"\nprivate_key_pem = \"\"\"{P256_PRIVATE_PKCS8}\"\"\"\n"
         ),
     )
     .unwrap();
@@ -420,6 +421,8 @@ fn bad_signing_input_exits_2_before_anything_is_sent() {
                 "public key",
                 "key_id is missing",
                 "users/bob",
+                "users/erin",
+                "not RSA or Ed25519",
             ],
         ),
         (
