@@ -20,10 +20,10 @@ use sha2::{Digest as _, Sha256};
 use super::{ActorKey, SignError, SignRequest, unix_secs};
 
 /// The label of a signature made without a challenge.
-pub(super) const LABEL: &str = "sig1";
+const LABEL: &str = "sig1";
 
 /// The components a signature made without a challenge covers, in order.
-pub(super) const DEFAULT_COMPONENTS: [Component; 3] = [
+const DEFAULT_COMPONENTS: [Component; 3] = [
     Component::Method,
     Component::TargetUri,
     Component::ContentDigest,
@@ -31,7 +31,7 @@ pub(super) const DEFAULT_COMPONENTS: [Component; 3] = [
 
 /// How long after `created` a signature expires, when a challenge asks for `expires`. Every
 /// attempt is signed afresh, so a signature only has to live as long as one request takes.
-pub(super) const EXPIRES_AFTER_SECS: u64 = 300;
+const EXPIRES_AFTER_SECS: u64 = 300;
 
 /// A component the signer can cover: one whose value on the wire it knows exactly.
 ///
@@ -44,7 +44,7 @@ pub(super) const EXPIRES_AFTER_SECS: u64 = 300;
 /// scheme's default, the value draft-cavage signing relies on too). The request's other headers (`User-Agent`, `Accept`, a row's
 /// own) are not known to the signer: a challenge asking for one is not honoured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Component {
+enum Component {
     Method,
     TargetUri,
     Authority,
@@ -78,7 +78,7 @@ impl Component {
     ];
 
     /// The component identifier (RFC 9421 §2: field names are lower case).
-    pub(super) fn name(self) -> &'static str {
+    fn name(self) -> &'static str {
         match self {
             Component::Method => "@method",
             Component::TargetUri => "@target-uri",
@@ -126,7 +126,7 @@ impl Component {
 
 /// The recipient's host, with `:port` when it is not the scheme's default: `@authority`,
 /// and the `Host` header the clients send.
-pub(super) fn authority(req: &SignRequest<'_>) -> String {
+fn authority(req: &SignRequest<'_>) -> String {
     let url = req.recipient;
     if url.port() == url.scheme().default_port() {
         url.host().to_string()
@@ -136,25 +136,25 @@ pub(super) fn authority(req: &SignRequest<'_>) -> String {
 }
 
 /// The `Content-Digest` value of `body` (RFC 9530): `sha-256=:<base64 of its SHA-256>:`.
-pub(super) fn content_digest(body: &[u8]) -> String {
+fn content_digest(body: &[u8]) -> String {
     format!("sha-256=:{}:", BASE64.encode(Sha256::digest(body)))
 }
 
 /// What one signature covers and carries.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct Plan {
+struct Plan {
     /// The label, an RFC 8941 key.
-    pub(super) label: String,
-    pub(super) components: Vec<Component>,
+    label: String,
+    components: Vec<Component>,
     /// Whether to send `expires` (`created` + [`EXPIRES_AFTER_SECS`]).
-    pub(super) expires: bool,
-    pub(super) nonce: Option<String>,
-    pub(super) tag: Option<String>,
+    expires: bool,
+    nonce: Option<String>,
+    tag: Option<String>,
 }
 
 impl Plan {
     /// The signature made without a challenge.
-    pub(super) fn default_plan() -> Plan {
+    fn default_plan() -> Plan {
         Plan {
             label: LABEL.to_owned(),
             components: DEFAULT_COMPONENTS.to_vec(),
@@ -173,11 +173,7 @@ impl Plan {
     ///
     /// # Errors
     /// Why no member can be honoured (the first member's reason), in words.
-    pub(super) fn from_challenge(
-        challenge: &str,
-        key: &ActorKey,
-        body_len: usize,
-    ) -> Result<Plan, String> {
+    fn from_challenge(challenge: &str, key: &ActorKey, body_len: usize) -> Result<Plan, String> {
         let dict: Dictionary = Parser::new(challenge)
             .parse_dictionary()
             .map_err(|e| format!("not a structured-field dictionary: {e}"))?;
@@ -239,7 +235,7 @@ fn member_plan(
     };
     for (name, value) in &list.params {
         match (name.as_str(), value) {
-            // Always sent: a request for them only needs no answer.
+            // `created` is always sent: asking for it changes nothing.
             ("created", BareItem::Boolean(_)) => {}
             ("expires", BareItem::Boolean(asked)) => plan.expires = *asked,
             ("nonce", BareItem::String(s)) => plan.nonce = Some(s.as_str().to_owned()),
@@ -271,13 +267,13 @@ fn member_plan(
 
 /// The signature parameters of a signature (§2.3), `keyid` always among them.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct Params<'a> {
-    pub(super) created: u64,
-    pub(super) expires: Option<u64>,
-    pub(super) keyid: &'a str,
-    pub(super) alg: Option<&'a str>,
-    pub(super) nonce: Option<&'a str>,
-    pub(super) tag: Option<&'a str>,
+struct Params<'a> {
+    created: u64,
+    expires: Option<u64>,
+    keyid: &'a str,
+    alg: Option<&'a str>,
+    nonce: Option<&'a str>,
+    tag: Option<&'a str>,
 }
 
 /// The `@signature-params` value: the inner list of component identifiers with the
@@ -293,7 +289,7 @@ pub(super) struct Params<'a> {
 /// # Errors
 /// A string (a component name, `keyid`, `nonce`, `tag`) that a structured field cannot
 /// carry, or a time past RFC 8941's integers.
-pub(super) fn signature_params(names: &[&str], p: &Params<'_>) -> Result<String, String> {
+fn signature_params(names: &[&str], p: &Params<'_>) -> Result<String, String> {
     fn string<'v>(what: &str, v: &'v str) -> Result<&'v StringRef, String> {
         StringRef::from_str(v)
             .map_err(|e| format!("{what} {v:?} cannot be sent in a structured field: {e}"))
@@ -341,7 +337,7 @@ pub(super) fn signature_params(names: &[&str], p: &Params<'_>) -> Result<String,
 
 /// The signature base (§2.5): a line `"<component>": <value>` per covered component, in
 /// order, then `"@signature-params": <params>`, joined by `\n` with none at the end.
-pub(super) fn signature_base(lines: &[(&str, String)], params: &str) -> String {
+fn signature_base(lines: &[(&str, String)], params: &str) -> String {
     let mut base = String::new();
     for (name, value) in lines {
         base.push('"');
@@ -359,8 +355,8 @@ pub(super) fn signature_base(lines: &[(&str, String)], params: &str) -> String {
 /// signature covers it), `Content-Digest`, `Signature-Input`, `Signature`.
 ///
 /// # Errors
-/// [`SignError::Failed`] when the key id cannot be written in a structured field or the
-/// private-key operation fails.
+/// [`SignError::Failed`] when a value cannot be written in a structured field (none of the
+/// key ids [`ActorKey`] accepts) or the private-key operation fails.
 pub(super) fn headers(
     key: &ActorKey,
     req: &SignRequest<'_>,
@@ -384,7 +380,7 @@ pub(super) fn headers(
 }
 
 /// The headers of the signature `plan` describes.
-pub(super) fn sign_plan(
+fn sign_plan(
     key: &ActorKey,
     req: &SignRequest<'_>,
     plan: &Plan,
