@@ -59,6 +59,7 @@ use crate::http::{
     AttemptResult, Delivery, HttpConfig, HttpError, idempotency_key, invalid_recipient,
     invalid_request, refused_result, unsigned,
 };
+use crate::origins::{Knock, OriginTicket, SignatureMode};
 use crate::sign::{SignRequest, SignatureSpec, Signer};
 
 /// The `Idempotency-Key` header's name.
@@ -74,6 +75,7 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 pub struct Destination {
     url: Result<Recipient, (String, UrlError)>,
     host_port: String,
+    origin: Arc<str>,
 }
 
 impl Destination {
@@ -82,10 +84,17 @@ impl Destination {
         match Recipient::parse(url) {
             Ok(r) => Destination {
                 host_port: format!("{}:{}", r.host(), r.port()),
+                origin: Arc::from(format!(
+                    "{}://{}:{}",
+                    r.scheme().as_str(),
+                    r.host(),
+                    r.port()
+                )),
                 url: Ok(r),
             },
             Err(e) => Destination {
                 host_port: url.to_owned(),
+                origin: Arc::from(url),
                 url: Err((url.to_owned(), e)),
             },
         }
@@ -134,6 +143,13 @@ impl Destination {
     /// URL itself when it does not parse (its attempts fail anyway).
     pub fn host_port(&self) -> &str {
         &self.host_port
+    }
+
+    /// The origin, `scheme://host:port` (default port included): the key of origin health
+    /// and of the signature scheme learned ([`crate::origins`]), the same text as the store's
+    /// [`origin_of`](outbox_lanes_store::origin_of). The URL itself when it does not parse.
+    pub fn origin(&self) -> &Arc<str> {
+        &self.origin
     }
 }
 
@@ -184,6 +200,8 @@ pub struct RequestPolicy {
     signer: Option<Arc<dyn Signer>>,
     addresses: AddressPolicy,
     classifier: Classifier,
+    signature: SignatureMode,
+    fallback_on_5xx: bool,
 }
 
 impl fmt::Debug for RequestPolicy {
@@ -209,7 +227,16 @@ impl RequestPolicy {
             signer,
             addresses: cfg.addresses,
             classifier: cfg.classifier.clone(),
+            signature: cfg.signature,
+            fallback_on_5xx: cfg.signature_fallback_on_5xx,
         })
+    }
+
+    /// The double-knock of one attempt ([`crate::origins`]): which signature scheme each of
+    /// its requests is signed with, under its origin's `ticket` when it has one.
+    pub fn knock<'t>(&self, ticket: Option<&'t OriginTicket>) -> Knock<'t> {
+        let signed = self.signer.as_ref().is_some_and(|s| s.http_signatures());
+        Knock::new(ticket, self.signature, self.fallback_on_5xx, signed)
     }
 
     /// Whether requests are signed.
