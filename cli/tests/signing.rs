@@ -189,7 +189,20 @@ fn http_signatures(db: &Db) {
     enqueue(db, ERIN, "e0", &r.url("/inbox/e"));
     let before = SystemTime::now();
     let keys = keys.display().to_string();
-    ok(run(db, &["drain", "--signing-keys", &keys], ""), "drain");
+    ok(
+        run(
+            db,
+            &[
+                "drain",
+                "--signing-keys",
+                &keys,
+                "--signature-spec",
+                "cavage",
+            ],
+            "",
+        ),
+        "drain",
+    );
     let after = SystemTime::now();
 
     let a = r.requests("/inbox/a");
@@ -308,9 +321,15 @@ fn rfc9421(db: &Db) {
 }
 
 #[test]
-#[ignore = "needs --signature-spec (issue 22 double-knock)"]
 fn signature_spec_rfc9421_signs_each_attempt_with_the_actors_key() {
     rfc9421(&Db::sqlite());
+}
+
+#[test]
+fn signature_spec_rfc9421_on_postgres() {
+    if let Some(db) = Db::postgres() {
+        rfc9421(&db);
+    }
 }
 
 #[test]
@@ -481,6 +500,7 @@ fn bad_signing_input_exits_2_before_anything_is_sent() {
         "drain alice",
     );
     assert_eq!(r.count("/inbox/a"), 1);
-    verify_http_signature(&r.requests("/inbox/a")[0], ALICE_PUBLIC).unwrap();
+    // The default, `auto`, signs RFC 9421 first (this recipient accepts it).
+    verifiers::rfc9421(&r.requests("/inbox/a")[0], ALICE_PUBLIC).unwrap();
     assert_eq!(r.count("/inbox/c"), 0);
 }

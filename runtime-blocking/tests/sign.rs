@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use outbox_lanes_blocking::http::{
-    Bytes, Delivery, Destination, HttpClient, HttpConfig, RequestPolicy,
+    Bytes, Delivery, Destination, HttpClient, HttpConfig, RequestPolicy, SignatureMode,
 };
 use outbox_lanes_blocking::sign::{ActorKey, HttpSignatures, SignatureSpec};
 use outbox_lanes_core::policy::AddressPolicy;
@@ -42,8 +42,13 @@ fn cfg() -> HttpConfig {
     }
 }
 
+/// A client that signs draft-cavage (`deliver` would double-knock, RFC 9421 first).
 fn client() -> HttpClient {
-    HttpClient::new(cfg(), Some(keys())).unwrap()
+    let cfg = HttpConfig {
+        signature: SignatureMode::Cavage,
+        ..cfg()
+    };
+    HttpClient::new(cfg, Some(keys())).unwrap()
 }
 
 /// Builds the attempt's request in `spec` (with `challenge`) and sends it with the ureq

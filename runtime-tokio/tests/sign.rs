@@ -21,7 +21,7 @@ use outbox_lanes_test_support::signatures::{
 use outbox_lanes_test_support::{Recipient, Reply, verifiers};
 use outbox_lanes_tokio::http::AsyncHttpClient;
 use outbox_lanes_tokio::sign::{ActorKey, HttpSignatures, SignatureSpec};
-use outbox_lanes_tokio::{DrainControl, DrainOutcome, Hooks, Outbox};
+use outbox_lanes_tokio::{DrainControl, DrainOutcome, Hooks, Outbox, SignatureMode};
 
 const ALICE: &str = "https://social.example/users/alice";
 const BOB: &str = "https://social.example/users/bob";
@@ -61,6 +61,8 @@ async fn every_attempt_verifies_and_a_retry_carries_a_fresh_date() {
     // Alice's first attempt is refused once: its retry must be signed again, with a new Date.
     r.script("/inbox/a", [Reply::Status(503)]);
     let mut cfg = config();
+    // draft-cavage (the default double-knocks, RFC 9421 first).
+    cfg.http.signature = SignatureMode::Cavage;
     // Over a second, so the two attempts' Dates (whole seconds) differ.
     cfg.scheduler.retry_delays = vec![Duration::from_millis(1500)];
     cfg.scheduler.jitter_percent = 0;
@@ -206,7 +208,9 @@ async fn an_actor_without_a_key_is_not_sent_and_loses_nothing() {
     );
     let got = r.requests("/inbox/c");
     assert_eq!(got.len(), 1);
-    verify_http_signature(&got[0], BOB_PUBLIC).expect("verifies");
+    // The default double-knocks: RFC 9421 first, which this recipient accepts.
+    let v = verifiers::rfc9421(&got[0], BOB_PUBLIC).expect("verifies");
+    assert_eq!(v.keyid, Some(format!("{carol}#main-key")));
     assert!(outbox.dead_letters(None).await.expect("dl").is_empty());
 }
 
