@@ -57,10 +57,11 @@
 //! when the body is not empty: both HTTP clients send it then, but reqwest sends no
 //! `Content-Length` for an empty body), `host` (the URL's host, with `:port` when not the
 //! default: the `Host` both clients send), `idempotency-key`, and `date` (then a `Date`
-//! header with the attempt's time is sent too). A challenge that is not a structured-field dictionary, or
-//! asks for another key or algorithm, another component (`user-agent`, a row's own header),
-//! component parameters (`;sf`, `;key`, `;bs`, `;req`, `;name`) or an unknown parameter, is
-//! not honoured: the default signature is sent (and the reason logged at DEBUG).
+//! header with the attempt's time is sent too). A challenge that is not a structured-field
+//! dictionary, or asks for another key or algorithm, another component (`user-agent`, a
+//! row's own header), component parameters (`;sf`, `;key`, `;bs`, `;req`, `;name`) or an
+//! unknown parameter, is not honoured: the default signature is sent (and the reason logged
+//! at DEBUG).
 //!
 //! ## Ed25519 under draft-cavage
 //!

@@ -41,8 +41,9 @@ const EXPIRES_AFTER_SECS: u64 = 300;
 /// two the transports add: `Content-Length` (both send the body's length, but for an empty
 /// body only ureq sends `Content-Length: 0`, reqwest sends none, so it is covered only for a
 /// body that is not empty) and `Host` (the URL's host, with `:port` when the port is not the
-/// scheme's default, the value draft-cavage signing relies on too). The request's other headers (`User-Agent`, `Accept`, a row's
-/// own) are not known to the signer: a challenge asking for one is not honoured.
+/// scheme's default, the value draft-cavage signing relies on too). The request's other
+/// headers (`User-Agent`, `Accept`, a row's own) are not known to the signer: a challenge
+/// asking for one is not honoured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Component {
     Method,
