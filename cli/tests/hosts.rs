@@ -17,10 +17,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{Db, Relay, collect, eventually};
-use outbox_lanes_test_support::signatures::{
-    ALICE_PRIVATE_PKCS8, ALICE_PUBLIC, verify_http_signature,
-};
-use outbox_lanes_test_support::{Chooser, Recipient, Recorded, Reply, Response};
+use outbox_lanes_test_support::signatures::{ALICE_PRIVATE_PKCS8, ALICE_PUBLIC};
+use outbox_lanes_test_support::{Chooser, Recipient, Recorded, Reply, Response, verifiers};
 use serde_json::Value;
 
 const ALICE: &str = "https://example.com/users/alice";
@@ -332,11 +330,12 @@ fn is_rfc9421(q: &Recorded) -> bool {
     q.header("signature-input").is_some()
 }
 
-/// A host that verifies draft-cavage signatures and refuses anything else with 401.
+/// A host that verifies draft-cavage signatures (with a verifier we did not write) and refuses
+/// anything else with 401, as a server that does not know RFC 9421 does.
 fn cavage_only() -> Recipient {
     let r = Recipient::start().unwrap();
     r.set_server_default(Reply::Choose(Chooser::new(|q: &Recorded| {
-        if !is_rfc9421(q) && verify_http_signature(q, ALICE_PUBLIC).is_ok() {
+        if !is_rfc9421(q) && verifiers::cavage(q, ALICE_PUBLIC).is_ok() {
             Reply::Status(202)
         } else {
             Reply::Response(Response::new(401).with_body("signature not understood"))
@@ -345,12 +344,12 @@ fn cavage_only() -> Recipient {
     r
 }
 
-/// A host that takes RFC 9421 signatures only (a draft-cavage one is refused with 401).
+/// A host that takes RFC 9421 signatures only, verified with a verifier we did not write (a
+/// draft-cavage one is refused with 401).
 fn rfc9421_only() -> Recipient {
     let r = Recipient::start().unwrap();
     r.set_server_default(Reply::Choose(Chooser::new(|q: &Recorded| {
-        let digest_ok = q.header("content-digest").is_some();
-        if is_rfc9421(q) && digest_ok {
+        if is_rfc9421(q) && verifiers::rfc9421(q, ALICE_PUBLIC).is_ok() {
             Reply::Status(202)
         } else {
             Reply::Status(401)

@@ -495,15 +495,7 @@ fn bad_signing_input_exits_2_before_anything_is_sent() {
     ok(
         run(
             &db,
-            &[
-                "drain",
-                "--actor",
-                ALICE,
-                "--signing-keys",
-                &keys,
-                "--signature-spec",
-                "cavage",
-            ],
+            &["drain", "--actor", ALICE, "--signing-keys", &keys],
             "",
         ),
         "drain alice",

@@ -38,8 +38,6 @@ fn keys() -> Arc<HttpSignatures> {
 fn cfg() -> HttpConfig {
     HttpConfig {
         addresses: AddressPolicy::allow_loopback_only(),
-        // The draft-cavage verifier of these tests (`auto` would sign RFC 9421 first).
-        signature: outbox_lanes_blocking::SignatureMode::Cavage,
         ..HttpConfig::default()
     }
 }
