@@ -239,31 +239,43 @@ fn with_host_failures_off_every_lane_tries_the_dead_host_on_its_own() {
 
 #[test]
 fn hosts_block_holds_a_hosts_units_and_unblock_delivers_them_in_order() {
-    let db = Db::new();
+    block_and_unblock(&Db::new());
+}
+
+#[test]
+fn hosts_block_on_postgres() {
+    let Some(db) = Db::postgres("hosts_block") else {
+        eprintln!("skipped: OUTBOX_LANES_TEST_PG is not set");
+        return;
+    };
+    block_and_unblock(&db);
+}
+
+fn block_and_unblock(db: &Db) {
     let r = Recipient::start().unwrap();
     let other = Recipient::start().unwrap();
     let lines: Vec<String> = (0..5)
         .map(|i| row(&format!("b{i}"), &r.url("/inbox")))
         .chain(std::iter::once(row("o0", &other.url("/inbox"))))
         .collect();
-    enqueue(&db, ALICE, &lines);
+    enqueue(db, ALICE, &lines);
     let origin = format!("http://127.0.0.1:{}", r.addr().port());
-    let out = json_of(&db, &["hosts", "block", &origin, "--json"]);
+    let out = json_of(db, &["hosts", "block", &origin, "--json"]);
     assert_eq!(out["changed"], 1, "{out}");
-    let relay = Relay::start(&db, &[], &[]);
+    let relay = Relay::start(db, &[], &[]);
     assert!(other.wait_for("/inbox", 1, Duration::from_secs(30)));
     // A row enqueued for the blocked host meanwhile, on a new lane, is held too.
-    enqueue(&db, ALICE, &[row("b-late", &r.url("/late"))]);
+    enqueue(db, ALICE, &[row("b-late", &r.url("/late"))]);
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(r.count_all(), 0, "a blocked host got a request");
-    let hosts = json_of(&db, &["hosts", "--json"]);
+    let hosts = json_of(db, &["hosts", "--json"]);
     let h = host(&hosts, &origin);
     assert_eq!(
         (h["state"].as_str(), h["pending"].as_u64()),
         (Some("blocked"), Some(6))
     );
 
-    let out = json_of(&db, &["hosts", "unblock", &origin, "--json"]);
+    let out = json_of(db, &["hosts", "unblock", &origin, "--json"]);
     assert_eq!(out["changed"], 1, "{out}");
     assert!(eventually(|| arrived(&r, "/inbox").len() == 5));
     let expected: Vec<String> = (0..5).map(|i| format!("b{i}")).collect();
