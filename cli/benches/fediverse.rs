@@ -50,7 +50,8 @@
 //! - `FEDI_SEED` (default 1): the farm and every latency;
 //! - `FEDI_ROUNDS` (default 1): rounds of the variants, alternating (before, after, before, …);
 //! - `FEDI_VARIANTS` (default `before,after`);
-//! - `FEDI_DEADLINE` (seconds, default 120): when a drain still running is stopped.
+//! - `FEDI_DEADLINE` (seconds, default 180): when a drain still running is stopped (today's
+//!   binary ends by itself after about 130 s: the hanging lanes' four 30 s attempts).
 //!
 //! It writes `benches/fediverse.svg` (the CDF of healthy lanes' actual/ideal per run, and
 //! the connections to dead origins per run): hand-written SVG, as `e2e.rs` does. Every loop
@@ -285,7 +286,6 @@ impl Plan {
         };
         let fan_out: Vec<String> = (0..self.shared).map(url).collect();
         let fan_out = fan_out.join(",");
-        let first_shared = self.inboxes[self.shared].entries.first().copied();
         let mut out = String::new();
         let mut shared = self.inboxes[self.shared].entries.iter().peekable();
         for entry in 0..self.rows {
@@ -301,7 +301,6 @@ impl Plan {
                 String::from_utf8_lossy(&body(entry))
             );
         }
-        debug_assert!(first_shared.is_some());
         out
     }
 }
@@ -664,6 +663,14 @@ fn children_cpu() -> f64 {
     }
 }
 
+/// Whether `outbox-lanes drain --help` names `flag`.
+fn drain_has_flag(flag: &str) -> Res<bool> {
+    let out = Command::new(env!("CARGO_BIN_EXE_outbox-lanes"))
+        .args(["drain", "--help"])
+        .output()?;
+    Ok(String::from_utf8_lossy(&out.stdout).contains(flag))
+}
+
 fn sigterm(child: &Child) {
     if let Ok(pid) = i32::try_from(child.id()) {
         let _ = nix::sys::signal::kill(
@@ -691,9 +698,13 @@ struct Figures {
     lanes: Vec<(f64, Option<f64>)>,
     shared: (f64, Option<f64>),
     work_bound: f64,
+    /// When the last healthy lane but the shared one was complete.
+    fan_out_done: Option<f64>,
     dead: Vec<DeadOrigin>,
     hanging_conns: usize,
     hanging_lanes: usize,
+    /// Connections accepted by the answering origins (the client's reuse shows here).
+    healthy_conns: usize,
     deliveries: usize,
     gone: usize,
     violations: usize,
@@ -925,6 +936,10 @@ fn figures(
         (ideal_us as f64 / 1e6, actual)
     };
     let lanes: Vec<(f64, Option<f64>)> = (0..n).filter(|&i| plan.healthy(i)).map(lane).collect();
+    let fan_out_done = (0..plan.shared)
+        .filter(|&i| plan.healthy(i))
+        .map(|i| lane(i).1)
+        .try_fold(0.0_f64, |m, a| a.map(|a| m.max(a)));
     let dead = plan
         .origins_of(Kind::Dead)
         .into_iter()
@@ -956,9 +971,15 @@ fn figures(
         lanes,
         shared: lane(plan.shared),
         work_bound: work_us as f64 / 1e6 / CONCURRENCY as f64,
+        fan_out_done,
         dead,
         hanging_conns: d.conns.iter().filter(|c| hanging.contains(&c.0)).count(),
         hanging_lanes: hanging.iter().map(|&o| plan.lanes_of(o)).sum(),
+        healthy_conns: d
+            .conns
+            .iter()
+            .filter(|c| plan.kinds[c.0] == Kind::Healthy)
+            .count(),
         deliveries,
         gone,
         violations,
@@ -989,10 +1010,11 @@ fn print_run(f: &Figures) {
         fmt_ratio(quantile(&r, 1.0)),
     );
     println!(
-        "  makespan {} s; largest ideal {:.1} s; work bound {:.1} s (every answered row's latency / {CONCURRENCY} in flight)",
-        f.makespan().map_or("-".into(), |m| format!("{m:.1}")),
-        f.max_ideal(),
-        f.work_bound
+        "  last fan-out lane complete at {} s, work bound {:.1} s (every answered row's latency / {CONCURRENCY} in flight); makespan {} s, largest ideal {:.1} s",
+        secs(f.fan_out_done),
+        f.work_bound,
+        secs(f.makespan()),
+        f.max_ideal()
     );
     println!(
         "  sharedInbox lane: ideal {:.1} s, actual {} s, ratio {}",
@@ -1015,21 +1037,32 @@ fn print_run(f: &Figures) {
             .join("; ")
     );
     println!(
-        "  hanging origins: {} lanes, {} connections; deliveries (202) {}; 410s {}; order violations {}; duplicates {}; stray requests {}",
-        f.hanging_lanes, f.hanging_conns, f.deliveries, f.gone, f.violations, f.duplicates, f.stray
+        "  hanging origins: {} lanes, {} connections; answering origins: {} connections; deliveries (202) {}; 410s {}; order violations {}; duplicates {}; stray requests {}",
+        f.hanging_lanes,
+        f.hanging_conns,
+        f.healthy_conns,
+        f.deliveries,
+        f.gone,
+        f.violations,
+        f.duplicates,
+        f.stray
     );
+}
+
+fn secs(t: Option<f64>) -> String {
+    t.map_or("-".into(), |t| format!("{t:.1}"))
 }
 
 fn print_table(runs: &[Figures]) {
     println!(
-        "\n| run | healthy lanes complete | actual/ideal p50 | p90 | p99 | max | makespan s (largest ideal, work bound) | sharedInbox actual/ideal | connections to dead origins (first 15 s) | deliveries | order violations | duplicates |"
+        "\n| run | healthy lanes complete | actual/ideal p50 | p90 | p99 | max | sharedInbox actual/ideal | last fan-out lane, s (work bound) | makespan, s (largest ideal) | connections to dead origins (first 15 s) | deliveries | order violations | duplicates | drain, s |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for f in runs {
         let r = f.ratios();
         let (total, early) = f.dead_conns();
         println!(
-            "| {} | {} / {} | {} | {} | {} | {} | {} ({:.1}, {:.1}) | {} | {total} ({early}) | {} | {} | {} |",
+            "| {} | {} / {} | {} | {} | {} | {} | {} | {} ({:.1}) | {} ({:.1}) | {total} ({early}) | {} | {} | {} | {:.0} |",
             f.label,
             f.complete(),
             f.lanes.len(),
@@ -1037,13 +1070,15 @@ fn print_table(runs: &[Figures]) {
             fmt_ratio(quantile(&r, 0.9)),
             fmt_ratio(quantile(&r, 0.99)),
             fmt_ratio(quantile(&r, 1.0)),
-            f.makespan().map_or("-".into(), |m| format!("{m:.1}")),
-            f.max_ideal(),
-            f.work_bound,
             fmt_ratio(f.shared.1.map_or(f64::INFINITY, |a| a / f.shared.0)),
+            secs(f.fan_out_done),
+            f.work_bound,
+            secs(f.makespan()),
+            f.max_ideal(),
             f.deliveries,
             f.violations,
-            f.duplicates
+            f.duplicates,
+            f.secs
         );
     }
 }
@@ -1080,8 +1115,10 @@ fn svg(runs: &[Figures], title: &str) -> String {
          <rect x=\"{x0}\" y=\"{y0}\" width=\"{pw}\" height=\"{ph}\" fill=\"none\" stroke=\"#999\"/>\n",
         esc(title)
     );
-    for k in 0..=(decades as i32) {
-        let r = 10_f64.powi(k);
+    let ticks = (0..=(decades as i32))
+        .flat_map(|k| [1.0, 2.0, 5.0].map(|m| m * 10_f64.powi(k)))
+        .filter(|&r| r <= 10_f64.powf(decades));
+    for r in ticks {
         let xx = x(r);
         let _ = write!(
             s,
@@ -1091,6 +1128,12 @@ fn svg(runs: &[Figures], title: &str) -> String {
             y0 + ph + 16.0
         );
     }
+    let _ = writeln!(
+        s,
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">actual / ideal (log scale)</text>",
+        x0 + pw / 2.0,
+        y0 + ph + 34.0
+    );
     for q in [0.0, 0.5, 0.9, 1.0] {
         let _ = writeln!(
             s,
@@ -1131,7 +1174,7 @@ fn svg(runs: &[Figures], title: &str) -> String {
     }
     // The bars.
     let bx = x0 + pw + 90.0;
-    let bw = w - bx - 60.0;
+    let bw = w - bx - 110.0;
     let max = runs
         .iter()
         .map(|f| f.dead_conns().0)
@@ -1183,7 +1226,7 @@ fn main() -> Res<()> {
         .unwrap_or(1.0);
     let seed = env("FEDI_SEED", 1) as u64;
     let rounds = env("FEDI_ROUNDS", 1).max(1);
-    let deadline = Duration::from_secs(env("FEDI_DEADLINE", 120) as u64);
+    let deadline = Duration::from_secs(env("FEDI_DEADLINE", 180) as u64);
     let variants: Vec<String> = std::env::var("FEDI_VARIANTS")
         .unwrap_or_else(|_| "before,after".into())
         .split(',')
@@ -1227,6 +1270,12 @@ fn main() -> Res<()> {
         "  outbox: `outbox-lanes drain --concurrency {CONCURRENCY} --allow-private-destinations` (other settings default; `before` adds `--host-failures 0`), SQLite file; deadline {} s; variants {variants:?} x {rounds} round(s)",
         deadline.as_secs()
     );
+    let health = drain_has_flag("--host-failures")?;
+    if !health {
+        println!(
+            "  this binary's `drain --help` has no `--host-failures`: it has no origin health, so `after` is today's behaviour"
+        );
+    }
     let input = plan.input(&farm.ports);
     let mut runs = Vec::new();
     let mut unsupported: Vec<String> = Vec::new();
@@ -1235,10 +1284,16 @@ fn main() -> Res<()> {
             if unsupported.contains(v) {
                 continue;
             }
-            let label = if rounds > 1 {
-                format!("{v} {round}")
+            // Without the flag, `after` is the binary as it is: say so on every figure.
+            let name = if v == "after" && !health {
+                "no origin health"
             } else {
-                v.clone()
+                v.as_str()
+            };
+            let label = if rounds > 1 {
+                format!("{name} {round}")
+            } else {
+                name.to_owned()
             };
             match run(&plan, &mut farm, &input, v, label, deadline)? {
                 Outcome::Ran(f) => {
