@@ -700,6 +700,8 @@ struct Figures {
     work_bound: f64,
     /// When the last healthy lane but the shared one was complete.
     fan_out_done: Option<f64>,
+    /// The shared lane's rows answered by then.
+    shared_by_then: usize,
     dead: Vec<DeadOrigin>,
     hanging_conns: usize,
     hanging_lanes: usize,
@@ -940,6 +942,12 @@ fn figures(
         .filter(|&i| plan.healthy(i))
         .map(|i| lane(i).1)
         .try_fold(0.0_f64, |m, a| a.map(|a| m.max(a)));
+    let shared_by_then = fan_out_done.map_or(0, |t| {
+        done[plan.shared]
+            .iter()
+            .filter(|d| d.is_some_and(|us| us as f64 / 1e6 <= t))
+            .count()
+    });
     let dead = plan
         .origins_of(Kind::Dead)
         .into_iter()
@@ -972,6 +980,7 @@ fn figures(
         shared: lane(plan.shared),
         work_bound: work_us as f64 / 1e6 / CONCURRENCY as f64,
         fan_out_done,
+        shared_by_then,
         dead,
         hanging_conns: d.conns.iter().filter(|c| hanging.contains(&c.0)).count(),
         hanging_lanes: hanging.iter().map(|&o| plan.lanes_of(o)).sum(),
@@ -1017,10 +1026,11 @@ fn print_run(f: &Figures) {
         f.max_ideal()
     );
     println!(
-        "  sharedInbox lane: ideal {:.1} s, actual {} s, ratio {}",
+        "  sharedInbox lane: ideal {:.1} s, actual {} s, ratio {}; {} of its rows answered when the last fan-out lane was complete",
         f.shared.0,
         f.shared.1.map_or("-".into(), |a| format!("{a:.1}")),
-        fmt_ratio(f.shared.1.map_or(f64::INFINITY, |a| a / f.shared.0))
+        fmt_ratio(f.shared.1.map_or(f64::INFINITY, |a| a / f.shared.0)),
+        f.shared_by_then
     );
     let (total, early) = f.dead_conns();
     println!(
@@ -1097,7 +1107,7 @@ fn esc(s: &str) -> String {
 /// Two panels: the CDF of healthy lanes' actual/ideal (log scale), and the connections to
 /// dead origins per run.
 fn svg(runs: &[Figures], title: &str) -> String {
-    let (w, h) = (960.0, 420.0);
+    let (w, h) = (1040.0, 420.0);
     let (x0, y0, pw, ph) = (60.0, 50.0, 480.0, 300.0);
     let finite = runs
         .iter()
@@ -1111,7 +1121,7 @@ fn svg(runs: &[Figures], title: &str) -> String {
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
          <text x=\"{x0}\" y=\"20\" font-weight=\"bold\">{}</text>\n\
-         <text x=\"{x0}\" y=\"40\">healthy lanes: completion / ideal (serial bound), CDF</text>\n\
+         <text x=\"{x0}\" y=\"40\">healthy lanes: completion / ideal (serial bound), CDF; a variant's later rounds dashed</text>\n\
          <rect x=\"{x0}\" y=\"{y0}\" width=\"{pw}\" height=\"{ph}\" fill=\"none\" stroke=\"#999\"/>\n",
         esc(title)
     );
@@ -1156,7 +1166,8 @@ fn svg(runs: &[Figures], title: &str) -> String {
                 y((i + 1) as f64 / n)
             );
         }
-        let dash = if k >= 2 {
+        // A variant's later rounds are dashed.
+        let dash = if runs[..k].iter().any(|e| e.variant == f.variant) {
             " stroke-dasharray=\"5,3\""
         } else {
             ""
@@ -1164,7 +1175,7 @@ fn svg(runs: &[Figures], title: &str) -> String {
         let _ = writeln!(
             s,
             "<polyline points=\"{pts}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\"{dash}/>\n\
-             <text x=\"{}\" y=\"{:.1}\" fill=\"{}\">{}</text>",
+             <text x=\"{}\" y=\"{:.1}\" fill=\"{}\" text-anchor=\"end\">{}</text>",
             color(&f.variant),
             x0 + pw - 8.0,
             y0 + ph - 10.0 - 14.0 * k as f64,
@@ -1173,7 +1184,7 @@ fn svg(runs: &[Figures], title: &str) -> String {
         );
     }
     // The bars.
-    let bx = x0 + pw + 90.0;
+    let bx = x0 + pw + 170.0;
     let bw = w - bx - 110.0;
     let max = runs
         .iter()
