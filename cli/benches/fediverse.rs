@@ -11,7 +11,7 @@
 //!   and p99 2 s (sigma = ln(2000/150)/2.326), capped at 20 s (under the default 30 s
 //!   timeout, so a healthy recipient never times out), then says 202;
 //! - about 3 % of the origins are **dead**: they accept every connection and close it at once
-//!   without answering (one of them drawn among the five largest origins: a dead big
+//!   without answering (one of them drawn among the 2nd to 5th largest origins: a dead big
 //!   instance is what costs connections); every accepted connection is counted, with its time;
 //! - about 2 % of the inboxes on the other origins answer **410 Gone**;
 //! - about 2 % of the origins **hang**: they accept, read, and never answer (drawn outside the
@@ -35,14 +35,17 @@
 //! (the answer to its last row) against **the ideal**, the lane's serial bound: the sum of the
 //! latencies the farm draws for its rows (one request in flight per lane, nothing else in the
 //! way), as p50/p90/p99/max of actual/ideal (a lane not complete by the end ranks as
-//! infinite); the sharedInbox lane's own ratio; the makespan against the largest ideal and
-//! against the work bound (every answered row's latency over the 100 in flight);
-//! connections spent on dead origins (total, per dead origin, and within the first 15 s);
-//! deliveries, 410s, order violations (must be 0) and duplicates; the drain's CPU time.
+//! infinite); the sharedInbox lane's own ratio, and its rows answered by the end of the
+//! fan-out; when the last other healthy lane was complete, against the work bound (every
+//! answered row's latency over the 100 in flight: no schedule delivers the fan-out sooner);
+//! the makespan against the largest ideal; connections spent on dead origins (total, per dead
+//! origin, and within the first 15 s); deliveries, 410s, order violations (must be 0) and
+//! duplicates among answered requests; the drain's length and CPU time.
 //!
 //! **Variants**: `before` runs the drain with `--host-failures 0` (origin health off),
 //! `after` with nothing more (its default: on). A binary without that flag refuses it (exit
-//! 2, "unexpected argument"): the variant is reported as not available and skipped.
+//! 2, "unexpected argument"): the variant is reported as not available and skipped, and
+//! `after` (then the binary's behaviour without origin health) is labelled "no origin health".
 //!
 //! `cargo bench -p outbox-lanes-cli --bench fediverse`, with, from the environment:
 //! - `FEDI_SCALE` (default 1): N = 1,000 × scale inboxes, M = 100 × scale origins, the
@@ -50,8 +53,9 @@
 //! - `FEDI_SEED` (default 1): the farm and every latency;
 //! - `FEDI_ROUNDS` (default 1): rounds of the variants, alternating (before, after, before, …);
 //! - `FEDI_VARIANTS` (default `before,after`);
-//! - `FEDI_DEADLINE` (seconds, default 180): when a drain still running is stopped (today's
-//!   binary ends by itself after about 130 s: the hanging lanes' four 30 s attempts).
+//! - `FEDI_DEADLINE` (seconds, default 180): when a drain still running is stopped (without
+//!   origin health it ends by itself after about 130 s: the hanging lanes' four 30 s
+//!   attempts).
 //!
 //! It writes `benches/fediverse.svg` (the CDF of healthy lanes' actual/ideal per run, and
 //! the connections to dead origins per run): hand-written SVG, as `e2e.rs` does. Every loop
@@ -149,7 +153,7 @@ impl Plan {
         let shared_rows = ((2000.0 * scale).round() as usize).max(10);
         let mut rng = Rng(seed);
         // Every origin has one inbox; the rest go by Zipf (weight 1/rank), so origin 0 is the
-        // largest.
+        // largest in expectation.
         let h: f64 = (1..=m).map(|r| 1.0 / r as f64).sum();
         let mut origin_of: Vec<usize> = (0..m).collect();
         for _ in m..n {
