@@ -35,7 +35,7 @@ pub use config::Config;
 pub use ids::{ActorId, LaneId, Seq, UnitId};
 pub use lane::{LaneKey, LaneTable};
 pub use monitor::{MonitorAction, MonitorBook, Wake};
-pub use outcome::{DeadReason, Outcome};
+pub use outcome::{DeadReason, MIN_DEFERRAL, Outcome};
 pub use scheduler::{
     Admit, AdmitError, AdmitSlot, ClaimReport, Command, EventError, HoldReason, LaneChunk,
     LaneClaim, LaneControl, LaneInfo, Scheduler,

@@ -39,11 +39,33 @@ pub enum Outcome {
     /// in-pass delay, never counted: no attempt is recorded, the unit does not move toward a
     /// stall or a dead letter, and its lane gets no backoff.
     NotSent,
+    /// Nothing was sent: the recipient's host is not contacted for now — it is backing off
+    /// after connection failures its lanes share (origin health), or an operator holds it
+    /// (`outbox-lanes hosts block`). The lane waits `retry_after` (at least
+    /// [`MIN_DEFERRAL`]) with nothing counted or recorded and its own backoff level
+    /// untouched: its head is held and its other units handed back, as on a stall, and the
+    /// lane's `not_before` is persisted.
+    Deferred {
+        /// How long the lane waits before its head is tried again.
+        retry_after: Duration,
+    },
+    /// Nothing was sent and nothing will be: the recipient's host is set aside — blocked by
+    /// an operator with dead letters, or failing longer than allowed. The unit is
+    /// dead-lettered for this recipient at once with `reason` (a strict lane blocks on it),
+    /// without counting an attempt.
+    SetAside {
+        /// The dead letter's reason.
+        reason: DeadReason,
+    },
 }
+
+/// The shortest wait of an [`Outcome::Deferred`]: a deferral of zero would retry at once.
+pub const MIN_DEFERRAL: Duration = Duration::from_millis(100);
 
 impl Outcome {
     /// The stable snake_case name logs and metrics give the outcome (`delivered`,
-    /// `throttled`, `transient`, `permanent`, `gone`, `refused`, `not_sent`).
+    /// `throttled`, `transient`, `permanent`, `gone`, `refused`, `not_sent`, `deferred`,
+    /// `set_aside`).
     pub fn as_str(&self) -> &'static str {
         match self {
             Outcome::Delivered => "delivered",
@@ -53,6 +75,8 @@ impl Outcome {
             Outcome::Gone => "gone",
             Outcome::Refused => "refused",
             Outcome::NotSent => "not_sent",
+            Outcome::Deferred { .. } => "deferred",
+            Outcome::SetAside { .. } => "set_aside",
         }
     }
 
@@ -69,7 +93,9 @@ impl Outcome {
             | Outcome::Permanent
             | Outcome::Gone
             | Outcome::Refused
-            | Outcome::NotSent => None,
+            | Outcome::NotSent
+            | Outcome::SetAside { .. } => None,
+            Outcome::Deferred { retry_after } => Some(retry_after),
         }
     }
 }
@@ -97,9 +123,29 @@ pub enum DeadReason {
     /// An operator purged its lane: every pending unit of the lane set aside
     /// (`outbox-lanes lanes purge`).
     Purged,
+    /// An operator blocked its recipient's host with dead letters (`outbox-lanes hosts block
+    /// --dead-letter`).
+    Blocked,
+    /// Its recipient's host failed at the connection level for longer than allowed
+    /// (`--host-unavailable-after`).
+    HostUnavailable,
 }
 
 impl DeadReason {
+    /// Every reason, in the order the CLI lists them.
+    pub const ALL: [DeadReason; 10] = [
+        DeadReason::Exhausted,
+        DeadReason::Permanent,
+        DeadReason::Gone,
+        DeadReason::LaneRetired,
+        DeadReason::Expired,
+        DeadReason::DestinationRefused,
+        DeadReason::Skipped,
+        DeadReason::Purged,
+        DeadReason::Blocked,
+        DeadReason::HostUnavailable,
+    ];
+
     /// The stable snake_case code stored with the dead letter and shown by the CLI.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -111,6 +157,8 @@ impl DeadReason {
             DeadReason::DestinationRefused => "destination_refused",
             DeadReason::Skipped => "skipped",
             DeadReason::Purged => "purged",
+            DeadReason::Blocked => "blocked",
+            DeadReason::HostUnavailable => "host_unavailable",
         }
     }
 
@@ -125,6 +173,8 @@ impl DeadReason {
             "destination_refused" => DeadReason::DestinationRefused,
             "skipped" => DeadReason::Skipped,
             "purged" => DeadReason::Purged,
+            "blocked" => DeadReason::Blocked,
+            "host_unavailable" => DeadReason::HostUnavailable,
             _ => return None,
         })
     }

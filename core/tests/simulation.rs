@@ -182,13 +182,15 @@ impl Recipient {
             Kind::Throttling { throttle_pm } => {
                 if d.per_mille(throttle_pm) {
                     let ra = Duration::from_secs(d.range(0, 120));
-                    let outcome = match d.range(0, 3) {
+                    let outcome = match d.range(0, 4) {
                         0 => Outcome::Throttled {
                             retry_after: Some(ra),
                         },
                         1 => Outcome::Throttled { retry_after: None },
                         // Our side failed (the payload read, a dropped task): never counted.
                         2 => Outcome::NotSent,
+                        // Its host is backing off (origin health): held, never counted.
+                        3 => Outcome::Deferred { retry_after: ra },
                         _ => Outcome::Transient {
                             retry_after: Some(ra),
                         },
@@ -1298,7 +1300,12 @@ impl Sim {
                 );
                 let o = outcome_of(Some(unit), lane).ok_or("a hold out of the blue")?;
                 ensure!(
-                    matches!(o, Outcome::Transient { .. } | Outcome::Throttled { .. }),
+                    matches!(
+                        o,
+                        Outcome::Transient { .. }
+                            | Outcome::Throttled { .. }
+                            | Outcome::Deferred { .. }
+                    ),
                     "a stall after {o:?}"
                 );
                 ensure!(
@@ -1313,6 +1320,19 @@ impl Sim {
                 level,
             } => {
                 let o = outcome_of(None, lane).ok_or("a lane backoff out of the blue")?;
+                if let Outcome::Deferred { retry_after } = o {
+                    // Held for its host: the level stays, the wait is the deferral's (or a
+                    // later not_before the lane already had).
+                    let prev = self.store.lane_info(lane);
+                    let delay = not_before.saturating_duration_since(self.now);
+                    ensure!(level == prev.level, "a deferral moved the level to {level}");
+                    ensure!(
+                        delay >= retry_after.max(outbox_lanes_core::MIN_DEFERRAL),
+                        "deferred {retry_after:?}, held {delay:?}"
+                    );
+                    self.stats.backoffs += 1;
+                    return Ok(());
+                }
                 ensure!(
                     matches!(o, Outcome::Transient { .. } | Outcome::Throttled { .. }),
                     "a lane backoff after {o:?}"
@@ -1360,8 +1380,9 @@ impl Sim {
                     matches!(o, Outcome::Delivered | Outcome::Permanent | Outcome::Gone),
                     "a lane opened after {o:?}"
                 );
+                let info = self.store.lane_info(lane);
                 ensure!(
-                    self.store.lane_info(lane).level > 0,
+                    info.level > 0 || info.not_before.is_some(),
                     "a lane opened that was not in backoff"
                 );
                 self.stats.lane_opens += 1;
@@ -1555,6 +1576,25 @@ impl Sim {
                     "an attempt that never left dead-lettered its unit"
                 );
                 ensure!(!held, "an attempt that never left stalled its unit");
+            }
+            Outcome::Deferred { .. } => {
+                ensure!(
+                    !has(
+                        &|c| matches!(*c, Command::RecordAttempt { unit: u, lane: l, .. } if u == unit && l == lane)
+                    ),
+                    "a deferred attempt was recorded"
+                );
+                ensure!(held, "a deferred attempt did not hold its unit");
+                ensure!(
+                    has(
+                        &|c| matches!(*c, Command::LaneBackoff { lane: l, level, .. } if l == lane && level == prev_level)
+                    ),
+                    "a deferral changed the lane's level or persisted no not_before"
+                );
+                self.retry_not_before.remove(&(unit, lane));
+            }
+            Outcome::SetAside { reason } => {
+                ensure!(dead(reason), "a set-aside unit not dead-lettered");
             }
             Outcome::Gone => {
                 ensure!(dead(DeadReason::Gone), "a 410 not dead-lettered (OL-9)");

@@ -1161,3 +1161,90 @@ fn pausing_a_lane_hands_back_a_joined_unit_and_whatever_waits_behind_it() {
     w.control("b");
     assert_eq!(w.take(), ["start u2 a #1", "start u2 b #1"]);
 }
+
+#[test]
+fn a_deferred_head_holds_its_lane_without_an_attempt_or_a_level_and_comes_back() {
+    let mut w = World::new(transcript_config());
+    let a1 = w.enqueue(&["a"], false)[0];
+    let _a2 = w.enqueue(&["a"], false)[0];
+    let b1 = w.enqueue(&["b"], false)[0];
+    w.discover();
+    assert_eq!(w.take(), ["start u1 a #1", "start u3 b #1"]);
+    // Its host is backing off: nothing was sent, nothing is counted, the level stays 0.
+    w.outcome(
+        a1,
+        "a",
+        Outcome::Deferred {
+            retry_after: secs(20),
+        },
+    );
+    assert_eq!(
+        w.take(),
+        [
+            "backoff a until +20s level 0",
+            "hold u1 a Stalled",
+            "back u2"
+        ]
+    );
+    w.ok(b1, "b");
+    assert_eq!(w.take(), ["delivered u3 b"]);
+    assert!(w.s.is_done(w.now), "a deferred lane keeps no pass alive");
+    // Within the pass, the lane's time brings its head back: the same attempt number.
+    assert_eq!(w.jump_to_next_timeout(), T0 + secs(20));
+    assert_eq!(w.take(), ["start u1 a #1"]);
+    w.ok(a1, "a");
+    // The lane is open again (its not_before cleared) and reads its handed-back unit.
+    assert_eq!(w.take(), ["delivered u1 a", "open a", "start u2 a #1"]);
+}
+
+#[test]
+fn a_zero_deferral_still_waits_and_a_set_aside_unit_is_dead_lettered_uncounted() {
+    let mut w = World::new(transcript_config());
+    let a1 = w.enqueue(&["a"], false)[0];
+    let a2 = w.enqueue(&["a"], false)[0];
+    w.discover();
+    assert_eq!(w.take(), ["start u1 a #1"]);
+    w.outcome(
+        a1,
+        "a",
+        Outcome::Deferred {
+            retry_after: Duration::ZERO,
+        },
+    );
+    assert_eq!(
+        w.take(),
+        [
+            "backoff a until +0.1s level 0",
+            "hold u1 a Stalled",
+            "back u2"
+        ]
+    );
+    assert_eq!(
+        w.jump_to_next_timeout(),
+        T0 + outbox_lanes_core::MIN_DEFERRAL,
+        "never a retry at once"
+    );
+    assert_eq!(w.take(), ["start u1 a #1"]);
+    // The host is set aside: a dead letter, no attempt recorded; the lane moves on.
+    w.outcome(
+        a1,
+        "a",
+        Outcome::SetAside {
+            reason: outbox_lanes_core::DeadReason::Blocked,
+        },
+    );
+    // The handed-back u2 is read again and starts at once: the lane was never in backoff.
+    assert_eq!(w.take(), ["dead u1 a blocked", "start u2 a #1"]);
+    w.ok(a2, "a");
+    assert_eq!(w.take(), ["delivered u2 a"]);
+    let a = w.lane("a");
+    assert_eq!(
+        w.store.dead,
+        [(a1, a, outbox_lanes_core::DeadReason::Blocked)]
+    );
+    assert_eq!(
+        w.store.attempts(a1, a),
+        None,
+        "no attempt was ever recorded"
+    );
+}

@@ -28,6 +28,9 @@ pub struct OutboxConfig {
     /// process, whichever actors they come from; `None`: no cap but `concurrency`. Attempts
     /// past the cap wait in the host's queue without holding a worker ([`crate::HostCaps`]).
     pub per_host: Option<usize>,
+    /// Origin health: connection failures shared by the lanes of a host
+    /// ([`crate::origins`]).
+    pub hosts: crate::origins::OriginConfig,
     /// The drain slot's lease; renewed every third of it while a pass runs.
     pub lease: Duration,
     /// A pass yields after this long so busy actors cannot starve the others (OL-13).
@@ -53,6 +56,7 @@ impl Default for OutboxConfig {
             http: HttpConfig::default(),
             concurrency: DEFAULT_CONCURRENCY,
             per_host: None,
+            hosts: crate::origins::OriginConfig::default(),
             lease: Duration::from_secs(30),
             time_slice: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(10),

@@ -18,6 +18,7 @@ use outbox_lanes_core::policy::{
 };
 use outbox_lanes_core::{Outcome, UnitId};
 
+pub use crate::origins::SignatureMode;
 pub use crate::request::{Destination, Request, RequestPolicy};
 /// The shared bytes of a request's body ([`Delivery::body`]): cloning them copies nothing.
 pub use bytes::Bytes;
@@ -52,7 +53,22 @@ pub struct HttpConfig {
     pub classifier: Classifier,
     /// Cap on a `Retry-After`. Default 1 h (OL-6).
     pub retry_after_cap: Duration,
+    /// Which HTTP signature scheme a signer of HTTP Signatures signs with. Default
+    /// [`SignatureMode::Auto`]: the double-knock ([`crate::origins`]).
+    pub signature: SignatureMode,
+    /// Whether a 5xx answer to an RFC 9421 request also makes the double-knock send it again
+    /// with draft-cavage. Off by default: a 5xx says the server failed, not that it refused
+    /// the signature, and re-sending on it would double the requests to every failing server;
+    /// turn it on for servers known to answer a signature they do not understand with a 500.
+    pub signature_fallback_on_5xx: bool,
+    /// Bound on connecting (name resolution, TCP and TLS handshakes), within
+    /// [`HttpConfig::timeout`]: a host that does not accept the connection in time fails as
+    /// `connect_timeout`, which counts toward its origin's health. Default 10 s.
+    pub connect_timeout: Duration,
 }
+
+/// The default [`HttpConfig::connect_timeout`].
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Default for HttpConfig {
     fn default() -> Self {
@@ -64,6 +80,9 @@ impl Default for HttpConfig {
             proxy: None,
             classifier: Classifier::default(),
             retry_after_cap: DEFAULT_RETRY_AFTER_CAP,
+            signature: SignatureMode::Auto,
+            signature_fallback_on_5xx: false,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
         }
     }
 }
@@ -79,6 +98,9 @@ impl fmt::Debug for HttpConfig {
             .field("proxy", &self.proxy.as_deref().map(redact_userinfo))
             .field("classifier", &self.classifier)
             .field("retry_after_cap", &self.retry_after_cap)
+            .field("signature", &self.signature)
+            .field("signature_fallback_on_5xx", &self.signature_fallback_on_5xx)
+            .field("connect_timeout", &self.connect_timeout)
             .finish()
     }
 }

@@ -62,6 +62,9 @@ pub struct Job {
     live: Arc<AtomicBool>,
     /// The job's place under its host's cap ([`crate::HostCaps`]), freed when it is dropped.
     pub(crate) permit: Option<crate::hosts::HostPermit>,
+    /// The job's place under its origin's gate ([`crate::OriginGate`]): its completion is
+    /// counted for the origin's health.
+    pub(crate) origin: Option<crate::origins::OriginTicket>,
 }
 
 /// A payload's body as [`Bytes`] without copying it: the bytes stay in the payload, which
@@ -113,6 +116,7 @@ impl Job {
             sink: Some(sink),
             live,
             permit: None,
+            origin: None,
         }
     }
 
@@ -143,7 +147,17 @@ impl Job {
         self.report(result);
     }
 
+    /// The job's place under its origin's gate, if an [`OriginGate`](crate::OriginGate) let
+    /// it through: the client asks it which signature scheme to sign with
+    /// ([`Knock`](crate::Knock)).
+    pub fn origin(&self) -> Option<&crate::origins::OriginTicket> {
+        self.origin.as_ref()
+    }
+
     fn report(&mut self, result: AttemptResult) {
+        if let Some(mut ticket) = self.origin.take() {
+            ticket.finished(&result);
+        }
         if let Some(sink) = self.sink.take() {
             sink.complete(Done {
                 unit: self.unit,

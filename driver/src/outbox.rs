@@ -21,6 +21,7 @@ use crate::error::OutboxError;
 use crate::hooks::Hooks;
 use crate::hosts::HostCaps;
 use crate::job::Executor;
+use crate::origins::OriginGate;
 use crate::pass::PassReport;
 
 /// What a drain request did.
@@ -43,6 +44,7 @@ pub struct OutboxCore {
     slots: Mutex<DrainSlots>,
     acks: AckWriter,
     executor: Arc<dyn Executor>,
+    gate: OriginGate,
     holder: String,
     stopping: AtomicBool,
     /// Stopped at shutdown: every running pass subscribes to it.
@@ -60,8 +62,8 @@ impl std::fmt::Debug for OutboxCore {
 }
 
 impl OutboxCore {
-    /// Starts the ack writer and puts the per-host caps (if configured) in front of
-    /// `executor`.
+    /// Starts the ack writer, puts the per-host caps (if configured) and the origin gate
+    /// ([`OriginGate`], shared through the store) in front of `executor`.
     ///
     /// # Errors
     /// The ack writer's thread could not be started.
@@ -89,6 +91,11 @@ impl OutboxCore {
             Some(cap) => Arc::new(HostCaps::new(executor, cap)),
             None => executor,
         };
+        // Outermost: an attempt its origin defers never takes a place under a host cap.
+        let gate = OriginGate::new(executor, config.hosts.clone());
+        gate.share_through(Arc::clone(&store) as Arc<dyn outbox_lanes_store::DriverStore>)
+            .map_err(OutboxError::Spawn)?;
+        let executor: Arc<dyn Executor> = Arc::new(gate.clone());
         let holder = config.holder.clone().unwrap_or_else(default_holder);
         Ok(OutboxCore {
             store,
@@ -99,6 +106,7 @@ impl OutboxCore {
             released: Arc::default(),
             acks,
             executor,
+            gate,
             holder,
             stopping: AtomicBool::new(false),
             shutdown: Arc::new(DrainControl::default()),
@@ -128,6 +136,11 @@ impl OutboxCore {
     /// The executor (behind the per-host caps, if any).
     pub fn executor(&self) -> &Arc<dyn Executor> {
         &self.executor
+    }
+
+    /// The origin gate: the hosts this process knows (health, signature schemes).
+    pub fn hosts(&self) -> &OriginGate {
+        &self.gate
     }
 
     /// The name this process holds drain slots under.

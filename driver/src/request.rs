@@ -17,9 +17,10 @@
 //! 4. `Content-Type`: the row's content type;
 //! 5. the row's own headers ([`Payload::headers`](outbox_lanes_store::Payload::headers)), in
 //!    the row's order, once they pass the check below;
-//! 6. the [`Signer`]'s (`webhook-*`, or `Date`, `Digest`, `Signature`): the signer is called on
-//!    every attempt, here, with the attempt's time, the actor, the unit and the parsed URL, so a
-//!    retry never carries a stale `Date` or timestamp.
+//! 6. the [`Signer`]'s (`webhook-*`; or `Content-Digest`, `Signature-Input`, `Signature`
+//!    for RFC 9421; or `Date`, `Digest`, `Signature` for draft-cavage): the signer is called on
+//!    every attempt, here, with the attempt's time, the actor, the unit, the parsed URL and the
+//!    signature scheme, so a retry never carries a stale `Date` or timestamp.
 //!
 //! The transports add only the framing: `Host` (from the URL) and `Content-Length`.
 //!
@@ -30,7 +31,8 @@
 //! sent. A header it refuses — a reserved one (`Host`, `Content-Length`, `Transfer-Encoding`,
 //! `Connection`, `Keep-Alive`, `Upgrade`, `TE`, `Trailer(s)`, `Proxy-*`, `Expect`, a second
 //! `Idempotency-Key` or `Content-Type`, `User-Agent`, the signer's `Date`, `Digest`,
-//! `Signature`, `webhook-*`: refused whether or not a signer is configured, as at enqueue), a
+//! `Content-Digest`, `Signature`, `Signature-Input`, `webhook-*`: refused whether or not a
+//! signer is configured, as at enqueue), a
 //! name that is not an HTTP token, a value that is not a header value, a repeated name, more
 //! than [`MAX_HEADERS`](outbox_lanes_store::MAX_HEADERS) headers or
 //! [`MAX_HEADER_BYTES`](outbox_lanes_store::MAX_HEADER_BYTES) — fails the attempt **without
@@ -57,7 +59,8 @@ use crate::http::{
     AttemptResult, Delivery, HttpConfig, HttpError, idempotency_key, invalid_recipient,
     invalid_request, refused_result, unsigned,
 };
-use crate::sign::{SignRequest, Signer};
+use crate::origins::{Knock, OriginTicket, SignatureMode};
+use crate::sign::{SignRequest, SignatureSpec, Signer};
 
 /// The `Idempotency-Key` header's name.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -72,6 +75,7 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 pub struct Destination {
     url: Result<Recipient, (String, UrlError)>,
     host_port: String,
+    origin: Arc<str>,
 }
 
 impl Destination {
@@ -80,10 +84,17 @@ impl Destination {
         match Recipient::parse(url) {
             Ok(r) => Destination {
                 host_port: format!("{}:{}", r.host(), r.port()),
+                origin: Arc::from(format!(
+                    "{}://{}:{}",
+                    r.scheme().as_str(),
+                    r.host(),
+                    r.port()
+                )),
                 url: Ok(r),
             },
             Err(e) => Destination {
                 host_port: url.to_owned(),
+                origin: Arc::from(url),
                 url: Err((url.to_owned(), e)),
             },
         }
@@ -132,6 +143,13 @@ impl Destination {
     /// URL itself when it does not parse (its attempts fail anyway).
     pub fn host_port(&self) -> &str {
         &self.host_port
+    }
+
+    /// The origin, `scheme://host:port` (default port included): the key of origin health
+    /// and of the signature scheme learned ([`crate::origins`]), the same text as the store's
+    /// [`origin_of`](outbox_lanes_store::origin_of). The URL itself when it does not parse.
+    pub fn origin(&self) -> &Arc<str> {
+        &self.origin
     }
 }
 
@@ -182,6 +200,8 @@ pub struct RequestPolicy {
     signer: Option<Arc<dyn Signer>>,
     addresses: AddressPolicy,
     classifier: Classifier,
+    signature: SignatureMode,
+    fallback_on_5xx: bool,
 }
 
 impl fmt::Debug for RequestPolicy {
@@ -207,7 +227,16 @@ impl RequestPolicy {
             signer,
             addresses: cfg.addresses,
             classifier: cfg.classifier.clone(),
+            signature: cfg.signature,
+            fallback_on_5xx: cfg.signature_fallback_on_5xx,
         })
+    }
+
+    /// The double-knock of one attempt ([`crate::origins`]): which signature scheme each of
+    /// its requests is signed with, under its origin's `ticket` when it has one.
+    pub fn knock<'t>(&self, ticket: Option<&'t OriginTicket>) -> Knock<'t> {
+        let signed = self.signer.as_ref().is_some_and(|s| s.http_signatures());
+        Knock::new(ticket, self.signature, self.fallback_on_5xx, signed)
     }
 
     /// Whether requests are signed.
@@ -215,7 +244,24 @@ impl RequestPolicy {
         self.signer.is_some()
     }
 
-    /// The request of attempt `d` at `now` (the signer signs with that time).
+    /// The request of attempt `d` at `now` (the signer signs with that time), HTTP
+    /// Signatures in draft-cavage: [`RequestPolicy::build_with`] with
+    /// [`SignatureSpec::Cavage`] and no challenge.
+    ///
+    /// # Errors
+    /// As [`RequestPolicy::build_with`].
+    pub fn build<'a>(
+        &self,
+        d: &Delivery<'a>,
+        now: SystemTime,
+    ) -> Result<Request<'a>, AttemptResult> {
+        self.build_with(d, now, SignatureSpec::Cavage, None)
+    }
+
+    /// The request of attempt `d` at `now` (the signer signs with that time), signed in the
+    /// scheme `spec` (a signer of HTTP Signatures honours it, others ignore it) and, when a
+    /// refusal of this attempt's previous request asked for a signature, with its
+    /// `Accept-Signature` value as `challenge` (see [`SignRequest::challenge`]).
     ///
     /// Checked first, before the signer runs: [`Destination::check`], the URL parsed and an
     /// IP-literal host allowed by the address policy (resolvers never see literals, so this
@@ -227,10 +273,12 @@ impl RequestPolicy {
     /// `invalid_request` [`Outcome::Permanent`](outbox_lanes_core::Outcome::Permanent) (a
     /// refused row header among them, see the [module documentation](self)), a refused
     /// destination, or [`not_sent`](crate::http::not_sent) when the signer could not sign.
-    pub fn build<'a>(
+    pub fn build_with<'a>(
         &self,
         d: &Delivery<'a>,
         now: SystemTime,
+        spec: SignatureSpec,
+        challenge: Option<&str>,
     ) -> Result<Request<'a>, AttemptResult> {
         let url = d.recipient.check(&self.addresses, &self.classifier)?;
         let content_type = HeaderValue::from_str(d.content_type)
@@ -274,6 +322,8 @@ impl RequestPolicy {
                 content_type: d.content_type,
                 at: now,
                 attempt: d.attempt,
+                spec,
+                challenge,
             });
             // Unsigned, the request would only be refused: not sent, retried uncounted.
             let signed = signed.map_err(|e| unsigned(d, &e))?;
@@ -465,6 +515,43 @@ mod tests {
         let row = owned(&[("Host", "x")]);
         let res = p.build(&delivery(&to, &body, &row), SystemTime::now());
         assert_eq!(res.unwrap_err().outcome, Outcome::Permanent);
+    }
+
+    #[test]
+    fn build_signs_cavage_and_build_with_passes_the_spec_and_challenge_on() {
+        use std::sync::Mutex;
+        #[derive(Default)]
+        struct Seen(Mutex<Vec<(SignatureSpec, Option<String>)>>);
+        impl Signer for Seen {
+            fn sign(
+                &self,
+                req: &SignRequest<'_>,
+            ) -> Result<Vec<(String, String)>, crate::sign::SignError> {
+                let mut seen = self.0.lock().unwrap();
+                seen.push((req.spec, req.challenge.map(str::to_owned)));
+                Ok(vec![("X-Signed".to_owned(), req.spec.as_str().to_owned())])
+            }
+        }
+        let seen = Arc::new(Seen::default());
+        let p = policy(Some(Arc::clone(&seen) as Arc<dyn Signer>));
+        let to = Destination::parse("http://127.0.0.1:8080/inbox");
+        let body = Bytes::from_static(b"{}");
+        let d = delivery(&to, &body, &[]);
+        let at = SystemTime::now();
+        let last = |r: Request<'_>| names(&r).pop().unwrap();
+        assert_eq!(last(p.build(&d, at).unwrap()), "x-signed: cavage");
+        let challenge = "sig1=(\"@method\");created";
+        let r = p
+            .build_with(&d, at, SignatureSpec::Rfc9421, Some(challenge))
+            .unwrap();
+        assert_eq!(last(r), "x-signed: rfc9421");
+        assert_eq!(
+            *seen.0.lock().unwrap(),
+            [
+                (SignatureSpec::Cavage, None),
+                (SignatureSpec::Rfc9421, Some(challenge.to_owned()))
+            ]
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Request signing: the [`Signer`] hook and two built-in signers, [`StandardWebhooks`]
-//! (HMAC-SHA256, for webhooks) and [`HttpSignatures`] (RSA, for ActivityPub inboxes).
+//! (HMAC-SHA256, for webhooks) and [`HttpSignatures`] (RSA or Ed25519, for ActivityPub
+//! inboxes).
 //!
 //! The HTTP client calls the signer on **every attempt**, with that attempt's time, so a
 //! scheme that signs a fresh `Date` or timestamp (HTTP Signatures, Standard Webhooks) never
@@ -10,10 +11,71 @@
 //!
 //! - [`StandardWebhooks`]: one shared secret; the receiver checks an HMAC of the unit id,
 //!   the attempt's Unix time and the body (<https://www.standardwebhooks.com/>).
-//! - [`HttpSignatures`]: a private RSA key per actor; the receiver fetches the actor's
-//!   public key by the `keyId` and checks an RSA-SHA256 signature over the request line,
-//!   `Host`, `Date` and a `Digest` of the body. This is the draft-cavage scheme Mastodon,
-//!   Lemmy, GoToSocial and Misskey verify; they refuse unsigned POSTs to an inbox.
+//! - [`HttpSignatures`]: a private key per actor (RSA, or Ed25519); the receiver fetches the
+//!   actor's public key by its key id and checks a signature over the method, the target
+//!   URL and a digest of the body. Mastodon, Lemmy, GoToSocial and Misskey refuse unsigned
+//!   POSTs to an inbox. It signs in the scheme [`SignRequest::spec`] names
+//!   ([`SignatureSpec`]):
+//!   - [`SignatureSpec::Rfc9421`], RFC 9421 HTTP Message Signatures (below), which Mastodon
+//!     4.5 and later verify and Fedify sends first;
+//!   - [`SignatureSpec::Cavage`], draft-cavage-http-signatures-12 as every ActivityPub
+//!     server verifies it: `(request-target) host date digest`, `rsa-sha256` with an RSA
+//!     key, `hs2019` with an Ed25519 key.
+//!
+//! # RFC 9421: what is signed, and why
+//!
+//! Three headers: `Content-Digest` (RFC 9530, `sha-256=:<base64>:`), `Signature-Input` and
+//! `Signature`, under the label `sig1`:
+//!
+//! ```text
+//! Content-Digest: sha-256=:RBNvo1WzZ4oRRq0W9+hknpT7T8If536DEMBg9hyq/4o=:
+//! Signature-Input: sig1=("@method" "@target-uri" "content-digest");created=1700000000;keyid="https://example.com/users/alice#main-key";alg="rsa-v1_5-sha256"
+//! Signature: sig1=:<base64>:
+//! ```
+//!
+//! - `@method` and `@target-uri` bind the signature to this POST to this inbox: the target
+//!   URI is the whole canonical URL (scheme, host, port when not the default, path and
+//!   query), so a signature made for one inbox is not valid at another;
+//! - `content-digest` binds the body: a changed body no longer matches its digest;
+//! - `created` is the attempt's time, so every attempt and retry carries a fresh signature
+//!   (receivers refuse old ones), `keyid` names the actor's key (the receiver fetches its
+//!   public key by it) and `alg` the algorithm (`rsa-v1_5-sha256` for an RSA key, `ed25519`
+//!   for an Ed25519 key), so no verifier guesses it from the key.
+//!
+//! No `Date` header is sent: `created` says when the request was signed.
+//!
+//! ## `Accept-Signature`
+//!
+//! A server may say which signature it wants (RFC 9421 §5.1): [`SignRequest::challenge`]
+//! carries the `Accept-Signature` of its refusal. When one of its members can be made with
+//! the actor's key, the signature covers exactly the components it lists, under its label:
+//! a challenge's `alg` and `keyid` must name this key, `nonce` and `tag` are sent as given,
+//! `expires` (asked without a value) is `created` plus five minutes, and `created`, `keyid`
+//! and `alg` are always sent. The components this signer can cover are those whose value on
+//! the wire it knows: `@method`, `@target-uri`, `@authority`, `@scheme`, `@path`, `@query`,
+//! `@request-target`, `content-digest`, `content-type`, `content-length` (the body's length:
+//! both HTTP clients send it), `host` (the URL's host, with `:port` when not the default: the
+//! `Host` both clients send), `idempotency-key`, and `date` (then a `Date` header with the
+//! attempt's time is sent too). A challenge that is not a structured-field dictionary, or
+//! asks for another key or algorithm, another component (`user-agent`, a row's own header),
+//! component parameters (`;sf`, `;key`, `;bs`, `;req`, `;name`) or an unknown parameter, is
+//! not honoured: the default signature is sent (and the reason logged at DEBUG).
+//!
+//! ## Ed25519 under draft-cavage
+//!
+//! An Ed25519 key signs draft-cavage as `algorithm="hs2019"` (the draft's "derive the
+//! algorithm from the key"), over the same signing string, with Ed25519 itself: what
+//! GoToSocial's and other go-fed/httpsig receivers verify. Refusing would keep an Ed25519
+//! actor's units to a draft-cavage-only server unsent forever (a failure on our side is
+//! retried without end); signing lets the server answer, and one that holds only RSA keys
+//! refuses it as it refuses any signature it cannot check.
+//!
+//! # Why these crates
+//!
+//! RSA is the `rsa` crate (PKCS#1 v1.5 with SHA-256, blinded), Ed25519 `ed25519-dalek`
+//! (PKCS#8 keys read with the `pkcs8` crate `rsa` uses, the algorithm told by the key's OID),
+//! structured fields `sfv`. The RFC 9421 signature base is assembled here (`sign/rfc9421.rs`
+//! says why).
 //!
 //! # When a request cannot be signed
 //!
@@ -24,6 +86,8 @@
 //! moves toward a dead letter and its lane gets no backoff. Add the key (and restart) and
 //! the units go out in order, nothing lost. The clients log each such attempt at `warn`.
 
+mod rfc9421;
+
 use core::fmt;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -31,16 +95,45 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
+use ed25519_dalek::pkcs8::DecodePrivateKey as _;
 use hmac::{Hmac, KeyInit as _, Mac as _};
 use outbox_lanes_core::UnitId;
 use outbox_lanes_core::policy::Recipient;
 use rsa::pkcs1::DecodeRsaPrivateKey as _;
 use rsa::pkcs1v15::SigningKey;
-use rsa::pkcs8::DecodePrivateKey as _;
+use rsa::pkcs8::{PrivateKeyInfo, SecretDocument};
 use rsa::signature::{RandomizedSigner as _, SignatureEncoding as _};
 use rsa::traits::PublicKeyParts as _;
 use rsa::{RsaPrivateKey, sha2 as rsa_sha2};
 use sha2::Sha256;
+
+/// Which HTTP signature scheme signs a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SignatureSpec {
+    /// RFC 9421 HTTP Message Signatures (`Signature-Input`, `Signature`, `Content-Digest`).
+    Rfc9421,
+    /// draft-cavage-http-signatures-12 (`Signature`, `Date`, `Digest`).
+    Cavage,
+}
+
+impl SignatureSpec {
+    /// The scheme's code: `rfc9421` or `cavage`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SignatureSpec::Rfc9421 => "rfc9421",
+            SignatureSpec::Cavage => "cavage",
+        }
+    }
+
+    /// The scheme of a code [`SignatureSpec::as_str`] gives; `None` for any other text.
+    pub fn from_code(s: &str) -> Option<Self> {
+        match s {
+            "rfc9421" => Some(SignatureSpec::Rfc9421),
+            "cavage" => Some(SignatureSpec::Cavage),
+            _ => None,
+        }
+    }
+}
 
 /// What a [`Signer`] is given for one attempt.
 #[derive(Clone, Copy, Debug)]
@@ -65,6 +158,14 @@ pub struct SignRequest<'a> {
     pub at: SystemTime,
     /// The attempt number, as the caller counts it.
     pub attempt: u32,
+    /// The HTTP signature scheme to sign with. [`HttpSignatures`] honours it; signers of
+    /// other schemes ([`StandardWebhooks`], most custom ones) ignore it.
+    pub spec: SignatureSpec,
+    /// The raw `Accept-Signature` value (RFC 9421 §5.1) of a refusal of the previous request
+    /// of this attempt, asking for a particular signature; `None` normally.
+    /// [`HttpSignatures`] honours it under [`SignatureSpec::Rfc9421`] when it can (see the
+    /// [module documentation](self)).
+    pub challenge: Option<&'a str>,
 }
 
 /// Signs a request: returns headers to add to it.
@@ -82,6 +183,13 @@ pub trait Signer: Send + Sync {
     /// then sends nothing and reports the attempt as not sent, retried without counting it
     /// (see the [module documentation](self)).
     fn sign(&self, req: &SignRequest<'_>) -> Result<Vec<(String, String)>, SignError>;
+
+    /// Whether this signer signs HTTP Signatures whose scheme follows
+    /// [`SignRequest::spec`] (true for [`HttpSignatures`]): only then can a request refused
+    /// in one scheme be signed in the other. `false` by default.
+    fn http_signatures(&self) -> bool {
+        false
+    }
 }
 
 /// Why a [`Signer`] could not sign a request.
@@ -133,7 +241,7 @@ const V1: &str = "v1,";
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
-/// use outbox_lanes_driver::sign::{SignRequest, Signer, StandardWebhooks};
+/// use outbox_lanes_driver::sign::{SignRequest, SignatureSpec, Signer, StandardWebhooks};
 /// use outbox_lanes_core::UnitId;
 /// use outbox_lanes_core::policy::Recipient;
 ///
@@ -143,6 +251,7 @@ const V1: &str = "v1,";
 /// let req = SignRequest {
 ///     actor: "alice", unit: UnitId(7), idempotency_key: "3f1c0b5e9a7d4c2e-7",
 ///     recipient: &recipient, body: b"{}", content_type: "application/json", at, attempt: 1,
+///     spec: SignatureSpec::Rfc9421, challenge: None,
 /// };
 /// let headers = signer.sign(&req)?;
 /// let get = |n: &str| headers.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
@@ -317,19 +426,56 @@ impl fmt::Debug for StandardWebhooks {
     }
 }
 
-/// The headers an [`HttpSignatures`] signature covers, in order (the `headers` parameter).
+/// The headers a draft-cavage [`HttpSignatures`] signature covers, in order (the `headers`
+/// parameter).
 pub const SIGNED_HEADERS: &str = "(request-target) host date digest";
 
 /// The shortest RSA key [`ActorKey`] accepts, in bits: what ActivityPub servers generate,
 /// and below which keys are breakable.
 pub const MIN_KEY_BITS: usize = 2048;
 
-/// One actor's HTTP Signatures key: the `keyId` receivers fetch the public key from, and the
-/// RSA private key.
+/// One actor's HTTP Signatures key: the key id receivers fetch the public key from, and the
+/// private key, RSA or Ed25519.
 #[derive(Clone)]
 pub struct ActorKey {
     key_id: String,
-    key: SigningKey<rsa_sha2::Sha256>,
+    key: PrivateKey,
+}
+
+#[derive(Clone)]
+enum PrivateKey {
+    Rsa(SigningKey<rsa_sha2::Sha256>),
+    Ed25519(ed25519_dalek::SigningKey),
+}
+
+/// The algorithm of an [`ActorKey`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum KeyAlgorithm {
+    /// RSA: RSASSA-PKCS1-v1_5 with SHA-256.
+    Rsa,
+    /// Ed25519 (RFC 8032).
+    Ed25519,
+}
+
+impl KeyAlgorithm {
+    /// The RFC 9421 `alg` of signatures made with such a key: `rsa-v1_5-sha256` or
+    /// `ed25519`.
+    pub fn rfc9421_alg(self) -> &'static str {
+        match self {
+            KeyAlgorithm::Rsa => "rsa-v1_5-sha256",
+            KeyAlgorithm::Ed25519 => "ed25519",
+        }
+    }
+
+    /// The draft-cavage `algorithm` of signatures made with such a key: `rsa-sha256` or
+    /// `hs2019`.
+    pub fn cavage_algorithm(self) -> &'static str {
+        match self {
+            KeyAlgorithm::Rsa => "rsa-sha256",
+            KeyAlgorithm::Ed25519 => "hs2019",
+        }
+    }
 }
 
 /// Why a key (or a keys file entry) was not accepted.
@@ -338,20 +484,27 @@ pub struct ActorKey {
 pub enum KeyError {
     /// The `key_id` is empty.
     EmptyKeyId,
-    /// The `key_id` holds a `"`, a backslash or a control character, which cannot be written
-    /// in the `Signature` header.
+    /// The `key_id` holds a `"`, a backslash, or a character other than visible ASCII and
+    /// the space (a control character, a non-ASCII letter), which cannot be written in a
+    /// signature header.
     BadKeyId,
     /// The PEM is a public key or a certificate, not a private key.
     NotPrivate,
     /// The PEM is an encrypted private key; decrypt it first (`openssl pkey -in K -out K2`).
     Encrypted,
     /// The PEM is not an RSA private key in PKCS#1 (`BEGIN RSA PRIVATE KEY`) or PKCS#8
-    /// (`BEGIN PRIVATE KEY`) form; the text says what the parser found.
+    /// (`BEGIN PRIVATE KEY`) form, nor an Ed25519 one in PKCS#8; the text says what the
+    /// parser found.
     Invalid(String),
     /// The key is shorter than [`MIN_KEY_BITS`].
     TooShort {
         /// The key's size in bits.
         bits: usize,
+    },
+    /// A PKCS#8 key of another algorithm than RSA and Ed25519 (an EC key, say).
+    Unsupported {
+        /// The algorithm's object identifier, dotted (`1.2.840.10045.2.1` for EC).
+        oid: String,
     },
 }
 
@@ -359,9 +512,10 @@ impl fmt::Display for KeyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             KeyError::EmptyKeyId => f.write_str("key_id is empty"),
-            KeyError::BadKeyId => {
-                f.write_str("key_id holds a double quote, a backslash or a control character")
-            }
+            KeyError::BadKeyId => f.write_str(
+                "key_id holds a double quote, a backslash, or a character other than visible \
+                     ASCII and the space",
+            ),
             KeyError::NotPrivate => {
                 f.write_str("the PEM is a public key or certificate, not a private key")
             }
@@ -370,12 +524,17 @@ impl fmt::Display for KeyError {
             ),
             KeyError::Invalid(e) => write!(
                 f,
-                "not an RSA private key in PEM (PKCS#1 `BEGIN RSA PRIVATE KEY` or PKCS#8 \
-                 `BEGIN PRIVATE KEY`): {e}"
+                "not an RSA or Ed25519 private key in PEM (PKCS#1 `BEGIN RSA PRIVATE KEY` or \
+                 PKCS#8 `BEGIN PRIVATE KEY`): {e}"
             ),
             KeyError::TooShort { bits } => write!(
                 f,
                 "the RSA key has {bits} bits; at least {MIN_KEY_BITS} are needed"
+            ),
+            KeyError::Unsupported { oid } => write!(
+                f,
+                "the PKCS#8 key's algorithm (OID {oid}) is not RSA or Ed25519, the two that \
+                 sign HTTP Signatures here"
             ),
         }
     }
@@ -384,12 +543,15 @@ impl fmt::Display for KeyError {
 impl std::error::Error for KeyError {}
 
 impl ActorKey {
-    /// A key from its `keyId` (usually `https://host/users/NAME#main-key`) and its PEM private
-    /// key, PKCS#1 (`-----BEGIN RSA PRIVATE KEY-----`) or PKCS#8 (`-----BEGIN PRIVATE KEY-----`).
+    /// A key from its key id (usually `https://host/users/NAME#main-key`) and its PEM private
+    /// key: RSA in PKCS#1 (`-----BEGIN RSA PRIVATE KEY-----`) or PKCS#8
+    /// (`-----BEGIN PRIVATE KEY-----`), or Ed25519 in PKCS#8 (`BEGIN PRIVATE KEY` too, as
+    /// `openssl genpkey -algorithm ed25519` writes it). A PKCS#8 key's algorithm is read from
+    /// the key itself.
     ///
     /// # Errors
     /// [`KeyError`] when the key id cannot be sent or the PEM is not an unencrypted RSA
-    /// private key of at least [`MIN_KEY_BITS`].
+    /// private key of at least [`MIN_KEY_BITS`] or an unencrypted Ed25519 private key.
     pub fn from_pem(key_id: impl Into<String>, pem: &str) -> Result<Self, KeyError> {
         let key_id = key_id.into();
         if key_id.trim().is_empty() {
@@ -397,15 +559,30 @@ impl ActorKey {
         }
         if key_id
             .chars()
-            .any(|c| c == '"' || c == '\\' || c.is_control())
+            .any(|c| c == '"' || c == '\\' || !(c == ' ' || c.is_ascii_graphic()))
         {
             return Err(KeyError::BadKeyId);
         }
         let pem = pem.trim();
+        let invalid = |e: &dyn fmt::Display| KeyError::Invalid(e.to_string());
         let key = if pem.contains("-----BEGIN RSA PRIVATE KEY-----") {
-            RsaPrivateKey::from_pkcs1_pem(pem).map_err(|e| KeyError::Invalid(e.to_string()))?
+            PrivateKey::rsa(RsaPrivateKey::from_pkcs1_pem(pem).map_err(|e| invalid(&e))?)?
         } else if pem.contains("-----BEGIN PRIVATE KEY-----") {
-            RsaPrivateKey::from_pkcs8_pem(pem).map_err(|e| KeyError::Invalid(e.to_string()))?
+            let (_, doc) = SecretDocument::from_pem(pem).map_err(|e| invalid(&e))?;
+            let info = PrivateKeyInfo::try_from(doc.as_bytes()).map_err(|e| invalid(&e))?;
+            let oid = info.algorithm.oid;
+            if oid == rsa::pkcs1::ALGORITHM_OID {
+                PrivateKey::rsa(RsaPrivateKey::try_from(info).map_err(|e| invalid(&e))?)?
+            } else if oid == ed25519_dalek::pkcs8::ALGORITHM_OID {
+                PrivateKey::Ed25519(
+                    ed25519_dalek::SigningKey::from_pkcs8_der(doc.as_bytes())
+                        .map_err(|e| invalid(&e))?,
+                )
+            } else {
+                return Err(KeyError::Unsupported {
+                    oid: oid.to_string(),
+                });
+            }
         } else if pem.contains("-----BEGIN ENCRYPTED PRIVATE KEY-----") {
             return Err(KeyError::Encrypted);
         } else if pem.contains("PUBLIC KEY-----") || pem.contains("CERTIFICATE-----") {
@@ -415,42 +592,75 @@ impl ActorKey {
                 "no PEM private key block found".to_owned(),
             ));
         };
+        Ok(ActorKey { key_id, key })
+    }
+
+    /// The key id sent with every signature (`keyId` in draft-cavage, `keyid` in RFC 9421).
+    pub fn key_id(&self) -> &str {
+        &self.key_id
+    }
+
+    /// The key's algorithm.
+    pub fn algorithm(&self) -> KeyAlgorithm {
+        match self.key {
+            PrivateKey::Rsa(_) => KeyAlgorithm::Rsa,
+            PrivateKey::Ed25519(_) => KeyAlgorithm::Ed25519,
+        }
+    }
+
+    /// The signature of `message`: RSASSA-PKCS1-v1_5 with SHA-256 (blinded with fresh OS
+    /// randomness), or Ed25519.
+    fn sign_bytes(&self, message: &[u8]) -> Result<Vec<u8>, SignError> {
+        match &self.key {
+            PrivateKey::Rsa(key) => key
+                .try_sign_with_rng(&mut rsa::rand_core::OsRng, message)
+                .map(|s| s.to_vec())
+                .map_err(|e| SignError::Failed(e.to_string())),
+            PrivateKey::Ed25519(key) => Ok(ed25519_dalek::Signer::sign(key, message)
+                .to_bytes()
+                .to_vec()),
+        }
+    }
+}
+
+impl PrivateKey {
+    /// An RSA key, if it is long enough.
+    fn rsa(key: RsaPrivateKey) -> Result<PrivateKey, KeyError> {
         let bits = key.size() * 8;
         if bits < MIN_KEY_BITS {
             return Err(KeyError::TooShort { bits });
         }
-        Ok(ActorKey {
-            key_id,
-            key: SigningKey::new(key),
-        })
-    }
-
-    /// The `keyId` sent in the `Signature` header.
-    pub fn key_id(&self) -> &str {
-        &self.key_id
+        Ok(PrivateKey::Rsa(SigningKey::new(key)))
     }
 }
 
 impl fmt::Debug for ActorKey {
-    /// The key id only, never the private key.
+    /// The key id and algorithm only, never the private key.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ActorKey")
             .field("key_id", &self.key_id)
+            .field("algorithm", &self.algorithm())
             .finish_non_exhaustive()
     }
 }
 
-/// An HTTP Signatures signer as Mastodon verifies it (draft-cavage-http-signatures-12,
-/// `rsa-sha256`), with a key per actor.
+/// An HTTP Signatures signer with a key per actor (RSA or Ed25519), in the scheme each
+/// request asks for ([`SignRequest::spec`]): RFC 9421 or draft-cavage.
 ///
-/// Adds three headers to every attempt:
+/// Under [`SignatureSpec::Rfc9421`] it adds `Content-Digest`, `Signature-Input` and
+/// `Signature` (see the [module documentation](self) for what is covered, and the
+/// `Accept-Signature` challenge).
+///
+/// Under [`SignatureSpec::Cavage`] (draft-cavage-http-signatures-12, as Mastodon verifies it)
+/// it adds three headers ([`HttpSignatures::headers`]):
 /// - `Date`: the attempt's time as an HTTP date (`Sun, 06 Nov 1994 08:49:37 GMT`), fresh on
 ///   every retry (receivers refuse dates more than a few minutes off, Mastodon 12 hours,
 ///   GoToSocial 30 seconds);
 /// - `Digest`: `SHA-256=` and the base64 of the body's SHA-256;
 /// - `Signature`: `keyId="…",algorithm="rsa-sha256",headers="(request-target) host date
-///   digest",signature="…"`, the signature being the base64 of the RSASSA-PKCS1-v1_5
-///   SHA-256 signature of the signing string
+///   digest",signature="…"` (`algorithm="hs2019"` with an Ed25519 key), the signature being
+///   the base64 of the RSASSA-PKCS1-v1_5 SHA-256 (or Ed25519) signature of the signing
+///   string
 ///   ```text
 ///   (request-target): post /inbox
 ///   host: example.com
@@ -481,8 +691,11 @@ impl fmt::Debug for ActorKey {
 /// """
 /// ```
 ///
-/// The private-key operation is blinded with fresh randomness from the OS on every signature
-/// (RSA blinding, against timing attacks on the key).
+/// A key is RSA (PKCS#1 or PKCS#8) or Ed25519 (PKCS#8, `BEGIN PRIVATE KEY`): the key itself
+/// says which, so the file names no algorithm.
+///
+/// The RSA private-key operation is blinded with fresh randomness from the OS on every
+/// signature (RSA blinding, against timing attacks on the key).
 #[derive(Clone, Default)]
 pub struct HttpSignatures {
     keys: BTreeMap<String, ActorKey>,
@@ -658,8 +871,9 @@ impl HttpSignatures {
         }
     }
 
-    /// The `Date`, `Digest` and `Signature` headers for a POST of `body` to `recipient` at
-    /// `at`, signed with `key`.
+    /// The draft-cavage `Date`, `Digest` and `Signature` headers for a POST of `body` to
+    /// `recipient` at `at`, signed with `key` (`rsa-sha256`, or `hs2019` with an Ed25519
+    /// key).
     ///
     /// # Errors
     /// [`SignError::Failed`] when the RSA operation fails.
@@ -683,14 +897,12 @@ impl HttpSignatures {
             "(request-target): post {}\nhost: {host}\ndate: {date}\ndigest: {digest}",
             url.path_and_query()
         );
-        let signature = key
-            .key
-            .try_sign_with_rng(&mut rsa::rand_core::OsRng, signing_string.as_bytes())
-            .map_err(|e| SignError::Failed(e.to_string()))?;
+        let signature = key.sign_bytes(signing_string.as_bytes())?;
         let signature = format!(
-            "keyId=\"{}\",algorithm=\"rsa-sha256\",headers=\"{SIGNED_HEADERS}\",signature=\"{}\"",
+            "keyId=\"{}\",algorithm=\"{}\",headers=\"{SIGNED_HEADERS}\",signature=\"{}\"",
             key.key_id,
-            BASE64.encode(signature.to_bytes())
+            key.algorithm().cavage_algorithm(),
+            BASE64.encode(signature)
         );
         Ok(vec![
             ("Date".to_owned(), date),
@@ -808,7 +1020,14 @@ impl Signer for HttpSignatures {
         let key = self.keys.get(req.actor).ok_or_else(|| SignError::NoKey {
             actor: req.actor.to_owned(),
         })?;
-        HttpSignatures::headers(key, req.recipient, req.body, req.at)
+        match req.spec {
+            SignatureSpec::Rfc9421 => rfc9421::headers(key, req),
+            SignatureSpec::Cavage => HttpSignatures::headers(key, req.recipient, req.body, req.at),
+        }
+    }
+
+    fn http_signatures(&self) -> bool {
+        true
     }
 }
 
@@ -870,6 +1089,8 @@ mod tests {
             content_type: "application/json",
             at,
             attempt: 3,
+            spec: SignatureSpec::Rfc9421,
+            challenge: None,
         };
         let want = vec![
             ("webhook-id".to_owned(), "42".to_owned()),
@@ -950,6 +1171,7 @@ mod tests {
         use super::super::*;
         use outbox_lanes_test_support::signatures::{
             ALICE_PRIVATE_PKCS8, ALICE_PUBLIC, BOB_PRIVATE_PKCS1, BOB_PUBLIC,
+            CAROL_ED25519_PRIVATE, CAROL_ED25519_PUBLIC, P256_PRIVATE_PKCS8,
         };
         use rsa::pkcs1v15::{Signature, VerifyingKey};
         use rsa::pkcs8::DecodePublicKey as _;
@@ -981,6 +1203,8 @@ mod tests {
                 content_type: "application/activity+json",
                 at: UNIX_EPOCH + Duration::from_millis(1_700_000_000_500),
                 attempt: 1,
+                spec: SignatureSpec::Cavage,
+                challenge: None,
             }
         }
 
@@ -1194,6 +1418,132 @@ mod tests {
                 ActorKey::from_pem("k", &ALICE_PRIVATE_PKCS8.replace("MII", "XII")),
                 Err(KeyError::Invalid(_))
             ));
+        }
+
+        #[test]
+        fn an_ed25519_key_signs_cavage_as_hs2019() {
+            use ed25519_dalek::Verifier as _;
+            use ed25519_dalek::pkcs8::DecodePublicKey as _;
+            const CAROL: &str = "https://example.com/users/carol";
+            let key = ActorKey::from_pem(format!("{CAROL}#key"), CAROL_ED25519_PRIVATE).unwrap();
+            assert_eq!(key.algorithm(), KeyAlgorithm::Ed25519);
+            assert_eq!(key.algorithm().cavage_algorithm(), "hs2019");
+            assert!(format!("{key:?}").contains("Ed25519"));
+            let mut s = HttpSignatures::new();
+            s.insert(CAROL, key);
+            let url = Recipient::parse("http://[::1]:8080/i").unwrap();
+            let h = s.sign(&req(CAROL, &url, b"{}")).unwrap();
+            let names: Vec<_> = h.iter().map(|(n, _)| n.as_str()).collect();
+            assert_eq!(names, ["Date", "Digest", "Signature"]);
+            let prefix = format!(
+                "keyId=\"{CAROL}#key\",algorithm=\"hs2019\",\
+                 headers=\"(request-target) host date digest\",signature=\""
+            );
+            let b64 = h[2]
+                .1
+                .strip_prefix(&prefix)
+                .and_then(|r| r.strip_suffix('"'))
+                .unwrap_or_else(|| panic!("{}", h[2].1));
+            let sig = ed25519_dalek::Signature::from_slice(&BASE64.decode(b64).unwrap()).unwrap();
+            let public =
+                ed25519_dalek::VerifyingKey::from_public_key_pem(CAROL_ED25519_PUBLIC).unwrap();
+            let string = format!(
+                "(request-target): post /i\nhost: [::1]:8080\ndate: {}\ndigest: {}",
+                h[0].1, h[1].1
+            );
+            assert!(public.verify(string.as_bytes(), &sig).is_ok());
+            assert!(
+                public
+                    .verify(string.replace("/i", "/j").as_bytes(), &sig)
+                    .is_err()
+            );
+        }
+
+        #[test]
+        fn the_key_tells_its_algorithm() {
+            for (pem, alg) in [
+                (ALICE_PRIVATE_PKCS8, KeyAlgorithm::Rsa),
+                (BOB_PRIVATE_PKCS1, KeyAlgorithm::Rsa),
+                (CAROL_ED25519_PRIVATE, KeyAlgorithm::Ed25519),
+            ] {
+                assert_eq!(ActorKey::from_pem("k", pem).unwrap().algorithm(), alg);
+            }
+            assert_eq!(KeyAlgorithm::Rsa.rfc9421_alg(), "rsa-v1_5-sha256");
+            assert_eq!(KeyAlgorithm::Ed25519.rfc9421_alg(), "ed25519");
+            assert_eq!(KeyAlgorithm::Rsa.cavage_algorithm(), "rsa-sha256");
+            let err = ActorKey::from_pem("k", P256_PRIVATE_PKCS8).unwrap_err();
+            assert_eq!(
+                err,
+                KeyError::Unsupported {
+                    oid: "1.2.840.10045.2.1".to_owned()
+                }
+            );
+            assert!(err.to_string().contains("not RSA or Ed25519"), "{err}");
+            // A PKCS#8 block whose content is no key at all, and an Ed25519 key cut short.
+            for bad in [
+                "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----",
+                "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIIVMcfUANtQiOi/ngTDljDyr\n\
+                 -----END PRIVATE KEY-----",
+                "-----BEGIN PRIVATE KEY-----\n\u{e9}\n-----END PRIVATE KEY-----",
+            ] {
+                assert!(
+                    matches!(ActorKey::from_pem("k", bad), Err(KeyError::Invalid(_))),
+                    "{bad}"
+                );
+            }
+        }
+
+        #[test]
+        fn a_keys_file_takes_ed25519_keys_as_they_are() {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("carol.pem"), CAROL_ED25519_PRIVATE).unwrap();
+            let text = format!(
+                "[actors.carol]\nkey_id = \"https://example.com/users/carol#key\"\n\
+                 private_key_file = \"carol.pem\"\n\
+                 [actors.alice]\nkey_id = \"k\"\nprivate_key_pem = \"\"\"{ALICE_PRIVATE_PKCS8}\"\"\"\n\
+                 [actors.ec]\nkey_id = \"k\"\nprivate_key_pem = \"\"\"{P256_PRIVATE_PKCS8}\"\"\"\n"
+            );
+            let err =
+                HttpSignatures::from_toml(&text, Path::new("keys.toml"), dir.path()).unwrap_err();
+            assert!(
+                err.to_string().contains(
+                    "[actors.\"ec\"]: the PKCS#8 key's algorithm (OID 1.2.840.10045.2.1)"
+                ),
+                "{err}"
+            );
+            let text = text.split("[actors.ec]").next().unwrap();
+            let s = HttpSignatures::from_toml(text, Path::new("keys.toml"), dir.path()).unwrap();
+            assert_eq!(s.key("carol").unwrap().algorithm(), KeyAlgorithm::Ed25519);
+            assert_eq!(s.key("alice").unwrap().algorithm(), KeyAlgorithm::Rsa);
+        }
+
+        #[test]
+        fn the_spec_picks_the_scheme_and_has_a_code() {
+            let s = signer();
+            assert!(s.http_signatures());
+            assert!(!StandardWebhooks::new(&b"k"[..]).unwrap().http_signatures());
+            let url = Recipient::parse("https://inbox.example/inbox").unwrap();
+            let mut r = req(ALICE, &url, b"{}");
+            let names =
+                |h: Vec<(String, String)>| h.into_iter().map(|(n, _)| n).collect::<Vec<_>>();
+            assert_eq!(names(s.sign(&r).unwrap()), ["Date", "Digest", "Signature"]);
+            r.spec = SignatureSpec::Rfc9421;
+            assert_eq!(
+                names(s.sign(&r).unwrap()),
+                ["Content-Digest", "Signature-Input", "Signature"]
+            );
+            // A challenge means nothing to draft-cavage.
+            r.spec = SignatureSpec::Cavage;
+            r.challenge = Some("sig1=(\"date\")");
+            assert_eq!(names(s.sign(&r).unwrap()), ["Date", "Digest", "Signature"]);
+            for spec in [SignatureSpec::Rfc9421, SignatureSpec::Cavage] {
+                assert_eq!(SignatureSpec::from_code(spec.as_str()), Some(spec));
+            }
+            assert_eq!(SignatureSpec::Rfc9421.as_str(), "rfc9421");
+            assert_eq!(SignatureSpec::Cavage.as_str(), "cavage");
+            for other in ["", "RFC9421", "auto", "cavage "] {
+                assert_eq!(SignatureSpec::from_code(other), None);
+            }
         }
     }
 }

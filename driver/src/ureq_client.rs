@@ -71,6 +71,8 @@ use crate::http::{
     AttemptResult, Delivery, ERROR_EXCERPT, HttpConfig, HttpError, answered_result,
     invalid_request, io_kind, refusal_message, refused_result,
 };
+use crate::job::Job;
+use crate::origins::OriginTicket;
 use crate::request::{Request, RequestPolicy};
 use crate::sign::Signer;
 
@@ -128,6 +130,7 @@ impl HttpClient {
             // deliveries through whatever proxy the environment names, past the guard.
             .proxy(proxy)
             .timeout_global(Some(cfg.timeout))
+            .timeout_connect(Some(cfg.connect_timeout.min(cfg.timeout)))
             .max_idle_connections(IDLE_TOTAL)
             .max_idle_connections_per_host(IDLE_PER_HOST)
             // Every header comes with the request (crate::request): ureq adds none of its own
@@ -163,9 +166,36 @@ impl HttpClient {
     /// transport failures are classified by the [`Classifier::transport`] (transient),
     /// statuses by the configured classifier.
     pub fn deliver(&self, d: &Delivery<'_>, now: SystemTime) -> AttemptResult {
-        match self.shared.requests.build(d, now) {
-            Ok(request) => self.send(&request, now),
-            Err(result) => result,
+        self.deliver_under(d, None, now)
+    }
+
+    /// [`HttpClient::deliver`] of a job: its origin's ticket ([`Job::origin`]) chooses the
+    /// signature scheme and learns the one accepted (the double-knock, [`crate::origins`]).
+    pub fn deliver_job(&self, job: &Job, now: SystemTime) -> AttemptResult {
+        self.deliver_under(&job.delivery(), job.origin(), now)
+    }
+
+    fn deliver_under(
+        &self,
+        d: &Delivery<'_>,
+        ticket: Option<&OriginTicket>,
+        now: SystemTime,
+    ) -> AttemptResult {
+        let mut knock = self.shared.requests.knock(ticket);
+        loop {
+            let request =
+                match self
+                    .shared
+                    .requests
+                    .build_with(d, now, knock.spec(), knock.challenge())
+                {
+                    Ok(request) => request,
+                    Err(result) => return result,
+                };
+            let (result, challenge) = self.exchange(&request, now);
+            if !knock.again(&result, challenge.as_deref()) {
+                return result;
+            }
         }
     }
 
@@ -173,6 +203,12 @@ impl HttpClient {
     /// client's transport rules (timeout, no redirect, capped answer, guarded resolver), and
     /// classifies what happened. `now` is the attempt's time, for an HTTP-date Retry-After.
     pub fn send(&self, request: &Request<'_>, now: SystemTime) -> AttemptResult {
+        self.exchange(request, now).0
+    }
+
+    /// [`HttpClient::send`], with the answer's `Accept-Signature` (RFC 9421 §5) if it
+    /// refused.
+    fn exchange(&self, request: &Request<'_>, now: SystemTime) -> (AttemptResult, Option<String>) {
         let mut builder = ureq::http::Request::builder()
             .method(request.method.clone())
             .uri(request.url.as_str());
@@ -181,11 +217,18 @@ impl HttpClient {
         }
         let req = match builder.body(&request.body[..]) {
             Ok(req) => req,
-            Err(e) => return invalid_request(e),
+            Err(e) => return (invalid_request(e), None),
         };
         match self.agent.run(req) {
-            Ok(response) => self.answered(response, now),
-            Err(e) => self.failed(&e),
+            Ok(response) => {
+                let challenge = (!response.status().is_success())
+                    .then(|| response.headers().get("accept-signature"))
+                    .flatten()
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned);
+                (self.answered(response, now), challenge)
+            }
+            Err(e) => (self.failed(&e), None),
         }
     }
 
@@ -294,6 +337,9 @@ fn error_kind(e: &ureq::Error) -> ErrorKind {
             Some(GuardError::Resolve(_)) => ErrorKind::Transport(TransportError::Dns),
             None => ErrorKind::Transport(TransportError::Other),
         },
+        E::Timeout(ureq::Timeout::Connect | ureq::Timeout::Resolve) => {
+            ErrorKind::Transport(TransportError::ConnectTimeout)
+        }
         E::Timeout(_) => ErrorKind::Transport(TransportError::Timeout),
         E::HostNotFound => ErrorKind::Transport(TransportError::Dns),
         E::Io(io) => ErrorKind::Transport(io_kind(io)),

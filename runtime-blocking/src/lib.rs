@@ -45,8 +45,8 @@ use outbox_lanes_core::{ActorId, ActorResolver, IdentityResolver};
 pub use outbox_lanes_driver::engine::Stopped;
 use outbox_lanes_driver::engine::{self, Runtime};
 pub use outbox_lanes_driver::{
-    Attempted, DeadLettered, Delivered, DrainControl, DrainOutcome, Hooks, HostCaps, OutboxConfig,
-    OutboxError, PassReport, Signer, Started,
+    Attempted, DeadLettered, Delivered, DrainControl, DrainOutcome, Hooks, HostCaps, OriginConfig,
+    OutboxConfig, OutboxError, PassReport, SignatureMode, Signer, Started,
 };
 use outbox_lanes_driver::{Executor, Job, OutboxCore};
 pub use outbox_lanes_driver::{core, sign, store};
@@ -127,15 +127,18 @@ impl OutboxBuilder {
     /// # Errors
     /// A thread could not be started, or the HTTP client could not be built.
     pub fn open(self) -> Result<Outbox, OutboxError> {
+        let mut config = self.config;
+        config.hosts.knock = self.signer.as_ref().is_some_and(|s| s.http_signatures())
+            && config.http.signature == SignatureMode::Auto;
         let executor: Arc<dyn Executor> = match self.executor {
             Some(e) => e,
             None => {
-                let http = HttpClient::new(self.config.http.clone(), self.signer)
+                let http = HttpClient::new(config.http.clone(), self.signer)
                     .map_err(|e| OutboxError::Http(e.to_string()))?;
-                Arc::new(ThreadPool::start(http, self.config.concurrency)?)
+                Arc::new(ThreadPool::start(http, config.concurrency)?)
             }
         };
-        let core = OutboxCore::new(self.store, self.config, self.resolver, self.hooks, executor)?;
+        let core = OutboxCore::new(self.store, config, self.resolver, self.hooks, executor)?;
         Ok(Outbox {
             inner: Arc::new(core),
             rt: Arc::new(ThreadRuntime),
@@ -224,7 +227,7 @@ fn worker(rx: &Mutex<Receiver<Job>>, http: &HttpClient) {
             // Its pass ended and handed the unit back: dropping it sends nothing.
             Ok(job) if job.abandoned() => drop(job),
             Ok(job) => {
-                let result = http.deliver(&job.delivery(), std::time::SystemTime::now());
+                let result = http.deliver_job(&job, std::time::SystemTime::now());
                 job.finish(result);
             }
             Err(_) => return,

@@ -109,16 +109,14 @@ impl Executor for TaskExecutor {
             match transport {
                 #[cfg(feature = "tokio")]
                 Transport::Async(http) => {
-                    let result = http
-                        .deliver(&job.delivery(), std::time::SystemTime::now())
-                        .await;
+                    let result = http.deliver_job(&job, std::time::SystemTime::now()).await;
                     job.finish(result);
                 }
                 #[cfg(feature = "blocking-http")]
                 Transport::Blocking(http) => {
                     // If the runtime drops this unrun, the job reports NotSent as it is dropped.
                     let _ = unblock(&*rt, move || {
-                        let result = http.deliver(&job.delivery(), std::time::SystemTime::now());
+                        let result = http.deliver_job(&job, std::time::SystemTime::now());
                         job.finish(result);
                     })
                     .await;

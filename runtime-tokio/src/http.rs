@@ -51,13 +51,13 @@ use outbox_lanes_core::Timestamp;
 use outbox_lanes_core::policy::{
     AddressPolicy, Classifier, DestinationRefused, Recipient, TransportError, parse_retry_after,
 };
-use outbox_lanes_driver::OutboxError;
 use outbox_lanes_driver::http::{
     AttemptResult, Delivery, HttpConfig, answered_result, invalid_request, io_kind,
     redact_userinfo, refusal_message, refused_result,
 };
 use outbox_lanes_driver::request::{Request, RequestPolicy};
 use outbox_lanes_driver::sign::Signer;
+use outbox_lanes_driver::{Job, OriginTicket, OutboxError};
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
 /// Idle connections kept per host (reqwest keeps unlimited by default; bounded here). Sized
@@ -115,6 +115,7 @@ impl AsyncHttpClient {
             .http1_only()
             .redirect(reqwest::redirect::Policy::none())
             .timeout(cfg.timeout)
+            .connect_timeout(cfg.connect_timeout.min(cfg.timeout))
             // No User-Agent here: it comes with the request (crate::request), like every
             // header. reqwest's one default header, `Accept: */*`, is always overridden by the
             // request's own.
@@ -160,9 +161,37 @@ impl AsyncHttpClient {
     /// The request is built by the shared [`RequestPolicy::build`], which may refuse to send
     /// anything, and then [sent](AsyncHttpClient::send).
     pub async fn deliver(&self, d: &Delivery<'_>, now: SystemTime) -> AttemptResult {
-        match self.shared.requests.build(d, now) {
-            Ok(request) => self.send(&request, now).await,
-            Err(result) => result,
+        self.deliver_under(d, None, now).await
+    }
+
+    /// [`AsyncHttpClient::deliver`] of a job: its origin's ticket ([`Job::origin`]) chooses
+    /// the signature scheme and learns the one accepted (the double-knock,
+    /// [`outbox_lanes_driver::origins`]).
+    pub async fn deliver_job(&self, job: &Job, now: SystemTime) -> AttemptResult {
+        self.deliver_under(&job.delivery(), job.origin(), now).await
+    }
+
+    async fn deliver_under(
+        &self,
+        d: &Delivery<'_>,
+        ticket: Option<&OriginTicket>,
+        now: SystemTime,
+    ) -> AttemptResult {
+        let mut knock = self.shared.requests.knock(ticket);
+        loop {
+            let request =
+                match self
+                    .shared
+                    .requests
+                    .build_with(d, now, knock.spec(), knock.challenge())
+                {
+                    Ok(request) => request,
+                    Err(result) => return result,
+                };
+            let (result, challenge) = self.exchange(&request, now).await;
+            if !knock.again(&result, challenge.as_deref()) {
+                return result;
+            }
         }
     }
 
@@ -170,6 +199,16 @@ impl AsyncHttpClient {
     /// client's transport rules (timeout, no redirect, capped answer, guarded resolver), and
     /// classifies what happened. `now` is the attempt's time, for an HTTP-date Retry-After.
     pub async fn send(&self, request: &Request<'_>, now: SystemTime) -> AttemptResult {
+        self.exchange(request, now).await.0
+    }
+
+    /// [`AsyncHttpClient::send`], with the answer's `Accept-Signature` (RFC 9421 §5) if it
+    /// refused.
+    async fn exchange(
+        &self,
+        request: &Request<'_>,
+        now: SystemTime,
+    ) -> (AttemptResult, Option<String>) {
         let mut req = self
             .client
             .request(request.method.clone(), request.url.as_str());
@@ -178,8 +217,15 @@ impl AsyncHttpClient {
         }
         // The body's bytes are shared, not copied.
         match req.body(request.body.clone()).send().await {
-            Ok(response) => self.answered(response, now).await,
-            Err(e) => self.failed(&e),
+            Ok(response) => {
+                let challenge = (!response.status().is_success())
+                    .then(|| response.headers().get("accept-signature"))
+                    .flatten()
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned);
+                (self.answered(response, now).await, challenge)
+            }
+            Err(e) => (self.failed(&e), None),
         }
     }
 
@@ -240,7 +286,9 @@ impl AsyncHttpClient {
             }
             source = s.source();
         }
-        let kind = if e.is_timeout() {
+        let kind = if e.is_timeout() && e.is_connect() {
+            TransportError::ConnectTimeout
+        } else if e.is_timeout() {
             TransportError::Timeout
         } else {
             kind.unwrap_or(TransportError::Other)

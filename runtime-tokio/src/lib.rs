@@ -68,7 +68,7 @@ pub use outbox_lanes_driver::sign::{self, Signer};
 pub use outbox_lanes_driver::store;
 pub use outbox_lanes_driver::{
     Attempted, DeadLettered, Delivered, DrainControl, DrainOutcome, Hooks, HttpConfig,
-    OutboxConfig, OutboxError, PassReport, Started,
+    OriginConfig, OutboxConfig, OutboxError, PassReport, SignatureMode, Started,
 };
 use outbox_lanes_driver::{Executor, OutboxCore};
 use outbox_lanes_store::{ActorStatus, DeadLetter, Enqueued, LaneStatus, NewRow, Store};
@@ -203,7 +203,10 @@ impl OutboxBuilder {
             self.config.concurrency,
             grace,
         ));
-        let core = OutboxCore::new(self.store, self.config, self.resolver, self.hooks, executor)?;
+        let mut config = self.config;
+        config.hosts.knock = self.signer.as_ref().is_some_and(|s| s.http_signatures())
+            && config.http.signature == SignatureMode::Auto;
+        let core = OutboxCore::new(self.store, config, self.resolver, self.hooks, executor)?;
         Ok(Outbox {
             inner: Arc::new(Inner {
                 core: Some(Arc::new(core)),

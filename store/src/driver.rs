@@ -264,6 +264,17 @@ impl<B: HotPath> DriverStore for B {
         self.start_watch()
     }
 
+    fn hosts(&self) -> Result<Vec<crate::HostRecord>, StoreError> {
+        self.read(|db| crate::hosts::all(db))
+    }
+
+    fn write_hosts(&self, hosts: &[crate::HostRecord]) -> Result<(), StoreError> {
+        if hosts.is_empty() {
+            return Ok(());
+        }
+        self.write(true, |db| crate::hosts::write(db, hosts))
+    }
+
     fn outbox_id(&self) -> &str {
         Backend::outbox_id(self)
     }

@@ -90,6 +90,7 @@ mod driver;
 mod error;
 mod exists;
 mod headers;
+pub mod hosts;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod lanes;
 #[cfg(feature = "sqlite")]
@@ -133,6 +134,7 @@ use outbox_lanes_core::{ActorId, Timestamp, UnitId};
 pub use ack::{AckWriter, AckWriterOptions};
 pub use error::{Cause, EnqueueError, StoreError};
 pub use headers::{HeaderProblem, MAX_HEADER_BYTES, MAX_HEADERS, RefusedHeader, validate_headers};
+pub use hosts::{HostBlock, HostRecord, HostStatus, origin_of};
 pub use notify::{Notifier, PendingWake, Subscription};
 #[cfg(feature = "postgres")]
 pub use postgres::{PgOptions, PgStore};
@@ -144,7 +146,7 @@ pub use tls::SslMode;
 pub use types::*;
 
 /// The newest schema version this build writes and understands.
-pub const SCHEMA_VERSION: u32 = 5;
+pub const SCHEMA_VERSION: u32 = 6;
 
 /// The whole store: what a runtime holds, as `Arc<dyn Store>`. It is the two sides below
 /// together and has no method of its own; every type that implements both is a `Store`.
@@ -393,6 +395,21 @@ pub trait DriverStore: Send + Sync {
     /// two outboxes — two services, or a database created again — never send one receiver the
     /// same key for different units.
     fn outbox_id(&self) -> &str;
+
+    /// Every host's row (`ol_hosts`, [`hosts`]): the connection health and the HTTP signature
+    /// schemes the relays share, and the operator's blocks. A relay reads it at start and
+    /// about once a second.
+    ///
+    /// # Errors
+    /// Database failures.
+    fn hosts(&self) -> Result<Vec<HostRecord>, StoreError>;
+
+    /// Writes host states a relay observed, in one transaction (the operator's
+    /// [`HostRecord::blocked`] is not written).
+    ///
+    /// # Errors
+    /// Database failures.
+    fn write_hosts(&self, hosts: &[HostRecord]) -> Result<(), StoreError>;
 }
 
 /// The user's side of the store: what the embedding service and the operator's CLI call
@@ -566,4 +583,32 @@ pub trait ServiceStore: Send + Sync {
     /// # Errors
     /// Database failures.
     fn purge_row_ids(&self, now: Timestamp) -> Result<u64, StoreError>;
+
+    /// Every host with a row or a lane: its health, signature scheme and block as the relays
+    /// and operators left them, and its lanes and pending units (`outbox-lanes hosts`).
+    ///
+    /// # Errors
+    /// Database failures.
+    fn host_list(&self) -> Result<Vec<HostStatus>, StoreError>;
+
+    /// An operator's block of `origin` (`scheme://host:port`), or its lifting with
+    /// [`HostBlock::Open`]. [`HostBlock::Hold`] pauses every lane to it (pause reason
+    /// [`HOST_BLOCKED_REASON`](hosts::HOST_BLOCKED_REASON); a lane an operator paused already
+    /// stays as it is) and returns how many; [`HostBlock::DeadLetter`] dead-letters every
+    /// pending unit to it as `blocked` and returns how many; `Open` resumes the lanes the
+    /// block paused. Running relays hold (or dead-letter) units enqueued later for it too.
+    /// Like [`ServiceStore::pause_lane`], it returns once no pass starts an attempt to the
+    /// host any more (OL-14).
+    ///
+    /// # Errors
+    /// Database failures.
+    fn block_host(&self, origin: &str, block: HostBlock, at: Timestamp) -> Result<u64, StoreError>;
+
+    /// An operator's retry of `origin`: its failures and backoff are forgotten and every lane
+    /// to it that waits (its own backoff, or held for the host) comes back at once. Returns
+    /// how many lanes waited.
+    ///
+    /// # Errors
+    /// Database failures.
+    fn retry_host(&self, origin: &str, at: Timestamp) -> Result<u64, StoreError>;
 }

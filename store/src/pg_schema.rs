@@ -250,6 +250,14 @@ const MIGRATE_V4_TO_V5: &str = "CREATE TABLE ol_row_ids (actor TEXT NOT NULL, ro
          ON CONFLICT DO NOTHING; \
      UPDATE ol_meta SET value = '5' WHERE key = 'schema_version';";
 
+/// Version 5 to 6 (SCHEMA.md "Migrations"): the hosts the relays share (`hosts.rs`):
+/// connection health, the signature scheme each accepted, the operator's block.
+const MIGRATE_V5_TO_V6: &str = "CREATE TABLE ol_hosts (origin TEXT PRIMARY KEY, \
+         failures BIGINT NOT NULL DEFAULT 0, level BIGINT NOT NULL DEFAULT 0, not_before BIGINT, \
+         failing_since BIGINT, last_error TEXT, blocked BIGINT NOT NULL DEFAULT 0, spec TEXT, \
+         spec_at BIGINT, updated_at BIGINT NOT NULL); \
+     UPDATE ol_meta SET value = '6' WHERE key = 'schema_version';";
+
 /// A schema name the store accepts: lower-case letters, digits and `_`, not starting with a
 /// digit, at most 48 bytes (it is written into SQL and into the wake-up channel's name).
 pub(crate) fn valid_schema(s: &str) -> bool {
@@ -358,6 +366,7 @@ fn ddl(db: &mut impl Db, schema: &str, found: Option<u32>) -> Result<(), StoreEr
             db.batch(MIGRATE_V2_TO_V3)?;
             db.batch(MIGRATE_V3_TO_V4)?;
             db.batch(MIGRATE_V4_TO_V5)?;
+            db.batch(MIGRATE_V5_TO_V6)?;
         }
         Some(found) => {
             tracing::info!(target: "outbox_lanes::store", schema, from = found, to = SCHEMA_VERSION, "migrating the Postgres schema");
@@ -372,6 +381,9 @@ fn ddl(db: &mut impl Db, schema: &str, found: Option<u32>) -> Result<(), StoreEr
             }
             if found < 5 {
                 db.batch(MIGRATE_V4_TO_V5)?;
+            }
+            if found < 6 {
+                db.batch(MIGRATE_V5_TO_V6)?;
             }
         }
     }

@@ -8,6 +8,7 @@ use outbox_lanes_core::{ActorId, DeadReason, LaneKey, Timestamp, UnitId};
 
 use crate::backend::Backend;
 use crate::db::{Db, Sql, args};
+use crate::hosts::{HostBlock, HostStatus};
 use crate::types::{
     ActorStatus, CONTROL_VALIDITY, DeadLetter, DeadLetterId, DeadLetterSelection, Enqueued,
     LaneStatus, NewRow, Payload,
@@ -15,7 +16,8 @@ use crate::types::{
 use crate::units::drop_row_if_unused;
 use crate::util::{millis_of, window_millis};
 use crate::{
-    EnqueueError, ServiceStore, StoreError, StoreLaneId, dead_letters, lanes, row_ids, status,
+    EnqueueError, ServiceStore, StoreError, StoreLaneId, dead_letters, hosts, lanes, row_ids,
+    status,
 };
 
 /// Deletes the finished units kept for the retention that finished before `$1`, returning
@@ -60,9 +62,81 @@ fn lane_action<B: Backend, T>(
     Ok(v)
 }
 
+/// An operator's action on every lane of a host, in one transaction with the bumps of their
+/// actors' control generations (OL-14): `f` acts on one lane and returns how many units or
+/// lanes it changed. Returns the total, once the action reaches running passes (as
+/// [`lane_action`] with [`Reach::BeforeReturn`], one wait for all the lanes).
+fn host_lanes_action<B: Backend>(
+    store: &B,
+    origin: &str,
+    mut first: impl FnMut(&mut B::Writer<'_>) -> Result<(), StoreError>,
+    mut f: impl FnMut(&mut B::Writer<'_>, &str, StoreLaneId) -> Result<u64, StoreError>,
+) -> Result<u64, StoreError> {
+    let (n, held) = store.write(false, |db| {
+        first(db)?;
+        let mut n = 0;
+        let mut held = false;
+        let mut actors: Vec<ActorId> = Vec::new();
+        for lane in hosts::lanes_of(db, origin)? {
+            let bumped = lanes::bump_control(db, lane)?;
+            n += f(db, bumped.actor.as_str(), lane)?;
+            held |= bumped.held;
+            if !actors.contains(&bumped.actor) {
+                actors.push(bumped.actor);
+            }
+        }
+        store.notify_others(db, &actors)?;
+        Ok((n, held))
+    })?;
+    store.notify();
+    if held {
+        std::thread::sleep(CONTROL_VALIDITY);
+    }
+    Ok(n)
+}
+
 // `Backend` is crate-private on purpose (sealed): only this crate's stores implement it.
 #[allow(private_bounds)]
 impl<B: Backend> ServiceStore for B {
+    fn host_list(&self) -> Result<Vec<HostStatus>, StoreError> {
+        let (records, usage) = self.read(|db| Ok((hosts::all(db)?, hosts::usage(db)?)))?;
+        Ok(hosts::statuses(records, usage))
+    }
+
+    fn block_host(&self, origin: &str, block: HostBlock, at: Timestamp) -> Result<u64, StoreError> {
+        let retention = self.common().ack_retention.is_some();
+        host_lanes_action(
+            self,
+            origin,
+            |db| hosts::set_block(db, origin, block, at),
+            |db, actor, lane| match block {
+                HostBlock::Hold => Ok(u64::from(hosts::pause_for_host(db, lane)?)),
+                HostBlock::DeadLetter => {
+                    let dead = dead_letters::dead_letter_lane(
+                        db,
+                        actor,
+                        lane,
+                        DeadReason::Blocked,
+                        at,
+                        None,
+                        retention,
+                    )?;
+                    Ok(dead.len() as u64)
+                }
+                HostBlock::Open => Ok(u64::from(hosts::resume_for_host(db, lane)?)),
+            },
+        )
+    }
+
+    fn retry_host(&self, origin: &str, at: Timestamp) -> Result<u64, StoreError> {
+        host_lanes_action(
+            self,
+            origin,
+            |db| hosts::reset(db, origin, at).map(drop),
+            |db, _, lane| Ok(u64::from(hosts::retry_lane_for_host(db, lane)?)),
+        )
+    }
+
     fn enqueue(&self, actor: &ActorId, rows: &[NewRow]) -> Result<Vec<Enqueued>, EnqueueError> {
         self.enqueue_batch(actor, rows)
     }

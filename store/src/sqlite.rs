@@ -306,6 +306,14 @@ const V4_TO_V5: &str = "CREATE TABLE ol_row_ids (\
          SELECT actor, row_id, enqueued_at FROM ol_rows; \
      INSERT OR IGNORE INTO ol_meta (key, value) VALUES ('outbox_id', lower(hex(randomblob(16))));";
 
+/// Version 5 → 6: the hosts the relays share (`hosts.rs`): connection health, the signature
+/// scheme each accepted, the operator's block.
+const V5_TO_V6: &str = "CREATE TABLE ol_hosts (\
+         origin TEXT PRIMARY KEY, failures INTEGER NOT NULL DEFAULT 0, \
+         level INTEGER NOT NULL DEFAULT 0, not_before INTEGER, failing_since INTEGER, \
+         last_error TEXT, blocked INTEGER NOT NULL DEFAULT 0, spec TEXT, spec_at INTEGER, \
+         updated_at INTEGER NOT NULL) WITHOUT ROWID;";
+
 /// The version 2 `ol_units` alone, for the migration from version 1.
 const UNITS_V2: &str = units_v2_ddl!();
 
@@ -418,6 +426,7 @@ fn init_schema(
             tx.execute_batch(V2_TO_V3)?;
             tx.execute_batch(V3_TO_V4)?;
             tx.execute_batch(V4_TO_V5)?;
+            tx.execute_batch(V5_TO_V6)?;
             tx.execute(
                 "INSERT INTO ol_meta (key, value) VALUES ('schema_version', ?1)",
                 [SCHEMA_VERSION.to_string()],
@@ -436,6 +445,9 @@ fn init_schema(
             }
             if found < 5 {
                 tx.execute_batch(V4_TO_V5)?;
+            }
+            if found < 6 {
+                tx.execute_batch(V5_TO_V6)?;
             }
             tx.execute(
                 "UPDATE ol_meta SET value = ?1 WHERE key = 'schema_version'",

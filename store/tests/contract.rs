@@ -72,7 +72,149 @@ contract!(
     purge_and_skip_head_dead_letters_keep_every_attempt_made,
     delivered_row_ids_stay_refused_for_the_window,
     the_outbox_id_is_made_once_per_database,
+    hosts_share_health_and_schemes_and_operators_block_them,
 );
+
+/// `ol_hosts`: what relays write comes back; the operator's block pauses, dead-letters and
+/// resumes the host's lanes (and a relay's write never clears it); retry forgets the health
+/// and brings waiting lanes back; the list counts lanes and pending units per origin.
+fn hosts_share_health_and_schemes_and_operators_block_them(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        const A2: &str = "https://a.example/users/bob/inbox";
+        const A_OTHER_PORT: &str = "https://a.example:8443/inbox";
+        s.enqueue(
+            &a,
+            &[
+                row("r0", &[A]),
+                row("r1", &[A2]),
+                row("r2", &[B]),
+                row("r3", &[A_OTHER_PORT]),
+            ],
+        )
+        .expect("enqueue");
+        assert!(DriverStore::hosts(s).expect("hosts").is_empty());
+        let origin = "https://a.example:443";
+        assert_eq!(origin_of(A).as_deref(), Some(origin));
+        let t0 = now();
+        let mut rec = HostRecord::new(origin, t0);
+        rec.failures = 3;
+        rec.level = 1;
+        rec.not_before = Some(t0.saturating_add(Duration::from_secs(10)));
+        rec.failing_since = Some(t0);
+        rec.last_error = Some("connection_refused: refused".into());
+        rec.spec = Some("cavage".into());
+        rec.spec_at = Some(t0);
+        s.write_hosts(std::slice::from_ref(&rec)).expect("write");
+        assert_eq!(DriverStore::hosts(s).expect("hosts"), [rec.clone()]);
+
+        let list = s.host_list().expect("list");
+        let by = |o: &str| list.iter().find(|x| x.record.origin == o).cloned();
+        let a_host = by(origin).expect("a");
+        assert_eq!((a_host.lanes, a_host.pending), (2, 2));
+        assert_eq!(a_host.record.failures, 3);
+        let other = by("https://a.example:8443").expect("another port is another origin");
+        assert_eq!((other.lanes, other.pending), (1, 1));
+        assert_eq!(
+            other.record.blocked,
+            HostBlock::Open,
+            "a host only lanes know is listed open"
+        );
+        assert_eq!(by("https://b.example:443").map(|x| x.lanes), Some(1));
+
+        // Block (hold): both lanes of a.example:443 pause, nothing else does.
+        assert_eq!(
+            s.block_host(origin, HostBlock::Hold, now()).expect("block"),
+            2
+        );
+        let lanes = s.lanes(&a).expect("lanes");
+        let paused: Vec<&str> = lanes
+            .iter()
+            .filter(|l| l.paused)
+            .map(|l| l.key.recipient())
+            .collect();
+        assert_eq!(paused, [A, A2]);
+        assert!(
+            lanes
+                .iter()
+                .filter(|l| l.paused)
+                .all(|l| l.pause_reason.as_deref() == Some(hosts::HOST_BLOCKED_REASON))
+        );
+        // A relay's write keeps the operator's block.
+        rec.failures = 0;
+        s.write_hosts(std::slice::from_ref(&rec)).expect("write");
+        let got = DriverStore::hosts(s).expect("hosts");
+        assert_eq!(got[0].blocked, HostBlock::Hold);
+        assert_eq!(got[0].failures, 0);
+        // Unblock resumes what the block paused, not an operator's own pause.
+        let l2 = lane_of(s, &a, A2);
+        s.resume_lane(l2).expect("resume");
+        s.pause_lane(l2, "maintenance").expect("pause");
+        assert_eq!(
+            s.block_host(origin, HostBlock::Open, now())
+                .expect("unblock"),
+            1
+        );
+        let lanes = s.lanes(&a).expect("lanes");
+        let paused: Vec<(&str, Option<&str>)> = lanes
+            .iter()
+            .filter(|l| l.paused)
+            .map(|l| (l.key.recipient(), l.pause_reason.as_deref()))
+            .collect();
+        assert_eq!(paused, [(A2, Some("maintenance"))]);
+        s.resume_lane(l2).expect("resume");
+        assert_eq!(
+            DriverStore::hosts(s).expect("hosts")[0].blocked,
+            HostBlock::Open
+        );
+
+        // Retry: the health is forgotten (the scheme kept), waiting lanes come back.
+        let t = acquire(s, &a, "h", LEASE);
+        let la = lane_of(s, &a, A);
+        s.set_lane_state(
+            &t,
+            la,
+            Some(now().saturating_add(Duration::from_secs(60))),
+            0,
+        )
+        .expect("held for its host");
+        let _ = s.release_slot(&t).expect("release");
+        rec.failures = 4;
+        s.write_hosts(std::slice::from_ref(&rec)).expect("write");
+        assert_eq!(s.retry_host(origin, now()).expect("retry"), 1);
+        let got = &DriverStore::hosts(s).expect("hosts")[0];
+        assert_eq!((got.failures, got.level, got.not_before), (0, 0, None));
+        assert_eq!(got.spec.as_deref(), Some("cavage"));
+        let st = s.lanes(&a).expect("lanes");
+        let st = st.iter().find(|l| l.lane == la).expect("a");
+        assert_eq!((st.not_before, st.backoff_level), (None, 0));
+
+        // Block with dead letters: every pending unit of the host, reason `blocked`.
+        assert_eq!(
+            s.block_host(origin, HostBlock::DeadLetter, now())
+                .expect("block"),
+            2
+        );
+        let dl = s.dead_letters(Some(&a)).expect("dead");
+        let mut blocked: Vec<&str> = dl
+            .iter()
+            .filter(|d| d.reason == DeadReason::Blocked)
+            .map(|d| d.row_id.as_str())
+            .collect();
+        blocked.sort_unstable();
+        assert_eq!(blocked, ["r0", "r1"]);
+        assert_eq!(dl.len(), 2, "b.example and port 8443 keep theirs");
+        let a_host = s
+            .host_list()
+            .expect("list")
+            .into_iter()
+            .find(|x| x.record.origin == origin)
+            .expect("a");
+        assert_eq!(a_host.record.blocked, HostBlock::DeadLetter);
+        assert_eq!(a_host.pending, 0);
+    });
+}
 
 /// The dedup window past delivery (`ol_row_ids`): a row id stays refused after its units
 /// finished, until the window has passed; the purge forgets only what is past it.

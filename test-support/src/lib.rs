@@ -114,7 +114,7 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 
 pub use record::{Completion, Recorded, Unanswered};
-pub use reply::{Reply, Response};
+pub use reply::{Chooser, Reply, Response};
 
 /// A Postgres URL (or key=value string) for a benchmark: `sslmode=disable` added unless it names
 /// an `sslmode`, so a bench measures the store, not TLS (the store's default, `prefer`,

@@ -42,7 +42,35 @@ pub enum Reply {
     },
     /// Answer with this status (e.g. 301, 302, 307, 308) and a `Location` header.
     Redirect(u16, String),
+    /// The reply this function chooses for the request as it was recorded (its headers and
+    /// body): a recipient that answers by what it received, such as a signature verifier.
+    Choose(Chooser),
 }
+
+/// The function of a [`Reply::Choose`]. Two choosers are equal only if they are the same one.
+#[derive(Clone)]
+pub struct Chooser(pub std::sync::Arc<dyn Fn(&crate::Recorded) -> Reply + Send + Sync>);
+
+impl Chooser {
+    /// A chooser of `f`.
+    pub fn new(f: impl Fn(&crate::Recorded) -> Reply + Send + Sync + 'static) -> Chooser {
+        Chooser(std::sync::Arc::new(f))
+    }
+}
+
+impl core::fmt::Debug for Chooser {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("Chooser(..)")
+    }
+}
+
+impl PartialEq for Chooser {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Chooser {}
 
 impl Reply {
     /// This reply, done after waiting `delay` (shorthand for [`Reply::Delay`]).

@@ -593,6 +593,13 @@ impl Conn {
                 keep_alive,
                 is_head,
             ),
+            Reply::Choose(chooser) => {
+                let recorded = lock(&self.shared.state).log.get(index as usize).cloned();
+                match recorded {
+                    Some(r) => self.perform(index, (chooser.0)(&r), keep_alive, is_head),
+                    None => self.respond(index, &Response::new(500), keep_alive, is_head),
+                }
+            }
             Reply::Delay(delay, inner) => {
                 if self.shared.stop.sleep(delay) {
                     self.perform(index, *inner, keep_alive, is_head)

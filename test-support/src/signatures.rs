@@ -25,6 +25,12 @@ pub const ALICE_PUBLIC: &str = include_str!("../keys/alice.pub.pem");
 pub const BOB_PRIVATE_PKCS1: &str = include_str!("../keys/bob.pkcs1.pem");
 /// Bob's public key (SPKI PEM).
 pub const BOB_PUBLIC: &str = include_str!("../keys/bob.pub.pem");
+/// Carol's Ed25519 private key, PKCS#8 PEM (`BEGIN PRIVATE KEY`). A test key only.
+pub const CAROL_ED25519_PRIVATE: &str = include_str!("../keys/carol.ed25519.pem");
+/// Carol's Ed25519 public key (SPKI PEM).
+pub const CAROL_ED25519_PUBLIC: &str = include_str!("../keys/carol.ed25519.pub.pem");
+/// A P-256 EC private key in PKCS#8 PEM: a key of an algorithm the signer refuses.
+pub const P256_PRIVATE_PKCS8: &str = include_str!("../keys/p256.pkcs8.pem");
 
 /// The parameters of a verified `Signature` header.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -186,10 +186,65 @@ pub(crate) struct DeliveryFlags {
     #[arg(long, env = "OUTBOX_LANES_SIGNING_KEYS", value_name = "FILE")]
     pub(crate) signing_keys: Option<PathBuf>,
 
+    /// Which HTTP signature scheme `--signing-keys` signs with: `auto` (RFC 9421 first for a
+    /// host not known yet, draft-cavage at once when it refuses with 400, 401 or 403, then
+    /// what worked, remembered per host in the database), `rfc9421` or `cavage`.
+    #[arg(long, value_enum, default_value_t = SignatureSpecArg::Auto, env = "OUTBOX_LANES_SIGNATURE_SPEC")]
+    pub(crate) signature_spec: SignatureSpecArg,
+
+    /// With `--signature-spec auto`, a 5xx answer to an RFC 9421 request is sent again with
+    /// draft-cavage too. Off by default: a 5xx says the server failed, not that it refused
+    /// the signature; turn it on for servers that answer a signature they do not understand
+    /// with a 500.
+    #[arg(long, env = "OUTBOX_LANES_SIGNATURE_FALLBACK_ON_5XX")]
+    pub(crate) signature_fallback_on_5xx: bool,
+
+    /// With `--signature-spec auto`, how long a host known to take only draft-cavage is
+    /// signed so before RFC 9421 is offered to it again.
+    #[arg(long, value_parser = parse_duration, default_value = "7d", env = "OUTBOX_LANES_SIGNATURE_RETRY_AFTER")]
+    pub(crate) signature_retry_after: Duration,
+
+    /// Connection-level failures in a row (refused, reset before an answer, DNS, TLS
+    /// handshake, connect timeout), counted per host across every lane and actor, after
+    /// which the host backs off: its lanes hold without attempts, one probe per interval, and
+    /// an answer reopens them all. A host not known to answer takes at most this many
+    /// attempts in flight. `0`: off (every lane on its own).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(0..=1000), env = "OUTBOX_LANES_HOST_FAILURES")]
+    pub(crate) host_failures: u32,
+
+    /// A host's first backoff after --host-failures; each failed probe doubles it, up to
+    /// --host-backoff-cap.
+    #[arg(long, value_parser = parse_timeout, default_value = "10s", env = "OUTBOX_LANES_HOST_BACKOFF_BASE")]
+    pub(crate) host_backoff_base: Duration,
+
+    /// The longest backoff of a host.
+    #[arg(long, value_parser = parse_timeout, default_value = "1h", env = "OUTBOX_LANES_HOST_BACKOFF_CAP")]
+    pub(crate) host_backoff_cap: Duration,
+
+    /// Dead-letter (reason `host_unavailable`) the pending units of a host that has failed at
+    /// the connection level continuously for this long: `7d`. Default: never.
+    #[arg(long, value_parser = parse_timeout, env = "OUTBOX_LANES_HOST_UNAVAILABLE_AFTER")]
+    pub(crate) host_unavailable_after: Option<Duration>,
+
+    /// Bound on connecting to a recipient (DNS, TCP and TLS handshakes), within --timeout.
+    #[arg(long, value_parser = parse_timeout, default_value = "10s", env = "OUTBOX_LANES_CONNECT_TIMEOUT")]
+    pub(crate) connect_timeout: Duration,
+
     /// `drain`: no progress reports on stderr (the bar on a terminal, a line a second
     /// otherwise, a JSON event a second with --log-format json); the summary stays.
     #[arg(long, env = "OUTBOX_LANES_NO_PROGRESS")]
     pub(crate) no_progress: bool,
+}
+
+/// `--signature-spec`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum SignatureSpecArg {
+    /// RFC 9421 first, draft-cavage when refused, then what worked, per host.
+    Auto,
+    /// RFC 9421 HTTP Message Signatures only.
+    Rfc9421,
+    /// draft-cavage HTTP Signatures only.
+    Cavage,
 }
 
 /// How logs are written.
@@ -259,6 +314,13 @@ pub(crate) enum Command {
     /// List, replay or purge dead letters.
     #[command(subcommand)]
     DeadLetters(DeadLetterCommand),
+    /// Per recipient host (origin): its connection health, lanes, pending units, last
+    /// connection error, next probe and signature scheme; or an operator's action on one.
+    #[command(
+        args_conflicts_with_subcommands = true,
+        long_about = HOSTS_ABOUT
+    )]
+    Hosts(HostsArgs),
     /// Print a shell completion script to stdout (e.g. `outbox-lanes completions bash >
     /// /etc/bash_completion.d/outbox-lanes`).
     Completions {
@@ -280,6 +342,68 @@ const MIGRATE_ABOUT: &str = "Create the outbox's schema, or upgrade it to this v
     only read, or a Postgres role with SELECT. On a database that has no outbox yet, `enqueue` \
     and `relay` create it (so the embedded SQLite default just works); `migrate` does too. \
     The privileges of each role are in docs/privileges.md.";
+
+const HOSTS_ABOUT: &str = "Per recipient host (origin: scheme, host and port): its connection \
+    health, lanes, pending units, last connection error, next probe and signature scheme; or an \
+    operator's action on one.\n\n\
+    A host whose connections keep failing (refused, reset before an answer, DNS, TLS handshake, \
+    connect timeout: --host-failures in a row, across every lane and actor) backs off: its lanes \
+    hold without attempts, one probe goes per interval, and an answer reopens them all. STATE is \
+    `open`, `failing` (failures in a row, below the threshold), `backoff`, `blocked` or \
+    `blocked (dead letters)`. An ORIGIN is written `https://host[:port]` (or any URL on it, or a \
+    bare host for https).";
+
+/// `hosts`: a listing, or an action on one host.
+#[derive(Debug, Args)]
+pub(crate) struct HostsArgs {
+    /// The action (default: list the hosts).
+    #[command(subcommand)]
+    pub(crate) action: Option<HostAction>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// What to do to one host.
+#[derive(Debug, Subcommand)]
+pub(crate) enum HostAction {
+    /// List the hosts (the default).
+    List {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Probe the host at once: its failures and backoff are forgotten and every lane to it
+    /// that waits comes back now.
+    Retry {
+        /// The host: `https://host[:port]`.
+        origin: String,
+        /// Print JSON instead of a line of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop delivering to the host (an operator's defederation): its lanes are paused, and
+    /// lanes to it enqueued later are held too. Returns once no relay starts an attempt to it.
+    Block {
+        /// The host: `https://host[:port]`.
+        origin: String,
+        /// Dead-letter its pending units (reason `blocked`), and every unit enqueued for it
+        /// later, instead of holding them.
+        #[arg(long)]
+        dead_letter: bool,
+        /// Print JSON instead of a line of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Deliver to a blocked host again: the lanes its block paused resume, in order.
+    Unblock {
+        /// The host: `https://host[:port]`.
+        origin: String,
+        /// Print JSON instead of a line of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
 
 /// `lanes`: a listing, or an action on one lane.
 #[derive(Debug, Args)]

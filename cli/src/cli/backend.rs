@@ -621,6 +621,40 @@ impl Backend {
         .await?
     }
 
+    /// Every host with a row or a lane (`hosts`).
+    pub(crate) async fn host_list(&self) -> anyhow::Result<Vec<outbox_lanes_store::HostStatus>> {
+        let store = Arc::clone(self.outbox.store());
+        blocking(move || Ok(store.host_list()?)).await?
+    }
+
+    /// `hosts block|unblock`: how many lanes or units it changed.
+    pub(crate) async fn host_block(
+        &self,
+        origin: String,
+        block: outbox_lanes_store::HostBlock,
+    ) -> anyhow::Result<u64> {
+        let store = Arc::clone(self.outbox.store());
+        blocking(move || {
+            let at = Timestamp::from_system_time(SystemTime::now());
+            let n = store.block_host(&origin, block, at)?;
+            store.notifier().notify();
+            Ok(n)
+        })
+        .await?
+    }
+
+    /// `hosts retry`: how many waiting lanes came back.
+    pub(crate) async fn host_retry(&self, origin: String) -> anyhow::Result<u64> {
+        let store = Arc::clone(self.outbox.store());
+        blocking(move || {
+            let at = Timestamp::from_system_time(SystemTime::now());
+            let n = store.retry_host(&origin, at)?;
+            store.notifier().notify();
+            Ok(n)
+        })
+        .await?
+    }
+
     /// Dead letters of one actor or all.
     pub(crate) async fn dead_letters(
         &self,

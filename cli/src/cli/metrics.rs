@@ -108,7 +108,8 @@ async fn metrics(backend: &Backend, counters: &Counters) -> anyhow::Result<Strin
     let status = bounded(backend.status()).await?;
     let oldest = bounded(backend.oldest_pending()).await?;
     let now = Timestamp::from_system_time(SystemTime::now());
-    Ok(render(&status, &oldest, now, counters))
+    let hosts = host_states(&bounded(backend.host_list()).await?, now);
+    Ok(render(&status, &oldest, &hosts, now, counters))
 }
 
 async fn respond(mut s: TcpStream, backend: &Backend, counters: &Counters) -> std::io::Result<()> {
@@ -234,6 +235,7 @@ impl From<&Histogram> for HistogramRow {
 #[derive(Debug)]
 struct Snapshot {
     actors: Vec<ActorRow>,
+    hosts: Vec<(String, u64)>,
     in_flight: u64,
     delivered: Vec<(String, u64)>,
     dead_lettered: Vec<(String, u64)>,
@@ -322,6 +324,16 @@ impl Collector for Snapshot {
             per_actor(|a| a.dead_letters),
             gauge,
         )?;
+        family(
+            &mut e,
+            "outbox_lanes_hosts",
+            "Recipient hosts (origins) known to the store, per state: open, failing, backoff, \
+             probing, blocked, blocked_dead_letter.",
+            MetricType::Gauge,
+            "state",
+            self.hosts.iter().cloned(),
+            gauge,
+        )?;
         let m = e.encode_descriptor(
             "outbox_lanes_units_in_flight",
             "Delivery attempts in flight in this process.",
@@ -378,9 +390,35 @@ impl Collector for Snapshot {
 /// The exposition text: `status` and `oldest` (each actor's oldest pending unit's enqueue
 /// time) read from the store, ages taken at `now`. An actor with nothing pending shows an
 /// age of 0, so that its series does not vanish when its backlog is gone.
+/// Hosts per state (every state, 0 included, so no series vanishes).
+pub(crate) fn host_states(
+    hosts: &[outbox_lanes_store::HostStatus],
+    now: Timestamp,
+) -> Vec<(&'static str, u64)> {
+    const STATES: [(&str, &str); 6] = [
+        ("open", "open"),
+        ("failing", "failing"),
+        ("backoff", "backoff"),
+        ("probing", "probing"),
+        ("blocked", "blocked"),
+        ("blocked (dead letters)", "blocked_dead_letter"),
+    ];
+    STATES
+        .iter()
+        .map(|&(shown, code)| {
+            let n = hosts
+                .iter()
+                .filter(|h| super::hosts::state(h, now) == shown)
+                .count();
+            (code, n as u64)
+        })
+        .collect()
+}
+
 pub(crate) fn render(
     status: &[ActorStatus],
     oldest: &[(ActorId, Timestamp)],
+    hosts: &[(&'static str, u64)],
     now: Timestamp,
     counters: &Counters,
 ) -> String {
@@ -403,6 +441,7 @@ pub(crate) fn render(
     let d = counters.detail();
     let snapshot = Snapshot {
         actors,
+        hosts: hosts.iter().map(|&(k, n)| (k.to_owned(), n)).collect(),
         in_flight: counters.in_flight(),
         delivered: d
             .delivered_by_actor
@@ -484,7 +523,7 @@ mod tests {
     #[test]
     fn exposition_families() {
         let c = Counters::default();
-        let p = parse(&render(&[], &[], Timestamp::from_millis(0), &c));
+        let p = parse(&render(&[], &[], &[], Timestamp::from_millis(0), &c));
         let want = [
             (
                 "outbox_lanes_oldest_pending_seconds",
@@ -510,6 +549,11 @@ mod tests {
                 "outbox_lanes_dead_letters",
                 "gauge",
                 "Dead letters kept, per actor.",
+            ),
+            (
+                "outbox_lanes_hosts",
+                "gauge",
+                "Recipient hosts (origins) known to the store, per state: open, failing, backoff, probing, blocked, blocked_dead_letter.",
             ),
             (
                 "outbox_lanes_units_in_flight",
@@ -575,7 +619,7 @@ mod tests {
             d.latency.over = 1;
             d.latency.sum = 42.5;
         }
-        let p = parse(&render(&[], &[], Timestamp::from_millis(0), &c));
+        let p = parse(&render(&[], &[], &[], Timestamp::from_millis(0), &c));
         assert_eq!(
             p.samples["outbox_lanes_delivered_total{actor=\"al\\\"ice\"}"],
             3.0
@@ -609,6 +653,7 @@ mod tests {
         let text = render(
             &[status("a", 4, 1), status("b", 0, 0)],
             &[(ActorId::new("a"), Timestamp::from_millis(1_000))],
+            &[("open", 2), ("backoff", 1)],
             Timestamp::from_millis(3_500),
             &c,
         );
@@ -626,5 +671,7 @@ mod tests {
         assert_eq!(p.samples["outbox_lanes_pass_running{actor=\"a\"}"], 1.0);
         assert_eq!(p.samples["outbox_lanes_dead_letters{actor=\"a\"}"], 1.0);
         assert_eq!(p.samples["outbox_lanes_stalled_lanes{actor=\"b\"}"], 0.0);
+        assert_eq!(p.samples["outbox_lanes_hosts{state=\"open\"}"], 2.0);
+        assert_eq!(p.samples["outbox_lanes_hosts{state=\"backoff\"}"], 1.0);
     }
 }

@@ -4,6 +4,7 @@ pub(crate) mod args;
 pub(crate) mod backend;
 pub(crate) mod config;
 pub(crate) mod enqueue;
+pub(crate) mod hosts;
 pub(crate) mod metrics;
 pub(crate) mod on_dead;
 pub(crate) mod output;
@@ -25,10 +26,11 @@ use tokio::task::JoinSet;
 use tracing::{info, warn};
 
 use args::{
-    Cli, Command, DeadLetterArgs, DeadLetterCommand, DeliveryFlags, LaneAction, LanesArgs,
-    LogFormat, RelayArgs,
+    Cli, Command, DeadLetterArgs, DeadLetterCommand, DeliveryFlags, HostAction, HostsArgs,
+    LaneAction, LanesArgs, LogFormat, RelayArgs, SignatureSpecArg,
 };
 use backend::{Access, Backend, Counters, LaneOp, OpenError};
+use outbox_lanes_tokio::SignatureMode;
 
 /// A usage or input error: exit code 2.
 #[derive(Debug)]
@@ -218,6 +220,18 @@ fn config(d: &DeliveryFlags) -> OutboxConfig {
     }
     c.holder.clone_from(&d.holder);
     c.seed = d.seed;
+    c.http.signature = match d.signature_spec {
+        SignatureSpecArg::Auto => SignatureMode::Auto,
+        SignatureSpecArg::Rfc9421 => SignatureMode::Rfc9421,
+        SignatureSpecArg::Cavage => SignatureMode::Cavage,
+    };
+    c.http.signature_fallback_on_5xx = d.signature_fallback_on_5xx;
+    c.http.connect_timeout = d.connect_timeout;
+    c.hosts.failures = d.host_failures;
+    c.hosts.backoff_base = d.host_backoff_base;
+    c.hosts.backoff_cap = d.host_backoff_cap.max(d.host_backoff_base);
+    c.hosts.unavailable_after = d.host_unavailable_after;
+    c.hosts.spec_retry = d.signature_retry_after;
     c
 }
 
@@ -289,7 +303,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             ..
         })
         | Command::DeadLetters(DeadLetterCommand::List(_))
-        | Command::DeadLetters(DeadLetterCommand::Show { .. }) => Access::Read,
+        | Command::DeadLetters(DeadLetterCommand::Show { .. })
+        | Command::Hosts(HostsArgs { action: None, .. })
+        | Command::Hosts(HostsArgs {
+            action: Some(HostAction::List { .. }),
+            ..
+        }) => Access::Read,
         _ => Access::Write,
     };
     let before = match &cli.command {
@@ -383,6 +402,7 @@ async fn dispatch(
         }
         Command::Lanes(args) => cmd_lanes(backend, args).await,
         Command::DeadLetters(c) => cmd_dead_letters(backend, c).await,
+        Command::Hosts(args) => hosts::cmd_hosts(backend, args).await,
         Command::Migrate { .. } | Command::Completions { .. } | Command::Man => Ok(()),
     }
 }

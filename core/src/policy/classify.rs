@@ -33,6 +33,9 @@ use crate::outcome::Outcome;
 pub enum TransportError {
     /// The request timed out.
     Timeout,
+    /// Connecting (resolving the name, the TCP or TLS handshake) took longer than the connect
+    /// timeout: nothing reached the recipient.
+    ConnectTimeout,
     /// Connection refused.
     ConnectionRefused,
     /// Connection reset or closed mid-exchange.
@@ -52,6 +55,7 @@ impl TransportError {
     pub fn as_str(self) -> &'static str {
         match self {
             TransportError::Timeout => "timeout",
+            TransportError::ConnectTimeout => "connect_timeout",
             TransportError::ConnectionRefused => "connection_refused",
             TransportError::ConnectionReset => "connection_reset",
             TransportError::Dns => "dns",
@@ -203,6 +207,7 @@ impl Classifier {
         match error {
             TransportError::DestinationRefused => Outcome::Refused,
             TransportError::Timeout
+            | TransportError::ConnectTimeout
             | TransportError::ConnectionRefused
             | TransportError::ConnectionReset
             | TransportError::Dns
@@ -328,6 +333,7 @@ mod tests {
         let c = Classifier::default();
         for e in [
             TransportError::Timeout,
+            TransportError::ConnectTimeout,
             TransportError::ConnectionRefused,
             TransportError::ConnectionReset,
             TransportError::Dns,

@@ -17,7 +17,7 @@ use super::types::{Command, EventError, HoldReason};
 use super::{Phase, Scheduler, Timer};
 use crate::config::{MAX_BACKOFF_LEVEL, jittered};
 use crate::ids::{LaneId, Seq, UnitId};
-use crate::outcome::{DeadReason, Outcome};
+use crate::outcome::{DeadReason, MIN_DEFERRAL, Outcome};
 use crate::time::Timestamp;
 
 impl Scheduler {
@@ -98,6 +98,12 @@ impl Scheduler {
                 self.finish_if_resolved(idx);
             }
             Outcome::NotSent => self.not_sent(idx, s),
+            Outcome::Deferred { retry_after } => self.defer(idx, s, retry_after),
+            Outcome::SetAside { reason } => {
+                // Nothing was sent: no attempt to count.
+                self.dead_letter_or_block(idx, s, reason);
+                self.finish_if_resolved(idx);
+            }
         }
         if !self.fenced.is_empty() {
             // An operator acted on a lane while this attempt was out (OL-14).
@@ -136,6 +142,26 @@ impl Scheduler {
         u.slots[s].phase = Phase::RetryAt(at);
         self.retry_pending += 1;
         self.timers.push(Reverse((at, Timer::Retry(idx, u.id))));
+    }
+
+    /// An attempt its host deferred (origin health, an operator's hold): nothing was sent, so
+    /// nothing is counted and the lane's backoff level stays; the lane waits `retry_after`
+    /// (at least [`MIN_DEFERRAL`]) with its `not_before` persisted, its head held and its
+    /// other units handed back, as on a stall.
+    pub(super) fn defer(&mut self, idx: u32, s: usize, retry_after: Duration) {
+        let lane = self.units[idx as usize].slots[s].lane;
+        let t = self.now + retry_after.max(MIN_DEFERRAL);
+        let l = &mut self.lanes[lane.index()];
+        let t = l.not_before.map_or(t, |old| old.max(t));
+        l.not_before = Some(t);
+        let level = l.level;
+        self.timers.push(Reverse((t, Timer::Lane(lane.0))));
+        self.commands.push_back(Command::LaneBackoff {
+            lane,
+            not_before: t,
+            level,
+        });
+        self.hold_stalled(idx, s);
     }
 
     /// A transient or throttled failure of slot `s` of unit `idx`: retry it in the pass,

@@ -1,0 +1,208 @@
+//! `outbox-lanes hosts`: the recipient hosts (origins) as the relays left them — connection
+//! health, lanes, pending units, last connection error, next probe, signature scheme — and an
+//! operator's `retry`, `block` and `unblock` of one.
+
+use std::time::SystemTime;
+
+use outbox_lanes_core::Timestamp;
+use outbox_lanes_store::{HostBlock, HostStatus, origin_of};
+use serde::Serialize;
+use tracing::info;
+
+use super::args::{HostAction, HostsArgs};
+use super::backend::Backend;
+use super::output::{table, time};
+use super::{print, print_json, usage};
+
+/// A host's state as `hosts` shows it.
+pub(crate) fn state(h: &HostStatus, now: Timestamp) -> &'static str {
+    let r = &h.record;
+    match r.blocked {
+        HostBlock::Hold => return "blocked",
+        HostBlock::DeadLetter => return "blocked (dead letters)",
+        HostBlock::Open => {}
+    }
+    if r.level > 0 {
+        if r.not_before.is_some_and(|t| t > now) {
+            "backoff"
+        } else {
+            "probing"
+        }
+    } else if r.failures > 0 {
+        "failing"
+    } else {
+        "open"
+    }
+}
+
+/// The canonical origin of what the operator typed: `https://host[:port]`, any URL on the
+/// host, or a bare host (https).
+pub(crate) fn parse_origin(text: &str) -> anyhow::Result<String> {
+    let t = text.trim();
+    let url = if t.contains("://") {
+        t.to_owned()
+    } else {
+        format!("https://{t}")
+    };
+    // A bare origin has no path: the parse wants one.
+    let with_path = match url.split_once("://") {
+        Some((_, rest)) if !rest.contains('/') => format!("{url}/"),
+        _ => url,
+    };
+    origin_of(&with_path)
+        .ok_or_else(|| usage(format!("{text:?} is not a host: write https://host[:port]")))
+}
+
+#[derive(Serialize)]
+struct HostJson<'a> {
+    origin: &'a str,
+    state: &'static str,
+    lanes: u64,
+    pending: u64,
+    failures: u32,
+    backoff_level: u32,
+    next_probe: Option<String>,
+    failing_since: Option<String>,
+    last_error: Option<&'a str>,
+    signature_spec: Option<&'a str>,
+    signature_spec_learned: Option<String>,
+    blocked: &'static str,
+}
+
+fn host_json(h: &HostStatus, now: Timestamp) -> HostJson<'_> {
+    let r = &h.record;
+    HostJson {
+        origin: &r.origin,
+        state: state(h, now),
+        lanes: h.lanes,
+        pending: h.pending,
+        failures: r.failures,
+        backoff_level: r.level,
+        next_probe: r.not_before.filter(|_| r.level > 0).map(time),
+        failing_since: r.failing_since.map(time),
+        last_error: r.last_error.as_deref(),
+        signature_spec: r.spec.as_deref(),
+        signature_spec_learned: r.spec_at.map(time),
+        blocked: r.blocked.as_str(),
+    }
+}
+
+/// The short kind of a connection error (`connection_refused`, `dns`, …): its stable code.
+fn short(e: &str) -> &str {
+    e.split(':').next().unwrap_or(e)
+}
+
+fn hosts_table(hosts: &[HostStatus], now: Timestamp) -> String {
+    let rows: Vec<Vec<String>> = hosts
+        .iter()
+        .map(|h| {
+            let r = &h.record;
+            vec![
+                r.origin.clone(),
+                state(h, now).to_owned(),
+                h.lanes.to_string(),
+                h.pending.to_string(),
+                r.last_error
+                    .as_deref()
+                    .map_or("-".into(), |e| short(e).to_owned()),
+                r.not_before
+                    .filter(|_| r.level > 0)
+                    .map_or("-".into(), time),
+                r.spec.clone().unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "ORIGIN",
+            "STATE",
+            "LANES",
+            "PENDING",
+            "LAST ERROR",
+            "NEXT PROBE",
+            "SIGNATURE",
+        ],
+        &rows,
+    )
+}
+
+/// `hosts`, `hosts list`, `hosts retry|block|unblock ORIGIN`.
+pub(crate) async fn cmd_hosts(backend: &Backend, args: HostsArgs) -> anyhow::Result<()> {
+    let now = Timestamp::from_system_time(SystemTime::now());
+    let (name, origin, json, op) = match args.action {
+        None => return list(backend, args.json, now).await,
+        Some(HostAction::List { json }) => return list(backend, json || args.json, now).await,
+        Some(HostAction::Retry { origin, json }) => ("retry", origin, json, None),
+        Some(HostAction::Block {
+            origin,
+            dead_letter,
+            json,
+        }) => (
+            "block",
+            origin,
+            json,
+            Some(if dead_letter {
+                HostBlock::DeadLetter
+            } else {
+                HostBlock::Hold
+            }),
+        ),
+        Some(HostAction::Unblock { origin, json }) => {
+            ("unblock", origin, json, Some(HostBlock::Open))
+        }
+    };
+    let origin = parse_origin(&origin)?;
+    let n = match op {
+        None => backend.host_retry(origin.clone()).await?,
+        Some(block) => backend.host_block(origin.clone(), block).await?,
+    };
+    let what = match (name, op) {
+        ("retry", _) => format!("{n} waiting lane(s) retried now"),
+        (_, Some(HostBlock::Hold)) => format!("{n} lane(s) paused"),
+        (_, Some(HostBlock::DeadLetter)) => {
+            format!("{n} unit(s) dead-lettered (reason blocked)")
+        }
+        _ => format!("{n} lane(s) resumed"),
+    };
+    info!(action = name, origin = %origin, changed = n, "host action done");
+    if json {
+        print_json(&serde_json::json!({ "action": name, "origin": origin, "changed": n }))
+    } else {
+        print(&format!("{name}: {origin}: {what}\n"))
+    }
+}
+
+async fn list(backend: &Backend, json: bool, now: Timestamp) -> anyhow::Result<()> {
+    let hosts = backend.host_list().await?;
+    if json {
+        let v: Vec<HostJson<'_>> = hosts.iter().map(|h| host_json(h, now)).collect();
+        print_json(&serde_json::json!({ "hosts": v }))
+    } else if hosts.is_empty() {
+        print("no hosts\n")
+    } else {
+        print(&hosts_table(&hosts, now))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_origin_is_written_as_a_url_or_a_bare_host() {
+        assert_eq!(
+            parse_origin("https://A.Example").unwrap(),
+            "https://a.example:443"
+        );
+        assert_eq!(
+            parse_origin("a.example:8443").unwrap(),
+            "https://a.example:8443"
+        );
+        assert_eq!(
+            parse_origin("http://127.0.0.1:9000/inbox?x").unwrap(),
+            "http://127.0.0.1:9000"
+        );
+        assert!(parse_origin("ftp://a.example").is_err());
+        assert!(parse_origin("").is_err());
+    }
+}

@@ -1,0 +1,425 @@
+//! Hosts through the binary, with its DEFAULT delivery settings: origin health (a dead host
+//! with 200 lanes costs a handful of connections while a healthy one is served, and `hosts`
+//! names it), an operator's `hosts block|unblock`, and the signature double-knock (a host that
+//! refuses RFC 9421, one that takes only RFC 9421, remembered across a restart).
+//!
+//! Every server is on 127.0.0.1 and stops with its test; every wait is bounded.
+#![cfg(unix)]
+#![allow(missing_docs, clippy::unwrap_used)]
+
+mod common;
+
+use std::net::TcpListener;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{Db, Relay, collect, eventually};
+use outbox_lanes_test_support::signatures::{
+    ALICE_PRIVATE_PKCS8, ALICE_PUBLIC, verify_http_signature,
+};
+use outbox_lanes_test_support::{Chooser, Recipient, Recorded, Reply, Response};
+use serde_json::Value;
+
+const ALICE: &str = "https://example.com/users/alice";
+
+/// A host that accepts every connection and closes it at once, without reading or answering
+/// (a dead instance behind a load balancer); it counts the connections it accepted, with the
+/// time of each.
+struct DeadHost {
+    port: u16,
+    accepted: Arc<std::sync::Mutex<Vec<Instant>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl DeadHost {
+    fn start() -> DeadHost {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepted = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (a, s) = (Arc::clone(&accepted), Arc::clone(&stop));
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((conn, _)) => {
+                        a.lock().unwrap().push(Instant::now());
+                        drop(conn);
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(2)),
+                }
+            }
+        });
+        DeadHost {
+            port,
+            accepted,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn accepted_before(&self, t: Instant) -> usize {
+        self.accepted
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|&&at| at < t)
+            .count()
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.lock().unwrap().len()
+    }
+}
+
+impl Drop for DeadHost {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn enqueue(db: &Db, actor: &str, lines: &[String]) {
+    let out = collect(
+        db.command(&["enqueue", "--actor", actor]).spawn().unwrap(),
+        &(lines.join("\n") + "\n"),
+    );
+    assert_eq!(out.code(), Some(0), "enqueue: {}", out.stderr);
+}
+
+fn row(id: &str, to: &str) -> String {
+    serde_json::json!({ "id": id, "to": [to], "body": { "n": id } }).to_string()
+}
+
+fn json_of(db: &Db, args: &[&str]) -> Value {
+    let out = collect(db.command(args).spawn().unwrap(), "");
+    assert_eq!(out.code(), Some(0), "{args:?}: {}", out.stderr);
+    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.stdout))
+}
+
+fn host<'a>(hosts: &'a Value, origin: &str) -> &'a Value {
+    hosts["hosts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["origin"] == origin)
+        .unwrap_or_else(|| panic!("no {origin} in {hosts}"))
+}
+
+/// The body's `n` of each request to `path`, in arrival order.
+fn arrived(r: &Recipient, path: &str) -> Vec<String> {
+    r.requests(path)
+        .iter()
+        .filter(|q| {
+            q.completion
+                .status()
+                .is_some_and(|s| (200..300).contains(&s))
+        })
+        .map(|q| {
+            let v: Value = serde_json::from_slice(&q.body).unwrap();
+            v["n"].as_str().unwrap().to_owned()
+        })
+        .collect()
+}
+
+#[test]
+fn a_dead_host_with_200_lanes_costs_a_handful_of_connections_while_a_healthy_one_is_served() {
+    let db = Db::new();
+    let dead = DeadHost::start();
+    let healthy = Recipient::start().unwrap();
+    let mut lines: Vec<String> = (0..200)
+        .map(|i| {
+            row(
+                &format!("d{i}"),
+                &format!("http://127.0.0.1:{}/users/u{i}/inbox", dead.port),
+            )
+        })
+        .collect();
+    // The healthy recipient's rows come after the dead host's, for the same actor.
+    lines.extend((0..10).map(|i| row(&format!("h{i}"), &healthy.url("/inbox"))));
+    enqueue(&db, ALICE, &lines);
+
+    let started = Instant::now();
+    let relay = Relay::start(&db, &[], &[]);
+    assert!(
+        eventually(|| arrived(&healthy, "/inbox").len() == 10),
+        "the healthy recipient was not served"
+    );
+    let expected: Vec<String> = (0..10).map(|i| format!("h{i}")).collect();
+    assert_eq!(arrived(&healthy, "/inbox"), expected);
+    // Wait out 15 s of the relay's life, then count what the dead host saw in them.
+    let window = started + Duration::from_secs(15);
+    while Instant::now() < window {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let in_window = dead.accepted_before(window);
+    assert!(
+        in_window <= 20,
+        "{in_window} connections to the dead host in 15 s (200 lanes)"
+    );
+    assert!(in_window >= 1, "the dead host was never tried");
+
+    let hosts = json_of(&db, &["hosts", "--json"]);
+    let origin = format!("http://127.0.0.1:{}", dead.port);
+    let h = host(&hosts, &origin);
+    assert_eq!(h["state"], "backoff", "{h}");
+    assert_eq!(h["lanes"], 200, "{h}");
+    assert_eq!(h["pending"], 200, "{h}");
+    assert!(h["failures"].as_u64().unwrap() >= 3, "{h}");
+    assert!(
+        h["last_error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("connection_")),
+        "{h}"
+    );
+    assert!(h["next_probe"].is_string(), "{h}");
+    let ok = host(
+        &hosts,
+        &format!("http://127.0.0.1:{}", healthy.addr().port()),
+    );
+    assert_eq!(
+        (ok["state"].as_str(), ok["pending"].as_u64()),
+        (Some("open"), Some(0))
+    );
+    // The text table names it too.
+    let out = collect(db.command(&["hosts"]).spawn().unwrap(), "");
+    let line = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with(&origin))
+        .unwrap_or_else(|| panic!("{}", out.stdout));
+    assert!(line.contains("backoff") && line.contains("200"), "{line}");
+    // No lane of it got a counted attempt of its own beyond what reached the host.
+    let (_, lines) = relay.stop();
+    assert!(
+        lines.iter().any(|l| l.contains("host backing off")),
+        "{}",
+        lines.join("\n")
+    );
+    let total = dead.accepted();
+    eprintln!(
+        "dead host with 200 lanes: {in_window} connections in the first 15 s, {total} in all"
+    );
+    assert!(total <= in_window + 2, "{total} connections in all");
+}
+
+#[test]
+fn with_host_failures_off_every_lane_tries_the_dead_host_on_its_own() {
+    // The comparison that makes the test above mean something: the same 200 lanes, origin
+    // health off, cost about a connection per lane in the same time.
+    let db = Db::new();
+    let dead = DeadHost::start();
+    let lines: Vec<String> = (0..200)
+        .map(|i| {
+            row(
+                &format!("d{i}"),
+                &format!("http://127.0.0.1:{}/users/u{i}/inbox", dead.port),
+            )
+        })
+        .collect();
+    enqueue(&db, ALICE, &lines);
+    let relay = Relay::start(&db, &["--host-failures", "0"], &[]);
+    let started = Instant::now();
+    assert!(
+        eventually(|| dead.accepted() >= 200),
+        "only {} connections with origin health off",
+        dead.accepted()
+    );
+    eprintln!(
+        "origin health off: {} connections to the dead host within {:?}",
+        dead.accepted(),
+        started.elapsed()
+    );
+    relay.stop();
+}
+
+#[test]
+fn hosts_block_holds_a_hosts_units_and_unblock_delivers_them_in_order() {
+    let db = Db::new();
+    let r = Recipient::start().unwrap();
+    let other = Recipient::start().unwrap();
+    let lines: Vec<String> = (0..5)
+        .map(|i| row(&format!("b{i}"), &r.url("/inbox")))
+        .chain(std::iter::once(row("o0", &other.url("/inbox"))))
+        .collect();
+    enqueue(&db, ALICE, &lines);
+    let origin = format!("http://127.0.0.1:{}", r.addr().port());
+    let out = json_of(&db, &["hosts", "block", &origin, "--json"]);
+    assert_eq!(out["changed"], 1, "{out}");
+    let relay = Relay::start(&db, &[], &[]);
+    assert!(other.wait_for("/inbox", 1, Duration::from_secs(30)));
+    // A row enqueued for the blocked host meanwhile, on a new lane, is held too.
+    enqueue(&db, ALICE, &[row("b-late", &r.url("/late"))]);
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(r.count_all(), 0, "a blocked host got a request");
+    let hosts = json_of(&db, &["hosts", "--json"]);
+    let h = host(&hosts, &origin);
+    assert_eq!(
+        (h["state"].as_str(), h["pending"].as_u64()),
+        (Some("blocked"), Some(6))
+    );
+
+    let out = json_of(&db, &["hosts", "unblock", &origin, "--json"]);
+    assert_eq!(out["changed"], 1, "{out}");
+    assert!(eventually(|| arrived(&r, "/inbox").len() == 5));
+    let expected: Vec<String> = (0..5).map(|i| format!("b{i}")).collect();
+    assert_eq!(arrived(&r, "/inbox"), expected);
+    // The late lane waited for its own deferral (at most 30 s) and went too.
+    assert!(r.wait_for("/late", 1, Duration::from_secs(60)));
+    relay.stop();
+}
+
+#[test]
+fn hosts_block_with_dead_letters_sets_a_hosts_units_aside_now_and_later() {
+    let db = Db::new();
+    let r = Recipient::start().unwrap();
+    enqueue(
+        &db,
+        ALICE,
+        &[row("x0", &r.url("/inbox")), row("x1", &r.url("/inbox"))],
+    );
+    let origin = format!("http://127.0.0.1:{}", r.addr().port());
+    let out = json_of(&db, &["hosts", "block", &origin, "--dead-letter", "--json"]);
+    assert_eq!(out["changed"], 2, "{out}");
+    enqueue(&db, ALICE, &[row("x2", &r.url("/inbox"))]);
+    let out = collect(db.command(&["drain"]).spawn().unwrap(), "");
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    assert_eq!(r.count_all(), 0);
+    let dead = json_of(&db, &["dead-letters", "list", "--json"]);
+    let mut reasons: Vec<(String, String)> = dead["dead_letters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            (
+                d["row_id"].as_str().unwrap().to_owned(),
+                d["reason"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    reasons.sort();
+    assert_eq!(
+        reasons,
+        [
+            ("x0".to_owned(), "blocked".to_owned()),
+            ("x1".to_owned(), "blocked".to_owned()),
+            ("x2".to_owned(), "blocked".to_owned())
+        ]
+    );
+}
+
+/// A keys file with alice's RSA key (mode 0600, as the binary wants it).
+fn keys_file(dir: &Path) -> PathBuf {
+    let file = dir.join("signing-keys.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[actors.\"{ALICE}\"]\nkey_id = \"{ALICE}#main-key\"\nprivate_key_pem = \"\"\"\n{ALICE_PRIVATE_PKCS8}\"\"\"\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    file
+}
+
+fn is_rfc9421(q: &Recorded) -> bool {
+    q.header("signature-input").is_some()
+}
+
+/// A host that verifies draft-cavage signatures and refuses anything else with 401.
+fn cavage_only() -> Recipient {
+    let r = Recipient::start().unwrap();
+    r.set_server_default(Reply::Choose(Chooser::new(|q: &Recorded| {
+        if !is_rfc9421(q) && verify_http_signature(q, ALICE_PUBLIC).is_ok() {
+            Reply::Status(202)
+        } else {
+            Reply::Response(Response::new(401).with_body("signature not understood"))
+        }
+    })));
+    r
+}
+
+/// A host that takes RFC 9421 signatures only (a draft-cavage one is refused with 401).
+fn rfc9421_only() -> Recipient {
+    let r = Recipient::start().unwrap();
+    r.set_server_default(Reply::Choose(Chooser::new(|q: &Recorded| {
+        let digest_ok = q.header("content-digest").is_some();
+        if is_rfc9421(q) && digest_ok {
+            Reply::Status(202)
+        } else {
+            Reply::Status(401)
+        }
+    })));
+    r
+}
+
+#[test]
+fn the_double_knock_learns_each_hosts_scheme_once_and_remembers_it_across_a_restart() {
+    let db = Db::new();
+    let keys = keys_file(&db.path("."));
+    let keys = keys.to_str().unwrap();
+    let cavage = cavage_only();
+    let modern = rfc9421_only();
+    // Two lanes on the cavage-only host, one on the RFC 9421 host.
+    let mut lines = Vec::new();
+    for i in 0..4 {
+        lines.push(row(&format!("a{i}"), &cavage.url("/users/a/inbox")));
+        lines.push(row(&format!("b{i}"), &cavage.url("/users/b/inbox")));
+        lines.push(row(&format!("m{i}"), &modern.url("/inbox")));
+    }
+    enqueue(&db, ALICE, &lines);
+    let out = collect(
+        db.command(&["drain", "--signing-keys", keys])
+            .spawn()
+            .unwrap(),
+        "",
+    );
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    let all = cavage.all_requests();
+    let rfc = all.iter().filter(|q| is_rfc9421(q)).count();
+    assert_eq!(rfc, 1, "one refused RFC 9421 request for the cavage host");
+    assert_eq!(all.len(), 8 + 1, "8 rows and the one refused knock");
+    let a: Vec<String> = (0..4).map(|i| format!("a{i}")).collect();
+    let b: Vec<String> = (0..4).map(|i| format!("b{i}")).collect();
+    let m: Vec<String> = (0..4).map(|i| format!("m{i}")).collect();
+    assert_eq!(arrived(&cavage, "/users/a/inbox"), a);
+    assert_eq!(arrived(&cavage, "/users/b/inbox"), b);
+    assert_eq!(arrived(&modern, "/inbox"), m);
+    assert!(
+        modern.all_requests().iter().all(is_rfc9421),
+        "the RFC 9421 host got a draft-cavage request"
+    );
+    // Every attempt was counted once: nothing was dead-lettered and no unit took two.
+    let hosts = json_of(&db, &["hosts", "--json"]);
+    let c_origin = format!("http://127.0.0.1:{}", cavage.addr().port());
+    let m_origin = format!("http://127.0.0.1:{}", modern.addr().port());
+    assert_eq!(host(&hosts, &c_origin)["signature_spec"], "cavage");
+    assert_eq!(host(&hosts, &m_origin)["signature_spec"], "rfc9421");
+
+    // A new process (another drain) goes straight to what was learned.
+    let before = cavage.all_requests().len();
+    enqueue(
+        &db,
+        ALICE,
+        &[
+            row("a4", &cavage.url("/users/a/inbox")),
+            row("c0", &cavage.url("/users/c/inbox")),
+        ],
+    );
+    let out = collect(
+        db.command(&["drain", "--signing-keys", keys])
+            .spawn()
+            .unwrap(),
+        "",
+    );
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    let after = cavage.all_requests();
+    assert_eq!(after.len(), before + 2, "one request per row, no knock");
+    assert!(after[before..].iter().all(|q| !is_rfc9421(q)));
+}
