@@ -707,8 +707,8 @@ struct Figures {
     /// The shared lane's rows answered by then.
     shared_by_then: usize,
     dead: Vec<DeadOrigin>,
-    hanging_conns: usize,
-    hanging_lanes: usize,
+    /// Per hanging origin: (origin, lanes, connections).
+    hanging: Vec<(usize, usize, usize)>,
     /// Connections accepted by the answering origins (the client's reuse shows here).
     healthy_conns: usize,
     deliveries: usize,
@@ -986,8 +986,13 @@ fn figures(
         fan_out_done,
         shared_by_then,
         dead,
-        hanging_conns: d.conns.iter().filter(|c| hanging.contains(&c.0)).count(),
-        hanging_lanes: hanging.iter().map(|&o| plan.lanes_of(o)).sum(),
+        hanging: hanging
+            .iter()
+            .map(|&o| {
+                let conns = d.conns.iter().filter(|c| c.0 == o).count();
+                (o, plan.lanes_of(o), conns)
+            })
+            .collect(),
         healthy_conns: d
             .conns
             .iter()
@@ -1051,9 +1056,12 @@ fn print_run(f: &Figures) {
             .join("; ")
     );
     println!(
-        "  hanging origins: {} lanes, {} connections; answering origins: {} connections; deliveries (202) {}; 410s {}; order violations {}; duplicates {}; stray requests {}",
-        f.hanging_lanes,
-        f.hanging_conns,
+        "  hanging origins (lanes: connections): {}; answering origins: {} connections; deliveries (202) {}; 410s {}; order violations {}; duplicates {}; stray requests {}",
+        f.hanging
+            .iter()
+            .map(|(o, lanes, conns)| format!("#{o} ({lanes} lanes: {conns})"))
+            .collect::<Vec<_>>()
+            .join("; "),
         f.healthy_conns,
         f.deliveries,
         f.gone,
