@@ -423,3 +423,47 @@ fn the_double_knock_learns_each_hosts_scheme_once_and_remembers_it_across_a_rest
     assert_eq!(after.len(), before + 2, "one request per row, no knock");
     assert!(after[before..].iter().all(|q| !is_rfc9421(q)));
 }
+
+#[test]
+fn a_host_failing_longer_than_host_unavailable_after_has_its_units_dead_lettered() {
+    let db = Db::new();
+    let dead = DeadHost::start();
+    let to = format!("http://127.0.0.1:{}/inbox", dead.port);
+    let lines: Vec<String> = (0..3).map(|i| row(&format!("u{i}"), &to)).collect();
+    enqueue(&db, ALICE, &lines);
+    let relay = Relay::start(
+        &db,
+        &[
+            "--host-unavailable-after",
+            "2s",
+            "--host-backoff-base",
+            "1s",
+        ],
+        &[],
+    );
+    let reasons = || -> Vec<String> {
+        let dead = json_of(&db, &["dead-letters", "list", "--json"]);
+        dead["dead_letters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["reason"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert!(eventually(|| reasons().len() == 3), "{:?}", reasons());
+    assert!(
+        reasons().iter().all(|r| r == "host_unavailable"),
+        "{:?}",
+        reasons()
+    );
+    let shown = json_of(&db, &["dead-letters", "list", "--json"]);
+    let first = &shown["dead_letters"][0];
+    assert!(
+        first["last_error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("host_unavailable: ")),
+        "{first}"
+    );
+    relay.stop();
+    assert!(dead.accepted() <= 6, "{} connections", dead.accepted());
+}

@@ -138,6 +138,24 @@ pub struct PassReport {
     pub grace_over: bool,
 }
 
+impl std::fmt::Display for PassReport {
+    /// `12 delivered, 1 dead-lettered, 3 handed back` (and `, yielded`, `, grace over`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} delivered, {} dead-lettered, {} handed back",
+            self.delivered, self.dead_lettered, self.handed_back
+        )?;
+        if self.yielded {
+            f.write_str(", yielded")?;
+        }
+        if self.grace_over {
+            f.write_str(", grace over")?;
+        }
+        Ok(())
+    }
+}
+
 impl PassReport {
     /// Adds `other`'s totals to these.
     pub fn add(&mut self, other: &PassReport) {
@@ -254,6 +272,8 @@ pub struct PassCore {
     /// The last failure per lane (status, error), for the INFO line of its backoff; only
     /// failures write it, a delivery removes it.
     lane_failure: HashMap<LaneId, (Option<u16>, Option<String>)>,
+    /// Lanes whose last attempt its host deferred (OL-21): their hold logs at DEBUG only.
+    host_held: HashSet<LaneId>,
     /// Deliveries of this round, handed to the ack writer together at its end.
     acked: Vec<(UnitId, StoreLaneId)>,
     /// The session asked for a lease renewal; done at the next round.
@@ -367,6 +387,7 @@ impl PassCore {
             dead: Vec::new(),
             waiting: HashMap::new(),
             lane_failure: HashMap::new(),
+            host_held: HashSet::new(),
             acked: Vec::new(),
             renew_due: false,
             deferred: VecDeque::new(),
@@ -481,7 +502,13 @@ impl PassCore {
         }
         // Kept for the attempt record or dead letter a failure may lead to; a delivery and
         // an attempt that never left need none.
-        if outcome != Outcome::NotSent && outcome != Outcome::Delivered {
+        if let Outcome::Deferred { .. } = outcome {
+            // Held for its host (origin health, OL-21): the host's state is logged once, by
+            // the gate; its lanes' holds are not news.
+            debug!(actor = %self.actor, unit = unit.0, recipient = self.recipient(lane),
+                error = result.error.as_deref(), "attempt deferred: its host is not contacted now");
+            self.host_held.insert(lane);
+        } else if outcome != Outcome::NotSent && outcome != Outcome::Delivered {
             self.lane_failure
                 .insert(lane, (result.status, result.error.clone()));
             self.last.insert((unit, lane), result);
@@ -569,7 +596,7 @@ impl PassCore {
                     self.renew_due = true;
                 }
                 SessionAction::StopStarting(reason) => {
-                    debug!(actor = %self.actor, ?reason, "pass stopping: nothing new starts");
+                    debug!(actor = %self.actor, %reason, "pass stopping: nothing new starts");
                     self.sched.handle_stop(now);
                     stopped = true;
                 }
@@ -1020,7 +1047,7 @@ impl PassCore {
         let t = now();
         if end.hands_back_in_flight() {
             if end != PassEnd::StoreFailed {
-                warn!(actor = %self.actor, ?end, in_flight = self.sched.in_flight(),
+                warn!(actor = %self.actor, %end, in_flight = self.sched.in_flight(),
                     "pass interrupted; handing every unfinished unit back");
             }
             self.sched.handle_interrupt(t);
@@ -1036,7 +1063,7 @@ impl PassCore {
             (Some(e), _) | (None, Err(e)) => Some(e),
             (None, Ok(())) => None,
         };
-        debug!(actor = %self.actor, ?end, delivered = self.report.delivered,
+        debug!(actor = %self.actor, %end, delivered = self.report.delivered,
             dead_lettered = self.report.dead_lettered, handed_back = self.report.handed_back,
             "pass ended");
         PassResult {
@@ -1506,6 +1533,9 @@ impl PassCore {
     /// The INFO line of a lane entering or staying in backoff (or a throttle), with the
     /// failure that put it there and its next attempt.
     fn log_backoff(&mut self, lane: LaneId, not_before: Timestamp, level: u32) {
+        if self.host_held.remove(&lane) {
+            return;
+        }
         let before = self.waiting.insert(lane, level);
         let (status, error) = self
             .lane_failure
