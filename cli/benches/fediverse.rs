@@ -53,9 +53,8 @@
 //! - `FEDI_SEED` (default 1): the farm and every latency;
 //! - `FEDI_ROUNDS` (default 1): rounds of the variants, alternating (before, after, before, …);
 //! - `FEDI_VARIANTS` (default `before,after`);
-//! - `FEDI_DEADLINE` (seconds, default 180): when a drain still running is stopped (without
-//!   origin health it ends by itself after about 130 s: the hanging lanes' four 30 s
-//!   attempts).
+//! - `FEDI_DEADLINE` (seconds, default 180): when a drain still running is stopped (at seed 1
+//!   it ends by itself after about 130 s: the hanging lanes' four 30 s attempts).
 //!
 //! It writes `benches/fediverse.svg` (the CDF of healthy lanes' actual/ideal per run, and
 //! the connections to dead origins per run): hand-written SVG, as `e2e.rs` does. Every loop
