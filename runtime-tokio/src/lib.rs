@@ -280,7 +280,11 @@ impl Outbox {
     ///
     /// # Errors
     /// [`OutboxError::Enqueue`] names the refused row; nothing was written.
-    pub async fn enqueue(&self, actor: &str, rows: &[NewRow]) -> Result<Vec<Enqueued>, OutboxError> {
+    pub async fn enqueue(
+        &self,
+        actor: &str,
+        rows: &[NewRow],
+    ) -> Result<Vec<Enqueued>, OutboxError> {
         let (actor, rows) = (actor.to_owned(), rows.to_vec());
         self.call(move |core| core.enqueue(&actor, &rows)).await
     }

@@ -311,10 +311,7 @@ async fn a_joined_row_waits_for_both_lanes() {
         .expect("enqueue");
     let mut joined = row("j", &[r.url("/a"), r.url("/b")]);
     joined.joined = true;
-    outbox
-        .enqueue("actor", &[joined])
-        .await
-        .expect("enqueue");
+    outbox.enqueue("actor", &[joined]).await.expect("enqueue");
     outbox
         .enqueue("actor", &[row("b2", &[r.url("/b")])])
         .await

@@ -49,10 +49,7 @@ async fn a_dropped_monitor_stops_in_the_background_and_frees_its_slots() {
     let monitor = outbox.monitor().await.expect("monitor");
     for i in 0..20 {
         outbox
-            .enqueue(
-                "actor",
-                &[common::row(&format!("e{i}"), &[r.url("/slow")])],
-            )
+            .enqueue("actor", &[common::row(&format!("e{i}"), &[r.url("/slow")])])
             .await
             .expect("enqueue");
     }
