@@ -428,7 +428,7 @@ fn tokio_outbox(
             outbox_lanes::tokio::Outbox::open(Arc::clone(&store), config(concurrency, per_host))?;
         let per_chunk = (2000 / l.rows[0].recipients.len()).max(1);
         for chunk in l.rows.chunks(per_chunk) {
-            outbox.enqueue("bench", chunk.to_vec()).await?;
+            outbox.enqueue("bench", chunk).await?;
         }
         server.reset()?;
         let (c0, t0) = (self_cpu(), Instant::now());
@@ -687,7 +687,7 @@ fn backlog_child(units: usize, port: u16) -> Res<()> {
                     ..NewRow::default()
                 })
                 .collect();
-            outbox.enqueue("backlog", chunk).await?;
+            outbox.enqueue("backlog", &chunk).await?;
         }
         let before = peak_rss_kib();
         let t0 = Instant::now();
