@@ -212,94 +212,10 @@ fn pass_on(shared: &Arc<Shared>, host: &str) {
 mod tests {
     use std::sync::mpsc;
 
-    use outbox_lanes_core::{ActorId, Config, LaneKey, Outcome, Scheduler, UnitId};
-    use outbox_lanes_store::Payload;
+    use outbox_lanes_core::Outcome;
 
     use super::*;
-    use crate::job::{Completions, Done};
-
-    struct Chan(Mutex<mpsc::Sender<Done>>);
-
-    impl Completions for Chan {
-        fn complete(&self, done: Done) {
-            let _ = self
-                .0
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .send(done);
-        }
-    }
-
-    /// Holds the jobs it is given until the test finishes them.
-    #[derive(Default)]
-    struct Held {
-        jobs: Mutex<Vec<Job>>,
-        stopped: std::sync::atomic::AtomicBool,
-        dropping: std::sync::atomic::AtomicBool,
-    }
-
-    impl Executor for Held {
-        fn execute(&self, job: Job) -> Result<(), Job> {
-            if self.stopped.load(std::sync::atomic::Ordering::SeqCst) {
-                return Err(job);
-            }
-            if self.dropping.load(std::sync::atomic::Ordering::SeqCst) {
-                // Taken, then dropped unrun at once (a runtime that is gone does that).
-                drop(job);
-                return Ok(());
-            }
-            self.jobs
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(job);
-            Ok(())
-        }
-    }
-
-    impl Held {
-        fn running(&self) -> Vec<u64> {
-            self.jobs
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .iter()
-                .map(|j| j.unit.0)
-                .collect()
-        }
-        fn finish(&self, unit: u64) {
-            let job = {
-                let mut jobs = self.jobs.lock().unwrap_or_else(PoisonError::into_inner);
-                let k = jobs.iter().position(|j| j.unit.0 == unit).expect("running");
-                jobs.remove(k)
-            };
-            job.finish(AttemptResult {
-                outcome: Outcome::Delivered,
-                status: Some(200),
-                error: None,
-            });
-        }
-    }
-
-    fn job(unit: u64, recipient: &str, reply: &mpsc::Sender<Done>) -> Job {
-        // Any lane id will do: the executor never looks at it.
-        let lane = Scheduler::new(Config::default(), 0)
-            .lane(&LaneKey::new("https://lane.example/", None).expect("url"));
-        Job::new(
-            ActorId::new("alice"),
-            Arc::from("0123abcd"),
-            UnitId(unit),
-            lane,
-            Arc::new(crate::request::Destination::parse(recipient)),
-            1,
-            Arc::new(Payload {
-                row_id: format!("r{unit}"),
-                content_type: "text/plain".into(),
-                body: Vec::new(),
-                headers: Vec::new(),
-            }),
-            Arc::new(Chan(Mutex::new(reply.clone()))),
-            Arc::new(std::sync::atomic::AtomicBool::new(true)),
-        )
-    }
+    use crate::testing::{Held, job};
 
     #[test]
     fn parks_past_the_cap_and_starts_in_order_as_places_free() {
@@ -318,14 +234,14 @@ mod tests {
         // a.example is at its cap of 2: 3 and 5 wait; b.example is not held up.
         assert_eq!(held.running(), [1, 2, 4]);
         assert_eq!(caps.parked(), 2);
-        held.finish(2);
+        held.deliver(2);
         assert_eq!(held.running(), [1, 4, 3]);
-        held.finish(4);
+        held.deliver(4);
         assert_eq!(held.running(), [1, 3], "b's place frees nothing of a's");
-        held.finish(1);
-        held.finish(3);
+        held.deliver(1);
+        held.deliver(3);
         assert_eq!(held.running(), [5]);
-        held.finish(5);
+        held.deliver(5);
         assert_eq!(caps.parked(), 0);
         assert!(lock(&caps.shared.hosts).is_empty(), "no host left behind");
         let done: Vec<u64> = rx.try_iter().map(|d| d.unit.0).collect();
@@ -343,7 +259,7 @@ mod tests {
         assert_eq!(held.running(), [1]);
         held.stopped
             .store(true, std::sync::atomic::Ordering::SeqCst);
-        held.finish(1);
+        held.deliver(1);
         let got: Vec<(u64, Outcome)> = rx
             .try_iter()
             .map(|d| (d.unit.0, d.result.outcome))
@@ -377,7 +293,7 @@ mod tests {
             .store(true, std::sync::atomic::Ordering::SeqCst);
         // Each parked job is dropped inside `execute`, which frees the place again: handled
         // one after another, not one drop inside the next (that would overflow the stack).
-        held.finish(0);
+        held.deliver(0);
         assert_eq!(caps.parked(), 0);
         assert!(lock(&caps.shared.hosts).is_empty());
         let (mut delivered, mut not_sent) = (0, 0);

@@ -46,6 +46,8 @@ mod outbox;
 pub mod pass;
 pub mod request;
 pub mod sign;
+#[cfg(test)]
+mod testing;
 #[cfg(feature = "ureq")]
 pub mod ureq_client;
 

@@ -941,56 +941,9 @@ impl<'a> Knock<'a> {
 mod tests {
     use std::sync::mpsc;
 
-    use outbox_lanes_core::{ActorId, Config, LaneKey, Scheduler, UnitId};
-    use outbox_lanes_store::Payload;
-
     use super::*;
-    use crate::job::{Completions, Done};
-
-    struct Chan(Mutex<mpsc::Sender<Done>>);
-
-    impl Completions for Chan {
-        fn complete(&self, done: Done) {
-            let _ = self
-                .0
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .send(done);
-        }
-    }
-
-    /// Holds the jobs it is given until the test finishes them.
-    #[derive(Default)]
-    struct Held {
-        jobs: Mutex<Vec<Job>>,
-    }
-
-    impl Executor for Held {
-        fn execute(&self, job: Job) -> Result<(), Job> {
-            self.jobs
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(job);
-            Ok(())
-        }
-    }
-
-    impl Held {
-        fn running(&self) -> Vec<u64> {
-            let jobs = self.jobs.lock().unwrap_or_else(PoisonError::into_inner);
-            jobs.iter().map(|j| j.unit.0).collect()
-        }
-
-        fn take(&self, unit: u64) -> Job {
-            let mut jobs = self.jobs.lock().unwrap_or_else(PoisonError::into_inner);
-            let k = jobs.iter().position(|j| j.unit.0 == unit).expect("running");
-            jobs.remove(k)
-        }
-
-        fn finish(&self, unit: u64, result: AttemptResult) {
-            self.take(unit).finish(result);
-        }
-    }
+    use crate::job::Done;
+    use crate::testing::{Held, answered, job};
 
     fn refused() -> AttemptResult {
         AttemptResult {
@@ -998,39 +951,6 @@ mod tests {
             status: None,
             error: Some("connection_refused: Connection refused (os error 111)".into()),
         }
-    }
-
-    fn answered(status: u16) -> AttemptResult {
-        AttemptResult {
-            outcome: if status < 300 {
-                Outcome::Delivered
-            } else {
-                Outcome::Transient { retry_after: None }
-            },
-            status: Some(status),
-            error: None,
-        }
-    }
-
-    fn job(unit: u64, recipient: &str, reply: &mpsc::Sender<Done>) -> Job {
-        let lane = Scheduler::new(Config::default(), 0)
-            .lane(&LaneKey::new("https://lane.example/", None).expect("url"));
-        Job::new(
-            ActorId::new("alice"),
-            Arc::from("0123abcd"),
-            UnitId(unit),
-            lane,
-            Arc::new(crate::request::Destination::parse(recipient)),
-            1,
-            Arc::new(Payload {
-                row_id: format!("r{unit}"),
-                content_type: "text/plain".into(),
-                body: Vec::new(),
-                headers: Vec::new(),
-            }),
-            Arc::new(Chan(Mutex::new(reply.clone()))),
-            Arc::new(AtomicBool::new(true)),
-        )
     }
 
     fn gate(cfg: OriginConfig) -> (OriginGate, Arc<Held>) {
