@@ -237,21 +237,6 @@ impl<B: HotPath> DriverStore for B {
         })
     }
 
-    fn acquire_ready(
-        &self,
-        holder: &str,
-        lease: Duration,
-        now: Timestamp,
-        max: usize,
-    ) -> Result<Vec<SlotToken>, StoreError> {
-        self.register_holder(holder);
-        self.write(false, |db| {
-            slots::acquire_ready(db, holder, lease, now, max, |db| {
-                self.expire_dead_holders(db, holder, None)
-            })
-        })
-    }
-
     fn actors_with_work(&self, now: Timestamp) -> Result<ActorsDue, StoreError> {
         self.read(|db| status::actors_with_work(db, now))
     }

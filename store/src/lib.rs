@@ -10,7 +10,7 @@
 //! |---|---|
 //! | `lib.rs`, `types.rs` | the traits and the types they speak |
 //! | `db.rs` | the statement layer: one SQL text with `$n` placeholders for both backends, typed row reads |
-//! | `slots.rs` | the drain slot: acquire, renew, release, fence, the monitor's acquire-ready |
+//! | `slots.rs` | the drain slot: acquire, renew, release, fence |
 //! | `lanes.rs` | lane states, operator lane controls, the lane list |
 //! | `dead_letters.rs` | dead-lettering, listing, payloads, replay, purge |
 //! | `status.rs` | status, oldest pending, actors with work |
@@ -22,13 +22,12 @@
 //! | `postgres.rs`, `sqlx_pg.rs` | the two Postgres drivers: [`PgStore`] (blocking `postgres` client, own pool, TLS) and `SqlxPgStore` (a caller's sqlx pool) |
 //! | `sqlx.rs` | enqueue inside a caller's sqlx transaction |
 //! | `prepare.rs` | validating and canonicalising rows before enqueue |
-//! | `ack.rs` | the group-committing ack writer |
 //! | `notify.rs`, `watcher.rs`, `liveness.rs`, `exists.rs`, `tls.rs`, `error.rs` | wake-ups, watcher threads, dead-holder detection, opening, Postgres TLS, errors |
 //!
 //! # How a pass uses the store
 //!
-//! 0. The monitor finds work with [`DriverStore::actors_with_work`] (or takes the slots of free
-//!    actors with work at once with [`DriverStore::acquire_ready`]), woken by [`DriverStore::watch`].
+//! 0. The monitor finds work with [`DriverStore::actors_with_work`], woken by
+//!    [`DriverStore::watch`].
 //! 1. [`DriverStore::acquire_slot`] takes the actor's drain slot (OL-12). Nothing is written per
 //!    unit at claim time: the slot's lease *is* the lease of every unit the pass reads. A
 //!    crash lets the lease expire, and the next holder reads every lane from its head again
@@ -42,7 +41,7 @@
 //!    acquisition is the first read): an operator's pause, purge, skip-head or strict reaches
 //!    it before its next start (OL-14).
 //! 4. [`DriverStore::payload`] fetches a unit's bytes when it starts.
-//! 5. Outcomes: [`DriverStore::ack`] (group-committed through [`AckWriter`]),
+//! 5. Outcomes: [`DriverStore::ack`] (group-committed by the driver's ack writer),
 //!    [`DriverStore::record_attempts`], [`DriverStore::write_dead_letters`] (a round's dead letters
 //!    in one transaction) and [`DriverStore::retire_lane`] (durable when they return, OL-16), [`DriverStore::set_lane_state`], [`DriverStore::block_lane`].
 //! 6. **Hand-back needs no write.** Since a claim writes nothing, handing a unit back (OL-10,
@@ -78,7 +77,6 @@
     allow(dead_code)
 )]
 
-pub mod ack;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod backend;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
@@ -131,7 +129,6 @@ use core::time::Duration;
 pub use outbox_lanes_core as core_types;
 use outbox_lanes_core::{ActorId, Timestamp, UnitId};
 
-pub use ack::{AckWriter, AckWriterOptions};
 pub use error::{Cause, EnqueueError, StoreError};
 pub use headers::{HeaderProblem, MAX_HEADER_BYTES, MAX_HEADERS, RefusedHeader, validate_headers};
 pub use hosts::{HostBlock, HostRecord, HostStatus, origin_of};
@@ -358,24 +355,6 @@ pub trait DriverStore: Send + Sync {
     /// # Errors
     /// Database failures.
     fn actors_with_work(&self, now: Timestamp) -> Result<ActorsDue, StoreError>;
-
-    /// Picks up to `max` actors with work admissible at `now` whose drain slot is free (or
-    /// expired), and acquires their slots for `holder` — the monitor's "what do I drain next".
-    /// Actors with work whose slot is held by a live lease get "look again" set, as
-    /// [`DriverStore::acquire_slot`] would. On Postgres the slot rows are locked
-    /// `FOR UPDATE SKIP LOCKED`: several relays calling this at once spread over the actors
-    /// instead of queueing on the same rows (a slot skipped because another relay is touching
-    /// it at that instant is left to that relay or to the next poll).
-    ///
-    /// # Errors
-    /// Database failures.
-    fn acquire_ready(
-        &self,
-        holder: &str,
-        lease: Duration,
-        now: Timestamp,
-        max: usize,
-    ) -> Result<Vec<SlotToken>, StoreError>;
 
     /// The in-process wake-up fired after every enqueue through this store.
     fn notifier(&self) -> Notifier;
