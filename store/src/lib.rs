@@ -85,6 +85,8 @@ mod db;
 mod dead_letters;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod driver;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
+mod enqueue;
 mod error;
 mod exists;
 mod headers;
@@ -94,7 +96,7 @@ mod lanes;
 #[cfg(feature = "sqlite")]
 mod liveness;
 pub mod notify;
-#[cfg(any(feature = "postgres", feature = "sqlx"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod pg_path;
 #[cfg(any(feature = "postgres", feature = "sqlx"))]
 mod pg_schema;
@@ -109,6 +111,8 @@ mod service;
 mod slots;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
+mod sqlite_path;
 #[cfg(feature = "sqlx")]
 pub mod sqlx;
 #[cfg(feature = "sqlx")]

@@ -2,8 +2,8 @@
 //! fresh fencing token, renewing its lease, releasing it (or keeping it when "look again" was
 //! set), checking a token.
 //!
-//! Each backend brings its own way of finding holders that died (SQLite: lock files; Postgres:
-//! session advisory locks) as the `expire_dead` step.
+//! Each backend brings its own way of knowing that a holder died (SQLite: lock files; Postgres:
+//! session advisory locks), as the `is_dead` of [`acquire`].
 
 use core::time::Duration;
 use std::time::Instant;
@@ -27,16 +27,32 @@ static TAKE_IF_FREE: Sql = Sql::new(
 );
 static LOOK_AGAIN: Sql = Sql::new("UPDATE ol_slots SET look_again = TRUE WHERE actor = $1");
 
-/// Takes `actor`'s slot if it is free or its lease expired; else sets "look again".
+/// Another holder's live slot of actor `$1`, if any (`$2`: the one asking).
+static LIVE_HOLDER: Sql = Sql::new(
+    "SELECT holder FROM ol_slots WHERE actor = $1 AND holder IS NOT NULL AND holder <> $2 \
+     AND lease_expires > {now}",
+);
+static EXPIRE_HOLDER: Sql = Sql::new("UPDATE ol_slots SET lease_expires = 0 WHERE holder = $1");
+
+/// Takes `actor`'s slot if it is free or its lease expired; else sets "look again". When
+/// another holder's lease is live and `is_dead` says that holder is gone (the backend's
+/// liveness: lock files, advisory locks), every slot it held ends at once and is taken over
+/// with a new fencing token, instead of after its lease.
 pub(crate) fn acquire<D: Db>(
     db: &mut D,
     actor: &ActorId,
     holder: &str,
     lease: Duration,
-    expire_dead: impl FnOnce(&mut D) -> Result<(), StoreError>,
+    is_dead: impl FnOnce(&mut D, &str) -> Result<bool, StoreError>,
 ) -> Result<SlotAcquisition, StoreError> {
     db.execute(&ENSURE, args![actor.as_str()])?;
-    expire_dead(db)?;
+    if let Some(other) = db.query_opt(&LIVE_HOLDER, args![actor.as_str(), holder], |r| r.text(0))? {
+        if is_dead(db, &other)? {
+            let n = db.execute(&EXPIRE_HOLDER, args![&other])?;
+            tracing::info!(target: "outbox_lanes::store", holder = %other, slots = n,
+                "the holder of these drain slots is gone (its process or session ended): taken over without waiting for the lease");
+        }
+    }
     let asked_at = Instant::now();
     let got = db.query_opt(
         &TAKE_IF_FREE,

@@ -47,18 +47,16 @@ use std::sync::{Mutex, PoisonError};
 
 use ::sqlx::postgres::{PgConnection, PgDatabaseError, PgListener, PgPool, PgRow};
 use ::sqlx::{AssertSqlSafe, Connection as _, Row as _};
-use outbox_lanes_core::ActorId;
+
 use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::task::JoinHandle;
 
+use crate::StoreError;
 use crate::backend::Backend;
 use crate::db::{Db, Dialect, Get, Sql, Value, args};
-use crate::error::Lost;
 use crate::notify::Notifier;
-use crate::pg_path::{self, PgBackend};
 use crate::pg_schema;
-use crate::types::{CommonOptions, Enqueued, NewRow};
-use crate::{EnqueueError, StoreError};
+use crate::types::CommonOptions;
 
 /// How a [`SqlxPgStore`] uses its pool.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -147,7 +145,7 @@ impl SqlxPgStore {
             opts,
         };
         let mut store = store;
-        store.outbox_id = store.tx(false, |db| {
+        store.outbox_id = store.tx(false, |db: &mut SqlxDb<'_>| {
             pg_schema::init(
                 db,
                 &store.opts.schema,
@@ -198,7 +196,7 @@ impl SqlxPgStore {
 
     /// Runs `f` in a transaction and commits; retries once on a lost connection when safe:
     /// always if the commit was not sent, only `idempotent` operations otherwise.
-    fn tx<T, E: From<StoreError> + Lost>(
+    fn tx<T, E: From<StoreError>>(
         &self,
         idempotent: bool,
         mut f: impl FnMut(&mut SqlxDb<'_>) -> Result<T, E>,
@@ -206,26 +204,37 @@ impl SqlxPgStore {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let (res, at_commit) =
+            let (res, lost, at_commit) =
                 match self.run_sql(self.pool.begin_with(AssertSqlSafe(self.begin.clone()))) {
-                    Err(e) => (Err(E::from(e)), false),
-                    Ok(mut tx) => match f(&mut SqlxDb {
-                        conn: &mut tx,
-                        store: self,
-                    }) {
-                        Err(e) => {
-                            // On the runtime: a pooled connection goes back to its pool from there.
-                            let _ = self.run(tx.rollback());
-                            (Err(e), false)
+                    Err(e) => {
+                        let lost = matches!(e, StoreError::ConnectionLost { .. });
+                        (Err(E::from(e)), lost, false)
+                    }
+                    Ok(mut tx) => {
+                        let mut db = SqlxDb {
+                            conn: &mut tx,
+                            store: self,
+                            lost: false,
+                        };
+                        match f(&mut db) {
+                            Err(e) => {
+                                let lost = db.lost;
+                                // On the runtime: a pooled connection goes back to its pool from there.
+                                let _ = self.run(tx.rollback());
+                                (Err(e), lost, false)
+                            }
+                            Ok(v) => match self.run_sql(tx.commit()) {
+                                Ok(()) => (Ok(v), false, false),
+                                Err(e) => {
+                                    let lost = matches!(e, StoreError::ConnectionLost { .. });
+                                    (Err(E::from(e)), lost, true)
+                                }
+                            },
                         }
-                        Ok(v) => match self.run_sql(tx.commit()) {
-                            Ok(()) => (Ok(v), false),
-                            Err(e) => (Err(E::from(e)), true),
-                        },
-                    },
+                    }
                 };
             match res {
-                Err(e) if e.lost() => {
+                Err(e) if lost => {
                     let retry = attempt < 2 && (!at_commit || idempotent);
                     tracing::warn!(target: "outbox_lanes::store", at_commit, idempotent, retry, "postgres connection lost (sqlx pool)");
                     if !retry {
@@ -245,13 +254,14 @@ impl SqlxPgStore {
         let mut db = SqlxDb {
             conn: &mut conn,
             store: self,
+            lost: false,
         };
         db.batch(&format!("SET search_path TO {}", self.opts.schema))?;
-        let key = pg_path::live_key(&self.opts.schema, holder);
-        if !db.query_one(&pg_path::TRY_LIVE_LOCK, args![&key], |r| r.flag(0))? {
+        let key = format!("{}/{holder}", self.opts.schema);
+        if !db.query_one(&TRY_LIVE_LOCK, args![&key], |r| r.flag(0))? {
             return Ok(None);
         }
-        db.execute(&pg_path::REGISTER_HOLDER, args![holder])?;
+        db.execute(&REGISTER_HOLDER, args![holder])?;
         Ok(Some(Task(self.handle.spawn(async move {
             // Ends when the connection is lost; the next acquisition opens a new one.
             loop {
@@ -312,6 +322,25 @@ fn sqlx_err(e: ::sqlx::Error) -> StoreError {
 pub(crate) struct SqlxDb<'c> {
     conn: &'c mut PgConnection,
     store: &'c SqlxPgStore,
+    lost: bool,
+}
+
+static TRY_LIVE_LOCK: Sql = Sql::new("SELECT pg_try_advisory_lock(28524, hashtext($1))");
+static TRY_LIVE_LOCK_OF: Sql = Sql::new(
+    "SELECT pg_try_advisory_lock(28524, hashtext($1)) FROM ol_live_holders WHERE holder = $2",
+);
+static LIVE_UNLOCK: Sql = Sql::new("SELECT pg_advisory_unlock(28524, hashtext($1))");
+static REGISTER_HOLDER: Sql =
+    Sql::new("INSERT INTO ol_live_holders (holder) VALUES ($1) ON CONFLICT DO NOTHING");
+static FORGET_HOLDER: Sql = Sql::new("DELETE FROM ol_live_holders WHERE holder = $1");
+
+impl SqlxDb<'_> {
+    fn checked<T>(&mut self, r: Result<T, StoreError>) -> Result<T, StoreError> {
+        if matches!(r, Err(StoreError::ConnectionLost { .. })) {
+            self.lost = true;
+        }
+        r
+    }
 }
 
 /// Binds the values in order.
@@ -325,6 +354,7 @@ fn bind<'q>(
             Value::OptInt(v) => q.bind(v),
             Value::Text(v) => q.bind(v),
             Value::OptText(v) => q.bind(v),
+            Value::Bytes(v) => q.bind(v),
             Value::Bool(v) => q.bind(v),
             Value::Ints(v) => q.bind(v),
             Value::OptInts(v) => q.bind(v),
@@ -340,9 +370,10 @@ impl Db for SqlxDb<'_> {
     const DIALECT: Dialect = Dialect::Postgres;
 
     fn batch(&mut self, sql: &str) -> Result<(), StoreError> {
-        self.store
-            .run_sql(::sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut *self.conn))?;
-        Ok(())
+        let r = self
+            .store
+            .run_sql(::sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut *self.conn));
+        self.checked(r).map(drop)
     }
 
     fn execute(&mut self, sql: &Sql, args: &[Value<'_>]) -> Result<u64, StoreError> {
@@ -350,10 +381,12 @@ impl Db for SqlxDb<'_> {
             ::sqlx::query(AssertSqlSafe(sql.text(Dialect::Postgres))),
             args,
         );
-        Ok(self
-            .store
-            .run_sql(q.execute(&mut *self.conn))?
-            .rows_affected())
+        let r = self.store.run_sql(q.execute(&mut *self.conn));
+        self.checked(r).map(|r| r.rows_affected())
+    }
+
+    fn insert(&mut self, sql: &Sql, args: &[Value<'_>]) -> Result<Option<i64>, StoreError> {
+        self.query_opt(sql, args, |r| r.int(0))
     }
 
     fn query<T>(
@@ -366,8 +399,8 @@ impl Db for SqlxDb<'_> {
             ::sqlx::query(AssertSqlSafe(sql.text(Dialect::Postgres))),
             args,
         );
-        let rows = self.store.run_sql(q.fetch_all(&mut *self.conn))?;
-        rows.iter().map(|r| map(r)).collect()
+        let rows = self.store.run_sql(q.fetch_all(&mut *self.conn));
+        self.checked(rows)?.iter().map(|r| map(r)).collect()
     }
 }
 
@@ -405,8 +438,8 @@ impl Get for PgRow {
 }
 
 impl Backend for SqlxPgStore {
-    type Reader<'c> = SqlxDb<'c>;
-    type Writer<'c> = SqlxDb<'c>;
+    const DIALECT: Dialect = Dialect::Postgres;
+    type Conn<'c> = SqlxDb<'c>;
 
     fn read<T>(
         &self,
@@ -416,11 +449,11 @@ impl Backend for SqlxPgStore {
         self.tx(true, f)
     }
 
-    fn write<T>(
+    fn write<T, E: From<StoreError>>(
         &self,
         idempotent: bool,
-        f: impl FnMut(&mut SqlxDb<'_>) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
+        f: impl FnMut(&mut SqlxDb<'_>) -> Result<T, E>,
+    ) -> Result<T, E> {
         self.tx(idempotent, f)
     }
 
@@ -432,30 +465,12 @@ impl Backend for SqlxPgStore {
         &self.outbox_id
     }
 
-    fn notify(&self) {
-        self.notifier.notify();
+    fn notifier(&self) -> &Notifier {
+        &self.notifier
     }
 
-    fn notify_others(&self, db: &mut SqlxDb<'_>, actors: &[ActorId]) -> Result<(), StoreError> {
-        pg_path::notify_actors(db, &self.channel, actors)
-    }
-
-    fn enqueue_batch(
-        &self,
-        actor: &ActorId,
-        rows: &[NewRow],
-    ) -> Result<Vec<Enqueued>, EnqueueError> {
-        self.enqueue_pg(actor, rows)
-    }
-}
-
-impl PgBackend for SqlxPgStore {
-    fn schema(&self) -> &str {
-        &self.opts.schema
-    }
-
-    fn channel(&self) -> &str {
-        &self.channel
+    fn channel(&self) -> Option<&str> {
+        Some(&self.channel)
     }
 
     fn register_holder(&self, holder: &str) {
@@ -463,21 +478,28 @@ impl PgBackend for SqlxPgStore {
         if live.get(holder).is_some_and(|t| !t.0.is_finished()) {
             return;
         }
-        let outcome = self.keep_alive(holder).map(|task| match task {
-            Some(task) => {
+        match self.keep_alive(holder) {
+            Ok(Some(task)) => {
                 live.insert(holder.to_owned(), task);
-                true
             }
-            None => false,
-        });
-        pg_path::log_registration(holder, &outcome);
+            Ok(None) => tracing::warn!(target: "outbox_lanes::store", holder,
+                "another live session holds this holder's lock (a holder name used twice?); its slots wait for their lease"),
+            Err(e) => tracing::debug!(target: "outbox_lanes::store", holder, error = %e,
+                "no liveness lock; slots of this holder wait for their lease"),
+        }
     }
 
-    fn wake_ups(&self) -> Notifier {
-        self.notifier.clone()
+    fn holder_is_dead(&self, db: &mut SqlxDb<'_>, holder: &str) -> Result<bool, StoreError> {
+        let key = format!("{}/{holder}", self.opts.schema);
+        if db.query_opt(&TRY_LIVE_LOCK_OF, args![&key, holder], |r| r.flag(0))? != Some(true) {
+            return Ok(false);
+        }
+        db.query_one(&LIVE_UNLOCK, args![&key], |r| r.flag(0))?;
+        db.execute(&FORGET_HOLDER, args![holder])?;
+        Ok(true)
     }
 
-    fn listen(&self) -> Result<Notifier, StoreError> {
+    fn watch(&self) -> Result<Notifier, StoreError> {
         let mut w = self.watcher.lock().unwrap_or_else(PoisonError::into_inner);
         if w.is_none() {
             let mut listener = self.run_sql(async {
@@ -493,8 +515,6 @@ impl PgBackend for SqlxPgStore {
                             tracing::trace!(target: "outbox_lanes::store", reason = "notify", "wake-up from another process");
                             notifier.notify();
                         }
-                        // Lost: the listener reconnects and listens again on the next call.
-                        // Notifications sent meanwhile are lost: wake everyone once.
                         Ok(None) => {
                             tracing::warn!(target: "outbox_lanes::store", reason = "listen_reconnected", "LISTEN connection lost; reconnecting");
                             notifier.notify();
@@ -510,12 +530,5 @@ impl PgBackend for SqlxPgStore {
             })));
         }
         Ok(self.notifier.clone())
-    }
-
-    fn write_enqueue<T>(
-        &self,
-        f: impl FnMut(&mut SqlxDb<'_>) -> Result<T, EnqueueError>,
-    ) -> Result<T, EnqueueError> {
-        self.tx(false, f)
     }
 }
