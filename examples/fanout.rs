@@ -161,7 +161,7 @@ fn outbox_run() -> Result<(), Box<dyn Error>> {
     let out = outbox.drain("case-manager")?;
     let total = start.elapsed();
     report("outbox-lanes (per-recipient lanes)", &r, start, total);
-    println!("  drain: {out:?}");
+    println!("  drain: {out}");
     for lane in outbox.lanes("case-manager")? {
         println!(
             "  lane {}: {} pending, backoff level {}, last error {:?}",

@@ -2131,11 +2131,13 @@ fn dead_letter_operations(db: &Db) {
     assert_eq!(dead_ids(db, &[]).len(), 4);
     assert_eq!(pending(db), 0);
 
-    // Purge with no selector is refused, naming --all; --all takes no selector.
+    // Purge and replay with no selector are refused, naming --all; --all takes no selector.
     for args in [
         &["dead-letters", "purge"][..],
         &["dead-letters", "purge", "--json"][..],
         &["dead-letters", "purge", "--dry-run"][..],
+        &["dead-letters", "replay"][..],
+        &["dead-letters", "replay", "--dry-run"][..],
     ] {
         let out = run(db, args, "");
         assert_eq!(out.code(), Some(2), "{args:?}: {}", out.stderr);
@@ -2148,6 +2150,21 @@ fn dead_letter_operations(db: &Db) {
     );
     assert_eq!(out.code(), Some(2), "{}", out.stderr);
     assert_eq!(dead_ids(db, &[]).len(), 4);
+    // The three take the same selectors: `list --all` is every one, `replay --all --dry-run`
+    // would put every one back.
+    let listed = ok(db, &["dead-letters", "list", "--all", "--json"], "").json();
+    assert_eq!(listed["dead_letters"].as_array().map(Vec::len), Some(4));
+    let dry = ok(
+        db,
+        &["dead-letters", "replay", "--all", "--dry-run", "--json"],
+        "",
+    )
+    .json();
+    assert_eq!(dry["would_replay"], 4);
+    for (sub, word) in [("list", "purged"), ("list", "skipped"), ("replay", "--all")] {
+        let help = ok(db, &["dead-letters", sub, "--help"], "");
+        assert!(help.stdout.contains(word), "{sub} --help: {}", help.stdout);
+    }
 
     // The filters select what replay and purge act on.
     let purged = ok(
@@ -2590,4 +2607,54 @@ fn a_drain_killed_while_dead_lettering_leaves_a_prefix_and_the_rest_pending() {
         "the first drain's dead letters stand"
     );
     assert_eq!(pending(&db), 0);
+}
+
+/// Each command's help lists only its flags; a usage error under `--log-format json` is one
+/// JSON line on stderr, like every other error.
+#[test]
+fn help_lists_each_commands_own_flags_and_usage_errors_follow_the_log_format() {
+    let db = Db::sqlite();
+    let drain = ok(&db, &["drain", "--help"], "");
+    for relay_only in ["--max-passes", "--poll-interval", "--metrics-addr"] {
+        assert!(
+            !drain.stdout.contains(relay_only),
+            "drain --help: {relay_only}"
+        );
+    }
+    let relay = ok(&db, &["relay", "--help"], "");
+    for flag in [
+        "--max-passes",
+        "--poll-interval",
+        "--host-failures",
+        "--signature-spec",
+    ] {
+        assert!(relay.stdout.contains(flag), "relay --help lacks {flag}");
+    }
+    for args in [
+        &["--log-format", "json", "drain", "--no-such-flag"][..],
+        &[
+            "--log-format=json",
+            "dead-letters",
+            "list",
+            "--reason",
+            "late",
+        ][..],
+        &["--log-format", "json", "dead-letters", "purge"][..],
+    ] {
+        let out = run(&db, args, "");
+        assert_eq!(out.code(), Some(2), "{args:?}: {}", out.stderr);
+        let lines: Vec<&str> = out.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{args:?}: {}", out.stderr);
+        let v: Value = serde_json::from_str(lines[0]).expect("a JSON line");
+        assert_eq!(v["level"], "ERROR", "{v}");
+        assert_eq!(v["fields"]["exit_code"], 2, "{v}");
+    }
+    // As text, clap's own usage error.
+    let out = run(&db, &["drain", "--no-such-flag"], "");
+    assert_eq!(out.code(), Some(2));
+    assert!(
+        out.stderr.starts_with("error: unexpected argument"),
+        "{}",
+        out.stderr
+    );
 }

@@ -17,10 +17,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{Db, Relay, collect, eventually};
-use outbox_lanes_test_support::signatures::{
-    ALICE_PRIVATE_PKCS8, ALICE_PUBLIC, verify_http_signature,
-};
-use outbox_lanes_test_support::{Chooser, Recipient, Recorded, Reply, Response};
+use outbox_lanes_test_support::signatures::{ALICE_PRIVATE_PKCS8, ALICE_PUBLIC};
+use outbox_lanes_test_support::{Chooser, Recipient, Recorded, Reply, Response, verifiers};
 use serde_json::Value;
 
 const ALICE: &str = "https://example.com/users/alice";
@@ -241,31 +239,43 @@ fn with_host_failures_off_every_lane_tries_the_dead_host_on_its_own() {
 
 #[test]
 fn hosts_block_holds_a_hosts_units_and_unblock_delivers_them_in_order() {
-    let db = Db::new();
+    block_and_unblock(&Db::new());
+}
+
+#[test]
+fn hosts_block_on_postgres() {
+    let Some(db) = Db::postgres("hosts_block") else {
+        eprintln!("skipped: OUTBOX_LANES_TEST_PG is not set");
+        return;
+    };
+    block_and_unblock(&db);
+}
+
+fn block_and_unblock(db: &Db) {
     let r = Recipient::start().unwrap();
     let other = Recipient::start().unwrap();
     let lines: Vec<String> = (0..5)
         .map(|i| row(&format!("b{i}"), &r.url("/inbox")))
         .chain(std::iter::once(row("o0", &other.url("/inbox"))))
         .collect();
-    enqueue(&db, ALICE, &lines);
+    enqueue(db, ALICE, &lines);
     let origin = format!("http://127.0.0.1:{}", r.addr().port());
-    let out = json_of(&db, &["hosts", "block", &origin, "--json"]);
+    let out = json_of(db, &["hosts", "block", &origin, "--json"]);
     assert_eq!(out["changed"], 1, "{out}");
-    let relay = Relay::start(&db, &[], &[]);
+    let relay = Relay::start(db, &[], &[]);
     assert!(other.wait_for("/inbox", 1, Duration::from_secs(30)));
     // A row enqueued for the blocked host meanwhile, on a new lane, is held too.
-    enqueue(&db, ALICE, &[row("b-late", &r.url("/late"))]);
+    enqueue(db, ALICE, &[row("b-late", &r.url("/late"))]);
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(r.count_all(), 0, "a blocked host got a request");
-    let hosts = json_of(&db, &["hosts", "--json"]);
+    let hosts = json_of(db, &["hosts", "--json"]);
     let h = host(&hosts, &origin);
     assert_eq!(
         (h["state"].as_str(), h["pending"].as_u64()),
         (Some("blocked"), Some(6))
     );
 
-    let out = json_of(&db, &["hosts", "unblock", &origin, "--json"]);
+    let out = json_of(db, &["hosts", "unblock", &origin, "--json"]);
     assert_eq!(out["changed"], 1, "{out}");
     assert!(eventually(|| arrived(&r, "/inbox").len() == 5));
     let expected: Vec<String> = (0..5).map(|i| format!("b{i}")).collect();
@@ -332,11 +342,12 @@ fn is_rfc9421(q: &Recorded) -> bool {
     q.header("signature-input").is_some()
 }
 
-/// A host that verifies draft-cavage signatures and refuses anything else with 401.
+/// A host that verifies draft-cavage signatures (with a verifier we did not write) and refuses
+/// anything else with 401, as a server that does not know RFC 9421 does.
 fn cavage_only() -> Recipient {
     let r = Recipient::start().unwrap();
     r.set_server_default(Reply::Choose(Chooser::new(|q: &Recorded| {
-        if !is_rfc9421(q) && verify_http_signature(q, ALICE_PUBLIC).is_ok() {
+        if !is_rfc9421(q) && verifiers::cavage(q, ALICE_PUBLIC).is_ok() {
             Reply::Status(202)
         } else {
             Reply::Response(Response::new(401).with_body("signature not understood"))
@@ -345,12 +356,12 @@ fn cavage_only() -> Recipient {
     r
 }
 
-/// A host that takes RFC 9421 signatures only (a draft-cavage one is refused with 401).
+/// A host that takes RFC 9421 signatures only, verified with a verifier we did not write (a
+/// draft-cavage one is refused with 401).
 fn rfc9421_only() -> Recipient {
     let r = Recipient::start().unwrap();
     r.set_server_default(Reply::Choose(Chooser::new(|q: &Recorded| {
-        let digest_ok = q.header("content-digest").is_some();
-        if is_rfc9421(q) && digest_ok {
+        if is_rfc9421(q) && verifiers::rfc9421(q, ALICE_PUBLIC).is_ok() {
             Reply::Status(202)
         } else {
             Reply::Status(401)
@@ -422,4 +433,48 @@ fn the_double_knock_learns_each_hosts_scheme_once_and_remembers_it_across_a_rest
     let after = cavage.all_requests();
     assert_eq!(after.len(), before + 2, "one request per row, no knock");
     assert!(after[before..].iter().all(|q| !is_rfc9421(q)));
+}
+
+#[test]
+fn a_host_failing_longer_than_host_unavailable_after_has_its_units_dead_lettered() {
+    let db = Db::new();
+    let dead = DeadHost::start();
+    let to = format!("http://127.0.0.1:{}/inbox", dead.port);
+    let lines: Vec<String> = (0..3).map(|i| row(&format!("u{i}"), &to)).collect();
+    enqueue(&db, ALICE, &lines);
+    let relay = Relay::start(
+        &db,
+        &[
+            "--host-unavailable-after",
+            "2s",
+            "--host-backoff-base",
+            "1s",
+        ],
+        &[],
+    );
+    let reasons = || -> Vec<String> {
+        let dead = json_of(&db, &["dead-letters", "list", "--json"]);
+        dead["dead_letters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["reason"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert!(eventually(|| reasons().len() == 3), "{:?}", reasons());
+    assert!(
+        reasons().iter().all(|r| r == "host_unavailable"),
+        "{:?}",
+        reasons()
+    );
+    let shown = json_of(&db, &["dead-letters", "list", "--json"]);
+    let first = &shown["dead_letters"][0];
+    assert!(
+        first["last_error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("host_unavailable: ")),
+        "{first}"
+    );
+    relay.stop();
+    assert!(dead.accepted() <= 6, "{} connections", dead.accepted());
 }

@@ -132,3 +132,36 @@ fn no_command_panics_when_stdout_or_stderr_is_full() {
         );
     }
 }
+
+/// A relay names the database it opened, and warns when it had to create a new one (started
+/// in the wrong directory, it would otherwise idle on an empty `./outbox.db`).
+#[test]
+fn a_relay_names_its_database_and_warns_when_it_created_it() {
+    let db = Db::new();
+    let relay = Relay::start(&db, &[], &[]);
+    relay.wait_for_line("relay created a new, empty outbox");
+    let (_, lines) = relay.stop();
+    let file = db.file().display().to_string();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("WARN") && l.contains("created a new") && l.contains(&file)),
+        "{}",
+        lines.join("\n")
+    );
+    let relay = Relay::start(&db, &[], &[]);
+    relay.wait_for_line("relay opened the outbox");
+    let (_, lines) = relay.stop();
+    assert!(
+        !lines.iter().any(|l| l.contains("created a new")),
+        "{}",
+        lines.join("\n")
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("relay opened the outbox") && l.contains("schema_version=6")),
+        "{}",
+        lines.join("\n")
+    );
+}

@@ -1,8 +1,9 @@
 //! Signing from the `outbox-lanes` binary: `--signing-keys` (HTTP Signatures) and
 //! `--webhook-secret` (Standard Webhooks), against real HTTP recipients on 127.0.0.1 and a
 //! real SQLite file (Postgres too when `OUTBOX_LANES_TEST_PG` is set). Every request is
-//! checked by a verifier independent of the signer (test-support's, written from the
-//! draft-cavage spec; the Standard Webhooks receiver's `verify`).
+//! checked by verifiers independent of the signer: test-support's, written from the
+//! draft-cavage spec, and two we did not write, `sigh` (draft-cavage, over OpenSSL) and
+//! `httpsig-hyper` (RFC 9421); the Standard Webhooks receiver's `verify`.
 //!
 //! Every wait is bounded; assertions are about outcomes and orders, never durations.
 #![allow(missing_docs, clippy::unwrap_used)]
@@ -14,14 +15,17 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use outbox_lanes::tokio::sign::StandardWebhooks;
 use outbox_lanes_test_support::signatures::{
-    ALICE_PRIVATE_PKCS8, ALICE_PUBLIC, BOB_PRIVATE_PKCS1, BOB_PUBLIC, verify_http_signature,
+    ALICE_PRIVATE_PKCS8, ALICE_PUBLIC, BOB_PRIVATE_PKCS1, BOB_PUBLIC, CAROL_ED25519_PRIVATE,
+    CAROL_ED25519_PUBLIC, P256_PRIVATE_PKCS8, verify_http_signature,
 };
-use outbox_lanes_test_support::{Recipient, Reply};
+use outbox_lanes_test_support::{Recipient, Reply, verifiers};
 
 const BIN: &str = env!("CARGO_BIN_EXE_outbox-lanes");
 const RUN_BOUND: Duration = Duration::from_secs(120);
 const ALICE: &str = "https://social.example/users/alice";
 const BOB: &str = "https://social.example/users/bob";
+/// An actor with an Ed25519 key.
+const ERIN: &str = "https://social.example/users/erin";
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
 /// A SQLite file or a fresh Postgres schema, with a directory for the keys file.
@@ -141,15 +145,18 @@ fn enqueue(db: &Db, actor: &str, id: &str, to: &str) {
     );
 }
 
-/// A keys file: alice's key in a file beside it (relative path), bob's inline.
+/// A keys file: alice's RSA key in a file beside it (relative path), bob's inline, erin's
+/// Ed25519 key in a file (the PEM alone says it is Ed25519).
 fn keys_file(dir: &Path) -> PathBuf {
     std::fs::write(dir.join("alice.pem"), ALICE_PRIVATE_PKCS8).unwrap();
+    std::fs::write(dir.join("erin.pem"), CAROL_ED25519_PRIVATE).unwrap();
     let file = dir.join("signing-keys.toml");
     std::fs::write(
         &file,
         format!(
             "[actors.\"{ALICE}\"]\nkey_id = \"{ALICE}#main-key\"\nprivate_key_file = \"alice.pem\"\n\n\
-             [actors.\"{BOB}\"]\nkey_id = \"{BOB}#main-key\"\nprivate_key_pem = \"\"\"\n{BOB_PRIVATE_PKCS1}\"\"\"\n"
+             [actors.\"{BOB}\"]\nkey_id = \"{BOB}#main-key\"\nprivate_key_pem = \"\"\"\n{BOB_PRIVATE_PKCS1}\"\"\"\n\n\
+             [actors.\"{ERIN}\"]\nkey_id = \"{ERIN}#ed25519-key\"\nprivate_key_file = \"erin.pem\"\n"
         ),
     )
     .unwrap();
@@ -179,6 +186,7 @@ fn http_signatures(db: &Db) {
     let keys = keys_file(db.dir.path());
     enqueue(db, ALICE, "a0", &r.url("/inbox/a"));
     enqueue(db, BOB, "b0", &r.url("/inbox/b"));
+    enqueue(db, ERIN, "e0", &r.url("/inbox/e"));
     let before = SystemTime::now();
     let keys = keys.display().to_string();
     // draft-cavage as the verifier here checks it (`auto` would knock with RFC 9421 first).
@@ -211,9 +219,12 @@ fn http_signatures(db: &Db) {
             v.date
         );
         dates.push(d);
+        let theirs = verifiers::cavage(req, ALICE_PUBLIC).unwrap();
+        assert_eq!((theirs.key_id, theirs.date), (v.key_id, v.date));
         let mut tampered = req.clone();
         tampered.body = br#"{"id":"forged"}"#.to_vec();
         assert!(verify_http_signature(&tampered, ALICE_PUBLIC).is_err());
+        assert!(verifiers::cavage(&tampered, ALICE_PUBLIC).is_err());
     }
     assert!(dates[0] < dates[1], "a fresh Date on the retry: {dates:?}");
     let b = r.requests("/inbox/b");
@@ -223,6 +234,103 @@ fn http_signatures(db: &Db) {
         format!("{BOB}#main-key")
     );
     assert!(verify_http_signature(&b[0], ALICE_PUBLIC).is_err());
+    verifiers::cavage(&b[0], BOB_PUBLIC).unwrap();
+    // Erin's Ed25519 key signs draft-cavage as hs2019.
+    let e = r.requests("/inbox/e");
+    assert_eq!(e.len(), 1);
+    assert!(
+        e[0].header("signature")
+            .unwrap()
+            .contains("algorithm=\"hs2019\"")
+    );
+    let v = verifiers::cavage(&e[0], CAROL_ED25519_PUBLIC).unwrap();
+    assert_eq!(v.key_id, format!("{ERIN}#ed25519-key"));
+    let mut tampered = e[0].clone();
+    tampered.body = br#"{"id":"forged"}"#.to_vec();
+    assert!(verifiers::cavage(&tampered, CAROL_ED25519_PUBLIC).is_err());
+}
+
+/// RFC 9421 through the binary: every attempt verifies with httpsig (RSA and Ed25519), a
+/// changed body does not (its Content-Digest), and a retry is signed with a fresh `created`.
+fn rfc9421(db: &Db) {
+    let r = Recipient::start().unwrap();
+    // Alice's retry comes at least the retry delay (1 s less 20 % jitter) after her first
+    // attempt is refused 1.1 s in: the two `created` (whole seconds) differ.
+    r.script(
+        "/inbox/a",
+        [Reply::Status(503).after(Duration::from_millis(1100))],
+    );
+    let keys = keys_file(db.dir.path()).display().to_string();
+    enqueue(db, ALICE, "a0", &r.url("/inbox/a"));
+    enqueue(db, ERIN, "e0", &r.url("/inbox/e"));
+    let before = unix_secs(SystemTime::now());
+    ok(
+        run(
+            db,
+            &[
+                "drain",
+                "--signing-keys",
+                &keys,
+                "--signature-spec",
+                "rfc9421",
+            ],
+            "",
+        ),
+        "drain",
+    );
+    let after = unix_secs(SystemTime::now());
+    let a = r.requests("/inbox/a");
+    assert_eq!(a.len(), 2, "alice: 503, then 200");
+    let mut created = Vec::new();
+    for (path, public, key_id, alg) in [
+        (
+            "/inbox/a",
+            ALICE_PUBLIC,
+            format!("{ALICE}#main-key"),
+            "rsa-v1_5-sha256",
+        ),
+        (
+            "/inbox/e",
+            CAROL_ED25519_PUBLIC,
+            format!("{ERIN}#ed25519-key"),
+            "ed25519",
+        ),
+    ] {
+        for req in r.requests(path) {
+            let v = verifiers::rfc9421(&req, public).unwrap();
+            assert_eq!(
+                v.components,
+                ["\"@method\"", "\"@target-uri\"", "\"content-digest\""]
+            );
+            assert_eq!(v.keyid.as_deref(), Some(key_id.as_str()));
+            assert_eq!(v.alg.as_deref(), Some(alg));
+            let at = v.created.unwrap();
+            assert!(before <= at && at <= after, "{at}");
+            if path == "/inbox/a" {
+                created.push(at);
+            }
+            let mut tampered = req.clone();
+            tampered.body = br#"{"id":"forged"}"#.to_vec();
+            let err = verifiers::rfc9421(&tampered, public).unwrap_err();
+            assert!(err.contains("Content-Digest"), "{err}");
+        }
+    }
+    assert!(
+        created[0] < created[1],
+        "a fresh created on the retry: {created:?}"
+    );
+}
+
+#[test]
+fn signature_spec_rfc9421_signs_each_attempt_with_the_actors_key() {
+    rfc9421(&Db::sqlite());
+}
+
+#[test]
+fn signature_spec_rfc9421_on_postgres() {
+    if let Some(db) = Db::postgres() {
+        rfc9421(&db);
+    }
 }
 
 #[test]
@@ -302,7 +410,8 @@ fn bad_signing_input_exits_2_before_anything_is_sent() {
         &bad,
         format!(
             "[actors.\"{ALICE}\"]\nkey_id = \"k\"\nprivate_key_pem = \"\"\"{ALICE_PUBLIC}\"\"\"\n\
-             [actors.\"{BOB}\"]\nprivate_key_file = \"nowhere.pem\"\n"
+             [actors.\"{BOB}\"]\nprivate_key_file = \"nowhere.pem\"\n\
+             [actors.\"{ERIN}\"]\nkey_id = \"k\"\nprivate_key_pem = \"\"\"{P256_PRIVATE_PKCS8}\"\"\"\n"
         ),
     )
     .unwrap();
@@ -332,6 +441,8 @@ fn bad_signing_input_exits_2_before_anything_is_sent() {
                 "public key",
                 "key_id is missing",
                 "users/bob",
+                "users/erin",
+                "not RSA or Ed25519",
             ],
         ),
         (
@@ -384,20 +495,13 @@ fn bad_signing_input_exits_2_before_anything_is_sent() {
     ok(
         run(
             &db,
-            &[
-                "drain",
-                "--actor",
-                ALICE,
-                "--signing-keys",
-                &keys,
-                "--signature-spec",
-                "cavage",
-            ],
+            &["drain", "--actor", ALICE, "--signing-keys", &keys],
             "",
         ),
         "drain alice",
     );
     assert_eq!(r.count("/inbox/a"), 1);
-    verify_http_signature(&r.requests("/inbox/a")[0], ALICE_PUBLIC).unwrap();
+    // The default, `auto`, signs RFC 9421 first (this recipient accepts it).
+    verifiers::rfc9421(&r.requests("/inbox/a")[0], ALICE_PUBLIC).unwrap();
     assert_eq!(r.count("/inbox/c"), 0);
 }

@@ -104,6 +104,36 @@ pub enum StopReason {
     Shutdown,
 }
 
+impl StopReason {
+    /// `time_slice` or `shutdown`, as logs give it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReason::TimeSlice => "time_slice",
+            StopReason::Shutdown => "shutdown",
+        }
+    }
+}
+
+impl core::fmt::Display for StopReason {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl core::fmt::Display for PassEnd {
+    /// `drained`, `yielded (time_slice)`, `grace over (shutdown)`, `cancelled`,
+    /// `store failed`, as logs give it.
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            PassEnd::Drained => f.write_str("drained"),
+            PassEnd::Yielded(r) => write!(f, "yielded ({r})"),
+            PassEnd::GraceOver(r) => write!(f, "grace over ({r})"),
+            PassEnd::Cancelled => f.write_str("cancelled"),
+            PassEnd::StoreFailed => f.write_str("store failed"),
+        }
+    }
+}
+
 /// How a pass ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PassEnd {

@@ -42,7 +42,8 @@ pub struct OutboxConfig {
     pub poll_interval: Duration,
     /// Passes the monitor runs at once.
     pub max_passes: usize,
-    /// The name this process holds drain slots under (default: host-pid-random).
+    /// The name this process holds drain slots under (default: `pid<process id>-<8 hex
+    /// digits>`, e.g. `pid21974-1f085e38`).
     pub holder: Option<String>,
     /// The seed of every pass's jitter. `None` (the default): a fresh seed per pass, logged
     /// at DEBUG with the pass, so a production run can be replayed with it.

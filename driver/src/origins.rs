@@ -10,11 +10,12 @@
 //! outermost [`Executor`] of an outbox:
 //!
 //! - An origin that has not answered yet in this process, or whose last attempts failed at the
-//!   connection level, takes at most [`OriginConfig::first_contact`] (16) attempts in flight;
+//!   connection level, takes at most [`OriginConfig::first_contact`] (10) attempts in flight;
 //!   the others wait in the origin's queue (holding no worker) for an answer. A host that
 //!   answers is then open to every lane at once; a dead one with 200 lanes is tried by a
 //!   handful. (A host that accepts connections and never answers keeps that limit until its
-//!   attempts time out: its 17th lane waits for one of them.)
+//!   attempts time out: its 11th lane waits for one of them; after a connection
+//!   failure, the host takes no new attempt until those in flight are answered, unless none is.)
 //! - After that many connection failures in a row the origin **backs off** (exponential from
 //!   [`OriginConfig::backoff_base`], capped at [`OriginConfig::backoff_cap`], jittered,
 //!   persisted in `ol_hosts`). Its attempts are not sent: each comes back
@@ -108,7 +109,7 @@ pub const DEFAULT_HOST_BACKOFF_CAP: Duration = Duration::from_secs(3600);
 /// The default [`OriginConfig::spec_retry`]: 7 days.
 pub const DEFAULT_SPEC_RETRY: Duration = Duration::from_secs(7 * 24 * 3600);
 /// The default [`OriginConfig::first_contact`].
-pub const DEFAULT_FIRST_CONTACT: u32 = 16;
+pub const DEFAULT_FIRST_CONTACT: u32 = 10;
 /// How long an attempt waits while its origin's probe is out, or while an operator holds it.
 const PROBE_WAIT: Duration = Duration::from_secs(5);
 
@@ -129,10 +130,11 @@ pub struct OriginConfig {
     /// offered again. Default 7 days.
     pub spec_retry: Duration,
     /// Attempts in flight an origin takes while it has not answered (first contact in this
-    /// process, or after a connection failure): the most a dead host gets at once before its
-    /// failures back it off. Default 16: enough for lanes whose host hangs not to keep a
-    /// healthy path of the same host waiting, few enough that 200 lanes to a dead host cost
-    /// a handful of connections.
+    /// process): the most a dead host gets at once before its failures back it off. Default
+    /// 10: enough that a few lanes whose host hangs do not keep a healthy path of the same
+    /// host waiting, few enough that 200 lanes to a dead host cost a handful of connections.
+    /// After a connection failure, a host not proven takes no new attempt while one is in
+    /// flight.
     pub first_contact: u32,
     /// How often the state is read back from the store. Default 1 s.
     pub refresh: Duration,
@@ -251,9 +253,10 @@ impl Origin {
                 }
                 Some((SignatureSpec::Rfc9421, _)) => false,
             };
-        if learning {
+        if learning || (cfg.failures > 0 && self.failures > 0) {
+            // After a connection failure, what is in flight tells first.
             1
-        } else if cfg.failures == 0 || (self.answered && self.failures == 0) {
+        } else if cfg.failures == 0 || self.answered {
             u32::MAX
         } else {
             cfg.first_contact.max(1)
@@ -908,5 +911,339 @@ impl<'a> Knock<'a> {
             return true;
         }
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use outbox_lanes_core::{ActorId, Config, LaneKey, Scheduler, UnitId};
+    use outbox_lanes_store::Payload;
+
+    use super::*;
+    use crate::job::{Completions, Done};
+
+    struct Chan(Mutex<mpsc::Sender<Done>>);
+
+    impl Completions for Chan {
+        fn complete(&self, done: Done) {
+            let _ = self
+                .0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .send(done);
+        }
+    }
+
+    /// Holds the jobs it is given until the test finishes them.
+    #[derive(Default)]
+    struct Held {
+        jobs: Mutex<Vec<Job>>,
+    }
+
+    impl Executor for Held {
+        fn execute(&self, job: Job) -> Result<(), Job> {
+            self.jobs
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(job);
+            Ok(())
+        }
+    }
+
+    impl Held {
+        fn running(&self) -> Vec<u64> {
+            let jobs = self.jobs.lock().unwrap_or_else(PoisonError::into_inner);
+            jobs.iter().map(|j| j.unit.0).collect()
+        }
+
+        fn take(&self, unit: u64) -> Job {
+            let mut jobs = self.jobs.lock().unwrap_or_else(PoisonError::into_inner);
+            let k = jobs.iter().position(|j| j.unit.0 == unit).expect("running");
+            jobs.remove(k)
+        }
+
+        fn finish(&self, unit: u64, result: AttemptResult) {
+            self.take(unit).finish(result);
+        }
+    }
+
+    fn refused() -> AttemptResult {
+        AttemptResult {
+            outcome: Outcome::Transient { retry_after: None },
+            status: None,
+            error: Some("connection_refused: Connection refused (os error 111)".into()),
+        }
+    }
+
+    fn answered(status: u16) -> AttemptResult {
+        AttemptResult {
+            outcome: if status < 300 {
+                Outcome::Delivered
+            } else {
+                Outcome::Transient { retry_after: None }
+            },
+            status: Some(status),
+            error: None,
+        }
+    }
+
+    fn job(unit: u64, recipient: &str, reply: &mpsc::Sender<Done>) -> Job {
+        let lane = Scheduler::new(Config::default(), 0)
+            .lane(&LaneKey::new("https://lane.example/", None).expect("url"));
+        Job::new(
+            ActorId::new("alice"),
+            Arc::from("0123abcd"),
+            UnitId(unit),
+            lane,
+            Arc::new(crate::request::Destination::parse(recipient)),
+            1,
+            Arc::new(Payload {
+                row_id: format!("r{unit}"),
+                content_type: "text/plain".into(),
+                body: Vec::new(),
+                headers: Vec::new(),
+            }),
+            Arc::new(Chan(Mutex::new(reply.clone()))),
+            Arc::new(AtomicBool::new(true)),
+        )
+    }
+
+    fn gate(cfg: OriginConfig) -> (OriginGate, Arc<Held>) {
+        let held = Arc::new(Held::default());
+        (
+            OriginGate::new(Arc::clone(&held) as Arc<dyn Executor>, cfg),
+            held,
+        )
+    }
+
+    fn outcomes(rx: &mpsc::Receiver<Done>) -> Vec<(u64, &'static str)> {
+        rx.try_iter()
+            .map(|d| (d.unit.0, d.result.outcome.as_str()))
+            .collect()
+    }
+
+    #[test]
+    fn a_dead_host_gets_first_contact_attempts_then_backs_off_and_defers_the_rest() {
+        let (g, held) = gate(OriginConfig {
+            first_contact: 4,
+            ..OriginConfig::default()
+        });
+        let (tx, rx) = mpsc::channel();
+        for u in 1..=20 {
+            let to = format!("https://dead.example/users/u{u}/inbox");
+            assert!(g.execute(job(u, &to, &tx)).is_ok());
+        }
+        // Another host is not held up by the dead one.
+        assert!(g.execute(job(99, "https://up.example/inbox", &tx)).is_ok());
+        assert_eq!(held.running(), [1, 2, 3, 4, 99]);
+        held.finish(1, refused());
+        held.finish(2, refused());
+        assert!(outcomes(&rx).iter().all(|&(_, o)| o == "transient"));
+        // Still open after 2 failures, but what is in flight tells first: nothing new goes.
+        assert_eq!(held.running(), [3, 4, 99]);
+        held.finish(3, refused());
+        // The 3rd failure in a row: backoff; every parked job is deferred, nothing sent.
+        let got = outcomes(&rx);
+        assert!(got.contains(&(3, "transient")), "{got:?}");
+        let deferred: Vec<u64> = got
+            .iter()
+            .filter(|&&(_, o)| o == "deferred")
+            .map(|&(u, _)| u)
+            .collect();
+        assert_eq!(deferred, (5..=20).collect::<Vec<_>>());
+        let snap = g.snapshot();
+        let dead = snap
+            .iter()
+            .find(|h| h.origin == "https://dead.example:443")
+            .expect("dead");
+        assert_eq!((dead.failures, dead.level), (3, 1));
+        assert!(dead.not_before.is_some());
+        assert!(
+            dead.last_error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("connection_refused"))
+        );
+        // A new attempt waits for the next probe: deferred by about the backoff (10 s ± 20 %).
+        assert!(g.execute(job(21, "https://dead.example/x", &tx)).is_ok());
+        let d = rx.try_recv().expect("answered at once");
+        match d.result.outcome {
+            Outcome::Deferred { retry_after } => {
+                assert!(retry_after >= Duration::from_secs(7), "{retry_after:?}");
+                assert!(retry_after <= Duration::from_secs(15), "{retry_after:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(held.running(), [4, 99], "nothing new was sent");
+    }
+
+    #[test]
+    fn one_probe_per_interval_and_an_answer_reopens_the_host_for_every_lane() {
+        let (g, held) = gate(OriginConfig {
+            failures: 1,
+            first_contact: 1,
+            backoff_base: Duration::from_millis(1),
+            backoff_cap: Duration::from_millis(1),
+            ..OriginConfig::default()
+        });
+        let (tx, rx) = mpsc::channel();
+        assert!(g.execute(job(1, "https://h.example/a", &tx)).is_ok());
+        held.finish(1, refused());
+        std::thread::sleep(Duration::from_millis(5));
+        // Due: the first attempt is the probe, the next one waits for it.
+        assert!(g.execute(job(2, "https://h.example/b", &tx)).is_ok());
+        assert!(g.execute(job(3, "https://h.example/c", &tx)).is_ok());
+        assert_eq!(held.running(), [2]);
+        let _ = outcomes(&rx);
+        // The probe fails: the backoff is extended (level 2).
+        held.finish(2, refused());
+        assert_eq!(g.snapshot()[0].level, 2);
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(g.execute(job(4, "https://h.example/d", &tx)).is_ok());
+        assert_eq!(held.running(), [4]);
+        // Any HTTP answer, a 503 too, says the host is up: open, and proven.
+        held.finish(4, answered(503));
+        let h = &g.snapshot()[0];
+        assert_eq!(
+            (h.failures, h.level, h.not_before, h.failing_since),
+            (0, 0, None, None)
+        );
+        for u in 5..=9 {
+            assert!(g.execute(job(u, "https://h.example/e", &tx)).is_ok());
+        }
+        assert_eq!(
+            held.running(),
+            [5, 6, 7, 8, 9],
+            "no limit on a host that answers"
+        );
+    }
+
+    #[test]
+    fn blocked_hosts_hold_or_set_aside_and_a_long_failure_makes_units_unavailable() {
+        let (g, held) = gate(OriginConfig {
+            failures: 1,
+            unavailable_after: Some(Duration::ZERO),
+            ..OriginConfig::default()
+        });
+        let (tx, rx) = mpsc::channel();
+        assert!(g.execute(job(1, "https://b.example/a", &tx)).is_ok());
+        held.finish(1, answered(200));
+        let origin: Arc<str> = Arc::from("https://b.example:443");
+        g.shared.lock().get_mut(&origin).expect("known").blocked = HostBlock::Hold;
+        assert!(g.execute(job(2, "https://b.example/a", &tx)).is_ok());
+        g.shared.lock().get_mut(&origin).expect("known").blocked = HostBlock::DeadLetter;
+        assert!(g.execute(job(3, "https://b.example/a", &tx)).is_ok());
+        let got: Vec<(u64, Outcome)> = rx
+            .try_iter()
+            .map(|d| (d.unit.0, d.result.outcome))
+            .collect();
+        assert_eq!(got[0], (1, Outcome::Delivered));
+        assert!(matches!(got[1], (2, Outcome::Deferred { .. })), "{got:?}");
+        assert_eq!(
+            got[2],
+            (
+                3,
+                Outcome::SetAside {
+                    reason: DeadReason::Blocked
+                }
+            )
+        );
+        assert!(held.running().is_empty(), "nothing reached a blocked host");
+        // A host failing at the connection level longer than allowed: its units are set aside.
+        assert!(g.execute(job(4, "https://gone.example/a", &tx)).is_ok());
+        held.finish(4, refused());
+        assert!(g.execute(job(5, "https://gone.example/a", &tx)).is_ok());
+        let last = rx.try_iter().last().expect("answered");
+        assert_eq!(
+            (last.unit.0, last.result.outcome),
+            (
+                5,
+                Outcome::SetAside {
+                    reason: DeadReason::HostUnavailable
+                }
+            )
+        );
+        assert!(
+            last.result
+                .error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("host_unavailable: https://gone.example:443")),
+            "{:?}",
+            last.result.error
+        );
+    }
+
+    #[test]
+    fn an_unknown_scheme_is_learned_with_one_attempt_at_a_time_and_tried_again_after_a_while() {
+        let (g, held) = gate(OriginConfig {
+            knock: true,
+            spec_retry: Duration::from_millis(30),
+            ..OriginConfig::default()
+        });
+        let (tx, rx) = mpsc::channel();
+        for u in 1..=3 {
+            assert!(g.execute(job(u, "https://k.example/a", &tx)).is_ok());
+        }
+        assert_eq!(held.running(), [1], "one knock at a time");
+        let first = held.take(1);
+        let ticket = first.origin().expect("a ticket");
+        assert_eq!(ticket.spec(SignatureMode::Auto), SignatureSpec::Rfc9421);
+        assert_eq!(ticket.spec(SignatureMode::Cavage), SignatureSpec::Cavage);
+        // The knock: RFC 9421 refused, draft-cavage taken.
+        let mut knock = Knock::new(Some(ticket), SignatureMode::Auto, false, true);
+        assert_eq!(knock.spec(), SignatureSpec::Rfc9421);
+        assert!(knock.again(&answered(401), None));
+        assert_eq!(knock.spec(), SignatureSpec::Cavage);
+        assert!(!knock.again(&answered(202), None));
+        first.finish(answered(202));
+        assert_eq!(held.running(), [2, 3], "the scheme is known: the others go");
+        let t2 = held.take(2);
+        assert_eq!(
+            t2.origin().expect("ticket").spec(SignatureMode::Auto),
+            SignatureSpec::Cavage
+        );
+        assert_eq!(g.snapshot()[0].spec.as_deref(), Some("cavage"));
+        // After the retry period, RFC 9421 is offered again.
+        std::thread::sleep(Duration::from_millis(40));
+        assert_eq!(
+            t2.origin().expect("ticket").spec(SignatureMode::Auto),
+            SignatureSpec::Rfc9421
+        );
+        drop(t2);
+        let _ = rx.try_iter().count();
+    }
+
+    #[test]
+    fn the_knock_answers_a_challenge_once_then_falls_back_and_leaves_5xx_alone() {
+        let mut k = Knock::new(None, SignatureMode::Auto, false, true);
+        let challenge = r#"sig1=("@method" "@target-uri" "content-digest");alg="rsa-v1_5-sha256""#;
+        assert!(k.again(&answered(401), Some(challenge)));
+        assert_eq!(
+            (k.spec(), k.challenge()),
+            (SignatureSpec::Rfc9421, Some(challenge))
+        );
+        assert!(
+            k.again(&answered(401), Some(challenge)),
+            "then draft-cavage"
+        );
+        assert_eq!((k.spec(), k.challenge()), (SignatureSpec::Cavage, None));
+        assert!(
+            !k.again(&answered(401), None),
+            "refused both ways: that is the answer"
+        );
+        // A 5xx is the server's failure, not a refusal of the signature (unless asked).
+        let mut k = Knock::new(None, SignatureMode::Auto, false, true);
+        assert!(!k.again(&answered(503), None));
+        let mut k = Knock::new(None, SignatureMode::Auto, true, true);
+        assert!(k.again(&answered(500), None));
+        // Fixed schemes and unsigned requests never knock twice.
+        let mut k = Knock::new(None, SignatureMode::Rfc9421, false, true);
+        assert!(!k.again(&answered(401), None));
+        let mut k = Knock::new(None, SignatureMode::Auto, false, false);
+        assert!(!k.again(&answered(401), None));
+        // A connection failure is no answer at all.
+        let mut k = Knock::new(None, SignatureMode::Auto, false, true);
+        assert!(!k.again(&refused(), None));
     }
 }

@@ -34,6 +34,16 @@ pub enum DrainOutcome {
     Merged,
 }
 
+impl std::fmt::Display for DrainOutcome {
+    /// The pass report, or `merged into the pass already running`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DrainOutcome::Ran(report) => report.fmt(f),
+            DrainOutcome::Merged => f.write_str("merged into the pass already running"),
+        }
+    }
+}
+
 /// The state every runtime's `Outbox` shares: the store, its configuration, hooks, ack writer,
 /// executor and drain slots.
 pub struct OutboxCore {

@@ -139,6 +139,24 @@ pub struct PassReport {
     pub grace_over: bool,
 }
 
+impl std::fmt::Display for PassReport {
+    /// `12 delivered, 1 dead-lettered, 3 handed back` (and `, yielded`, `, grace over`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} delivered, {} dead-lettered, {} handed back",
+            self.delivered, self.dead_lettered, self.handed_back
+        )?;
+        if self.yielded {
+            f.write_str(", yielded")?;
+        }
+        if self.grace_over {
+            f.write_str(", grace over")?;
+        }
+        Ok(())
+    }
+}
+
 impl PassReport {
     /// Adds `other`'s totals to these.
     pub fn add(&mut self, other: &PassReport) {
@@ -579,7 +597,7 @@ impl PassCore {
                     self.renew_due = true;
                 }
                 SessionAction::StopStarting(reason) => {
-                    debug!(actor = %self.actor, ?reason, "pass stopping: nothing new starts");
+                    debug!(actor = %self.actor, %reason, "pass stopping: nothing new starts");
                     self.sched.handle_stop(now);
                     stopped = true;
                 }
@@ -1030,7 +1048,7 @@ impl PassCore {
         let t = now();
         if end.hands_back_in_flight() {
             if end != PassEnd::StoreFailed {
-                warn!(actor = %self.actor, ?end, in_flight = self.sched.in_flight(),
+                warn!(actor = %self.actor, %end, in_flight = self.sched.in_flight(),
                     "pass interrupted; handing every unfinished unit back");
             }
             self.sched.handle_interrupt(t);
@@ -1046,7 +1064,7 @@ impl PassCore {
             (Some(e), _) | (None, Err(e)) => Some(e),
             (None, Ok(())) => None,
         };
-        debug!(actor = %self.actor, ?end, delivered = self.report.delivered,
+        debug!(actor = %self.actor, %end, delivered = self.report.delivered,
             dead_lettered = self.report.dead_lettered, handed_back = self.report.handed_back,
             "pass ended");
         PassResult {

@@ -29,7 +29,7 @@
 //!
 //! ```text
 //! Content-Digest: sha-256=:RBNvo1WzZ4oRRq0W9+hknpT7T8If536DEMBg9hyq/4o=:
-//! Signature-Input: sig1=("@method" "@target-uri" "content-digest");created=1700000000;keyid="https://example.com/users/alice#main-key";alg="rsa-v1_5-sha256"
+//! Signature-Input: sig1=("@method" "@target-uri" "content-digest");created=1700000000;alg="rsa-v1_5-sha256";keyid="https://example.com/users/alice#main-key"
 //! Signature: sig1=:<base64>:
 //! ```
 //!
@@ -53,13 +53,15 @@
 //! `expires` (asked without a value) is `created` plus five minutes, and `created`, `keyid`
 //! and `alg` are always sent. The components this signer can cover are those whose value on
 //! the wire it knows: `@method`, `@target-uri`, `@authority`, `@scheme`, `@path`, `@query`,
-//! `@request-target`, `content-digest`, `content-type`, `content-length` (the body's length:
-//! both HTTP clients send it), `host` (the URL's host, with `:port` when not the default: the
-//! `Host` both clients send), `idempotency-key`, and `date` (then a `Date` header with the
-//! attempt's time is sent too). A challenge that is not a structured-field dictionary, or
-//! asks for another key or algorithm, another component (`user-agent`, a row's own header),
-//! component parameters (`;sf`, `;key`, `;bs`, `;req`, `;name`) or an unknown parameter, is
-//! not honoured: the default signature is sent (and the reason logged at DEBUG).
+//! `@request-target`, `content-digest`, `content-type`, `content-length` (the body's length,
+//! when the body is not empty: both HTTP clients send it then, but reqwest sends no
+//! `Content-Length` for an empty body), `host` (the URL's host, with `:port` when not the
+//! default: the `Host` both clients send), `idempotency-key`, and `date` (then a `Date`
+//! header with the attempt's time is sent too). A challenge that is not a structured-field
+//! dictionary, or asks for another key or algorithm, another component (`user-agent`, a
+//! row's own header), component parameters (`;sf`, `;key`, `;bs`, `;req`, `;name`) or an
+//! unknown parameter, is not honoured: the default signature is sent (and the reason logged
+//! at DEBUG).
 //!
 //! ## Ed25519 under draft-cavage
 //!

@@ -1,7 +1,8 @@
 //! Signing end to end: the tokio runtime on a real SQLite file, delivering with reqwest to
-//! loopback recorders, every request checked by an independent HTTP Signatures verifier
-//! (test-support's, written from the draft-cavage spec). Tests assert relations between the
-//! recorded times, never durations.
+//! loopback recorders, every request checked by independent HTTP Signatures verifiers:
+//! test-support's (written from the draft-cavage spec), and two we did not write, `sigh`
+//! (draft-cavage, over OpenSSL) and `httpsig-hyper` (RFC 9421). Tests assert relations
+//! between the recorded times, never durations.
 #![allow(missing_docs)]
 #![cfg(feature = "tokio")]
 
@@ -12,12 +13,15 @@ use std::time::{Duration, SystemTime};
 
 use common::{config, fixture, row};
 use outbox_lanes_core::Outcome;
+use outbox_lanes_driver::http::{Bytes, Delivery, Destination, HttpConfig, RequestPolicy};
 use outbox_lanes_test_support::signatures::{
-    ALICE_PRIVATE_PKCS8, ALICE_PUBLIC, BOB_PRIVATE_PKCS1, BOB_PUBLIC, verify_http_signature,
+    ALICE_PRIVATE_PKCS8, ALICE_PUBLIC, BOB_PRIVATE_PKCS1, BOB_PUBLIC, CAROL_ED25519_PRIVATE,
+    CAROL_ED25519_PUBLIC, verify_http_signature,
 };
-use outbox_lanes_test_support::{Recipient, Reply};
-use outbox_lanes_tokio::sign::{ActorKey, HttpSignatures};
-use outbox_lanes_tokio::{DrainControl, DrainOutcome, Hooks, Outbox};
+use outbox_lanes_test_support::{Recipient, Reply, verifiers};
+use outbox_lanes_tokio::http::AsyncHttpClient;
+use outbox_lanes_tokio::sign::{ActorKey, HttpSignatures, SignatureSpec};
+use outbox_lanes_tokio::{DrainControl, DrainOutcome, Hooks, Outbox, SignatureMode};
 
 const ALICE: &str = "https://social.example/users/alice";
 const BOB: &str = "https://social.example/users/bob";
@@ -57,6 +61,8 @@ async fn every_attempt_verifies_and_a_retry_carries_a_fresh_date() {
     // Alice's first attempt is refused once: its retry must be signed again, with a new Date.
     r.script("/inbox/a", [Reply::Status(503)]);
     let mut cfg = config();
+    // draft-cavage (the default double-knocks, RFC 9421 first).
+    cfg.http.signature = SignatureMode::Cavage;
     // Over a second, so the two attempts' Dates (whole seconds) differ.
     cfg.scheduler.retry_delays = vec![Duration::from_millis(1500)];
     cfg.scheduler.jitter_percent = 0;
@@ -87,6 +93,8 @@ async fn every_attempt_verifies_and_a_retry_carries_a_fresh_date() {
     let mut dates = Vec::new();
     for req in &a {
         let v = verify_http_signature(req, ALICE_PUBLIC).expect("alice's signature verifies");
+        let theirs = verifiers::cavage(req, ALICE_PUBLIC).expect("sigh verifies it too");
+        assert_eq!(theirs.date, v.date);
         assert_eq!(v.key_id, format!("{ALICE}#main-key"));
         assert!(
             verify_http_signature(req, BOB_PUBLIC).is_err(),
@@ -107,11 +115,15 @@ async fn every_attempt_verifies_and_a_retry_carries_a_fresh_date() {
     assert_eq!(b.len(), 1);
     let v = verify_http_signature(&b[0], BOB_PUBLIC).expect("bob's signature verifies");
     assert_eq!(v.key_id, format!("{BOB}#main-key"));
+    verifiers::cavage(&b[0], BOB_PUBLIC).expect("sigh verifies bob's");
+    assert!(verifiers::cavage(&b[0], ALICE_PUBLIC).is_err());
 
     // What the verifier refuses: another body, another Date, another path.
     let mut tampered = a[1].clone();
     tampered.body = b"{\"id\":\"evil\"}".to_vec();
     let err = verify_http_signature(&tampered, ALICE_PUBLIC).expect_err("tampered body");
+    assert!(err.contains("Digest"), "{err}");
+    let err = verifiers::cavage(&tampered, ALICE_PUBLIC).expect_err("tampered body");
     assert!(err.contains("Digest"), "{err}");
     let mut tampered = a[1].clone();
     for (name, value) in &mut tampered.headers {
@@ -196,6 +208,136 @@ async fn an_actor_without_a_key_is_not_sent_and_loses_nothing() {
     );
     let got = r.requests("/inbox/c");
     assert_eq!(got.len(), 1);
-    verify_http_signature(&got[0], BOB_PUBLIC).expect("verifies");
+    // The default double-knocks: RFC 9421 first, which this recipient accepts.
+    let v = verifiers::rfc9421(&got[0], BOB_PUBLIC).expect("verifies");
+    assert_eq!(v.keyid, Some(format!("{carol}#main-key")));
     assert!(outbox.dead_letters(None).await.expect("dl").is_empty());
+}
+
+const CAROL: &str = "https://social.example/users/carol";
+
+fn http_config() -> HttpConfig {
+    HttpConfig {
+        addresses: outbox_lanes_core::policy::AddressPolicy::allow_loopback_only(),
+        ..HttpConfig::default()
+    }
+}
+
+/// Builds the attempt's request in `spec` (with `challenge`) and sends it with reqwest, as
+/// the double-knock does.
+async fn send_signed(
+    actor: &str,
+    url: &str,
+    body: &'static [u8],
+    at: SystemTime,
+    spec: SignatureSpec,
+    challenge: Option<&str>,
+) -> Outcome {
+    let mut keys = HttpSignatures::new();
+    keys.insert(
+        ALICE,
+        ActorKey::from_pem(format!("{ALICE}#main-key"), ALICE_PRIVATE_PKCS8).expect("alice"),
+    );
+    keys.insert(
+        CAROL,
+        ActorKey::from_pem(format!("{CAROL}#ed25519-key"), CAROL_ED25519_PRIVATE).expect("carol"),
+    );
+    let policy = RequestPolicy::new(&http_config(), Some(Arc::new(keys))).expect("policy");
+    let to = Destination::parse(url);
+    let body = Bytes::from_static(body);
+    let d = Delivery {
+        actor,
+        outbox: "0123abcd",
+        unit: outbox_lanes_core::UnitId(5),
+        recipient: &to,
+        body: &body,
+        content_type: "application/activity+json",
+        headers: &[],
+        attempt: 1,
+    };
+    let request = policy
+        .build_with(&d, at, spec, challenge)
+        .expect("a request");
+    AsyncHttpClient::new(http_config(), None)
+        .expect("client")
+        .send(&request, at)
+        .await
+        .outcome
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rfc9421_over_reqwest_verifies_with_httpsig_rsa_and_ed25519() {
+    let r = Recipient::start().expect("recipient");
+    for (actor, public, alg) in [
+        (ALICE, ALICE_PUBLIC, "rsa-v1_5-sha256"),
+        (CAROL, CAROL_ED25519_PUBLIC, "ed25519"),
+    ] {
+        let path = format!("/inbox/{alg}");
+        r.script(&path, [Reply::Status(503)]);
+        let t1 = SystemTime::now();
+        let t2 = t1 + Duration::from_secs(2);
+        let body = br#"{"type":"Announce"}"#;
+        let url = r.url(&path);
+        let first = send_signed(actor, &url, body, t1, SignatureSpec::Rfc9421, None).await;
+        assert!(matches!(first, Outcome::Transient { .. }), "{first:?}");
+        let second = send_signed(actor, &url, body, t2, SignatureSpec::Rfc9421, None).await;
+        assert_eq!(second, Outcome::Delivered);
+        let got = r.requests(&path);
+        assert_eq!(got.len(), 2);
+        let mut created = Vec::new();
+        for (req, at) in got.iter().zip([t1, t2]) {
+            let v = verifiers::rfc9421(req, public).expect("httpsig verifies it");
+            assert_eq!(
+                v.components,
+                ["\"@method\"", "\"@target-uri\"", "\"content-digest\""]
+            );
+            assert_eq!(v.alg.as_deref(), Some(alg));
+            assert_eq!(v.created, Some(unix_secs(at)));
+            assert!(v.keyid.as_deref().is_some_and(|k| k.starts_with(actor)));
+            created.push(v.created);
+            let mut tampered = req.clone();
+            tampered.body = b"{\"type\":\"Delete\"}".to_vec();
+            let err = verifiers::rfc9421(&tampered, public).expect_err("a changed body");
+            assert!(err.contains("Content-Digest"), "{err}");
+        }
+        assert!(created[0] < created[1], "{created:?}");
+    }
+}
+
+/// reqwest's `Host` and `Content-Length` are the values the signer covers when a challenge
+/// asks for them. For an empty body reqwest sends no `Content-Length`, and the signer does
+/// not claim one: the challenge is not honoured, the default signature is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_challenge_is_signed_over_what_reqwest_really_sends() {
+    let r = Recipient::start().expect("recipient");
+    let challenge = "req=(\"@method\" \"@authority\" \"@path\" \"@query\" \"host\" \
+                     \"content-length\" \"content-type\" \"content-digest\" \"date\");\
+                     created;nonce=\"abc\"";
+    for (i, body) in [&b"{\"n\":1}"[..], b""].into_iter().enumerate() {
+        let path = format!("/inbox/{i}");
+        let at = SystemTime::now();
+        let url = format!("{}?q=1", r.url(&path));
+        let out = send_signed(
+            CAROL,
+            &url,
+            body,
+            at,
+            SignatureSpec::Rfc9421,
+            Some(challenge),
+        )
+        .await;
+        assert_eq!(out, Outcome::Delivered);
+        let got = r.requests(&path);
+        assert_eq!(got.len(), 1);
+        let length = (!body.is_empty()).then(|| body.len().to_string());
+        assert_eq!(got[0].header("content-length"), length.as_deref());
+        let v = verifiers::rfc9421(&got[0], CAROL_ED25519_PUBLIC).expect("verifies");
+        if body.is_empty() {
+            assert_eq!((v.label.as_str(), v.components.len()), ("sig1", 3));
+        } else {
+            assert_eq!(v.label, "req");
+            assert_eq!(v.components.len(), 9);
+            assert_eq!(v.nonce.as_deref(), Some("abc"));
+        }
+    }
 }

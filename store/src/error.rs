@@ -286,8 +286,9 @@ pub enum EnqueueError {
         /// The limit.
         max: usize,
     },
-    /// The content type cannot be sent as an HTTP header value: it holds a control character
-    /// (CR, LF, NUL, …) or a byte that is not visible ASCII (spaces and tabs are allowed).
+    /// The content type is empty, or cannot be sent as an HTTP header value: it holds a
+    /// control character (CR, LF, NUL, …) or a byte that is not visible ASCII (spaces and
+    /// tabs are allowed).
     BadContentType {
         /// The row id.
         row: String,
@@ -335,8 +336,8 @@ impl fmt::Display for EnqueueError {
             ),
             EnqueueError::BadContentType { row, content_type } => write!(
                 f,
-                "row {row:?}: content type {content_type:?} is not a valid HTTP header value \
-                 (visible ASCII, spaces and tabs only)"
+                "row {row:?}: content type {content_type:?} is empty or not a valid HTTP header \
+                 value (visible ASCII, spaces and tabs only)"
             ),
             EnqueueError::BadHeader { row, name, reason } => {
                 write!(f, "row {row:?}: header {name:?} refused: {reason}")

@@ -73,7 +73,7 @@ pub(crate) fn prepare<'a>(
                 max: opts.max_payload,
             });
         }
-        if !is_header_value(&row.content_type) {
+        if row.content_type.trim().is_empty() || !is_header_value(&row.content_type) {
             return Err(EnqueueError::BadContentType {
                 row: row.id.clone(),
                 content_type: row.content_type.clone(),

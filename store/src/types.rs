@@ -260,14 +260,15 @@ pub struct DeadLetterRequest {
     pub at: Timestamp,
 }
 
-/// A row to enqueue.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
+/// A row to enqueue. [`NewRow::default`] is a JSON row (`application/json`) with nothing else
+/// set: give it an id, a body and recipients.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NewRow {
     /// Unique within the actor; a duplicate is refused.
     pub id: String,
     /// The payload, stored once per row.
     pub body: Vec<u8>,
-    /// Its content type.
+    /// Its content type, sent as `Content-Type`: not empty. Default `application/json`.
     pub content_type: String,
     /// Inbox URLs; canonicalised, duplicates collapse to one lane (OL-19).
     pub recipients: Vec<String>,
@@ -286,6 +287,21 @@ pub struct NewRow {
     /// client or the signer sets and hop-by-hop ones are refused (see [`RESERVED_HEADERS`]):
     /// `Content-Type` is [`NewRow::content_type`]. Empty (the default) stores nothing.
     pub headers: Vec<(String, String)>,
+}
+
+impl Default for NewRow {
+    fn default() -> Self {
+        NewRow {
+            id: String::new(),
+            body: Vec::new(),
+            content_type: "application/json".to_owned(),
+            recipients: Vec::new(),
+            dedup_key: None,
+            ordering_key: None,
+            joined: false,
+            headers: Vec::new(),
+        }
+    }
 }
 
 /// Request headers a row may not set, lower-case: the client sets them itself (the body's

@@ -150,6 +150,8 @@ fn content_type_must_be_a_header_value(b: Backend) {
             "text/plain\x07",
             "text/plain\x7f",
             "text/pläin",
+            "",
+            "  ",
         ] {
             let wrong = NewRow {
                 content_type: bad.into(),
@@ -170,6 +172,8 @@ fn content_type_must_be_a_header_value(b: Backend) {
         }
         // Nothing of any refused batch was written.
         assert!(s.status().expect("status").is_empty());
+        // A default row is JSON: never an empty Content-Type.
+        assert_eq!(NewRow::default().content_type, "application/json");
         assert!(s.find_lane(&a, &key(A)).expect("find").is_none());
         let fine = NewRow {
             content_type:

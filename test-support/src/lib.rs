@@ -104,6 +104,8 @@ mod record;
 mod reply;
 mod server;
 pub mod signatures;
+#[cfg(feature = "verifiers")]
+pub mod verifiers;
 
 use core::fmt;
 use core::net::{Ipv4Addr, SocketAddr};

@@ -144,21 +144,12 @@ pub(crate) struct DeliveryFlags {
     #[arg(long, value_parser = parse_timeout, default_value = "10s", env = "OUTBOX_LANES_TIME_SLICE")]
     pub(crate) time_slice: Duration,
 
-    /// The relay's safety-net poll for work (wake-ups after enqueue come sooner).
-    #[arg(long, value_parser = parse_timeout, default_value = "1s", env = "OUTBOX_LANES_POLL_INTERVAL")]
-    pub(crate) poll_interval: Duration,
-
-    /// Passes (actors) with work the relay runs at once; a pass that only waits on attempts
-    /// in flight (a hanging recipient) is not counted.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=4096), env = "OUTBOX_LANES_MAX_PASSES")]
-    pub(crate) max_passes: u32,
-
     /// The `User-Agent` header of every request (default `outbox-lanes/<version>`).
     #[arg(long, value_parser = parse_header_value, env = "OUTBOX_LANES_USER_AGENT")]
     pub(crate) user_agent: Option<String>,
 
     /// The name this process holds drain slots under, as `status` shows it (default:
-    /// host-pid-random).
+    /// `pid<process id>-<8 hex digits>`, e.g. `pid21974-1f085e38`).
     #[arg(long, env = "OUTBOX_LANES_HOLDER")]
     pub(crate) holder: Option<String>,
 
@@ -211,9 +202,9 @@ pub(crate) struct DeliveryFlags {
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(0..=1000), env = "OUTBOX_LANES_HOST_FAILURES")]
     pub(crate) host_failures: u32,
 
-    /// Attempts in flight a host takes until it answers (first contact, or after a
-    /// connection failure): what a dead host gets at once before it backs off.
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=65536), env = "OUTBOX_LANES_HOST_FIRST_CONTACT")]
+    /// Attempts in flight a host takes until it first answers: what a dead host gets at once
+    /// before it backs off (after a connection failure, one at a time).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=65536), env = "OUTBOX_LANES_HOST_FIRST_CONTACT")]
     pub(crate) host_first_contact: u32,
 
     /// A host's first backoff after --host-failures; each failed probe doubles it, up to
@@ -554,6 +545,15 @@ pub(crate) struct RelayArgs {
 
     #[command(flatten)]
     pub(crate) delivery: DeliveryFlags,
+
+    /// The relay's safety-net poll for work (wake-ups after enqueue come sooner).
+    #[arg(long, value_parser = parse_timeout, default_value = "1s", env = "OUTBOX_LANES_POLL_INTERVAL")]
+    pub(crate) poll_interval: Duration,
+
+    /// Passes (actors) with work the relay runs at once; a pass that only waits on attempts
+    /// in flight (a hanging recipient) is not counted.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=4096), env = "OUTBOX_LANES_MAX_PASSES")]
+    pub(crate) max_passes: u32,
 }
 
 /// A `--metrics-addr`: what was given, and the addresses it resolved to.
@@ -608,7 +608,8 @@ pub(crate) enum DeadLetterCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Put dead letters back at the tail of their lanes, in their original order.
+    /// Put dead letters back at the tail of their lanes, in their original order: those
+    /// selected, or every one with `--all`.
     Replay {
         #[command(flatten)]
         which: DeadLetterArgs,
@@ -623,10 +624,6 @@ pub(crate) enum DeadLetterCommand {
         /// Print what would be purged, and change nothing.
         #[arg(long, env = "OUTBOX_LANES_DRY_RUN", value_parser = BoolishValueParser::new())]
         dry_run: bool,
-        /// Purge every dead letter (required when no other selector is given). Deliberately
-        /// without an environment variable: it is the confirmation.
-        #[arg(long, conflicts_with_all = ["actor", "ids", "reason", "recipient", "older_than"])]
-        all: bool,
     },
 }
 
@@ -640,9 +637,8 @@ pub(crate) struct DeadLetterArgs {
     /// These dead letters only (ids from `list`); repeatable.
     #[arg(long = "id")]
     pub(crate) ids: Vec<i64>,
-    /// With this reason only: exhausted, permanent, gone, lane_retired, expired or
-    /// destination_refused.
-    #[arg(long, env = "OUTBOX_LANES_REASON", value_parser = parse_reason)]
+    /// With this reason only.
+    #[arg(long, env = "OUTBOX_LANES_REASON", value_parser = reason_parser())]
     pub(crate) reason: Option<DeadReason>,
     /// For this recipient URL only (compared in its canonical form).
     #[arg(long, env = "OUTBOX_LANES_RECIPIENT", value_parser = parse_recipient)]
@@ -650,6 +646,11 @@ pub(crate) struct DeadLetterArgs {
     /// Dead-lettered longer ago than this only: `7d`, `12h`, `30m`, or seconds.
     #[arg(long, env = "OUTBOX_LANES_OLDER_THAN", value_parser = parse_duration)]
     pub(crate) older_than: Option<Duration>,
+    /// Every dead letter. `replay` and `purge` act on nothing unless a selector above or this
+    /// says which (for `list` it is the default). Deliberately without an environment
+    /// variable: for the destructive commands it is the confirmation.
+    #[arg(long, conflicts_with_all = ["actor", "ids", "reason", "recipient", "older_than"])]
+    pub(crate) all: bool,
     /// Print JSON.
     #[arg(long)]
     pub(crate) json: bool,
@@ -666,14 +667,12 @@ impl DeadLetterArgs {
     }
 }
 
-/// A dead letter's reason code.
-fn parse_reason(s: &str) -> Result<DeadReason, String> {
-    DeadReason::from_code(s.trim()).ok_or_else(|| {
-        format!(
-            "{s:?}: not a reason (exhausted, permanent, gone, lane_retired, expired, \
-             destination_refused)"
-        )
-    })
+/// A dead letter's reason code, one of [`DeadReason::ALL`]: the help and the error list
+/// them all, from that one list.
+fn reason_parser() -> impl clap::builder::TypedValueParser<Value = DeadReason> {
+    use clap::builder::TypedValueParser as _;
+    clap::builder::PossibleValuesParser::new(DeadReason::ALL.map(DeadReason::as_str))
+        .try_map(|s| DeadReason::from_code(&s).ok_or("not a reason"))
 }
 
 /// A recipient URL, canonicalised as the store keys lanes.
@@ -771,8 +770,41 @@ mod tests {
 
     #[test]
     fn reasons_and_recipients() {
-        assert_eq!(parse_reason("gone"), Ok(DeadReason::Gone));
-        assert!(parse_reason("late").unwrap_err().contains("lane_retired"));
+        use clap::CommandFactory as _;
+        // Every reason is accepted, and named by the help and by the error: one list.
+        let cmd = Cli::command();
+        let list = cmd
+            .find_subcommand("dead-letters")
+            .and_then(|d| d.find_subcommand("list"))
+            .expect("dead-letters list");
+        let reason = list
+            .get_arguments()
+            .find(|a| a.get_id() == "reason")
+            .expect("--reason");
+        let values: Vec<String> = reason
+            .get_possible_values()
+            .iter()
+            .map(|v| v.get_name().to_owned())
+            .collect();
+        let all: Vec<&str> = DeadReason::ALL.map(DeadReason::as_str).to_vec();
+        assert_eq!(values, all);
+        for r in DeadReason::ALL {
+            let parsed = Cli::try_parse_from([
+                "outbox-lanes",
+                "dead-letters",
+                "list",
+                "--reason",
+                r.as_str(),
+            ]);
+            assert!(parsed.is_ok(), "{r}");
+        }
+        let err = Cli::try_parse_from(["outbox-lanes", "dead-letters", "list", "--reason", "late"])
+            .expect_err("not a reason")
+            .to_string();
+        assert!(
+            err.contains("purged") && err.contains("host_unavailable"),
+            "{err}"
+        );
         assert_eq!(
             parse_recipient("HTTP://Example.COM:80/inbox"),
             Ok("http://example.com/inbox".to_owned())

@@ -100,20 +100,30 @@ fn message(e: &anyhow::Error) -> String {
 
 /// Runs the command line; never panics on user input.
 pub(crate) fn main() -> ExitCode {
-    // clap prints its own usage errors and exits 2 (0 for --help and --version).
-    let matches = match config::matches(
-        <Cli as clap::CommandFactory>::command(),
-        std::env::args_os().collect(),
-    ) {
-        Ok(m) => m,
-        Err(config::Error::Clap(e)) => e.exit(),
-        Err(config::Error::File(msg)) => {
-            say(&format!("error: {msg}"));
-            return ExitCode::from(2);
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // clap prints its own usage errors and exits 2 (0 for --help and --version); asked for
+    // JSON logs, a usage error is one JSON line like every other error.
+    let json_asked = wants_json(&args);
+    let usage_error = |text: String| -> ExitCode {
+        if json_asked {
+            init_logging(LogFormat::Json);
+            tracing::error!(exit_code = 2, "{}", text.trim_end());
+        } else {
+            say(&format!("error: {text}"));
         }
+        ExitCode::from(2)
+    };
+    let matches = match config::matches(<Cli as clap::CommandFactory>::command(), args) {
+        Ok(m) => m,
+        Err(config::Error::Clap(e)) if json_asked && e.use_stderr() => {
+            return usage_error(clap_message(&e));
+        }
+        Err(config::Error::Clap(e)) => e.exit(),
+        Err(config::Error::File(msg)) => return usage_error(msg),
     };
     let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
         Ok(cli) => cli,
+        Err(e) if json_asked && e.use_stderr() => return usage_error(clap_message(&e)),
         Err(e) => e.exit(),
     };
     // Generated from the command definition: no database, no runtime.
@@ -172,6 +182,33 @@ pub(crate) fn main() -> ExitCode {
     }
 }
 
+/// Whether the command line or the environment asks for JSON logs (read before clap parses
+/// them, so that a usage error can be JSON too).
+fn wants_json(args: &[std::ffi::OsString]) -> bool {
+    let mut asked = std::env::var("OUTBOX_LANES_LOG_FORMAT").is_ok_and(|v| v == "json");
+    let mut it = args.iter().map(|a| a.to_string_lossy());
+    while let Some(a) = it.next() {
+        if a == "--log-format" {
+            asked = it.next().is_some_and(|v| v == "json");
+        } else if let Some(v) = a.strip_prefix("--log-format=") {
+            asked = v == "json";
+        }
+    }
+    asked
+}
+
+/// clap's error as one line of text: its message without the `error: ` prefix, the usage
+/// and the help hint joined.
+fn clap_message(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let text = text.strip_prefix("error: ").unwrap_or(&text);
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new("info,postgres=warn,tokio_postgres=warn")
@@ -213,8 +250,6 @@ fn config(d: &DeliveryFlags) -> OutboxConfig {
     c.scheduler.retire_on_gone = d.retire_on_gone;
     c.lease = d.lease;
     c.time_slice = d.time_slice;
-    c.poll_interval = d.poll_interval;
-    c.max_passes = d.max_passes as usize;
     if let Some(ua) = &d.user_agent {
         c.http.user_agent.clone_from(ua);
     }
@@ -280,13 +315,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             on_dead_letter: Some(cmd),
             ..
         }) if cmd.trim().is_empty() => return Err(usage("--on-dead-letter is empty")),
-        Command::DeadLetters(DeadLetterCommand::Purge { which, all, .. })
-            if !which.selects() && !all =>
-        {
-            return Err(usage(
-                "dead-letters purge needs a selector (--actor, --id, --reason, --recipient, \
-                 --older-than), or --all to delete every dead letter",
-            ));
+        Command::DeadLetters(
+            DeadLetterCommand::Purge { which, .. } | DeadLetterCommand::Replay { which, .. },
+        ) if !which.selects() && !which.all => {
+            let verb = match &cli.command {
+                Command::DeadLetters(DeadLetterCommand::Purge { .. }) => "purge",
+                _ => "replay",
+            };
+            return Err(usage(format!(
+                "dead-letters {verb} needs a selector (--actor, --id, --reason, --recipient, \
+                 --older-than), or --all for every dead letter"
+            )));
         }
         _ => None,
     };
@@ -313,7 +352,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         _ => Access::Write,
     };
     let before = match &cli.command {
-        Command::Migrate { .. } => {
+        Command::Migrate { .. } | Command::Relay(_) => {
             Backend::schema_version(cli.db.clone(), cli.pg_schema.clone()).await?
         }
         _ => None,
@@ -343,7 +382,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         cli.pg_schema.clone(),
         access,
         common,
-        delivery.map_or_else(OutboxConfig::default, config),
+        {
+            let mut c = delivery.map_or_else(OutboxConfig::default, config);
+            if let Command::Relay(r) = &cli.command {
+                c.poll_interval = r.poll_interval;
+                c.max_passes = r.max_passes as usize;
+            }
+            c
+        },
         signing.signer.clone(),
         Arc::clone(&counters),
     )
@@ -356,6 +402,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         if let Err(e) = signing.check_actors(&backend, only).await {
             backend.close().await;
             return Err(e);
+        }
+    }
+    if let Command::Relay(_) = &cli.command {
+        // A relay started in the wrong directory would create `./outbox.db` and idle.
+        let shown = backend::redact_db(&cli.db);
+        let schema = backend::is_postgres(&cli.db).then_some(cli.pg_schema.as_str());
+        match before {
+            Some(version) => info!(db = %shown, pg_schema = schema, schema_version = version,
+                "relay opened the outbox"),
+            None => warn!(db = %shown, pg_schema = schema,
+                "relay created a new, empty outbox: if you meant an existing one, check --db \
+                 (and --pg-schema)"),
         }
     }
     let style = match cli.log_format {

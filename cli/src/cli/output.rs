@@ -69,6 +69,24 @@ fn last_error(status: Option<u16>, error: Option<&str>) -> String {
     }
 }
 
+/// The last failure as a short kind for a table cell: the status (`503`), or the error's
+/// stable code (`timeout`, `connection_refused`, `interrupted`, …). The whole text is in
+/// `--json` and `dead-letters show`.
+fn short_error(status: Option<u16>, error: Option<&str>) -> String {
+    match (status, error) {
+        (Some(s), _) => s.to_string(),
+        (None, Some(e)) => {
+            let code = e.split(':').next().unwrap_or(e).trim();
+            if code.is_empty() || code.len() > 40 || code.contains(' ') {
+                e.chars().take(40).collect()
+            } else {
+                code.to_owned()
+            }
+        }
+        (None, None) => "-".into(),
+    }
+}
+
 pub(crate) fn lane_name(k: &LaneKey) -> String {
     match k.ordering_key() {
         Some(o) => format!("{} [{o}]", k.recipient()),
@@ -272,7 +290,7 @@ pub(crate) fn lanes_table(lanes: &[LaneStatus]) -> String {
                 (LaneState::Paused, Some(r)) => format!("{state} ({r})"),
                 _ => state.to_string(),
             };
-            let mut last = last_error(l.last_status, l.last_error.as_deref());
+            let mut last = short_error(l.last_status, l.last_error.as_deref());
             if l.last_error_stale {
                 last.push_str(" (stale)");
             }
@@ -358,7 +376,7 @@ pub(crate) fn dead_table(d: &[DeadLetter]) -> String {
     let rows: Vec<Vec<String>> = d
         .iter()
         .map(|d| {
-            let last = last_error(d.last_status, d.last_error.as_deref());
+            let last = short_error(d.last_status, d.last_error.as_deref());
             vec![
                 d.id.0.to_string(),
                 d.actor.as_str().to_owned(),
@@ -514,6 +532,33 @@ mod tests {
             ],
         );
         assert_eq!(t, "WHO   N\n日本  1\nab    2\n");
+    }
+
+    #[test]
+    fn a_table_cell_holds_the_failures_short_kind() {
+        assert_eq!(
+            short_error(Some(503), Some("status 503: Service Unavailable")),
+            "503"
+        );
+        assert_eq!(
+            short_error(
+                None,
+                Some(
+                    "timeout: error sending request for url (http://127.0.0.1:1/): operation timed out"
+                )
+            ),
+            "timeout"
+        );
+        assert_eq!(
+            short_error(
+                None,
+                Some("connection_refused: tcp connect error: Connection refused")
+            ),
+            "connection_refused"
+        );
+        assert_eq!(short_error(None, None), "-");
+        let long = "a free-form text someone wrote into the table by hand, far too long";
+        assert_eq!(short_error(None, Some(long)).chars().count(), 40);
     }
 
     #[test]

@@ -163,7 +163,7 @@ pub async fn drain(
                 lease_renewed = result.lease_renewed;
                 total.add(&result.report);
                 if let Some(e) = result.error {
-                    warn!(%actor, error = %e, end = ?result.end, "pass ended on a store failure");
+                    warn!(%actor, error = %e, end = %result.end, "pass ended on a store failure");
                     error.get_or_insert(e);
                 }
                 session.handle_pass_end(result.end);

@@ -20,10 +20,10 @@ use sha2::{Digest as _, Sha256};
 use super::{ActorKey, SignError, SignRequest, unix_secs};
 
 /// The label of a signature made without a challenge.
-pub(super) const LABEL: &str = "sig1";
+const LABEL: &str = "sig1";
 
 /// The components a signature made without a challenge covers, in order.
-pub(super) const DEFAULT_COMPONENTS: [Component; 3] = [
+const DEFAULT_COMPONENTS: [Component; 3] = [
     Component::Method,
     Component::TargetUri,
     Component::ContentDigest,
@@ -31,19 +31,21 @@ pub(super) const DEFAULT_COMPONENTS: [Component; 3] = [
 
 /// How long after `created` a signature expires, when a challenge asks for `expires`. Every
 /// attempt is signed afresh, so a signature only has to live as long as one request takes.
-pub(super) const EXPIRES_AFTER_SECS: u64 = 300;
+const EXPIRES_AFTER_SECS: u64 = 300;
 
 /// A component the signer can cover: one whose value on the wire it knows exactly.
 ///
 /// The derived components come from the recipient URL the request is sent to; the fields
 /// are the ones the signer sets itself (`Content-Digest`, `Date`), the ones the request
 /// builder sets from what the signer is given (`Content-Type`, `Idempotency-Key`), and the
-/// two the transports add: `Content-Length` (both send the body's length) and `Host` (the
-/// URL's host, with `:port` when the port is not the scheme's default, the value draft-cavage
-/// signing relies on too). The request's other headers (`User-Agent`, `Accept`, a row's
-/// own) are not known to the signer: a challenge asking for one is not honoured.
+/// two the transports add: `Content-Length` (both send the body's length, but for an empty
+/// body only ureq sends `Content-Length: 0`, reqwest sends none, so it is covered only for a
+/// body that is not empty) and `Host` (the URL's host, with `:port` when the port is not the
+/// scheme's default, the value draft-cavage signing relies on too). The request's other
+/// headers (`User-Agent`, `Accept`, a row's own) are not known to the signer: a challenge
+/// asking for one is not honoured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Component {
+enum Component {
     Method,
     TargetUri,
     Authority,
@@ -77,7 +79,7 @@ impl Component {
     ];
 
     /// The component identifier (RFC 9421 §2: field names are lower case).
-    pub(super) fn name(self) -> &'static str {
+    fn name(self) -> &'static str {
         match self {
             Component::Method => "@method",
             Component::TargetUri => "@target-uri",
@@ -125,7 +127,7 @@ impl Component {
 
 /// The recipient's host, with `:port` when it is not the scheme's default: `@authority`,
 /// and the `Host` header the clients send.
-pub(super) fn authority(req: &SignRequest<'_>) -> String {
+fn authority(req: &SignRequest<'_>) -> String {
     let url = req.recipient;
     if url.port() == url.scheme().default_port() {
         url.host().to_string()
@@ -135,25 +137,25 @@ pub(super) fn authority(req: &SignRequest<'_>) -> String {
 }
 
 /// The `Content-Digest` value of `body` (RFC 9530): `sha-256=:<base64 of its SHA-256>:`.
-pub(super) fn content_digest(body: &[u8]) -> String {
+fn content_digest(body: &[u8]) -> String {
     format!("sha-256=:{}:", BASE64.encode(Sha256::digest(body)))
 }
 
 /// What one signature covers and carries.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct Plan {
+struct Plan {
     /// The label, an RFC 8941 key.
-    pub(super) label: String,
-    pub(super) components: Vec<Component>,
+    label: String,
+    components: Vec<Component>,
     /// Whether to send `expires` (`created` + [`EXPIRES_AFTER_SECS`]).
-    pub(super) expires: bool,
-    pub(super) nonce: Option<String>,
-    pub(super) tag: Option<String>,
+    expires: bool,
+    nonce: Option<String>,
+    tag: Option<String>,
 }
 
 impl Plan {
     /// The signature made without a challenge.
-    pub(super) fn default_plan() -> Plan {
+    fn default_plan() -> Plan {
         Plan {
             label: LABEL.to_owned(),
             components: DEFAULT_COMPONENTS.to_vec(),
@@ -167,18 +169,19 @@ impl Plan {
     /// the first member that is an inner list of components this signer can cover, with
     /// no component parameters, and parameters among `created`, `expires` (both without a
     /// value), `nonce`, `tag`, `keyid` and `alg` (strings), a `keyid` or `alg` naming this
-    /// key.
+    /// key. `body_len` is the request body's length (an empty body has no `Content-Length`
+    /// to cover).
     ///
     /// # Errors
     /// Why no member can be honoured (the first member's reason), in words.
-    pub(super) fn from_challenge(challenge: &str, key: &ActorKey) -> Result<Plan, String> {
+    fn from_challenge(challenge: &str, key: &ActorKey, body_len: usize) -> Result<Plan, String> {
         let dict: Dictionary = Parser::new(challenge)
             .parse_dictionary()
             .map_err(|e| format!("not a structured-field dictionary: {e}"))?;
         let mut first_error = None;
         for (label, entry) in &dict {
             let planned = match entry {
-                ListEntry::InnerList(list) => member_plan(label.as_str(), list, key),
+                ListEntry::InnerList(list) => member_plan(label.as_str(), list, key, body_len),
                 ListEntry::Item(_) => Err("not an inner list of components".to_owned()),
             };
             match planned {
@@ -192,7 +195,12 @@ impl Plan {
     }
 }
 
-fn member_plan(label: &str, list: &sfv::InnerList, key: &ActorKey) -> Result<Plan, String> {
+fn member_plan(
+    label: &str,
+    list: &sfv::InnerList,
+    key: &ActorKey,
+    body_len: usize,
+) -> Result<Plan, String> {
     let mut components = Vec::with_capacity(list.items.len());
     for item in &list.items {
         let BareItem::String(name) = &item.bare_item else {
@@ -207,6 +215,13 @@ fn member_plan(label: &str, list: &sfv::InnerList, key: &ActorKey) -> Result<Pla
         let c = Component::from_name(name).ok_or_else(|| {
             format!("cannot cover \"{name}\": not a component this signer knows the value of")
         })?;
+        if c == Component::ContentLength && body_len == 0 {
+            return Err(
+                "cannot cover \"content-length\" of an empty body: not every HTTP \
+                        client sends one (reqwest does not)"
+                    .to_owned(),
+            );
+        }
         if components.contains(&c) {
             return Err(format!("\"{name}\" is asked for twice"));
         }
@@ -221,7 +236,7 @@ fn member_plan(label: &str, list: &sfv::InnerList, key: &ActorKey) -> Result<Pla
     };
     for (name, value) in &list.params {
         match (name.as_str(), value) {
-            // Always sent: a request for them only needs no answer.
+            // `created` is always sent: asking for it changes nothing.
             ("created", BareItem::Boolean(_)) => {}
             ("expires", BareItem::Boolean(asked)) => plan.expires = *asked,
             ("nonce", BareItem::String(s)) => plan.nonce = Some(s.as_str().to_owned()),
@@ -251,25 +266,31 @@ fn member_plan(label: &str, list: &sfv::InnerList, key: &ActorKey) -> Result<Pla
     Ok(plan)
 }
 
-/// The signature parameters of a signature (§2.3).
+/// The signature parameters of a signature (§2.3), `keyid` always among them.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct Params<'a> {
-    pub(super) created: u64,
-    pub(super) expires: Option<u64>,
-    pub(super) keyid: &'a str,
-    pub(super) alg: Option<&'a str>,
-    pub(super) nonce: Option<&'a str>,
-    pub(super) tag: Option<&'a str>,
+struct Params<'a> {
+    created: u64,
+    expires: Option<u64>,
+    keyid: &'a str,
+    alg: Option<&'a str>,
+    nonce: Option<&'a str>,
+    tag: Option<&'a str>,
 }
 
 /// The `@signature-params` value: the inner list of component identifiers with the
 /// parameters, serialised as RFC 8941 writes it (the same text `Signature-Input` carries
 /// after its label).
 ///
+/// The parameters go in the order `created`, `expires`, `nonce`, `alg`, `keyid`, `tag`.
+/// RFC 9421 §2.3 has a verifier sign over the `Signature-Input` text it received, in
+/// whatever order; some verifiers instead write the parameters again in an order of their
+/// own (httpsig, in this one), and a signature in another order fails with them. Sent in
+/// this order it verifies with both.
+///
 /// # Errors
 /// A string (a component name, `keyid`, `nonce`, `tag`) that a structured field cannot
 /// carry, or a time past RFC 8941's integers.
-pub(super) fn signature_params(names: &[&str], p: &Params<'_>) -> Result<String, String> {
+fn signature_params(names: &[&str], p: &Params<'_>) -> Result<String, String> {
     fn string<'v>(what: &str, v: &'v str) -> Result<&'v StringRef, String> {
         StringRef::from_str(v)
             .map_err(|e| format!("{what} {v:?} cannot be sent in a structured field: {e}"))
@@ -283,9 +304,13 @@ pub(super) fn signature_params(names: &[&str], p: &Params<'_>) -> Result<String,
         .collect::<Result<Vec<_>, _>>()?;
     let created = int("created", p.created)?;
     let expires = p.expires.map(|t| int("expires", t)).transpose()?;
-    let keyid = string("keyid", p.keyid)?;
-    let mut strings = Vec::with_capacity(3);
-    for (name, v) in [("alg", p.alg), ("nonce", p.nonce), ("tag", p.tag)] {
+    let mut strings = Vec::with_capacity(4);
+    for (name, v) in [
+        ("nonce", p.nonce),
+        ("alg", p.alg),
+        ("keyid", Some(p.keyid)),
+        ("tag", p.tag),
+    ] {
         if let Some(v) = v {
             strings.push((KeyRef::constant(name), string(name, v)?));
         }
@@ -303,7 +328,6 @@ pub(super) fn signature_params(names: &[&str], p: &Params<'_>) -> Result<String,
         if let Some(expires) = expires {
             params = params.parameter(KeyRef::constant("expires"), RefBareItem::Integer(expires));
         }
-        params = params.parameter(KeyRef::constant("keyid"), RefBareItem::String(keyid));
         for (name, v) in strings {
             params = params.parameter(name, RefBareItem::String(v));
         }
@@ -314,7 +338,7 @@ pub(super) fn signature_params(names: &[&str], p: &Params<'_>) -> Result<String,
 
 /// The signature base (§2.5): a line `"<component>": <value>` per covered component, in
 /// order, then `"@signature-params": <params>`, joined by `\n` with none at the end.
-pub(super) fn signature_base(lines: &[(&str, String)], params: &str) -> String {
+fn signature_base(lines: &[(&str, String)], params: &str) -> String {
     let mut base = String::new();
     for (name, value) in lines {
         base.push('"');
@@ -332,30 +356,32 @@ pub(super) fn signature_base(lines: &[(&str, String)], params: &str) -> String {
 /// signature covers it), `Content-Digest`, `Signature-Input`, `Signature`.
 ///
 /// # Errors
-/// [`SignError::Failed`] when the key id cannot be written in a structured field or the
-/// private-key operation fails.
+/// [`SignError::Failed`] when a value cannot be written in a structured field (none of the
+/// key ids [`ActorKey`] accepts) or the private-key operation fails.
 pub(super) fn headers(
     key: &ActorKey,
     req: &SignRequest<'_>,
 ) -> Result<Vec<(String, String)>, SignError> {
     let plan = match req.challenge {
         None => Plan::default_plan(),
-        Some(challenge) => Plan::from_challenge(challenge, key).unwrap_or_else(|why| {
-            tracing::debug!(
-                actor = req.actor,
-                unit = %req.unit,
-                recipient = req.recipient.as_str(),
-                reason = %why,
-                "Accept-Signature not honoured: signing the default components"
-            );
-            Plan::default_plan()
-        }),
+        Some(challenge) => {
+            Plan::from_challenge(challenge, key, req.body.len()).unwrap_or_else(|why| {
+                tracing::debug!(
+                    actor = req.actor,
+                    unit = %req.unit,
+                    recipient = req.recipient.as_str(),
+                    reason = %why,
+                    "Accept-Signature not honoured: signing the default components"
+                );
+                Plan::default_plan()
+            })
+        }
     };
     sign_plan(key, req, &plan)
 }
 
 /// The headers of the signature `plan` describes.
-pub(super) fn sign_plan(
+fn sign_plan(
     key: &ActorKey,
     req: &SignRequest<'_>,
     plan: &Plan,
@@ -588,11 +614,11 @@ mod tests {
         );
         assert_eq!(get(&h, "Date"), "Tue, 20 Apr 2021 02:07:55 GMT");
         let params = "(\"date\" \"@method\" \"@path\" \"@authority\" \"content-type\" \
-                      \"content-length\");created=1618884475;keyid=\"test-key-ed25519\";alg=\"ed25519\"";
+                      \"content-length\");created=1618884475;alg=\"ed25519\";keyid=\"test-key-ed25519\"";
         assert_eq!(get(&h, "Signature-Input"), format!("sig-b26={params}"));
         let want_base = B26_BASE.replace(
             ";created=1618884473;keyid=\"test-key-ed25519\"",
-            ";created=1618884475;keyid=\"test-key-ed25519\";alg=\"ed25519\"",
+            ";created=1618884475;alg=\"ed25519\";keyid=\"test-key-ed25519\"",
         );
         assert!(want_base.ends_with(params), "{want_base}");
         let sig = signature_of(get(&h, "Signature"), "sig-b26");
@@ -636,7 +662,7 @@ mod tests {
             assert_eq!(get(&h, "Content-Digest"), digest);
             let params = format!(
                 "(\"@method\" \"@target-uri\" \"content-digest\");created=1700000000;\
-                 keyid=\"{actor}{fragment}\";alg=\"{alg}\""
+                 alg=\"{alg}\";keyid=\"{actor}{fragment}\""
             );
             assert_eq!(get(&h, "Signature-Input"), format!("sig1={params}"));
             let base = format!(
@@ -680,8 +706,8 @@ mod tests {
         let params = "(\"@method\" \"@authority\" \"@scheme\" \"@path\" \"@query\" \
              \"@request-target\" \"host\" \"content-length\" \"content-type\" \
              \"idempotency-key\" \"content-digest\");created=1700000000;expires=1700000300;\
-             keyid=\"https://example.com/users/alice#main-key\";alg=\"rsa-v1_5-sha256\";\
-             nonce=\"n-1\";tag=\"app\"";
+             nonce=\"n-1\";alg=\"rsa-v1_5-sha256\";\
+             keyid=\"https://example.com/users/alice#main-key\";tag=\"app\"";
         assert_eq!(get(&h, "Signature-Input"), format!("proof={params}"));
         let digest = get(&h, "Content-Digest");
         let base = format!(
@@ -707,7 +733,7 @@ mod tests {
             .unwrap();
         let params = format!(
             "(\"@query\" \"@authority\" \"@target-uri\");created=1700000000;\
-             keyid=\"{CAROL}#ed25519-key\";alg=\"ed25519\""
+             alg=\"ed25519\";keyid=\"{CAROL}#ed25519-key\""
         );
         assert_eq!(get(&h, "Signature-Input"), format!("a={params}"));
         let base = format!(
@@ -752,7 +778,7 @@ mod tests {
             ("sig1=(\"@method\");nonce=1", "wrong type"),
             ("sig1=(\"@method\");foo=\"bar\"", "\"foo\" is unknown"),
         ] {
-            let err = Plan::from_challenge(challenge, key).unwrap_err();
+            let err = Plan::from_challenge(challenge, key, 2).unwrap_err();
             assert!(err.contains(why), "{challenge:?}: {err}");
             let h = s
                 .sign(&req(ALICE, &to, b"{}", 1_700_000_000, Some(challenge)))
@@ -760,10 +786,15 @@ mod tests {
             assert_eq!(get(&h, "Signature-Input"), get(&default, "Signature-Input"));
             assert_eq!(get(&h, "Content-Digest"), get(&default, "Content-Digest"));
         }
+        // An empty body has no Content-Length to cover.
+        let err = Plan::from_challenge("a=(\"content-length\")", key, 0).unwrap_err();
+        assert!(err.contains("empty body"), "{err}");
+        assert!(Plan::from_challenge("a=(\"content-length\")", key, 1).is_ok());
         // The first member that can be honoured is.
         let plan = Plan::from_challenge(
             "a=(\"user-agent\"), b=(\"@method\");keyid=\"other\", c=(\"@path\"), d=(\"@method\")",
             key,
+            2,
         )
         .unwrap();
         assert_eq!(plan.label, "c");
