@@ -9,20 +9,28 @@
 //! | module | what |
 //! |---|---|
 //! | `lib.rs`, `types.rs` | the traits and the types they speak |
-//! | `db.rs` | the statement layer: one SQL text with `$n` placeholders for both backends, typed row reads |
+//! | `backend.rs` | the crate-private `Backend`: what each store brings (connections, transactions, wake-ups, liveness) |
+//! | `db.rs` | the statement layer: one SQL text with `$n` placeholders for both dialects, typed row reads, blocking and async |
+//! | `driver.rs` | [`DriverStore`] once for every backend |
+//! | `service.rs` | [`ServiceStore`] once for every backend |
+//! | `sqlite_path.rs`, `pg_path.rs` | the hot path tuned per dialect: lanes with work, claims, acks |
+//! | `prepare.rs` | validating and canonicalising rows before enqueue |
+//! | `enqueue.rs` | enqueue, once per dialect: the stores', their `enqueue_in`, and the `sqlx` module's |
+//! | `row_ids.rs` | the row-id ledger (the dedup window past delivery) |
 //! | `slots.rs` | the drain slot: acquire, renew, release, fence |
 //! | `lanes.rs` | lane states, operator lane controls, the lane list |
 //! | `dead_letters.rs` | dead-lettering, listing, payloads, replay, purge |
 //! | `status.rs` | status, oldest pending, actors with work |
 //! | `units.rs` | a unit's lifecycle after enqueue: settle, finish, payload rows, seqs |
-//! | `service.rs` | [`ServiceStore`] once for every backend |
-//! | `driver.rs` | [`DriverStore`] once for every backend, over each backend's hot path |
-//! | `sqlite.rs` | SQLite: connections, schema and migrations, its hot path (enqueue, claim, ack, attempt records) |
-//! | `pg_path.rs`, `pg_schema.rs` | Postgres, for both of its drivers: the hot path, the schema and migrations |
-//! | `postgres.rs`, `sqlx_pg.rs` | the two Postgres drivers: [`PgStore`] (blocking `postgres` client, own pool, TLS) and `SqlxPgStore` (a caller's sqlx pool) |
-//! | `sqlx.rs` | enqueue inside a caller's sqlx transaction |
-//! | `prepare.rs` | validating and canonicalising rows before enqueue |
-//! | `notify.rs`, `watcher.rs`, `liveness.rs`, `exists.rs`, `tls.rs`, `error.rs` | wake-ups, watcher threads, dead-holder detection, opening, Postgres TLS, errors |
+//! | `hosts.rs` | the shared host records (`ol_hosts`) |
+//! | `sqlite.rs`, `liveness.rs` | [`SqliteStore`]: connections, schema and migrations; holder lock files |
+//! | `pg_schema.rs` | Postgres, for both of its stores: the schema, migrations, session settings, holders' advisory locks |
+//! | `postgres.rs`, `tls.rs` | [`PgStore`]: the blocking `postgres` client, its own pool, TLS (`sslmode`, client certificates) |
+//! | `sqlx_pg.rs` | `SqlxPgStore`: the Postgres store on a caller's sqlx pool |
+//! | `sqlx.rs` | `SqlxOutbox`: enqueue inside a caller's sqlx transaction; sqlx's side of the statement layer |
+//! | `notify.rs`, `watcher.rs` | in-process wake-ups; the watcher threads |
+//! | `exists.rs` | what a tool reads before it opens a store (is there an outbox, its version) |
+//! | `headers.rs`, `util.rs`, `error.rs` | header checks; shared helpers; the errors |
 //!
 //! # How a pass uses the store
 //!

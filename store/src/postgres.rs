@@ -59,7 +59,7 @@ use postgres::{Client, Config, Row, Statement, Transaction};
 use outbox_lanes_core::ActorId;
 
 use crate::backend::Backend;
-use crate::db::{Db, Dialect, Get, Sql, Value, args, ready};
+use crate::db::{Db, Dialect, Get, Sql, Value, ready};
 use crate::enqueue::enqueue;
 use crate::notify::{Notifier, PendingWake};
 use crate::pg_schema;
@@ -511,12 +511,8 @@ impl PgStore {
         Ok(id)
     }
 
-    /// Liveness beside the lease: `holder` holds a session advisory lock, on a connection of
-    /// its own, for as long as this store lives. The server drops it when that session ends —
-    /// the process died (even by SIGKILL) or lost its connection — and other relays then take
-    /// its slots over at once (with new fencing tokens) instead of after their lease. Listed
-    /// in `ol_live_holders`, so a holder of an older version (no lock) is never taken for
-    /// dead. A failure here only means no liveness: the lease still bounds everything.
+    /// Liveness beside the lease: `holder` holds a session advisory lock on a connection of
+    /// its own for as long as this store lives (see [`pg_schema::take_live_lock`]).
     fn keep_alive(&self, holder: &str) {
         let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
         if live.get(holder).is_some_and(|c| !c.is_closed()) {
@@ -530,21 +526,17 @@ impl PgStore {
                 cache: None,
                 lost: false,
             };
-            let key = live_key(&self.opts.schema, holder);
-            let got = db.query_one(&TRY_LIVE_LOCK, args![&key], |r| r.flag(0))?;
+            let got = pg_schema::take_live_lock(&mut db, &self.opts.schema, holder)?;
+            drop(db);
             if got {
-                db.execute(&REGISTER_HOLDER, args![holder])?;
-                drop(db);
                 live.insert(holder.to_owned(), client);
             }
             Ok(got)
         })();
         match registered {
             Ok(true) => {}
-            Ok(false) => tracing::warn!(target: "outbox_lanes::store", holder,
-                "another live session holds this holder's lock (a holder name used twice?); its slots wait for their lease"),
-            Err(e) => tracing::debug!(target: "outbox_lanes::store", holder, error = %e,
-                "no liveness lock; slots of this holder wait for their lease"),
+            Ok(false) => pg_schema::log_no_live_lock(holder, None),
+            Err(e) => pg_schema::log_no_live_lock(holder, Some(&e)),
         }
     }
 
@@ -708,24 +700,6 @@ impl PgStore {
     }
 }
 
-/// Takes the session advisory lock of a registered holder if nobody holds it: `$1` is the
-/// holder's [`live_key`], `$2` the holder. The first key is `'ol'` (0x6f6c), the second a hash
-/// of the schema and the holder name. No row: the holder registered no liveness.
-static TRY_LIVE_LOCK_OF: Sql = Sql::new(
-    "SELECT pg_try_advisory_lock(28524, hashtext($1)) FROM ol_live_holders WHERE holder = $2",
-);
-static TRY_LIVE_LOCK: Sql = Sql::new("SELECT pg_try_advisory_lock(28524, hashtext($1))");
-static LIVE_UNLOCK: Sql = Sql::new("SELECT pg_advisory_unlock(28524, hashtext($1))");
-/// Registers a holder that keeps a liveness lock.
-static REGISTER_HOLDER: Sql =
-    Sql::new("INSERT INTO ol_live_holders (holder) VALUES ($1) ON CONFLICT DO NOTHING");
-static FORGET_HOLDER: Sql = Sql::new("DELETE FROM ol_live_holders WHERE holder = $1");
-
-/// The advisory-lock name of `holder` in `schema`.
-fn live_key(schema: &str, holder: &str) -> String {
-    format!("{schema}/{holder}")
-}
-
 impl Backend for PgStore {
     const DIALECT: Dialect = Dialect::Postgres;
     type Conn<'c> = PgDb<'c>;
@@ -766,15 +740,7 @@ impl Backend for PgStore {
     }
 
     fn holder_is_dead(&self, db: &mut PgDb<'_>, holder: &str) -> Result<bool, StoreError> {
-        let key = live_key(&self.opts.schema, holder);
-        // Taken at once when nobody holds it: then the holder is gone; given back at once (a
-        // session lock outlives the transaction).
-        if db.query_opt(&TRY_LIVE_LOCK_OF, args![&key, holder], |r| r.flag(0))? != Some(true) {
-            return Ok(false);
-        }
-        db.query_one(&LIVE_UNLOCK, args![&key], |r| r.flag(0))?;
-        db.execute(&FORGET_HOLDER, args![holder])?;
-        Ok(true)
+        pg_schema::holder_is_dead(db, &self.opts.schema, holder)
     }
 
     fn watch(&self) -> Result<Notifier, StoreError> {

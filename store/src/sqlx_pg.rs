@@ -45,7 +45,7 @@ use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Mutex, PoisonError};
 
-use ::sqlx::postgres::{PgConnection, PgDatabaseError, PgListener, PgPool, PgRow};
+use ::sqlx::postgres::{PgConnection, PgListener, PgPool, PgRow};
 use ::sqlx::{AssertSqlSafe, Connection as _, Row as _};
 
 use tokio::runtime::{Handle, RuntimeFlavor};
@@ -53,9 +53,10 @@ use tokio::task::JoinHandle;
 
 use crate::StoreError;
 use crate::backend::Backend;
-use crate::db::{Db, Dialect, Get, Sql, Value, args};
+use crate::db::{Db, Dialect, Get, Sql, Value};
 use crate::notify::Notifier;
 use crate::pg_schema;
+use crate::sqlx::sqlx_err;
 use crate::types::CommonOptions;
 
 /// How a [`SqlxPgStore`] uses its pool.
@@ -257,11 +258,9 @@ impl SqlxPgStore {
             lost: false,
         };
         db.batch(&format!("SET search_path TO {}", self.opts.schema))?;
-        let key = format!("{}/{holder}", self.opts.schema);
-        if !db.query_one(&TRY_LIVE_LOCK, args![&key], |r| r.flag(0))? {
+        if !pg_schema::take_live_lock(&mut db, &self.opts.schema, holder)? {
             return Ok(None);
         }
-        db.execute(&REGISTER_HOLDER, args![holder])?;
         Ok(Some(Task(self.handle.spawn(async move {
             // Ends when the connection is lost; the next acquisition opens a new one.
             loop {
@@ -274,49 +273,6 @@ impl SqlxPgStore {
     }
 }
 
-/// A sqlx error in one line, as [`StoreError`]: lost connections, conflicts the server broke
-/// (retryable) and read-only servers apart, the rest a driver error keeping it as the cause.
-fn sqlx_err(e: ::sqlx::Error) -> StoreError {
-    use ::sqlx::Error as E;
-    let reason = match &e {
-        E::Database(db) => {
-            let mut out = format!(
-                "{} (SQLSTATE {})",
-                db.message(),
-                db.code().as_deref().unwrap_or("?")
-            );
-            if let Some(d) = db
-                .try_downcast_ref::<PgDatabaseError>()
-                .and_then(|p| p.detail())
-            {
-                out.push_str("; detail: ");
-                out.push_str(d);
-            }
-            out
-        }
-        other => other.to_string(),
-    }
-    .replace(['\n', '\r'], " ");
-    match &e {
-        E::Io(_) | E::Tls(_) | E::Protocol(_) | E::WorkerCrashed => {
-            StoreError::connection_lost(reason, e)
-        }
-        E::Database(db) => match db.code().as_deref() {
-            Some(c) if c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03") => {
-                StoreError::connection_lost(reason, e)
-            }
-            // Aborted by the server to break a deadlock or a serialization conflict: nothing
-            // was written and a retry can succeed.
-            Some("40001" | "40P01" | "55P03") => StoreError::Busy,
-            Some("25006") => StoreError::ReadOnly {
-                path: "(postgres)".into(),
-            },
-            _ => StoreError::driver(reason, e),
-        },
-        _ => StoreError::driver(reason, e),
-    }
-}
-
 /// A connection of the store (in a transaction, or the liveness session) as a [`Db`]: each
 /// statement waits on the pool's runtime; sqlx caches the prepared statements per connection.
 pub(crate) struct SqlxDb<'c> {
@@ -324,15 +280,6 @@ pub(crate) struct SqlxDb<'c> {
     store: &'c SqlxPgStore,
     lost: bool,
 }
-
-static TRY_LIVE_LOCK: Sql = Sql::new("SELECT pg_try_advisory_lock(28524, hashtext($1))");
-static TRY_LIVE_LOCK_OF: Sql = Sql::new(
-    "SELECT pg_try_advisory_lock(28524, hashtext($1)) FROM ol_live_holders WHERE holder = $2",
-);
-static LIVE_UNLOCK: Sql = Sql::new("SELECT pg_advisory_unlock(28524, hashtext($1))");
-static REGISTER_HOLDER: Sql =
-    Sql::new("INSERT INTO ol_live_holders (holder) VALUES ($1) ON CONFLICT DO NOTHING");
-static FORGET_HOLDER: Sql = Sql::new("DELETE FROM ol_live_holders WHERE holder = $1");
 
 impl SqlxDb<'_> {
     fn checked<T>(&mut self, r: Result<T, StoreError>) -> Result<T, StoreError> {
@@ -343,11 +290,11 @@ impl SqlxDb<'_> {
     }
 }
 
-/// Binds the values in order.
-fn bind<'q>(
+/// Binds the values in order (never an error: Postgres binds every [`Value`]).
+pub(crate) fn bind<'q>(
     mut q: ::sqlx::query::Query<'q, ::sqlx::Postgres, ::sqlx::postgres::PgArguments>,
     args: &[Value<'_>],
-) -> ::sqlx::query::Query<'q, ::sqlx::Postgres, ::sqlx::postgres::PgArguments> {
+) -> Result<::sqlx::query::Query<'q, ::sqlx::Postgres, ::sqlx::postgres::PgArguments>, StoreError> {
     for v in args {
         q = match *v {
             Value::Int(v) => q.bind(v),
@@ -363,7 +310,7 @@ fn bind<'q>(
             Value::Byteses(v) => q.bind(v),
         };
     }
-    q
+    Ok(q)
 }
 
 impl Db for SqlxDb<'_> {
@@ -380,7 +327,7 @@ impl Db for SqlxDb<'_> {
         let q = bind(
             ::sqlx::query(AssertSqlSafe(sql.text(Dialect::Postgres))),
             args,
-        );
+        )?;
         let r = self.store.run_sql(q.execute(&mut *self.conn));
         self.checked(r).map(|r| r.rows_affected())
     }
@@ -398,7 +345,7 @@ impl Db for SqlxDb<'_> {
         let q = bind(
             ::sqlx::query(AssertSqlSafe(sql.text(Dialect::Postgres))),
             args,
-        );
+        )?;
         let rows = self.store.run_sql(q.fetch_all(&mut *self.conn));
         self.checked(rows)?.iter().map(|r| map(r)).collect()
     }
@@ -482,21 +429,13 @@ impl Backend for SqlxPgStore {
             Ok(Some(task)) => {
                 live.insert(holder.to_owned(), task);
             }
-            Ok(None) => tracing::warn!(target: "outbox_lanes::store", holder,
-                "another live session holds this holder's lock (a holder name used twice?); its slots wait for their lease"),
-            Err(e) => tracing::debug!(target: "outbox_lanes::store", holder, error = %e,
-                "no liveness lock; slots of this holder wait for their lease"),
+            Ok(None) => pg_schema::log_no_live_lock(holder, None),
+            Err(e) => pg_schema::log_no_live_lock(holder, Some(&e)),
         }
     }
 
     fn holder_is_dead(&self, db: &mut SqlxDb<'_>, holder: &str) -> Result<bool, StoreError> {
-        let key = format!("{}/{holder}", self.opts.schema);
-        if db.query_opt(&TRY_LIVE_LOCK_OF, args![&key, holder], |r| r.flag(0))? != Some(true) {
-            return Ok(false);
-        }
-        db.query_one(&LIVE_UNLOCK, args![&key], |r| r.flag(0))?;
-        db.execute(&FORGET_HOLDER, args![holder])?;
-        Ok(true)
+        pg_schema::holder_is_dead(db, &self.opts.schema, holder)
     }
 
     fn watch(&self) -> Result<Notifier, StoreError> {
