@@ -273,6 +273,75 @@ pub(crate) trait Get {
     fn opt_texts(&self, col: usize) -> Result<Option<Vec<String>>, StoreError>;
 }
 
+/// [`Get`] for a driver's row type: `$get` reads column `$c` of row `$r` as the accessor's
+/// type, its error made the store's. With `arrays` the driver reads the arrays too (Postgres);
+/// without, an array read is an error.
+macro_rules! impl_get {
+    ($row:ty, |$r:ident, $c:ident| $get:expr, arrays) => {
+        impl $crate::db::Get for $row {
+            $crate::db::impl_get!(@scalars $r $c $get);
+            fn opt_ints(&self, col: usize) -> Result<Option<Vec<i64>>, $crate::StoreError> {
+                let ($r, $c) = (self, col);
+                $get
+            }
+            fn opt_texts(&self, col: usize) -> Result<Option<Vec<String>>, $crate::StoreError> {
+                let ($r, $c) = (self, col);
+                $get
+            }
+        }
+    };
+    ($row:ty, |$r:ident, $c:ident| $get:expr) => {
+        impl $crate::db::Get for $row {
+            $crate::db::impl_get!(@scalars $r $c $get);
+            fn opt_ints(&self, _: usize) -> Result<Option<Vec<i64>>, $crate::StoreError> {
+                Err($crate::StoreError::Database(
+                    "an array read without arrays (they are Postgres only)".into(),
+                ))
+            }
+            fn opt_texts(&self, _: usize) -> Result<Option<Vec<String>>, $crate::StoreError> {
+                Err($crate::StoreError::Database(
+                    "an array read without arrays (they are Postgres only)".into(),
+                ))
+            }
+        }
+    };
+    (@scalars $r:ident $c:ident $get:expr) => {
+        fn int(&self, col: usize) -> Result<i64, $crate::StoreError> {
+            let ($r, $c) = (self, col);
+            $get
+        }
+        fn opt_int(&self, col: usize) -> Result<Option<i64>, $crate::StoreError> {
+            let ($r, $c) = (self, col);
+            $get
+        }
+        fn text(&self, col: usize) -> Result<String, $crate::StoreError> {
+            let ($r, $c) = (self, col);
+            $get
+        }
+        fn opt_text(&self, col: usize) -> Result<Option<String>, $crate::StoreError> {
+            let ($r, $c) = (self, col);
+            $get
+        }
+        fn flag(&self, col: usize) -> Result<bool, $crate::StoreError> {
+            let ($r, $c) = (self, col);
+            $get
+        }
+        fn opt_flag(&self, col: usize) -> Result<Option<bool>, $crate::StoreError> {
+            let ($r, $c) = (self, col);
+            $get
+        }
+        fn bytes(&self, col: usize) -> Result<Vec<u8>, $crate::StoreError> {
+            let ($r, $c) = (self, col);
+            $get
+        }
+        fn opt_bytes(&self, col: usize) -> Result<Option<Vec<u8>>, $crate::StoreError> {
+            let ($r, $c) = (self, col);
+            $get
+        }
+    };
+}
+pub(crate) use impl_get;
+
 /// A connection or transaction of either backend, running [`Sql`] statements and blocking
 /// until each is done.
 pub(crate) trait Db {

@@ -234,38 +234,7 @@ impl ToSql for Value<'_> {
     to_sql_checked!();
 }
 
-impl Get for Row {
-    fn int(&self, col: usize) -> Result<i64, StoreError> {
-        Ok(self.try_get(col)?)
-    }
-    fn opt_int(&self, col: usize) -> Result<Option<i64>, StoreError> {
-        Ok(self.try_get(col)?)
-    }
-    fn text(&self, col: usize) -> Result<String, StoreError> {
-        Ok(self.try_get(col)?)
-    }
-    fn opt_text(&self, col: usize) -> Result<Option<String>, StoreError> {
-        Ok(self.try_get(col)?)
-    }
-    fn flag(&self, col: usize) -> Result<bool, StoreError> {
-        Ok(self.try_get(col)?)
-    }
-    fn opt_flag(&self, col: usize) -> Result<Option<bool>, StoreError> {
-        Ok(self.try_get(col)?)
-    }
-    fn bytes(&self, col: usize) -> Result<Vec<u8>, StoreError> {
-        Ok(self.try_get(col)?)
-    }
-    fn opt_bytes(&self, col: usize) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self.try_get(col)?)
-    }
-    fn opt_ints(&self, col: usize) -> Result<Option<Vec<i64>>, StoreError> {
-        Ok(self.try_get(col)?)
-    }
-    fn opt_texts(&self, col: usize) -> Result<Option<Vec<String>>, StoreError> {
-        Ok(self.try_get(col)?)
-    }
-}
+crate::db::impl_get!(Row, |r, c| Ok(r.try_get(c)?), arrays);
 
 /// A connection as a [`Db`]: a pooled client, each statement committed on its own, or a
 /// transaction (the store's own, or a savepoint in a caller's). With the pool's cache, each

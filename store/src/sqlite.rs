@@ -892,40 +892,7 @@ impl ToSql for Value<'_> {
     }
 }
 
-impl Get for rusqlite::Row<'_> {
-    fn int(&self, col: usize) -> Result<i64, StoreError> {
-        Ok(self.get(col)?)
-    }
-    fn opt_int(&self, col: usize) -> Result<Option<i64>, StoreError> {
-        Ok(self.get(col)?)
-    }
-    fn text(&self, col: usize) -> Result<String, StoreError> {
-        Ok(self.get(col)?)
-    }
-    fn opt_text(&self, col: usize) -> Result<Option<String>, StoreError> {
-        Ok(self.get(col)?)
-    }
-    fn flag(&self, col: usize) -> Result<bool, StoreError> {
-        Ok(self.get(col)?)
-    }
-    fn opt_flag(&self, col: usize) -> Result<Option<bool>, StoreError> {
-        Ok(self.get(col)?)
-    }
-    fn bytes(&self, col: usize) -> Result<Vec<u8>, StoreError> {
-        Ok(self.get(col)?)
-    }
-    fn opt_bytes(&self, col: usize) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self.get(col)?)
-    }
-    fn opt_ints(&self, _: usize) -> Result<Option<Vec<i64>>, StoreError> {
-        Err(StoreError::Database(
-            "an array read on SQLite (arrays are Postgres only)".into(),
-        ))
-    }
-    fn opt_texts(&self, _: usize) -> Result<Option<Vec<String>>, StoreError> {
-        self.opt_ints(0).map(|_| None)
-    }
-}
+crate::db::impl_get!(rusqlite::Row<'_>, |r, c| Ok(r.get(c)?));
 
 /// A SQLite connection (or a transaction on it) as a [`Db`]; statements are prepared
 /// through rusqlite's statement cache. A read-only failure names the store's file.

@@ -492,54 +492,12 @@ where
     Ok(q)
 }
 
-/// [`Get`] for a row of a driver without arrays (SQLite, `Any`); a flag is a boolean or an
-/// integer (SQLite's 0/1).
-macro_rules! scalar_get {
-    ($row:ty) => {
-        impl Get for $row {
-            fn int(&self, col: usize) -> Result<i64, StoreError> {
-                self.try_get(col).map_err(sqlx_err)
-            }
-            fn opt_int(&self, col: usize) -> Result<Option<i64>, StoreError> {
-                self.try_get(col).map_err(sqlx_err)
-            }
-            fn text(&self, col: usize) -> Result<String, StoreError> {
-                self.try_get(col).map_err(sqlx_err)
-            }
-            fn opt_text(&self, col: usize) -> Result<Option<String>, StoreError> {
-                self.try_get(col).map_err(sqlx_err)
-            }
-            fn flag(&self, col: usize) -> Result<bool, StoreError> {
-                Ok(self.opt_flag(col)?.unwrap_or_default())
-            }
-            fn opt_flag(&self, col: usize) -> Result<Option<bool>, StoreError> {
-                match self.try_get::<Option<bool>, _>(col) {
-                    Ok(v) => Ok(v),
-                    Err(_) => Ok(self.opt_int(col)?.map(|v| v != 0)),
-                }
-            }
-            fn bytes(&self, col: usize) -> Result<Vec<u8>, StoreError> {
-                self.try_get(col).map_err(sqlx_err)
-            }
-            fn opt_bytes(&self, col: usize) -> Result<Option<Vec<u8>>, StoreError> {
-                self.try_get(col).map_err(sqlx_err)
-            }
-            fn opt_ints(&self, _: usize) -> Result<Option<Vec<i64>>, StoreError> {
-                Err(StoreError::Database(
-                    "arrays are read on Postgres only".into(),
-                ))
-            }
-            fn opt_texts(&self, _: usize) -> Result<Option<Vec<String>>, StoreError> {
-                Err(StoreError::Database(
-                    "arrays are read on Postgres only".into(),
-                ))
-            }
-        }
-    };
-}
-
-scalar_get!(::sqlx::sqlite::SqliteRow);
-scalar_get!(::sqlx::any::AnyRow);
+// Through `Any` a flag is read as a boolean, which SQLite's integer is not: the enqueue reads
+// integers and text only.
+crate::db::impl_get!(::sqlx::sqlite::SqliteRow, |r, c| r
+    .try_get(c)
+    .map_err(sqlx_err));
+crate::db::impl_get!(::sqlx::any::AnyRow, |r, c| r.try_get(c).map_err(sqlx_err));
 
 /// A sqlx error as the store reports one, in one line: a lost connection (or pool) is
 /// [`StoreError::ConnectionLost`]; SQLite busy or locked, or a conflict the Postgres server

@@ -351,38 +351,7 @@ impl Db for SqlxDb<'_> {
     }
 }
 
-impl Get for PgRow {
-    fn int(&self, col: usize) -> Result<i64, StoreError> {
-        self.try_get(col).map_err(sqlx_err)
-    }
-    fn opt_int(&self, col: usize) -> Result<Option<i64>, StoreError> {
-        self.try_get(col).map_err(sqlx_err)
-    }
-    fn text(&self, col: usize) -> Result<String, StoreError> {
-        self.try_get(col).map_err(sqlx_err)
-    }
-    fn opt_text(&self, col: usize) -> Result<Option<String>, StoreError> {
-        self.try_get(col).map_err(sqlx_err)
-    }
-    fn flag(&self, col: usize) -> Result<bool, StoreError> {
-        self.try_get(col).map_err(sqlx_err)
-    }
-    fn opt_flag(&self, col: usize) -> Result<Option<bool>, StoreError> {
-        self.try_get(col).map_err(sqlx_err)
-    }
-    fn bytes(&self, col: usize) -> Result<Vec<u8>, StoreError> {
-        self.try_get(col).map_err(sqlx_err)
-    }
-    fn opt_bytes(&self, col: usize) -> Result<Option<Vec<u8>>, StoreError> {
-        self.try_get(col).map_err(sqlx_err)
-    }
-    fn opt_ints(&self, col: usize) -> Result<Option<Vec<i64>>, StoreError> {
-        self.try_get(col).map_err(sqlx_err)
-    }
-    fn opt_texts(&self, col: usize) -> Result<Option<Vec<String>>, StoreError> {
-        self.try_get(col).map_err(sqlx_err)
-    }
-}
+crate::db::impl_get!(PgRow, |r, c| r.try_get(c).map_err(sqlx_err), arrays);
 
 impl Backend for SqlxPgStore {
     const DIALECT: Dialect = Dialect::Postgres;
