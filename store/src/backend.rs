@@ -12,6 +12,37 @@ use crate::db::{Db, Dialect};
 use crate::notify::Notifier;
 use crate::{CommonOptions, StoreError};
 
+/// What every store holds alike, for the operations written once.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    /// The outbox id (`ol_meta`), read when the store was opened.
+    pub(crate) outbox_id: String,
+    /// The in-process wake-up, fired after a commit that made work.
+    pub(crate) notifier: Notifier,
+    /// Postgres: the channel that wakes the other processes (a `NOTIFY` in the transaction).
+    /// SQLite: none, its watchers see every commit by themselves.
+    pub(crate) channel: Option<String>,
+}
+
+impl Shared {
+    /// A store's parts, before its outbox id is read.
+    pub(crate) fn new(channel: Option<String>) -> Shared {
+        Shared {
+            outbox_id: String::new(),
+            notifier: Notifier::new(),
+            channel,
+        }
+    }
+
+    /// The channel of a Postgres store's wake-ups.
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlx")), allow(dead_code))]
+    pub(crate) fn pg_channel(&self) -> &str {
+        self.channel
+            .as_deref()
+            .expect("a Postgres store is made with its channel")
+    }
+}
+
 /// One backend under the shared operations (see the module docs).
 pub(crate) trait Backend: Send + Sync {
     /// The SQL this backend speaks.
@@ -42,15 +73,8 @@ pub(crate) trait Backend: Send + Sync {
     /// The options every backend shares.
     fn common(&self) -> &CommonOptions;
 
-    /// The outbox id (`ol_meta`), read when the store was opened.
-    fn outbox_id(&self) -> &str;
-
-    /// The in-process wake-up, fired after a commit that made work.
-    fn notifier(&self) -> &Notifier;
-
-    /// Postgres: the channel that wakes the other processes (a `NOTIFY` in the transaction).
-    /// SQLite: none, its watchers see every commit by themselves.
-    fn channel(&self) -> Option<&str>;
+    /// What every store holds alike.
+    fn shared(&self) -> &Shared;
 
     /// Makes `holder` known as alive while this store lives (a failure only means that its
     /// slots are recovered by lease expiry instead).

@@ -211,7 +211,7 @@ impl<B: Backend> DriverStore for B {
     }
 
     fn notifier(&self) -> Notifier {
-        Backend::notifier(self).clone()
+        self.shared().notifier.clone()
     }
 
     fn watch(&self) -> Result<Notifier, StoreError> {
@@ -219,7 +219,7 @@ impl<B: Backend> DriverStore for B {
     }
 
     fn outbox_id(&self) -> &str {
-        Backend::outbox_id(self)
+        &self.shared().outbox_id
     }
 
     fn hosts(&self) -> Result<Vec<HostRecord>, StoreError> {

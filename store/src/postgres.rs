@@ -58,7 +58,7 @@ use postgres::{Client, Config, Row, Statement, Transaction};
 
 use outbox_lanes_core::ActorId;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Shared};
 use crate::db::{Db, Dialect, Get, Sql, Value, ready};
 use crate::enqueue::enqueue;
 use crate::notify::{Notifier, PendingWake};
@@ -350,14 +350,11 @@ pub struct PgStore {
     opts: PgOptions,
     pool: Mutex<Pool>,
     freed: Condvar,
-    notifier: Notifier,
-    channel: String,
+    shared: Shared,
     watcher: Mutex<Option<WatcherThread>>,
     /// One session per holder of this store, holding the holder's advisory lock for the
     /// store's life: see [`PgStore::register_holder`].
     live: Mutex<HashMap<String, postgres::Client>>,
-    /// The outbox id (`ol_meta`), read once at connect.
-    outbox_id: String,
 }
 
 impl core::fmt::Debug for PgStore {
@@ -430,7 +427,7 @@ impl PgStore {
         config.application_name(&opts.application_name);
         config.connect_timeout(opts.connect_timeout);
         let mut store = PgStore {
-            channel: pg_schema::channel(&opts.schema),
+            shared: Shared::new(Some(pg_schema::channel(&opts.schema))),
             config,
             tls,
             target,
@@ -439,14 +436,12 @@ impl PgStore {
                 open: 0,
             }),
             freed: Condvar::new(),
-            notifier: Notifier::new(),
             watcher: Mutex::new(None),
             live: Mutex::new(HashMap::new()),
-            outbox_id: String::new(),
             opts,
         };
         let mut conn = store.new_conn(true)?;
-        store.outbox_id = store.init_schema(&mut conn)?;
+        store.shared.outbox_id = store.init_schema(&mut conn)?;
         store.lock_pool().open += 1;
         store.checkin(conn);
         Ok(store)
@@ -475,7 +470,7 @@ impl PgStore {
             lost: false,
         };
         let (schema, policy) = (&self.opts.schema, self.opts.common.schema);
-        let id = pg_schema::init(&mut db, schema, &self.channel, policy)?;
+        let id = pg_schema::init(&mut db, schema, self.shared.pg_channel(), policy)?;
         db.commit()?;
         Ok(id)
     }
@@ -651,7 +646,7 @@ impl PgStore {
             cache: None,
             lost: false,
         };
-        let channel = Some(self.channel.as_str());
+        let channel = Some(self.shared.pg_channel());
         let out = ready(enqueue(
             &mut db,
             actor,
@@ -660,7 +655,7 @@ impl PgStore {
             &self.opts.common,
         ))?;
         db.commit()?;
-        Ok((out, PendingWake::new(self.notifier.clone())))
+        Ok((out, PendingWake::new(self.shared.notifier.clone())))
     }
 
     /// The options the store connected with.
@@ -692,16 +687,8 @@ impl Backend for PgStore {
         &self.opts.common
     }
 
-    fn outbox_id(&self) -> &str {
-        &self.outbox_id
-    }
-
-    fn notifier(&self) -> &Notifier {
-        &self.notifier
-    }
-
-    fn channel(&self) -> Option<&str> {
-        Some(&self.channel)
+    fn shared(&self) -> &Shared {
+        &self.shared
     }
 
     fn register_holder(&self, holder: &str) {
@@ -716,18 +703,18 @@ impl Backend for PgStore {
         let mut w = self.watcher.lock().unwrap_or_else(PoisonError::into_inner);
         if w.is_none() {
             let mut client = self.new_conn(false)?.client;
-            client.batch_execute(&format!("LISTEN {}", self.channel))?;
-            let notifier = self.notifier.clone();
+            client.batch_execute(&format!("LISTEN {}", self.shared.pg_channel()))?;
+            let notifier = self.shared.notifier.clone();
             let config = self.config.clone();
             let tls = self.tls.clone();
-            let channel = self.channel.clone();
+            let channel = self.shared.pg_channel().to_owned();
             let every = self.opts.watch_interval;
             *w = Some(WatcherThread::spawn(
                 "outbox-lanes-pg-listen",
                 move |stop| listen_loop(client, &config, &tls, &channel, stop, &notifier, every),
             )?);
         }
-        Ok(self.notifier.clone())
+        Ok(self.shared.notifier.clone())
     }
 }
 

@@ -34,7 +34,7 @@ fn notify_others<B: Backend>(
     db: &mut B::Conn<'_>,
     actors: &[ActorId],
 ) -> Result<(), StoreError> {
-    if let Some(channel) = store.channel() {
+    if let Some(channel) = store.shared().channel.as_deref() {
         for a in actors {
             db.execute(&NOTIFY, args![channel, a.as_str()])?;
         }
@@ -72,7 +72,7 @@ fn lane_action<B: Backend, T>(
         notify_others(store, db, std::slice::from_ref(&bumped.actor))?;
         Ok::<_, StoreError>((v, bumped.held))
     })?;
-    store.notifier().notify();
+    store.shared().notifier.notify();
     if held && reach == Reach::BeforeReturn {
         std::thread::sleep(CONTROL_VALIDITY);
     }
@@ -105,7 +105,7 @@ fn host_lanes_action<B: Backend>(
         notify_others(store, db, &actors)?;
         Ok::<_, StoreError>((n, held))
     })?;
-    store.notifier().notify();
+    store.shared().notifier.notify();
     if held {
         std::thread::sleep(CONTROL_VALIDITY);
     }
@@ -161,11 +161,11 @@ impl<B: Backend> ServiceStore for B {
         }
         // In a transaction even when it is one statement: a statement that fails before the
         // COMMIT is sent certainly did not commit, so it is retried on a new connection.
-        let (channel, common) = (self.channel(), self.common());
+        let (channel, common) = (self.shared().channel.as_deref(), self.common());
         let out = self.write(false, |db| {
             ready(enqueue(db, actor, &prepared, channel, common))
         })?;
-        self.notifier().notify();
+        self.shared().notifier.notify();
         Ok(out)
     }
 
@@ -196,7 +196,7 @@ impl<B: Backend> ServiceStore for B {
             notify_others(self, db, &actors)?;
             Ok::<_, StoreError>(units)
         })?;
-        self.notifier().notify();
+        self.shared().notifier.notify();
         Ok(units)
     }
 

@@ -28,7 +28,7 @@ use rusqlite::{
 
 use outbox_lanes_core::ActorId;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Shared};
 use crate::db::{Db, Dialect, Get, Sql, Value, ready};
 use crate::enqueue::enqueue;
 use crate::liveness::Liveness;
@@ -90,13 +90,11 @@ pub struct SqliteStore {
     conns: Conns,
     path: Option<PathBuf>,
     opts: SqliteOptions,
-    notifier: Notifier,
+    shared: Shared,
     watcher: Mutex<Option<WatcherThread>>,
     /// Holder locks beside the leases (a file database opened for writing only): see
     /// [`crate::liveness`].
     liveness: Option<Liveness>,
-    /// The outbox id (`ol_meta`), read once at open.
-    outbox_id: String,
     /// The device and inode of the file opened (a file database on Unix), for
     /// [`DriverStore::check_database`](crate::DriverStore::check_database).
     identity: Option<(u64, u64)>,
@@ -631,8 +629,10 @@ impl SqliteStore {
             identity: None,
             path: Some(path),
             opts,
-            outbox_id,
-            notifier: Notifier::new(),
+            shared: Shared {
+                outbox_id,
+                ..Shared::new(None)
+            },
             watcher: Mutex::new(None),
         })
     }
@@ -659,8 +659,10 @@ impl SqliteStore {
             conns: Conns::Memory(Mutex::new(conn)),
             path: None,
             opts,
-            outbox_id,
-            notifier: Notifier::new(),
+            shared: Shared {
+                outbox_id,
+                ..Shared::new(None)
+            },
             watcher: Mutex::new(None),
             liveness: None,
             identity: None,
@@ -721,7 +723,7 @@ impl SqliteStore {
         match ready(enqueue(&mut db, actor, &prepared, None, &self.opts.common)) {
             Ok(v) => {
                 tx.execute_batch("RELEASE ol_enqueue")?;
-                Ok((v, PendingWake::new(self.notifier.clone())))
+                Ok((v, PendingWake::new(self.shared.notifier.clone())))
             }
             Err(e) => {
                 let _ = tx.execute_batch("ROLLBACK TO ol_enqueue; RELEASE ol_enqueue");
@@ -753,7 +755,7 @@ impl SqliteStore {
             tx.commit().map_err(StoreError::from)?;
             v
         };
-        self.notifier.notify();
+        self.shared.notifier.notify();
         Ok(v)
     }
 
@@ -979,17 +981,8 @@ impl Backend for SqliteStore {
         &self.opts.common
     }
 
-    fn outbox_id(&self) -> &str {
-        &self.outbox_id
-    }
-
-    fn notifier(&self) -> &Notifier {
-        &self.notifier
-    }
-
-    fn channel(&self) -> Option<&str> {
-        // The other processes' watchers see every commit (`PRAGMA data_version`).
-        None
+    fn shared(&self) -> &Shared {
+        &self.shared
     }
 
     fn register_holder(&self, holder: &str) {
@@ -1023,7 +1016,7 @@ impl Backend for SqliteStore {
     fn watch(&self) -> Result<Notifier, StoreError> {
         let Some(path) = &self.path else {
             // Nothing outside this process can reach a private in-memory database.
-            return Ok(self.notifier.clone());
+            return Ok(self.shared.notifier.clone());
         };
         let mut w = self.watcher.lock().unwrap_or_else(PoisonError::into_inner);
         if w.is_none() {
@@ -1033,14 +1026,14 @@ impl Backend for SqliteStore {
             )
             .map_err(|e| open_err(&path.display().to_string(), e))?;
             conn.busy_timeout(self.opts.busy_timeout)?;
-            let notifier = self.notifier.clone();
+            let notifier = self.shared.notifier.clone();
             let every = self.opts.watch_interval;
             *w = Some(WatcherThread::spawn(
                 "outbox-lanes-sqlite-watch",
                 move |stop| watch_loop(&conn, stop, &notifier, every),
             )?);
         }
-        Ok(self.notifier.clone())
+        Ok(self.shared.notifier.clone())
     }
 }
 

@@ -52,7 +52,7 @@ use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::task::JoinHandle;
 
 use crate::StoreError;
-use crate::backend::Backend;
+use crate::backend::{Backend, Shared};
 use crate::db::{Db, Dialect, Get, Sql, Value};
 use crate::notify::Notifier;
 use crate::pg_schema;
@@ -99,13 +99,10 @@ pub struct SqlxPgStore {
     opts: SqlxPgOptions,
     /// `BEGIN` and the store's `SET LOCAL`s, one round trip.
     begin: String,
-    channel: String,
-    notifier: Notifier,
+    shared: Shared,
     watcher: Mutex<Option<Task>>,
     /// Per holder, the task keeping its liveness lock's connection.
     live: Mutex<HashMap<String, Task>>,
-    /// The outbox id (`ol_meta`), read once when the store was made.
-    outbox_id: String,
 }
 
 impl SqlxPgStore {
@@ -136,21 +133,19 @@ impl SqlxPgStore {
         })?;
         let store = SqlxPgStore {
             begin: format!("BEGIN; {}", pg_schema::settings("LOCAL", &opts.schema)),
-            channel: pg_schema::channel(&opts.schema),
+            shared: Shared::new(Some(pg_schema::channel(&opts.schema))),
             pool,
             handle,
-            notifier: Notifier::new(),
             watcher: Mutex::new(None),
             live: Mutex::new(HashMap::new()),
-            outbox_id: String::new(),
             opts,
         };
         let mut store = store;
-        store.outbox_id = store.tx(false, |db: &mut SqlxDb<'_>| {
+        store.shared.outbox_id = store.tx(false, |db: &mut SqlxDb<'_>| {
             pg_schema::init(
                 db,
                 &store.opts.schema,
-                &store.channel,
+                store.shared.pg_channel(),
                 store.opts.common.schema,
             )
         })?;
@@ -377,16 +372,8 @@ impl Backend for SqlxPgStore {
         &self.opts.common
     }
 
-    fn outbox_id(&self) -> &str {
-        &self.outbox_id
-    }
-
-    fn notifier(&self) -> &Notifier {
-        &self.notifier
-    }
-
-    fn channel(&self) -> Option<&str> {
-        Some(&self.channel)
+    fn shared(&self) -> &Shared {
+        &self.shared
     }
 
     fn register_holder(&self, holder: &str) {
@@ -412,10 +399,10 @@ impl Backend for SqlxPgStore {
         if w.is_none() {
             let mut listener = self.run_sql(async {
                 let mut listener = PgListener::connect_with(&self.pool).await?;
-                listener.listen(&self.channel).await?;
+                listener.listen(self.shared.pg_channel()).await?;
                 Ok(listener)
             })?;
-            let notifier = self.notifier.clone();
+            let notifier = self.shared.notifier.clone();
             *w = Some(Task(self.handle.spawn(async move {
                 loop {
                     match listener.try_recv().await {
@@ -437,6 +424,6 @@ impl Backend for SqlxPgStore {
                 }
             })));
         }
-        Ok(self.notifier.clone())
+        Ok(self.shared.notifier.clone())
     }
 }
