@@ -315,49 +315,39 @@ pub trait SqlxConnection: sealed::Sealed + Send {
     ) -> BoxFuture<'a, Result<Vec<Enqueued>, EnqueueError>>;
 }
 
-impl SqlxConnection for PgConnection {
-    fn enqueue_rows<'a>(
-        &'a mut self,
-        outbox: &'a SqlxOutbox,
-        actor: &'a ActorId,
-        rows: &'a [NewRow],
-    ) -> BoxFuture<'a, Result<Vec<Enqueued>, EnqueueError>> {
-        Box::pin(outbox.run(self, Dialect::Postgres, true, actor, rows))
-    }
-}
-
-impl SqlxConnection for SqliteConnection {
-    fn enqueue_rows<'a>(
-        &'a mut self,
-        outbox: &'a SqlxOutbox,
-        actor: &'a ActorId,
-        rows: &'a [NewRow],
-    ) -> BoxFuture<'a, Result<Vec<Enqueued>, EnqueueError>> {
-        Box::pin(outbox.run(self, Dialect::Sqlite, false, actor, rows))
-    }
-}
-
-impl SqlxConnection for AnyConnection {
-    fn enqueue_rows<'a>(
-        &'a mut self,
-        outbox: &'a SqlxOutbox,
-        actor: &'a ActorId,
-        rows: &'a [NewRow],
-    ) -> BoxFuture<'a, Result<Vec<Enqueued>, EnqueueError>> {
-        let dialect = match self.backend_name() {
-            "PostgreSQL" => Dialect::Postgres,
-            "SQLite" => Dialect::Sqlite,
-            other => {
-                let e = StoreError::Database(format!(
-                    "outbox-lanes enqueues on Postgres and SQLite, not on {other}"
-                ));
-                return Box::pin(core::future::ready(Err(e.into())));
+/// [`SqlxConnection`] for a connection type: `$how` says its dialect and whether it binds
+/// arrays.
+macro_rules! sqlx_connection {
+    ($conn:ty, $how:expr) => {
+        impl SqlxConnection for $conn {
+            fn enqueue_rows<'a>(
+                &'a mut self,
+                outbox: &'a SqlxOutbox,
+                actor: &'a ActorId,
+                rows: &'a [NewRow],
+            ) -> BoxFuture<'a, Result<Vec<Enqueued>, EnqueueError>> {
+                let how: fn(&$conn) -> Result<(Dialect, bool), StoreError> = $how;
+                match how(self) {
+                    Ok((dialect, arrays)) => {
+                        Box::pin(outbox.run(self, dialect, arrays, actor, rows))
+                    }
+                    Err(e) => Box::pin(core::future::ready(Err(e.into()))),
+                }
             }
-        };
-        // `Any` binds scalars only: the statement-by-statement enqueue, on either dialect.
-        Box::pin(outbox.run(self, dialect, false, actor, rows))
-    }
+        }
+    };
 }
+
+sqlx_connection!(PgConnection, |_| Ok((Dialect::Postgres, true)));
+sqlx_connection!(SqliteConnection, |_| Ok((Dialect::Sqlite, false)));
+// `Any` binds scalars only: the statement-by-statement enqueue, on either dialect.
+sqlx_connection!(AnyConnection, |c| match c.backend_name() {
+    "PostgreSQL" => Ok((Dialect::Postgres, false)),
+    "SQLite" => Ok((Dialect::Sqlite, false)),
+    other => Err(StoreError::Database(format!(
+        "outbox-lanes enqueues on Postgres and SQLite, not on {other}"
+    ))),
+});
 
 /// A caller's connection inside the enqueue's savepoint, as the statement layer: the one
 /// [`AsyncDb`] whose statements really wait.
@@ -372,7 +362,7 @@ pub(crate) struct Caller<'c, C> {
 /// reads an insert's new id off its result (SQLite; Postgres returns it), else it is asked
 /// for.
 macro_rules! caller_db {
-    ($conn:ty, $db:ty, $bind:path, $id:expr) => {
+    ($conn:ty, $db:ty, $bind:expr, $id:expr) => {
         impl AsyncDb for Caller<'_, $conn> {
             fn dialect(&self) -> Dialect {
                 self.dialect
@@ -440,28 +430,32 @@ macro_rules! caller_db {
 caller_db!(
     PgConnection,
     ::sqlx::Postgres,
-    crate::sqlx_pg::bind,
+    bind_pg,
     |_: &::sqlx::postgres::PgQueryResult| None
 );
 caller_db!(
     SqliteConnection,
     ::sqlx::Sqlite,
-    bind_scalars,
+    |q, a| bind(q, a, no_arrays),
     |d: &::sqlx::sqlite::SqliteQueryResult| Some(d.last_insert_rowid())
 );
 // Its SQLite driver does not pass the rowid on: it is asked for.
 caller_db!(
     AnyConnection,
     ::sqlx::Any,
-    bind_scalars,
+    |q, a| bind(q, a, no_arrays),
     |_: &::sqlx::any::AnyQueryResult| None
 );
 
-/// Binds the values in order, on a driver without arrays (SQLite, `Any`).
-fn bind_scalars<'q, DB: Database>(
-    mut q: ::sqlx::query::Query<'q, DB, <DB as Database>::Arguments>,
+/// A query of driver `DB`.
+type Query<'q, DB> = ::sqlx::query::Query<'q, DB, <DB as Database>::Arguments>;
+
+/// Binds the values in order; `arrays` binds an array (only Postgres has them).
+fn bind<'q, DB: Database>(
+    mut q: Query<'q, DB>,
     args: &[Value<'_>],
-) -> Result<::sqlx::query::Query<'q, DB, <DB as Database>::Arguments>, StoreError>
+    arrays: impl Fn(Query<'q, DB>, &Value<'_>) -> Result<Query<'q, DB>, StoreError>,
+) -> Result<Query<'q, DB>, StoreError>
 where
     i64: for<'e> ::sqlx::Encode<'e, DB> + ::sqlx::Type<DB>,
     Option<i64>: for<'e> ::sqlx::Encode<'e, DB> + ::sqlx::Type<DB>,
@@ -482,14 +476,34 @@ where
             | Value::OptInts(_)
             | Value::Texts(_)
             | Value::OptTexts(_)
-            | Value::Byteses(_) => {
-                return Err(StoreError::Database(
-                    "arrays are bound on Postgres connections only".into(),
-                ));
-            }
+            | Value::Byteses(_) => arrays(q, v)?,
         };
     }
     Ok(q)
+}
+
+/// No array binds on a driver without arrays (SQLite, `Any`).
+fn no_arrays<Q>(_: Q, _: &Value<'_>) -> Result<Q, StoreError> {
+    Err(StoreError::Database(
+        "arrays are bound on Postgres connections only".into(),
+    ))
+}
+
+/// Binds the values on Postgres, arrays too.
+pub(crate) fn bind_pg<'q>(
+    q: Query<'q, ::sqlx::Postgres>,
+    args: &[Value<'_>],
+) -> Result<Query<'q, ::sqlx::Postgres>, StoreError> {
+    bind(q, args, |q, v| {
+        Ok(match *v {
+            Value::Ints(v) => q.bind(v),
+            Value::OptInts(v) => q.bind(v),
+            Value::Texts(v) => q.bind(v),
+            Value::OptTexts(v) => q.bind(v),
+            Value::Byteses(v) => q.bind(v),
+            _ => unreachable!("bind binds the scalars itself"),
+        })
+    })
 }
 
 // Through `Any` a flag is read as a boolean, which SQLite's integer is not: the enqueue reads

@@ -56,7 +56,7 @@ use crate::backend::{Backend, Shared};
 use crate::db::{Db, Dialect, Get, Sql, Value};
 use crate::notify::Notifier;
 use crate::pg_schema;
-use crate::sqlx::sqlx_err;
+use crate::sqlx::{bind_pg as bind, sqlx_err};
 use crate::types::CommonOptions;
 
 /// How a [`SqlxPgStore`] uses its pool.
@@ -283,29 +283,6 @@ impl SqlxDb<'_> {
         }
         r
     }
-}
-
-/// Binds the values in order (never an error: Postgres binds every [`Value`]).
-pub(crate) fn bind<'q>(
-    mut q: ::sqlx::query::Query<'q, ::sqlx::Postgres, ::sqlx::postgres::PgArguments>,
-    args: &[Value<'_>],
-) -> Result<::sqlx::query::Query<'q, ::sqlx::Postgres, ::sqlx::postgres::PgArguments>, StoreError> {
-    for v in args {
-        q = match *v {
-            Value::Int(v) => q.bind(v),
-            Value::OptInt(v) => q.bind(v),
-            Value::Text(v) => q.bind(v),
-            Value::OptText(v) => q.bind(v),
-            Value::Bytes(v) => q.bind(v),
-            Value::Bool(v) => q.bind(v),
-            Value::Ints(v) => q.bind(v),
-            Value::OptInts(v) => q.bind(v),
-            Value::Texts(v) => q.bind(v),
-            Value::OptTexts(v) => q.bind(v),
-            Value::Byteses(v) => q.bind(v),
-        };
-    }
-    Ok(q)
 }
 
 impl Db for SqlxDb<'_> {
