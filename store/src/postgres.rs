@@ -199,12 +199,6 @@ impl From<postgres::Error> for StoreError {
     }
 }
 
-impl From<postgres::Error> for EnqueueError {
-    fn from(e: postgres::Error) -> Self {
-        EnqueueError::Store(pg_err(e))
-    }
-}
-
 impl ToSql for Value<'_> {
     fn to_sql(
         &self,
@@ -642,7 +636,7 @@ impl PgStore {
     ) -> Result<(Vec<Enqueued>, PendingWake), EnqueueError> {
         let prepared = prepare(rows, &self.opts.common)?;
         let mut db = PgDb {
-            on: On::Tx(tx.savepoint("ol_enqueue")?),
+            on: On::Tx(tx.savepoint("ol_enqueue").map_err(pg_err)?),
             cache: None,
             lost: false,
         };

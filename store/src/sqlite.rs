@@ -338,12 +338,6 @@ impl From<rusqlite::Error> for StoreError {
     }
 }
 
-impl From<rusqlite::Error> for EnqueueError {
-    fn from(e: rusqlite::Error) -> Self {
-        EnqueueError::Store(db_err(e))
-    }
-}
-
 fn configure(conn: &Connection, opts: &SqliteOptions, file: bool) -> Result<(), rusqlite::Error> {
     conn.busy_timeout(opts.busy_timeout)?;
     if file {
@@ -715,14 +709,14 @@ impl SqliteStore {
     ) -> Result<(Vec<Enqueued>, PendingWake), EnqueueError> {
         let prepared = prepare(rows, &self.opts.common)?;
         // A savepoint so a refused batch leaves the caller's transaction as it was.
-        tx.execute_batch("SAVEPOINT ol_enqueue")?;
+        tx.execute_batch("SAVEPOINT ol_enqueue").map_err(db_err)?;
         let mut db = SqliteDb {
             conn: tx,
             path: self.path.as_deref(),
         };
         match ready(enqueue(&mut db, actor, &prepared, None, &self.opts.common)) {
             Ok(v) => {
-                tx.execute_batch("RELEASE ol_enqueue")?;
+                tx.execute_batch("RELEASE ol_enqueue").map_err(db_err)?;
                 Ok((v, PendingWake::new(self.shared.notifier.clone())))
             }
             Err(e) => {
