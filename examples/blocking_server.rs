@@ -1,9 +1,9 @@
 //! A std-only HTTP service embedding the blocking runtime: no async runtime anywhere.
 //!
 //! `POST /notes` writes a note and enqueues its activity to every follower in the **same
-//! SQLite transaction** (the transactional outbox); the monitor thread, woken after the
-//! commit, delivers it — per follower in order, at least once. `GET /status` shows the
-//! outbox.
+//! SQLite transaction** (the transactional outbox), on the service's own connection to the
+//! outbox's file; the monitor thread, woken after the commit, delivers it — per follower in
+//! order, at least once. `GET /status` shows the outbox.
 //!
 //! ```text
 //! POST /notes {"id": "n1", "text": "hi", "followers": ["http://…/inbox"]}
@@ -21,12 +21,14 @@
 use std::error::Error;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use outbox_lanes::blocking::{Monitor, Outbox, OutboxConfig};
 use outbox_lanes::core::ActorId;
-use outbox_lanes::store::{EnqueueError, NewRow, SqliteOptions, SqliteStore, Store, StoreError};
+// rusqlite as the facade re-exports it: the store's version, no dependency of its own.
+use outbox_lanes::rusqlite::{self, Connection, TransactionBehavior};
+use outbox_lanes::store::{EnqueueError, NewRow, SqliteOptions, SqliteStore, Store};
 use serde_json::{Value, json};
 
 const ACTOR: &str = "https://notes.example/actor";
@@ -36,6 +38,8 @@ const MAX_BODY: usize = 1 << 20;
 #[derive(Clone)]
 struct App {
     store: Arc<SqliteStore>,
+    /// The service's own connection to the outbox's file, for its notes.
+    db: Arc<Mutex<Connection>>,
     outbox: Outbox,
     actor: ActorId,
 }
@@ -59,17 +63,18 @@ fn start(
     }
     let outbox = Outbox::open(shared, config)?;
     let actor = outbox.resolve(ACTOR)?;
-    store.with_transaction(|tx| -> Result<(), StoreError> {
-        tx.execute_batch(
-            "CREATE TABLE IF NOT EXISTS notes (id TEXT PRIMARY KEY, text TEXT NOT NULL)",
-        )?;
-        Ok(())
-    })?;
+    let conn = Connection::open(db)?;
+    // The store's connections write too: wait for them rather than fail with SQLITE_BUSY.
+    conn.busy_timeout(Duration::from_secs(5))?;
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS notes (id TEXT PRIMARY KEY, text TEXT NOT NULL)",
+    )?;
     let monitor = outbox.monitor()?;
     let listener = TcpListener::bind(addr)?;
     let addr = listener.local_addr()?;
     let app = App {
         store,
+        db: Arc::new(Mutex::new(conn)),
         outbox,
         actor,
     };
@@ -143,7 +148,6 @@ fn serve(app: &App, conn: TcpStream) -> Result<(), Box<dyn Error>> {
 /// Why a note was not written; every case rolled its transaction back.
 #[derive(Debug)]
 enum WriteError {
-    Store(StoreError),
     Sql(rusqlite::Error),
     Enqueue(EnqueueError),
 }
@@ -151,16 +155,15 @@ enum WriteError {
 impl std::fmt::Display for WriteError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            WriteError::Store(e) => write!(f, "store: {e}"),
             WriteError::Sql(e) => write!(f, "{e}"),
             WriteError::Enqueue(e) => write!(f, "{e}"),
         }
     }
 }
 
-impl From<StoreError> for WriteError {
-    fn from(e: StoreError) -> Self {
-        WriteError::Store(e)
+impl From<EnqueueError> for WriteError {
+    fn from(e: EnqueueError) -> Self {
+        WriteError::Enqueue(e)
     }
 }
 
@@ -196,21 +199,17 @@ fn post_note(app: &App, body: &[u8]) -> (u16, Value) {
         joined: false,
         headers: Vec::new(),
     };
-    // The note and its outbox row commit together or not at all; the store fires the
-    // wake-up after the commit, and the monitor delivers.
-    let written = app
-        .store
-        .with_transaction(|tx| -> Result<usize, WriteError> {
-            tx.execute(
-                "INSERT INTO notes (id, text) VALUES (?1, ?2)",
-                rusqlite::params![id, text],
-            )?;
-            let (done, _wake) = app
-                .store
-                .enqueue_in(tx, &app.actor, &[row])
-                .map_err(WriteError::Enqueue)?;
-            Ok(done.iter().map(|e| e.units.len()).sum())
-        });
+    // The note and its outbox row commit together or not at all; the wake-up is fired
+    // after the commit, and the monitor delivers.
+    let written = (|| -> Result<usize, WriteError> {
+        let mut db = app.db.lock().unwrap_or_else(PoisonError::into_inner);
+        let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        tx.execute("INSERT INTO notes (id, text) VALUES (?1, ?2)", (id, text))?;
+        let (done, wake) = app.store.enqueue_in(&tx, &app.actor, &[row])?;
+        tx.commit()?;
+        wake.fire();
+        Ok(done.iter().map(|e| e.units.len()).sum())
+    })();
     match written {
         Ok(units) => (201, json!({"id": id, "units": units})),
         Err(WriteError::Sql(e)) if is_unique_violation(&e) => {

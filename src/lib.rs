@@ -24,3 +24,20 @@ pub use outbox_lanes_tokio as tokio;
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use outbox_lanes_store as store;
+
+/// The SQLite driver the store is built on (feature `sqlite`), at the version the store uses:
+/// a connection of your own to the store's file, for
+/// [`SqliteStore::enqueue_in`](store::SqliteStore::enqueue_in) inside your own transaction.
+#[cfg(feature = "sqlite")]
+pub use outbox_lanes_store::sqlite::rusqlite;
+
+/// The blocking Postgres client the store is built on (feature `postgres`), at the version the
+/// store uses: a transaction of your own for [`PgStore::enqueue_in`](store::PgStore::enqueue_in).
+#[cfg(feature = "postgres")]
+pub use outbox_lanes_store::postgres::postgres;
+
+/// sqlx as the store uses it (feature `sqlx`): a transaction of your own for
+/// [`SqlxOutbox::enqueue`](store::sqlx::SqlxOutbox::enqueue), and the pool of
+/// [`SqlxPgStore`](store::sqlx::SqlxPgStore).
+#[cfg(feature = "sqlx")]
+pub use outbox_lanes_store::sqlx::sqlx;

@@ -7,18 +7,27 @@
 //! ordering key the body names), order violations (an entry below one already seen) and
 //! duplicates (an `Idempotency-Key` seen twice).
 //!
-//! Each case runs the outbox (SQLite file; tokio runtime, and the blocking runtime where
-//! noted) and **the limit**: the same HTTP client the outbox uses (`AsyncHttpClient` over
-//! reqwest; `HttpClient` over ureq for the blocking runtime) posting the same requests from
-//! memory at the same concurrency, to the same server, in the same run. Both report
-//! deliveries/s and CPU time per delivery (user + system from `getrusage` of this process
-//! around the drain; the enqueue before it is not timed).
+//! Each case runs the outbox (SQLite file; tokio runtime, the `outbox-lanes` binary, and the
+//! blocking runtime where noted) and two limits posting the same requests from memory at the
+//! same concurrency, to the same server, in the same run:
+//!
+//! - **the same-client limit**: the HTTP client the outbox uses (`AsyncHttpClient` over
+//!   reqwest; `HttpClient` over ureq for the blocking runtime), which isolates what the
+//!   outbox adds on top of its client;
+//! - **the hyper limit** (tokio cases): a bare hyper-util client, one request in flight per
+//!   worker, the plainest client that keeps per-recipient order; which also counts what the
+//!   client layer itself costs.
+//!
+//! All report deliveries/s and CPU time per delivery (user + system from `getrusage` of this
+//! process, or of the binary's process, around the drain; the enqueue before it is not
+//! timed).
 //!
 //! - (a) 100 recipients answering at once, 2,000 rows each (200,000 deliveries), 100 in flight;
+//!   also the `outbox-lanes drain --concurrency 100` binary on the same rows;
 //! - (b) 1,000 recipients answering after 100 ms, 20 rows each, 1,000 in flight; also the
 //!   `outbox-lanes drain --concurrency 1000` binary on the same rows;
-//! - (c) 1 recipient answering at once, 2,000 rows (one lane: one in flight; the limit posts
-//!   them one at a time too);
+//! - (c) 1 recipient answering at once, 2,000 rows (one lane: one in flight; the limits post
+//!   them one at a time too); also the binary;
 //! - (d) one recipient 150 ms away, 1,000 rows over 100 ordering keys with a per-host cap of 8,
 //!   against the same rows in one lane (shortened to 200 rows: a lane is capped at one row
 //!   per round trip, 30 s for 200);
@@ -327,6 +336,8 @@ impl Drop for Server {
 struct Load {
     rows: Vec<NewRow>,
     requests: Vec<(Arc<Destination>, Bytes)>,
+    /// The same requests' URLs as hyper's parsed `Uri`s, for the bare hyper client.
+    uris: Vec<hyper::Uri>,
 }
 
 fn body(entry: usize, lane: Option<&str>) -> Vec<u8> {
@@ -341,15 +352,21 @@ fn load(to: &[String], rows: usize, keys: Option<usize>) -> Load {
     let mut out = Load {
         rows: Vec::with_capacity(rows),
         requests: Vec::with_capacity(rows * to.len()),
+        uris: Vec::with_capacity(rows * to.len()),
     };
     let destinations: Vec<Arc<Destination>> =
         to.iter().map(|r| Arc::new(Destination::parse(r))).collect();
+    let uris: Vec<hyper::Uri> = to
+        .iter()
+        .map(|r| r.parse().expect("a bench URL parses"))
+        .collect();
     for i in 0..rows {
         let key = keys.map(|k| format!("k{}", i % k));
         let b = body(i, key.as_deref());
         let shared = Bytes::from(b.clone());
-        for d in &destinations {
+        for (d, u) in destinations.iter().zip(&uris) {
             out.requests.push((Arc::clone(d), shared.clone()));
+            out.uris.push(u.clone());
         }
         out.rows.push(NewRow {
             id: format!("e{i}"),
@@ -411,7 +428,7 @@ fn tokio_outbox(
             outbox_lanes::tokio::Outbox::open(Arc::clone(&store), config(concurrency, per_host))?;
         let per_chunk = (2000 / l.rows[0].recipients.len()).max(1);
         for chunk in l.rows.chunks(per_chunk) {
-            outbox.enqueue("bench", chunk.to_vec()).await?;
+            outbox.enqueue("bench", chunk).await?;
         }
         server.reset()?;
         let (c0, t0) = (self_cpu(), Instant::now());
@@ -457,6 +474,65 @@ fn tokio_limit(server: &Server, l: &Load, concurrency: usize) -> Res<Run> {
                     let r = http.deliver(&d, SystemTime::now()).await;
                     if !r.outcome.is_delivered() {
                         return Err(format!("{r:?}"));
+                    }
+                }
+            });
+        }
+        while let Some(r) = tasks.join_next().await {
+            r??;
+        }
+        Ok::<_, Box<dyn Error>>((t0.elapsed().as_secs_f64(), self_cpu() - c0))
+    })?;
+    finish(server, requests.len(), secs, cpu)
+}
+
+/// The strong limit: a bare hyper-util client (HTTP/1.1, pooled keep-alive connections, no
+/// proxy, no redirects, no TLS set-up), the same requests from memory with the headers the
+/// outbox sends (`Content-Type`, `Idempotency-Key`, `User-Agent`), `concurrency` in flight,
+/// each worker one request at a time. The plainest client that keeps per-recipient order.
+fn hyper_limit(server: &Server, l: &Load, concurrency: usize) -> Res<Run> {
+    use http_body_util::BodyExt as _;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let requests = Arc::new(
+        l.uris
+            .iter()
+            .zip(&l.requests)
+            .map(|(u, (_, b))| (u.clone(), hyper::body::Bytes::from(b.to_vec())))
+            .collect::<Vec<_>>(),
+    );
+    let (secs, cpu) = rt.block_on(async {
+        let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
+        connector.set_nodelay(true);
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .pool_max_idle_per_host(usize::MAX)
+                .build::<_, http_body_util::Full<hyper::body::Bytes>>(connector);
+        server.reset()?;
+        let next = Arc::new(AtomicUsize::new(0));
+        let (c0, t0) = (self_cpu(), Instant::now());
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..concurrency.min(requests.len()) {
+            let (client, requests, next) =
+                (client.clone(), Arc::clone(&requests), Arc::clone(&next));
+            tasks.spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some((uri, b)) = requests.get(i) else {
+                        return Ok::<(), String>(());
+                    };
+                    let req = hyper::Request::post(uri.clone())
+                        .header("content-type", "application/json")
+                        .header("idempotency-key", format!("0123abcd-{}", i + 1))
+                        .header("user-agent", "outbox-lanes-bench")
+                        .body(http_body_util::Full::new(b.clone()))
+                        .map_err(|e| e.to_string())?;
+                    let res = client.request(req).await.map_err(|e| e.to_string())?;
+                    let status = res.status();
+                    res.into_body().collect().await.map_err(|e| e.to_string())?;
+                    if !status.is_success() {
+                        return Err(format!("status {status}"));
                     }
                 }
             });
@@ -611,7 +687,7 @@ fn backlog_child(units: usize, port: u16) -> Res<()> {
                     ..NewRow::default()
                 })
                 .collect();
-            outbox.enqueue("backlog", chunk).await?;
+            outbox.enqueue("backlog", &chunk).await?;
         }
         let before = peak_rss_kib();
         let t0 = Instant::now();
@@ -636,23 +712,39 @@ fn backlog_child(units: usize, port: u16) -> Res<()> {
 struct Row {
     case: String,
     outbox: Run,
+    /// The same client as the outbox's, from memory.
     limit: Run,
+    /// The bare hyper client, from memory (the tokio cases).
+    hyper: Option<Run>,
+}
+
+impl Row {
+    /// The strongest limit this case measured.
+    fn strongest(&self) -> &Run {
+        self.hyper.as_ref().unwrap_or(&self.limit)
+    }
 }
 
 fn print_rows(rows: &[Row]) {
     println!(
-        "\n| case | outbox deliveries/s | limit deliveries/s | ratio | outbox CPU µs/delivery | limit CPU µs/delivery | violations (outbox / limit) | duplicates (outbox / limit) |"
+        "\n| case | outbox deliveries/s | same-client limit deliveries/s | ratio | hyper limit deliveries/s | ratio to hyper | outbox CPU µs/delivery | same-client CPU µs/delivery | hyper CPU µs/delivery | CPU vs hyper | violations (outbox / limit) | duplicates (outbox / limit) |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let or_dash = |v: Option<String>| v.unwrap_or_else(|| "—".into());
     for r in rows {
+        let h = r.hyper.as_ref();
         println!(
-            "| {} | {:.0} | {:.0} | {:.2}x | {:.1} | {:.1} | {} / {} | {} / {} |",
+            "| {} | {:.0} | {:.0} | {:.2}x | {} | {} | {:.1} | {:.1} | {} | {} | {} / {} | {} / {} |",
             r.case,
             r.outbox.rate(),
             r.limit.rate(),
             r.outbox.rate() / r.limit.rate(),
+            or_dash(h.map(|h| format!("{:.0}", h.rate()))),
+            or_dash(h.map(|h| format!("{:.2}x", r.outbox.rate() / h.rate()))),
             r.outbox.cpu_per(),
             r.limit.cpu_per(),
+            or_dash(h.map(|h| format!("{:.1}", h.cpu_per()))),
+            or_dash(h.map(|h| format!("{:.1}x", r.outbox.cpu_per() / h.cpu_per().max(1e-9)))),
             r.outbox.violations,
             r.limit.violations,
             r.outbox.duplicates,
@@ -661,19 +753,20 @@ fn print_rows(rows: &[Row]) {
     }
 }
 
-/// Two panels: deliveries/s as a fraction of the limit, and CPU µs per delivery.
+/// Two panels: deliveries/s as a fraction of the strongest limit measured (the hyper client
+/// where a case has it, else the same client), and CPU µs per delivery.
 fn svg(rows: &[Row]) -> String {
     let (w, bar, gap, left) = (960.0, 14.0, 10.0, 300.0);
     let h = 60.0 + rows.len() as f64 * (2.0 * bar + gap) + 40.0;
     let panel = (w - left - 40.0) / 2.0;
     let max_cpu = rows
         .iter()
-        .flat_map(|r| [r.outbox.cpu_per(), r.limit.cpu_per()])
+        .flat_map(|r| [r.outbox.cpu_per(), r.strongest().cpu_per()])
         .fold(1.0_f64, f64::max);
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-         <text x=\"{left}\" y=\"20\" font-weight=\"bold\">deliveries/s, fraction of the limit (same client, same concurrency)</text>\n\
+         <text x=\"{left}\" y=\"20\" font-weight=\"bold\">deliveries/s, fraction of the limit (bare hyper where measured, else the same client)</text>\n\
          <text x=\"{}\" y=\"20\" font-weight=\"bold\">CPU µs per delivery</text>\n\
          <rect x=\"{left}\" y=\"30\" width=\"12\" height=\"10\" fill=\"#2a6fb0\"/><text x=\"{}\" y=\"39\">outbox-lanes</text>\n\
          <rect x=\"{}\" y=\"30\" width=\"12\" height=\"10\" fill=\"#bbbbbb\"/><text x=\"{}\" y=\"39\">limit: no outbox</text>\n",
@@ -684,7 +777,7 @@ fn svg(rows: &[Row]) -> String {
     );
     for (i, r) in rows.iter().enumerate() {
         let y = 55.0 + i as f64 * (2.0 * bar + gap);
-        let ratio = r.outbox.rate() / r.limit.rate();
+        let ratio = r.outbox.rate() / r.strongest().rate();
         s.push_str(&format!(
             "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n",
             left - 8.0,
@@ -694,7 +787,7 @@ fn svg(rows: &[Row]) -> String {
         let x2 = left + panel + 20.0;
         for (k, (frac, cpu, color)) in [
             (ratio.min(1.5), r.outbox.cpu_per(), "#2a6fb0"),
-            (1.0, r.limit.cpu_per(), "#bbbbbb"),
+            (1.0, r.strongest().cpu_per(), "#bbbbbb"),
         ]
         .into_iter()
         .enumerate()
@@ -748,10 +841,11 @@ fn main() -> Res<()> {
     if want("a") {
         let to: Vec<String> = (0..100).map(|r| server.url(&format!("/r{r}"))).collect();
         let l = load(&to, n(2000), None);
-        // For a profiler: `E2E_ONLY=outbox` or `E2E_ONLY=limit` runs that side of (a) alone.
+        // For a profiler: `E2E_ONLY=outbox`, `E2E_ONLY=limit` or `E2E_ONLY=hyper` runs that side of (a) alone.
         if let Ok(only) = std::env::var("E2E_ONLY") {
             let run = match only.as_str() {
                 "outbox" => tokio_outbox(&server, &l, 100, None)?,
+                "hyper" => hyper_limit(&server, &l, 100)?,
                 _ => tokio_limit(&server, &l, 100)?,
             };
             println!(
@@ -761,6 +855,7 @@ fn main() -> Res<()> {
             );
             return Ok(());
         }
+        let hyper = hyper_limit(&server, &l, 100)?;
         let limit = tokio_limit(&server, &l, 100)?;
         let outbox = tokio_outbox(&server, &l, 100, None)?;
         rows.push(Row {
@@ -769,7 +864,15 @@ fn main() -> Res<()> {
                 l.rows.len()
             ),
             outbox,
+            limit: limit.clone(),
+            hyper: Some(hyper.clone()),
+        });
+        let binary = binary_drain(&server, &l, 100)?;
+        rows.push(Row {
+            case: "(a) same, the binary: drain --concurrency 100".into(),
+            outbox: binary,
             limit,
+            hyper: Some(hyper),
         });
         let limit = blocking_limit(&server, &l, 100)?;
         let outbox = blocking_outbox(&server, &l, 100)?;
@@ -777,14 +880,16 @@ fn main() -> Res<()> {
             case: "(a) same, blocking runtime (ureq, 100 threads)".into(),
             outbox,
             limit,
+            hyper: None,
         });
-        print_rows(&rows[rows.len() - 2..]);
+        print_rows(&rows[rows.len() - 3..]);
     }
     if want("b") {
         let to: Vec<String> = (0..1000)
             .map(|r| server.url(&format!("/d100/r{r}")))
             .collect();
         let l = load(&to, n(20), None);
+        let hyper = hyper_limit(&server, &l, 1000)?;
         let limit = tokio_limit(&server, &l, 1000)?;
         let outbox = tokio_outbox(&server, &l, 1000, None)?;
         rows.push(Row {
@@ -794,18 +899,21 @@ fn main() -> Res<()> {
             ),
             outbox,
             limit: limit.clone(),
+            hyper: Some(hyper.clone()),
         });
         let binary = binary_drain(&server, &l, 1000)?;
         rows.push(Row {
             case: "(b) same, the binary: drain --concurrency 1000".into(),
             outbox: binary,
             limit,
+            hyper: Some(hyper),
         });
         print_rows(&rows[rows.len() - 2..]);
     }
     if want("c") {
         let to = vec![server.url("/one")];
         let l = load(&to, n(2000), None);
+        let hyper = hyper_limit(&server, &l, 1)?;
         let limit = tokio_limit(&server, &l, 1)?;
         let outbox = tokio_outbox(&server, &l, 256, None)?;
         rows.push(Row {
@@ -814,7 +922,15 @@ fn main() -> Res<()> {
                 l.rows.len()
             ),
             outbox,
+            limit: limit.clone(),
+            hyper: Some(hyper.clone()),
+        });
+        let binary = binary_drain(&server, &l, 100)?;
+        rows.push(Row {
+            case: "(c) same, the binary: drain --concurrency 100".into(),
+            outbox: binary,
             limit,
+            hyper: Some(hyper),
         });
         let limit = blocking_limit(&server, &l, 1)?;
         let outbox = blocking_outbox(&server, &l, 32)?;
@@ -822,8 +938,9 @@ fn main() -> Res<()> {
             case: "(c) same, blocking runtime".into(),
             outbox,
             limit,
+            hyper: None,
         });
-        print_rows(&rows[rows.len() - 2..]);
+        print_rows(&rows[rows.len() - 3..]);
     }
     if want("d") {
         let to = vec![server.url("/d150/inbox")];
@@ -847,6 +964,7 @@ fn main() -> Res<()> {
             ),
             outbox,
             limit,
+            hyper: None,
         });
         print_rows(&rows[rows.len() - 1..]);
     }

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use common::{T0, World, transcript_config};
 use outbox_lanes_core::config::MAX_BACKOFF_LEVEL;
-use outbox_lanes_core::{Acquire, AliasResolver, Config, DrainSlots, Outcome, Release, UnitId};
+use outbox_lanes_core::{
+    Acquire, AliasResolver, Config, DrainSlots, LaneInfo, Outcome, Release, UnitId,
+};
 
 fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
@@ -1247,4 +1249,34 @@ fn a_zero_deferral_still_waits_and_a_set_aside_unit_is_dead_lettered_uncounted()
         None,
         "no attempt was ever recorded"
     );
+}
+
+#[test]
+fn a_lane_known_only_through_a_joined_unit_waits_for_its_discovery_and_keeps_its_backoff() {
+    let mut w = World::new(transcript_config());
+    let (a, b) = (w.lane("a"), w.lane("b"));
+    // b is in backoff in the store (an earlier pass's stall), for 30 s more.
+    w.store.lane_state.insert(
+        b,
+        LaneInfo {
+            not_before: Some(T0 + secs(30)),
+            level: 1,
+            strict: false,
+        },
+    );
+    w.enqueue(&["a", "b"], true);
+    // Only a is discovered (b's discovery is still to come): a reads up to the joined unit and
+    // waits there; b is not read with default state, so nothing starts.
+    let info = w.store.lane_info(a);
+    w.s.handle_lane(a, info, w.now);
+    w.settle();
+    assert_eq!(w.take(), Vec::<String>::new());
+    // b's discovery brings its backoff: still nothing before its not_before…
+    let info = w.store.lane_info(b);
+    w.s.handle_lane(b, info, w.now);
+    w.settle();
+    assert_eq!(w.take(), Vec::<String>::new());
+    // …and at it, the joined unit starts on both lanes.
+    assert_eq!(w.jump_to_next_timeout(), T0 + secs(30));
+    assert_eq!(w.take(), ["start u1 a #1", "start u1 b #1"]);
 }

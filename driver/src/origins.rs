@@ -274,6 +274,9 @@ struct Shared {
     stopped: AtomicBool,
     /// Where the state is shared ([`OriginGate::share_through`]).
     store: std::sync::OnceLock<Arc<dyn DriverStore>>,
+    /// The writer thread, joined at shutdown: it holds the store, whose last reference must
+    /// go before the process exits (a SQLite store removes its holder lock files on drop).
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Shared {
@@ -381,6 +384,7 @@ impl OriginGate {
                 changed: Condvar::new(),
                 stopped: AtomicBool::new(false),
                 store: std::sync::OnceLock::new(),
+                writer: Mutex::new(None),
             }),
         }
     }
@@ -395,9 +399,14 @@ impl OriginGate {
         let _ = self.shared.store.set(Arc::clone(&store));
         // Weak: the thread ends once the gate is gone (the outbox dropped).
         let shared = Arc::downgrade(&self.shared);
-        std::thread::Builder::new()
+        let handle = std::thread::Builder::new()
             .name("outbox-lanes-hosts".into())
             .spawn(move || writer(&shared, &*store))?;
+        *self
+            .shared
+            .writer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(handle);
         Ok(())
     }
 
@@ -549,8 +558,22 @@ impl Executor for OriginGate {
         if let Some(store) = self.shared.store.get() {
             flush(&self.shared, &**store);
         }
-        self.shared.stopped.store(true, Ordering::SeqCst);
+        {
+            // Under the lock the writer checks it under, so its wake-up is not lost.
+            let _map = self.shared.lock();
+            self.shared.stopped.store(true, Ordering::SeqCst);
+        }
         self.shared.changed.notify_all();
+        // Its store reference goes with it, now, not when the process exits under it.
+        let writer = self
+            .shared
+            .writer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(w) = writer.filter(|w| w.thread().id() != std::thread::current().id()) {
+            let _ = w.join();
+        }
     }
 }
 

@@ -127,3 +127,46 @@ fn attempts_parked_by_a_cancelled_drain_are_not_sent() {
         "sent once: the parked attempt was dropped"
     );
 }
+
+/// Shutting the outbox down lets go of the store at once: nothing of it (the origin gate's
+/// writer thread included, which `shutdown` joins) outlives `shutdown`, so a SQLite store
+/// dropped next removes its holder lock files before the process exits. (A relay whose
+/// process exited while that thread still held the store left its lock file behind: seen
+/// once in `cli/tests/stop.rs` under load; this test checks the property, it cannot force
+/// that thread to be late.)
+#[test]
+fn shutdown_lets_go_of_the_store_and_its_lock_files_go_with_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("outbox.db");
+    let store = Arc::new(SqliteStore::open(&db, SqliteOptions::default()).expect("open sqlite"));
+    let r = Recipient::start().expect("recipient");
+    let mut config = OutboxConfig::default().allow_loopback();
+    config.http.timeout = Duration::from_secs(10);
+    let outbox = Outbox::open(Arc::clone(&store) as _, config).expect("outbox");
+    outbox
+        .enqueue(
+            "alice",
+            &[NewRow {
+                id: "e0".into(),
+                body: b"{}".to_vec(),
+                recipients: vec![r.url("/inbox")],
+                ..NewRow::default()
+            }],
+        )
+        .expect("enqueue");
+    match outbox.drain("alice").expect("drain") {
+        DrainOutcome::Ran(rep) => assert_eq!(rep.delivered, 1),
+        other => panic!("{other:?}"),
+    }
+    let holders = dir.path().join("outbox.db-holders");
+    assert!(holders.exists(), "the drain's holder took its lock file");
+    outbox.shutdown();
+    drop(outbox);
+    assert_eq!(
+        Arc::strong_count(&store),
+        1,
+        "after shutdown only the caller holds the store"
+    );
+    drop(store);
+    assert!(!holders.exists(), "the store's drop removed its lock files");
+}

@@ -37,7 +37,7 @@
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let store = Arc::new(SqliteStore::open("outbox.db", SqliteOptions::default())?);
 //! let outbox = Outbox::open(store, OutboxConfig::default())?;
-//! outbox.enqueue("alice", vec![NewRow {
+//! outbox.enqueue("alice", &[NewRow {
 //!     id: "activity-1".into(),
 //!     body: br#"{"type":"Create"}"#.to_vec(),
 //!     content_type: "application/activity+json".into(),
@@ -275,14 +275,17 @@ impl Outbox {
 
     /// Enqueues rows for `actor`, all or nothing; the monitor is woken after the commit.
     ///
+    /// The blocking runtime's `Outbox::enqueue` with `async`: the same arguments. The rows are
+    /// copied for the blocking pool, where the store writes them.
+    ///
     /// # Errors
     /// [`OutboxError::Enqueue`] names the refused row; nothing was written.
     pub async fn enqueue(
         &self,
         actor: &str,
-        rows: Vec<NewRow>,
+        rows: &[NewRow],
     ) -> Result<Vec<Enqueued>, OutboxError> {
-        let actor = actor.to_owned();
+        let (actor, rows) = (actor.to_owned(), rows.to_vec());
         self.call(move |core| core.enqueue(&actor, &rows)).await
     }
 

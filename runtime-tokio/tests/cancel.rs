@@ -42,7 +42,7 @@ async fn enqueue_fan_out(outbox: &Outbox, r: &Recipient, n: usize) {
     let to = vec![r.url("/slow"), r.url("/other")];
     for i in 0..n {
         outbox
-            .enqueue("actor", vec![row(&format!("e{i}"), &to)])
+            .enqueue("actor", &[row(&format!("e{i}"), &to)])
             .await
             .expect("enqueue");
     }
@@ -154,11 +154,11 @@ async fn the_monitor_drains_several_actors_on_enqueue() {
     let monitor = outbox.monitor().await.expect("monitor");
     for i in 0..5 {
         outbox
-            .enqueue("a1", vec![row(&format!("e{i}"), &[r.url("/one")])])
+            .enqueue("a1", &[row(&format!("e{i}"), &[r.url("/one")])])
             .await
             .expect("enqueue");
         outbox
-            .enqueue("a2", vec![row(&format!("e{i}"), &[r.url("/two")])])
+            .enqueue("a2", &[row(&format!("e{i}"), &[r.url("/two")])])
             .await
             .expect("enqueue");
     }

@@ -25,7 +25,7 @@ async fn ledger_fan_out_reaches_every_participant_in_order() {
     let outbox = Outbox::open(Arc::clone(&f.store), config()).expect("outbox");
     for i in 0..30 {
         outbox
-            .enqueue("case-manager", vec![row(&format!("e{i}"), &to)])
+            .enqueue("case-manager", &[row(&format!("e{i}"), &to)])
             .await
             .expect("enqueue");
     }
@@ -60,7 +60,7 @@ async fn a_hanging_recipient_does_not_delay_the_others() {
     let outbox = Outbox::open(Arc::clone(&f.store), config()).expect("outbox");
     for i in 0..10 {
         outbox
-            .enqueue("actor", vec![row(&format!("e{i}"), &to)])
+            .enqueue("actor", &[row(&format!("e{i}"), &to)])
             .await
             .expect("enqueue");
     }
@@ -103,7 +103,7 @@ async fn a_flaky_recipient_gets_everything_in_order() {
     let outbox = Outbox::open(Arc::clone(&f.store), config()).expect("outbox");
     for i in 0..5 {
         outbox
-            .enqueue("actor", vec![row(&format!("e{i}"), &to)])
+            .enqueue("actor", &[row(&format!("e{i}"), &to)])
             .await
             .expect("enqueue");
     }
@@ -133,7 +133,7 @@ async fn gone_and_permanent_answers_are_dead_lettered_with_their_status() {
         .open()
         .expect("outbox");
     outbox
-        .enqueue("actor", vec![row("e0", &to), row("e1", &to)])
+        .enqueue("actor", &[row("e0", &to), row("e1", &to)])
         .await
         .expect("enqueue");
     outbox.drain("actor").await.expect("drain");
@@ -191,8 +191,8 @@ async fn a_lane_retired_by_410_calls_the_hook_for_each_of_its_units_in_order() {
         .expect("outbox");
     let rows = (0..4)
         .map(|i| row(&format!("e{i}"), std::slice::from_ref(&gone)))
-        .collect();
-    outbox.enqueue("actor", rows).await.expect("enqueue");
+        .collect::<Vec<_>>();
+    outbox.enqueue("actor", &rows).await.expect("enqueue");
     let out = outbox.drain("actor").await.expect("drain");
     assert_eq!(bodies(&r, "/gone"), ids(1));
     let letters = outbox
@@ -237,7 +237,7 @@ async fn a_429_with_retry_after_sets_the_lanes_not_before() {
     );
     let outbox = Outbox::open(Arc::clone(&f.store), config()).expect("outbox");
     outbox
-        .enqueue("actor", vec![row("e0", &[r.url("/busy")])])
+        .enqueue("actor", &[row("e0", &[r.url("/busy")])])
         .await
         .expect("enqueue");
     let out = outbox.drain("actor").await.expect("drain");
@@ -270,7 +270,7 @@ async fn concurrent_drains_never_put_two_units_of_one_lane_in_flight() {
             let merged = Arc::clone(&merged);
             tokio::spawn(async move {
                 for i in 0..10 {
-                    ob.enqueue("actor", vec![row(&format!("t{t}-{i}"), &to)])
+                    ob.enqueue("actor", &[row(&format!("t{t}-{i}"), &to)])
                         .await
                         .expect("enqueue");
                     if ob.drain("actor").await.expect("drain") == DrainOutcome::Merged {
@@ -306,17 +306,14 @@ async fn a_joined_row_waits_for_both_lanes() {
     r.set_default("/a", Reply::Status(200).after(Duration::from_millis(30)));
     let outbox = Outbox::open(Arc::clone(&f.store), config()).expect("outbox");
     outbox
-        .enqueue("actor", vec![row("a0", &[r.url("/a")])])
+        .enqueue("actor", &[row("a0", &[r.url("/a")])])
         .await
         .expect("enqueue");
     let mut joined = row("j", &[r.url("/a"), r.url("/b")]);
     joined.joined = true;
+    outbox.enqueue("actor", &[joined]).await.expect("enqueue");
     outbox
-        .enqueue("actor", vec![joined])
-        .await
-        .expect("enqueue");
-    outbox
-        .enqueue("actor", vec![row("b2", &[r.url("/b")])])
+        .enqueue("actor", &[row("b2", &[r.url("/b")])])
         .await
         .expect("enqueue");
     outbox.drain("actor").await.expect("drain");
@@ -347,7 +344,7 @@ async fn a_private_destination_is_dead_lettered_unless_allowed() {
     let url = r.url("/inbox");
     let by_name = url.replace("127.0.0.2", "localhost");
     outbox
-        .enqueue("actor", vec![row("e0", &[url.clone(), by_name])])
+        .enqueue("actor", &[row("e0", &[url.clone(), by_name])])
         .await
         .expect("enqueue");
     outbox.drain("actor").await.expect("drain");
@@ -375,7 +372,7 @@ async fn a_redirect_is_not_followed() {
     r.set_default("/moved", Reply::Redirect(301, r.url("/elsewhere")));
     let outbox = Outbox::open(Arc::clone(&f.store), config()).expect("outbox");
     outbox
-        .enqueue("actor", vec![row("e0", &[r.url("/moved")])])
+        .enqueue("actor", &[row("e0", &[r.url("/moved")])])
         .await
         .expect("enqueue");
     outbox.drain("actor").await.expect("drain");
@@ -402,7 +399,7 @@ async fn signed_requests_verify_on_the_receiving_side() {
     outbox
         .enqueue(
             "actor",
-            vec![row("e0", &[r.url("/hook")]), row("e1", &[r.url("/hook")])],
+            &[row("e0", &[r.url("/hook")]), row("e1", &[r.url("/hook")])],
         )
         .await
         .expect("enqueue");
@@ -449,7 +446,7 @@ async fn a_current_thread_runtime_delivers_and_cancels_too() {
         .expect("outbox");
     for i in 0..10 {
         outbox
-            .enqueue("actor", vec![row(&format!("e{i}"), &to)])
+            .enqueue("actor", &[row(&format!("e{i}"), &to)])
             .await
             .expect("enqueue");
     }
@@ -483,7 +480,7 @@ async fn refused_rows_and_shutdown_are_typed_errors() {
     let f = fixture();
     let outbox = Outbox::open(Arc::clone(&f.store), config()).expect("outbox");
     let err = outbox
-        .enqueue("actor", vec![row("bad", &["not a url".to_string()])])
+        .enqueue("actor", &[row("bad", &["not a url".to_string()])])
         .await
         .expect_err("refused");
     assert!(
@@ -532,7 +529,7 @@ async fn the_lease_is_renewed_across_back_to_back_passes() {
     let outbox = Outbox::open(Arc::clone(&f.store), cfg).expect("outbox");
     for i in 0..40 {
         outbox
-            .enqueue("long", vec![row(&format!("e{i}"), &to)])
+            .enqueue("long", &[row(&format!("e{i}"), &to)])
             .await
             .expect("enqueue");
     }

@@ -49,10 +49,7 @@ async fn a_dropped_monitor_stops_in_the_background_and_frees_its_slots() {
     let monitor = outbox.monitor().await.expect("monitor");
     for i in 0..20 {
         outbox
-            .enqueue(
-                "actor",
-                vec![common::row(&format!("e{i}"), &[r.url("/slow")])],
-            )
+            .enqueue("actor", &[common::row(&format!("e{i}"), &[r.url("/slow")])])
             .await
             .expect("enqueue");
     }
@@ -94,7 +91,7 @@ async fn the_monitor_comes_back_at_the_lane_not_before_without_a_wake_up() {
     let outbox = Outbox::open(Arc::clone(&f.store), config).expect("outbox");
     let monitor = outbox.monitor().await.expect("monitor");
     outbox
-        .enqueue("actor", vec![common::row("e0", &[r.url("/flaky")])])
+        .enqueue("actor", &[common::row("e0", &[r.url("/flaky")])])
         .await
         .expect("enqueue");
     assert!(common::wait_on(outbox.runtime(), &r, "/flaky", 3).await);

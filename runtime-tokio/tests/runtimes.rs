@@ -25,7 +25,7 @@ async fn fan_out_in_order(rt: Arc<dyn Runtime>) {
         .expect("outbox");
     for i in 0..20 {
         outbox
-            .enqueue("case-manager", vec![row(&format!("e{i}"), &to)])
+            .enqueue("case-manager", &[row(&format!("e{i}"), &to)])
             .await
             .expect("enqueue");
     }
@@ -41,7 +41,7 @@ async fn fan_out_in_order(rt: Arc<dyn Runtime>) {
     // The monitor works on this executor too.
     let monitor = outbox.monitor().await.expect("monitor");
     outbox
-        .enqueue("case-manager", vec![row("late", &[r.url("/finder")])])
+        .enqueue("case-manager", &[row("late", &[r.url("/finder")])])
         .await
         .expect("enqueue");
     let rr = &r;
@@ -63,7 +63,7 @@ async fn cancel_then_drain(rt: Arc<dyn Runtime>) {
         .expect("outbox");
     for i in 0..20 {
         outbox
-            .enqueue("actor", vec![row(&format!("e{i}"), &to)])
+            .enqueue("actor", &[row(&format!("e{i}"), &to)])
             .await
             .expect("enqueue");
     }

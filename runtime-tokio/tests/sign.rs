@@ -71,11 +71,11 @@ async fn every_attempt_verifies_and_a_retry_carries_a_fresh_date() {
         .open()
         .expect("outbox");
     outbox
-        .enqueue(ALICE, vec![row("a0", &[r.url("/inbox/a")])])
+        .enqueue(ALICE, &[row("a0", &[r.url("/inbox/a")])])
         .await
         .expect("enqueue");
     outbox
-        .enqueue(BOB, vec![row("b0", &[r.url("/inbox/b")])])
+        .enqueue(BOB, &[row("b0", &[r.url("/inbox/b")])])
         .await
         .expect("enqueue");
     let before = SystemTime::now();
@@ -167,7 +167,7 @@ async fn an_actor_without_a_key_is_not_sent_and_loses_nothing() {
         .open()
         .expect("outbox");
     outbox
-        .enqueue(carol, vec![row("c0", &[r.url("/inbox/c")])])
+        .enqueue(carol, &[row("c0", &[r.url("/inbox/c")])])
         .await
         .expect("enqueue");
     let out = outbox.drain_with(carol, control).await.expect("drain");

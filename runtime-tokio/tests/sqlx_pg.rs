@@ -60,7 +60,7 @@ async fn the_relay_runs_on_the_services_sqlx_pool() {
         outbox
             .enqueue(
                 "alice",
-                vec![common::row(&format!("e{i}"), &[r.url("/inbox")])],
+                &[common::row(&format!("e{i}"), &[r.url("/inbox")])],
             )
             .await
             .expect("enqueue");

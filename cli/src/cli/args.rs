@@ -273,8 +273,8 @@ pub(crate) enum Command {
         /// is refused here instead of dead-lettered at its first attempt.
         #[arg(long, env = "OUTBOX_LANES_ALLOW_PRIVATE_DESTINATIONS")]
         allow_private_destinations: bool,
-        /// Longest input line accepted, in bytes: the largest body (1 MiB) and room for the
-        /// rest of the row (ids and recipient lists).
+        /// Longest input line accepted, in bytes: the largest body (the store's 1 MiB
+        /// payload limit) and 4 MiB for the rest of the row (ids and recipient lists).
         #[arg(long, default_value_t = DEFAULT_MAX_LINE, value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
         max_line_bytes: u64,
     },

@@ -524,10 +524,10 @@ impl Backend {
     /// Enqueues `rows` for `actor` in one transaction.
     pub(crate) async fn enqueue(
         &self,
-        actor: String,
-        rows: Vec<NewRow>,
+        actor: &str,
+        rows: &[NewRow],
     ) -> Result<Vec<Enqueued>, OutboxError> {
-        self.outbox.enqueue(&actor, rows).await
+        self.outbox.enqueue(actor, rows).await
     }
 
     /// Runs passes of `actor` until nothing is admissible (or `control` stops it).

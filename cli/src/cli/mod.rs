@@ -619,7 +619,7 @@ async fn cmd_enqueue(
         return Ok(());
     }
     let n = batch.rows.len();
-    match backend.enqueue(actor.clone(), batch.rows.clone()).await {
+    match backend.enqueue(&actor, &batch.rows).await {
         Ok(done) => {
             let mut text = String::new();
             for e in &done {

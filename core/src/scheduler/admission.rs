@@ -29,6 +29,7 @@ impl Scheduler {
             return;
         };
         l.strict = info.strict;
+        l.known = true;
         // Discovery reports lanes that are not paused (any more): an operator resumed it.
         l.paused = false;
         let idle = l.queue.is_empty() && !l.in_flight && !l.stalled;
@@ -155,6 +156,7 @@ impl Scheduler {
     #[inline]
     pub(super) fn claimable(l: &Lane, now: Timestamp, depth: u32) -> Option<u32> {
         if !l.more
+            || !l.known
             || l.paused
             || l.fenced
             || l.stalled
@@ -284,7 +286,8 @@ impl Scheduler {
         l.more = true;
         l.next_from = u.seq;
         if !complete {
-            // Its other lanes have work: they must read up to it.
+            // Its other lanes have work: they must read up to it (a lane this pass has not
+            // discovered yet waits for its discovery, which brings its persisted state).
             for s in &u.slots {
                 if s.lane != lane {
                     self.lanes[s.lane.index()].more = true;

@@ -75,6 +75,7 @@ impl Scheduler {
             l.blocked = false;
             l.not_before = control.info.not_before;
             l.level = control.info.level.min(MAX_BACKOFF_LEVEL);
+            l.known = true;
             if let Some(t) = l.not_before.filter(|&t| t > self.now) {
                 self.timers.push(Reverse((t, Timer::Lane(lane.0))));
             }

@@ -47,7 +47,8 @@
 //!
 //! | state | flag(s) | entered when | left when |
 //! |---|---|---|---|
-//! | has work | `more` | the store reports units (discovery, a read that was not exhausted) | a read comes back exhausted |
+//! | known | `known` | discovery or a lane control brings its persisted state (backoff, strict) | the pass ends |
+//! | has work | `more` | the store reports units (discovery, a read that was not exhausted, a joined unit another lane's read reached) | a read comes back exhausted |
 //! | queued for a read | `in_claim_queue` | it has work, is not stalled and no read is out | `poll_claim` takes it (read or dropped) |
 //! | read outstanding | `planned` | `poll_claim` asks for it | `handle_claimed` / `handle_claim_failed` |
 //! | waiting at a joined unit | `waiting_on` | its read reached a joined unit not yet admitted | the unit is admitted, or handed back |
@@ -59,7 +60,7 @@
 //! | paused | `paused` | an operator paused it ([`Scheduler::handle_lane_control`]) | a control or a discovery says it is not |
 //! | fenced | `fenced` | an operator acted on it while its head had an attempt in flight | that attempt ended and its unit left |
 //!
-//! A lane is read only when it has work, is neither paused, fenced nor stalled, has no read
+//! A lane is read only when it is known and has work, is neither paused, fenced nor stalled, has no read
 //! out, waits neither at a joined unit nor for room, and is open; it starts its head only when
 //! it is open, idle, and neither blocked, paused nor fenced. A recipient of a unit (a *slot*) is `Idle`, `InFlight`, `RetryAt(t)`,
 //! `Stalled`, `Blocked`, `Served` or `Dead`; a unit finishes when every slot is `Served` or
@@ -211,6 +212,10 @@ struct Lane {
     /// An operator acted on it while its head had an attempt in flight: it reads and starts
     /// nothing until that unit has left (it is in [`Scheduler::fenced`]).
     fenced: bool,
+    /// Discovery (or a lane control) told this pass the lane's persisted state. A lane known
+    /// only as another lane of a joined unit is not read until then: its backoff and pause
+    /// are the store's, not the defaults (OL-11).
+    known: bool,
 }
 
 impl Lane {

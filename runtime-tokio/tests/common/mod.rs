@@ -135,7 +135,7 @@ pub async fn monitor_drains_two_actors(
     for i in 0..n {
         for (actor, p) in [("a1", "/a1"), ("a2", "/a2")] {
             outbox
-                .enqueue(actor, vec![row(&format!("e{i}"), &[r.url(p)])])
+                .enqueue(actor, &[row(&format!("e{i}"), &[r.url(p)])])
                 .await
                 .expect("enqueue");
         }

@@ -1,13 +1,15 @@
 //! Rows enqueued inside a caller's sqlx transaction are delivered by `Outbox::drain` (the
 //! blocking runtime on a store opened the usual way) to loopback recipients, in order per
-//! recipient, with their headers: on a SQLite file and on Postgres.
+//! recipient, with their headers: on a SQLite file and on Postgres. (In this package because
+//! it needs sqlx and tokio, which the facade's own dev-dependencies leave out.)
 #![allow(missing_docs)]
 
 use std::sync::Arc;
 
 use outbox_lanes::blocking::{Outbox, OutboxConfig};
 use outbox_lanes::core::ActorId;
-use outbox_lanes::store::sqlx::{SqlxOutbox, sqlx};
+use outbox_lanes::sqlx;
+use outbox_lanes::store::sqlx::SqlxOutbox;
 use outbox_lanes::store::{NewRow, PgOptions, PgStore, SqliteOptions, SqliteStore, Store};
 use outbox_lanes_test_support::{Recipient, pg_url};
 use sqlx::Connection as _;

@@ -14,12 +14,11 @@
 //!   422 {"error": …}                    a follower URL (or the text) refused: nothing written
 //! ```
 //!
-//! Run: `cargo run --example axum_server --features tokio,postgres,sqlx -- [DB] [ADDR]` (default
-//! `./axum-outbox.db` and `127.0.0.1:3000`; DB may be a `postgres://` URL). Deliveries to
-//! loopback or private addresses are refused by default (the SSRF guard); set
-//! `ALLOW_LOOPBACK=1` to try it against a local receiver. Its test
-//! (`cargo test --example axum_server --features tokio,sqlx,postgres`) starts it on
-//! `127.0.0.1:0` on SQLite and on Postgres and drives it over HTTP.
+//! Run: `cargo run -p outbox-lanes-example-axum -- [DB] [ADDR]` (default `./axum-outbox.db`
+//! and `127.0.0.1:3000`; DB may be a `postgres://` URL). Deliveries to loopback or private
+//! addresses are refused by default (the SSRF guard); set `ALLOW_LOOPBACK=1` to try it
+//! against a local receiver. Its test (`cargo test -p outbox-lanes-example-axum`) starts it
+//! on `127.0.0.1:0` on SQLite and on Postgres and drives it over HTTP.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -29,8 +28,10 @@ use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
 use outbox_lanes::core::ActorId;
-// sqlx as the store re-exports it (feature `sqlx`): the same version, no dependency of its own.
-use outbox_lanes::store::sqlx::{SqlxConnection, SqlxOutbox, SqlxPgOptions, SqlxPgStore, sqlx};
+// sqlx as the facade re-exports it (feature `sqlx`): the store's version, no dependency of
+// its own.
+use outbox_lanes::sqlx;
+use outbox_lanes::store::sqlx::{SqlxConnection, SqlxOutbox, SqlxPgOptions, SqlxPgStore};
 use outbox_lanes::store::{EnqueueError, NewRow, SqliteOptions, SqliteStore, Store};
 use outbox_lanes::tokio::{Monitor, Outbox, OutboxConfig};
 use serde_json::{Value, json};
@@ -453,7 +454,9 @@ mod tests {
         let admin = url.clone();
         let create = name.clone();
         tokio::task::spawn_blocking(move || {
-            let mut c = postgres::Client::connect(&admin, postgres::NoTls).expect("admin");
+            let mut c =
+                outbox_lanes::postgres::Client::connect(&admin, outbox_lanes::postgres::NoTls)
+                    .expect("admin");
             for sql in [
                 format!("DROP DATABASE IF EXISTS {create} WITH (FORCE)"),
                 format!("CREATE DATABASE {create}"),
@@ -465,7 +468,9 @@ mod tests {
         .expect("join");
         one_transaction(&format!("{base}/{name}"), true).await;
         tokio::task::spawn_blocking(move || {
-            let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("admin");
+            let mut c =
+                outbox_lanes::postgres::Client::connect(&url, outbox_lanes::postgres::NoTls)
+                    .expect("admin");
             c.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
                 .expect("drop database");
         })

@@ -1,0 +1,29 @@
+//! Quick start, tokio runtime: passes and deliveries as tasks, reqwest.
+#![deny(warnings)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_lanes::store::{NewRow, SqliteOptions, SqliteStore};
+use outbox_lanes::tokio::{Outbox, OutboxConfig};
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let store = Arc::new(SqliteStore::open("outbox.db", SqliteOptions::default())?);
+    let outbox = Outbox::open(store, OutboxConfig::default())?; // on the current runtime
+    let monitor = outbox.monitor().await?; // drains every actor with work, woken on enqueue
+    let row = NewRow {
+        id: "https://example.com/activities/1".into(), // used once per actor
+        body: br#"{"type":"Create"}"#.to_vec(),
+        content_type: "application/activity+json".into(), // default: application/json
+        recipients: vec!["https://b.example/inbox".into()], // one lane per recipient
+        headers: vec![("Authorization".into(), "Bearer t0k3n".into())], // sent with the row
+        ..NewRow::default()
+    };
+    outbox
+        .enqueue("https://example.com/users/alice", &[row])
+        .await?; // durable on return
+    tokio::time::sleep(Duration::from_secs(60)).await; // your service runs; deliveries go on
+    let _ = monitor.stop().await; // attempts in flight finish, the rest waits in the store
+    Ok(())
+}

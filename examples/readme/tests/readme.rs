@@ -1,0 +1,215 @@
+//! The README's Rust snippets are the files in `examples/`, character for character; the
+//! transactional ones run here against a real SQLite file and a real Postgres
+//! (`OUTBOX_LANES_TEST_PG`). The examples themselves compile with `#![deny(warnings)]`.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use outbox_lanes::core::ActorId;
+use outbox_lanes::store::{DriverStore, Notifier, ServiceStore, Subscription};
+
+// Each example's `main` works on a fixed database; the tests call `post_note` on their own.
+#[allow(dead_code)]
+#[path = "../examples/tx_sqlite.rs"]
+pub mod tx_sqlite;
+
+#[allow(dead_code)]
+#[path = "../examples/tx_postgres.rs"]
+pub mod tx_postgres;
+
+const README: &str = include_str!("../../../README.md");
+
+/// Every example, by the path the README's marker names it with.
+const EXAMPLES: [(&str, &str); 4] = [
+    (
+        "examples/readme/examples/quickstart_tokio.rs",
+        include_str!("../examples/quickstart_tokio.rs"),
+    ),
+    (
+        "examples/readme/examples/quickstart_blocking.rs",
+        include_str!("../examples/quickstart_blocking.rs"),
+    ),
+    (
+        "examples/readme/examples/tx_sqlite.rs",
+        include_str!("../examples/tx_sqlite.rs"),
+    ),
+    (
+        "examples/readme/examples/tx_postgres.rs",
+        include_str!("../examples/tx_postgres.rs"),
+    ),
+];
+
+/// The README's `rust` blocks, each with the file its `<!-- example: PATH -->` line names.
+fn readme_blocks() -> Vec<(String, String)> {
+    let mut blocks = Vec::new();
+    let mut lines = README.lines();
+    while let Some(line) = lines.next() {
+        let Some(path) = line
+            .strip_prefix("<!-- example: ")
+            .and_then(|l| l.strip_suffix(" -->"))
+        else {
+            continue;
+        };
+        assert_eq!(
+            lines.next(),
+            Some("```rust"),
+            "README.md: the line after the marker of {path} opens a rust block"
+        );
+        let mut text = String::new();
+        for l in lines.by_ref().take_while(|l| *l != "```") {
+            text.push_str(l);
+            text.push('\n');
+        }
+        blocks.push((path.to_owned(), text));
+    }
+    blocks
+}
+
+#[test]
+fn the_readme_snippets_are_the_examples() {
+    let blocks = readme_blocks();
+    for (path, text) in EXAMPLES {
+        let shown: Vec<_> = blocks.iter().filter(|(p, _)| p == path).collect();
+        assert_eq!(shown.len(), 1, "README.md shows {path} once");
+        assert!(
+            shown[0].1 == text,
+            "README.md's block of {path} differs from the file: copy the file into README.md"
+        );
+    }
+    assert_eq!(
+        blocks.len(),
+        EXAMPLES.len(),
+        "README.md marks an unknown example"
+    );
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("examples/ is readable")
+        .map(|e| e.expect("a directory entry").file_name())
+        .collect();
+    files.sort();
+    assert_eq!(
+        files.len(),
+        EXAMPLES.len(),
+        "every example is in README.md: {files:?}"
+    );
+    for (_, text) in EXAMPLES {
+        assert!(text.contains("\n#![deny(warnings)]\n"), "{text}");
+        assert!(
+            text.lines().count() <= 36,
+            "a README snippet stays short:\n{text}"
+        );
+    }
+}
+
+/// Counts the in-process wake-ups of `notifier`.
+fn count_wakes(notifier: &Notifier) -> (Arc<AtomicUsize>, Subscription) {
+    let count = Arc::new(AtomicUsize::new(0));
+    let c = Arc::clone(&count);
+    let sub = notifier.subscribe(move || {
+        c.fetch_add(1, Ordering::SeqCst);
+    });
+    (count, sub)
+}
+
+fn pending(store: &dyn ServiceStore) -> u64 {
+    let actor = ActorId::new("https://notes.example/actor");
+    store
+        .status()
+        .expect("status")
+        .iter()
+        .filter(|s| s.actor == actor)
+        .map(|s| s.pending)
+        .sum()
+}
+
+#[test]
+fn the_sqlite_snippet_commits_the_note_and_its_rows_together() {
+    use outbox_lanes::rusqlite::Connection;
+    use outbox_lanes::store::{SqliteOptions, SqliteStore};
+
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("app.db");
+    let store = SqliteStore::open(&path, SqliteOptions::default()).expect("open the store");
+    let mut db = Connection::open(&path).expect("open the service's connection");
+    db.execute_batch("CREATE TABLE IF NOT EXISTS notes (id TEXT PRIMARY KEY, text TEXT)")
+        .expect("the notes table");
+    let (wakes, _sub) = count_wakes(&store.notifier());
+    let notes = |db: &Connection| -> i64 {
+        db.query_row("SELECT count(*) FROM notes", [], |r| r.get(0))
+            .expect("count the notes")
+    };
+
+    let units = tx_sqlite::post_note(&store, &mut db, "n1", "hello").expect("post n1");
+    assert_eq!(units, 1);
+    assert_eq!(
+        wakes.load(Ordering::SeqCst),
+        1,
+        "the wake-up fired once, after the commit"
+    );
+    assert_eq!((notes(&db), pending(&store)), (1, 1));
+
+    // The note is refused (its id exists): nothing enqueued, nothing woken.
+    assert!(tx_sqlite::post_note(&store, &mut db, "n1", "again").is_err());
+    assert_eq!((notes(&db), pending(&store)), (1, 1));
+    // The rows are refused (the row id was used): the note is rolled back with them.
+    db.execute("DELETE FROM notes", [])
+        .expect("delete the note");
+    let refused = tx_sqlite::post_note(&store, &mut db, "n1", "hello").expect_err("row id reused");
+    assert!(refused.to_string().contains("n1"), "{refused}");
+    assert_eq!((notes(&db), pending(&store)), (0, 1));
+    assert_eq!(wakes.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn the_postgres_snippet_commits_the_note_and_its_rows_together() {
+    use outbox_lanes::postgres::{Client, NoTls};
+    use outbox_lanes::store::{PgOptions, PgStore};
+
+    let Some(url) = outbox_lanes_test_support::pg_url() else {
+        return;
+    };
+    let schema = format!("ol_readme_tx_{}", std::process::id());
+    let mut db = Client::connect(&url, NoTls).expect("connect to OUTBOX_LANES_TEST_PG");
+    db.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+        .expect("drop the test's schema");
+    let opts = PgOptions {
+        schema: schema.clone(),
+        ..PgOptions::default()
+    };
+    let store = PgStore::connect(&url, opts).expect("connect the store");
+    // The service's notes beside the outbox, in the test's own schema.
+    db.batch_execute(&format!(
+        "SET search_path TO {schema}; CREATE TABLE notes (id TEXT PRIMARY KEY, text TEXT)"
+    ))
+    .expect("the notes table");
+    let (wakes, _sub) = count_wakes(&store.notifier());
+    let notes = |db: &mut Client| -> i64 {
+        db.query_one("SELECT count(*) FROM notes", &[])
+            .expect("count the notes")
+            .get(0)
+    };
+
+    let units = tx_postgres::post_note(&store, &mut db, "n1", "hello").expect("post n1");
+    assert_eq!(units, 1);
+    assert_eq!(
+        wakes.load(Ordering::SeqCst),
+        1,
+        "the wake-up fired once, after the commit"
+    );
+    assert_eq!((notes(&mut db), pending(&store)), (1, 1));
+
+    assert!(tx_postgres::post_note(&store, &mut db, "n1", "again").is_err());
+    assert_eq!((notes(&mut db), pending(&store)), (1, 1));
+    db.execute("DELETE FROM notes", &[])
+        .expect("delete the note");
+    let refused =
+        tx_postgres::post_note(&store, &mut db, "n1", "hello").expect_err("row id reused");
+    assert!(refused.to_string().contains("n1"), "{refused}");
+    assert_eq!((notes(&mut db), pending(&store)), (0, 1));
+    assert_eq!(wakes.load(Ordering::SeqCst), 1);
+
+    drop(store);
+    db.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+        .expect("drop the test's schema");
+}
