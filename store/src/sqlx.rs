@@ -145,7 +145,7 @@ impl SqlxOutbox {
         actor: &ActorId,
         rows: &[NewRow],
     ) -> Result<Vec<Enqueued>, EnqueueError> {
-        conn.enqueue_rows(self, actor, rows).await
+        conn.enqueue_rows(self, actor, rows, sealed::Token).await
     }
 
     /// The one enqueue of `enqueue.rs`, under a savepoint of `conn` (a transaction of its own
@@ -296,15 +296,15 @@ fn no_table(e: &StoreError) -> bool {
 }
 
 mod sealed {
-    pub trait Sealed {}
-    impl Sealed for ::sqlx::PgConnection {}
-    impl Sealed for ::sqlx::SqliteConnection {}
-    impl Sealed for ::sqlx::AnyConnection {}
+    /// Seals [`SqlxConnection`](super::SqlxConnection): no other crate can name it, so none
+    /// can implement the trait's method.
+    #[derive(Debug)]
+    pub struct Token;
 }
 
 /// The connections [`SqlxOutbox::enqueue`] writes on: [`PgConnection`],
 /// [`SqliteConnection`] and [`AnyConnection`] (sealed).
-pub trait SqlxConnection: sealed::Sealed + Send {
+pub trait SqlxConnection: Send {
     /// What [`SqlxOutbox::enqueue`] runs (call that instead).
     #[doc(hidden)]
     fn enqueue_rows<'a>(
@@ -312,6 +312,7 @@ pub trait SqlxConnection: sealed::Sealed + Send {
         outbox: &'a SqlxOutbox,
         actor: &'a ActorId,
         rows: &'a [NewRow],
+        _: sealed::Token,
     ) -> BoxFuture<'a, Result<Vec<Enqueued>, EnqueueError>>;
 }
 
@@ -325,6 +326,7 @@ macro_rules! sqlx_connection {
                 outbox: &'a SqlxOutbox,
                 actor: &'a ActorId,
                 rows: &'a [NewRow],
+                _: sealed::Token,
             ) -> BoxFuture<'a, Result<Vec<Enqueued>, EnqueueError>> {
                 let how: fn(&$conn) -> Result<(Dialect, bool), StoreError> = $how;
                 match how(self) {
