@@ -32,6 +32,7 @@
 //! Dependencies run runtimes → driver → store / HTTP policy → core.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod ack;
 mod config;
 mod control;
 pub mod engine;
@@ -51,6 +52,7 @@ mod testing;
 #[cfg(feature = "ureq")]
 pub mod ureq_client;
 
+pub use crate::ack::{AckWriter, AckWriterOptions};
 pub use crate::config::{DEFAULT_CONCURRENCY, OutboxConfig};
 pub use crate::control::{ControlSubscription, DrainControl, Signal};
 pub use crate::error::OutboxError;

@@ -10,11 +10,11 @@ use outbox_lanes_core::{
     ActorId, ActorResolver, DrainAction, DrainEnd, DrainSession, DrainSlots, Release,
 };
 use outbox_lanes_store::{
-    AckWriter, AckWriterOptions, ActorStatus, DeadLetter, Enqueued, LaneStatus, NewRow, Store,
-    StoreError,
+    ActorStatus, DeadLetter, Enqueued, LaneStatus, NewRow, Store, StoreError,
 };
 use tracing::{debug, warn};
 
+use crate::ack::{AckWriter, AckWriterOptions};
 use crate::config::OutboxConfig;
 use crate::control::{DrainControl, Signal};
 use crate::error::OutboxError;

@@ -105,11 +105,12 @@ use outbox_lanes_core::{
     Timestamp, UnitId,
 };
 use outbox_lanes_store::{
-    AckWriter, AttemptRecord, ChangedLane, ClaimedLane, ControlRead, DeadLetterRequest, Payload,
-    SlotToken, Store, StoreError, StoreLaneId, WrittenDeadLetter,
+    AttemptRecord, ChangedLane, ClaimedLane, ControlRead, DeadLetterRequest, Payload, SlotToken,
+    Store, StoreError, StoreLaneId, WrittenDeadLetter,
 };
 use tracing::{debug, info, trace, warn};
 
+use crate::ack::AckWriter;
 use crate::config::OutboxConfig;
 use crate::fmt::rfc3339;
 use crate::hooks::{Attempted, DeadLettered, Delivered, Hooks, Started};

@@ -10,10 +10,11 @@ use std::time::Duration;
 use outbox_lanes_core::{Outcome, PassEnd};
 use outbox_lanes_driver::http::AttemptResult;
 use outbox_lanes_driver::pass::{PassCore, RoundContext, now};
-use outbox_lanes_driver::{Completions, Done, Hooks, Job, OutboxConfig};
+use outbox_lanes_driver::{
+    AckWriter, AckWriterOptions, Completions, Done, Hooks, Job, OutboxConfig,
+};
 use outbox_lanes_store::{
-    AckWriter, AckWriterOptions, NewRow, ServiceStore, SlotAcquisition, SlotToken, SqliteOptions,
-    SqliteStore, Store,
+    NewRow, ServiceStore, SlotAcquisition, SlotToken, SqliteOptions, SqliteStore, Store,
 };
 
 /// Never contacted: these tests feed completions by hand.

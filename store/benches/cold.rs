@@ -121,19 +121,17 @@ fn setup(store: &dyn Store) -> Setup {
     let t0 = Instant::now();
     let a = ActorId::new("cold-a");
     let dead = ActorId::new("cold-dead");
-    // The dead letters' actor first, alone with work, so that the monitor's pick-up takes its
-    // slot (and only its slot): no enum whose name differs between versions is needed.
+    // The dead letters' actor first: its slot, and a lane of dead letters to list.
     let rows: Vec<NewRow> = (0..DEAD)
         .map(|k| row(format!("dead-{k}"), vec![recipient(999_999)]))
         .collect();
     store.enqueue(&dead, &rows).unwrap();
-    let slots = store
-        .acquire_ready("cold-bench", Duration::from_secs(3600), now(), 10)
-        .unwrap();
-    let dead_slot = slots
-        .into_iter()
-        .find(|t| t.actor() == &dead)
-        .expect("the slot of cold-dead");
+    let SlotAcquisition::Acquired(dead_slot) = store
+        .acquire_slot(&dead, "cold-bench", Duration::from_secs(3600))
+        .unwrap()
+    else {
+        panic!("the slot of cold-dead is free");
+    };
     let dead_lane = store
         .find_lane(&dead, &LaneKey::new(&recipient(999_999), None).unwrap())
         .unwrap()

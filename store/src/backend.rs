@@ -1,64 +1,95 @@
-//! What differs between the two backends under the operations written once: how a read and a
-//! write transaction are opened, the wake-ups, and enqueue (a hot path tuned per backend).
+//! What a backend brings, under the operations written once: its connections and
+//! transactions, its wake-ups, and how it knows that a slot holder died.
 //!
-//! [`SqliteStore`](crate::SqliteStore) and [`PgStore`](crate::PgStore) implement [`Backend`];
-//! [`ServiceStore`](crate::ServiceStore) is implemented once for every `Backend` (in
-//! `service.rs`). The trait is crate-private, so no other type can implement it, and the
-//! connection types it names stay private too.
+//! [`SqliteStore`](crate::SqliteStore), [`PgStore`](crate::PgStore) and `SqlxPgStore` implement
+//! [`Backend`];
+//! [`DriverStore`](crate::DriverStore) and [`ServiceStore`](crate::ServiceStore) are
+//! implemented once for every `Backend` (in `driver.rs` and `service.rs`), choosing the SQL of
+//! the backend's [`Dialect`] where the hot path differs. The trait is crate-private, so no other
+//! type can implement it, and the connection types it names stay private too.
 
-use outbox_lanes_core::ActorId;
+use crate::db::{Db, Dialect};
+use crate::notify::Notifier;
+use crate::{CommonOptions, StoreError};
 
-use crate::db::Db;
-use crate::{CommonOptions, EnqueueError, Enqueued, NewRow, StoreError};
+/// What every store holds alike, for the operations written once.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    /// The outbox id (`ol_meta`), read when the store was opened.
+    pub(crate) outbox_id: String,
+    /// The in-process wake-up, fired after a commit that made work.
+    pub(crate) notifier: Notifier,
+    /// Postgres: the channel that wakes the other processes (a `NOTIFY` in the transaction).
+    /// SQLite: none, its watchers see every commit by themselves.
+    pub(crate) channel: Option<String>,
+}
+
+impl Shared {
+    /// A store's parts, before its outbox id is read.
+    pub(crate) fn new(channel: Option<String>) -> Shared {
+        Shared {
+            outbox_id: String::new(),
+            notifier: Notifier::new(),
+            channel,
+        }
+    }
+
+    /// The channel of a Postgres store's wake-ups.
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlx")), allow(dead_code))]
+    pub(crate) fn pg_channel(&self) -> &str {
+        self.channel
+            .as_deref()
+            .expect("a Postgres store is made with its channel")
+    }
+}
 
 /// One backend under the shared operations (see the module docs).
 pub(crate) trait Backend: Send + Sync {
-    /// A connection reading outside a write transaction (one consistent snapshot on SQLite,
-    /// autocommit on Postgres).
-    type Reader<'c>: Db
-    where
-        Self: 'c;
-    /// A write transaction.
-    type Writer<'c>: Db
+    /// The SQL this backend speaks.
+    const DIALECT: Dialect;
+
+    /// A connection: reading (one consistent snapshot on SQLite, each statement committed on
+    /// its own on Postgres) or in a write transaction.
+    type Conn<'c>: Db
     where
         Self: 'c;
 
     /// Runs `f` as a read. Postgres may run it twice on a lost connection.
     fn read<T>(
         &self,
-        f: impl FnMut(&mut Self::Reader<'_>) -> Result<T, StoreError>,
+        f: impl FnMut(&mut Self::Conn<'_>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError>;
 
-    /// Runs `f` in a write transaction and commits it. `idempotent`: Postgres may run `f` again
-    /// on a fresh connection if the connection is lost before the commit is known.
-    fn write<T>(
+    /// Runs `f` in a write transaction and commits it, or rolls it back when `f` fails.
+    /// `idempotent`: Postgres may run `f` again on a fresh connection if the connection is lost
+    /// before the commit is known (any `f` is run again when it was lost before the commit was
+    /// sent).
+    fn write<T, E: From<StoreError>>(
         &self,
         idempotent: bool,
-        f: impl FnMut(&mut Self::Writer<'_>) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError>;
+        f: impl FnMut(&mut Self::Conn<'_>) -> Result<T, E>,
+    ) -> Result<T, E>;
 
     /// The options every backend shares.
     fn common(&self) -> &CommonOptions;
 
-    /// The outbox id (`ol_meta`), read when the store was opened.
-    fn outbox_id(&self) -> &str;
+    /// What every store holds alike.
+    fn shared(&self) -> &Shared;
 
-    /// Fires the in-process wake-up (after a commit that made work).
-    fn notify(&self);
+    /// Makes `holder` known as alive while this store lives (a failure only means that its
+    /// slots are recovered by lease expiry instead).
+    fn register_holder(&self, holder: &str);
 
-    /// Tells the other processes that `actors` have work, inside the transaction (Postgres
-    /// NOTIFY; SQLite's watcher sees every commit by itself).
-    fn notify_others(
-        &self,
-        db: &mut Self::Writer<'_>,
-        actors: &[ActorId],
-    ) -> Result<(), StoreError>;
+    /// Whether `holder`, which holds a live slot, is known to be dead (SQLite: its lock file is
+    /// free; Postgres: its session advisory lock is). Never for a holder that registered no
+    /// liveness (an older version's).
+    fn holder_is_dead(&self, db: &mut Self::Conn<'_>, holder: &str) -> Result<bool, StoreError>;
 
-    /// Enqueues a batch in one transaction (see
-    /// [`ServiceStore::enqueue`](crate::ServiceStore::enqueue)).
-    fn enqueue_batch(
-        &self,
-        actor: &ActorId,
-        rows: &[NewRow],
-    ) -> Result<Vec<Enqueued>, EnqueueError>;
+    /// [`DriverStore::check_database`](crate::DriverStore::check_database).
+    fn check_database(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// [`DriverStore::watch`](crate::DriverStore::watch).
+    fn watch(&self) -> Result<Notifier, StoreError>;
 }

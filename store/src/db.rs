@@ -1,7 +1,7 @@
 //! The statement layer shared by the backends: a statement is written once, with `$n`
-//! placeholders, and runs on SQLite (rusqlite) or Postgres (postgres or sqlx) through [`Db`];
-//! its rows are read through [`Get`], whose every accessor returns a typed error instead of
-//! panicking on a column of the wrong type.
+//! placeholders, and runs on SQLite (rusqlite, or sqlx's) or Postgres (the `postgres` crate, or
+//! sqlx's) through [`Db`]; its rows are read through [`Get`], whose every accessor returns a
+//! typed error instead of panicking on a column of the wrong type.
 //!
 //! Where the dialects differ, a statement says so in one of two ways:
 //!
@@ -13,14 +13,22 @@
 //!   (arrays, planner hints, `SKIP LOCKED`).
 //!
 //! Booleans are written `TRUE`/`FALSE` and `NOT x` (SQLite reads them as 1/0); casts are left
-//! out. The hot path (enqueue, claim, ack) keeps its own tuned SQL per dialect: SQLite's in
-//! `sqlite.rs`, Postgres's in `pg_path.rs`, written over this layer too (with arrays, which
-//! only Postgres binds and reads: on SQLite they are an error, never a panic).
+//! out. The hot path keeps its own tuned SQL per dialect (`sqlite_path.rs`, `pg_path.rs`,
+//! `enqueue.rs`), written over this layer too (with arrays, which only Postgres binds and
+//! reads: on SQLite they are an error, never a panic).
 //!
-//! Postgres runs on two drivers: the blocking `postgres` client ([`PgStore`](crate::PgStore))
-//! and a caller's sqlx pool (`SqlxPgStore`, feature `sqlx`), each a [`Db`] here. Why no query
-//! builder: it would hide the hand-tuned statements this layer exists to share.
+//! Enqueue also runs on a caller's sqlx connection, from async code that must not block: it is
+//! written over [`AsyncDb`], the same statements awaited. Every [`Db`] is an [`AsyncDb`] whose
+//! futures are ready at once ([`ready`] takes their result without an executor); the sqlx
+//! connections (`sqlx.rs`) are the only ones that really wait.
+//!
+//! Each driver's side of the layer lives with its store: rusqlite's in `sqlite.rs`, the
+//! `postgres` crate's in `postgres.rs`, sqlx's in `sqlx.rs`. Why no query builder: it would
+//! hide the hand-tuned statements this layer exists to share.
 
+use core::future::Future;
+use core::pin::pin;
+use core::task::{Context, Poll, Waker};
 use std::sync::OnceLock;
 
 use crate::StoreError;
@@ -141,6 +149,8 @@ pub(crate) enum Value<'a> {
     Text(&'a str),
     /// Text or `NULL`.
     OptText(Option<&'a str>),
+    /// Bytes (`BLOB`, `BYTEA`).
+    Bytes(&'a [u8]),
     /// A boolean (an integer 0/1 on SQLite).
     Bool(bool),
     /// A `BIGINT[]` (Postgres only, like every array).
@@ -215,6 +225,12 @@ impl<'a> From<Option<&'a str>> for Value<'a> {
     }
 }
 
+impl<'a> From<&'a [u8]> for Value<'a> {
+    fn from(v: &'a [u8]) -> Self {
+        Value::Bytes(v)
+    }
+}
+
 impl From<bool> for Value<'_> {
     fn from(v: bool) -> Self {
         Value::Bool(v)
@@ -257,17 +273,93 @@ pub(crate) trait Get {
     fn opt_texts(&self, col: usize) -> Result<Option<Vec<String>>, StoreError>;
 }
 
-/// A connection or transaction of either backend, running [`Sql`] statements.
+/// [`Get`] for a driver's row type: `$get` reads column `$c` of row `$r` as the accessor's
+/// type, its error made the store's. With `arrays` the driver reads the arrays too (Postgres);
+/// without, an array read is an error.
+macro_rules! impl_get {
+    ($row:ty, |$r:ident, $c:ident| $get:expr, arrays) => {
+        impl $crate::db::Get for $row {
+            $crate::db::impl_get!(@scalars $r $c $get);
+            fn opt_ints(&self, col: usize) -> Result<Option<Vec<i64>>, $crate::StoreError> {
+                let ($r, $c) = (self, col);
+                $get
+            }
+            fn opt_texts(&self, col: usize) -> Result<Option<Vec<String>>, $crate::StoreError> {
+                let ($r, $c) = (self, col);
+                $get
+            }
+        }
+    };
+    ($row:ty, |$r:ident, $c:ident| $get:expr) => {
+        impl $crate::db::Get for $row {
+            $crate::db::impl_get!(@scalars $r $c $get);
+            fn opt_ints(&self, _: usize) -> Result<Option<Vec<i64>>, $crate::StoreError> {
+                Err($crate::StoreError::Database(
+                    "an array read without arrays (they are Postgres only)".into(),
+                ))
+            }
+            fn opt_texts(&self, _: usize) -> Result<Option<Vec<String>>, $crate::StoreError> {
+                Err($crate::StoreError::Database(
+                    "an array read without arrays (they are Postgres only)".into(),
+                ))
+            }
+        }
+    };
+    (@scalars $r:ident $c:ident $get:expr) => {
+        fn int(&self, col: usize) -> Result<i64, $crate::StoreError> {
+            let ($r, $c) = (self, col);
+            $get
+        }
+        fn opt_int(&self, col: usize) -> Result<Option<i64>, $crate::StoreError> {
+            let ($r, $c) = (self, col);
+            $get
+        }
+        fn text(&self, col: usize) -> Result<String, $crate::StoreError> {
+            let ($r, $c) = (self, col);
+            $get
+        }
+        fn opt_text(&self, col: usize) -> Result<Option<String>, $crate::StoreError> {
+            let ($r, $c) = (self, col);
+            $get
+        }
+        fn flag(&self, col: usize) -> Result<bool, $crate::StoreError> {
+            let ($r, $c) = (self, col);
+            $get
+        }
+        fn opt_flag(&self, col: usize) -> Result<Option<bool>, $crate::StoreError> {
+            let ($r, $c) = (self, col);
+            $get
+        }
+        fn bytes(&self, col: usize) -> Result<Vec<u8>, $crate::StoreError> {
+            let ($r, $c) = (self, col);
+            $get
+        }
+        fn opt_bytes(&self, col: usize) -> Result<Option<Vec<u8>>, $crate::StoreError> {
+            let ($r, $c) = (self, col);
+            $get
+        }
+    };
+}
+pub(crate) use impl_get;
+
+/// A connection or transaction of either backend, running [`Sql`] statements and blocking
+/// until each is done.
 pub(crate) trait Db {
     /// The dialect of this connection.
     const DIALECT: Dialect;
 
     /// Runs statements without parameters, separated by `;` (the schema's DDL).
-    #[cfg_attr(not(any(feature = "postgres", feature = "sqlx")), allow(dead_code))]
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     fn batch(&mut self, sql: &str) -> Result<(), StoreError>;
 
     /// Runs a statement that returns no rows; returns how many rows it changed.
     fn execute(&mut self, sql: &Sql, args: &[Value<'_>]) -> Result<u64, StoreError>;
+
+    /// Runs an `INSERT` of one row and returns its new `id` (`None`: nothing inserted): on
+    /// Postgres the statement ends with `RETURNING id`, on SQLite it does not (its text of
+    /// [`Sql::with_sqlite`]) and the id is the connection's last rowid, which spares SQLite the
+    /// temporary table a `RETURNING` costs it.
+    fn insert(&mut self, sql: &Sql, args: &[Value<'_>]) -> Result<Option<i64>, StoreError>;
 
     /// Runs a query and maps every row.
     fn query<T>(
@@ -301,180 +393,104 @@ pub(crate) trait Db {
     }
 }
 
-#[cfg(feature = "sqlite")]
-mod sqlite {
-    use rusqlite::types::{ToSqlOutput, ValueRef};
-    use rusqlite::{Connection, ToSql};
+/// [`Db`]'s statements as futures: what enqueue is written on (see the module docs). Every
+/// [`Db`] is one, ready at once; a caller's sqlx connection waits on its socket.
+pub(crate) trait AsyncDb {
+    /// The dialect of this connection.
+    fn dialect(&self) -> Dialect;
 
-    use super::{Db, Dialect, Get, Sql, Value};
-    use crate::StoreError;
-
-    impl ToSql for Value<'_> {
-        fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
-            Ok(match *self {
-                Value::Int(v) => ToSqlOutput::Borrowed(ValueRef::Integer(v)),
-                Value::OptInt(Some(v)) => ToSqlOutput::Borrowed(ValueRef::Integer(v)),
-                Value::Text(v) | Value::OptText(Some(v)) => {
-                    ToSqlOutput::Borrowed(ValueRef::Text(v.as_bytes()))
-                }
-                Value::OptInt(None) | Value::OptText(None) => ToSqlOutput::Borrowed(ValueRef::Null),
-                Value::Bool(v) => ToSqlOutput::Borrowed(ValueRef::Integer(i64::from(v))),
-                Value::Ints(_)
-                | Value::OptInts(_)
-                | Value::Texts(_)
-                | Value::OptTexts(_)
-                | Value::Byteses(_) => {
-                    return Err(rusqlite::Error::ToSqlConversionFailure(
-                        "an array bound on SQLite (arrays are Postgres only)".into(),
-                    ));
-                }
-            })
-        }
+    /// Whether this connection binds and reads arrays: on Postgres, but through sqlx's `Any`
+    /// (which binds scalars only).
+    fn arrays(&self) -> bool {
+        self.dialect() == Dialect::Postgres
     }
 
-    impl Get for rusqlite::Row<'_> {
-        fn int(&self, col: usize) -> Result<i64, StoreError> {
-            Ok(self.get(col)?)
-        }
-        fn opt_int(&self, col: usize) -> Result<Option<i64>, StoreError> {
-            Ok(self.get(col)?)
-        }
-        fn text(&self, col: usize) -> Result<String, StoreError> {
-            Ok(self.get(col)?)
-        }
-        fn opt_text(&self, col: usize) -> Result<Option<String>, StoreError> {
-            Ok(self.get(col)?)
-        }
-        fn flag(&self, col: usize) -> Result<bool, StoreError> {
-            Ok(self.get(col)?)
-        }
-        fn opt_flag(&self, col: usize) -> Result<Option<bool>, StoreError> {
-            Ok(self.get(col)?)
-        }
-        fn bytes(&self, col: usize) -> Result<Vec<u8>, StoreError> {
-            Ok(self.get(col)?)
-        }
-        fn opt_bytes(&self, col: usize) -> Result<Option<Vec<u8>>, StoreError> {
-            Ok(self.get(col)?)
-        }
-        fn opt_ints(&self, _: usize) -> Result<Option<Vec<i64>>, StoreError> {
-            Err(no_arrays())
-        }
-        fn opt_texts(&self, _: usize) -> Result<Option<Vec<String>>, StoreError> {
-            Err(no_arrays())
-        }
+    /// [`Db::execute`].
+    fn execute(
+        &mut self,
+        sql: &'static Sql,
+        args: &[Value<'_>],
+    ) -> impl Future<Output = Result<u64, StoreError>>;
+
+    /// [`Db::insert`].
+    fn insert(
+        &mut self,
+        sql: &'static Sql,
+        args: &[Value<'_>],
+    ) -> impl Future<Output = Result<Option<i64>, StoreError>>;
+
+    /// [`Db::query`].
+    fn query<T, F: FnMut(&dyn Get) -> Result<T, StoreError>>(
+        &mut self,
+        sql: &'static Sql,
+        args: &[Value<'_>],
+        map: F,
+    ) -> impl Future<Output = Result<Vec<T>, StoreError>>;
+
+    /// [`Db::query_opt`].
+    async fn query_opt<T, F: FnMut(&dyn Get) -> Result<T, StoreError>>(
+        &mut self,
+        sql: &'static Sql,
+        args: &[Value<'_>],
+        map: F,
+    ) -> Result<Option<T>, StoreError> {
+        Ok(self.query(sql, args, map).await?.into_iter().next())
     }
 
-    fn no_arrays() -> StoreError {
-        StoreError::Database("an array read on SQLite (arrays are Postgres only)".into())
-    }
-
-    /// A SQLite connection (or a transaction on it) as a [`Db`]; statements are prepared
-    /// through rusqlite's statement cache.
-    pub(crate) struct SqliteDb<'c>(pub(crate) &'c Connection);
-
-    impl Db for SqliteDb<'_> {
-        const DIALECT: Dialect = Dialect::Sqlite;
-
-        fn batch(&mut self, sql: &str) -> Result<(), StoreError> {
-            Ok(self.0.execute_batch(sql)?)
-        }
-
-        fn execute(&mut self, sql: &Sql, args: &[Value<'_>]) -> Result<u64, StoreError> {
-            let mut st = self.0.prepare_cached(sql.text(Dialect::Sqlite))?;
-            let n = st.execute(rusqlite::params_from_iter(args.iter()))?;
-            Ok(n as u64)
-        }
-
-        fn query<T>(
-            &mut self,
-            sql: &Sql,
-            args: &[Value<'_>],
-            mut map: impl FnMut(&dyn Get) -> Result<T, StoreError>,
-        ) -> Result<Vec<T>, StoreError> {
-            let mut st = self.0.prepare_cached(sql.text(Dialect::Sqlite))?;
-            let mut rows = st.query(rusqlite::params_from_iter(args.iter()))?;
-            let mut out = Vec::new();
-            while let Some(row) = rows.next()? {
-                out.push(map(row)?);
-            }
-            Ok(out)
-        }
+    /// [`Db::query_one`].
+    async fn query_one<T, F: FnMut(&dyn Get) -> Result<T, StoreError>>(
+        &mut self,
+        sql: &'static Sql,
+        args: &[Value<'_>],
+        map: F,
+    ) -> Result<T, StoreError> {
+        let dialect = self.dialect();
+        self.query_opt(sql, args, map).await?.ok_or_else(|| {
+            StoreError::Database(format!("no row returned by: {}", sql.text(dialect)))
+        })
     }
 }
 
-#[cfg(feature = "sqlite")]
-pub(crate) use sqlite::SqliteDb;
-
-#[cfg(feature = "postgres")]
-mod postgres {
-    use std::error::Error;
-
-    use postgres::types::private::BytesMut;
-    use postgres::types::{IsNull, ToSql, Type, to_sql_checked};
-
-    use super::{Get, Value};
-    use crate::StoreError;
-
-    impl ToSql for Value<'_> {
-        fn to_sql(
-            &self,
-            ty: &Type,
-            out: &mut BytesMut,
-        ) -> Result<IsNull, Box<dyn Error + Sync + Send>> {
-            match *self {
-                Value::Int(v) => v.to_sql_checked(ty, out),
-                Value::OptInt(v) => v.to_sql_checked(ty, out),
-                Value::Text(v) => v.to_sql_checked(ty, out),
-                Value::OptText(v) => v.to_sql_checked(ty, out),
-                Value::Bool(v) => v.to_sql_checked(ty, out),
-                Value::Ints(v) => v.to_sql_checked(ty, out),
-                Value::OptInts(v) => v.to_sql_checked(ty, out),
-                Value::Texts(v) => v.to_sql_checked(ty, out),
-                Value::OptTexts(v) => v.to_sql_checked(ty, out),
-                Value::Byteses(v) => v.to_sql_checked(ty, out),
-            }
-        }
-
-        fn accepts(_: &Type) -> bool {
-            // Each value checks its own type in `to_sql`.
-            true
-        }
-
-        to_sql_checked!();
+impl<D: Db> AsyncDb for D {
+    fn dialect(&self) -> Dialect {
+        D::DIALECT
     }
 
-    impl Get for postgres::Row {
-        fn int(&self, col: usize) -> Result<i64, StoreError> {
-            Ok(self.try_get(col)?)
-        }
-        fn opt_int(&self, col: usize) -> Result<Option<i64>, StoreError> {
-            Ok(self.try_get(col)?)
-        }
-        fn text(&self, col: usize) -> Result<String, StoreError> {
-            Ok(self.try_get(col)?)
-        }
-        fn opt_text(&self, col: usize) -> Result<Option<String>, StoreError> {
-            Ok(self.try_get(col)?)
-        }
-        fn flag(&self, col: usize) -> Result<bool, StoreError> {
-            Ok(self.try_get(col)?)
-        }
-        fn opt_flag(&self, col: usize) -> Result<Option<bool>, StoreError> {
-            Ok(self.try_get(col)?)
-        }
-        fn bytes(&self, col: usize) -> Result<Vec<u8>, StoreError> {
-            Ok(self.try_get(col)?)
-        }
-        fn opt_bytes(&self, col: usize) -> Result<Option<Vec<u8>>, StoreError> {
-            Ok(self.try_get(col)?)
-        }
-        fn opt_ints(&self, col: usize) -> Result<Option<Vec<i64>>, StoreError> {
-            Ok(self.try_get(col)?)
-        }
-        fn opt_texts(&self, col: usize) -> Result<Option<Vec<String>>, StoreError> {
-            Ok(self.try_get(col)?)
-        }
+    fn execute(
+        &mut self,
+        sql: &'static Sql,
+        args: &[Value<'_>],
+    ) -> impl Future<Output = Result<u64, StoreError>> {
+        core::future::ready(Db::execute(self, sql, args))
+    }
+
+    fn insert(
+        &mut self,
+        sql: &'static Sql,
+        args: &[Value<'_>],
+    ) -> impl Future<Output = Result<Option<i64>, StoreError>> {
+        core::future::ready(Db::insert(self, sql, args))
+    }
+
+    fn query<T, F: FnMut(&dyn Get) -> Result<T, StoreError>>(
+        &mut self,
+        sql: &'static Sql,
+        args: &[Value<'_>],
+        map: F,
+    ) -> impl Future<Output = Result<Vec<T>, StoreError>> {
+        core::future::ready(Db::query(self, sql, args, map))
+    }
+}
+
+/// The result of `f`, statements of a [`Db`] awaited: each is ready at once, so one poll
+/// (without an executor) finishes it.
+pub(crate) fn ready<T, E: From<StoreError>>(f: impl Future<Output = Result<T, E>>) -> Result<T, E> {
+    match pin!(f).poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => v,
+        Poll::Pending => Err(StoreError::Database(
+            "a blocking connection's statement did not complete at once".into(),
+        )
+        .into()),
     }
 }
 

@@ -1,9 +1,9 @@
 //! The driver's side of the store ([`DriverStore`]), written once for every backend: the drain
-//! slot, a pass's lane states and dead letters, and the monitor's calls, over the operations
-//! of `slots.rs`, `lanes.rs`, `dead_letters.rs` and `status.rs`. Each backend brings what is
-//! its own ([`HotPath`]): the hot path of a pass (lanes with work, claim, payloads, ack,
-//! attempt records, tuned per backend), how it finds slot holders that died, and how it
-//! watches for enqueues of other processes.
+//! slot, a pass's claims, acks, attempt records, lane states and dead letters, and the
+//! monitor's calls, over the operations of `slots.rs`, `lanes.rs`, `units.rs`,
+//! `dead_letters.rs` and `status.rs`. Where the hot path is tuned per dialect (the lanes with
+//! work, claims, acks) it takes `sqlite_path.rs` or `pg_path.rs` by the backend's
+//! [`Backend::DIALECT`].
 
 use core::time::Duration;
 use std::time::Instant;
@@ -11,95 +11,35 @@ use std::time::Instant;
 use outbox_lanes_core::{ActorId, DeadReason, Timestamp, UnitId};
 
 use crate::backend::Backend;
+use crate::db::Dialect;
+use crate::hosts::HostRecord;
 use crate::notify::Notifier;
 use crate::types::{
     ActorsDue, AttemptRecord, ClaimRange, ClaimedLane, ControlRead, DeadLetterRequest,
     LaneControls, Payload, PendingLane, SlotAcquisition, SlotRelease, SlotToken, StoreLaneId,
     WrittenDeadLetter,
 };
-use crate::{DriverStore, StoreError, dead_letters, lanes, slots, status};
+use crate::{
+    DriverStore, StoreError, dead_letters, hosts, lanes, pg_path, slots, sqlite_path, status, units,
+};
 
-/// What a backend does its own way on the driver's side (see the module docs). The names
-/// differ from [`DriverStore`]'s so that both traits can be in scope.
-pub(crate) trait HotPath: Backend {
-    /// Runs `f` in a write transaction fenced by `token` ([`StoreError::StaleToken`] and
-    /// nothing written if the slot was lost).
-    fn fenced<T>(
-        &self,
-        token: &SlotToken,
-        idempotent: bool,
-        mut f: impl FnMut(&mut Self::Writer<'_>) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        self.write(idempotent, |db| {
-            slots::fence(db, token)?;
-            f(db)
-        })
-    }
-
-    /// Makes `holder` known as alive while this store lives (a failure only means that its
-    /// slots are recovered by lease expiry instead).
-    fn register_holder(&self, holder: &str);
-
-    /// Ends, at once, the leases of holders (other than `us`) that are known to be dead; of
-    /// `actor`'s slot only, or of every slot.
-    fn expire_dead_holders(
-        &self,
-        db: &mut Self::Writer<'_>,
-        us: &str,
-        actor: Option<&ActorId>,
-    ) -> Result<(), StoreError>;
-
-    /// [`DriverStore::lanes_with_work`].
-    fn find_lanes_with_work(
-        &self,
-        token: &SlotToken,
-        since: u64,
-    ) -> Result<(Vec<PendingLane>, u64), StoreError>;
-
-    /// [`DriverStore::claim`].
-    fn claim_units(
-        &self,
-        token: &SlotToken,
-        lanes: &[ClaimRange],
-    ) -> Result<Vec<ClaimedLane>, StoreError>;
-
-    /// [`DriverStore::payload`].
-    fn read_payload(&self, unit: UnitId) -> Result<Payload, StoreError>;
-
-    /// [`DriverStore::payloads`].
-    fn read_payloads(&self, units: &[UnitId]) -> Vec<Result<Payload, StoreError>> {
-        units.iter().map(|u| self.read_payload(*u)).collect()
-    }
-
-    /// [`DriverStore::ack`].
-    fn ack_units(
-        &self,
-        token: &SlotToken,
-        delivered: &[(UnitId, StoreLaneId)],
-    ) -> Result<(), StoreError>;
-
-    /// [`DriverStore::record_attempts`].
-    fn write_attempts(
-        &self,
-        token: &SlotToken,
-        attempts: &[AttemptRecord],
-    ) -> Result<(), StoreError>;
-
-    /// [`DriverStore::check_database`].
-    fn check_file(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
-
-    /// [`DriverStore::notifier`].
-    fn wake_ups(&self) -> Notifier;
-
-    /// [`DriverStore::watch`].
-    fn start_watch(&self) -> Result<Notifier, StoreError>;
+/// Runs `f` in a write transaction fenced by `token` ([`StoreError::StaleToken`] and nothing
+/// written if the slot was lost).
+fn fenced<B: Backend, T>(
+    store: &B,
+    token: &SlotToken,
+    idempotent: bool,
+    mut f: impl FnMut(&mut B::Conn<'_>) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    store.write(idempotent, |db| {
+        slots::fence(db, token)?;
+        f(db)
+    })
 }
 
-// `HotPath` is crate-private on purpose (sealed): only this crate's stores implement it.
+// `Backend` is crate-private on purpose (sealed): only this crate's stores implement it.
 #[allow(private_bounds)]
-impl<B: HotPath> DriverStore for B {
+impl<B: Backend> DriverStore for B {
     fn acquire_slot(
         &self,
         actor: &ActorId,
@@ -108,8 +48,8 @@ impl<B: HotPath> DriverStore for B {
     ) -> Result<SlotAcquisition, StoreError> {
         self.register_holder(holder);
         self.write(false, |db| {
-            slots::acquire(db, actor, holder, lease, |db| {
-                self.expire_dead_holders(db, holder, Some(actor))
+            slots::acquire(db, actor, holder, lease, |db, other| {
+                self.holder_is_dead(db, other)
             })
         })
     }
@@ -122,10 +62,6 @@ impl<B: HotPath> DriverStore for B {
         self.write(false, |db| slots::release(db, token))
     }
 
-    fn check_database(&self) -> Result<(), StoreError> {
-        self.check_file()
-    }
-
     fn free_slot(&self, token: &SlotToken) -> Result<(), StoreError> {
         self.write(false, |db| slots::free(db, token))
     }
@@ -135,7 +71,10 @@ impl<B: HotPath> DriverStore for B {
         token: &SlotToken,
         since: u64,
     ) -> Result<(Vec<PendingLane>, u64), StoreError> {
-        self.find_lanes_with_work(token, since)
+        self.read(|db| match B::DIALECT {
+            Dialect::Sqlite => sqlite_path::lanes_with_work(db, token, since),
+            Dialect::Postgres => pg_path::lanes_with_work(db, token, since),
+        })
     }
 
     fn claim(
@@ -143,7 +82,10 @@ impl<B: HotPath> DriverStore for B {
         token: &SlotToken,
         lanes: &[ClaimRange],
     ) -> Result<Vec<ClaimedLane>, StoreError> {
-        self.claim_units(token, lanes)
+        self.read(|db| match B::DIALECT {
+            Dialect::Sqlite => sqlite_path::claim(db, token, lanes),
+            Dialect::Postgres => pg_path::claim(db, token, lanes),
+        })
     }
 
     fn lane_controls(&self, token: &SlotToken, seen: u64) -> Result<LaneControls, StoreError> {
@@ -159,11 +101,23 @@ impl<B: HotPath> DriverStore for B {
     }
 
     fn payload(&self, unit: UnitId) -> Result<Payload, StoreError> {
-        self.read_payload(unit)
+        self.read(|db| units::payload(db, unit))
     }
 
     fn payloads(&self, units: &[UnitId]) -> Vec<Result<Payload, StoreError>> {
-        self.read_payloads(units)
+        // One read (SQLite: one snapshot) for the round's starts; a lost connection reads them
+        // all again, one unit's other error is that unit's.
+        let all = self.read(|db| {
+            let mut out = Vec::with_capacity(units.len());
+            for u in units {
+                match units::payload(db, *u) {
+                    Err(e @ StoreError::ConnectionLost { .. }) => return Err(e),
+                    one => out.push(one),
+                }
+            }
+            Ok(out)
+        });
+        all.unwrap_or_else(|e| units.iter().map(|_| Err(e.clone())).collect())
     }
 
     fn ack(
@@ -171,7 +125,16 @@ impl<B: HotPath> DriverStore for B {
         token: &SlotToken,
         delivered: &[(UnitId, StoreLaneId)],
     ) -> Result<(), StoreError> {
-        self.ack_units(token, delivered)
+        if delivered.is_empty() {
+            return Ok(());
+        }
+        let retention = self.common().ack_retention.is_some();
+        match B::DIALECT {
+            Dialect::Sqlite => fenced(self, token, true, |db| {
+                sqlite_path::ack(db, token, delivered, retention)
+            }),
+            Dialect::Postgres => pg_path::ack(self, token, delivered, retention),
+        }
     }
 
     fn record_attempts(
@@ -179,7 +142,9 @@ impl<B: HotPath> DriverStore for B {
         token: &SlotToken,
         attempts: &[AttemptRecord],
     ) -> Result<(), StoreError> {
-        self.write_attempts(token, attempts)
+        fenced(self, token, true, |db| {
+            units::record_attempts(db, token.actor().as_str(), attempts)
+        })
     }
 
     fn write_dead_letters(
@@ -192,7 +157,7 @@ impl<B: HotPath> DriverStore for B {
         }
         let retention = self.common().ack_retention.is_some();
         // Idempotent: a second run finds the dead letters the first one wrote.
-        self.fenced(token, true, |db| {
+        fenced(self, token, true, |db| {
             let actor = token.actor().as_str();
             dead.iter()
                 .map(|d| dead_letters::dead_letter_once(db, actor, d, retention))
@@ -207,7 +172,7 @@ impl<B: HotPath> DriverStore for B {
         not_before: Option<Timestamp>,
         backoff_level: u32,
     ) -> Result<(), StoreError> {
-        self.fenced(token, true, |db| {
+        fenced(self, token, true, |db| {
             lanes::set_backoff(db, token.actor().as_str(), lane, not_before, backoff_level)
         })
     }
@@ -218,7 +183,7 @@ impl<B: HotPath> DriverStore for B {
         lane: StoreLaneId,
         reason: &str,
     ) -> Result<(), StoreError> {
-        self.fenced(token, true, |db| {
+        fenced(self, token, true, |db| {
             lanes::block(db, token.actor().as_str(), lane, reason)
         })
     }
@@ -230,26 +195,15 @@ impl<B: HotPath> DriverStore for B {
         at: Timestamp,
     ) -> Result<Vec<WrittenDeadLetter>, StoreError> {
         let retention = self.common().ack_retention.is_some();
-        self.fenced(token, false, |db| {
+        fenced(self, token, false, |db| {
             let actor = token.actor().as_str();
             let reason = DeadReason::LaneRetired;
             dead_letters::dead_letter_lane(db, actor, lane, reason, at, None, retention)
         })
     }
 
-    fn acquire_ready(
-        &self,
-        holder: &str,
-        lease: Duration,
-        now: Timestamp,
-        max: usize,
-    ) -> Result<Vec<SlotToken>, StoreError> {
-        self.register_holder(holder);
-        self.write(false, |db| {
-            slots::acquire_ready(db, holder, lease, now, max, |db| {
-                self.expire_dead_holders(db, holder, None)
-            })
-        })
+    fn check_database(&self) -> Result<(), StoreError> {
+        Backend::check_database(self)
     }
 
     fn actors_with_work(&self, now: Timestamp) -> Result<ActorsDue, StoreError> {
@@ -257,25 +211,25 @@ impl<B: HotPath> DriverStore for B {
     }
 
     fn notifier(&self) -> Notifier {
-        self.wake_ups()
+        self.shared().notifier.clone()
     }
 
     fn watch(&self) -> Result<Notifier, StoreError> {
-        self.start_watch()
-    }
-
-    fn hosts(&self) -> Result<Vec<crate::HostRecord>, StoreError> {
-        self.read(|db| crate::hosts::all(db))
-    }
-
-    fn write_hosts(&self, hosts: &[crate::HostRecord]) -> Result<(), StoreError> {
-        if hosts.is_empty() {
-            return Ok(());
-        }
-        self.write(true, |db| crate::hosts::write(db, hosts))
+        Backend::watch(self)
     }
 
     fn outbox_id(&self) -> &str {
-        Backend::outbox_id(self)
+        &self.shared().outbox_id
+    }
+
+    fn hosts(&self) -> Result<Vec<HostRecord>, StoreError> {
+        self.read(|db| hosts::all(db))
+    }
+
+    fn write_hosts(&self, hosts: &[HostRecord]) -> Result<(), StoreError> {
+        if hosts.is_empty() {
+            return Ok(());
+        }
+        self.write(true, |db| hosts::write(db, hosts))
     }
 }

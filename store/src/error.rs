@@ -180,6 +180,47 @@ impl StoreError {
         }
     }
 
+    /// The constraint and the detail (Postgres) of a unique-index refusal reported by any
+    /// driver, if this is one: how an enqueue names the row id another row has.
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
+    pub(crate) fn unique_violation(&self) -> Option<(String, String)> {
+        let StoreError::Driver { cause, .. } = self else {
+            return None;
+        };
+        #[cfg(feature = "sqlite")]
+        if let Some(rusqlite::Error::SqliteFailure(f, _)) = cause.downcast_ref::<rusqlite::Error>()
+        {
+            return (f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE)
+                .then(|| (String::new(), String::new()));
+        }
+        #[cfg(feature = "postgres")]
+        if let Some(db) = cause
+            .downcast_ref::<postgres::Error>()
+            .and_then(postgres::Error::as_db_error)
+        {
+            return (*db.code() == postgres::error::SqlState::UNIQUE_VIOLATION).then(|| {
+                (
+                    db.constraint().unwrap_or("").to_owned(),
+                    db.detail().unwrap_or("").to_owned(),
+                )
+            });
+        }
+        #[cfg(feature = "sqlx")]
+        if let Some(db) = cause
+            .downcast_ref::<::sqlx::Error>()
+            .and_then(::sqlx::Error::as_database_error)
+        {
+            let detail = db
+                .try_downcast_ref::<::sqlx::postgres::PgDatabaseError>()
+                .and_then(|e| e.detail())
+                .unwrap_or("");
+            return db
+                .is_unique_violation()
+                .then(|| (db.constraint().unwrap_or("").to_owned(), detail.to_owned()));
+        }
+        None
+    }
+
     /// An open failure, with the library's error as the cause.
     #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     pub(crate) fn open(
@@ -312,26 +353,6 @@ impl core::error::Error for EnqueueError {
             EnqueueError::Store(e) => Some(e),
             _ => None,
         }
-    }
-}
-
-/// Errors that can tell "the connection was lost" (the Postgres backends retry on those).
-#[cfg(any(feature = "postgres", feature = "sqlx"))]
-pub(crate) trait Lost {
-    fn lost(&self) -> bool;
-}
-
-#[cfg(any(feature = "postgres", feature = "sqlx"))]
-impl Lost for StoreError {
-    fn lost(&self) -> bool {
-        matches!(self, StoreError::ConnectionLost { .. })
-    }
-}
-
-#[cfg(any(feature = "postgres", feature = "sqlx"))]
-impl Lost for EnqueueError {
-    fn lost(&self) -> bool {
-        matches!(self, EnqueueError::Store(StoreError::ConnectionLost { .. }))
     }
 }
 

@@ -9,6 +9,19 @@ use crate::types::{ChangedLane, LaneStatus, PendingLane, STRICT_BLOCKED_REASON, 
 use crate::util::{key_of, millis_of, status_of, timestamp_of, to_i64, to_u32, to_u64};
 use crate::{StoreError, StoreLaneId, slots};
 
+/// A lane's state as a pass reads it, from the columns `at..at + 7` of a row: id, recipient,
+/// ordering key, `not_before`, backoff level, strict, paused.
+pub(crate) fn pending_lane(r: &dyn Get, at: usize) -> Result<PendingLane, StoreError> {
+    Ok(PendingLane {
+        lane: StoreLaneId(r.int(at)?),
+        key: key_of(r.text(at + 1)?, r.text(at + 2)?),
+        not_before: r.opt_int(at + 3)?.map(timestamp_of),
+        backoff_level: to_u32(r.int(at + 4)?),
+        strict: r.flag(at + 5)?,
+        paused: r.flag(at + 6)?,
+    })
+}
+
 /// Runs an update of one lane; [`StoreError::NotFound`] if it changed nothing.
 fn update(db: &mut impl Db, sql: &Sql, args: &[crate::db::Value<'_>]) -> Result<(), StoreError> {
     if db.execute(sql, args)? == 0 {
@@ -159,15 +172,8 @@ pub(crate) fn controls(
             let generation = to_u64(r.int(0)?);
             let lane = match r.opt_int(1)? {
                 None => None,
-                Some(id) => Some(ChangedLane {
-                    state: PendingLane {
-                        lane: StoreLaneId(id),
-                        key: key_of(r.text(2)?, r.text(3)?),
-                        not_before: r.opt_int(4)?.map(timestamp_of),
-                        backoff_level: to_u32(r.int(5)?),
-                        strict: r.flag(6)?,
-                        paused: r.flag(7)?,
-                    },
+                Some(_) => Some(ChangedLane {
+                    state: pending_lane(r, 1)?,
                     pending: r.flag(8)?,
                 }),
             };

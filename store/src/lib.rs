@@ -9,26 +9,33 @@
 //! | module | what |
 //! |---|---|
 //! | `lib.rs`, `types.rs` | the traits and the types they speak |
-//! | `db.rs` | the statement layer: one SQL text with `$n` placeholders for both backends, typed row reads |
-//! | `slots.rs` | the drain slot: acquire, renew, release, fence, the monitor's acquire-ready |
+//! | `backend.rs` | the crate-private `Backend`: what each store brings (connections, transactions, wake-ups, liveness) |
+//! | `db.rs` | the statement layer: one SQL text with `$n` placeholders for both dialects, typed row reads, blocking and async |
+//! | `driver.rs` | [`DriverStore`] once for every backend |
+//! | `service.rs` | [`ServiceStore`] once for every backend |
+//! | `sqlite_path.rs`, `pg_path.rs` | the hot path tuned per dialect: lanes with work, claims, acks |
+//! | `prepare.rs` | validating and canonicalising rows before enqueue |
+//! | `enqueue.rs` | enqueue, once per dialect: the stores', their `enqueue_in`, and the `sqlx` module's |
+//! | `row_ids.rs` | the row-id ledger (the dedup window past delivery) |
+//! | `slots.rs` | the drain slot: acquire, renew, release, fence |
 //! | `lanes.rs` | lane states, operator lane controls, the lane list |
 //! | `dead_letters.rs` | dead-lettering, listing, payloads, replay, purge |
 //! | `status.rs` | status, oldest pending, actors with work |
 //! | `units.rs` | a unit's lifecycle after enqueue: settle, finish, payload rows, seqs |
-//! | `service.rs` | [`ServiceStore`] once for every backend |
-//! | `driver.rs` | [`DriverStore`] once for every backend, over each backend's hot path |
-//! | `sqlite.rs` | SQLite: connections, schema and migrations, its hot path (enqueue, claim, ack, attempt records) |
-//! | `pg_path.rs`, `pg_schema.rs` | Postgres, for both of its drivers: the hot path, the schema and migrations |
-//! | `postgres.rs`, `sqlx_pg.rs` | the two Postgres drivers: [`PgStore`] (blocking `postgres` client, own pool, TLS) and `SqlxPgStore` (a caller's sqlx pool) |
-//! | `sqlx.rs` | enqueue inside a caller's sqlx transaction |
-//! | `prepare.rs` | validating and canonicalising rows before enqueue |
-//! | `ack.rs` | the group-committing ack writer |
-//! | `notify.rs`, `watcher.rs`, `liveness.rs`, `exists.rs`, `tls.rs`, `error.rs` | wake-ups, watcher threads, dead-holder detection, opening, Postgres TLS, errors |
+//! | `hosts.rs` | the shared host records (`ol_hosts`) |
+//! | `sqlite.rs`, `liveness.rs` | [`SqliteStore`]: connections, schema and migrations; holder lock files |
+//! | `pg_schema.rs` | Postgres, for both of its stores: the schema, migrations, session settings, holders' advisory locks |
+//! | `postgres.rs`, `tls.rs` | [`PgStore`]: the blocking `postgres` client, its own pool, TLS (`sslmode`, client certificates) |
+//! | `sqlx_pg.rs` | `SqlxPgStore`: the Postgres store on a caller's sqlx pool |
+//! | `sqlx.rs` | `SqlxOutbox`: enqueue inside a caller's sqlx transaction; sqlx's side of the statement layer |
+//! | `notify.rs`, `watcher.rs` | in-process wake-ups; the watcher threads |
+//! | `exists.rs` | what a tool reads before it opens a store (is there an outbox, its version) |
+//! | `headers.rs`, `util.rs`, `error.rs` | header checks; shared helpers; the errors |
 //!
 //! # How a pass uses the store
 //!
-//! 0. The monitor finds work with [`DriverStore::actors_with_work`] (or takes the slots of free
-//!    actors with work at once with [`DriverStore::acquire_ready`]), woken by [`DriverStore::watch`].
+//! 0. The monitor finds work with [`DriverStore::actors_with_work`], woken by
+//!    [`DriverStore::watch`].
 //! 1. [`DriverStore::acquire_slot`] takes the actor's drain slot (OL-12). Nothing is written per
 //!    unit at claim time: the slot's lease *is* the lease of every unit the pass reads. A
 //!    crash lets the lease expire, and the next holder reads every lane from its head again
@@ -42,7 +49,7 @@
 //!    acquisition is the first read): an operator's pause, purge, skip-head or strict reaches
 //!    it before its next start (OL-14).
 //! 4. [`DriverStore::payload`] fetches a unit's bytes when it starts.
-//! 5. Outcomes: [`DriverStore::ack`] (group-committed through [`AckWriter`]),
+//! 5. Outcomes: [`DriverStore::ack`] (group-committed by the driver's ack writer),
 //!    [`DriverStore::record_attempts`], [`DriverStore::write_dead_letters`] (a round's dead letters
 //!    in one transaction) and [`DriverStore::retire_lane`] (durable when they return, OL-16), [`DriverStore::set_lane_state`], [`DriverStore::block_lane`].
 //! 6. **Hand-back needs no write.** Since a claim writes nothing, handing a unit back (OL-10,
@@ -78,7 +85,6 @@
     allow(dead_code)
 )]
 
-pub mod ack;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod backend;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
@@ -87,6 +93,8 @@ mod db;
 mod dead_letters;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod driver;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
+mod enqueue;
 mod error;
 mod exists;
 mod headers;
@@ -96,7 +104,7 @@ mod lanes;
 #[cfg(feature = "sqlite")]
 mod liveness;
 pub mod notify;
-#[cfg(any(feature = "postgres", feature = "sqlx"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod pg_path;
 #[cfg(any(feature = "postgres", feature = "sqlx"))]
 mod pg_schema;
@@ -111,6 +119,8 @@ mod service;
 mod slots;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
+mod sqlite_path;
 #[cfg(feature = "sqlx")]
 pub mod sqlx;
 #[cfg(feature = "sqlx")]
@@ -131,7 +141,6 @@ use core::time::Duration;
 pub use outbox_lanes_core as core_types;
 use outbox_lanes_core::{ActorId, Timestamp, UnitId};
 
-pub use ack::{AckWriter, AckWriterOptions};
 pub use error::{Cause, EnqueueError, StoreError};
 pub use headers::{HeaderProblem, MAX_HEADER_BYTES, MAX_HEADERS, RefusedHeader, validate_headers};
 pub use hosts::{HostBlock, HostRecord, HostStatus, origin_of};
@@ -358,24 +367,6 @@ pub trait DriverStore: Send + Sync {
     /// # Errors
     /// Database failures.
     fn actors_with_work(&self, now: Timestamp) -> Result<ActorsDue, StoreError>;
-
-    /// Picks up to `max` actors with work admissible at `now` whose drain slot is free (or
-    /// expired), and acquires their slots for `holder` — the monitor's "what do I drain next".
-    /// Actors with work whose slot is held by a live lease get "look again" set, as
-    /// [`DriverStore::acquire_slot`] would. On Postgres the slot rows are locked
-    /// `FOR UPDATE SKIP LOCKED`: several relays calling this at once spread over the actors
-    /// instead of queueing on the same rows (a slot skipped because another relay is touching
-    /// it at that instant is left to that relay or to the next poll).
-    ///
-    /// # Errors
-    /// Database failures.
-    fn acquire_ready(
-        &self,
-        holder: &str,
-        lease: Duration,
-        now: Timestamp,
-        max: usize,
-    ) -> Result<Vec<SlotToken>, StoreError>;
 
     /// The in-process wake-up fired after every enqueue through this store.
     fn notifier(&self) -> Notifier;

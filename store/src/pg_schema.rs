@@ -1,7 +1,7 @@
 //! The Postgres schema, shared by the two Postgres backends ([`PgStore`](crate::PgStore) and
 //! the `sqlx` module's `SqlxPgStore`): the tables of `SCHEMA.md`, the migrations, the
-//! planner settings of the store's sessions, and [`init`], which creates or migrates a
-//! schema in a transaction.
+//! planner settings of the store's sessions, [`init`], which creates or migrates a schema in
+//! a transaction, and the holders' liveness locks ([`take_live_lock`], [`holder_is_dead`]).
 
 use crate::db::{Db, Sql, args};
 use crate::util::needs_ddl;
@@ -388,4 +388,75 @@ fn ddl(db: &mut impl Db, schema: &str, found: Option<u32>) -> Result<(), StoreEr
         }
     }
     Ok(())
+}
+
+/// Takes the session advisory lock of a registered holder if nobody holds it: `$1` is the
+/// holder's [`live_key`], `$2` the holder. The first key is `'ol'` (0x6f6c), the second a hash
+/// of the schema and the holder name. No row: the holder registered no liveness.
+static TRY_LIVE_LOCK_OF: Sql = Sql::new(
+    "SELECT pg_try_advisory_lock(28524, hashtext($1)) FROM ol_live_holders WHERE holder = $2",
+);
+static TRY_LIVE_LOCK: Sql = Sql::new("SELECT pg_try_advisory_lock(28524, hashtext($1))");
+static LIVE_UNLOCK: Sql = Sql::new("SELECT pg_advisory_unlock(28524, hashtext($1))");
+/// Registers a holder that keeps a liveness lock.
+static REGISTER_HOLDER: Sql =
+    Sql::new("INSERT INTO ol_live_holders (holder) VALUES ($1) ON CONFLICT DO NOTHING");
+static FORGET_HOLDER: Sql = Sql::new("DELETE FROM ol_live_holders WHERE holder = $1");
+
+/// The advisory-lock name of `holder` in `schema`.
+fn live_key(schema: &str, holder: &str) -> String {
+    format!("{schema}/{holder}")
+}
+
+/// Liveness beside the lease: on `db`, a session of its own that the store keeps open for as
+/// long as it lives, `holder` takes its session advisory lock and is listed in
+/// `ol_live_holders` (so that a holder of an older version, without a lock, is never taken for
+/// dead). The server drops the lock when that session ends — the process died (even by
+/// SIGKILL) or lost its connection — and other relays then take the holder's slots over at
+/// once (with new fencing tokens) instead of after their lease. `false`: another live session
+/// holds it.
+///
+/// # Errors
+/// Database failures (then there is no liveness: the lease still bounds everything).
+pub(crate) fn take_live_lock(
+    db: &mut impl Db,
+    schema: &str,
+    holder: &str,
+) -> Result<bool, StoreError> {
+    let key = live_key(schema, holder);
+    let got = db.query_one(&TRY_LIVE_LOCK, args![&key], |r| r.flag(0))?;
+    if got {
+        db.execute(&REGISTER_HOLDER, args![holder])?;
+    }
+    Ok(got)
+}
+
+/// Logs a holder's liveness lock that could not be taken: its slots wait for their lease.
+pub(crate) fn log_no_live_lock(holder: &str, why: Option<&StoreError>) {
+    match why {
+        None => tracing::warn!(target: "outbox_lanes::store", holder,
+            "another live session holds this holder's lock (a holder name used twice?); its slots wait for their lease"),
+        Some(e) => tracing::debug!(target: "outbox_lanes::store", holder, error = %e,
+            "no liveness lock; slots of this holder wait for their lease"),
+    }
+}
+
+/// Whether `holder`, which holds a live slot, is dead: its lock, taken at once when nobody
+/// holds it, is given back at once (a session lock outlives the transaction) and the holder
+/// forgotten. Never for a holder that registered no liveness.
+///
+/// # Errors
+/// Database failures.
+pub(crate) fn holder_is_dead(
+    db: &mut impl Db,
+    schema: &str,
+    holder: &str,
+) -> Result<bool, StoreError> {
+    let key = live_key(schema, holder);
+    if db.query_opt(&TRY_LIVE_LOCK_OF, args![&key, holder], |r| r.flag(0))? != Some(true) {
+        return Ok(false);
+    }
+    db.query_one(&LIVE_UNLOCK, args![&key], |r| r.flag(0))?;
+    db.execute(&FORGET_HOLDER, args![holder])?;
+    Ok(true)
 }

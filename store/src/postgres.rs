@@ -44,6 +44,7 @@
 
 use core::time::Duration;
 use std::collections::HashMap;
+use std::error::Error;
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 
 use core::sync::atomic::{AtomicBool, Ordering};
@@ -51,16 +52,16 @@ use core::sync::atomic::{AtomicBool, Ordering};
 pub use postgres;
 use postgres::error::SqlState;
 use postgres::fallible_iterator::FallibleIterator;
-use postgres::types::ToSql;
+use postgres::types::private::BytesMut;
+use postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 use postgres::{Client, Config, Row, Statement, Transaction};
 
 use outbox_lanes_core::ActorId;
 
-use crate::backend::Backend;
-use crate::db::{Db, Dialect, Get, Sql, Value, args};
-use crate::error::Lost;
+use crate::backend::{Backend, Shared};
+use crate::db::{Db, Dialect, Get, Sql, Value, ready};
+use crate::enqueue::enqueue;
 use crate::notify::{Notifier, PendingWake};
-use crate::pg_path::{self, PgBackend};
 use crate::pg_schema;
 use crate::prepare::prepare;
 use crate::tls::{ConfigError, Connector};
@@ -103,8 +104,6 @@ impl Default for PgOptions {
         }
     }
 }
-
-type PgParam<'a> = &'a (dyn ToSql + Sync);
 
 /// Schema version 1, for the migration test, which builds a version 1 database.
 #[doc(hidden)]
@@ -200,75 +199,120 @@ impl From<postgres::Error> for StoreError {
     }
 }
 
-impl From<postgres::Error> for EnqueueError {
-    fn from(e: postgres::Error) -> Self {
-        EnqueueError::Store(pg_err(e))
+impl ToSql for Value<'_> {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut BytesMut,
+    ) -> Result<IsNull, Box<dyn Error + Sync + Send>> {
+        match *self {
+            Value::Int(v) => v.to_sql_checked(ty, out),
+            Value::OptInt(v) => v.to_sql_checked(ty, out),
+            Value::Text(v) => v.to_sql_checked(ty, out),
+            Value::OptText(v) => v.to_sql_checked(ty, out),
+            Value::Bytes(v) => v.to_sql_checked(ty, out),
+            Value::Bool(v) => v.to_sql_checked(ty, out),
+            Value::Ints(v) => v.to_sql_checked(ty, out),
+            Value::OptInts(v) => v.to_sql_checked(ty, out),
+            Value::Texts(v) => v.to_sql_checked(ty, out),
+            Value::OptTexts(v) => v.to_sql_checked(ty, out),
+            Value::Byteses(v) => v.to_sql_checked(ty, out),
+        }
+    }
+
+    fn accepts(_: &Type) -> bool {
+        // Each value checks its own type in `to_sql`.
+        true
+    }
+
+    to_sql_checked!();
+}
+
+crate::db::impl_get!(Row, |r, c| Ok(r.try_get(c)?), arrays);
+
+/// A connection as a [`Db`]: a pooled client, each statement committed on its own, or a
+/// transaction (the store's own, or a savepoint in a caller's). With the pool's cache, each
+/// statement is prepared once per connection.
+pub(crate) struct PgDb<'c> {
+    on: On<'c>,
+    cache: Option<&'c mut HashMap<String, Statement>>,
+    /// A statement failed because the connection was lost: the store retries elsewhere.
+    lost: bool,
+}
+
+enum On<'c> {
+    Client(&'c mut Client),
+    Tx(Transaction<'c>),
+}
+
+impl PgDb<'_> {
+    fn statement(&mut self, sql: &str) -> Result<Statement, postgres::Error> {
+        if let Some(st) = self.cache.as_deref().and_then(|c| c.get(sql)) {
+            return Ok(st.clone());
+        }
+        let st = match &mut self.on {
+            On::Client(c) => c.prepare(sql)?,
+            On::Tx(t) => t.prepare(sql)?,
+        };
+        if let Some(c) = self.cache.as_deref_mut() {
+            c.insert(sql.to_owned(), st.clone());
+        }
+        Ok(st)
+    }
+
+    /// `r` as the store's error, noting a lost connection.
+    fn checked<T>(&mut self, r: Result<T, postgres::Error>) -> Result<T, StoreError> {
+        r.map_err(|e| {
+            let e = pg_err(e);
+            self.lost |= matches!(e, StoreError::ConnectionLost { .. });
+            e
+        })
+    }
+
+    fn rows(&mut self, sql: &Sql, args: &[Value<'_>]) -> Result<Vec<Row>, StoreError> {
+        let params: Vec<&(dyn ToSql + Sync)> = args.iter().map(|v| v as _).collect();
+        let rows = self
+            .statement(sql.text(Dialect::Postgres))
+            .and_then(|st| match &mut self.on {
+                On::Client(c) => c.query(&st, &params),
+                On::Tx(t) => t.query(&st, &params),
+            });
+        self.checked(rows)
+    }
+
+    /// Commits a transaction (nothing to do for a client's statements).
+    fn commit(self) -> Result<(), StoreError> {
+        match self.on {
+            On::Tx(t) => Ok(t.commit()?),
+            On::Client(_) => Ok(()),
+        }
     }
 }
 
-/// Runs SQL on a transaction, with or without the statement cache.
-trait PgExec {
-    fn query_rows(&mut self, sql: &str, p: &[PgParam<'_>]) -> Result<Vec<Row>, postgres::Error>;
-    fn execute_sql(&mut self, sql: &str, p: &[PgParam<'_>]) -> Result<u64, postgres::Error>;
-    fn batch_sql(&mut self, sql: &str) -> Result<(), postgres::Error>;
-}
-
-impl PgExec for Transaction<'_> {
-    fn query_rows(&mut self, sql: &str, p: &[PgParam<'_>]) -> Result<Vec<Row>, postgres::Error> {
-        self.query(sql, p)
-    }
-    fn execute_sql(&mut self, sql: &str, p: &[PgParam<'_>]) -> Result<u64, postgres::Error> {
-        self.execute(sql, p)
-    }
-    fn batch_sql(&mut self, sql: &str) -> Result<(), postgres::Error> {
-        self.batch_execute(sql)
-    }
-}
-
-pub(crate) struct PgTx<'a> {
-    tx: Transaction<'a>,
-    cache: &'a mut HashMap<String, Statement>,
-}
-
-/// The connection's prepared statement for `sql`, prepared by `prepare` the first time.
-fn cached(
-    cache: &mut HashMap<String, Statement>,
-    sql: &str,
-    prepare: impl FnOnce(&str) -> Result<Statement, postgres::Error>,
-) -> Result<Statement, postgres::Error> {
-    if let Some(s) = cache.get(sql) {
-        return Ok(s.clone());
-    }
-    let s = prepare(sql)?;
-    cache.insert(sql.to_owned(), s.clone());
-    Ok(s)
-}
-
-impl PgExec for PgTx<'_> {
-    fn query_rows(&mut self, sql: &str, p: &[PgParam<'_>]) -> Result<Vec<Row>, postgres::Error> {
-        let st = cached(self.cache, sql, |s| self.tx.prepare(s))?;
-        self.tx.query(&st, p)
-    }
-    fn execute_sql(&mut self, sql: &str, p: &[PgParam<'_>]) -> Result<u64, postgres::Error> {
-        let st = cached(self.cache, sql, |s| self.tx.prepare(s))?;
-        self.tx.execute(&st, p)
-    }
-    fn batch_sql(&mut self, sql: &str) -> Result<(), postgres::Error> {
-        self.tx.batch_execute(sql)
-    }
-}
-
-/// Every runner of SQL on Postgres is a [`Db`] of the shared statement layer.
-impl<E: PgExec> Db for E {
+impl Db for PgDb<'_> {
     const DIALECT: Dialect = Dialect::Postgres;
 
     fn batch(&mut self, sql: &str) -> Result<(), StoreError> {
-        Ok(self.batch_sql(sql)?)
+        let done = match &mut self.on {
+            On::Client(c) => c.batch_execute(sql),
+            On::Tx(t) => t.batch_execute(sql),
+        };
+        self.checked(done)
     }
 
     fn execute(&mut self, sql: &Sql, args: &[Value<'_>]) -> Result<u64, StoreError> {
-        let params: Vec<PgParam<'_>> = args.iter().map(|v| v as PgParam<'_>).collect();
-        Ok(self.execute_sql(sql.text(Dialect::Postgres), &params)?)
+        let params: Vec<&(dyn ToSql + Sync)> = args.iter().map(|v| v as _).collect();
+        let n = self
+            .statement(sql.text(Dialect::Postgres))
+            .and_then(|st| match &mut self.on {
+                On::Client(c) => c.execute(&st, &params),
+                On::Tx(t) => t.execute(&st, &params),
+            });
+        self.checked(n)
+    }
+
+    fn insert(&mut self, sql: &Sql, args: &[Value<'_>]) -> Result<Option<i64>, StoreError> {
+        self.rows(sql, args)?.first().map(|r| r.int(0)).transpose()
     }
 
     fn query<T>(
@@ -277,29 +321,7 @@ impl<E: PgExec> Db for E {
         args: &[Value<'_>],
         mut map: impl FnMut(&dyn Get) -> Result<T, StoreError>,
     ) -> Result<Vec<T>, StoreError> {
-        let params: Vec<PgParam<'_>> = args.iter().map(|v| v as PgParam<'_>).collect();
-        let rows = self.query_rows(sql.text(Dialect::Postgres), &params)?;
-        rows.iter().map(|r| map(r)).collect()
-    }
-}
-
-/// A connection used outside a transaction (reads), with its statement cache.
-pub(crate) struct PgConn<'a> {
-    client: &'a mut Client,
-    cache: &'a mut HashMap<String, Statement>,
-}
-
-impl PgExec for PgConn<'_> {
-    fn query_rows(&mut self, sql: &str, p: &[PgParam<'_>]) -> Result<Vec<Row>, postgres::Error> {
-        let st = cached(self.cache, sql, |s| self.client.prepare(s))?;
-        self.client.query(&st, p)
-    }
-    fn execute_sql(&mut self, sql: &str, p: &[PgParam<'_>]) -> Result<u64, postgres::Error> {
-        let st = cached(self.cache, sql, |s| self.client.prepare(s))?;
-        self.client.execute(&st, p)
-    }
-    fn batch_sql(&mut self, sql: &str) -> Result<(), postgres::Error> {
-        self.client.batch_execute(sql)
+        self.rows(sql, args)?.iter().map(|r| map(r)).collect()
     }
 }
 
@@ -322,14 +344,11 @@ pub struct PgStore {
     opts: PgOptions,
     pool: Mutex<Pool>,
     freed: Condvar,
-    notifier: Notifier,
-    channel: String,
+    shared: Shared,
     watcher: Mutex<Option<WatcherThread>>,
     /// One session per holder of this store, holding the holder's advisory lock for the
     /// store's life: see [`PgStore::register_holder`].
     live: Mutex<HashMap<String, postgres::Client>>,
-    /// The outbox id (`ol_meta`), read once at connect.
-    outbox_id: String,
 }
 
 impl core::fmt::Debug for PgStore {
@@ -402,7 +421,7 @@ impl PgStore {
         config.application_name(&opts.application_name);
         config.connect_timeout(opts.connect_timeout);
         let mut store = PgStore {
-            channel: pg_schema::channel(&opts.schema),
+            shared: Shared::new(Some(pg_schema::channel(&opts.schema))),
             config,
             tls,
             target,
@@ -411,14 +430,12 @@ impl PgStore {
                 open: 0,
             }),
             freed: Condvar::new(),
-            notifier: Notifier::new(),
             watcher: Mutex::new(None),
             live: Mutex::new(HashMap::new()),
-            outbox_id: String::new(),
             opts,
         };
         let mut conn = store.new_conn(true)?;
-        store.outbox_id = store.init_schema(&mut conn)?;
+        store.shared.outbox_id = store.init_schema(&mut conn)?;
         store.lock_pool().open += 1;
         store.checkin(conn);
         Ok(store)
@@ -441,24 +458,20 @@ impl PgStore {
     }
 
     fn init_schema(&self, conn: &mut Conn) -> Result<String, StoreError> {
-        let mut tx = conn.client.transaction()?;
-        let id = pg_schema::init(
-            &mut tx,
-            &self.opts.schema,
-            &self.channel,
-            self.opts.common.schema,
-        )?;
-        tx.commit()?;
+        let mut db = PgDb {
+            on: On::Tx(conn.client.transaction()?),
+            cache: None,
+            lost: false,
+        };
+        let (schema, policy) = (&self.opts.schema, self.opts.common.schema);
+        let id = pg_schema::init(&mut db, schema, self.shared.pg_channel(), policy)?;
+        db.commit()?;
         Ok(id)
     }
 
-    /// Liveness beside the lease: `holder` holds a session advisory lock, on a connection of
-    /// its own, for as long as this store lives. The server drops it when that session ends —
-    /// the process died (even by SIGKILL) or lost its connection — and other relays then take
-    /// its slots over at once (with new fencing tokens) instead of after their lease. Listed
-    /// in `ol_live_holders`, so a holder of an older version (no lock) is never taken for
-    /// dead. A failure here only means no liveness: the lease still bounds everything.
-    fn register_holder(&self, holder: &str) {
+    /// Liveness beside the lease: `holder` holds a session advisory lock on a connection of
+    /// its own for as long as this store lives (see [`pg_schema::take_live_lock`]).
+    fn keep_alive(&self, holder: &str) {
         let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
         if live.get(holder).is_some_and(|c| !c.is_closed()) {
             return;
@@ -466,19 +479,23 @@ impl PgStore {
         let registered = (|| -> Result<bool, StoreError> {
             let mut client = self.tls.connect(&self.config)?;
             client.batch_execute(&format!("SET search_path TO {}", self.opts.schema))?;
-            let mut conn = PgConn {
-                client: &mut client,
-                cache: &mut HashMap::new(),
+            let mut db = PgDb {
+                on: On::Client(&mut client),
+                cache: None,
+                lost: false,
             };
-            let key = pg_path::live_key(&self.opts.schema, holder);
-            let got = conn.query_one(&pg_path::TRY_LIVE_LOCK, args![&key], |r| r.flag(0))?;
+            let got = pg_schema::take_live_lock(&mut db, &self.opts.schema, holder)?;
+            drop(db);
             if got {
-                conn.execute(&pg_path::REGISTER_HOLDER, args![holder])?;
                 live.insert(holder.to_owned(), client);
             }
             Ok(got)
         })();
-        pg_path::log_registration(holder, &registered);
+        match registered {
+            Ok(true) => {}
+            Ok(false) => pg_schema::log_no_live_lock(holder, None),
+            Err(e) => pg_schema::log_no_live_lock(holder, Some(&e)),
+        }
     }
 
     fn lock_pool(&self) -> MutexGuard<'_, Pool> {
@@ -535,28 +552,45 @@ impl PgStore {
         self.freed.notify_all();
     }
 
-    /// Runs `f` in a transaction and commits; retries once on a lost connection when safe
-    /// (see the module docs).
-    fn with_tx<T, E: From<StoreError> + Lost>(
+    /// Runs `f` on a pooled connection, in a transaction it commits (`tx`) or with each
+    /// statement committed on its own, and retries once on a new connection when the old one
+    /// was lost and that is safe (see the module docs).
+    fn run<T, E: From<StoreError>>(
         &self,
+        tx: bool,
         idempotent: bool,
-        mut f: impl FnMut(&mut PgTx<'_>) -> Result<T, E>,
+        mut f: impl FnMut(&mut PgDb<'_>) -> Result<T, E>,
     ) -> Result<T, E> {
         let mut attempt = 0;
         loop {
             attempt += 1;
             let mut conn = self.checkout()?;
-            let (res, at_commit) = {
+            let (res, lost, at_commit) = {
                 let Conn { client, cache } = &mut conn;
-                match client.transaction() {
-                    Err(e) => (Err(E::from(pg_err(e))), false),
-                    Ok(tx) => {
-                        let mut t = PgTx { tx, cache };
-                        match f(&mut t) {
-                            Err(e) => (Err(e), false),
-                            Ok(v) => match t.tx.commit() {
-                                Ok(()) => (Ok(v), false),
-                                Err(e) => (Err(E::from(pg_err(e))), true),
+                let on = if tx {
+                    client.transaction().map(On::Tx)
+                } else {
+                    Ok(On::Client(client))
+                };
+                match on.map_err(pg_err) {
+                    Err(e) => {
+                        let lost = matches!(e, StoreError::ConnectionLost { .. });
+                        (Err(E::from(e)), lost, false)
+                    }
+                    Ok(on) => {
+                        let mut db = PgDb {
+                            on,
+                            cache: Some(cache),
+                            lost: false,
+                        };
+                        match f(&mut db) {
+                            Err(e) => (Err(e), db.lost, false),
+                            Ok(v) => match db.commit() {
+                                Ok(()) => (Ok(v), false, false),
+                                Err(e) => {
+                                    let lost = matches!(e, StoreError::ConnectionLost { .. });
+                                    (Err(E::from(e)), lost, true)
+                                }
                             },
                         }
                     }
@@ -567,10 +601,11 @@ impl PgStore {
                     self.checkin(conn);
                     return Ok(v);
                 }
-                Err(e) if e.lost() || conn.client.is_closed() => {
+                Err(e) if lost || conn.client.is_closed() => {
                     self.discard(conn);
                     let retry = attempt < 2 && (!at_commit || idempotent);
-                    tracing::warn!(target: "outbox_lanes::store", at_commit, idempotent, retry, "postgres connection lost; dropped the pool's idle connections");
+                    tracing::warn!(target: "outbox_lanes::store", tx, at_commit, idempotent, retry,
+                        "postgres connection lost; dropped the pool's idle connections");
                     if retry {
                         continue;
                     }
@@ -600,146 +635,80 @@ impl PgStore {
         rows: &[NewRow],
     ) -> Result<(Vec<Enqueued>, PendingWake), EnqueueError> {
         let prepared = prepare(rows, &self.opts.common)?;
-        let mut sp = tx.savepoint("ol_enqueue")?;
-        let out = pg_path::enqueue_tx(&mut sp, actor, &prepared, &self.channel, &self.opts.common)?;
-        sp.commit()?;
-        Ok((out, PendingWake::new(self.notifier.clone())))
+        let mut db = PgDb {
+            on: On::Tx(tx.savepoint("ol_enqueue").map_err(pg_err)?),
+            cache: None,
+            lost: false,
+        };
+        let channel = Some(self.shared.pg_channel());
+        let out = ready(enqueue(
+            &mut db,
+            actor,
+            &prepared,
+            channel,
+            &self.opts.common,
+        ))?;
+        db.commit()?;
+        Ok((out, PendingWake::new(self.shared.notifier.clone())))
     }
 
     /// The options the store connected with.
     pub fn options(&self) -> &PgOptions {
         &self.opts
     }
-
-    /// Runs statements outside a transaction (no BEGIN/COMMIT round trips), each committed
-    /// on its own: reads, and single idempotent write statements (the ack's), which are as
-    /// safe to retry once on a fresh connection as a read.
-    fn autocommit<T>(
-        &self,
-        mut f: impl FnMut(&mut PgConn<'_>) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let mut conn = self.checkout()?;
-            let res = {
-                let Conn { client, cache } = &mut conn;
-                f(&mut PgConn { client, cache })
-            };
-            match res {
-                Ok(v) => {
-                    self.checkin(conn);
-                    return Ok(v);
-                }
-                Err(e) if e.lost() || conn.client.is_closed() => {
-                    self.discard(conn);
-                    tracing::warn!(target: "outbox_lanes::store", retry = attempt < 2, "postgres connection lost outside a transaction; dropped the pool's idle connections");
-                    if attempt < 2 {
-                        continue;
-                    }
-                    return Err(e);
-                }
-                Err(e) => {
-                    self.checkin(conn);
-                    return Err(e);
-                }
-            }
-        }
-    }
-
-    fn tx<T>(
-        &self,
-        idempotent: bool,
-        f: impl FnMut(&mut PgTx<'_>) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        self.with_tx(idempotent, f)
-    }
 }
 
 impl Backend for PgStore {
-    type Reader<'c> = PgConn<'c>;
-    type Writer<'c> = PgTx<'c>;
+    const DIALECT: Dialect = Dialect::Postgres;
+    type Conn<'c> = PgDb<'c>;
 
     fn read<T>(
         &self,
-        f: impl FnMut(&mut PgConn<'_>) -> Result<T, StoreError>,
+        f: impl FnMut(&mut PgDb<'_>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        self.autocommit(f)
+        self.run(false, true, f)
     }
 
-    fn write<T>(
+    fn write<T, E: From<StoreError>>(
         &self,
         idempotent: bool,
-        f: impl FnMut(&mut PgTx<'_>) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        self.tx(idempotent, f)
+        f: impl FnMut(&mut PgDb<'_>) -> Result<T, E>,
+    ) -> Result<T, E> {
+        self.run(true, idempotent, f)
     }
 
     fn common(&self) -> &CommonOptions {
         &self.opts.common
     }
 
-    fn outbox_id(&self) -> &str {
-        &self.outbox_id
-    }
-
-    fn notify(&self) {
-        self.notifier.notify();
-    }
-
-    fn notify_others(&self, t: &mut PgTx<'_>, actors: &[ActorId]) -> Result<(), StoreError> {
-        pg_path::notify_actors(t, &self.channel, actors)
-    }
-
-    fn enqueue_batch(
-        &self,
-        actor: &ActorId,
-        rows: &[NewRow],
-    ) -> Result<Vec<Enqueued>, EnqueueError> {
-        self.enqueue_pg(actor, rows)
-    }
-}
-
-impl PgBackend for PgStore {
-    fn schema(&self) -> &str {
-        &self.opts.schema
-    }
-
-    fn channel(&self) -> &str {
-        &self.channel
+    fn shared(&self) -> &Shared {
+        &self.shared
     }
 
     fn register_holder(&self, holder: &str) {
-        PgStore::register_holder(self, holder);
+        self.keep_alive(holder);
     }
 
-    fn wake_ups(&self) -> Notifier {
-        self.notifier.clone()
+    fn holder_is_dead(&self, db: &mut PgDb<'_>, holder: &str) -> Result<bool, StoreError> {
+        pg_schema::holder_is_dead(db, &self.opts.schema, holder)
     }
 
-    fn write_enqueue<T>(
-        &self,
-        f: impl FnMut(&mut PgTx<'_>) -> Result<T, EnqueueError>,
-    ) -> Result<T, EnqueueError> {
-        self.with_tx(false, f)
-    }
-
-    fn listen(&self) -> Result<Notifier, StoreError> {
+    fn watch(&self) -> Result<Notifier, StoreError> {
         let mut w = self.watcher.lock().unwrap_or_else(PoisonError::into_inner);
         if w.is_none() {
             let mut client = self.new_conn(false)?.client;
-            client.batch_execute(&format!("LISTEN {}", self.channel))?;
-            let notifier = self.notifier.clone();
+            client.batch_execute(&format!("LISTEN {}", self.shared.pg_channel()))?;
+            let notifier = self.shared.notifier.clone();
             let config = self.config.clone();
             let tls = self.tls.clone();
-            let channel = self.channel.clone();
+            let channel = self.shared.pg_channel().to_owned();
             let every = self.opts.watch_interval;
             *w = Some(WatcherThread::spawn(
                 "outbox-lanes-pg-listen",
                 move |stop| listen_loop(client, &config, &tls, &channel, stop, &notifier, every),
             )?);
         }
-        Ok(self.notifier.clone())
+        Ok(self.shared.notifier.clone())
     }
 }
 

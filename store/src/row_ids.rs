@@ -11,12 +11,12 @@
 //!
 //! One statement, the same on both dialects: an upsert that takes an id that is new or whose
 //! last use is older than the window, and changes nothing otherwise (0 rows: refused).
-//! Postgres records a batch in one round trip. (The sqlx entry points run the same statement
-//! on the caller's connection, in `sqlx.rs`, as SCHEMA.md's plain SQL does.)
+//! Postgres records a batch in one round trip (a connection that binds no arrays, one
+//! statement per id, as SQLite and SCHEMA.md's plain SQL do).
 
 use crate::EnqueueError;
 use crate::StoreError;
-use crate::db::{Db, Dialect, Sql, args};
+use crate::db::{AsyncDb, Db, Sql, args};
 
 /// One id: taken if new or last used at or before `$4` (the window's start).
 static TAKE_ONE: Sql = Sql::new(
@@ -55,8 +55,8 @@ pub(crate) const PURGE_BATCH: i64 = 10_000;
 /// # Errors
 /// [`EnqueueError::DuplicateRowId`] naming the first id the actor used within the window;
 /// the caller's transaction must then be rolled back. Database failures.
-pub(crate) fn take<D: Db>(
-    db: &mut D,
+pub(crate) async fn take(
+    db: &mut impl AsyncDb,
     actor: &str,
     ids: &[&str],
     now: i64,
@@ -67,21 +67,19 @@ pub(crate) fn take<D: Db>(
         return Ok(());
     }
     let since = now.saturating_sub(window);
-    let refused = match D::DIALECT {
-        Dialect::Postgres => {
-            let ids: Vec<&str> = ids.to_vec();
-            db.query_opt(&TAKE_BATCH, args![actor, &ids, now, since], |r| r.text(0))?
-        }
-        Dialect::Sqlite => {
-            let mut refused = None;
-            for id in ids {
-                if db.execute(&TAKE_ONE, args![actor, *id, now, since])? == 0 {
-                    refused = Some((*id).to_owned());
-                    break;
-                }
+    let refused = if db.arrays() {
+        let ids: Vec<&str> = ids.to_vec();
+        db.query_opt(&TAKE_BATCH, args![actor, &ids, now, since], |r| r.text(0))
+            .await?
+    } else {
+        let mut refused = None;
+        for id in ids {
+            if db.execute(&TAKE_ONE, args![actor, *id, now, since]).await? == 0 {
+                refused = Some((*id).to_owned());
+                break;
             }
-            refused
         }
+        refused
     };
     match refused {
         Some(row) => Err(EnqueueError::DuplicateRowId { row }),

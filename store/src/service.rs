@@ -7,8 +7,10 @@ use std::time::SystemTime;
 use outbox_lanes_core::{ActorId, DeadReason, LaneKey, Timestamp, UnitId};
 
 use crate::backend::Backend;
-use crate::db::{Db, Sql, args};
+use crate::db::{Db, Sql, args, ready};
+use crate::enqueue::{NOTIFY, enqueue};
 use crate::hosts::{HostBlock, HostStatus};
+use crate::prepare::prepare;
 use crate::types::{
     ActorStatus, CONTROL_VALIDITY, DeadLetter, DeadLetterId, DeadLetterSelection, Enqueued,
     LaneStatus, NewRow, Payload,
@@ -24,6 +26,21 @@ use crate::{
 /// their payload rows.
 static PURGE_RETAINED: Sql =
     Sql::new("DELETE FROM ol_units WHERE acked_at IS NOT NULL AND acked_at < $1 RETURNING row_ref");
+
+/// Tells the other processes that `actors` have work, inside the transaction (Postgres
+/// `NOTIFY`, delivered at the commit; SQLite's watchers see every commit by themselves).
+fn notify_others<B: Backend>(
+    store: &B,
+    db: &mut B::Conn<'_>,
+    actors: &[ActorId],
+) -> Result<(), StoreError> {
+    if let Some(channel) = store.shared().channel.as_deref() {
+        for a in actors {
+            db.execute(&NOTIFY, args![channel, a.as_str()])?;
+        }
+    }
+    Ok(())
+}
 
 /// Whether a lane action must reach running passes before it returns (OL-14): the actions
 /// after which no unit of the lane may start as it would have before (pause, purge,
@@ -47,15 +64,15 @@ fn lane_action<B: Backend, T>(
     lane: StoreLaneId,
     idempotent: bool,
     reach: Reach,
-    mut f: impl FnMut(&mut B::Writer<'_>, &str) -> Result<T, StoreError>,
+    mut f: impl FnMut(&mut B::Conn<'_>, &str) -> Result<T, StoreError>,
 ) -> Result<T, StoreError> {
     let (v, held) = store.write(idempotent, |db| {
         let bumped = lanes::bump_control(db, lane)?;
         let v = f(db, bumped.actor.as_str())?;
-        store.notify_others(db, std::slice::from_ref(&bumped.actor))?;
-        Ok((v, bumped.held))
+        notify_others(store, db, std::slice::from_ref(&bumped.actor))?;
+        Ok::<_, StoreError>((v, bumped.held))
     })?;
-    store.notify();
+    store.shared().notifier.notify();
     if held && reach == Reach::BeforeReturn {
         std::thread::sleep(CONTROL_VALIDITY);
     }
@@ -69,8 +86,8 @@ fn lane_action<B: Backend, T>(
 fn host_lanes_action<B: Backend>(
     store: &B,
     origin: &str,
-    mut first: impl FnMut(&mut B::Writer<'_>) -> Result<(), StoreError>,
-    mut f: impl FnMut(&mut B::Writer<'_>, &str, StoreLaneId) -> Result<u64, StoreError>,
+    mut first: impl FnMut(&mut B::Conn<'_>) -> Result<(), StoreError>,
+    mut f: impl FnMut(&mut B::Conn<'_>, &str, StoreLaneId) -> Result<u64, StoreError>,
 ) -> Result<u64, StoreError> {
     let (n, held) = store.write(false, |db| {
         first(db)?;
@@ -85,10 +102,10 @@ fn host_lanes_action<B: Backend>(
                 actors.push(bumped.actor);
             }
         }
-        store.notify_others(db, &actors)?;
-        Ok((n, held))
+        notify_others(store, db, &actors)?;
+        Ok::<_, StoreError>((n, held))
     })?;
-    store.notify();
+    store.shared().notifier.notify();
     if held {
         std::thread::sleep(CONTROL_VALIDITY);
     }
@@ -138,7 +155,18 @@ impl<B: Backend> ServiceStore for B {
     }
 
     fn enqueue(&self, actor: &ActorId, rows: &[NewRow]) -> Result<Vec<Enqueued>, EnqueueError> {
-        self.enqueue_batch(actor, rows)
+        let prepared = prepare(rows, self.common())?;
+        if prepared.is_empty() {
+            return Ok(Vec::new());
+        }
+        // In a transaction even when it is one statement: a statement that fails before the
+        // COMMIT is sent certainly did not commit, so it is retried on a new connection.
+        let (channel, common) = (self.shared().channel.as_deref(), self.common());
+        let out = self.write(false, |db| {
+            ready(enqueue(db, actor, &prepared, channel, common))
+        })?;
+        self.shared().notifier.notify();
+        Ok(out)
     }
 
     fn status(&self) -> Result<Vec<ActorStatus>, StoreError> {
@@ -165,10 +193,10 @@ impl<B: Backend> ServiceStore for B {
     fn replay_dead_letters(&self, which: &DeadLetterSelection) -> Result<Vec<UnitId>, StoreError> {
         let units = self.write(false, |db| {
             let (units, actors) = dead_letters::replay(db, which)?;
-            self.notify_others(db, &actors)?;
-            Ok(units)
+            notify_others(self, db, &actors)?;
+            Ok::<_, StoreError>(units)
         })?;
-        self.notify();
+        self.shared().notifier.notify();
         Ok(units)
     }
 

@@ -1,19 +1,19 @@
 //! The drain slot of each actor (OL-12), written once for both backends: taking it with a
 //! fresh fencing token, renewing its lease, releasing it (or keeping it when "look again" was
-//! set), checking a token, and the monitor's "take the slots of free actors with work".
+//! set), checking a token.
 //!
-//! Each backend brings its own way of finding holders that died (SQLite: lock files; Postgres:
-//! session advisory locks) as the `expire_dead` step.
+//! Each backend brings its own way of knowing that a holder died (SQLite: lock files; Postgres:
+//! session advisory locks), as the `is_dead` of [`acquire`].
 
 use core::time::Duration;
 use std::time::Instant;
 
-use outbox_lanes_core::{ActorId, Timestamp};
+use outbox_lanes_core::ActorId;
 
 use crate::StoreError;
 use crate::db::{Db, Sql, args};
 use crate::types::{ControlRead, SlotAcquisition, SlotRelease, SlotToken};
-use crate::util::{millis_of, to_i64, to_u64};
+use crate::util::{to_i64, to_u64};
 
 fn lease_ms(lease: Duration) -> i64 {
     i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)
@@ -27,16 +27,32 @@ static TAKE_IF_FREE: Sql = Sql::new(
 );
 static LOOK_AGAIN: Sql = Sql::new("UPDATE ol_slots SET look_again = TRUE WHERE actor = $1");
 
-/// Takes `actor`'s slot if it is free or its lease expired; else sets "look again".
+/// Another holder's live slot of actor `$1`, if any (`$2`: the one asking).
+static LIVE_HOLDER: Sql = Sql::new(
+    "SELECT holder FROM ol_slots WHERE actor = $1 AND holder IS NOT NULL AND holder <> $2 \
+     AND lease_expires > {now}",
+);
+static EXPIRE_HOLDER: Sql = Sql::new("UPDATE ol_slots SET lease_expires = 0 WHERE holder = $1");
+
+/// Takes `actor`'s slot if it is free or its lease expired; else sets "look again". When
+/// another holder's lease is live and `is_dead` says that holder is gone (the backend's
+/// liveness: lock files, advisory locks), every slot it held ends at once and is taken over
+/// with a new fencing token, instead of after its lease.
 pub(crate) fn acquire<D: Db>(
     db: &mut D,
     actor: &ActorId,
     holder: &str,
     lease: Duration,
-    expire_dead: impl FnOnce(&mut D) -> Result<(), StoreError>,
+    is_dead: impl FnOnce(&mut D, &str) -> Result<bool, StoreError>,
 ) -> Result<SlotAcquisition, StoreError> {
     db.execute(&ENSURE, args![actor.as_str()])?;
-    expire_dead(db)?;
+    if let Some(other) = db.query_opt(&LIVE_HOLDER, args![actor.as_str(), holder], |r| r.text(0))? {
+        if is_dead(db, &other)? {
+            let n = db.execute(&EXPIRE_HOLDER, args![&other])?;
+            tracing::info!(target: "outbox_lanes::store", holder = %other, slots = n,
+                "the holder of these drain slots is gone (its process or session ended): taken over without waiting for the lease");
+        }
+    }
     let asked_at = Instant::now();
     let got = db.query_opt(
         &TAKE_IF_FREE,
@@ -146,70 +162,4 @@ pub(crate) fn stale(token: &SlotToken) -> StoreError {
     tracing::debug!(target: "outbox_lanes::store", actor = token.actor().as_str(),
         fencing = token.fencing(), "stale drain-slot token refused");
     StoreError::StaleToken
-}
-
-static ENSURE_READY: Sql = Sql::new(
-    "INSERT INTO ol_slots (actor) SELECT DISTINCT l.actor FROM ol_lanes l \
-     WHERE NOT l.paused AND (l.not_before IS NULL OR l.not_before <= $1) \
-     AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0) \
-     ON CONFLICT (actor) DO NOTHING",
-);
-/// The slots of actors with work at `$1`, free ones first by how long they have been free, and
-/// whether each is free. Postgres skips the rows another relay is acquiring or releasing right
-/// now instead of waiting on them; SQLite's single writer does what SKIP LOCKED does.
-static READY: Sql = Sql::with_sqlite(
-    "SELECT s.actor, (s.holder IS NULL OR s.lease_expires <= {now}) FROM ol_slots s \
-     WHERE s.actor IN (SELECT l.actor FROM ol_lanes l WHERE NOT l.paused \
-       AND (l.not_before IS NULL OR l.not_before <= $1) \
-       AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0)) \
-     ORDER BY s.lease_expires, s.actor FOR UPDATE OF s SKIP LOCKED",
-    "SELECT s.actor, (s.holder IS NULL OR s.lease_expires <= {now}) FROM ol_slots s \
-     WHERE s.actor IN (SELECT l.actor FROM ol_lanes l WHERE NOT l.paused \
-       AND (l.not_before IS NULL OR l.not_before <= $1) \
-       AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0)) \
-     ORDER BY s.lease_expires, s.actor",
-);
-static TAKE: Sql = Sql::new(
-    "UPDATE ol_slots SET token = token + 1, holder = $2, lease_expires = {now} + $3, \
-     look_again = FALSE WHERE actor = $1 RETURNING token, control",
-);
-
-/// Takes the slots of up to `max` actors with work admissible at `now` whose slot is free (or
-/// expired), for `holder`; sets "look again" on the held ones. Returns the tokens in actor
-/// order.
-pub(crate) fn acquire_ready<D: Db>(
-    db: &mut D,
-    holder: &str,
-    lease: Duration,
-    now: Timestamp,
-    max: usize,
-    expire_dead: impl FnOnce(&mut D) -> Result<(), StoreError>,
-) -> Result<Vec<SlotToken>, StoreError> {
-    let now = millis_of(now);
-    db.execute(&ENSURE_READY, args![now])?;
-    expire_dead(db)?;
-    let slots = db.query(&READY, args![now], |r| Ok((r.text(0)?, r.flag(1)?)))?;
-    let mut out = Vec::new();
-    for (actor, free) in slots {
-        if free && out.len() < max {
-            let asked_at = Instant::now();
-            let (token, generation) =
-                db.query_one(&TAKE, args![&actor, holder, lease_ms(lease)], |r| {
-                    Ok((r.int(0)?, r.int(1)?))
-                })?;
-            out.push(SlotToken::new(
-                ActorId::new(actor),
-                to_u64(token),
-                holder.to_string(),
-                ControlRead {
-                    generation: to_u64(generation),
-                    asked_at,
-                },
-            ));
-        } else if !free {
-            db.execute(&LOOK_AGAIN, args![&actor])?;
-        }
-    }
-    out.sort_by(|a, b| a.actor().cmp(b.actor()));
-    Ok(out)
 }

@@ -17,31 +17,27 @@
 
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use core::time::Duration;
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 pub use rusqlite;
+use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{
-    Connection, ErrorCode, OpenFlags, OptionalExtension, Transaction, TransactionBehavior, params,
+    Connection, ErrorCode, OpenFlags, OptionalExtension, ToSql, Transaction, TransactionBehavior,
 };
 
-use outbox_lanes_core::{ActorId, LaneKey, Seq, Timestamp, UnitId};
+use outbox_lanes_core::ActorId;
 
-use crate::backend::Backend;
-use crate::db::SqliteDb;
-use crate::driver::HotPath;
+use crate::backend::{Backend, Shared};
+use crate::db::{Db, Dialect, Get, Sql, Value, ready};
+use crate::enqueue::enqueue;
 use crate::liveness::Liveness;
 use crate::notify::{Notifier, PendingWake};
-use crate::prepare::{PreparedRow, prepare};
+use crate::prepare::prepare;
 use crate::types::*;
-use crate::util::{
-    decode_headers, encode_headers, key_of, millis_of, needs_ddl, timestamp_of, to_i64, to_u32,
-    to_u64, window_millis,
-};
+use crate::util::needs_ddl;
 use crate::watcher::WatcherThread;
 use crate::{EnqueueError, SCHEMA_VERSION, StoreError};
-use crate::{dead_letters, row_ids, slots, units};
 
 /// The durability of a commit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -94,13 +90,11 @@ pub struct SqliteStore {
     conns: Conns,
     path: Option<PathBuf>,
     opts: SqliteOptions,
-    notifier: Notifier,
+    shared: Shared,
     watcher: Mutex<Option<WatcherThread>>,
     /// Holder locks beside the leases (a file database opened for writing only): see
     /// [`crate::liveness`].
     liveness: Option<Liveness>,
-    /// The outbox id (`ol_meta`), read once at open.
-    outbox_id: String,
     /// The device and inode of the file opened (a file database on Unix), for
     /// [`DriverStore::check_database`](crate::DriverStore::check_database).
     identity: Option<(u64, u64)>,
@@ -317,11 +311,7 @@ const V5_TO_V6: &str = "CREATE TABLE ol_hosts (\
 /// The version 2 `ol_units` alone, for the migration from version 1.
 const UNITS_V2: &str = units_v2_ddl!();
 
-const STATE_PENDING: i64 = 0;
 const STATE_SERVED: i64 = 1;
-/// The row of one (unit, lane): the unit's head itself, or one of its other lanes. `+lane_id`
-/// keeps the planner on the id / `ol_units_unit` lookups instead of walking the lane's index.
-const UNIT_LANE: &str = "(d.id = ?1 AND d.unit_id IS NULL OR d.unit_id = ?1) AND +d.lane_id = ?2";
 
 fn lock(m: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
     // A panic inside a transaction rolled it back when the Transaction dropped; the
@@ -345,12 +335,6 @@ fn db_err(e: rusqlite::Error) -> StoreError {
 impl From<rusqlite::Error> for StoreError {
     fn from(e: rusqlite::Error) -> Self {
         db_err(e)
-    }
-}
-
-impl From<rusqlite::Error> for EnqueueError {
-    fn from(e: rusqlite::Error) -> Self {
-        EnqueueError::Store(db_err(e))
     }
 }
 
@@ -639,51 +623,12 @@ impl SqliteStore {
             identity: None,
             path: Some(path),
             opts,
-            outbox_id,
-            notifier: Notifier::new(),
+            shared: Shared {
+                outbox_id,
+                ..Shared::new(None)
+            },
             watcher: Mutex::new(None),
         })
-    }
-
-    /// Ends the leases of every slot of the dead holders among those holding `actor`'s slot
-    /// (or any slot): a holder whose lock file is free (see [`crate::liveness`]). Their slots
-    /// are then taken over at once, with a new fencing token, instead of after their lease.
-    fn expire_dead_holders(
-        &self,
-        c: &Connection,
-        us: &str,
-        actor: Option<&ActorId>,
-    ) -> Result<(), StoreError> {
-        let Some(live) = &self.liveness else {
-            return Ok(());
-        };
-        // One primary-key lookup for one actor (every acquisition): an `?2 IS NULL OR` form
-        // would scan every slot, once per pass. Every slot only for the monitor's poll.
-        let holders: Vec<String> = match actor {
-            Some(a) => c
-                .prepare_cached(&format!(
-                    "SELECT holder FROM ol_slots WHERE actor = ?2 AND holder IS NOT NULL \
-                     AND holder <> ?1 AND lease_expires > {NOW}"
-                ))?
-                .query_map(params![us, a.as_str()], |r| r.get(0))?
-                .collect::<Result<_, _>>()?,
-            None => c
-                .prepare_cached(&format!(
-                    "SELECT DISTINCT holder FROM ol_slots WHERE holder IS NOT NULL AND holder <> ?1 \
-                     AND lease_expires > {NOW}"
-                ))?
-                .query_map(params![us], |r| r.get(0))?
-                .collect::<Result<_, _>>()?,
-        };
-        for dead in holders.into_iter().filter(|h| live.is_dead(h)) {
-            // Every slot it held: it is dead for all of them (and its lock file is gone now).
-            let n = c
-                .prepare_cached("UPDATE ol_slots SET lease_expires = 0 WHERE holder = ?1")?
-                .execute([&dead])?;
-            tracing::info!(holder = %dead, slots = n,
-                "the holder of these drain slots is dead (its process is gone): taken over without waiting for the lease");
-        }
-        Ok(())
     }
 
     /// A private in-memory database with default options.
@@ -708,8 +653,10 @@ impl SqliteStore {
             conns: Conns::Memory(Mutex::new(conn)),
             path: None,
             opts,
-            outbox_id,
-            notifier: Notifier::new(),
+            shared: Shared {
+                outbox_id,
+                ..Shared::new(None)
+            },
             watcher: Mutex::new(None),
             liveness: None,
             identity: None,
@@ -739,40 +686,9 @@ impl SqliteStore {
         }
     }
 
-    fn write<T>(
-        &self,
-        f: impl FnOnce(&Transaction<'_>) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        let mut conn = self.writer();
-        let written = (|| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let v = f(&tx)?;
-            tx.commit()?;
-            Ok(v)
-        })();
-        written.map_err(|e| self.named(e))
-    }
-
     /// `e`, naming this store's file when it is about the database being read-only.
     fn named(&self, e: StoreError) -> StoreError {
-        match (e, &self.path) {
-            (StoreError::ReadOnly { .. }, Some(path)) => StoreError::ReadOnly {
-                path: path.display().to_string(),
-            },
-            (e, _) => e,
-        }
-    }
-
-    fn read<T>(
-        &self,
-        f: impl FnOnce(&Transaction<'_>) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        let mut conn = self.reader();
-        // A deferred transaction: one consistent snapshot for the whole read.
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
-        let v = f(&tx)?;
-        tx.commit()?;
-        Ok(v)
+        named(e, self.path.as_deref())
     }
 
     /// Enqueues inside the caller's own transaction (the transactional outbox, OL-15): the
@@ -793,11 +709,15 @@ impl SqliteStore {
     ) -> Result<(Vec<Enqueued>, PendingWake), EnqueueError> {
         let prepared = prepare(rows, &self.opts.common)?;
         // A savepoint so a refused batch leaves the caller's transaction as it was.
-        tx.execute_batch("SAVEPOINT ol_enqueue")?;
-        match enqueue_tx(tx, actor, &prepared, &self.opts.common) {
+        tx.execute_batch("SAVEPOINT ol_enqueue").map_err(db_err)?;
+        let mut db = SqliteDb {
+            conn: tx,
+            path: self.path.as_deref(),
+        };
+        match ready(enqueue(&mut db, actor, &prepared, None, &self.opts.common)) {
             Ok(v) => {
-                tx.execute_batch("RELEASE ol_enqueue")?;
-                Ok((v, PendingWake::new(self.notifier.clone())))
+                tx.execute_batch("RELEASE ol_enqueue").map_err(db_err)?;
+                Ok((v, PendingWake::new(self.shared.notifier.clone())))
             }
             Err(e) => {
                 let _ = tx.execute_batch("ROLLBACK TO ol_enqueue; RELEASE ol_enqueue");
@@ -829,7 +749,7 @@ impl SqliteStore {
             tx.commit().map_err(StoreError::from)?;
             v
         };
-        self.notifier.notify();
+        self.shared.notifier.notify();
         Ok(v)
     }
 
@@ -908,296 +828,6 @@ fn open_err(target: &str, e: rusqlite::Error) -> StoreError {
     }
 }
 
-fn lane_id(c: &Connection, actor: &str, key: &LaneKey) -> Result<i64, rusqlite::Error> {
-    let ok = key.ordering_key().unwrap_or("");
-    let found = c
-        .prepare_cached(
-            "SELECT id FROM ol_lanes WHERE actor = ?1 AND recipient = ?2 AND ordering_key = ?3",
-        )?
-        .query_row(params![actor, key.recipient(), ok], |r| r.get(0))
-        .optional()?;
-    match found {
-        Some(id) => Ok(id),
-        // The write lock is held: nobody else can create it between the look and the insert.
-        None => c
-            .prepare_cached("INSERT INTO ol_lanes (actor, recipient, ordering_key) VALUES (?1, ?2, ?3) RETURNING id")?
-            .query_row(params![actor, key.recipient(), ok], |r| r.get(0)),
-    }
-}
-
-/// Whether `e` is a UNIQUE violation (here: a row id the actor already has).
-fn is_unique_violation(e: &rusqlite::Error) -> bool {
-    matches!(e, rusqlite::Error::SqliteFailure(f, _)
-        if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE)
-}
-
-/// Maps a failed insert of row `row` to [`EnqueueError::DuplicateRowId`] when a unique index
-/// refused it (belt and braces: the inserts check for the id first).
-fn dup_or(e: rusqlite::Error, row: &str) -> EnqueueError {
-    if is_unique_violation(&e) {
-        EnqueueError::DuplicateRowId {
-            row: row.to_string(),
-        }
-    } else {
-        EnqueueError::from(e)
-    }
-}
-
-/// Whether a unit with this dedup key is still pending for this recipient. Two index paths
-/// (payload inline on a head, or in a shared `ol_rows` row), each through the unit's head
-/// and its other lanes.
-fn dedup_pending(
-    c: &Connection,
-    actor: &str,
-    dedup_key: &str,
-    recipient: &str,
-) -> Result<bool, rusqlite::Error> {
-    c.prepare_cached(
-        "SELECT EXISTS (SELECT 1 FROM ol_units h JOIN ol_units d ON d.id = h.id OR d.unit_id = h.id \
-           JOIN ol_lanes l ON l.id = d.lane_id \
-           WHERE h.actor = ?1 AND h.dedup_key = ?2 AND h.unit_id IS NULL AND d.state = 0 AND l.recipient = ?3) \
-         OR EXISTS (SELECT 1 FROM ol_rows r JOIN ol_units h ON h.row_ref = r.id \
-           JOIN ol_units d ON d.id = h.id OR d.unit_id = h.id JOIN ol_lanes l ON l.id = d.lane_id \
-           WHERE r.actor = ?1 AND r.dedup_key = ?2 AND h.unit_id IS NULL AND d.state = 0 AND l.recipient = ?3)",
-    )?
-    .query_row(params![actor, dedup_key, recipient], |r| r.get(0))
-}
-
-fn enqueue_tx(
-    c: &Connection,
-    actor: &ActorId,
-    rows: &[PreparedRow<'_>],
-    common: &CommonOptions,
-) -> Result<Vec<Enqueued>, EnqueueError> {
-    let a = actor.as_str();
-    let now = millis_of(Timestamp::from_system_time(std::time::SystemTime::now()));
-    let n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
-    let first = units::alloc_seqs(&mut SqliteDb(c), a, n)?;
-    // The dedup window past delivery: each id new to the actor, or last used before it.
-    let ids: Vec<&str> = rows.iter().map(|p| p.row.id.as_str()).collect();
-    row_ids::take(&mut SqliteDb(c), a, &ids, now, window_millis(common))?;
-    let mut lanes: HashMap<&LaneKey, i64> = HashMap::new();
-    let mut tails: HashMap<i64, i64> = HashMap::new();
-    let mut out = Vec::with_capacity(rows.len());
-    // A row id must be new in `ol_units` (its unique index says so at the INSERT) and in
-    // `ol_rows`. An actor without shared rows (no fan-out row, no dead letter: the common
-    // case) cannot clash there, so one look per batch spares a probe per row. The write lock
-    // is held: only this batch can add shared rows, and it notes when it does.
-    let mut shared_rows: bool = c
-        .prepare_cached("SELECT EXISTS (SELECT 1 FROM ol_rows WHERE actor = ?1)")?
-        .query_row([a], |r| r.get(0))?;
-    // The hot statement, looked up in the statement cache once per batch, not once per row.
-    let mut insert_inline: Option<rusqlite::CachedStatement<'_>> = None;
-    for (k, p) in rows.iter().enumerate() {
-        let seq = first + i64::try_from(k).unwrap_or(i64::MAX);
-        let row = p.row;
-        let mut kept = Vec::with_capacity(p.lanes.len());
-        let mut skipped = Vec::new();
-        for key in &p.lanes {
-            let id = match lanes.get(key) {
-                Some(id) => *id,
-                None => {
-                    let id = lane_id(c, a, key)?;
-                    lanes.insert(key, id);
-                    id
-                }
-            };
-            if let Some(dk) = &row.dedup_key {
-                if dedup_pending(c, a, dk, key.recipient())? {
-                    skipped.push(key.recipient().to_string());
-                    continue;
-                }
-            }
-            kept.push(id);
-        }
-        let body_len = i64::try_from(row.body.len()).unwrap_or(i64::MAX);
-        let headers = encode_headers(&row.headers);
-        let mut units = Vec::new();
-        if kept.is_empty() {
-            // Nothing is stored, but the id must still be one the actor does not have.
-            let taken: bool = c
-                .prepare_cached(
-                    "SELECT EXISTS (SELECT 1 FROM ol_units WHERE actor = ?1 AND row_id = ?2) \
-                     OR EXISTS (SELECT 1 FROM ol_rows WHERE actor = ?1 AND row_id = ?2)",
-                )?
-                .query_row(params![a, row.id], |r| r.get(0))?;
-            if taken {
-                return Err(EnqueueError::DuplicateRowId {
-                    row: row.id.clone(),
-                });
-            }
-        } else if row.joined || kept.len() == 1 {
-            // One unit: its head holds the payload. With shared rows about, the id check
-            // against `ol_rows` rides in the INSERT (no row inserted = taken).
-            let k = i64::try_from(kept.len()).unwrap_or(i64::MAX);
-            let args = params![
-                a,
-                kept[0],
-                seq,
-                k,
-                row.id,
-                row.content_type,
-                row.body,
-                body_len,
-                row.dedup_key,
-                p.ordering_key,
-                now,
-                headers
-            ];
-            let inserted = if shared_rows {
-                c.prepare_cached(
-                    "INSERT INTO ol_units (actor, lane_id, seq, lanes, pending, row_id, content_type, body, \
-                     body_len, dedup_key, ordering_key, enqueued_at, headers) \
-                     SELECT ?1, ?2, ?3, ?4, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12 \
-                     WHERE NOT EXISTS (SELECT 1 FROM ol_rows WHERE actor = ?1 AND row_id = ?5)",
-                )?
-                .execute(args)
-            } else {
-                let st = match &mut insert_inline {
-                    Some(st) => st,
-                    None => insert_inline.insert(c.prepare_cached(
-                        "INSERT INTO ol_units (actor, lane_id, seq, lanes, pending, row_id, content_type, body, \
-                         body_len, dedup_key, ordering_key, enqueued_at, headers) \
-                         VALUES (?1, ?2, ?3, ?4, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
-                    )?),
-                };
-                st.execute(args)
-            }
-            .map_err(|e| dup_or(e, &row.id))?;
-            if inserted == 0 {
-                return Err(EnqueueError::DuplicateRowId {
-                    row: row.id.clone(),
-                });
-            }
-            let unit = c.last_insert_rowid();
-            tails.insert(kept[0], seq);
-            for &lane in &kept[1..] {
-                c.prepare_cached(
-                    "INSERT INTO ol_units (unit_id, actor, lane_id, seq) VALUES (?1, ?2, ?3, ?4)",
-                )?
-                .execute(params![unit, a, lane, seq])?;
-                tails.insert(lane, seq);
-            }
-            units.push(UnitId(to_u64(unit)));
-        } else {
-            // k units sharing one payload: it goes once into `ol_rows`.
-            let inserted = c
-                .prepare_cached(
-                    "INSERT INTO ol_rows (actor, row_id, seq, content_type, body, body_len, dedup_key, \
-                     ordering_key, enqueued_at, headers) SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10 \
-                     WHERE NOT EXISTS (SELECT 1 FROM ol_units WHERE actor = ?1 AND row_id = ?2)",
-                )?
-                .execute(params![
-                    a,
-                    row.id,
-                    seq,
-                    row.content_type,
-                    row.body,
-                    body_len,
-                    row.dedup_key,
-                    p.ordering_key,
-                    now,
-                    headers
-                ])
-                .map_err(|e| dup_or(e, &row.id))?;
-            if inserted == 0 {
-                return Err(EnqueueError::DuplicateRowId {
-                    row: row.id.clone(),
-                });
-            }
-            let row_ref = c.last_insert_rowid();
-            shared_rows = true;
-            for lane in kept {
-                c.prepare_cached(
-                    "INSERT INTO ol_units (actor, lane_id, seq, row_ref) VALUES (?1, ?2, ?3, ?4)",
-                )?
-                .execute(params![a, lane, seq, row_ref])?;
-                units.push(UnitId(to_u64(c.last_insert_rowid())));
-                tails.insert(lane, seq);
-            }
-        }
-        out.push(Enqueued {
-            row_id: row.id.clone(),
-            seq: Seq(to_u64(seq)),
-            units,
-            skipped,
-        });
-    }
-    // Once per lane: seqs grow through the batch, so the last one seen is the tail.
-    for (lane, seq) in tails {
-        c.prepare_cached("UPDATE ol_lanes SET tail_seq = max(tail_seq, ?2) WHERE id = ?1")?
-            .execute(params![lane, seq])?;
-    }
-    Ok(out)
-}
-
-/// A payload from a row of (row id, content type, body, headers).
-fn payload_of(r: &rusqlite::Row<'_>) -> Result<Payload, rusqlite::Error> {
-    Ok(Payload {
-        row_id: r.get(0)?,
-        content_type: r.get(1)?,
-        body: r.get(2)?,
-        headers: decode_headers(r.get(3)?),
-    })
-}
-
-impl Backend for SqliteStore {
-    type Reader<'c> = SqliteDb<'c>;
-    type Writer<'c> = SqliteDb<'c>;
-
-    fn read<T>(
-        &self,
-        mut f: impl FnMut(&mut SqliteDb<'_>) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        SqliteStore::read(self, |tx| f(&mut SqliteDb(tx)))
-    }
-
-    fn write<T>(
-        &self,
-        _idempotent: bool,
-        mut f: impl FnMut(&mut SqliteDb<'_>) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        SqliteStore::write(self, |tx| f(&mut SqliteDb(tx)))
-    }
-
-    fn common(&self) -> &CommonOptions {
-        &self.opts.common
-    }
-
-    fn outbox_id(&self) -> &str {
-        &self.outbox_id
-    }
-
-    fn notify(&self) {
-        self.notifier.notify();
-    }
-
-    fn notify_others(&self, _: &mut SqliteDb<'_>, _: &[ActorId]) -> Result<(), StoreError> {
-        // The other processes' watchers see every commit (`PRAGMA data_version`).
-        Ok(())
-    }
-
-    fn enqueue_batch(
-        &self,
-        actor: &ActorId,
-        rows: &[NewRow],
-    ) -> Result<Vec<Enqueued>, EnqueueError> {
-        let prepared = prepare(rows, &self.opts.common)?;
-        if prepared.is_empty() {
-            return Ok(Vec::new());
-        }
-        let out = {
-            let mut conn = self.writer();
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let out = enqueue_tx(&tx, actor, &prepared, &self.opts.common)?;
-            tx.commit()?;
-            out
-        };
-        self.notifier.notify();
-        Ok(out)
-    }
-}
-
 impl Drop for SqliteStore {
     /// Before the liveness locks (`crate::liveness`) remove the lock files of this store's holders (a clean stop freed
     /// their slots already), a holder that still holds a slot (a pass cut off by a shutdown
@@ -1227,8 +857,139 @@ impl Drop for SqliteStore {
     }
 }
 
-impl HotPath for SqliteStore {
-    fn check_file(&self) -> Result<(), StoreError> {
+/// `e`, naming the file at `path` when it is about the database being read-only.
+fn named(e: StoreError, path: Option<&Path>) -> StoreError {
+    match (e, path) {
+        (StoreError::ReadOnly { .. }, Some(path)) => StoreError::ReadOnly {
+            path: path.display().to_string(),
+        },
+        (e, _) => e,
+    }
+}
+
+impl ToSql for Value<'_> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::Borrowed(match *self {
+            Value::Int(v) | Value::OptInt(Some(v)) => ValueRef::Integer(v),
+            Value::Text(v) | Value::OptText(Some(v)) => ValueRef::Text(v.as_bytes()),
+            Value::OptInt(None) | Value::OptText(None) => ValueRef::Null,
+            Value::Bytes(v) => ValueRef::Blob(v),
+            Value::Bool(v) => ValueRef::Integer(i64::from(v)),
+            Value::Ints(_)
+            | Value::OptInts(_)
+            | Value::Texts(_)
+            | Value::OptTexts(_)
+            | Value::Byteses(_) => {
+                return Err(rusqlite::Error::ToSqlConversionFailure(
+                    "an array bound on SQLite (arrays are Postgres only)".into(),
+                ));
+            }
+        }))
+    }
+}
+
+crate::db::impl_get!(rusqlite::Row<'_>, |r, c| Ok(r.get(c)?));
+
+/// A SQLite connection (or a transaction on it) as a [`Db`]; statements are prepared
+/// through rusqlite's statement cache. A read-only failure names the store's file.
+pub(crate) struct SqliteDb<'c> {
+    conn: &'c Connection,
+    path: Option<&'c Path>,
+}
+
+impl SqliteDb<'_> {
+    fn checked<T>(&self, r: Result<T, rusqlite::Error>) -> Result<T, StoreError> {
+        r.map_err(|e| named(db_err(e), self.path))
+    }
+}
+
+impl Db for SqliteDb<'_> {
+    const DIALECT: Dialect = Dialect::Sqlite;
+
+    fn batch(&mut self, sql: &str) -> Result<(), StoreError> {
+        self.checked(self.conn.execute_batch(sql))
+    }
+
+    fn execute(&mut self, sql: &Sql, args: &[Value<'_>]) -> Result<u64, StoreError> {
+        let n = self
+            .conn
+            .prepare_cached(sql.text(Dialect::Sqlite))
+            .and_then(|mut st| st.execute(rusqlite::params_from_iter(args)));
+        self.checked(n).map(|n| n as u64)
+    }
+
+    fn insert(&mut self, sql: &Sql, args: &[Value<'_>]) -> Result<Option<i64>, StoreError> {
+        let n = self.execute(sql, args)?;
+        Ok((n > 0).then(|| self.conn.last_insert_rowid()))
+    }
+
+    fn query<T>(
+        &mut self,
+        sql: &Sql,
+        args: &[Value<'_>],
+        mut map: impl FnMut(&dyn Get) -> Result<T, StoreError>,
+    ) -> Result<Vec<T>, StoreError> {
+        let mut st = self.checked(self.conn.prepare_cached(sql.text(Dialect::Sqlite)))?;
+        let mut rows = self.checked(st.query(rusqlite::params_from_iter(args)))?;
+        let mut out = Vec::new();
+        while let Some(row) = self.checked(rows.next())? {
+            out.push(map(row)?);
+        }
+        Ok(out)
+    }
+}
+
+impl Backend for SqliteStore {
+    const DIALECT: Dialect = Dialect::Sqlite;
+    type Conn<'c> = SqliteDb<'c>;
+
+    fn read<T>(
+        &self,
+        mut f: impl FnMut(&mut SqliteDb<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut conn = self.reader();
+        // A deferred transaction: one consistent snapshot for the whole read.
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
+        let path = self.path.as_deref();
+        let v = f(&mut SqliteDb { conn: &tx, path })?;
+        tx.commit()?;
+        Ok(v)
+    }
+
+    fn write<T, E: From<StoreError>>(
+        &self,
+        _idempotent: bool,
+        mut f: impl FnMut(&mut SqliteDb<'_>) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let mut conn = self.writer();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| self.named(e.into()))?;
+        let path = self.path.as_deref();
+        let v = f(&mut SqliteDb { conn: &tx, path })?;
+        tx.commit().map_err(|e| self.named(e.into()))?;
+        Ok(v)
+    }
+
+    fn common(&self) -> &CommonOptions {
+        &self.opts.common
+    }
+
+    fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    fn register_holder(&self, holder: &str) {
+        if let Some(l) = &self.liveness {
+            l.register(holder);
+        }
+    }
+
+    fn holder_is_dead(&self, _: &mut SqliteDb<'_>, holder: &str) -> Result<bool, StoreError> {
+        Ok(self.liveness.as_ref().is_some_and(|l| l.is_dead(holder)))
+    }
+
+    fn check_database(&self) -> Result<(), StoreError> {
         #[cfg(unix)]
         if let (Some(opened), Some(path)) = (self.identity, &self.path) {
             let what = match file_identity(path) {
@@ -1246,317 +1007,10 @@ impl HotPath for SqliteStore {
         Ok(())
     }
 
-    fn register_holder(&self, holder: &str) {
-        if let Some(l) = &self.liveness {
-            l.register(holder);
-        }
-    }
-
-    fn expire_dead_holders(
-        &self,
-        db: &mut SqliteDb<'_>,
-        us: &str,
-        actor: Option<&ActorId>,
-    ) -> Result<(), StoreError> {
-        SqliteStore::expire_dead_holders(self, db.0, us, actor)
-    }
-
-    fn find_lanes_with_work(
-        &self,
-        token: &SlotToken,
-        since: u64,
-    ) -> Result<(Vec<PendingLane>, u64), StoreError> {
-        self.read(|c| {
-            slots::fence(&mut SqliteDb(c), token)?;
-            let mut mark = since;
-            let mut st = c.prepare_cached(
-                "SELECT l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, l.paused, l.tail_seq \
-                 FROM ol_lanes l WHERE l.actor = ?1 AND l.tail_seq > ?2 \
-                 AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id) ORDER BY l.id",
-            )?;
-            let rows = st.query_map(params![token.actor().as_str(), to_i64(since)], |r| {
-                Ok((
-                    PendingLane {
-                        lane: StoreLaneId(r.get(0)?),
-                        key: key_of(r.get(1)?, r.get(2)?),
-                        not_before: r.get::<_, Option<i64>>(3)?.map(timestamp_of),
-                        backoff_level: to_u32(r.get(4)?),
-                        strict: r.get(5)?,
-                        paused: r.get(6)?,
-                    },
-                    to_u64(r.get(7)?),
-                ))
-            })?;
-            let mut out = Vec::new();
-            for row in rows {
-                let (info, tail) = row?;
-                mark = mark.max(tail);
-                out.push(info);
-            }
-            Ok((out, mark))
-        })
-    }
-
-    fn claim_units(
-        &self,
-        token: &SlotToken,
-        lanes: &[ClaimRange],
-    ) -> Result<Vec<ClaimedLane>, StoreError> {
-        self.read(|c| {
-            slots::fence(&mut SqliteDb(c), token)?;
-            let actor = token.actor().as_str();
-            let mut out = Vec::with_capacity(lanes.len());
-            for req in lanes {
-                let lane: Option<(String, String, bool)> = c
-                    .prepare_cached("SELECT recipient, ordering_key, paused FROM ol_lanes WHERE id = ?1 AND actor = ?2")?
-                    .query_row(params![req.lane.0, actor], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-                    .optional()?;
-                let Some((recipient, ok, paused)) = lane else {
-                    out.push(ClaimedLane { lane: req.lane, units: Vec::new(), exhausted: true });
-                    continue;
-                };
-                if paused || req.limit == 0 {
-                    out.push(ClaimedLane { lane: req.lane, units: Vec::new(), exhausted: paused });
-                    continue;
-                }
-                let key = key_of(recipient, ok);
-                // `d` is the lane's row. On a unit's head (every one-lane unit, the hot path)
-                // it holds everything, its payload's size and time inline or in `r`; a joined
-                // unit's other lanes read their head separately below.
-                // `LIMIT +?3`, not `LIMIT ?3`: SQLite plans with a bare bound LIMIT's value and
-                // so re-prepares the statement on every new value (over half a claim's time);
-                // the unary plus keeps the cached plan.
-                // A one-lane unit's payload (content type and body) comes with it: the pass
-                // keeps it for its attempts instead of reading it again per attempt.
-                let mut st = c.prepare_cached(
-                    "SELECT d.id, d.unit_id, d.seq, d.attempts, d.state, coalesce(d.row_id, r.row_id), \
-                     coalesce(d.body_len, r.body_len), coalesce(d.enqueued_at, r.enqueued_at), d.lanes, \
-                     CASE WHEN d.lanes = 1 THEN coalesce(d.content_type, r.content_type) END, \
-                     CASE WHEN d.lanes = 1 THEN CASE WHEN d.row_ref IS NULL THEN d.body ELSE r.body END END, \
-                     CASE WHEN d.lanes = 1 THEN CASE WHEN d.row_ref IS NULL THEN d.headers ELSE r.headers END END \
-                     FROM ol_units d LEFT JOIN ol_rows r ON r.id = d.row_ref \
-                     WHERE d.lane_id = ?1 AND d.seq >= ?2 ORDER BY d.seq, d.id LIMIT +?3",
-                )?;
-                // (row id, payload size, enqueued at, lanes) of a unit.
-                type UnitInfo = (Option<String>, Option<i64>, Option<i64>, i64);
-                type Row = (
-                    (i64, Option<i64>, i64, i64, i64),
-                    (Option<String>, Option<i64>, Option<i64>, i64),
-                    (Option<String>, Option<Vec<u8>>, Option<String>),
-                );
-                let rows: Vec<Row> = st
-                    .query_map(params![req.lane.0, to_i64(req.from.0), i64::from(req.limit)], |r| {
-                        Ok((
-                            (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?),
-                            (r.get(5)?, r.get(6)?, r.get(7)?, r.get(8)?),
-                            (r.get(9)?, r.get(10)?, r.get(11)?),
-                        ))
-                    })?
-                    .collect::<Result<_, _>>()?;
-                let exhausted = rows.len() < req.limit as usize;
-                let mut units = Vec::with_capacity(rows.len());
-                for ((id, head, seq, attempts, state), (row_id, len, at, nlanes), body) in rows {
-                    let (unit, row_id, len, at, nlanes) = match head {
-                        None => (id, row_id, len, at, nlanes),
-                        Some(h) => {
-                            let found: Option<UnitInfo> = c
-                                .prepare_cached(
-                                    "SELECT coalesce(h.row_id, r.row_id), coalesce(h.body_len, r.body_len), \
-                                     coalesce(h.enqueued_at, r.enqueued_at), h.lanes \
-                                     FROM ol_units h LEFT JOIN ol_rows r ON r.id = h.row_ref WHERE h.id = ?1",
-                                )?
-                                .query_row([h], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
-                                .optional()?;
-                            // The store deletes a unit's other lanes before its head: none is
-                            // headless. One written so by hand is not a unit to deliver.
-                            let Some((row_id, len, at, nlanes)) = found else { continue };
-                            (h, row_id, len, at, nlanes)
-                        }
-                    };
-                    let (row_id, len, at) = (row_id.unwrap_or_default(), len.unwrap_or(0), at.unwrap_or(0));
-                    let payload = match (head, body) {
-                        (None, (Some(content_type), Some(body), headers)) if nlanes <= 1 => Some(Payload {
-                            row_id: row_id.clone(),
-                            content_type,
-                            body,
-                            headers: decode_headers(headers),
-                        }),
-                        _ => None,
-                    };
-                    let slots = if nlanes <= 1 {
-                        vec![ClaimedSlot {
-                            lane: req.lane,
-                            key: key.clone(),
-                            attempts: to_u32(attempts),
-                            served: state != STATE_PENDING,
-                        }]
-                    } else {
-                        c.prepare_cached(
-                            "SELECT d.lane_id, l.recipient, l.ordering_key, d.attempts, d.state \
-                             FROM ol_units d JOIN ol_lanes l ON l.id = d.lane_id \
-                             WHERE d.id = ?1 AND d.unit_id IS NULL OR d.unit_id = ?1 ORDER BY d.lane_id",
-                        )?
-                        .query_map([unit], |r| {
-                            Ok(ClaimedSlot {
-                                lane: StoreLaneId(r.get(0)?),
-                                key: key_of(r.get(1)?, r.get(2)?),
-                                attempts: to_u32(r.get(3)?),
-                                served: r.get::<_, i64>(4)? != STATE_PENDING,
-                            })
-                        })?
-                        .collect::<Result<_, _>>()?
-                    };
-                    units.push(ClaimedUnit {
-                        id: UnitId(to_u64(unit)),
-                        seq: Seq(to_u64(seq)),
-                        row_id,
-                        bytes: to_u32(len),
-                        enqueued_at: timestamp_of(at),
-                        slots,
-                        payload,
-                    });
-                }
-                out.push(ClaimedLane { lane: req.lane, units, exhausted });
-            }
-            Ok(out)
-        })
-    }
-
-    fn read_payload(&self, unit: UnitId) -> Result<Payload, StoreError> {
-        self.read(|c| read_payload(c, unit))
-    }
-
-    fn read_payloads(&self, units: &[UnitId]) -> Vec<Result<Payload, StoreError>> {
-        // One snapshot and one statement for the round's starts.
-        let mut out = Vec::with_capacity(units.len());
-        let all = self.read(|c| {
-            for u in units {
-                out.push(read_payload(c, *u));
-            }
-            Ok(())
-        });
-        match all {
-            Ok(()) => out,
-            Err(e) => units.iter().map(|_| Err(e.clone())).collect(),
-        }
-    }
-
-    fn ack_units(
-        &self,
-        token: &SlotToken,
-        delivered: &[(UnitId, StoreLaneId)],
-    ) -> Result<(), StoreError> {
-        let retention = self.opts.common.ack_retention.is_some();
-        self.write(|c| {
-            slots::fence(&mut SqliteDb(c), token)?;
-            let actor = token.actor().as_str();
-            // A unit with one lane (the common case) is finished by its ack: its one row goes
-            // (with its payload, when inline) in one plain DELETE; with the retention, the head
-            // stays, out of every lane. (A RETURNING clause would cost SQLite a temporary
-            // result table on every ack: a shared payload takes its own statement below.)
-            let mut single = if retention {
-                c.prepare_cached(&format!(
-                    "UPDATE ol_units SET state = {STATE_SERVED}, pending = 0, acked_at = {NOW}, lane_id = NULL \
-                     WHERE id = ?1 AND unit_id IS NULL AND lane_id = ?2 AND state = 0 AND lanes = 1 AND actor = ?3"
-                ))?
-            } else {
-                c.prepare_cached(
-                    "DELETE FROM ol_units WHERE id = ?1 AND unit_id IS NULL AND lane_id = ?2 AND state = 0 \
-                     AND lanes = 1 AND actor = ?3 AND row_ref IS NULL",
-                )?
-            };
-            let mut shared = c.prepare_cached(
-                "DELETE FROM ol_units WHERE id = ?1 AND unit_id IS NULL AND lane_id = ?2 AND state = 0 \
-                 AND lanes = 1 AND actor = ?3 AND row_ref IS NOT NULL RETURNING row_ref",
-            )?;
-            // Rows fanned out to many recipients keep their payload in `ol_rows`, and a batch
-            // tends to hold units of one kind: the statement that matched last is tried first.
-            let mut shared_first = false;
-            // Shared payloads whose units were acked: each goes with its last unit, checked
-            // once per batch, not once per ack.
-            let mut rows: Vec<i64> = Vec::new();
-            for (unit, lane) in delivered {
-                let unit = to_i64(unit.0);
-                let p = params![unit, lane.0, actor];
-                let mut done = false;
-                for try_shared in [shared_first, !shared_first] {
-                    if try_shared && retention {
-                        continue;
-                    }
-                    done = if try_shared {
-                        let gone: Option<i64> = shared.query_row(p, |r| r.get(0)).optional()?;
-                        gone.map(|row_ref| rows.push(row_ref)).is_some()
-                    } else {
-                        single.execute(p)? == 1
-                    };
-                    if done {
-                        shared_first = try_shared;
-                        break;
-                    }
-                }
-                if done {
-                    continue;
-                }
-                // A joined unit: this lane is served; the unit finishes with its last lane.
-                let n = c
-                    .prepare_cached(&format!(
-                        "UPDATE ol_units AS d SET state = {STATE_SERVED} WHERE {UNIT_LANE} AND d.state = 0 AND d.actor = ?3"
-                    ))?
-                    .execute(p)?;
-                if n == 1 {
-                    units::settle(&mut SqliteDb(c), unit, retention)?;
-                } else {
-                    // Not pending: set aside by an operator while the attempt was in flight
-                    // (OL-14), or an ack sent again.
-                    dead_letters::delivered_on_set_aside(&mut SqliteDb(c), actor, unit, *lane)?;
-                }
-            }
-            rows.sort_unstable();
-            rows.dedup();
-            for row_ref in rows {
-                units::drop_row_if_unused(&mut SqliteDb(c), row_ref)?;
-            }
-            Ok(())
-        })
-    }
-
-    fn write_attempts(
-        &self,
-        token: &SlotToken,
-        attempts: &[AttemptRecord],
-    ) -> Result<(), StoreError> {
-        self.write(|c| {
-            slots::fence(&mut SqliteDb(c), token)?;
-            let actor = token.actor().as_str();
-            for a in attempts {
-                let status = a.status.map(i64::from);
-                let n = c
-                    .prepare_cached(
-                        &format!("UPDATE ol_units AS d SET attempts = ?3, last_status = ?4, last_error = ?5, \
-                         first_attempt_at = coalesce(first_attempt_at, ?6), last_attempt_at = ?6 \
-                         WHERE {UNIT_LANE} AND d.state = 0 AND d.actor = ?7"),
-                    )?
-                    .execute(params![to_i64(a.unit.0), a.lane.0, i64::from(a.attempts), status, a.error, millis_of(a.at), actor])?;
-                if n == 1 {
-                    c.prepare_cached("UPDATE ol_lanes SET last_status = ?2, last_error = ?3 WHERE id = ?1")?
-                        .execute(params![a.lane.0, status, a.error])?;
-                } else {
-                    // Set aside by an operator while the attempt was in flight (OL-14).
-                    dead_letters::record_on_set_aside(&mut SqliteDb(c), actor, a)?;
-                }
-            }
-            Ok(())
-        })
-    }
-
-    fn wake_ups(&self) -> Notifier {
-        self.notifier.clone()
-    }
-
-    fn start_watch(&self) -> Result<Notifier, StoreError> {
+    fn watch(&self) -> Result<Notifier, StoreError> {
         let Some(path) = &self.path else {
             // Nothing outside this process can reach a private in-memory database.
-            return Ok(self.notifier.clone());
+            return Ok(self.shared.notifier.clone());
         };
         let mut w = self.watcher.lock().unwrap_or_else(PoisonError::into_inner);
         if w.is_none() {
@@ -1566,14 +1020,14 @@ impl HotPath for SqliteStore {
             )
             .map_err(|e| open_err(&path.display().to_string(), e))?;
             conn.busy_timeout(self.opts.busy_timeout)?;
-            let notifier = self.notifier.clone();
+            let notifier = self.shared.notifier.clone();
             let every = self.opts.watch_interval;
             *w = Some(WatcherThread::spawn(
                 "outbox-lanes-sqlite-watch",
                 move |stop| watch_loop(&conn, stop, &notifier, every),
             )?);
         }
-        Ok(self.notifier.clone())
+        Ok(self.shared.notifier.clone())
     }
 }
 
@@ -1594,18 +1048,4 @@ fn watch_loop(conn: &Connection, stop: &AtomicBool, notifier: &Notifier, every: 
             notifier.notify();
         }
     }
-}
-
-/// One unit's payload, inline or from its shared row.
-fn read_payload(c: &Transaction<'_>, unit: UnitId) -> Result<Payload, StoreError> {
-    c.prepare_cached(
-        "SELECT coalesce(h.row_id, r.row_id), coalesce(h.content_type, r.content_type), \
-         CASE WHEN h.row_ref IS NULL THEN h.body ELSE r.body END, \
-         CASE WHEN h.row_ref IS NULL THEN h.headers ELSE r.headers END \
-         FROM ol_units h LEFT JOIN ol_rows r ON r.id = h.row_ref \
-         WHERE h.id = ?1 AND h.unit_id IS NULL AND h.acked_at IS NULL",
-    )?
-    .query_row([to_i64(unit.0)], payload_of)
-    .optional()?
-    .ok_or(StoreError::NotFound { what: "unit" })
 }

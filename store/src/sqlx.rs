@@ -7,10 +7,10 @@
 //! Why: a service on sqlx cannot hand its transaction to [`SqliteStore`](crate::SqliteStore)
 //! or [`PgStore`](crate::PgStore) (they own rusqlite and `postgres` connections). Rather than
 //! copy `SCHEMA.md`'s plain SQL, and its URL canonicalisation, into every service,
-//! [`SqlxOutbox::enqueue`] validates the batch exactly as [`ServiceStore::enqueue`](crate::ServiceStore::enqueue)
-//! does (the same preparation: canonical recipients, limits, header checks) and runs that SQL
-//! on the caller's connection: the actor's row lock first, the row-id check in both places,
-//! the lanes, inline or shared payloads, joined rows, dedup keys and headers.
+//! [`SqlxOutbox::enqueue`] runs the store's own enqueue (`enqueue.rs`: the same preparation,
+//! canonical recipients, limits and header checks, then the same statements) on the caller's
+//! connection: set-based with arrays on a [`PgConnection`], `SCHEMA.md`'s statements one by
+//! one on a [`SqliteConnection`] or an [`AnyConnection`] (which binds no arrays).
 //!
 //! ```no_run
 //! # use outbox_lanes_store::sqlx::sqlx;
@@ -33,12 +33,14 @@
 //!   [`SqliteStore::open`](crate::SqliteStore::open) / [`PgStore::connect`](crate::PgStore::connect)
 //!   (or run the `outbox-lanes` relay on it) before enqueueing. Every call reads
 //!   `ol_meta.schema_version` (one indexed read) and refuses a missing or different schema with
-//!   a clear [`StoreError`] instead of writing rows a relay would misread.
-//! - **Postgres:** tables are named with their schema (`outbox_lanes.ol_units`, or the one given
-//!   to [`SqlxOutbox::with_schema`], the relay's `PgOptions::schema`): the caller's
-//!   `search_path` does not matter. The wake-up is `pg_notify` on the store's channel inside
-//!   the transaction: relays (their `LISTEN`) get it at the commit, never before, and not at all
-//!   on a rollback.
+//!   a clear [`StoreError`], rolling back what it wrote, instead of leaving rows a relay would
+//!   misread.
+//! - **Postgres:** the tables are found in the store's schema (`outbox_lanes`, or the one given
+//!   to [`SqlxOutbox::with_schema`], the relay's `PgOptions::schema`), which the enqueue puts
+//!   on the `search_path` for its own statements and then gives the caller's back: the
+//!   caller's `search_path` does not matter and is left as it was. The wake-up is `pg_notify`
+//!   on the store's channel inside the transaction: relays (their `LISTEN`) get it at the
+//!   commit, never before, and not at all on a rollback.
 //! - **SQLite:** nothing to do. A relay's watcher polls `PRAGMA data_version`, which changes on
 //!   every commit by another connection, the caller's sqlx connection included, so it sees the
 //!   rows within a few milliseconds. A relay in the same process without a watcher (no
@@ -51,107 +53,34 @@
 //!   caller's transaction usable, as it was. On a connection outside a transaction it is a
 //!   transaction of its own.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use ::sqlx::postgres::PgDatabaseError;
+use ::sqlx::sqlite::SqliteError;
+use ::sqlx::{
+    AnyConnection, AssertSqlSafe, Connection, Database, PgConnection, Row as _, SqliteConnection,
+};
+use outbox_lanes_core::ActorId;
 
 pub use crate::sqlx_pg::{SqlxPgOptions, SqlxPgStore};
 /// The sqlx crate this module is built on (0.9), for callers that take it from here and so
 /// stay on the same version without a dependency of their own.
 pub use ::sqlx;
-use ::sqlx::{AnyConnection, Connection as _, PgConnection, Row as _, SqliteConnection};
-use outbox_lanes_core::{ActorId, LaneKey, Seq, Timestamp, UnitId};
 
+use crate::db::{AsyncDb, Dialect, Get, Sql, Value, args};
+use crate::enqueue::enqueue;
 use crate::error::EnqueueError;
-use crate::prepare::{PreparedRow, prepare};
+use crate::prepare::prepare;
 use crate::types::{CommonOptions, Enqueued, NewRow};
+use crate::{SCHEMA_VERSION, StoreError};
 
 /// The boxed future of the sealed [`SqlxConnection`] (Send: axum handlers need it).
 type BoxFuture<'a, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-use crate::util::{encode_headers, millis_of, to_u64, window_millis};
-use crate::{SCHEMA_VERSION, StoreError};
-
-/// The SQL of one dialect, with the tables' schema written in (Postgres).
-#[derive(Debug)]
-struct Sql {
-    version: String,
-    alloc: String,
-    taken: String,
-    row_id: String,
-    lane_insert: String,
-    lane_select: String,
-    dedup: String,
-    head: String,
-    other_lane: String,
-    shared_row: String,
-    shared_unit: String,
-    tail: String,
-    /// Postgres: `pg_notify` on the relays' channel.
-    notify: Option<String>,
-}
-
-impl Sql {
-    /// `p`: the table prefix (`"schema".` or empty); `greatest`: `GREATEST` or `max`.
-    fn new(p: &str, greatest: &str, notify: Option<String>) -> Sql {
-        Sql {
-            version: format!("SELECT value FROM {p}ol_meta WHERE key = 'schema_version'"),
-            alloc: format!(
-                "INSERT INTO {p}ol_actors AS a (actor, last_seq) VALUES ($1, $2) \
-                 ON CONFLICT (actor) DO UPDATE SET last_seq = a.last_seq + excluded.last_seq RETURNING last_seq"
-            ),
-            taken: format!(
-                "SELECT 1 FROM {p}ol_units WHERE actor = $1 AND row_id = $2 \
-                 UNION ALL SELECT 1 FROM {p}ol_rows WHERE actor = $1 AND row_id = $2"
-            ),
-            row_id: format!(
-                "INSERT INTO {p}ol_row_ids AS l (actor, row_id, enqueued_at) VALUES ($1, $2, $3) \
-                 ON CONFLICT (actor, row_id) DO UPDATE SET enqueued_at = excluded.enqueued_at \
-                 WHERE l.enqueued_at <= $4"
-            ),
-            lane_insert: format!(
-                "INSERT INTO {p}ol_lanes (actor, recipient, ordering_key) VALUES ($1, $2, $3) \
-                 ON CONFLICT (actor, recipient, ordering_key) DO NOTHING"
-            ),
-            lane_select: format!(
-                "SELECT id FROM {p}ol_lanes WHERE actor = $1 AND recipient = $2 AND ordering_key = $3"
-            ),
-            dedup: format!(
-                "SELECT 1 WHERE EXISTS (SELECT 1 FROM {p}ol_units h JOIN {p}ol_units d ON d.id = h.id OR d.unit_id = h.id \
-                   JOIN {p}ol_lanes l ON l.id = d.lane_id \
-                   WHERE h.actor = $1 AND h.dedup_key = $2 AND h.unit_id IS NULL AND d.state = 0 AND l.recipient = $3) \
-                 OR EXISTS (SELECT 1 FROM {p}ol_rows r JOIN {p}ol_units h ON h.row_ref = r.id \
-                   JOIN {p}ol_units d ON d.id = h.id OR d.unit_id = h.id JOIN {p}ol_lanes l ON l.id = d.lane_id \
-                   WHERE r.actor = $1 AND r.dedup_key = $2 AND h.unit_id IS NULL AND d.state = 0 AND l.recipient = $3)"
-            ),
-            head: format!(
-                "INSERT INTO {p}ol_units (actor, lane_id, seq, lanes, pending, row_id, content_type, body, \
-                 body_len, dedup_key, ordering_key, enqueued_at, headers) \
-                 VALUES ($1, $2, $3, $4, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING id"
-            ),
-            other_lane: format!(
-                "INSERT INTO {p}ol_units (unit_id, actor, lane_id, seq) VALUES ($1, $2, $3, $4)"
-            ),
-            shared_row: format!(
-                "INSERT INTO {p}ol_rows (actor, row_id, seq, content_type, body, body_len, dedup_key, \
-                 ordering_key, enqueued_at, headers) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id"
-            ),
-            shared_unit: format!(
-                "INSERT INTO {p}ol_units (actor, lane_id, seq, row_ref) VALUES ($1, $2, $3, $4) RETURNING id"
-            ),
-            tail: format!(
-                "UPDATE {p}ol_lanes SET tail_seq = {greatest}(tail_seq, $2) WHERE id = $1"
-            ),
-            notify,
-        }
-    }
-}
 
 /// Enqueues rows inside a caller's sqlx transaction, on Postgres or SQLite (see the
 /// [module docs](self)). Cheap to clone; make one and share it.
 #[derive(Clone, Debug)]
 pub struct SqlxOutbox {
-    pg: Arc<Sql>,
-    sqlite: Arc<Sql>,
     schema: String,
+    channel: String,
     limits: CommonOptions,
 }
 
@@ -170,13 +99,8 @@ impl SqlxOutbox {
 
     fn build(schema: &str, limits: CommonOptions) -> SqlxOutbox {
         SqlxOutbox {
-            pg: Arc::new(Sql::new(
-                &format!("\"{schema}\"."),
-                "GREATEST",
-                Some("SELECT pg_notify($1, $2)".to_owned()),
-            )),
-            sqlite: Arc::new(Sql::new("", "max", None)),
             schema: schema.to_owned(),
+            channel: crate::pg_schema::channel(schema),
             limits,
         }
     }
@@ -212,36 +136,175 @@ impl SqlxOutbox {
     /// As [`ServiceStore::enqueue`](crate::ServiceStore::enqueue): a refused row refuses the batch before
     /// anything is written; a row id the actor already has is
     /// [`EnqueueError::DuplicateRowId`]. [`EnqueueError::Store`] for a database failure, a
-    /// schema the store has not created ([`StoreError::Database`]) or a newer one
-    /// ([`StoreError::SchemaTooNew`]). The caller's transaction is left as it was.
+    /// schema the store has not created ([`StoreError::NoSchema`]) or another version
+    /// ([`StoreError::SchemaTooNew`], [`StoreError::SchemaTooOld`]). The caller's transaction
+    /// is left as it was.
     pub async fn enqueue<C: SqlxConnection + ?Sized>(
         &self,
         conn: &mut C,
         actor: &ActorId,
         rows: &[NewRow],
     ) -> Result<Vec<Enqueued>, EnqueueError> {
-        conn.enqueue_rows(self, actor, rows).await
+        conn.enqueue_rows(self, actor, rows, sealed::Token).await
     }
 
-    fn sql(&self, postgres: bool) -> &Sql {
-        if postgres { &self.pg } else { &self.sqlite }
+    /// The one enqueue of `enqueue.rs`, under a savepoint of `conn` (a transaction of its own
+    /// outside one), then the schema version: checked after the first write, so that SQLite
+    /// takes its write lock first (see there). On a failure, a missing or other schema is
+    /// reported rather than the statement it made fail.
+    async fn run<C, DB>(
+        &self,
+        conn: &mut C,
+        dialect: Dialect,
+        arrays: bool,
+        actor: &ActorId,
+        rows: &[NewRow],
+    ) -> Result<Vec<Enqueued>, EnqueueError>
+    where
+        C: Connection<Database = DB>,
+        DB: Database<Connection = C>,
+        for<'t> Caller<'t, C>: AsyncDb,
+    {
+        let prepared = prepare(rows, &self.limits)?;
+        if prepared.is_empty() {
+            return Ok(Vec::new());
+        }
+        let channel = (dialect == Dialect::Postgres).then_some(self.channel.as_str());
+        let mut t = conn.begin().await.map_err(sqlx_err)?;
+        let done = async {
+            let mut db = Caller {
+                conn: &mut *t,
+                dialect,
+                arrays,
+            };
+            let restore = self.enter_schema(&mut db).await?;
+            let out = enqueue(&mut db, actor, &prepared, channel, &self.limits).await?;
+            self.check_version(&mut db).await?;
+            if let Some(path) = restore {
+                db.execute(&SET_SEARCH_PATH, args![&path]).await?;
+            }
+            Ok::<_, EnqueueError>(out)
+        }
+        .await;
+        match done {
+            Ok(out) => {
+                t.commit().await.map_err(sqlx_err)?;
+                Ok(out)
+            }
+            Err(e) => {
+                t.rollback().await.map_err(sqlx_err)?;
+                Err(self
+                    .schema_problem(conn, dialect, arrays)
+                    .await
+                    .unwrap_or(e))
+            }
+        }
     }
 
-    fn channel(&self) -> String {
-        crate::pg_schema::channel(&self.schema)
+    /// Postgres: puts the store's schema on the `search_path` for the enqueue, and returns the
+    /// caller's, to be put back at its end (a rollback of the savepoint puts it back itself).
+    async fn enter_schema(&self, db: &mut impl AsyncDb) -> Result<Option<String>, StoreError> {
+        if db.dialect() != Dialect::Postgres {
+            return Ok(None);
+        }
+        let v = args![self.schema.as_str()];
+        db.query_one(&ENTER_SCHEMA, v, |r| r.text(0))
+            .await
+            .map(Some)
+    }
+
+    /// Refuses a missing schema or another version than this build's [`SCHEMA_VERSION`].
+    async fn check_version(&self, db: &mut impl AsyncDb) -> Result<(), EnqueueError> {
+        let found = match db.query_opt(&VERSION, args![], |r| r.text(0)).await {
+            Err(e) if no_table(&e) => None,
+            found => found?,
+        };
+        let no_schema = || StoreError::NoSchema {
+            target: match db.dialect() {
+                Dialect::Postgres => format!("Postgres schema {:?}", self.schema),
+                Dialect::Sqlite => "this SQLite database".to_owned(),
+            },
+        };
+        let found = found.ok_or_else(no_schema)?;
+        let v: u32 = found
+            .trim()
+            .parse()
+            .map_err(|_| StoreError::Database(format!("unreadable schema_version {found:?}")))?;
+        let supported = SCHEMA_VERSION;
+        match v {
+            _ if v > supported => Err(StoreError::SchemaTooNew {
+                found: v,
+                supported,
+            }
+            .into()),
+            _ if v < supported => Err(StoreError::SchemaTooOld {
+                found: v,
+                supported,
+            }
+            .into()),
+            _ => Ok(()),
+        }
+    }
+
+    /// After a failed enqueue: the schema's own problem, if it has one, read under a savepoint
+    /// of its own (a failed read on Postgres would abort the caller's transaction).
+    async fn schema_problem<C, DB>(
+        &self,
+        conn: &mut C,
+        dialect: Dialect,
+        arrays: bool,
+    ) -> Option<EnqueueError>
+    where
+        C: Connection<Database = DB>,
+        DB: Database<Connection = C>,
+        for<'t> Caller<'t, C>: AsyncDb,
+    {
+        let mut t = conn.begin().await.ok()?;
+        let mut db = Caller {
+            conn: &mut *t,
+            dialect,
+            arrays,
+        };
+        let problem = match self.enter_schema(&mut db).await {
+            Ok(_) => self.check_version(&mut db).await.err(),
+            Err(_) => None,
+        };
+        t.rollback().await.ok()?;
+        problem
     }
 }
 
+/// Sets `search_path` to `$1` for the transaction and returns the one it replaces (the
+/// select list is evaluated in order).
+static ENTER_SCHEMA: Sql =
+    Sql::new("SELECT current_setting('search_path'), set_config('search_path', $1, true)");
+static SET_SEARCH_PATH: Sql = Sql::new("SELECT set_config('search_path', $1, true)");
+static VERSION: Sql = Sql::new("SELECT value FROM ol_meta WHERE key = 'schema_version'");
+static LAST_ROWID: Sql = Sql::new("SELECT last_insert_rowid()");
+
+/// Whether the store's tables are missing (the store never opened this database or schema).
+fn no_table(e: &StoreError) -> bool {
+    let StoreError::Driver { cause, .. } = e else {
+        return false;
+    };
+    cause
+        .downcast_ref::<::sqlx::Error>()
+        .and_then(::sqlx::Error::as_database_error)
+        .is_some_and(|d| {
+            d.code().as_deref() == Some("42P01") || d.message().contains("no such table")
+        })
+}
+
 mod sealed {
-    pub trait Sealed {}
-    impl Sealed for ::sqlx::PgConnection {}
-    impl Sealed for ::sqlx::SqliteConnection {}
-    impl Sealed for ::sqlx::AnyConnection {}
+    /// Seals [`SqlxConnection`](super::SqlxConnection): no other crate can name it, so none
+    /// can implement the trait's method.
+    #[derive(Debug)]
+    pub struct Token;
 }
 
 /// The connections [`SqlxOutbox::enqueue`] writes on: [`PgConnection`],
 /// [`SqliteConnection`] and [`AnyConnection`] (sealed).
-pub trait SqlxConnection: sealed::Sealed + Send {
+pub trait SqlxConnection: Send {
     /// What [`SqlxOutbox::enqueue`] runs (call that instead).
     #[doc(hidden)]
     fn enqueue_rows<'a>(
@@ -249,344 +312,261 @@ pub trait SqlxConnection: sealed::Sealed + Send {
         outbox: &'a SqlxOutbox,
         actor: &'a ActorId,
         rows: &'a [NewRow],
+        _: sealed::Token,
     ) -> BoxFuture<'a, Result<Vec<Enqueued>, EnqueueError>>;
 }
 
-/// A sqlx failure as the store reports one: a busy database or a serialization failure is
-/// [`StoreError::Busy`], a lost connection [`StoreError::ConnectionLost`], the rest
-/// [`StoreError::Driver`] with sqlx's error as the cause.
-fn sqlx_err(e: ::sqlx::Error) -> EnqueueError {
-    let reason = e.to_string().replace('\n', " ");
-    let err = match &e {
-        ::sqlx::Error::Database(d) if retryable(&**d) => StoreError::Busy,
-        ::sqlx::Error::Io(_) | ::sqlx::Error::PoolTimedOut | ::sqlx::Error::PoolClosed => {
-            StoreError::connection_lost(reason, e)
+/// [`SqlxConnection`] for a connection type: `$how` says its dialect and whether it binds
+/// arrays.
+macro_rules! sqlx_connection {
+    ($conn:ty, $how:expr) => {
+        impl SqlxConnection for $conn {
+            fn enqueue_rows<'a>(
+                &'a mut self,
+                outbox: &'a SqlxOutbox,
+                actor: &'a ActorId,
+                rows: &'a [NewRow],
+                _: sealed::Token,
+            ) -> BoxFuture<'a, Result<Vec<Enqueued>, EnqueueError>> {
+                let how: fn(&$conn) -> Result<(Dialect, bool), StoreError> = $how;
+                match how(self) {
+                    Ok((dialect, arrays)) => {
+                        Box::pin(outbox.run(self, dialect, arrays, actor, rows))
+                    }
+                    Err(e) => Box::pin(core::future::ready(Err(e.into()))),
+                }
+            }
         }
-        _ => StoreError::driver(reason, e),
     };
-    EnqueueError::Store(err)
 }
 
-/// SQLite busy or locked (any extended code of `SQLITE_BUSY` / `SQLITE_LOCKED`), or a
-/// Postgres serialization failure or deadlock: nothing was written, the caller may retry.
-fn retryable(d: &dyn ::sqlx::error::DatabaseError) -> bool {
-    let code = d.code();
-    let code = code.as_deref().unwrap_or("");
-    if d.try_downcast_ref::<::sqlx::sqlite::SqliteError>()
-        .is_some()
-    {
-        code.parse::<i32>().is_ok_and(|c| matches!(c & 0xff, 5 | 6))
-    } else {
-        matches!(code, "40001" | "40P01")
+sqlx_connection!(PgConnection, |_| Ok((Dialect::Postgres, true)));
+sqlx_connection!(SqliteConnection, |_| Ok((Dialect::Sqlite, false)));
+// `Any` binds scalars only: the statement-by-statement enqueue, on either dialect.
+sqlx_connection!(AnyConnection, |c| match c.backend_name() {
+    "PostgreSQL" => Ok((Dialect::Postgres, false)),
+    "SQLite" => Ok((Dialect::Sqlite, false)),
+    other => Err(StoreError::Database(format!(
+        "outbox-lanes enqueues on Postgres and SQLite, not on {other}"
+    ))),
+});
+
+/// A caller's connection inside the enqueue's savepoint, as the statement layer: the one
+/// [`AsyncDb`] whose statements really wait.
+pub(crate) struct Caller<'c, C> {
+    conn: &'c mut C,
+    dialect: Dialect,
+    /// Whether it binds arrays (Postgres, but not through `Any`).
+    arrays: bool,
+}
+
+/// [`AsyncDb`] for a caller's connection of one sqlx driver: `$bind` binds the values, `$id`
+/// reads an insert's new id off its result (SQLite; Postgres returns it), else it is asked
+/// for.
+macro_rules! caller_db {
+    ($conn:ty, $db:ty, $bind:expr, $id:expr) => {
+        impl AsyncDb for Caller<'_, $conn> {
+            fn dialect(&self) -> Dialect {
+                self.dialect
+            }
+
+            fn arrays(&self) -> bool {
+                self.arrays
+            }
+
+            async fn execute(
+                &mut self,
+                sql: &'static Sql,
+                args: &[Value<'_>],
+            ) -> Result<u64, StoreError> {
+                let q = $bind(
+                    ::sqlx::query::<$db>(AssertSqlSafe(sql.text(self.dialect))),
+                    args,
+                )?;
+                let done = q.execute(&mut *self.conn).await.map_err(sqlx_err)?;
+                Ok(done.rows_affected())
+            }
+
+            async fn insert(
+                &mut self,
+                sql: &'static Sql,
+                args: &[Value<'_>],
+            ) -> Result<Option<i64>, StoreError> {
+                if self.dialect == Dialect::Postgres {
+                    return self.query_opt(sql, args, |r| r.int(0)).await;
+                }
+                let q = $bind(
+                    ::sqlx::query::<$db>(AssertSqlSafe(sql.text(self.dialect))),
+                    args,
+                )?;
+                let done = q.execute(&mut *self.conn).await.map_err(sqlx_err)?;
+                if done.rows_affected() == 0 {
+                    return Ok(None);
+                }
+                match $id(&done) {
+                    Some(id) => Ok(Some(id)),
+                    None => self
+                        .query_one(&LAST_ROWID, &[], |r| r.int(0))
+                        .await
+                        .map(Some),
+                }
+            }
+
+            async fn query<T, F: FnMut(&dyn Get) -> Result<T, StoreError>>(
+                &mut self,
+                sql: &'static Sql,
+                args: &[Value<'_>],
+                mut map: F,
+            ) -> Result<Vec<T>, StoreError> {
+                let q = $bind(
+                    ::sqlx::query::<$db>(AssertSqlSafe(sql.text(self.dialect))),
+                    args,
+                )?;
+                let rows = q.fetch_all(&mut *self.conn).await.map_err(sqlx_err)?;
+                rows.iter().map(|r| map(r)).collect()
+            }
+        }
+    };
+}
+
+caller_db!(
+    PgConnection,
+    ::sqlx::Postgres,
+    bind_pg,
+    |_: &::sqlx::postgres::PgQueryResult| None
+);
+caller_db!(
+    SqliteConnection,
+    ::sqlx::Sqlite,
+    |q, a| bind(q, a, no_arrays),
+    |d: &::sqlx::sqlite::SqliteQueryResult| Some(d.last_insert_rowid())
+);
+// Its SQLite driver does not pass the rowid on: it is asked for.
+caller_db!(
+    AnyConnection,
+    ::sqlx::Any,
+    |q, a| bind(q, a, no_arrays),
+    |_: &::sqlx::any::AnyQueryResult| None
+);
+
+/// A query of driver `DB`.
+type Query<'q, DB> = ::sqlx::query::Query<'q, DB, <DB as Database>::Arguments>;
+
+/// Binds the values in order; `arrays` binds an array (only Postgres has them).
+fn bind<'q, DB: Database>(
+    mut q: Query<'q, DB>,
+    args: &[Value<'_>],
+    arrays: impl Fn(Query<'q, DB>, &Value<'_>) -> Result<Query<'q, DB>, StoreError>,
+) -> Result<Query<'q, DB>, StoreError>
+where
+    i64: for<'e> ::sqlx::Encode<'e, DB> + ::sqlx::Type<DB>,
+    Option<i64>: for<'e> ::sqlx::Encode<'e, DB> + ::sqlx::Type<DB>,
+    bool: for<'e> ::sqlx::Encode<'e, DB> + ::sqlx::Type<DB>,
+    for<'v> &'v str: ::sqlx::Encode<'v, DB> + ::sqlx::Type<DB>,
+    for<'v> Option<&'v str>: ::sqlx::Encode<'v, DB> + ::sqlx::Type<DB>,
+    for<'v> &'v [u8]: ::sqlx::Encode<'v, DB> + ::sqlx::Type<DB>,
+{
+    for v in args {
+        q = match *v {
+            Value::Int(v) => q.bind(v),
+            Value::OptInt(v) => q.bind(v),
+            Value::Text(v) => q.bind(v),
+            Value::OptText(v) => q.bind(v),
+            Value::Bytes(v) => q.bind(v),
+            Value::Bool(v) => q.bind(v),
+            Value::Ints(_)
+            | Value::OptInts(_)
+            | Value::Texts(_)
+            | Value::OptTexts(_)
+            | Value::Byteses(_) => arrays(q, v)?,
+        };
     }
+    Ok(q)
 }
 
-fn schema_missing(where_: &str) -> EnqueueError {
-    EnqueueError::Store(StoreError::NoSchema {
-        target: where_.to_owned(),
+/// No array binds on a driver without arrays (SQLite, `Any`).
+fn no_arrays<Q>(_: Q, _: &Value<'_>) -> Result<Q, StoreError> {
+    Err(StoreError::Database(
+        "arrays are bound on Postgres connections only".into(),
+    ))
+}
+
+/// Binds the values on Postgres, arrays too.
+pub(crate) fn bind_pg<'q>(
+    q: Query<'q, ::sqlx::Postgres>,
+    args: &[Value<'_>],
+) -> Result<Query<'q, ::sqlx::Postgres>, StoreError> {
+    bind(q, args, |q, v| {
+        Ok(match *v {
+            Value::Ints(v) => q.bind(v),
+            Value::OptInts(v) => q.bind(v),
+            Value::Texts(v) => q.bind(v),
+            Value::OptTexts(v) => q.bind(v),
+            Value::Byteses(v) => q.bind(v),
+            _ => unreachable!("bind binds the scalars itself"),
+        })
     })
 }
 
-/// Checks `ol_meta.schema_version` against this build's [`SCHEMA_VERSION`].
-fn check_version(found: Option<String>, where_: &str) -> Result<(), EnqueueError> {
-    let Some(v) = found else {
-        return Err(schema_missing(where_));
-    };
-    let v: u32 = v.trim().parse().map_err(|_| {
-        EnqueueError::Store(StoreError::Database(format!(
-            "unreadable schema_version {v:?}"
-        )))
-    })?;
-    match v {
-        _ if v > SCHEMA_VERSION => Err(EnqueueError::Store(StoreError::SchemaTooNew {
-            found: v,
-            supported: SCHEMA_VERSION,
-        })),
-        _ if v < SCHEMA_VERSION => Err(EnqueueError::Store(StoreError::SchemaTooOld {
-            found: v,
-            supported: SCHEMA_VERSION,
-        })),
-        _ => Ok(()),
-    }
-}
+// Through `Any` a flag is read as a boolean, which SQLite's integer is not: the enqueue reads
+// integers and text only.
+crate::db::impl_get!(::sqlx::sqlite::SqliteRow, |r, c| r
+    .try_get(c)
+    .map_err(sqlx_err));
+crate::db::impl_get!(::sqlx::any::AnyRow, |r, c| r.try_get(c).map_err(sqlx_err));
 
-/// One body for every connection type: `SCHEMA.md`'s "Enqueue with plain SQL", in order.
-macro_rules! enqueue_body {
-    ($db:ty, $conn:expr, $outbox:expr, $actor:expr, $rows:expr, $postgres:expr) => {{
-        let conn = $conn;
-        let outbox: &SqlxOutbox = $outbox;
-        let prepared = prepare($rows, &outbox.limits)?;
-        if prepared.is_empty() {
-            return Ok(Vec::new());
-        }
-        let rows: &[PreparedRow<'_>] = &prepared;
-        let postgres: bool = $postgres;
-        let sql = outbox.sql(postgres);
-        let a = $actor.as_str();
-        let q = |s: &str| ::sqlx::query::<$db>(::sqlx::AssertSqlSafe(s.to_owned()));
-        let where_ = if postgres {
-            format!("Postgres schema {:?}", outbox.schema)
-        } else {
-            "this SQLite database".to_owned()
-        };
-        // A savepoint inside the caller's transaction (a transaction of its own outside one).
-        let mut t = conn.begin().await.map_err(sqlx_err)?;
-        let now = millis_of(Timestamp::from_system_time(std::time::SystemTime::now()));
-        let n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
-        // 1. FIRST: the actor's row (its lock orders the actor's enqueues by seq). A write
-        //    before any read: SQLite takes its write lock here, waiting for it, where a read
-        //    first would make the lock upgrade fail at once under a concurrent writer.
-        let last: i64 = match q(&sql.alloc).bind(a).bind(n).fetch_one(&mut *t).await {
-            Ok(r) => r.try_get(0).map_err(sqlx_err)?,
-            // No outbox tables: the store never opened this database (or schema).
-            Err(::sqlx::Error::Database(d))
-                if d.code().as_deref() == Some("42P01")
-                    || d.message().contains("no such table") =>
+/// A sqlx error as the store reports one, in one line: a lost connection (or pool) is
+/// [`StoreError::ConnectionLost`]; SQLite busy or locked, or a conflict the Postgres server
+/// broke (serialization failure, deadlock, lock not available), [`StoreError::Busy`]: nothing
+/// was written, retry; a read-only server [`StoreError::ReadOnly`]; the rest
+/// [`StoreError::Driver`] with sqlx's error as the cause.
+pub(crate) fn sqlx_err(e: ::sqlx::Error) -> StoreError {
+    use ::sqlx::Error as E;
+    let reason = match &e {
+        E::Database(db) => {
+            let mut out = format!(
+                "{} (SQLSTATE {})",
+                db.message(),
+                db.code().as_deref().unwrap_or("?")
+            );
+            if let Some(d) = db
+                .try_downcast_ref::<PgDatabaseError>()
+                .and_then(|p| p.detail())
             {
-                return Err(schema_missing(&where_));
+                out.push_str("; detail: ");
+                out.push_str(d);
             }
-            Err(e) => return Err(sqlx_err(e)),
-        };
-        let version = q(&sql.version)
-            .fetch_optional(&mut *t)
-            .await
-            .and_then(|row| row.map(|r| r.try_get::<String, _>(0)).transpose())
-            .map_err(sqlx_err)?;
-        check_version(version, &where_)?;
-        let first = last - n + 1;
-        let mut lanes: HashMap<&LaneKey, i64> = HashMap::new();
-        let mut tails: HashMap<i64, i64> = HashMap::new();
-        let mut out = Vec::with_capacity(rows.len());
-        for (k, p) in rows.iter().enumerate() {
-            let seq = first + i64::try_from(k).unwrap_or(i64::MAX);
-            let row = p.row;
-            // 2. A row id the actor already has, in either place, refuses the batch.
-            let taken = q(&sql.taken)
-                .bind(a)
-                .bind(row.id.as_str())
-                .fetch_optional(&mut *t)
-                .await
-                .map_err(sqlx_err)?;
-            if taken.is_some() {
-                return Err(EnqueueError::DuplicateRowId {
-                    row: row.id.clone(),
-                });
-            }
-            // 2b. The dedup window past delivery: the id new to the actor's ledger, or last
-            //     used before the window (`ol_row_ids`).
-            let window = window_millis(&outbox.limits);
-            let since = now.saturating_sub(window);
-            let recorded = if window <= 0 {
-                None
-            } else {
-                Some(
-                    q(&sql.row_id)
-                        .bind(a)
-                        .bind(row.id.as_str())
-                        .bind(now)
-                        .bind(since)
-                        .execute(&mut *t)
-                        .await
-                        .map_err(sqlx_err)?,
-                )
-            };
-            if recorded.is_some_and(|r| r.rows_affected() == 0) {
-                return Err(EnqueueError::DuplicateRowId {
-                    row: row.id.clone(),
-                });
-            }
-            // 3. Its lanes (created on first use), less those dedup skips.
-            let mut kept = Vec::with_capacity(p.lanes.len());
-            let mut skipped = Vec::new();
-            for key in &p.lanes {
-                let ok = key.ordering_key().unwrap_or("");
-                let id = match lanes.get(key) {
-                    Some(id) => *id,
-                    None => {
-                        q(&sql.lane_insert)
-                            .bind(a)
-                            .bind(key.recipient())
-                            .bind(ok)
-                            .execute(&mut *t)
-                            .await
-                            .map_err(sqlx_err)?;
-                        let id: i64 = q(&sql.lane_select)
-                            .bind(a)
-                            .bind(key.recipient())
-                            .bind(ok)
-                            .fetch_one(&mut *t)
-                            .await
-                            .and_then(|r| r.try_get(0))
-                            .map_err(sqlx_err)?;
-                        lanes.insert(key, id);
-                        id
-                    }
-                };
-                if let Some(dk) = &row.dedup_key {
-                    let pending = q(&sql.dedup)
-                        .bind(a)
-                        .bind(dk.as_str())
-                        .bind(key.recipient())
-                        .fetch_optional(&mut *t)
-                        .await
-                        .map_err(sqlx_err)?;
-                    if pending.is_some() {
-                        skipped.push(key.recipient().to_string());
-                        continue;
-                    }
-                }
-                kept.push(id);
-            }
-            let body_len = i64::try_from(row.body.len()).unwrap_or(i64::MAX);
-            let headers = encode_headers(&row.headers);
-            let mut units = Vec::new();
-            if kept.is_empty() {
-                // Every recipient skipped: nothing stored (the id was checked above).
-            } else if row.joined || kept.len() == 1 {
-                // 4a/4b. One unit, its payload inline on the head.
-                let lanes_n = i64::try_from(kept.len()).unwrap_or(i64::MAX);
-                let unit: i64 = q(&sql.head)
-                    .bind(a)
-                    .bind(kept[0])
-                    .bind(seq)
-                    .bind(lanes_n)
-                    .bind(row.id.as_str())
-                    .bind(row.content_type.as_str())
-                    .bind(row.body.as_slice())
-                    .bind(body_len)
-                    .bind(row.dedup_key.as_deref())
-                    .bind(p.ordering_key)
-                    .bind(now)
-                    .bind(headers.as_deref())
-                    .fetch_one(&mut *t)
-                    .await
-                    .and_then(|r| r.try_get(0))
-                    .map_err(|e| dup_or(e, &row.id))?;
-                tails.insert(kept[0], seq);
-                for &lane in &kept[1..] {
-                    q(&sql.other_lane)
-                        .bind(unit)
-                        .bind(a)
-                        .bind(lane)
-                        .bind(seq)
-                        .execute(&mut *t)
-                        .await
-                        .map_err(sqlx_err)?;
-                    tails.insert(lane, seq);
-                }
-                units.push(UnitId(to_u64(unit)));
-            } else {
-                // 4c. k units sharing one payload in ol_rows.
-                let row_ref: i64 = q(&sql.shared_row)
-                    .bind(a)
-                    .bind(row.id.as_str())
-                    .bind(seq)
-                    .bind(row.content_type.as_str())
-                    .bind(row.body.as_slice())
-                    .bind(body_len)
-                    .bind(row.dedup_key.as_deref())
-                    .bind(p.ordering_key)
-                    .bind(now)
-                    .bind(headers.as_deref())
-                    .fetch_one(&mut *t)
-                    .await
-                    .and_then(|r| r.try_get(0))
-                    .map_err(|e| dup_or(e, &row.id))?;
-                for lane in kept {
-                    let unit: i64 = q(&sql.shared_unit)
-                        .bind(a)
-                        .bind(lane)
-                        .bind(seq)
-                        .bind(row_ref)
-                        .fetch_one(&mut *t)
-                        .await
-                        .and_then(|r| r.try_get(0))
-                        .map_err(sqlx_err)?;
-                    units.push(UnitId(to_u64(unit)));
-                    tails.insert(lane, seq);
-                }
-            }
-            out.push(Enqueued {
-                row_id: row.id.clone(),
-                seq: Seq(to_u64(seq)),
-                units,
-                skipped,
-            });
+            out
         }
-        // 5. Each lane's tail, once (seqs grow through the batch).
-        for (lane, seq) in tails {
-            q(&sql.tail)
-                .bind(lane)
-                .bind(seq)
-                .execute(&mut *t)
-                .await
-                .map_err(sqlx_err)?;
-        }
-        // 6. Postgres: the wake-up, delivered by the server at the commit.
-        if let Some(notify) = &sql.notify {
-            q(notify)
-                .bind(outbox.channel())
-                .bind(a)
-                .execute(&mut *t)
-                .await
-                .map_err(sqlx_err)?;
-        }
-        t.commit().await.map_err(sqlx_err)?;
-        Ok(out)
-    }};
-}
-
-/// A unique-index refusal of an insert is a row id the actor already has (belt and braces:
-/// step 2 looked first, under the actor's lock).
-fn dup_or(e: ::sqlx::Error, row: &str) -> EnqueueError {
+        other => other.to_string(),
+    }
+    .replace(['\n', '\r'], " ");
     match &e {
-        ::sqlx::Error::Database(d) if d.is_unique_violation() => EnqueueError::DuplicateRowId {
-            row: row.to_owned(),
+        E::Io(_)
+        | E::Tls(_)
+        | E::Protocol(_)
+        | E::WorkerCrashed
+        | E::PoolTimedOut
+        | E::PoolClosed => StoreError::connection_lost(reason, e),
+        // Any extended code of SQLITE_BUSY (5) or SQLITE_LOCKED (6).
+        E::Database(db) if db.try_downcast_ref::<SqliteError>().is_some() => {
+            let code = db.code().and_then(|c| c.parse::<i32>().ok());
+            if code.is_some_and(|c| matches!(c & 0xff, 5 | 6)) {
+                StoreError::Busy
+            } else {
+                StoreError::driver(reason, e)
+            }
+        }
+        E::Database(db) => match db.code().as_deref() {
+            Some(c) if c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03") => {
+                StoreError::connection_lost(reason, e)
+            }
+            Some("40001" | "40P01" | "55P03") => StoreError::Busy,
+            Some("25006") => StoreError::ReadOnly {
+                path: "(postgres)".into(),
+            },
+            _ => StoreError::driver(reason, e),
         },
-        _ => sqlx_err(e),
-    }
-}
-
-impl SqlxConnection for PgConnection {
-    fn enqueue_rows<'a>(
-        &'a mut self,
-        outbox: &'a SqlxOutbox,
-        actor: &'a ActorId,
-        rows: &'a [NewRow],
-    ) -> BoxFuture<'a, Result<Vec<Enqueued>, EnqueueError>> {
-        Box::pin(async move { enqueue_body!(::sqlx::Postgres, self, outbox, actor, rows, true) })
-    }
-}
-
-impl SqlxConnection for SqliteConnection {
-    fn enqueue_rows<'a>(
-        &'a mut self,
-        outbox: &'a SqlxOutbox,
-        actor: &'a ActorId,
-        rows: &'a [NewRow],
-    ) -> BoxFuture<'a, Result<Vec<Enqueued>, EnqueueError>> {
-        Box::pin(async move { enqueue_body!(::sqlx::Sqlite, self, outbox, actor, rows, false) })
-    }
-}
-
-impl SqlxConnection for AnyConnection {
-    fn enqueue_rows<'a>(
-        &'a mut self,
-        outbox: &'a SqlxOutbox,
-        actor: &'a ActorId,
-        rows: &'a [NewRow],
-    ) -> BoxFuture<'a, Result<Vec<Enqueued>, EnqueueError>> {
-        Box::pin(async move {
-            let postgres = match self.backend_name() {
-                "PostgreSQL" => true,
-                "SQLite" => false,
-                other => {
-                    return Err(EnqueueError::Store(StoreError::Database(format!(
-                        "outbox-lanes enqueues on Postgres and SQLite, not on {other}"
-                    ))));
-                }
-            };
-            enqueue_body!(::sqlx::Any, self, outbox, actor, rows, postgres)
-        })
+        _ => StoreError::driver(reason, e),
     }
 }

@@ -45,20 +45,19 @@ use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Mutex, PoisonError};
 
-use ::sqlx::postgres::{PgConnection, PgDatabaseError, PgListener, PgPool, PgRow};
+use ::sqlx::postgres::{PgConnection, PgListener, PgPool, PgRow};
 use ::sqlx::{AssertSqlSafe, Connection as _, Row as _};
-use outbox_lanes_core::ActorId;
+
 use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::task::JoinHandle;
 
-use crate::backend::Backend;
-use crate::db::{Db, Dialect, Get, Sql, Value, args};
-use crate::error::Lost;
+use crate::StoreError;
+use crate::backend::{Backend, Shared};
+use crate::db::{Db, Dialect, Get, Sql, Value};
 use crate::notify::Notifier;
-use crate::pg_path::{self, PgBackend};
 use crate::pg_schema;
-use crate::types::{CommonOptions, Enqueued, NewRow};
-use crate::{EnqueueError, StoreError};
+use crate::sqlx::{bind_pg as bind, sqlx_err};
+use crate::types::CommonOptions;
 
 /// How a [`SqlxPgStore`] uses its pool.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -100,13 +99,10 @@ pub struct SqlxPgStore {
     opts: SqlxPgOptions,
     /// `BEGIN` and the store's `SET LOCAL`s, one round trip.
     begin: String,
-    channel: String,
-    notifier: Notifier,
+    shared: Shared,
     watcher: Mutex<Option<Task>>,
     /// Per holder, the task keeping its liveness lock's connection.
     live: Mutex<HashMap<String, Task>>,
-    /// The outbox id (`ol_meta`), read once when the store was made.
-    outbox_id: String,
 }
 
 impl SqlxPgStore {
@@ -137,21 +133,19 @@ impl SqlxPgStore {
         })?;
         let store = SqlxPgStore {
             begin: format!("BEGIN; {}", pg_schema::settings("LOCAL", &opts.schema)),
-            channel: pg_schema::channel(&opts.schema),
+            shared: Shared::new(Some(pg_schema::channel(&opts.schema))),
             pool,
             handle,
-            notifier: Notifier::new(),
             watcher: Mutex::new(None),
             live: Mutex::new(HashMap::new()),
-            outbox_id: String::new(),
             opts,
         };
         let mut store = store;
-        store.outbox_id = store.tx(false, |db| {
+        store.shared.outbox_id = store.tx(false, |db: &mut SqlxDb<'_>| {
             pg_schema::init(
                 db,
                 &store.opts.schema,
-                &store.channel,
+                store.shared.pg_channel(),
                 store.opts.common.schema,
             )
         })?;
@@ -198,7 +192,7 @@ impl SqlxPgStore {
 
     /// Runs `f` in a transaction and commits; retries once on a lost connection when safe:
     /// always if the commit was not sent, only `idempotent` operations otherwise.
-    fn tx<T, E: From<StoreError> + Lost>(
+    fn tx<T, E: From<StoreError>>(
         &self,
         idempotent: bool,
         mut f: impl FnMut(&mut SqlxDb<'_>) -> Result<T, E>,
@@ -206,26 +200,37 @@ impl SqlxPgStore {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let (res, at_commit) =
+            let (res, lost, at_commit) =
                 match self.run_sql(self.pool.begin_with(AssertSqlSafe(self.begin.clone()))) {
-                    Err(e) => (Err(E::from(e)), false),
-                    Ok(mut tx) => match f(&mut SqlxDb {
-                        conn: &mut tx,
-                        store: self,
-                    }) {
-                        Err(e) => {
-                            // On the runtime: a pooled connection goes back to its pool from there.
-                            let _ = self.run(tx.rollback());
-                            (Err(e), false)
+                    Err(e) => {
+                        let lost = matches!(e, StoreError::ConnectionLost { .. });
+                        (Err(E::from(e)), lost, false)
+                    }
+                    Ok(mut tx) => {
+                        let mut db = SqlxDb {
+                            conn: &mut tx,
+                            store: self,
+                            lost: false,
+                        };
+                        match f(&mut db) {
+                            Err(e) => {
+                                let lost = db.lost;
+                                // On the runtime: a pooled connection goes back to its pool from there.
+                                let _ = self.run(tx.rollback());
+                                (Err(e), lost, false)
+                            }
+                            Ok(v) => match self.run_sql(tx.commit()) {
+                                Ok(()) => (Ok(v), false, false),
+                                Err(e) => {
+                                    let lost = matches!(e, StoreError::ConnectionLost { .. });
+                                    (Err(E::from(e)), lost, true)
+                                }
+                            },
                         }
-                        Ok(v) => match self.run_sql(tx.commit()) {
-                            Ok(()) => (Ok(v), false),
-                            Err(e) => (Err(E::from(e)), true),
-                        },
-                    },
+                    }
                 };
             match res {
-                Err(e) if e.lost() => {
+                Err(e) if lost => {
                     let retry = attempt < 2 && (!at_commit || idempotent);
                     tracing::warn!(target: "outbox_lanes::store", at_commit, idempotent, retry, "postgres connection lost (sqlx pool)");
                     if !retry {
@@ -245,13 +250,12 @@ impl SqlxPgStore {
         let mut db = SqlxDb {
             conn: &mut conn,
             store: self,
+            lost: false,
         };
         db.batch(&format!("SET search_path TO {}", self.opts.schema))?;
-        let key = pg_path::live_key(&self.opts.schema, holder);
-        if !db.query_one(&pg_path::TRY_LIVE_LOCK, args![&key], |r| r.flag(0))? {
+        if !pg_schema::take_live_lock(&mut db, &self.opts.schema, holder)? {
             return Ok(None);
         }
-        db.execute(&pg_path::REGISTER_HOLDER, args![holder])?;
         Ok(Some(Task(self.handle.spawn(async move {
             // Ends when the connection is lost; the next acquisition opens a new one.
             loop {
@@ -264,96 +268,44 @@ impl SqlxPgStore {
     }
 }
 
-/// A sqlx error in one line, as [`StoreError`]: lost connections, conflicts the server broke
-/// (retryable) and read-only servers apart, the rest a driver error keeping it as the cause.
-fn sqlx_err(e: ::sqlx::Error) -> StoreError {
-    use ::sqlx::Error as E;
-    let reason = match &e {
-        E::Database(db) => {
-            let mut out = format!(
-                "{} (SQLSTATE {})",
-                db.message(),
-                db.code().as_deref().unwrap_or("?")
-            );
-            if let Some(d) = db
-                .try_downcast_ref::<PgDatabaseError>()
-                .and_then(|p| p.detail())
-            {
-                out.push_str("; detail: ");
-                out.push_str(d);
-            }
-            out
-        }
-        other => other.to_string(),
-    }
-    .replace(['\n', '\r'], " ");
-    match &e {
-        E::Io(_) | E::Tls(_) | E::Protocol(_) | E::WorkerCrashed => {
-            StoreError::connection_lost(reason, e)
-        }
-        E::Database(db) => match db.code().as_deref() {
-            Some(c) if c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03") => {
-                StoreError::connection_lost(reason, e)
-            }
-            // Aborted by the server to break a deadlock or a serialization conflict: nothing
-            // was written and a retry can succeed.
-            Some("40001" | "40P01" | "55P03") => StoreError::Busy,
-            Some("25006") => StoreError::ReadOnly {
-                path: "(postgres)".into(),
-            },
-            _ => StoreError::driver(reason, e),
-        },
-        _ => StoreError::driver(reason, e),
-    }
-}
-
 /// A connection of the store (in a transaction, or the liveness session) as a [`Db`]: each
 /// statement waits on the pool's runtime; sqlx caches the prepared statements per connection.
 pub(crate) struct SqlxDb<'c> {
     conn: &'c mut PgConnection,
     store: &'c SqlxPgStore,
+    lost: bool,
 }
 
-/// Binds the values in order.
-fn bind<'q>(
-    mut q: ::sqlx::query::Query<'q, ::sqlx::Postgres, ::sqlx::postgres::PgArguments>,
-    args: &[Value<'_>],
-) -> ::sqlx::query::Query<'q, ::sqlx::Postgres, ::sqlx::postgres::PgArguments> {
-    for v in args {
-        q = match *v {
-            Value::Int(v) => q.bind(v),
-            Value::OptInt(v) => q.bind(v),
-            Value::Text(v) => q.bind(v),
-            Value::OptText(v) => q.bind(v),
-            Value::Bool(v) => q.bind(v),
-            Value::Ints(v) => q.bind(v),
-            Value::OptInts(v) => q.bind(v),
-            Value::Texts(v) => q.bind(v),
-            Value::OptTexts(v) => q.bind(v),
-            Value::Byteses(v) => q.bind(v),
-        };
+impl SqlxDb<'_> {
+    fn checked<T>(&mut self, r: Result<T, StoreError>) -> Result<T, StoreError> {
+        if matches!(r, Err(StoreError::ConnectionLost { .. })) {
+            self.lost = true;
+        }
+        r
     }
-    q
 }
 
 impl Db for SqlxDb<'_> {
     const DIALECT: Dialect = Dialect::Postgres;
 
     fn batch(&mut self, sql: &str) -> Result<(), StoreError> {
-        self.store
-            .run_sql(::sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut *self.conn))?;
-        Ok(())
+        let r = self
+            .store
+            .run_sql(::sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut *self.conn));
+        self.checked(r).map(drop)
     }
 
     fn execute(&mut self, sql: &Sql, args: &[Value<'_>]) -> Result<u64, StoreError> {
         let q = bind(
             ::sqlx::query(AssertSqlSafe(sql.text(Dialect::Postgres))),
             args,
-        );
-        Ok(self
-            .store
-            .run_sql(q.execute(&mut *self.conn))?
-            .rows_affected())
+        )?;
+        let r = self.store.run_sql(q.execute(&mut *self.conn));
+        self.checked(r).map(|r| r.rows_affected())
+    }
+
+    fn insert(&mut self, sql: &Sql, args: &[Value<'_>]) -> Result<Option<i64>, StoreError> {
+        self.query_opt(sql, args, |r| r.int(0))
     }
 
     fn query<T>(
@@ -365,48 +317,17 @@ impl Db for SqlxDb<'_> {
         let q = bind(
             ::sqlx::query(AssertSqlSafe(sql.text(Dialect::Postgres))),
             args,
-        );
-        let rows = self.store.run_sql(q.fetch_all(&mut *self.conn))?;
-        rows.iter().map(|r| map(r)).collect()
+        )?;
+        let rows = self.store.run_sql(q.fetch_all(&mut *self.conn));
+        self.checked(rows)?.iter().map(|r| map(r)).collect()
     }
 }
 
-impl Get for PgRow {
-    fn int(&self, col: usize) -> Result<i64, StoreError> {
-        self.try_get(col).map_err(sqlx_err)
-    }
-    fn opt_int(&self, col: usize) -> Result<Option<i64>, StoreError> {
-        self.try_get(col).map_err(sqlx_err)
-    }
-    fn text(&self, col: usize) -> Result<String, StoreError> {
-        self.try_get(col).map_err(sqlx_err)
-    }
-    fn opt_text(&self, col: usize) -> Result<Option<String>, StoreError> {
-        self.try_get(col).map_err(sqlx_err)
-    }
-    fn flag(&self, col: usize) -> Result<bool, StoreError> {
-        self.try_get(col).map_err(sqlx_err)
-    }
-    fn opt_flag(&self, col: usize) -> Result<Option<bool>, StoreError> {
-        self.try_get(col).map_err(sqlx_err)
-    }
-    fn bytes(&self, col: usize) -> Result<Vec<u8>, StoreError> {
-        self.try_get(col).map_err(sqlx_err)
-    }
-    fn opt_bytes(&self, col: usize) -> Result<Option<Vec<u8>>, StoreError> {
-        self.try_get(col).map_err(sqlx_err)
-    }
-    fn opt_ints(&self, col: usize) -> Result<Option<Vec<i64>>, StoreError> {
-        self.try_get(col).map_err(sqlx_err)
-    }
-    fn opt_texts(&self, col: usize) -> Result<Option<Vec<String>>, StoreError> {
-        self.try_get(col).map_err(sqlx_err)
-    }
-}
+crate::db::impl_get!(PgRow, |r, c| r.try_get(c).map_err(sqlx_err), arrays);
 
 impl Backend for SqlxPgStore {
-    type Reader<'c> = SqlxDb<'c>;
-    type Writer<'c> = SqlxDb<'c>;
+    const DIALECT: Dialect = Dialect::Postgres;
+    type Conn<'c> = SqlxDb<'c>;
 
     fn read<T>(
         &self,
@@ -416,11 +337,11 @@ impl Backend for SqlxPgStore {
         self.tx(true, f)
     }
 
-    fn write<T>(
+    fn write<T, E: From<StoreError>>(
         &self,
         idempotent: bool,
-        f: impl FnMut(&mut SqlxDb<'_>) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
+        f: impl FnMut(&mut SqlxDb<'_>) -> Result<T, E>,
+    ) -> Result<T, E> {
         self.tx(idempotent, f)
     }
 
@@ -428,34 +349,8 @@ impl Backend for SqlxPgStore {
         &self.opts.common
     }
 
-    fn outbox_id(&self) -> &str {
-        &self.outbox_id
-    }
-
-    fn notify(&self) {
-        self.notifier.notify();
-    }
-
-    fn notify_others(&self, db: &mut SqlxDb<'_>, actors: &[ActorId]) -> Result<(), StoreError> {
-        pg_path::notify_actors(db, &self.channel, actors)
-    }
-
-    fn enqueue_batch(
-        &self,
-        actor: &ActorId,
-        rows: &[NewRow],
-    ) -> Result<Vec<Enqueued>, EnqueueError> {
-        self.enqueue_pg(actor, rows)
-    }
-}
-
-impl PgBackend for SqlxPgStore {
-    fn schema(&self) -> &str {
-        &self.opts.schema
-    }
-
-    fn channel(&self) -> &str {
-        &self.channel
+    fn shared(&self) -> &Shared {
+        &self.shared
     }
 
     fn register_holder(&self, holder: &str) {
@@ -463,29 +358,28 @@ impl PgBackend for SqlxPgStore {
         if live.get(holder).is_some_and(|t| !t.0.is_finished()) {
             return;
         }
-        let outcome = self.keep_alive(holder).map(|task| match task {
-            Some(task) => {
+        match self.keep_alive(holder) {
+            Ok(Some(task)) => {
                 live.insert(holder.to_owned(), task);
-                true
             }
-            None => false,
-        });
-        pg_path::log_registration(holder, &outcome);
+            Ok(None) => pg_schema::log_no_live_lock(holder, None),
+            Err(e) => pg_schema::log_no_live_lock(holder, Some(&e)),
+        }
     }
 
-    fn wake_ups(&self) -> Notifier {
-        self.notifier.clone()
+    fn holder_is_dead(&self, db: &mut SqlxDb<'_>, holder: &str) -> Result<bool, StoreError> {
+        pg_schema::holder_is_dead(db, &self.opts.schema, holder)
     }
 
-    fn listen(&self) -> Result<Notifier, StoreError> {
+    fn watch(&self) -> Result<Notifier, StoreError> {
         let mut w = self.watcher.lock().unwrap_or_else(PoisonError::into_inner);
         if w.is_none() {
             let mut listener = self.run_sql(async {
                 let mut listener = PgListener::connect_with(&self.pool).await?;
-                listener.listen(&self.channel).await?;
+                listener.listen(self.shared.pg_channel()).await?;
                 Ok(listener)
             })?;
-            let notifier = self.notifier.clone();
+            let notifier = self.shared.notifier.clone();
             *w = Some(Task(self.handle.spawn(async move {
                 loop {
                     match listener.try_recv().await {
@@ -493,8 +387,6 @@ impl PgBackend for SqlxPgStore {
                             tracing::trace!(target: "outbox_lanes::store", reason = "notify", "wake-up from another process");
                             notifier.notify();
                         }
-                        // Lost: the listener reconnects and listens again on the next call.
-                        // Notifications sent meanwhile are lost: wake everyone once.
                         Ok(None) => {
                             tracing::warn!(target: "outbox_lanes::store", reason = "listen_reconnected", "LISTEN connection lost; reconnecting");
                             notifier.notify();
@@ -509,13 +401,6 @@ impl PgBackend for SqlxPgStore {
                 }
             })));
         }
-        Ok(self.notifier.clone())
-    }
-
-    fn write_enqueue<T>(
-        &self,
-        f: impl FnMut(&mut SqlxDb<'_>) -> Result<T, EnqueueError>,
-    ) -> Result<T, EnqueueError> {
-        self.tx(false, f)
+        Ok(self.shared.notifier.clone())
     }
 }

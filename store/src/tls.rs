@@ -318,22 +318,39 @@ fn client_config(
         None if matches!(mode, SslMode::VerifyCa | SslMode::VerifyFull) => Some(webpki_roots()),
         None => None,
     };
-    let verifier: Arc<dyn ServerCertVerifier> = match roots {
-        None => Arc::new(Unverified(provider.signature_verification_algorithms)),
+    let chain = match roots {
+        None => None,
         Some(roots) => {
-            let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
-                .build()
-                .map_err(|e| format!("TLS setup: {e}"))?;
+            let webpki =
+                WebPkiServerVerifier::builder_with_provider(Arc::new(roots), Arc::clone(&provider))
+                    .build()
+                    .map_err(|e| format!("TLS setup: {e}"))?;
             if mode == SslMode::VerifyFull {
-                webpki
-            } else {
-                Arc::new(ChainOnly(webpki))
+                return finish(
+                    builder.dangerous().with_custom_certificate_verifier(webpki),
+                    identity,
+                );
             }
+            Some(webpki)
         }
     };
-    let builder = builder
-        .dangerous()
-        .with_custom_certificate_verifier(verifier);
+    let verifier = Arc::new(Lenient {
+        chain,
+        algorithms: provider.signature_verification_algorithms,
+    });
+    finish(
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(verifier),
+        identity,
+    )
+}
+
+/// The configuration, with the client certificate chain and key files of `identity`, if any.
+fn finish(
+    builder: rustls::ConfigBuilder<ClientConfig, rustls::client::WantsClientCert>,
+    identity: Option<(&Path, &Path)>,
+) -> Result<ClientConfig, String> {
     match identity {
         None => Ok(builder.with_no_client_auth()),
         Some((cert, key)) => {
@@ -387,54 +404,19 @@ fn read_roots(path: &Path) -> Result<RootCertStore, String> {
     Ok(roots)
 }
 
-/// `prefer` and `require` without a CA file: encrypted, but any certificate is accepted (as
-/// libpq does). The handshake signatures are still checked, so the peer holds the key of the
-/// certificate it sent.
+/// The verifier of every mode but `verify-full`. Without `chain` (`prefer` and `require`
+/// without a CA file): encrypted, but any certificate is accepted (as libpq does). With it
+/// (`verify-ca`, and `prefer`/`require` with a CA file): the chain must lead to a root, the
+/// host name need not match; webpki checks the chain before the name, so a name mismatch
+/// means the chain was good. The handshake signatures are checked either way, so the peer
+/// holds the key of the certificate it sent.
 #[derive(Debug)]
-struct Unverified(WebPkiSupportedAlgorithms);
-
-impl ServerCertVerifier for Unverified {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_schemes()
-    }
+struct Lenient {
+    chain: Option<Arc<WebPkiServerVerifier>>,
+    algorithms: WebPkiSupportedAlgorithms,
 }
 
-/// `verify-ca` (and `prefer`/`require` with a CA file): the chain must lead to a root, the
-/// host name need not match. webpki checks the chain before the name, so a name mismatch
-/// means the chain was good.
-#[derive(Debug)]
-struct ChainOnly(Arc<WebPkiServerVerifier>);
-
-impl ServerCertVerifier for ChainOnly {
+impl ServerCertVerifier for Lenient {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -443,10 +425,10 @@ impl ServerCertVerifier for ChainOnly {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) => Ok(ServerCertVerified::assertion()),
@@ -460,7 +442,7 @@ impl ServerCertVerifier for ChainOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
     }
 
     fn verify_tls13_signature(
@@ -469,11 +451,11 @@ impl ServerCertVerifier for ChainOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
+        self.algorithms.supported_schemes()
     }
 }
 

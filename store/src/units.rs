@@ -1,9 +1,122 @@
-//! A unit's lifecycle after enqueue, shared by the backends: counting recipients down,
-//! finishing a unit (deleted, or kept for the ack retention), dropping a shared payload row
-//! nothing refers to, a lane's tail, and an actor's sequence numbers.
+//! A unit's lifecycle after enqueue, shared by the backends: its payload, its attempt
+//! records, counting recipients down, finishing a unit (deleted, or kept for the ack
+//! retention), dropping a shared payload row nothing refers to, a lane's tail, and an actor's
+//! sequence numbers.
 
-use crate::StoreError;
-use crate::db::{Db, Sql, args};
+use outbox_lanes_core::UnitId;
+
+use crate::db::{Db, Dialect, Sql, args};
+use crate::types::{AttemptRecord, Payload};
+use crate::util::{decode_headers, millis_of, to_i64};
+use crate::{StoreError, dead_letters};
+
+/// `ol_units.state` of a delivery neither served nor dead-lettered.
+pub(crate) const STATE_PENDING: i64 = 0;
+
+/// A pending unit's payload, inline on its head or shared in `ol_rows` (Postgres: a `LATERAL`
+/// probe, which no statistics turn into a join).
+static PAYLOAD: Sql = Sql::with_sqlite(
+    "SELECT coalesce(h.row_id, r.row_id), coalesce(h.content_type, r.content_type), \
+     coalesce(h.body, r.body), CASE WHEN h.row_ref IS NULL THEN h.headers ELSE r.headers END \
+     FROM ol_units h \
+     LEFT JOIN LATERAL (SELECT r.row_id, r.content_type, r.body, r.headers FROM ol_rows r \
+       WHERE r.id = h.row_ref LIMIT 1) r ON TRUE \
+     WHERE h.id = $1 AND h.unit_id IS NULL AND h.acked_at IS NULL",
+    "SELECT coalesce(h.row_id, r.row_id), coalesce(h.content_type, r.content_type), \
+     CASE WHEN h.row_ref IS NULL THEN h.body ELSE r.body END, \
+     CASE WHEN h.row_ref IS NULL THEN h.headers ELSE r.headers END \
+     FROM ol_units h LEFT JOIN ol_rows r ON r.id = h.row_ref \
+     WHERE h.id = $1 AND h.unit_id IS NULL AND h.acked_at IS NULL",
+);
+
+/// The payload of a pending unit.
+///
+/// # Errors
+/// [`StoreError::NotFound`] if the unit is finished or unknown; a head whose payload row is
+/// gone (the tables were edited) is [`StoreError::Database`].
+pub(crate) fn payload(db: &mut impl Db, unit: UnitId) -> Result<Payload, StoreError> {
+    let (row_id, content_type, body, headers) = db
+        .query_opt(&PAYLOAD, args![to_i64(unit.0)], |r| {
+            Ok((
+                r.opt_text(0)?,
+                r.opt_text(1)?,
+                r.opt_bytes(2)?,
+                r.opt_text(3)?,
+            ))
+        })?
+        .ok_or(StoreError::NotFound { what: "unit" })?;
+    match (row_id, content_type, body) {
+        (Some(row_id), Some(content_type), Some(body)) => Ok(Payload {
+            row_id,
+            content_type,
+            body,
+            headers: decode_headers(headers),
+        }),
+        _ => Err(StoreError::Database(format!("unit {unit} has no payload"))),
+    }
+}
+
+/// An enqueue takes the actor's row first and then its lanes; attempt records write several
+/// lanes too, so they take the actor's row first as well (shared: they do not wait for each
+/// other), instead of locking two lanes crosswise with an enqueue and deadlocking.
+static LOCK_ACTOR_SHARED: Sql = Sql::new("SELECT 1 FROM ol_actors WHERE actor = $1 FOR SHARE");
+
+/// One attempt record on unit `$1`'s row in lane `$2`: its head, or another lane's row of a
+/// joined unit. Postgres finds it through an array of two index probes (an `OR` would scan);
+/// on SQLite `+d.lane_id` keeps the planner on the id and `ol_units_unit` lookups.
+static RECORD_ATTEMPT: Sql = Sql::with_sqlite(
+    "UPDATE ol_units SET attempts = $3, last_status = $4, last_error = $5, \
+     first_attempt_at = coalesce(first_attempt_at, $6), last_attempt_at = $6 \
+     WHERE id = ANY(ARRAY(SELECT x.id FROM ol_units x WHERE x.id = $1 AND x.unit_id IS NULL \
+       AND x.lane_id = $2 UNION ALL SELECT x.id FROM ol_units x WHERE x.unit_id = $1 AND x.lane_id = $2)) \
+     AND lane_id = $2 AND state = 0 AND actor = $7",
+    "UPDATE ol_units AS d SET attempts = $3, last_status = $4, last_error = $5, \
+     first_attempt_at = coalesce(first_attempt_at, $6), last_attempt_at = $6 \
+     WHERE (d.id = $1 AND d.unit_id IS NULL OR d.unit_id = $1) AND +d.lane_id = $2 \
+     AND d.state = 0 AND d.actor = $7",
+);
+static LANE_LAST_ATTEMPT: Sql =
+    Sql::new("UPDATE ol_lanes SET last_status = $2, last_error = $3 WHERE id = $1");
+
+/// Persists attempt records (OL-5), in the caller's fenced transaction: each recipient's count
+/// and last status/error, and its lane's last status/error. A record of a delivery no longer
+/// pending (set aside by an operator while the attempt was in flight, OL-14) goes on its dead
+/// letter. Rows are written in (lane, unit) order, so two writers of overlapping lanes cannot
+/// deadlock each other on Postgres (a deadlock the server breaks surfaces as
+/// [`StoreError::Busy`]).
+pub(crate) fn record_attempts<D: Db>(
+    db: &mut D,
+    actor: &str,
+    attempts: &[AttemptRecord],
+) -> Result<(), StoreError> {
+    let mut sorted: Vec<&AttemptRecord> = attempts.iter().collect();
+    sorted.sort_by_key(|a| (a.lane, a.unit));
+    if D::DIALECT == Dialect::Postgres {
+        db.execute(&LOCK_ACTOR_SHARED, args![actor])?;
+    }
+    for a in sorted {
+        let status = a.status.map(i64::from);
+        let error = a.error.as_deref();
+        let n = db.execute(
+            &RECORD_ATTEMPT,
+            args![
+                to_i64(a.unit.0),
+                a.lane.0,
+                i64::from(a.attempts),
+                status,
+                error,
+                millis_of(a.at),
+                actor
+            ],
+        )?;
+        if n == 1 {
+            db.execute(&LANE_LAST_ATTEMPT, args![a.lane.0, status, error])?;
+        } else {
+            dead_letters::record_on_set_aside(db, actor, a)?;
+        }
+    }
+    Ok(())
+}
 
 /// Unit `$1` has one recipient fewer pending; its new count.
 static COUNT_DOWN: Sql = Sql::new(
@@ -22,11 +135,11 @@ static DROP_ROW_IF_UNUSED: Sql = Sql::with_sqlite(
      AND NOT EXISTS (SELECT 1 FROM ol_units WHERE row_ref = $1) \
      AND NOT EXISTS (SELECT 1 FROM ol_dead_letters WHERE row_ref = $1)",
 );
-static ADVANCE_TAIL: Sql = Sql::with_sqlite(
+pub(crate) static ADVANCE_TAIL: Sql = Sql::with_sqlite(
     "UPDATE ol_lanes SET tail_seq = GREATEST(tail_seq, $2) WHERE id = $1",
     "UPDATE ol_lanes SET tail_seq = max(tail_seq, $2) WHERE id = $1",
 );
-static ALLOC_SEQS: Sql = Sql::new(
+pub(crate) static ALLOC_SEQS: Sql = Sql::new(
     "INSERT INTO ol_actors AS a (actor, last_seq) VALUES ($1, $2) \
      ON CONFLICT (actor) DO UPDATE SET last_seq = a.last_seq + excluded.last_seq RETURNING last_seq",
 );

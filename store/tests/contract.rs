@@ -57,11 +57,9 @@ contract!(
     retire_lane_dead_letters_only_that_recipient,
     operator_ops,
     operator_lane_purge_skip_and_retry,
-    ack_writer_group_commits,
     wake_ups_after_enqueue,
     watermark_finds_new_lanes,
     ack_retention_and_purge,
-    acquire_ready_picks_free_actors_with_work,
     row_ids_unique_across_payload_shapes,
     row_headers_round_trip_and_survive_dead_letters,
     bad_row_headers_are_refused_naming_the_row,
@@ -1695,51 +1693,6 @@ fn operator_lane_purge_skip_and_retry(b: Backend) {
     });
 }
 
-fn ack_writer_group_commits(b: Backend) {
-    run(b, CommonOptions::default(), |h| {
-        let a = actor("alice");
-        let rows: Vec<NewRow> = (0..300).map(|k| row(&format!("r{k}"), &[A, B])).collect();
-        h.store.enqueue(&a, &rows).expect("enqueue");
-        let s = h.store.clone();
-        let t = acquire(&*s, &a, "h", LEASE);
-        let (la, lb) = (lane_of(&*s, &a, A), lane_of(&*s, &a, B));
-        let writer =
-            Arc::new(AckWriter::spawn(s.clone(), AckWriterOptions::default()).expect("spawn"));
-        std::thread::scope(|sc| {
-            for lane in [la, lb] {
-                let (s, t, w) = (s.clone(), t.clone(), writer.clone());
-                sc.spawn(move || {
-                    for u in claim_lane(&*s, &t, lane, 0, 1000).units {
-                        w.ack(&t, u.id, lane);
-                    }
-                });
-            }
-        });
-        writer.flush(&t).expect("flush");
-        assert!(s.status().expect("status")[0].pending == 0);
-        // A stale pass's acks are refused and reported to that pass alone: another pass
-        // (another actor's, with a live token) sharing the writer flushes clean.
-        s.enqueue(&a, &[row("late", &[A])]).expect("enqueue");
-        let u = claim_lane(&*s, &t, la, 0, 10).units[0].id;
-        let _ = s.release_slot(&t).expect("release");
-        let b = actor("bob");
-        s.enqueue(&b, &[row("b1", &[A])]).expect("enqueue");
-        let tb = acquire(&*s, &b, "h", LEASE);
-        let lbob = lane_of(&*s, &b, A);
-        let ub = claim_lane(&*s, &tb, lbob, 0, 10).units[0].id;
-        writer.ack(&t, u, la);
-        writer.ack(&tb, ub, lbob);
-        writer
-            .flush(&tb)
-            .expect("the live pass's acks are committed");
-        assert_eq!(writer.failure(&t), Some(StoreError::StaleToken));
-        assert_eq!(writer.failure(&tb), None);
-        assert_eq!(writer.flush(&t), Err(StoreError::StaleToken));
-        writer.flush(&t).expect("errors are reported once");
-        let _ = s.release_slot(&tb).expect("release");
-    });
-}
-
 fn wake_ups_after_enqueue(b: Backend) {
     run(b, CommonOptions::default(), |h| {
         let a = actor("alice");
@@ -1823,73 +1776,6 @@ fn ack_retention_and_purge(b: Backend) {
         assert_eq!(s.purge_acked(now() + Duration::from_secs(60)), Ok(1));
         s.enqueue(&a, &[row("r0", &[A])])
             .expect("id free after purge");
-    });
-}
-
-fn acquire_ready_picks_free_actors_with_work(b: Backend) {
-    run(b, CommonOptions::default(), |h| {
-        let s = &*h.store;
-        for name in ["a1", "a2", "a3", "a4"] {
-            s.enqueue(&actor(name), &[row("r", &[A])]).expect("enqueue");
-        }
-        // a3 is being drained elsewhere; a4's only lane is in backoff.
-        let held = acquire(s, &actor("a3"), "other-relay", LEASE);
-        let t4 = acquire(s, &actor("a4"), "x", LEASE);
-        let l4 = lane_of(s, &actor("a4"), A);
-        s.set_lane_state(&t4, l4, Some(now() + Duration::from_secs(3600)), 1)
-            .expect("backoff");
-        assert_eq!(s.release_slot(&t4), Ok(SlotRelease::Released));
-
-        let got = s.acquire_ready("relay", LEASE, now(), 1).expect("ready");
-        assert_eq!(got.len(), 1);
-        let rest = s.acquire_ready("relay", LEASE, now(), 10).expect("ready");
-        let mut names: Vec<&str> = got
-            .iter()
-            .chain(&rest)
-            .map(|t| t.actor().as_str())
-            .collect();
-        names.sort_unstable();
-        assert_eq!(names, ["a1", "a2"]);
-        // The running pass of a3 was told to look again.
-        assert_eq!(s.release_slot(&held), Ok(SlotRelease::LookAgain));
-        assert!(
-            s.acquire_ready("relay", LEASE, now(), 10)
-                .expect("ready")
-                .is_empty()
-        );
-        // Later calls saw those slots held, so they too must look again before letting go.
-        for t in got.iter().chain(&rest) {
-            assert_eq!(s.release_slot(t), Ok(SlotRelease::LookAgain));
-            assert_eq!(s.release_slot(t), Ok(SlotRelease::Released));
-        }
-        // Two relays at once on two instances: no actor is acquired twice.
-        let other = h.second();
-        let picked: Vec<String> = std::thread::scope(|sc| {
-            let hs: Vec<_> = [h.store.clone(), other.clone()]
-                .into_iter()
-                .enumerate()
-                .map(|(k, st)| {
-                    sc.spawn(move || {
-                        st.acquire_ready(&format!("relay-{k}"), LEASE, now(), 10)
-                            .expect("ready")
-                            .into_iter()
-                            .map(|t| t.actor().as_str().to_string())
-                            .collect::<Vec<_>>()
-                    })
-                })
-                .collect();
-            hs.into_iter()
-                .flat_map(|j| j.join().expect("join"))
-                .collect()
-        });
-        let mut sorted = picked.clone();
-        sorted.sort();
-        sorted.dedup();
-        assert_eq!(
-            sorted.len(),
-            picked.len(),
-            "an actor acquired twice: {picked:?}"
-        );
     });
 }
 
@@ -2483,10 +2369,8 @@ fn purge_and_skip_head_dead_letters_keep_every_attempt_made(b: Backend) {
             assert_eq!((d.attempts, d.last_status), (1, None));
             assert_eq!(d.last_error.as_deref(), Some(DELIVERED_AFTER_SET_ASIDE));
         }
-        // The ack writer's path (the one a pass takes) does the same.
-        let w = AckWriter::spawn(Arc::clone(&h.store), AckWriterOptions::default()).expect("spawn");
-        w.ack_batch(&t, vec![(u[3], la)]);
-        w.flush(&t).expect("flush");
+        // A group commit holding it twice (an ack handed over again) records it once.
+        s.ack(&t, &[(u[3], la), (u[3], la)]).expect("ack");
         let d = dead("r3");
         assert_eq!(
             (d.attempts, d.last_error.as_deref()),

@@ -8,7 +8,7 @@
 
 mod common;
 
-use ::sqlx::{Connection as _, PgConnection, SqliteConnection};
+use ::sqlx::{AnyConnection, Connection as _, PgConnection, SqliteConnection};
 use common::*;
 use outbox_lanes_store::sqlx::SqlxOutbox;
 use outbox_lanes_store::*;
@@ -21,9 +21,23 @@ const C: &str = "https://c.example/inbox";
 enum Conn {
     Lite(SqliteConnection),
     Pg(PgConnection),
+    /// sqlx's `Any`, to either (it binds no arrays).
+    Any(AnyConnection),
 }
 
 async fn connect(h: &H) -> Conn {
+    connect_as(h, false).await
+}
+
+async fn connect_as(h: &H, any: bool) -> Conn {
+    if any {
+        ::sqlx::any::install_default_drivers();
+        let url = match h.sqlite_path() {
+            Some(path) => format!("sqlite://{}", path.display()),
+            None => h.pg().expect("postgres").0,
+        };
+        return Conn::Any(AnyConnection::connect(&url).await.expect("any"));
+    }
     if let Some(path) = h.sqlite_path() {
         let opts = ::sqlx::sqlite::SqliteConnectOptions::new().filename(path);
         Conn::Lite(SqliteConnection::connect_with(&opts).await.expect("sqlite"))
@@ -47,9 +61,19 @@ async fn enqueue_in_tx(
     rows: &[NewRow],
     commit: bool,
 ) -> Result<Vec<Enqueued>, EnqueueError> {
+    enqueue_in_tx_as(h, rows, commit, false).await
+}
+
+/// [`enqueue_in_tx`], on an `Any` connection if `any`.
+async fn enqueue_in_tx_as(
+    h: &H,
+    rows: &[NewRow],
+    commit: bool,
+    any: bool,
+) -> Result<Vec<Enqueued>, EnqueueError> {
     let ob = outbox(h);
     let a = actor("alice");
-    match connect(h).await {
+    match connect_as(h, any).await {
         Conn::Lite(mut c) => {
             ::sqlx::query("CREATE TABLE IF NOT EXISTS notes (id TEXT PRIMARY KEY)")
                 .execute(&mut c)
@@ -70,6 +94,16 @@ async fn enqueue_in_tx(
             Ok(out)
         }
         Conn::Pg(mut c) => {
+            let mut tx = c.begin().await.expect("begin");
+            let out = ob.enqueue(&mut *tx, &a, rows).await?;
+            if commit {
+                tx.commit().await.expect("commit");
+            } else {
+                tx.rollback().await.expect("rollback");
+            }
+            Ok(out)
+        }
+        Conn::Any(mut c) => {
             let mut tx = c.begin().await.expect("begin");
             let out = ob.enqueue(&mut *tx, &a, rows).await?;
             if commit {
@@ -157,7 +191,7 @@ fn batch2() -> Vec<NewRow> {
     vec![again, row("last", &[B])]
 }
 
-fn same_outcome_as_store_enqueue(backend: Backend) {
+fn same_outcome_as_store_enqueue(backend: Backend, any: bool) {
     let (Some(by_store), Some(by_sqlx)) = (
         H::open(backend, CommonOptions::default()),
         H::open(backend, CommonOptions::default()),
@@ -174,7 +208,7 @@ fn same_outcome_as_store_enqueue(backend: Backend) {
             &by_store.store.enqueue(&a, &b).expect("store enqueue"),
         ));
         got.push(shape(
-            &rt.block_on(enqueue_in_tx(&by_sqlx, &b, true))
+            &rt.block_on(enqueue_in_tx_as(&by_sqlx, &b, true, any))
                 .expect("sqlx enqueue"),
         ));
     }
@@ -194,12 +228,20 @@ fn same_outcome_as_store_enqueue(backend: Backend) {
 
 #[test]
 fn same_outcome_as_store_enqueue_sqlite_file() {
-    same_outcome_as_store_enqueue(Backend::SqliteFile);
+    same_outcome_as_store_enqueue(Backend::SqliteFile, false);
 }
 
 #[test]
 fn same_outcome_as_store_enqueue_postgres() {
-    same_outcome_as_store_enqueue(Backend::Postgres);
+    same_outcome_as_store_enqueue(Backend::Postgres, false);
+}
+
+/// Through sqlx's `Any`, which binds no arrays: the statement-by-statement enqueue, on both
+/// dialects, with the same outcome.
+#[test]
+fn same_outcome_as_store_enqueue_through_any() {
+    same_outcome_as_store_enqueue(Backend::SqliteFile, true);
+    same_outcome_as_store_enqueue(Backend::Postgres, true);
 }
 
 fn rollback_and_refusals(backend: Backend) {
@@ -251,13 +293,25 @@ fn rollback_and_refusals(backend: Backend) {
                 }
                 Conn::Pg(mut c) => {
                     let mut tx = c.begin().await.expect("begin");
+                    let path = "SELECT current_setting('search_path')";
+                    let before: String = ::sqlx::query_scalar(path)
+                        .fetch_one(&mut *tx)
+                        .await
+                        .expect("search_path");
                     let e = ob.enqueue(&mut *tx, &a, &[row("r1", &[A])]).await;
                     assert!(matches!(e, Err(EnqueueError::DuplicateRowId { .. })));
                     ob.enqueue(&mut *tx, &a, &[row("r2", &[A])])
                         .await
                         .expect("then r2");
+                    // The enqueue's schema was on the search_path for its statements only.
+                    let after: String = ::sqlx::query_scalar(path)
+                        .fetch_one(&mut *tx)
+                        .await
+                        .expect("search_path");
+                    assert_eq!(after, before);
                     tx.commit().await.expect("commit");
                 }
+                Conn::Any(_) => unreachable!("connect gives a driver's own connection"),
             }
         });
         let t = acquire(&*h.store, &a, "t", LEASE);

@@ -1,4 +1,5 @@
-//! The group-committing ack writer (OL-16).
+//! The group-committing ack writer (OL-16): the driver's policy for acks, over any
+//! [`Store`].
 //!
 //! Delivery workers hand acks to one writer thread, which commits them in batches: every
 //! `max_delay`, or as soon as `max_batch` acks are waiting. Handing acks over only appends
@@ -23,7 +24,7 @@ use std::time::Instant;
 
 use outbox_lanes_core::UnitId;
 
-use crate::{SlotToken, Store, StoreError, StoreLaneId};
+use outbox_lanes_store::{SlotToken, Store, StoreError, StoreLaneId};
 
 /// How the [`AckWriter`] batches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
