@@ -78,6 +78,26 @@ impl fmt::Debug for ActorId {
     }
 }
 
+/// An actor id given as text (already canonical, as [`ActorId::new`]).
+impl From<&str> for ActorId {
+    fn from(id: &str) -> Self {
+        ActorId::new(id)
+    }
+}
+
+impl From<String> for ActorId {
+    fn from(id: String) -> Self {
+        ActorId(id)
+    }
+}
+
+/// So that an API taking `impl Into<ActorId>` takes `&ActorId` too.
+impl From<&ActorId> for ActorId {
+    fn from(id: &ActorId) -> Self {
+        id.clone()
+    }
+}
+
 impl fmt::Display for ActorId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)

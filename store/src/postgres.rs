@@ -631,9 +631,10 @@ impl PgStore {
     pub fn enqueue_in(
         &self,
         tx: &mut Transaction<'_>,
-        actor: &ActorId,
+        actor: impl Into<ActorId>,
         rows: &[NewRow],
     ) -> Result<(Vec<Enqueued>, PendingWake), EnqueueError> {
+        let actor = &actor.into();
         let prepared = prepare(rows, &self.opts.common)?;
         let mut db = PgDb {
             on: On::Tx(tx.savepoint("ol_enqueue").map_err(pg_err)?),

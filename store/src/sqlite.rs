@@ -704,9 +704,10 @@ impl SqliteStore {
     pub fn enqueue_in(
         &self,
         tx: &Transaction<'_>,
-        actor: &ActorId,
+        actor: impl Into<ActorId>,
         rows: &[NewRow],
     ) -> Result<(Vec<Enqueued>, PendingWake), EnqueueError> {
+        let actor = &actor.into();
         let prepared = prepare(rows, &self.opts.common)?;
         // A savepoint so a refused batch leaves the caller's transaction as it was.
         tx.execute_batch("SAVEPOINT ol_enqueue").map_err(db_err)?;
@@ -727,9 +728,12 @@ impl SqliteStore {
     }
 
     /// Runs `f` in a transaction on the store's own writer connection, commits it, then fires
-    /// the wake-up. Meant for an in-memory store, whose caller cannot open a second
-    /// connection: call [`SqliteStore::enqueue_in`] inside `f` beside the business writes.
-    /// If `f` fails, the transaction rolls back and nothing is written.
+    /// the wake-up itself (drop the [`PendingWake`] that [`SqliteStore::enqueue_in`] returns
+    /// inside `f`; firing it there, before the commit, would wake a pass too early). The way
+    /// to enqueue beside business writes when the caller has no connection of its own to the
+    /// database (an in-memory store); with a file store, the caller's own connection and
+    /// [`SqliteStore::enqueue_in`] do the same. If `f` fails, the transaction rolls back and
+    /// nothing is written.
     ///
     /// Inside `f`, use only `enqueue_in` and your own SQL on `tx`: any other method of this store
     /// waits for the connection `f` is holding, and never gets it.

@@ -142,10 +142,11 @@ impl SqlxOutbox {
     pub async fn enqueue<C: SqlxConnection + ?Sized>(
         &self,
         conn: &mut C,
-        actor: &ActorId,
+        actor: impl Into<ActorId>,
         rows: &[NewRow],
     ) -> Result<Vec<Enqueued>, EnqueueError> {
-        conn.enqueue_rows(self, actor, rows, sealed::Token).await
+        conn.enqueue_rows(self, &actor.into(), rows, sealed::Token)
+            .await
     }
 
     /// The one enqueue of `enqueue.rs`, under a savepoint of `conn` (a transaction of its own

@@ -88,6 +88,55 @@ fn sqlite_errors_chain_to_the_rusqlite_error() {
     );
 }
 
+/// A caller's own constraint violation inside [`SqliteStore::with_transaction`], turned into
+/// a `StoreError` by `?`, is still its driver's error one `source()` down: the caller can tell
+/// its own UNIQUE refusal from the store's. Nothing of the transaction is written.
+#[cfg(feature = "sqlite")]
+#[test]
+fn a_callers_own_unique_violation_in_with_transaction_reaches_the_rusqlite_error() {
+    let store = SqliteStore::in_memory().unwrap();
+    store
+        .with_transaction(|tx| -> Result<(), StoreError> {
+            tx.execute_batch("CREATE TABLE notes (id TEXT PRIMARY KEY)")?;
+            Ok(())
+        })
+        .unwrap();
+    let row = NewRow {
+        id: "note-1".into(),
+        body: b"{}".to_vec(),
+        recipients: vec!["https://b.example/inbox".into()],
+        ..NewRow::default()
+    };
+    let err = store
+        .with_transaction(|tx| -> Result<(), StoreError> {
+            // The actor as text: `enqueue_in` takes anything `Into<ActorId>`.
+            let (_, _wake) = store.enqueue_in(tx, "alice", &[row]).unwrap();
+            tx.execute("INSERT INTO notes VALUES ('n1')", [])?;
+            tx.execute("INSERT INTO notes VALUES ('n1')", [])?; // the caller's own refusal
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Driver { .. }), "{err:?}");
+    let sqlite = err
+        .source()
+        .and_then(|s| s.downcast_ref::<rusqlite::Error>())
+        .expect("source() is the rusqlite::Error");
+    assert_eq!(
+        sqlite.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::ConstraintViolation),
+        "{sqlite:?}"
+    );
+    // Rolled back: neither the note nor the row.
+    let notes: i64 = store
+        .with_transaction(|tx| -> Result<i64, StoreError> {
+            Ok(tx.query_row("SELECT count(*) FROM notes", [], |r| r.get(0))?)
+        })
+        .unwrap();
+    assert_eq!(notes, 0);
+    let status = store.status().unwrap();
+    assert!(status.is_empty(), "{status:?}");
+}
+
 #[test]
 fn errors_with_causes_still_compare_by_what_they_say() {
     let io = || std::io::Error::other("disk on fire");

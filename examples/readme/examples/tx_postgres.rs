@@ -1,7 +1,6 @@
 //! Transactional enqueue on Postgres: a note and its outbox rows commit together, or neither.
 #![deny(warnings)]
 
-use outbox_lanes::core::ActorId;
 use outbox_lanes::postgres::{Client, NoTls}; // the store's postgres client
 use outbox_lanes::store::{NewRow, PgOptions, PgStore};
 
@@ -28,8 +27,7 @@ pub(crate) fn post_note(store: &PgStore, db: &mut Client, id: &str, text: &str) 
         recipients: vec!["https://b.example/inbox".into()],
         ..NewRow::default() // application/json
     };
-    let actor = ActorId::new("https://notes.example/actor");
-    let (enqueued, wake) = store.enqueue_in(&mut tx, &actor, &[row])?;
+    let (enqueued, wake) = store.enqueue_in(&mut tx, "https://notes.example/actor", &[row])?;
     tx.commit()?; // the NOTIFY to other processes goes with the commit
     wake.fire(); // after the commit, never before: wakes this process's monitor
     Ok(enqueued[0].units.len())

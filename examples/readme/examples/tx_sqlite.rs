@@ -1,7 +1,6 @@
 //! Transactional enqueue on SQLite: a note and its outbox rows commit together, or neither.
 #![deny(warnings)]
 
-use outbox_lanes::core::ActorId;
 use outbox_lanes::rusqlite::{Connection, TransactionBehavior}; // the store's rusqlite
 use outbox_lanes::store::{NewRow, SqliteOptions, SqliteStore};
 
@@ -26,8 +25,7 @@ pub fn post_note(store: &SqliteStore, db: &mut Connection, id: &str, text: &str)
         recipients: vec!["https://b.example/inbox".into()],
         ..NewRow::default() // application/json
     };
-    let actor = ActorId::new("https://notes.example/actor");
-    let (enqueued, wake) = store.enqueue_in(&tx, &actor, &[row])?;
+    let (enqueued, wake) = store.enqueue_in(&tx, "https://notes.example/actor", &[row])?;
     tx.commit()?; // an error before this line rolls back both
     wake.fire(); // after the commit, never before: wakes this process's monitor
     Ok(enqueued[0].units.len())
