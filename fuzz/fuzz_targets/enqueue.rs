@@ -9,7 +9,7 @@
 //! - enqueue never panics and never fails with a database error;
 //! - a batch that breaks a validation rule is refused with the typed error naming the first
 //!   offending row (empty id, duplicate id, no or too many recipients, payload too large,
-//!   bad content type, bad recipient URL); a valid batch is accepted;
+//!   empty or bad content type, bad recipient URL); a valid batch is accepted;
 //! - an accepted batch returns one `Enqueued` per row, in order, with increasing `seq`; each
 //!   distinct lane (canonical recipient + ordering key) is a unit or, with a dedup key still
 //!   pending for that recipient, a skipped recipient; a joined row is at most one unit;
@@ -140,7 +140,7 @@ fn expected_lanes(rows: &[NewRow]) -> Result<Vec<Vec<LaneKey>>, EnqueueError> {
                 max: MAX_PAYLOAD,
             });
         }
-        if !is_header_value(&r.content_type) {
+        if r.content_type.trim().is_empty() || !is_header_value(&r.content_type) {
             return Err(EnqueueError::BadContentType {
                 row,
                 content_type: r.content_type.clone(),
