@@ -24,6 +24,9 @@
 //!
 //! - (a) 100 recipients answering at once, 2,000 rows each (200,000 deliveries), 100 in flight;
 //!   also the `outbox-lanes drain --concurrency 100` binary on the same rows;
+//! - (p) the binary on Postgres against the binary on SQLite, 100 recipients answering at once,
+//!   500 rows each, alternately twice (when `OUTBOX_LANES_TEST_PG` names the server; the CPU
+//!   is the relay process's, the Postgres server's is not in it);
 //! - (b) 1,000 recipients answering after 100 ms, 20 rows each, 1,000 in flight; also the
 //!   `outbox-lanes drain --concurrency 1000` binary on the same rows;
 //! - (c) 1 recipient answering at once, 2,000 rows (one lane: one in flight; the limits post
@@ -36,7 +39,7 @@
 //!   peak RSS.
 //!
 //! `cargo bench --bench e2e`; `E2E_SCALE=0.1` shrinks (a)–(d), `E2E_BACKLOG=N` sizes (e),
-//! `E2E_CASES=a,c` picks cases. It writes `benches/e2e.svg` (deliveries/s as a fraction of the
+//! `E2E_CASES=a,c` picks cases, `E2E_BIN` runs another build of the binary. It writes `benches/e2e.svg` (deliveries/s as a fraction of the
 //! limit, and CPU µs per delivery, outbox vs limit, per case): hand-written SVG, since a
 //! plotting crate would be compiled by every `clippy --all-targets` run for one chart.
 //! Every loop is bounded; all traffic stays on 127.0.0.1.
@@ -600,10 +603,27 @@ fn blocking_limit(server: &Server, l: &Load, concurrency: usize) -> Res<Run> {
 /// The `outbox-lanes` binary: `enqueue`, then `drain --concurrency N`, timed; its CPU from
 /// `getrusage(RUSAGE_CHILDREN)`.
 fn binary_drain(server: &Server, l: &Load, concurrency: usize) -> Res<Run> {
-    let bin = env!("CARGO_BIN_EXE_outbox-lanes");
     let dir = tempfile::tempdir()?;
     let db = dir.path().join("outbox.db");
-    let db = db.to_str().ok_or("path")?;
+    binary_drain_on(server, l, concurrency, &[db.to_str().ok_or("path")?])
+}
+
+/// [`binary_drain`] on the Postgres database at `url`, in a schema of its own (dropped after).
+fn binary_drain_pg(server: &Server, l: &Load, concurrency: usize, url: &str) -> Res<Run> {
+    let schema = format!("ol_bench_e2e_{}", std::process::id());
+    let url = outbox_lanes_test_support::pg_url_without_tls(url);
+    let run = binary_drain_on(server, l, concurrency, &[&url, "--pg-schema", &schema]);
+    let mut c = postgres::Client::connect(&url, postgres::NoTls)?;
+    c.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))?;
+    run
+}
+
+/// [`binary_drain`] with `db` as the `--db` value and the options after it.
+fn binary_drain_on(server: &Server, l: &Load, concurrency: usize, db: &[&str]) -> Res<Run> {
+    // `E2E_BIN`: another build of the binary, for an A/B of two builds in one run.
+    let bin =
+        std::env::var("E2E_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_outbox-lanes").into());
+    let bin = bin.as_str();
     let mut lines = String::new();
     for r in &l.rows {
         let to: Vec<String> = r.recipients.iter().map(|u| format!("\"{u}\"")).collect();
@@ -615,9 +635,9 @@ fn binary_drain(server: &Server, l: &Load, concurrency: usize) -> Res<Run> {
         ));
     }
     let mut enq = std::process::Command::new(bin)
+        .arg("--db")
+        .args(db)
         .args([
-            "--db",
-            db,
             "enqueue",
             "--actor",
             "bench",
@@ -638,9 +658,9 @@ fn binary_drain(server: &Server, l: &Load, concurrency: usize) -> Res<Run> {
     let children = || cpu_us(nix::sys::resource::UsageWho::RUSAGE_CHILDREN);
     let (c0, t0) = (children(), Instant::now());
     let status = std::process::Command::new(bin)
+        .arg("--db")
+        .args(db)
         .args([
-            "--db",
-            db,
             "drain",
             "--actor",
             "bench",
@@ -829,7 +849,7 @@ fn main() -> Res<()> {
         .and_then(|s| s.parse().ok())
         .unwrap_or(1.0);
     let n = |x: usize| ((x as f64 * scale) as usize).max(1);
-    let cases = std::env::var("E2E_CASES").unwrap_or_else(|_| "a,b,c,d,e".into());
+    let cases = std::env::var("E2E_CASES").unwrap_or_else(|_| "a,p,b,c,d,e".into());
     let want = |c: &str| cases.split(',').any(|x| x.trim() == c);
     let server = Server::start()?;
     let mut rows = Vec::new();
@@ -883,6 +903,36 @@ fn main() -> Res<()> {
             hyper: None,
         });
         print_rows(&rows[rows.len() - 3..]);
+    }
+    if want("p") {
+        match std::env::var("OUTBOX_LANES_TEST_PG") {
+            Err(_) => println!("(p) skipped: OUTBOX_LANES_TEST_PG is not set"),
+            Ok(url) => {
+                // The binary on SQLite and on Postgres, alternately, the same load as (a); the
+                // CPU is the relay process's (the Postgres server's own is not in it).
+                let to: Vec<String> = (0..100).map(|r| server.url(&format!("/r{r}"))).collect();
+                let l = load(&to, n(500), None);
+                for round in 1..=2 {
+                    let sqlite = binary_drain(&server, &l, 100)?;
+                    let pg = binary_drain_pg(&server, &l, 100, &url)?;
+                    println!(
+                        "(p) round {round}, 100 lanes x {} rows, instant, drain --concurrency 100: \
+                         SQLite {:.0}/s at {:.1} us CPU per delivery, Postgres {:.0}/s at {:.1} us: \
+                         Postgres {:.2}x SQLite; order violations {} / {}, duplicates {} / {}",
+                        l.rows.len() / 100,
+                        sqlite.rate(),
+                        sqlite.cpu_per(),
+                        pg.rate(),
+                        pg.cpu_per(),
+                        pg.rate() / sqlite.rate(),
+                        sqlite.violations,
+                        pg.violations,
+                        sqlite.duplicates,
+                        pg.duplicates,
+                    );
+                }
+            }
+        }
     }
     if want("b") {
         let to: Vec<String> = (0..1000)

@@ -1,6 +1,7 @@
 //! Typed identifiers.
 
 use alloc::string::String;
+use alloc::sync::Arc;
 use core::fmt;
 
 /// A unit's id, assigned by the store and unique across actors.
@@ -32,14 +33,21 @@ impl LaneId {
 ///
 /// Aliases (a short id, a full URI) are mapped to one `ActorId` by the runtime's resolver
 /// hook before they reach the core.
+///
+/// Shared, not copied: a clone (one per attempt, per job, per store call) is a reference
+/// count, not an allocation.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-pub struct ActorId(String);
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(from = "String", into = "String")
+)]
+pub struct ActorId(Arc<str>);
 
 impl ActorId {
     /// Wraps an already canonical actor id.
     pub fn new(id: impl Into<String>) -> Self {
-        ActorId(id.into())
+        ActorId(Arc::from(id.into()))
     }
 
     /// The id as a string.
@@ -87,7 +95,13 @@ impl From<&str> for ActorId {
 
 impl From<String> for ActorId {
     fn from(id: String) -> Self {
-        ActorId(id)
+        ActorId(Arc::from(id))
+    }
+}
+
+impl From<ActorId> for String {
+    fn from(id: ActorId) -> Self {
+        String::from(&*id.0)
     }
 }
 

@@ -105,7 +105,17 @@ impl<B: Backend> DriverStore for B {
     }
 
     fn payloads(&self, units: &[UnitId]) -> Vec<Result<Payload, StoreError>> {
-        // One read (SQLite: one snapshot) for the round's starts; a lost connection reads them
+        if units.is_empty() {
+            return Vec::new();
+        }
+        // Postgres: one statement for the round's starts, never one round trip per unit.
+        if B::DIALECT == Dialect::Postgres {
+            return self
+                .read(|db| units::payloads_pg(db, units))
+                .unwrap_or_else(|e| units.iter().map(|_| Err(e.clone())).collect());
+        }
+        // SQLite: one read (one snapshot), a statement per unit in process (the claim brings
+        // one-lane payloads, so this reads only joined units'); a lost connection reads them
         // all again, one unit's other error is that unit's.
         let all = self.read(|db| {
             let mut out = Vec::with_capacity(units.len());

@@ -3,11 +3,13 @@
 //! retention), dropping a shared payload row nothing refers to, a lane's tail, and an actor's
 //! sequence numbers.
 
+use std::collections::HashMap;
+
 use outbox_lanes_core::UnitId;
 
 use crate::db::{Db, Dialect, Sql, args};
 use crate::types::{AttemptRecord, Payload};
-use crate::util::{decode_headers, millis_of, to_i64};
+use crate::util::{decode_headers, millis_of, to_i64, to_u64};
 use crate::{StoreError, dead_letters};
 
 /// `ol_units.state` of a delivery neither served nor dead-lettered.
@@ -45,6 +47,19 @@ pub(crate) fn payload(db: &mut impl Db, unit: UnitId) -> Result<Payload, StoreEr
             ))
         })?
         .ok_or(StoreError::NotFound { what: "unit" })?;
+    payload_of(unit, (row_id, content_type, body, headers))
+}
+
+/// A payload from its columns (row id, content type, body, encoded headers).
+fn payload_of(
+    unit: UnitId,
+    (row_id, content_type, body, headers): (
+        Option<String>,
+        Option<String>,
+        Option<Vec<u8>>,
+        Option<String>,
+    ),
+) -> Result<Payload, StoreError> {
     match (row_id, content_type, body) {
         (Some(row_id), Some(content_type), Some(body)) => Ok(Payload {
             row_id,
@@ -54,6 +69,53 @@ pub(crate) fn payload(db: &mut impl Db, unit: UnitId) -> Result<Payload, StoreEr
         }),
         _ => Err(StoreError::Database(format!("unit {unit} has no payload"))),
     }
+}
+
+/// The pending payloads of the units in the array `$1`, in one statement (Postgres only:
+/// SQLite has no arrays, and there the claim brings one-lane payloads with it).
+static PAYLOADS_PG: Sql = Sql::new(
+    "SELECT h.id, coalesce(h.row_id, r.row_id), coalesce(h.content_type, r.content_type), \
+     coalesce(h.body, r.body), CASE WHEN h.row_ref IS NULL THEN h.headers ELSE r.headers END \
+     FROM ol_units h \
+     LEFT JOIN LATERAL (SELECT r.row_id, r.content_type, r.body, r.headers FROM ol_rows r \
+       WHERE r.id = h.row_ref LIMIT 1) r ON TRUE \
+     WHERE h.id = ANY($1) AND h.unit_id IS NULL AND h.acked_at IS NULL",
+);
+
+/// The payloads of `units`, in their order, read with ONE statement whatever their number
+/// (the round's starts: never one round trip per unit). Each unit's result is its own, as
+/// [`payload`] would give it; a failure of the statement itself is the `Err`.
+///
+/// # Errors
+/// The statement's failure (a lost connection among them); per unit, as [`payload`].
+pub(crate) fn payloads_pg(
+    db: &mut impl Db,
+    units: &[UnitId],
+) -> Result<Vec<Result<Payload, StoreError>>, StoreError> {
+    let ids: Vec<i64> = units.iter().map(|u| to_i64(u.0)).collect();
+    let mut found: HashMap<i64, Result<Payload, StoreError>> = HashMap::with_capacity(ids.len());
+    for (id, row) in db.query(&PAYLOADS_PG, args![&ids], |r| {
+        Ok((
+            r.int(0)?,
+            (
+                r.opt_text(1)?,
+                r.opt_text(2)?,
+                r.opt_bytes(3)?,
+                r.opt_text(4)?,
+            ),
+        ))
+    })? {
+        let unit = UnitId(to_u64(id));
+        found.insert(id, payload_of(unit, row));
+    }
+    Ok(ids
+        .iter()
+        .map(|id| {
+            found
+                .remove(id)
+                .unwrap_or(Err(StoreError::NotFound { what: "unit" }))
+        })
+        .collect())
 }
 
 /// An enqueue takes the actor's row first and then its lanes; attempt records write several
