@@ -785,7 +785,8 @@ impl PassCore {
         starts: &mut Vec<Start>,
         fetched: &mut HashMap<UnitId, Arc<Payload>>,
     ) {
-        let missing: Vec<UnitId> = starts
+        // A joined unit starts once per member lane: its payload is read once.
+        let mut missing: Vec<UnitId> = starts
             .iter()
             .filter(|s| {
                 !fetched.contains_key(&s.unit)
@@ -793,6 +794,8 @@ impl PassCore {
             })
             .map(|s| s.unit)
             .collect();
+        missing.sort_unstable();
+        missing.dedup();
         if missing.is_empty() {
             return;
         }

@@ -108,12 +108,25 @@ pub(crate) fn payloads_pg(
         let unit = UnitId(to_u64(id));
         found.insert(id, payload_of(unit, row));
     }
+    // A unit asked for twice (a joined unit's starts on several lanes) gets its payload each
+    // time: the last ask takes it, earlier ones copy it.
+    let mut asks: HashMap<i64, usize> = HashMap::with_capacity(ids.len());
+    for id in &ids {
+        *asks.entry(*id).or_default() += 1;
+    }
     Ok(ids
         .iter()
         .map(|id| {
-            found
-                .remove(id)
-                .unwrap_or(Err(StoreError::NotFound { what: "unit" }))
+            let left = asks.get_mut(id).map_or(0, |n| {
+                *n -= 1;
+                *n
+            });
+            let p = if left == 0 {
+                found.remove(id)
+            } else {
+                found.get(id).cloned()
+            };
+            p.unwrap_or(Err(StoreError::NotFound { what: "unit" }))
         })
         .collect())
 }

@@ -219,6 +219,15 @@ fn check(store: &dyn Store, log: &Log) {
             .count(),
         1
     );
+
+    // A unit asked for twice (a joined unit starts once per member lane) is read each time.
+    let twice = store.payloads(&[units[2], units[1], units[2]]);
+    assert_eq!(twice.len(), 3);
+    for p in &twice {
+        assert!(p.is_ok(), "{p:?}");
+    }
+    assert_eq!(twice[0], twice[2]);
+    assert_ne!(twice[0], twice[1]);
 }
 
 #[test]
