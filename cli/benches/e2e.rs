@@ -12,7 +12,7 @@
 //! same concurrency, to the same server, in the same run:
 //!
 //! - **the same-client limit**: the HTTP client the outbox uses (`AsyncHttpClient` over
-//!   reqwest; `HttpClient` over ureq for the blocking runtime), which isolates what the
+//!   hyper-util; `HttpClient` over ureq for the blocking runtime), which isolates what the
 //!   outbox adds on top of its client;
 //! - **the hyper limit** (tokio cases): a bare hyper-util client, one request in flight per
 //!   worker, the plainest client that keeps per-recipient order; which also counts what the

@@ -4,7 +4,7 @@
 //! [`crate::request`].
 //!
 //! The clients themselves live beside it: `ureq_client::HttpClient` (blocking,
-//! feature `ureq`) and the tokio runtime's reqwest client. Both build every request and every
+//! feature `ureq`) and the tokio runtime's hyper-util client. Both build every request and every
 //! result here, so they send the same request and dead letters read the same whichever
 //! runtime delivered.
 

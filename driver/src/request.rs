@@ -4,7 +4,7 @@
 //! the lane shares (its [`Job`](crate::Job)s carry it; the per-host caps key on it too). Right
 //! before sending, a client asks its [`RequestPolicy`] for the attempt's [`Request`]: the
 //! method, the parsed URL, the final header list and the body. The clients (ureq in
-//! `ureq_client`, reqwest in the tokio runtime) only transmit it, under their transport rules:
+//! `ureq_client`, hyper-util in the tokio runtime) only transmit it, under their transport rules:
 //! the timeout, no redirects, the cap on the answer's body, and the SSRF guard's check of the
 //! addresses a name resolves to. No client sets a header of its own, so both send the same
 //! headers, in the same order, for the same attempt.

@@ -54,7 +54,7 @@
 //! and `alg` are always sent. The components this signer can cover are those whose value on
 //! the wire it knows: `@method`, `@target-uri`, `@authority`, `@scheme`, `@path`, `@query`,
 //! `@request-target`, `content-digest`, `content-type`, `content-length` (the body's length,
-//! when the body is not empty: both HTTP clients send it then, but reqwest sends no
+//! when the body is not empty: both HTTP clients send it then, but hyper sends no
 //! `Content-Length` for an empty body), `host` (the URL's host, with `:port` when not the
 //! default: the `Host` both clients send), `idempotency-key`, and `date` (then a `Date`
 //! header with the attempt's time is sent too). A challenge that is not a structured-field

@@ -44,7 +44,7 @@
 //! # TLS
 //!
 //! rustls with the `ring` crypto provider, pinned on the agent (not taken from a
-//! process-wide default), with the webpki root certificates. The tokio runtime uses reqwest
+//! process-wide default), with the webpki root certificates. The tokio runtime uses hyper-util
 //! with rustls and `ring` too, so the process carries one TLS implementation and one crypto
 //! provider.
 //!

@@ -268,7 +268,7 @@ fn cavage_attempts_verify_with_sigh_rsa_sha256_and_hs2019() {
 
 /// A challenge for every component the signer can cover: the values it signs are the ones
 /// ureq puts on the wire (`Host`, `Content-Length`, the request target). For an empty body
-/// ureq sends `Content-Length: 0`, but reqwest sends none, so the signer does not cover it
+/// ureq sends `Content-Length: 0`, but hyper (the tokio runtime) sends none, so the signer does not cover it
 /// there: the challenge without `content-length` is honoured.
 #[test]
 fn a_challenge_is_signed_over_what_the_transport_really_sends() {

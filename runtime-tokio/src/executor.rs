@@ -14,7 +14,7 @@ use outbox_lanes_driver::engine::unblock;
 /// How a task delivers.
 #[derive(Clone, Debug)]
 pub(crate) enum Transport {
-    /// reqwest on the tokio runtime.
+    /// hyper-util's client on the tokio runtime.
     #[cfg(feature = "tokio")]
     Async(crate::http::AsyncHttpClient),
     /// The blocking ureq client on the runtime's blocking pool (async-std, smol, or any

@@ -1,4 +1,5 @@
-//! HTTP delivery over reqwest, with the blocking client's policy (design.md §5).
+//! HTTP delivery over hyper-util's pooled client, with the blocking client's policy
+//! (design.md §5).
 //!
 //! [`AsyncHttpClient::deliver`] never fails and never panics on input: like
 //! the blocking client (`ureq_client::HttpClient::deliver`) it turns whatever happens into an
@@ -12,44 +13,65 @@
 //!   parsed once for the lane, every header (`User-Agent`, `Accept`, `Idempotency-Key`,
 //!   `Content-Type`, the row's own after checking them again, the [`Signer`]'s, signed on
 //!   every attempt with that attempt's time) and the body, shared with the payload rather
-//!   than copied; reqwest adds only `Host` and `Content-Length`;
-//! - no redirect followed (`redirect::Policy::none()`): a 3xx is classified, by default as
-//!   permanent;
+//!   than copied; hyper adds only `Host` and `Content-Length`;
+//! - HTTP/1.1 on pooled keep-alive connections (`TCP_NODELAY`), no redirect followed (hyper
+//!   follows none): a 3xx is classified, by default as permanent;
 //! - at most [`HttpConfig::max_response_body`] bytes of the answer read, then the
 //!   connection is dropped;
-//! - the whole exchange bounded by [`HttpConfig::timeout`] (reqwest's total timeout covers
-//!   the body too).
+//! - the whole exchange, the answer's body included, bounded by [`HttpConfig::timeout`];
+//!   connecting by [`HttpConfig::connect_timeout`] as well.
+//!
+//! Why hyper-util and not reqwest (issue 23): reqwest is a layer over this same client, and
+//! on this path its layer cost about as much CPU per delivery as the client under it (URL
+//! parsing with IDNA per request, its own header map and timeout futures, a proxy matcher
+//! per connection); what it adds that a relay needs (TLS, a guarded resolver, one proxy,
+//! timeouts, a body cap) is the code below. BENCHMARKS.md has the measurement.
 //!
 //! # The SSRF guard
 //!
-//! reqwest (hyper) never passes an IP-literal host to its resolver, so a literal is checked
-//! against the [`AddressPolicy`] when the request is built ([`RequestPolicy::build`]), before
-//! anything is sent. Names are resolved by
-//! the client's own [`reqwest::dns::Resolve`], which drops every address the policy refuses
-//! and fails when none is left; hyper connects only to the addresses it returns, so the
-//! addresses checked are the addresses used (no second lookup for DNS rebinding to exploit).
+//! hyper-util's connector never passes an IP-literal host to its resolver, so a literal is
+//! checked against the [`AddressPolicy`] when the request is built ([`RequestPolicy::build`]),
+//! before anything is sent. Names are resolved by the connector's own resolver
+//! (`GuardedResolver`), which drops every address the policy refuses and fails when none is
+//! left; the connector connects only to the addresses it returns, so the addresses checked
+//! are the addresses used (no second lookup for DNS rebinding to exploit).
 //!
-//! System proxies are off (`no_proxy()`): `HTTP_PROXY` and friends are ignored, and a proxy
-//! is used only when [`HttpConfig::proxy`] names one. **The guard cannot see through a
-//! proxy**: the proxy resolves names and connects wherever they point; the proxy's own
-//! address is exempt from the policy.
+//! System proxies are never read: `HTTP_PROXY` and friends are ignored, and a proxy is used
+//! only when [`HttpConfig::proxy`] names one (`http://` or `https://`, credentials in its
+//! URL sent as `Proxy-Authorization: Basic`): `http://` recipients are asked of the proxy in
+//! absolute form, `https://` ones through a `CONNECT` tunnel with TLS to the recipient inside.
+//! **The guard cannot see through a proxy**: the proxy resolves names and connects wherever
+//! they point; the proxy's own address is exempt from the policy.
 //!
 //! # TLS
 //!
-//! rustls with the `ring` provider and the webpki roots, handed to reqwest as a
-//! preconfigured `ClientConfig`: reqwest's own default provider (aws-lc-rs) is not built,
-//! so the workspace carries one crypto provider.
+//! rustls with the `ring` provider and the webpki roots, through hyper-rustls without its
+//! default provider (aws-lc-rs), so the workspace carries one crypto provider.
 
 use std::error::Error as StdError;
 use std::fmt;
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
+use base64::Engine as _;
+use bytes::Bytes;
+use http::header::{PROXY_AUTHORIZATION, RETRY_AFTER};
+use http::{HeaderValue, Uri, uri::Scheme};
+use http_body_util::{BodyExt, Full};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::dns::Name;
+use hyper_util::client::legacy::connect::proxy::Tunnel;
+use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use outbox_lanes_core::Timestamp;
 use outbox_lanes_core::policy::{
-    AddressPolicy, Classifier, DestinationRefused, Recipient, TransportError, parse_retry_after,
+    AddressPolicy, Classifier, DestinationRefused, TransportError, parse_retry_after,
 };
 use outbox_lanes_driver::http::{
     AttemptResult, Delivery, HttpConfig, answered_result, invalid_request, io_kind,
@@ -58,26 +80,35 @@ use outbox_lanes_driver::http::{
 use outbox_lanes_driver::request::{Request, RequestPolicy};
 use outbox_lanes_driver::sign::Signer;
 use outbox_lanes_driver::{Job, OriginTicket, OutboxError};
-use reqwest::dns::{Addrs, Name, Resolve, Resolving};
+use tower_service::Service;
 
-/// Idle connections kept per host (reqwest keeps unlimited by default; bounded here). Sized
+/// Idle connections kept per host (bounded: a client's default keeps any number). Sized
 /// for a relay with hundreds of attempts in flight to one host: a smaller pool closes the
 /// connections it cannot keep, and every later request to that host pays a new connection.
 const IDLE_PER_HOST: usize = 1024;
 
-/// An async HTTP client for deliveries: one reqwest client (and its connection pool),
+type BoxError = Box<dyn StdError + Send + Sync>;
+
+/// A TCP connector, names resolved behind the guard.
+type Tcp = HttpConnector<GuardedResolver>;
+
+/// An async HTTP client for deliveries: one hyper-util client (and its connection pool),
 /// shared by every clone. Must be used inside a tokio runtime.
 #[derive(Clone)]
 pub struct AsyncHttpClient {
-    client: reqwest::Client,
     shared: Arc<Shared>,
 }
 
 struct Shared {
+    client: Client<Connector, Full<Bytes>>,
     requests: RequestPolicy,
     max_response_body: usize,
     classifier: Classifier,
     retry_after_cap: Duration,
+    timeout: Duration,
+    /// The configured proxy's credentials, sent with a request asked in absolute form.
+    proxy_auth: Option<HeaderValue>,
+    proxied: bool,
 }
 
 impl fmt::Debug for AsyncHttpClient {
@@ -97,7 +128,7 @@ impl AsyncHttpClient {
     pub fn new(cfg: HttpConfig, signer: Option<Arc<dyn Signer>>) -> Result<Self, OutboxError> {
         let http_err = |e: String| OutboxError::Http(e);
         let requests = RequestPolicy::new(&cfg, signer).map_err(|e| http_err(e.to_string()))?;
-        let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
         .with_safe_default_protocol_versions()
@@ -106,52 +137,51 @@ impl AsyncHttpClient {
             roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
         })
         .with_no_client_auth();
-        // Only HTTP/1.1 is built in (no `http2` feature).
-        tls.alpn_protocols = vec![b"http/1.1".to_vec()];
 
-        let mut proxy_host = None;
-        let mut builder = reqwest::Client::builder()
-            .tls_backend_preconfigured(tls)
-            .http1_only()
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(cfg.timeout)
-            .connect_timeout(cfg.connect_timeout.min(cfg.timeout))
-            // No User-Agent here: it comes with the request (crate::request), like every
-            // header. reqwest's one default header, `Accept: */*`, is always overridden by the
-            // request's own.
-            .pool_max_idle_per_host(IDLE_PER_HOST);
-        match &cfg.proxy {
-            None => builder = builder.no_proxy(),
+        let proxy = cfg.proxy.as_deref().map(ProxySpec::parse).transpose()?;
+        let mut tcp = HttpConnector::new_with_resolver(GuardedResolver {
+            policy: cfg.addresses,
+            proxy_host: proxy.as_ref().map(|p| Arc::clone(&p.host)),
+        });
+        tcp.enforce_http(false);
+        tcp.set_nodelay(true);
+        tcp.set_connect_timeout(Some(cfg.connect_timeout.min(cfg.timeout)));
+        // ALPN offers only HTTP/1.1 (`enable_http1`; no `http2` feature is built).
+        let direct = HttpsConnectorBuilder::new()
+            .with_tls_config(tls.clone())
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(tcp);
+        let (proxy_auth, via) = match proxy {
+            None => (None, None),
             Some(p) => {
-                let scheme = p.split("://").next().unwrap_or("").to_ascii_lowercase();
-                if !p.contains("://") || !matches!(scheme.as_str(), "http" | "https") {
-                    return Err(http_err(format!(
-                        "unsupported proxy {:?}: only http:// and https:// (CONNECT) proxies are supported",
-                        redact_userinfo(p)
-                    )));
+                let mut tunnel = Tunnel::new(p.uri.clone(), direct.clone());
+                if let Some(auth) = &p.auth {
+                    tunnel = tunnel.with_auth(auth.clone());
                 }
-                let proxy = reqwest::Proxy::all(p.as_str())
-                    .map_err(|_| http_err(format!("invalid proxy URL {:?}", redact_userinfo(p))))?;
-                proxy_host = Recipient::parse(p)
-                    .ok()
-                    .map(|r| r.host().to_string().trim_matches(['[', ']']).to_owned());
-                builder = builder.proxy(proxy);
+                let tunnel = HttpsConnectorBuilder::new()
+                    .with_tls_config(tls)
+                    .https_or_http()
+                    .enable_http1()
+                    .wrap_connector(tunnel);
+                (p.auth, Some(Via { uri: p.uri, tunnel }))
             }
-        }
-        let client = builder
-            .dns_resolver(GuardedResolver {
-                policy: cfg.addresses,
-                proxy_host,
-            })
-            .build()
-            .map_err(|e| http_err(format!("cannot build the client: {e}")))?;
+        };
+        let proxied = via.is_some();
+        let client = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(IDLE_PER_HOST)
+            .pool_timer(TokioTimer::new())
+            .build(Connector { direct, via });
         Ok(AsyncHttpClient {
-            client,
             shared: Arc::new(Shared {
+                client,
                 requests,
                 max_response_body: cfg.max_response_body,
                 classifier: cfg.classifier,
                 retry_after_cap: cfg.retry_after_cap,
+                timeout: cfg.timeout,
+                proxy_auth,
+                proxied,
             }),
         })
     }
@@ -195,7 +225,7 @@ impl AsyncHttpClient {
         }
     }
 
-    /// Sends `request` as it is — reqwest adds only `Host` and `Content-Length` — under the
+    /// Sends `request` as it is — hyper adds only `Host` and `Content-Length` — under the
     /// client's transport rules (timeout, no redirect, capped answer, guarded resolver), and
     /// classifies what happened. `now` is the attempt's time, for an HTTP-date Retry-After.
     pub async fn send(&self, request: &Request<'_>, now: SystemTime) -> AttemptResult {
@@ -209,31 +239,50 @@ impl AsyncHttpClient {
         request: &Request<'_>,
         now: SystemTime,
     ) -> (AttemptResult, Option<String>) {
-        let mut req = self
-            .client
-            .request(request.method.clone(), request.url.as_str());
-        for (name, value) in &request.headers {
-            req = req.header(name, value);
-        }
+        let uri = match Uri::try_from(request.url.as_str()) {
+            Ok(uri) => uri,
+            Err(e) => return (invalid_request(format!("invalid URL: {e}")), None),
+        };
+        let absolute_form = self.shared.proxied && uri.scheme() != Some(&Scheme::HTTPS);
         // The body's bytes are shared, not copied.
-        match req.body(request.body.clone()).send().await {
-            Ok(response) => {
-                let challenge = (!response.status().is_success())
-                    .then(|| response.headers().get("accept-signature"))
-                    .flatten()
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_owned);
-                (self.answered(response, now).await, challenge)
-            }
-            Err(e) => (self.failed(&e), None),
+        let mut req = http::Request::new(Full::new(request.body.clone()));
+        *req.method_mut() = request.method.clone();
+        *req.uri_mut() = uri;
+        let headers = req.headers_mut();
+        headers.reserve(request.headers.len() + 1);
+        for (name, value) in &request.headers {
+            headers.append(name.clone(), value.clone());
         }
+        if absolute_form && let Some(auth) = &self.shared.proxy_auth {
+            headers.insert(PROXY_AUTHORIZATION, auth.clone());
+        }
+        // One deadline for the whole exchange: the answer's head, then its body. A body cut
+        // by the deadline leaves the status to decide, as a body cut by the cap does.
+        let deadline = tokio::time::Instant::now() + self.shared.timeout;
+        let response =
+            match tokio::time::timeout_at(deadline, self.shared.client.request(req)).await {
+                Ok(Ok(response)) => response,
+                Ok(Err(e)) => return (self.failed(&e), None),
+                Err(_) => return (self.timed_out(), None),
+            };
+        let challenge = (!response.status().is_success())
+            .then(|| response.headers().get("accept-signature"))
+            .flatten()
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        (self.answered(response, deadline, now).await, challenge)
     }
 
-    async fn answered(&self, mut response: reqwest::Response, now: SystemTime) -> AttemptResult {
+    async fn answered(
+        &self,
+        response: http::Response<hyper::body::Incoming>,
+        deadline: tokio::time::Instant,
+        now: SystemTime,
+    ) -> AttemptResult {
         let status = response.status().as_u16();
         let retry_after = response
             .headers()
-            .get(reqwest::header::RETRY_AFTER)
+            .get(RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| {
                 parse_retry_after(
@@ -243,28 +292,43 @@ impl AsyncHttpClient {
                 )
             });
         let outcome = self.shared.classifier.status(status, retry_after);
-        // Read at most the cap, keep the start; dropping the response early closes the
-        // connection instead of pooling it. A read error is ignored: the status decided.
+        // Read at most the cap, keep the start; dropping the body early closes the
+        // connection instead of pooling it. A read error or the deadline ends the read: the
+        // status decided.
+        let mut body = response.into_body();
         let mut head = Vec::new();
         let mut read = 0usize;
         while read < self.shared.max_response_body {
-            match response.chunk().await {
-                Ok(Some(chunk)) => {
+            match tokio::time::timeout_at(deadline, body.frame()).await {
+                Ok(Some(Ok(frame))) => {
+                    let Some(chunk) = frame.data_ref() else {
+                        continue;
+                    };
                     read = read.saturating_add(chunk.len());
                     let room = outbox_lanes_driver::http::ERROR_EXCERPT.saturating_sub(head.len());
                     head.extend(chunk.iter().take(room));
                 }
-                Ok(None) | Err(_) => break,
+                Ok(None | Some(Err(_))) | Err(_) => break,
             }
         }
-        drop(response);
+        drop(body);
         answered_result(outcome, status, &head)
     }
 
-    fn failed(&self, e: &reqwest::Error) -> AttemptResult {
-        if e.is_builder() {
-            return invalid_request(chain(e));
+    /// The exchange outlasted [`HttpConfig::timeout`].
+    fn timed_out(&self) -> AttemptResult {
+        let kind = TransportError::Timeout;
+        AttemptResult {
+            outcome: self.shared.classifier.transport(kind),
+            status: None,
+            error: Some(format!(
+                "{kind}: no answer within {:?}",
+                self.shared.timeout
+            )),
         }
+    }
+
+    fn failed(&self, e: &hyper_util::client::legacy::Error) -> AttemptResult {
         let mut kind = None;
         let mut source: Option<&(dyn StdError + 'static)> = Some(e);
         while let Some(s) = source {
@@ -286,12 +350,11 @@ impl AsyncHttpClient {
             }
             source = s.source();
         }
-        let kind = if e.is_timeout() && e.is_connect() {
-            TransportError::ConnectTimeout
-        } else if e.is_timeout() {
-            TransportError::Timeout
-        } else {
-            kind.unwrap_or(TransportError::Other)
+        let kind = match kind {
+            // The connector's own deadline ([`HttpConfig::connect_timeout`]).
+            Some(TransportError::Timeout) if e.is_connect() => TransportError::ConnectTimeout,
+            Some(kind) => kind,
+            None => TransportError::Other,
         };
         AttemptResult {
             outcome: self.shared.classifier.transport(kind),
@@ -302,6 +365,181 @@ impl AsyncHttpClient {
 
     fn refused(&self, refused: &DestinationRefused) -> AttemptResult {
         refused_result(refused, &self.shared.classifier)
+    }
+}
+
+/// The configured proxy: where it is and its credentials.
+struct ProxySpec {
+    /// `scheme://host:port`, without credentials.
+    uri: Uri,
+    /// The host, exempt from the address policy.
+    host: Arc<str>,
+    /// `Basic` credentials from the URL's user information, percent-decoded.
+    auth: Option<HeaderValue>,
+}
+
+impl ProxySpec {
+    fn parse(p: &str) -> Result<Self, OutboxError> {
+        let http_err = |e: String| OutboxError::Http(e);
+        let invalid = || http_err(format!("invalid proxy URL {:?}", redact_userinfo(p)));
+        let (scheme, rest) = p.split_once("://").unwrap_or(("", p));
+        let scheme = scheme.to_ascii_lowercase();
+        if !p.contains("://") || !matches!(scheme.as_str(), "http" | "https") {
+            return Err(http_err(format!(
+                "unsupported proxy {:?}: only http:// and https:// (CONNECT) proxies are supported",
+                redact_userinfo(p)
+            )));
+        }
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+        let (userinfo, hostport) = match authority.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, authority),
+        };
+        let uri = Uri::try_from(format!("{scheme}://{hostport}")).map_err(|_| invalid())?;
+        let host = uri.host().ok_or_else(invalid)?;
+        if host.is_empty() {
+            return Err(invalid());
+        }
+        let host: Arc<str> = host.trim_matches(['[', ']']).into();
+        let auth = match userinfo {
+            None => None,
+            Some(u) => {
+                let (user, pass) = u.split_once(':').unwrap_or((u, ""));
+                let decode = |s: &str| {
+                    percent_encoding::percent_decode_str(s)
+                        .decode_utf8()
+                        .map(|s| s.into_owned())
+                        .map_err(|_| invalid())
+                };
+                let token = base64::engine::general_purpose::STANDARD.encode(format!(
+                    "{}:{}",
+                    decode(user)?,
+                    decode(pass)?
+                ));
+                let mut value =
+                    HeaderValue::try_from(format!("Basic {token}")).map_err(|_| invalid())?;
+                value.set_sensitive(true);
+                Some(value)
+            }
+        };
+        Ok(ProxySpec { uri, host, auth })
+    }
+}
+
+/// The client's connector: straight to the recipient, or through the configured proxy.
+#[derive(Clone)]
+struct Connector {
+    direct: HttpsConnector<Tcp>,
+    via: Option<Via>,
+}
+
+/// The proxy: asked directly for `http://` recipients (absolute form), tunnelled through
+/// for `https://` ones.
+#[derive(Clone)]
+struct Via {
+    uri: Uri,
+    tunnel: HttpsConnector<Tunnel<HttpsConnector<Tcp>>>,
+}
+
+impl Service<Uri> for Connector {
+    type Response = Conn;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Conn, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        // Each call readies the connector it uses.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, dst: Uri) -> Self::Future {
+        let mut direct = self.direct.clone();
+        let via = self.via.clone();
+        Box::pin(async move {
+            match via {
+                None => Ok(Conn::new(connect(&mut direct, dst).await?, false)),
+                Some(mut via) if dst.scheme() == Some(&Scheme::HTTPS) => {
+                    Ok(Conn::new(connect(&mut via.tunnel, dst).await?, false))
+                }
+                Some(via) => Ok(Conn::new(connect(&mut direct, via.uri).await?, true)),
+            }
+        })
+    }
+}
+
+/// Readies `svc` and connects it to `dst`.
+async fn connect<S>(svc: &mut S, dst: Uri) -> Result<S::Response, BoxError>
+where
+    S: Service<Uri>,
+    S::Error: Into<BoxError>,
+{
+    std::future::poll_fn(|cx| svc.poll_ready(cx))
+        .await
+        .map_err(Into::into)?;
+    svc.call(dst).await.map_err(Into::into)
+}
+
+/// What a connection's stream must do, whichever way it was made.
+trait Io: hyper::rt::Read + hyper::rt::Write + Send + Unpin {}
+impl<T: hyper::rt::Read + hyper::rt::Write + Send + Unpin> Io for T {}
+
+/// A connection: its stream, and whether it goes to the proxy (requests in absolute form).
+struct Conn {
+    io: Box<dyn Io>,
+    proxied: bool,
+}
+
+impl Conn {
+    fn new(io: impl Io + 'static, proxied: bool) -> Self {
+        Conn {
+            io: Box::new(io),
+            proxied,
+        }
+    }
+}
+
+impl Connection for Conn {
+    fn connected(&self) -> Connected {
+        Connected::new().proxy(self.proxied)
+    }
+}
+
+impl hyper::rt::Read for Conn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl hyper::rt::Write for Conn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut *self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.get_mut().io).poll_shutdown(cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut *self.get_mut().io).poll_write_vectored(cx, bufs)
     }
 }
 
@@ -329,7 +567,7 @@ fn io_chain_kind(io: &io::Error) -> Option<TransportError> {
     }
 }
 
-/// The error and its sources, `: `-separated (reqwest's own message names only the URL).
+/// The error and its sources, `: `-separated (the client's own message names only the step).
 fn chain(e: &(dyn StdError + 'static)) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
@@ -344,7 +582,7 @@ fn chain(e: &(dyn StdError + 'static)) -> String {
     out
 }
 
-/// The resolver's own failures, found again in reqwest's error chain.
+/// The resolver's own failures, found again in the client's error chain.
 #[derive(Debug)]
 enum GuardError {
     /// Every address the name resolved to was refused by the policy (the first one here).
@@ -365,14 +603,23 @@ impl fmt::Display for GuardError {
 impl StdError for GuardError {}
 
 /// The system resolver (through tokio), with every address the policy refuses taken out.
+#[derive(Clone)]
 struct GuardedResolver {
     policy: AddressPolicy,
     /// The configured proxy's host, exempt from the policy.
-    proxy_host: Option<String>,
+    proxy_host: Option<Arc<str>>,
 }
 
-impl Resolve for GuardedResolver {
-    fn resolve(&self, name: Name) -> Resolving {
+impl Service<Name> for GuardedResolver {
+    type Response = std::vec::IntoIter<SocketAddr>;
+    type Error = GuardError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, GuardError>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), GuardError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, name: Name) -> Self::Future {
         let policy = self.policy;
         let host = name.as_str().to_owned();
         let exempt = self
@@ -382,11 +629,10 @@ impl Resolve for GuardedResolver {
         Box::pin(async move {
             let resolved: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
                 .await
-                .map_err(|e| Box::new(GuardError::Resolve(e)))?
+                .map_err(GuardError::Resolve)?
                 .collect();
             if exempt {
-                let addrs: Addrs = Box::new(resolved.into_iter());
-                return Ok(addrs);
+                return Ok(resolved.into_iter());
             }
             let mut allowed = Vec::with_capacity(resolved.len());
             let mut first_refused = None;
@@ -399,17 +645,15 @@ impl Resolve for GuardedResolver {
                 }
             }
             if allowed.is_empty() {
-                let err: Box<dyn StdError + Send + Sync> = match first_refused {
-                    Some(refused) => Box::new(GuardError::Refused(refused)),
-                    None => Box::new(GuardError::Resolve(io::Error::new(
+                return Err(match first_refused {
+                    Some(refused) => GuardError::Refused(refused),
+                    None => GuardError::Resolve(io::Error::new(
                         io::ErrorKind::NotFound,
                         format!("{host} has no address"),
-                    ))),
-                };
-                return Err(err);
+                    )),
+                });
             }
-            let addrs: Addrs = Box::new(allowed.into_iter());
-            Ok(addrs)
+            Ok(allowed.into_iter())
         })
     }
 }

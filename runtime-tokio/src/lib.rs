@@ -1,4 +1,4 @@
-//! The async runtime of outbox-lanes: tokio (async-std/smol by feature), reqwest and a Store.
+//! The async runtime of outbox-lanes: tokio (async-std/smol by feature), hyper and a Store.
 //!
 //! [`Outbox`] runs the relay engine ([`outbox_lanes_driver::engine`]: drains, passes and the
 //! monitor, the same code the blocking runtime runs) on an async executor. This crate only
@@ -10,7 +10,7 @@
 //!   unit; every store call (enqueue, status, lanes, dead letters too) stays on the blocking
 //!   pool, so the Postgres client is only ever used and dropped there;
 //! - deliveries as tasks, at most [`OutboxConfig::concurrency`] at once (default 256; it is
-//!   also one pass's in-flight window), POSTing with reqwest (`AsyncHttpClient`, the
+//!   also one pass's in-flight window), POSTing with hyper-util's client (`AsyncHttpClient`, the
 //!   blocking client's policy and results) on tokio, or with the blocking ureq client on the
 //!   blocking pool of any other [`Runtime`] (feature `blocking-http`, implied by `smol` and
 //!   `async-std`);
@@ -24,7 +24,7 @@
 //! - [`Outbox::monitor`]: the engine's [`Monitor`] as a task, running the passes of several
 //!   actors at once as tasks.
 //!
-//! Executors, by feature: `tokio` (default; `TokioRuntime`, reqwest), `smol`
+//! Executors, by feature: `tokio` (default; `TokioRuntime`, hyper-util), `smol`
 //! (`SmolRuntime`) and `async-std` (`AsyncStdRuntime`; async-std is discontinued
 //! upstream, smol is its successor). The last two run the same driver with HTTP through
 //! ureq on their blocking pools (`OutboxBuilder::open_on`).
@@ -166,7 +166,7 @@ impl OutboxBuilder {
         self
     }
 
-    /// Opens the outbox on the tokio runtime the caller runs on, delivering with reqwest.
+    /// Opens the outbox on the tokio runtime the caller runs on, delivering with hyper-util's client.
     ///
     /// # Errors
     /// Called outside a tokio runtime ([`OutboxError::Spawn`]); the HTTP client could not be

@@ -1,4 +1,4 @@
-//! End-to-end: the tokio runtime on a real SQLite file, delivering over real HTTP (reqwest)
+//! End-to-end: the tokio runtime on a real SQLite file, delivering over real HTTP (hyper-util)
 //! to recorders on loopback that inject faults. The blocking runtime's scenarios, on tokio.
 //! Tests assert orders and relations, never durations.
 #![allow(missing_docs)]

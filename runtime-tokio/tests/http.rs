@@ -1,4 +1,4 @@
-//! The reqwest client against real HTTP servers on loopback, compared with the blocking ureq
+//! The hyper-util client against real HTTP servers on loopback, compared with the blocking ureq
 //! client: for every scenario both clients must produce the same outcome, status and error
 //! code (the text before the first `:`), so dead letters read the same whichever runtime
 //! delivered. Only loopback addresses are used: 127.0.0.0/8, `[::1]` and `localhost`.
@@ -341,6 +341,121 @@ async fn a_configured_proxy_is_used_and_literals_are_still_checked() {
     let res = post_async(&c, &target.url("/inbox"), CONTENT_TYPE).await;
     assert_eq!(res.outcome, Outcome::Refused);
     assert_eq!(proxy.count_all(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxys_credentials_are_sent_decoded_and_the_request_is_in_absolute_form() {
+    let proxy = Recipient::start().expect("recipient");
+    let c = AsyncHttpClient::new(
+        HttpConfig {
+            proxy: Some(format!("http://al%40ice:s%3Acret@{}", proxy.addr())),
+            ..HttpConfig::default()
+        },
+        None,
+    )
+    .expect("client");
+    let res = post_async(&c, "http://inbox.test:8080/inbox?x=1", CONTENT_TYPE).await;
+    assert_eq!(res.outcome, Outcome::Delivered, "{res:?}");
+    let seen = proxy.all_requests();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].target, "http://inbox.test:8080/inbox?x=1");
+    assert_eq!(seen[0].header("host"), Some("inbox.test:8080"));
+    // base64("al@ice:s:cret")
+    assert_eq!(
+        seen[0].header("proxy-authorization"),
+        Some("Basic YWxAaWNlOnM6Y3JldA==")
+    );
+    assert_eq!(seen[0].body, BODY);
+}
+
+/// A `CONNECT` proxy on loopback for one connection: records the request head it was
+/// asked, then relays bytes both ways to `target`.
+fn connect_proxy(
+    target: std::net::SocketAddr,
+) -> (std::net::SocketAddr, thread::JoinHandle<String>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let handle = thread::spawn(move || {
+        // Bounded: a client that never comes ends the proxy after 10 s.
+        let mut waited = 0;
+        let mut client = loop {
+            match listener.accept() {
+                Ok((client, _)) => break client,
+                Err(_) if waited < 1000 => {
+                    waited += 1;
+                    thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => return format!("no connection: {e}"),
+            }
+        };
+        client.set_nonblocking(false).expect("blocking");
+        client
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") && head.len() < 8192 {
+            match client.read(&mut byte) {
+                Ok(1) => head.push(byte[0]),
+                _ => break,
+            }
+        }
+        let upstream = std::net::TcpStream::connect(target).expect("target");
+        client
+            .write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+            .expect("answer");
+        let (mut c2, mut u2) = (
+            client.try_clone().expect("clone"),
+            upstream.try_clone().expect("clone"),
+        );
+        let up = thread::spawn(move || {
+            let _ = std::io::copy(&mut c2, &mut u2);
+            let _ = u2.shutdown(std::net::Shutdown::Write);
+        });
+        let (mut u, mut c) = (upstream, client);
+        let _ = std::io::copy(&mut u, &mut c);
+        let _ = c.shutdown(std::net::Shutdown::Both);
+        let _ = up.join();
+        String::from_utf8_lossy(&head).into_owned()
+    });
+    (addr, handle)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_recipient_is_reached_through_a_connect_tunnel() {
+    // The tunnel leads to a plain-HTTP server: the TLS handshake with the recipient runs
+    // inside the tunnel and fails there (`tls`), which shows both that the proxy was asked
+    // to CONNECT and that TLS was spoken to the recipient, not to the proxy.
+    let plain = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let target = plain.local_addr().expect("addr");
+    let server = thread::spawn(move || {
+        let (mut stream, _) = plain.accept().expect("accept");
+        let mut hello = [0u8; 512];
+        let _ = stream.read(&mut hello);
+        let _ = stream.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
+    });
+    let (proxy, asked) = connect_proxy(target);
+    let c = AsyncHttpClient::new(
+        HttpConfig {
+            proxy: Some(format!("http://bob:pw@{proxy}")),
+            timeout: Duration::from_secs(10),
+            ..HttpConfig::default()
+        },
+        None,
+    )
+    .expect("client");
+    let res = post_async(&c, "https://inbox.test/inbox", CONTENT_TYPE).await;
+    assert_eq!(code(&res), Some("tls"), "{res:?}");
+    server.join().expect("server");
+    let head = asked.join().expect("proxy");
+    let first = head.lines().next().unwrap_or("");
+    assert_eq!(first, "CONNECT inbox.test:443 HTTP/1.1", "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("proxy-authorization: basic ym9ionb3"),
+        "{head}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

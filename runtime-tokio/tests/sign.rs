@@ -1,4 +1,4 @@
-//! Signing end to end: the tokio runtime on a real SQLite file, delivering with reqwest to
+//! Signing end to end: the tokio runtime on a real SQLite file, delivering with hyper-util to
 //! loopback recorders, every request checked by independent HTTP Signatures verifiers:
 //! test-support's (written from the draft-cavage spec), and two we did not write, `sigh`
 //! (draft-cavage, over OpenSSL) and `httpsig-hyper` (RFC 9421). Tests assert relations
@@ -223,7 +223,7 @@ fn http_config() -> HttpConfig {
     }
 }
 
-/// Builds the attempt's request in `spec` (with `challenge`) and sends it with reqwest, as
+/// Builds the attempt's request in `spec` (with `challenge`) and sends it with the tokio client, as
 /// the double-knock does.
 async fn send_signed(
     actor: &str,
@@ -266,7 +266,7 @@ async fn send_signed(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rfc9421_over_reqwest_verifies_with_httpsig_rsa_and_ed25519() {
+async fn rfc9421_over_hyper_verifies_with_httpsig_rsa_and_ed25519() {
     let r = Recipient::start().expect("recipient");
     for (actor, public, alg) in [
         (ALICE, ALICE_PUBLIC, "rsa-v1_5-sha256"),
@@ -304,11 +304,11 @@ async fn rfc9421_over_reqwest_verifies_with_httpsig_rsa_and_ed25519() {
     }
 }
 
-/// reqwest's `Host` and `Content-Length` are the values the signer covers when a challenge
-/// asks for them. For an empty body reqwest sends no `Content-Length`, and the signer does
+/// hyper's `Host` and `Content-Length` are the values the signer covers when a challenge
+/// asks for them. For an empty body hyper sends no `Content-Length`, and the signer does
 /// not claim one: the challenge is not honoured, the default signature is sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_challenge_is_signed_over_what_reqwest_really_sends() {
+async fn a_challenge_is_signed_over_what_hyper_really_sends() {
     let r = Recipient::start().expect("recipient");
     let challenge = "req=(\"@method\" \"@authority\" \"@path\" \"@query\" \"host\" \
                      \"content-length\" \"content-type\" \"content-digest\" \"date\");\

@@ -16,7 +16,7 @@ use outbox_lanes_core::policy::Recipient;
     version,
     about = "Per-recipient ordered outbox delivery over HTTP: enqueue, drain, relay, inspect.",
     long_about = "Per-recipient ordered outbox delivery over HTTP: enqueue, drain, relay, inspect.\n\n\
-        Runtime: tokio. Each pass is an async task; deliveries are tasks POSTing with reqwest \
+        Runtime: tokio. Each pass is an async task; deliveries are tasks POSTing with hyper \
         (at most --concurrency in flight, which is also one actor's in-flight window); store \
         work runs on tokio's blocking pool, batched per round."
 )]

@@ -1,7 +1,7 @@
 //! The one module that talks to the outbox and its store.
 //!
 //! The binary runs on tokio with the async runtime's outbox (`outbox_lanes_tokio`): passes
-//! and deliveries are tokio tasks (reqwest), store calls run on tokio's blocking pool,
+//! and deliveries are tokio tasks (hyper), store calls run on tokio's blocking pool,
 //! batched per round of a pass. The Postgres client owns a runtime of its own, so the store is
 //! opened there too, and the outbox drops it there.
 

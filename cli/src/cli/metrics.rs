@@ -10,7 +10,7 @@
 //!
 //! A hand-written responder rather than an HTTP server crate: it answers three GET paths
 //! with `Connection: close`, and the binary otherwise needs no HTTP server (hyper comes only
-//! as reqwest's client half; axum is a dev-dependency of the examples).
+//! as the tokio runtime's client, without its server half; axum is a dev-dependency of the examples).
 //! - `/metrics` (and `/`): the exposition text; 503 if the store cannot be read.
 //! - `/healthz`: 200 while the process serves requests (liveness: it checks nothing else).
 //! - `/readyz`: 200 if the store answers a query now, else 503 with the reason (readiness);

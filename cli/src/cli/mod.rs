@@ -225,7 +225,7 @@ fn init_logging(format: LogFormat) {
 }
 
 /// The runtime the binary runs, as its logs name it.
-const RUNTIME: &str = "tokio (passes and deliveries as tasks, reqwest)";
+const RUNTIME: &str = "tokio (passes and deliveries as tasks, hyper)";
 
 /// The outbox configuration the delivery flags ask for.
 fn config(d: &DeliveryFlags) -> OutboxConfig {

@@ -2,9 +2,10 @@
 //!
 //! A recipient names a lane, so two spellings of one inbox must give one canonical string,
 //! and the canonical string must mean the same thing to every HTTP client a runtime uses
-//! (reqwest parses URLs the WHATWG way, ureq the RFC 3986 way). The parser is therefore
-//! strict: whatever the two could read differently (backslashes, userinfo, percent-encoded
-//! hosts, shorthand IPv4 such as `127.1`) is refused rather than guessed.
+//! (WHATWG clients such as reqwest and browsers parse URLs one way, ureq and hyper the
+//! RFC 3986 way). The parser is therefore strict: whatever the two could read differently
+//! (backslashes, userinfo, percent-encoded hosts, shorthand IPv4 such as `127.1`) is refused
+//! rather than guessed.
 //!
 //! The canonical form is `scheme://host[:port]/path[?query]`:
 //! - the scheme and host are lower-cased;
@@ -26,7 +27,7 @@
 //!   decoded (`%7Ealice` is `~alice`), the hex digits of the other escapes are upper-cased
 //!   (`%c3%a9` is `%C3%A9`), and then dot segments are removed as RFC 3986 §5.2.4 says
 //!   (`/a/../inbox`, `/./inbox` and `/%2E/inbox` are all `/inbox`; `/a/..` is `/`). WHATWG
-//!   clients (reqwest) remove these segments, `%2e` ones included, before they send a
+//!   clients (reqwest, browsers) remove these segments, `%2e` ones included, before they send a
 //!   request, so without this two lanes would post to one inbox at once, out of order.
 //!   Malformed escapes (`%zz`, `%4`, a lone `%`) are kept as they are, and an escape is not
 //!   decoded where its hex digit would turn such a `%` into an escape;

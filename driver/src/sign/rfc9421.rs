@@ -39,7 +39,7 @@ const EXPIRES_AFTER_SECS: u64 = 300;
 /// are the ones the signer sets itself (`Content-Digest`, `Date`), the ones the request
 /// builder sets from what the signer is given (`Content-Type`, `Idempotency-Key`), and the
 /// two the transports add: `Content-Length` (both send the body's length, but for an empty
-/// body only ureq sends `Content-Length: 0`, reqwest sends none, so it is covered only for a
+/// body only ureq sends `Content-Length: 0`, hyper sends none, so it is covered only for a
 /// body that is not empty) and `Host` (the URL's host, with `:port` when the port is not the
 /// scheme's default, the value draft-cavage signing relies on too). The request's other
 /// headers (`User-Agent`, `Accept`, a row's own) are not known to the signer: a challenge
@@ -218,7 +218,7 @@ fn member_plan(
         if c == Component::ContentLength && body_len == 0 {
             return Err(
                 "cannot cover \"content-length\" of an empty body: not every HTTP \
-                        client sends one (reqwest does not)"
+                        client sends one (hyper does not)"
                     .to_owned(),
             );
         }

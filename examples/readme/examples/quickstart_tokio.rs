@@ -1,4 +1,4 @@
-//! Quick start, tokio runtime: passes and deliveries as tasks, reqwest.
+//! Quick start, tokio runtime: passes and deliveries as tasks, hyper.
 #![deny(warnings)]
 
 use std::sync::Arc;
