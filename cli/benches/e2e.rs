@@ -39,9 +39,10 @@
 //!   peak RSS.
 //!
 //! `cargo bench --bench e2e`; `E2E_SCALE=0.1` shrinks (a)–(d), `E2E_BACKLOG=N` sizes (e),
-//! `E2E_CASES=a,c` picks cases, `E2E_BIN` runs another build of the binary. It writes `benches/e2e.svg` (deliveries/s as a fraction of the
-//! limit, and CPU µs per delivery, outbox vs limit, per case): hand-written SVG, since a
-//! plotting crate would be compiled by every `clippy --all-targets` run for one chart.
+//! `E2E_CASES=a,c` picks cases, `E2E_BIN` runs another build of the binary. It writes
+//! `benches/e2e.svg` (deliveries/s as a fraction of the limit, and CPU µs per delivery,
+//! outbox vs limit, per case): hand-written SVG, since a plotting crate would be compiled by
+//! every `clippy --all-targets` run for one chart.
 //! Every loop is bounded; all traffic stays on 127.0.0.1.
 
 use std::collections::{HashMap, HashSet};
@@ -919,7 +920,7 @@ fn main() -> Res<()> {
                         "(p) round {round}, 100 lanes x {} rows, instant, drain --concurrency 100: \
                          SQLite {:.0}/s at {:.1} us CPU per delivery, Postgres {:.0}/s at {:.1} us: \
                          Postgres {:.2}x SQLite; order violations {} / {}, duplicates {} / {}",
-                        l.rows.len() / 100,
+                        l.rows.len(),
                         sqlite.rate(),
                         sqlite.cpu_per(),
                         pg.rate(),
