@@ -2658,3 +2658,46 @@ fn help_lists_each_commands_own_flags_and_usage_errors_follow_the_log_format() {
         out.stderr
     );
 }
+
+/// `--proxy`: every delivery goes to the proxy, an `http://` recipient in absolute form with
+/// the URL's credentials decoded. The recipient's own port is closed, so only the proxy can
+/// have answered; without the flag the same rows fail there.
+#[test]
+fn a_proxy_carries_every_delivery() {
+    let db = Db::sqlite();
+    let proxy = Recipient::start().unwrap();
+    let inbox = format!("http://127.0.0.1:{}/inbox", free_port());
+    ok(
+        &db,
+        &["enqueue", "--actor", "alice"],
+        &rows(3, std::slice::from_ref(&inbox)),
+    );
+    let via = proxy
+        .url("")
+        .replacen("http://", "http://us%65r:p%40ss@", 1);
+    ok(&db, &["drain", "--proxy", &via], "");
+    let asked = proxy.all_requests();
+    assert_eq!(asked.len(), 3, "{asked:?}");
+    for (n, q) in asked.iter().enumerate() {
+        assert_eq!(q.target, inbox);
+        assert_eq!(q.header("proxy-authorization"), Some("Basic dXNlcjpwQHNz"));
+        let body: Value = serde_json::from_slice(&q.body).unwrap();
+        assert_eq!(body["n"], n as u64);
+    }
+    assert_eq!(pending(&db), 0);
+
+    ok(&db, &["enqueue", "--actor", "bob"], &rows(1, &[inbox]));
+    let out = run(&db, &["drain", "--max-attempts", "1"], "");
+    assert_eq!(
+        proxy.all_requests().len(),
+        3,
+        "no proxy: nothing reached it"
+    );
+    let dead = ok(&db, &["dead-letters", "list", "--json"], "").json();
+    assert_eq!(
+        dead["dead_letters"].as_array().map(Vec::len),
+        Some(1),
+        "{}",
+        out.stderr
+    );
+}

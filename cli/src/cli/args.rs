@@ -221,6 +221,20 @@ pub(crate) struct DeliveryFlags {
     #[arg(long, value_parser = parse_timeout, env = "OUTBOX_LANES_HOST_UNAVAILABLE_AFTER")]
     pub(crate) host_unavailable_after: Option<Duration>,
 
+    /// Send every delivery through this proxy: `http://host:port` (an `http://` recipient is
+    /// asked of it in absolute form, an `https://` one through a `CONNECT` tunnel, TLS to the
+    /// recipient inside) or `https://host:port`; credentials in its URL
+    /// (`http://user:pass@host:port`, percent-encoded) go as `Proxy-Authorization: Basic`.
+    /// Default: none (`HTTP_PROXY` and friends are never read). The SSRF guard cannot see
+    /// through a proxy: the proxy resolves names and connects wherever they point.
+    #[arg(
+        long,
+        env = "OUTBOX_LANES_PROXY",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
+    pub(crate) proxy: Option<String>,
+
     /// Bound on connecting to a recipient (DNS, TCP and TLS handshakes), within --timeout.
     #[arg(long, value_parser = parse_timeout, default_value = "10s", env = "OUTBOX_LANES_CONNECT_TIMEOUT")]
     pub(crate) connect_timeout: Duration,

@@ -262,6 +262,7 @@ fn config(d: &DeliveryFlags) -> OutboxConfig {
     };
     c.http.signature_fallback_on_5xx = d.signature_fallback_on_5xx;
     c.http.connect_timeout = d.connect_timeout;
+    c.http.proxy.clone_from(&d.proxy);
     c.hosts.failures = d.host_failures;
     c.hosts.first_contact = d.host_first_contact;
     c.hosts.backoff_base = d.host_backoff_base;
