@@ -74,8 +74,8 @@ use outbox_lanes_core::policy::{
     AddressPolicy, Classifier, DestinationRefused, TransportError, parse_retry_after,
 };
 use outbox_lanes_driver::http::{
-    AttemptResult, Delivery, HttpConfig, answered_result, invalid_request, io_kind,
-    redact_userinfo, refusal_message, refused_result,
+    AttemptResult, Delivery, HttpConfig, HttpError, answered_result, invalid_request, io_kind,
+    refusal_message, refused_result,
 };
 use outbox_lanes_driver::request::{Request, RequestPolicy};
 use outbox_lanes_driver::sign::Signer;
@@ -380,15 +380,18 @@ struct ProxySpec {
 
 impl ProxySpec {
     fn parse(p: &str) -> Result<Self, OutboxError> {
-        let http_err = |e: String| OutboxError::Http(e);
-        let invalid = || http_err(format!("invalid proxy URL {:?}", redact_userinfo(p)));
+        let http_err = |e: HttpError| OutboxError::Http(e.to_string());
+        let invalid = || {
+            http_err(HttpError::BadProxy {
+                proxy: p.to_owned(),
+            })
+        };
         let (scheme, rest) = p.split_once("://").unwrap_or(("", p));
         let scheme = scheme.to_ascii_lowercase();
         if !p.contains("://") || !matches!(scheme.as_str(), "http" | "https") {
-            return Err(http_err(format!(
-                "unsupported proxy {:?}: only http:// and https:// (CONNECT) proxies are supported",
-                redact_userinfo(p)
-            )));
+            return Err(http_err(HttpError::UnsupportedProxy {
+                proxy: p.to_owned(),
+            }));
         }
         let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
         let (userinfo, hostport) = match authority.rsplit_once('@') {
