@@ -400,22 +400,14 @@ impl Resolver for GuardedResolver {
             return Ok(resolved);
         }
         let mut allowed = self.empty();
-        let mut first_refused = None;
-        for addr in resolved.iter() {
-            match self.policy.check(addr.ip()) {
-                Ok(()) => allowed.push(*addr),
-                Err(refused) => {
-                    first_refused.get_or_insert(refused);
-                }
-            }
-        }
-        match first_refused {
-            Some(refused) if allowed.is_empty() => {
-                Err(ureq::Error::Other(Box::new(GuardError::Refused(refused))))
-            }
+        match self
+            .policy
+            .admit(resolved.iter().copied(), |a| allowed.push(a))
+        {
+            Ok(()) => Ok(allowed),
+            Err(Some(refused)) => Err(ureq::Error::Other(Box::new(GuardError::Refused(refused)))),
             // The inner resolver returns at least one address or an error.
-            None if allowed.is_empty() => Err(ureq::Error::HostNotFound),
-            _ => Ok(allowed),
+            Err(None) => Err(ureq::Error::HostNotFound),
         }
     }
 }

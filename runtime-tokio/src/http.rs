@@ -638,25 +638,14 @@ impl Service<Name> for GuardedResolver {
                 return Ok(resolved.into_iter());
             }
             let mut allowed = Vec::with_capacity(resolved.len());
-            let mut first_refused = None;
-            for addr in resolved {
-                match policy.check(addr.ip()) {
-                    Ok(()) => allowed.push(addr),
-                    Err(refused) => {
-                        first_refused.get_or_insert(refused);
-                    }
-                }
+            match policy.admit(resolved, |a| allowed.push(a)) {
+                Ok(()) => Ok(allowed.into_iter()),
+                Err(Some(refused)) => Err(GuardError::Refused(refused)),
+                Err(None) => Err(GuardError::Resolve(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("{host} has no address"),
+                ))),
             }
-            if allowed.is_empty() {
-                return Err(match first_refused {
-                    Some(refused) => GuardError::Refused(refused),
-                    None => GuardError::Resolve(io::Error::new(
-                        io::ErrorKind::NotFound,
-                        format!("{host} has no address"),
-                    )),
-                });
-            }
-            Ok(allowed.into_iter())
         })
     }
 }

@@ -31,7 +31,7 @@
 //! own `Ipv4Addr::is_global` and kin are unstable and draw different lines.
 
 use core::fmt;
-use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use core::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use ipnet::{Ipv4Net, Ipv6Net};
 
@@ -358,6 +358,33 @@ impl AddressPolicy {
             Err(DestinationRefused { addr, class })
         }
     }
+
+    /// A resolver's filter: passes to `keep`, in order, each of a name's resolved addresses
+    /// the policy allows, so that the name is reached at those alone (both HTTP clients'
+    /// guarded resolvers use it).
+    ///
+    /// # Errors
+    /// When it allows none of them: the first refusal, or `None` if there was no address.
+    pub fn admit(
+        &self,
+        resolved: impl IntoIterator<Item = SocketAddr>,
+        mut keep: impl FnMut(SocketAddr),
+    ) -> Result<(), Option<DestinationRefused>> {
+        let mut kept = false;
+        let mut first_refused = None;
+        for addr in resolved {
+            match self.check(addr.ip()) {
+                Ok(()) => {
+                    kept = true;
+                    keep(addr);
+                }
+                Err(refused) => {
+                    first_refused.get_or_insert(refused);
+                }
+            }
+        }
+        if kept { Ok(()) } else { Err(first_refused) }
+    }
 }
 
 #[cfg(test)]
@@ -367,6 +394,35 @@ mod tests {
     use alloc::format;
     use alloc::string::ToString;
     use alloc::vec::Vec;
+
+    #[test]
+    fn admit_keeps_the_allowed_addresses_in_order_or_names_the_first_refusal() {
+        let sock = |s: &str| -> SocketAddr { s.parse().unwrap() };
+        let resolved = [
+            sock("10.0.0.1:0"),
+            sock("127.0.0.1:0"),
+            sock("169.254.169.254:0"),
+            sock("[::1]:0"),
+        ];
+        let mut kept = Vec::new();
+        let loopback = AddressPolicy::allow_loopback_only();
+        assert_eq!(loopback.admit(resolved, |a| kept.push(a)), Ok(()));
+        assert_eq!(kept, [sock("127.0.0.1:0"), sock("[::1]:0")]);
+
+        kept.clear();
+        let refused = AddressPolicy::default()
+            .admit(resolved, |a| kept.push(a))
+            .unwrap_err()
+            .unwrap();
+        assert!(kept.is_empty());
+        assert_eq!(
+            (refused.addr, refused.class),
+            (v4("10.0.0.1"), AddrClass::Private)
+        );
+
+        assert_eq!(loopback.admit([], |a| kept.push(a)), Err(None));
+        assert!(kept.is_empty());
+    }
 
     fn v4(s: &str) -> IpAddr {
         IpAddr::V4(s.parse().unwrap())
