@@ -42,6 +42,11 @@ pub struct OutboxConfig {
     pub poll_interval: Duration,
     /// Passes the monitor runs at once.
     pub max_passes: usize,
+    /// How often the monitor runs the store's upkeep ([`DriverStore::upkeep`]: row ids past
+    /// their dedup window, finished units past the ack retention), starting when it starts.
+    ///
+    /// [`DriverStore::upkeep`]: outbox_lanes_store::DriverStore::upkeep
+    pub upkeep_interval: Duration,
     /// The name this process holds drain slots under (default: `pid<process id>-<8 hex
     /// digits>`, e.g. `pid21974-1f085e38`).
     pub holder: Option<String>,
@@ -63,6 +68,7 @@ impl Default for OutboxConfig {
             shutdown_grace: Duration::from_secs(10),
             poll_interval: Duration::from_secs(1),
             max_passes: 8,
+            upkeep_interval: Duration::from_secs(600),
             holder: None,
             seed: None,
         }

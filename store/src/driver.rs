@@ -232,6 +232,15 @@ impl<B: Backend> DriverStore for B {
         &self.shared().outbox_id
     }
 
+    fn upkeep(&self, now: Timestamp) -> Result<(u64, u64), StoreError> {
+        let forgotten = crate::ServiceStore::purge_row_ids(self, now)?;
+        let purged = match self.common().ack_retention {
+            Some(keep) => crate::ServiceStore::purge_acked(self, now.saturating_sub(keep))?,
+            None => 0,
+        };
+        Ok((forgotten, purged))
+    }
+
     fn hosts(&self) -> Result<Vec<HostRecord>, StoreError> {
         self.read(|db| hosts::all(db))
     }

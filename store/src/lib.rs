@@ -382,6 +382,15 @@ pub trait DriverStore: Send + Sync {
     /// same key for different units.
     fn outbox_id(&self) -> &str;
 
+    /// The monitor's upkeep, every few minutes: forgets the row ids past their dedup window
+    /// ([`ServiceStore::purge_row_ids`]) and, with an ack retention
+    /// ([`CommonOptions::ack_retention`]), deletes the finished units kept longer than it
+    /// ([`ServiceStore::purge_acked`]). Returns how many of each.
+    ///
+    /// # Errors
+    /// Database failures (what was deleted before one stays deleted).
+    fn upkeep(&self, now: Timestamp) -> Result<(u64, u64), StoreError>;
+
     /// Every host's row (`ol_hosts`, [`hosts`]): the connection health and the HTTP signature
     /// schemes the relays share, and the operator's blocks. A relay reads it at start and
     /// about once a second.
@@ -563,8 +572,8 @@ pub trait ServiceStore: Send + Sync {
     /// Forgets the row ids whose dedup window ended before `now`: the entries of `ol_row_ids`
     /// enqueued longer than [`CommonOptions::row_id_retention`] ago (an id whose row is still
     /// stored stays refused all the same). Returns how many. Deletes in bounded statements,
-    /// each its own short transaction. The binary's `relay` calls it every 10 minutes; a service
-    /// embedding the monitor calls it itself, as it does [`ServiceStore::purge_acked`].
+    /// each its own short transaction. The monitor calls it in its upkeep
+    /// ([`DriverStore::upkeep`]); a service without a monitor calls it itself.
     ///
     /// # Errors
     /// Database failures.

@@ -512,15 +512,6 @@ impl Backend {
         self.outbox.store().outbox_id().to_owned()
     }
 
-    /// Forgets the row ids past their dedup window (`--row-id-retention`); returns how many.
-    pub(crate) async fn purge_row_ids(&self) -> anyhow::Result<u64> {
-        let store = Arc::clone(self.outbox.store());
-        Ok(
-            blocking(move || store.purge_row_ids(Timestamp::from_system_time(SystemTime::now())))
-                .await??,
-        )
-    }
-
     /// Enqueues `rows` for `actor` in one transaction.
     pub(crate) async fn enqueue(
         &self,

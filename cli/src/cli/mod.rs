@@ -812,27 +812,6 @@ async fn cmd_drain(
     Ok(())
 }
 
-/// How often the relay forgets the row ids past their dedup window.
-const FORGET_EVERY: Duration = Duration::from_secs(600);
-
-/// The relay's upkeep of the row-id ledger: at start, then every [`FORGET_EVERY`], the ids
-/// past `--row-id-retention` are deleted (in bounded statements). A failure is logged and
-/// tried again at the next turn.
-async fn forget_row_ids(backend: Backend) {
-    let mut every = tokio::time::interval(FORGET_EVERY);
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        every.tick().await;
-        match backend.purge_row_ids().await {
-            Ok(0) => {}
-            Ok(n) => info!(forgotten = n, "row ids past the row-id retention forgotten"),
-            Err(e) => {
-                warn!(error = %format!("{e:#}"), "could not forget the row ids past the row-id retention; trying again later")
-            }
-        }
-    }
-}
-
 async fn cmd_relay(
     backend: &Backend,
     r: RelayArgs,
@@ -854,7 +833,6 @@ async fn cmd_relay(
         runner
     });
     let mut relay = backend.start_monitor().await?;
-    let forget = tokio::spawn(forget_row_ids(backend.clone()));
     info!(
         runtime = RUNTIME,
         concurrency = backend.concurrency(),
@@ -888,9 +866,6 @@ async fn cmd_relay(
              units are delivered again by the next relay"
         )),
     };
-    forget.abort();
-    // Its clone of the backend goes with it, before the backend is closed.
-    let _ = forget.await;
     if let Some(server) = server {
         server.abort();
         // Its clone of the backend goes with it, before the backend is closed.

@@ -11,7 +11,12 @@
 //! - a wake-up from the store's [`Notifier`](outbox_lanes_store::Notifier): an enqueue in
 //!   this process (after its commit) or a change seen by the cross-process watcher;
 //! - the book's [`MonitorBook::poll_timeout`]: the safety-net poll or the earliest lane
-//!   `not_before`, on the runtime's timer.
+//!   `not_before`, on the runtime's timer;
+//! - the store's upkeep ([`DriverStore::upkeep`](outbox_lanes_store::DriverStore::upkeep): row ids past their dedup window, finished
+//!   units past the ack retention) ending, or coming due: at start, then every
+//!   [`upkeep_interval`](crate::OutboxConfig::upkeep_interval), as a task of its own (one at a
+//!   time, where blocking is allowed) so a long purge never delays a poll. A stop waits for
+//!   a running upkeep as it waits for the passes.
 
 use std::collections::HashMap;
 use std::future::{Future, poll_fn};
@@ -164,8 +169,38 @@ enum Event {
     /// `true`: [`Monitor::stop`]; `false`: the [`Monitor`] was dropped.
     Stop(bool),
     Report(ActorId, Report),
+    /// The store's upkeep ended.
+    UpkeepDone,
     Woken,
     Timeout,
+}
+
+/// Tells the loop that the upkeep ended however its task ends (like [`PassDone`]).
+struct UpkeepDone(mpsc::UnboundedSender<()>);
+
+impl Drop for UpkeepDone {
+    fn drop(&mut self) {
+        let _ = self.0.unbounded_send(());
+    }
+}
+
+/// Runs the store's upkeep where blocking is allowed, and logs what it did.
+async fn upkeep(rt: Arc<dyn Runtime>, core: Arc<OutboxCore>, done: UpkeepDone) {
+    let c = Arc::clone(&core);
+    match unblock(&*rt, move || c.store().upkeep(wall_now())).await {
+        Some(Ok((0, 0))) => trace!(reason = "upkeep", "store upkeep: nothing to delete"),
+        Some(Ok((forgotten, purged))) => info!(
+            forgotten,
+            purged,
+            "store upkeep: row ids past the row-id retention forgotten, finished units past the ack retention deleted"
+        ),
+        Some(Err(e)) => {
+            warn!(error = %e, "store upkeep failed; trying again at the next one")
+        }
+        None => {}
+    }
+    super::drop_core(&*rt, core);
+    drop(done);
 }
 
 /// What a pass task tells the loop.
@@ -227,6 +262,11 @@ async fn run(
     let mut next_not_before: Option<Timestamp> = None;
     // The database file was removed or replaced: no new pass, ever (see `Monitor::ended`).
     let mut lost: Option<StoreError> = None;
+    // The store's upkeep: when it is next due, and whether one runs.
+    let upkeep_every = core.config().upkeep_interval.max(Duration::from_millis(1));
+    let mut upkeep_at = rt.now();
+    let mut upkeep_running = false;
+    let (upkeep_tx, mut upkeep_rx) = mpsc::unbounded::<()>();
     info!(
         max_passes,
         poll_interval_ms = poll_interval.as_millis() as u64,
@@ -234,6 +274,12 @@ async fn run(
     );
     loop {
         let now = wall_now();
+        if !stopping && !upkeep_running && rt.now() >= upkeep_at {
+            upkeep_running = true;
+            upkeep_at = rt.now() + upkeep_every;
+            let done = UpkeepDone(upkeep_tx.clone());
+            rt.spawn(Box::pin(upkeep(Arc::clone(rt), Arc::clone(core), done)));
+        }
         if !stopping {
             while let Some(action) = book.poll_action(now) {
                 match action {
@@ -313,7 +359,7 @@ async fn run(
                 }
             }
         }
-        if stopping && running.is_empty() {
+        if stopping && running.is_empty() && !upkeep_running {
             info!("monitor stopped");
             return lost;
         }
@@ -324,9 +370,15 @@ async fn run(
         }
         // Wall-clock deadlines (lane `not_before` is wall-clock), slept on the runtime's timer.
         let deadline = book.poll_timeout();
+        let until_upkeep = upkeep_at.saturating_duration_since(rt.now());
         let wait = deadline
             .map_or(poll_interval, |t| {
                 Duration::from_millis(t.as_millis().saturating_sub(now.as_millis()))
+            })
+            .min(if upkeep_running || stopping {
+                Duration::MAX
+            } else {
+                until_upkeep
             })
             .clamp(
                 Duration::from_millis(1),
@@ -343,6 +395,9 @@ async fn run(
                 }
                 if let Poll::Ready(Some((actor, report))) = Pin::new(&mut report_rx).poll_next(cx) {
                     return Poll::Ready(Event::Report(actor, report));
+                }
+                if let Poll::Ready(Some(())) = Pin::new(&mut upkeep_rx).poll_next(cx) {
+                    return Poll::Ready(Event::UpkeepDone);
                 }
                 if woken.poll_woken(cx).is_ready() {
                     return Poll::Ready(Event::Woken);
@@ -376,6 +431,13 @@ async fn run(
                 debug!(reason = "pass_waiting", %actor, waiting = w,
                     "monitor woken: a pass only waits on attempts in flight (not counted against max_passes), or has work again");
                 book.handle_pass_waiting(&actor, w, now);
+            }
+            Event::UpkeepDone => {
+                trace!(
+                    reason = "upkeep_done",
+                    "monitor woken: the store's upkeep ended"
+                );
+                upkeep_running = false;
             }
             Event::Woken => {
                 if stopping {
