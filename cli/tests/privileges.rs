@@ -143,6 +143,34 @@ fn a_delivered_row_id_enqueued_again_is_not_delivered_twice() {
     assert_eq!(r.count("/in"), 2);
 }
 
+/// `--ack-retention` keeps a delivered unit and its payload (the library's `ack_retention`,
+/// reached from the binary); without it a delivered unit is deleted at once.
+#[test]
+fn ack_retention_keeps_delivered_units() {
+    let r = Recipient::start().unwrap();
+    for (flags, kept) in [(&["--ack-retention", "1h"][..], 1), (&[][..], 0)] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("outbox.db");
+        let db = sqlite_db(&path);
+        ok(
+            &with_db(&db, &["enqueue", "--actor", "a"]),
+            &rows(&["r1"], &r.url("/in")),
+        );
+        let drain: Vec<&str> = flags.iter().copied().chain(["drain"]).collect();
+        ok(&with_db(&db, &drain), "");
+        let c = rusqlite::Connection::open(&path).unwrap();
+        let acked: i64 = c
+            .query_row(
+                "SELECT count(*) FROM ol_units WHERE acked_at IS NOT NULL AND body IS NOT NULL",
+                [],
+                |row| row.get(0),
+            )
+            .unwrap();
+        assert_eq!(acked, kept, "{flags:?}");
+    }
+    assert_eq!(r.count("/in"), 2);
+}
+
 /// `migrate` creates and upgrades; the other commands refuse an older schema, naming
 /// `migrate`, and change nothing.
 #[test]

@@ -52,6 +52,12 @@ pub(crate) struct Cli {
     #[arg(long, global = true, value_parser = parse_duration, default_value = "7d", env = "OUTBOX_LANES_ROW_ID_RETENTION")]
     pub(crate) row_id_retention: Duration,
 
+    /// Keep delivered units (with their payloads) this long instead of deleting them at once:
+    /// `1h`, `7d`, `0s` for none (the default). `relay` deletes the ones past it every 10
+    /// minutes.
+    #[arg(long, global = true, value_parser = parse_duration, default_value = "0s", env = "OUTBOX_LANES_ACK_RETENTION")]
+    pub(crate) ack_retention: Duration,
+
     /// Log format on stderr (level from RUST_LOG, default info).
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "OUTBOX_LANES_LOG_FORMAT")]
     pub(crate) log_format: LogFormat,

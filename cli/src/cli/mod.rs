@@ -373,6 +373,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let counters = Arc::new(Counters::default());
     let common = CommonOptions {
         row_id_retention: cli.row_id_retention,
+        ack_retention: (!cli.ack_retention.is_zero()).then_some(cli.ack_retention),
         ..CommonOptions::default()
     };
     if delivery.is_some_and(|d| !d.allow_private_destinations) {
