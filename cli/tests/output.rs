@@ -133,6 +133,39 @@ fn no_command_panics_when_stdout_or_stderr_is_full() {
     }
 }
 
+/// `enqueue` whose stdout cannot take its results has still committed the rows: it exits 1
+/// saying so, not in words that read as a failed enqueue, and the rows are there.
+#[test]
+fn an_enqueue_whose_stdout_is_full_says_its_rows_are_enqueued() {
+    let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
+        eprintln!("skipped: no /dev/full");
+        return;
+    };
+    let db = Db::new();
+    db.enqueue("ann", "https://social.example/inbox");
+    let rows = "{\"id\":\"r2\",\"to\":[\"https://social.example/inbox\"],\"body\":{}}\n\
+                {\"id\":\"r3\",\"to\":[\"https://social.example/inbox\"],\"body\":{}}\n";
+    let mut c = db.command(&["enqueue", "--actor", "ann"]);
+    c.stdout(Stdio::from(full));
+    let mut child = c.spawn().unwrap();
+    if let Some(mut input) = child.stdin.take() {
+        use std::io::Write as _;
+        input.write_all(rows.as_bytes()).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "the 2 row(s) are enqueued (committed), but their results could not be written"
+        ),
+        "{stderr}"
+    );
+    let status = collect(db.command(&["status", "--json"]).spawn().unwrap(), "");
+    let v: Value = serde_json::from_str(&status.stdout).unwrap();
+    assert_eq!(v["actors"][0]["pending"], 3, "{}", status.stdout);
+}
+
 /// A relay names the database it opened, and warns when it had to create a new one (started
 /// in the wrong directory, it would otherwise idle on an empty `./outbox.db`).
 #[test]

@@ -628,9 +628,14 @@ async fn cmd_enqueue(
                 text.push_str(&serde_json::to_string(&enqueue::output(e))?);
                 text.push('\n');
             }
-            print(&text)?;
             info!(%actor, rows = n, "enqueued");
-            Ok(())
+            // Committed already: a failed write must not read as a failed enqueue (whoever
+            // runs it again would have every row refused as a duplicate).
+            print(&text).with_context(|| {
+                format!(
+                    "the {n} row(s) are enqueued (committed), but their results could not be written"
+                )
+            })
         }
         Err(OutboxError::Enqueue(e)) => match batch.explain(&e) {
             Some(bad) => Err(anyhow::Error::new(bad).context("input refused, nothing enqueued")),
