@@ -198,3 +198,46 @@ fn a_relay_names_its_database_and_warns_when_it_created_it() {
         lines.join("\n")
     );
 }
+
+/// The relay's upkeep deletes what `--row-id-retention` and `--ack-retention` keep, once they
+/// have passed (here 1 ms, every 100 ms): the delivered unit and its row id go.
+#[test]
+fn a_relay_deletes_what_its_retentions_let_go() {
+    let db = Db::new();
+    let r = Recipient::start().unwrap();
+    let line = serde_json::json!({ "id": "r0", "to": [r.url("/in")], "body": {} }).to_string();
+    let out = collect(
+        db.command(&["enqueue", "--actor", "ann", "--allow-private-destinations"])
+            .spawn()
+            .unwrap(),
+        &line,
+    );
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    let relay = Relay::start(
+        &db,
+        &[
+            "--allow-private-destinations",
+            "--ack-retention",
+            "1ms",
+            "--row-id-retention",
+            "1ms",
+            "--upkeep-interval",
+            "100ms",
+        ],
+        &[],
+    );
+    assert!(eventually(|| r.count("/in") == 1), "not delivered");
+    let count = |sql: &str| -> i64 {
+        let c = rusqlite::Connection::open(db.file()).unwrap();
+        c.query_row(sql, [], |row| row.get(0)).unwrap()
+    };
+    assert!(
+        eventually(|| count("SELECT count(*) FROM ol_units") == 0
+            && count("SELECT count(*) FROM ol_row_ids") == 0),
+        "kept: {} unit(s), {} row id(s)",
+        count("SELECT count(*) FROM ol_units"),
+        count("SELECT count(*) FROM ol_row_ids")
+    );
+    let (status, _) = relay.stop();
+    assert!(status.success());
+}

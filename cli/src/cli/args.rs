@@ -574,6 +574,11 @@ pub(crate) struct RelayArgs {
     /// in flight (a hanging recipient) is not counted.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=4096), env = "OUTBOX_LANES_MAX_PASSES")]
     pub(crate) max_passes: u32,
+
+    /// How often the relay deletes what the store keeps only for a while: row ids past
+    /// `--row-id-retention`, delivered units past `--ack-retention` (at start, then this often).
+    #[arg(long, value_parser = parse_timeout, default_value = "10m", env = "OUTBOX_LANES_UPKEEP_INTERVAL")]
+    pub(crate) upkeep_interval: Duration,
 }
 
 /// A `--metrics-addr`: what was given, and the addresses it resolved to.

@@ -389,6 +389,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             if let Command::Relay(r) = &cli.command {
                 c.poll_interval = r.poll_interval;
                 c.max_passes = r.max_passes as usize;
+                c.upkeep_interval = r.upkeep_interval;
             }
             c
         },
