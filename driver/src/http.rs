@@ -241,7 +241,19 @@ pub fn refused_result(refused: &DestinationRefused, classifier: &Classifier) -> 
 
 /// The error of a refused destination: `destination_refused: <addr> is <class>`.
 pub fn refusal_message(r: &DestinationRefused) -> String {
-    format!("destination_refused: {} is {}", r.addr, r.class)
+    format!("{REFUSAL}{} is {}", r.addr, r.class)
+}
+
+/// How [`refusal_message`] starts.
+const REFUSAL: &str = "destination_refused: ";
+
+/// Whether `result` is the SSRF guard's refusal of every address the destination resolved
+/// to (its error made by [`refusal_message`]).
+pub fn is_refusal(result: &AttemptResult) -> bool {
+    result
+        .error
+        .as_deref()
+        .is_some_and(|e| e.starts_with(REFUSAL))
 }
 
 /// The result of an attempt the recipient answered with `status`, classified as `outcome`;

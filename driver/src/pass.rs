@@ -209,8 +209,8 @@ struct UnitInfo {
 /// sending answered ([`Destination::check`]): the same for every attempt to the lane.
 struct LaneDestination {
     to: Arc<Destination>,
-    /// `Some`: nothing may be sent to it (a refused IP literal, a URL that does not parse);
-    /// every attempt comes to this.
+    /// `Some`: nothing may be sent to it (a refused IP literal, a URL that does not parse, a
+    /// host whose addresses the guard refused in this pass); every attempt comes to this.
     unsendable: Option<AttemptResult>,
 }
 
@@ -480,6 +480,14 @@ impl PassCore {
         now: Timestamp,
     ) {
         let outcome = result.outcome;
+        if crate::http::is_refusal(&result) {
+            // The guard refused every address the lane's host resolved to: the lane's later
+            // starts in this pass come to the same, in their round and without a job each,
+            // as for a refused IP literal (a pass is as long as an answer is trusted).
+            if let Some(Some(d)) = self.destinations.get_mut(lane.index()) {
+                d.unsendable.get_or_insert_with(|| result.clone());
+            }
+        }
         trace!(actor = %self.actor, unit = unit.0, recipient = self.recipient(lane),
             outcome = outcome.as_str(),
             retry_after_ms = outcome.retry_after().map(|d| d.as_millis() as u64),

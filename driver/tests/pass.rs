@@ -647,6 +647,49 @@ fn a_refused_lane_is_dead_lettered_in_batches_without_a_job_each_reported_after_
     );
 }
 
+/// A host name (not an IP literal) whose every address the guard refuses: the pass cannot
+/// know before a job resolves it, but once one job of the lane comes back refused, the
+/// lane's later starts of the pass are refused in their rounds like an IP literal's, and
+/// dead-lettered in batches, without a job (and a resolution) each. Before, each of the 50
+/// units was a job of its own.
+#[test]
+fn a_host_name_refused_once_is_refused_for_the_rest_of_the_pass_without_a_job_each() {
+    const NAMED: &str = "http://localhost:9/inbox";
+    let f = fixture_with((0..50).map(|i| new_row(&format!("n{i}"), NAMED)).collect());
+    let hooks = Hooks::default();
+    let cx = RoundContext {
+        store: &*f.store,
+        acks: &f.acks,
+        hooks: &hooks,
+    };
+    let sink = Arc::new(Sink::default());
+    let mut pass = PassCore::new(
+        token(&*f.store),
+        &refusing_config(),
+        sink.clone(),
+        now(),
+        now(),
+    );
+    // What the HTTP client's guarded resolver answers for `localhost`.
+    let jobs = drive(&mut pass, cx, &sink, refused);
+    assert_eq!(
+        jobs, 1,
+        "one job resolved the name; the rest were refused in their rounds"
+    );
+    let r = pass.finish(cx);
+    assert_eq!(r.end, PassEnd::Drained);
+    assert_eq!(r.report.dead_lettered, 50);
+    let listed = f.store.dead_letters(None).expect("dead letters");
+    assert_eq!(listed.len(), 50);
+    let rows: Vec<&str> = listed.iter().map(|d| d.row_id.as_str()).collect();
+    let expected: Vec<String> = (0..50).map(|i| format!("n{i}")).collect();
+    assert_eq!(rows, expected, "in lane order");
+    assert!(listed.iter().all(|d| {
+        d.reason == outbox_lanes_core::DeadReason::DestinationRefused
+            && d.last_error.as_deref() == Some("destination_refused: 127.0.0.1 is loopback")
+    }));
+}
+
 /// OL-16 with dead letters written together: outcomes that arrive together (both lanes'
 /// heads refused by their recipients at once) are dead-lettered in one write, and no later
 /// unit of either lane is handed out before that write committed.
