@@ -11,22 +11,24 @@
 # Each drain is checked: 0 pending, 10,000 dead letters. Printed per drain: units/s over the
 # drain's wall time, and its user + system CPU seconds. ROUNDS (default 3) runs of each binary
 # per case, old and new alternating. Logging is the default (INFO, one line per dead letter),
-# to a file.
+# to a file. DL_HOST=localhost sends the rows to a host name instead of the IP literal (the
+# guard then refuses what the name resolves to; nothing is sent either way).
 set -euo pipefail
 
 old=${1:?usage: dead_letters.sh OLD_BIN NEW_BIN [ROUNDS]}
 new=${2:?usage: dead_letters.sh OLD_BIN NEW_BIN [ROUNDS]}
 rounds=${3:-3}
 units=10000
+host=${DL_HOST:-127.0.0.1}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 
 # One lane: 10,000 rows to one inbox. 100 lanes: row i goes to inbox i % 100.
-awk -v n=$units 'BEGIN { for (i = 0; i < n; i++)
-  printf "{\"id\":\"r%d\",\"to\":[\"http://127.0.0.1:9/inbox\"],\"body\":{\"n\":%d}}\n", i, i }' \
+awk -v n=$units -v h="$host" 'BEGIN { for (i = 0; i < n; i++)
+  printf "{\"id\":\"r%d\",\"to\":[\"http://%s:9/inbox\"],\"body\":{\"n\":%d}}\n", i, h, i }' \
   >"$dir/one.jsonl"
-awk -v n=$units 'BEGIN { for (i = 0; i < n; i++)
-  printf "{\"id\":\"r%d\",\"to\":[\"http://127.0.0.1:9/inbox%d\"],\"body\":{\"n\":%d}}\n", i, i % 100, i }' \
+awk -v n=$units -v h="$host" 'BEGIN { for (i = 0; i < n; i++)
+  printf "{\"id\":\"r%d\",\"to\":[\"http://%s:9/inbox%d\"],\"body\":{\"n\":%d}}\n", i, h, i % 100, i }' \
   >"$dir/many.jsonl"
 
 run() { # binary label case
