@@ -158,10 +158,6 @@ pub const SCHEMA_V1: &str = pg_schema::SCHEMA_V1;
 #[doc(hidden)]
 pub const SCHEMA_V2: &str = pg_schema::SCHEMA_V2;
 
-/// Prepared statements kept per connection of the store's own: more than the store has.
-#[cfg(feature = "postgres")]
-const STATEMENT_CACHE: usize = 1024;
-
 /// How often a holder's liveness connection is checked (and reopened once lost).
 const LIVENESS_PING: Duration = Duration::from_secs(1);
 
@@ -762,9 +758,7 @@ mod connect {
 
     use ::sqlx::{AssertSqlSafe, Connection as _};
 
-    use super::{
-        OwnPool, OwnRuntime, PgConnection, PgOptions, PgStore, PoolState, STATEMENT_CACHE, Source,
-    };
+    use super::{OwnPool, OwnRuntime, PgConnection, PgOptions, PgStore, PoolState, Source};
     use crate::db::{Db, Dialect, Get, Sql, Value, ready};
     use crate::enqueue::enqueue;
     use crate::notify::PendingWake;
@@ -785,9 +779,6 @@ mod connect {
         /// database from a newer version.
         pub fn connect(url: &str, opts: PgOptions) -> Result<PgStore, StoreError> {
             let (options, target) = connect_options(url, &opts)?;
-            // Every statement of the store stays prepared (sqlx's default keeps 100, fewer
-            // than the store has: a cycle through them would prepare each again).
-            let options = options.statement_cache_capacity(STATEMENT_CACHE);
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(1)
                 .thread_name("outbox-lanes-pg")
