@@ -197,18 +197,8 @@ struct OwnPool {
 
 #[derive(Debug)]
 struct PoolState {
-    idle: Vec<OwnConn>,
+    idle: Vec<PgConnection>,
     open: usize,
-}
-
-/// One of the store's own connections, with the current-thread runtime its socket belongs
-/// to: the thread that waits for a statement drives the socket itself, with no hand-off to
-/// another thread per round trip (as the `postgres` crate's blocking client does).
-#[derive(Debug)]
-struct OwnConn {
-    /// First: it goes before its runtime.
-    conn: PgConnection,
-    rt: OwnRuntime,
 }
 
 /// Where the store's connections come from.
@@ -307,28 +297,21 @@ impl PgStore {
 
     /// Waits for `f` on the store's runtime (see the module docs).
     fn run<F: Future>(&self, f: F) -> Result<F::Output, StoreError> {
-        self.block(None, f)
-    }
-
-    /// Waits for `f` on `on`, the runtime of one of the store's own connections, whose I/O
-    /// the waiting thread then drives itself; else on the store's runtime.
-    fn block<F: Future>(&self, on: Option<&Runtime>, f: F) -> Result<F::Output, StoreError> {
-        let wait = move || match on {
-            Some(rt) => rt.block_on(f),
-            None => self.handle.block_on(f),
-        };
         match Handle::try_current().map(|h| h.runtime_flavor()) {
-            Ok(RuntimeFlavor::MultiThread) => Ok(tokio::task::block_in_place(wait)),
+            Ok(RuntimeFlavor::MultiThread) => {
+                Ok(tokio::task::block_in_place(|| self.handle.block_on(f)))
+            }
             // A current-thread runtime's blocking thread may wait; its own thread may not, and
             // tokio refuses that before the future is polled.
-            Ok(_) => std::panic::catch_unwind(AssertUnwindSafe(wait)).map_err(|_| {
-                StoreError::Database(
-                    "PgStore called on a current-thread tokio runtime's own thread; \
+            Ok(_) => std::panic::catch_unwind(AssertUnwindSafe(|| self.handle.block_on(f)))
+                .map_err(|_| {
+                    StoreError::Database(
+                        "PgStore called on a current-thread tokio runtime's own thread; \
                          call it through spawn_blocking"
-                        .into(),
-                )
-            }),
-            Err(_) => Ok(wait()),
+                            .into(),
+                    )
+                }),
+            Err(_) => Ok(self.handle.block_on(f)),
         }
     }
 
@@ -337,16 +320,7 @@ impl PgStore {
         &self,
         f: impl Future<Output = Result<T, ::sqlx::Error>>,
     ) -> Result<T, StoreError> {
-        self.block_sql(None, f)
-    }
-
-    /// [`Self::block`] for a sqlx future.
-    fn block_sql<T>(
-        &self,
-        on: Option<&Runtime>,
-        f: impl Future<Output = Result<T, ::sqlx::Error>>,
-    ) -> Result<T, StoreError> {
-        self.block(on, f)?.map_err(sqlx_err)
+        self.run(f)?.map_err(sqlx_err)
     }
 
     /// Runs `f` on a connection, in a transaction it commits (`tx`, and always on a caller's
@@ -369,8 +343,7 @@ impl PgStore {
                     }
                     Ok(mut conn) => {
                         let begin = if tx { Some("BEGIN") } else { None };
-                        let on = conn.rt.0.as_ref();
-                        let out = self.attempt(&mut conn.conn, on, begin, &mut f);
+                        let out = self.attempt(&mut conn, begin, &mut f);
                         if out.1 {
                             self.discard(pool, conn);
                         } else {
@@ -385,7 +358,7 @@ impl PgStore {
                         (Err(E::from(e)), lost, false)
                     }
                     Ok(mut conn) => {
-                        let out = self.attempt(&mut conn, None, Some(begin), &mut f);
+                        let out = self.attempt(&mut conn, Some(begin), &mut f);
                         if out.1 {
                             conn.close_on_drop();
                         }
@@ -415,7 +388,6 @@ impl PgStore {
     fn attempt<T, E: From<StoreError>>(
         &self,
         conn: &mut PgConnection,
-        on: Option<&Runtime>,
         begin: Option<&str>,
         f: &mut impl FnMut(&mut PgDb<'_>) -> Result<T, E>,
     ) -> (Result<T, E>, bool, bool) {
@@ -423,14 +395,13 @@ impl PgStore {
         let Some(begin) = begin else {
             let mut db = PgDb {
                 conn,
-                on,
                 store: self,
                 lost: false,
             };
             let out = f(&mut db);
             return (out, db.lost, false);
         };
-        let mut t = match self.block_sql(on, conn.begin_with(AssertSqlSafe(begin.to_owned()))) {
+        let mut t = match self.run_sql(conn.begin_with(AssertSqlSafe(begin.to_owned()))) {
             Ok(t) => t,
             Err(e) => {
                 let lost = is_lost(&e);
@@ -439,17 +410,16 @@ impl PgStore {
         };
         let mut db = PgDb {
             conn: &mut t,
-            on,
             store: self,
             lost: false,
         };
         match f(&mut db) {
             Err(e) => {
                 let lost = db.lost;
-                let _ = self.block(on, t.rollback());
+                let _ = self.run(t.rollback());
                 (Err(e), lost, false)
             }
-            Ok(v) => match self.block_sql(on, t.commit()) {
+            Ok(v) => match self.run_sql(t.commit()) {
                 Ok(()) => (Ok(v), false, false),
                 Err(e) => {
                     let lost = is_lost(&e);
@@ -465,7 +435,7 @@ impl PgStore {
 
     /// An idle connection of the store's own, or a new one while fewer than the bound are
     /// open; else waits for one.
-    fn checkout(&self, pool: &OwnPool) -> Result<OwnConn, StoreError> {
+    fn checkout(&self, pool: &OwnPool) -> Result<PgConnection, StoreError> {
         let mut state = self.lock_pool(pool);
         loop {
             if let Some(c) = state.idle.pop() {
@@ -486,14 +456,9 @@ impl PgStore {
         }
     }
 
-    fn new_conn(&self, pool: &OwnPool) -> Result<OwnConn, StoreError> {
+    fn new_conn(&self, pool: &OwnPool) -> Result<PgConnection, StoreError> {
         let timeout = self.opts.connect_timeout;
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| StoreError::Database(format!("cannot make a runtime: {e}")))?;
-        let rt = OwnRuntime(Some(rt));
-        let conn = self.block(rt.0.as_ref(), async {
+        self.run(async {
             let mut conn = tokio::time::timeout(timeout, PgConnection::connect_with(&pool.options))
                 .await
                 .map_err(|_| connect_timed_out(timeout))?
@@ -502,25 +467,26 @@ impl PgStore {
                 .execute(&mut conn)
                 .await
                 .map_err(sqlx_err)?;
-            Ok::<_, StoreError>(conn)
-        })??;
-        Ok(OwnConn { conn, rt })
+            Ok(conn)
+        })?
     }
 
-    fn checkin(&self, pool: &OwnPool, conn: OwnConn) {
+    fn checkin(&self, pool: &OwnPool, conn: PgConnection) {
         self.lock_pool(pool).idle.push(conn);
         pool.freed.notify_one();
     }
 
     /// Drops a lost connection and every idle one: whatever killed one (a server restart, a
     /// network cut) most likely killed the others, and a retry must not pick up a corpse.
-    fn discard(&self, pool: &OwnPool, conn: OwnConn) {
+    fn discard(&self, pool: &OwnPool, conn: PgConnection) {
         let idle = {
             let mut state = self.lock_pool(pool);
             let idle = core::mem::take(&mut state.idle);
             state.open -= 1 + idle.len();
             idle
         };
+        // On the runtime: closing a connection deregisters its socket there.
+        let _on = self.handle.enter();
         drop(conn);
         drop(idle);
         pool.freed.notify_all();
@@ -551,7 +517,6 @@ impl PgStore {
         let mut conn = self.connect_alone()?;
         let mut db = PgDb {
             conn: &mut conn,
-            on: None,
             store: self,
             lost: false,
         };
@@ -597,8 +562,6 @@ pub(crate) fn check_schema_name(schema: &str) -> Result<(), String> {
 /// connection.
 pub(crate) struct PgDb<'c> {
     conn: &'c mut PgConnection,
-    /// The connection's own runtime (the store's own connections), else the store's.
-    on: Option<&'c Runtime>,
     store: &'c PgStore,
     lost: bool,
 }
@@ -616,10 +579,9 @@ impl Db for PgDb<'_> {
     const DIALECT: Dialect = Dialect::Postgres;
 
     fn batch(&mut self, sql: &str) -> Result<(), StoreError> {
-        let r = self.store.block_sql(
-            self.on,
-            ::sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut *self.conn),
-        );
+        let r = self
+            .store
+            .run_sql(::sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut *self.conn));
         self.checked(r).map(drop)
     }
 
@@ -628,7 +590,7 @@ impl Db for PgDb<'_> {
             ::sqlx::query(AssertSqlSafe(sql.text(Dialect::Postgres))),
             args,
         )?;
-        let r = self.store.block_sql(self.on, q.execute(&mut *self.conn));
+        let r = self.store.run_sql(q.execute(&mut *self.conn));
         self.checked(r).map(|r| r.rows_affected())
     }
 
@@ -642,7 +604,7 @@ impl Db for PgDb<'_> {
             ::sqlx::query(AssertSqlSafe(sql.text(Dialect::Postgres))),
             args,
         )?;
-        let rows = self.store.block_sql(self.on, q.fetch_all(&mut *self.conn));
+        let rows = self.store.run_sql(q.fetch_all(&mut *self.conn));
         self.checked(rows)?.iter().map(|r| map(r)).collect()
     }
 }
