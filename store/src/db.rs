@@ -358,10 +358,8 @@ pub(crate) trait Db {
     /// Runs an `INSERT` of one row and returns its new `id` (`None`: nothing inserted): on
     /// Postgres the statement ends with `RETURNING id`, on SQLite it does not (its text of
     /// [`Sql::with_sqlite`]) and the id is the connection's last rowid, which spares SQLite the
-    /// temporary table a `RETURNING` costs it (SQLite's connection overrides this).
-    fn insert(&mut self, sql: &Sql, args: &[Value<'_>]) -> Result<Option<i64>, StoreError> {
-        self.query_opt(sql, args, |r| r.int(0))
-    }
+    /// temporary table a `RETURNING` costs it.
+    fn insert(&mut self, sql: &Sql, args: &[Value<'_>]) -> Result<Option<i64>, StoreError>;
 
     /// Runs a query and maps every row.
     fn query<T>(

@@ -594,6 +594,10 @@ impl Db for PgDb<'_> {
         self.checked(r).map(|r| r.rows_affected())
     }
 
+    fn insert(&mut self, sql: &Sql, args: &[Value<'_>]) -> Result<Option<i64>, StoreError> {
+        self.query_opt(sql, args, |r| r.int(0))
+    }
+
     fn query<T>(
         &mut self,
         sql: &Sql,
@@ -909,6 +913,10 @@ mod connect {
             let st = self.statement(sql)?;
             let params: Vec<&(dyn ToSql + Sync)> = args.iter().map(|v| v as _).collect();
             self.tx.execute(&st, &params).map_err(pg_err)
+        }
+
+        fn insert(&mut self, sql: &Sql, args: &[Value<'_>]) -> Result<Option<i64>, StoreError> {
+            self.rows(sql, args)?.first().map(|r| r.int(0)).transpose()
         }
 
         fn query<T>(
