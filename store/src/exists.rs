@@ -51,3 +51,62 @@ mod sqlite {
         }
     }
 }
+
+#[cfg(feature = "postgres")]
+mod pg {
+    use crate::postgres::{checked_target, parse_url, pg_text};
+    use crate::{PgOptions, PgStore, StoreError};
+
+    impl PgStore {
+        /// Whether the schema [`PgOptions::schema`] holds an outbox's tables on the database at
+        /// `url`. Creates nothing (no schema, no table).
+        ///
+        /// # Errors
+        /// As [`PgStore::schema_version`].
+        pub fn exists(url: &str, opts: &PgOptions) -> Result<bool, StoreError> {
+            Ok(PgStore::schema_version(url, opts)?.is_some())
+        }
+
+        /// The schema version of the outbox in the schema [`PgOptions::schema`] on the database
+        /// at `url`: `None` if it holds none. Reads only (`SELECT` on `ol_meta`).
+        ///
+        /// # Errors
+        /// [`StoreError::Open`] if the URL is malformed, the server unreachable or the schema
+        /// name invalid; [`StoreError::ConnectionLost`] if the query failed.
+        pub fn schema_version(url: &str, opts: &PgOptions) -> Result<Option<u32>, StoreError> {
+            let target = checked_target(url, opts)?;
+            let (mut config, tls) = parse_url(url, &target, opts)?;
+            config.application_name(&opts.application_name);
+            config.connect_timeout(opts.connect_timeout);
+            let mut client = tls
+                .connect(&config)
+                .map_err(|e| StoreError::open(target, pg_text(&e), e))?;
+            let lost = |e: postgres::Error| StoreError::connection_lost(pg_text(&e), e);
+            let found: bool = client
+                .query_one(
+                    "SELECT to_regclass($1) IS NOT NULL",
+                    &[&format!("{}.ol_meta", opts.schema)],
+                )
+                .and_then(|r| r.try_get(0))
+                .map_err(lost)?;
+            if !found {
+                return Ok(None);
+            }
+            let row = client
+                .query_opt(
+                    &format!(
+                        "SELECT value FROM {}.ol_meta WHERE key = 'schema_version'",
+                        opts.schema
+                    ),
+                    &[],
+                )
+                .map_err(lost)?;
+            row.map(|r| {
+                let v: String = r.try_get(0).map_err(lost)?;
+                v.parse()
+                    .map_err(|_| StoreError::Database(format!("unreadable schema_version {v:?}")))
+            })
+            .transpose()
+        }
+    }
+}

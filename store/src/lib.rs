@@ -1,6 +1,5 @@
 //! The store of outbox-lanes: the [`Store`] trait, SQLite (embedded default, feature
-//! `sqlite`) and Postgres (feature `postgres` from a connection string, or feature `sqlx` on a
-//! caller's sqlx pool: one store, [`PgStore`], on sqlx either way).
+//! `sqlite`) and Postgres (feature `postgres`, or feature `sqlx` on a sqlx pool).
 //!
 //! [`Store`] is two traits: [`DriverStore`], what a pass and the monitor call, and
 //! [`ServiceStore`], what the embedding service and the operator's CLI call.
@@ -26,8 +25,8 @@
 //! | `hosts.rs` | the shared host records (`ol_hosts`) |
 //! | `sqlite.rs`, `liveness.rs` | [`SqliteStore`]: connections, schema and migrations; holder lock files |
 //! | `pg_schema.rs` | Postgres, for both of its stores: the schema, migrations, session settings, holders' advisory locks |
-//! | `postgres.rs` | `PgStore`: the Postgres store on sqlx, with connections of its own or on a caller's pool; enqueue in a caller's `postgres` transaction |
-//! | `pg_url.rs` | connection strings (URL or key=value) into sqlx's options: `sslmode`, CA and client certificates |
+//! | `postgres.rs`, `tls.rs` | [`PgStore`]: the blocking `postgres` client, its own pool, TLS (`sslmode`, client certificates) |
+//! | `sqlx_pg.rs` | `SqlxPgStore`: the Postgres store on a caller's sqlx pool |
 //! | `sqlx.rs` | `SqlxOutbox`: enqueue inside a caller's sqlx transaction; sqlx's side of the statement layer |
 //! | `notify.rs`, `watcher.rs` | in-process wake-ups; the watcher threads |
 //! | `exists.rs` | what a tool reads before it opens a store (is there an outbox, its version) |
@@ -63,18 +62,22 @@
 //!
 //! # Blocking
 //!
-//! Every method blocks. Async runtimes call them through `spawn_blocking`. `PgStore` runs each
-//! statement's future on a tokio runtime (its own with [`PgStore::connect`], the caller's pool's
-//! with `PgStore::new`) while the calling thread waits. Called from an executor thread it uses
-//! `block_in_place` on a multi-thread runtime, and returns an error on a current-thread
-//! runtime's own thread; its drop never blocks.
+//! Every method blocks. Async runtimes call them through `spawn_blocking`. The Postgres
+//! client owns a tokio runtime of its own: every call *and the drop* of a [`PgStore`] must stay
+//! off an async executor thread.
+//!
+//! `sqlx::SqlxPgStore` (feature `sqlx`) is the Postgres store on a caller's sqlx pool, with no
+//! blocking client: each statement's future runs on the pool's tokio runtime while the calling
+//! (blocking) thread waits. Called from an executor thread it uses `block_in_place` on a
+//! multi-thread runtime, and returns an error on a current-thread runtime's own thread; its
+//! drop never blocks.
 //!
 //! The schema is documented in `SCHEMA.md` next to this crate's manifest, with the plain SQL
 //! a service on another SQL library uses to enqueue (OL-15).
 //!
 //! A service on sqlx enqueues inside its own sqlx transaction with the `sqlx` module
 //! (feature `sqlx`): async, on the caller's connection, nothing blocks; its relay runs on the
-//! same pool through `PgStore::new`.
+//! same pool through `SqlxPgStore`.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 // Without a backend only the shared types remain; their helpers are then unused.
 #![cfg_attr(
@@ -106,8 +109,6 @@ mod pg_path;
 #[cfg(any(feature = "postgres", feature = "sqlx"))]
 mod pg_schema;
 #[cfg(feature = "postgres")]
-mod pg_url;
-#[cfg(any(feature = "postgres", feature = "sqlx"))]
 pub mod postgres;
 mod prepare;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
@@ -122,8 +123,12 @@ pub mod sqlite;
 mod sqlite_path;
 #[cfg(feature = "sqlx")]
 pub mod sqlx;
+#[cfg(feature = "sqlx")]
+mod sqlx_pg;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod status;
+#[cfg(feature = "postgres")]
+mod tls;
 mod types;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod units;
@@ -141,12 +146,12 @@ pub use headers::{HeaderProblem, MAX_HEADER_BYTES, MAX_HEADERS, RefusedHeader, v
 pub use hosts::{HostBlock, HostRecord, HostStatus, origin_of};
 pub use notify::{Notifier, PendingWake, Subscription};
 #[cfg(feature = "postgres")]
-pub use pg_url::SslMode;
-#[cfg(any(feature = "postgres", feature = "sqlx"))]
 pub use postgres::{PgOptions, PgStore};
 pub use prepare::check_headers;
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteOptions, SqliteStore, Synchronous};
+#[cfg(feature = "postgres")]
+pub use tls::SslMode;
 pub use types::*;
 
 /// The newest schema version this build writes and understands.

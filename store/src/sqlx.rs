@@ -1,12 +1,11 @@
 //! Enqueue inside a caller's **sqlx** transaction (feature `sqlx`; the transactional outbox,
 //! OL-15): the service's own rows and its outbox rows commit, or roll back, together.
 //!
-//! The relay of such a service runs on the same sqlx pool with
-//! [`PgStore::new`](crate::PgStore::new) (Postgres; see its docs), instead of a second set of
-//! connections.
+//! The relay of such a service runs on the same sqlx pool with [`SqlxPgStore`] (Postgres; see
+//! its docs), instead of a second pool of blocking `postgres` connections.
 //!
 //! Why: a service on sqlx cannot hand its transaction to [`SqliteStore`](crate::SqliteStore)
-//! or to [`PgStore::enqueue_in`](crate::PgStore) (they take rusqlite and `postgres` transactions). Rather than
+//! or [`PgStore`](crate::PgStore) (they own rusqlite and `postgres` connections). Rather than
 //! copy `SCHEMA.md`'s plain SQL, and its URL canonicalisation, into every service,
 //! [`SqlxOutbox::enqueue`] runs the store's own enqueue (`enqueue.rs`: the same preparation,
 //! canonical recipients, limits and header checks, then the same statements) on the caller's
@@ -61,10 +60,7 @@ use ::sqlx::{
 };
 use outbox_lanes_core::ActorId;
 
-pub use crate::postgres::SqlxPgOptions;
-/// The Postgres store on a caller's pool: [`PgStore`](crate::PgStore), made by
-/// [`PgStore::new`](crate::PgStore::new).
-pub type SqlxPgStore = crate::PgStore;
+pub use crate::sqlx_pg::{SqlxPgOptions, SqlxPgStore};
 /// The sqlx crate this module is built on (0.9), for callers that take it from here and so
 /// stay on the same version without a dependency of their own.
 pub use ::sqlx;
