@@ -210,8 +210,24 @@ struct UnitInfo {
 struct LaneDestination {
     to: Arc<Destination>,
     /// `Some`: nothing may be sent to it (a refused IP literal, a URL that does not parse, a
-    /// host whose addresses the guard refused in this pass); every attempt comes to this.
+    /// host whose addresses the guard refused); every attempt comes to this.
     unsendable: Option<AttemptResult>,
+    /// For a refused host name: until when its refusal is trusted ([`REFUSAL_TRUST`]), after
+    /// which the next attempt resolves it again. `None`: for the whole pass.
+    until: Option<Instant>,
+}
+
+/// How long a host name whose addresses the guard refused stays refused without being
+/// resolved again: a DNS answer changes, a pass may run for hours.
+const REFUSAL_TRUST: Duration = Duration::from_secs(60);
+
+impl LaneDestination {
+    /// What every attempt to the lane comes to now, if nothing may be sent to it.
+    fn refused(&self) -> Option<&AttemptResult> {
+        self.unsendable
+            .as_ref()
+            .filter(|_| self.until.is_none_or(|t| Instant::now() < t))
+    }
 }
 
 /// A dead letter the scheduler asked for, waiting for the write of its execution's batch.
@@ -482,10 +498,13 @@ impl PassCore {
         let outcome = result.outcome;
         if crate::http::is_refusal(&result) {
             // The guard refused every address the lane's host resolved to: the lane's later
-            // starts in this pass come to the same, in their round and without a job each,
-            // as for a refused IP literal (a pass is as long as an answer is trusted).
+            // starts come to the same for a while, in their round and without a job each, as
+            // for a refused IP literal.
             if let Some(Some(d)) = self.destinations.get_mut(lane.index()) {
-                d.unsendable.get_or_insert_with(|| result.clone());
+                if d.unsendable.is_none() || d.until.is_some() {
+                    d.unsendable = Some(result.clone());
+                    d.until = Some(Instant::now() + REFUSAL_TRUST);
+                }
             }
         }
         trace!(actor = %self.actor, unit = unit.0, recipient = self.recipient(lane),
@@ -851,7 +870,7 @@ impl PassCore {
         self.destinations
             .get(lane.index())
             .and_then(Option::as_ref)
-            .is_some_and(|d| d.unsendable.is_some())
+            .is_some_and(|d| d.refused().is_some())
     }
 
     /// On a fresh read of the lane controls (OL-14): takes the starts whose destination
@@ -867,7 +886,7 @@ impl PassCore {
         let mut resolved = false;
         let mut kept = Vec::with_capacity(starts.len());
         for s in std::mem::take(starts) {
-            let unsendable = self.lane_destination(s.lane).unsendable.clone();
+            let unsendable = self.lane_destination(s.lane).refused().cloned();
             match unsendable {
                 Some(result) if self.resolved < RESOLVED_PER_ROUND => {
                     self.resolved += 1;
@@ -948,7 +967,11 @@ impl PassCore {
         if self.destinations[i].is_none() {
             let to = Arc::new(Destination::parse(self.recipient(lane)));
             let unsendable = to.check(&self.addresses, &self.classifier).err();
-            self.destinations[i] = Some(LaneDestination { to, unsendable });
+            self.destinations[i] = Some(LaneDestination {
+                to,
+                unsendable,
+                until: None,
+            });
         }
         self.destinations[i]
             .as_ref()
@@ -1336,7 +1359,7 @@ impl PassCore {
                 // say) follows in this round, so a deep refused lane is dead-lettered in few
                 // rounds and transactions. Only on a fresh read of the lane controls, as a
                 // send (OL-14): an operator's action on the lane comes first.
-                let unsendable = self.lane_destination(lane).unsendable.clone();
+                let unsendable = self.lane_destination(lane).refused().cloned();
                 if let Some(result) = unsendable {
                     if self.resolved < RESOLVED_PER_ROUND && self.control.fresh_at(Instant::now()) {
                         self.resolved += 1;

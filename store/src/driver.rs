@@ -233,12 +233,13 @@ impl<B: Backend> DriverStore for B {
     }
 
     fn upkeep(&self, now: Timestamp) -> Result<(u64, u64), StoreError> {
-        let forgotten = crate::ServiceStore::purge_row_ids(self, now)?;
+        // Both are tried, whichever fails.
+        let forgotten = crate::ServiceStore::purge_row_ids(self, now);
         let purged = match self.common().ack_retention {
-            Some(keep) => crate::ServiceStore::purge_acked(self, now.saturating_sub(keep))?,
-            None => 0,
+            Some(keep) => crate::ServiceStore::purge_acked(self, now.saturating_sub(keep)),
+            None => Ok(0),
         };
-        Ok((forgotten, purged))
+        Ok((forgotten?, purged?))
     }
 
     fn hosts(&self) -> Result<Vec<HostRecord>, StoreError> {

@@ -653,7 +653,8 @@ pub struct CommonOptions {
     pub max_recipients: usize,
     /// Keep finished units (with their payloads) this long instead of deleting them at once;
     /// [`ServiceStore::purge_acked`](crate::ServiceStore::purge_acked) removes them (the
-    /// monitor's upkeep, [`DriverStore::upkeep`](crate::DriverStore::upkeep), every 10 minutes).
+    /// monitor's upkeep, [`DriverStore::upkeep`](crate::DriverStore::upkeep), every
+    /// `upkeep_interval`: 10 minutes by default).
     pub ack_retention: Option<Duration>,
     /// How long a row id an actor used stays refused by its enqueues, counted from the
     /// enqueue ([`DEFAULT_ROW_ID_RETENTION`], 7 days): the dedup window past delivery. An id is
@@ -661,7 +662,8 @@ pub struct CommonOptions {
     /// ack retention) and, after that, until the window has passed; the store keeps only the
     /// (actor, row id, time) of a finished row for it, in `ol_row_ids`, which
     /// [`ServiceStore::purge_row_ids`](crate::ServiceStore::purge_row_ids) trims (the monitor's
-    /// upkeep, [`DriverStore::upkeep`](crate::DriverStore::upkeep), every 10 minutes). Zero turns the window off: enqueue then writes no ledger
+    /// upkeep, [`DriverStore::upkeep`](crate::DriverStore::upkeep), every `upkeep_interval`:
+    /// 10 minutes by default). Zero turns the window off: enqueue then writes no ledger
     /// entry (one table write per row less).
     pub row_id_retention: Duration,
     /// What opening the store may do to the schema.

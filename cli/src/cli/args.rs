@@ -48,13 +48,13 @@ pub(crate) struct Cli {
 
     /// How long a row id an actor used stays refused by its enqueues, from the enqueue (the
     /// dedup window past delivery): `7d`, `1h`, `0s` for none. `enqueue` checks it; `relay`
-    /// forgets the ids past it every 10 minutes.
+    /// forgets the ids past it at each upkeep (`--upkeep-interval`, 10 minutes).
     #[arg(long, global = true, value_parser = parse_duration, default_value = "7d", env = "OUTBOX_LANES_ROW_ID_RETENTION")]
     pub(crate) row_id_retention: Duration,
 
     /// Keep delivered units (with their payloads) this long instead of deleting them at once:
-    /// `1h`, `7d`, `0s` for none (the default). `relay` deletes the ones past it every 10
-    /// minutes.
+    /// `1h`, `7d`, `0s` for none (the default). `relay` deletes the ones past it at each
+    /// upkeep (`--upkeep-interval`, 10 minutes).
     #[arg(long, global = true, value_parser = parse_duration, default_value = "0s", env = "OUTBOX_LANES_ACK_RETENTION")]
     pub(crate) ack_retention: Duration,
 

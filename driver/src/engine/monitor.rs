@@ -264,7 +264,8 @@ async fn run(
     let mut lost: Option<StoreError> = None;
     // The store's upkeep: when it is next due, and whether one runs.
     let upkeep_every = core.config().upkeep_interval.max(Duration::from_millis(1));
-    let mut upkeep_at = rt.now();
+    // `None`: never again (an interval past what a clock can hold).
+    let mut upkeep_at = Some(rt.now());
     let mut upkeep_running = false;
     let (upkeep_tx, mut upkeep_rx) = mpsc::unbounded::<()>();
     info!(
@@ -274,9 +275,9 @@ async fn run(
     );
     loop {
         let now = wall_now();
-        if !stopping && !upkeep_running && rt.now() >= upkeep_at {
+        if !stopping && !upkeep_running && upkeep_at.is_some_and(|t| rt.now() >= t) {
             upkeep_running = true;
-            upkeep_at = rt.now() + upkeep_every;
+            upkeep_at = rt.now().checked_add(upkeep_every);
             let done = UpkeepDone(upkeep_tx.clone());
             rt.spawn(Box::pin(upkeep(Arc::clone(rt), Arc::clone(core), done)));
         }
@@ -370,7 +371,8 @@ async fn run(
         }
         // Wall-clock deadlines (lane `not_before` is wall-clock), slept on the runtime's timer.
         let deadline = book.poll_timeout();
-        let until_upkeep = upkeep_at.saturating_duration_since(rt.now());
+        let until_upkeep =
+            upkeep_at.map_or(Duration::MAX, |t| t.saturating_duration_since(rt.now()));
         let wait = deadline
             .map_or(poll_interval, |t| {
                 Duration::from_millis(t.as_millis().saturating_sub(now.as_millis()))
