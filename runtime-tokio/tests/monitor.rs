@@ -109,8 +109,8 @@ async fn the_monitor_comes_back_at_the_lane_not_before_without_a_wake_up() {
 /// The monitor's upkeep deletes what the store keeps only for a while: the row ids past their
 /// dedup window and the finished units past the ack retention. A service that embeds the
 /// monitor calls nothing for it (before, only the binary's relay forgot row ids, and nothing
-/// deleted the units kept for an ack retention). With the default interval the one upkeep
-/// ran at start, before the rows existed, and everything stays: the retention is in force.
+/// deleted the units kept for an ack retention). With retentions of an hour, the same upkeep
+/// (every 20 ms, ten times over) keeps everything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_monitor_upkeep_forgets_row_ids_and_acked_units_past_their_retention() {
     use outbox_lanes_store::{CommonOptions, SqliteOptions, SqliteStore};
@@ -118,16 +118,16 @@ async fn the_monitor_upkeep_forgets_row_ids_and_acked_units_past_their_retention
         let c = rusqlite::Connection::open(path).expect("open");
         c.query_row(sql, [], |r| r.get(0)).expect(sql)
     };
-    for (every, kept) in [
-        (Duration::from_secs(600), true),
-        (Duration::from_millis(20), false),
+    for (retention, kept) in [
+        (Duration::from_millis(1), false),
+        (Duration::from_secs(3600), true),
     ] {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("outbox.db");
         let opts = SqliteOptions {
             common: CommonOptions {
-                row_id_retention: Duration::from_millis(1),
-                ack_retention: Some(Duration::from_millis(1)),
+                row_id_retention: retention,
+                ack_retention: Some(retention),
                 ..CommonOptions::default()
             },
             ..SqliteOptions::default()
@@ -135,7 +135,7 @@ async fn the_monitor_upkeep_forgets_row_ids_and_acked_units_past_their_retention
         let store = SqliteStore::open(&path, opts).expect("open sqlite");
         let r = Arc::new(Recipient::start().expect("recipient"));
         let mut config = common::wake_only_config(8);
-        config.upkeep_interval = every;
+        config.upkeep_interval = Duration::from_millis(20);
         let outbox = Outbox::open(Arc::new(store), config).expect("outbox");
         let monitor = outbox.monitor().await.expect("monitor");
         for i in 0..5 {
@@ -163,7 +163,14 @@ async fn the_monitor_upkeep_forgets_row_ids_and_acked_units_past_their_retention
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
         if kept {
-            assert_eq!((acked, ids), (5, 5), "kept with the default interval");
+            // Ten upkeeps later, still there.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let acked = count(
+                &path,
+                "SELECT count(*) FROM ol_units WHERE acked_at IS NOT NULL",
+            );
+            let ids = count(&path, "SELECT count(*) FROM ol_row_ids");
+            assert_eq!((acked, ids), (5, 5), "kept within the retention");
         } else {
             assert_eq!((acked, ids), (0, 0), "deleted by the upkeep");
         }
