@@ -893,7 +893,7 @@ fn a_deep_refused_lane_is_dead_lettered_over_bounded_rounds() {
         acks: &f.acks,
         hooks: &hooks,
     };
-    let (mut pass, sink) = refusing_pass(&*f.store);
+    let (mut pass, _sink) = refusing_pass(&*f.store);
     assert!(pass.round(cx).is_empty());
     let dead = f.store.dead_letters(None).expect("dead letters").len();
     assert!(
