@@ -177,3 +177,31 @@ async fn the_monitor_upkeep_forgets_row_ids_and_acked_units_past_their_retention
         monitor.stop().await;
     }
 }
+
+/// A stop waits for a running upkeep at most the shutdown grace: an upkeep that cannot get
+/// the database's write lock (another connection holds it, and the store would wait two
+/// minutes for it) is left to finish in the background, and the stop returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_waits_for_a_blocked_upkeep_at_most_the_shutdown_grace() {
+    use outbox_lanes_store::{SqliteOptions, SqliteStore};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("outbox.db");
+    let opts = SqliteOptions {
+        busy_timeout: Duration::from_secs(120),
+        ..SqliteOptions::default()
+    };
+    let store = SqliteStore::open(&path, opts).expect("open sqlite");
+    let holder = rusqlite::Connection::open(&path).expect("open");
+    holder.execute_batch("BEGIN IMMEDIATE").expect("write lock");
+    let mut config = common::wake_only_config(8);
+    config.shutdown_grace = Duration::from_millis(200);
+    let outbox = Outbox::open(Arc::new(store), config).expect("outbox");
+    let monitor = outbox.monitor().await.expect("monitor");
+    // Its first upkeep, at start, now waits for the lock.
+    let stopped = tokio::time::timeout(Duration::from_secs(30), monitor.stop()).await;
+    holder.execute_batch("ROLLBACK").expect("unlock");
+    assert!(
+        stopped.is_ok(),
+        "the stop waited for the upkeep past the shutdown grace"
+    );
+}

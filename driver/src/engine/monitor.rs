@@ -16,7 +16,7 @@
 //!   units past the ack retention) ending, or coming due: at start, then every
 //!   [`upkeep_interval`](crate::OutboxConfig::upkeep_interval), as a task of its own (one at a
 //!   time, where blocking is allowed) so a long purge never delays a poll. A stop waits for
-//!   a running upkeep as it waits for the passes.
+//!   a running upkeep, at most the shutdown grace.
 
 use std::collections::HashMap;
 use std::future::{Future, poll_fn};
@@ -267,6 +267,8 @@ async fn run(
     // `None`: never again (an interval past what a clock can hold).
     let mut upkeep_at = Some(rt.now());
     let mut upkeep_running = false;
+    // Once stopping with no pass left: until when a running upkeep is waited for.
+    let mut upkeep_grace: Option<Option<std::time::Instant>> = None;
     let (upkeep_tx, mut upkeep_rx) = mpsc::unbounded::<()>();
     info!(
         max_passes,
@@ -360,9 +362,21 @@ async fn run(
                 }
             }
         }
-        if stopping && running.is_empty() && !upkeep_running {
-            info!("monitor stopped");
-            return lost;
+        if stopping && running.is_empty() {
+            // A running upkeep is waited for at most the shutdown grace; past it, it finishes
+            // in the background (each of its deletes is a transaction of its own).
+            let grace = core.config().shutdown_grace;
+            let until = *upkeep_grace.get_or_insert_with(|| rt.now().checked_add(grace));
+            let over = until.is_some_and(|t| rt.now() >= t);
+            if over && upkeep_running {
+                warn!(
+                    "the store's upkeep still runs past the shutdown grace: it finishes in the background"
+                );
+            }
+            if !upkeep_running || over {
+                info!("monitor stopped");
+                return lost;
+            }
         }
         // Running passes yield at their time slice only while other actors wait for one.
         let contended = book.queued() > 0;
@@ -382,6 +396,11 @@ async fn run(
             } else {
                 until_upkeep
             })
+            .min(
+                upkeep_grace
+                    .flatten()
+                    .map_or(Duration::MAX, |t| t.saturating_duration_since(rt.now())),
+            )
             .clamp(
                 Duration::from_millis(1),
                 poll_interval.max(Duration::from_millis(1)),
