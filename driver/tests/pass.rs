@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use outbox_lanes_core::{Outcome, PassEnd};
 use outbox_lanes_driver::http::AttemptResult;
-use outbox_lanes_driver::pass::{PassCore, RoundContext, now};
+use outbox_lanes_driver::pass::{PassCore, PassResult, RoundContext, now};
 use outbox_lanes_driver::{
     AckWriter, AckWriterOptions, Completions, Done, Hooks, Job, OutboxConfig,
 };
@@ -524,6 +524,19 @@ fn drive(
     panic!("the pass did not end within 10,000 rounds");
 }
 
+/// Drives a [`refusing_pass`] of `f`'s actor with `hooks` to its end, every job answered
+/// [`refused`]: the jobs handed out, and the pass's result.
+fn run_refused(f: &Fixture, hooks: &Hooks) -> (usize, PassResult) {
+    let cx = RoundContext {
+        store: &*f.store,
+        acks: &f.acks,
+        hooks,
+    };
+    let (mut pass, sink) = refusing_pass(&*f.store);
+    let jobs = drive(&mut pass, cx, &sink, refused);
+    (jobs, pass.finish(cx))
+}
+
 /// What the dead-letter hook was told, with how many dead letters another connection saw
 /// committed when it was called.
 #[derive(Debug)]
@@ -579,18 +592,11 @@ fn a_refused_lane_is_dead_lettered_in_batches_without_a_job_each_reported_after_
         assert_eq!(at.outcome, Outcome::Refused);
         a.fetch_add(1, Ordering::SeqCst);
     }));
-    let cx = RoundContext {
-        store: &*f.store,
-        acks: &f.acks,
-        hooks: &hooks,
-    };
-    let (mut pass, sink) = refusing_pass(&*f.store);
-    let jobs = drive(&mut pass, cx, &sink, refused);
+    let (jobs, r) = run_refused(&f, &hooks);
     assert_eq!(
         jobs, 0,
         "nothing is handed to the executor for a refused destination"
     );
-    let r = pass.finish(cx);
     assert_eq!(r.end, PassEnd::Drained);
     assert_eq!(r.report.dead_lettered, 50);
     assert_eq!(pending(&*f.store), 0);
@@ -656,20 +662,12 @@ fn a_refused_lane_is_dead_lettered_in_batches_without_a_job_each_reported_after_
 fn a_host_name_refused_once_is_refused_for_a_while_without_a_job_each() {
     const NAMED: &str = "http://localhost:9/inbox";
     let f = fixture_with((0..50).map(|i| new_row(&format!("n{i}"), NAMED)).collect());
-    let hooks = Hooks::default();
-    let cx = RoundContext {
-        store: &*f.store,
-        acks: &f.acks,
-        hooks: &hooks,
-    };
-    let (mut pass, sink) = refusing_pass(&*f.store);
-    // What the HTTP client's guarded resolver answers for `localhost`.
-    let jobs = drive(&mut pass, cx, &sink, refused);
+    // Every job is answered as the HTTP client's guarded resolver answers for `localhost`.
+    let (jobs, r) = run_refused(&f, &Hooks::default());
     assert_eq!(
         jobs, 1,
         "one job resolved the name; the rest were refused in their rounds"
     );
-    let r = pass.finish(cx);
     assert_eq!(r.end, PassEnd::Drained);
     assert_eq!(r.report.dead_lettered, 50);
     let listed = f.store.dead_letters(None).expect("dead letters");

@@ -1,7 +1,5 @@
 //! Whether an outbox exists, found without creating one: for tools that only read (status,
-//! listings) and must not leave a new database behind at a mistyped path or schema. The
-//! Postgres side (`PgStore::exists`, `PgStore::schema_version`) is in `postgres.rs`, beside
-//! the connection it opens.
+//! listings) and must not leave a new database behind at a mistyped path or schema.
 
 #[cfg(feature = "sqlite")]
 mod sqlite {

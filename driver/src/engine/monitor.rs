@@ -267,8 +267,10 @@ async fn run(
     // `None`: never again (an interval past what a clock can hold).
     let mut upkeep_at = Some(rt.now());
     let mut upkeep_running = false;
-    // Once stopping with no pass left: until when a running upkeep is waited for.
-    let mut upkeep_grace: Option<Option<std::time::Instant>> = None;
+    // Since when the loop, stopping, has had no pass left: a running upkeep is waited for
+    // at most the shutdown grace from then.
+    let mut passes_ended_at: Option<std::time::Instant> = None;
+    let grace = core.config().shutdown_grace;
     let (upkeep_tx, mut upkeep_rx) = mpsc::unbounded::<()>();
     info!(
         max_passes,
@@ -365,9 +367,8 @@ async fn run(
         if stopping && running.is_empty() {
             // A running upkeep is waited for at most the shutdown grace; past it, it finishes
             // in the background (each of its deletes is a transaction of its own).
-            let grace = core.config().shutdown_grace;
-            let until = *upkeep_grace.get_or_insert_with(|| rt.now().checked_add(grace));
-            let over = until.is_some_and(|t| rt.now() >= t);
+            let since = *passes_ended_at.get_or_insert_with(|| rt.now());
+            let over = rt.now().saturating_duration_since(since) >= grace;
             if over && upkeep_running {
                 warn!(
                     "the store's upkeep still runs past the shutdown grace: it finishes in the background"
@@ -396,11 +397,9 @@ async fn run(
             } else {
                 until_upkeep
             })
-            .min(
-                upkeep_grace
-                    .flatten()
-                    .map_or(Duration::MAX, |t| t.saturating_duration_since(rt.now())),
-            )
+            .min(passes_ended_at.map_or(Duration::MAX, |since| {
+                grace.saturating_sub(rt.now().saturating_duration_since(since))
+            }))
             .clamp(
                 Duration::from_millis(1),
                 poll_interval.max(Duration::from_millis(1)),
