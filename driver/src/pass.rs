@@ -13,7 +13,9 @@
 //!    An async runtime first tries [`PassCore::try_round_inline`] on its own task: a round
 //!    that only turns completions into acks and next starts (their payloads came with the
 //!    claims) touches no store and needs no hop to the blocking pool; at the first thing
-//!    that needs the store it stops, and [`PassCore::round`] goes on from there.
+//!    that needs the store it stops, and [`PassCore::round`] goes on from there. When that
+//!    thing is a claim (a lane refilling its window), the starts made before it go out
+//!    first: the read runs while they are in flight ([`PassCore::round_due`]).
 //! 3. Back to 1. Once ended, [`PassCore::finish`] (blocking) hands every unfinished unit back,
 //!    executes the commands still queued (acks included: a delivered unit is never sent
 //!    again because its pass was cancelled) and flushes this pass's acks.
@@ -295,6 +297,9 @@ pub struct PassCore {
     acked: Vec<(UnitId, StoreLaneId)>,
     /// The session asked for a lease renewal; done at the next round.
     renew_due: bool,
+    /// An inline round stopped at a claim after it had made starts: it handed them out, and
+    /// left the claim to a blocking round due at once ([`PassCore::poll_timeout`]).
+    claim_due: bool,
     /// Commands taken from the scheduler by an inline round that needed the store for them:
     /// the next round executes them first, in order.
     deferred: VecDeque<Command>,
@@ -409,6 +414,7 @@ impl PassCore {
             renew_due: false,
             deferred: VecDeque::new(),
             pending_starts: Vec::new(),
+            claim_due: false,
             only_waiting: false,
             resolved: 0,
             control,
@@ -449,6 +455,7 @@ impl PassCore {
         let waiting = self.end.is_none()
             && !self.look
             && !self.renew_due
+            && !self.claim_due
             && self.pending_starts.is_empty()
             && self.deferred.is_empty()
             && self.records.is_empty()
@@ -460,6 +467,12 @@ impl PassCore {
         })
     }
 
+    /// Whether an inline round handed out its starts and left a claim: a runtime runs
+    /// [`PassCore::round`] next, without waiting for an event.
+    pub fn round_due(&self) -> bool {
+        self.claim_due
+    }
+
     /// Attempts in flight (the scheduler's count: started, not yet completed).
     pub fn in_flight(&self) -> usize {
         self.sched.in_flight()
@@ -468,8 +481,9 @@ impl PassCore {
     /// The next instant the pass must be woken without an event: a retry or probe due, a
     /// lease renewal, the end of the time slice or of the grace period.
     pub fn poll_timeout(&mut self) -> Option<Timestamp> {
-        if !self.pending_starts.is_empty() {
-            // Starts left by a round that could not read the lane controls: at once.
+        if !self.pending_starts.is_empty() || self.claim_due {
+            // Starts left by a round that could not read the lane controls, or a claim an
+            // inline round left: at once.
             return Some(now());
         }
         match (self.sched.poll_timeout(), self.session.poll_timeout()) {
@@ -644,6 +658,7 @@ impl PassCore {
     /// executor, each with its payload.
     pub fn round(&mut self, cx: RoundContext<'_>) -> Vec<Job> {
         let mut starts = std::mem::take(&mut self.pending_starts);
+        self.claim_due = false;
         if self.end.is_some() {
             return Vec::new();
         }
@@ -724,7 +739,7 @@ impl PassCore {
         if self.end.is_some() {
             return Some(Vec::new());
         }
-        if self.look || self.renew_due {
+        if self.look || self.renew_due || self.claim_due {
             return None;
         }
         if let Some(e) = cx.acks.failure(&self.token) {
@@ -742,7 +757,11 @@ impl PassCore {
         });
         // Starts need a fresh read of the lane controls (OL-14), which is a store read.
         let fresh = starts.is_empty() || self.control.fresh_at(Instant::now());
-        if needs_store || !cached || !fresh {
+        // Stopped only at a claim: the starts made before it go out now, and the claim runs
+        // in the blocking round while they are in flight (a lane refilling its window does
+        // not hold back its next attempt for a read of the store).
+        let early = needs_store && self.claim_due && !starts.is_empty();
+        if (needs_store && !early) || !cached || !fresh {
             self.pending_starts = starts;
             return None;
         }
@@ -772,6 +791,7 @@ impl PassCore {
                 if inline {
                     // Reads wait for the blocking round; the room they reserved is released.
                     self.sched.handle_claim_failed(t);
+                    self.claim_due = true;
                     return Err(NeedsStore);
                 }
                 if let Err(e) = self.claim(cx.store, &claims) {

@@ -353,6 +353,74 @@ fn a_round_that_needs_no_store_runs_inline_and_one_that_writes_does_not() {
     assert_eq!(pending(&*f.store), 2, "r0 acked; r1 and r2 pending");
 }
 
+/// A lane refilling its window does not hold back its next attempt for the read: an inline
+/// round that reaches a claim hands out the start it made before it, and leaves the claim to
+/// a blocking round that is due at once, which runs while that attempt is in flight.
+#[test]
+fn an_inline_round_that_reaches_a_claim_sends_its_starts_first() {
+    let f = fixture(40);
+    let hooks = Hooks::default();
+    let cx = RoundContext {
+        store: &*f.store,
+        acks: &f.acks,
+        hooks: &hooks,
+    };
+    let sink = Arc::new(Sink::default());
+    let mut pass = PassCore::new(token(&*f.store), &config(), sink.clone(), now(), now());
+    let mut bodies = Vec::new();
+    let mut early = 0;
+    let mut jobs = started(&mut pass, cx);
+    while let Some(j) = jobs.pop() {
+        assert!(jobs.is_empty(), "one lane: one attempt at a time");
+        bodies.push(String::from_utf8(j.payload.body.clone()).expect("utf-8"));
+        j.finish(result(Outcome::Delivered));
+        for d in sink.take() {
+            pass.handle_done(d, &hooks, now());
+        }
+        if let Some(inline) = pass.try_round_inline(cx) {
+            jobs = inline;
+            if pass.round_due() {
+                early += 1;
+                assert_eq!(jobs.len(), 1, "the start made before the claim goes out");
+                assert!(
+                    pass.poll_timeout().is_some_and(|t| t <= now()),
+                    "the claim is due at once"
+                );
+                assert!(
+                    pass.try_round_inline(cx).is_none(),
+                    "the claim waits for the blocking round"
+                );
+                assert!(
+                    pass.round(cx).is_empty(),
+                    "the claim starts nothing while the lane's attempt is out"
+                );
+                assert!(!pass.round_due());
+            }
+            continue;
+        }
+        // The store is needed for something else (a stale read of the lane controls, the
+        // end of the lane): blocking rounds until something starts or the pass ends.
+        for _ in 0..1000 {
+            jobs = pass.round(cx);
+            if !jobs.is_empty() || pass.ended().is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+            pass.handle_timeout(now());
+        }
+    }
+    let expected: Vec<String> = (0..40).map(|i| i.to_string()).collect();
+    assert_eq!(bodies, expected, "every unit once, in order");
+    // 40 units, a lane depth of 16 refilled at half: the refills after the first claim.
+    assert!(
+        early >= 1,
+        "no inline round sent its start ahead of a claim"
+    );
+    let r = pass.finish(cx);
+    assert_eq!(r.report.delivered, 40);
+    assert_eq!(pending(&*f.store), 0);
+}
+
 /// A lane's recipient URL is parsed once per pass: every job to the lane, each unit and each
 /// retry, carries the same parsed URL (one allocation, shared), and the clients take it
 /// parsed ([`outbox_lanes_driver::Delivery::recipient`] is a `Destination`), so no attempt

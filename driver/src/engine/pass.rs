@@ -145,6 +145,11 @@ pub async fn run_pass(
         if pass.ended().is_some() {
             break;
         }
+        if pass.round_due() {
+            // The inline round sent its starts and left a claim: read it now, while they
+            // are in flight.
+            continue;
+        }
         if let Some(waiting) = pass.waiting_changed() {
             control.report_waiting(pass.actor(), waiting);
         }
