@@ -26,8 +26,16 @@ pub(crate) enum Transport {
 /// Jobs started and not yet finished, for a shutdown that waits for them.
 #[derive(Debug, Default)]
 struct Running {
-    count: Mutex<usize>,
+    count: Mutex<Count>,
     idle: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Count {
+    jobs: usize,
+    /// A shutdown waits on `idle`: only then does the last job to end signal it (a signal
+    /// is a system call, and one lane ends its only job at every delivery).
+    awaited: bool,
 }
 
 /// Decrements [`Running`] when the task ends, however it ends (a panic, a dropped task).
@@ -36,8 +44,8 @@ struct RunningGuard(Arc<Running>);
 impl Drop for RunningGuard {
     fn drop(&mut self) {
         let mut n = self.0.count.lock().unwrap_or_else(PoisonError::into_inner);
-        *n = n.saturating_sub(1);
-        if *n == 0 {
+        n.jobs = n.jobs.saturating_sub(1);
+        if n.jobs == 0 && n.awaited {
             self.0.idle.notify_all();
         }
     }
@@ -86,11 +94,11 @@ impl Executor for TaskExecutor {
         if !self.open.load(Ordering::SeqCst) {
             return Err(job);
         }
-        *self
-            .running
+        self.running
             .count
             .lock()
-            .unwrap_or_else(PoisonError::into_inner) += 1;
+            .unwrap_or_else(PoisonError::into_inner)
+            .jobs += 1;
         let guard = RunningGuard(Arc::clone(&self.running));
         #[cfg(feature = "blocking-http")]
         let rt = Arc::clone(&self.rt);
@@ -134,11 +142,12 @@ impl Executor for TaskExecutor {
             .count
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        while *n > 0 {
+        n.awaited = true;
+        while n.jobs > 0 {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 tracing::warn!(
-                    in_flight = *n,
+                    in_flight = n.jobs,
                     "delivery tasks still running at shutdown; their units are delivered again later"
                 );
                 return;
