@@ -759,8 +759,11 @@ impl PassCore {
         let fresh = starts.is_empty() || self.control.fresh_at(Instant::now());
         // Stopped only at a claim: the starts made before it go out now, and the claim runs
         // in the blocking round while they are in flight (a lane refilling its window does
-        // not hold back its next attempt for a read of the store).
-        let early = needs_store && self.claim_due && !starts.is_empty();
+        // not hold back its next attempt for a read of the store). Not once a stop was asked
+        // for: the session's tick, which that round runs first, may end the pass (a grace of
+        // zero) and hand them back unsent.
+        let early =
+            needs_store && self.claim_due && !starts.is_empty() && !self.session.is_stopping();
         if (needs_store && !early) || !cached || !fresh {
             self.pending_starts = starts;
             return None;

@@ -421,6 +421,58 @@ fn an_inline_round_that_reaches_a_claim_sends_its_starts_first() {
     assert_eq!(pending(&*f.store), 0);
 }
 
+/// A stop asked for with a grace of zero while a lane refills: the inline round that reaches
+/// the claim sends nothing ahead of it, and the pass ends without another attempt.
+#[test]
+fn a_stop_without_grace_sends_nothing_ahead_of_a_claim() {
+    let f = fixture(40);
+    let hooks = Hooks::default();
+    let cx = RoundContext {
+        store: &*f.store,
+        acks: &f.acks,
+        hooks: &hooks,
+    };
+    let sink = Arc::new(Sink::default());
+    let mut c = config();
+    c.shutdown_grace = Duration::ZERO;
+    let mut pass = PassCore::new(token(&*f.store), &c, sink.clone(), now(), now());
+    let mut sent = 0;
+    let mut jobs = started(&mut pass, cx);
+    // The first claim brought 16 units (the lane's depth); the refill is due once 8 are
+    // left, at the 8th delivery: the stop comes just before it.
+    while let Some(j) = jobs.pop() {
+        sent += 1;
+        j.finish(result(Outcome::Delivered));
+        for d in sink.take() {
+            pass.handle_done(d, &hooks, now());
+        }
+        if sent == 8 {
+            pass.handle_shutdown(now());
+        }
+        jobs = match pass.try_round_inline(cx) {
+            Some(inline) => inline,
+            None => started(&mut pass, cx),
+        };
+        if sent == 8 {
+            assert!(
+                jobs.is_empty(),
+                "an attempt was sent after a stop without grace"
+            );
+            break;
+        }
+    }
+    assert_eq!(sent, 8);
+    for _ in 0..100 {
+        assert!(pass.round(cx).is_empty());
+        if pass.ended().is_some() {
+            break;
+        }
+    }
+    assert!(pass.ended().is_some());
+    let r = pass.finish(cx);
+    assert_eq!(r.report.delivered, 8);
+}
+
 /// A lane's recipient URL is parsed once per pass: every job to the lane, each unit and each
 /// retry, carries the same parsed URL (one allocation, shared), and the clients take it
 /// parsed ([`outbox_lanes_driver::Delivery::recipient`] is a `Destination`), so no attempt
