@@ -1,4 +1,7 @@
-//! Deliveries as tasks: the pass driver's [`Executor`] on an async [`Runtime`].
+//! Deliveries as tasks: the pass driver's [`Executor`] on an async [`Runtime`]. The first
+//! few attempts a pass has in flight run on the pass's own task instead
+//! ([`spawn_delivery`]): one lane's next request is written from the task that read the last
+//! response.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -7,9 +10,9 @@ use std::time::{Duration, Instant};
 use outbox_lanes_driver::{Executor, Job};
 use tokio::sync::Semaphore;
 
-use outbox_lanes_driver::engine::Runtime;
 #[cfg(feature = "blocking-http")]
 use outbox_lanes_driver::engine::unblock;
+use outbox_lanes_driver::engine::{Runtime, spawn_delivery};
 
 /// How a task delivers.
 #[derive(Clone, Debug)]
@@ -104,33 +107,37 @@ impl Executor for TaskExecutor {
         let rt = Arc::clone(&self.rt);
         let transport = self.transport.clone();
         let permits = Arc::clone(&self.permits);
-        self.rt.spawn(Box::pin(async move {
-            let _guard = guard;
-            // The semaphore is never closed; should it be, the job reports NotSent on drop.
-            let Ok(_permit) = permits.acquire_owned().await else {
-                return;
-            };
-            if job.abandoned() {
-                // Its pass ended and handed the unit back: nobody waits for an answer.
-                return;
-            }
-            match transport {
-                #[cfg(feature = "tokio")]
-                Transport::Async(http) => {
-                    let result = http.deliver_job(&job, std::time::SystemTime::now()).await;
-                    job.finish(result);
+        // On the pass's own task if it has room (see `spawn_delivery`), else a task of its own.
+        spawn_delivery(
+            &*self.rt,
+            Box::pin(async move {
+                let _guard = guard;
+                // The semaphore is never closed; should it be, the job reports NotSent on drop.
+                let Ok(_permit) = permits.acquire_owned().await else {
+                    return;
+                };
+                if job.abandoned() {
+                    // Its pass ended and handed the unit back: nobody waits for an answer.
+                    return;
                 }
-                #[cfg(feature = "blocking-http")]
-                Transport::Blocking(http) => {
-                    // If the runtime drops this unrun, the job reports NotSent as it is dropped.
-                    let _ = unblock(&*rt, move || {
-                        let result = http.deliver_job(&job, std::time::SystemTime::now());
+                match transport {
+                    #[cfg(feature = "tokio")]
+                    Transport::Async(http) => {
+                        let result = http.deliver_job(&job, std::time::SystemTime::now()).await;
                         job.finish(result);
-                    })
-                    .await;
+                    }
+                    #[cfg(feature = "blocking-http")]
+                    Transport::Blocking(http) => {
+                        // If the runtime drops this unrun, the job reports NotSent as it is dropped.
+                        let _ = unblock(&*rt, move || {
+                            let result = http.deliver_job(&job, std::time::SystemTime::now());
+                            job.finish(result);
+                        })
+                        .await;
+                    }
                 }
-            }
-        }));
+            }),
+        );
         Ok(())
     }
 

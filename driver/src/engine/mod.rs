@@ -13,7 +13,8 @@
 //! - [`drain`]: one actor's drain: the in-process slot, the store's fenced slot, passes,
 //!   look-again (OL-12);
 //! - [`pass`]: one pass as a task: rounds on the task when they need no store, on the
-//!   blocking side when they do, completions taken in batches (one wake-up for many);
+//!   blocking side when they do, completions taken in batches (one wake-up for many), and
+//!   the first few attempts in flight polled on the pass's own task ([`spawn_delivery`]);
 //! - [`Monitor`]: drains every actor with work (OL-13), passes of several actors at once up
 //!   to `max_passes` — passes that only wait on attempts in flight not counted;
 //! - [`shutdown`]: graceful stop of every pass of the outbox.
@@ -22,6 +23,7 @@
 //! runtime over std threads, where each task owns a thread and blocking calls run in place
 //! ([`Runtime::blocking_in_place`]).
 
+mod local;
 mod monitor;
 pub mod pass;
 mod wake;
@@ -36,6 +38,7 @@ use outbox_lanes_core::{Acquire, ActorId, DrainAction, DrainSession, SlotAnswer}
 use outbox_lanes_store::{SlotAcquisition, StoreError};
 use tracing::warn;
 
+pub use self::local::spawn_delivery;
 pub use self::monitor::{Monitor, Stopped};
 use crate::control::DrainControl;
 use crate::error::OutboxError;

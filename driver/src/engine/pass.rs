@@ -8,7 +8,9 @@
 //! task itself when the round needs no store (acks go to the ack writer, the next starts'
 //! payloads came with the claims), or else where blocking is allowed — every store call of
 //! the round (records, dead letters, claims, payloads not yet read) in that one hop — and
-//! hands the round's jobs to the executor. After each round it tells the drain's control
+//! hands the round's jobs to the executor — whose first few delivery futures the pass keeps
+//! and polls itself ([`spawn_delivery`](super::spawn_delivery)): one lane's completion and
+//! next request then never leave the pass's task. After each round it tells the drain's control
 //! whether the pass only waits on attempts in flight (the monitor does not count such a pass
 //! against its bound, OL-13).
 
@@ -24,6 +26,7 @@ use futures_core::Stream;
 use outbox_lanes_core::{PassEnd, Timestamp};
 use outbox_lanes_store::SlotToken;
 
+use super::local::{Completed, Local};
 use super::{Runtime, shutting_down, unblock, wake};
 use crate::control::DrainControl;
 use crate::job::{Completions, Done, Job};
@@ -35,12 +38,18 @@ const BATCH: usize = 4096;
 /// The longest the pass sleeps without an event: a safety net only.
 const MAX_WAIT: Duration = Duration::from_secs(5);
 
-struct TaskSink(mpsc::UnboundedSender<Done>);
+struct TaskSink {
+    tx: mpsc::UnboundedSender<Done>,
+    /// The pass takes its own deliveries' completions as it polls them.
+    local: Arc<Completed>,
+}
 
 impl Completions for TaskSink {
     fn complete(&self, done: Done) {
-        // A pass that is gone no longer cares.
-        let _ = self.0.unbounded_send(done);
+        if let Some(done) = Completed::keep(&self.local, done) {
+            // A pass that is gone no longer cares.
+            let _ = self.tx.unbounded_send(done);
+        }
     }
 }
 
@@ -93,10 +102,14 @@ pub async fn run_pass(
     let w = waker;
     let _shutdown = core.shutdown_signal().subscribe(move || w.wake());
 
+    let mut local = Local::new(Arc::clone(rt));
     let mut pass = Box::new(PassCore::new(
         token,
         core.config(),
-        Arc::new(TaskSink(tx)),
+        Arc::new(TaskSink {
+            tx,
+            local: local.completed(),
+        }),
         now(),
         lease_renewed,
     ));
@@ -119,12 +132,12 @@ pub async fn run_pass(
             Some(jobs) => jobs,
             None => {
                 let c = Arc::clone(core);
-                let Some((p, jobs)) = unblock(&**rt, move || {
+                let round = unblock(&**rt, move || {
                     let jobs = pass.round(round_context(&c));
                     (pass, jobs)
-                })
-                .await
-                else {
+                });
+                // The pass's own deliveries go on while the round runs.
+                let Some((p, jobs)) = local.drive(&mut batch, round).await else {
                     // The runtime dropped the round unrun (it is shutting down): the pass is
                     // gone with it. Nothing it claimed is lost: claims write nothing, and the
                     // slot's lease runs out.
@@ -139,9 +152,11 @@ pub async fn run_pass(
                 jobs
             }
         };
-        for job in jobs {
-            start(core, job, &mut pass);
-        }
+        local.capture(|| {
+            for job in jobs {
+                start(core, job, &mut pass);
+            }
+        });
         if pass.ended().is_some() {
             break;
         }
@@ -163,6 +178,7 @@ pub async fn run_pass(
         {
             let mut sleep = rt.sleep(wait);
             poll_fn(|cx| {
+                local.poll(cx, &mut batch);
                 if poll_batch(&mut rx, &mut batch, cx).is_ready()
                     || woken.poll_woken(cx).is_ready()
                     || sleep.as_mut().poll(cx).is_ready()
@@ -191,6 +207,9 @@ pub async fn run_pass(
         }
         pass.handle_timeout(t);
     }
+    // Attempts still in flight (the pass ended without them: cancelled, or its grace ran
+    // out) finish on tasks of their own.
+    drop(local);
     let c = Arc::clone(core);
     let end = pass.ended();
     match unblock(&**rt, move || pass.finish(round_context(&c))).await {
