@@ -710,6 +710,32 @@ fn gone_retires_the_lane_when_configured() {
     assert!(w.store.units.is_empty());
 }
 
+/// Found by the scheduler fuzz target (`fuzz/regressions/scheduler/`): retiring a lane
+/// dead-letters the units behind its head, which frees room in the window, which admits a
+/// joined unit that waited for room at once — it must already know that it lost this lane's
+/// recipient, or it is started on the retired lane.
+#[test]
+fn a_joined_unit_admitted_while_its_lane_retires_is_not_started_on_it() {
+    let mut w = World::new(Config {
+        retire_on_gone: true,
+        // Room for two units of 100 bytes: u3 is read but waits for room.
+        max_bytes: 250,
+        ..transcript_config()
+    });
+    let u1 = w.enqueue(&["g", "h"], true)[0];
+    w.enqueue(&["g"], false);
+    w.enqueue(&["g", "h"], true);
+    w.discover();
+    assert_eq!(w.take(), ["start u1 g #1", "start u1 h #1"]);
+    w.outcome(u1, "h", Outcome::Gone);
+    assert_eq!(w.take(), ["attempt u1 h 1", "dead u1 h gone", "retire h"]);
+    // u2 is dead-lettered with the lane, its room admits u3 (waiting for it): u3 lost both
+    // its recipients, so nothing starts.
+    w.outcome(u1, "g", Outcome::Gone);
+    assert_eq!(w.take(), ["attempt u1 g 1", "dead u1 g gone", "retire g"]);
+    assert!(w.store.units.is_empty());
+}
+
 #[test]
 fn bad_input_gets_typed_errors_and_changes_nothing() {
     use outbox_lanes_core::{Admit, AdmitError, EventError, LaneChunk, Seq};

@@ -304,6 +304,14 @@ impl Scheduler {
     /// store; here they are dropped from the lane.
     pub(super) fn retire(&mut self, lane: LaneId, head: u32) {
         self.commands.push_back(Command::RetireLane { lane });
+        // A joined unit this lane's read reached but that is not admitted yet lost this
+        // recipient too: it must not be posted to it when it is admitted. First: a unit
+        // finished below frees room, which admits complete joined units at once.
+        for r in self.joined.values_mut() {
+            for slot in r.admit.slots.iter_mut().filter(|s| s.lane == lane) {
+                slot.served = true;
+            }
+        }
         let queued: Vec<u32> = self.lanes[lane.index()].queue.iter().copied().collect();
         for idx in queued {
             if idx == head {
@@ -315,13 +323,6 @@ impl Scheduler {
                 }
             }
             self.finish_if_resolved(idx);
-        }
-        // A joined unit this lane's read reached but that is not admitted yet lost this
-        // recipient too: it must not be posted to it when it is admitted.
-        for r in self.joined.values_mut() {
-            for slot in r.admit.slots.iter_mut().filter(|s| s.lane == lane) {
-                slot.served = true;
-            }
         }
         self.lanes[lane.index()].more = false;
     }
