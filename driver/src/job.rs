@@ -24,8 +24,9 @@ pub struct Done {
     pub started: Instant,
 }
 
-/// Where a pass receives its completions: a channel whose receiving side the pass waits on.
-/// Completions of many jobs are taken together, one wake-up for many.
+/// Where a pass receives its completions: a channel whose receiving side the pass waits on
+/// (completions of many jobs taken together, one wake-up for many), or, for the deliveries a
+/// pass polls on its own task, straight into its batch.
 pub trait Completions: Send + Sync {
     /// Reports one finished attempt. A pass that is gone ignores it.
     fn complete(&self, done: Done);

@@ -1,7 +1,7 @@
-//! Deliveries as tasks: the pass driver's [`Executor`] on an async [`Runtime`]. The first
-//! few attempts a pass has in flight run on the pass's own task instead
-//! ([`spawn_delivery`]): one lane's next request is written from the task that read the last
-//! response.
+//! Deliveries as futures: the pass driver's [`Executor`] on an async [`Runtime`]. With the
+//! async client, the first few attempts a pass has in flight run on the pass's own task
+//! ([`spawn_delivery`](outbox_lanes_driver::engine::spawn_delivery)): one lane's next request is written from the task that read the last
+//! response. The others, and every attempt of the blocking client, are tasks of their own.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 use outbox_lanes_driver::{Executor, Job};
 use tokio::sync::Semaphore;
 
+use outbox_lanes_driver::engine::Runtime;
 #[cfg(feature = "blocking-http")]
 use outbox_lanes_driver::engine::unblock;
-use outbox_lanes_driver::engine::{Runtime, spawn_delivery};
 
-/// How a task delivers.
+/// How a delivery is made.
 #[derive(Clone, Debug)]
 pub(crate) enum Transport {
     /// hyper-util's client on the tokio runtime.
@@ -41,7 +41,7 @@ struct Count {
     awaited: bool,
 }
 
-/// Decrements [`Running`] when the task ends, however it ends (a panic, a dropped task).
+/// Decrements [`Running`] when the delivery ends, however it ends (a panic, a dropped future).
 struct RunningGuard(Arc<Running>);
 
 impl Drop for RunningGuard {
@@ -54,7 +54,8 @@ impl Drop for RunningGuard {
     }
 }
 
-/// Spawns one task per job, at most `concurrency` attempts at once.
+/// Runs each job as a future, on its pass's task or a task of its own
+/// ([`spawn_delivery`](outbox_lanes_driver::engine::spawn_delivery)), at most `concurrency` attempts at once.
 pub(crate) struct TaskExecutor {
     pub(crate) rt: Arc<dyn Runtime>,
     pub(crate) transport: Transport,
@@ -107,37 +108,43 @@ impl Executor for TaskExecutor {
         let rt = Arc::clone(&self.rt);
         let transport = self.transport.clone();
         let permits = Arc::clone(&self.permits);
-        // On the pass's own task if it has room (see `spawn_delivery`), else a task of its own.
-        spawn_delivery(
-            &*self.rt,
-            Box::pin(async move {
-                let _guard = guard;
-                // The semaphore is never closed; should it be, the job reports NotSent on drop.
-                let Ok(_permit) = permits.acquire_owned().await else {
-                    return;
-                };
-                if job.abandoned() {
-                    // Its pass ended and handed the unit back: nobody waits for an answer.
-                    return;
+        let run = Box::pin(async move {
+            let _guard = guard;
+            // The semaphore is never closed; should it be, the job reports NotSent on drop.
+            let Ok(_permit) = permits.acquire_owned().await else {
+                return;
+            };
+            if job.abandoned() {
+                // Its pass ended and handed the unit back: nobody waits for an answer.
+                return;
+            }
+            match transport {
+                #[cfg(feature = "tokio")]
+                Transport::Async(http) => {
+                    let result = http.deliver_job(&job, std::time::SystemTime::now()).await;
+                    job.finish(result);
                 }
-                match transport {
-                    #[cfg(feature = "tokio")]
-                    Transport::Async(http) => {
-                        let result = http.deliver_job(&job, std::time::SystemTime::now()).await;
+                #[cfg(feature = "blocking-http")]
+                Transport::Blocking(http) => {
+                    // If the runtime drops this unrun, the job reports NotSent as it is dropped.
+                    let _ = unblock(&*rt, move || {
+                        let result = http.deliver_job(&job, std::time::SystemTime::now());
                         job.finish(result);
-                    }
-                    #[cfg(feature = "blocking-http")]
-                    Transport::Blocking(http) => {
-                        // If the runtime drops this unrun, the job reports NotSent as it is dropped.
-                        let _ = unblock(&*rt, move || {
-                            let result = http.deliver_job(&job, std::time::SystemTime::now());
-                            job.finish(result);
-                        })
-                        .await;
-                    }
+                    })
+                    .await;
                 }
-            }),
-        );
+            }
+        });
+        match self.transport {
+            // On the pass's own task if it has room (see `spawn_delivery`), else a task of
+            // its own.
+            #[cfg(feature = "tokio")]
+            Transport::Async(_) => outbox_lanes_driver::engine::spawn_delivery(&*self.rt, run),
+            // Never on the pass's task: on a runtime that blocks in place the request would
+            // block the pass, and elsewhere its completion comes from the blocking pool anyway.
+            #[cfg(feature = "blocking-http")]
+            Transport::Blocking(_) => self.rt.spawn(run),
+        }
         Ok(())
     }
 
@@ -155,7 +162,7 @@ impl Executor for TaskExecutor {
             if left.is_zero() {
                 tracing::warn!(
                     in_flight = n.jobs,
-                    "delivery tasks still running at shutdown; their units are delivered again later"
+                    "deliveries still running at shutdown; their units are delivered again later"
                 );
                 return;
             }

@@ -9,7 +9,9 @@
 //!   each round of store work on the blocking pool in one hop, never one round trip per
 //!   unit; every store call (enqueue, status, lanes, dead letters too) stays on the blocking
 //!   pool, so the Postgres client is only ever used and dropped there;
-//! - deliveries as tasks, at most [`OutboxConfig::concurrency`] at once (default 256; it is
+//! - deliveries as tasks (a pass's first four in flight on the pass's own task:
+//!   [`spawn_delivery`](outbox_lanes_driver::engine::spawn_delivery)), at most
+//!   [`OutboxConfig::concurrency`] at once (default 256; it is
 //!   also one pass's in-flight window), POSTing with hyper-util's client (`AsyncHttpClient`, the
 //!   blocking client's policy and results) on tokio, or with the blocking ureq client on the
 //!   blocking pool of any other [`Runtime`] (feature `blocking-http`, implied by `smol` and
@@ -379,7 +381,7 @@ impl Outbox {
     }
 
     /// Graceful shutdown: running passes stop starting units, let attempts in flight finish
-    /// within the grace period and hand the rest back; then delivery tasks are awaited
+    /// within the grace period and hand the rest back; then deliveries still running are awaited
     /// (within the HTTP timeout) and acks flushed. Nothing is lost if the grace period
     /// passes: unfinished units stay in the store.
     pub async fn shutdown(&self) {
@@ -405,7 +407,8 @@ impl Outbox {
     ///
     /// The monitor is the engine's ([`outbox_lanes_driver::engine`]): a task on the outbox's
     /// runtime; each pass is a task of its own (its rounds of store work on the blocking
-    /// pool, its deliveries this outbox's tasks). It works the same on tokio, async-std and
+    /// pool, its first four deliveries in flight on its own task, the others this outbox's
+    /// tasks). It works the same on tokio, async-std and
     /// smol. A pass that only waits on attempts in flight does not count against
     /// `max_passes`.
     ///

@@ -1,7 +1,7 @@
 //! The executors: one implementation of the engine's [`Runtime`] trait per executor
 //! (quinn's pattern), so the same engine runs on tokio, async-std or smol.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub use outbox_lanes_driver::engine::{BoxFuture, Runtime};
 
@@ -50,7 +50,7 @@ impl Runtime for TokioRuntime {
         Box::pin(tokio::time::sleep(duration))
     }
 
-    fn now(&self) -> Instant {
+    fn now(&self) -> std::time::Instant {
         let _guard = self.handle.enter();
         tokio::time::Instant::now().into_std()
     }

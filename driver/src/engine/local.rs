@@ -11,12 +11,14 @@
 //! before, so that many lanes still spread over the runtime's workers.
 //!
 //! How an executor takes part: it hands its delivery future to [`spawn_delivery`] instead of
-//! [`Runtime::spawn`]. While a pass hands its jobs to the executor it *captures* (a
+//! [`Runtime::spawn`] — an async transport only: a future that blocks its thread (a blocking
+//! client on a runtime that runs blocking calls in place) would hold up the pass. While a pass hands its jobs to the executor it *captures* (a
 //! thread-local, set only for that synchronous call), and the futures spawned meanwhile
 //! become the pass's. Nothing else changes for the executor: the job still reports through
 //! [`Job::finish`](crate::Job::finish), and a future the pass still holds when the pass
 //! goes (its end, or its future dropped) is spawned then, so an attempt in flight finishes
-//! as it would have.
+//! as it would have. So the pass's future must be polled to its end or dropped (each pass is
+//! a task of its own here): a pass that is neither would hold its deliveries still.
 //!
 //! Hand-written, not `futures-util`'s `FuturesUnordered`: the pass holds at most four, and
 //! polling four on any wake-up costs less than that crate's per-future wakers.
@@ -105,11 +107,19 @@ impl Local {
     /// Runs `f` (which hands jobs to the executor) keeping, up to the room left, the
     /// delivery futures it spawns.
     pub(crate) fn capture<R>(&mut self, f: impl FnOnce() -> R) -> R {
-        struct Restore(Option<Capture>);
+        /// Puts back the capture that was there before; should `f` panic, what it captured
+        /// is spawned, so no delivery is lost with the round.
+        struct Restore {
+            outer: Option<Capture>,
+            rt: Arc<dyn Runtime>,
+        }
         impl Drop for Restore {
             fn drop(&mut self) {
-                let mine = CAPTURE.with(|c| c.replace(self.0.take()));
-                debug_assert!(mine.is_none(), "capture restored twice");
+                if let Some(cap) = CAPTURE.with(|c| c.replace(self.outer.take())) {
+                    for f in cap.futures {
+                        self.rt.spawn(f);
+                    }
+                }
             }
         }
         let room = LOCAL_DELIVERIES.saturating_sub(self.futures.len());
@@ -119,7 +129,10 @@ impl Local {
                 futures: Vec::new(),
             }))
         });
-        let restore = Restore(outer);
+        let restore = Restore {
+            outer,
+            rt: Arc::clone(&self.rt),
+        };
         let r = f();
         let mine = CAPTURE.with(|c| c.replace(None));
         drop(restore);
@@ -133,17 +146,24 @@ impl Local {
     /// A delivery that panics is dropped (its job reports it was not sent), as a task of its
     /// own would have been: the pass goes on.
     pub(crate) fn poll(&mut self, cx: &mut Context<'_>, batch: &mut Vec<Done>) {
-        if self.futures.is_empty() {
-            return;
-        }
-        let outer = POLLING.with(|p| p.replace(Arc::as_ptr(&self.completed) as usize));
-        self.futures.retain_mut(|f| {
-            match std::panic::catch_unwind(AssertUnwindSafe(|| f.as_mut().poll(cx))) {
-                Ok(Poll::Pending) => true,
-                Ok(Poll::Ready(())) | Err(_) => false,
+        /// Puts back the pass that was polling before, however the poll ends (a delivery's
+        /// drop may panic too).
+        struct Restore(usize);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                POLLING.with(|p| p.set(self.0));
             }
-        });
-        POLLING.with(|p| p.set(outer));
+        }
+        if !self.futures.is_empty() {
+            let _restore =
+                Restore(POLLING.with(|p| p.replace(Arc::as_ptr(&self.completed) as usize)));
+            self.futures.retain_mut(|f| {
+                match std::panic::catch_unwind(AssertUnwindSafe(|| f.as_mut().poll(cx))) {
+                    Ok(Poll::Pending) => true,
+                    Ok(Poll::Ready(())) | Err(_) => false,
+                }
+            });
+        }
         batch.append(
             &mut self
                 .completed
@@ -301,6 +321,23 @@ mod tests {
         local.poll(&mut noop_cx(), &mut batch);
         assert!(batch.is_empty());
         assert_eq!(sent.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn a_panic_while_capturing_spawns_what_was_captured() {
+        let rt = Arc::new(Kept::default());
+        let mut local = Local::new(Arc::clone(&rt) as Arc<dyn Runtime>);
+        let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            local.capture(|| {
+                spawn_delivery(&*rt, Box::pin(std::future::pending()));
+                panic!("the executor panicked");
+            })
+        }));
+        assert!(r.is_err());
+        assert_eq!((local.futures.len(), rt.spawned()), (0, 1));
+        // The capture is gone: a delivery now is a task of its own.
+        spawn_delivery(&*rt, Box::pin(std::future::pending()));
+        assert_eq!(rt.spawned(), 2);
     }
 
     #[test]

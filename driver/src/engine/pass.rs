@@ -4,7 +4,8 @@
 //! The loop waits for the first of: completions (every one waiting is taken at once: one
 //! wake-up for many), a wake-up (an enqueue, a stop or cancel request, the outbox shutting
 //! down — one coalesced wake-up, kept when it comes while the pass is busy), or the pass's
-//! next deadline on the runtime's timer. Nothing is polled. Then it runs one round: on the
+//! next deadline on the runtime's timer, while polling the few deliveries it runs itself
+//! ([`spawn_delivery`](super::spawn_delivery): their completions need no wake-up). Then it runs one round: on the
 //! task itself when the round needs no store (acks go to the ack writer, the next starts'
 //! payloads came with the claims), or else where blocking is allowed — every store call of
 //! the round (records, dead letters, claims, payloads not yet read) in that one hop — and
@@ -152,11 +153,19 @@ pub async fn run_pass(
                 jobs
             }
         };
-        local.capture(|| {
+        if rt.blocking_in_place() {
+            // Each task owns a thread there: nothing to save, and a delivery polled here
+            // would block the pass.
             for job in jobs {
                 start(core, job, &mut pass);
             }
-        });
+        } else {
+            local.capture(|| {
+                for job in jobs {
+                    start(core, job, &mut pass);
+                }
+            });
+        }
         if pass.ended().is_some() {
             break;
         }
