@@ -418,3 +418,85 @@ impl Outbox {
         Monitor::start(Arc::clone(&self.inner.rt), Arc::clone(self.inner.core())).await
     }
 }
+
+#[cfg(all(test, feature = "tokio"))]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use outbox_lanes_store::{SqliteOptions, SqliteStore};
+    use outbox_lanes_test_support::Recipient;
+
+    use super::*;
+
+    /// The tokio runtime, counting what it is asked to spawn.
+    #[derive(Debug)]
+    struct Counting {
+        inner: TokioRuntime,
+        spawned: AtomicUsize,
+    }
+
+    impl Runtime for Counting {
+        fn spawn(&self, future: BoxFuture<()>) {
+            self.spawned.fetch_add(1, Ordering::SeqCst);
+            self.inner.spawn(future);
+        }
+        fn spawn_blocking(&self, f: Box<dyn FnOnce() + Send + 'static>) {
+            self.inner.spawn_blocking(f);
+        }
+        fn sleep(&self, duration: Duration) -> BoxFuture<()> {
+            self.inner.sleep(duration)
+        }
+    }
+
+    /// One lane's attempts run on its pass's task: 40 rows to one recipient are delivered in
+    /// order with a handful of tasks in all (the pass, its drain), not a task per attempt.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_lanes_attempts_run_on_its_pass_task() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store: Arc<dyn Store> = Arc::new(
+            SqliteStore::open(dir.path().join("outbox.db"), SqliteOptions::default())
+                .expect("open sqlite"),
+        );
+        let r = Recipient::start().expect("recipient");
+        let to = vec![r.url("/one")];
+        let rt = Arc::new(Counting {
+            inner: TokioRuntime::current().expect("tokio"),
+            spawned: AtomicUsize::new(0),
+        });
+        let config = OutboxConfig::default().allow_loopback();
+        let http = AsyncHttpClient::new(config.http.clone(), None).expect("client");
+        let outbox = Outbox::builder(Arc::clone(&store), config)
+            .finish(Arc::clone(&rt) as Arc<dyn Runtime>, Transport::Async(http))
+            .expect("outbox");
+        let rows: Vec<NewRow> = (0..40)
+            .map(|i| NewRow {
+                id: format!("e{i}"),
+                body: format!("{i}").into_bytes(),
+                content_type: "text/plain".into(),
+                recipients: to.clone(),
+                ..NewRow::default()
+            })
+            .collect();
+        outbox.enqueue("alice", &rows).await.expect("enqueue");
+        let before = rt.spawned.load(Ordering::SeqCst);
+        let out = outbox.drain("alice").await.expect("drain");
+        let spawned = rt.spawned.load(Ordering::SeqCst) - before;
+        assert!(
+            matches!(out, DrainOutcome::Ran(ref r) if r.delivered == 40),
+            "{out:?}"
+        );
+        let got: Vec<String> = r
+            .bodies("/one")
+            .into_iter()
+            .map(|b| String::from_utf8(b).expect("utf-8"))
+            .collect();
+        let want: Vec<String> = (0..40).map(|i| i.to_string()).collect();
+        assert_eq!(got, want, "in order, once each");
+        assert!(
+            spawned < 10,
+            "{spawned} tasks spawned for 40 attempts of one lane"
+        );
+        outbox.shutdown().await;
+    }
+}
