@@ -1,7 +1,8 @@
 //! Deliveries as futures: the pass driver's [`Executor`] on an async [`Runtime`]. With the
 //! async client, the first few attempts a pass has in flight run on the pass's own task
-//! ([`spawn_delivery`](outbox_lanes_driver::engine::spawn_delivery)): one lane's next request is written from the task that read the last
-//! response. The others, and every attempt of the blocking client, are tasks of their own.
+//! ([`spawn_delivery`](outbox_lanes_driver::engine::spawn_delivery)): one lane's next
+//! request is written from the task that read the last response. The others, and every
+//! attempt of the blocking client, are tasks of their own.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -55,7 +56,8 @@ impl Drop for RunningGuard {
 }
 
 /// Runs each job as a future, on its pass's task or a task of its own
-/// ([`spawn_delivery`](outbox_lanes_driver::engine::spawn_delivery)), at most `concurrency` attempts at once.
+/// ([`spawn_delivery`](outbox_lanes_driver::engine::spawn_delivery)), at most `concurrency`
+/// attempts at once.
 pub(crate) struct TaskExecutor {
     pub(crate) rt: Arc<dyn Runtime>,
     pub(crate) transport: Transport,

@@ -12,9 +12,10 @@
 //!
 //! How an executor takes part: it hands its delivery future to [`spawn_delivery`] instead of
 //! [`Runtime::spawn`] — an async transport only: a future that blocks its thread (a blocking
-//! client on a runtime that runs blocking calls in place) would hold up the pass. While a pass hands its jobs to the executor it *captures* (a
-//! thread-local, set only for that synchronous call), and the futures spawned meanwhile
-//! become the pass's. Nothing else changes for the executor: the job still reports through
+//! client on a runtime that runs blocking calls in place) would hold up the pass, and on such
+//! a runtime ([`Runtime::blocking_in_place`], each task owns a thread) the pass keeps none.
+//! While a pass hands its jobs to the executor it *captures* (a thread-local, set only for
+//! that synchronous call), and the futures spawned meanwhile become the pass's. Nothing else changes for the executor: the job still reports through
 //! [`Job::finish`](crate::Job::finish), and a future the pass still holds when the pass
 //! goes (its end, or its future dropped) is spawned then, so an attempt in flight finishes
 //! as it would have. So the pass's future must be polled to its end or dropped (each pass is
@@ -105,8 +106,13 @@ impl Local {
     }
 
     /// Runs `f` (which hands jobs to the executor) keeping, up to the room left, the
-    /// delivery futures it spawns.
+    /// delivery futures it spawns. On a runtime that blocks in place, it keeps none: each
+    /// task owns a thread there, so there is nothing to save, and a delivery polled by the
+    /// pass could block it.
     pub(crate) fn capture<R>(&mut self, f: impl FnOnce() -> R) -> R {
+        if self.rt.blocking_in_place() {
+            return f();
+        }
         /// Puts back the capture that was there before; should `f` panic, what it captured
         /// is spawned, so no delivery is lost with the round.
         struct Restore {
@@ -284,6 +290,33 @@ mod tests {
         // A pass that goes hands what it holds to the runtime: nothing in flight is dropped.
         drop(local);
         assert_eq!(rt.spawned(), 4 + LOCAL_DELIVERIES);
+    }
+
+    /// [`Kept`], on a runtime where each task owns a thread.
+    #[derive(Debug, Default)]
+    struct InPlace(Kept);
+
+    impl Runtime for InPlace {
+        fn spawn(&self, future: BoxFuture<()>) {
+            self.0.spawn(future);
+        }
+        fn spawn_blocking(&self, f: Box<dyn FnOnce() + Send + 'static>) {
+            f();
+        }
+        fn sleep(&self, d: Duration) -> BoxFuture<()> {
+            self.0.sleep(d)
+        }
+        fn blocking_in_place(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn a_pass_on_a_runtime_that_blocks_in_place_keeps_nothing() {
+        let rt = Arc::new(InPlace::default());
+        let mut local = Local::new(Arc::clone(&rt) as Arc<dyn Runtime>);
+        local.capture(|| spawn_delivery(&*rt, Box::pin(std::future::pending())));
+        assert_eq!((local.futures.len(), rt.0.spawned()), (0, 1));
     }
 
     #[test]
