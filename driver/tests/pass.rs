@@ -42,6 +42,15 @@ struct Fixture {
 }
 
 impl Fixture {
+    /// What a round of a pass over this fixture's store and ack writer is given.
+    fn cx<'a>(&'a self, hooks: &'a Hooks) -> RoundContext<'a> {
+        RoundContext {
+            store: &*self.store,
+            acks: &self.acks,
+            hooks,
+        }
+    }
+
     /// Another store on the same database file: what another process would see committed.
     fn second(&self) -> SqliteStore {
         SqliteStore::open(self.dir.path().join("outbox.db"), SqliteOptions::default())
@@ -140,11 +149,7 @@ fn a_cancelled_pass_still_acks_what_was_delivered_and_calls_the_hook() {
         })),
         ..Hooks::default()
     };
-    let cx = RoundContext {
-        store: &*f.store,
-        acks: &f.acks,
-        hooks: &hooks,
-    };
+    let cx = f.cx(&hooks);
     let sink = Arc::new(Sink::default());
     let t = token(&*f.store);
     let mut pass = PassCore::new(t.clone(), &config(), sink.clone(), now(), now());
@@ -186,11 +191,7 @@ fn a_cancelled_pass_still_acks_what_was_delivered_and_calls_the_hook() {
 fn attempts_that_never_left_are_retried_without_counting() {
     let f = fixture(1);
     let hooks = Hooks::default();
-    let cx = RoundContext {
-        store: &*f.store,
-        acks: &f.acks,
-        hooks: &hooks,
-    };
+    let cx = f.cx(&hooks);
     let sink = Arc::new(Sink::default());
     let mut pass = PassCore::new(token(&*f.store), &config(), sink.clone(), now(), now());
     // Twenty attempts dropped before they were sent (a delivery task the runtime dropped):
@@ -229,11 +230,7 @@ fn attempts_that_never_left_are_retried_without_counting() {
 fn a_lost_slot_ends_the_pass_before_anything_else_starts() {
     let f = fixture(5);
     let hooks = Hooks::default();
-    let cx = RoundContext {
-        store: &*f.store,
-        acks: &f.acks,
-        hooks: &hooks,
-    };
+    let cx = f.cx(&hooks);
     let sink = Arc::new(Sink::default());
     let t = token(&*f.store);
     let mut pass = PassCore::new(t.clone(), &config(), sink.clone(), now(), now());
@@ -293,11 +290,7 @@ fn attempts_of(store: &dyn Store, t: &SlotToken, row: &str) -> u32 {
 fn a_round_that_needs_no_store_runs_inline_and_one_that_writes_does_not() {
     let f = fixture(3);
     let hooks = Hooks::default();
-    let cx = RoundContext {
-        store: &*f.store,
-        acks: &f.acks,
-        hooks: &hooks,
-    };
+    let cx = f.cx(&hooks);
     let sink = Arc::new(Sink::default());
     let t = token(&*f.store);
     let mut pass = PassCore::new(t.clone(), &config(), sink.clone(), now(), now());
@@ -360,11 +353,7 @@ fn a_round_that_needs_no_store_runs_inline_and_one_that_writes_does_not() {
 fn an_inline_round_that_reaches_a_claim_sends_its_starts_first() {
     let f = fixture(40);
     let hooks = Hooks::default();
-    let cx = RoundContext {
-        store: &*f.store,
-        acks: &f.acks,
-        hooks: &hooks,
-    };
+    let cx = f.cx(&hooks);
     let sink = Arc::new(Sink::default());
     let mut pass = PassCore::new(token(&*f.store), &config(), sink.clone(), now(), now());
     let mut bodies = Vec::new();
@@ -427,11 +416,7 @@ fn an_inline_round_that_reaches_a_claim_sends_its_starts_first() {
 fn a_stop_without_grace_sends_nothing_ahead_of_a_claim() {
     let f = fixture(40);
     let hooks = Hooks::default();
-    let cx = RoundContext {
-        store: &*f.store,
-        acks: &f.acks,
-        hooks: &hooks,
-    };
+    let cx = f.cx(&hooks);
     let sink = Arc::new(Sink::default());
     let mut c = config();
     c.shutdown_grace = Duration::ZERO;
@@ -482,11 +467,7 @@ fn a_stop_without_grace_sends_nothing_ahead_of_a_claim() {
 fn a_lanes_url_is_parsed_once_per_pass_and_bodies_are_not_copied() {
     let f = fixture(3);
     let hooks = Hooks::default();
-    let cx = RoundContext {
-        store: &*f.store,
-        acks: &f.acks,
-        hooks: &hooks,
-    };
+    let cx = f.cx(&hooks);
     let sink = Arc::new(Sink::default());
     let mut pass = PassCore::new(token(&*f.store), &config(), sink.clone(), now(), now());
     let mut seen = Vec::new();
@@ -537,11 +518,7 @@ fn a_lanes_url_is_parsed_once_per_pass_and_bodies_are_not_copied() {
 fn a_lane_paused_mid_pass_starts_nothing_more_and_its_units_go_back() {
     let f = fixture(5);
     let hooks = Hooks::default();
-    let cx = RoundContext {
-        store: &*f.store,
-        acks: &f.acks,
-        hooks: &hooks,
-    };
+    let cx = f.cx(&hooks);
     let alice = outbox_lanes_core::ActorId::new("alice");
     let key = outbox_lanes_core::LaneKey::new(TO, None).expect("key");
     let lane = f
@@ -647,11 +624,7 @@ fn drive(
 /// Drives a [`refusing_pass`] of `f`'s actor with `hooks` to its end, every job answered
 /// [`refused`]: the jobs handed out, and the pass's result.
 fn run_refused(f: &Fixture, hooks: &Hooks) -> (usize, PassResult) {
-    let cx = RoundContext {
-        store: &*f.store,
-        acks: &f.acks,
-        hooks,
-    };
+    let cx = f.cx(hooks);
     let (mut pass, sink) = refusing_pass(&*f.store);
     let jobs = drive(&mut pass, cx, &sink, refused);
     (jobs, pass.finish(cx))
@@ -814,11 +787,7 @@ fn a_later_unit_is_handed_out_only_once_the_dead_letters_before_it_are_committed
     let second = f.second();
     let told = Arc::new(Mutex::new(Vec::new()));
     let hooks = telling_hooks(f.second(), &told);
-    let cx = RoundContext {
-        store: &*f.store,
-        acks: &f.acks,
-        hooks: &hooks,
-    };
+    let cx = f.cx(&hooks);
     let sink = Arc::new(Sink::default());
     let mut pass = PassCore::new(token(&*f.store), &config(), sink.clone(), now(), now());
     let mut sent = Vec::new();
@@ -891,11 +860,7 @@ fn a_failed_dead_letter_write_writes_and_reports_none_of_its_dead_letters() {
     .expect("trigger");
     let told = Arc::new(Mutex::new(Vec::new()));
     let hooks = telling_hooks(f.second(), &told);
-    let cx = RoundContext {
-        store: &*f.store,
-        acks: &f.acks,
-        hooks: &hooks,
-    };
+    let cx = f.cx(&hooks);
     let sink = Arc::new(Sink::default());
     let t = token(&*f.store);
     let mut pass = PassCore::new(t.clone(), &refusing_config(), sink.clone(), now(), now());
@@ -932,11 +897,7 @@ fn a_stale_token_dead_letters_nothing() {
             *taken = Some(token(&*store));
         }
     }));
-    let cx = RoundContext {
-        store: &*f.store,
-        acks: &f.acks,
-        hooks: &hooks,
-    };
+    let cx = f.cx(&hooks);
     let sink = Arc::new(Sink::default());
     let mut pass = PassCore::new(t, &refusing_config(), sink.clone(), now(), now());
     let _ = drive(&mut pass, cx, &sink, refused);
@@ -973,11 +934,7 @@ fn a_refused_lane_paused_mid_round_dead_letters_nothing_after_the_pause() {
             store.pause_lane(lane, "maintenance").expect("pause");
         }
     }));
-    let cx = RoundContext {
-        store: &*f.store,
-        acks: &f.acks,
-        hooks: &hooks,
-    };
+    let cx = f.cx(&hooks);
     let (mut pass, sink) = refusing_pass(&*f.store);
     let _ = drive(&mut pass, cx, &sink, refused);
     let r = pass.finish(cx);
@@ -1006,11 +963,7 @@ fn a_refused_lane_paused_mid_round_dead_letters_nothing_after_the_pause() {
 fn a_deep_refused_lane_is_dead_lettered_over_bounded_rounds() {
     let f = fixture(3000);
     let hooks = Hooks::default();
-    let cx = RoundContext {
-        store: &*f.store,
-        acks: &f.acks,
-        hooks: &hooks,
-    };
+    let cx = f.cx(&hooks);
     let (mut pass, _sink) = refusing_pass(&*f.store);
     assert!(pass.round(cx).is_empty());
     let dead = f.store.dead_letters(None).expect("dead letters").len();
