@@ -389,30 +389,37 @@ impl OriginGate {
         }
     }
 
-    /// Loads what `store` knows of the hosts, and starts the thread that writes changes and
-    /// reads the rows back every [`OriginConfig::refresh`].
+    /// Starts the thread that writes changes and reads the rows back every
+    /// [`OriginConfig::refresh`], and waits for its first read of what `store` knows of the
+    /// hosts.
+    ///
+    /// The store is read on that thread, never on the caller's: an async runtime opens its
+    /// outbox on an executor thread, where a blocking Postgres client must not run.
     ///
     /// # Errors
     /// The thread could not be started. A store that cannot be read is logged and retried.
     pub fn share_through(&self, store: Arc<dyn DriverStore>) -> std::io::Result<()> {
-        self.refresh(&*store);
         let _ = self.shared.store.set(Arc::clone(&store));
         // Weak: the thread ends once the gate is gone (the outbox dropped).
         let shared = Arc::downgrade(&self.shared);
+        let (loaded, first_read) = std::sync::mpsc::sync_channel(1);
         let handle = std::thread::Builder::new()
             .name("outbox-lanes-hosts".into())
-            .spawn(move || writer(&shared, &*store))?;
+            .spawn(move || {
+                if let Some(s) = shared.upgrade() {
+                    refresh(&s, &*store);
+                }
+                let _ = loaded.send(());
+                writer(&shared, &*store);
+            })?;
+        // An error means the thread ended without reading (it panicked): nothing loaded.
+        let _ = first_read.recv();
         *self
             .shared
             .writer
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(handle);
         Ok(())
-    }
-
-    /// Reads every host row and adopts what is newer.
-    fn refresh(&self, store: &dyn DriverStore) {
-        refresh(&self.shared, store);
     }
 
     /// The configuration.
