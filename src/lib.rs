@@ -37,7 +37,6 @@ pub use outbox_lanes_store::sqlite::rusqlite;
 pub use outbox_lanes_store::postgres::postgres;
 
 /// sqlx as the store uses it (feature `sqlx`): a transaction of your own for
-/// [`SqlxOutbox::enqueue`](store::sqlx::SqlxOutbox::enqueue), and the pool of
-/// [`SqlxPgStore`](store::sqlx::SqlxPgStore).
+/// [`SqlxOutbox::enqueue`](store::sqlx::SqlxOutbox::enqueue).
 #[cfg(feature = "sqlx")]
 pub use outbox_lanes_store::sqlx::sqlx;

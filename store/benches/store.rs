@@ -16,7 +16,7 @@
 //! side, one transaction per claim+ack round of 100 units and per 100-row bare delete.
 //!
 //! Run: `cargo bench -p outbox-lanes-store --all-features --bench store`
-//! (set `OUTBOX_LANES_TEST_PG` to include Postgres; `OUTBOX_LANES_BENCH_ONLY=full,normal,pg,sqlx`
+//! (set `OUTBOX_LANES_TEST_PG` to include Postgres; `OUTBOX_LANES_BENCH_ONLY=full,normal,pg`
 //! picks a subset). It prints figures; it asserts nothing.
 #![allow(missing_docs, clippy::unwrap_used)]
 
@@ -527,47 +527,12 @@ fn postgres(url: &str) {
         .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"));
 }
 
-/// The same bench on [`SqlxPgStore`](outbox_lanes_store::sqlx::SqlxPgStore): the Postgres
-/// store on a sqlx pool, its statements waited on the pool's runtime from this (non-async)
-/// thread, as a runtime's blocking pool calls it.
-#[cfg(all(feature = "postgres", feature = "sqlx"))]
-fn postgres_sqlx(url: &str) {
-    use outbox_lanes_store::sqlx::{SqlxPgOptions, SqlxPgStore, sqlx::PgPool};
-    let schema = format!("ol_bench_sqlx_{}", std::process::id());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let pool = rt.block_on(PgPool::connect(url)).unwrap();
-    let store = {
-        let _in_rt = rt.enter();
-        SqlxPgStore::new(
-            pool,
-            SqlxPgOptions {
-                schema: schema.clone(),
-                ..SqlxPgOptions::default()
-            },
-        )
-        .unwrap()
-    };
-    let mut bare = PgBare::new(url, &schema, "bare", false);
-    let mut floor = PgBare::new(url, &schema, "floor", true);
-    let t = measure(&store, &mut bare, &mut floor, "pgsqlx");
-    report("Postgres through sqlx (SqlxPgStore, 127.0.0.1)", &t);
-    drop(store);
-    drop(floor);
-    let _ = bare
-        .client
-        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"));
-}
-
 fn main() {
     println!(
         "outbox-lanes-store bench: {SINGLE} single-row enqueues, {BATCHED} units ({BATCH} per transaction, \
          {LANES} lanes, {BODY}-byte payloads), outbox and bare table measured in alternating steps"
     );
-    // OUTBOX_LANES_BENCH_ONLY=full,normal,pg,sqlx runs a subset (default: all).
+    // OUTBOX_LANES_BENCH_ONLY=full,normal,pg runs a subset (default: all).
     let only = std::env::var("OUTBOX_LANES_BENCH_ONLY").unwrap_or_default();
     let wanted = |name: &str| only.is_empty() || only.split(',').any(|w| w.trim() == name);
     if wanted("full") {
@@ -583,15 +548,6 @@ fn main() {
                 postgres(&outbox_lanes_test_support::pg_url_without_tls(&url))
             }
             _ => println!("Postgres: skipped (OUTBOX_LANES_TEST_PG not set)"),
-        }
-    }
-    #[cfg(all(feature = "postgres", feature = "sqlx"))]
-    if wanted("sqlx") {
-        match std::env::var("OUTBOX_LANES_TEST_PG") {
-            Ok(url) if !url.is_empty() => {
-                postgres_sqlx(&outbox_lanes_test_support::pg_url_without_tls(&url))
-            }
-            _ => println!("Postgres through sqlx: skipped (OUTBOX_LANES_TEST_PG not set)"),
         }
     }
 }

@@ -1,8 +1,7 @@
 //! What a backend brings, under the operations written once: its connections and
 //! transactions, its wake-ups, and how it knows that a slot holder died.
 //!
-//! [`SqliteStore`](crate::SqliteStore), [`PgStore`](crate::PgStore) and `SqlxPgStore` implement
-//! [`Backend`];
+//! [`SqliteStore`](crate::SqliteStore) and [`PgStore`](crate::PgStore) implement [`Backend`];
 //! [`DriverStore`](crate::DriverStore) and [`ServiceStore`](crate::ServiceStore) are
 //! implemented once for every `Backend` (in `driver.rs` and `service.rs`), choosing the SQL of
 //! the backend's [`Dialect`] where the hot path differs. The trait is crate-private, so no other
@@ -36,6 +35,7 @@ impl Shared {
 
     /// The channel of a Postgres store's wake-ups.
     #[cfg_attr(not(any(feature = "postgres", feature = "sqlx")), allow(dead_code))]
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn pg_channel(&self) -> &str {
         self.channel
             .as_deref()

@@ -24,9 +24,8 @@
 //! | `units.rs` | a unit's lifecycle after enqueue: settle, finish, payload rows, seqs |
 //! | `hosts.rs` | the shared host records (`ol_hosts`) |
 //! | `sqlite.rs`, `liveness.rs` | [`SqliteStore`]: connections, schema and migrations; holder lock files |
-//! | `pg_schema.rs` | Postgres, for both of its stores: the schema, migrations, session settings, holders' advisory locks |
+//! | `pg_schema.rs` | Postgres: the schema, migrations, session settings, holders' advisory locks |
 //! | `postgres.rs`, `tls.rs` | [`PgStore`]: the blocking `postgres` client, its own pool, TLS (`sslmode`, client certificates) |
-//! | `sqlx_pg.rs` | `SqlxPgStore`: the Postgres store on a caller's sqlx pool |
 //! | `sqlx.rs` | `SqlxOutbox`: enqueue inside a caller's sqlx transaction; sqlx's side of the statement layer |
 //! | `notify.rs`, `watcher.rs` | in-process wake-ups; the watcher threads |
 //! | `exists.rs` | what a tool reads before it opens a store (is there an outbox, its version) |
@@ -66,24 +65,17 @@
 //! client owns a tokio runtime of its own: every call *and the drop* of a [`PgStore`] must stay
 //! off an async executor thread.
 //!
-//! `sqlx::SqlxPgStore` (feature `sqlx`) is the Postgres store on a caller's sqlx pool, with no
-//! blocking client: each statement's future runs on the pool's tokio runtime while the calling
-//! (blocking) thread waits. Called from an executor thread it uses `block_in_place` on a
-//! multi-thread runtime, and returns an error on a current-thread runtime's own thread; its
-//! drop never blocks.
-//!
 //! The schema is documented in `SCHEMA.md` next to this crate's manifest, with the plain SQL
 //! a service on another SQL library uses to enqueue (OL-15).
 //!
 //! A service on sqlx enqueues inside its own sqlx transaction with the `sqlx` module
-//! (feature `sqlx`): async, on the caller's connection, nothing blocks; its relay runs on the
-//! same pool through `SqlxPgStore`.
+//! (feature `sqlx`): async, on the caller's connection, nothing blocks; its relay runs on a
+//! [`SqliteStore`] or [`PgStore`] of the same database (one Postgres driver for the relay:
+//! `docs/ARCHITECTURE.md` says why).
 #![cfg_attr(docsrs, feature(doc_cfg))]
-// Without a backend only the shared types remain; their helpers are then unused.
-#![cfg_attr(
-    not(any(feature = "sqlite", feature = "postgres", feature = "sqlx")),
-    allow(dead_code)
-)]
+// Without a backend (no feature, or `sqlx` alone: its enqueue only) part of the shared code
+// is unused.
+#![cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod backend;
@@ -123,8 +115,6 @@ pub mod sqlite;
 mod sqlite_path;
 #[cfg(feature = "sqlx")]
 pub mod sqlx;
-#[cfg(feature = "sqlx")]
-mod sqlx_pg;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod status;
 #[cfg(feature = "postgres")]

@@ -1,7 +1,10 @@
-//! The Postgres schema, shared by the two Postgres backends ([`PgStore`](crate::PgStore) and
-//! the `sqlx` module's `SqlxPgStore`): the tables of `SCHEMA.md`, the migrations, the
-//! planner settings of the store's sessions, [`init`], which creates or migrates a schema in
-//! a transaction, and the holders' liveness locks ([`take_live_lock`], [`holder_is_dead`]).
+//! The Postgres schema of [`PgStore`](crate::PgStore), which the `sqlx` module's enqueue
+//! checks too: the tables of `SCHEMA.md`, the migrations, the planner settings of the store's
+//! sessions, [`init`], which creates or migrates a schema in a transaction, and the holders'
+//! liveness locks ([`take_live_lock`], [`holder_is_dead`]).
+
+// With `sqlx` but not `postgres`, only the names (`channel`, `valid_schema`) are used.
+#![cfg_attr(not(feature = "postgres"), allow(dead_code))]
 
 use crate::db::{Db, Sql, args};
 use crate::util::needs_ddl;

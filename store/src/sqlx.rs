@@ -1,8 +1,9 @@
 //! Enqueue inside a caller's **sqlx** transaction (feature `sqlx`; the transactional outbox,
 //! OL-15): the service's own rows and its outbox rows commit, or roll back, together.
 //!
-//! The relay of such a service runs on the same sqlx pool with [`SqlxPgStore`] (Postgres; see
-//! its docs), instead of a second pool of blocking `postgres` connections.
+//! The relay of such a service runs on a [`SqliteStore`](crate::SqliteStore) or
+//! [`PgStore`](crate::PgStore) of the same database: the relay's Postgres store is on the
+//! `postgres` crate alone, whose TLS keeps libpq's trust rules (`docs/ARCHITECTURE.md`).
 //!
 //! Why: a service on sqlx cannot hand its transaction to [`SqliteStore`](crate::SqliteStore)
 //! or [`PgStore`](crate::PgStore) (they own rusqlite and `postgres` connections). Rather than
@@ -60,7 +61,6 @@ use ::sqlx::{
 };
 use outbox_lanes_core::ActorId;
 
-pub use crate::sqlx_pg::{SqlxPgOptions, SqlxPgStore};
 /// The sqlx crate this module is built on (0.9), for callers that take it from here and so
 /// stay on the same version without a dependency of their own.
 pub use ::sqlx;
@@ -515,6 +515,11 @@ crate::db::impl_get!(::sqlx::sqlite::SqliteRow, |r, c| r
     .try_get(c)
     .map_err(sqlx_err));
 crate::db::impl_get!(::sqlx::any::AnyRow, |r, c| r.try_get(c).map_err(sqlx_err));
+crate::db::impl_get!(
+    ::sqlx::postgres::PgRow,
+    |r, c| r.try_get(c).map_err(sqlx_err),
+    arrays
+);
 
 /// A sqlx error as the store reports one, in one line: a lost connection (or pool) is
 /// [`StoreError::ConnectionLost`]; SQLite busy or locked, or a conflict the Postgres server

@@ -1,6 +1,5 @@
 //! The store contract: the same test bodies against a SQLite file, SQLite in memory and
-//! Postgres (when `OUTBOX_LANES_TEST_PG` is set), the latter on the blocking `postgres` client
-//! and on a sqlx pool (`SqlxPgStore`).
+//! Postgres (when `OUTBOX_LANES_TEST_PG` is set).
 #![allow(missing_docs, clippy::std_instead_of_core)]
 
 mod common;
@@ -26,9 +25,6 @@ macro_rules! contract {
         }
         mod postgres {
             $( #[test] fn $name() { super::$name(super::Backend::Postgres) } )*
-        }
-        mod sqlx_postgres {
-            $( #[test] fn $name() { super::$name(super::Backend::SqlxPostgres) } )*
         }
     };
 }

@@ -1,9 +1,8 @@
 //! An axum service with a transactional outbox on **sqlx**: the POST handler enqueues the
 //! outgoing activity and writes the note in the **same sqlx transaction** (SQLite by default,
-//! Postgres when given a URL), then asks for a drain without waiting for it. On Postgres the
-//! relay runs on the service's own sqlx pool (`SqlxPgStore`): no second pool, no blocking
-//! Postgres client. Either both are
-//! written or neither: a note whose write fails never reaches a follower, and a note that is
+//! Postgres when given a URL), then asks for a drain without waiting for it. The relay runs in
+//! the same process on the same database (`SqliteStore`, or `PgStore` with a few connections
+//! of its own). Either both are written or neither: a note whose write fails never reaches a follower, and a note that is
 //! written always does (at least once, in order per follower), even if the process dies right
 //! after the commit — the monitor finds the row on the next start.
 //!
@@ -31,13 +30,15 @@ use outbox_lanes::core::ActorId;
 // sqlx as the facade re-exports it (feature `sqlx`): the store's version, no dependency of
 // its own.
 use outbox_lanes::sqlx;
-use outbox_lanes::store::sqlx::{SqlxConnection, SqlxOutbox, SqlxPgOptions, SqlxPgStore};
-use outbox_lanes::store::{EnqueueError, NewRow, SqliteOptions, SqliteStore, Store};
+use outbox_lanes::store::sqlx::{SqlxConnection, SqlxOutbox};
+use outbox_lanes::store::{
+    EnqueueError, NewRow, PgOptions, PgStore, SqliteOptions, SqliteStore, Store,
+};
 use outbox_lanes::tokio::{Monitor, Outbox, OutboxConfig};
 use serde_json::{Value, json};
 use sqlx::{PgPool, SqlitePool};
 
-/// The service's pool: on Postgres the relay shares it.
+/// The service's pool.
 #[derive(Clone)]
 enum Db {
     Pg(PgPool),
@@ -72,18 +73,18 @@ impl From<EnqueueError> for WriteError {
 }
 
 impl App {
-    /// The service's sqlx pool (SQLite file or Postgres URL), the outbox's store (on
-    /// Postgres, on that very pool; it creates the outbox tables), the outbox on the current
-    /// tokio runtime and its monitor.
+    /// The service's sqlx pool (SQLite file or Postgres URL), the outbox's store on the same
+    /// database (it creates the outbox tables), the outbox on the current tokio runtime and
+    /// its monitor.
     async fn open(db: &str, config: OutboxConfig) -> anyhow::Result<(App, Monitor)> {
         let (db, store): (Db, Arc<dyn Store>) = if db.starts_with("postgres") {
-            let pool = PgPool::connect(db).await?;
-            let p = pool.clone();
-            // Making a store blocks: keep it off the async workers.
+            let url = db.to_owned();
+            // Making a store blocks (and `PgStore` owns a client runtime): keep it off the
+            // async workers.
             let store =
-                tokio::task::spawn_blocking(move || SqlxPgStore::new(p, SqlxPgOptions::default()))
+                tokio::task::spawn_blocking(move || PgStore::connect(&url, PgOptions::default()))
                     .await??;
-            (Db::Pg(pool), Arc::new(store))
+            (Db::Pg(PgPool::connect(db).await?), Arc::new(store))
         } else {
             let path = db.to_owned();
             let store = tokio::task::spawn_blocking(move || {
@@ -416,7 +417,8 @@ mod tests {
             Db::Pg(p) => p.close().await,
             Db::Sqlite(p) => p.close().await,
         }
-        // A SQLite store joins its watcher when dropped: off the async workers.
+        // A store blocks when dropped (SQLite joins its watcher, `PgStore` ends its client
+        // runtime): off the async workers.
         tokio::task::spawn_blocking(move || drop(app))
             .await
             .expect("drop");
