@@ -440,7 +440,6 @@ static REVIVE_RETAINED: Sql = Sql::new(
 );
 static INSERT_HEAD: Sql =
     Sql::new("INSERT INTO ol_units (id, actor, lane_id, seq, row_ref) VALUES ($1, $2, $3, $4, $5)");
-static DELETE_OTHER_LANES: Sql = Sql::new("DELETE FROM ol_units WHERE unit_id = $1");
 
 /// Puts the selected dead letters back at the tail of their lanes in their original order:
 /// one new `seq` per (actor, original seq), attempts reset, the same unit id. Returns the units
@@ -488,7 +487,7 @@ pub(crate) fn replay(
             // Kept for the ack retention: it becomes pending again, in this lane only, its
             // payload read from the dead letter's row.
             Some(_) => {
-                db.execute(&DELETE_OTHER_LANES, args![unit])?;
+                db.execute(&crate::units::DELETE_OTHER_LANES, args![unit])?;
                 db.execute(&REVIVE_RETAINED, args![unit, seq, lane, row_ref])?;
                 revived.insert(unit);
                 advance_tail(db, lane, seq)?;

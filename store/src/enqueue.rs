@@ -46,21 +46,37 @@ pub(crate) async fn enqueue<D: AsyncDb>(
     if rows.is_empty() {
         return Ok(Vec::new());
     }
-    let now = millis_of(Timestamp::from_system_time(SystemTime::now()));
-    let window = window_millis(common);
-    let ids: Vec<&str> = rows.iter().map(|p| p.row.id.as_str()).collect();
+    let b = Batch {
+        actor: actor.as_str(),
+        rows,
+        ids: rows.iter().map(|p| p.row.id.as_str()).collect(),
+        now: millis_of(Timestamp::from_system_time(SystemTime::now())),
+        window: window_millis(common),
+    };
     match channel {
         Some(channel) if db.arrays() => {
             // The dedup window past delivery, first: one statement for the batch.
-            row_ids::take(db, actor.as_str(), &ids, now, window).await?;
+            row_ids::take(db, b.actor, &b.ids, b.now, b.window).await?;
             if one_lane_rows(rows) {
-                one_lane_rows_at_once(db, actor, rows, channel, now).await
+                one_lane_rows_at_once(db, &b, channel).await
             } else {
-                set_based(db, actor, rows, channel, now).await
+                set_based(db, &b, channel).await
             }
         }
-        _ => by_statement(db, actor, rows, channel, &ids, now, window).await,
+        _ => by_statement(db, &b, channel).await,
     }
+}
+
+/// One enqueue's batch, as each way of writing it reads it.
+struct Batch<'b, 'r> {
+    actor: &'b str,
+    rows: &'b [PreparedRow<'r>],
+    /// The rows' ids, in order.
+    ids: Vec<&'b str>,
+    /// The enqueue's time, in milliseconds.
+    now: i64,
+    /// The row-id retention, in milliseconds.
+    window: i64,
 }
 
 /// Takes `n` sequence numbers of `actor`; returns the first. The actor's row stays locked to
@@ -198,12 +214,10 @@ fn one_lane_rows(rows: &[PreparedRow<'_>]) -> bool {
 /// commit order (the lock is held to commit).
 async fn one_lane_rows_at_once<D: AsyncDb>(
     t: &mut D,
-    actor: &ActorId,
-    rows: &[PreparedRow<'_>],
+    b: &Batch<'_, '_>,
     channel: &str,
-    now: i64,
 ) -> Result<Vec<Enqueued>, EnqueueError> {
-    let a = actor.as_str();
+    let (a, rows, now) = (b.actor, b.rows, b.now);
     let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
     let n = count(rows.len());
     // The batch's lanes in key order (the upsert locks them in that order), each with the
@@ -307,12 +321,10 @@ async fn one_lane_rows_at_once<D: AsyncDb>(
 /// round trip to the server.
 async fn set_based<D: AsyncDb>(
     t: &mut D,
-    actor: &ActorId,
-    rows: &[PreparedRow<'_>],
+    b: &Batch<'_, '_>,
     channel: &str,
-    now: i64,
 ) -> Result<Vec<Enqueued>, EnqueueError> {
-    let a = actor.as_str();
+    let (a, rows, now, ids) = (b.actor, b.rows, b.now, &b.ids);
     let n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
     // First: the actor row lock serialises this actor's enqueues (seq order = commit order),
     // and the plan below reads after it, so it sees every enqueue committed before.
@@ -321,7 +333,6 @@ async fn set_based<D: AsyncDb>(
     // Everything the plan needs, in one round trip: row ids already taken (inline on a unit
     // or in ol_rows), the batch's known lanes, what is pending for its dedup keys, and enough
     // unit and shared-row ids (upper bounds: skipped recipients only leave gaps).
-    let ids: Vec<&str> = rows.iter().map(|p| p.row.id.as_str()).collect();
     let mut recs: Vec<&str> = Vec::new();
     let mut oks: Vec<&str> = Vec::new();
     {
@@ -360,7 +371,7 @@ async fn set_based<D: AsyncDb>(
     let plan = t
         .query_one(
             &ENQUEUE_PLAN,
-            args![a, &ids, &recs, &oks, &dks, max_shared, max_units],
+            args![a, ids, &recs, &oks, &dks, max_shared, max_units],
             |r| {
                 Ok(Plan {
                     taken: r.opt_texts(0)?,
@@ -415,8 +426,9 @@ async fn set_based<D: AsyncDb>(
     // The rows to write, as columns (one array per column, unnested by the insert):
     // heads with the payload inline, shared payloads, and rows without a payload (a joined
     // unit's other lanes, the heads of a shared payload's units).
+    /// Payloads, inline on a head (with its `lane` and lane count `n`) or shared.
     #[derive(Default)]
-    struct Inline<'r> {
+    struct Payloads<'r> {
         id: Vec<i64>,
         lane: Vec<i64>,
         seq: Vec<i64>,
@@ -429,17 +441,19 @@ async fn set_based<D: AsyncDb>(
         ok: Vec<&'r str>,
         hd: Vec<Option<String>>,
     }
-    #[derive(Default)]
-    struct Shared<'r> {
-        id: Vec<i64>,
-        row: Vec<&'r str>,
-        seq: Vec<i64>,
-        ct: Vec<&'r str>,
-        body: Vec<&'r [u8]>,
-        len: Vec<i64>,
-        dk: Vec<Option<&'r str>>,
-        ok: Vec<&'r str>,
-        hd: Vec<Option<String>>,
+    impl<'r> Payloads<'r> {
+        fn push(&mut self, id: i64, seq: i64, p: &PreparedRow<'r>) {
+            self.id.push(id);
+            self.seq.push(seq);
+            self.row.push(p.row.id.as_str());
+            self.ct.push(p.row.content_type.as_str());
+            self.body.push(p.row.body.as_slice());
+            self.len
+                .push(i64::try_from(p.row.body.len()).unwrap_or(i64::MAX));
+            self.dk.push(p.row.dedup_key.as_deref());
+            self.ok.push(p.ordering_key);
+            self.hd.push(encode_headers(&p.row.headers));
+        }
     }
     #[derive(Default)]
     struct Bare {
@@ -449,7 +463,7 @@ async fn set_based<D: AsyncDb>(
         seq: Vec<i64>,
         row_ref: Vec<Option<i64>>,
     }
-    let (mut inl, mut sh, mut bare) = (Inline::default(), Shared::default(), Bare::default());
+    let (mut inl, mut sh, mut bare) = (Payloads::default(), Payloads::default(), Bare::default());
     // Highest seq written per lane, in lane order (the tail update locks lanes in that order).
     let mut tails: BTreeMap<i64, i64> = BTreeMap::new();
     let (mut sk, mut uk) = (shared_keys.into_iter(), unit_keys.into_iter());
@@ -480,24 +494,15 @@ async fn set_based<D: AsyncDb>(
             let tail = tails.entry(id).or_insert(seq);
             *tail = (*tail).max(seq);
         }
-        let len = count(p.row.body.len());
         let mut units = Vec::new();
         if let [first_lane, others @ ..] = kept.as_slice() {
             if p.row.joined || others.is_empty() {
                 // One unit: its head holds the payload; a joined unit's other lanes are rows
                 // pointing at the head.
                 let head = next_unit()?;
-                inl.id.push(head);
+                inl.push(head, seq, p);
                 inl.lane.push(*first_lane);
-                inl.seq.push(seq);
                 inl.n.push(count(kept.len()));
-                inl.row.push(p.row.id.as_str());
-                inl.ct.push(p.row.content_type.as_str());
-                inl.body.push(p.row.body.as_slice());
-                inl.len.push(len);
-                inl.dk.push(p.row.dedup_key.as_deref());
-                inl.ok.push(p.ordering_key);
-                inl.hd.push(encode_headers(&p.row.headers));
                 for lane in others {
                     bare.id.push(next_unit()?);
                     bare.unit.push(Some(head));
@@ -511,15 +516,7 @@ async fn set_based<D: AsyncDb>(
                 let row_ref = sk
                     .next()
                     .ok_or_else(|| StoreError::Database("row id allocation short".into()))?;
-                sh.id.push(row_ref);
-                sh.row.push(p.row.id.as_str());
-                sh.seq.push(seq);
-                sh.ct.push(p.row.content_type.as_str());
-                sh.body.push(p.row.body.as_slice());
-                sh.len.push(len);
-                sh.dk.push(p.row.dedup_key.as_deref());
-                sh.ok.push(p.ordering_key);
-                sh.hd.push(encode_headers(&p.row.headers));
+                sh.push(row_ref, seq, p);
                 for lane in &kept {
                     let head = next_unit()?;
                     bare.id.push(head);
@@ -608,14 +605,20 @@ struct Plan {
     unit_keys: Option<Vec<i64>>,
 }
 
+/// An insert that returns the new row's id: `RETURNING id` on Postgres; on SQLite the insert
+/// alone, its id read from the connection (`last_insert_rowid`).
+macro_rules! returning_id {
+    ($sql:expr $(,)?) => {
+        Sql::with_sqlite(concat!($sql, " RETURNING id"), $sql)
+    };
+}
+
 /// Whether actor `$1` has any shared payload (see [`by_statement`]).
 static HAS_SHARED_ROWS: Sql = Sql::new("SELECT 1 FROM ol_rows WHERE actor = $1 LIMIT 1");
 static LANE_ID: Sql =
     Sql::new("SELECT id FROM ol_lanes WHERE actor = $1 AND recipient = $2 AND ordering_key = $3");
-static NEW_LANE: Sql = Sql::with_sqlite(
-    "INSERT INTO ol_lanes (actor, recipient, ordering_key) VALUES ($1, $2, $3) RETURNING id",
-    "INSERT INTO ol_lanes (actor, recipient, ordering_key) VALUES ($1, $2, $3)",
-);
+static NEW_LANE: Sql =
+    returning_id!("INSERT INTO ol_lanes (actor, recipient, ordering_key) VALUES ($1, $2, $3)",);
 /// A unit with this dedup key (`$2`) still pending for this recipient (`$3`): two index paths
 /// (payload inline on a head, or in a shared `ol_rows` row), each through the unit's head and
 /// its other lanes.
@@ -633,20 +636,13 @@ static ROW_ID_TAKEN: Sql = Sql::new(
      UNION ALL SELECT 1 FROM ol_rows WHERE actor = $1 AND row_id = $2",
 );
 /// A unit's head with its payload inline (`$4`: its lane count).
-static INSERT_HEAD: Sql = Sql::with_sqlite(
-    "INSERT INTO ol_units (actor, lane_id, seq, lanes, pending, row_id, content_type, body, \
-     body_len, dedup_key, ordering_key, enqueued_at, headers) \
-     VALUES ($1, $2, $3, $4, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING id",
+static INSERT_HEAD: Sql = returning_id!(
     "INSERT INTO ol_units (actor, lane_id, seq, lanes, pending, row_id, content_type, body, \
      body_len, dedup_key, ordering_key, enqueued_at, headers) \
      VALUES ($1, $2, $3, $4, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
 );
 /// [`INSERT_HEAD`], unless the row id is on a shared payload of the actor (nothing inserted).
-static INSERT_HEAD_CHECKED: Sql = Sql::with_sqlite(
-    "INSERT INTO ol_units (actor, lane_id, seq, lanes, pending, row_id, content_type, body, \
-     body_len, dedup_key, ordering_key, enqueued_at, headers) \
-     SELECT $1, $2, $3, $4, $4, $5, $6, $7, $8, $9, $10, $11, $12 \
-     WHERE NOT EXISTS (SELECT 1 FROM ol_rows WHERE actor = $1 AND row_id = $5) RETURNING id",
+static INSERT_HEAD_CHECKED: Sql = returning_id!(
     "INSERT INTO ol_units (actor, lane_id, seq, lanes, pending, row_id, content_type, body, \
      body_len, dedup_key, ordering_key, enqueued_at, headers) \
      SELECT $1, $2, $3, $4, $4, $5, $6, $7, $8, $9, $10, $11, $12 \
@@ -656,19 +652,14 @@ static INSERT_HEAD_CHECKED: Sql = Sql::with_sqlite(
 static INSERT_OTHER_LANE: Sql =
     Sql::new("INSERT INTO ol_units (unit_id, actor, lane_id, seq) VALUES ($1, $2, $3, $4)");
 /// A shared payload, unless the row id is inline on a unit of the actor (nothing inserted).
-static INSERT_SHARED: Sql = Sql::with_sqlite(
-    "INSERT INTO ol_rows (actor, row_id, seq, content_type, body, body_len, dedup_key, \
-     ordering_key, enqueued_at, headers) SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10 \
-     WHERE NOT EXISTS (SELECT 1 FROM ol_units WHERE actor = $1 AND row_id = $2) RETURNING id",
+static INSERT_SHARED: Sql = returning_id!(
     "INSERT INTO ol_rows (actor, row_id, seq, content_type, body, body_len, dedup_key, \
      ordering_key, enqueued_at, headers) SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10 \
      WHERE NOT EXISTS (SELECT 1 FROM ol_units WHERE actor = $1 AND row_id = $2)",
 );
 /// One unit of a shared payload `$4`.
-static INSERT_SHARED_UNIT: Sql = Sql::with_sqlite(
-    "INSERT INTO ol_units (actor, lane_id, seq, row_ref) VALUES ($1, $2, $3, $4) RETURNING id",
-    "INSERT INTO ol_units (actor, lane_id, seq, row_ref) VALUES ($1, $2, $3, $4)",
-);
+static INSERT_SHARED_UNIT: Sql =
+    returning_id!("INSERT INTO ol_units (actor, lane_id, seq, row_ref) VALUES ($1, $2, $3, $4)",);
 
 /// An insert's refusal by a unique index (belt and braces: the statements look for the row id
 /// first), as the row id it names.
@@ -688,17 +679,13 @@ fn dup_or(e: StoreError, row: &str) -> EnqueueError {
 /// under a concurrent writer.
 async fn by_statement<D: AsyncDb>(
     c: &mut D,
-    actor: &ActorId,
-    rows: &[PreparedRow<'_>],
+    b: &Batch<'_, '_>,
     channel: Option<&str>,
-    ids: &[&str],
-    now: i64,
-    window: i64,
 ) -> Result<Vec<Enqueued>, EnqueueError> {
-    let a = actor.as_str();
+    let (a, rows, now) = (b.actor, b.rows, b.now);
     let n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
     let first = alloc_seqs(c, a, n).await?;
-    row_ids::take(c, a, ids, now, window).await?;
+    row_ids::take(c, a, &b.ids, now, b.window).await?;
     let mut lanes: HashMap<&LaneKey, i64> = HashMap::new();
     let mut tails: BTreeMap<i64, i64> = BTreeMap::new();
     let mut out = Vec::with_capacity(rows.len());

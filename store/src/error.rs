@@ -169,6 +169,27 @@ impl StoreError {
         }
     }
 
+    /// A Postgres server's refusal with SQLSTATE `code`, from either driver: a connection the
+    /// server ended or is not taking yet (class 08, `57P01`–`57P03`) is lost; a conflict it
+    /// broke (serialization failure, deadlock, lock not available) is [`StoreError::Busy`]:
+    /// nothing was written, retry; a read-only server is [`StoreError::ReadOnly`].
+    #[cfg(any(feature = "postgres", feature = "sqlx"))]
+    pub(crate) fn of_sqlstate(
+        code: &str,
+        reason: String,
+        e: impl core::error::Error + Send + Sync + 'static,
+    ) -> StoreError {
+        match code {
+            _ if code.starts_with("08") => StoreError::connection_lost(reason, e),
+            "57P01" | "57P02" | "57P03" => StoreError::connection_lost(reason, e),
+            "40001" | "40P01" | "55P03" => StoreError::Busy,
+            "25006" => StoreError::ReadOnly {
+                path: "(postgres)".into(),
+            },
+            _ => StoreError::driver(reason, e),
+        }
+    }
+
     /// A refusal by the library, with its error as the cause.
     pub(crate) fn driver(
         reason: String,
@@ -238,15 +259,17 @@ impl StoreError {
 
 /// Why an enqueue was refused. Every variant about a row names it; the whole batch was
 /// refused and nothing was written (OL-4).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum EnqueueError {
     /// The row names no recipient.
+    #[error("row {row:?} names no recipient")]
     NoRecipients {
         /// The row id.
         row: String,
     },
     /// A recipient is not an absolute http(s) URL.
+    #[error("row {row:?}: recipient {url:?} refused: {reason}")]
     BadRecipient {
         /// The row id.
         row: String,
@@ -258,16 +281,21 @@ pub enum EnqueueError {
     /// The row id appears twice in the batch, is already stored for the actor, or was
     /// enqueued by the actor within the row-id retention
     /// ([`CommonOptions::row_id_retention`](crate::CommonOptions::row_id_retention)).
+    #[error(
+        "row id {row:?} is already used by this actor (stored, or enqueued within the row-id retention)"
+    )]
     DuplicateRowId {
         /// The row id.
         row: String,
     },
     /// The row id is empty.
+    #[error("row #{index} has an empty id")]
     EmptyRowId {
         /// The row's index in the batch.
         index: usize,
     },
     /// The payload is larger than the configured limit.
+    #[error("row {row:?}: payload of {size} bytes exceeds the limit of {max} bytes")]
     PayloadTooLarge {
         /// The row id.
         row: String,
@@ -278,6 +306,7 @@ pub enum EnqueueError {
     },
     /// The row names more recipients than the configured limit
     /// ([`CommonOptions::max_recipients`](crate::CommonOptions::max_recipients)).
+    #[error("row {row:?}: {count} recipients exceed the limit of {max} per row")]
     TooManyRecipients {
         /// The row id.
         row: String,
@@ -289,6 +318,10 @@ pub enum EnqueueError {
     /// The content type is empty, or cannot be sent as an HTTP header value: it holds a
     /// control character (CR, LF, NUL, …) or a byte that is not visible ASCII (spaces and
     /// tabs are allowed).
+    #[error(
+        "row {row:?}: content type {content_type:?} is empty or not a valid HTTP header value \
+         (visible ASCII, spaces and tabs only)"
+    )]
     BadContentType {
         /// The row id.
         row: String,
@@ -300,6 +333,7 @@ pub enum EnqueueError {
     /// repeats, the client, the signer or a hop sets it
     /// ([`RESERVED_HEADERS`](crate::RESERVED_HEADERS)), or the row has too many headers or
     /// too many bytes of them.
+    #[error("row {row:?}: header {name:?} refused: {reason}")]
     BadHeader {
         /// The row id.
         row: String,
@@ -309,55 +343,6 @@ pub enum EnqueueError {
         reason: String,
     },
     /// The database failed; nothing was written.
-    Store(StoreError),
-}
-
-impl fmt::Display for EnqueueError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            EnqueueError::NoRecipients { row } => write!(f, "row {row:?} names no recipient"),
-            EnqueueError::BadRecipient { row, url, reason } => {
-                write!(f, "row {row:?}: recipient {url:?} refused: {reason}")
-            }
-            EnqueueError::DuplicateRowId { row } => write!(
-                f,
-                "row id {row:?} is already used by this actor (stored, or enqueued within the row-id retention)"
-            ),
-            EnqueueError::EmptyRowId { index } => write!(f, "row #{index} has an empty id"),
-            EnqueueError::PayloadTooLarge { row, size, max } => {
-                write!(
-                    f,
-                    "row {row:?}: payload of {size} bytes exceeds the limit of {max} bytes"
-                )
-            }
-            EnqueueError::TooManyRecipients { row, count, max } => write!(
-                f,
-                "row {row:?}: {count} recipients exceed the limit of {max} per row"
-            ),
-            EnqueueError::BadContentType { row, content_type } => write!(
-                f,
-                "row {row:?}: content type {content_type:?} is empty or not a valid HTTP header \
-                 value (visible ASCII, spaces and tabs only)"
-            ),
-            EnqueueError::BadHeader { row, name, reason } => {
-                write!(f, "row {row:?}: header {name:?} refused: {reason}")
-            }
-            EnqueueError::Store(e) => write!(f, "enqueue failed, nothing written: {e}"),
-        }
-    }
-}
-
-impl core::error::Error for EnqueueError {
-    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
-        match self {
-            EnqueueError::Store(e) => Some(e),
-            _ => None,
-        }
-    }
-}
-
-impl From<StoreError> for EnqueueError {
-    fn from(e: StoreError) -> Self {
-        EnqueueError::Store(e)
-    }
+    #[error("enqueue failed, nothing written: {0}")]
+    Store(#[from] StoreError),
 }

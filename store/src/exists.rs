@@ -101,8 +101,7 @@ mod pg {
                 .map_err(lost)?;
             row.map(|r| {
                 let v: String = r.try_get(0).map_err(lost)?;
-                v.parse()
-                    .map_err(|_| StoreError::Database(format!("unreadable schema_version {v:?}")))
+                crate::util::parse_version(&v)
             })
             .transpose()
         }

@@ -4,7 +4,6 @@
 //!
 //! [`check_headers`]: crate::check_headers
 
-use core::fmt;
 use std::collections::HashSet;
 
 /// At most this many headers per row.
@@ -16,33 +15,46 @@ pub const MAX_HEADERS: usize = 64;
 pub const MAX_HEADER_BYTES: usize = 8 * 1024;
 
 /// Why a row's header cannot be sent.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum HeaderProblem {
     /// The name is not an HTTP token.
+    #[error("not a valid HTTP header name")]
     BadName,
     /// `Content-Type`: the row's content type is sent instead.
+    #[error("reserved (set the row's content type instead)")]
     ContentType,
     /// The HTTP client sets it itself: the body's framing (`Content-Length`,
     /// `Transfer-Encoding`), `Host`, `Idempotency-Key`, `User-Agent`.
+    #[error("reserved (the HTTP client sets it itself)")]
     SetByClient,
     /// The signer sets it: `Date`, `Digest`, `Content-Digest`, `Signature`,
     /// `Signature-Input`, `webhook-*`.
+    #[error("reserved (the signer sets it itself)")]
     SetBySigner,
     /// A hop-by-hop or proxy header (`Connection`, `Keep-Alive`, `Proxy-*`, `TE`,
     /// `Trailer(s)`, `Upgrade`, `Expect`): it would change how the request is framed,
     /// forwarded or answered.
+    #[error(
+        "reserved (a hop-by-hop or proxy header: it would change how the request is framed or \
+         forwarded)"
+    )]
     HopByHop,
     /// The value is not visible ASCII, spaces and tabs (a CR or LF would split the header).
+    #[error("the value is not a valid HTTP header value (visible ASCII, spaces and tabs only)")]
     BadValue,
     /// The value starts or ends with whitespace, which HTTP drops.
+    #[error("the value has leading or trailing whitespace (HTTP drops it)")]
     Whitespace,
     /// The name was given before (names compare case-insensitively).
+    #[error("given twice")]
     Repeated,
     /// The row has more than [`MAX_HEADERS`] headers; this is the first one past the limit.
+    #[error("more than {MAX_HEADERS} headers")]
     TooMany,
     /// The names and values of the row's headers take more than [`MAX_HEADER_BYTES`]; this
     /// is the header that goes past the limit.
+    #[error("more than {MAX_HEADER_BYTES} bytes of header names and values")]
     TooLarge,
 }
 
@@ -60,53 +72,15 @@ impl HeaderProblem {
     }
 }
 
-impl fmt::Display for HeaderProblem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            HeaderProblem::BadName => f.write_str("not a valid HTTP header name"),
-            HeaderProblem::ContentType => {
-                f.write_str("reserved (set the row's content type instead)")
-            }
-            HeaderProblem::SetByClient => f.write_str("reserved (the HTTP client sets it itself)"),
-            HeaderProblem::SetBySigner => f.write_str("reserved (the signer sets it itself)"),
-            HeaderProblem::HopByHop => f.write_str(
-                "reserved (a hop-by-hop or proxy header: it would change how the request is \
-                 framed or forwarded)",
-            ),
-            HeaderProblem::BadValue => f.write_str(
-                "the value is not a valid HTTP header value (visible ASCII, spaces and tabs only)",
-            ),
-            HeaderProblem::Whitespace => {
-                f.write_str("the value has leading or trailing whitespace (HTTP drops it)")
-            }
-            HeaderProblem::Repeated => f.write_str("given twice"),
-            HeaderProblem::TooMany => write!(f, "more than {MAX_HEADERS} headers"),
-            HeaderProblem::TooLarge => {
-                write!(
-                    f,
-                    "more than {MAX_HEADER_BYTES} bytes of header names and values"
-                )
-            }
-        }
-    }
-}
-
 /// A row's header that cannot be sent: its name as given, and why.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("header {name:?} refused: {problem}")]
 pub struct RefusedHeader {
     /// The header's name, as given.
     pub name: String,
     /// Why it is refused.
     pub problem: HeaderProblem,
 }
-
-impl fmt::Display for RefusedHeader {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "header {:?} refused: {}", self.name, self.problem)
-    }
-}
-
-impl std::error::Error for RefusedHeader {}
 
 /// Whether `s` can be sent as an HTTP header value as it is: visible ASCII, spaces and tabs
 /// only. A CR or LF would split the header (or be refused by the HTTP client at every

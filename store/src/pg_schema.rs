@@ -261,6 +261,15 @@ const MIGRATE_V5_TO_V6: &str = "CREATE TABLE ol_hosts (origin TEXT PRIMARY KEY, 
          spec_at BIGINT, updated_at BIGINT NOT NULL); \
      UPDATE ol_meta SET value = '6' WHERE key = 'schema_version';";
 
+/// The migrations past version 2, in order, each with the version it reaches (a new schema
+/// runs them all).
+const MIGRATIONS: [(u32, &str); 4] = [
+    (3, MIGRATE_V2_TO_V3),
+    (4, MIGRATE_V3_TO_V4),
+    (5, MIGRATE_V4_TO_V5),
+    (6, MIGRATE_V5_TO_V6),
+];
+
 /// A schema name the store accepts: lower-case letters, digits and `_`, not starting with a
 /// digit, at most 48 bytes (it is written into SQL and into the wake-up channel's name).
 pub(crate) fn valid_schema(s: &str) -> bool {
@@ -305,7 +314,8 @@ pub(crate) fn settings(scope: &str, schema: &str) -> String {
 
 static SERIALISE: Sql = Sql::new("SELECT pg_advisory_xact_lock(hashtext($1))");
 static HAS_META: Sql = Sql::new("SELECT to_regclass($1) IS NOT NULL");
-static VERSION: Sql = Sql::new("SELECT value FROM ol_meta WHERE key = 'schema_version'");
+/// The schema version (text), on either dialect.
+pub(crate) static VERSION: Sql = Sql::new("SELECT value FROM ol_meta WHERE key = 'schema_version'");
 static OUTBOX_ID: Sql = Sql::new("SELECT value FROM ol_meta WHERE key = 'outbox_id'");
 static CREATED_AS_V2: Sql =
     Sql::new("INSERT INTO ol_meta (key, value) VALUES ('schema_version', '2')");
@@ -318,10 +328,8 @@ fn version(db: &mut impl Db, schema: &str) -> Result<Option<u32>, StoreError> {
         return Ok(None);
     }
     db.query_opt(&VERSION, &[], |r| r.text(0))?
-        .map(|v| {
-            v.parse()
-                .map_err(|_| StoreError::Database(format!("unreadable schema_version {v:?}")))
-        })
+        .as_deref()
+        .map(crate::util::parse_version)
         .transpose()
 }
 
@@ -366,27 +374,17 @@ fn ddl(db: &mut impl Db, schema: &str, found: Option<u32>) -> Result<(), StoreEr
             )?;
             db.execute(&CREATED_AS_V2, &[])?;
             db.batch(SCHEMA_V2)?;
-            db.batch(MIGRATE_V2_TO_V3)?;
-            db.batch(MIGRATE_V3_TO_V4)?;
-            db.batch(MIGRATE_V4_TO_V5)?;
-            db.batch(MIGRATE_V5_TO_V6)?;
+            for (_, ddl) in MIGRATIONS {
+                db.batch(ddl)?;
+            }
         }
         Some(found) => {
             tracing::info!(target: "outbox_lanes::store", schema, from = found, to = SCHEMA_VERSION, "migrating the Postgres schema");
             if found < 2 {
                 db.batch(MIGRATE_V1_TO_V2)?;
             }
-            if found < 3 {
-                db.batch(MIGRATE_V2_TO_V3)?;
-            }
-            if found < 4 {
-                db.batch(MIGRATE_V3_TO_V4)?;
-            }
-            if found < 5 {
-                db.batch(MIGRATE_V4_TO_V5)?;
-            }
-            if found < 6 {
-                db.batch(MIGRATE_V5_TO_V6)?;
+            for (_, ddl) in MIGRATIONS.iter().filter(|(to, _)| found < *to) {
+                db.batch(ddl)?;
             }
         }
     }

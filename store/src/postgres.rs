@@ -50,7 +50,6 @@ use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use core::sync::atomic::{AtomicBool, Ordering};
 
 pub use postgres;
-use postgres::error::SqlState;
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::types::private::BytesMut;
 use postgres::types::{IsNull, ToSql, Type, to_sql_checked};
@@ -159,27 +158,10 @@ fn pg_err(e: postgres::Error) -> StoreError {
     if e.is_closed() {
         return StoreError::connection_lost(pg_text(&e), e);
     }
-    match e.code() {
-        Some(c)
-            if *c == SqlState::ADMIN_SHUTDOWN
-                || *c == SqlState::CRASH_SHUTDOWN
-                || c.code().starts_with("08") =>
-        {
-            StoreError::connection_lost(pg_text(&e), e)
-        }
-        // Aborted by the server to break a deadlock or a serialization conflict: nothing was
-        // written and a retry can succeed.
-        Some(c)
-            if *c == SqlState::T_R_SERIALIZATION_FAILURE
-                || *c == SqlState::T_R_DEADLOCK_DETECTED
-                || *c == SqlState::LOCK_NOT_AVAILABLE =>
-        {
-            StoreError::Busy
-        }
-        Some(c) if *c == SqlState::READ_ONLY_SQL_TRANSACTION => StoreError::ReadOnly {
-            path: "(postgres)".into(),
-        },
-        Some(_) => StoreError::driver(pg_text(&e), e),
+    // Owned: `e` goes into the error as its cause.
+    let code = e.code().map(|c| String::from(c.code()));
+    match code {
+        Some(c) => StoreError::of_sqlstate(&c, pg_text(&e), e),
         // No SQLSTATE: an I/O failure means the connection is gone; anything else (a value
         // that does not convert) is an ordinary error.
         None => {

@@ -308,6 +308,10 @@ const V5_TO_V6: &str = "CREATE TABLE ol_hosts (\
          last_error TEXT, blocked INTEGER NOT NULL DEFAULT 0, spec TEXT, spec_at INTEGER, \
          updated_at INTEGER NOT NULL) WITHOUT ROWID;";
 
+/// The migrations past version 2, in order, each with the version it reaches: a new database
+/// is made at version 2 and runs them all, so that new and migrated databases cannot differ.
+const MIGRATIONS: [(u32, &str); 4] = [(3, V2_TO_V3), (4, V3_TO_V4), (5, V4_TO_V5), (6, V5_TO_V6)];
+
 /// The version 2 `ol_units` alone, for the migration from version 1.
 const UNITS_V2: &str = units_v2_ddl!();
 
@@ -377,11 +381,7 @@ pub(crate) fn schema_version(conn: &Connection) -> Result<Option<u32>, StoreErro
             |r| r.get(0),
         )
         .optional()?;
-    v.map(|v| {
-        v.parse()
-            .map_err(|_| StoreError::Database(format!("unreadable schema_version {v:?}")))
-    })
-    .transpose()
+    v.as_deref().map(crate::util::parse_version).transpose()
 }
 
 /// Creates or migrates the schema as `policy` allows (see [`SchemaPolicy`]). A current schema
@@ -407,10 +407,9 @@ fn init_schema(
                 "CREATE TABLE IF NOT EXISTS ol_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);",
             )?;
             tx.execute_batch(SCHEMA_V2)?;
-            tx.execute_batch(V2_TO_V3)?;
-            tx.execute_batch(V3_TO_V4)?;
-            tx.execute_batch(V4_TO_V5)?;
-            tx.execute_batch(V5_TO_V6)?;
+            for (_, ddl) in MIGRATIONS {
+                tx.execute_batch(ddl)?;
+            }
             tx.execute(
                 "INSERT INTO ol_meta (key, value) VALUES ('schema_version', ?1)",
                 [SCHEMA_VERSION.to_string()],
@@ -421,17 +420,8 @@ fn init_schema(
             if found < 2 {
                 migrate_v1_to_v2(&tx)?;
             }
-            if found < 3 {
-                tx.execute_batch(V2_TO_V3)?;
-            }
-            if found < 4 {
-                tx.execute_batch(V3_TO_V4)?;
-            }
-            if found < 5 {
-                tx.execute_batch(V4_TO_V5)?;
-            }
-            if found < 6 {
-                tx.execute_batch(V5_TO_V6)?;
+            for (_, ddl) in MIGRATIONS.iter().filter(|(to, _)| found < *to) {
+                tx.execute_batch(ddl)?;
             }
             tx.execute(
                 "UPDATE ol_meta SET value = ?1 WHERE key = 'schema_version'",

@@ -70,7 +70,7 @@ use crate::enqueue::enqueue;
 use crate::error::EnqueueError;
 use crate::prepare::prepare;
 use crate::types::{CommonOptions, Enqueued, NewRow};
-use crate::{SCHEMA_VERSION, StoreError};
+use crate::{SchemaPolicy, StoreError, util};
 
 /// The boxed future of the sealed [`SqlxConnection`] (Send: axum handlers need it).
 type BoxFuture<'a, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -214,37 +214,22 @@ impl SqlxOutbox {
             .map(Some)
     }
 
-    /// Refuses a missing schema or another version than this build's [`SCHEMA_VERSION`].
+    /// Refuses a missing schema or another version than this build's
+    /// [`SCHEMA_VERSION`](crate::SCHEMA_VERSION).
     async fn check_version(&self, db: &mut impl AsyncDb) -> Result<(), EnqueueError> {
-        let found = match db.query_opt(&VERSION, args![], |r| r.text(0)).await {
+        let found = match db
+            .query_opt(&crate::pg_schema::VERSION, args![], |r| r.text(0))
+            .await
+        {
             Err(e) if no_table(&e) => None,
             found => found?,
         };
-        let no_schema = || StoreError::NoSchema {
-            target: match db.dialect() {
-                Dialect::Postgres => format!("Postgres schema {:?}", self.schema),
-                Dialect::Sqlite => "this SQLite database".to_owned(),
-            },
-        };
-        let found = found.ok_or_else(no_schema)?;
-        let v: u32 = found
-            .trim()
-            .parse()
-            .map_err(|_| StoreError::Database(format!("unreadable schema_version {found:?}")))?;
-        let supported = SCHEMA_VERSION;
-        match v {
-            _ if v > supported => Err(StoreError::SchemaTooNew {
-                found: v,
-                supported,
-            }
-            .into()),
-            _ if v < supported => Err(StoreError::SchemaTooOld {
-                found: v,
-                supported,
-            }
-            .into()),
-            _ => Ok(()),
-        }
+        let found = found.as_deref().map(util::parse_version).transpose()?;
+        util::needs_ddl(found, SchemaPolicy::Existing, || match db.dialect() {
+            Dialect::Postgres => format!("Postgres schema {:?}", self.schema),
+            Dialect::Sqlite => "this SQLite database".to_owned(),
+        })?;
+        Ok(())
     }
 
     /// After a failed enqueue: the schema's own problem, if it has one, read under a savepoint
@@ -280,7 +265,6 @@ impl SqlxOutbox {
 static ENTER_SCHEMA: Sql =
     Sql::new("SELECT current_setting('search_path'), set_config('search_path', $1, true)");
 static SET_SEARCH_PATH: Sql = Sql::new("SELECT set_config('search_path', $1, true)");
-static VERSION: Sql = Sql::new("SELECT value FROM ol_meta WHERE key = 'schema_version'");
 static LAST_ROWID: Sql = Sql::new("SELECT last_insert_rowid()");
 
 /// Whether the store's tables are missing (the store never opened this database or schema).
@@ -563,15 +547,9 @@ pub(crate) fn sqlx_err(e: ::sqlx::Error) -> StoreError {
                 StoreError::driver(reason, e)
             }
         }
-        E::Database(db) => match db.code().as_deref() {
-            Some(c) if c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03") => {
-                StoreError::connection_lost(reason, e)
-            }
-            Some("40001" | "40P01" | "55P03") => StoreError::Busy,
-            Some("25006") => StoreError::ReadOnly {
-                path: "(postgres)".into(),
-            },
-            _ => StoreError::driver(reason, e),
+        E::Database(db) => match db.code().map(String::from) {
+            Some(c) => StoreError::of_sqlstate(&c, reason, e),
+            None => StoreError::driver(reason, e),
         },
         _ => StoreError::driver(reason, e),
     }

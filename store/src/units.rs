@@ -197,7 +197,7 @@ pub(crate) fn record_attempts<D: Db>(
 static COUNT_DOWN: Sql = Sql::new(
     "UPDATE ol_units SET pending = pending - 1 WHERE id = $1 AND unit_id IS NULL RETURNING pending",
 );
-static DELETE_OTHER_LANES: Sql = Sql::new("DELETE FROM ol_units WHERE unit_id = $1");
+pub(crate) static DELETE_OTHER_LANES: Sql = Sql::new("DELETE FROM ol_units WHERE unit_id = $1");
 static KEEP_FOR_RETENTION: Sql =
     Sql::new("UPDATE ol_units SET acked_at = {now}, pending = 0, lane_id = NULL WHERE id = $1");
 static DELETE_HEAD: Sql = Sql::new("DELETE FROM ol_units WHERE id = $1 RETURNING row_ref");

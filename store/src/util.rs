@@ -142,6 +142,14 @@ pub(crate) fn window_millis(common: &crate::CommonOptions) -> i64 {
     i64::try_from(common.row_id_retention.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// `ol_meta.schema_version` as stored (text), read as a version.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
+pub(crate) fn parse_version(v: &str) -> Result<u32, crate::StoreError> {
+    v.trim()
+        .parse()
+        .map_err(|_| crate::StoreError::Database(format!("unreadable schema_version {v:?}")))
+}
+
 /// Whether `policy` lets a database whose schema is at `found` (`None`: no outbox) be used,
 /// created or migrated: `Ok(true)` when DDL must run, `Ok(false)` when the schema is current.
 /// `target` names the database or schema for [`StoreError::NoSchema`](crate::StoreError::NoSchema).
