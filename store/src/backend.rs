@@ -34,7 +34,6 @@ impl Shared {
     }
 
     /// The channel of a Postgres store's wake-ups.
-    #[cfg_attr(not(any(feature = "postgres", feature = "sqlx")), allow(dead_code))]
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn pg_channel(&self) -> &str {
         self.channel

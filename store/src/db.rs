@@ -165,77 +165,31 @@ pub(crate) enum Value<'a> {
     Byteses(&'a [&'a [u8]]),
 }
 
-impl<'a> From<&'a Vec<i64>> for Value<'a> {
-    fn from(v: &'a Vec<i64>) -> Self {
-        Value::Ints(v)
-    }
+/// `From` each bindable Rust type for its [`Value`], for [`args!`]: `type => variant`.
+macro_rules! value_from {
+    ($($t:ty => $variant:ident),* $(,)?) => {$(
+        impl<'a, 'b: 'a> From<$t> for Value<'a> {
+            fn from(v: $t) -> Self {
+                Value::$variant(v)
+            }
+        }
+    )*};
 }
 
-impl<'a> From<&'a Vec<Option<i64>>> for Value<'a> {
-    fn from(v: &'a Vec<Option<i64>>) -> Self {
-        Value::OptInts(v)
-    }
-}
-
-impl<'a, 'b: 'a> From<&'a Vec<&'b str>> for Value<'a> {
-    fn from(v: &'a Vec<&'b str>) -> Self {
-        Value::Texts(v)
-    }
-}
-
-impl<'a, 'b: 'a> From<&'a Vec<Option<&'b str>>> for Value<'a> {
-    fn from(v: &'a Vec<Option<&'b str>>) -> Self {
-        Value::OptTexts(v)
-    }
-}
-
-impl<'a, 'b: 'a> From<&'a Vec<&'b [u8]>> for Value<'a> {
-    fn from(v: &'a Vec<&'b [u8]>) -> Self {
-        Value::Byteses(v)
-    }
-}
-
-impl From<i64> for Value<'_> {
-    fn from(v: i64) -> Self {
-        Value::Int(v)
-    }
-}
-
-impl From<Option<i64>> for Value<'_> {
-    fn from(v: Option<i64>) -> Self {
-        Value::OptInt(v)
-    }
-}
-
-impl<'a> From<&'a str> for Value<'a> {
-    fn from(v: &'a str) -> Self {
-        Value::Text(v)
-    }
-}
-
-impl<'a> From<&'a String> for Value<'a> {
-    fn from(v: &'a String) -> Self {
-        Value::Text(v)
-    }
-}
-
-impl<'a> From<Option<&'a str>> for Value<'a> {
-    fn from(v: Option<&'a str>) -> Self {
-        Value::OptText(v)
-    }
-}
-
-impl<'a> From<&'a [u8]> for Value<'a> {
-    fn from(v: &'a [u8]) -> Self {
-        Value::Bytes(v)
-    }
-}
-
-impl From<bool> for Value<'_> {
-    fn from(v: bool) -> Self {
-        Value::Bool(v)
-    }
-}
+value_from!(
+    i64 => Int,
+    Option<i64> => OptInt,
+    bool => Bool,
+    &'a str => Text,
+    &'a String => Text,
+    Option<&'a str> => OptText,
+    &'a [u8] => Bytes,
+    &'a Vec<i64> => Ints,
+    &'a Vec<Option<i64>> => OptInts,
+    &'a Vec<&'b str> => Texts,
+    &'a Vec<Option<&'b str>> => OptTexts,
+    &'a Vec<&'b [u8]> => Byteses,
+);
 
 /// The values of a statement's placeholders, in order: `args![lane.0, reason]`.
 macro_rules! args {
@@ -280,14 +234,8 @@ macro_rules! impl_get {
     ($row:ty, |$r:ident, $c:ident| $get:expr, arrays) => {
         impl $crate::db::Get for $row {
             $crate::db::impl_get!(@scalars $r $c $get);
-            fn opt_ints(&self, col: usize) -> Result<Option<Vec<i64>>, $crate::StoreError> {
-                let ($r, $c) = (self, col);
-                $get
-            }
-            fn opt_texts(&self, col: usize) -> Result<Option<Vec<String>>, $crate::StoreError> {
-                let ($r, $c) = (self, col);
-                $get
-            }
+            $crate::db::impl_get!(@each $r $c $get, opt_ints: Option<Vec<i64>>,
+                opt_texts: Option<Vec<String>>);
         }
     };
     ($row:ty, |$r:ident, $c:ident| $get:expr) => {
@@ -306,39 +254,16 @@ macro_rules! impl_get {
         }
     };
     (@scalars $r:ident $c:ident $get:expr) => {
-        fn int(&self, col: usize) -> Result<i64, $crate::StoreError> {
-            let ($r, $c) = (self, col);
-            $get
-        }
-        fn opt_int(&self, col: usize) -> Result<Option<i64>, $crate::StoreError> {
-            let ($r, $c) = (self, col);
-            $get
-        }
-        fn text(&self, col: usize) -> Result<String, $crate::StoreError> {
-            let ($r, $c) = (self, col);
-            $get
-        }
-        fn opt_text(&self, col: usize) -> Result<Option<String>, $crate::StoreError> {
-            let ($r, $c) = (self, col);
-            $get
-        }
-        fn flag(&self, col: usize) -> Result<bool, $crate::StoreError> {
-            let ($r, $c) = (self, col);
-            $get
-        }
-        fn opt_flag(&self, col: usize) -> Result<Option<bool>, $crate::StoreError> {
-            let ($r, $c) = (self, col);
-            $get
-        }
-        fn bytes(&self, col: usize) -> Result<Vec<u8>, $crate::StoreError> {
-            let ($r, $c) = (self, col);
-            $get
-        }
-        fn opt_bytes(&self, col: usize) -> Result<Option<Vec<u8>>, $crate::StoreError> {
-            let ($r, $c) = (self, col);
-            $get
-        }
+        $crate::db::impl_get!(@each $r $c $get, int: i64, opt_int: Option<i64>, text: String,
+            opt_text: Option<String>, flag: bool, opt_flag: Option<bool>, bytes: Vec<u8>,
+            opt_bytes: Option<Vec<u8>>);
     };
+    (@each $r:ident $c:ident $get:expr, $($name:ident: $t:ty),*) => {$(
+        fn $name(&self, col: usize) -> Result<$t, $crate::StoreError> {
+            let ($r, $c) = (self, col);
+            $get
+        }
+    )*};
 }
 pub(crate) use impl_get;
 

@@ -6,12 +6,12 @@ use std::collections::HashSet;
 
 use outbox_lanes_core::{ActorId, DeadReason, Seq, Timestamp, UnitId};
 
-use crate::db::{Db, Dialect, Get, Sql, Value, args};
+use crate::db::{Db, Dialect, Get, Sql, Value, args, ready};
 use crate::types::{
     AttemptRecord, DELIVERED_AFTER_SET_ASIDE, DeadLetter, DeadLetterId, DeadLetterRequest,
     DeadLetterSelection, Payload, WrittenDeadLetter,
 };
-use crate::units::{advance_tail, alloc_seqs, drop_row_if_unused, settle};
+use crate::units::{advance_tail, drop_row_if_unused, settle};
 use crate::util::{
     decode_headers, key_of, millis_of, status_of, timestamp_of, to_i64, to_u32, to_u64,
 };
@@ -462,7 +462,7 @@ pub(crate) fn replay(
     {
         let group = (dead.actor.clone(), dead.seq);
         if last_group.as_ref() != Some(&group) {
-            seq = alloc_seqs(db, dead.actor.as_str(), 1)?;
+            seq = ready(crate::enqueue::alloc_seqs(db, dead.actor.as_str(), 1))?;
             last_group = Some(group);
         }
         if !actors.contains(&dead.actor) {

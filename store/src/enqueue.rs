@@ -82,7 +82,11 @@ struct Batch<'b, 'r> {
 /// Takes `n` sequence numbers of `actor`; returns the first. The actor's row stays locked to
 /// the commit: enqueues of one actor commit in seq order, so a pass never sees seq n+1 before
 /// seq n.
-async fn alloc_seqs(db: &mut impl AsyncDb, actor: &str, n: i64) -> Result<i64, StoreError> {
+pub(crate) async fn alloc_seqs(
+    db: &mut impl AsyncDb,
+    actor: &str,
+    n: i64,
+) -> Result<i64, StoreError> {
     let last = db
         .query_one(&ALLOC_SEQS, args![actor, n], |r| r.int(0))
         .await?;

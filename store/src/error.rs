@@ -243,7 +243,6 @@ impl StoreError {
     }
 
     /// An open failure, with the library's error as the cause.
-    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     pub(crate) fn open(
         target: impl Into<String>,
         reason: String,

@@ -27,10 +27,6 @@ pub enum HostBlock {
 }
 
 impl HostBlock {
-    #[cfg_attr(
-        not(any(feature = "sqlite", feature = "postgres", feature = "sqlx")),
-        allow(dead_code)
-    )]
     fn code(self) -> i64 {
         match self {
             HostBlock::Open => 0,
@@ -39,10 +35,6 @@ impl HostBlock {
         }
     }
 
-    #[cfg_attr(
-        not(any(feature = "sqlite", feature = "postgres", feature = "sqlx")),
-        allow(dead_code)
-    )]
     fn of(code: i64) -> HostBlock {
         match code {
             1 => HostBlock::Hold,

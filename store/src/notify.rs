@@ -141,7 +141,6 @@ pub struct PendingWake {
 }
 
 impl PendingWake {
-    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     pub(crate) fn new(notifier: Notifier) -> Self {
         PendingWake { notifier }
     }

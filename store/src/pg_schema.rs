@@ -134,7 +134,6 @@ CREATE INDEX ol_units_settled ON ol_units (lane_id) WHERE state <> 0 AND lane_id
 /// Schema version 1 (units in three tables: `ol_rows`, `ol_units`, `ol_deliveries`). Only read
 /// by the migration to version 2; public for the migration test, which builds a version 1
 /// database (re-exported by the `postgres` module).
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) const SCHEMA_V1: &str = concat!(
     shared_tables_a!(),
     "CREATE TABLE ol_units (

@@ -227,7 +227,16 @@ enum On<'c> {
     Tx(Transaction<'c>),
 }
 
-impl PgDb<'_> {
+impl<'c> PgDb<'c> {
+    /// Statements on `on`, prepared through `cache` if given (else each time).
+    fn new(on: On<'c>, cache: Option<&'c mut HashMap<String, Statement>>) -> PgDb<'c> {
+        PgDb {
+            on,
+            cache,
+            lost: false,
+        }
+    }
+
     fn statement(&mut self, sql: &str) -> Result<Statement, postgres::Error> {
         if let Some(st) = self.cache.as_deref().and_then(|c| c.get(sql)) {
             return Ok(st.clone());
@@ -440,11 +449,7 @@ impl PgStore {
     }
 
     fn init_schema(&self, conn: &mut Conn) -> Result<String, StoreError> {
-        let mut db = PgDb {
-            on: On::Tx(conn.client.transaction()?),
-            cache: None,
-            lost: false,
-        };
+        let mut db = PgDb::new(On::Tx(conn.client.transaction()?), None);
         let (schema, policy) = (&self.opts.schema, self.opts.common.schema);
         let id = pg_schema::init(&mut db, schema, self.shared.pg_channel(), policy)?;
         db.commit()?;
@@ -461,11 +466,7 @@ impl PgStore {
         let registered = (|| -> Result<bool, StoreError> {
             let mut client = self.tls.connect(&self.config)?;
             client.batch_execute(&format!("SET search_path TO {}", self.opts.schema))?;
-            let mut db = PgDb {
-                on: On::Client(&mut client),
-                cache: None,
-                lost: false,
-            };
+            let mut db = PgDb::new(On::Client(&mut client), None);
             let got = pg_schema::take_live_lock(&mut db, &self.opts.schema, holder)?;
             drop(db);
             if got {
@@ -560,11 +561,7 @@ impl PgStore {
                         (Err(E::from(e)), lost, false)
                     }
                     Ok(on) => {
-                        let mut db = PgDb {
-                            on,
-                            cache: Some(cache),
-                            lost: false,
-                        };
+                        let mut db = PgDb::new(on, Some(cache));
                         match f(&mut db) {
                             Err(e) => (Err(e), db.lost, false),
                             Ok(v) => match db.commit() {
@@ -618,11 +615,7 @@ impl PgStore {
     ) -> Result<(Vec<Enqueued>, PendingWake), EnqueueError> {
         let actor = &actor.into();
         let prepared = prepare(rows, &self.opts.common)?;
-        let mut db = PgDb {
-            on: On::Tx(tx.savepoint("ol_enqueue").map_err(pg_err)?),
-            cache: None,
-            lost: false,
-        };
+        let mut db = PgDb::new(On::Tx(tx.savepoint("ol_enqueue").map_err(pg_err)?), None);
         let channel = Some(self.shared.pg_channel());
         let out = ready(enqueue(
             &mut db,

@@ -253,11 +253,3 @@ pub(crate) fn advance_tail(db: &mut impl Db, lane: i64, seq: i64) -> Result<(), 
     db.execute(&ADVANCE_TAIL, args![lane, seq])?;
     Ok(())
 }
-
-/// Takes `n` sequence numbers of `actor`; returns the first. The actor's row stays locked to
-/// the commit: enqueues of one actor commit in seq order, so a pass never sees seq n+1 before
-/// seq n.
-pub(crate) fn alloc_seqs(db: &mut impl Db, actor: &str, n: i64) -> Result<i64, StoreError> {
-    let last = db.query_one(&ALLOC_SEQS, args![actor, n], |r| r.int(0))?;
-    Ok(last - n + 1)
-}
