@@ -14,8 +14,9 @@ use outbox_lanes_store::{PgOptions, PgStore, Store};
 use outbox_lanes_test_support::{Recipient, pg_url};
 use outbox_lanes_tokio::{DrainOutcome, Outbox};
 
-/// Opens a store on a schema of its own, delivers 10 rows in order, shuts down and drops the
-/// outbox, all from an executor thread of `rt`.
+/// Opens a store on a schema of its own, delivers 10 rows in order by a drain and 5 more by
+/// the monitor, reads status, lanes and dead letters, shuts down and drops the outbox, all
+/// from an executor thread of `rt`.
 fn opens_and_delivers_on_an_executor_thread(rt: tokio::runtime::Runtime, name: &str) {
     let Some(url) = pg_url() else {
         println!("skipped: OUTBOX_LANES_TEST_PG not set");
@@ -30,7 +31,7 @@ fn opens_and_delivers_on_an_executor_thread(rt: tokio::runtime::Runtime, name: &
     let r = Recipient::start().expect("recipient");
     let to = vec![r.url("/inbox")];
     let connect = url.clone();
-    rt.block_on(async move {
+    rt.block_on(async {
         let store = tokio::task::spawn_blocking(move || PgStore::connect(&connect, opts))
             .await
             .expect("join")
@@ -45,6 +46,27 @@ fn opens_and_delivers_on_an_executor_thread(rt: tokio::runtime::Runtime, name: &
             matches!(out, DrainOutcome::Ran(r) if r.delivered == 10),
             "{out:?}"
         );
+        // The rest of the async surface, each touching the store.
+        let monitor = outbox.monitor().await.expect("monitor");
+        let more: Vec<_> = (10..15).map(|i| row(&format!("e{i}"), &to)).collect();
+        outbox.enqueue("alice", &more).await.expect("enqueue");
+        for _ in 0..500 {
+            if r.count("/inbox") == 15 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let status = outbox.status().await.expect("status");
+        assert!(status.iter().all(|s| s.pending == 0), "{status:?}");
+        assert_eq!(outbox.lanes("alice").await.expect("lanes").len(), 1);
+        assert!(
+            outbox
+                .dead_letters(None)
+                .await
+                .expect("dead letters")
+                .is_empty()
+        );
+        monitor.stop().await;
         outbox.shutdown().await;
         // The last handle, dropped here: the store goes on the blocking pool.
         drop(outbox);
@@ -52,7 +74,7 @@ fn opens_and_delivers_on_an_executor_thread(rt: tokio::runtime::Runtime, name: &
     drop(rt);
     assert_eq!(
         bodies(&r, "/inbox"),
-        ids(10),
+        ids(15),
         "delivered once each, in order"
     );
     let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("admin");
