@@ -26,7 +26,7 @@ use crate::db::{AsyncDb, Sql, args};
 use crate::prepare::PreparedRow;
 use crate::types::{CommonOptions, Enqueued};
 use crate::units::{ADVANCE_TAIL, ALLOC_SEQS};
-use crate::util::{encode_headers, millis_of, to_u64, window_millis};
+use crate::util::{encode_headers, millis_of, to_i64, to_u64, window_millis};
 use crate::{EnqueueError, StoreError, row_ids};
 
 /// Enqueues `rows` (validated, not empty) for `actor` in the caller's transaction, and returns
@@ -222,8 +222,7 @@ async fn one_lane_rows_at_once<D: AsyncDb>(
     channel: &str,
 ) -> Result<Vec<Enqueued>, EnqueueError> {
     let (a, rows, now) = (b.actor, b.rows, b.now);
-    let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-    let n = count(rows.len());
+    let n = to_i64(rows.len());
     // The batch's lanes in key order (the upsert locks them in that order), each with the
     // 1-based index of its last row: the lane's new tail is the actor's base seq + that.
     let mut lanes: BTreeMap<(&str, &str), i64> = BTreeMap::new();
@@ -234,7 +233,7 @@ async fn one_lane_rows_at_once<D: AsyncDb>(
             .ok_or_else(|| StoreError::Database("row without a lane".into()))?;
         lanes.insert(
             (key.recipient(), key.ordering_key().unwrap_or("")),
-            count(k + 1),
+            to_i64(k + 1),
         );
     }
     let (mut l_rec, mut l_ok, mut l_last) = (vec![], vec![], vec![]);
@@ -243,7 +242,7 @@ async fn one_lane_rows_at_once<D: AsyncDb>(
         l_rec.push(key.0);
         l_ok.push(key.1);
         l_last.push(last);
-        ordinal.insert(key, count(k + 1));
+        ordinal.insert(key, to_i64(k + 1));
     }
     let (mut r_id, mut r_lane, mut r_ct, mut r_body, mut r_len, mut r_hd) =
         (vec![], vec![], vec![], vec![], vec![], vec![]);
@@ -261,7 +260,7 @@ async fn one_lane_rows_at_once<D: AsyncDb>(
         );
         r_ct.push(p.row.content_type.as_str());
         r_body.push(p.row.body.as_slice());
-        r_len.push(count(p.row.body.len()));
+        r_len.push(to_i64(p.row.body.len()));
         r_hd.push(encode_headers(&p.row.headers));
     }
     let r_hd: Vec<Option<&str>> = r_hd.iter().map(Option::as_deref).collect();
@@ -313,7 +312,7 @@ async fn one_lane_rows_at_once<D: AsyncDb>(
         .enumerate()
         .map(|(k, (p, unit))| Enqueued {
             row_id: p.row.id.clone(),
-            seq: Seq(to_u64(base + count(k + 1))),
+            seq: Seq(to_u64(base + to_i64(k + 1))),
             units: vec![UnitId(to_u64(unit))],
             skipped: Vec::new(),
         })
@@ -329,7 +328,7 @@ async fn set_based<D: AsyncDb>(
     channel: &str,
 ) -> Result<Vec<Enqueued>, EnqueueError> {
     let (a, rows, now, ids) = (b.actor, b.rows, b.now, &b.ids);
-    let n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
+    let n = to_i64(rows.len());
     // First: the actor row lock serialises this actor's enqueues (seq order = commit order),
     // and the plan below reads after it, so it sees every enqueue committed before.
     let first = alloc_seqs(t, a, n).await?;
@@ -355,10 +354,9 @@ async fn set_based<D: AsyncDb>(
         .iter()
         .filter_map(|p| p.row.dedup_key.as_deref())
         .collect();
-    let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
     // One ol_units row per (row, lane) at most; an ol_rows row per row split into several units.
-    let max_units: i64 = rows.iter().map(|p| count(p.lanes.len())).sum();
-    let max_shared: i64 = count(
+    let max_units: i64 = rows.iter().map(|p| to_i64(p.lanes.len())).sum();
+    let max_shared: i64 = to_i64(
         rows.iter()
             .filter(|p| !p.row.joined && p.lanes.len() > 1)
             .count(),
@@ -452,8 +450,7 @@ async fn set_based<D: AsyncDb>(
             self.row.push(p.row.id.as_str());
             self.ct.push(p.row.content_type.as_str());
             self.body.push(p.row.body.as_slice());
-            self.len
-                .push(i64::try_from(p.row.body.len()).unwrap_or(i64::MAX));
+            self.len.push(to_i64(p.row.body.len()));
             self.dk.push(p.row.dedup_key.as_deref());
             self.ok.push(p.ordering_key);
             self.hd.push(encode_headers(&p.row.headers));
@@ -477,7 +474,7 @@ async fn set_based<D: AsyncDb>(
     };
     let mut out = Vec::with_capacity(rows.len());
     for (k, p) in rows.iter().enumerate() {
-        let seq = first + count(k);
+        let seq = first + to_i64(k);
         let mut kept = Vec::with_capacity(p.lanes.len());
         let mut skipped = Vec::new();
         for key in &p.lanes {
@@ -506,7 +503,7 @@ async fn set_based<D: AsyncDb>(
                 let head = next_unit()?;
                 inl.push(head, seq, p);
                 inl.lane.push(*first_lane);
-                inl.n.push(count(kept.len()));
+                inl.n.push(to_i64(kept.len()));
                 for lane in others {
                     bare.id.push(next_unit()?);
                     bare.unit.push(Some(head));
@@ -687,7 +684,7 @@ async fn by_statement<D: AsyncDb>(
     channel: Option<&str>,
 ) -> Result<Vec<Enqueued>, EnqueueError> {
     let (a, rows, now) = (b.actor, b.rows, b.now);
-    let n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
+    let n = to_i64(rows.len());
     let first = alloc_seqs(c, a, n).await?;
     row_ids::take(c, a, &b.ids, now, b.window).await?;
     let mut lanes: HashMap<&LaneKey, i64> = HashMap::new();
@@ -702,7 +699,7 @@ async fn by_statement<D: AsyncDb>(
         .await?
         .is_some();
     for (k, p) in rows.iter().enumerate() {
-        let seq = first + i64::try_from(k).unwrap_or(i64::MAX);
+        let seq = first + to_i64(k);
         let row = p.row;
         let mut kept = Vec::with_capacity(p.lanes.len());
         let mut skipped = Vec::new();
@@ -730,7 +727,7 @@ async fn by_statement<D: AsyncDb>(
             }
             kept.push(id);
         }
-        let body_len = i64::try_from(row.body.len()).unwrap_or(i64::MAX);
+        let body_len = to_i64(row.body.len());
         let headers = encode_headers(&row.headers);
         let mut units = Vec::new();
         let written = match kept.as_slice() {
@@ -747,7 +744,7 @@ async fn by_statement<D: AsyncDb>(
                 } else {
                     &INSERT_HEAD
                 };
-                let lanes_n = i64::try_from(kept.len()).unwrap_or(i64::MAX);
+                let lanes_n = to_i64(kept.len());
                 let v = args![
                     a,
                     *head_lane,

@@ -5,7 +5,10 @@
 use outbox_lanes_core::{ActorId, LaneKey, Timestamp};
 
 use crate::db::{Db, Get, Sql, args};
-use crate::types::{ChangedLane, LaneStatus, PendingLane, STRICT_BLOCKED_REASON, SlotToken};
+use crate::types::{
+    ChangedLane, ClaimedLane, ClaimedSlot, LaneStatus, PendingLane, STRICT_BLOCKED_REASON,
+    SlotToken,
+};
 use crate::util::{key_of, millis_of, status_of, timestamp_of, to_i64, to_u32, to_u64};
 use crate::{StoreError, StoreLaneId, slots};
 
@@ -20,6 +23,26 @@ pub(crate) fn pending_lane(r: &dyn Get, at: usize) -> Result<PendingLane, StoreE
         strict: r.flag(at + 5)?,
         paused: r.flag(at + 6)?,
     })
+}
+
+/// A joined unit's slot as the claims read it, from column `at` on: lane, recipient, ordering
+/// key, attempts, state.
+pub(crate) fn claimed_slot(r: &dyn Get, at: usize) -> Result<ClaimedSlot, StoreError> {
+    Ok(ClaimedSlot {
+        lane: StoreLaneId(r.int(at)?),
+        key: key_of(r.text(at + 1)?, r.text(at + 2)?),
+        attempts: to_u32(r.int(at + 3)?),
+        served: r.int(at + 4)? != crate::units::STATE_PENDING,
+    })
+}
+
+/// A lane a claim read nothing from.
+pub(crate) fn claimed_nothing(lane: StoreLaneId, exhausted: bool) -> ClaimedLane {
+    ClaimedLane {
+        lane,
+        units: Vec::new(),
+        exhausted,
+    }
 }
 
 /// Runs an update of one lane; [`StoreError::NotFound`] if it changed nothing.

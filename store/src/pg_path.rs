@@ -12,7 +12,7 @@ use outbox_lanes_core::{LaneKey, Seq, UnitId};
 
 use crate::backend::Backend;
 use crate::db::{Db, Sql, args};
-use crate::lanes::pending_lane;
+use crate::lanes::{self, pending_lane};
 use crate::types::{
     ClaimRange, ClaimedLane, ClaimedSlot, ClaimedUnit, DELIVERED_AFTER_SET_ASIDE, PendingLane,
     SlotToken, StoreLaneId,
@@ -289,15 +289,7 @@ pub(crate) fn claim(
     let mut slots_of: HashMap<i64, Vec<ClaimedSlot>> = HashMap::new();
     if !joined.is_empty() {
         for (unit, slot) in db.query(&CLAIM_JOINED, args![&joined], |r| {
-            Ok((
-                r.int(0)?,
-                ClaimedSlot {
-                    lane: StoreLaneId(r.int(1)?),
-                    key: key_of(r.text(2)?, r.text(3)?),
-                    attempts: to_u32(r.int(4)?),
-                    served: r.int(5)? != STATE_PENDING,
-                },
-            ))
+            Ok((r.int(0)?, lanes::claimed_slot(r, 1)?))
         })? {
             slots_of.entry(unit).or_default().push(slot);
         }
@@ -305,11 +297,7 @@ pub(crate) fn claim(
     let mut out = Vec::with_capacity(lanes.len());
     for (req, rows) in lanes.iter().zip(heads) {
         let Some((key, paused)) = info.get(&req.lane.0) else {
-            out.push(ClaimedLane {
-                lane: req.lane,
-                units: Vec::new(),
-                exhausted: true,
-            });
+            out.push(lanes::claimed_nothing(req.lane, true));
             continue;
         };
         let exhausted = *paused || rows.len() < req.limit as usize;

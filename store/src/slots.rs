@@ -16,7 +16,7 @@ use crate::types::{ControlRead, SlotAcquisition, SlotRelease, SlotToken};
 use crate::util::{to_i64, to_u64};
 
 fn lease_ms(lease: Duration) -> i64 {
-    i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)
+    crate::util::to_i64(lease.as_millis())
 }
 
 static ENSURE: Sql =

@@ -10,7 +10,7 @@
 use outbox_lanes_core::{Seq, UnitId};
 
 use crate::db::{Db, Get, Sql, args};
-use crate::lanes::pending_lane;
+use crate::lanes::{self, pending_lane};
 use crate::types::{
     ClaimRange, ClaimedLane, ClaimedSlot, ClaimedUnit, Payload, PendingLane, SlotToken, StoreLaneId,
 };
@@ -125,19 +125,11 @@ pub(crate) fn claim(
             Ok((r.text(0)?, r.text(1)?, r.flag(2)?))
         })?;
         let Some((recipient, ok, paused)) = lane else {
-            out.push(ClaimedLane {
-                lane: req.lane,
-                units: Vec::new(),
-                exhausted: true,
-            });
+            out.push(lanes::claimed_nothing(req.lane, true));
             continue;
         };
         if paused || req.limit == 0 {
-            out.push(ClaimedLane {
-                lane: req.lane,
-                units: Vec::new(),
-                exhausted: paused,
-            });
+            out.push(lanes::claimed_nothing(req.lane, paused));
             continue;
         }
         let key = key_of(recipient, ok);
@@ -182,14 +174,7 @@ pub(crate) fn claim(
                     served: row.state != units::STATE_PENDING,
                 }]
             } else {
-                db.query(&JOINED_SLOTS, args![unit], |r| {
-                    Ok(ClaimedSlot {
-                        lane: StoreLaneId(r.int(0)?),
-                        key: key_of(r.text(1)?, r.text(2)?),
-                        attempts: to_u32(r.int(3)?),
-                        served: r.int(4)? != units::STATE_PENDING,
-                    })
-                })?
+                db.query(&JOINED_SLOTS, args![unit], |r| lanes::claimed_slot(r, 0))?
             };
             units.push(ClaimedUnit {
                 id: UnitId(to_u64(unit)),

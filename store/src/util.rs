@@ -11,7 +11,7 @@ pub(crate) fn timestamp_of(v: i64) -> Timestamp {
 }
 
 pub(crate) fn millis_of(t: Timestamp) -> i64 {
-    i64::try_from(t.as_millis()).unwrap_or(i64::MAX)
+    to_i64(t.as_millis())
 }
 
 pub(crate) fn to_u64(v: i64) -> u64 {
@@ -22,8 +22,8 @@ pub(crate) fn to_u32(v: i64) -> u32 {
     u32::try_from(v).unwrap_or(if v < 0 { 0 } else { u32::MAX })
 }
 
-pub(crate) fn to_i64(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
+pub(crate) fn to_i64(v: impl TryInto<i64>) -> i64 {
+    v.try_into().unwrap_or(i64::MAX)
 }
 
 pub(crate) fn status_of(v: Option<i64>) -> Option<u16> {
@@ -139,7 +139,7 @@ pub(crate) fn decode_headers(column: Option<String>) -> Vec<(String, String)> {
 /// The row-id retention in milliseconds (saturating), as the ledger compares it.
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 pub(crate) fn window_millis(common: &crate::CommonOptions) -> i64 {
-    i64::try_from(common.row_id_retention.as_millis()).unwrap_or(i64::MAX)
+    to_i64(common.row_id_retention.as_millis())
 }
 
 /// `ol_meta.schema_version` as stored (text), read as a version.
