@@ -397,7 +397,8 @@ impl OriginGate {
     /// outbox on an executor thread, where a blocking Postgres client must not run.
     ///
     /// # Errors
-    /// The thread could not be started. A store that cannot be read is logged and retried.
+    /// The thread could not be started, or it panicked at its first read. A store that cannot
+    /// be read is logged and retried.
     pub fn share_through(&self, store: Arc<dyn DriverStore>) -> std::io::Result<()> {
         let _ = self.shared.store.set(Arc::clone(&store));
         // Weak: the thread ends once the gate is gone (the outbox dropped).
@@ -412,8 +413,11 @@ impl OriginGate {
                 let _ = loaded.send(());
                 writer(&shared, &*store);
             })?;
-        // An error means the thread ended without reading (it panicked): nothing loaded.
-        let _ = first_read.recv();
+        // An error means the thread ended before its first read (it panicked): no thread
+        // writes or reads the hosts, which open must not hide.
+        first_read
+            .recv()
+            .map_err(|_| std::io::Error::other("the hosts thread ended at its first read"))?;
         *self
             .shared
             .writer
