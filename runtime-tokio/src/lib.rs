@@ -11,11 +11,10 @@
 //!   pool, so the Postgres client is only ever used and dropped there;
 //! - deliveries as tasks (a pass's first four in flight on the pass's own task:
 //!   [`spawn_delivery`](outbox_lanes_driver::engine::spawn_delivery)), at most
-//!   [`OutboxConfig::concurrency`] at once (default 256; it is
-//!   also one pass's in-flight window), POSTing with hyper-util's client (`AsyncHttpClient`, the
-//!   blocking client's policy and results) on tokio, or with the blocking ureq client on the
-//!   blocking pool of any other [`Runtime`] (feature `blocking-http`, implied by `smol` and
-//!   `async-std`);
+//!   [`OutboxConfig::concurrency`] at once (default 256; it is also one pass's in-flight
+//!   window), POSTing with hyper-util's client (`AsyncHttpClient`, the blocking client's
+//!   policy and results) on tokio, or with the blocking ureq client on the blocking pool of
+//!   any other [`Runtime`] (feature `blocking-http`, implied by `smol` and `async-std`);
 //! - cancellation safety: dropping or aborting a [`Outbox::drain`] future, or a
 //!   `tokio::time::timeout` around it, cancels the pass — a token that wakes it at once, not
 //!   a poll — which hands every unfinished unit back and releases the drain slot (OL-14):
@@ -408,9 +407,8 @@ impl Outbox {
     /// The monitor is the engine's ([`outbox_lanes_driver::engine`]): a task on the outbox's
     /// runtime; each pass is a task of its own (its rounds of store work on the blocking
     /// pool, its first four deliveries in flight on its own task, the others this outbox's
-    /// tasks). It works the same on tokio, async-std and
-    /// smol. A pass that only waits on attempts in flight does not count against
-    /// `max_passes`.
+    /// tasks). It works the same on tokio, async-std and smol. A pass that only waits on
+    /// attempts in flight does not count against `max_passes`.
     ///
     /// # Errors
     /// The store's cross-process watcher could not be started.

@@ -15,10 +15,10 @@
 //! client on a runtime that runs blocking calls in place) would hold up the pass, and on such
 //! a runtime ([`Runtime::blocking_in_place`], each task owns a thread) the pass keeps none.
 //! While a pass hands its jobs to the executor it *captures* (a thread-local, set only for
-//! that synchronous call), and the futures spawned meanwhile become the pass's. Nothing else changes for the executor: the job still reports through
-//! [`Job::finish`](crate::Job::finish), and a future the pass still holds when the pass
-//! goes (its end, or its future dropped) is spawned then, so an attempt in flight finishes
-//! as it would have. So the pass's future must be polled to its end or dropped (each pass is
+//! that synchronous call), and the futures spawned meanwhile become the pass's. Nothing else
+//! changes for the executor: the job still reports through [`Job::finish`](crate::Job::finish),
+//! and a future the pass still holds when the pass goes (its end, or its future dropped) is
+//! spawned then, so an attempt in flight finishes as it would have. So the pass's future must be polled to its end or dropped (each pass is
 //! a task of its own here): a pass that is neither would hold its deliveries still.
 //!
 //! Hand-written, not `futures-util`'s `FuturesUnordered`: the pass holds at most four, and

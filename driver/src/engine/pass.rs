@@ -5,15 +5,15 @@
 //! wake-up for many), a wake-up (an enqueue, a stop or cancel request, the outbox shutting
 //! down — one coalesced wake-up, kept when it comes while the pass is busy), or the pass's
 //! next deadline on the runtime's timer, while polling the few deliveries it runs itself
-//! ([`spawn_delivery`](super::spawn_delivery): their completions need no wake-up). Then it
-//! runs one round: on the task itself when the round needs no store (acks go to the ack writer, the next starts'
-//! payloads came with the claims), or else where blocking is allowed — every store call of
-//! the round (records, dead letters, claims, payloads not yet read) in that one hop — and
-//! hands the round's jobs to the executor — whose first few delivery futures the pass keeps
-//! and polls itself ([`spawn_delivery`](super::spawn_delivery)): one lane's completion and
-//! next request then never leave the pass's task. After each round it tells the drain's
-//! control whether the pass only waits on attempts in flight (the monitor does not count such
-//! a pass against its bound, OL-13).
+//! (their completions need no wake-up). Then it runs one round: on the task itself when the
+//! round needs no store (acks go to the ack writer, the next starts' payloads came with the
+//! claims), or else where blocking is allowed — every store call of the round (records, dead
+//! letters, claims, payloads not yet read) in that one hop — and hands the round's jobs to
+//! the executor, whose first few delivery futures the pass keeps and polls itself
+//! ([`spawn_delivery`](super::spawn_delivery)): one lane's completion and next request then
+//! never leave the pass's task. After each round it tells the drain's control whether the
+//! pass only waits on attempts in flight (the monitor does not count such a pass against its
+//! bound, OL-13).
 
 use std::future::poll_fn;
 use std::pin::Pin;

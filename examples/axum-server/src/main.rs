@@ -2,9 +2,10 @@
 //! outgoing activity and writes the note in the **same sqlx transaction** (SQLite by default,
 //! Postgres when given a URL), then asks for a drain without waiting for it. The relay runs in
 //! the same process on the same database (`SqliteStore`, or `PgStore` with a few connections
-//! of its own). Either both are written or neither: a note whose write fails never reaches a follower, and a note that is
-//! written always does (at least once, in order per follower), even if the process dies right
-//! after the commit — the monitor finds the row on the next start.
+//! of its own). Either both are written or neither: a note whose write fails never reaches a
+//! follower, and a note that is written always does (at least once, in order per follower),
+//! even if the process dies right after the commit — the monitor finds the row on the next
+//! start.
 //!
 //! ```text
 //! POST /notes {"id": "n1", "author": "alice", "text": "hi", "followers": ["http://…/inbox"]}
