@@ -12,10 +12,11 @@
 //!    a stop or a cancellation — and feed it with the `handle_*` methods (cheap, no I/O).
 //!    An async runtime first tries [`PassCore::try_round_inline`] on its own task: a round
 //!    that only turns completions into acks and next starts (their payloads came with the
-//!    claims) touches no store and needs no hop to the blocking pool; at the first thing
-//!    that needs the store it stops, and [`PassCore::round`] goes on from there. When that
-//!    thing is a claim (a lane refilling its window), the starts made before it go out
-//!    first: the read runs while they are in flight ([`PassCore::round_due`]).
+//!    claims) touches no store and needs no hop to the blocking pool; at the first write or
+//!    renewal it stops, and [`PassCore::round`] goes on from there. A claim (a lane
+//!    refilling its window) does not stop it: the runtime reads it where blocking is allowed
+//!    ([`PassCore::take_claim`]) while the pass goes on, and hands the answer back
+//!    ([`PassCore::handle_claim`]); one claim is out at a time.
 //! 3. Back to 1. Once ended, [`PassCore::finish`] (blocking) hands every unfinished unit back,
 //!    executes the commands still queued (acks included: a delivered unit is never sent
 //!    again because its pass was cancelled) and flushes this pass's acks.
@@ -107,8 +108,8 @@ use outbox_lanes_core::{
     Timestamp, UnitId,
 };
 use outbox_lanes_store::{
-    AttemptRecord, ChangedLane, ClaimedLane, ControlRead, DeadLetterRequest, Payload, SlotToken,
-    Store, StoreError, StoreLaneId, WrittenDeadLetter,
+    AttemptRecord, ChangedLane, ClaimRange, ClaimedLane, ControlRead, DeadLetterRequest, Payload,
+    SlotToken, Store, StoreError, StoreLaneId, WrittenDeadLetter,
 };
 use tracing::{debug, info, trace, warn};
 
@@ -297,9 +298,12 @@ pub struct PassCore {
     acked: Vec<(UnitId, StoreLaneId)>,
     /// The session asked for a lease renewal; done at the next round.
     renew_due: bool,
-    /// An inline round stopped at a claim after it had made starts: it handed them out, and
-    /// left the claim to a blocking round due at once ([`PassCore::poll_timeout`]).
-    claim_due: bool,
+    /// A claim an inline round planned, for the runtime to read where blocking is allowed
+    /// ([`PassCore::take_claim`]) while the pass goes on.
+    claim: Option<Vec<ClaimRange>>,
+    /// A claim is out: planned, not yet answered ([`PassCore::handle_claim`]). No other is
+    /// planned meanwhile.
+    claiming: bool,
     /// Commands taken from the scheduler by an inline round that needed the store for them:
     /// the next round executes them first, in order.
     deferred: VecDeque<Command>,
@@ -414,7 +418,8 @@ impl PassCore {
             renew_due: false,
             deferred: VecDeque::new(),
             pending_starts: Vec::new(),
-            claim_due: false,
+            claim: None,
+            claiming: false,
             only_waiting: false,
             resolved: 0,
             control,
@@ -455,7 +460,6 @@ impl PassCore {
         let waiting = self.end.is_none()
             && !self.look
             && !self.renew_due
-            && !self.claim_due
             && self.pending_starts.is_empty()
             && self.deferred.is_empty()
             && self.records.is_empty()
@@ -467,10 +471,27 @@ impl PassCore {
         })
     }
 
-    /// Whether an inline round handed out its starts and left a claim: a runtime runs
-    /// [`PassCore::round`] next, without waiting for an event.
-    pub fn round_due(&self) -> bool {
-        self.claim_due
+    /// The claim an inline round planned, once: the runtime reads it where blocking is
+    /// allowed ([`DriverStore::claim`](outbox_lanes_store::DriverStore::claim) with this
+    /// pass's [`PassCore::token`]) and hands the answer to [`PassCore::handle_claim`]. The
+    /// pass goes on meanwhile: completions, acks and the starts of units already claimed do
+    /// not wait for the read.
+    pub fn take_claim(&mut self) -> Option<Vec<ClaimRange>> {
+        self.claim.take()
+    }
+
+    /// The answer to the claim [`PassCore::take_claim`] handed out. A failed read releases
+    /// what the claim reserved and ends the pass, as a failed claim of a blocking round does.
+    pub fn handle_claim(&mut self, answer: Result<Vec<ClaimedLane>, StoreError>) {
+        self.claiming = false;
+        let t = now();
+        match answer {
+            Ok(lanes) => self.admit_claimed(lanes),
+            Err(e) => {
+                self.sched.handle_claim_failed(t);
+                self.store_failed("claim", e, t);
+            }
+        }
     }
 
     /// Attempts in flight (the scheduler's count: started, not yet completed).
@@ -481,9 +502,8 @@ impl PassCore {
     /// The next instant the pass must be woken without an event: a retry or probe due, a
     /// lease renewal, the end of the time slice or of the grace period.
     pub fn poll_timeout(&mut self) -> Option<Timestamp> {
-        if !self.pending_starts.is_empty() || self.claim_due {
-            // Starts left by a round that could not read the lane controls, or a claim an
-            // inline round left: at once.
+        if !self.pending_starts.is_empty() {
+            // Starts left by a round that could not read the lane controls: at once.
             return Some(now());
         }
         match (self.sched.poll_timeout(), self.session.poll_timeout()) {
@@ -658,7 +678,6 @@ impl PassCore {
     /// executor, each with its payload.
     pub fn round(&mut self, cx: RoundContext<'_>) -> Vec<Job> {
         let mut starts = std::mem::take(&mut self.pending_starts);
-        self.claim_due = false;
         if self.end.is_some() {
             return Vec::new();
         }
@@ -739,7 +758,7 @@ impl PassCore {
         if self.end.is_some() {
             return Some(Vec::new());
         }
-        if self.look || self.renew_due || self.claim_due {
+        if self.look || self.renew_due {
             return None;
         }
         if let Some(e) = cx.acks.failure(&self.token) {
@@ -757,14 +776,7 @@ impl PassCore {
         });
         // Starts need a fresh read of the lane controls (OL-14), which is a store read.
         let fresh = starts.is_empty() || self.control.fresh_at(Instant::now());
-        // Stopped only at a claim: the starts made before it go out now, and the claim runs
-        // in the blocking round while they are in flight (a lane refilling its window does
-        // not hold back its next attempt for a read of the store). Not once a stop was asked
-        // for: the session's tick, which that round runs first, may end the pass (a grace of
-        // zero) and hand them back unsent.
-        let early =
-            needs_store && self.claim_due && !starts.is_empty() && !self.session.is_stopping();
-        if (needs_store && !early) || !cached || !fresh {
+        if needs_store || !cached || !fresh {
             self.pending_starts = starts;
             return None;
         }
@@ -790,16 +802,22 @@ impl PassCore {
             let t = now();
             // Timers that fell due fire first: a retry or a probe may queue starts.
             self.sched.handle_timeout(t);
-            if let Some(claims) = self.sched.poll_claim(t) {
+            if let Some(claims) = (!self.claiming).then(|| self.sched.poll_claim(t)).flatten() {
+                let ranges = self.claim_ranges(&claims);
                 if inline {
-                    // Reads wait for the blocking round; the room they reserved is released.
-                    self.sched.handle_claim_failed(t);
-                    self.claim_due = true;
-                    return Err(NeedsStore);
+                    // The read goes out from the runtime and the round goes on: a lane
+                    // refilling its window does not hold back its next attempt, nor a
+                    // completion its ack, for a read of the store.
+                    self.claiming = true;
+                    self.claim = Some(ranges);
+                    continue;
                 }
-                if let Err(e) = self.claim(cx.store, &claims) {
-                    self.sched.handle_claim_failed(t);
-                    self.store_failed("claim", e, t);
+                match cx.store.claim(&self.token, &ranges) {
+                    Ok(lanes) => self.admit_claimed(lanes),
+                    Err(e) => {
+                        self.sched.handle_claim_failed(t);
+                        self.store_failed("claim", e, t);
+                    }
                 }
                 continue;
             }
@@ -1161,16 +1179,21 @@ impl PassCore {
         Ok(())
     }
 
-    fn claim(&mut self, store: &dyn Store, claims: &[LaneClaim]) -> Result<(), StoreError> {
-        let req: Vec<outbox_lanes_store::ClaimRange> = claims
+    /// The store's form of the scheduler's claims.
+    fn claim_ranges(&self, claims: &[LaneClaim]) -> Vec<ClaimRange> {
+        claims
             .iter()
-            .map(|c| outbox_lanes_store::ClaimRange {
+            .map(|c| ClaimRange {
                 lane: self.store_lane(c.lane),
                 from: c.from,
                 limit: c.limit,
             })
-            .collect();
-        let answer = store.claim(&self.token, &req)?;
+            .collect()
+    }
+
+    /// Hands the store's answer to a claim to the scheduler.
+    fn admit_claimed(&mut self, answer: Vec<ClaimedLane>) {
+        let claims = answer.len();
         let mut chunks = Vec::with_capacity(answer.len());
         for cl in answer {
             let cl: ClaimedLane = cl;
@@ -1218,11 +1241,10 @@ impl PassCore {
         }
         let read: usize = chunks.iter().map(|c| c.units.len()).sum();
         let report = self.sched.handle_claimed(chunks, now());
-        trace!(actor = %self.actor, lanes = claims.len(), read, admitted = report.admitted, "claimed");
+        trace!(actor = %self.actor, lanes = claims, read, admitted = report.admitted, "claimed");
         for e in report.refused {
             warn!(actor = %self.actor, error = %e, "store answer refused by the scheduler");
         }
-        Ok(())
     }
 
     /// Writes what the commands executed so far gathered: their attempt records, then their

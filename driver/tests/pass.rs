@@ -347,73 +347,68 @@ fn a_round_that_needs_no_store_runs_inline_and_one_that_writes_does_not() {
 }
 
 /// A lane refilling its window does not hold back its next attempt for the read: an inline
-/// round that reaches a claim hands out the start it made before it, and leaves the claim to
-/// a blocking round that is due at once, which runs while that attempt is in flight.
+/// round that reaches a claim hands the read to the runtime ([`PassCore::take_claim`]) and
+/// goes on. Here the read answers only once the lane has sent everything it held: every
+/// refill had attempts start, one at a time and in order, while it was out.
 #[test]
-fn an_inline_round_that_reaches_a_claim_sends_its_starts_first() {
+fn a_lane_goes_on_while_its_refill_is_read() {
     let f = fixture(40);
     let hooks = Hooks::default();
     let cx = f.cx(&hooks);
     let sink = Arc::new(Sink::default());
     let mut pass = PassCore::new(token(&*f.store), &config(), sink.clone(), now(), now());
     let mut bodies = Vec::new();
-    let mut early = 0;
+    let mut out: Option<Vec<outbox_lanes_store::ClaimRange>> = None;
+    let (mut claims, mut sent_while_out) = (0, 0);
     let mut jobs = started(&mut pass, cx);
-    while let Some(j) = jobs.pop() {
-        assert!(jobs.is_empty(), "one lane: one attempt at a time");
-        bodies.push(String::from_utf8(j.payload.body.clone()).expect("utf-8"));
-        j.finish(result(Outcome::Delivered));
-        for d in sink.take() {
-            pass.handle_done(d, &hooks, now());
-        }
-        if let Some(inline) = pass.try_round_inline(cx) {
-            jobs = inline;
-            if pass.round_due() {
-                early += 1;
-                assert_eq!(jobs.len(), 1, "the start made before the claim goes out");
-                assert!(
-                    pass.poll_timeout().is_some_and(|t| t <= now()),
-                    "the claim is due at once"
-                );
-                assert!(
-                    pass.try_round_inline(cx).is_none(),
-                    "the claim waits for the blocking round"
-                );
-                assert!(
-                    pass.round(cx).is_empty(),
-                    "the claim starts nothing while the lane's attempt is out"
-                );
-                assert!(!pass.round_due());
+    for _ in 0..10_000 {
+        if let Some(j) = jobs.pop() {
+            assert!(jobs.is_empty(), "one lane: one attempt at a time");
+            bodies.push(String::from_utf8(j.payload.body.clone()).expect("utf-8"));
+            if out.is_some() {
+                sent_while_out += 1;
             }
-            continue;
-        }
-        // The store is needed for something else (a stale read of the lane controls, the
-        // end of the lane): blocking rounds until something starts or the pass ends.
-        for _ in 0..1000 {
-            jobs = pass.round(cx);
-            if !jobs.is_empty() || pass.ended().is_some() {
-                break;
+            j.finish(result(Outcome::Delivered));
+            for d in sink.take() {
+                pass.handle_done(d, &hooks, now());
             }
+        } else if let Some(ranges) = out.take() {
+            // The lane sent all it held: now the read answers.
+            pass.handle_claim(cx.store.claim(pass.token(), &ranges));
+        } else if pass.ended().is_some() {
+            break;
+        } else {
             std::thread::sleep(Duration::from_millis(1));
             pass.handle_timeout(now());
         }
+        // The store is needed for something else now and then (a stale read of the lane
+        // controls, the end of the lane): then the blocking round.
+        jobs = pass.try_round_inline(cx).unwrap_or_else(|| pass.round(cx));
+        if let Some(ranges) = pass.take_claim() {
+            assert!(out.is_none(), "a second claim while one is out");
+            claims += 1;
+            out = Some(ranges);
+        }
     }
+    assert!(pass.ended().is_some(), "the pass did not end");
     let expected: Vec<String> = (0..40).map(|i| i.to_string()).collect();
     assert_eq!(bodies, expected, "every unit once, in order");
-    // 40 units, a lane depth of 16 refilled at half: the refills after the first claim.
+    // 40 units, a lane depth of 16 refilled at half: refills after the first claim, each
+    // read while the lane went on.
+    assert!(claims >= 2, "{claims} claims handed to the runtime");
     assert!(
-        early >= 1,
-        "no inline round sent its start ahead of a claim"
+        sent_while_out >= claims,
+        "{sent_while_out} attempts started while {claims} claims were out"
     );
     let r = pass.finish(cx);
     assert_eq!(r.report.delivered, 40);
     assert_eq!(pending(&*f.store), 0);
 }
 
-/// A stop asked for with a grace of zero while a lane refills: the inline round that reaches
-/// the claim sends nothing ahead of it, and the pass ends without another attempt.
+/// A stop asked for with a grace of zero while a lane's refill is out: nothing more is sent,
+/// and the pass ends without waiting for the read's answer.
 #[test]
-fn a_stop_without_grace_sends_nothing_ahead_of_a_claim() {
+fn a_stop_without_grace_ends_the_pass_with_a_claim_out() {
     let f = fixture(40);
     let hooks = Hooks::default();
     let cx = f.cx(&hooks);
@@ -422,23 +417,25 @@ fn a_stop_without_grace_sends_nothing_ahead_of_a_claim() {
     c.shutdown_grace = Duration::ZERO;
     let mut pass = PassCore::new(token(&*f.store), &c, sink.clone(), now(), now());
     let mut sent = 0;
+    let mut out = None;
     let mut jobs = started(&mut pass, cx);
-    // The first claim brought 16 units (the lane's depth); the refill is due once 8 are
-    // left, at the 8th delivery: the stop comes just before it.
+    // The first claim brought 16 units (the lane's depth); the refill goes out once 8 are
+    // left. The stop comes while it is out, and the read never answers.
     while let Some(j) = jobs.pop() {
         sent += 1;
         j.finish(result(Outcome::Delivered));
         for d in sink.take() {
             pass.handle_done(d, &hooks, now());
         }
-        if sent == 8 {
+        if out.is_some() {
             pass.handle_shutdown(now());
         }
-        jobs = match pass.try_round_inline(cx) {
-            Some(inline) => inline,
-            None => started(&mut pass, cx),
-        };
-        if sent == 8 {
+        jobs = pass
+            .try_round_inline(cx)
+            .unwrap_or_else(|| started(&mut pass, cx));
+        if out.is_none() {
+            out = pass.take_claim();
+        } else {
             assert!(
                 jobs.is_empty(),
                 "an attempt was sent after a stop without grace"
@@ -446,16 +443,20 @@ fn a_stop_without_grace_sends_nothing_ahead_of_a_claim() {
             break;
         }
     }
-    assert_eq!(sent, 8);
+    assert!(out.is_some(), "no refill went out");
     for _ in 0..100 {
         assert!(pass.round(cx).is_empty());
         if pass.ended().is_some() {
             break;
         }
     }
-    assert!(pass.ended().is_some());
+    assert!(
+        pass.ended().is_some(),
+        "the pass waits for a read it no longer needs"
+    );
     let r = pass.finish(cx);
-    assert_eq!(r.report.delivered, 8);
+    assert_eq!(r.report.delivered, sent);
+    assert_eq!(pending(&*f.store), 40 - sent);
 }
 
 /// A lane's recipient URL is parsed once per pass: every job to the lane, each unit and each

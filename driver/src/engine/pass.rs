@@ -5,10 +5,11 @@
 //! wake-up for many), a wake-up (an enqueue, a stop or cancel request, the outbox shutting
 //! down — one coalesced wake-up, kept when it comes while the pass is busy), or the pass's
 //! next deadline on the runtime's timer, while polling the few deliveries it runs itself
-//! (their completions need no wake-up). Then it runs one round: on the task itself when the
-//! round needs no store (acks go to the ack writer, the next starts' payloads came with the
-//! claims), or else where blocking is allowed — every store call of the round (records, dead
-//! letters, claims, payloads not yet read) in that one hop — and hands the round's jobs to
+//! (their completions need no wake-up), or the answer to its claim. Then it runs one round:
+//! on the task itself when the round needs no store (acks go to the ack writer, the next
+//! starts' payloads came with the claims, a claim is read where blocking is allowed while the
+//! pass goes on), or else where blocking is allowed — every store call of the round (records,
+//! dead letters, payloads not yet read) in that one hop — and hands the round's jobs to
 //! the executor, whose first few delivery futures the pass keeps and polls itself
 //! ([`spawn_delivery`](super::spawn_delivery)): one lane's completion and next request then
 //! never leave the pass's task. After each round it tells the drain's control whether the
@@ -22,10 +23,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
-use futures_channel::mpsc;
+use futures_channel::{mpsc, oneshot};
 use futures_core::Stream;
 use outbox_lanes_core::{PassEnd, Timestamp};
-use outbox_lanes_store::SlotToken;
+use outbox_lanes_store::{ClaimedLane, SlotToken, StoreError};
 
 use super::local::{Completed, Local};
 use super::{Runtime, shutting_down, unblock, wake};
@@ -115,6 +116,9 @@ pub async fn run_pass(
         lease_renewed,
     ));
     let mut batch: Vec<Done> = Vec::with_capacity(64);
+    // The claim out, if any (one at a time), and its answer once it came.
+    let mut claim: Option<oneshot::Receiver<ClaimAnswer>> = None;
+    let mut answer: Option<ClaimAnswer> = None;
     loop {
         pass.set_slicing(control.slicing());
         if control.is_cancelled() {
@@ -161,10 +165,14 @@ pub async fn run_pass(
         if pass.ended().is_some() {
             break;
         }
-        if pass.round_due() {
-            // The inline round sent its starts and left a claim: read it now, while they
-            // are in flight.
-            continue;
+        if let Some(ranges) = pass.take_claim() {
+            // The read goes where blocking is allowed; the pass goes on meanwhile.
+            let (c, token) = (Arc::clone(core), pass.token().clone());
+            let (tx, rx) = oneshot::channel();
+            rt.spawn_blocking(Box::new(move || {
+                let _ = tx.send(c.store().claim(&token, &ranges));
+            }));
+            claim = Some(rx);
         }
         if let Some(waiting) = pass.waiting_changed() {
             control.report_waiting(pass.actor(), waiting);
@@ -180,7 +188,13 @@ pub async fn run_pass(
             let mut sleep = rt.sleep(wait);
             poll_fn(|cx| {
                 local.poll(cx, &mut batch);
-                if poll_batch(&mut rx, &mut batch, cx).is_ready()
+                if let Some(Poll::Ready(a)) = claim.as_mut().map(|rx| Pin::new(rx).poll(cx)) {
+                    claim = None;
+                    // Dropped unrun: the runtime is shutting down.
+                    answer = Some(a.unwrap_or_else(|_| Err(shutting_down())));
+                }
+                if answer.is_some()
+                    || poll_batch(&mut rx, &mut batch, cx).is_ready()
                     || woken.poll_woken(cx).is_ready()
                     || sleep.as_mut().poll(cx).is_ready()
                 {
@@ -201,6 +215,9 @@ pub async fn run_pass(
             if poll_batch(&mut rx, &mut batch, &mut cx).is_pending() {
                 break;
             }
+        }
+        if let Some(a) = answer.take() {
+            pass.handle_claim(a);
         }
         woken.take();
         if enqueued.swap(false, Ordering::SeqCst) {
@@ -223,6 +240,9 @@ pub async fn run_pass(
         },
     }
 }
+
+/// What a claim read where blocking is allowed answers.
+type ClaimAnswer = Result<Vec<ClaimedLane>, StoreError>;
 
 fn start(core: &OutboxCore, job: Job, pass: &mut PassCore) {
     if let Err(job) = core.executor().execute(job) {
