@@ -362,3 +362,23 @@ fn postgres_enqueue_waiting_on_a_dead_letter_of_the_same_row_id() {
         );
     });
 }
+
+#[test]
+fn wait_returns_on_notify_and_subscribers_run() {
+    let n = Notifier::new();
+    let count = Arc::new(AtomicUsize::new(0));
+    let c = Arc::clone(&count);
+    let sub = n.subscribe(move || {
+        c.fetch_add(1, Ordering::SeqCst);
+    });
+    let seen = n.generation();
+    let n2 = n.clone();
+    let t = std::thread::spawn(move || n2.notify());
+    let g = n.wait_timeout(seen, Duration::from_secs(30));
+    t.join().expect("notifier thread");
+    assert_ne!(g, seen);
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+    drop(sub);
+    n.notify();
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+}

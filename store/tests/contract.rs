@@ -462,6 +462,20 @@ fn canonical_spellings_are_one_lane(b: Backend) {
             .expect("enqueue");
         assert_eq!(out[0].units.len(), 1);
         assert_eq!(s.lanes(&a).expect("lanes").len(), 2);
+        // Repeats collapse into the first spelling's lane, in first-seen order.
+        let bob = actor("bob");
+        let to = [
+            B,
+            "HTTPS://A.example:443/inbox",
+            "https://B.EXAMPLE/inbox",
+            A,
+            C,
+        ];
+        let out = s.enqueue(&bob, &[row("r", &to)]).expect("enqueue");
+        assert_eq!(out[0].units.len(), 3);
+        let lanes = s.lanes(&bob).expect("lanes");
+        let order: Vec<&str> = lanes.iter().map(|l| l.key.recipient()).collect();
+        assert_eq!(order, [B, A, C]);
     });
 }
 
@@ -2375,4 +2389,43 @@ fn purge_and_skip_head_dead_letters_keep_every_attempt_made(b: Backend) {
         // Nothing else changed: r1 kept its record.
         assert_eq!(dead("r1").attempts, 1);
     });
+}
+
+#[test]
+fn lane_state_precedence_and_names() {
+    let now = Timestamp::from_millis(10_000);
+    let later = Some(Timestamp::from_millis(20_000));
+    let past = Some(Timestamp::from_millis(5_000));
+    let blocked = format!("{STRICT_BLOCKED_REASON}: head failed");
+    let cases = [
+        (None, 0, false, None, LaneState::Open, "open"),
+        (past, 0, false, None, LaneState::Open, "open"),
+        (later, 0, false, None, LaneState::Throttled, "throttled"),
+        (later, 3, false, None, LaneState::Backoff(3), "backoff 3"),
+        // A backoff whose probe is due is still a backoff until the probe answers.
+        (past, 1, false, None, LaneState::Backoff(1), "backoff 1"),
+        // A pause wins over a backoff; the reason tells a strict block from it.
+        (
+            later,
+            2,
+            true,
+            Some("maintenance"),
+            LaneState::Paused,
+            "paused",
+        ),
+        (
+            None,
+            0,
+            true,
+            Some(blocked.as_str()),
+            LaneState::StrictBlocked,
+            "strict blocked",
+        ),
+    ];
+    for (nb, level, paused, reason, want, text) in cases {
+        let got = LaneState::of(nb, level, paused, reason, now);
+        assert_eq!(got, want, "{nb:?} {level} {paused} {reason:?}");
+        assert_eq!(got.to_string(), text);
+    }
+    assert_eq!(LaneState::StrictBlocked.name(), "strict_blocked");
 }

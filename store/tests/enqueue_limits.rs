@@ -190,3 +190,116 @@ fn content_type_must_be_a_header_value(b: Backend) {
         );
     });
 }
+
+// The header rules (`validate_headers`) need no store.
+
+fn one(name: &str, value: &str) -> Vec<(String, String)> {
+    vec![(name.to_owned(), value.to_owned())]
+}
+
+fn problem(headers: &[(String, String)]) -> Option<HeaderProblem> {
+    validate_headers(headers).err().map(|r| r.problem)
+}
+
+#[test]
+fn every_reserved_name_has_its_reason_whatever_its_case() {
+    for name in RESERVED_HEADERS {
+        let upper = name.to_ascii_uppercase();
+        let p = problem(&one(&upper, "x")).unwrap();
+        assert!(p.is_reserved(), "{name}: {p:?}");
+    }
+    for name in [
+        "Proxy-Authorization",
+        "Proxy-Authenticate",
+        "Trailer",
+        "Trailers",
+        "TE",
+        "Keep-Alive",
+        "Upgrade",
+        "Connection",
+    ] {
+        assert_eq!(
+            problem(&one(name, "x")),
+            Some(HeaderProblem::HopByHop),
+            "{name}"
+        );
+    }
+    for name in [
+        "Host",
+        "Content-Length",
+        "Transfer-Encoding",
+        "Idempotency-Key",
+    ] {
+        assert_eq!(problem(&one(name, "x")), Some(HeaderProblem::SetByClient));
+    }
+    for name in [
+        "webhook-id",
+        "Webhook-Signature",
+        "Signature",
+        "Digest",
+        "Date",
+    ] {
+        assert_eq!(problem(&one(name, "x")), Some(HeaderProblem::SetBySigner));
+    }
+    // Names that merely start like a reserved one are the row's own.
+    for name in ["Hostname", "X-Host", "Dates", "Webhook", "Proxy"] {
+        assert_eq!(problem(&one(name, "x")), None, "{name}");
+    }
+}
+
+#[test]
+fn bad_names_values_and_repeats() {
+    assert_eq!(problem(&one("X Bad", "1")), Some(HeaderProblem::BadName));
+    assert_eq!(problem(&one("", "1")), Some(HeaderProblem::BadName));
+    for bad in [
+        "1\r\nHost: a",
+        "a\nb",
+        "a\rb",
+        "a\0b",
+        "a\x7fb",
+        "a\x1bb",
+        "tëxt/plain",
+    ] {
+        assert_eq!(
+            problem(&one("X-V", bad)),
+            Some(HeaderProblem::BadValue),
+            "{bad:?}"
+        );
+    }
+    for ok in ["text/plain; charset=utf-8", "a\tb", ""] {
+        assert_eq!(problem(&one("X-V", ok)), None, "{ok:?}");
+    }
+    assert_eq!(
+        problem(&one("X-Pad", " 1")),
+        Some(HeaderProblem::Whitespace)
+    );
+    let twice = [one("X-A", "1"), one("x-a", "2")].concat();
+    let err = validate_headers(&twice).unwrap_err();
+    assert_eq!(
+        (err.name.as_str(), err.problem),
+        ("x-a", HeaderProblem::Repeated)
+    );
+    assert_eq!(err.to_string(), "header \"x-a\" refused: given twice");
+}
+
+#[test]
+fn count_and_size_are_bounded() {
+    let many: Vec<(String, String)> = (0..=MAX_HEADERS)
+        .map(|i| (format!("X-{i}"), "1".to_owned()))
+        .collect();
+    assert_eq!(validate_headers(&many[..MAX_HEADERS]), Ok(()));
+    let err = validate_headers(&many).unwrap_err();
+    assert_eq!(
+        (err.name, err.problem),
+        (format!("X-{MAX_HEADERS}"), HeaderProblem::TooMany)
+    );
+    let big = "v".repeat(MAX_HEADER_BYTES / 2);
+    let fits = [one("A", &big[1..]), one("B", &big[1..])].concat();
+    assert_eq!(validate_headers(&fits), Ok(()));
+    let over = [one("A", &big[1..]), one("B", &big)].concat();
+    let err = validate_headers(&over).unwrap_err();
+    assert_eq!(
+        (err.name.as_str(), err.problem),
+        ("B", HeaderProblem::TooLarge)
+    );
+}
