@@ -1,9 +1,5 @@
-//! The driver's side of the store ([`DriverStore`]), written once for every backend: the drain
-//! slot, a pass's claims, acks, attempt records, lane states and dead letters, and the
-//! monitor's calls, over the operations of `slots.rs`, `lanes.rs`, `units.rs`,
-//! `dead_letters.rs` and `status.rs`. Where the hot path is tuned per dialect (the lanes with
-//! work, claims, acks) it takes `sqlite_path.rs` or `pg_path.rs` by the backend's
-//! [`Backend::DIALECT`].
+//! [`DriverStore`] written once for every backend; the hot path (lanes with work, claims,
+//! acks) comes from `sqlite_path.rs` or `pg_path.rs` by [`Backend::DIALECT`].
 
 use core::time::Duration;
 use std::time::Instant;

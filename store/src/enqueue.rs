@@ -14,8 +14,7 @@
 //!   trip, runs SCHEMA.md's statements row by row; so does a Postgres connection that binds no
 //!   arrays (sqlx's `Any`).
 //!
-//! It is async so that a service's sqlx connection awaits it without blocking; the stores'
-//! own connections run it to completion at once ([`crate::db::ready`]).
+//! Async for a caller's sqlx connection; the stores' own run it at once ([`crate::db::ready`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::SystemTime;

@@ -1,35 +1,11 @@
 //! The store of outbox-lanes: the [`Store`] trait, SQLite (embedded default, feature
-//! `sqlite`) and Postgres (feature `postgres`, or feature `sqlx` on a sqlx pool).
+//! `sqlite`) and Postgres (feature `postgres`); feature `sqlx` enqueues in a caller's sqlx
+//! transaction.
 //!
 //! [`Store`] is two traits: [`DriverStore`], what a pass and the monitor call, and
 //! [`ServiceStore`], what the embedding service and the operator's CLI call.
 //!
-//! # Where things are
-//!
-//! | module | what |
-//! |---|---|
-//! | `lib.rs`, `types.rs` | the traits and the types they speak |
-//! | `backend.rs` | the crate-private `Backend`: what each store brings (connections, transactions, wake-ups, liveness) |
-//! | `db.rs` | the statement layer: one SQL text with `$n` placeholders for both dialects, typed row reads, blocking and async |
-//! | `driver.rs` | [`DriverStore`] once for every backend |
-//! | `service.rs` | [`ServiceStore`] once for every backend |
-//! | `sqlite_path.rs`, `pg_path.rs` | the hot path tuned per dialect: lanes with work, claims, acks |
-//! | `prepare.rs` | validating and canonicalising rows before enqueue |
-//! | `enqueue.rs` | enqueue, once per dialect: the stores', their `enqueue_in`, and the `sqlx` module's |
-//! | `row_ids.rs` | the row-id ledger (the dedup window past delivery) |
-//! | `slots.rs` | the drain slot: acquire, renew, release, fence |
-//! | `lanes.rs` | lane states, operator lane controls, the lane list |
-//! | `dead_letters.rs` | dead-lettering, listing, payloads, replay, purge |
-//! | `status.rs` | status, oldest pending, actors with work |
-//! | `units.rs` | a unit's lifecycle after enqueue: settle, finish, payload rows, seqs |
-//! | `hosts.rs` | the shared host records (`ol_hosts`) |
-//! | `sqlite.rs`, `liveness.rs` | [`SqliteStore`]: connections, schema and migrations; holder lock files |
-//! | `pg_schema.rs` | Postgres: the schema, migrations, session settings, holders' advisory locks |
-//! | `postgres.rs`, `tls.rs` | [`PgStore`]: the blocking `postgres` client, its own pool, TLS (`sslmode`, client certificates) |
-//! | `sqlx.rs` | `SqlxOutbox`: enqueue inside a caller's sqlx transaction; sqlx's side of the statement layer |
-//! | `notify.rs`, `watcher.rs` | in-process wake-ups; the watcher threads |
-//! | `exists.rs` | what a tool reads before it opens a store (is there an outbox, its version) |
-//! | `headers.rs`, `util.rs`, `error.rs` | header checks; shared helpers; the errors |
+//! `docs/ARCHITECTURE.md` (§ `store/`) says which module does what.
 //!
 //! # How a pass uses the store
 //!
@@ -61,17 +37,10 @@
 //!
 //! # Blocking
 //!
-//! Every method blocks. Async runtimes call them through `spawn_blocking`. The Postgres
-//! client owns a tokio runtime of its own: every call *and the drop* of a [`PgStore`] must stay
-//! off an async executor thread.
-//!
-//! The schema is documented in `SCHEMA.md` next to this crate's manifest, with the plain SQL
-//! a service on another SQL library uses to enqueue (OL-15).
-//!
-//! A service on sqlx enqueues inside its own sqlx transaction with the `sqlx` module
-//! (feature `sqlx`): async, on the caller's connection, nothing blocks; its relay runs on a
-//! [`SqliteStore`] or [`PgStore`] of the same database (one Postgres driver for the relay:
-//! `docs/ARCHITECTURE.md` says why).
+//! Every method blocks: async runtimes call them through `spawn_blocking`, and a [`PgStore`]
+//! (its client owns a tokio runtime) is called *and dropped* off async executor threads; the
+//! `sqlx` module's enqueue is async. `SCHEMA.md` has the schema and the plain SQL of an
+//! enqueue (OL-15).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 // Without a backend (no feature, or `sqlx` alone: its enqueue only) part of the shared code
 // is unused.

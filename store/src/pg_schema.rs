@@ -215,29 +215,18 @@ UPDATE ol_meta SET value = '2' WHERE key = 'schema_version';
 "
 );
 
-/// Version 2 to 3 (SCHEMA.md "Migrations"): the rows' own request headers, `NULL` for a row
-/// without. A nullable column without a default is added without rewriting any row; the
-/// statement takes its table's lock only for that moment. Relays of version 2 keep working
-/// against version 3 (they name their columns), without headers.
+/// Version 2 to 3 (SCHEMA.md "Migrations"): the rows' own request headers.
 const MIGRATE_V2_TO_V3: &str = "ALTER TABLE ol_units ADD COLUMN headers TEXT; \
      ALTER TABLE ol_rows ADD COLUMN headers TEXT; \
      UPDATE ol_meta SET value = '3' WHERE key = 'schema_version';";
 
-/// Version 3 to 4 (SCHEMA.md "Migrations"): the lane-control generations (OL-14) — per actor on
-/// its slot row, per lane the generation of the last operator action on it, with an index on
-/// the lanes an operator ever touched (only those are in it, so enqueues pay nothing for it).
-/// Columns with a constant default are added without rewriting any row. Relays of version 3
-/// keep working against version 4, without seeing operator actions mid-pass.
+/// Version 3 to 4 (SCHEMA.md "Migrations"): the lane-control generations (OL-14).
 const MIGRATE_V3_TO_V4: &str = "ALTER TABLE ol_slots ADD COLUMN control BIGINT NOT NULL DEFAULT 0; \
      ALTER TABLE ol_lanes ADD COLUMN control BIGINT NOT NULL DEFAULT 0; \
      CREATE INDEX ol_lanes_control ON ol_lanes (actor, control) WHERE control > 0; \
      UPDATE ol_meta SET value = '4' WHERE key = 'schema_version';";
 
-/// Version 4 to 5 (SCHEMA.md "Migrations"): the row-id ledger (the dedup window past delivery,
-/// `row_ids.rs`), filled with the row ids stored now; the outbox id, random, made once with the
-/// schema (the first half of every idempotency key); and the liveness table and index, which
-/// earlier versions created at every connect. Rows a relay of version 4 enqueues while this
-/// runs get no ledger entry: they are refused while stored all the same.
+/// Version 4 to 5 (SCHEMA.md "Migrations"): the row-id ledger, the outbox id, the liveness table.
 const MIGRATE_V4_TO_V5: &str = "CREATE TABLE ol_row_ids (actor TEXT NOT NULL, row_id TEXT NOT NULL, \
          enqueued_at BIGINT NOT NULL, PRIMARY KEY (actor, row_id)); \
      CREATE INDEX ol_row_ids_at ON ol_row_ids (enqueued_at); \
@@ -252,16 +241,14 @@ const MIGRATE_V4_TO_V5: &str = "CREATE TABLE ol_row_ids (actor TEXT NOT NULL, ro
          ON CONFLICT DO NOTHING; \
      UPDATE ol_meta SET value = '5' WHERE key = 'schema_version';";
 
-/// Version 5 to 6 (SCHEMA.md "Migrations"): the hosts the relays share (`hosts.rs`):
-/// connection health, the signature scheme each accepted, the operator's block.
+/// Version 5 to 6 (SCHEMA.md "Migrations"): the hosts the relays share (`hosts.rs`).
 const MIGRATE_V5_TO_V6: &str = "CREATE TABLE ol_hosts (origin TEXT PRIMARY KEY, \
          failures BIGINT NOT NULL DEFAULT 0, level BIGINT NOT NULL DEFAULT 0, not_before BIGINT, \
          failing_since BIGINT, last_error TEXT, blocked BIGINT NOT NULL DEFAULT 0, spec TEXT, \
          spec_at BIGINT, updated_at BIGINT NOT NULL); \
      UPDATE ol_meta SET value = '6' WHERE key = 'schema_version';";
 
-/// The migrations past version 2, in order, each with the version it reaches (a new schema
-/// runs them all).
+/// The migrations past version 2 and the version each reaches: a new schema runs them too.
 const MIGRATIONS: [(u32, &str); 4] = [
     (3, MIGRATE_V2_TO_V3),
     (4, MIGRATE_V3_TO_V4),

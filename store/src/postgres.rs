@@ -38,9 +38,7 @@
 //! `postgres::Error` as its `source()`, and its message carries what the server said (message,
 //! SQLSTATE, detail, hint) in one line.
 //!
-//! Each store lives in one schema ([`PgOptions::schema`]), created if missing, with the tables
-//! of `SCHEMA.md` (schema version 2: a one-recipient unit is one `ol_units` row holding its
-//! payload); a version 1 schema is migrated when a store connects.
+//! Each store lives in one schema ([`PgOptions::schema`]) with the tables of `SCHEMA.md`.
 
 use core::time::Duration;
 use std::collections::HashMap;

@@ -1,13 +1,9 @@
 //! The row-id ledger (`ol_row_ids`): the dedup window past delivery.
 //!
-//! Every enqueue records each row's (actor, row id, time) here, in its own transaction, and is
-//! refused ([`EnqueueError::DuplicateRowId`]) when the actor used the id within
-//! [`CommonOptions::row_id_retention`](crate::CommonOptions::row_id_retention). The ledger
-//! outlives the row: a delivered row's payload is gone at once, its three columns stay
-//! until the window has passed and [`purge`] trims them. A row that is still stored (pending,
-//! or kept for a dead letter or the ack retention) stays refused by the units' own unique
-//! indexes whatever the ledger says, so a row pending longer than the window is never taken
-//! twice.
+//! An enqueue is refused ([`EnqueueError::DuplicateRowId`]) when the actor used the row id
+//! within [`CommonOptions::row_id_retention`](crate::CommonOptions::row_id_retention), even if
+//! the row is gone; [`purge`] trims the ledger past it. A row still stored is refused by the
+//! units' unique indexes anyway, however old.
 //!
 //! One statement, the same on both dialects: an upsert that takes an id that is new or whose
 //! last use is older than the window, and changes nothing otherwise (0 rows: refused).

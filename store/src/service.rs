@@ -52,13 +52,9 @@ enum Reach {
     NextRead,
 }
 
-/// An operator action on `lane`, written by `f` in one transaction with the bump of the
-/// actor's control generation (OL-14), and the wake-ups after its commit.
-///
-/// With [`Reach::BeforeReturn`], if a pass held the actor's slot at the commit it may have
-/// read the generation just before: the action returns only once [`CONTROL_VALIDITY`] has
-/// passed since the commit, by when no pass starts an attempt on a read older than it (see
-/// there). No pass: it returns at once.
+/// An operator action on `lane`: `f` in one transaction with the bump of the actor's control
+/// generation (OL-14), then the wake-ups. With [`Reach::BeforeReturn`] and a pass holding the
+/// slot at the commit, it returns [`CONTROL_VALIDITY`] after the commit (see there), else at once.
 fn lane_action<B: Backend, T>(
     store: &B,
     lane: StoreLaneId,

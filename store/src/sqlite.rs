@@ -267,29 +267,20 @@ CREATE INDEX ol_units_settled ON ol_units (lane_id) WHERE state <> 0 AND lane_id
     };
 }
 
-/// The version 2 layout. A new database is created in it and then migrated to version 4 in
-/// the same transaction, so that new and migrated databases cannot differ; a migration test
-/// builds a version 2 database from it.
+/// The version 2 layout: a new database starts in it, then runs `MIGRATIONS` (tests use it too).
 #[doc(hidden)]
 pub const SCHEMA_V2: &str = concat!(shared_tables_ddl!(), units_v2_ddl!());
 
-/// Version 2 → 3 (SCHEMA.md, "Migrations"): the rows' own request headers, `NULL` for a row
-/// without (the common case costs nothing). Adding a nullable column without a default
-/// rewrites no row.
+/// Version 2 → 3 (SCHEMA.md, "Migrations"): the rows' own request headers.
 const V2_TO_V3: &str = "ALTER TABLE ol_units ADD COLUMN headers TEXT; \
      ALTER TABLE ol_rows ADD COLUMN headers TEXT;";
 
-/// Version 3 → 4 (SCHEMA.md, "Migrations"): the lane-control generations (OL-14) — per actor
-/// on its slot row, per lane the generation of the last operator action on it, with an index
-/// on the lanes an operator ever touched (only those are in it: enqueues pay nothing for it).
-/// A column with a constant default rewrites no row.
+/// Version 3 → 4 (SCHEMA.md, "Migrations"): the lane-control generations (OL-14).
 const V3_TO_V4: &str = "ALTER TABLE ol_slots ADD COLUMN control INTEGER NOT NULL DEFAULT 0; \
      ALTER TABLE ol_lanes ADD COLUMN control INTEGER NOT NULL DEFAULT 0; \
      CREATE INDEX ol_lanes_control ON ol_lanes (actor, control) WHERE control > 0;";
 
-/// Version 4 → 5 (SCHEMA.md, "Migrations"): the row-id ledger (the dedup window past
-/// delivery, `row_ids.rs`), filled with the row ids stored now, and the outbox id, random, made
-/// once with the schema (the first half of every idempotency key).
+/// Version 4 → 5 (SCHEMA.md, "Migrations"): the row-id ledger and the outbox id.
 const V4_TO_V5: &str = "CREATE TABLE ol_row_ids (\
          actor TEXT NOT NULL, row_id TEXT NOT NULL, enqueued_at INTEGER NOT NULL, \
          PRIMARY KEY (actor, row_id)) WITHOUT ROWID; \
@@ -300,16 +291,14 @@ const V4_TO_V5: &str = "CREATE TABLE ol_row_ids (\
          SELECT actor, row_id, enqueued_at FROM ol_rows; \
      INSERT OR IGNORE INTO ol_meta (key, value) VALUES ('outbox_id', lower(hex(randomblob(16))));";
 
-/// Version 5 → 6: the hosts the relays share (`hosts.rs`): connection health, the signature
-/// scheme each accepted, the operator's block.
+/// Version 5 → 6 (SCHEMA.md, "Migrations"): the hosts the relays share (`hosts.rs`).
 const V5_TO_V6: &str = "CREATE TABLE ol_hosts (\
          origin TEXT PRIMARY KEY, failures INTEGER NOT NULL DEFAULT 0, \
          level INTEGER NOT NULL DEFAULT 0, not_before INTEGER, failing_since INTEGER, \
          last_error TEXT, blocked INTEGER NOT NULL DEFAULT 0, spec TEXT, spec_at INTEGER, \
          updated_at INTEGER NOT NULL) WITHOUT ROWID;";
 
-/// The migrations past version 2, in order, each with the version it reaches: a new database
-/// is made at version 2 and runs them all, so that new and migrated databases cannot differ.
+/// The migrations past version 2 and the version each reaches: a new database runs them too.
 const MIGRATIONS: [(u32, &str); 4] = [(3, V2_TO_V3), (4, V3_TO_V4), (5, V4_TO_V5), (6, V5_TO_V6)];
 
 /// The version 2 `ol_units` alone, for the migration from version 1.

@@ -1,17 +1,12 @@
 //! Enqueue inside a caller's **sqlx** transaction (feature `sqlx`; the transactional outbox,
 //! OL-15): the service's own rows and its outbox rows commit, or roll back, together.
 //!
-//! The relay of such a service runs on a [`SqliteStore`](crate::SqliteStore) or
-//! [`PgStore`](crate::PgStore) of the same database: the relay's Postgres store is on the
-//! `postgres` crate alone, whose TLS keeps libpq's trust rules (`docs/ARCHITECTURE.md`).
-//!
-//! Why: a service on sqlx cannot hand its transaction to [`SqliteStore`](crate::SqliteStore)
-//! or [`PgStore`](crate::PgStore) (they own rusqlite and `postgres` connections). Rather than
-//! copy `SCHEMA.md`'s plain SQL, and its URL canonicalisation, into every service,
-//! [`SqlxOutbox::enqueue`] runs the store's own enqueue (`enqueue.rs`: the same preparation,
-//! canonical recipients, limits and header checks, then the same statements) on the caller's
-//! connection: set-based with arrays on a [`PgConnection`], `SCHEMA.md`'s statements one by
-//! one on a [`SqliteConnection`] or an [`AnyConnection`] (which binds no arrays).
+//! [`SqlxOutbox::enqueue`] runs the stores' own enqueue (the same checks, canonical
+//! recipients and statements) on the caller's connection: set-based with arrays on a
+//! [`PgConnection`], `SCHEMA.md`'s statements one by one on a [`SqliteConnection`] or an
+//! [`AnyConnection`] (which binds no arrays). The relay runs on a
+//! [`SqliteStore`](crate::SqliteStore) or [`PgStore`](crate::PgStore) of the same database
+//! (not on sqlx, whose TLS does not keep libpq's trust rules: `docs/ARCHITECTURE.md`).
 //!
 //! ```no_run
 //! # use outbox_lanes_store::sqlx::sqlx;
