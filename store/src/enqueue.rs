@@ -726,13 +726,15 @@ async fn by_statement<D: AsyncDb>(
             }
             kept.push(id);
         }
-        let body_len = to_i64(row.body.len());
+        let (id, ct, body) = (&*row.id, &*row.content_type, &*row.body);
+        let (len, dk, ok) = (to_i64(body.len()), row.dedup_key.as_deref(), p.ordering_key);
         let headers = encode_headers(&row.headers);
+        let h = headers.as_deref();
         let mut units = Vec::new();
         let written = match kept.as_slice() {
             // Nothing is stored, but the id must still be one the actor does not have.
             [] => {
-                let v = args![a, row.id.as_str()];
+                let v = args![a, id];
                 c.query_opt(&ROW_ID_TAKEN, v, |_| Ok(())).await?.is_none()
             }
             [head_lane, others @ ..] if row.joined || others.is_empty() => {
@@ -743,22 +745,9 @@ async fn by_statement<D: AsyncDb>(
                 } else {
                     &INSERT_HEAD
                 };
-                let lanes_n = to_i64(kept.len());
-                let v = args![
-                    a,
-                    *head_lane,
-                    seq,
-                    lanes_n,
-                    row.id.as_str(),
-                    row.content_type.as_str(),
-                    row.body.as_slice(),
-                    body_len,
-                    row.dedup_key.as_deref(),
-                    p.ordering_key,
-                    now,
-                    headers.as_deref()
-                ];
-                let unit = c.insert(sql, v).await.map_err(|e| dup_or(e, &row.id))?;
+                let n = to_i64(kept.len());
+                let v = args![a, *head_lane, seq, n, id, ct, body, len, dk, ok, now, h];
+                let unit = c.insert(sql, v).await.map_err(|e| dup_or(e, id))?;
                 if let Some(unit) = unit {
                     tails.insert(*head_lane, seq);
                     for &lane in others {
@@ -772,22 +761,11 @@ async fn by_statement<D: AsyncDb>(
             }
             _ => {
                 // k units sharing one payload: it goes once into `ol_rows`.
-                let v = args![
-                    a,
-                    row.id.as_str(),
-                    seq,
-                    row.content_type.as_str(),
-                    row.body.as_slice(),
-                    body_len,
-                    row.dedup_key.as_deref(),
-                    p.ordering_key,
-                    now,
-                    headers.as_deref()
-                ];
+                let v = args![a, id, seq, ct, body, len, dk, ok, now, h];
                 let row_ref = c
                     .insert(&INSERT_SHARED, v)
                     .await
-                    .map_err(|e| dup_or(e, &row.id))?;
+                    .map_err(|e| dup_or(e, id))?;
                 if let Some(row_ref) = row_ref {
                     shared_rows = true;
                     for &lane in &kept {
