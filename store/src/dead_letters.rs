@@ -8,8 +8,8 @@ use outbox_lanes_core::{ActorId, DeadReason, Seq, Timestamp, UnitId};
 
 use crate::db::{Db, Dialect, Get, Sql, Value, args, ready};
 use crate::types::{
-    AttemptRecord, DELIVERED_AFTER_SET_ASIDE, DeadLetter, DeadLetterId, DeadLetterRequest,
-    DeadLetterSelection, Payload, WrittenDeadLetter,
+    DELIVERED_AFTER_SET_ASIDE, DeadLetter, DeadLetterId, DeadLetterRequest, DeadLetterSelection,
+    Payload, WrittenDeadLetter,
 };
 use crate::units::{advance_tail, drop_row_if_unused, settle};
 use crate::util::{
@@ -91,9 +91,10 @@ macro_rules! set_aside {
 }
 
 /// An attempt record for unit `$1` in lane `$2` of actor `$7` that was no longer pending
-/// (OL-14): counts, status, error and time `$3`…`$6` land on its operator dead letter. The
+/// (OL-14): counts, status, error and time `$3`…`$6` (`RECORD_ATTEMPT`'s) land on the dead
+/// letter an operator wrote for it while the attempt was in flight, if there is one. The
 /// count is absolute, as in the unit's own record, so a retried write is harmless.
-static RECORD_ON_SET_ASIDE: Sql = Sql::new(concat!(
+pub(crate) static RECORD_ON_SET_ASIDE: Sql = Sql::new(concat!(
     "UPDATE ol_dead_letters SET attempts = CASE WHEN attempts > $3 THEN attempts ELSE $3 END, \
      last_status = $4, last_error = $5, first_attempt_at = coalesce(first_attempt_at, $6), \
      last_attempt_at = $6 WHERE id = ",
@@ -109,28 +110,6 @@ static DELIVERED_ON_SET_ASIDE: Sql = Sql::new(concat!(
      WHERE coalesce(last_error, '') <> $4 AND id = ",
     set_aside!("$3")
 ));
-
-/// Records an attempt of the pass on a unit that was no longer pending in its lane on the
-/// dead letter an operator wrote for it while the attempt was in flight, if there is one.
-pub(crate) fn record_on_set_aside(
-    db: &mut impl Db,
-    actor: &str,
-    a: &AttemptRecord,
-) -> Result<(), StoreError> {
-    db.execute(
-        &RECORD_ON_SET_ASIDE,
-        args![
-            to_i64(a.unit.0),
-            a.lane.0,
-            i64::from(a.attempts),
-            a.status.map(i64::from),
-            a.error.as_deref(),
-            millis_of(a.at),
-            actor
-        ],
-    )?;
-    Ok(())
-}
 
 /// Records a delivery of a unit that was no longer pending in its lane on the dead letter an
 /// operator wrote for it while the attempt was in flight, if there is one.
@@ -191,30 +170,16 @@ pub(crate) fn dead_letter(
     let status = d.status.map(i64::from).or(last_status);
     let error = d.error.clone().or(last_error);
     let dead_at = millis_of(d.at);
-    let id = db.query_one(
-        &INSERT_DEAD_LETTER,
-        args![
-            unit,
-            row_ref,
-            &row_id,
-            actor,
-            d.lane.0,
-            &recipient,
-            &ordering_key,
-            d.reason.as_str(),
-            status,
-            error.as_deref(),
-            attempts,
-            first,
-            last,
-            seq,
-            dead_at
-        ],
-        |r| r.int(0),
-    )?;
+    let (lane, reason, e) = (d.lane.0, d.reason.as_str(), error.as_deref());
+    let (to, ok) = (&recipient, &ordering_key);
+    let v = args![
+        unit, row_ref, &row_id, actor, lane, to, ok, reason, status, e, attempts, first, last, seq,
+        dead_at
+    ];
+    let id = db.query_one(&INSERT_DEAD_LETTER, v, |r| r.int(0))?;
     db.execute(&MARK_DEAD, args![row, STATE_DEAD])?;
     if d.status.is_some() || d.error.is_some() {
-        db.execute(&LANE_LAST_ERROR, args![d.lane.0, status, error.as_deref()])?;
+        db.execute(&LANE_LAST_ERROR, args![lane, status, e])?;
     }
     settle(db, unit, retention)?;
     Ok(Some(WrittenDeadLetter {
@@ -244,13 +209,8 @@ pub(crate) fn dead_letter_once(
     if let Some(written) = dead_letter(db, actor, d, retention)? {
         return Ok(Some(written));
     }
-    let key = args![
-        actor,
-        to_i64(d.unit.0),
-        d.lane.0,
-        d.reason.as_str(),
-        millis_of(d.at)
-    ];
+    let (unit, at) = (to_i64(d.unit.0), millis_of(d.at));
+    let key = args![actor, unit, d.lane.0, d.reason.as_str(), at];
     db.query_opt(&WRITTEN_BY_REQUEST, key, |r| {
         Ok(WrittenDeadLetter {
             id: DeadLetterId(r.int(0)?),

@@ -170,24 +170,13 @@ pub(crate) fn record_attempts<D: Db>(
         db.execute(&LOCK_ACTOR_SHARED, args![actor])?;
     }
     for a in sorted {
-        let status = a.status.map(i64::from);
-        let error = a.error.as_deref();
-        let n = db.execute(
-            &RECORD_ATTEMPT,
-            args![
-                to_i64(a.unit.0),
-                a.lane.0,
-                i64::from(a.attempts),
-                status,
-                error,
-                millis_of(a.at),
-                actor
-            ],
-        )?;
-        if n == 1 {
+        let (unit, n, at) = (to_i64(a.unit.0), i64::from(a.attempts), millis_of(a.at));
+        let (status, error) = (a.status.map(i64::from), a.error.as_deref());
+        let v = args![unit, a.lane.0, n, status, error, at, actor];
+        if db.execute(&RECORD_ATTEMPT, v)? == 1 {
             db.execute(&LANE_LAST_ATTEMPT, args![a.lane.0, status, error])?;
         } else {
-            dead_letters::record_on_set_aside(db, actor, a)?;
+            db.execute(&dead_letters::RECORD_ON_SET_ASIDE, v)?;
         }
     }
     Ok(())
