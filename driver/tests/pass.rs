@@ -356,7 +356,9 @@ fn a_lane_goes_on_while_its_refill_is_read() {
     let hooks = Hooks::default();
     let cx = f.cx(&hooks);
     let sink = Arc::new(Sink::default());
-    let mut pass = PassCore::new(token(&*f.store), &config(), sink.clone(), now(), now());
+    let mut c = config();
+    c.scheduler.max_per_lane = 16;
+    let mut pass = PassCore::new(token(&*f.store), &c, sink.clone(), now(), now());
     let mut bodies = Vec::new();
     let mut out: Option<Vec<outbox_lanes_store::ClaimRange>> = None;
     let (mut claims, mut sent_while_out) = (0, 0);
@@ -415,6 +417,7 @@ fn a_stop_without_grace_ends_the_pass_with_a_claim_out() {
     let sink = Arc::new(Sink::default());
     let mut c = config();
     c.shutdown_grace = Duration::ZERO;
+    c.scheduler.max_per_lane = 16;
     let mut pass = PassCore::new(token(&*f.store), &c, sink.clone(), now(), now());
     let mut sent = 0;
     let mut out = None;

@@ -139,6 +139,22 @@ pub(crate) struct DeliveryFlags {
     #[arg(long, env = "OUTBOX_LANES_RETIRE_ON_GONE")]
     pub(crate) retire_on_gone: bool,
 
+    /// The most units one pass holds admitted (waiting or in flight), and at least four per
+    /// delivery in flight (--concurrency) whatever is given here.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..), env = "OUTBOX_LANES_MAX_UNITS")]
+    pub(crate) max_units: u32,
+
+    /// The most units of one lane a pass holds admitted: a deep lane reads this many ahead,
+    /// and reads again once half are sent (fewer, larger reads when higher). The admission
+    /// window is shared first, so a lane gets less when many lanes have work.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65536), env = "OUTBOX_LANES_MAX_PER_LANE")]
+    pub(crate) max_per_lane: u32,
+
+    /// The most payload bytes one pass holds admitted; a larger unit is still admitted
+    /// into an empty window, alone.
+    #[arg(long, default_value_t = 64 << 20, value_parser = clap::value_parser!(u64).range(1..), env = "OUTBOX_LANES_MAX_BYTES")]
+    pub(crate) max_bytes: u64,
+
     /// The drain slot's lease, renewed every third of it while a pass runs; another relay
     /// takes over an actor whose holder died after at most this long.
     #[arg(long, value_parser = parse_timeout, default_value = "30s", env = "OUTBOX_LANES_LEASE")]
@@ -761,6 +777,45 @@ mod tests {
         assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
         for zero in ["0", "0s", "0ms", "0.0"] {
             assert!(parse_timeout(zero).is_err(), "{zero}");
+        }
+    }
+
+    /// The admission window's flags reach the pass's scheduler, the floor of four units per
+    /// delivery in flight included.
+    #[test]
+    fn admission_flags_reach_the_scheduler() {
+        use clap::Parser as _;
+        let scheduler = |args: &[&str]| {
+            let cli =
+                Cli::try_parse_from(["outbox-lanes", "drain"].iter().chain(args)).expect("parses");
+            let Command::Drain { delivery, .. } = cli.command else {
+                panic!("not a drain");
+            };
+            crate::cli::config(&delivery).pass_scheduler()
+        };
+        let d = scheduler(&[]);
+        assert_eq!(
+            (d.max_units, d.max_per_lane, d.max_bytes),
+            (1024, 64, 64 << 20)
+        );
+        let s = scheduler(&[
+            "--max-units",
+            "5000",
+            "--max-per-lane",
+            "8",
+            "--max-bytes",
+            "1000",
+        ]);
+        assert_eq!((s.max_units, s.max_per_lane, s.max_bytes), (5000, 8, 1000));
+        let floor = scheduler(&["--max-units", "10", "--concurrency", "100"]);
+        assert_eq!(floor.max_units, 400);
+        for bad in [
+            ["--max-per-lane", "0"],
+            ["--max-units", "0"],
+            ["--max-bytes", "0"],
+        ] {
+            let args = ["outbox-lanes", "drain"].into_iter().chain(bad);
+            assert!(Cli::try_parse_from(args).is_err(), "{bad:?}");
         }
     }
 

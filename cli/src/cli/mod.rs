@@ -246,6 +246,9 @@ fn config(d: &DeliveryFlags) -> OutboxConfig {
     c.scheduler.retry_after_cap = d.retry_after_cap;
     c.http.retry_after_cap = d.retry_after_cap;
     c.scheduler.max_throttled_level = d.max_throttled_level;
+    c.scheduler.max_units = d.max_units as usize;
+    c.scheduler.max_per_lane = d.max_per_lane;
+    c.scheduler.max_bytes = d.max_bytes;
     c.scheduler.max_age = d.max_age;
     c.scheduler.retire_on_gone = d.retire_on_gone;
     c.lease = d.lease;
