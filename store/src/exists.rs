@@ -52,7 +52,9 @@ mod sqlite {
 
 #[cfg(feature = "postgres")]
 mod pg {
-    use crate::postgres::{checked_target, parse_url, pg_text};
+    use crate::db::Db;
+    use crate::pg_schema;
+    use crate::postgres::{PgDb, config_of, pg_text};
     use crate::{PgOptions, PgStore, StoreError};
 
     impl PgStore {
@@ -70,40 +72,16 @@ mod pg {
         ///
         /// # Errors
         /// [`StoreError::Open`] if the URL is malformed, the server unreachable or the schema
-        /// name invalid; [`StoreError::ConnectionLost`] if the query failed.
+        /// name invalid; once connected, as any read of the store ([`StoreError::ConnectionLost`],
+        /// or [`StoreError::Driver`] for a refusal such as a missing privilege).
         pub fn schema_version(url: &str, opts: &PgOptions) -> Result<Option<u32>, StoreError> {
-            let target = checked_target(url, opts)?;
-            let (mut config, tls) = parse_url(url, &target, opts)?;
-            config.application_name(&opts.application_name);
-            config.connect_timeout(opts.connect_timeout);
+            let (target, config, tls) = config_of(url, opts)?;
             let mut client = tls
                 .connect(&config)
                 .map_err(|e| StoreError::open(target, pg_text(&e), e))?;
-            let lost = |e: postgres::Error| StoreError::connection_lost(pg_text(&e), e);
-            let found: bool = client
-                .query_one(
-                    "SELECT to_regclass($1) IS NOT NULL",
-                    &[&format!("{}.ol_meta", opts.schema)],
-                )
-                .and_then(|r| r.try_get(0))
-                .map_err(lost)?;
-            if !found {
-                return Ok(None);
-            }
-            let row = client
-                .query_opt(
-                    &format!(
-                        "SELECT value FROM {}.ol_meta WHERE key = 'schema_version'",
-                        opts.schema
-                    ),
-                    &[],
-                )
-                .map_err(lost)?;
-            row.map(|r| {
-                let v: String = r.try_get(0).map_err(lost)?;
-                crate::util::parse_version(&v)
-            })
-            .transpose()
+            let mut db = PgDb::of_client(&mut client);
+            db.batch(&format!("SET search_path TO {}", opts.schema))?;
+            pg_schema::version(&mut db, &opts.schema)
         }
     }
 }

@@ -308,7 +308,7 @@ static CREATED_AS_V2: Sql =
 
 /// The schema version `schema` records, without writing anything: `None` when it has no
 /// outbox schema.
-fn version(db: &mut impl Db, schema: &str) -> Result<Option<u32>, StoreError> {
+pub(crate) fn version(db: &mut impl Db, schema: &str) -> Result<Option<u32>, StoreError> {
     let meta = format!("{schema}.ol_meta");
     if !db.query_one(&HAS_META, args![meta.as_str()], |r| r.flag(0))? {
         return Ok(None);

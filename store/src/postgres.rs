@@ -249,6 +249,11 @@ impl<'c> PgDb<'c> {
         Ok(st)
     }
 
+    /// Statements on a plain client, each prepared when it runs.
+    pub(crate) fn of_client(client: &'c mut Client) -> PgDb<'c> {
+        PgDb::new(On::Client(client), None)
+    }
+
     /// `r` as the store's error, noting a lost connection.
     fn checked<T>(&mut self, r: Result<T, postgres::Error>) -> Result<T, StoreError> {
         r.map_err(|e| {
@@ -349,37 +354,33 @@ impl core::fmt::Debug for PgStore {
     }
 }
 
-/// `url` without its password (for error messages), once `opts` names a valid schema.
-pub(crate) fn checked_target(url: &str, opts: &PgOptions) -> Result<String, StoreError> {
-    let target = redact(url);
-    if !pg_schema::valid_schema(&opts.schema) {
-        return Err(StoreError::Open {
-            target,
-            reason: format!(
-                "invalid schema name {:?} (use lower-case letters, digits, _)",
-                opts.schema
-            ),
-            cause: None,
-        });
-    }
-    Ok(target)
-}
-
-/// The driver's configuration and the connector for `url`: `sslmode` and `sslrootcert` are
-/// handled by [`crate::tls`], the rest by the `postgres` crate.
-pub(crate) fn parse_url(
+/// `url` without its password (for error messages), the driver's configuration with `opts`'
+/// connection settings, and the connector: `sslmode` and `sslrootcert` are handled by
+/// [`crate::tls`], the rest by the `postgres` crate.
+pub(crate) fn config_of(
     url: &str,
-    target: &str,
     opts: &PgOptions,
-) -> Result<(Config, Connector), StoreError> {
-    Connector::new(url, opts.ssl_root_cert.as_deref()).map_err(|e| match e {
-        ConfigError::Driver(e) => StoreError::open(target, pg_text(&e), e),
-        ConfigError::Message(reason) => StoreError::Open {
-            target: target.to_owned(),
-            reason,
-            cause: None,
-        },
-    })
+) -> Result<(String, Config, Connector), StoreError> {
+    let target = redact(url);
+    let refused = |reason| StoreError::Open {
+        target: target.clone(),
+        reason,
+        cause: None,
+    };
+    if !pg_schema::valid_schema(&opts.schema) {
+        let s = &opts.schema;
+        return Err(refused(format!(
+            "invalid schema name {s:?} (use lower-case letters, digits, _)"
+        )));
+    }
+    let (mut config, tls) =
+        Connector::new(url, opts.ssl_root_cert.as_deref()).map_err(|e| match e {
+            ConfigError::Driver(e) => StoreError::open(target.clone(), pg_text(&e), e),
+            ConfigError::Message(reason) => refused(reason),
+        })?;
+    config.application_name(&opts.application_name);
+    config.connect_timeout(opts.connect_timeout);
+    Ok((target, config, tls))
 }
 
 /// A URL without its password, for error messages.
@@ -405,10 +406,7 @@ impl PgStore {
     /// [`StoreError::Open`] if the URL is malformed, the server unreachable or the schema name
     /// invalid; [`StoreError::SchemaTooNew`] for a database from a newer version.
     pub fn connect(url: &str, opts: PgOptions) -> Result<PgStore, StoreError> {
-        let target = checked_target(url, &opts)?;
-        let (mut config, tls) = parse_url(url, &target, &opts)?;
-        config.application_name(&opts.application_name);
-        config.connect_timeout(opts.connect_timeout);
+        let (target, config, tls) = config_of(url, &opts)?;
         let mut store = PgStore {
             shared: Shared::new(Some(pg_schema::channel(&opts.schema))),
             config,
@@ -464,7 +462,7 @@ impl PgStore {
         let registered = (|| -> Result<bool, StoreError> {
             let mut client = self.tls.connect(&self.config)?;
             client.batch_execute(&format!("SET search_path TO {}", self.opts.schema))?;
-            let mut db = PgDb::new(On::Client(&mut client), None);
+            let mut db = PgDb::of_client(&mut client);
             let got = pg_schema::take_live_lock(&mut db, &self.opts.schema, holder)?;
             drop(db);
             if got {

@@ -827,8 +827,17 @@ fn postgres_schema_policies_refuse_what_they_may_not_change() {
         )
         .map(drop)
     };
+    // What `outbox-lanes migrate` reads first: the version, without creating anything.
+    let version = |name: &str| {
+        let opts = PgOptions {
+            schema: name.to_owned(),
+            ..PgOptions::default()
+        };
+        PgStore::schema_version(&url, &opts)
+    };
     let old = Schema::new(&url, "pol4");
     let mut c = v4_schema(&old);
+    assert_eq!(version(&old.name), Ok(Some(4)));
     for p in [SchemaPolicy::Create, SchemaPolicy::Existing] {
         assert_eq!(
             connect(&old.name, policy(p)),
@@ -841,6 +850,7 @@ fn postgres_schema_policies_refuse_what_they_may_not_change() {
         assert_eq!(schema_version_of(&mut c), "4");
     }
     let fresh = Schema::new(&url, "polnew");
+    assert_eq!(version(&fresh.name), Ok(None));
     assert!(matches!(
         connect(&fresh.name, policy(SchemaPolicy::Existing)),
         Err(StoreError::NoSchema { .. })
@@ -853,8 +863,9 @@ fn postgres_schema_policies_refuse_what_they_may_not_change() {
         )
         .expect("namespace")
         .get(0);
-    assert!(!exists, "Existing created the schema");
+    assert!(!exists, "Existing or schema_version created the schema");
     connect(&fresh.name, policy(SchemaPolicy::Create)).expect("create");
+    assert_eq!(version(&fresh.name), Ok(Some(SCHEMA_VERSION)));
     for p in [
         SchemaPolicy::Migrate,
         SchemaPolicy::Create,
