@@ -6,9 +6,7 @@ mod sqlite {
     use core::sync::atomic::AtomicBool;
     use std::path::Path;
 
-    use rusqlite::ErrorCode;
-
-    use crate::sqlite::{read_only_conn, schema_version};
+    use crate::sqlite::{open_err, read_only_conn, schema_version};
     use crate::{SqliteStore, StoreError};
 
     impl SqliteStore {
@@ -26,22 +24,16 @@ mod sqlite {
         /// read permission (what `outbox-lanes migrate` shows before it upgrades).
         ///
         /// # Errors
-        /// [`StoreError::Open`] if the file exists but cannot be read as a database,
-        /// [`StoreError::Busy`] if it stayed locked.
+        /// [`StoreError::Open`] if the file exists but cannot be read as a database (with a
+        /// hint when SQLite cannot open it), [`StoreError::ReadOnly`] if SQLite calls it
+        /// read-only even to a reader, [`StoreError::Busy`] if it stayed locked.
         pub fn schema_version(path: impl AsRef<Path>) -> Result<Option<u32>, StoreError> {
             let path = path.as_ref();
             if !path.exists() {
                 return Ok(None);
             }
             let shown = path.display().to_string();
-            let err = |e: rusqlite::Error| match &e {
-                rusqlite::Error::SqliteFailure(f, _)
-                    if matches!(f.code, ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) =>
-                {
-                    StoreError::Busy
-                }
-                _ => StoreError::open(shown.clone(), e.to_string(), e),
-            };
+            let err = |e| open_err(&shown, e);
             let conn = read_only_conn(path, &AtomicBool::new(false)).map_err(err)?;
             conn.busy_timeout(core::time::Duration::from_secs(5))
                 .map_err(err)?;

@@ -312,17 +312,33 @@ fn lock(m: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn db_err(e: rusqlite::Error) -> StoreError {
-    match &e {
-        rusqlite::Error::SqliteFailure(f, _) => match f.code {
-            ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => StoreError::Busy,
-            ErrorCode::ReadOnly => StoreError::ReadOnly {
-                path: String::from("(database)"),
-            },
-            _ => StoreError::driver(e.to_string(), e),
-        },
-        _ => StoreError::driver(e.to_string(), e),
+/// A SQLite failure as the store's error: locked is [`StoreError::Busy`], read-only is
+/// [`StoreError::ReadOnly`] at `path`, anything else what `other` makes of it.
+fn sqlite_err(
+    e: rusqlite::Error,
+    path: &str,
+    other: impl FnOnce(rusqlite::Error) -> StoreError,
+) -> StoreError {
+    match e.sqlite_error_code() {
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => StoreError::Busy,
+        Some(ErrorCode::ReadOnly) => StoreError::ReadOnly { path: path.into() },
+        _ => other(e),
     }
+}
+
+fn db_err(e: rusqlite::Error) -> StoreError {
+    sqlite_err(e, "(database)", |e| StoreError::driver(e.to_string(), e))
+}
+
+/// A failure to open the database at `target`.
+pub(crate) fn open_err(target: &str, e: rusqlite::Error) -> StoreError {
+    sqlite_err(e, target, |e| {
+        let hint = match e.sqlite_error_code() {
+            Some(ErrorCode::CannotOpen) => " (does the directory exist and is it writable?)",
+            _ => "",
+        };
+        StoreError::open(target, format!("{e}{hint}"), e)
+    })
 }
 
 impl From<rusqlite::Error> for StoreError {
@@ -771,8 +787,10 @@ pub(crate) fn read_only_conn(
 /// made or initialised (`SQLITE_CANTOPEN`, or `SQLITE_READONLY_CANTINIT` and its kin, which
 /// a connection that only reads gets for nothing else).
 fn is_cannot_open(e: &rusqlite::Error) -> bool {
-    matches!(e, rusqlite::Error::SqliteFailure(f, _)
-        if matches!(f.code, ErrorCode::CannotOpen | ErrorCode::ReadOnly))
+    matches!(
+        e.sqlite_error_code(),
+        Some(ErrorCode::CannotOpen | ErrorCode::ReadOnly)
+    )
 }
 
 /// `path` as an SQLite URI opening it immutable (`file:…?immutable=1`, the path's `%`, `?` and
@@ -789,26 +807,6 @@ fn immutable_uri(path: &Path) -> String {
     }
     uri.push_str("?immutable=1");
     uri
-}
-
-fn open_err(target: &str, e: rusqlite::Error) -> StoreError {
-    match &e {
-        rusqlite::Error::SqliteFailure(f, _) if f.code == ErrorCode::CannotOpen => {
-            let reason = format!("{e} (does the directory exist and is it writable?)");
-            StoreError::open(target, reason, e)
-        }
-        rusqlite::Error::SqliteFailure(f, _) if f.code == ErrorCode::ReadOnly => {
-            StoreError::ReadOnly {
-                path: target.to_string(),
-            }
-        }
-        rusqlite::Error::SqliteFailure(f, _)
-            if matches!(f.code, ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) =>
-        {
-            StoreError::Busy
-        }
-        _ => StoreError::open(target, e.to_string(), e),
-    }
 }
 
 impl Drop for SqliteStore {
