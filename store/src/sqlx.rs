@@ -67,8 +67,11 @@ use crate::prepare::prepare;
 use crate::types::{CommonOptions, Enqueued, NewRow};
 use crate::{SchemaPolicy, StoreError, util};
 
-/// The boxed future of the sealed [`SqlxConnection`] (Send: axum handlers need it).
-type BoxFuture<'a, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+/// What [`SqlxOutbox::enqueue`] hands the sealed [`SqlxConnection`]: itself, the actor, the rows.
+type Call<'a> = (&'a SqlxOutbox, &'a ActorId, &'a [NewRow]);
+/// The boxed enqueue of the sealed [`SqlxConnection`] (Send: axum handlers need it).
+type Enqueueing<'a> =
+    std::pin::Pin<Box<dyn Future<Output = Result<Vec<Enqueued>, EnqueueError>> + Send + 'a>>;
 
 /// Enqueues rows inside a caller's sqlx transaction, on Postgres or SQLite (see the
 /// [module docs](self)). Cheap to clone; make one and share it.
@@ -140,7 +143,7 @@ impl SqlxOutbox {
         actor: impl Into<ActorId>,
         rows: &[NewRow],
     ) -> Result<Vec<Enqueued>, EnqueueError> {
-        conn.enqueue_rows(self, &actor.into(), rows, sealed::Token)
+        conn.enqueue_rows((self, &actor.into(), rows), sealed::Token)
             .await
     }
 
@@ -287,13 +290,7 @@ mod sealed {
 pub trait SqlxConnection: Send {
     /// What [`SqlxOutbox::enqueue`] runs (call that instead).
     #[doc(hidden)]
-    fn enqueue_rows<'a>(
-        &'a mut self,
-        outbox: &'a SqlxOutbox,
-        actor: &'a ActorId,
-        rows: &'a [NewRow],
-        _: sealed::Token,
-    ) -> BoxFuture<'a, Result<Vec<Enqueued>, EnqueueError>>;
+    fn enqueue_rows<'a>(&'a mut self, call: Call<'a>, _: sealed::Token) -> Enqueueing<'a>;
 }
 
 /// [`SqlxConnection`] for a connection type: `$how` says its dialect and whether it binds
@@ -301,13 +298,8 @@ pub trait SqlxConnection: Send {
 macro_rules! sqlx_connection {
     ($conn:ty, $how:expr) => {
         impl SqlxConnection for $conn {
-            fn enqueue_rows<'a>(
-                &'a mut self,
-                outbox: &'a SqlxOutbox,
-                actor: &'a ActorId,
-                rows: &'a [NewRow],
-                _: sealed::Token,
-            ) -> BoxFuture<'a, Result<Vec<Enqueued>, EnqueueError>> {
+            fn enqueue_rows<'a>(&'a mut self, call: Call<'a>, _: sealed::Token) -> Enqueueing<'a> {
+                let (outbox, actor, rows) = call;
                 let how: fn(&$conn) -> Result<(Dialect, bool), StoreError> = $how;
                 match how(self) {
                     Ok((dialect, arrays)) => {
