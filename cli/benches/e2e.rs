@@ -30,7 +30,8 @@
 //! - (b) 1,000 recipients answering after 100 ms, 20 rows each, 1,000 in flight; also the
 //!   `outbox-lanes drain --concurrency 1000` binary on the same rows;
 //! - (c) 1 recipient answering at once, 2,000 rows (one lane: one in flight; the limits post
-//!   them one at a time too); also the binary;
+//!   them one at a time too); also the binary, against the hyper limit in `E2E_ROUNDS`
+//!   (default 5) alternating rounds, its row the round of the median ratio;
 //! - (d) one recipient 150 ms away, 1,000 rows over 100 ordering keys with a per-host cap of 8,
 //!   against the same rows in one lane (shortened to 200 rows: a lane is capped at one row
 //!   per round trip, 30 s for 200);
@@ -974,11 +975,35 @@ fn main() -> Res<()> {
             ),
             outbox,
             limit: limit.clone(),
-            hyper: Some(hyper.clone()),
+            hyper: Some(hyper),
         });
-        let binary = binary_drain(&server, &l, 100)?;
+        // The binary against the hyper limit, alternately, `E2E_ROUNDS` times: one lane's
+        // rate here moves by half from one run to the next on a shared 2-core machine, so
+        // one pair says little. The row is the round whose ratio is the median.
+        let rounds = env("E2E_ROUNDS", 5).max(1);
+        let mut pairs = Vec::with_capacity(rounds);
+        while pairs.len() < rounds {
+            let h = hyper_limit(&server, &l, 1)?;
+            pairs.push((h, binary_drain(&server, &l, 100)?));
+        }
+        let ratio = |(h, b): &(Run, Run)| b.rate() / h.rate();
+        let cpu = |(h, b): &(Run, Run)| b.cpu_per() / h.cpu_per().max(1e-9);
+        let list = |f: &dyn Fn(&(Run, Run)) -> f64| {
+            let v: Vec<String> = pairs.iter().map(|p| format!("{:.2}", f(p))).collect();
+            v.join(", ")
+        };
+        println!(
+            "(c) the binary against the hyper limit, {} alternating rounds: throughput ratio {}; CPU per delivery ratio {}",
+            pairs.len(),
+            list(&ratio),
+            list(&cpu)
+        );
+        pairs.sort_by(|a, b| ratio(a).total_cmp(&ratio(b)));
+        let (hyper, binary) = pairs.swap_remove(pairs.len() / 2);
         rows.push(Row {
-            case: "(c) same, the binary: drain --concurrency 100".into(),
+            case: format!(
+                "(c) same, the binary: drain --concurrency 100 (median of {rounds} rounds)"
+            ),
             outbox: binary,
             limit,
             hyper: Some(hyper),
