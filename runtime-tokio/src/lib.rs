@@ -207,7 +207,18 @@ impl OutboxBuilder {
         let mut config = self.config;
         config.hosts.knock = self.signer.as_ref().is_some_and(|s| s.http_signatures())
             && config.http.signature == SignatureMode::Auto;
-        let core = OutboxCore::new(self.store, config, self.resolver, self.hooks, executor)?;
+        // A core that cannot start (a thread of its own could not be spawned) lets its store
+        // go, and the last reference to a `PgStore` panics when dropped on an executor
+        // thread, where this runs: that one is let go where blocking is allowed.
+        let kept = Arc::clone(&self.store);
+        let core = match OutboxCore::new(self.store, config, self.resolver, self.hooks, executor) {
+            Ok(core) => core,
+            Err(e) => {
+                rt.spawn_blocking(Box::new(move || drop(kept)));
+                return Err(e);
+            }
+        };
+        drop(kept);
         Ok(Outbox {
             inner: Arc::new(Inner {
                 core: Some(Arc::new(core)),
