@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outbox_lanes_core::{ActorId, Timestamp};
+use outbox_lanes_core::ActorId;
 use outbox_lanes_store::{NewRow, SlotAcquisition, SqliteOptions, SqliteStore, Store};
 
 const CHILD: &str = "OUTBOX_LANES_LIVENESS_CHILD";
@@ -48,8 +48,9 @@ fn child(target: &str) {
     std::thread::sleep(Duration::from_secs(60));
 }
 
-fn now() -> Timestamp {
-    Timestamp::from_system_time(std::time::SystemTime::now())
+#[cfg(feature = "postgres")]
+fn now() -> outbox_lanes_core::Timestamp {
+    outbox_lanes_core::Timestamp::from_system_time(std::time::SystemTime::now())
 }
 
 /// The scenario on the store at `target`.
