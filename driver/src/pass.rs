@@ -480,8 +480,8 @@ impl PassCore {
         self.claim.take()
     }
 
-    /// The answer to the claim [`PassCore::take_claim`] handed out. A failed read releases
-    /// what the claim reserved and ends the pass, as a failed claim of a blocking round does.
+    /// The answer to the claim [`PassCore::take_claim`] handed out (and to a blocking round's
+    /// own). A failed read releases what the claim reserved and ends the pass.
     pub fn handle_claim(&mut self, answer: Result<Vec<ClaimedLane>, StoreError>) {
         self.claiming = false;
         let t = now();
@@ -812,13 +812,8 @@ impl PassCore {
                     self.claim = Some(ranges);
                     continue;
                 }
-                match cx.store.claim(&self.token, &ranges) {
-                    Ok(lanes) => self.admit_claimed(lanes),
-                    Err(e) => {
-                        self.sched.handle_claim_failed(t);
-                        self.store_failed("claim", e, t);
-                    }
-                }
+                let answer = cx.store.claim(&self.token, &ranges);
+                self.handle_claim(answer);
                 continue;
             }
             let done = self.sched.is_done(t);

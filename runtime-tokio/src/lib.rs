@@ -109,7 +109,7 @@ impl Drop for Inner {
         // The last reference to the store may go with it (a Postgres client must not be
         // dropped on an executor thread), and the ack writer's thread is joined.
         if let Some(core) = self.core.take() {
-            engine::drop_core(&*self.rt, core);
+            engine::drop_where_blocking(&*self.rt, core);
         }
     }
 }
@@ -214,7 +214,7 @@ impl OutboxBuilder {
         let core = match OutboxCore::new(self.store, config, self.resolver, self.hooks, executor) {
             Ok(core) => core,
             Err(e) => {
-                rt.spawn_blocking(Box::new(move || drop(kept)));
+                engine::drop_where_blocking(&*rt, kept);
                 return Err(e);
             }
         };
@@ -344,7 +344,7 @@ impl Outbox {
             let _done = done;
             let result = engine::drain(&rt, &core, &id, &control).await;
             let _ = tx.send(result);
-            engine::drop_core(&*rt, core);
+            engine::drop_where_blocking(&*rt, core);
         }));
         let result = rx.await.unwrap_or(Err(OutboxError::ShuttingDown));
         guard.disarm();

@@ -92,13 +92,14 @@ where
     rx.await.ok()
 }
 
-/// Drops a reference to the core where blocking is allowed: it may be the last one, and the
-/// store may go with it (a Postgres client panics when dropped on an executor thread).
-pub fn drop_core(rt: &dyn Runtime, core: Arc<OutboxCore>) {
+/// Drops `value` — a reference to the core or to the store — where blocking is allowed: it
+/// may be the last one, and the store may go with it (a Postgres client panics when dropped
+/// on an executor thread).
+pub fn drop_where_blocking<T: Send + 'static>(rt: &dyn Runtime, value: T) {
     if rt.blocking_in_place() {
-        drop(core);
+        drop(value);
     } else {
-        rt.spawn_blocking(Box::new(move || drop(core)));
+        rt.spawn_blocking(Box::new(move || drop(value)));
     }
 }
 

@@ -99,7 +99,7 @@ impl Monitor {
         rt.spawn(Box::pin(async move {
             let why = run(&r, &core, woken, subscription, stop_rx, g).await;
             *l.lock().unwrap_or_else(PoisonError::into_inner) = why;
-            super::drop_core(&*r, core);
+            super::drop_where_blocking(&*r, core);
             let _ = done_tx.send(());
         }));
         Ok(Monitor {
@@ -199,7 +199,7 @@ async fn upkeep(rt: Arc<dyn Runtime>, core: Arc<OutboxCore>, done: UpkeepDone) {
         }
         None => {}
     }
-    super::drop_core(&*rt, core);
+    super::drop_where_blocking(&*rt, core);
     drop(done);
 }
 
@@ -357,7 +357,7 @@ async fn run(
                                     false
                                 }
                             };
-                            super::drop_core(&*r, c);
+                            super::drop_where_blocking(&*r, c);
                             report.finish(more);
                         }));
                     }
