@@ -36,6 +36,7 @@ contract!(
     joined_unit_completes_per_recipient,
     lease_expiry_lets_another_holder_claim_again_in_order,
     ack_finishes_units,
+    shared_payloads_go_with_their_last_ack,
     attempts_persist_across_reopen,
     hand_back_keeps_positions,
     dead_letter_fields_and_replay_order,
@@ -633,11 +634,65 @@ fn ack_finishes_units(b: Backend) {
         let ub = claim_lane(s, &t, lb, 0, 10);
         assert_eq!(ub.units[0].id, out[0].units[1]);
         assert_eq!(s.payload(ub.units[0].id).expect("payload").row_id, "r0");
+        assert_eq!(payload_rows(h), Some(1).filter(|_| h.can_reopen()));
         s.ack(&t, &[(ub.units[0].id, lb)]).expect("ack");
         let _ = s.release_slot(&t).expect("release");
         let st = s.status().expect("status");
         assert!(st.is_empty(), "{st:?}");
+        // r0's shared payload went with its last unit.
+        assert_eq!(payload_rows(h), Some(0).filter(|_| h.can_reopen()));
     });
+}
+
+/// Shared payloads (rows to several recipients) go with their last unit's ack, whichever
+/// batch it is in, and not before.
+fn shared_payloads_go_with_their_last_ack(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        s.enqueue(
+            &a,
+            &[row("r0", &[A, B]), row("r1", &[A, B, C]), row("r2", &[B])],
+        )
+        .expect("enqueue");
+        let t = acquire(s, &a, "h", LEASE);
+        let lanes = [lane_of(s, &a, A), lane_of(s, &a, B), lane_of(s, &a, C)];
+        let [ua, ub, uc] = lanes.map(|l| claim_lane(s, &t, l, 0, 10).units);
+        // A's units (r0, r1) and C's (r1) in one batch: both payloads still have B's units.
+        let mut batch: Vec<_> = ua.iter().map(|u| (u.id, lanes[0])).collect();
+        batch.push((uc[0].id, lanes[2]));
+        s.ack(&t, &batch).expect("ack");
+        let expect = |n| Some(n).filter(|_| h.can_reopen());
+        assert_eq!(payload_rows(h), expect(2));
+        // B's r0 and r2 (inline): r0's payload goes, r1's stays for B's r1.
+        s.ack(&t, &[(ub[0].id, lanes[1]), (ub[2].id, lanes[1])])
+            .expect("ack");
+        assert_eq!(payload_rows(h), expect(1));
+        s.ack(&t, &[(ub[1].id, lanes[1])]).expect("ack");
+        assert_eq!(payload_rows(h), expect(0));
+        let _ = s.release_slot(&t).expect("release");
+        assert!(s.status().expect("status").is_empty());
+    });
+}
+
+/// How many shared payloads `ol_rows` holds, on the backends a test can read with plain SQL
+/// (those that can reopen: SQLite in memory cannot be reached from another connection).
+fn payload_rows(h: &H) -> Option<i64> {
+    if let Some(path) = h.sqlite_path() {
+        let c = outbox_lanes_store::sqlite::rusqlite::Connection::open(path).expect("open");
+        return Some(
+            c.query_row("SELECT count(*) FROM ol_rows", [], |r| r.get(0))
+                .expect("count"),
+        );
+    }
+    #[cfg(feature = "postgres")]
+    if let Some((url, schema)) = h.pg() {
+        let row = pg_client(&url, &schema)
+            .query_one(&format!("SELECT count(*) FROM {schema}.ol_rows"), &[])
+            .expect("count");
+        return Some(row.get(0));
+    }
+    None
 }
 
 fn attempts_persist_across_reopen(b: Backend) {
