@@ -23,7 +23,9 @@
 //! timed).
 //!
 //! - (a) 100 recipients answering at once, 2,000 rows each (200,000 deliveries), 100 in flight;
-//!   also the `outbox-lanes drain --concurrency 100` binary on the same rows;
+//!   also the `outbox-lanes drain --concurrency 100` binary on the same rows, against the
+//!   hyper limit in `E2E_ROUNDS` (default 5) alternating rounds, its row the round of the
+//!   median ratio;
 //! - (p) the binary on Postgres against the binary on SQLite, 100 recipients answering at once,
 //!   500 rows each, alternately twice (when `OUTBOX_LANES_TEST_PG` names the server; the CPU
 //!   is the relay process's, the Postgres server's is not in it);
@@ -683,6 +685,38 @@ fn binary_drain_on(server: &Server, l: &Load, concurrency: usize, db: &[&str]) -
     finish(server, l.requests.len(), secs, cpu)
 }
 
+/// The binary (`drain --concurrency {concurrency}`) against the hyper limit (`workers` in
+/// flight), alternately, `E2E_ROUNDS` (default 5) times; prints every round's ratios and
+/// returns the number of rounds and the pair whose throughput ratio is the median.
+fn median_rounds(
+    case: &str,
+    server: &Server,
+    l: &Load,
+    workers: usize,
+    concurrency: usize,
+) -> Res<(usize, (Run, Run))> {
+    let rounds = env("E2E_ROUNDS", 5).max(1);
+    let mut pairs = Vec::with_capacity(rounds);
+    while pairs.len() < rounds {
+        let h = hyper_limit(server, l, workers)?;
+        pairs.push((h, binary_drain(server, l, concurrency)?));
+    }
+    let ratio = |(h, b): &(Run, Run)| b.rate() / h.rate();
+    let cpu = |(h, b): &(Run, Run)| b.cpu_per() / h.cpu_per().max(1e-9);
+    let list = |f: &dyn Fn(&(Run, Run)) -> f64| {
+        let v: Vec<String> = pairs.iter().map(|p| format!("{:.2}", f(p))).collect();
+        v.join(", ")
+    };
+    println!(
+        "{case} the binary against the hyper limit, {} alternating rounds: throughput ratio {}; CPU per delivery ratio {}",
+        pairs.len(),
+        list(&ratio),
+        list(&cpu)
+    );
+    pairs.sort_by(|a, b| ratio(a).total_cmp(&ratio(b)));
+    Ok((rounds, pairs.swap_remove(pairs.len() / 2)))
+}
+
 /// Case (e), in a child process of its own (`--backlog N PORT`): prints
 /// `deliveries/s rss_after_enqueue_kib peak_rss_kib`.
 fn backlog_child(units: usize, port: u16) -> Res<()> {
@@ -889,9 +923,11 @@ fn main() -> Res<()> {
             limit: limit.clone(),
             hyper: Some(hyper.clone()),
         });
-        let binary = binary_drain(&server, &l, 100)?;
+        let (rounds, (hyper, binary)) = median_rounds("(a)", &server, &l, 100, 100)?;
         rows.push(Row {
-            case: "(a) same, the binary: drain --concurrency 100".into(),
+            case: format!(
+                "(a) same, the binary: drain --concurrency 100 (median of {rounds} rounds)"
+            ),
             outbox: binary,
             limit,
             hyper: Some(hyper),
@@ -977,29 +1013,9 @@ fn main() -> Res<()> {
             limit: limit.clone(),
             hyper: Some(hyper),
         });
-        // The binary against the hyper limit, alternately, `E2E_ROUNDS` times: one lane's
-        // rate here moves by half from one run to the next on a shared 2-core machine, so
-        // one pair says little. The row is the round whose ratio is the median.
-        let rounds = env("E2E_ROUNDS", 5).max(1);
-        let mut pairs = Vec::with_capacity(rounds);
-        while pairs.len() < rounds {
-            let h = hyper_limit(&server, &l, 1)?;
-            pairs.push((h, binary_drain(&server, &l, 100)?));
-        }
-        let ratio = |(h, b): &(Run, Run)| b.rate() / h.rate();
-        let cpu = |(h, b): &(Run, Run)| b.cpu_per() / h.cpu_per().max(1e-9);
-        let list = |f: &dyn Fn(&(Run, Run)) -> f64| {
-            let v: Vec<String> = pairs.iter().map(|p| format!("{:.2}", f(p))).collect();
-            v.join(", ")
-        };
-        println!(
-            "(c) the binary against the hyper limit, {} alternating rounds: throughput ratio {}; CPU per delivery ratio {}",
-            pairs.len(),
-            list(&ratio),
-            list(&cpu)
-        );
-        pairs.sort_by(|a, b| ratio(a).total_cmp(&ratio(b)));
-        let (hyper, binary) = pairs.swap_remove(pairs.len() / 2);
+        // One lane's rate moves by half from one run to the next on a shared 2-core machine,
+        // so one pair says little.
+        let (rounds, (hyper, binary)) = median_rounds("(c)", &server, &l, 1, 100)?;
         rows.push(Row {
             case: format!(
                 "(c) same, the binary: drain --concurrency 100 (median of {rounds} rounds)"
