@@ -687,7 +687,8 @@ fn binary_drain_on(server: &Server, l: &Load, concurrency: usize, db: &[&str]) -
 
 /// The binary (`drain --concurrency {concurrency}`) against the hyper limit (`workers` in
 /// flight), alternately, `E2E_ROUNDS` (default 5) times; prints every round's ratios and
-/// returns the number of rounds and the pair whose throughput ratio is the median.
+/// returns the number of rounds and the pair whose throughput ratio is the median, the
+/// binary's order violations and duplicates summed over every round.
 fn median_rounds(
     case: &str,
     server: &Server,
@@ -713,8 +714,17 @@ fn median_rounds(
         list(&ratio),
         list(&cpu)
     );
+    // The row's order violations and duplicates are every round's, not the median one's.
+    let violations = pairs.iter().map(|(_, b)| b.violations).sum();
+    let duplicates = pairs.iter().map(|(_, b)| b.duplicates).sum();
     pairs.sort_by(|a, b| ratio(a).total_cmp(&ratio(b)));
-    Ok((rounds, pairs.swap_remove(pairs.len() / 2)))
+    let (hyper, binary) = pairs.swap_remove(pairs.len() / 2);
+    let binary = Run {
+        violations,
+        duplicates,
+        ..binary
+    };
+    Ok((rounds, (hyper, binary)))
 }
 
 /// Case (e), in a child process of its own (`--backlog N PORT`): prints

@@ -199,7 +199,7 @@ pub(crate) fn claim(
 
 /// A one-lane unit's ack: its one row goes (the retention: [`ACK_RETAIN`]). No `RETURNING`
 /// for a shared payload's reference: it costs SQLite a temporary result table on every
-/// statement (about a third of an ack's time); [`ACK_ROWS`] reads the batch's references once.
+/// statement (about a quarter of an ack's time); [`ACK_ROWS`] reads the batch's references once.
 static ACK_ONE: Sql = Sql::new(
     "DELETE FROM ol_units WHERE id = $1 AND unit_id IS NULL AND lane_id = $2 AND state = 0 \
      AND lanes = 1 AND actor = $3",
@@ -239,7 +239,7 @@ pub(crate) fn ack(
         let mut ids = String::with_capacity(delivered.len() * 8 + 2);
         for (i, (unit, _)) in delivered.iter().enumerate() {
             ids.push(if i == 0 { '[' } else { ',' });
-            let _ = write!(ids, "{}", unit.0); // a `String` takes every write
+            let _ = write!(ids, "{}", to_i64(unit.0)); // a `String` takes every write
         }
         ids.push(']');
         db.query(&ACK_ROWS, args![ids.as_str()], |r| r.int(0))?

@@ -37,6 +37,7 @@ contract!(
     lease_expiry_lets_another_holder_claim_again_in_order,
     ack_finishes_units,
     shared_payloads_go_with_their_last_ack,
+    shared_payloads_stay_with_the_retention,
     attempts_persist_across_reopen,
     hand_back_keeps_positions,
     dead_letter_fields_and_replay_order,
@@ -672,6 +673,30 @@ fn shared_payloads_go_with_their_last_ack(b: Backend) {
         assert_eq!(payload_rows(h), expect(0));
         let _ = s.release_slot(&t).expect("release");
         assert!(s.status().expect("status").is_empty());
+    });
+}
+
+/// With the retention every acked head stays, and with it its shared payload, until the purge
+/// takes the heads: the payload goes with the last of them.
+fn shared_payloads_stay_with_the_retention(b: Backend) {
+    let common = CommonOptions {
+        ack_retention: Some(Duration::from_secs(3600)),
+        ..CommonOptions::default()
+    };
+    run(b, common, |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        s.enqueue(&a, &[row("r0", &[A, B])]).expect("enqueue");
+        let t = acquire(s, &a, "h", LEASE);
+        let (la, lb) = (lane_of(s, &a, A), lane_of(s, &a, B));
+        let (ua, ub) = (claim_lane(s, &t, la, 0, 10), claim_lane(s, &t, lb, 0, 10));
+        s.ack(&t, &[(ua.units[0].id, la), (ub.units[0].id, lb)])
+            .expect("ack");
+        let expect = |n| Some(n).filter(|_| h.can_reopen());
+        assert_eq!(payload_rows(h), expect(1));
+        let _ = s.release_slot(&t).expect("release");
+        assert_eq!(s.purge_acked(now() + Duration::from_secs(60)), Ok(2));
+        assert_eq!(payload_rows(h), expect(0));
     });
 }
 
