@@ -298,12 +298,9 @@ pub struct PassCore {
     acked: Vec<(UnitId, StoreLaneId)>,
     /// The session asked for a lease renewal; done at the next round.
     renew_due: bool,
-    /// A claim an inline round planned, for the runtime to read where blocking is allowed
-    /// ([`PassCore::take_claim`]) while the pass goes on.
-    claim: Option<Vec<ClaimRange>>,
-    /// A claim is out: planned, not yet answered ([`PassCore::handle_claim`]). No other is
-    /// planned meanwhile.
-    claiming: bool,
+    /// The claim an inline round handed to the runtime, read where blocking is allowed
+    /// while the pass goes on; no other is planned until it is answered.
+    claim: ClaimOut,
     /// Commands taken from the scheduler by an inline round that needed the store for them:
     /// the next round executes them first, in order.
     deferred: VecDeque<Command>,
@@ -362,6 +359,16 @@ fn fresh_seed() -> u64 {
     t ^ (u64::from(std::process::id()) << 32)
 }
 
+/// A claim an inline round planned ([`PassCore::take_claim`], [`PassCore::handle_claim`]).
+enum ClaimOut {
+    /// None out: a round may plan one.
+    None,
+    /// Planned, for the runtime to take.
+    Planned(Vec<ClaimRange>),
+    /// Taken by the runtime, not yet answered.
+    Reading,
+}
+
 impl PassCore {
     /// A pass holding `token`, whose completions arrive through `sink`, starting at `now`;
     /// the slot's lease was acquired or last renewed at `lease_renewed` (the acquisition
@@ -418,8 +425,7 @@ impl PassCore {
             renew_due: false,
             deferred: VecDeque::new(),
             pending_starts: Vec::new(),
-            claim: None,
-            claiming: false,
+            claim: ClaimOut::None,
             only_waiting: false,
             resolved: 0,
             control,
@@ -477,13 +483,19 @@ impl PassCore {
     /// pass goes on meanwhile: completions, acks and the starts of units already claimed do
     /// not wait for the read.
     pub fn take_claim(&mut self) -> Option<Vec<ClaimRange>> {
-        self.claim.take()
+        match std::mem::replace(&mut self.claim, ClaimOut::Reading) {
+            ClaimOut::Planned(ranges) => Some(ranges),
+            other => {
+                self.claim = other;
+                None
+            }
+        }
     }
 
     /// The answer to the claim [`PassCore::take_claim`] handed out (and to a blocking round's
     /// own). A failed read releases what the claim reserved and ends the pass.
     pub fn handle_claim(&mut self, answer: Result<Vec<ClaimedLane>, StoreError>) {
-        self.claiming = false;
+        self.claim = ClaimOut::None;
         let t = now();
         match answer {
             Ok(lanes) => self.admit_claimed(lanes),
@@ -802,14 +814,14 @@ impl PassCore {
             let t = now();
             // Timers that fell due fire first: a retry or a probe may queue starts.
             self.sched.handle_timeout(t);
-            if let Some(claims) = (!self.claiming).then(|| self.sched.poll_claim(t)).flatten() {
+            let idle = matches!(self.claim, ClaimOut::None);
+            if let Some(claims) = idle.then(|| self.sched.poll_claim(t)).flatten() {
                 let ranges = self.claim_ranges(&claims);
                 if inline {
                     // The read goes out from the runtime and the round goes on: a lane
                     // refilling its window does not hold back its next attempt, nor a
                     // completion its ack, for a read of the store.
-                    self.claiming = true;
-                    self.claim = Some(ranges);
+                    self.claim = ClaimOut::Planned(ranges);
                     continue;
                 }
                 let answer = cx.store.claim(&self.token, &ranges);
