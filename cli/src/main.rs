@@ -8,14 +8,15 @@
 
 mod cli;
 
-/// mimalloc, not the system allocator (the default feature `mimalloc`; `--no-default-features` keeps
-/// the system allocator). Measured in one run, the same code with each, alternating
-/// (BENCHMARKS.md, "The binary's allocator"): draining 100 lanes at once, about a fifth less
-/// CPU per delivery (a profile put glibc's malloc and free, with its chunk consolidation, at
-/// ~14 % of the process); peak RSS 1.7–2x glibc's, flat in the backlog's size
-/// (1,000,000 units at 1,000 in flight: 159 MiB against 92 MiB), mimalloc's v3.
-/// `MIMALLOC_ARENA_EAGER_COMMIT=0` in the environment trades most of that memory back
-/// (108 MiB) for part of the gain. A service embedding the library chooses its own allocator.
+/// mimalloc, not the system allocator (the default feature `mimalloc`;
+/// `--no-default-features` keeps the system allocator). Measured in one run, the same code
+/// with each, alternating (BENCHMARKS.md, "The binary's allocator"): draining 100 lanes at
+/// once, about a fifth less CPU per delivery (a profile put glibc's malloc and free, with its
+/// chunk consolidation, at ~14 % of the process); peak RSS 1.7–2x glibc's, flat in the
+/// backlog's size (1,000,000 units at 1,000 in flight: 159 MiB against 92 MiB), mimalloc's
+/// v3. `MIMALLOC_ARENA_EAGER_COMMIT=0` in the environment trades most of that memory back
+/// (108 MiB) for part of the gain. A service embedding the library chooses its own
+/// allocator.
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -199,7 +199,8 @@ pub(crate) fn claim(
 
 /// A one-lane unit's ack: its one row goes (the retention: [`ACK_RETAIN`]). No `RETURNING`
 /// for a shared payload's reference: it costs SQLite a temporary result table on every
-/// statement (about a quarter of an ack's time); [`ACK_ROWS`] reads the batch's references once.
+/// statement (about a quarter of an ack's time); [`ACK_ROWS`] reads the batch's references
+/// once.
 static ACK_ONE: Sql = Sql::new(
     "DELETE FROM ol_units WHERE id = $1 AND unit_id IS NULL AND lane_id = $2 AND state = 0 \
      AND lanes = 1 AND actor = $3",
@@ -244,10 +245,10 @@ pub(crate) fn ack(
         ids.push(']');
         db.query(&ACK_ROWS, args![ids.as_str()], |r| r.int(0))?
     };
+    let one = if retention { &ACK_RETAIN } else { &ACK_ONE };
     for (unit, lane) in delivered {
         let unit = to_i64(unit.0);
         let a = args![unit, lane.0, actor];
-        let one = if retention { &ACK_RETAIN } else { &ACK_ONE };
         if db.execute(one, a)? == 1 {
             continue;
         }
