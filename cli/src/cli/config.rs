@@ -8,6 +8,8 @@
 //! then its `OUTBOX_LANES_*` environment variable, then the file, then the built-in default.
 //! A key that names no flag is refused (exit 2), so a typo does not go unnoticed; a key for a
 //! flag the command at hand does not take is ignored (one file serves `drain` and `relay`).
+//! The help is rendered without the file's settings, as it hides the environment's values:
+//! either may be a secret.
 //!
 //! The `toml` crate parses the file; only the mapping onto clap's arguments is ours.
 
@@ -43,15 +45,41 @@ pub(crate) fn path_from(args: &[OsString]) -> Option<PathBuf> {
 
 /// Parses the command line `args` with the settings of the config file (if any) as defaults.
 ///
+/// The help names each flag's environment variable but shows neither its value nor the
+/// file's: either may be a secret (a database URL's password, a token in `--on-dead-letter`,
+/// the webhook secret, proxy credentials), and the help is the same wherever it is asked.
+///
 /// # Errors
 /// A message for the user (exit 2) if the file cannot be read or parsed or names an unknown
 /// setting; clap's own error (usage, `--help`, `--version`) otherwise.
 pub(crate) fn matches(cmd: Command, args: Vec<OsString>) -> Result<ArgMatches, Error> {
-    let cmd = match path_from(&args) {
-        Some(path) => with_file(cmd, &path)?,
-        None => cmd,
+    let cmd = without_env_values(cmd);
+    let Some(path) = path_from(&args) else {
+        return cmd.try_get_matches_from(args).map_err(Error::Clap);
     };
-    cmd.try_get_matches_from(args).map_err(Error::Clap)
+    match with_file(cmd.clone(), &path)?.try_get_matches_from(args.clone()) {
+        // The file's settings are defaults, which the help prints (`[default: …]`): it is
+        // rendered without them. They only add defaults, so the same arguments ask for the
+        // same help.
+        Err(e) if shows_help(&e) => cmd.try_get_matches_from(args).map_err(Error::Clap),
+        parsed => parsed.map_err(Error::Clap),
+    }
+}
+
+/// `cmd` and its subcommands with the values of their environment variables hidden from the
+/// help (`[env: OUTBOX_LANES_DB]`, not `[env: OUTBOX_LANES_DB=postgres://u:pw@…]`).
+fn without_env_values(cmd: Command) -> Command {
+    cmd.mut_args(|a| a.hide_env_values(true))
+        .mut_subcommands(without_env_values)
+}
+
+/// Whether clap's answer is a help text (`--help`, `-h`, `help`, or a command given nothing).
+fn shows_help(e: &clap::Error) -> bool {
+    matches!(
+        e.kind(),
+        clap::error::ErrorKind::DisplayHelp
+            | clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    )
 }
 
 /// Why the command line could not be parsed.
@@ -259,6 +287,21 @@ mod tests {
         assert!(!e.contains("s3cr3t"), "{e}");
         assert!(e.contains("at line 2, column 27: "), "{e}");
         assert_eq!(e.lines().count(), 1, "{e}");
+    }
+
+    #[test]
+    fn the_help_shows_no_setting_of_the_file() {
+        let file = "db = \"postgres://u:s3cr3t-db@127.0.0.1/x\"\nproxy = \"http://u:s3cr3t-proxy@p:1\"\n\
+                    on-dead-letter = \"notify --token s3cr3t-cmd\"\nconcurrency = 4096\n";
+        for args in [
+            &["status", "--help"][..],
+            &["relay", "-h"],
+            &["help", "drain"],
+        ] {
+            let help = parse(file, args).expect_err("the help");
+            assert!(help.contains("[env: OUTBOX_LANES_DB]"), "{help}");
+            assert!(!help.contains("s3cr3t") && !help.contains("4096"), "{help}");
+        }
     }
 
     #[test]
