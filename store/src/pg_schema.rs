@@ -1,7 +1,13 @@
 //! The Postgres schema of [`PgStore`](crate::PgStore), which the `sqlx` module's enqueue
 //! checks too: the tables of `SCHEMA.md`, the migrations, the planner settings of the store's
-//! sessions, [`init`], which creates or migrates a schema in a transaction, and the holders'
-//! liveness locks ([`take_live_lock`], [`holder_is_dead`]).
+//! sessions, opening a schema ([`current`], and under [`lock_ddl`] [`create_or_migrate`],
+//! which creates or migrates it in a transaction), and the holders' liveness locks
+//! ([`take_live_lock`], [`holder_is_dead`]).
+//!
+//! Any number of processes may open one schema at once, the first ones on a database where it
+//! does not exist yet: the DDL lock serialises them, and the one that finds the schema made
+//! under it runs no DDL. That finding needs a transaction begun *after* the lock was granted
+//! (see [`lock_ddl`]).
 
 // With `sqlx` but not `postgres`, only the names (`channel`, `valid_schema`) are used.
 #![cfg_attr(not(feature = "postgres"), allow(dead_code))]
@@ -298,7 +304,11 @@ pub(crate) fn settings(scope: &str, schema: &str) -> String {
     )
 }
 
-static SERIALISE: Sql = Sql::new("SELECT pg_advisory_xact_lock(hashtext($1))");
+/// The lock that serialises DDL on one schema (`$1`: its wake-up channel), for the session.
+/// Its key is the one processes of earlier versions take for their transaction, so they
+/// exclude each other too.
+static LOCK_DDL: Sql = Sql::new("SELECT pg_advisory_lock(hashtext($1))");
+static UNLOCK_DDL: Sql = Sql::new("SELECT pg_advisory_unlock(hashtext($1))");
 static HAS_META: Sql = Sql::new("SELECT to_regclass($1) IS NOT NULL");
 /// The schema version (text), on either dialect.
 pub(crate) static VERSION: Sql = Sql::new("SELECT value FROM ol_meta WHERE key = 'schema_version'");
@@ -319,36 +329,78 @@ pub(crate) fn version(db: &mut impl Db, schema: &str) -> Result<Option<u32>, Sto
         .transpose()
 }
 
-/// Creates the tables in `schema` (first on `db`'s `search_path`), or migrates them to
-/// [`SCHEMA_VERSION`], as `policy` allows, inside the caller's transaction, and returns the
-/// outbox id. A current schema costs three reads and runs no DDL, so it needs no privilege
-/// beyond `SELECT` on `ol_meta` (a read-only role opens it). DDL runs after an advisory lock
-/// on `channel`, which serialises concurrent first connections to one schema, and after the
-/// version was read again under it.
+/// The outbox id of `schema` (first on `db`'s `search_path`) if it is current, read without a
+/// lock or a write, so a read-only role opens it; `None` when `policy` lets it be created or
+/// migrated and it must be: then [`create_or_migrate`] under [`lock_ddl`].
 ///
 /// # Errors
 /// [`StoreError::SchemaTooNew`] for a database from a newer version;
 /// [`StoreError::SchemaTooOld`] or [`StoreError::NoSchema`] when `policy` forbids the DDL it
-/// would take; database failures (a role without the privilege to create).
-pub(crate) fn init(
+/// would take; database failures.
+pub(crate) fn current(
     db: &mut impl Db,
     schema: &str,
-    channel: &str,
+    policy: SchemaPolicy,
+) -> Result<Option<String>, StoreError> {
+    let target = || format!("Postgres schema {schema:?}");
+    if needs_ddl(version(db, schema)?, policy, target)? {
+        return Ok(None);
+    }
+    outbox_id(db).map(Some)
+}
+
+/// Takes the DDL lock of the schema whose wake-up channel is `channel` for `db`'s session
+/// (outside a transaction), waiting for whoever holds it; [`unlock_ddl`] gives it back.
+///
+/// A session lock, not a transaction's, because whoever gets it must look at the schema again
+/// in a transaction that begins after that: a Postgres backend's catalog caches (what
+/// `to_regclass` reads, and the schema a name resolves to) catch up with other sessions'
+/// commits when a transaction begins or when it locks a table, and taking an advisory lock
+/// does neither. Inside the transaction that waited for the lock, a schema the holder created
+/// and committed meanwhile still looks missing, and DDL run on that belief fails on the rows
+/// and tables already there (`duplicate key value violates unique constraint "ol_meta_pkey"`).
+///
+/// # Errors
+/// Database failures.
+pub(crate) fn lock_ddl(db: &mut impl Db, channel: &str) -> Result<(), StoreError> {
+    db.execute(&LOCK_DDL, args![channel]).map(drop)
+}
+
+/// Gives back the lock [`lock_ddl`] took.
+///
+/// # Errors
+/// Database failures (the lock then goes with the session, which the caller closes).
+pub(crate) fn unlock_ddl(db: &mut impl Db, channel: &str) -> Result<(), StoreError> {
+    db.execute(&UNLOCK_DDL, args![channel]).map(drop)
+}
+
+/// Creates the tables in `schema` (first on `db`'s `search_path`), or migrates them to
+/// [`SCHEMA_VERSION`], as `policy` allows, inside the caller's transaction, and returns the
+/// outbox id. The transaction must have begun after [`lock_ddl`] (see there): it reads the
+/// version again and runs no DDL when another process made or migrated the schema meanwhile.
+///
+/// # Errors
+/// As [`current`]; database failures (a role without the privilege to create).
+pub(crate) fn create_or_migrate(
+    db: &mut impl Db,
+    schema: &str,
     policy: SchemaPolicy,
 ) -> Result<String, StoreError> {
     let target = || format!("Postgres schema {schema:?}");
-    if needs_ddl(version(db, schema)?, policy, target)? {
-        db.execute(&SERIALISE, args![channel])?;
-        let found = version(db, schema)?;
-        if needs_ddl(found, policy, target)? {
-            ddl(db, schema, found)?;
-        }
+    let found = version(db, schema)?;
+    if needs_ddl(found, policy, target)? {
+        ddl(db, schema, found)?;
     }
+    outbox_id(db)
+}
+
+/// The outbox id `ol_meta` records (made with the schema).
+fn outbox_id(db: &mut impl Db) -> Result<String, StoreError> {
     db.query_opt(&OUTBOX_ID, &[], |r| r.text(0))?
         .ok_or_else(|| StoreError::Database("the schema has no outbox_id in ol_meta".into()))
 }
 
-/// Creates (`found` is `None`) or migrates the schema, under the advisory lock.
+/// Creates (`found` is `None`) or migrates the schema, under [`lock_ddl`].
 fn ddl(db: &mut impl Db, schema: &str, found: Option<u32>) -> Result<(), StoreError> {
     match found {
         None => {

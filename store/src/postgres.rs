@@ -444,11 +444,31 @@ impl PgStore {
         })
     }
 
+    /// Opens the schema on `conn` as [`CommonOptions::schema`] allows and returns the outbox
+    /// id. A current schema costs three reads in one transaction and no lock. Otherwise the
+    /// DDL lock is taken for the session and the schema made or migrated in a transaction of
+    /// its own, begun after the lock was granted (see [`pg_schema::lock_ddl`] for why), so
+    /// processes opening one schema at once make it once; the lock is given back after the
+    /// commit, or goes with the connection when the store fails to open.
     fn init_schema(&self, conn: &mut Conn) -> Result<String, StoreError> {
-        let mut db = PgDb::new(On::Tx(conn.client.transaction()?), None);
         let (schema, policy) = (&self.opts.schema, self.opts.common.schema);
-        let id = pg_schema::init(&mut db, schema, self.shared.pg_channel(), policy)?;
+        let channel = self.shared.pg_channel();
+        let mut db = PgDb::new(On::Tx(conn.client.transaction()?), None);
+        let found = pg_schema::current(&mut db, schema, policy)?;
         db.commit()?;
+        if let Some(id) = found {
+            return Ok(id);
+        }
+        pg_schema::lock_ddl(&mut PgDb::of_client(&mut conn.client), channel)?;
+        let made = (|| -> Result<String, StoreError> {
+            let mut db = PgDb::new(On::Tx(conn.client.transaction()?), None);
+            let id = pg_schema::create_or_migrate(&mut db, schema, policy)?;
+            db.commit()?;
+            Ok(id)
+        })();
+        let unlocked = pg_schema::unlock_ddl(&mut PgDb::of_client(&mut conn.client), channel);
+        let id = made?;
+        unlocked?;
         Ok(id)
     }
 

@@ -330,3 +330,12 @@ pub fn get_until(port: u16, path: &str, done: impl Fn(u16, &str) -> bool) -> (u1
     }
     last.unwrap_or_else(|| panic!("nothing answered GET {path} on port {port}"))
 }
+
+impl Db {
+    /// The Postgres URL and schema of a database made by [`Db::postgres`].
+    pub fn pg(&self) -> Option<(&str, &str)> {
+        self.pg
+            .as_ref()
+            .map(|(url, schema)| (url.as_str(), schema.as_str()))
+    }
+}
