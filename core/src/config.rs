@@ -30,7 +30,9 @@ pub struct Config {
     ///
     /// Counted from the head's persisted attempts, not per pass: a recipient that fails
     /// slowly reaches its lane backoff after this many failures however passes are
-    /// sliced, and then costs one probe per backoff interval.
+    /// sliced, and then costs one probe per backoff interval. Throttles count too; theirs
+    /// is not in the persisted attempts, so a lane still throttled by an earlier pass (its
+    /// `not_before` at level 0, not cleared by an answer since) stalls at its next throttle.
     pub pass_attempts: u32,
     /// The persisted attempt count at which a unit is dead-lettered (OL-8). Default 12.
     pub max_attempts: u32,
@@ -38,15 +40,21 @@ pub struct Config {
     /// counts toward [`Config::max_attempts`]. Default 1.
     ///
     /// Below it a throttled attempt is recorded but not counted (OL-5); it still counts
-    /// toward [`Config::pass_attempts`], so a throttled unit stalls like any other. The
-    /// level counts the lane's stalls and failed probes in a row and is persisted with the
-    /// lane, so the bound holds across passes: with the default, the throttled attempts of
-    /// the pass in which the unit stalls are free, and the probes after it count. A
+    /// toward [`Config::pass_attempts`], so a throttled unit stalls like any other, also
+    /// across passes (OL-7: the lane's throttle mark carries the count). The level counts
+    /// the lane's stalls and failed probes in a row and is persisted with the lane, so the
+    /// bound holds across passes: with the default, at most `pass_attempts` throttles in a
+    /// row are free whatever their Retry-After, and the probes after the stall count. A
     /// recipient that throttles for ever is then dead-lettered after `max_attempts` probes
     /// instead of being probed for ever while its lane waits. `0` counts every throttled
     /// attempt; a value above [`MAX_BACKOFF_LEVEL`] (such as `u32::MAX`) never counts one.
     pub max_throttled_level: u32,
     /// In-pass retry delays after the 1st, 2nd, 3rd… failure; the last one repeats (OL-6).
+    ///
+    /// Before jitter, each is also the longest Retry-After the pass waits for after that
+    /// failure: one no longer is a retry in the pass after the longer of the two (the delay
+    /// jittered); a longer one throttles the lane (its `not_before`, and the pass may end
+    /// without it). So the choice never depends on the jitter.
     pub retry_delays: Vec<Duration>,
     /// Jitter applied to every delay, in percent: a delay `d` becomes a uniform value in
     /// `d * (1 - j/100) ..= d * (1 + j/100)`.
@@ -62,7 +70,8 @@ pub struct Config {
     /// the Retry-After and the delay the scheduler would take without one (the in-pass
     /// [`Config::retry_delay`], or the lane backoff after a stall). A Retry-After of `0`, or a
     /// date that is not in the future, therefore waits the ordinary delay instead of retrying
-    /// in a tight loop.
+    /// in a tight loop; one longer than [`Config::retry_delay`] before jitter throttles the
+    /// lane instead of a retry in the pass.
     pub retry_after_cap: Duration,
     /// Units older than this when they are due are dead-lettered `expired` (OL-8). Off by
     /// default.
@@ -97,7 +106,8 @@ impl Default for Config {
 }
 
 impl Config {
-    /// The in-pass retry delay after the `failure`-th failure (1-based), before jitter.
+    /// The in-pass retry delay after the `failure`-th failure (1-based), before jitter: also
+    /// the longest Retry-After waited in the pass after it (OL-6).
     pub fn retry_delay(&self, failure: u32) -> Duration {
         if self.retry_delays.is_empty() {
             return Duration::ZERO;

@@ -369,6 +369,9 @@ struct Sim {
     pass_failures: BTreeMap<(UnitId, LaneId), u32>,
     /// The earliest time a unit that failed in this pass may be retried on a lane.
     retry_not_before: BTreeMap<(UnitId, LaneId), Timestamp>,
+    /// Lanes whose level-0 not_before this pass set (a throttle, a deferral), until an
+    /// answer opens them: only a mark left by an earlier pass stalls at a throttle (OL-7).
+    throttled_here: BTreeSet<LaneId>,
     /// What each recipient received, in order.
     received: BTreeMap<LaneId, Vec<(Seq, UnitId)>>,
     /// Attempts whose answer was lost although the recipient got the payload.
@@ -532,6 +535,7 @@ impl Sim {
             pass_failures: BTreeMap::new(),
             cut: BTreeSet::new(),
             retry_not_before: BTreeMap::new(),
+            throttled_here: BTreeSet::new(),
             received: BTreeMap::new(),
             ambiguous: BTreeSet::new(),
             stats: Stats {
@@ -674,6 +678,7 @@ impl Sim {
         self.started_in_pass.clear();
         self.pass_failures.clear();
         self.retry_not_before.clear();
+        self.throttled_here.clear();
         self.note(|| "pass starts".into());
         for lane in self.store.lanes_with_work() {
             let info = self.store.lane_info(lane);
@@ -863,7 +868,10 @@ impl Sim {
                     }
                 }
                 self.note(|| format!("outcome {unit:?} {lane:?} {outcome:?}"));
-                let prev_level = self.store.lane_info(lane).level;
+                let prev = self.store.lane_info(lane);
+                let marked = prev.level == 0
+                    && prev.not_before.is_some()
+                    && !self.throttled_here.contains(&lane);
                 let r = self.s.handle_outcome(unit, lane, outcome, self.now);
                 ensure!(r.is_ok(), "outcome of {unit:?} on {lane:?} refused: {r:?}");
                 let batch = self.drain(Cause::Outcome {
@@ -871,7 +879,7 @@ impl Sim {
                     lane,
                     outcome,
                 })?;
-                self.after_outcome(unit, lane, outcome, prev_level, &batch)?;
+                self.after_outcome(unit, lane, outcome, (prev, marked), &batch)?;
                 self.claims()
             }
             Event::ClaimAnswer { epoch, claims } => {
@@ -1319,7 +1327,21 @@ impl Sim {
                 not_before,
                 level,
             } => {
+                if matches!(cause, Cause::PassEnd | Cause::Interrupt) {
+                    // A pass that ends on a throttle's retry leaves its mark (OL-7).
+                    let prev = self.store.lane_info(lane);
+                    ensure!(
+                        level == 0 && prev.level == 0 && prev.not_before.is_none(),
+                        "a pass-end mark at level {level} on {prev:?}"
+                    );
+                    ensure!(not_before >= self.now, "a mark into the past");
+                    self.stats.backoffs += 1;
+                    return Ok(());
+                }
                 let o = outcome_of(None, lane).ok_or("a lane backoff out of the blue")?;
+                if level == 0 {
+                    self.throttled_here.insert(lane);
+                }
                 if let Outcome::Deferred { retry_after } = o {
                     // Held for its host: the level stays, the wait is the deferral's (or a
                     // later not_before the lane already had).
@@ -1375,6 +1397,7 @@ impl Sim {
                 self.stats.backoffs += 1;
             }
             Command::LaneOpen { lane } => {
+                self.throttled_here.remove(&lane);
                 let o = outcome_of(None, lane).ok_or("a lane opened out of the blue")?;
                 ensure!(
                     matches!(o, Outcome::Delivered | Outcome::Permanent | Outcome::Gone),
@@ -1529,9 +1552,10 @@ impl Sim {
         unit: UnitId,
         lane: LaneId,
         outcome: Outcome,
-        prev_level: u32,
+        (prev, throttled_before): (outbox_lanes_core::LaneInfo, bool),
         batch: &[Command],
     ) -> Result<(), String> {
+        let prev_level = prev.level;
         let has = |p: &dyn Fn(&Command) -> bool| batch.iter().any(p);
         let dead = |r: DeadReason| {
             has(
@@ -1620,11 +1644,20 @@ impl Sim {
                 if exhausted {
                     return Ok(());
                 }
-                let stall_due = f >= self.cfg.pass_attempts || prev_level > 0;
+                // A Retry-After longer than the ladder's delay before jitter throttles the
+                // lane (OL-6). An uncounted throttle on a lane still throttled by an earlier
+                // pass (a level-0 not_before no answer cleared) stalls it (OL-7).
+                let ra = outcome
+                    .retry_after()
+                    .map(|r| r.min(self.cfg.retry_after_cap));
+                let throttles_lane = ra.is_some_and(|ra| ra > self.cfg.retry_delay(f));
+                let stall_due =
+                    f >= self.cfg.pass_attempts || prev_level > 0 || (!counted && throttled_before);
                 ensure!(
                     held == stall_due,
-                    "failure {f} in a row (pass_attempts {}, lane level {prev_level}): \
-                     held={held} (OL-7/OL-11)",
+                    "failure {f} in a row (pass_attempts {}, lane level {prev_level}, \
+                     throttled before {throttled_before}, counted {counted}): held={held} \
+                     (OL-7/OL-11)",
                     self.cfg.pass_attempts
                 );
                 if held {
@@ -1633,23 +1666,21 @@ impl Sim {
                 } else if has(&|c| matches!(*c, Command::LaneBackoff { lane: l, .. } if l == lane))
                 {
                     ensure!(
-                        outcome.retry_after().is_some(),
-                        "a not_before without a Retry-After before a stall (OL-6)"
+                        throttles_lane,
+                        "a not_before before a stall without a Retry-After longer than the \
+                         ladder's delay: {ra:?} (OL-6)"
                     );
                 } else {
-                    // No Retry-After, or one no longer than the ladder's delay (a floor,
-                    // never a shortcut): the ladder paces the retry.
+                    // No Retry-After, or one no longer than the ladder's delay before jitter
+                    // (a floor, never a shortcut): waited in the pass.
                     let d = self.cfg.retry_delay(f).as_millis() as u64;
                     let spread = d * u64::from(self.cfg.jitter_percent) / 100;
-                    let ra = outcome
-                        .retry_after()
-                        .map(|r| r.min(self.cfg.retry_after_cap));
                     ensure!(
-                        ra.is_none_or(|ra| ra <= Duration::from_millis(d + spread)),
+                        !throttles_lane,
                         "a Retry-After {ra:?} longer than the ladder's {d} ms set no not_before (OL-6)"
                     );
-                    self.retry_not_before
-                        .insert((unit, lane), self.now + Duration::from_millis(d - spread));
+                    let floor = Duration::from_millis(d - spread).max(ra.unwrap_or_default());
+                    self.retry_not_before.insert((unit, lane), self.now + floor);
                 }
             }
         }

@@ -417,7 +417,8 @@ fn a_429_with_retry_after_moves_not_before_and_does_not_count() {
     // max_attempts is 1, yet the unit is attempted again: the 429 did not count.
     assert_eq!(w.take(), ["start u1 a #1"]);
     w.ok(a1, "a");
-    assert_eq!(w.take(), ["delivered u1 a"]);
+    // The answer ends the throttle: its not_before is cleared (OL-7).
+    assert_eq!(w.take(), ["delivered u1 a", "open a"]);
 }
 
 #[test]
@@ -1264,7 +1265,8 @@ fn a_zero_deferral_still_waits_and_a_set_aside_unit_is_dead_lettered_uncounted()
     // The handed-back u2 is read again and starts at once: the lane was never in backoff.
     assert_eq!(w.take(), ["dead u1 a blocked", "start u2 a #1"]);
     w.ok(a2, "a");
-    assert_eq!(w.take(), ["delivered u2 a"]);
+    // The answer clears the deferral's not_before, which no answer had ended (OL-7).
+    assert_eq!(w.take(), ["delivered u2 a", "open a"]);
     let a = w.lane("a");
     assert_eq!(
         w.store.dead,
@@ -1305,4 +1307,395 @@ fn a_lane_known_only_through_a_joined_unit_waits_for_its_discovery_and_keeps_its
     // …and at it, the joined unit starts on both lanes.
     assert_eq!(w.jump_to_next_timeout(), T0 + secs(30));
     assert_eq!(w.take(), ["start u1 a #1", "start u1 b #1"]);
+}
+
+/// The drain: three units to a recipient that answers the first attempt `503` with
+/// `Retry-After: 1` (throttled) and then `200`. The Retry-After is no longer than the
+/// ladder's first delay (1 s before jitter), so it is waited in the pass whatever the jitter
+/// draws: the same transcript for every seed, the three units delivered (OL-6).
+#[test]
+fn a_retry_after_within_the_ladder_step_is_waited_in_the_pass_for_every_seed() {
+    for seed in 0..256 {
+        let mut w = World::with_seed(Config::default(), seed);
+        let u: Vec<UnitId> = (0..3).map(|_| w.enqueue(&["a"], false)[0]).collect();
+        w.discover();
+        assert_eq!(w.take(), ["start u1 a #1"], "seed {seed}");
+        w.outcome(
+            u[0],
+            "a",
+            Outcome::Throttled {
+                retry_after: Some(secs(1)),
+            },
+        );
+        assert_eq!(w.take(), ["attempt u1 a 0 uncounted"], "seed {seed}");
+        assert!(
+            !w.s.is_done(w.now),
+            "seed {seed}: the pass waits for the retry"
+        );
+        let throttled_at = w.now;
+        let t = w.jump_to_next_timeout();
+        let waited = t.saturating_duration_since(throttled_at);
+        // The longer of the Retry-After and the jittered ladder delay (1 s ± 20 %).
+        assert!(
+            waited >= secs(1) && waited <= Duration::from_millis(1200),
+            "seed {seed}: waited {waited:?}"
+        );
+        assert_eq!(w.take(), ["start u1 a #1"], "seed {seed}");
+        w.ok(u[0], "a");
+        assert_eq!(w.take(), ["delivered u1 a", "start u2 a #1"], "seed {seed}");
+        w.ok(u[1], "a");
+        assert_eq!(w.take(), ["delivered u2 a", "start u3 a #1"], "seed {seed}");
+        w.ok(u[2], "a");
+        assert_eq!(w.take(), ["delivered u3 a"], "seed {seed}");
+        assert!(w.s.is_done(w.now), "seed {seed}");
+    }
+}
+
+/// Both sides of the boundary at each step of the ladder (1 s, 2 s, 4 s before jitter): a
+/// Retry-After equal to the step is waited in the pass, one a millisecond longer throttles
+/// the lane at once — for every seed, whatever the jitter draws (OL-6).
+#[test]
+fn a_retry_after_longer_than_the_ladder_step_throttles_the_lane_for_every_seed() {
+    let ladder = Config::default().retry_delays;
+    for seed in 0..128 {
+        for (step, &base) in ladder.iter().enumerate() {
+            for beyond in [false, true] {
+                let mut w = World::with_seed(Config::default(), seed);
+                let u1 = w.enqueue(&["a"], false)[0];
+                w.discover();
+                assert_eq!(w.take(), ["start u1 a #1"]);
+                // Earlier failures of the ladder: throttles without a Retry-After.
+                for _ in 0..step {
+                    w.outcome(u1, "a", Outcome::Throttled { retry_after: None });
+                    assert_eq!(w.take(), ["attempt u1 a 0 uncounted"]);
+                    w.jump_to_next_timeout();
+                    assert_eq!(w.take(), ["start u1 a #1"]);
+                }
+                let ra = if beyond {
+                    base + Duration::from_millis(1)
+                } else {
+                    base
+                };
+                w.outcome(
+                    u1,
+                    "a",
+                    Outcome::Throttled {
+                        retry_after: Some(ra),
+                    },
+                );
+                let case = format!("seed {seed}, failure {}, Retry-After {ra:?}", step + 1);
+                if beyond {
+                    let until = (w.now + ra).saturating_duration_since(T0).as_secs_f64();
+                    assert_eq!(
+                        w.take(),
+                        [
+                            "attempt u1 a 0 uncounted".to_string(),
+                            format!("backoff a until +{until}s level 0"),
+                        ],
+                        "{case}"
+                    );
+                    assert!(w.s.is_done(w.now), "{case}: the pass may end");
+                } else {
+                    assert_eq!(w.take(), ["attempt u1 a 0 uncounted"], "{case}");
+                    assert!(!w.s.is_done(w.now), "{case}: the pass waits");
+                    let next = w.s.poll_timeout().expect("the retry");
+                    let wait = next.saturating_duration_since(w.now);
+                    assert!(wait >= ra && wait <= base * 6 / 5, "{case}: {wait:?}");
+                }
+            }
+        }
+    }
+}
+
+/// Answers every attempt of lane a's head with `outcome`, pass after pass — each a new
+/// scheduler started at the lane's persisted `not_before`, as the next drain or the
+/// monitor's next pass would — until the head is resolved, at most `bound` attempts. With
+/// `slice`, a pass is stopped (its time slice is over) after that many attempts. Returns
+/// the attempts and the log of each pass.
+fn answer_across_passes(
+    w: &mut World,
+    unit: UnitId,
+    outcome: Outcome,
+    (seed, slice): (u64, Option<usize>),
+    bound: usize,
+) -> (usize, Vec<Vec<String>>) {
+    let a = w.lane("a");
+    let mut passes = Vec::new();
+    let mut attempts = 0;
+    for pass in 0..bound as u64 {
+        let mut log = Vec::new();
+        let mut in_pass = 0;
+        loop {
+            let step = w.take();
+            let started = step.iter().any(|c| c.starts_with("start "));
+            let resolved = step
+                .iter()
+                .any(|c| c.starts_with("dead ") || c.starts_with("delivered "));
+            log.extend(step);
+            if resolved {
+                passes.push(log);
+                return (attempts, passes);
+            }
+            if started {
+                attempts += 1;
+                in_pass += 1;
+                assert!(
+                    attempts <= bound,
+                    "still not resolved after {attempts} attempts: {:?}",
+                    &passes[passes.len().saturating_sub(3)..]
+                );
+                w.outcome(unit, "a", outcome);
+                if slice == Some(in_pass) {
+                    w.s.handle_stop(w.now);
+                    w.settle();
+                }
+            } else if w.s.is_done(w.now) {
+                break;
+            } else {
+                w.jump_to_next_timeout();
+            }
+        }
+        passes.push(log);
+        w.end_pass();
+        if let Some(t) = w.store.lane_info(a).not_before {
+            w.now = w.now.max(t);
+        }
+        w.new_pass(seed.wrapping_add(pass + 1));
+    }
+    panic!("still not resolved after {bound} passes");
+}
+
+/// A recipient that answers `429` with a long Retry-After for ever: each throttle ends the
+/// pass, and the next pass starts from the store alone. The throttle is the persisted mark
+/// (the lane's `not_before` at level 0): the second throttle in a row stalls the lane, and
+/// from level 1 on every throttle counts, so the unit is dead-lettered `exhausted` after
+/// 2 + `max_attempts` requests whatever the Retry-After (OL-5, OL-7).
+#[test]
+fn a_recipient_that_throttles_for_ever_with_a_long_retry_after_dead_letters_the_unit_across_passes()
+{
+    let c = transcript_config();
+    for ra in [secs(30), secs(3600)] {
+        let mut w = World::new(transcript_config());
+        let a1 = w.enqueue(&["a"], false)[0];
+        w.enqueue(&["a"], false);
+        w.discover();
+        let throttled = Outcome::Throttled {
+            retry_after: Some(ra),
+        };
+        let (attempts, passes) = answer_across_passes(&mut w, a1, throttled, (1, None), 100);
+        assert_eq!(attempts as u32, 2 + c.max_attempts, "Retry-After {ra:?}");
+        let r = ra.as_secs();
+        assert_eq!(
+            passes[0],
+            [
+                "start u1 a #1".to_string(),
+                "attempt u1 a 0 uncounted".to_string(),
+                format!("backoff a until +{r}s level 0"),
+            ]
+        );
+        // The lane is still throttled (no answer since): this throttle stalls it. The
+        // lane backoff (30 s at level 1) or the Retry-After, whichever is longer.
+        let level1 = r + r.max(30);
+        assert_eq!(
+            passes[1],
+            [
+                "back u1".to_string(),
+                "back u2".to_string(),
+                "start u1 a #1".to_string(),
+                "attempt u1 a 0 uncounted".to_string(),
+                format!("backoff a until +{level1}s level 1"),
+                "hold u1 a Stalled".to_string(),
+                "back u2".to_string(),
+            ]
+        );
+        // In probe mode the throttles count (max_throttled_level 1).
+        let level2 = level1 + r.max(60);
+        assert_eq!(
+            passes[2],
+            [
+                "back u1".to_string(),
+                "start u1 a #1".to_string(),
+                "attempt u1 a 1".to_string(),
+                format!("backoff a until +{level2}s level 2"),
+                "hold u1 a Stalled".to_string(),
+            ]
+        );
+        let last = passes.last().expect("passes");
+        assert_eq!(last.len(), 5, "{last:?}");
+        assert_eq!(last[..3], ["back u1", "start u1 a #12", "attempt u1 a 12"]);
+        assert_eq!(
+            last[4], "dead u1 a exhausted",
+            "Retry-After {ra:?}: {last:?}"
+        );
+        let counted: Vec<&String> = passes
+            .iter()
+            .flatten()
+            .filter(|c| c.starts_with("attempt ") && !c.ends_with("uncounted"))
+            .collect();
+        assert_eq!(counted.len() as u32, c.max_attempts);
+    }
+    // With jitter, the same count for every seed.
+    for seed in 0..32 {
+        let mut w = World::with_seed(Config::default(), seed);
+        let a1 = w.enqueue(&["a"], false)[0];
+        w.discover();
+        let throttled = Outcome::Throttled {
+            retry_after: Some(secs(30)),
+        };
+        let (attempts, passes) = answer_across_passes(&mut w, a1, throttled, (seed, None), 100);
+        assert_eq!(attempts as u32, 2 + c.max_attempts, "seed {seed}");
+        assert_eq!(
+            passes.last().and_then(|p| p.last()).map(String::as_str),
+            Some("dead u1 a exhausted"),
+            "seed {seed}"
+        );
+    }
+}
+
+/// An answer ends a throttle: the next unit's long Retry-After throttles the lane again
+/// (level 0), it does not stall it. A throttle persisted by an earlier pass is one the next
+/// pass knows: the lane stalls at its next throttle, even one with a Retry-After the pass
+/// would wait for (OL-6, OL-7).
+#[test]
+fn an_answer_ends_a_throttle_and_a_persisted_one_carries_into_the_next_pass() {
+    let mut w = World::new(transcript_config());
+    let a1 = w.enqueue(&["a"], false)[0];
+    let a2 = w.enqueue(&["a"], false)[0];
+    w.discover();
+    assert_eq!(w.take(), ["start u1 a #1"]);
+    let long = Outcome::Throttled {
+        retry_after: Some(secs(10)),
+    };
+    w.outcome(a1, "a", long);
+    assert_eq!(
+        w.take(),
+        ["attempt u1 a 0 uncounted", "backoff a until +10s level 0"]
+    );
+    // Within the pass (other lanes would keep it busy), the throttle ends…
+    w.jump_to_next_timeout();
+    assert_eq!(w.take(), ["start u1 a #1"]);
+    // …and the answer clears it.
+    w.ok(a1, "a");
+    assert_eq!(w.take(), ["delivered u1 a", "open a", "start u2 a #1"]);
+    w.outcome(a2, "a", long);
+    assert_eq!(
+        w.take(),
+        ["attempt u2 a 0 uncounted", "backoff a until +20s level 0"],
+        "a first throttle again"
+    );
+    assert!(w.s.is_done(w.now));
+    // The next pass, from the store: the lane is still throttled, so its next throttle
+    // stalls it (the lane backoff, 30 s, being longer than the Retry-After).
+    w.end_pass();
+    w.now = T0 + secs(20);
+    w.new_pass(2);
+    assert_eq!(w.take(), ["back u2", "start u2 a #1"]);
+    w.outcome(
+        a2,
+        "a",
+        Outcome::Throttled {
+            retry_after: Some(secs(1)),
+        },
+    );
+    assert_eq!(
+        w.take(),
+        [
+            "attempt u2 a 0 uncounted",
+            "backoff a until +50s level 1",
+            "hold u2 a Stalled"
+        ]
+    );
+    // Its probe is answered: the lane is open, the next throttle a first one.
+    w.end_pass();
+    w.now = T0 + secs(50);
+    w.new_pass(3);
+    assert_eq!(w.take(), ["back u2", "start u2 a #1"]);
+    w.ok(a2, "a");
+    assert_eq!(w.take(), ["delivered u2 a", "open a"]);
+    let a = w.lane("a");
+    assert_eq!(w.store.lane_info(a), LaneInfo::default());
+}
+
+/// Throttles waited in the pass are counted only in the pass's memory. A pass stopped (its
+/// time slice over) while the head waits for such a retry leaves the lane's throttle mark,
+/// so the next pass's first throttle stalls the lane: however the passes are sliced, the
+/// unit is dead-lettered after `pass_attempts` + `max_attempts` requests, as in one pass
+/// (OL-7).
+#[test]
+fn throttles_waited_in_the_pass_count_however_the_passes_are_sliced() {
+    let c = transcript_config();
+    let mut w = World::new(transcript_config());
+    let a1 = w.enqueue(&["a"], false)[0];
+    w.discover();
+    let throttled = Outcome::Throttled { retry_after: None };
+    let (attempts, passes) = answer_across_passes(&mut w, a1, throttled, (1, Some(3)), 100);
+    assert_eq!(attempts as u32, c.pass_attempts + c.max_attempts);
+    assert_eq!(
+        passes[0],
+        [
+            "start u1 a #1",
+            "attempt u1 a 0 uncounted",
+            "start u1 a #1",
+            "attempt u1 a 0 uncounted",
+            "start u1 a #1",
+            "attempt u1 a 0 uncounted",
+        ]
+    );
+    // 1 + 2 s waited; the third retry was due 4 s later when the slice ended: the mark.
+    assert_eq!(
+        passes[1],
+        [
+            "backoff a until +7s level 0",
+            "back u1",
+            "start u1 a #1",
+            "attempt u1 a 0 uncounted",
+            "backoff a until +37s level 1",
+            "hold u1 a Stalled",
+        ]
+    );
+    assert_eq!(
+        passes[2],
+        [
+            "back u1",
+            "start u1 a #1",
+            "attempt u1 a 1",
+            "backoff a until +97s level 2",
+            "hold u1 a Stalled",
+        ]
+    );
+    let last = passes.last().expect("passes");
+    assert_eq!(last.last().map(String::as_str), Some("dead u1 a exhausted"));
+}
+
+/// In one pass that other lanes keep busy, a long Retry-After throttles the lane and the
+/// pass takes the head up again when it ends: these throttles count in the pass like any
+/// failure, and the `pass_attempts`-th stalls the lane (OL-7).
+#[test]
+fn long_retry_afters_in_one_busy_pass_stall_the_lane_at_pass_attempts() {
+    let c = transcript_config();
+    for ra in [secs(30), secs(3600)] {
+        let mut w = World::new(transcript_config());
+        let a1 = w.enqueue(&["a"], false)[0];
+        w.discover();
+        let throttled = Outcome::Throttled {
+            retry_after: Some(ra),
+        };
+        let (attempts, log) = answer_forever(&mut w, a1, throttled, 100);
+        assert_eq!(attempts as u32, c.pass_attempts + c.max_attempts);
+        let r = ra.as_secs();
+        assert_eq!(
+            log[..8],
+            [
+                "start u1 a #1".to_string(),
+                "attempt u1 a 0 uncounted".to_string(),
+                format!("backoff a until +{r}s level 0"),
+                "start u1 a #1".to_string(),
+                "attempt u1 a 0 uncounted".to_string(),
+                format!("backoff a until +{}s level 0", 2 * r),
+                "start u1 a #1".to_string(),
+                "attempt u1 a 0 uncounted".to_string(),
+            ]
+        );
+        assert_eq!(log.last().map(String::as_str), Some("dead u1 a exhausted"));
+    }
 }

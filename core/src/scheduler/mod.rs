@@ -21,9 +21,10 @@
 //!    lane it still needs is open (not in backoff), has nothing in flight and is not blocked
 //!    (OL-1), within `max_in_flight`: one [`Command::Start`] per recipient.
 //! 5. **Outcomes** — [`Scheduler::handle_outcome`]: a 2xx resolves the recipient; a transient
-//!    or throttled failure retries in the pass, stalls the lane, or dead-letters the unit
-//!    (OL-5 … OL-8); a permanent failure dead-letters it (410 may retire the lane, OL-9). A
-//!    unit whose recipients are all resolved leaves its lanes, and the next heads are ready.
+//!    or throttled failure retries in the pass, throttles the lane (a Retry-After longer than
+//!    the ladder's step), stalls the lane, or dead-letters the unit (OL-5 … OL-8); a
+//!    permanent failure dead-letters it (410 may retire the lane, OL-9). A unit whose
+//!    recipients are all resolved leaves its lanes, and the next heads are ready.
 //! 6. **Timers** — [`Scheduler::handle_timeout`] at [`Scheduler::poll_timeout`]: in-pass retries
 //!    fall due, lane backoffs end (the head is probed, OL-11).
 //! 7. **Operator actions** — [`Scheduler::handle_lane_control`]: an operator paused, purged,
@@ -35,7 +36,8 @@
 //! 8. **End** — [`Scheduler::is_done`] (a query) says nothing can happen any more without a
 //!    new input from the store: nothing in flight, no retry pending, nothing startable, and
 //!    nothing to read outside lanes in backoff (OL-10). [`Scheduler::handle_pass_end`] then
-//!    hands every unit still admitted back to the store in enqueue order (OL-10, OL-14).
+//!    hands every unit still admitted back to the store in enqueue order (OL-10, OL-14),
+//!    after marking the lanes whose head waits for a throttle's retry (OL-7).
 //!
 //! After **every** `handle_*` call the runtime drains [`Scheduler::poll_command`] and executes
 //! the commands in order ([`Command::DeadLetter`] and [`Command::RetireLane`] durable before
@@ -54,8 +56,8 @@
 //! | waiting at a joined unit | `waiting_on` | its read reached a joined unit not yet admitted | the unit is admitted, or handed back |
 //! | waiting for room | `room_wait` | its next unit did not fit the window | any unit leaves the window |
 //! | attempt in flight | `in_flight` | its head starts | the outcome arrives |
-//! | in backoff (probe mode above level 0) | `not_before`, `level` | a stall, a failed probe, a Retry-After | its timer fires (`not_before` ends, probe mode stays); an answer reopens it (level 0) |
-//! | stalled | `stalled` | its head failed `pass_attempts` times in a row (persisted, across passes) or its probe failed: the head is held, the rest handed back (OL-7) | the head is resolved, or the lane reopens |
+//! | in backoff (probe mode above level 0) | `not_before`, `level` | a stall, a failed probe, a Retry-After longer than the ladder's step (a throttle, level 0), a pass that ends on a throttle's retry | its timer fires (`not_before` ends, probe mode stays; at level 0 it stays, past: the throttle's mark, OL-7); an answer reopens it (level 0, cleared) |
+//! | stalled | `stalled` | its head failed `pass_attempts` times in a row (persisted, across passes), its probe failed, or it was throttled while still throttled by an earlier pass: the head is held, the rest handed back (OL-7) | the head is resolved, or the lane reopens |
 //! | blocked (strict lanes) | `blocked` (and `stalled`) | a strict lane's head would be dead-lettered (OL-8) | the pass ends (an operator acts) |
 //! | paused | `paused` | an operator paused it ([`Scheduler::handle_lane_control`]) | a control or a discovery says it is not |
 //! | fenced | `fenced` | an operator acted on it while its head had an attempt in flight | that attempt ended and its unit left |
@@ -216,6 +218,10 @@ struct Lane {
     /// only as another lane of a joined unit is not read until then: its backoff and pause
     /// are the store's, not the defaults (OL-11).
     known: bool,
+    /// This pass set its `not_before` at level 0 (a throttle or a deferral): its throttles
+    /// count in this pass's failures. Only a mark left by an earlier pass stalls the lane at
+    /// its next throttle (OL-7).
+    throttled_here: bool,
 }
 
 impl Lane {
@@ -223,6 +229,15 @@ impl Lane {
     #[inline]
     fn open(&self, now: Timestamp) -> bool {
         self.not_before.is_none_or(|t| t <= now)
+    }
+
+    /// Still throttled by an earlier pass: a `not_before` at level 0 (a throttle or a
+    /// deferral, or the mark of throttles a pass ended on) that the store gave this pass and
+    /// that no answer has cleared since ([`Command::LaneOpen`]), past or not: it stays when
+    /// it ends, as it stays in the store. The next throttle then stalls the lane (OL-7).
+    #[inline]
+    fn throttled_before(&self) -> bool {
+        self.level == 0 && self.not_before.is_some() && !self.throttled_here
     }
 }
 
@@ -441,9 +456,15 @@ impl Scheduler {
     /// or (after an interruption) in flight — is handed back in enqueue order (OL-10,
     /// OL-14). Completions that arrive later are refused with [`EventError::UnknownUnit`].
     /// The scheduler can then start a new pass.
+    ///
+    /// A head that waits for the retry of a throttle (a pass stopped by its time slice or a
+    /// shutdown, or interrupted) first leaves its lane's throttle mark, a
+    /// [`Command::LaneBackoff`] at level 0 until that retry, so the next pass counts on
+    /// from it (OL-7).
     pub fn handle_pass_end(&mut self, now: Timestamp) {
         // Nothing due fires first: what was waiting goes back, it does not start.
         self.set_now(now);
+        self.mark_throttled();
         let mut live: Vec<(Seq, UnitId)> = self
             .units
             .iter()
@@ -476,6 +497,41 @@ impl Scheduler {
         self.in_flight = 0;
         self.retry_pending = 0;
         self.stopping = false;
+    }
+
+    /// A pass that ends (stopped, interrupted) while a lane's head waits for the retry of a
+    /// throttle leaves the throttle's mark: the lane's `not_before` at level 0 (its retry
+    /// time), persisted, so the next pass knows the lane is still throttled and stalls it at
+    /// its next throttle (OL-7) — however passes are sliced, a throttle stays counted. A
+    /// lane already in backoff or throttled has its mark.
+    fn mark_throttled(&mut self) {
+        let mut marks: Vec<(Seq, LaneId, Timestamp)> = Vec::new();
+        for u in self.units.iter().filter(|u| u.live) {
+            for s in &u.slots {
+                let l = &self.lanes[s.lane.index()];
+                // At level 0 a counted failure adds to both counts: only this pass's
+                // uncounted throttles make `failures` exceed `attempts`.
+                if s.phase.resolved() || l.level > 0 || l.not_before.is_some() {
+                    continue;
+                }
+                if s.failures > s.attempts {
+                    let at = match s.phase {
+                        Phase::RetryAt(t) => t.max(self.now),
+                        _ => self.now,
+                    };
+                    marks.push((u.seq, s.lane, at));
+                }
+            }
+        }
+        marks.sort_unstable();
+        for (_, lane, not_before) in marks {
+            self.lanes[lane.index()].not_before = Some(not_before);
+            self.commands.push_back(Command::LaneBackoff {
+                lane,
+                not_before,
+                level: 0,
+            });
+        }
     }
 
     /// An interruption (a shutdown past its grace, a cancellation, an error): same as

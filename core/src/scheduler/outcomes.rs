@@ -1,7 +1,8 @@
 //! Outcomes: what an attempt's answer does to its unit and lane.
 //!
-//! A 2xx resolves the recipient. A transient or throttled failure retries in the pass, stalls
-//! the lane (the head held in backoff, the rest handed back, OL-7) or, at the attempt limit,
+//! A 2xx resolves the recipient. A transient or throttled failure retries in the pass,
+//! throttles the lane (a Retry-After longer than the ladder's step, OL-6), stalls the lane
+//! (the head held in backoff, the rest handed back, OL-7) or, at the attempt limit,
 //! dead-letters the unit (blocks a strict lane, OL-8); see
 //! [`Scheduler::retry_stall_or_dead_letter`]. A permanent failure dead-letters it, and 410 may
 //! retire the lane (OL-9). A unit whose recipients are all resolved leaves its lanes and the
@@ -154,6 +155,7 @@ impl Scheduler {
         let l = &mut self.lanes[lane.index()];
         let t = l.not_before.map_or(t, |old| old.max(t));
         l.not_before = Some(t);
+        l.throttled_here = true;
         let level = l.level;
         self.timers.push(Reverse((t, Timer::Lane(lane.0))));
         self.commands.push_back(Command::LaneBackoff {
@@ -165,10 +167,25 @@ impl Scheduler {
     }
 
     /// A transient or throttled failure of slot `s` of unit `idx`: retry it in the pass,
-    /// stall its lane (OL-7), or dead-letter it once its attempts are exhausted (OL-8).
+    /// throttle its lane, stall the lane (OL-7) or, once its attempts are exhausted,
+    /// dead-letter it (OL-8).
     ///
-    /// A Retry-After is a floor, never a shortcut: the wait is the longer of it and the delay
-    /// taken without one, so `Retry-After: 0` cannot make a tight loop.
+    /// Which one is decided from the answer, the counts and the persisted lane state only,
+    /// never from the jitter (OL-6, OL-7):
+    /// - a Retry-After (capped) no longer than the ladder's delay for this failure *before
+    ///   jitter* — or none — is waited in the pass: the retry comes after the longer of it
+    ///   and the jittered delay, so `Retry-After: 0` cannot make a tight loop, and a
+    ///   `Retry-After: 1` after a first failure is a retry 1 s to 1.2 s later, every time;
+    /// - a longer one throttles the lane: its `not_before` is set at once (level 0), and the
+    ///   pass may end without it;
+    /// - the lane stalls (the head held, level + 1) at the `pass_attempts`-th failure in a
+    ///   row, at any failure in probe mode, and at an uncounted throttle of a lane still
+    ///   throttled by an earlier pass (its level-0 `not_before`, which no answer has
+    ///   cleared). An uncounted throttle is not in the persisted attempts, so a pass
+    ///   boundary would lose it: the lane's throttle mark carries it instead (a pass that
+    ///   ends on a throttle's retry leaves one, [`Scheduler::handle_pass_end`]). So at most
+    ///   `pass_attempts` throttles in a row are free, whatever their Retry-After and however
+    ///   the passes are sliced; then the lane is in probe mode, where they count (OL-5).
     pub(super) fn retry_stall_or_dead_letter(
         &mut self,
         idx: u32,
@@ -178,6 +195,8 @@ impl Scheduler {
     ) {
         let lane = self.units[idx as usize].slots[s].lane;
         let probe = self.lanes[lane.index()].level > 0;
+        // Only an uncounted throttle's count is lost at a pass end: its mark carries it.
+        let throttled_before = !counted && self.lanes[lane.index()].throttled_before();
         let retry_after = retry_after.map(|d| d.min(self.config.retry_after_cap));
         let slot = &mut self.units[idx as usize].slots[s];
         let exhausted = counted && slot.attempts >= self.config.max_attempts;
@@ -185,35 +204,34 @@ impl Scheduler {
             slot.failures += 1;
         }
         let failures = slot.failures;
-        let stall = probe || (!exhausted && failures >= self.config.pass_attempts);
-        // The in-pass retry: after the ladder's delay, or the Retry-After if it is longer.
+        // The ladder's delay before jitter bounds what the pass waits for (OL-6).
+        let ladder = self.config.retry_delay(failures);
+        let throttles_lane = retry_after.is_some_and(|ra| ra > ladder);
+        let stall =
+            probe || (!exhausted && (failures >= self.config.pass_attempts || throttled_before));
         let mut retry_at = None;
         if stall {
             // A failed probe, or the stall itself, puts the lane one backoff level further.
             self.extend_backoff(lane, retry_after);
+        } else if let Some(ra) = retry_after.filter(|_| throttles_lane) {
+            // Longer than the pass waits: the lane's not_before, at once (OL-6).
+            let t = self.now + ra;
+            let l = &mut self.lanes[lane.index()];
+            let t = l.not_before.map_or(t, |old| old.max(t));
+            l.not_before = Some(t);
+            l.throttled_here = true;
+            let level = l.level;
+            self.timers.push(Reverse((t, Timer::Lane(lane.0))));
+            self.commands.push_back(Command::LaneBackoff {
+                lane,
+                not_before: t,
+                level,
+            });
         } else {
-            let delay = jittered(
-                self.config.retry_delay(failures),
-                self.config.jitter_percent,
-                &mut self.rng,
-            );
-            match retry_after {
-                Some(ra) if ra > delay => {
-                    // Retry-After sets the lane's not_before at once (OL-6).
-                    let t = self.now + ra;
-                    let l = &mut self.lanes[lane.index()];
-                    let t = l.not_before.map_or(t, |old| old.max(t));
-                    l.not_before = Some(t);
-                    let level = l.level;
-                    self.timers.push(Reverse((t, Timer::Lane(lane.0))));
-                    self.commands.push_back(Command::LaneBackoff {
-                        lane,
-                        not_before: t,
-                        level,
-                    });
-                }
-                _ => retry_at = Some(self.now + delay),
-            }
+            // The in-pass retry: after the ladder's delay, or the Retry-After if it is longer.
+            let delay = jittered(ladder, self.config.jitter_percent, &mut self.rng);
+            let delay = retry_after.map_or(delay, |ra| ra.max(delay));
+            retry_at = Some(self.now + delay);
         }
         if exhausted {
             self.dead_letter_or_block(idx, s, DeadReason::Exhausted);
@@ -327,13 +345,15 @@ impl Scheduler {
         self.lanes[lane.index()].more = false;
     }
 
-    /// A recipient answered on `lane`: end its backoff.
+    /// A recipient answered on `lane`: end its backoff, or its throttle (a `not_before` at
+    /// level 0: the next throttle is a first one again, OL-7).
     pub(super) fn reopen_lane(&mut self, lane: LaneId) {
         let l = &mut self.lanes[lane.index()];
-        if l.level > 0 || l.stalled {
+        if l.level > 0 || l.stalled || l.not_before.is_some() {
             l.level = 0;
             l.not_before = None;
             l.stalled = false;
+            l.throttled_here = false;
             self.commands.push_back(Command::LaneOpen { lane });
             self.queue_for_claim(lane);
         }

@@ -85,7 +85,11 @@ impl Scheduler {
                 Timer::Lane(l) => {
                     let lane = LaneId(l);
                     let ll = &mut self.lanes[l as usize];
-                    ll.not_before = None;
+                    if ll.level > 0 {
+                        ll.not_before = None;
+                    }
+                    // At level 0 it stays, past: the end of a throttle is not an answer, and
+                    // the lane stays throttled until one comes (OL-7), here as in the store.
                     if let Some(&head) = ll.queue.front() {
                         let u = &mut self.units[head as usize];
                         for s in u.slots.iter_mut() {

@@ -295,6 +295,26 @@ impl World {
         }
     }
 
+    /// A world whose scheduler draws its jitter from `seed`.
+    pub fn with_seed(config: Config, seed: u64) -> Self {
+        World {
+            s: Scheduler::new(config, seed),
+            ..World::new(Config::default())
+        }
+    }
+
+    /// Starts the next pass at `now` (after [`World::end_pass`]) as a runtime does: a new
+    /// scheduler (jitter from `seed`) that knows only what the store persisted, its lanes
+    /// interned in the same order, discovering the lanes with work.
+    pub fn new_pass(&mut self, seed: u64) {
+        self.s = Scheduler::new(self.s.config().clone(), seed);
+        for (&id, name) in &self.names {
+            let key = LaneKey::from_canonical(format!("http://{name}.test/inbox"), None);
+            assert_eq!(self.s.lane(&key), id, "lanes interned in the same order");
+        }
+        self.discover();
+    }
+
     pub fn lane(&mut self, name: &str) -> LaneId {
         if let Some(&l) = self.ids.get(name) {
             return l;
