@@ -118,13 +118,16 @@ impl Config {
 
     /// The lane backoff at `level` (1-based), before jitter: `base * 2^(level-1)`, capped.
     pub fn lane_backoff(&self, level: u32) -> Duration {
-        let shift = level.saturating_sub(1).min(32);
-        let d = self
-            .lane_backoff_base
-            .checked_mul(1u32 << shift.min(31))
-            .unwrap_or(self.lane_backoff_cap);
-        d.min(self.lane_backoff_cap)
+        doubling(self.lane_backoff_base, self.lane_backoff_cap, level)
     }
+}
+
+/// `base * 2^(level-1)` (1-based `level`; `0` counts as `1`), capped at `cap`, before
+/// jitter: the backoff of a lane ([`Config::lane_backoff`]) and of a host
+/// ([`crate::host::HostConfig`]).
+pub fn doubling(base: Duration, cap: Duration, level: u32) -> Duration {
+    let shift = level.saturating_sub(1).min(31);
+    base.checked_mul(1u32 << shift).unwrap_or(cap).min(cap)
 }
 
 /// Applies `percent` jitter to `d` with `rng`: uniform in `d ± d*percent/100`.

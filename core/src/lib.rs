@@ -10,6 +10,8 @@
 //! - [`MonitorBook`]: which actors to drain after a wake-up or a poll tick.
 //! - [`PassSession`] and [`DrainSession`]: one pass's lifecycle (lease renewal, time slice,
 //!   shutdown grace, its end) and the drain-slot protocol around passes.
+//! - [`host::HostBook`]: the hosts of a process — health, each host's share of the in-flight
+//!   budget, the operator's blocks and the signature double-knock.
 //! - [`policy`]: status classification, Retry-After, recipient URLs, the SSRF address policy.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![no_std]
@@ -20,6 +22,7 @@ extern crate alloc;
 extern crate std;
 
 pub mod config;
+pub mod host;
 pub mod ids;
 pub mod lane;
 pub mod monitor;

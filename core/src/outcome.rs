@@ -49,6 +49,11 @@ pub enum Outcome {
         /// How long the lane waits before its head is tried again.
         retry_after: Duration,
     },
+    /// Nothing was sent: an operator holds the recipient's host (`outbox-lanes hosts block`).
+    /// The lane is paused in the pass as by an operator's `lanes pause` (OL-14): its units
+    /// are handed back, nothing counted or recorded, and it is not read again in this pass;
+    /// the runtime persists the pause for the host (`hosts unblock` resumes it).
+    Held,
     /// Nothing was sent and nothing will be: the recipient's host is set aside — blocked by
     /// an operator with dead letters, or failing longer than allowed. The unit is
     /// dead-lettered for this recipient at once with `reason` (a strict lane blocks on it),
@@ -65,7 +70,7 @@ pub const MIN_DEFERRAL: Duration = Duration::from_millis(100);
 impl Outcome {
     /// The stable snake_case name logs and metrics give the outcome (`delivered`,
     /// `throttled`, `transient`, `permanent`, `gone`, `refused`, `not_sent`, `deferred`,
-    /// `set_aside`).
+    /// `held`, `set_aside`).
     pub fn as_str(&self) -> &'static str {
         match self {
             Outcome::Delivered => "delivered",
@@ -76,6 +81,7 @@ impl Outcome {
             Outcome::Refused => "refused",
             Outcome::NotSent => "not_sent",
             Outcome::Deferred { .. } => "deferred",
+            Outcome::Held => "held",
             Outcome::SetAside { .. } => "set_aside",
         }
     }
@@ -94,6 +100,7 @@ impl Outcome {
             | Outcome::Gone
             | Outcome::Refused
             | Outcome::NotSent
+            | Outcome::Held
             | Outcome::SetAside { .. } => None,
             Outcome::Deferred { retry_after } => Some(retry_after),
         }

@@ -1620,6 +1620,7 @@ impl Sim {
             Outcome::SetAside { reason } => {
                 ensure!(dead(reason), "a set-aside unit not dead-lettered");
             }
+            Outcome::Held => unreachable!("no simulated host is held by an operator"),
             Outcome::Gone => {
                 ensure!(dead(DeadReason::Gone), "a 410 not dead-lettered (OL-9)");
                 ensure!(

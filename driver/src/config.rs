@@ -28,8 +28,11 @@ pub struct OutboxConfig {
     /// process, whichever actors they come from; `None`: no cap but `concurrency`. Attempts
     /// past the cap wait in the host's queue without holding a worker ([`crate::HostCaps`]).
     pub per_host: Option<usize>,
-    /// Origin health: connection failures shared by the lanes of a host
-    /// ([`crate::origins`]).
+    /// How hosts are judged: health, each host's share of the attempts in flight, the
+    /// signature double-knock ([`outbox_lanes_core::host`], executed by [`crate::origins`]).
+    /// Its `max_in_flight` is replaced by [`OutboxConfig::concurrency`], its `knock_on_5xx`
+    /// by the HTTP configuration's, and its `signing` follows the signer
+    /// ([`OutboxConfig::sign_with`]).
     pub hosts: crate::origins::OriginConfig,
     /// The drain slot's lease; renewed every third of it while a pass runs.
     pub lease: Duration,
@@ -80,6 +83,23 @@ impl OutboxConfig {
     pub fn allow_loopback(mut self) -> Self {
         self.http.addresses = AddressPolicy::allow_loopback_only();
         self
+    }
+
+    /// Sets how the double-knock applies ([`OriginConfig::signing`](outbox_lanes_core::host::HostConfig::signing))
+    /// from the signer the outbox signs with and [`HttpConfig::signature`]; each runtime's
+    /// builder calls it when it opens the outbox.
+    pub fn sign_with(&mut self, signer: Option<&dyn crate::sign::Signer>) {
+        let http = signer.is_some_and(crate::sign::Signer::http_signatures);
+        self.hosts.signing = outbox_lanes_core::host::Signing::of(self.http.signature, http);
+    }
+
+    /// The host book's configuration: [`OutboxConfig::hosts`] with the process's
+    /// concurrency as the largest window of a host.
+    pub fn host_book(&self) -> outbox_lanes_core::host::HostConfig {
+        let mut c = self.hosts.clone();
+        c.max_in_flight = u32::try_from(self.concurrency.max(1)).unwrap_or(u32::MAX);
+        c.knock_on_5xx = self.http.signature_fallback_on_5xx;
+        c
     }
 
     /// The scheduler configuration of one pass: the in-flight window is

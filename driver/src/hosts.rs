@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::http::{AttemptResult, not_sent};
 use crate::job::{Executor, Job};
+use crate::ticket::{HostPermit, PermitSink};
 
 /// Caps attempts in flight per host: the canonical `host:port` of the recipient URL (one
 /// host, one spelling, default port included), as the pass parsed it for the lane
@@ -32,21 +33,6 @@ struct Shared {
 struct Host {
     running: usize,
     parked: VecDeque<Job>,
-}
-
-/// Held by a job while it runs; dropping it (the job finished, or was dropped unrun) frees
-/// the host's place for the next parked job.
-pub(crate) struct HostPermit {
-    shared: Arc<Shared>,
-    host: Option<String>,
-}
-
-impl core::fmt::Debug for HostPermit {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("HostPermit")
-            .field("host", &self.host)
-            .finish_non_exhaustive()
-    }
 }
 
 impl core::fmt::Debug for HostCaps {
@@ -100,10 +86,10 @@ impl Executor for HostCaps {
             }
             h.running += 1;
         }
-        job.permit = Some(HostPermit {
-            shared: Arc::clone(&self.shared),
-            host: Some(host),
-        });
+        job.permit = Some(HostPermit::new(
+            Arc::clone(&self.shared) as Arc<dyn PermitSink>,
+            host,
+        ));
         self.shared.inner.execute(job).map_err(|mut job| {
             // Unrun: give the place back (the drop of the permit does, and starts the next
             // parked job if the inner executor still takes jobs).
@@ -136,10 +122,9 @@ thread_local! {
     static FREED: core::cell::RefCell<Freed> = const { core::cell::RefCell::new(None) };
 }
 
-impl Drop for HostPermit {
-    fn drop(&mut self) {
-        let Some(host) = self.host.take() else { return };
-        let freed = (Arc::clone(&self.shared), host);
+impl PermitSink for Shared {
+    fn release(self: Arc<Self>, host: String) {
+        let freed = (self, host);
         let outer = FREED.with(|f| {
             let mut f = f.borrow_mut();
             match f.as_mut() {
@@ -191,16 +176,16 @@ fn pass_on(shared: &Arc<Shared>, host: &str) {
             // Its pass ended and handed the unit back: not sent, and the place passes on.
             continue;
         }
-        job.permit = Some(HostPermit {
-            shared: Arc::clone(shared),
-            host: Some(host.to_string()),
-        });
+        job.permit = Some(HostPermit::new(
+            Arc::clone(shared) as Arc<dyn PermitSink>,
+            host.to_string(),
+        ));
         match shared.inner.execute(job) {
             Ok(()) => return,
             Err(mut job) => {
                 // Keep the place for the loop: disarm this job's permit before finishing.
                 if let Some(mut p) = job.permit.take() {
-                    p.host = None;
+                    p.disarm();
                 }
                 job.finish(stopped());
             }

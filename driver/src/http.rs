@@ -18,10 +18,10 @@ use outbox_lanes_core::policy::{
 };
 use outbox_lanes_core::{Outcome, UnitId};
 
-pub use crate::origins::SignatureMode;
 pub use crate::request::{Destination, Request, RequestPolicy};
 /// The shared bytes of a request's body ([`Delivery::body`]): cloning them copies nothing.
 pub use bytes::Bytes;
+pub use outbox_lanes_core::host::SignatureMode;
 
 /// The default [`HttpConfig::timeout`].
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);

@@ -62,10 +62,10 @@ pub struct Job {
     /// Cleared when the pass that started the job has ended.
     live: Arc<AtomicBool>,
     /// The job's place under its host's cap ([`crate::HostCaps`]), freed when it is dropped.
-    pub(crate) permit: Option<crate::hosts::HostPermit>,
+    pub(crate) permit: Option<crate::ticket::HostPermit>,
     /// The job's place under its origin's gate ([`crate::OriginGate`]): its completion is
     /// counted for the origin's health.
-    pub(crate) origin: Option<crate::origins::OriginTicket>,
+    pub(crate) origin: Option<crate::ticket::OriginTicket>,
 }
 
 /// A payload's body as [`Bytes`] without copying it: the bytes stay in the payload, which
@@ -149,9 +149,9 @@ impl Job {
     }
 
     /// The job's place under its origin's gate, if an [`OriginGate`](crate::OriginGate) let
-    /// it through: the client asks it which signature scheme to sign with
-    /// ([`Knock`](crate::Knock)).
-    pub fn origin(&self) -> Option<&crate::origins::OriginTicket> {
+    /// it through: the client reads the double-knock's plan from it and leaves what the
+    /// knock taught on it ([`RequestPolicy::attempt`](crate::RequestPolicy::attempt)).
+    pub fn origin(&self) -> Option<&crate::ticket::OriginTicket> {
         self.origin.as_ref()
     }
 

@@ -33,6 +33,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod ack;
+pub mod clock;
 mod config;
 mod control;
 pub mod engine;
@@ -49,6 +50,7 @@ pub mod request;
 pub mod sign;
 #[cfg(test)]
 mod testing;
+mod ticket;
 #[cfg(feature = "ureq")]
 pub mod ureq_client;
 
@@ -58,12 +60,15 @@ pub use crate::control::{ControlSubscription, DrainControl, Signal};
 pub use crate::error::OutboxError;
 pub use crate::hooks::{Attempted, DeadLettered, Delivered, Hooks, Started};
 pub use crate::hosts::HostCaps;
+pub use crate::http::SignatureMode;
 pub use crate::http::{AttemptResult, Delivery, HttpConfig, HttpError};
 pub use crate::job::{Completions, Done, Executor, Job};
-pub use crate::origins::{Knock, OriginConfig, OriginGate, OriginTicket, SignatureMode};
+pub use crate::origins::{OriginConfig, OriginGate};
 pub use crate::outbox::{DrainOutcome, OutboxCore, drain_outcome, store_released};
 pub use crate::pass::PassReport;
+pub use crate::request::AttemptKnock;
 pub use crate::request::{Destination, Request, RequestPolicy};
 pub use crate::sign::Signer;
+pub use crate::ticket::{OriginTicket, host_end};
 pub use outbox_lanes_core as core;
 pub use outbox_lanes_store as store;

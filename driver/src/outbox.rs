@@ -102,7 +102,13 @@ impl OutboxCore {
             None => executor,
         };
         // Outermost: an attempt its origin defers never takes a place under a host cap.
-        let gate = OriginGate::new(executor, config.hosts.clone());
+        let seed = config.seed.unwrap_or_else(crate::pass::fresh_seed);
+        let gate = OriginGate::new(
+            executor,
+            config.host_book(),
+            seed,
+            Arc::new(crate::clock::SystemClock),
+        );
         gate.share_through(Arc::clone(&store) as Arc<dyn outbox_lanes_store::DriverStore>)
             .map_err(OutboxError::Spawn)?;
         let executor: Arc<dyn Executor> = Arc::new(gate.clone());

@@ -119,6 +119,7 @@ use crate::fmt::rfc3339;
 use crate::hooks::{Attempted, DeadLettered, Delivered, Hooks, Started};
 use crate::http::AttemptResult;
 use crate::job::{Completions, Done, Job};
+use crate::origins::OriginGate;
 use crate::request::Destination;
 
 /// The last error recorded for an attempt cut off in flight (OL-14): it does not count
@@ -194,6 +195,10 @@ pub struct RoundContext<'a> {
     pub acks: &'a AckWriter,
     /// The embedding service's hooks.
     pub hooks: &'a Hooks,
+    /// The process's hosts (the origin gate in front of the executor): a read of the lane
+    /// controls that finds the operators' host-control generation moved gives them the
+    /// hosts' rows before anything starts (OL-14 for hosts). `None`: no gate.
+    pub hosts: Option<&'a OriginGate>,
 }
 
 /// Per-unit facts the pass keeps for tracing, hooks and its attempts.
@@ -294,6 +299,9 @@ pub struct PassCore {
     lane_failure: HashMap<LaneId, (Option<u16>, Option<String>)>,
     /// Lanes whose last attempt its host deferred (OL-21): their hold logs at DEBUG only.
     host_held: HashSet<LaneId>,
+    /// Lanes whose host an operator holds, met by an attempt: paused for the host in the
+    /// store at the next write (with the host's origin).
+    host_pauses: Vec<(StoreLaneId, String)>,
     /// Deliveries of this round, handed to the ack writer together at its end.
     acked: Vec<(UnitId, StoreLaneId)>,
     /// The session asked for a lease renewal; done at the next round.
@@ -351,7 +359,7 @@ pub fn now() -> Timestamp {
 }
 
 /// A fresh seed for a pass's jitter (logged with the pass, so its run can be replayed).
-fn fresh_seed() -> u64 {
+pub(crate) fn fresh_seed() -> u64 {
     let t = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
@@ -421,6 +429,7 @@ impl PassCore {
             waiting: HashMap::new(),
             lane_failure: HashMap::new(),
             host_held: HashSet::new(),
+            host_pauses: Vec::new(),
             acked: Vec::new(),
             renew_due: false,
             deferred: VecDeque::new(),
@@ -576,7 +585,14 @@ impl PassCore {
         }
         // Kept for the attempt record or dead letter a failure may lead to; a delivery and
         // an attempt that never left need none.
-        if let Outcome::Deferred { .. } = outcome {
+        if outcome == Outcome::Held {
+            // An operator holds the host: the scheduler pauses the lane in the pass, and the
+            // pause is persisted for the host, so that `hosts unblock` resumes it.
+            debug!(actor = %self.actor, unit = unit.0, recipient = self.recipient(lane),
+                error = result.error.as_deref(), "attempt held: its host is blocked by an operator");
+            let origin = self.destination(lane).origin().to_string();
+            self.host_pauses.push((self.store_lane(lane), origin));
+        } else if let Outcome::Deferred { .. } = outcome {
             // Held for its host (origin health, OL-21): the host's state is logged once, by
             // the gate; its lanes' holds are not news.
             debug!(actor = %self.actor, unit = unit.0, recipient = self.recipient(lane),
@@ -697,10 +713,15 @@ impl PassCore {
         if let Some(e) = cx.acks.failure(&self.token) {
             self.store_failed("ack", e, now());
         }
-        if std::mem::take(&mut self.first_round) && !self.control.fresh_at(Instant::now()) {
-            // The token is an earlier pass's: what the pass discovers next is read after a
-            // fresh generation, so only later actions count as changes.
-            if let Err(e) = self.read_controls(cx.store, &mut starts, false) {
+        // The token's read of the lane controls carries no host-control generation: with a
+        // host book, the first round reads both (OL-14 for hosts), so that a host action
+        // that committed before this pass began reaches the book before its first start.
+        if std::mem::take(&mut self.first_round)
+            && (cx.hosts.is_some() || !self.control.fresh_at(Instant::now()))
+        {
+            // The token may be an earlier pass's: what the pass discovers next is read after
+            // a fresh generation, so only later actions count as changes.
+            if let Err(e) = self.read_controls(cx, &mut starts, false) {
                 self.store_failed("lane controls", e, now());
             }
         }
@@ -727,7 +748,7 @@ impl PassCore {
                 }
                 reads += 1;
                 // The last read of the lane controls is too old to start on (OL-14).
-                match self.read_controls(cx.store, &mut starts, true) {
+                match self.read_controls(cx, &mut starts, true) {
                     // An operator changed lanes: their starts are gone, and what the change
                     // queued (hand-backs, reads, other starts) runs first.
                     Ok(true) => continue,
@@ -1039,13 +1060,24 @@ impl PassCore {
     /// Returns whether a lane the pass knew changed.
     fn read_controls(
         &mut self,
-        store: &dyn Store,
+        cx: RoundContext<'_>,
         starts: &mut Vec<Start>,
         apply: bool,
     ) -> Result<bool, StoreError> {
-        let read = store.lane_controls(&self.token, self.control.generation)?;
-        trace!(actor = %self.actor, generation = read.read.generation,
+        let read = cx
+            .store
+            .lane_controls(&self.token, self.control.generation)?;
+        trace!(actor = %self.actor, generation = read.read.generation, hosts = read.hosts,
             changed = read.changed.len(), "lane controls read");
+        if let Some(gate) = cx.hosts
+            && read.hosts > gate.generation()
+        {
+            // An operator acted on a host since this process's book last looked: the hosts'
+            // rows, read after this read's instant, reach the book before anything starts on
+            // it (a block holds, an unblock or retry opens, for lanes met later too).
+            let rows = cx.store.hosts()?;
+            gate.apply_rows(&rows);
+        }
         self.control = read.read;
         if !apply || read.changed.is_empty() {
             return Ok(false);
@@ -1259,6 +1291,35 @@ impl PassCore {
     fn flush_writes(&mut self, store: &dyn Store, hooks: &Hooks) {
         self.flush_records(store);
         self.flush_dead_letters(store, hooks);
+        self.flush_host_pauses(store);
+    }
+
+    /// Pauses for their host the lanes whose attempts found it held by an operator.
+    fn flush_host_pauses(&mut self, store: &dyn Store) {
+        if self.host_pauses.is_empty() {
+            return;
+        }
+        let mut lanes = std::mem::take(&mut self.host_pauses);
+        if self.error.is_some() {
+            return;
+        }
+        lanes.sort_unstable();
+        lanes.dedup();
+        match store.pause_for_host(&self.token, &lanes) {
+            Ok(states) => {
+                let (paused, open): (Vec<ChangedLane>, Vec<ChangedLane>) =
+                    states.into_iter().partition(|cl| cl.state.paused);
+                for cl in &paused {
+                    info!(actor = %self.actor, recipient = cl.state.key.recipient(),
+                        "lane paused: its host is blocked by an operator");
+                }
+                // An unblock committed first: the lane is open after all, and read again.
+                if !open.is_empty() {
+                    let _ = self.apply_controls(open, &mut Vec::new());
+                }
+            }
+            Err(e) => self.store_failed("host pause", e, now()),
+        }
     }
 
     /// Writes the dead letters gathered so far in one transaction; once it committed, reports
@@ -1366,7 +1427,7 @@ impl PassCore {
             self.command(cx, cmd, starts);
         }
         if inline {
-            if !self.records.is_empty() {
+            if !self.records.is_empty() || !self.host_pauses.is_empty() {
                 result = Err(NeedsStore);
             }
         } else {

@@ -59,8 +59,9 @@ use crate::http::{
     AttemptResult, Delivery, HttpConfig, HttpError, idempotency_key, invalid_recipient,
     invalid_request, refused_result, unsigned,
 };
-use crate::origins::{Knock, OriginTicket, SignatureMode};
 use crate::sign::{SignRequest, SignatureSpec, Signer};
+use crate::ticket::OriginTicket;
+use outbox_lanes_core::host::{Challenge, Knock, KnockPlan, KnockStep, SignatureMode, Signing};
 
 /// The `Idempotency-Key` header's name.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -191,6 +192,68 @@ impl fmt::Debug for Request<'_> {
     }
 }
 
+/// One attempt's requests under the double-knock (OL-22, [`outbox_lanes_core::host::knock`]):
+/// both HTTP clients run the same loop — build the request with [`AttemptKnock::spec`] and
+/// [`AttemptKnock::challenge`], send it, and send again while [`AttemptKnock::again`] says so.
+/// When the attempt is over, what the knock taught is left on the origin's ticket for the
+/// host book.
+#[derive(Debug)]
+pub struct AttemptKnock<'t> {
+    ticket: Option<&'t OriginTicket>,
+    knock: Knock,
+    challenge: Option<String>,
+}
+
+impl AttemptKnock<'_> {
+    /// The scheme of the next request.
+    pub fn spec(&self) -> SignatureSpec {
+        self.knock.spec()
+    }
+
+    /// The `Accept-Signature` the next request answers, if any.
+    pub fn challenge(&self) -> Option<&str> {
+        self.challenge.as_deref()
+    }
+
+    /// The answer to the last request of `d` (`accept_signature`: its `Accept-Signature`, if
+    /// it refused): whether to send it again, with [`AttemptKnock::spec`] and
+    /// [`AttemptKnock::challenge`] changed. A challenge `policy`'s signer cannot honour is
+    /// ignored.
+    pub fn again(
+        &mut self,
+        policy: &RequestPolicy,
+        d: &Delivery<'_>,
+        result: &AttemptResult,
+        accept_signature: Option<&str>,
+    ) -> bool {
+        let challenge = match (accept_signature, &policy.signer) {
+            (None, _) => Challenge::None,
+            (Some(c), Some(s)) if s.honours_challenge(d.actor, c, d.body.len()) => {
+                Challenge::Usable
+            }
+            (Some(_), _) => Challenge::Unusable,
+        };
+        match self.knock.answered(result.status, challenge) {
+            KnockStep::Again { spec, challenge } => {
+                tracing::debug!(
+                    status = result.status,
+                    spec = spec.as_str(),
+                    challenge,
+                    "signature refused; sending the attempt again"
+                );
+                self.challenge = accept_signature.filter(|_| challenge).map(str::to_owned);
+                true
+            }
+            KnockStep::Done => {
+                if let Some(t) = self.ticket {
+                    t.knocked(self.knock.report());
+                }
+                false
+            }
+        }
+    }
+}
+
 /// What turns an attempt into its [`Request`]: the configured `User-Agent`, the signer and
 /// the checks made before anything is sent. Every HTTP client holds one, built from its
 /// [`HttpConfig`].
@@ -232,11 +295,26 @@ impl RequestPolicy {
         })
     }
 
-    /// The double-knock of one attempt ([`crate::origins`]): which signature scheme each of
-    /// its requests is signed with, under its origin's `ticket` when it has one.
-    pub fn knock<'t>(&self, ticket: Option<&'t OriginTicket>) -> Knock<'t> {
-        let signed = self.signer.as_ref().is_some_and(|s| s.http_signatures());
-        Knock::new(ticket, self.signature, self.fallback_on_5xx, signed)
+    /// The double-knock of one attempt (OL-22): the scheme each of its requests is signed
+    /// with and whether a refusal is sent again — under the plan its origin's `ticket` carries
+    /// (the host book's, from what the host accepted), or without one as for a host nothing is
+    /// known about.
+    pub fn attempt<'t>(&self, ticket: Option<&'t OriginTicket>) -> AttemptKnock<'t> {
+        let plan = ticket.map_or_else(
+            || KnockPlan::unknown(self.signing(), self.fallback_on_5xx),
+            OriginTicket::plan,
+        );
+        AttemptKnock {
+            ticket,
+            knock: Knock::new(plan),
+            challenge: None,
+        }
+    }
+
+    /// What signs this policy's requests, as far as the double-knock is concerned.
+    pub fn signing(&self) -> Signing {
+        let http = self.signer.as_ref().is_some_and(|s| s.http_signatures());
+        Signing::of(self.signature, http)
     }
 
     /// Whether requests are signed.

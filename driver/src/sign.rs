@@ -109,33 +109,8 @@ use rsa::traits::PublicKeyParts as _;
 use rsa::{RsaPrivateKey, sha2 as rsa_sha2};
 use sha2::Sha256;
 
-/// Which HTTP signature scheme signs a request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum SignatureSpec {
-    /// RFC 9421 HTTP Message Signatures (`Signature-Input`, `Signature`, `Content-Digest`).
-    Rfc9421,
-    /// draft-cavage-http-signatures-12 (`Signature`, `Date`, `Digest`).
-    Cavage,
-}
-
-impl SignatureSpec {
-    /// The scheme's code: `rfc9421` or `cavage`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SignatureSpec::Rfc9421 => "rfc9421",
-            SignatureSpec::Cavage => "cavage",
-        }
-    }
-
-    /// The scheme of a code [`SignatureSpec::as_str`] gives; `None` for any other text.
-    pub fn from_code(s: &str) -> Option<Self> {
-        match s {
-            "rfc9421" => Some(SignatureSpec::Rfc9421),
-            "cavage" => Some(SignatureSpec::Cavage),
-            _ => None,
-        }
-    }
-}
+/// Which HTTP signature scheme signs a request (the host book's, which learns it per host).
+pub use outbox_lanes_core::host::SignatureSpec;
 
 /// What a [`Signer`] is given for one attempt.
 #[derive(Clone, Copy, Debug)]
@@ -190,6 +165,15 @@ pub trait Signer: Send + Sync {
     /// [`SignRequest::spec`] (true for [`HttpSignatures`]): only then can a request refused
     /// in one scheme be signed in the other. `false` by default.
     fn http_signatures(&self) -> bool {
+        false
+    }
+
+    /// Whether an `Accept-Signature` challenge (RFC 9421 §5.1) asking `actor`'s signature of
+    /// a `body_len`-byte body can be signed as asked ([`SignRequest::challenge`]). A challenge
+    /// that cannot be honoured is ignored: the double-knock never sends the same request
+    /// again for it. `false` by default.
+    fn honours_challenge(&self, actor: &str, challenge: &str, body_len: usize) -> bool {
+        let _ = (actor, challenge, body_len);
         false
     }
 }
@@ -1030,6 +1014,12 @@ impl Signer for HttpSignatures {
 
     fn http_signatures(&self) -> bool {
         true
+    }
+
+    fn honours_challenge(&self, actor: &str, challenge: &str, body_len: usize) -> bool {
+        self.keys
+            .get(actor)
+            .is_some_and(|key| rfc9421::honours(challenge, key, body_len))
     }
 }
 

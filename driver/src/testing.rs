@@ -111,3 +111,28 @@ pub(crate) fn job(unit: u64, recipient: &str, reply: &mpsc::Sender<Done>) -> Job
         Arc::new(AtomicBool::new(true)),
     )
 }
+
+/// A wall clock the test moves by hand.
+#[derive(Debug, Default)]
+pub(crate) struct ManualClock(std::sync::atomic::AtomicU64);
+
+impl ManualClock {
+    /// A clock at `at`.
+    pub(crate) fn at(at: outbox_lanes_core::Timestamp) -> Arc<ManualClock> {
+        Arc::new(ManualClock(std::sync::atomic::AtomicU64::new(
+            at.as_millis(),
+        )))
+    }
+
+    /// Moves it `d` on.
+    pub(crate) fn advance(&self, d: std::time::Duration) {
+        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        self.0.fetch_add(ms, Ordering::SeqCst);
+    }
+}
+
+impl crate::clock::Clock for ManualClock {
+    fn now(&self) -> outbox_lanes_core::Timestamp {
+        outbox_lanes_core::Timestamp::from_millis(self.0.load(Ordering::SeqCst))
+    }
+}

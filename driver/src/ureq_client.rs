@@ -72,9 +72,9 @@ use crate::http::{
     invalid_request, io_kind, refusal_message, refused_result,
 };
 use crate::job::Job;
-use crate::origins::OriginTicket;
 use crate::request::{Request, RequestPolicy};
 use crate::sign::Signer;
+use crate::ticket::OriginTicket;
 
 /// Idle connections kept per host. ureq's default (3) is below the delivery concurrency a
 /// relay runs with; many workers delivering to one host (several actors' lanes, or a
@@ -181,19 +181,15 @@ impl HttpClient {
         ticket: Option<&OriginTicket>,
         now: SystemTime,
     ) -> AttemptResult {
-        let mut knock = self.shared.requests.knock(ticket);
+        let policy = &self.shared.requests;
+        let mut knock = policy.attempt(ticket);
         loop {
-            let request =
-                match self
-                    .shared
-                    .requests
-                    .build_with(d, now, knock.spec(), knock.challenge())
-                {
-                    Ok(request) => request,
-                    Err(result) => return result,
-                };
+            let request = match policy.build_with(d, now, knock.spec(), knock.challenge()) {
+                Ok(request) => request,
+                Err(result) => return result,
+            };
             let (result, challenge) = self.exchange(&request, now);
-            if !knock.again(&result, challenge.as_deref()) {
+            if !knock.again(policy, d, &result, challenge.as_deref()) {
                 return result;
             }
         }

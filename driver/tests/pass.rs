@@ -48,6 +48,7 @@ impl Fixture {
             store: &*self.store,
             acks: &self.acks,
             hooks,
+            hosts: None,
         }
     }
 

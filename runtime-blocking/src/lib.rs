@@ -128,8 +128,7 @@ impl OutboxBuilder {
     /// A thread could not be started, or the HTTP client could not be built.
     pub fn open(self) -> Result<Outbox, OutboxError> {
         let mut config = self.config;
-        config.hosts.knock = self.signer.as_ref().is_some_and(|s| s.http_signatures())
-            && config.http.signature == SignatureMode::Auto;
+        config.sign_with(self.signer.as_deref());
         let executor: Arc<dyn Executor> = match self.executor {
             Some(e) => e,
             None => {

@@ -207,19 +207,15 @@ impl AsyncHttpClient {
         ticket: Option<&OriginTicket>,
         now: SystemTime,
     ) -> AttemptResult {
-        let mut knock = self.shared.requests.knock(ticket);
+        let policy = &self.shared.requests;
+        let mut knock = policy.attempt(ticket);
         loop {
-            let request =
-                match self
-                    .shared
-                    .requests
-                    .build_with(d, now, knock.spec(), knock.challenge())
-                {
-                    Ok(request) => request,
-                    Err(result) => return result,
-                };
+            let request = match policy.build_with(d, now, knock.spec(), knock.challenge()) {
+                Ok(request) => request,
+                Err(result) => return result,
+            };
             let (result, challenge) = self.exchange(&request, now).await;
-            if !knock.again(&result, challenge.as_deref()) {
+            if !knock.again(policy, d, &result, challenge.as_deref()) {
                 return result;
             }
         }

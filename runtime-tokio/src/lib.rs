@@ -205,8 +205,7 @@ impl OutboxBuilder {
             grace,
         ));
         let mut config = self.config;
-        config.hosts.knock = self.signer.as_ref().is_some_and(|s| s.http_signatures())
-            && config.http.signature == SignatureMode::Auto;
+        config.sign_with(self.signer.as_deref());
         // A core that cannot start (a thread of its own could not be spawned) lets its store
         // go, and the last reference to a `PgStore` panics when dropped on an executor
         // thread, where this runs: that one is let go where blocking is allowed.

@@ -77,18 +77,31 @@ static LANE_PENDING_UNITS: Sql = Sql::with_sqlite(
      ORDER BY seq, id LIMIT coalesce($2, -1)",
 );
 
-/// The newest dead letter an operator wrote (purge, skip-head) for unit `$1` in lane `$2` of
-/// actor `$A`: the one an attempt that was in flight then belongs to. (Scans the actor's dead
-/// letters, on a path taken only when an attempt's unit was no longer pending.)
+/// The newest dead letter an operator wrote (purge, skip-head, a host block with dead letters)
+/// for unit `$1` in lane `$2` of actor `$A`: the one an attempt that was in flight then
+/// belongs to. (Scans the actor's dead letters, on a path taken only when an attempt's unit
+/// was no longer pending.)
 macro_rules! set_aside {
     ($actor:literal) => {
         concat!(
             "(SELECT max(x.id) FROM ol_dead_letters x WHERE x.actor = ",
             $actor,
-            " AND x.unit_id = $1 AND x.lane_id = $2 AND x.reason IN ('purged', 'skipped'))"
+            " AND x.unit_id = $1 AND x.lane_id = $2 AND x.reason IN ",
+            operator_reasons!(),
+            ")"
         )
     };
 }
+
+/// The reasons of the dead letters an operator writes while an attempt may be in flight
+/// (`lanes purge`, `lanes skip-head`, `hosts block --dead-letter`), as an SQL list.
+macro_rules! operator_reasons {
+    () => {
+        "('purged', 'skipped', 'blocked')"
+    };
+}
+#[cfg_attr(not(feature = "postgres"), allow(unused_imports))]
+pub(crate) use operator_reasons;
 
 /// An attempt record for unit `$1` in lane `$2` of actor `$7` that was no longer pending
 /// (OL-14): counts, status, error and time `$3`…`$6` (`RECORD_ATTEMPT`'s) land on the dead

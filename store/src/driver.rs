@@ -8,10 +8,10 @@ use outbox_lanes_core::{ActorId, DeadReason, Timestamp, UnitId};
 
 use crate::backend::Backend;
 use crate::db::Dialect;
-use crate::hosts::HostRecord;
+use crate::hosts::{HostRecord, HostRows};
 use crate::notify::Notifier;
 use crate::types::{
-    ActorsDue, AttemptRecord, ClaimRange, ClaimedLane, ControlRead, DeadLetterRequest,
+    ActorsDue, AttemptRecord, ChangedLane, ClaimRange, ClaimedLane, ControlRead, DeadLetterRequest,
     LaneControls, Payload, PendingLane, SlotAcquisition, SlotRelease, SlotToken, StoreLaneId,
     WrittenDeadLetter,
 };
@@ -86,12 +86,13 @@ impl<B: Backend> DriverStore for B {
 
     fn lane_controls(&self, token: &SlotToken, seen: u64) -> Result<LaneControls, StoreError> {
         let asked_at = Instant::now();
-        let (generation, changed) = self.read(|db| lanes::controls(db, token, seen))?;
+        let (generation, hosts, changed) = self.read(|db| lanes::controls(db, token, seen))?;
         Ok(LaneControls {
             read: ControlRead {
                 generation,
                 asked_at,
             },
+            hosts,
             changed,
         })
     }
@@ -238,8 +239,26 @@ impl<B: Backend> DriverStore for B {
         Ok((forgotten?, purged?))
     }
 
-    fn hosts(&self) -> Result<Vec<HostRecord>, StoreError> {
+    fn hosts(&self) -> Result<HostRows, StoreError> {
         self.read(|db| hosts::all(db))
+    }
+
+    fn pause_for_host(
+        &self,
+        token: &SlotToken,
+        lanes: &[(StoreLaneId, String)],
+    ) -> Result<Vec<ChangedLane>, StoreError> {
+        if lanes.is_empty() {
+            return Ok(Vec::new());
+        }
+        fenced(self, token, true, |db| {
+            let mut states = Vec::with_capacity(lanes.len());
+            for (lane, origin) in lanes {
+                hosts::pause_if_held(db, *lane, origin)?;
+                states.extend(hosts::lane_state(db, *lane)?);
+            }
+            Ok(states)
+        })
     }
 
     fn write_hosts(&self, hosts: &[HostRecord]) -> Result<(), StoreError> {

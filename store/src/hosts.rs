@@ -13,44 +13,35 @@ use outbox_lanes_core::Timestamp;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 pub(crate) use ops::*;
 
-/// What an operator decided about a host (`outbox-lanes hosts block`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum HostBlock {
-    /// Not blocked.
-    #[default]
-    Open,
-    /// Blocked: its units are held (their lanes paused), none is sent.
-    Hold,
-    /// Blocked with dead letters: its pending units are dead-lettered as `blocked`, and so is
-    /// every unit enqueued for it later.
-    DeadLetter,
+/// What an operator decided about a host (`outbox-lanes hosts block`): the host book's
+/// [`HostControl`](outbox_lanes_core::host::HostControl).
+pub use outbox_lanes_core::host::HostControl as HostBlock;
+
+fn block_code(b: HostBlock) -> i64 {
+    match b {
+        HostBlock::Open => 0,
+        HostBlock::Hold => 1,
+        HostBlock::DeadLetter => 2,
+    }
 }
 
-impl HostBlock {
-    fn code(self) -> i64 {
-        match self {
-            HostBlock::Open => 0,
-            HostBlock::Hold => 1,
-            HostBlock::DeadLetter => 2,
-        }
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
+fn block_of(code: i64) -> HostBlock {
+    match code {
+        1 => HostBlock::Hold,
+        2 => HostBlock::DeadLetter,
+        _ => HostBlock::Open,
     }
+}
 
-    fn of(code: i64) -> HostBlock {
-        match code {
-            1 => HostBlock::Hold,
-            2 => HostBlock::DeadLetter,
-            _ => HostBlock::Open,
-        }
-    }
-
-    /// `open`, `held` or `dead_letter`, as the CLI shows it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HostBlock::Open => "open",
-            HostBlock::Hold => "held",
-            HostBlock::DeadLetter => "dead_letter",
-        }
-    }
+/// Every host's row, read after the operators' host-control `generation` (read first): what
+/// [`DriverStore::hosts`](crate::DriverStore::hosts) returns.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HostRows {
+    /// The operators' host-control generation: +1 per `hosts block|unblock|retry`.
+    pub generation: u64,
+    /// Every host's row, in origin order.
+    pub hosts: Vec<HostRecord>,
 }
 
 /// One host's row of `ol_hosts`.
@@ -101,33 +92,49 @@ impl HostRecord {
 mod ops {
     use outbox_lanes_core::Timestamp;
 
-    use super::{HOST_BLOCKED_REASON, HostBlock, HostRecord, origin_of};
+    use super::{
+        HOST_BLOCKED_REASON, HostBlock, HostRecord, HostRows, block_code, block_of, origin_of,
+    };
     use crate::StoreError;
     use crate::db::{Db, Sql, args};
     use crate::types::StoreLaneId;
-    use crate::util::{millis_of, timestamp_of, to_u32};
+    use crate::util::{millis_of, timestamp_of, to_u32, to_u64};
 
     static ALL: Sql = Sql::new(
         "SELECT origin, failures, level, not_before, failing_since, last_error, blocked, spec, \
          spec_at, updated_at FROM ol_hosts ORDER BY origin",
     );
-    /// A relay's write: everything but the operator's `blocked`.
+    /// A relay's write: everything but the operator's `blocked`, unless the row was written
+    /// later (by another relay, or by an operator's retry): the last writer wins, so a write
+    /// that was on its way when an operator reset the host does not undo the reset.
     static UPSERT: Sql = Sql::new(
         "INSERT INTO ol_hosts (origin, failures, level, not_before, failing_since, last_error, \
          spec, spec_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
          ON CONFLICT (origin) DO UPDATE SET failures = excluded.failures, level = excluded.level, \
          not_before = excluded.not_before, failing_since = excluded.failing_since, \
          last_error = excluded.last_error, spec = excluded.spec, spec_at = excluded.spec_at, \
-         updated_at = excluded.updated_at",
+         updated_at = excluded.updated_at WHERE ol_hosts.updated_at <= excluded.updated_at",
     );
+    /// The operators' host-control generation (0 before the first host action).
+    static GENERATION: Sql = Sql::new(
+        "SELECT coalesce((SELECT CAST(value AS BIGINT) FROM ol_meta WHERE key = 'host_control'), 0)",
+    );
+    /// An operator's host action: the generation goes up by one, in its transaction.
+    static BUMP_GENERATION: Sql = Sql::new(
+        "INSERT INTO ol_meta (key, value) VALUES ('host_control', '1') ON CONFLICT (key) \
+         DO UPDATE SET value = CAST(CAST(ol_meta.value AS BIGINT) + 1 AS TEXT)",
+    );
+    /// Whether any drain slot is held: a pass may have read the generation before the action.
+    static ANY_HELD: Sql =
+        Sql::new("SELECT EXISTS (SELECT 1 FROM ol_slots WHERE holder IS NOT NULL)");
     static BLOCK: Sql = Sql::new(
         "INSERT INTO ol_hosts (origin, blocked, updated_at) VALUES ($1, $2, $3) \
          ON CONFLICT (origin) DO UPDATE SET blocked = excluded.blocked",
     );
-    /// The operator's retry: the health forgotten, the scheme kept.
+    /// The operator's retry: the health and the learned scheme forgotten.
     static RESET: Sql = Sql::new(
         "UPDATE ol_hosts SET failures = 0, level = 0, not_before = NULL, failing_since = NULL, \
-         updated_at = $2 WHERE origin = $1",
+         last_error = NULL, spec = NULL, spec_at = NULL, updated_at = $2 WHERE origin = $1",
     );
     static LANES: Sql = Sql::new("SELECT id, recipient FROM ol_lanes ORDER BY id");
     static PENDING: Sql = Sql::new(
@@ -143,16 +150,32 @@ mod ops {
             not_before: r.opt_int(3)?.map(timestamp_of),
             failing_since: r.opt_int(4)?.map(timestamp_of),
             last_error: r.opt_text(5)?,
-            blocked: HostBlock::of(r.int(6)?),
+            blocked: block_of(r.int(6)?),
             spec: r.opt_text(7)?,
             spec_at: r.opt_int(8)?.map(timestamp_of),
             updated_at: timestamp_of(r.int(9)?),
         })
     }
 
-    /// Every host's row.
-    pub(crate) fn all(db: &mut impl Db) -> Result<Vec<HostRecord>, StoreError> {
-        db.query(&ALL, &[], record)
+    /// Every host's row, after the generation (read first, so the rows are at least as new).
+    pub(crate) fn all(db: &mut impl Db) -> Result<HostRows, StoreError> {
+        let generation = generation(db)?;
+        Ok(HostRows {
+            generation,
+            hosts: db.query(&ALL, &[], record)?,
+        })
+    }
+
+    /// The operators' host-control generation.
+    pub(crate) fn generation(db: &mut impl Db) -> Result<u64, StoreError> {
+        Ok(to_u64(db.query_one(&GENERATION, &[], |r| r.int(0))?))
+    }
+
+    /// An operator's host action, in its transaction: the generation goes up; returns whether
+    /// a drain slot is held (a running pass may have read the generation before).
+    pub(crate) fn bump_generation(db: &mut impl Db) -> Result<bool, StoreError> {
+        db.execute(&BUMP_GENERATION, &[])?;
+        db.query_one(&ANY_HELD, &[], |r| r.flag(0))
     }
 
     /// A relay's writes of host states (the operator's block is left as it is).
@@ -183,7 +206,7 @@ mod ops {
         block: HostBlock,
         at: Timestamp,
     ) -> Result<(), StoreError> {
-        db.execute(&BLOCK, args![origin, block.code(), millis_of(at)])?;
+        db.execute(&BLOCK, args![origin, block_code(block), millis_of(at)])?;
         Ok(())
     }
 
@@ -219,6 +242,50 @@ mod ops {
     /// paused it already. Whether it did.
     pub(crate) fn pause_for_host(db: &mut impl Db, lane: StoreLaneId) -> Result<bool, StoreError> {
         Ok(db.execute(&PAUSE_FOR_HOST, args![lane.0, HOST_BLOCKED_REASON])? > 0)
+    }
+
+    /// Whether `origin` is held by an operator, read so that no unblock commits between the
+    /// read and the end of the transaction (Postgres: the row is share-locked; SQLite has one
+    /// writer).
+    static HELD: Sql = Sql::with_sqlite(
+        "SELECT blocked FROM ol_hosts WHERE origin = $1 FOR SHARE",
+        "SELECT blocked FROM ol_hosts WHERE origin = $1",
+    );
+
+    /// Pauses `lane` for its host's block, as a pass that found the host held writes it (a
+    /// lane enqueued after the block, or one the block did not reach), if `origin` is still
+    /// held: an unblock that committed first leaves the lane as it is, and one that commits
+    /// after sees the pause and resumes it. Whether it paused.
+    pub(crate) fn pause_if_held(
+        db: &mut impl Db,
+        lane: StoreLaneId,
+        origin: &str,
+    ) -> Result<bool, StoreError> {
+        let held = db.query_opt(&HELD, args![origin], |r| r.int(0))?;
+        if held.map(block_of) != Some(HostBlock::Hold) {
+            return Ok(false);
+        }
+        pause_for_host(db, lane)
+    }
+
+    /// A lane's state as a pass reads a changed lane (`controls`).
+    static LANE_STATE: Sql = Sql::new(
+        "SELECT l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, \
+         l.paused, EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0) \
+         FROM ol_lanes l WHERE l.id = $1",
+    );
+
+    /// `lane`'s state now, as [`crate::lanes::controls`] lists a changed lane.
+    pub(crate) fn lane_state(
+        db: &mut impl Db,
+        lane: StoreLaneId,
+    ) -> Result<Option<crate::types::ChangedLane>, StoreError> {
+        db.query_opt(&LANE_STATE, args![lane.0], |r| {
+            Ok(crate::types::ChangedLane {
+                state: crate::lanes::pending_lane(r, 0)?,
+                pending: r.flag(7)?,
+            })
+        })
     }
 
     /// Resumes `lane` if it was paused for its host's block. Whether it did.

@@ -166,7 +166,8 @@ pub(crate) fn bump_control(db: &mut impl Db, lane: StoreLaneId) -> Result<Bumped
 /// `ol_lanes_control` serve it: it holds only lanes an operator touched). No row: the token
 /// is stale. The lanes' pending check runs only for those lanes.
 static CONTROLS: Sql = Sql::new(
-    "SELECT s.control, l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, \
+    "SELECT s.control, \
+     coalesce((SELECT CAST(value AS BIGINT) FROM ol_meta WHERE key = 'host_control'), 0), l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, \
      l.strict, l.paused, \
      EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0) \
      FROM ol_slots s LEFT JOIN ol_lanes l ON l.actor = s.actor AND l.control > $3 AND l.control > 0 \
@@ -174,8 +175,9 @@ static CONTROLS: Sql = Sql::new(
      ORDER BY l.id",
 );
 
-/// The actor's control generation and the lanes an operator changed after generation `seen`
-/// (nothing when it did not change), for the pass holding `token`; one statement.
+/// The actor's control generation, the operators' host-control generation, and the lanes an
+/// operator changed after generation `seen` (nothing when it did not change), for the pass
+/// holding `token`; one statement.
 ///
 /// # Errors
 /// [`StoreError::StaleToken`] if the slot was lost; database failures.
@@ -183,7 +185,7 @@ pub(crate) fn controls(
     db: &mut impl Db,
     token: &SlotToken,
     seen: u64,
-) -> Result<(u64, Vec<ChangedLane>), StoreError> {
+) -> Result<(u64, u64, Vec<ChangedLane>), StoreError> {
     let rows = db.query(
         &CONTROLS,
         args![
@@ -192,21 +194,25 @@ pub(crate) fn controls(
             to_i64(seen)
         ],
         |r| {
-            let generation = to_u64(r.int(0)?);
-            let lane = match r.opt_int(1)? {
+            let generation = (to_u64(r.int(0)?), to_u64(r.int(1)?));
+            let lane = match r.opt_int(2)? {
                 None => None,
                 Some(_) => Some(ChangedLane {
-                    state: pending_lane(r, 1)?,
-                    pending: r.flag(8)?,
+                    state: pending_lane(r, 2)?,
+                    pending: r.flag(9)?,
                 }),
             };
             Ok((generation, lane))
         },
     )?;
-    let Some(&(generation, _)) = rows.first() else {
+    let Some(&((generation, hosts), _)) = rows.first() else {
         return Err(slots::stale(token));
     };
-    Ok((generation, rows.into_iter().filter_map(|r| r.1).collect()))
+    Ok((
+        generation,
+        hosts,
+        rows.into_iter().filter_map(|r| r.1).collect(),
+    ))
 }
 
 static FIND: Sql =

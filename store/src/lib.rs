@@ -102,7 +102,7 @@ use outbox_lanes_core::{ActorId, Timestamp, UnitId};
 
 pub use error::{Cause, EnqueueError, StoreError};
 pub use headers::{HeaderProblem, MAX_HEADER_BYTES, MAX_HEADERS, RefusedHeader, validate_headers};
-pub use hosts::{HostBlock, HostRecord, HostStatus, origin_of};
+pub use hosts::{HostBlock, HostRecord, HostRows, HostStatus, origin_of};
 pub use notify::{Notifier, PendingWake, Subscription};
 #[cfg(feature = "postgres")]
 pub use postgres::{PgOptions, PgStore};
@@ -361,7 +361,23 @@ pub trait DriverStore: Send + Sync {
     ///
     /// # Errors
     /// Database failures.
-    fn hosts(&self) -> Result<Vec<HostRecord>, StoreError>;
+    fn hosts(&self) -> Result<HostRows, StoreError>;
+
+    /// Pauses each lane for its host's block (pause reason
+    /// [`HOST_BLOCKED_REASON`](hosts::HOST_BLOCKED_REASON)), as a pass that found the host
+    /// held by an operator writes it — a lane enqueued after the block, or one the block did
+    /// not reach — if the host (`scheme://host:port`, given with each lane) is still held when
+    /// the write commits: `hosts unblock` resumes it, and an unblock that committed first
+    /// leaves it open. Fenced by `token`. Returns each lane's state after the write (paused
+    /// or not: a lane left open is read again by the pass).
+    ///
+    /// # Errors
+    /// [`StoreError::StaleToken`]; database failures.
+    fn pause_for_host(
+        &self,
+        token: &SlotToken,
+        lanes: &[(StoreLaneId, String)],
+    ) -> Result<Vec<ChangedLane>, StoreError>;
 
     /// Writes host states a relay observed, in one transaction (the operator's
     /// [`HostRecord::blocked`] is not written).

@@ -75,10 +75,12 @@ fn lane_action<B: Backend, T>(
     Ok(v)
 }
 
-/// An operator's action on every lane of a host, in one transaction with the bumps of their
-/// actors' control generations (OL-14): `f` acts on one lane and returns how many units or
-/// lanes it changed. Returns the total, once the action reaches running passes (as
-/// [`lane_action`] with [`Reach::BeforeReturn`], one wait for all the lanes).
+/// An operator's action on a host and every lane of it, in one transaction with the bump of
+/// the operators' host-control generation and of the lanes' actors' control generations
+/// (OL-14, extended to hosts): `first` acts on the host's row, `f` on one lane and returns
+/// how many units or lanes it changed. Returns the total once the action reaches running
+/// passes: [`CONTROL_VALIDITY`] after the commit when any drain slot is held, since a pass of
+/// any actor may meet the host in a lane enqueued later (one wait for everything).
 fn host_lanes_action<B: Backend>(
     store: &B,
     origin: &str,
@@ -86,9 +88,9 @@ fn host_lanes_action<B: Backend>(
     mut f: impl FnMut(&mut B::Conn<'_>, &str, StoreLaneId) -> Result<u64, StoreError>,
 ) -> Result<u64, StoreError> {
     let (n, held) = store.write(false, |db| {
+        let mut held = hosts::bump_generation(db)?;
         first(db)?;
         let mut n = 0;
-        let mut held = false;
         let mut actors: Vec<ActorId> = Vec::new();
         for lane in hosts::lanes_of(db, origin)? {
             let bumped = lanes::bump_control(db, lane)?;
@@ -113,7 +115,7 @@ fn host_lanes_action<B: Backend>(
 impl<B: Backend> ServiceStore for B {
     fn host_list(&self) -> Result<Vec<HostStatus>, StoreError> {
         let (records, usage) = self.read(|db| Ok((hosts::all(db)?, hosts::usage(db)?)))?;
-        Ok(hosts::statuses(records, usage))
+        Ok(hosts::statuses(records.hosts, usage))
     }
 
     fn block_host(&self, origin: &str, block: HostBlock, at: Timestamp) -> Result<u64, StoreError> {

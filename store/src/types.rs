@@ -99,6 +99,10 @@ impl ControlRead {
 pub struct LaneControls {
     /// The generation read, and when the read was asked for.
     pub read: ControlRead,
+    /// The operators' host-control generation, read in the same statement: +1 per `hosts
+    /// block|unblock|retry`. A pass whose host book applied an older one reads the hosts'
+    /// rows ([`DriverStore::hosts`](crate::DriverStore::hosts)) before it starts anything.
+    pub hosts: u64,
     /// The lanes whose last operator action came after the generation the pass had seen, in
     /// lane order, with their state now. Empty when the generation did not change.
     pub changed: Vec<ChangedLane>,

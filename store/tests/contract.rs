@@ -69,7 +69,92 @@ contract!(
     delivered_row_ids_stay_refused_for_the_window,
     the_outbox_id_is_made_once_per_database,
     hosts_share_health_and_schemes_and_operators_block_them,
+    host_actions_move_a_generation_passes_read_and_pause_lanes_only_while_held,
 );
+
+/// OL-14 for hosts: every host action moves the operators' generation, which a pass's read of
+/// its lane controls returns; a pass pauses a lane for a held host only while it is held (its
+/// state after the write comes back either way); an attempt in flight when a block with dead
+/// letters set its unit aside lands on the dead letter, as for `lanes purge`.
+fn host_actions_move_a_generation_passes_read_and_pause_lanes_only_while_held(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        s.enqueue(&a, &[row("r0", &[A]), row("r1", &[A]), row("r2", &[B])])
+            .expect("enqueue");
+        let origin = "https://a.example:443";
+        let t = acquire(s, &a, "h", LEASE);
+        assert_eq!(s.lane_controls(&t, 0).expect("controls").hosts, 0);
+        let la = lane_of(s, &a, A);
+        let u = unit_ids(&claim_lane(s, &t, la, 0, 10));
+
+        // Block with dead letters while r0's attempt is in flight: both units set aside,
+        // the generation moves, and the attempt's record and delivery land on r0's letter.
+        assert_eq!(
+            s.block_host(origin, HostBlock::DeadLetter, now())
+                .expect("block"),
+            2
+        );
+        let read = s.lane_controls(&t, 0).expect("controls");
+        assert_eq!(read.hosts, 1);
+        assert_eq!(DriverStore::hosts(s).expect("hosts").generation, 1);
+        s.record_attempts(
+            &t,
+            &[AttemptRecord {
+                unit: u[0],
+                lane: la,
+                attempts: 1,
+                status: Some(503),
+                error: Some("HTTP 503".into()),
+                at: Timestamp::from_millis(1_000),
+            }],
+        )
+        .expect("record");
+        s.ack(&t, &[(u[0], la)]).expect("ack");
+        let dead = s.dead_letters(Some(&a)).expect("dead letters");
+        let r0 = dead.iter().find(|d| d.row_id == "r0").expect("r0");
+        assert_eq!(r0.reason, DeadReason::Blocked);
+        assert_eq!(
+            (r0.attempts, r0.last_error.as_deref()),
+            (2, Some(DELIVERED_AFTER_SET_ASIDE))
+        );
+
+        // A held host: a pass pauses a lane it meets for it; the state comes back.
+        s.enqueue(&a, &[row("r3", &[C])]).expect("enqueue");
+        let lc = lane_of(s, &a, C);
+        let c = "https://c.example:443";
+        s.block_host(c, HostBlock::Hold, now()).expect("hold");
+        assert_eq!(s.lane_controls(&t, 0).expect("controls").hosts, 2);
+        let lb = lane_of(s, &a, B);
+        let states = s
+            .pause_for_host(&t, &[(lb, "https://b.example:443".into()), (lc, c.into())])
+            .expect("pause");
+        let paused: Vec<(StoreLaneId, bool, bool)> = states
+            .iter()
+            .map(|cl| (cl.state.lane, cl.state.paused, cl.pending))
+            .collect();
+        assert_eq!(
+            paused,
+            [(lb, false, true), (lc, true, true)],
+            "b.example is not held: its lane stays open"
+        );
+        let st = s.lane_status(lc).expect("status").expect("lane");
+        assert_eq!(st.pause_reason.as_deref(), Some(hosts::HOST_BLOCKED_REASON));
+        // Unblock resumes it with the lanes the block paused (none here).
+        assert_eq!(s.block_host(c, HostBlock::Open, now()).expect("unblock"), 1);
+        assert!(!s.lane_status(lc).expect("status").expect("lane").paused);
+        // Once open, a pass's pause writes nothing.
+        let states = s.pause_for_host(&t, &[(lc, c.into())]).expect("pause");
+        assert!(!states[0].state.paused);
+        assert_eq!(s.lane_controls(&t, 0).expect("controls").hosts, 3);
+        // A stale token writes nothing.
+        let _ = s.release_slot(&t).expect("release");
+        assert!(matches!(
+            s.pause_for_host(&t, &[(lc, c.into())]),
+            Err(StoreError::StaleToken)
+        ));
+    });
+}
 
 /// `ol_hosts`: what relays write comes back; the operator's block pauses, dead-letters and
 /// resumes the host's lanes (and a relay's write never clears it); retry forgets the health
@@ -90,7 +175,9 @@ fn hosts_share_health_and_schemes_and_operators_block_them(b: Backend) {
             ],
         )
         .expect("enqueue");
-        assert!(DriverStore::hosts(s).expect("hosts").is_empty());
+        let none = DriverStore::hosts(s).expect("hosts");
+        assert!(none.hosts.is_empty());
+        assert_eq!(none.generation, 0, "no operator acted on a host yet");
         let origin = "https://a.example:443";
         assert_eq!(origin_of(A).as_deref(), Some(origin));
         let t0 = now();
@@ -103,7 +190,13 @@ fn hosts_share_health_and_schemes_and_operators_block_them(b: Backend) {
         rec.spec = Some("cavage".into());
         rec.spec_at = Some(t0);
         s.write_hosts(std::slice::from_ref(&rec)).expect("write");
-        assert_eq!(DriverStore::hosts(s).expect("hosts"), [rec.clone()]);
+        assert_eq!(DriverStore::hosts(s).expect("hosts").hosts, [rec.clone()]);
+        // A write older than the row (a relay's write on its way when another wrote) is lost.
+        let mut older = rec.clone();
+        older.failures = 1;
+        older.updated_at = t0.saturating_sub(Duration::from_secs(1));
+        s.write_hosts(std::slice::from_ref(&older)).expect("write");
+        assert_eq!(DriverStore::hosts(s).expect("hosts").hosts, [rec.clone()]);
 
         let list = s.host_list().expect("list");
         let by = |o: &str| list.iter().find(|x| x.record.origin == o).cloned();
@@ -139,10 +232,15 @@ fn hosts_share_health_and_schemes_and_operators_block_them(b: Backend) {
         );
         // A relay's write keeps the operator's block.
         rec.failures = 0;
+        rec.updated_at = now();
         s.write_hosts(std::slice::from_ref(&rec)).expect("write");
         let got = DriverStore::hosts(s).expect("hosts");
-        assert_eq!(got[0].blocked, HostBlock::Hold);
-        assert_eq!(got[0].failures, 0);
+        assert_eq!(
+            got.generation, 1,
+            "the block moved the operators' generation"
+        );
+        assert_eq!(got.hosts[0].blocked, HostBlock::Hold);
+        assert_eq!(got.hosts[0].failures, 0);
         // Unblock resumes what the block paused, not an operator's own pause.
         let l2 = lane_of(s, &a, A2);
         s.resume_lane(l2).expect("resume");
@@ -160,12 +258,10 @@ fn hosts_share_health_and_schemes_and_operators_block_them(b: Backend) {
             .collect();
         assert_eq!(paused, [(A2, Some("maintenance"))]);
         s.resume_lane(l2).expect("resume");
-        assert_eq!(
-            DriverStore::hosts(s).expect("hosts")[0].blocked,
-            HostBlock::Open
-        );
+        let got = DriverStore::hosts(s).expect("hosts");
+        assert_eq!((got.generation, got.hosts[0].blocked), (2, HostBlock::Open));
 
-        // Retry: the health is forgotten (the scheme kept), waiting lanes come back.
+        // Retry: the health and the scheme are forgotten, waiting lanes come back.
         let t = acquire(s, &a, "h", LEASE);
         let la = lane_of(s, &a, A);
         s.set_lane_state(
@@ -177,11 +273,14 @@ fn hosts_share_health_and_schemes_and_operators_block_them(b: Backend) {
         .expect("held for its host");
         let _ = s.release_slot(&t).expect("release");
         rec.failures = 4;
+        rec.updated_at = now();
         s.write_hosts(std::slice::from_ref(&rec)).expect("write");
         assert_eq!(s.retry_host(origin, now()).expect("retry"), 1);
-        let got = &DriverStore::hosts(s).expect("hosts")[0];
+        let got = DriverStore::hosts(s).expect("hosts");
+        assert_eq!(got.generation, 3);
+        let got = &got.hosts[0];
         assert_eq!((got.failures, got.level, got.not_before), (0, 0, None));
-        assert_eq!(got.spec.as_deref(), Some("cavage"));
+        assert_eq!((got.spec.as_deref(), got.spec_at), (None, None));
         let st = s.lanes(&a).expect("lanes");
         let st = st.iter().find(|l| l.lane == la).expect("a");
         assert_eq!((st.not_before, st.backoff_level), (None, 0));

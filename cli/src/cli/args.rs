@@ -200,8 +200,10 @@ pub(crate) struct DeliveryFlags {
     pub(crate) signing_keys: Option<PathBuf>,
 
     /// Which HTTP signature scheme `--signing-keys` signs with: `auto` (RFC 9421 first for a
-    /// host not known yet, draft-cavage at once when it refuses with 400, 401 or 403, then
-    /// what worked, remembered per host in the database), `rfc9421` or `cavage`.
+    /// host not known yet, draft-cavage at once when it refuses with 401 or 403 — or 400
+    /// while its scheme is not known — then what worked, remembered per host in the
+    /// database; a 401/403 in the learned scheme tries the other once and re-learns),
+    /// `rfc9421` or `cavage`.
     #[arg(long, value_enum, default_value_t = SignatureSpecArg::Auto, env = "OUTBOX_LANES_SIGNATURE_SPEC")]
     pub(crate) signature_spec: SignatureSpecArg,
 
@@ -225,7 +227,10 @@ pub(crate) struct DeliveryFlags {
     pub(crate) host_failures: u32,
 
     /// Attempts in flight a host takes until it first answers: what a dead host gets at once
-    /// before it backs off (after a connection failure, one at a time).
+    /// before it backs off (after a connection failure, one at a time). Its first answer
+    /// opens its share to half of --concurrency, each later answer widens it by one (up to
+    /// --concurrency) and each timeout halves it, so a host that hangs cannot hold every
+    /// attempt in flight.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=65536), env = "OUTBOX_LANES_HOST_FIRST_CONTACT")]
     pub(crate) host_first_contact: u32,
 

@@ -200,6 +200,7 @@ struct ActorRow {
     pending: u64,
     pass_running: u8,
     stalled_lanes: u64,
+    paused_lanes: u64,
     dead_letters: u64,
     /// Age of the oldest pending unit in seconds, 0 with none pending.
     oldest_pending: f64,
@@ -317,6 +318,15 @@ impl Collector for Snapshot {
         )?;
         family(
             &mut e,
+            "outbox_lanes_paused_lanes",
+            "Lanes with pending units paused, by an operator or for their host's block, per actor.",
+            MetricType::Gauge,
+            "actor",
+            per_actor(|a| a.paused_lanes),
+            gauge,
+        )?;
+        family(
+            &mut e,
             "outbox_lanes_dead_letters",
             "Dead letters kept, per actor.",
             MetricType::Gauge,
@@ -429,6 +439,7 @@ pub(crate) fn render(
             pending: a.pending,
             pass_running: u8::from(a.in_flight),
             stalled_lanes: a.lanes_in_backoff.len() as u64,
+            paused_lanes: a.lanes_paused.len() as u64,
             dead_letters: a.dead_letters,
             oldest_pending: oldest
                 .iter()
@@ -544,6 +555,11 @@ mod tests {
                 "outbox_lanes_stalled_lanes",
                 "gauge",
                 "Lanes with pending units in backoff, per actor.",
+            ),
+            (
+                "outbox_lanes_paused_lanes",
+                "gauge",
+                "Lanes with pending units paused, by an operator or for their host's block, per actor.",
             ),
             (
                 "outbox_lanes_dead_letters",
@@ -671,6 +687,7 @@ mod tests {
         assert_eq!(p.samples["outbox_lanes_pass_running{actor=\"a\"}"], 1.0);
         assert_eq!(p.samples["outbox_lanes_dead_letters{actor=\"a\"}"], 1.0);
         assert_eq!(p.samples["outbox_lanes_stalled_lanes{actor=\"b\"}"], 0.0);
+        assert_eq!(p.samples["outbox_lanes_paused_lanes{actor=\"b\"}"], 0.0);
         assert_eq!(p.samples["outbox_lanes_hosts{state=\"open\"}"], 2.0);
         assert_eq!(p.samples["outbox_lanes_hosts{state=\"backoff\"}"], 1.0);
     }

@@ -10,6 +10,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_outbox-lanes");
+
+/// The binary the tests run: [`BIN`], or the one `OUTBOX_LANES_TEST_BIN` names (an older
+/// build, to show that a test fails on it).
+pub fn bin() -> std::ffi::OsString {
+    std::env::var_os("OUTBOX_LANES_TEST_BIN").unwrap_or_else(|| BIN.into())
+}
 /// No single run of the binary in these tests takes anywhere near this long.
 pub const RUN_BOUND: Duration = Duration::from_secs(120);
 
@@ -53,13 +59,13 @@ impl Db {
     }
 
     pub fn command(&self, args: &[&str]) -> Command {
-        self.with(Command::new(BIN), args)
+        self.with(Command::new(bin()), args)
     }
 
     /// The binary on the SQLite file at `file` instead (in this directory or not), with
     /// `args` and the same environment as [`Db::command`].
     pub fn command_at(&self, file: &std::path::Path, args: &[&str]) -> Command {
-        let mut c = Command::new(BIN);
+        let mut c = Command::new(bin());
         c.arg("--db").arg(file);
         self.env(c, args)
     }

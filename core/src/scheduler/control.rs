@@ -85,6 +85,25 @@ impl Scheduler {
         self.fire_timers();
     }
 
+    /// An attempt of `lane` found its host held by an operator ([`Outcome::Held`]): the lane
+    /// is paused in the pass, as by the operator's pause of it, with its state otherwise as
+    /// the pass knows it; the runtime persists the pause.
+    ///
+    /// [`Outcome::Held`]: crate::Outcome::Held
+    pub(super) fn held_for_host(&mut self, lane: LaneId) {
+        let l = &self.lanes[lane.index()];
+        let control = LaneControl {
+            info: crate::scheduler::LaneInfo {
+                not_before: l.not_before,
+                level: l.level,
+                strict: l.strict,
+            },
+            paused: true,
+            pending: true,
+        };
+        self.handle_lane_control(lane, control, self.now);
+    }
+
     /// Joined units the reads of `lane` reached but that are not admitted yet were read before
     /// the action: each is forgotten, and every lane that reached it reads up to it again
     /// (fresh, so that a recipient purged meanwhile is not served).

@@ -100,6 +100,7 @@ impl Scheduler {
             }
             Outcome::NotSent => self.not_sent(idx, s),
             Outcome::Deferred { retry_after } => self.defer(idx, s, retry_after),
+            Outcome::Held => self.held_for_host(lane),
             Outcome::SetAside { reason } => {
                 // Nothing was sent: no attempt to count.
                 self.dead_letter_or_block(idx, s, reason);

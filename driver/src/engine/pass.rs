@@ -60,6 +60,7 @@ fn round_context(core: &OutboxCore) -> RoundContext<'_> {
         store: &**core.store(),
         acks: core.acks(),
         hooks: core.hooks(),
+        hosts: Some(core.hosts()),
     }
 }
 

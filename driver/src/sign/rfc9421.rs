@@ -352,6 +352,11 @@ fn signature_base(lines: &[(&str, String)], params: &str) -> String {
     base
 }
 
+/// Whether `challenge` can be signed with `key` as it asks, for a `body_len`-byte body.
+pub(super) fn honours(challenge: &str, key: &ActorKey, body_len: usize) -> bool {
+    Plan::from_challenge(challenge, key, body_len).is_ok()
+}
+
 /// The headers that sign `req` with `key` under RFC 9421, in order: `Date` (only when the
 /// signature covers it), `Content-Digest`, `Signature-Input`, `Signature`.
 ///
