@@ -13,38 +13,17 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::PermissionsExt as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Db, Relay, collect};
-use outbox_lanes_test_support::signatures::{ALICE_PRIVATE_PKCS8, ALICE_PUBLIC};
-use outbox_lanes_test_support::{
-    Chooser, Completion, Recipient, Recorded, Reply, Response, verifiers,
+use common::{
+    ALICE, Db, Relay, collect, host, is_2xx, is_rfc9421, keys_file, n_of, origin, row,
+    verifies_cavage, verifies_rfc9421,
 };
+use outbox_lanes_test_support::{Chooser, Completion, Recipient, Recorded, Reply, Response};
 use serde_json::Value;
-
-const ALICE: &str = "https://example.com/users/alice";
-
-fn enqueue(db: &Db, actor: &str, lines: &[String]) {
-    let out = collect(
-        db.command(&["enqueue", "--actor", actor]).spawn().unwrap(),
-        &(lines.join("\n") + "\n"),
-    );
-    assert_eq!(out.code(), Some(0), "enqueue: {}", out.stderr);
-}
-
-fn row(id: &str, to: &str) -> String {
-    serde_json::json!({ "id": id, "to": [to], "body": { "n": id } }).to_string()
-}
-
-fn json_of(db: &Db, args: &[&str]) -> Value {
-    let out = collect(db.command(args).spawn().unwrap(), "");
-    assert_eq!(out.code(), Some(0), "{args:?}: {}", out.stderr);
-    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.stdout))
-}
 
 /// `drain` with alice's key and the default `--signature-spec` (auto).
 fn drain(db: &Db, keys: &Path) {
@@ -58,29 +37,15 @@ fn drain(db: &Db, keys: &Path) {
     assert_eq!(out.code(), Some(0), "drain: {}", out.stderr);
 }
 
-fn origin(r: &Recipient) -> String {
-    format!("http://127.0.0.1:{}", r.addr().port())
-}
-
 /// The `hosts --json` entry of `r`'s origin.
 fn host_of(db: &Db, r: &Recipient) -> Value {
-    let hosts = json_of(db, &["hosts", "--json"]);
-    let o = origin(r);
-    hosts["hosts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|h| h["origin"] == o.as_str())
-        .cloned()
-        .unwrap_or_else(|| panic!("no {o} in {hosts}"))
+    host(&db.json(&["hosts", "--json"]), &origin(r)).clone()
 }
 
 /// Every dead letter as (row id, reason, last status, attempts).
 fn dead_letters(db: &Db) -> Vec<(String, String, Option<u64>, u64)> {
-    let dead = json_of(db, &["dead-letters", "list", "--json"]);
-    let mut out: Vec<_> = dead["dead_letters"]
-        .as_array()
-        .unwrap()
+    let mut out: Vec<_> = db
+        .dead_letters()
         .iter()
         .map(|d| {
             (
@@ -95,41 +60,13 @@ fn dead_letters(db: &Db) -> Vec<(String, String, Option<u64>, u64)> {
     out
 }
 
-/// The body's `n` of a request.
-fn n_of(q: &Recorded) -> String {
-    let v: Value = serde_json::from_slice(&q.body).unwrap();
-    v["n"].as_str().unwrap().to_owned()
-}
-
-/// The body's `n` of each request answered 2xx, in arrival order.
+/// The body's `n` of each request answered 2xx, anywhere, in arrival order.
 fn arrived(r: &Recipient) -> Vec<String> {
     r.all_requests()
         .iter()
-        .filter(|q| {
-            q.completion
-                .status()
-                .is_some_and(|s| (200..300).contains(&s))
-        })
+        .filter(|q| is_2xx(q))
         .map(n_of)
         .collect()
-}
-
-/// A keys file with alice's RSA key (mode 0600, as the binary wants it).
-fn keys_file(dir: &Path) -> PathBuf {
-    let file = dir.join("signing-keys.toml");
-    std::fs::write(
-        &file,
-        format!(
-            "[actors.\"{ALICE}\"]\nkey_id = \"{ALICE}#main-key\"\nprivate_key_pem = \"\"\"\n{ALICE_PRIVATE_PKCS8}\"\"\"\n"
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
-    file
-}
-
-fn is_rfc9421(q: &Recorded) -> bool {
-    q.header("signature-input").is_some()
 }
 
 /// `rfc9421` or `cavage`: the scheme a request was signed with.
@@ -142,14 +79,6 @@ fn transcript(qs: &[Recorded]) -> Vec<(String, &'static str, Option<u16>)> {
     qs.iter()
         .map(|q| (n_of(q), scheme(q), q.completion.status()))
         .collect()
-}
-
-fn verifies_rfc9421(q: &Recorded) -> bool {
-    is_rfc9421(q) && verifiers::rfc9421(q, ALICE_PUBLIC).is_ok()
-}
-
-fn verifies_cavage(q: &Recorded) -> bool {
-    !is_rfc9421(q) && verifiers::cavage(q, ALICE_PUBLIC).is_ok()
 }
 
 /// A host that takes draft-cavage only (verified with a verifier we did not write) until
@@ -179,7 +108,7 @@ fn a_cavage_host_that_moves_to_rfc9421_is_relearned_within_one_attempt() {
     let keys = keys_file(&db.path("."));
     let modern = Arc::new(AtomicBool::new(false));
     let r = switching_host(Arc::clone(&modern));
-    enqueue(&db, ALICE, &[row("c0", &r.url("/inbox"))]);
+    db.enqueue_lines(ALICE, &[row("c0", &r.url("/inbox"))]);
     drain(&db, &keys);
     assert_eq!(
         transcript(&r.all_requests()),
@@ -194,8 +123,7 @@ fn a_cavage_host_that_moves_to_rfc9421_is_relearned_within_one_attempt() {
     // The host now takes RFC 9421 only.
     modern.store(true, Ordering::SeqCst);
     let before = r.all_requests().len();
-    enqueue(
-        &db,
+    db.enqueue_lines(
         ALICE,
         &[row("c1", &r.url("/inbox")), row("c2", &r.url("/inbox"))],
     );
@@ -225,11 +153,11 @@ fn hosts_retry_forgets_a_hosts_learned_scheme() {
     let db = Db::new();
     let keys = keys_file(&db.path("."));
     let r = switching_host(Arc::new(AtomicBool::new(false)));
-    enqueue(&db, ALICE, &[row("c0", &r.url("/inbox"))]);
+    db.enqueue_lines(ALICE, &[row("c0", &r.url("/inbox"))]);
     drain(&db, &keys);
     assert_eq!(host_of(&db, &r)["signature_spec"], "cavage");
 
-    let out = json_of(&db, &["hosts", "retry", &origin(&r), "--json"]);
+    let out = db.json(&["hosts", "retry", &origin(&r), "--json"]);
     eprintln!("hosts retry: {out}");
     let h = host_of(&db, &r);
     assert!(
@@ -239,7 +167,7 @@ fn hosts_retry_forgets_a_hosts_learned_scheme() {
 
     // The binary forgot it too: the next unit starts with RFC 9421 again.
     let before = r.all_requests().len();
-    enqueue(&db, ALICE, &[row("c1", &r.url("/inbox"))]);
+    db.enqueue_lines(ALICE, &[row("c1", &r.url("/inbox"))]);
     drain(&db, &keys);
     assert_eq!(
         transcript(&r.all_requests()[before..]),
@@ -267,7 +195,7 @@ fn a_host_known_for_rfc9421_answering_400_gets_the_payload_once() {
             Reply::Status(202)
         }
     })));
-    enqueue(&db, ALICE, &[row("ok0", &r.url("/inbox"))]);
+    db.enqueue_lines(ALICE, &[row("ok0", &r.url("/inbox"))]);
     drain(&db, &keys);
     assert_eq!(
         transcript(&r.all_requests()),
@@ -276,7 +204,7 @@ fn a_host_known_for_rfc9421_answering_400_gets_the_payload_once() {
     assert_eq!(host_of(&db, &r)["signature_spec"], "rfc9421");
 
     let before = r.all_requests().len();
-    enqueue(&db, ALICE, &[row("bad", &r.url("/inbox"))]);
+    db.enqueue_lines(ALICE, &[row("bad", &r.url("/inbox"))]);
     drain(&db, &keys);
     assert_eq!(
         transcript(&r.all_requests()[before..]),
@@ -304,7 +232,7 @@ fn a_host_refusing_everything_costs_one_request_per_unit_after_the_first() {
         lines.push(row(&format!("a{i}"), &r.url("/users/a/inbox")));
         lines.push(row(&format!("b{i}"), &r.url("/users/b/inbox")));
     }
-    enqueue(&db, ALICE, &lines);
+    db.enqueue_lines(ALICE, &lines);
     drain(&db, &keys);
 
     let all = r.all_requests();
@@ -361,7 +289,7 @@ fn a_garbage_accept_signature_is_ignored_and_no_request_is_sent_twice() {
             )
         }
     })));
-    enqueue(&db, ALICE, &[row("g0", &r.url("/inbox"))]);
+    db.enqueue_lines(ALICE, &[row("g0", &r.url("/inbox"))]);
     drain(&db, &keys);
     let all = r.all_requests();
     for pair in all.windows(2) {
@@ -417,7 +345,7 @@ fn a_hanging_host_takes_a_bounded_share_and_another_hosts_rows_go_meanwhile() {
             .to_string()
         })
         .collect();
-    enqueue(&db, A, &lines);
+    db.enqueue_lines(A, &lines);
 
     let started = Instant::now();
     let relay = Relay::start(&db, &[], &[]);
@@ -436,7 +364,7 @@ fn a_hanging_host_takes_a_bounded_share_and_another_hosts_rows_go_meanwhile() {
         .collect();
     // From the start of the `enqueue` command: the relay may deliver before it has exited.
     let enqueued = Instant::now();
-    enqueue(&db, B, &b_lines);
+    db.enqueue_lines(B, &b_lines);
     let b_done = healthy.wait_until(Duration::from_secs(60), |log| {
         log.iter()
             .filter(|q| q.completion.status() == Some(200))

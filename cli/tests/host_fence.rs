@@ -18,8 +18,8 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant, SystemTime};
 
-use common::{Db, Relay, collect, eventually};
-use outbox_lanes_test_support::{Recipient, Recorded, Reply};
+use common::{Db, Relay, collect, eventually, is_2xx, n_of, on_postgres, origin, row};
+use outbox_lanes_test_support::{Recipient, Reply};
 use serde_json::Value;
 
 /// Two actors, so that on Postgres each of the two relays may hold a pass of its own.
@@ -32,18 +32,6 @@ const SLOW: Duration = Duration::from_millis(300);
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
-
-fn row(id: &str, to: &str) -> String {
-    serde_json::json!({ "id": id, "to": [to], "body": { "n": id } }).to_string()
-}
-
-fn enqueue(db: &Db, actor: &str, lines: &[String]) {
-    let out = collect(
-        db.command(&["enqueue", "--actor", actor]).spawn().unwrap(),
-        &(lines.join("\n") + "\n"),
-    );
-    assert_eq!(out.code(), Some(0), "enqueue: {}", out.stderr);
-}
 
 /// Runs the binary with `args`; its stdout (it must exit 0).
 fn text_of(db: &Db, args: &[&str]) -> String {
@@ -67,10 +55,6 @@ fn migrate(db: &Db) {
     text_of(db, &["migrate"]);
 }
 
-fn origin(r: &Recipient) -> String {
-    format!("http://127.0.0.1:{}", r.addr().port())
-}
-
 /// `hosts ACTION ORIGIN [extra] --json`; returns its `changed`.
 fn host_action(db: &Db, action: &str, origin: &str, extra: &[&str]) -> u64 {
     let out = json_of(
@@ -82,20 +66,12 @@ fn host_action(db: &Db, action: &str, origin: &str, extra: &[&str]) -> u64 {
         .unwrap_or_else(|| panic!("hosts {action}: {out}"))
 }
 
-fn n_of(q: &Recorded) -> String {
-    let v: Value = serde_json::from_slice(&q.body).unwrap();
-    v["n"].as_str().unwrap().to_owned()
-}
-
 /// The rows `path` answered with a 2xx, in arrival order, a row answered twice (at least
 /// once) counted once.
 fn delivered(r: &Recipient, path: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for q in r.requests(path) {
-        if q.completion
-            .status()
-            .is_some_and(|s| (200..300).contains(&s))
-        {
+        if is_2xx(&q) {
             let n = n_of(&q);
             if !out.contains(&n) {
                 out.push(n);
@@ -109,11 +85,7 @@ fn delivered(r: &Recipient, path: &str) -> Vec<String> {
 fn answered(r: &Recipient) -> Vec<(Instant, String, String)> {
     r.all_requests()
         .iter()
-        .filter(|q| {
-            q.completion
-                .status()
-                .is_some_and(|s| (200..300).contains(&s))
-        })
+        .filter(|q| is_2xx(q))
         .map(|q| (q.arrived_at, q.path.clone(), n_of(q)))
         .collect()
 }
@@ -187,14 +159,6 @@ fn path_of<'a>(r: &Recipient, url: &'a str) -> &'a str {
     &url[origin(r).len()..]
 }
 
-fn postgres(name: &str) -> Option<Db> {
-    let db = Db::postgres(name);
-    if db.is_none() {
-        eprintln!("skipped: OUTBOX_LANES_TEST_PG is not set");
-    }
-    db
-}
-
 // ---------------------------------------------------------------------------------------------
 // 1. A block reaches relays busy with the host: rows enqueued right after it returns are never
 //    sent.
@@ -216,7 +180,7 @@ fn dead_letter_block_reaches_busy_relays(db: &Db, relays: usize) {
                 (0..20).map(move |i| row(&format!("busy-{k}-{i}"), &r.url(&format!("/busy-{a}"))))
             })
             .collect();
-        enqueue(db, a, &lines);
+        db.enqueue_lines(a, &lines);
     }
     let running = start_relays(db, relays);
     for (k, r) in hosts.iter().enumerate() {
@@ -232,8 +196,7 @@ fn dead_letter_block_reaches_busy_relays(db: &Db, relays: usize) {
         let took = asked.elapsed();
         // Right after: on the lanes being delivered, and on new lanes.
         let late = |i: u32| format!("late-{k}-{i}");
-        enqueue(
-            db,
+        db.enqueue_lines(
             "alice",
             &[
                 row(&late(0), &r.url("/busy-alice")),
@@ -241,8 +204,7 @@ fn dead_letter_block_reaches_busy_relays(db: &Db, relays: usize) {
                 row(&late(2), &r.url("/new-alice")),
             ],
         );
-        enqueue(
-            db,
+        db.enqueue_lines(
             "bob",
             &[
                 row(&late(3), &r.url("/busy-bob")),
@@ -293,9 +255,9 @@ fn dead_letter_block_reaches_a_busy_relay_on_sqlite() {
 
 #[test]
 fn dead_letter_block_reaches_two_busy_relays_on_postgres() {
-    if let Some(db) = postgres("hf_dl_busy") {
-        dead_letter_block_reaches_busy_relays(&db, 2);
-    }
+    on_postgres("hf_dl_busy", |db| {
+        dead_letter_block_reaches_busy_relays(db, 2)
+    });
 }
 
 /// Two rounds, one host each, while the relays are busy with another host (`busy`: a pass
@@ -312,7 +274,7 @@ fn plain_block_holds_lanes_met_later(db: &Db, relays: usize, busy: bool) {
             let lines: Vec<String> = (0..20)
                 .map(|i| row(&format!("busy-{i}"), &other.url(&format!("/busy-{a}"))))
                 .collect();
-            enqueue(db, a, &lines);
+            db.enqueue_lines(a, &lines);
         }
     }
     let running = start_relays(db, relays);
@@ -327,15 +289,13 @@ fn plain_block_holds_lanes_met_later(db: &Db, relays: usize, busy: bool) {
     for (k, r) in hosts.iter().enumerate() {
         let changed = host_action(db, "block", &origin(r), &[]);
         assert_eq!(changed, 0, "host {k} has no lanes yet");
-        enqueue(
-            db,
+        db.enqueue_lines(
             "alice",
             &(0..3)
                 .map(|i| row(&format!("h{k}-{i}"), &r.url("/alice")))
                 .collect::<Vec<_>>(),
         );
-        enqueue(
-            db,
+        db.enqueue_lines(
             "bob",
             &(0..2)
                 .map(|i| row(&format!("h{k}-{i}"), &r.url("/bob")))
@@ -388,9 +348,9 @@ fn plain_block_reaches_a_busy_relay_on_sqlite() {
 
 #[test]
 fn plain_block_reaches_two_busy_relays_on_postgres() {
-    if let Some(db) = postgres("hf_hold_busy") {
-        plain_block_holds_lanes_met_later(&db, 2, true);
-    }
+    on_postgres("hf_hold_busy", |db| {
+        plain_block_holds_lanes_met_later(db, 2, true)
+    });
 }
 
 #[test]
@@ -400,9 +360,9 @@ fn plain_block_reaches_an_idle_relay_on_sqlite() {
 
 #[test]
 fn plain_block_reaches_two_idle_relays_on_postgres() {
-    if let Some(db) = postgres("hf_hold_idle") {
-        plain_block_holds_lanes_met_later(&db, 2, false);
-    }
+    on_postgres("hf_hold_idle", |db| {
+        plain_block_holds_lanes_met_later(db, 2, false)
+    });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -426,7 +386,7 @@ fn in_flight_attempts_are_recorded_on_their_dead_letters(db: &Db, relays: usize)
                 (0..ROWS).map(move |i| row(&format!("l{lane}-{i}"), &to))
             })
             .collect();
-        enqueue(db, actor, &lines);
+        db.enqueue_lines(actor, &lines);
     }
     let running = start_relays(db, relays);
     let busy = r.wait_until(Duration::from_secs(60), |log| {
@@ -517,9 +477,9 @@ fn in_flight_attempts_are_recorded_on_their_dead_letters_on_sqlite() {
 
 #[test]
 fn in_flight_attempts_are_recorded_on_their_dead_letters_with_two_relays_on_postgres() {
-    if let Some(db) = postgres("hf_in_flight") {
-        in_flight_attempts_are_recorded_on_their_dead_letters(&db, 2);
-    }
+    on_postgres("hf_in_flight", |db| {
+        in_flight_attempts_are_recorded_on_their_dead_letters(db, 2)
+    });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -534,15 +494,13 @@ fn replay_right_after_unblock_is_delivered(db: &Db, relays: usize) {
     let o = origin(&r);
     assert_eq!(host_action(db, "block", &o, &["--dead-letter"]), 0);
     let running = start_relays(db, relays);
-    enqueue(
-        db,
+    db.enqueue_lines(
         "alice",
         &(0..3)
             .map(|i| row(&format!("a{i}"), &r.url("/a")))
             .collect::<Vec<_>>(),
     );
-    enqueue(
-        db,
+    db.enqueue_lines(
         "bob",
         &(0..2)
             .map(|i| row(&format!("b{i}"), &r.url("/b")))
@@ -583,9 +541,9 @@ fn replay_right_after_unblock_is_delivered_on_sqlite() {
 
 #[test]
 fn replay_right_after_unblock_is_delivered_with_two_relays_on_postgres() {
-    if let Some(db) = postgres("hf_replay") {
-        replay_right_after_unblock_is_delivered(&db, 2);
-    }
+    on_postgres("hf_replay", |db| {
+        replay_right_after_unblock_is_delivered(db, 2)
+    });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -625,7 +583,7 @@ fn unblock_releases_50_held_lanes_at_once(db: &Db, relays: usize) {
                 (0..2).map(move |i| row(&format!("{l}-{i}"), &to))
             })
             .collect();
-        enqueue(db, a, &lines);
+        db.enqueue_lines(a, &lines);
     }
     eventually(|| {
         let l = lanes_on(db, &r);
@@ -733,9 +691,9 @@ fn unblock_releases_50_held_lanes_at_once_on_sqlite() {
 
 #[test]
 fn unblock_releases_50_held_lanes_at_once_with_two_relays_on_postgres() {
-    if let Some(db) = postgres("hf_unblock") {
-        unblock_releases_50_held_lanes_at_once(&db, 2);
-    }
+    on_postgres("hf_unblock", |db| {
+        unblock_releases_50_held_lanes_at_once(db, 2)
+    });
 }
 
 /// 50 lanes (25 per actor, 2 rows each) to a host that resets every connection: it backs off
@@ -754,7 +712,7 @@ fn retry_brings_a_returned_hosts_lanes_back_at_once(db: &Db, relays: usize) {
                 (0..2).map(move |i| row(&format!("{l}-{i}"), &to))
             })
             .collect();
-        enqueue(db, a, &lines);
+        db.enqueue_lines(a, &lines);
     }
     let running = start_relays(db, relays);
     let host = || {
@@ -840,7 +798,7 @@ fn retry_brings_a_returned_hosts_lanes_back_at_once_on_sqlite() {
 
 #[test]
 fn retry_brings_a_returned_hosts_lanes_back_at_once_with_two_relays_on_postgres() {
-    if let Some(db) = postgres("hf_retry") {
-        retry_brings_a_returned_hosts_lanes_back_at_once(&db, 2);
-    }
+    on_postgres("hf_retry", |db| {
+        retry_brings_a_returned_hosts_lanes_back_at_once(db, 2)
+    });
 }

@@ -10,18 +10,15 @@
 mod common;
 
 use std::net::TcpListener;
-use std::os::unix::fs::PermissionsExt as _;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Db, Relay, collect, eventually};
-use outbox_lanes_test_support::signatures::{ALICE_PRIVATE_PKCS8, ALICE_PUBLIC};
-use outbox_lanes_test_support::{Chooser, Recipient, Recorded, Reply, Response, verifiers};
-use serde_json::Value;
-
-const ALICE: &str = "https://example.com/users/alice";
+use common::{
+    ALICE, Db, Relay, arrived, collect, eventually, host, is_rfc9421, keys_file, origin, row,
+    verifies_cavage, verifies_rfc9421,
+};
+use outbox_lanes_test_support::{Chooser, Recipient, Recorded, Reply, Response};
 
 /// A host that accepts every connection and closes it at once, without reading or answering
 /// (a dead instance behind a load balancer); it counts the connections it accepted, with the
@@ -83,49 +80,6 @@ impl Drop for DeadHost {
     }
 }
 
-fn enqueue(db: &Db, actor: &str, lines: &[String]) {
-    let out = collect(
-        db.command(&["enqueue", "--actor", actor]).spawn().unwrap(),
-        &(lines.join("\n") + "\n"),
-    );
-    assert_eq!(out.code(), Some(0), "enqueue: {}", out.stderr);
-}
-
-fn row(id: &str, to: &str) -> String {
-    serde_json::json!({ "id": id, "to": [to], "body": { "n": id } }).to_string()
-}
-
-fn json_of(db: &Db, args: &[&str]) -> Value {
-    let out = collect(db.command(args).spawn().unwrap(), "");
-    assert_eq!(out.code(), Some(0), "{args:?}: {}", out.stderr);
-    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.stdout))
-}
-
-fn host<'a>(hosts: &'a Value, origin: &str) -> &'a Value {
-    hosts["hosts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|h| h["origin"] == origin)
-        .unwrap_or_else(|| panic!("no {origin} in {hosts}"))
-}
-
-/// The body's `n` of each request to `path`, in arrival order.
-fn arrived(r: &Recipient, path: &str) -> Vec<String> {
-    r.requests(path)
-        .iter()
-        .filter(|q| {
-            q.completion
-                .status()
-                .is_some_and(|s| (200..300).contains(&s))
-        })
-        .map(|q| {
-            let v: Value = serde_json::from_slice(&q.body).unwrap();
-            v["n"].as_str().unwrap().to_owned()
-        })
-        .collect()
-}
-
 #[test]
 fn a_dead_host_with_200_lanes_costs_a_handful_of_connections_while_a_healthy_one_is_served() {
     let db = Db::new();
@@ -141,7 +95,7 @@ fn a_dead_host_with_200_lanes_costs_a_handful_of_connections_while_a_healthy_one
         .collect();
     // The healthy recipient's rows come after the dead host's, for the same actor.
     lines.extend((0..10).map(|i| row(&format!("h{i}"), &healthy.url("/inbox"))));
-    enqueue(&db, ALICE, &lines);
+    db.enqueue_lines(ALICE, &lines);
 
     let started = Instant::now();
     let relay = Relay::start(&db, &[], &[]);
@@ -163,7 +117,7 @@ fn a_dead_host_with_200_lanes_costs_a_handful_of_connections_while_a_healthy_one
     );
     assert!(in_window >= 1, "the dead host was never tried");
 
-    let hosts = json_of(&db, &["hosts", "--json"]);
+    let hosts = db.json(&["hosts", "--json"]);
     let origin = format!("http://127.0.0.1:{}", dead.port);
     let h = host(&hosts, &origin);
     assert_eq!(h["state"], "backoff", "{h}");
@@ -177,10 +131,7 @@ fn a_dead_host_with_200_lanes_costs_a_handful_of_connections_while_a_healthy_one
         "{h}"
     );
     assert!(h["next_probe"].is_string(), "{h}");
-    let ok = host(
-        &hosts,
-        &format!("http://127.0.0.1:{}", healthy.addr().port()),
-    );
+    let ok = host(&hosts, &common::origin(&healthy));
     assert_eq!(
         (ok["state"].as_str(), ok["pending"].as_u64()),
         (Some("open"), Some(0))
@@ -221,7 +172,7 @@ fn with_host_failures_off_every_lane_tries_the_dead_host_on_its_own() {
             )
         })
         .collect();
-    enqueue(&db, ALICE, &lines);
+    db.enqueue_lines(ALICE, &lines);
     let relay = Relay::start(&db, &["--host-failures", "0"], &[]);
     let started = Instant::now();
     assert!(
@@ -244,11 +195,7 @@ fn hosts_block_holds_a_hosts_units_and_unblock_delivers_them_in_order() {
 
 #[test]
 fn hosts_block_on_postgres() {
-    let Some(db) = Db::postgres("hosts_block") else {
-        eprintln!("skipped: OUTBOX_LANES_TEST_PG is not set");
-        return;
-    };
-    block_and_unblock(&db);
+    common::on_postgres("hosts_block", block_and_unblock);
 }
 
 fn block_and_unblock(db: &Db) {
@@ -258,18 +205,18 @@ fn block_and_unblock(db: &Db) {
         .map(|i| row(&format!("b{i}"), &r.url("/inbox")))
         .chain(std::iter::once(row("o0", &other.url("/inbox"))))
         .collect();
-    enqueue(db, ALICE, &lines);
-    let origin = format!("http://127.0.0.1:{}", r.addr().port());
-    let out = json_of(db, &["hosts", "block", &origin, "--json"]);
+    db.enqueue_lines(ALICE, &lines);
+    let origin = origin(&r);
+    let out = db.json(&["hosts", "block", &origin, "--json"]);
     assert_eq!(out["changed"], 1, "{out}");
     let relay = Relay::start(db, &[], &[]);
     assert!(other.wait_for("/inbox", 1, Duration::from_secs(30)));
     // A row enqueued for the blocked host meanwhile, on a new lane, is held too: the relay
     // pauses its lane for the host, as the block paused the others.
-    enqueue(db, ALICE, &[row("b-late", &r.url("/late"))]);
+    db.enqueue_lines(ALICE, &[row("b-late", &r.url("/late"))]);
     let late = r.url("/late");
     let late_lane = |db: &Db| {
-        let lanes = json_of(db, &["lanes", "--actor", ALICE, "--json"]);
+        let lanes = db.json(&["lanes", "--actor", ALICE, "--json"]);
         lanes["lanes"]
             .as_array()
             .unwrap()
@@ -289,7 +236,7 @@ fn block_and_unblock(db: &Db) {
         "{l}"
     );
     assert_eq!(r.count_all(), 0, "a blocked host got a request");
-    let hosts = json_of(db, &["hosts", "--json"]);
+    let hosts = db.json(&["hosts", "--json"]);
     let h = host(&hosts, &origin);
     assert_eq!(
         (h["state"].as_str(), h["pending"].as_u64()),
@@ -297,7 +244,7 @@ fn block_and_unblock(db: &Db) {
     );
 
     // Unblock resumes both lanes; none of them waits for anything when it returns.
-    let out = json_of(db, &["hosts", "unblock", &origin, "--json"]);
+    let out = db.json(&["hosts", "unblock", &origin, "--json"]);
     assert_eq!(out["changed"], 2, "{out}");
     let l = late_lane(db).unwrap();
     assert_eq!(
@@ -316,22 +263,19 @@ fn block_and_unblock(db: &Db) {
 fn hosts_block_with_dead_letters_sets_a_hosts_units_aside_now_and_later() {
     let db = Db::new();
     let r = Recipient::start().unwrap();
-    enqueue(
-        &db,
+    db.enqueue_lines(
         ALICE,
         &[row("x0", &r.url("/inbox")), row("x1", &r.url("/inbox"))],
     );
-    let origin = format!("http://127.0.0.1:{}", r.addr().port());
-    let out = json_of(&db, &["hosts", "block", &origin, "--dead-letter", "--json"]);
+    let origin = origin(&r);
+    let out = db.json(&["hosts", "block", &origin, "--dead-letter", "--json"]);
     assert_eq!(out["changed"], 2, "{out}");
-    enqueue(&db, ALICE, &[row("x2", &r.url("/inbox"))]);
+    db.enqueue_lines(ALICE, &[row("x2", &r.url("/inbox"))]);
     let out = collect(db.command(&["drain"]).spawn().unwrap(), "");
     assert_eq!(out.code(), Some(0), "{}", out.stderr);
     assert_eq!(r.count_all(), 0);
-    let dead = json_of(&db, &["dead-letters", "list", "--json"]);
-    let mut reasons: Vec<(String, String)> = dead["dead_letters"]
-        .as_array()
-        .unwrap()
+    let mut reasons: Vec<(String, String)> = db
+        .dead_letters()
         .iter()
         .map(|d| {
             (
@@ -351,30 +295,12 @@ fn hosts_block_with_dead_letters_sets_a_hosts_units_aside_now_and_later() {
     );
 }
 
-/// A keys file with alice's RSA key (mode 0600, as the binary wants it).
-fn keys_file(dir: &Path) -> PathBuf {
-    let file = dir.join("signing-keys.toml");
-    std::fs::write(
-        &file,
-        format!(
-            "[actors.\"{ALICE}\"]\nkey_id = \"{ALICE}#main-key\"\nprivate_key_pem = \"\"\"\n{ALICE_PRIVATE_PKCS8}\"\"\"\n"
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
-    file
-}
-
-fn is_rfc9421(q: &Recorded) -> bool {
-    q.header("signature-input").is_some()
-}
-
 /// A host that verifies draft-cavage signatures (with a verifier we did not write) and refuses
 /// anything else with 401, as a server that does not know RFC 9421 does.
 fn cavage_only() -> Recipient {
     let r = Recipient::start().unwrap();
     r.set_server_default(Reply::Choose(Chooser::new(|q: &Recorded| {
-        if !is_rfc9421(q) && verifiers::cavage(q, ALICE_PUBLIC).is_ok() {
+        if verifies_cavage(q) {
             Reply::Status(202)
         } else {
             Reply::Response(Response::new(401).with_body("signature not understood"))
@@ -388,7 +314,7 @@ fn cavage_only() -> Recipient {
 fn rfc9421_only() -> Recipient {
     let r = Recipient::start().unwrap();
     r.set_server_default(Reply::Choose(Chooser::new(|q: &Recorded| {
-        if is_rfc9421(q) && verifiers::rfc9421(q, ALICE_PUBLIC).is_ok() {
+        if verifies_rfc9421(q) {
             Reply::Status(202)
         } else {
             Reply::Status(401)
@@ -411,7 +337,7 @@ fn the_double_knock_learns_each_hosts_scheme_once_and_remembers_it_across_a_rest
         lines.push(row(&format!("b{i}"), &cavage.url("/users/b/inbox")));
         lines.push(row(&format!("m{i}"), &modern.url("/inbox")));
     }
-    enqueue(&db, ALICE, &lines);
+    db.enqueue_lines(ALICE, &lines);
     let out = collect(
         db.command(&["drain", "--signing-keys", keys])
             .spawn()
@@ -434,16 +360,15 @@ fn the_double_knock_learns_each_hosts_scheme_once_and_remembers_it_across_a_rest
         "the RFC 9421 host got a draft-cavage request"
     );
     // Every attempt was counted once: nothing was dead-lettered and no unit took two.
-    let hosts = json_of(&db, &["hosts", "--json"]);
-    let c_origin = format!("http://127.0.0.1:{}", cavage.addr().port());
-    let m_origin = format!("http://127.0.0.1:{}", modern.addr().port());
+    let hosts = db.json(&["hosts", "--json"]);
+    let c_origin = origin(&cavage);
+    let m_origin = origin(&modern);
     assert_eq!(host(&hosts, &c_origin)["signature_spec"], "cavage");
     assert_eq!(host(&hosts, &m_origin)["signature_spec"], "rfc9421");
 
     // A new process (another drain) goes straight to what was learned.
     let before = cavage.all_requests().len();
-    enqueue(
-        &db,
+    db.enqueue_lines(
         ALICE,
         &[
             row("a4", &cavage.url("/users/a/inbox")),
@@ -468,7 +393,7 @@ fn a_host_failing_longer_than_host_unavailable_after_has_its_units_dead_lettered
     let dead = DeadHost::start();
     let to = format!("http://127.0.0.1:{}/inbox", dead.port);
     let lines: Vec<String> = (0..3).map(|i| row(&format!("u{i}"), &to)).collect();
-    enqueue(&db, ALICE, &lines);
+    db.enqueue_lines(ALICE, &lines);
     let relay = Relay::start(
         &db,
         &[
@@ -480,10 +405,7 @@ fn a_host_failing_longer_than_host_unavailable_after_has_its_units_dead_lettered
         &[],
     );
     let reasons = || -> Vec<String> {
-        let dead = json_of(&db, &["dead-letters", "list", "--json"]);
-        dead["dead_letters"]
-            .as_array()
-            .unwrap()
+        db.dead_letters()
             .iter()
             .map(|d| d["reason"].as_str().unwrap().to_owned())
             .collect()
@@ -494,7 +416,7 @@ fn a_host_failing_longer_than_host_unavailable_after_has_its_units_dead_lettered
         "{:?}",
         reasons()
     );
-    let shown = json_of(&db, &["dead-letters", "list", "--json"]);
+    let shown = db.json(&["dead-letters", "list", "--json"]);
     let first = &shown["dead_letters"][0];
     assert!(
         first["last_error"]

@@ -9,6 +9,10 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use outbox_lanes_test_support::signatures::{ALICE_PRIVATE_PKCS8, ALICE_PUBLIC};
+use outbox_lanes_test_support::{Recipient, Recorded, verifiers};
+use serde_json::Value;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_outbox-lanes");
 
 /// The binary the tests run: [`BIN`], or the one `OUTBOX_LANES_TEST_BIN` names (an older
@@ -104,6 +108,32 @@ impl Db {
             &line,
         );
         assert_eq!(out.code(), Some(0), "enqueue: {}", out.stderr);
+    }
+
+    /// Enqueues `lines` (JSON rows, one a line) for `actor`.
+    pub fn enqueue_lines(&self, actor: &str, lines: &[String]) {
+        let out = collect(
+            self.command(&["enqueue", "--actor", actor])
+                .spawn()
+                .unwrap(),
+            &(lines.join("\n") + "\n"),
+        );
+        assert_eq!(out.code(), Some(0), "enqueue: {}", out.stderr);
+    }
+
+    /// Runs the binary with `args`; its stdout as JSON (it must exit 0).
+    pub fn json(&self, args: &[&str]) -> Value {
+        let out = collect(self.command(args).spawn().unwrap(), "");
+        assert_eq!(out.code(), Some(0), "{args:?}: {}", out.stderr);
+        serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.stdout))
+    }
+
+    /// Every dead letter (`dead-letters list --json`).
+    pub fn dead_letters(&self) -> Vec<Value> {
+        self.json(&["dead-letters", "list", "--json"])["dead_letters"]
+            .as_array()
+            .unwrap()
+            .clone()
     }
 }
 
@@ -344,4 +374,90 @@ impl Db {
             .as_ref()
             .map(|(url, schema)| (url.as_str(), schema.as_str()))
     }
+}
+
+/// Runs `test` on a Postgres schema of its own, named after `name`; skips it (and says so)
+/// when `OUTBOX_LANES_TEST_PG` is not set.
+pub fn on_postgres(name: &str, test: impl FnOnce(&Db)) {
+    match Db::postgres(name) {
+        Some(db) => test(&db),
+        None => eprintln!("skipped: OUTBOX_LANES_TEST_PG is not set"),
+    }
+}
+
+/// An `enqueue` line: the row `id` to `to`, its body's `n` the id.
+pub fn row(id: &str, to: &str) -> String {
+    serde_json::json!({ "id": id, "to": [to], "body": { "n": id } }).to_string()
+}
+
+/// The origin of a recipient.
+pub fn origin(r: &Recipient) -> String {
+    format!("http://127.0.0.1:{}", r.addr().port())
+}
+
+/// The entry of `origin` in a `hosts --json`.
+pub fn host<'a>(hosts: &'a Value, origin: &str) -> &'a Value {
+    hosts["hosts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["origin"] == origin)
+        .unwrap_or_else(|| panic!("no {origin} in {hosts}"))
+}
+
+/// The body's `n` of a request.
+pub fn n_of(q: &Recorded) -> String {
+    let v: Value = serde_json::from_slice(&q.body).unwrap();
+    v["n"].as_str().unwrap().to_owned()
+}
+
+/// Whether a request was answered with a 2xx.
+pub fn is_2xx(q: &Recorded) -> bool {
+    q.completion
+        .status()
+        .is_some_and(|s| (200..300).contains(&s))
+}
+
+/// The body's `n` of each request to `path` answered 2xx, in arrival order.
+pub fn arrived(r: &Recipient, path: &str) -> Vec<String> {
+    r.requests(path)
+        .iter()
+        .filter(|q| is_2xx(q))
+        .map(n_of)
+        .collect()
+}
+
+/// The actor whose key [`keys_file`] holds.
+pub const ALICE: &str = "https://example.com/users/alice";
+
+/// A keys file with alice's RSA key (mode 0600, as the binary wants it).
+pub fn keys_file(dir: &std::path::Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt as _;
+    let file = dir.join("signing-keys.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[actors.\"{ALICE}\"]\nkey_id = \"{ALICE}#main-key\"\nprivate_key_pem = \"\"\"\n{ALICE_PRIVATE_PKCS8}\"\"\"\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    file
+}
+
+/// Whether a request is signed with RFC 9421 (else draft-cavage, or not at all).
+pub fn is_rfc9421(q: &Recorded) -> bool {
+    q.header("signature-input").is_some()
+}
+
+/// Whether a request carries an RFC 9421 signature of alice's (checked with a verifier we did
+/// not write).
+pub fn verifies_rfc9421(q: &Recorded) -> bool {
+    is_rfc9421(q) && verifiers::rfc9421(q, ALICE_PUBLIC).is_ok()
+}
+
+/// Whether a request carries a draft-cavage signature of alice's (checked with a verifier we
+/// did not write).
+pub fn verifies_cavage(q: &Recorded) -> bool {
+    !is_rfc9421(q) && verifiers::cavage(q, ALICE_PUBLIC).is_ok()
 }
