@@ -152,7 +152,13 @@ impl Scheduler {
     /// other units handed back, as on a stall.
     pub(super) fn defer(&mut self, idx: u32, s: usize, retry_after: Duration) {
         let lane = self.units[idx as usize].slots[s].lane;
-        let t = self.now + retry_after.max(MIN_DEFERRAL);
+        self.throttle_lane(lane, self.now + retry_after.max(MIN_DEFERRAL));
+        self.hold_stalled(idx, s);
+    }
+
+    /// Makes `lane` wait until `t` (or longer, if it waits longer already) at its level, with
+    /// its throttle mark: a throttle's Retry-After or a host's deferral, persisted.
+    fn throttle_lane(&mut self, lane: LaneId, t: Timestamp) {
         let l = &mut self.lanes[lane.index()];
         let t = l.not_before.map_or(t, |old| old.max(t));
         l.not_before = Some(t);
@@ -164,7 +170,6 @@ impl Scheduler {
             not_before: t,
             level,
         });
-        self.hold_stalled(idx, s);
     }
 
     /// A transient or throttled failure of slot `s` of unit `idx`: retry it in the pass,
@@ -216,18 +221,7 @@ impl Scheduler {
             self.extend_backoff(lane, retry_after);
         } else if let Some(ra) = retry_after.filter(|_| throttles_lane) {
             // Longer than the pass waits: the lane's not_before, at once (OL-6).
-            let t = self.now + ra;
-            let l = &mut self.lanes[lane.index()];
-            let t = l.not_before.map_or(t, |old| old.max(t));
-            l.not_before = Some(t);
-            l.throttled_here = true;
-            let level = l.level;
-            self.timers.push(Reverse((t, Timer::Lane(lane.0))));
-            self.commands.push_back(Command::LaneBackoff {
-                lane,
-                not_before: t,
-                level,
-            });
+            self.throttle_lane(lane, self.now + ra);
         } else {
             // The in-pass retry: after the ladder's delay, or the Retry-After if it is longer.
             let delay = jittered(ladder, self.config.jitter_percent, &mut self.rng);
