@@ -54,7 +54,8 @@
 //! - `FEDI_ROUNDS` (default 1): rounds of the variants, alternating (before, after, before, …);
 //! - `FEDI_VARIANTS` (default `before,after`);
 //! - `FEDI_DEADLINE` (seconds, default 180): when a drain still running is stopped (at seed 1
-//!   it ends by itself after about 130 s: the hanging lanes' four 30 s attempts).
+//!   it ends by itself after about 130 s: the hanging lanes' four 30 s attempts);
+//! - `FEDI_BIN`: another build of the binary, for an A/B of two builds.
 //!
 //! It writes `benches/fediverse.svg` (the CDF of healthy lanes' actual/ideal per run, and
 //! the connections to dead origins per run): hand-written SVG, as `e2e.rs` does. Every loop
@@ -666,11 +667,14 @@ fn children_cpu() -> f64 {
     }
 }
 
+/// The binary under test: this build's, or the one `FEDI_BIN` names (an A/B of two builds).
+fn binary() -> String {
+    std::env::var("FEDI_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_outbox-lanes").into())
+}
+
 /// Whether `outbox-lanes drain --help` names `flag`.
 fn drain_has_flag(flag: &str) -> Res<bool> {
-    let out = Command::new(env!("CARGO_BIN_EXE_outbox-lanes"))
-        .args(["drain", "--help"])
-        .output()?;
+    let out = Command::new(binary()).args(["drain", "--help"]).output()?;
     Ok(String::from_utf8_lossy(&out.stdout).contains(flag))
 }
 
@@ -779,11 +783,11 @@ fn run(
     label: String,
     deadline: Duration,
 ) -> Res<Outcome> {
-    let bin = env!("CARGO_BIN_EXE_outbox-lanes");
+    let bin = binary();
     let dir = tempfile::tempdir()?;
     let db = dir.path().join("outbox.db");
     let db = db.to_str().ok_or("path")?;
-    let mut enq = Command::new(bin)
+    let mut enq = Command::new(&bin)
         .args(["--db", db, "enqueue", "--actor", ACTOR])
         .arg("--allow-private-destinations")
         .env("RUST_LOG", "warn")
@@ -813,7 +817,7 @@ fn run(
     farm.reset()?;
     let cpu0 = children_cpu();
     let t0 = Instant::now();
-    let mut child = Command::new(bin)
+    let mut child = Command::new(&bin)
         .args(&args)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
