@@ -3,10 +3,11 @@
 //! more than it must (OL-22), and a host that hangs takes a bounded share of the in-flight
 //! budget, so another host's rows go at once (OL-21).
 //!
-//! SQLite is enough here: what is tested is the process's host book, not the store (the
-//! learned scheme goes through `ol_hosts` the same way on either). Every server is on
-//! 127.0.0.1 and stops with its test; every wait is bounded. The hanging recipient really
-//! hangs until the relay's default 30 s timeout, so that test takes about 31 s.
+//! Each test runs on SQLite and, as its `_on_postgres` twin, on a Postgres schema of its own
+//! (skipped when `OUTBOX_LANES_TEST_PG` is not set): the learned scheme goes through
+//! `ol_hosts` on either store. Every server is on 127.0.0.1 and stops with its test; every
+//! wait is bounded. The hanging recipient really hangs until the relay's default 30 s
+//! timeout, so that test (and its twin) takes about 31 s.
 #![cfg(unix)]
 #![allow(missing_docs, clippy::unwrap_used)]
 
@@ -19,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{
-    ALICE, Db, Relay, collect, host, is_2xx, is_rfc9421, keys_file, n_of, origin, row,
+    ALICE, Db, Relay, collect, host, is_2xx, is_rfc9421, keys_file, n_of, on_postgres, origin, row,
     verifies_cavage, verifies_rfc9421,
 };
 use outbox_lanes_test_support::{Chooser, Completion, Recipient, Recorded, Reply, Response};
@@ -102,14 +103,12 @@ fn switching_host(modern: Arc<AtomicBool>) -> Recipient {
 
 /// Item 5: a host learned as draft-cavage that moves to RFC 9421 only is re-learned within
 /// one attempt (cavage 401, then RFC 9421 202), not dead-lettered `permanent`.
-#[test]
-fn a_cavage_host_that_moves_to_rfc9421_is_relearned_within_one_attempt() {
-    let db = Db::new();
+fn relearned_within_one_attempt(db: &Db) {
     let keys = keys_file(&db.path("."));
     let modern = Arc::new(AtomicBool::new(false));
     let r = switching_host(Arc::clone(&modern));
     db.enqueue_lines(ALICE, &[row("c0", &r.url("/inbox"))]);
-    drain(&db, &keys);
+    drain(db, &keys);
     assert_eq!(
         transcript(&r.all_requests()),
         [
@@ -118,7 +117,7 @@ fn a_cavage_host_that_moves_to_rfc9421_is_relearned_within_one_attempt() {
         ],
         "the first contact knocks and learns draft-cavage"
     );
-    assert_eq!(host_of(&db, &r)["signature_spec"], "cavage");
+    assert_eq!(host_of(db, &r)["signature_spec"], "cavage");
 
     // The host now takes RFC 9421 only.
     modern.store(true, Ordering::SeqCst);
@@ -127,8 +126,8 @@ fn a_cavage_host_that_moves_to_rfc9421_is_relearned_within_one_attempt() {
         ALICE,
         &[row("c1", &r.url("/inbox")), row("c2", &r.url("/inbox"))],
     );
-    drain(&db, &keys);
-    let dead = dead_letters(&db);
+    drain(db, &keys);
+    let dead = dead_letters(db);
     assert!(
         dead.is_empty(),
         "units dead-lettered after the host moved to RFC 9421: {dead:?}"
@@ -143,23 +142,31 @@ fn a_cavage_host_that_moves_to_rfc9421_is_relearned_within_one_attempt() {
         ],
         "c1: the learned scheme refused, the other one at once (one attempt); c2: RFC 9421"
     );
-    let h = host_of(&db, &r);
+    let h = host_of(db, &r);
     assert_eq!(h["signature_spec"], "rfc9421", "{h}");
 }
 
-/// Item 5: `hosts retry` forgets the learned scheme; the next unit knocks again.
 #[test]
-fn hosts_retry_forgets_a_hosts_learned_scheme() {
-    let db = Db::new();
+fn a_cavage_host_that_moves_to_rfc9421_is_relearned_within_one_attempt() {
+    relearned_within_one_attempt(&Db::new());
+}
+
+#[test]
+fn a_cavage_host_that_moves_to_rfc9421_is_relearned_within_one_attempt_on_postgres() {
+    on_postgres("hb_relearn", relearned_within_one_attempt);
+}
+
+/// Item 5: `hosts retry` forgets the learned scheme; the next unit knocks again.
+fn retry_forgets_the_scheme(db: &Db) {
     let keys = keys_file(&db.path("."));
     let r = switching_host(Arc::new(AtomicBool::new(false)));
     db.enqueue_lines(ALICE, &[row("c0", &r.url("/inbox"))]);
-    drain(&db, &keys);
-    assert_eq!(host_of(&db, &r)["signature_spec"], "cavage");
+    drain(db, &keys);
+    assert_eq!(host_of(db, &r)["signature_spec"], "cavage");
 
     let out = db.json(&["hosts", "retry", &origin(&r), "--json"]);
     eprintln!("hosts retry: {out}");
-    let h = host_of(&db, &r);
+    let h = host_of(db, &r);
     assert!(
         h["signature_spec"].is_null() && h["signature_spec_learned"].is_null(),
         "hosts retry kept the learned scheme: {h}"
@@ -168,7 +175,7 @@ fn hosts_retry_forgets_a_hosts_learned_scheme() {
     // The binary forgot it too: the next unit starts with RFC 9421 again.
     let before = r.all_requests().len();
     db.enqueue_lines(ALICE, &[row("c1", &r.url("/inbox"))]);
-    drain(&db, &keys);
+    drain(db, &keys);
     assert_eq!(
         transcript(&r.all_requests()[before..]),
         [
@@ -176,14 +183,22 @@ fn hosts_retry_forgets_a_hosts_learned_scheme() {
             ("c1".to_owned(), "cavage", Some(202))
         ]
     );
-    assert_eq!(host_of(&db, &r)["signature_spec"], "cavage");
+    assert_eq!(host_of(db, &r)["signature_spec"], "cavage");
+}
+
+#[test]
+fn hosts_retry_forgets_a_hosts_learned_scheme() {
+    retry_forgets_the_scheme(&Db::new());
+}
+
+#[test]
+fn hosts_retry_forgets_a_hosts_learned_scheme_on_postgres() {
+    on_postgres("hb_retry", retry_forgets_the_scheme);
 }
 
 /// Item 6a: a host known for RFC 9421 that answers 400 refuses the payload, not the
 /// signature: the payload goes once, and is dead-lettered `permanent`.
-#[test]
-fn a_host_known_for_rfc9421_answering_400_gets_the_payload_once() {
-    let db = Db::new();
+fn a_400_goes_once(db: &Db) {
     let keys = keys_file(&db.path("."));
     let r = Recipient::start().unwrap();
     r.set_server_default(Reply::Choose(Chooser::new(|q: &Recorded| {
@@ -196,33 +211,41 @@ fn a_host_known_for_rfc9421_answering_400_gets_the_payload_once() {
         }
     })));
     db.enqueue_lines(ALICE, &[row("ok0", &r.url("/inbox"))]);
-    drain(&db, &keys);
+    drain(db, &keys);
     assert_eq!(
         transcript(&r.all_requests()),
         [("ok0".to_owned(), "rfc9421", Some(202))]
     );
-    assert_eq!(host_of(&db, &r)["signature_spec"], "rfc9421");
+    assert_eq!(host_of(db, &r)["signature_spec"], "rfc9421");
 
     let before = r.all_requests().len();
     db.enqueue_lines(ALICE, &[row("bad", &r.url("/inbox"))]);
-    drain(&db, &keys);
+    drain(db, &keys);
     assert_eq!(
         transcript(&r.all_requests()[before..]),
         [("bad".to_owned(), "rfc9421", Some(400))],
         "a 400 from a host known for RFC 9421 was knocked again"
     );
     assert_eq!(
-        dead_letters(&db),
+        dead_letters(db),
         [("bad".to_owned(), "permanent".to_owned(), Some(400), 1)]
     );
-    assert_eq!(host_of(&db, &r)["signature_spec"], "rfc9421");
+    assert_eq!(host_of(db, &r)["signature_spec"], "rfc9421");
+}
+
+#[test]
+fn a_host_known_for_rfc9421_answering_400_gets_the_payload_once() {
+    a_400_goes_once(&Db::new());
+}
+
+#[test]
+fn a_host_known_for_rfc9421_answering_400_gets_the_payload_once_on_postgres() {
+    on_postgres("hb_400", a_400_goes_once);
 }
 
 /// Item 6b: a host refusing every signature with 401: the first unit costs two requests (both
 /// schemes), every later one a single request.
-#[test]
-fn a_host_refusing_everything_costs_one_request_per_unit_after_the_first() {
-    let db = Db::new();
+fn refusing_everything(db: &Db) {
     let keys = keys_file(&db.path("."));
     let r = Recipient::start().unwrap();
     r.set_server_default(Reply::Status(401));
@@ -233,7 +256,7 @@ fn a_host_refusing_everything_costs_one_request_per_unit_after_the_first() {
         lines.push(row(&format!("b{i}"), &r.url("/users/b/inbox")));
     }
     db.enqueue_lines(ALICE, &lines);
-    drain(&db, &keys);
+    drain(db, &keys);
 
     let all = r.all_requests();
     let mut per_unit: BTreeMap<String, Vec<&'static str>> = BTreeMap::new();
@@ -261,7 +284,7 @@ fn a_host_refusing_everything_costs_one_request_per_unit_after_the_first() {
         }
     }
     assert_eq!(all.len(), 6 + 1);
-    let dead = dead_letters(&db);
+    let dead = dead_letters(db);
     assert_eq!(dead.len(), 6, "{dead:?}");
     assert!(
         dead.iter()
@@ -270,14 +293,22 @@ fn a_host_refusing_everything_costs_one_request_per_unit_after_the_first() {
                 && *attempts == 1),
         "{dead:?}"
     );
-    assert!(host_of(&db, &r)["signature_spec"].is_null());
+    assert!(host_of(db, &r)["signature_spec"].is_null());
+}
+
+#[test]
+fn a_host_refusing_everything_costs_one_request_per_unit_after_the_first() {
+    refusing_everything(&Db::new());
+}
+
+#[test]
+fn a_host_refusing_everything_costs_one_request_per_unit_after_the_first_on_postgres() {
+    on_postgres("hb_refuse", refusing_everything);
 }
 
 /// Item 6c: a 401 carrying an `Accept-Signature` the signer cannot honour (garbage) is not
 /// answered by sending the identical request again: RFC 9421, then draft-cavage.
-#[test]
-fn a_garbage_accept_signature_is_ignored_and_no_request_is_sent_twice() {
-    let db = Db::new();
+fn garbage_accept_signature(db: &Db) {
     let keys = keys_file(&db.path("."));
     let r = Recipient::start().unwrap();
     r.set_server_default(Reply::Choose(Chooser::new(|q: &Recorded| {
@@ -290,7 +321,7 @@ fn a_garbage_accept_signature_is_ignored_and_no_request_is_sent_twice() {
         }
     })));
     db.enqueue_lines(ALICE, &[row("g0", &r.url("/inbox"))]);
-    drain(&db, &keys);
+    drain(db, &keys);
     let all = r.all_requests();
     for pair in all.windows(2) {
         assert_ne!(
@@ -307,8 +338,18 @@ fn a_garbage_accept_signature_is_ignored_and_no_request_is_sent_twice() {
             ("g0".to_owned(), "cavage", Some(202))
         ]
     );
-    assert!(dead_letters(&db).is_empty());
-    assert_eq!(host_of(&db, &r)["signature_spec"], "cavage");
+    assert!(dead_letters(db).is_empty());
+    assert_eq!(host_of(db, &r)["signature_spec"], "cavage");
+}
+
+#[test]
+fn a_garbage_accept_signature_is_ignored_and_no_request_is_sent_twice() {
+    garbage_accept_signature(&Db::new());
+}
+
+#[test]
+fn a_garbage_accept_signature_is_ignored_and_no_request_is_sent_twice_on_postgres() {
+    on_postgres("hb_garbage", garbage_accept_signature);
 }
 
 /// The earliest time a request of `qs` ended without an answer (the client gave up).
@@ -324,11 +365,9 @@ fn first_close(qs: &[Recorded]) -> Option<Instant> {
 /// Item 9: a host that answers three requests and then hangs holds a bounded share of the
 /// in-flight budget (its window), not the process's 256: another actor's rows to another host
 /// all arrive while the hanging attempts are still unanswered.
-#[test]
-fn a_hanging_host_takes_a_bounded_share_and_another_hosts_rows_go_meanwhile() {
+fn hanging_host(db: &Db) {
     const A: &str = "https://example.com/users/a";
     const B: &str = "https://example.com/users/b";
-    let db = Db::new();
     let hanging = Recipient::start().unwrap();
     hanging.script("/inbox", [200, 200, 200].map(Reply::Status));
     hanging.set_default("/inbox", Reply::Hang);
@@ -348,7 +387,7 @@ fn a_hanging_host_takes_a_bounded_share_and_another_hosts_rows_go_meanwhile() {
     db.enqueue_lines(A, &lines);
 
     let started = Instant::now();
-    let relay = Relay::start(&db, &[], &[]);
+    let relay = Relay::start(db, &[], &[]);
     assert!(
         hanging.wait_for("/inbox", 4, Duration::from_secs(30)),
         "the hanging endpoint got {} requests",
@@ -424,4 +463,14 @@ fn a_hanging_host_takes_a_bounded_share_and_another_hosts_rows_go_meanwhile() {
         "some of A's attempts were already closed when B completed"
     );
     drop(relay);
+}
+
+#[test]
+fn a_hanging_host_takes_a_bounded_share_and_another_hosts_rows_go_meanwhile() {
+    hanging_host(&Db::new());
+}
+
+#[test]
+fn a_hanging_host_takes_a_bounded_share_and_another_hosts_rows_go_meanwhile_on_postgres() {
+    on_postgres("hb_hanging", hanging_host);
 }

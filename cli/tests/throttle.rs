@@ -5,12 +5,14 @@
 //! - a recipient that throttles for ever is dead-lettered after a bounded number of requests,
 //!   however long its `Retry-After` and however the drains are sliced (OL-5, OL-7).
 //!
-//! Assertions are about requests and counts, never durations; every wait is bounded.
+//! Each test runs on SQLite and, as its `_on_postgres` twin, on Postgres schemas of its own
+//! (skipped when `OUTBOX_LANES_TEST_PG` is not set). Assertions are about requests and
+//! counts, never durations; every wait is bounded.
 #![allow(missing_docs, clippy::unwrap_used)]
 
 mod common;
 
-use common::{Db, Out, collect};
+use common::{Db, Out, collect, on_postgres};
 use outbox_lanes_test_support::{Recipient, Reply, Response};
 use serde_json::Value;
 
@@ -73,37 +75,78 @@ fn lane(db: &Db, actor: &str, recipient: &str) -> Value {
 /// request `503` with `Retry-After: 1`, then `200`. One second is the ladder's first delay,
 /// so the drain waits it and delivers the three rows every time — never a coin flip between
 /// that and ending with the lane throttled.
-#[test]
-fn a_drain_waits_a_retry_after_within_the_ladder_step_and_delivers_every_time() {
+fn a_retry_after_is_waited(dbs: &[&Db; 8]) {
     let r = Recipient::start().unwrap();
-    let drains: Vec<std::thread::JoinHandle<(u64, usize)>> = (0..8)
-        .map(|i| {
-            let path = format!("/inbox-{i}");
-            r.script(&path, [throttle("1", 503)]);
-            let to = r.url(&path);
-            std::thread::spawn(move || {
-                let db = Db::new();
-                ok(&db, &["enqueue", "--actor", "jo"], &rows(3, &to));
-                // Default settings: a fresh jitter seed per pass.
-                let out = ok(&db, &["--log-format", "json", "drain"], "");
-                let summary = out
-                    .stderr
-                    .lines()
-                    .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-                    .find(|v| v["fields"]["message"] == "drain summary")
-                    .unwrap_or_else(|| panic!("no drain summary: {}", out.stderr));
-                let f = &summary["fields"];
-                let remaining = f["remaining"].as_u64().unwrap();
-                (f["delivered"].as_u64().unwrap(), remaining as usize)
+    let results: Vec<(u64, usize)> = std::thread::scope(|s| {
+        let drains: Vec<_> = dbs
+            .iter()
+            .enumerate()
+            .map(|(i, &db)| {
+                let path = format!("/inbox-{i}");
+                r.script(&path, [throttle("1", 503)]);
+                let to = r.url(&path);
+                s.spawn(move || {
+                    ok(db, &["enqueue", "--actor", "jo"], &rows(3, &to));
+                    // Default settings: a fresh jitter seed per pass.
+                    let out = ok(db, &["--log-format", "json", "drain"], "");
+                    let summary = out
+                        .stderr
+                        .lines()
+                        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                        .find(|v| v["fields"]["message"] == "drain summary")
+                        .unwrap_or_else(|| panic!("no drain summary: {}", out.stderr));
+                    let f = &summary["fields"];
+                    let remaining = f["remaining"].as_u64().unwrap();
+                    (f["delivered"].as_u64().unwrap(), remaining as usize)
+                })
             })
-        })
-        .collect();
-    let results: Vec<(u64, usize)> = drains.into_iter().map(|d| d.join().unwrap()).collect();
+            .collect();
+        drains.into_iter().map(|d| d.join().unwrap()).collect()
+    });
     assert_eq!(results, [(3, 0); 8], "(delivered, remaining) of each drain");
     for i in 0..8 {
         let path = format!("/inbox-{i}");
         assert_eq!(r.count(&path), 4, "{path}: the 503, its retry, two more");
         assert_eq!(served(&r, &path), [0, 1, 2], "{path}");
+    }
+}
+
+#[test]
+fn a_drain_waits_a_retry_after_within_the_ladder_step_and_delivers_every_time() {
+    let dbs: [Db; 8] = std::array::from_fn(|_| Db::new());
+    a_retry_after_is_waited(&dbs.each_ref());
+}
+
+/// Eight fresh Postgres schemas: `thr_wait0` (made by `on_postgres`, which skips the test
+/// when `OUTBOX_LANES_TEST_PG` is not set) to `thr_wait7`.
+#[test]
+fn a_drain_waits_a_retry_after_within_the_ladder_step_and_delivers_every_time_on_postgres() {
+    on_postgres("thr_wait0", |first| {
+        let rest: [Db; 7] = std::array::from_fn(|i| {
+            Db::postgres(&format!("thr_wait{}", i + 1)).expect("OUTBOX_LANES_TEST_PG is set")
+        });
+        let dbs: [&Db; 8] = std::array::from_fn(|i| if i == 0 { first } else { &rest[i - 1] });
+        a_retry_after_is_waited(&dbs);
+    });
+}
+
+/// The lane's time passes: its `not_before` moved into the past, in the SQLite file or in the
+/// Postgres schema.
+fn time_passes(db: &Db) {
+    const MOVE: &str = "SET not_before = 1 WHERE not_before IS NOT NULL";
+    match db.pg() {
+        Some((url, schema)) => {
+            postgres::Client::connect(url, postgres::NoTls)
+                .unwrap()
+                .execute(&format!("UPDATE {schema}.ol_lanes {MOVE}"), &[])
+                .unwrap();
+        }
+        None => {
+            rusqlite::Connection::open(db.file())
+                .unwrap()
+                .execute(&format!("UPDATE ol_lanes {MOVE}"), [])
+                .unwrap();
+        }
     }
 }
 
@@ -113,33 +156,22 @@ fn a_drain_waits_a_retry_after_within_the_ladder_step_and_delivers_every_time() 
 /// lane throttled (level 0); the second in a row stalls it (level 1); from there every
 /// throttle counts, and the unit is dead-lettered `exhausted` after 2 + `max_attempts` (12)
 /// requests. Before, every drain found the lane at level 0 and nothing ever counted.
-#[test]
-fn a_recipient_that_throttles_for_ever_is_dead_lettered_after_a_bounded_number_of_requests() {
+fn throttling_for_ever(db: &Db) {
     let r = Recipient::start().unwrap();
     r.set_default("/busy", throttle("2", 429));
     let to = r.url("/busy");
-    let db = Db::new();
-    ok(&db, &["enqueue", "--actor", "jo"], &rows(1, &to));
-    let time_passes = || {
-        rusqlite::Connection::open(db.file())
-            .unwrap()
-            .execute(
-                "UPDATE ol_lanes SET not_before = 1 WHERE not_before IS NOT NULL",
-                [],
-            )
-            .unwrap();
-    };
+    ok(db, &["enqueue", "--actor", "jo"], &rows(1, &to));
 
-    ok(&db, &["drain"], "");
-    let l = lane(&db, "jo", &to);
+    ok(db, &["drain"], "");
+    let l = lane(db, "jo", &to);
     assert_eq!(
         (&l["state"], &l["backoff_level"]),
         (&"throttled".into(), &0.into()),
         "the first throttle: {l}"
     );
-    time_passes();
-    ok(&db, &["drain"], "");
-    let l = lane(&db, "jo", &to);
+    time_passes(db);
+    ok(db, &["drain"], "");
+    let l = lane(db, "jo", &to);
     assert_eq!(
         (&l["state"], &l["backoff_level"]),
         (&"backoff".into(), &1.into()),
@@ -149,7 +181,7 @@ fn a_recipient_that_throttles_for_ever_is_dead_lettered_after_a_bounded_number_o
 
     let mut drains = 2;
     let dead = loop {
-        let dead = json(&ok(&db, &["dead-letters", "list", "--json"], ""));
+        let dead = json(&ok(db, &["dead-letters", "list", "--json"], ""));
         if !dead["dead_letters"].as_array().unwrap().is_empty() {
             break dead;
         }
@@ -159,8 +191,8 @@ fn a_recipient_that_throttles_for_ever_is_dead_lettered_after_a_bounded_number_o
             "not dead-lettered after {} requests",
             r.count("/busy")
         );
-        time_passes();
-        ok(&db, &["drain"], "");
+        time_passes(db);
+        ok(db, &["drain"], "");
     };
     let d = &dead["dead_letters"][0];
     assert_eq!(
@@ -170,4 +202,15 @@ fn a_recipient_that_throttles_for_ever_is_dead_lettered_after_a_bounded_number_o
     );
     assert_eq!(r.count("/busy"), 14, "two free throttles, twelve counted");
     assert_eq!(drains, 14, "one request per drain");
+}
+
+#[test]
+fn a_recipient_that_throttles_for_ever_is_dead_lettered_after_a_bounded_number_of_requests() {
+    throttling_for_ever(&Db::new());
+}
+
+#[test]
+fn a_recipient_that_throttles_for_ever_is_dead_lettered_after_a_bounded_number_of_requests_on_postgres()
+ {
+    on_postgres("thr_forever", throttling_for_ever);
 }
