@@ -211,11 +211,11 @@ fn a_hanging_host_holds_half_the_budget_at_most_and_timeouts_shrink_it() {
     // Another host is not held up by it: the other half of the budget is its.
     let b = book.host("https://b.example:443");
     let _ = go(&mut book, b, t(60));
-    // 30 s later the hanging attempts time out: the window halves down to one.
+    // 30 s later the hanging attempts time out: the window halves down to first contact.
     for done in out.drain(..) {
         book.handle_end(done, HostEnd::TimedOut, None, None, t(30_060));
     }
-    assert_eq!(book.load(h), (0, 1));
+    assert_eq!(book.load(h), (0, 10));
     let shrunk: Vec<u32> = events(&mut book)
         .into_iter()
         .map(|e| match e {
@@ -223,12 +223,39 @@ fn a_hanging_host_holds_half_the_budget_at_most_and_timeouts_shrink_it() {
             other => panic!("{other:?}"),
         })
         .collect();
-    assert_eq!(shrunk, [65, 32, 16, 8, 4, 2, 1]);
-    let one = go(&mut book, h, t(30_061));
+    assert_eq!(shrunk, [65, 32, 16, 10]);
+    let ten: Vec<HostTicket> = (0..10).map(|_| go(&mut book, h, t(30_061))).collect();
     assert_eq!(book.handle_attempt(h, t(30_061)), HostAnswer::Wait);
-    // It answers again: the window grows back, one per answer while it is used.
-    book.handle_end(one, HostEnd::Answered, None, None, t(30_100));
-    assert_eq!(book.load(h), (0, 2));
+    // It answers again: the window grows back, one per answer while at least half of it is
+    // in use (the first four of the ten).
+    for (i, done) in ten.into_iter().enumerate() {
+        book.handle_end(done, HostEnd::Answered, None, None, t(30_100 + i as u64));
+    }
+    assert_eq!(book.load(h), (0, 14));
+}
+
+/// A host that never answers (it accepts and hangs) keeps its first-contact window: its
+/// lanes' attempts wait out their timeouts side by side, not one after another.
+#[test]
+fn a_host_that_never_answers_keeps_its_first_contact_window() {
+    let mut book = HostBook::new(HostConfig::default(), 13);
+    let h = book.host(A);
+    for round in 0..3 {
+        let out: Vec<HostTicket> = (0..5)
+            .map(|_| go(&mut book, h, t(round * 30_000)))
+            .collect();
+        for done in out {
+            book.handle_end(
+                done,
+                HostEnd::TimedOut,
+                None,
+                None,
+                t(round * 30_000 + 30_000),
+            );
+        }
+        assert_eq!(book.load(h), (0, 10));
+    }
+    assert!(events(&mut book).is_empty());
 }
 
 #[test]

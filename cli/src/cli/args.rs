@@ -229,8 +229,8 @@ pub(crate) struct DeliveryFlags {
     /// Attempts in flight a host takes until it first answers: what a dead host gets at once
     /// before it backs off (after a connection failure, one at a time). Its first answer
     /// opens its share to half of --concurrency, each later answer widens it by one (up to
-    /// --concurrency) and each timeout halves it, so a host that hangs cannot hold every
-    /// attempt in flight.
+    /// --concurrency) and each timeout halves it (down to this again), so a host that hangs
+    /// cannot hold every attempt in flight.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=65536), env = "OUTBOX_LANES_HOST_FIRST_CONTACT")]
     pub(crate) host_first_contact: u32,
 

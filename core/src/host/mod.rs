@@ -20,9 +20,11 @@
 //!   [`HostConfig::max_in_flight`] (the process's concurrency); from there every answer that
 //!   comes while the host uses at least half of its window adds one (so it doubles per round
 //!   trip while the host keeps up), up to the whole budget; every timeout (connected, no
-//!   answer) halves it, down to one. So a host that answers a few attempts and then hangs
-//!   holds at most half the budget, and every other host's attempts keep starting beside it;
-//!   its timeouts then shrink it to one attempt at a time. (A host that answered long enough
+//!   answer) halves it, down to first contact again. So a host that answers a few attempts
+//!   and then hangs holds at most half the budget, and every other host's attempts keep
+//!   starting beside it; its timeouts then shrink it back to what a host never seen gets (no
+//!   further: its lanes' attempts would wait for each other's timeouts, and a drain that
+//!   waits for them would take a timeout per lane instead of one). (A host that answered long enough
 //!   to fill the whole budget and then hangs holds it until its timeouts: the budget is
 //!   never taken back from attempts in flight.) After a connection failure, and while its
 //!   signature scheme is being learned, a host takes one attempt at a time.
@@ -536,8 +538,12 @@ impl HostBook {
             }
             HostEnd::Answered => self.answered(host, now),
             HostEnd::TimedOut => {
+                let floor = self
+                    .cfg
+                    .first_contact
+                    .clamp(1, self.cfg.max_in_flight.max(1));
                 let h = self.get_mut(host);
-                let window = (h.window / 2).max(1);
+                let window = (h.window / 2).max(floor);
                 if window < h.window {
                     h.window = window;
                     self.events
