@@ -136,11 +136,14 @@ pub enum DeadReason {
     /// Its recipient's host failed at the connection level for longer than allowed
     /// (`--host-unavailable-after`).
     HostUnavailable,
+    /// Its lane (the endpoint) had been failing for longer than allowed when it was due
+    /// (`--lane-unavailable-after`): every pending unit of the lane is set aside together.
+    LaneUnavailable,
 }
 
 impl DeadReason {
     /// Every reason, in the order the CLI lists them.
-    pub const ALL: [DeadReason; 10] = [
+    pub const ALL: [DeadReason; 11] = [
         DeadReason::Exhausted,
         DeadReason::Permanent,
         DeadReason::Gone,
@@ -151,6 +154,7 @@ impl DeadReason {
         DeadReason::Purged,
         DeadReason::Blocked,
         DeadReason::HostUnavailable,
+        DeadReason::LaneUnavailable,
     ];
 
     /// The stable snake_case code stored with the dead letter and shown by the CLI.
@@ -166,6 +170,7 @@ impl DeadReason {
             DeadReason::Purged => "purged",
             DeadReason::Blocked => "blocked",
             DeadReason::HostUnavailable => "host_unavailable",
+            DeadReason::LaneUnavailable => "lane_unavailable",
         }
     }
 
@@ -182,6 +187,7 @@ impl DeadReason {
             "purged" => DeadReason::Purged,
             "blocked" => DeadReason::Blocked,
             "host_unavailable" => DeadReason::HostUnavailable,
+            "lane_unavailable" => DeadReason::LaneUnavailable,
             _ => return None,
         })
     }
