@@ -16,7 +16,7 @@
 //! - [`WebhookSecrets`]: Standard Webhooks with secrets per actor (a customer) and per
 //!   endpoint, so no customer holds a secret that signs another's webhooks;
 //!   [`WebhookSecretsFile`] reads them from a TOML file and reads it again when it changes
-//!   (`sign/webhook_secrets.rs`).
+//!   (`sign/webhook_secrets.rs`, `sign/webhook_secrets_file.rs`).
 //! - [`HttpSignatures`]: a private key per actor (RSA, or Ed25519); the receiver fetches the
 //!   actor's public key by its key id and checks a signature over the method, the target
 //!   URL and a digest of the body. Mastodon, Lemmy, GoToSocial and Misskey refuse unsigned
@@ -88,8 +88,10 @@
 //! # When a request cannot be signed
 //!
 //! [`Signer::sign`] may fail: [`HttpSignatures`] has no key for the actor, or the key
-//! refused to sign; [`WebhookSecrets`] has no secret for the actor (or its endpoint). The request is then **not sent** (an unsigned POST would only be refused)
-//! and the attempt is [`Outcome::NotSent`](outbox_lanes_core::Outcome::NotSent), the outcome
+//! refused to sign; [`WebhookSecrets`] has no secret for the actor (or its endpoint). The
+//! request is then **not sent** (an unsigned POST would only be refused, and a webhook must
+//! not go out with another customer's signature) and the attempt is
+//! [`Outcome::NotSent`](outbox_lanes_core::Outcome::NotSent), the outcome
 //! of failures on our side: the unit is retried later, no attempt is counted, it never
 //! moves toward a dead letter and its lane gets no backoff. Add the key (and restart, or
 //! with a [`WebhookSecretsFile`] just save the file) and the units go out in order, nothing
@@ -97,6 +99,7 @@
 
 mod rfc9421;
 mod webhook_secrets;
+mod webhook_secrets_file;
 mod webhooks;
 
 use core::fmt;
@@ -118,7 +121,8 @@ use rsa::{RsaPrivateKey, sha2 as rsa_sha2};
 
 /// Which HTTP signature scheme signs a request (the host book's, which learns it per host).
 pub use outbox_lanes_core::host::SignatureSpec;
-pub use webhook_secrets::{SecretsFileError, WebhookSecrets, WebhookSecretsFile};
+pub use webhook_secrets::{SecretsFileError, WebhookSecrets};
+pub use webhook_secrets_file::WebhookSecretsFile;
 pub use webhooks::{
     MAX_SECRET_BYTES, MIN_SECRET_BYTES, SecretError, StandardWebhooks, VerifyError,
 };
