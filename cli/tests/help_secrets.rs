@@ -28,7 +28,7 @@ const SECRETS: [&str; 9] = [
 /// A proxy with credentials in the variables the binary never reads (`HTTPS_PROXY`, ...).
 const SYSTEM_PROXY: &str = "http://proxy:S3CRET-SYSTEM-PROXY@127.0.0.1:3128";
 
-const ENV: [(&str, &str); 11] = [
+const ENV: [(&str, &str); 12] = [
     ("OUTBOX_LANES_DB", "postgres://user:S3CRET-DB@127.0.0.1:1/x"),
     (
         "OUTBOX_LANES_ON_DEAD_LETTER",
@@ -43,6 +43,10 @@ const ENV: [(&str, &str); 11] = [
         "http://proxy:S3CRET-PROXY@127.0.0.1:3128",
     ),
     ("OUTBOX_LANES_SIGNING_KEYS", "/etc/outbox-lanes/keys.toml"),
+    (
+        "OUTBOX_LANES_WEBHOOK_SECRETS",
+        "/etc/outbox-lanes/webhook-secrets.toml",
+    ),
     ("HTTP_PROXY", SYSTEM_PROXY),
     ("HTTPS_PROXY", SYSTEM_PROXY),
     ("ALL_PROXY", SYSTEM_PROXY),
@@ -56,6 +60,7 @@ on-dead-letter = "curl -sf -H 'Authorization: Bearer T0KEN-FILE-DEAD-LETTER' htt
 webhook-secret = "whsec_c2VjcmV0LWZyb20tdGhlLWZpbGU="
 proxy = "http://proxy:S3CRET-FILE-PROXY@127.0.0.1:3128"
 signing-keys = "/etc/outbox-lanes/file-keys.toml"
+webhook-secrets = "/etc/outbox-lanes/file-webhook-secrets.toml"
 "#;
 
 /// Where the secrets come from in one run of the binary.
@@ -203,6 +208,7 @@ fn no_help_prints_a_secret_from_the_environment_or_the_config_file() {
                 "[env: OUTBOX_LANES_WEBHOOK_SECRET]",
                 "[env: OUTBOX_LANES_PROXY]",
                 "[env: OUTBOX_LANES_SIGNING_KEYS]",
+                "[env: OUTBOX_LANES_WEBHOOK_SECRETS]",
             ] {
                 if !help.contains(name) {
                     unnamed.push(format!("{args:?}: {name}"));

@@ -181,16 +181,31 @@ pub(crate) struct DeliveryFlags {
     pub(crate) seed: Option<u64>,
 
     /// Sign every request the Standard Webhooks way (`webhook-id`, `webhook-timestamp`,
-    /// `webhook-signature`) with this secret, `whsec_<base64>`. Prefer the environment
-    /// variable: a flag's value is visible to other users in the process list.
+    /// `webhook-signature`) with this secret, `whsec_<base64>` of 24 to 64 bytes, the same
+    /// for every actor; several separated by spaces or commas all sign (a rotation). Prefer
+    /// the environment variable: a flag's value is visible to other users in the process
+    /// list.
     #[arg(
         long,
         env = "OUTBOX_LANES_WEBHOOK_SECRET",
         hide_env_values = true,
         value_name = "SECRET",
-        conflicts_with = "signing_keys"
+        conflicts_with_all = ["signing_keys", "webhook_secrets"]
     )]
     pub(crate) webhook_secret: Option<String>,
+
+    /// Sign every request the Standard Webhooks way with the secrets of its actor (or of its
+    /// endpoint) from this TOML file: `[actors."<actor>"]` with `secrets = ["whsec_…"]`
+    /// (several sign side by side, a rotation), and optionally
+    /// `[actors."<actor>".recipients."<url>"]`. Read again when it changes, or on SIGHUP,
+    /// without a restart. An actor with work but no entry stops drain and relay (exit 2).
+    #[arg(
+        long,
+        env = "OUTBOX_LANES_WEBHOOK_SECRETS",
+        value_name = "FILE",
+        conflicts_with = "signing_keys"
+    )]
+    pub(crate) webhook_secrets: Option<PathBuf>,
 
     /// Sign every request with HTTP Signatures (draft-cavage rsa-sha256 over
     /// `(request-target) host date digest`, as Mastodon verifies), each actor with its key
