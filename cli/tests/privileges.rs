@@ -184,16 +184,19 @@ fn only_migrate_upgrades_a_schema() {
     assert!(
         created
             .stdout
-            .starts_with("created the outbox schema (version 6)"),
+            .starts_with("created the outbox schema (version 7)"),
         "{}",
         created.stdout
     );
-    // Back to version 4, as an older build left it (schemas 5 and 6 only add; the extra
-    // tables are harmless to a version 4 reader, and gone here so the upgrade has work to do).
+    // Back to version 4, as an older build left it (schemas 5 to 7 only add; the extra
+    // tables and columns are harmless to a version 4 reader, and gone here so the upgrade
+    // has work to do).
     {
         let c = rusqlite::Connection::open(&path).unwrap();
         c.execute_batch(
             "DROP TABLE ol_row_ids; DROP TABLE ol_hosts; DELETE FROM ol_meta WHERE key = 'outbox_id'; \
+             ALTER TABLE ol_lanes DROP COLUMN failing_since; \
+             ALTER TABLE ol_lanes DROP COLUMN unavailable_since; \
              UPDATE ol_meta SET value = '4' WHERE key = 'schema_version';",
         )
         .unwrap();
@@ -208,7 +211,7 @@ fn only_migrate_upgrades_a_schema() {
         assert_eq!(out.code(), Some(2), "{args:?}: {}", out.stderr);
         assert!(
             out.stderr.contains(
-                "schema version 4 is older than this build's (6); run `outbox-lanes migrate`"
+                "schema version 4 is older than this build's (7); run `outbox-lanes migrate`"
             ),
             "{args:?}: {}",
             out.stderr
@@ -228,16 +231,16 @@ fn only_migrate_upgrades_a_schema() {
     let up = ok(&with_db(&db, &["migrate"]), "");
     assert!(
         up.stdout
-            .starts_with("upgraded the outbox schema from version 4 to 6"),
+            .starts_with("upgraded the outbox schema from version 4 to 7"),
         "{}",
         up.stdout
     );
-    assert_eq!(version(&path), "6");
+    assert_eq!(version(&path), "7");
     let again = ok(&with_db(&db, &["migrate"]), "");
     assert!(
         again
             .stdout
-            .starts_with("the outbox schema is at version 6 already"),
+            .starts_with("the outbox schema is at version 7 already"),
         "{}",
         again.stdout
     );

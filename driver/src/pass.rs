@@ -1621,10 +1621,12 @@ impl PassCore {
                 if self.error.is_some() {
                     return;
                 }
-                let retired = match cx
-                    .store
-                    .retire_lane(&self.token, self.store_lane(lane), now())
-                {
+                let retired = match cx.store.retire_lane(
+                    &self.token,
+                    self.store_lane(lane),
+                    now(),
+                    DeadReason::LaneRetired,
+                ) {
                     Ok(retired) => retired,
                     Err(e) => {
                         self.store_failed("retire lane", e, now());

@@ -24,7 +24,7 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use outbox_lanes_core::{ActorId, LaneKey, Timestamp};
+use outbox_lanes_core::{ActorId, DeadReason, LaneKey, Timestamp};
 use outbox_lanes_store::*;
 
 const LANES: usize = 200;
@@ -114,7 +114,9 @@ fn refill_dead(store: &dyn Store, s: &mut Setup) {
         .collect();
     s.next_dead_row += DEAD;
     store.enqueue(&s.dead, &rows).unwrap();
-    let _ = store.retire_lane(&s.dead_slot, s.dead_lane, now()).unwrap();
+    let _ = store
+        .retire_lane(&s.dead_slot, s.dead_lane, now(), DeadReason::LaneRetired)
+        .unwrap();
 }
 
 fn setup(store: &dyn Store) -> Setup {
@@ -136,7 +138,9 @@ fn setup(store: &dyn Store) -> Setup {
         .find_lane(&dead, &LaneKey::new(&recipient(999_999), None).unwrap())
         .unwrap()
         .expect("cold-dead's lane");
-    let _ = store.retire_lane(&dead_slot, dead_lane, now()).unwrap();
+    let _ = store
+        .retire_lane(&dead_slot, dead_lane, now(), DeadReason::LaneRetired)
+        .unwrap();
     // 200 lanes × 5 units: 5 rows to the 200 recipients, one unit per recipient each.
     let all: Vec<String> = (0..LANES).map(recipient).collect();
     let rows: Vec<NewRow> = (0..PER_LANE)
@@ -226,7 +230,9 @@ fn measure(store: &dyn Store, reps: usize) {
                 .time(|| store.replay_dead_letters(&which).unwrap())
                 .len();
             // Back to 200 dead letters (untimed).
-            let _ = store.retire_lane(&s.dead_slot, s.dead_lane, now()).unwrap();
+            let _ = store
+                .retire_lane(&s.dead_slot, s.dead_lane, now(), DeadReason::LaneRetired)
+                .unwrap();
             purged = purge.time(|| store.purge_dead_letters(&which).unwrap());
             refill_dead(store, &mut s);
         }

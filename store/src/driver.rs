@@ -195,16 +195,38 @@ impl<B: Backend> DriverStore for B {
         })
     }
 
+    fn set_lane_failing(
+        &self,
+        token: &SlotToken,
+        lane: StoreLaneId,
+        since: Option<Timestamp>,
+    ) -> Result<(), StoreError> {
+        fenced(self, token, true, |db| {
+            lanes::set_failing(db, token.actor().as_str(), lane, since)
+        })
+    }
+
+    fn set_lane_unavailable(
+        &self,
+        token: &SlotToken,
+        lane: StoreLaneId,
+        at: Timestamp,
+    ) -> Result<(), StoreError> {
+        fenced(self, token, true, |db| {
+            lanes::set_unavailable(db, token.actor().as_str(), lane, at)
+        })
+    }
+
     fn retire_lane(
         &self,
         token: &SlotToken,
         lane: StoreLaneId,
         at: Timestamp,
+        reason: DeadReason,
     ) -> Result<Vec<WrittenDeadLetter>, StoreError> {
         let retention = self.common().ack_retention.is_some();
         fenced(self, token, false, |db| {
             let actor = token.actor().as_str();
-            let reason = DeadReason::LaneRetired;
             dead_letters::dead_letter_lane(db, actor, lane, reason, at, None, retention)
         })
     }

@@ -232,10 +232,13 @@ mod ops {
         "UPDATE ol_lanes SET paused = FALSE, pause_reason = NULL WHERE id = $1 AND paused \
          AND pause_reason = $2",
     );
-    /// A lane waiting (its own backoff, or held for its host) comes back at once.
+    /// A lane waiting (its own backoff, or held for its host) comes back at once, and a
+    /// failing one starts a new run of failures.
     static RETRY_FOR_HOST: Sql = Sql::new(
-        "UPDATE ol_lanes SET not_before = NULL, backoff_level = 0 WHERE id = $1 \
-         AND (not_before IS NOT NULL OR backoff_level > 0)",
+        "UPDATE ol_lanes SET not_before = NULL, backoff_level = 0, failing_since = NULL, \
+         unavailable_since = NULL WHERE id = $1 \
+         AND (not_before IS NOT NULL OR backoff_level > 0 OR failing_since IS NOT NULL \
+         OR unavailable_since IS NOT NULL)",
     );
 
     /// Pauses `lane` for its host's block ([`HOST_BLOCKED_REASON`]), unless an operator
@@ -269,11 +272,12 @@ mod ops {
     }
 
     /// A lane's state as a pass reads a changed lane (`controls`).
-    static LANE_STATE: Sql = Sql::new(
-        "SELECT l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, \
-         l.paused, EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0) \
-         FROM ol_lanes l WHERE l.id = $1",
-    );
+    static LANE_STATE: Sql = Sql::new(concat!(
+        "SELECT ",
+        crate::lanes::pending_lane_cols!(),
+        ", EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0) \
+         FROM ol_lanes l WHERE l.id = $1"
+    ));
 
     /// `lane`'s state now, as [`crate::lanes::controls`] lists a changed lane.
     pub(crate) fn lane_state(
@@ -283,7 +287,7 @@ mod ops {
         db.query_opt(&LANE_STATE, args![lane.0], |r| {
             Ok(crate::types::ChangedLane {
                 state: crate::lanes::pending_lane(r, 0)?,
-                pending: r.flag(7)?,
+                pending: r.flag(crate::lanes::PENDING_LANE_COLS)?,
             })
         })
     }
@@ -293,7 +297,8 @@ mod ops {
         Ok(db.execute(&RESUME_FOR_HOST, args![lane.0, HOST_BLOCKED_REASON])? > 0)
     }
 
-    /// Clears `lane`'s backoff for the operator's retry of its host. Whether it waited.
+    /// Clears `lane`'s backoff and its run of failures for the operator's retry of its host.
+    /// Whether it waited or was failing.
     pub(crate) fn retry_lane_for_host(
         db: &mut impl Db,
         lane: StoreLaneId,

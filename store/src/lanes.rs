@@ -1,6 +1,7 @@
-//! Lanes, written once for both backends: a pass's lane states (backoff, strict block), the
-//! operator's controls (pause, resume, retry now, strict) and the control generations that
-//! carry them to running passes (OL-14), finding a lane, and the lane list.
+//! Lanes, written once for both backends: a pass's lane states (backoff, strict block, a run
+//! of failures and the unavailability found in it), the operator's controls (pause, resume,
+//! retry now, strict) and the control generations that carry them to running passes (OL-14),
+//! finding a lane, and the lane list.
 
 use outbox_lanes_core::{ActorId, LaneKey, Timestamp};
 
@@ -12,8 +13,21 @@ use crate::types::{
 use crate::util::{key_of, millis_of, status_of, timestamp_of, to_i64, to_u32, to_u64};
 use crate::{StoreError, StoreLaneId, slots};
 
-/// A lane's state as a pass reads it, from the columns `at..at + 7` of a row: id, recipient,
-/// ordering key, `not_before`, backoff level, strict, paused.
+/// The columns [`pending_lane`] reads, of lane `l`.
+macro_rules! pending_lane_cols {
+    () => {
+        "l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, l.paused, \
+         l.failing_since, l.unavailable_since"
+    };
+}
+pub(crate) use pending_lane_cols;
+
+/// How many columns [`pending_lane`] reads.
+pub(crate) const PENDING_LANE_COLS: usize = 9;
+
+/// A lane's state as a pass reads it, from the columns `at..at + PENDING_LANE_COLS` of a row
+/// ([`pending_lane_cols!`]): id, recipient, ordering key, `not_before`, backoff level,
+/// strict, paused, `failing_since`, `unavailable_since`.
 pub(crate) fn pending_lane(r: &dyn Get, at: usize) -> Result<PendingLane, StoreError> {
     Ok(PendingLane {
         lane: StoreLaneId(r.int(at)?),
@@ -22,6 +36,8 @@ pub(crate) fn pending_lane(r: &dyn Get, at: usize) -> Result<PendingLane, StoreE
         backoff_level: to_u32(r.int(at + 4)?),
         strict: r.flag(at + 5)?,
         paused: r.flag(at + 6)?,
+        failing_since: r.opt_int(at + 7)?.map(timestamp_of),
+        unavailable_since: r.opt_int(at + 8)?.map(timestamp_of),
     })
 }
 
@@ -87,14 +103,55 @@ pub(crate) fn block(
     update(db, &BLOCK, args![lane.0, actor, &reason])
 }
 
+static SET_FAILING: Sql =
+    Sql::new("UPDATE ol_lanes SET failing_since = $3 WHERE id = $1 AND actor = $2");
+/// A lane answers again: its run of failures, and the unavailability found in it, end.
+static CLEAR_FAILING: Sql = Sql::new(
+    "UPDATE ol_lanes SET failing_since = NULL, unavailable_since = NULL \
+     WHERE id = $1 AND actor = $2",
+);
+/// The first mark is kept (the row still matches: a second call is no error).
+static SET_UNAVAILABLE: Sql = Sql::new(
+    "UPDATE ol_lanes SET unavailable_since = coalesce(unavailable_since, $3) \
+     WHERE id = $1 AND actor = $2",
+);
+
+/// Persists when a lane of `actor` began failing (`None`: it answers again, which also
+/// clears its unavailability).
+pub(crate) fn set_failing(
+    db: &mut impl Db,
+    actor: &str,
+    lane: StoreLaneId,
+    since: Option<Timestamp>,
+) -> Result<(), StoreError> {
+    match since {
+        Some(t) => update(db, &SET_FAILING, args![lane.0, actor, millis_of(t)]),
+        None => update(db, &CLEAR_FAILING, args![lane.0, actor]),
+    }
+}
+
+/// Marks a lane of `actor` unavailable since `at`, unless it is already.
+pub(crate) fn set_unavailable(
+    db: &mut impl Db,
+    actor: &str,
+    lane: StoreLaneId,
+    at: Timestamp,
+) -> Result<(), StoreError> {
+    update(db, &SET_UNAVAILABLE, args![lane.0, actor, millis_of(at)])
+}
+
 static PAUSE: Sql = Sql::new("UPDATE ol_lanes SET paused = TRUE, pause_reason = $2 WHERE id = $1");
-static RESUME: Sql =
-    Sql::new("UPDATE ol_lanes SET paused = FALSE, pause_reason = NULL WHERE id = $1");
+/// An operator's resume also forgets the lane's run of failures (a new one starts).
+static RESUME: Sql = Sql::new(
+    "UPDATE ol_lanes SET paused = FALSE, pause_reason = NULL, failing_since = NULL, \
+     unavailable_since = NULL WHERE id = $1",
+);
 static SET_STRICT: Sql = Sql::new("UPDATE ol_lanes SET strict = $2 WHERE id = $1");
-/// Clears a lane's backoff and lifts a strict block (a pause reason starting with `$2`,
-/// [`STRICT_BLOCKED_REASON`]); an operator's pause stays.
+/// Clears a lane's backoff and its run of failures and lifts a strict block (a pause reason
+/// starting with `$2`, [`STRICT_BLOCKED_REASON`]); an operator's pause stays.
 static RETRY_NOW: Sql = Sql::new(
-    "UPDATE ol_lanes SET not_before = NULL, backoff_level = 0, \
+    "UPDATE ol_lanes SET not_before = NULL, backoff_level = 0, failing_since = NULL, \
+     unavailable_since = NULL, \
      paused = CASE WHEN substr(pause_reason, 1, length($2)) = $2 THEN FALSE ELSE paused END, \
      pause_reason = CASE WHEN substr(pause_reason, 1, length($2)) = $2 THEN NULL \
      ELSE pause_reason END \
@@ -120,7 +177,7 @@ pub(crate) fn set_strict(
     update(db, &SET_STRICT, args![lane.0, strict])
 }
 
-/// Clears a lane's backoff and lifts a strict block (operator).
+/// Clears a lane's backoff and its run of failures and lifts a strict block (operator).
 pub(crate) fn retry_now(db: &mut impl Db, lane: StoreLaneId) -> Result<(), StoreError> {
     update(db, &RETRY_NOW, args![lane.0, STRICT_BLOCKED_REASON])
 }
@@ -165,15 +222,15 @@ pub(crate) fn bump_control(db: &mut impl Db, lane: StoreLaneId) -> Result<Bumped
 /// by an operator after generation `$3` (`control > 0` lets the partial index
 /// `ol_lanes_control` serve it: it holds only lanes an operator touched). No row: the token
 /// is stale. The lanes' pending check runs only for those lanes.
-static CONTROLS: Sql = Sql::new(
+static CONTROLS: Sql = Sql::new(concat!(
     "SELECT s.control, \
-     coalesce((SELECT CAST(value AS BIGINT) FROM ol_meta WHERE key = 'host_control'), 0), l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, \
-     l.strict, l.paused, \
-     EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0) \
+     coalesce((SELECT CAST(value AS BIGINT) FROM ol_meta WHERE key = 'host_control'), 0), ",
+    pending_lane_cols!(),
+    ", EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0) \
      FROM ol_slots s LEFT JOIN ol_lanes l ON l.actor = s.actor AND l.control > $3 AND l.control > 0 \
      WHERE s.actor = $1 AND s.token = $2 AND s.holder IS NOT NULL AND s.lease_expires > {now} \
-     ORDER BY l.id",
-);
+     ORDER BY l.id"
+));
 
 /// The actor's control generation, the operators' host-control generation, and the lanes an
 /// operator changed after generation `seen` (nothing when it did not change), for the pass
@@ -199,7 +256,7 @@ pub(crate) fn controls(
                 None => None,
                 Some(_) => Some(ChangedLane {
                     state: pending_lane(r, 2)?,
-                    pending: r.flag(9)?,
+                    pending: r.flag(2 + PENDING_LANE_COLS)?,
                 }),
             };
             Ok((generation, lane))
@@ -246,7 +303,8 @@ macro_rules! lane_status {
               JOIN ol_units h ON h.id = coalesce(d.unit_id, d.id) LEFT JOIN ol_rows r ON r.id = h.row_ref \
               WHERE d.lane_id = l.id AND d.state = 0 ORDER BY d.seq, d.id LIMIT 1), \
              (SELECT d.last_attempt_at IS NOT NULL FROM ol_units d \
-              WHERE d.lane_id = l.id AND d.state = 0 ORDER BY d.seq, d.id LIMIT 1) \
+              WHERE d.lane_id = l.id AND d.state = 0 ORDER BY d.seq, d.id LIMIT 1), \
+             l.failing_since, l.unavailable_since \
              FROM ol_lanes l WHERE ",
             $where
         )
@@ -294,5 +352,7 @@ fn status_of_row(r: &dyn Get) -> Result<LaneStatus, StoreError> {
         pause_reason: r.opt_text(7)?,
         depth: to_u64(r.int(10)?),
         head_enqueued_at: r.opt_int(11)?.map(timestamp_of),
+        failing_since: r.opt_int(13)?.map(timestamp_of),
+        unavailable_since: r.opt_int(14)?.map(timestamp_of),
     })
 }

@@ -98,7 +98,7 @@ mod watcher;
 use core::time::Duration;
 
 pub use outbox_lanes_core as core_types;
-use outbox_lanes_core::{ActorId, Timestamp, UnitId};
+use outbox_lanes_core::{ActorId, DeadReason, Timestamp, UnitId};
 
 pub use error::{Cause, EnqueueError, StoreError};
 pub use headers::{HeaderProblem, MAX_HEADER_BYTES, MAX_HEADERS, RefusedHeader, validate_headers};
@@ -114,7 +114,7 @@ pub use tls::SslMode;
 pub use types::*;
 
 /// The newest schema version this build writes and understands.
-pub const SCHEMA_VERSION: u32 = 6;
+pub const SCHEMA_VERSION: u32 = 7;
 
 /// The whole store: what a runtime holds, as `Arc<dyn Store>`. It is the two sides below
 /// together and has no method of its own; every type that implements both is a `Store`.
@@ -296,8 +296,39 @@ pub trait DriverStore: Send + Sync {
         reason: &str,
     ) -> Result<(), StoreError>;
 
-    /// Dead-letters every pending delivery of the lane with reason `lane_retired` (for a joined
-    /// unit, only this recipient), in one transaction; durable when it returns. Returns the
+    /// Persists when the lane's current run of failed attempts began (issue 41): `Some` from
+    /// its first failure on, `None` once it answers again, which also clears
+    /// [`DriverStore::set_lane_unavailable`]'s mark. Idempotent. Operator actions that bring
+    /// the lane back (`lanes retry`, `resume`, `hosts retry`) clear both.
+    ///
+    /// # Errors
+    /// [`StoreError::StaleToken`] (nothing written), [`StoreError::NotFound`] for a lane the
+    /// token's actor does not have, database failures.
+    fn set_lane_failing(
+        &self,
+        token: &SlotToken,
+        lane: StoreLaneId,
+        since: Option<Timestamp>,
+    ) -> Result<(), StoreError>;
+
+    /// Marks the lane found failing for longer than allowed at `at` (issue 41), unless it is
+    /// marked already: the first mark is kept, so calling it again changes nothing. Cleared by
+    /// [`DriverStore::set_lane_failing`] with `None` and by the operator actions that clear
+    /// the failing run.
+    ///
+    /// # Errors
+    /// [`StoreError::StaleToken`] (nothing written), [`StoreError::NotFound`] for a lane the
+    /// token's actor does not have, database failures.
+    fn set_lane_unavailable(
+        &self,
+        token: &SlotToken,
+        lane: StoreLaneId,
+        at: Timestamp,
+    ) -> Result<(), StoreError>;
+
+    /// Dead-letters every pending delivery of the lane with `reason` (for a joined unit, only
+    /// this recipient), in one transaction; durable when it returns: `lane_retired` after a
+    /// 410 Gone, `lane_unavailable` for a lane failing for longer than allowed. Returns the
     /// dead letters written, one per delivery, in lane order (oldest first): what a pass
     /// reports to its dead-letter hook. The list is as long as the lane was deep.
     ///
@@ -308,6 +339,7 @@ pub trait DriverStore: Send + Sync {
         token: &SlotToken,
         lane: StoreLaneId,
         at: Timestamp,
+        reason: DeadReason,
     ) -> Result<Vec<WrittenDeadLetter>, StoreError>;
 
     /// Whether the database this store opened is still the one its name leads to: on a
@@ -479,8 +511,9 @@ pub trait ServiceStore: Send + Sync {
     /// [`StoreError::NotFound`], database failures.
     fn pause_lane(&self, lane: StoreLaneId, reason: &str) -> Result<(), StoreError>;
 
-    /// Resumes a paused lane (operator). A running pass picks it up at its next read of the
-    /// actor's control generation (or the next pass does).
+    /// Resumes a paused lane (operator), and forgets its run of failures (`failing_since`,
+    /// `unavailable_since`: it starts a new one). A running pass picks it up at its next read
+    /// of the actor's control generation (or the next pass does).
     ///
     /// # Errors
     /// [`StoreError::NotFound`], database failures.
@@ -488,7 +521,8 @@ pub trait ServiceStore: Send + Sync {
 
     /// Clears a lane's backoff so its head is attempted at once (operator). A strict lane
     /// blocked on its failing head ([`STRICT_BLOCKED_REASON`]) is unblocked too, so the head is
-    /// probed again; a lane an operator paused stays paused (resume it).
+    /// probed again; a lane an operator paused stays paused (resume it). The lane's run of
+    /// failures is forgotten (`failing_since`, `unavailable_since`: it starts a new one).
     ///
     /// # Errors
     /// [`StoreError::NotFound`], database failures.
@@ -511,8 +545,9 @@ pub trait ServiceStore: Send + Sync {
 
     /// Dead-letters the head (oldest pending unit) of a lane with reason
     /// [`DeadReason::Skipped`](outbox_lanes_core::DeadReason), lifts a strict block
-    /// ([`STRICT_BLOCKED_REASON`]) and clears the lane's backoff, so its followers go on in
-    /// order (operator). Returns the skipped unit, or `None` if the lane had none pending.
+    /// ([`STRICT_BLOCKED_REASON`]) and clears the lane's backoff and its run of failures, so
+    /// its followers go on in order (operator). Returns the skipped unit, or `None` if the
+    /// lane had none pending.
     ///
     /// Once it returns no pass sends the skipped unit again, and its attempt in flight, if
     /// any, is recorded on its dead letter (OL-14, as [`ServiceStore::purge_lane`]).
@@ -580,8 +615,9 @@ pub trait ServiceStore: Send + Sync {
     fn block_host(&self, origin: &str, block: HostBlock, at: Timestamp) -> Result<u64, StoreError>;
 
     /// An operator's retry of `origin`: its failures and backoff are forgotten and every lane
-    /// to it that waits (its own backoff, or held for the host) comes back at once. Returns
-    /// how many lanes waited.
+    /// to it that waits (its own backoff, or held for the host) comes back at once, its run of
+    /// failures forgotten (`failing_since`, `unavailable_since`). Returns how many lanes
+    /// waited or were failing.
     ///
     /// # Errors
     /// Database failures.

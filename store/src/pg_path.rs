@@ -85,8 +85,9 @@ static ACK_ONE_LANE_DELETE: Sql = Sql::new(ack_one_lane!(
 
 /// See [`lanes_with_work`].
 static LANES_WITH_WORK: Sql = Sql::new(concat!(
-    "SELECT f.live, l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, \
-                     l.paused, l.tail_seq FROM (SELECT EXISTS (",
+    "SELECT f.live, ",
+    lanes::pending_lane_cols!(),
+    ", l.tail_seq FROM (SELECT EXISTS (",
     live_slot!(),
     ") AS live) f \
                      LEFT JOIN LATERAL (SELECT * FROM ol_lanes l WHERE f.live AND l.actor = $1 AND l.tail_seq > $3 \
@@ -185,7 +186,7 @@ pub(crate) fn lanes_with_work(
         |r| {
             let lane = match r.opt_int(1)? {
                 None => None,
-                Some(_) => Some((pending_lane(r, 1)?, r.int(8)?)),
+                Some(_) => Some((pending_lane(r, 1)?, r.int(1 + lanes::PENDING_LANE_COLS)?)),
             };
             Ok((r.flag(0)?, lane))
         },

@@ -254,12 +254,18 @@ const MIGRATE_V5_TO_V6: &str = "CREATE TABLE ol_hosts (origin TEXT PRIMARY KEY, 
          spec_at BIGINT, updated_at BIGINT NOT NULL); \
      UPDATE ol_meta SET value = '6' WHERE key = 'schema_version';";
 
+/// Version 6 to 7 (SCHEMA.md "Migrations"): a lane's run of failures (issue 41).
+const MIGRATE_V6_TO_V7: &str = "ALTER TABLE ol_lanes ADD COLUMN failing_since BIGINT; \
+     ALTER TABLE ol_lanes ADD COLUMN unavailable_since BIGINT; \
+     UPDATE ol_meta SET value = '7' WHERE key = 'schema_version';";
+
 /// The migrations past version 2 and the version each reaches: a new schema runs them too.
-const MIGRATIONS: [(u32, &str); 4] = [
+const MIGRATIONS: [(u32, &str); 5] = [
     (3, MIGRATE_V2_TO_V3),
     (4, MIGRATE_V3_TO_V4),
     (5, MIGRATE_V4_TO_V5),
     (6, MIGRATE_V5_TO_V6),
+    (7, MIGRATE_V6_TO_V7),
 ];
 
 /// A schema name the store accepts: lower-case letters, digits and `_`, not starting with a

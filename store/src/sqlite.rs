@@ -298,8 +298,18 @@ const V5_TO_V6: &str = "CREATE TABLE ol_hosts (\
          last_error TEXT, blocked INTEGER NOT NULL DEFAULT 0, spec TEXT, spec_at INTEGER, \
          updated_at INTEGER NOT NULL) WITHOUT ROWID;";
 
+/// Version 6 → 7 (SCHEMA.md, "Migrations"): a lane's run of failures (issue 41).
+const V6_TO_V7: &str = "ALTER TABLE ol_lanes ADD COLUMN failing_since INTEGER; \
+     ALTER TABLE ol_lanes ADD COLUMN unavailable_since INTEGER;";
+
 /// The migrations past version 2 and the version each reaches: a new database runs them too.
-const MIGRATIONS: [(u32, &str); 4] = [(3, V2_TO_V3), (4, V3_TO_V4), (5, V4_TO_V5), (6, V5_TO_V6)];
+const MIGRATIONS: [(u32, &str); 5] = [
+    (3, V2_TO_V3),
+    (4, V3_TO_V4),
+    (5, V4_TO_V5),
+    (6, V5_TO_V6),
+    (7, V6_TO_V7),
+];
 
 /// The version 2 `ol_units` alone, for the migration from version 1.
 const UNITS_V2: &str = units_v2_ddl!();

@@ -20,11 +20,12 @@ use crate::util::{decode_headers, key_of, timestamp_of, to_i64, to_u32, to_u64};
 use crate::{StoreError, dead_letters, slots, units};
 
 /// The actor's lanes with pending units enqueued after `$2` (see [`lanes_with_work`]).
-static LANES_WITH_WORK: Sql = Sql::new(
-    "SELECT l.id, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.strict, \
-     l.paused, l.tail_seq FROM ol_lanes l WHERE l.actor = $1 AND l.tail_seq > $2 \
-     AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id) ORDER BY l.id",
-);
+static LANES_WITH_WORK: Sql = Sql::new(concat!(
+    "SELECT ",
+    lanes::pending_lane_cols!(),
+    ", l.tail_seq FROM ol_lanes l WHERE l.actor = $1 AND l.tail_seq > $2 \
+     AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id) ORDER BY l.id"
+));
 
 /// The lanes of the token's actor with pending units enqueued after `since`, and the new
 /// watermark.
@@ -37,7 +38,12 @@ pub(crate) fn lanes_with_work(
     let rows = db.query(
         &LANES_WITH_WORK,
         args![token.actor().as_str(), to_i64(since)],
-        |r| Ok((pending_lane(r, 0)?, to_u64(r.int(7)?))),
+        |r| {
+            Ok((
+                pending_lane(r, 0)?,
+                to_u64(r.int(lanes::PENDING_LANE_COLS)?),
+            ))
+        },
     )?;
     let mark = rows.iter().map(|(_, tail)| *tail).fold(since, u64::max);
     Ok((rows.into_iter().map(|(lane, _)| lane).collect(), mark))

@@ -154,6 +154,12 @@ pub struct PendingLane {
     pub strict: bool,
     /// A paused lane delivers nothing until resumed.
     pub paused: bool,
+    /// When the lane's current run of failed attempts began (`None` while it is not failing):
+    /// [`DriverStore::set_lane_failing`](crate::DriverStore::set_lane_failing).
+    pub failing_since: Option<Timestamp>,
+    /// When the lane was found failing for longer than allowed, if it was since its run of
+    /// failures began ([`set_lane_unavailable`](crate::DriverStore::set_lane_unavailable)).
+    pub unavailable_since: Option<Timestamp>,
 }
 
 /// One lane's part of a claim: up to `limit` pending units with `seq >= from`.
@@ -417,7 +423,7 @@ pub const STRICT_BLOCKED_REASON: &str = "strict lane blocked";
 /// The state of one lane, as every view shows it (`lanes`, `status`, the drain's progress).
 ///
 /// Computed in one place, [`LaneState::of`], from the persisted lane columns and the time of
-/// the look.
+/// the look; [`LaneStatus::state`] adds [`LaneState::Unavailable`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum LaneState {
@@ -432,6 +438,9 @@ pub enum LaneState {
     Paused,
     /// A strict lane's head failed for good: the lane waits for an operator (OL-8).
     StrictBlocked,
+    /// The lane (its endpoint) was found failing for longer than allowed (issue 41,
+    /// `unavailable_since`), and is not paused.
+    Unavailable,
 }
 
 impl LaneState {
@@ -463,7 +472,7 @@ impl LaneState {
     }
 
     /// The state's name without its level: `open`, `throttled`, `backoff`, `paused`,
-    /// `strict_blocked` (for JSON).
+    /// `strict_blocked`, `unavailable` (for JSON).
     pub fn name(self) -> &'static str {
         match self {
             LaneState::Open => "open",
@@ -471,6 +480,7 @@ impl LaneState {
             LaneState::Backoff(_) => "backoff",
             LaneState::Paused => "paused",
             LaneState::StrictBlocked => "strict_blocked",
+            LaneState::Unavailable => "unavailable",
         }
     }
 
@@ -486,7 +496,7 @@ impl LaneState {
 }
 
 impl core::fmt::Display for LaneState {
-    /// `open`, `throttled`, `backoff N`, `paused`, `strict blocked`.
+    /// `open`, `throttled`, `backoff N`, `paused`, `strict blocked`, `unavailable`.
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             LaneState::Backoff(level) => write!(f, "backoff {level}"),
@@ -524,11 +534,20 @@ pub struct LaneStatus {
     pub paused: bool,
     /// Why it is paused.
     pub pause_reason: Option<String>,
+    /// When the lane's current run of failed attempts began (`None` while it is not failing).
+    pub failing_since: Option<Timestamp>,
+    /// When the lane was found failing for longer than allowed (issue 41), if it was since
+    /// its run of failures began.
+    pub unavailable_since: Option<Timestamp>,
 }
 
 impl LaneStatus {
-    /// The lane's state at `now` ([`LaneState::of`]).
+    /// The lane's state at `now`: [`LaneState::Unavailable`] when it was found failing for
+    /// longer than allowed and is not paused, else [`LaneState::of`].
     pub fn state(&self, now: Timestamp) -> LaneState {
+        if self.unavailable_since.is_some() && !self.paused {
+            return LaneState::Unavailable;
+        }
         LaneState::of(
             self.not_before,
             self.backoff_level,

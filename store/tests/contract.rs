@@ -53,6 +53,8 @@ contract!(
     dead_letter_returns_what_it_wrote_and_none_when_not_pending,
     dead_letters_of_one_call_are_one_transaction_in_request_order,
     retire_lane_dead_letters_only_that_recipient,
+    a_lanes_run_of_failures_round_trips_and_operators_clear_it,
+    retire_lane_with_lane_unavailable_dead_letters_every_pending_unit_in_order,
     operator_ops,
     operator_lane_purge_skip_and_retry,
     wake_ups_after_enqueue,
@@ -1277,7 +1279,10 @@ fn stale_token_is_refused_and_writes_nothing(b: Backend) {
         );
         stale(s.set_lane_state(&t1, la, Some(now() + Duration::from_secs(60)), 1));
         stale(s.block_lane(&t1, la, "strict"));
-        assert_eq!(s.retire_lane(&t1, la, now()), Err(StoreError::StaleToken));
+        assert_eq!(
+            s.retire_lane(&t1, la, now(), DeadReason::LaneRetired),
+            Err(StoreError::StaleToken)
+        );
         assert_eq!(s.claim(&t1, &[]), Err(StoreError::StaleToken));
         assert_eq!(s.lanes_with_work(&t1, 0), Err(StoreError::StaleToken));
         stale(s.renew_slot(&t1, LEASE));
@@ -1676,7 +1681,9 @@ fn retire_lane_dead_letters_only_that_recipient(b: Backend) {
         )
         .expect("attempts");
         let at = Timestamp::from_millis(7_000);
-        let retired = s.retire_lane(&t, la, at).expect("retire");
+        let retired = s
+            .retire_lane(&t, la, at, DeadReason::LaneRetired)
+            .expect("retire");
         let dl = s.dead_letters(Some(&a)).expect("dl");
         assert_eq!(dl.len(), 3);
         assert!(
@@ -1713,7 +1720,10 @@ fn retire_lane_dead_letters_only_that_recipient(b: Backend) {
         assert_eq!(retired[0].last_error.as_deref(), Some("status 503"));
         assert!(retired.iter().all(|d| d.dead_at == at));
         // Nothing pending is left to retire.
-        assert_eq!(s.retire_lane(&t, la, now()), Ok(Vec::new()));
+        assert_eq!(
+            s.retire_lane(&t, la, now(), DeadReason::LaneRetired),
+            Ok(Vec::new())
+        );
         // The joined unit, still pending for B, stays listed in A with A no longer to serve.
         let ca = claim_lane(s, &t, la, 0, 10);
         assert_eq!(row_ids(&ca), ["j"]);
@@ -1728,6 +1738,259 @@ fn retire_lane_dead_letters_only_that_recipient(b: Backend) {
         let cb = claim_lane(s, &t, lb, 0, 10);
         assert_eq!(row_ids(&cb), ["j", "r1"]);
         assert_eq!(cb.units[0].id, out[1].units[0]);
+    });
+}
+
+/// Issue 41: a lane's run of failures (`failing_since`) and the unavailability found in it
+/// (`unavailable_since`) come back wherever a pass or an operator reads the lane; the first
+/// unavailability is kept, an answer (`None`) clears both, and so do the operator actions
+/// that bring a lane back; a stale token writes nothing.
+fn a_lanes_run_of_failures_round_trips_and_operators_clear_it(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        s.enqueue(&a, &[row("r0", &[A]), row("r1", &[B])])
+            .expect("enqueue");
+        let t = acquire(s, &a, "h", LEASE);
+        let (la, lb) = (lane_of(s, &a, A), lane_of(s, &a, B));
+        let ms = Timestamp::from_millis;
+        type Run = (StoreLaneId, Option<Timestamp>, Option<Timestamp>);
+        let with_work = || -> Vec<Run> {
+            let (lanes, _) = s.lanes_with_work(&t, 0).expect("lanes with work");
+            lanes
+                .iter()
+                .map(|l| (l.lane, l.failing_since, l.unavailable_since))
+                .collect()
+        };
+        let listed = || -> Vec<Run> {
+            s.lanes(&a)
+                .expect("lanes")
+                .iter()
+                .map(|l| (l.lane, l.failing_since, l.unavailable_since))
+                .collect()
+        };
+        assert_eq!(with_work(), [(la, None, None), (lb, None, None)]);
+        assert_eq!(listed(), with_work());
+
+        // Written twice (a retried write): the same; the first unavailability is kept.
+        for _ in 0..2 {
+            s.set_lane_failing(&t, la, Some(ms(1_000)))
+                .expect("failing");
+            s.set_lane_unavailable(&t, la, ms(5_000))
+                .expect("unavailable");
+        }
+        s.set_lane_unavailable(&t, la, ms(6_000))
+            .expect("unavailable again");
+        let marked = [(la, Some(ms(1_000)), Some(ms(5_000))), (lb, None, None)];
+        assert_eq!(with_work(), marked);
+        assert_eq!(listed(), marked);
+        let st = s.lane_status(la).expect("status").expect("lane");
+        assert_eq!(
+            (st.failing_since, st.unavailable_since),
+            (Some(ms(1_000)), Some(ms(5_000)))
+        );
+        assert_eq!(st.state(now()), LaneState::Unavailable);
+        assert_eq!(st.state(now()).name(), "unavailable");
+        assert_eq!(st.state(now()).to_string(), "unavailable");
+        let other = s.lane_status(lb).expect("status").expect("lane");
+        assert_eq!(other.state(now()), LaneState::Open);
+        // A later failing time (a run written again) keeps the unavailability.
+        s.set_lane_failing(&t, la, Some(ms(2_000)))
+            .expect("failing");
+        assert_eq!(with_work()[0], (la, Some(ms(2_000)), Some(ms(5_000))));
+
+        // An operator's pause: the changed lane carries the marks; a pause wins in the state.
+        let seen = t.control().generation;
+        s.pause_lane(la, "look").expect("pause");
+        let c = s.lane_controls(&t, seen).expect("controls");
+        let changed: Vec<(Run, bool)> = c
+            .changed
+            .iter()
+            .map(|cl| {
+                let l = &cl.state;
+                ((l.lane, l.failing_since, l.unavailable_since), l.paused)
+            })
+            .collect();
+        assert_eq!(changed, [((la, Some(ms(2_000)), Some(ms(5_000))), true)]);
+        let st = s.lane_status(la).expect("status").expect("lane");
+        assert_eq!(st.state(now()), LaneState::Paused);
+        // Resume: a new run of failures starts.
+        s.resume_lane(la).expect("resume");
+        let c = s.lane_controls(&t, c.read.generation).expect("controls");
+        assert_eq!(c.changed.len(), 1);
+        let l = &c.changed[0].state;
+        assert_eq!(
+            (l.lane, l.paused, l.failing_since, l.unavailable_since),
+            (la, false, None, None)
+        );
+        assert_eq!(listed(), [(la, None, None), (lb, None, None)]);
+
+        // `lanes retry` clears both, with the backoff.
+        s.set_lane_failing(&t, la, Some(ms(1_000)))
+            .expect("failing");
+        s.set_lane_unavailable(&t, la, ms(5_000))
+            .expect("unavailable");
+        s.set_lane_state(&t, la, Some(now() + Duration::from_secs(60)), 3)
+            .expect("backoff");
+        s.retry_lane_now(la).expect("retry");
+        let l = s.lane_status(la).expect("status").expect("lane");
+        assert_eq!(
+            (
+                l.failing_since,
+                l.unavailable_since,
+                l.not_before,
+                l.backoff_level
+            ),
+            (None, None, None, 0)
+        );
+
+        // An answer (`None`) clears both.
+        s.set_lane_failing(&t, lb, Some(ms(3_000)))
+            .expect("failing");
+        s.set_lane_unavailable(&t, lb, ms(4_000))
+            .expect("unavailable");
+        s.set_lane_failing(&t, lb, None).expect("delivered");
+        s.set_lane_failing(&t, lb, None).expect("delivered again");
+        assert_eq!(listed(), [(la, None, None), (lb, None, None)]);
+
+        // A lane a pass reads for a held host carries the marks too.
+        s.set_lane_failing(&t, lb, Some(ms(3_000)))
+            .expect("failing");
+        let origin_b = "https://b.example:443";
+        assert_eq!(
+            s.block_host(origin_b, HostBlock::Hold, now())
+                .expect("hold"),
+            1
+        );
+        let states = s
+            .pause_for_host(&t, &[(lb, origin_b.into())])
+            .expect("pause for host");
+        let l = &states[0].state;
+        assert_eq!(
+            (l.lane, l.paused, l.failing_since, l.unavailable_since),
+            (lb, true, Some(ms(3_000)), None)
+        );
+        s.block_host(origin_b, HostBlock::Open, now())
+            .expect("unblock");
+
+        // `hosts retry` clears the runs of the host's lanes, and counts a failing lane.
+        s.set_lane_unavailable(&t, lb, ms(4_000))
+            .expect("unavailable");
+        s.set_lane_failing(&t, la, Some(ms(1_000)))
+            .expect("failing");
+        assert_eq!(s.retry_host(origin_b, now()).expect("retry host"), 1);
+        assert_eq!(listed(), [(la, Some(ms(1_000)), None), (lb, None, None)]);
+
+        // Another actor's lane is not the token's.
+        let bob = actor("bob");
+        s.enqueue(&bob, &[row("b0", &[A])]).expect("enqueue");
+        let bob_lane = lane_of(s, &bob, A);
+        assert_eq!(
+            s.set_lane_failing(&t, bob_lane, Some(ms(1_000))),
+            Err(StoreError::NotFound { what: "lane" })
+        );
+        assert_eq!(
+            s.set_lane_unavailable(&t, bob_lane, ms(1_000)),
+            Err(StoreError::NotFound { what: "lane" })
+        );
+        let bl = s.lane_status(bob_lane).expect("status").expect("lane");
+        assert_eq!((bl.failing_since, bl.unavailable_since), (None, None));
+
+        // A stale token writes nothing.
+        let _ = s.release_slot(&t).expect("release");
+        assert_eq!(
+            s.set_lane_failing(&t, lb, Some(ms(9_000))),
+            Err(StoreError::StaleToken)
+        );
+        assert_eq!(
+            s.set_lane_failing(&t, la, None),
+            Err(StoreError::StaleToken)
+        );
+        assert_eq!(
+            s.set_lane_unavailable(&t, la, ms(9_000)),
+            Err(StoreError::StaleToken)
+        );
+        assert_eq!(
+            s.retire_lane(&t, la, now(), DeadReason::LaneUnavailable),
+            Err(StoreError::StaleToken)
+        );
+        assert_eq!(listed(), [(la, Some(ms(1_000)), None), (lb, None, None)]);
+        assert!(s.dead_letters(None).expect("dead letters").is_empty());
+    });
+}
+
+/// Issue 41: a lane found unavailable is retired with reason `lane_unavailable`: every pending
+/// unit of it, in lane order (a joined unit for this recipient only), and nothing of the
+/// other lanes; retiring is no delivery, so the lane keeps its marks.
+fn retire_lane_with_lane_unavailable_dead_letters_every_pending_unit_in_order(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        let out = s
+            .enqueue(
+                &a,
+                &[
+                    row("r0", &[A]),
+                    NewRow {
+                        joined: true,
+                        ..row("j", &[A, B])
+                    },
+                    row("r1", &[A, B]),
+                    row("r2", &[B]),
+                    row("r3", &[A]),
+                ],
+            )
+            .expect("enqueue");
+        let t = acquire(s, &a, "h", LEASE);
+        let (la, lb) = (lane_of(s, &a, A), lane_of(s, &a, B));
+        let ms = Timestamp::from_millis;
+        s.set_lane_failing(&t, la, Some(ms(1_000)))
+            .expect("failing");
+        s.set_lane_unavailable(&t, la, ms(6_000))
+            .expect("unavailable");
+        let at = ms(7_000);
+        let retired = s
+            .retire_lane(&t, la, at, DeadReason::LaneUnavailable)
+            .expect("retire");
+        assert_eq!(
+            retired.iter().map(|d| d.unit).collect::<Vec<_>>(),
+            [
+                out[0].units[0],
+                out[1].units[0],
+                out[2].units[0],
+                out[4].units[0]
+            ]
+        );
+        assert!(retired.iter().all(|d| d.dead_at == at));
+        let dl = s.dead_letters(Some(&a)).expect("dead letters");
+        assert_eq!(
+            dl.iter()
+                .map(|d| (d.row_id.as_str(), d.reason, d.key.clone()))
+                .collect::<Vec<_>>(),
+            [
+                ("r0", DeadReason::LaneUnavailable, key(A)),
+                ("j", DeadReason::LaneUnavailable, key(A)),
+                ("r1", DeadReason::LaneUnavailable, key(A)),
+                ("r3", DeadReason::LaneUnavailable, key(A)),
+            ]
+        );
+        assert_eq!(
+            dl.iter().map(|d| d.id).collect::<Vec<_>>(),
+            retired.iter().map(|d| d.id).collect::<Vec<_>>()
+        );
+        assert_eq!(DeadReason::LaneUnavailable.as_str(), "lane_unavailable");
+        // B's lane is untouched.
+        assert_eq!(row_ids(&claim_lane(s, &t, lb, 0, 10)), ["j", "r1", "r2"]);
+        // The lane keeps its marks and has nothing left to retire.
+        let l = s.lane_status(la).expect("status").expect("lane");
+        assert_eq!(
+            (l.depth, l.failing_since, l.unavailable_since),
+            (0, Some(ms(1_000)), Some(ms(6_000)))
+        );
+        assert_eq!(
+            s.retire_lane(&t, la, now(), DeadReason::LaneUnavailable),
+            Ok(Vec::new())
+        );
     });
 }
 

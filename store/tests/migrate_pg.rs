@@ -3,7 +3,9 @@
 //! and reads and works as it did: the same units in the same order with their attempts and
 //! served flags, payloads, acks, dead letters and replay, and unit ids never reused. A
 //! version 2 database is migrated to version 3 (row headers) and keeps its units and order; a
-//! version 3 database to version 4 (lane-control generations, OL-14).
+//! version 3 database to version 4 (lane-control generations, OL-14); a version 4 database to
+//! version 5 (the row-id ledger); a version 6 database to version 7 (a lane's run of
+//! failures).
 #![cfg(feature = "postgres")]
 #![allow(missing_docs, clippy::std_instead_of_core)]
 
@@ -802,6 +804,102 @@ fn postgres_v4_database_is_migrated_to_v5_with_a_ledger_and_an_outbox_id() {
     store.enqueue(&a, &[row("q", &[A])]).expect("a new id");
     drop(store);
     assert_eq!(schema.store(CommonOptions::default()).outbox_id(), id);
+}
+
+/// A version 6 schema (version 4's, and the hand-written steps to 6) with a pending row `p` in
+/// a lane in backoff, a row id in the ledger and a host's row.
+fn v6_schema(schema: &Schema) -> Client {
+    let mut c = v4_schema(schema);
+    c.batch_execute(
+        "CREATE TABLE ol_row_ids (actor TEXT NOT NULL, row_id TEXT NOT NULL, \
+             enqueued_at BIGINT NOT NULL, PRIMARY KEY (actor, row_id)); \
+         CREATE INDEX ol_row_ids_at ON ol_row_ids (enqueued_at); \
+         INSERT INTO ol_row_ids (actor, row_id, enqueued_at) VALUES ('alice', 'p', 1); \
+         CREATE TABLE ol_live_holders (holder TEXT PRIMARY KEY); \
+         CREATE INDEX ol_slots_holder ON ol_slots (holder) WHERE holder IS NOT NULL; \
+         INSERT INTO ol_meta (key, value) VALUES ('outbox_id', 'fedcba98765432100123456789abcdef'); \
+         CREATE TABLE ol_hosts (origin TEXT PRIMARY KEY, \
+             failures BIGINT NOT NULL DEFAULT 0, level BIGINT NOT NULL DEFAULT 0, not_before BIGINT, \
+             failing_since BIGINT, last_error TEXT, blocked BIGINT NOT NULL DEFAULT 0, spec TEXT, \
+             spec_at BIGINT, updated_at BIGINT NOT NULL); \
+         INSERT INTO ol_hosts (origin, failures, updated_at) VALUES ('https://a.example:443', 2, 5); \
+         UPDATE ol_lanes SET not_before = 9000, backoff_level = 2; \
+         UPDATE ol_meta SET value = '6' WHERE key = 'schema_version';",
+    )
+    .expect("v6");
+    c
+}
+
+/// Version 6 → 7: every lane gets `failing_since` and `unavailable_since`, `NULL`; the units,
+/// the lanes' backoff, the ledger, the outbox id and the hosts stay as they were, and a pass
+/// writes the new columns at once.
+#[test]
+fn postgres_v6_database_is_migrated_to_v7_with_a_lanes_run_of_failures() {
+    let Some(url) = pg_url() else {
+        println!("skipped: OUTBOX_LANES_TEST_PG not set");
+        return;
+    };
+    let schema = Schema::new(&url, "v6");
+    let mut c = v6_schema(&schema);
+    let store = schema.store(CommonOptions::default());
+    assert_eq!(schema_version_of(&mut c), SCHEMA_VERSION.to_string());
+    let one = |c: &mut Client, sql: &str| -> i64 { c.query_one(sql, &[]).expect(sql).get(0) };
+    assert_eq!(
+        one(
+            &mut c,
+            "SELECT count(*) FROM ol_lanes WHERE failing_since IS NULL AND unavailable_since IS NULL"
+        ),
+        1
+    );
+    assert_eq!(store.outbox_id(), "fedcba98765432100123456789abcdef");
+    let a = actor("alice");
+    let l = &store.lanes(&a).expect("lanes")[0];
+    assert_eq!(
+        (
+            l.not_before,
+            l.backoff_level,
+            l.depth,
+            l.failing_since,
+            l.unavailable_since
+        ),
+        (Some(Timestamp::from_millis(9_000)), 2, 1, None, None)
+    );
+    assert_eq!(
+        store.enqueue(&a, &[row("p", &[B])]),
+        Err(EnqueueError::DuplicateRowId { row: "p".into() })
+    );
+    let hosts = DriverStore::hosts(&store).expect("hosts").hosts;
+    assert_eq!(
+        hosts
+            .iter()
+            .map(|h| (h.origin.as_str(), h.failures))
+            .collect::<Vec<_>>(),
+        [("https://a.example:443", 2)]
+    );
+    let t = acquire(&store, &a, "h", LEASE);
+    let la = lane_of(&store, &a, A);
+    assert_eq!(row_ids(&claim_lane(&store, &t, la, 0, 100)), ["p"]);
+    let (since, at) = (Timestamp::from_millis(1_000), Timestamp::from_millis(2_000));
+    store
+        .set_lane_failing(&t, la, Some(since))
+        .expect("failing");
+    store.set_lane_unavailable(&t, la, at).expect("unavailable");
+    let (lanes, _) = store.lanes_with_work(&t, 0).expect("lanes with work");
+    assert_eq!(
+        (lanes[0].failing_since, lanes[0].unavailable_since),
+        (Some(since), Some(at))
+    );
+    let _ = store.release_slot(&t).expect("release");
+    drop(store);
+
+    // Connecting again is a no-op and keeps what was written.
+    let again = schema.store(CommonOptions::default());
+    assert_eq!(schema_version_of(&mut c), SCHEMA_VERSION.to_string());
+    let l = &again.lanes(&a).expect("lanes")[0];
+    assert_eq!(
+        (l.failing_since, l.unavailable_since),
+        (Some(since), Some(at))
+    );
 }
 
 /// What each schema policy does on Postgres: only `Migrate` upgrades; `Existing` creates

@@ -1,7 +1,8 @@
 //! Opening a schema version 1 SQLite database migrates it to version 2 and on to 3 (SCHEMA.md,
 //! "Migrations"): the same units in the same lane order with their attempts and states, their
 //! payloads, dead letters that replay, and unit ids that never come back. A version 2
-//! database (built with the version 2 DDL and plain-SQL enqueue) migrates to 3 the same way.
+//! database (built with the version 2 DDL and plain-SQL enqueue) migrates to 3 the same way;
+//! versions 3, 4 and 6 each migrate with what their next version adds.
 //!
 //! The version 1 database is built with the version 1 DDL and the version 1 plain-SQL enqueue
 //! (the statements SCHEMA.md documented for version 1), on a real file.
@@ -931,6 +932,106 @@ fn v4_database_migrates_to_v5_with_a_ledger_and_an_outbox_id() {
     drop(store);
     let again = SqliteStore::open(&path, SqliteOptions::default()).expect("reopen");
     assert_eq!(again.outbox_id(), id);
+}
+
+/// A version 6 database at `path` (version 4's, and the hand-written steps to 6) with a
+/// pending row `p` in a lane in backoff, a row id in the ledger and a host's row.
+fn v6_database(path: &Path) -> Connection {
+    let c = v4_database(path);
+    c.execute_batch(
+        "CREATE TABLE ol_row_ids (actor TEXT NOT NULL, row_id TEXT NOT NULL, \
+             enqueued_at INTEGER NOT NULL, PRIMARY KEY (actor, row_id)) WITHOUT ROWID; \
+         CREATE INDEX ol_row_ids_at ON ol_row_ids (enqueued_at); \
+         INSERT INTO ol_row_ids (actor, row_id, enqueued_at) VALUES ('alice', 'p', 1); \
+         INSERT INTO ol_meta (key, value) VALUES ('outbox_id', lower(hex(randomblob(16)))); \
+         CREATE TABLE ol_hosts (origin TEXT PRIMARY KEY, failures INTEGER NOT NULL DEFAULT 0, \
+             level INTEGER NOT NULL DEFAULT 0, not_before INTEGER, failing_since INTEGER, \
+             last_error TEXT, blocked INTEGER NOT NULL DEFAULT 0, spec TEXT, spec_at INTEGER, \
+             updated_at INTEGER NOT NULL) WITHOUT ROWID; \
+         INSERT INTO ol_hosts (origin, failures, updated_at) VALUES ('https://a.example:443', 2, 5); \
+         UPDATE ol_lanes SET not_before = 9000, backoff_level = 2; \
+         UPDATE ol_meta SET value = '6' WHERE key = 'schema_version';",
+    )
+    .expect("v6");
+    c
+}
+
+/// Version 6 → 7: every lane gets `failing_since` and `unavailable_since`, `NULL`; the
+/// units, the lanes' backoff, the ledger, the outbox id and the hosts stay as they were, and
+/// a pass writes the new columns at once.
+#[test]
+fn v6_database_migrates_to_v7_with_a_lanes_run_of_failures() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("v6.db");
+    let c = v6_database(&path);
+    let id: String = c
+        .query_row(
+            "SELECT value FROM ol_meta WHERE key = 'outbox_id'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("outbox id");
+    drop(c);
+    let store = SqliteStore::open(&path, SqliteOptions::default()).expect("open");
+    assert_eq!(schema_version(&path), SCHEMA_VERSION.to_string());
+    assert_eq!(
+        count(
+            &path,
+            "SELECT count(*) FROM ol_lanes WHERE failing_since IS NULL AND unavailable_since IS NULL"
+        ),
+        1
+    );
+    assert_eq!(store.outbox_id(), id);
+    let a = actor(ALICE);
+    let l = &store.lanes(&a).expect("lanes")[0];
+    assert_eq!(
+        (
+            l.not_before,
+            l.backoff_level,
+            l.depth,
+            l.failing_since,
+            l.unavailable_since
+        ),
+        (Some(Timestamp::from_millis(9_000)), 2, 1, None, None)
+    );
+    assert_eq!(
+        store.enqueue(&a, &[row("p", &[B])]),
+        Err(EnqueueError::DuplicateRowId { row: "p".into() })
+    );
+    let hosts = DriverStore::hosts(&store).expect("hosts").hosts;
+    assert_eq!(
+        hosts
+            .iter()
+            .map(|h| (h.origin.as_str(), h.failures))
+            .collect::<Vec<_>>(),
+        [("https://a.example:443", 2)]
+    );
+    let t = acquire(&store, &a, "h", LEASE);
+    let la = lane_of(&store, &a, A);
+    assert_eq!(row_ids(&claim_all(&store, &t, la.0)), ["p"]);
+    let since = Timestamp::from_millis(1_000);
+    store
+        .set_lane_failing(&t, la, Some(since))
+        .expect("failing");
+    store
+        .set_lane_unavailable(&t, la, Timestamp::from_millis(2_000))
+        .expect("unavailable");
+    let (lanes, _) = store.lanes_with_work(&t, 0).expect("lanes with work");
+    assert_eq!(
+        (lanes[0].failing_since, lanes[0].unavailable_since),
+        (Some(since), Some(Timestamp::from_millis(2_000)))
+    );
+    let _ = store.release_slot(&t).expect("release");
+    drop(store);
+
+    // Opening again is a no-op and keeps what was written.
+    let again = SqliteStore::open(&path, SqliteOptions::default()).expect("reopen");
+    assert_eq!(schema_version(&path), SCHEMA_VERSION.to_string());
+    let l = &again.lanes(&a).expect("lanes")[0];
+    assert_eq!(
+        (l.failing_since, l.unavailable_since),
+        (Some(since), Some(Timestamp::from_millis(2_000)))
+    );
 }
 
 fn with_policy(schema: SchemaPolicy) -> SqliteOptions {

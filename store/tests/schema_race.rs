@@ -184,8 +184,9 @@ mod pg {
         }
     }
 
-    /// A schema at version 5 (the current one without `ol_hosts`, version 6's one change),
-    /// upgraded by several `migrate`s at once: each succeeds and it is migrated once.
+    /// A schema at version 6 (the current one without `ol_lanes.failing_since` and
+    /// `unavailable_since`, version 7's one change), upgraded by several `migrate`s at once:
+    /// each succeeds and it is migrated once.
     #[test]
     fn postgres_stores_migrating_at_once_migrate_once() {
         let Some(url) = outbox_lanes_test_support::pg_url() else {
@@ -200,23 +201,28 @@ mod pg {
             schema
                 .client()
                 .batch_execute(&format!(
-                    "SET search_path TO {}; DROP TABLE ol_hosts; \
-                     UPDATE ol_meta SET value = '5' WHERE key = 'schema_version'",
+                    "SET search_path TO {}; ALTER TABLE ol_lanes DROP COLUMN failing_since, \
+                     DROP COLUMN unavailable_since; \
+                     UPDATE ol_meta SET value = '6' WHERE key = 'schema_version'",
                     schema.name
                 ))
-                .expect("back to version 5");
+                .expect("back to version 6");
             let ids = at_once(|_| SchemaPolicy::Migrate, |p| schema.open(p));
             assert_eq!(one_outbox(ids, &round), id, "{round}");
             expect_meta(schema.meta(), &id, &round);
-            let hosts: i64 = schema
+            let failing: i64 = schema
                 .client()
                 .query_one(
-                    &format!("SELECT count(*) FROM {}.ol_hosts", schema.name),
+                    &format!(
+                        "SELECT count(*) FROM {}.ol_lanes WHERE failing_since IS NOT NULL \
+                         OR unavailable_since IS NOT NULL",
+                        schema.name
+                    ),
                     &[],
                 )
-                .expect("ol_hosts")
+                .expect("the new columns")
                 .get(0);
-            assert_eq!(hosts, 0, "{round}");
+            assert_eq!(failing, 0, "{round}");
         }
     }
 }
