@@ -4,6 +4,7 @@
 
 use std::collections::HashSet;
 
+use outbox_lanes_core::policy::Recipient;
 use outbox_lanes_core::{ActorId, DeadReason, Seq, Timestamp, UnitId};
 
 use crate::db::{Db, Dialect, Get, Sql, Value, args, ready};
@@ -286,6 +287,46 @@ static DEAD_BY_IDS: Sql = Sql::new(concat!(
 ));
 static DEAD_ALL: Sql = Sql::new(concat!(dead_cols!(), "ORDER BY actor, seq, unit_id, id"));
 
+/// `($test $p OR $p IS NULL)`: a criterion that holds when its placeholder is NULL. (The
+/// placeholder is compared before it is tested: Postgres takes its type from the first use.)
+macro_rules! or_null {
+    ($test:literal, $p:literal) => {
+        concat!("(", $test, " ", $p, " OR ", $p, " IS NULL)")
+    };
+}
+
+/// A [`DeadLetterFilter`](crate::DeadLetterFilter)'s criteria past the actor: recipient,
+/// reason, dead at or after, dead before.
+macro_rules! matching {
+    ($recipient:literal, $reason:literal, $since:literal, $until:literal) => {
+        concat!(
+            or_null!("recipient =", $recipient),
+            " AND ",
+            or_null!("reason =", $reason),
+            " AND ",
+            or_null!("dead_at >=", $since),
+            " AND ",
+            or_null!("dead_at <", $until),
+            " "
+        )
+    };
+}
+
+/// The dead letters of actor `$1` matching `$2`…`$5` (the actor's index, then the rest).
+static DEAD_MATCHING_OF_ACTOR: Sql = Sql::new(concat!(
+    dead_cols!(),
+    "WHERE actor = $1 AND ",
+    matching!("$2", "$3", "$4", "$5"),
+    "ORDER BY seq, unit_id, id"
+));
+/// The dead letters of every actor matching `$1`…`$4`.
+static DEAD_MATCHING: Sql = Sql::new(concat!(
+    dead_cols!(),
+    "WHERE ",
+    matching!("$1", "$2", "$3", "$4"),
+    "ORDER BY actor, seq, unit_id, id"
+));
+
 /// A dead letter with its payload row and lane.
 struct Selected {
     dead: DeadLetter,
@@ -318,9 +359,35 @@ fn dead_of(r: &dyn Get) -> Result<Selected, StoreError> {
 }
 
 /// The selected dead letters in (actor, original seq, unit, id) order.
+pub(crate) fn selected(
+    db: &mut impl Db,
+    which: &DeadLetterSelection,
+) -> Result<Vec<DeadLetter>, StoreError> {
+    Ok(select(db, which)?.into_iter().map(|s| s.dead).collect())
+}
+
+/// The selected dead letters in (actor, original seq, unit, id) order, with their payload
+/// rows and lanes.
 fn select<D: Db>(db: &mut D, which: &DeadLetterSelection) -> Result<Vec<Selected>, StoreError> {
     match which {
         DeadLetterSelection::Actor(a) => db.query(&DEAD_OF_ACTOR, args![a.as_str()], dead_of),
+        DeadLetterSelection::Matching(f) => {
+            let recipient = f.recipient.as_ref().map(Recipient::as_str);
+            let reason = f.reason.map(DeadReason::as_str);
+            let (since, until) = (f.since.map(millis_of), f.until.map(millis_of));
+            match &f.actor {
+                Some(a) => db.query(
+                    &DEAD_MATCHING_OF_ACTOR,
+                    args![a.as_str(), recipient, reason, since, until],
+                    dead_of,
+                ),
+                None => db.query(
+                    &DEAD_MATCHING,
+                    args![recipient, reason, since, until],
+                    dead_of,
+                ),
+            }
+        }
         // Postgres reads them in one statement; SQLite, which binds no arrays, one by one.
         DeadLetterSelection::Ids(ids) if D::DIALECT == Dialect::Postgres => {
             let ids: Vec<i64> = ids.iter().map(|d| d.0).collect();

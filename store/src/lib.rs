@@ -471,6 +471,18 @@ pub trait ServiceStore: Send + Sync {
     /// Database failures.
     fn dead_letters(&self, actor: Option<&ActorId>) -> Result<Vec<DeadLetter>, StoreError>;
 
+    /// The dead letters a selection names, in (actor, original seq) order: what
+    /// [`ServiceStore::replay_dead_letters`] and [`ServiceStore::purge_dead_letters`] with it
+    /// would act on at this moment. A tool that shows them first and then acts on exactly
+    /// those passes their ids ([`DeadLetterSelection::Ids`]).
+    ///
+    /// # Errors
+    /// Database failures.
+    fn select_dead_letters(
+        &self,
+        which: &DeadLetterSelection,
+    ) -> Result<Vec<DeadLetter>, StoreError>;
+
     /// Puts dead letters back at the tail of their lanes in their original order: new `seq`,
     /// attempts reset, the SAME unit id (the idempotency key stays stable, so a recipient that
     /// did get an earlier attempt can recognise it). Returns the units re-enqueued.

@@ -188,6 +188,13 @@ impl<B: Backend> ServiceStore for B {
         self.read(|db| dead_letters::list(db, actor))
     }
 
+    fn select_dead_letters(
+        &self,
+        which: &DeadLetterSelection,
+    ) -> Result<Vec<DeadLetter>, StoreError> {
+        self.read(|db| dead_letters::selected(db, which))
+    }
+
     fn replay_dead_letters(&self, which: &DeadLetterSelection) -> Result<Vec<UnitId>, StoreError> {
         let units = self.write(false, |db| {
             let (units, actors) = dead_letters::replay(db, which)?;

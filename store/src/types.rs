@@ -3,6 +3,7 @@
 use core::time::Duration;
 use std::time::Instant;
 
+use outbox_lanes_core::policy::Recipient;
 use outbox_lanes_core::{ActorId, DeadReason, LaneKey, Seq, Timestamp, UnitId};
 
 /// A lane as the store numbers it: unique across actors, stable for the database's life.
@@ -627,6 +628,29 @@ pub enum DeadLetterSelection {
     Actor(ActorId),
     /// These dead letters.
     Ids(Vec<DeadLetterId>),
+    /// The dead letters that match every criterion the filter gives (all of them when it gives
+    /// none), selected by the database.
+    Matching(DeadLetterFilter),
+}
+
+/// Criteria on dead letters, for [`DeadLetterSelection::Matching`]; a dead letter must match
+/// every one given (`None` is no criterion).
+///
+/// The time range is half-open on [`DeadLetter::dead_at`]: `since` inclusive, `until`
+/// exclusive, so consecutive ranges (`..t`, `t..`) select each dead letter once. A range with
+/// `since` not before `until` selects nothing.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeadLetterFilter {
+    /// This actor's only.
+    pub actor: Option<ActorId>,
+    /// For this recipient only (any ordering key): its canonical form, as lanes are keyed.
+    pub recipient: Option<Recipient>,
+    /// With this reason only.
+    pub reason: Option<DeadReason>,
+    /// Dead-lettered at or after this time only.
+    pub since: Option<Timestamp>,
+    /// Dead-lettered before this time only.
+    pub until: Option<Timestamp>,
 }
 
 /// Default payload limit: 1 MiB.

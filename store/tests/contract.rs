@@ -72,6 +72,7 @@ contract!(
     the_outbox_id_is_made_once_per_database,
     hosts_share_health_and_schemes_and_operators_block_them,
     host_actions_move_a_generation_passes_read_and_pause_lanes_only_while_held,
+    dead_letters_matching_a_time_range_recipient_and_reason,
 );
 
 /// OL-14 for hosts: every host action moves the operators' generation, which a pass's read of
@@ -2870,4 +2871,169 @@ fn lane_state_precedence_and_names() {
         assert_eq!(got.to_string(), text);
     }
     assert_eq!(LaneState::StrictBlocked.name(), "strict_blocked");
+}
+
+/// `DeadLetterSelection::Matching`: the database selects dead letters by dead-letter time
+/// (`since` inclusive, `until` exclusive), recipient (in any spelling, any ordering key),
+/// reason and actor, combined; listing, replay and purge take the same selection.
+fn dead_letters_matching_a_time_range_recipient_and_reason(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let (alice, bob) = (actor("alice"), actor("bob"));
+        s.enqueue(
+            &alice,
+            &[
+                row("r0", &[A]),
+                row("r1", &[A]),
+                row("r2", &[B]),
+                row("r3", &[A]),
+            ],
+        )
+        .expect("enqueue");
+        s.enqueue(&bob, &[row("b0", &[A]), row("b1", &[C])])
+            .expect("enqueue");
+        // Each (actor, row, lane) dead at a known time, for a reason.
+        let mut unit_of = std::collections::HashMap::new();
+        for (a, dead) in [
+            (
+                &alice,
+                &[
+                    ("r0", A, 1_000, DeadReason::Permanent),
+                    ("r1", A, 2_000, DeadReason::Permanent),
+                    ("r2", B, 2_000, DeadReason::Exhausted),
+                    ("r3", A, 3_000, DeadReason::Gone),
+                ][..],
+            ),
+            (
+                &bob,
+                &[
+                    ("b0", A, 2_500, DeadReason::Permanent),
+                    ("b1", C, 2_999, DeadReason::Permanent),
+                ][..],
+            ),
+        ] {
+            let t = acquire(s, a, "h", LEASE);
+            for &(id, to, at, reason) in dead {
+                let lane = lane_of(s, a, to);
+                let c = claim_lane(s, &t, lane, 0, 10);
+                let unit = c.units.iter().find(|u| u.row_id == id).expect("claimed").id;
+                unit_of.insert(id, unit);
+                let req = DeadLetterRequest {
+                    unit,
+                    lane,
+                    reason,
+                    status: Some(422),
+                    error: None,
+                    at: Timestamp::from_millis(at),
+                };
+                assert!(s.dead_letter(&t, &req).expect("dead letter").is_some());
+            }
+            s.free_slot(&t).expect("free");
+        }
+        let ms = |t| Some(Timestamp::from_millis(t));
+        let url = |u: &str| Some(outbox_lanes_core::policy::Recipient::parse(u).expect("url"));
+        let rows_of = |f: DeadLetterFilter| -> Vec<String> {
+            let which = DeadLetterSelection::Matching(f);
+            s.select_dead_letters(&which)
+                .expect("select")
+                .into_iter()
+                .map(|d| d.row_id)
+                .collect()
+        };
+        let f = DeadLetterFilter::default;
+
+        // No criterion: every dead letter, as `dead_letters` lists them.
+        assert_eq!(rows_of(f()), ["r0", "r1", "r2", "r3", "b0", "b1"]);
+        assert_eq!(
+            s.select_dead_letters(&DeadLetterSelection::Matching(f())),
+            s.dead_letters(None)
+        );
+        // The range is half-open: `since` is in it, `until` is not.
+        let since = |t| DeadLetterFilter {
+            since: ms(t),
+            ..f()
+        };
+        let until = |t| DeadLetterFilter {
+            until: ms(t),
+            ..f()
+        };
+        assert_eq!(rows_of(since(2_000)), ["r1", "r2", "r3", "b0", "b1"]);
+        assert_eq!(rows_of(since(2_001)), ["r3", "b0", "b1"]);
+        assert_eq!(rows_of(until(2_000)), ["r0"]);
+        assert_eq!(rows_of(until(2_001)), ["r0", "r1", "r2"]);
+        let range = |from, to| DeadLetterFilter {
+            since: ms(from),
+            until: ms(to),
+            ..f()
+        };
+        assert_eq!(rows_of(range(2_000, 3_000)), ["r1", "r2", "b0", "b1"]);
+        assert_eq!(rows_of(range(3_000, 3_001)), ["r3"]);
+        assert!(rows_of(range(2_000, 2_000)).is_empty());
+        assert!(rows_of(range(3_000, 1_000)).is_empty());
+        // With a recipient (in another spelling), a reason, an actor.
+        let to_a = |from| DeadLetterFilter {
+            since: ms(from),
+            recipient: url("HTTPS://A.example:443/inbox"),
+            ..f()
+        };
+        assert_eq!(rows_of(to_a(2_000)), ["r1", "r3", "b0"]);
+        assert_eq!(
+            rows_of(DeadLetterFilter {
+                until: ms(3_000),
+                ..to_a(2_000)
+            }),
+            ["r1", "b0"]
+        );
+        assert_eq!(
+            rows_of(DeadLetterFilter {
+                actor: Some(alice.clone()),
+                ..to_a(2_000)
+            }),
+            ["r1", "r3"]
+        );
+        assert_eq!(
+            rows_of(DeadLetterFilter {
+                reason: Some(DeadReason::Permanent),
+                ..range(2_000, 3_000)
+            }),
+            ["r1", "b0", "b1"]
+        );
+        assert_eq!(
+            rows_of(DeadLetterFilter {
+                actor: Some(bob.clone()),
+                ..range(1_000, 2_999)
+            }),
+            ["b0"]
+        );
+        assert!(
+            rows_of(DeadLetterFilter {
+                recipient: url("https://nobody.example/inbox"),
+                ..f()
+            })
+            .is_empty()
+        );
+
+        // Replay and purge act on what the same selection lists.
+        let replayed = s
+            .replay_dead_letters(&DeadLetterSelection::Matching(DeadLetterFilter {
+                until: ms(3_000),
+                ..to_a(2_000)
+            }))
+            .expect("replay");
+        assert_eq!(replayed, [unit_of["r1"], unit_of["b0"]]);
+        assert_eq!(rows_of(f()), ["r0", "r2", "r3", "b1"]);
+        let t = acquire(s, &alice, "h", LEASE);
+        let la = lane_of(s, &alice, A);
+        assert_eq!(row_ids(&claim_lane(s, &t, la, 0, 10)), ["r1"]);
+        assert_eq!(
+            s.purge_dead_letters(&DeadLetterSelection::Matching(until(2_000))),
+            Ok(1)
+        );
+        assert_eq!(rows_of(f()), ["r2", "r3", "b1"]);
+        assert_eq!(
+            s.purge_dead_letters(&DeadLetterSelection::Matching(since(2_999))),
+            Ok(2)
+        );
+        assert_eq!(rows_of(f()), ["r2"]);
+    });
 }

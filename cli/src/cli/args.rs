@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use clap::builder::BoolishValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use outbox_lanes_core::DeadReason;
 use outbox_lanes_core::policy::Recipient;
+use outbox_lanes_core::{DeadReason, Timestamp};
 
 /// Per-recipient ordered outbox delivery over HTTP: enqueue, drain, relay, inspect.
 #[derive(Debug, Parser)]
@@ -703,14 +703,24 @@ pub(crate) struct DeadLetterArgs {
     pub(crate) reason: Option<DeadReason>,
     /// For this recipient URL only (compared in its canonical form).
     #[arg(long, env = "OUTBOX_LANES_RECIPIENT", value_parser = parse_recipient)]
-    pub(crate) recipient: Option<String>,
+    pub(crate) recipient: Option<Recipient>,
     /// Dead-lettered longer ago than this only: `7d`, `12h`, `30m`, or seconds.
     #[arg(long, env = "OUTBOX_LANES_OLDER_THAN", value_parser = parse_duration)]
     pub(crate) older_than: Option<Duration>,
+    /// Dead-lettered at or after T only (T included). T is an RFC 3339 time
+    /// (`2026-12-06T10:00:00Z`, `2026-12-06T11:00:00+01:00`, fractions of a second allowed) or
+    /// a duration meaning that long ago (`90m`, `2h`, `7d`, `1h 30m`, or seconds).
+    #[arg(long, env = "OUTBOX_LANES_SINCE", value_name = "T", value_parser = parse_time)]
+    pub(crate) since: Option<TimeArg>,
+    /// Dead-lettered before T only (T excluded); T as for --since, which must be before it.
+    #[arg(long, env = "OUTBOX_LANES_UNTIL", value_name = "T", value_parser = parse_time)]
+    pub(crate) until: Option<TimeArg>,
     /// Every dead letter. `replay` and `purge` act on nothing unless a selector above or this
     /// says which (for `list` it is the default). Deliberately without an environment
     /// variable: for the destructive commands it is the confirmation.
-    #[arg(long, conflicts_with_all = ["actor", "ids", "reason", "recipient", "older_than"])]
+    #[arg(long, conflicts_with_all = [
+        "actor", "ids", "reason", "recipient", "older_than", "since", "until",
+    ])]
     pub(crate) all: bool,
     /// Print JSON.
     #[arg(long)]
@@ -725,7 +735,120 @@ impl DeadLetterArgs {
             || self.reason.is_some()
             || self.recipient.is_some()
             || self.older_than.is_some()
+            || self.since.is_some()
+            || self.until.is_some()
     }
+
+    /// `--since` and `--until` as times, a duration ago counted from `now`; an error (for the
+    /// caller to refuse as a usage error) when both are given and `--since` is not before
+    /// `--until`: that range holds no dead letter.
+    pub(crate) fn time_range(
+        &self,
+        now: Timestamp,
+    ) -> Result<(Option<Timestamp>, Option<Timestamp>), String> {
+        let since = self.since.map(|t| t.at(now));
+        let until = self.until.map(|t| t.at(now));
+        if let (Some(s), Some(u)) = (since, until)
+            && s >= u
+        {
+            return Err(format!(
+                "--since {} is not before --until {}: the range holds no dead letter",
+                super::output::time(s),
+                super::output::time(u)
+            ));
+        }
+        Ok((since, until))
+    }
+}
+
+/// A time given to `--since` or `--until`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TimeArg {
+    /// This time (an RFC 3339 time).
+    At(Timestamp),
+    /// That long before the command runs (a duration).
+    Ago(Duration),
+}
+
+impl TimeArg {
+    /// The time, with a duration counted back from `now`.
+    pub(crate) fn at(self, now: Timestamp) -> Timestamp {
+        match self {
+            TimeArg::At(t) => t,
+            TimeArg::Ago(d) => now.saturating_sub(d),
+        }
+    }
+}
+
+/// `--since`/`--until`: an RFC 3339 time, or a duration meaning that long ago.
+fn parse_time(s: &str) -> Result<TimeArg, String> {
+    let t = s.trim();
+    let b = t.as_bytes();
+    // A date starts with its year and a dash; a duration never does.
+    if b.len() > 4 && b[..4].iter().all(u8::is_ascii_digit) && b[4] == b'-' {
+        return parse_rfc3339(t).map(TimeArg::At).map_err(|e| {
+            format!(
+                "{s:?}: {e} (an RFC 3339 time: 2026-12-06T10:00:00Z or 2026-12-06T11:00:00+01:00)"
+            )
+        });
+    }
+    parse_duration(t).map(TimeArg::Ago).map_err(|_| {
+        format!(
+            "{s:?}: neither an RFC 3339 time (2026-12-06T10:00:00Z) nor a duration ago (2h, 7d)"
+        )
+    })
+}
+
+/// An RFC 3339 date-time: `T` (or a space) between date and time, fractions of a second,
+/// `Z` or a `±hh:mm` offset; a time between two milliseconds is the later one (the dead-letter
+/// times are milliseconds, so `--since` keeps exactly those at or after it, `--until` those
+/// before it).
+fn parse_rfc3339(t: &str) -> Result<Timestamp, String> {
+    let mut u = t.to_ascii_uppercase();
+    if u.len() > 10 && u.as_bytes()[10] == b' ' {
+        u.replace_range(10..11, "T");
+    }
+    // humantime reads UTC (`Z`) only: an offset is taken off and applied here.
+    let (utc, offset) = match u.len().checked_sub(6).map(|i| u.split_at(i)) {
+        Some((head, off))
+            if off.len() == 6
+                && matches!(off.as_bytes()[0], b'+' | b'-')
+                && off.as_bytes()[3] == b':' =>
+        {
+            let num = |r: std::ops::Range<usize>| {
+                off.get(r)
+                    .filter(|d| d.bytes().all(|c| c.is_ascii_digit()))
+                    .and_then(|d| d.parse::<u64>().ok())
+            };
+            let (Some(h), Some(m)) = (num(1..3), num(4..6)) else {
+                return Err("not a valid offset".into());
+            };
+            if h > 23 || m > 59 {
+                return Err("not a valid offset".into());
+            }
+            let east = off.as_bytes()[0] == b'+';
+            (
+                format!("{head}Z"),
+                (Duration::from_secs((h * 60 + m) * 60), east),
+            )
+        }
+        _ if u.ends_with('Z') => (u.clone(), (Duration::ZERO, true)),
+        _ => return Err("no time zone (end it with Z or an offset such as +01:00)".into()),
+    };
+    let local = humantime::parse_rfc3339(&utc).map_err(|e| e.to_string())?;
+    // Local time east of UTC is ahead of it.
+    let at = match offset {
+        (d, true) => local.checked_sub(d),
+        (d, false) => local.checked_add(d),
+    }
+    .ok_or("out of range")?;
+    let since_epoch = at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(|_| "before 1970")?;
+    let ms = since_epoch.as_nanos().div_ceil(1_000_000);
+    u64::try_from(ms)
+        .map(Timestamp::from_millis)
+        .map_err(|_| "out of range".into())
 }
 
 /// A dead letter's reason code, one of [`DeadReason::ALL`]: the help and the error list
@@ -737,10 +860,8 @@ fn reason_parser() -> impl clap::builder::TypedValueParser<Value = DeadReason> {
 }
 
 /// A recipient URL, canonicalised as the store keys lanes.
-fn parse_recipient(s: &str) -> Result<String, String> {
-    Recipient::parse(s.trim())
-        .map(|r| r.as_str().to_owned())
-        .map_err(|e| format!("{s:?}: {e}"))
+fn parse_recipient(s: &str) -> Result<Recipient, String> {
+    Recipient::parse(s.trim()).map_err(|e| format!("{s:?}: {e}"))
 }
 
 /// The default of `enqueue --max-line-bytes`: the store's default payload limit and 4 MiB for
@@ -906,10 +1027,110 @@ mod tests {
             "{err}"
         );
         assert_eq!(
-            parse_recipient("HTTP://Example.COM:80/inbox"),
+            parse_recipient("HTTP://Example.COM:80/inbox").map(|r| r.as_str().to_owned()),
             Ok("http://example.com/inbox".to_owned())
         );
         assert!(parse_recipient("example.com/inbox").is_err());
+    }
+
+    #[test]
+    fn since_and_until_times() {
+        let ten = Timestamp::from_secs(1_796_551_200); // 2026-12-06T10:00:00Z
+        for same in [
+            "2026-12-06T10:00:00Z",
+            " 2026-12-06T10:00:00.000Z ",
+            "2026-12-06t10:00:00z",
+            "2026-12-06 10:00:00Z",
+            "2026-12-06T10:00:00+00:00",
+            "2026-12-06T11:00:00+01:00",
+            "2026-12-06T05:30:00-04:30",
+            "2026-12-07T00:00:00+14:00",
+        ] {
+            assert_eq!(parse_time(same), Ok(TimeArg::At(ten)), "{same}");
+        }
+        // Milliseconds, and a time between two of them is the later one.
+        let at = |ms| Ok(TimeArg::At(Timestamp::from_millis(ten.as_millis() + ms)));
+        assert_eq!(parse_time("2026-12-06T10:00:00.123Z"), at(123));
+        assert_eq!(parse_time("2026-12-06T10:00:00.0001Z"), at(1));
+        assert_eq!(parse_time("2026-12-06T11:00:00.5+01:00"), at(500));
+        let ago = |secs| Ok(TimeArg::Ago(Duration::from_secs(secs)));
+        assert_eq!(parse_time("2h"), ago(7_200));
+        assert_eq!(parse_time("7d"), ago(7 * 86_400));
+        assert_eq!(parse_time("1h 30m"), ago(5_400));
+        assert_eq!(parse_time("90"), ago(90));
+        for bad in [
+            "",
+            "soon",
+            "-2h",
+            "2026-12-06",
+            "2026-12-06T10:00:00",
+            "2026-12-06T10:00Z",
+            "2026-13-06T10:00:00Z",
+            "2026-12-06T10:00:00+1:00",
+            "2026-12-06T10:00:00+01:60",
+            "2026-12-06T10:00:00+24:00",
+            "1969-12-31T23:59:59Z",
+        ] {
+            let err = parse_time(bad).expect_err(bad);
+            assert!(err.contains("RFC 3339"), "{bad}: {err}");
+        }
+        assert_eq!(
+            TimeArg::Ago(Duration::from_secs(60)).at(ten),
+            ten.saturating_sub(Duration::from_secs(60))
+        );
+        assert_eq!(TimeArg::At(ten).at(Timestamp::EPOCH), ten);
+    }
+
+    #[test]
+    fn since_must_be_before_until() {
+        let parse = |args: &[&str]| {
+            let mut all = vec!["outbox-lanes", "dead-letters", "list"];
+            all.extend_from_slice(args);
+            match Cli::try_parse_from(all).expect("parses").command {
+                Command::DeadLetters(DeadLetterCommand::List(a)) => a,
+                other => panic!("{other:?}"),
+            }
+        };
+        let now = Timestamp::from_secs(1_796_551_200);
+        let hour = Duration::from_secs(3_600);
+        let a = parse(&["--since", "2h", "--until", "1h"]);
+        assert!(a.selects());
+        assert_eq!(
+            a.time_range(now),
+            Ok((
+                Some(now.saturating_sub(2 * hour)),
+                Some(now.saturating_sub(hour))
+            ))
+        );
+        let a = parse(&["--since", "2026-12-06T09:00:00Z"]);
+        assert_eq!(
+            a.time_range(now),
+            Ok((Some(now.saturating_sub(hour)), None))
+        );
+        for (since, until) in [
+            ("1h", "2h"),
+            ("1h", "1h"),
+            ("2026-12-06T10:00:00Z", "2026-12-06T10:00:00Z"),
+            ("2026-12-06T10:00:00Z", "2h"),
+        ] {
+            let err = parse(&["--since", since, "--until", until])
+                .time_range(now)
+                .expect_err(since);
+            assert!(err.starts_with("--since 2026-12-06T"), "{err}");
+            assert!(err.contains("is not before --until 2026-12-06T"), "{err}");
+        }
+        // --all takes neither.
+        assert!(
+            Cli::try_parse_from([
+                "outbox-lanes",
+                "dead-letters",
+                "purge",
+                "--all",
+                "--since",
+                "1h"
+            ])
+            .is_err()
+        );
     }
 
     #[test]

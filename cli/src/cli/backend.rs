@@ -654,6 +654,15 @@ impl Backend {
         Ok(self.outbox.dead_letters(actor.as_deref()).await?)
     }
 
+    /// The dead letters a selection names, as the store selects them.
+    pub(crate) async fn select_dead_letters(
+        &self,
+        which: DeadLetterSelection,
+    ) -> anyhow::Result<Vec<DeadLetter>> {
+        let store = Arc::clone(self.outbox.store());
+        Ok(blocking(move || store.select_dead_letters(&which)).await??)
+    }
+
     /// Replays dead letters; returns the units re-enqueued.
     pub(crate) async fn replay(
         &self,

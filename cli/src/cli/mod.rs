@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use outbox_lanes_core::policy::AddressPolicy;
-use outbox_lanes_core::{ActorId, LaneKey};
-use outbox_lanes_store::{CommonOptions, DeadLetterId, DeadLetterSelection};
+use outbox_lanes_core::{ActorId, LaneKey, Timestamp};
+use outbox_lanes_store::{CommonOptions, DeadLetterFilter, DeadLetterId, DeadLetterSelection};
 use outbox_lanes_tokio::{DrainControl, DrainOutcome, OutboxConfig, OutboxError, PassReport};
 use tokio::task::JoinSet;
 use tracing::{info, warn};
@@ -291,6 +291,14 @@ pub(crate) fn address_policy(allow_private_destinations: bool) -> AddressPolicy 
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     // Validate the input before the database is touched: a refused input leaves no trace.
+    if let Command::DeadLetters(
+        DeadLetterCommand::List(which)
+        | DeadLetterCommand::Replay { which, .. }
+        | DeadLetterCommand::Purge { which, .. },
+    ) = &cli.command
+    {
+        which.time_range(now()).map_err(usage)?;
+    }
     let batch = match &cli.command {
         Command::Enqueue {
             actor,
@@ -328,7 +336,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             return Err(usage(format!(
                 "dead-letters {verb} needs a selector (--actor, --id, --reason, --recipient, \
-                 --older-than), or --all for every dead letter"
+                 --older-than, --since, --until), or --all for every dead letter"
             )));
         }
         _ => None,
@@ -915,12 +923,35 @@ async fn cmd_dead_letters(backend: &Backend, c: DeadLetterCommand) -> anyhow::Re
         DeadLetterCommand::Replay { which, dry_run } => (Op::Replay, which, dry_run),
         DeadLetterCommand::Purge { which, dry_run, .. } => (Op::Purge, which, dry_run),
     };
+    let now = now();
+    let (since, until) = a.time_range(now).map_err(usage)?;
     if let Some(actor) = &a.actor {
         known_actor(backend, actor).await?;
     }
-    let mut listed = backend.dead_letters(a.actor.clone()).await?;
+    // The database selects by actor, recipient, reason and dead-letter time; a replay or purge
+    // then acts on exactly the ids listed (what a dry run prints), never on a dead letter
+    // that arrived since; one replayed or purged meanwhile by someone else is skipped.
+    let filter = DeadLetterFilter {
+        actor: a.actor.as_deref().map(ActorId::new),
+        recipient: a.recipient.clone(),
+        reason: a.reason,
+        since,
+        until,
+    };
+    let mut listed = backend
+        .select_dead_letters(DeadLetterSelection::Matching(filter))
+        .await?;
     if !a.ids.is_empty() {
-        let known: BTreeSet<i64> = listed.iter().map(|d| d.id.0).collect();
+        // Every id given must be a dead letter (of the actor given), whether or not the other
+        // selectors keep it.
+        let ids = a.ids.iter().map(|&i| DeadLetterId(i)).collect();
+        let known: BTreeSet<i64> = backend
+            .select_dead_letters(DeadLetterSelection::Ids(ids))
+            .await?
+            .iter()
+            .filter(|d| a.actor.as_deref().is_none_or(|x| d.actor.as_str() == x))
+            .map(|d| d.id.0)
+            .collect();
         if let Some(missing) = a.ids.iter().find(|i| !known.contains(i)) {
             return Err(usage(format!(
                 "no dead letter with id {missing}{}",
@@ -932,18 +963,10 @@ async fn cmd_dead_letters(backend: &Backend, c: DeadLetterCommand) -> anyhow::Re
         }
         listed.retain(|d| a.ids.contains(&d.id.0));
     }
-    // The other filters apply to what the store listed, here: a replay or purge then acts on
-    // exactly the ids listed (what a dry run prints), never on a dead letter that arrived
-    // since; one replayed or purged meanwhile by someone else is skipped.
-    let now = outbox_lanes_core::Timestamp::from_system_time(std::time::SystemTime::now());
-    listed.retain(|d| {
-        a.reason.is_none_or(|r| d.reason == r)
-            && a.recipient
-                .as_deref()
-                .is_none_or(|r| d.key.recipient() == r)
-            && a.older_than
-                .is_none_or(|age| now.saturating_duration_since(d.dead_at) >= age)
-    });
+    // --older-than is counted here, from the same `now` as a duration ago in the range.
+    if let Some(age) = a.older_than {
+        listed.retain(|d| now.saturating_duration_since(d.dead_at) >= age);
+    }
     let selection = vec![DeadLetterSelection::Ids(
         listed.iter().map(|d| DeadLetterId(d.id.0)).collect(),
     )];
@@ -1009,6 +1032,11 @@ async fn cmd_dead_letters(backend: &Backend, c: DeadLetterCommand) -> anyhow::Re
             }
         }
     }
+}
+
+/// The system clock, as the store's times.
+fn now() -> Timestamp {
+    Timestamp::from_system_time(std::time::SystemTime::now())
 }
 
 /// `dead-letters show --id N`: the dead letter and its payload.
