@@ -380,7 +380,7 @@ fn drain(db: &Db, args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) 
 /// Item 3: `--retry-schedule` replaces the flags it conflicts with: combining them is a usage
 /// error (exit 2, one `error:` line); so is an unknown schedule. Alone, both names are taken.
 #[test]
-fn retry_schedule_refuses_the_flags_it_replaces() {
+fn retry_schedule_takes_the_settings_given_one_by_one_and_refuses_bad_values() {
     let db = Db::new();
     let out = collect(db.command(&["migrate"]).spawn().unwrap(), "");
     assert_eq!(out.code(), Some(0), "migrate: {}", out.stderr);
@@ -409,28 +409,27 @@ fn retry_schedule_refuses_the_flags_it_replaces() {
             assert!(errors[0].contains(name), "{args:?} {env:?}: {err}");
         }
     };
-    refused(
-        &["--retry-schedule", "svix", "--max-attempts", "3"],
-        &[],
-        &["--retry-schedule", "--max-attempts"],
-    );
+    // The settings a schedule sets, given one by one, change its values (from the command
+    // line or the environment alike): accepted.
     for (flag, value) in [
+        ("--max-attempts", "3"),
         ("--retry-delays", "1s,2s"),
         ("--pass-attempts", "2"),
         ("--backoff-base", "10s"),
         ("--backoff-cap", "10m"),
     ] {
-        refused(
-            &["--retry-schedule", "svix", flag, value],
-            &[],
-            &["--retry-schedule", flag],
-        );
+        let (code, err) = drain(&db, &["--retry-schedule", "svix", flag, value], &[]);
+        assert_eq!(code, Some(0), "--retry-schedule svix {flag} {value}: {err}");
     }
-    // From the environment too.
-    refused(
+    let (code, err) = drain(
+        &db,
         &["--max-attempts", "3"],
         &[("OUTBOX_LANES_RETRY_SCHEDULE", "svix")],
-        &["--retry-schedule", "--max-attempts"],
+    );
+    assert_eq!(
+        code,
+        Some(0),
+        "OUTBOX_LANES_RETRY_SCHEDULE=svix --max-attempts 3: {err}"
     );
     refused(&["--retry-schedule", "bogus"], &[], &["bogus"]);
     refused(&["--lane-unavailable-after", "soon"], &[], &["soon"]);
@@ -466,22 +465,26 @@ fn a_command_line_flag_is_not_overridden_by_a_retry_schedule_from_the_config_fil
     );
 }
 
-/// `retry-schedule` and a setting it replaces in one config file are combined as on the
-/// command line: refused (exit 2), not one of them silently dropped.
+/// `retry-schedule` and a setting it sets, in one config file: the setting changes the
+/// schedule's value, as on the command line (`svix` with one attempt: one request, then the
+/// dead letter), not one of them silently dropped.
 #[test]
-fn a_retry_schedule_and_a_setting_it_replaces_in_one_config_file_are_refused() {
+fn a_retry_schedule_and_a_setting_of_it_in_one_config_file_both_apply() {
     let db = Db::new();
-    let out = collect(db.command(&["migrate"]).spawn().unwrap(), "");
-    assert_eq!(out.code(), Some(0), "migrate: {}", out.stderr);
+    let r = Recipient::start().unwrap();
+    r.set_server_default(Reply::Status(500));
+    db.enqueue_lines(ACTOR, &[row("u0", &r.url("/hook"))]);
     let file = config_file(
         &db,
         "both.toml",
-        "retry-schedule = \"svix\"\nmax-attempts = 3\n",
+        "retry-schedule = \"svix\"\nmax-attempts = 1\n",
     );
     let (code, err) = drain(&db, &["--config", &file], &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(transcript(&r.all_requests()).len(), 1, "{err}");
     assert_eq!(
-        code,
-        Some(2),
-        "retry-schedule = \"svix\" with max-attempts = 3 in one file: {err}"
+        dead_letters(&db),
+        [("u0".to_owned(), "exhausted".to_owned(), 1)],
+        "{err}"
     );
 }

@@ -193,6 +193,9 @@ fn drain(
             | Command::Hold { .. }
             | Command::LaneBackoff { .. }
             | Command::LaneOpen { .. }
+            | Command::LaneFailing { .. }
+            | Command::LaneRestart { .. }
+            | Command::LaneUnavailable { .. }
             | Command::DeadLetter { .. }
             | Command::RetireLane { .. }
             | Command::HandBack { .. } => panic!("unexpected in a clean pass: {cmd:?}"),

@@ -78,6 +78,79 @@ pub struct Config {
     pub max_age: Option<Duration>,
     /// A 410 Gone retires the whole lane: every pending unit of it is dead-lettered (OL-9).
     pub retire_on_gone: bool,
+    /// The lane backoff of each level, when set (the last one repeats): a named retry
+    /// schedule ([`RetrySchedule`]) in place of [`Config::lane_backoff_base`] doubled per
+    /// level. Empty by default.
+    pub backoff_schedule: Vec<Duration>,
+    /// A lane whose attempts have failed without an answer for this long, counted from the
+    /// first failure of the run, is **unavailable** (OL-8): at its next failure every pending
+    /// unit of it is dead-lettered together as `lane_unavailable`, and so are the units that
+    /// reach it later, at each failed probe, until an answer (or an operator's `lanes
+    /// retry`) makes it available again. Default 7 days; `None`: never.
+    pub lane_unavailable_after: Option<Duration>,
+}
+
+/// The default [`Config::lane_unavailable_after`]: 7 days (Mastodon's rule of thumb for a
+/// domain; Svix disables an endpoint after 5).
+pub const DEFAULT_LANE_UNAVAILABLE_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// A named retry schedule (`--retry-schedule`): how long a unit is retried, and when.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RetrySchedule {
+    /// The default: 1 s, 2 s and 4 s in the pass, then the lane backs off from 30 s doubling
+    /// to 1 h; 12 attempts (about 2 h 04 min for a unit that never gets through).
+    #[default]
+    Standard,
+    /// Svix's: attempts at 0, 5 s, 5 min, 30 min, 2 h, 5 h, 10 h and 10 h later (8 attempts,
+    /// about 27 h 35 min).
+    Svix,
+}
+
+impl RetrySchedule {
+    /// `standard` or `svix`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RetrySchedule::Standard => "standard",
+            RetrySchedule::Svix => "svix",
+        }
+    }
+
+    /// The schedule of a code [`RetrySchedule::as_str`] gives.
+    pub fn from_code(s: &str) -> Option<Self> {
+        match s {
+            "standard" => Some(RetrySchedule::Standard),
+            "svix" => Some(RetrySchedule::Svix),
+            _ => None,
+        }
+    }
+
+    /// Sets `cfg`'s retry delays, stall threshold, lane backoff and attempts to this
+    /// schedule's (the rest of `cfg` is left as it is).
+    pub fn apply(self, cfg: &mut Config) {
+        let d = Config::default();
+        let min = |m: u64| Duration::from_secs(m * 60);
+        let hours = |h: u64| Duration::from_secs(h * 3600);
+        match self {
+            RetrySchedule::Standard => {
+                cfg.retry_delays = d.retry_delays;
+                cfg.pass_attempts = d.pass_attempts;
+                cfg.lane_backoff_base = d.lane_backoff_base;
+                cfg.lane_backoff_cap = d.lane_backoff_cap;
+                cfg.backoff_schedule = d.backoff_schedule;
+                cfg.max_attempts = d.max_attempts;
+            }
+            RetrySchedule::Svix => {
+                // The first retry in the pass, the others as the lane's backoff levels.
+                cfg.retry_delays = vec![Duration::from_secs(5)];
+                cfg.pass_attempts = 2;
+                cfg.backoff_schedule =
+                    vec![min(5), min(30), hours(2), hours(5), hours(10), hours(10)];
+                cfg.lane_backoff_base = min(5);
+                cfg.lane_backoff_cap = hours(10);
+                cfg.max_attempts = 8;
+            }
+        }
+    }
 }
 
 impl Default for Config {
@@ -101,6 +174,8 @@ impl Default for Config {
             retry_after_cap: Duration::from_secs(3600),
             max_age: None,
             retire_on_gone: false,
+            backoff_schedule: Vec::new(),
+            lane_unavailable_after: Some(DEFAULT_LANE_UNAVAILABLE_AFTER),
         }
     }
 }
@@ -116,8 +191,13 @@ impl Config {
         self.retry_delays[i]
     }
 
-    /// The lane backoff at `level` (1-based), before jitter: `base * 2^(level-1)`, capped.
+    /// The lane backoff at `level` (1-based), before jitter: the schedule's, when there is
+    /// one ([`Config::backoff_schedule`]), else `base * 2^(level-1)`, capped.
     pub fn lane_backoff(&self, level: u32) -> Duration {
+        if let Some(last) = self.backoff_schedule.last() {
+            let i = (level.max(1) as usize - 1).min(self.backoff_schedule.len() - 1);
+            return self.backoff_schedule.get(i).copied().unwrap_or(*last);
+        }
         doubling(self.lane_backoff_base, self.lane_backoff_cap, level)
     }
 }

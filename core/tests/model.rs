@@ -144,7 +144,7 @@ impl Checker {
                     "{unit:?} handed back but not pending"
                 );
             }
-            Command::RetireLane { lane } => {
+            Command::RetireLane { lane, .. } => {
                 // The store dead-letters every recipient still pending in the lane.
                 for unit in store.unresolved_in(lane) {
                     assert!(
@@ -163,7 +163,10 @@ impl Checker {
             Command::RecordAttempt { .. }
             | Command::Hold { .. }
             | Command::LaneBackoff { .. }
-            | Command::LaneOpen { .. } => {}
+            | Command::LaneOpen { .. }
+            | Command::LaneFailing { .. }
+            | Command::LaneRestart { .. }
+            | Command::LaneUnavailable { .. } => {}
         }
     }
 }

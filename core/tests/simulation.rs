@@ -413,6 +413,16 @@ fn config(d: &mut Dice) -> Config {
             .per_mille(150)
             .then(|| Duration::from_secs(d.range(60, 1800))),
         retire_on_gone: d.per_mille(500),
+        backoff_schedule: if d.per_mille(200) {
+            (0..d.range(1, 5))
+                .map(|_| base * d.range(1, 8) as u32)
+                .collect()
+        } else {
+            Vec::new()
+        },
+        lane_unavailable_after: d
+            .per_mille(300)
+            .then(|| Duration::from_secs(d.range(60, 7200))),
     }
 }
 
@@ -1455,23 +1465,49 @@ impl Sim {
                             }
                         }
                     }
+                    DeadReason::LaneUnavailable => {
+                        ensure!(
+                            matches!(
+                                o,
+                                Some(Outcome::Transient { .. } | Outcome::Throttled { .. })
+                            ),
+                            "unavailable after {o:?}"
+                        );
+                        let l = self.store.lane_info(lane);
+                        ensure!(
+                            l.unavailable,
+                            "dead-lettered unavailable on a lane not found so"
+                        );
+                    }
                     other => return Err(format!("dead letter {other:?} on its own")),
                 }
                 self.resolve(unit, lane, Fate::Dead(reason))?;
             }
-            Command::RetireLane { lane } => {
-                ensure!(self.cfg.retire_on_gone, "retired without retire_on_gone");
-                ensure!(
-                    outcome_of(None, lane) == Some(Outcome::Gone),
-                    "retired without a 410"
-                );
-                ensure!(
-                    in_batch(&|c| matches!(
-                        c,
-                        Command::DeadLetter { lane: l, reason: DeadReason::Gone, .. } if *l == lane
-                    )),
-                    "retired before the 410's unit was dead-lettered"
-                );
+            Command::RetireLane { lane, reason } => {
+                if reason == DeadReason::LaneUnavailable {
+                    ensure!(
+                        in_batch(&|c| matches!(
+                            c,
+                            Command::DeadLetter { lane: l, reason: DeadReason::LaneUnavailable, .. }
+                                if *l == lane
+                        )),
+                        "retired as unavailable before its head was dead-lettered so"
+                    );
+                } else {
+                    ensure!(reason == DeadReason::LaneRetired, "retired as {reason:?}");
+                    ensure!(self.cfg.retire_on_gone, "retired without retire_on_gone");
+                    ensure!(
+                        outcome_of(None, lane) == Some(Outcome::Gone),
+                        "retired without a 410"
+                    );
+                    ensure!(
+                        in_batch(&|c| matches!(
+                            c,
+                            Command::DeadLetter { lane: l, reason: DeadReason::Gone, .. } if *l == lane
+                        )),
+                        "retired before the 410's unit was dead-lettered"
+                    );
+                }
                 let ours: Vec<UnitId> = self
                     .pending
                     .get(&lane)
@@ -1486,9 +1522,62 @@ impl Sim {
                         !self.in_flight.contains_key(&(u, lane)),
                         "{u:?} retired while in flight"
                     );
-                    self.resolve(u, lane, Fate::Dead(DeadReason::LaneRetired))?;
+                    self.resolve(u, lane, Fate::Dead(reason))?;
                 }
                 self.stats.retires += 1;
+            }
+            Command::LaneFailing { lane, since } => {
+                let o = outcome_of(None, lane).ok_or("a run of failures out of the blue")?;
+                let prev = self.store.lane_info(lane);
+                match since {
+                    Some(t) => {
+                        ensure!(t == self.now, "a run of failures begun at {t:?}");
+                        ensure!(
+                            matches!(o, Outcome::Transient { .. } | Outcome::Throttled { .. }),
+                            "a run of failures begun by {o:?}"
+                        );
+                        ensure!(prev.failing_since.is_none(), "a run begun twice");
+                    }
+                    None => {
+                        ensure!(
+                            matches!(o, Outcome::Delivered | Outcome::Permanent | Outcome::Gone),
+                            "a run of failures ended by {o:?}"
+                        );
+                        ensure!(
+                            prev.failing_since.is_some() || prev.unavailable,
+                            "a run ended that had not begun"
+                        );
+                    }
+                }
+            }
+            Command::LaneRestart { lane } => {
+                ensure!(
+                    in_batch(&|c| matches!(
+                        c,
+                        Command::DeadLetter { lane: l, reason: DeadReason::Exhausted, .. }
+                            if *l == lane
+                    )),
+                    "a lane restarted without an exhausted head"
+                );
+                self.throttled_here.remove(&lane);
+            }
+            Command::LaneUnavailable { lane, since } => {
+                let after = self
+                    .cfg
+                    .lane_unavailable_after
+                    .ok_or("unavailable without lane_unavailable_after")?;
+                let prev = self.store.lane_info(lane);
+                ensure!(!prev.unavailable, "marked unavailable twice in one run");
+                ensure!(
+                    prev.failing_since == Some(since),
+                    "unavailable since {since:?}, the run began {:?}",
+                    prev.failing_since
+                );
+                ensure!(
+                    self.now.saturating_duration_since(since) >= after,
+                    "unavailable after {:?} of failures (OL-8: {after:?})",
+                    self.now.saturating_duration_since(since)
+                );
             }
             Command::Interrupted {
                 unit,
@@ -1565,7 +1654,9 @@ impl Sim {
         let held = has(
             &|c| matches!(*c, Command::Hold { unit: u, lane: l, .. } if u == unit && l == lane),
         );
-        let retired = has(&|c| matches!(*c, Command::RetireLane { lane: l } if l == lane));
+        let retired = has(
+            &|c| matches!(*c, Command::RetireLane { lane: l, reason: DeadReason::LaneRetired } if l == lane),
+        );
         let opened = has(&|c| matches!(*c, Command::LaneOpen { lane: l } if l == lane));
         match outcome {
             Outcome::Delivered => {
@@ -1630,6 +1721,17 @@ impl Sim {
                 );
             }
             Outcome::Transient { .. } | Outcome::Throttled { .. } => {
+                if dead(DeadReason::LaneUnavailable) {
+                    // The lane failed longer than allowed: this unit and the lane's others
+                    // went together, and the lane backs off (OL-8).
+                    ensure!(
+                        has(&|c| matches!(*c, Command::RetireLane { lane: l, .. } if l == lane)),
+                        "unavailable without the lane's other units"
+                    );
+                    self.pass_failures.remove(&(unit, lane));
+                    self.retry_not_before.remove(&(unit, lane));
+                    return Ok(());
+                }
                 let n = self.store.attempts(unit, lane);
                 let counted = matches!(outcome, Outcome::Transient { .. })
                     || prev_level >= self.cfg.max_throttled_level;
@@ -2020,6 +2122,7 @@ fn a_claim_answered_after_a_hand_back_does_not_admit_past_the_handed_back_units(
         [
             "delivered u1 b",
             "attempt u2 a 1",
+            "failing a since +0s",
             "backoff a until +30s level 1",
             "hold u2 a Stalled",
             "back u3",
@@ -2041,7 +2144,7 @@ fn an_interruption_when_a_retry_falls_due_starts_nothing() {
     w.discover();
     assert_eq!(w.take(), ["start u1 a #1"]);
     w.fail(a1, "a");
-    assert_eq!(w.take(), ["attempt u1 a 1"]);
+    assert_eq!(w.take(), ["attempt u1 a 1", "failing a since +0s"]);
     // The runtime is interrupted at the instant the retry falls due.
     w.now = w.now + Duration::from_secs(1);
     w.s.handle_interrupt(w.now);
@@ -2057,7 +2160,10 @@ fn a_stop_when_a_retry_falls_due_starts_nothing() {
     let a1 = w.enqueue(&["a"], false)[0];
     w.discover();
     w.fail(a1, "a");
-    assert_eq!(w.take(), ["start u1 a #1", "attempt u1 a 1"]);
+    assert_eq!(
+        w.take(),
+        ["start u1 a #1", "attempt u1 a 1", "failing a since +0s"]
+    );
     // A graceful shutdown at the instant the retry falls due.
     w.now = w.now + Duration::from_secs(1);
     w.s.handle_stop(w.now);
@@ -2075,7 +2181,10 @@ fn a_late_completion_when_a_retry_falls_due_is_refused() {
     let a1 = w.enqueue(&["a"], false)[0];
     w.discover();
     w.fail(a1, "a");
-    assert_eq!(w.take(), ["start u1 a #1", "attempt u1 a 1"]);
+    assert_eq!(
+        w.take(),
+        ["start u1 a #1", "attempt u1 a 1", "failing a since +0s"]
+    );
     // The answer to attempt #1 is reported again when the retry falls due.
     w.now = w.now + Duration::from_secs(1);
     let a = w.lane("a");
@@ -2098,7 +2207,7 @@ fn a_chain_of_joined_units_waiting_for_a_lane_in_backoff_does_not_make_claims_sp
         outbox_lanes_core::LaneInfo {
             not_before: Some(not_before),
             level: 1,
-            strict: false,
+            ..Default::default()
         },
     );
     for lane in [a, b, c] {

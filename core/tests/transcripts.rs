@@ -94,7 +94,7 @@ fn a_unit_that_keeps_failing_stalls_and_its_lane_mate_is_never_started() {
     w.discover();
     assert_eq!(w.take(), ["start u1 a #1", "start u3 b #1"]);
     w.fail(a1, "a");
-    assert_eq!(w.take(), ["attempt u1 a 1"]);
+    assert_eq!(w.take(), ["attempt u1 a 1", "failing a since +0s"]);
     w.ok(b1, "b");
     assert_eq!(w.take(), ["delivered u3 b", "start u4 b #1"]);
     assert_eq!(w.jump_to_next_timeout(), common::T0 + secs(1));
@@ -140,6 +140,7 @@ fn a_unit_enqueued_during_a_stall_goes_behind_the_stalled_ones() {
         w.take(),
         [
             "attempt u1 a 1",
+            "failing a since +0s",
             "backoff a until +30s level 1",
             "hold u1 a Stalled",
             "back u2"
@@ -157,7 +158,10 @@ fn a_unit_enqueued_during_a_stall_goes_behind_the_stalled_ones() {
     w.discover();
     assert_eq!(w.take(), ["start u1 a #2"]);
     w.ok(a1, "a");
-    assert_eq!(w.take(), ["delivered u1 a", "open a", "start u2 a #1"]);
+    assert_eq!(
+        w.take(),
+        ["delivered u1 a", "answering a", "open a", "start u2 a #1"]
+    );
     w.ok(a2, "a");
     assert_eq!(w.take(), ["delivered u2 a", "start u3 a #1"]);
     w.ok(a3, "a");
@@ -176,10 +180,15 @@ fn a_unit_at_its_last_attempt_is_dead_lettered_once_and_releases_its_lane() {
     w.fail(a1, "a");
     assert_eq!(
         w.take(),
-        ["attempt u1 a 12", "dead u1 a exhausted", "start u2 a #1"]
+        [
+            "attempt u1 a 12",
+            "failing a since +0s",
+            "dead u1 a exhausted",
+            "start u2 a #1"
+        ]
     );
     w.ok(a2, "a");
-    assert_eq!(w.take(), ["delivered u2 a"]);
+    assert_eq!(w.take(), ["delivered u2 a", "answering a"]);
     assert_eq!(w.store.dead.len(), 1);
     // A late duplicate completion changes nothing.
     let l = w.lane("a");
@@ -272,6 +281,7 @@ fn an_error_mid_pass_hands_back_every_unfinished_unit_in_enqueue_order() {
         w.take(),
         [
             "attempt u1 a 1",
+            "failing a since +0s",
             "backoff a until +30s level 1",
             "hold u1 a Stalled",
             "back u3"
@@ -308,7 +318,10 @@ fn a_joined_unit_stalled_on_a_keeps_bs_later_units_waiting_without_backoff_on_b(
     assert_eq!(w.take(), ["start u1 a #1", "start u1 b #1"]);
     w.ok(j, "b");
     w.fail(j, "a");
-    assert_eq!(w.take(), ["delivered u1 b", "attempt u1 a 1"]);
+    assert_eq!(
+        w.take(),
+        ["delivered u1 b", "attempt u1 a 1", "failing a since +0s"]
+    );
     w.jump_to_next_timeout();
     // Only a is retried.
     assert_eq!(w.take(), ["start u1 a #2"]);
@@ -333,7 +346,10 @@ fn a_joined_unit_stalled_on_a_keeps_bs_later_units_waiting_without_backoff_on_b(
     w.discover();
     assert_eq!(w.take(), ["start u1 a #3"]);
     w.ok(j, "a");
-    assert_eq!(w.take(), ["delivered u1 a", "open a", "start u2 b #1"]);
+    assert_eq!(
+        w.take(),
+        ["delivered u1 a", "answering a", "open a", "start u2 b #1"]
+    );
     w.ok(b2, "b");
     assert_eq!(w.take(), ["delivered u2 b"]);
     assert_eq!(w.store.delivered.iter().filter(|(u, _)| *u == j).count(), 2);
@@ -356,6 +372,7 @@ fn a_lane_in_backoff_is_probed_once_at_not_before_inside_a_busy_pass() {
         w.take(),
         [
             "attempt u1 a 1",
+            "failing a since +0s",
             "backoff a until +30s level 1",
             "hold u1 a Stalled",
             "back u2"
@@ -448,7 +465,7 @@ fn a_retry_after_of_zero_waits_the_ladder_delay_and_does_not_loop() {
             retry_after: Some(secs(1)),
         },
     );
-    assert_eq!(w.take(), ["attempt u1 a 1"]);
+    assert_eq!(w.take(), ["attempt u1 a 1", "failing a since +1s"]);
     w.advance(Duration::from_millis(1_999));
     assert!(w.take().is_empty(), "not before the ladder's second delay");
     w.advance(Duration::from_millis(1));
@@ -555,21 +572,22 @@ fn a_recipient_that_answers_429_retry_after_0_for_ever_dead_letters_the_unit() {
         ]
     );
     assert_eq!(
-        log[log.len() - 3..],
+        log[log.len() - 5..],
         [
             "attempt u1 a 12",
             "backoff a until +25417s level 13",
-            "dead u1 a exhausted"
+            "dead u1 a exhausted",
+            "restart a",
+            "start u2 a #1"
         ]
     );
     // One lane backoff per stall or failed probe, each at least 30 s (no tight loop).
     let backoffs = log.iter().filter(|c| c.starts_with("backoff")).count();
     assert_eq!(backoffs, c.max_attempts as usize + 1);
-    // The lane moves on: its follower is the next probe, when the backoff ends.
-    w.jump_to_next_timeout();
-    assert_eq!(w.take(), ["start u2 a #1"]);
+    // The lane starts over (OL-8): its follower is tried at once, on a schedule of its own,
+    // not at the next probe of the unit before it.
     w.ok(a2, "a");
-    assert_eq!(w.take(), ["delivered u2 a", "open a"]);
+    assert_eq!(w.take(), ["delivered u2 a", "answering a"]);
 }
 
 #[test]
@@ -833,6 +851,7 @@ fn an_attempt_that_never_left_does_not_extend_a_lanes_backoff() {
         w.take(),
         [
             "attempt u1 a 1",
+            "failing a since +0s",
             "backoff a until +30s level 1",
             "hold u1 a Stalled"
         ]
@@ -846,7 +865,7 @@ fn an_attempt_that_never_left_does_not_extend_a_lanes_backoff() {
     w.jump_to_next_timeout();
     assert_eq!(w.take(), ["start u1 a #2"]);
     w.ok(a1, "a");
-    assert_eq!(w.take(), ["delivered u1 a", "open a"]);
+    assert_eq!(w.take(), ["delivered u1 a", "answering a", "open a"]);
 }
 
 #[test]
@@ -998,7 +1017,7 @@ fn is_done_is_a_query_a_due_retry_fires_only_on_handle_timeout() {
     w.discover();
     assert_eq!(w.take(), ["start u1 a #1"]);
     w.fail(a1, "a");
-    assert_eq!(w.take(), ["attempt u1 a 1"]);
+    assert_eq!(w.take(), ["attempt u1 a 1", "failing a since +0s"]);
     let due = w.s.poll_timeout().expect("the in-pass retry");
     // Past the retry's deadline the pass is not over, and asking changes nothing.
     assert!(!w.s.is_done(due + secs(5)));
@@ -1010,7 +1029,7 @@ fn is_done_is_a_query_a_due_retry_fires_only_on_handle_timeout() {
     w.settle();
     assert_eq!(w.take(), ["start u1 a #2"]);
     w.ok(a1, "a");
-    assert_eq!(w.take(), ["delivered u1 a"]);
+    assert_eq!(w.take(), ["delivered u1 a", "answering a"]);
     assert!(w.s.is_done(w.now));
 }
 
@@ -1056,7 +1075,10 @@ fn an_attempt_in_flight_when_its_lane_is_paused_is_recorded_and_its_unit_handed_
     assert_eq!(w.take(), ["back u2"]);
     // It failed: recorded, not retried.
     w.fail(p1, "p");
-    assert_eq!(w.take(), ["attempt u1 p 1", "back u1"]);
+    assert_eq!(
+        w.take(),
+        ["attempt u1 p 1", "failing p since +0s", "back u1"]
+    );
     assert_eq!(w.s.poll_timeout(), None);
     assert!(w.s.is_done(w.now));
     assert_eq!(w.store.attempts(p1, pl), Some(1));
@@ -1088,7 +1110,7 @@ fn a_purged_lane_never_starts_the_units_it_had_admitted() {
     w.discover();
     assert_eq!(w.take(), ["start u1 a #1"]);
     w.fail(a1, "a");
-    assert_eq!(w.take(), ["attempt u1 a 1"]);
+    assert_eq!(w.take(), ["attempt u1 a 1", "failing a since +0s"]);
     // Purged while u1 waits for its retry.
     let al = w.lane("a");
     assert_eq!(w.store.operator_dead_letters(al, None).len(), 3);
@@ -1120,6 +1142,7 @@ fn a_skipped_stalled_head_is_never_sent_again_and_its_followers_go() {
         [
             "start u1 a #1",
             "attempt u1 a 1",
+            "failing a since +0s",
             "start u1 a #2",
             "attempt u1 a 2",
             "backoff a until +31s level 1",
@@ -1133,7 +1156,7 @@ fn a_skipped_stalled_head_is_never_sent_again_and_its_followers_go() {
     w.control("a");
     assert_eq!(w.take(), ["back u1", "start u2 a #1"]);
     w.ok(a2, "a");
-    assert_eq!(w.take(), ["delivered u2 a"]);
+    assert_eq!(w.take(), ["delivered u2 a", "answering a"]);
     w.advance(secs(60));
     assert!(w.take().is_empty());
 }
@@ -1150,7 +1173,15 @@ fn a_head_skipped_while_in_flight_is_recorded_and_not_retried() {
     w.control("a");
     assert_eq!(w.take(), ["back u2"]);
     w.fail(a1, "a");
-    assert_eq!(w.take(), ["attempt u1 a 1", "back u1", "start u2 a #1"]);
+    assert_eq!(
+        w.take(),
+        [
+            "attempt u1 a 1",
+            "failing a since +0s",
+            "back u1",
+            "start u2 a #1"
+        ]
+    );
 }
 
 #[test]
@@ -1289,7 +1320,7 @@ fn a_lane_known_only_through_a_joined_unit_waits_for_its_discovery_and_keeps_its
         LaneInfo {
             not_before: Some(T0 + secs(30)),
             level: 1,
-            strict: false,
+            ..LaneInfo::default()
         },
     );
     w.enqueue(&["a", "b"], true);
@@ -1516,15 +1547,18 @@ fn a_recipient_that_throttles_for_ever_with_a_long_retry_after_dead_letters_the_
                 "back u1".to_string(),
                 "start u1 a #1".to_string(),
                 "attempt u1 a 1".to_string(),
+                format!("failing a since +{level1}s"),
                 format!("backoff a until +{level2}s level 2"),
                 "hold u1 a Stalled".to_string(),
             ]
         );
         let last = passes.last().expect("passes");
-        assert_eq!(last.len(), 5, "{last:?}");
+        assert_eq!(last.len(), 7, "{last:?}");
         assert_eq!(last[..3], ["back u1", "start u1 a #12", "attempt u1 a 12"]);
+        // The unit goes; the lane starts over and its follower goes at once (OL-8).
         assert_eq!(
-            last[4], "dead u1 a exhausted",
+            last[4..],
+            ["dead u1 a exhausted", "restart a", "start u2 a #1"],
             "Retry-After {ra:?}: {last:?}"
         );
         let counted: Vec<&String> = passes
@@ -1544,9 +1578,10 @@ fn a_recipient_that_throttles_for_ever_with_a_long_retry_after_dead_letters_the_
         };
         let (attempts, passes) = answer_across_passes(&mut w, a1, throttled, (seed, None), 100);
         assert_eq!(attempts as u32, 2 + c.max_attempts, "seed {seed}");
+        let last = passes.last().expect("passes");
         assert_eq!(
-            passes.last().and_then(|p| p.last()).map(String::as_str),
-            Some("dead u1 a exhausted"),
+            last[last.len() - 2..],
+            ["dead u1 a exhausted", "restart a"],
             "seed {seed}"
         );
     }
@@ -1659,12 +1694,13 @@ fn throttles_waited_in_the_pass_count_however_the_passes_are_sliced() {
             "back u1",
             "start u1 a #1",
             "attempt u1 a 1",
+            "failing a since +37s",
             "backoff a until +97s level 2",
             "hold u1 a Stalled",
         ]
     );
     let last = passes.last().expect("passes");
-    assert_eq!(last.last().map(String::as_str), Some("dead u1 a exhausted"));
+    assert_eq!(last[last.len() - 2..], ["dead u1 a exhausted", "restart a"]);
 }
 
 /// In one pass that other lanes keep busy, a long Retry-After throttles the lane and the
@@ -1696,6 +1732,6 @@ fn long_retry_afters_in_one_busy_pass_stall_the_lane_at_pass_attempts() {
                 "attempt u1 a 0 uncounted".to_string(),
             ]
         );
-        assert_eq!(log.last().map(String::as_str), Some("dead u1 a exhausted"));
+        assert_eq!(log[log.len() - 2..], ["dead u1 a exhausted", "restart a"]);
     }
 }

@@ -84,6 +84,21 @@ pub struct Attempted {
     pub queued: Duration,
 }
 
+/// A lane (an endpoint) found failing for longer than allowed (`--lane-unavailable-after`):
+/// reported once per run of failures, when its units start being dead-lettered together as
+/// `lane_unavailable`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaneUnavailable {
+    /// The actor.
+    pub actor: ActorId,
+    /// The recipient (the lane's canonical URL).
+    pub recipient: String,
+    /// When its run of failed attempts began.
+    pub failing_since: Timestamp,
+    /// When it was found unavailable.
+    pub at: Timestamp,
+}
+
 type Hook<T> = Box<dyn Fn(&T) + Send + Sync>;
 /// A hook of [`Started`], which borrows from the job.
 type StartedHook = Box<dyn for<'a> Fn(&Started<'a>) + Send + Sync>;
@@ -103,6 +118,9 @@ pub struct Hooks {
     pub dead_lettered: Option<Hook<DeadLettered>>,
     /// Called for every finished attempt, before the outcome is acted on.
     pub attempted: Option<Hook<Attempted>>,
+    /// Called once per run of failures when a lane is found failing for longer than allowed
+    /// (its units are then dead-lettered together, each reported to `dead_lettered` too).
+    pub lane_unavailable: Option<Hook<LaneUnavailable>>,
     /// Called for every attempt handed to the executor, and for every attempt to a
     /// destination refused before sending (see [`Started`]). Every started attempt is later
     /// reported to `attempted` (an attempt dropped unsent as [`Outcome::NotSent`]), unless
@@ -116,6 +134,7 @@ impl fmt::Debug for Hooks {
             .field("delivered", &self.delivered.is_some())
             .field("dead_lettered", &self.dead_lettered.is_some())
             .field("attempted", &self.attempted.is_some())
+            .field("lane_unavailable", &self.lane_unavailable.is_some())
             .field("started", &self.started.is_some())
             .finish()
     }

@@ -58,7 +58,7 @@ pub use crate::ack::{AckWriter, AckWriterOptions};
 pub use crate::config::{DEFAULT_CONCURRENCY, OutboxConfig};
 pub use crate::control::{ControlSubscription, DrainControl, Signal};
 pub use crate::error::OutboxError;
-pub use crate::hooks::{Attempted, DeadLettered, Delivered, Hooks, Started};
+pub use crate::hooks::{Attempted, DeadLettered, Delivered, Hooks, LaneUnavailable, Started};
 pub use crate::hosts::HostCaps;
 pub use crate::http::SignatureMode;
 pub use crate::http::{AttemptResult, Delivery, HttpConfig, HttpError};

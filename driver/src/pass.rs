@@ -116,7 +116,7 @@ use tracing::{debug, info, trace, warn};
 use crate::ack::AckWriter;
 use crate::config::OutboxConfig;
 use crate::fmt::rfc3339;
-use crate::hooks::{Attempted, DeadLettered, Delivered, Hooks, Started};
+use crate::hooks::{Attempted, DeadLettered, Delivered, Hooks, LaneUnavailable, Started};
 use crate::http::AttemptResult;
 use crate::job::{Completions, Done, Job};
 use crate::origins::OriginGate;
@@ -1094,6 +1094,8 @@ impl PassCore {
                 not_before: s.not_before,
                 level: s.backoff_level,
                 strict: s.strict,
+                failing_since: s.failing_since,
+                unavailable: s.unavailable_since.is_some(),
             };
             let Some(&lane) = self.lanes.get(&s.lane) else {
                 if !s.paused && cl.pending {
@@ -1211,6 +1213,8 @@ impl PassCore {
                     not_before: info.not_before,
                     level: info.backoff_level,
                     strict: info.strict,
+                    failing_since: info.failing_since,
+                    unavailable: info.unavailable_since.is_some(),
                 },
                 t,
             );
@@ -1592,6 +1596,52 @@ impl PassCore {
                     lane,
                 );
             }
+            Command::LaneFailing { lane, since } => {
+                debug!(actor = %self.actor, recipient = self.recipient(lane),
+                    since = since.map(rfc3339), "lane's run of failures");
+                self.write(
+                    cx,
+                    "lane state",
+                    |s, t, l| s.set_lane_failing(t, l, since),
+                    lane,
+                );
+            }
+            Command::LaneRestart { lane } => {
+                // Its head was dead-lettered after its attempts: the next unit gets a
+                // schedule of its own (OL-8).
+                self.waiting.remove(&lane);
+                debug!(actor = %self.actor, recipient = self.recipient(lane),
+                    "lane starts over after its head's last attempt");
+                self.write(
+                    cx,
+                    "lane state",
+                    |s, t, l| s.set_lane_state(t, l, None, 0),
+                    lane,
+                );
+            }
+            Command::LaneUnavailable { lane, since } => {
+                let at = now();
+                warn!(actor = %self.actor, recipient = self.recipient(lane),
+                    failing_since = %rfc3339(since),
+                    "lane unavailable: failing for longer than allowed; its units are \
+                     dead-lettered together (lane_unavailable) until it answers again");
+                self.write(
+                    cx,
+                    "lane state",
+                    |s, t, l| s.set_lane_unavailable(t, l, at),
+                    lane,
+                );
+                if self.error.is_none()
+                    && let Some(hook) = &cx.hooks.lane_unavailable
+                {
+                    hook(&LaneUnavailable {
+                        actor: self.actor.clone(),
+                        recipient: self.recipient(lane).to_owned(),
+                        failing_since: since,
+                        at,
+                    });
+                }
+            }
             Command::DeadLetter { unit, lane, reason } => {
                 let last = self.last.remove(&(unit, lane));
                 let (status, error) = last.map_or((None, None), |r| (r.status, r.error));
@@ -1613,7 +1663,7 @@ impl PassCore {
                 };
                 self.dead.push(PendingDead { req, lane, row });
             }
-            Command::RetireLane { lane } => {
+            Command::RetireLane { lane, reason } => {
                 if !writable {
                     return;
                 }
@@ -1621,24 +1671,27 @@ impl PassCore {
                 if self.error.is_some() {
                     return;
                 }
-                let retired = match cx.store.retire_lane(
-                    &self.token,
-                    self.store_lane(lane),
-                    now(),
-                    DeadReason::LaneRetired,
-                ) {
-                    Ok(retired) => retired,
-                    Err(e) => {
-                        self.store_failed("retire lane", e, now());
-                        return;
-                    }
-                };
+                let retired =
+                    match cx
+                        .store
+                        .retire_lane(&self.token, self.store_lane(lane), now(), reason)
+                    {
+                        Ok(retired) => retired,
+                        Err(e) => {
+                            self.store_failed("retire lane", e, now());
+                            return;
+                        }
+                    };
                 let units = retired.len() as u64;
                 self.report.dead_lettered += units;
                 // One INFO line for the lane, not one per unit: a retired lane can be deep.
-                info!(actor = %self.actor, recipient = self.recipient(lane), units,
-                    "lane retired (410 Gone)");
-                let reason = DeadReason::LaneRetired;
+                if reason == DeadReason::LaneRetired {
+                    info!(actor = %self.actor, recipient = self.recipient(lane), units,
+                        "lane retired (410 Gone)");
+                } else if units > 0 {
+                    info!(actor = %self.actor, recipient = self.recipient(lane), units,
+                        reason = reason.as_str(), "the lane's pending units dead-lettered together");
+                }
                 for d in retired {
                     // Admitted units of the lane are resolved (the scheduler dropped them).
                     self.resolved(d.unit, lane);
@@ -1784,6 +1837,9 @@ fn writes(cmd: &Command) -> bool {
         }
         | Command::LaneBackoff { .. }
         | Command::LaneOpen { .. }
+        | Command::LaneFailing { .. }
+        | Command::LaneRestart { .. }
+        | Command::LaneUnavailable { .. }
         | Command::DeadLetter { .. }
         | Command::RetireLane { .. } => true,
     }

@@ -192,12 +192,22 @@ impl ModelStore {
                 e.not_before = Some(not_before);
                 e.level = level;
             }
-            Command::LaneOpen { lane } => {
+            Command::LaneOpen { lane } | Command::LaneRestart { lane } => {
                 let e = self.lane_state.entry(lane).or_default();
                 e.not_before = None;
                 e.level = 0;
             }
-            Command::RetireLane { lane } => {
+            Command::LaneFailing { lane, since } => {
+                let e = self.lane_state.entry(lane).or_default();
+                e.failing_since = since;
+                if since.is_none() {
+                    e.unavailable = false;
+                }
+            }
+            Command::LaneUnavailable { lane, .. } => {
+                self.lane_state.entry(lane).or_default().unavailable = true;
+            }
+            Command::RetireLane { lane, .. } => {
                 for id in self.unresolved_in(lane) {
                     self.resolve(id, lane);
                 }
@@ -274,7 +284,7 @@ impl Checker {
                     "{unit:?} handed back but not pending"
                 );
             }
-            Command::RetireLane { lane } => {
+            Command::RetireLane { lane, .. } => {
                 for unit in store.unresolved_in(lane) {
                     assert!(
                         self.resolved.insert((unit, lane)),
@@ -292,7 +302,10 @@ impl Checker {
             Command::RecordAttempt { .. }
             | Command::Hold { .. }
             | Command::LaneBackoff { .. }
-            | Command::LaneOpen { .. } => {}
+            | Command::LaneOpen { .. }
+            | Command::LaneFailing { .. }
+            | Command::LaneRestart { .. }
+            | Command::LaneUnavailable { .. } => {}
         }
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::builder::BoolishValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use outbox_lanes_core::config::RetrySchedule;
 use outbox_lanes_core::policy::Recipient;
 use outbox_lanes_core::{DeadReason, Timestamp};
 
@@ -79,14 +80,16 @@ pub(crate) struct DeliveryFlags {
     #[arg(long, value_parser = parse_duration, default_value = "10s", env = "OUTBOX_LANES_SHUTDOWN_GRACE")]
     pub(crate) shutdown_grace: Duration,
 
-    /// Persisted attempts before a unit becomes a dead letter.
-    #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..), env = "OUTBOX_LANES_MAX_ATTEMPTS")]
-    pub(crate) max_attempts: u32,
+    /// Persisted attempts before a unit becomes a dead letter. Default 12 (the retry
+    /// schedule's: 8 with `svix`).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), env = "OUTBOX_LANES_MAX_ATTEMPTS")]
+    pub(crate) max_attempts: Option<u32>,
 
     /// The failure in a row of a lane's head that stalls its lane into backoff (counted from
-    /// the head's persisted attempts, so passes and restarts do not reset it).
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..), env = "OUTBOX_LANES_PASS_ATTEMPTS")]
-    pub(crate) pass_attempts: u32,
+    /// the head's persisted attempts, so passes and restarts do not reset it). Default 4 (the
+    /// retry schedule's).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), env = "OUTBOX_LANES_PASS_ATTEMPTS")]
+    pub(crate) pass_attempts: Option<u32>,
 
     /// Deliveries in flight at once in this process, and for one actor (its in-flight
     /// window). Sized for recipients 50–500 ms away; raise it for many slow recipients.
@@ -114,12 +117,13 @@ pub(crate) struct DeliveryFlags {
     pub(crate) jitter_percent: u32,
 
     /// A stalled lane's first backoff; each further stall doubles it, up to --backoff-cap.
-    #[arg(long, value_parser = parse_duration, default_value = "30s", env = "OUTBOX_LANES_BACKOFF_BASE")]
-    pub(crate) backoff_base: Duration,
+    /// Default 30s (the retry schedule's).
+    #[arg(long, value_parser = parse_duration, env = "OUTBOX_LANES_BACKOFF_BASE")]
+    pub(crate) backoff_base: Option<Duration>,
 
-    /// The longest lane backoff.
-    #[arg(long, value_parser = parse_duration, default_value = "1h", env = "OUTBOX_LANES_BACKOFF_CAP")]
-    pub(crate) backoff_cap: Duration,
+    /// The longest lane backoff. Default 1h (the retry schedule's).
+    #[arg(long, value_parser = parse_duration, env = "OUTBOX_LANES_BACKOFF_CAP")]
+    pub(crate) backoff_cap: Option<Duration>,
 
     /// The longest wait a recipient's Retry-After (429, 503) is honoured for.
     #[arg(long, value_parser = parse_duration, default_value = "1h", env = "OUTBOX_LANES_RETRY_AFTER_CAP")]
@@ -138,6 +142,21 @@ pub(crate) struct DeliveryFlags {
     /// A 410 Gone retires the whole lane: every pending unit of it is dead-lettered.
     #[arg(long, env = "OUTBOX_LANES_RETIRE_ON_GONE")]
     pub(crate) retire_on_gone: bool,
+
+    /// A lane (an endpoint) whose attempts have failed without an answer for this long is
+    /// unavailable: at its next failure every pending unit of it is dead-lettered together
+    /// (reason `lane_unavailable`), and so are the units that reach it later, at each failed
+    /// probe, until it answers again or an operator retries it (`lanes retry`). `off`: never.
+    #[arg(long, value_parser = parse_off_duration, default_value = "7d", env = "OUTBOX_LANES_LANE_UNAVAILABLE_AFTER")]
+    pub(crate) lane_unavailable_after: Off,
+
+    /// A named retry schedule: `standard` (the default: 1 s, 2 s, 4 s in the pass, then 30 s
+    /// doubling to 1 h; 12 attempts) or `svix` (attempts 5 s, 5 min, 30 min, 2 h, 5 h, 10 h and
+    /// 10 h apart; 8 attempts). --retry-delays, --pass-attempts, --backoff-base,
+    /// --backoff-cap and --max-attempts, wherever they are given (command line, environment,
+    /// --config file), change the schedule's values.
+    #[arg(long, value_parser = parse_retry_schedule, env = "OUTBOX_LANES_RETRY_SCHEDULE")]
+    pub(crate) retry_schedule: Option<RetrySchedule>,
 
     /// The most units one pass holds admitted (waiting or in flight), and at least four per
     /// delivery in flight (--concurrency) whatever is given here.
@@ -887,6 +906,22 @@ fn parse_header_value(s: &str) -> Result<String, String> {
             "{s:?}: not a valid HTTP header value (visible ASCII and spaces)"
         ))
     }
+}
+
+/// A duration that may be turned off (`off`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Off(pub(crate) Option<Duration>);
+
+fn parse_off_duration(s: &str) -> Result<Off, String> {
+    if s.trim().eq_ignore_ascii_case("off") {
+        return Ok(Off(None));
+    }
+    parse_timeout(s).map(|d| Off(Some(d)))
+}
+
+fn parse_retry_schedule(s: &str) -> Result<RetrySchedule, String> {
+    RetrySchedule::from_code(s.trim())
+        .ok_or_else(|| format!("{s:?}: a retry schedule is `standard` or `svix`"))
 }
 
 /// `30s`, `500ms`, `1m 30s`, or plain (possibly fractional) seconds.

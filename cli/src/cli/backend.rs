@@ -20,8 +20,8 @@ use outbox_lanes_store::{
     Store, StoreError,
 };
 use outbox_lanes_tokio::{
-    Attempted, DeadLettered, Delivered, DrainControl, DrainOutcome, Hooks, Monitor, Outbox,
-    OutboxConfig, OutboxError, Signer, Started,
+    Attempted, DeadLettered, Delivered, DrainControl, DrainOutcome, Hooks, LaneUnavailable,
+    Monitor, Outbox, OutboxConfig, OutboxError, Signer, Started,
 };
 
 /// A Prometheus histogram: cumulative counts per upper bound, a sum and a count.
@@ -93,6 +93,8 @@ pub(crate) struct Detail {
     pub(crate) dead_by_reason: BTreeMap<&'static str, u64>,
     /// Recipients served, by actor.
     pub(crate) delivered_by_actor: BTreeMap<String, u64>,
+    /// Lanes found unavailable (once per run of failures), by actor.
+    pub(crate) unavailable_by_actor: BTreeMap<String, u64>,
     /// Attempts by outcome.
     pub(crate) attempts: BTreeMap<&'static str, u64>,
     /// Attempt latency (payload read and HTTP exchange), every attempt.
@@ -111,6 +113,7 @@ impl Default for Counters {
             detail: Mutex::new(Detail {
                 dead_by_reason: BTreeMap::new(),
                 delivered_by_actor: BTreeMap::new(),
+                unavailable_by_actor: BTreeMap::new(),
                 attempts: BTreeMap::new(),
                 latency: Histogram::new(LATENCY),
                 queue_wait: Histogram::new(QUEUE_WAIT),
@@ -185,6 +188,7 @@ impl Counters {
         let on_dead = Arc::clone(self);
         let on_attempt = Arc::clone(self);
         let on_start = Arc::clone(self);
+        let on_unavailable = Arc::clone(self);
         Hooks {
             delivered: Some(Box::new(move |d: &Delivered| {
                 on_delivered.delivered.fetch_add(1, Ordering::Relaxed);
@@ -217,6 +221,13 @@ impl Counters {
             })),
             started: Some(Box::new(move |_: &Started<'_>| {
                 on_start.started.fetch_add(1, Ordering::Relaxed);
+            })),
+            lane_unavailable: Some(Box::new(move |l: &LaneUnavailable| {
+                *on_unavailable
+                    .detail()
+                    .unavailable_by_actor
+                    .entry(l.actor.as_str().to_owned())
+                    .or_default() += 1;
             })),
         }
     }

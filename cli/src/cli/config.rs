@@ -258,7 +258,7 @@ mod tests {
         );
         assert!(d.allow_private_destinations);
         assert_eq!(d.max_age, Some(Duration::from_secs(7200)));
-        assert_eq!(d.max_attempts, 12, "built-in default");
+        assert_eq!(d.max_attempts, None, "the schedule's default (12)");
         // The same file serves a command that takes none of it.
         assert!(matches!(
             parse(file, &["status"]).expect("parse").command,

@@ -240,6 +240,7 @@ struct Snapshot {
     in_flight: u64,
     delivered: Vec<(String, u64)>,
     dead_lettered: Vec<(String, u64)>,
+    lanes_unavailable: Vec<(String, u64)>,
     attempts: Vec<(String, u64)>,
     latency: HistogramRow,
     queue_wait: HistogramRow,
@@ -362,6 +363,16 @@ impl Collector for Snapshot {
         )?;
         family(
             &mut e,
+            "outbox_lanes_lanes_unavailable",
+            "Lanes this process found failing for longer than --lane-unavailable-after (once per \
+             run of failures), per actor.",
+            MetricType::Counter,
+            "actor",
+            self.lanes_unavailable.iter().cloned(),
+            counter,
+        )?;
+        family(
+            &mut e,
             "outbox_lanes_dead_lettered",
             "Recipients dead-lettered by this process, per reason.",
             MetricType::Counter,
@@ -461,6 +472,11 @@ pub(crate) fn render(
             .collect(),
         dead_lettered: d
             .dead_by_reason
+            .iter()
+            .map(|(k, n)| (label(k), *n))
+            .collect(),
+        lanes_unavailable: d
+            .unavailable_by_actor
             .iter()
             .map(|(k, n)| (label(k), *n))
             .collect(),
@@ -580,6 +596,11 @@ mod tests {
                 "outbox_lanes_delivered",
                 "counter",
                 "Recipients served by this process, per actor.",
+            ),
+            (
+                "outbox_lanes_lanes_unavailable",
+                "counter",
+                "Lanes this process found failing for longer than --lane-unavailable-after (once per run of failures), per actor.",
             ),
             (
                 "outbox_lanes_dead_lettered",

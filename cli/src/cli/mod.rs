@@ -232,8 +232,14 @@ fn config(d: &DeliveryFlags) -> OutboxConfig {
     let mut c = OutboxConfig::default();
     c.http.timeout = d.timeout;
     c.shutdown_grace = d.shutdown_grace;
-    c.scheduler.max_attempts = d.max_attempts;
-    c.scheduler.pass_attempts = d.pass_attempts;
+    // The named schedule first; the settings given one by one change its values.
+    d.retry_schedule.unwrap_or_default().apply(&mut c.scheduler);
+    if let Some(n) = d.max_attempts {
+        c.scheduler.max_attempts = n;
+    }
+    if let Some(n) = d.pass_attempts {
+        c.scheduler.pass_attempts = n;
+    }
     c.concurrency = d.concurrency as usize;
     c.per_host = d.per_host_concurrency.map(|n| n as usize);
     c.http.addresses = address_policy(d.allow_private_destinations);
@@ -241,8 +247,15 @@ fn config(d: &DeliveryFlags) -> OutboxConfig {
         c.scheduler.retry_delays.clone_from(&d.retry_delays);
     }
     c.scheduler.jitter_percent = d.jitter_percent;
-    c.scheduler.lane_backoff_base = d.backoff_base;
-    c.scheduler.lane_backoff_cap = d.backoff_cap;
+    if let Some(base) = d.backoff_base {
+        c.scheduler.lane_backoff_base = base;
+        // A base given alone doubles per level, as without a named schedule.
+        c.scheduler.backoff_schedule.clear();
+    }
+    if let Some(cap) = d.backoff_cap {
+        c.scheduler.lane_backoff_cap = cap;
+        c.scheduler.backoff_schedule.clear();
+    }
     c.scheduler.retry_after_cap = d.retry_after_cap;
     c.http.retry_after_cap = d.retry_after_cap;
     c.scheduler.max_throttled_level = d.max_throttled_level;
@@ -251,6 +264,7 @@ fn config(d: &DeliveryFlags) -> OutboxConfig {
     c.scheduler.max_bytes = d.max_bytes;
     c.scheduler.max_age = d.max_age;
     c.scheduler.retire_on_gone = d.retire_on_gone;
+    c.scheduler.lane_unavailable_after = d.lane_unavailable_after.0;
     c.lease = d.lease;
     c.time_slice = d.time_slice;
     if let Some(ua) = &d.user_agent {

@@ -36,6 +36,8 @@ impl Scheduler {
         if idle {
             l.not_before = info.not_before;
             l.level = info.level.min(MAX_BACKOFF_LEVEL);
+            l.failing_since = info.failing_since;
+            l.unavailable = info.unavailable;
         }
         l.more = true;
         if let Some(t) = l.not_before.filter(|&t| t > self.now) {

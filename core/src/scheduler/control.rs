@@ -75,6 +75,8 @@ impl Scheduler {
             l.blocked = false;
             l.not_before = control.info.not_before;
             l.level = control.info.level.min(MAX_BACKOFF_LEVEL);
+            l.failing_since = control.info.failing_since;
+            l.unavailable = control.info.unavailable;
             l.known = true;
             if let Some(t) = l.not_before.filter(|&t| t > self.now) {
                 self.timers.push(Reverse((t, Timer::Lane(lane.0))));
@@ -97,6 +99,8 @@ impl Scheduler {
                 not_before: l.not_before,
                 level: l.level,
                 strict: l.strict,
+                failing_since: l.failing_since,
+                unavailable: l.unavailable,
             },
             paused: true,
             pending: true,

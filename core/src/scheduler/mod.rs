@@ -222,6 +222,10 @@ struct Lane {
     /// count in this pass's failures. Only a mark left by an earlier pass stalls the lane at
     /// its next throttle (OL-7).
     throttled_here: bool,
+    /// When its current run of failed attempts began (OL-8).
+    failing_since: Option<Timestamp>,
+    /// Found failing for longer than allowed in this run (OL-8).
+    unavailable: bool,
 }
 
 impl Lane {
@@ -332,6 +336,9 @@ impl Hasher for IdHasher {
 ///             | Command::Hold { .. }
 ///             | Command::LaneBackoff { .. }
 ///             | Command::LaneOpen { .. }
+///             | Command::LaneFailing { .. }
+///             | Command::LaneRestart { .. }
+///             | Command::LaneUnavailable { .. }
 ///             | Command::DeadLetter { .. }
 ///             | Command::RetireLane { .. }
 ///             | Command::HandBack { .. } => {}

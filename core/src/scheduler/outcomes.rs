@@ -89,7 +89,7 @@ impl Scheduler {
                     DeadReason::Permanent
                 };
                 if self.dead_letter_or_block(idx, s, reason) && gone && self.config.retire_on_gone {
-                    self.retire(lane, idx);
+                    self.retire(lane, idx, DeadReason::LaneRetired);
                 }
                 self.finish_if_resolved(idx);
             }
@@ -200,6 +200,11 @@ impl Scheduler {
         counted: bool,
     ) {
         let lane = self.units[idx as usize].slots[s].lane;
+        if counted && self.note_failure(lane) {
+            // Failing for longer than allowed: everything of the lane goes, together (OL-8).
+            self.lane_unavailable(idx, s, retry_after);
+            return;
+        }
         let probe = self.lanes[lane.index()].level > 0;
         // Only an uncounted throttle's count is lost at a pass end: its mark carries it.
         let throttled_before = !counted && self.lanes[lane.index()].throttled_before();
@@ -229,7 +234,10 @@ impl Scheduler {
             retry_at = Some(self.now + delay);
         }
         if exhausted {
-            self.dead_letter_or_block(idx, s, DeadReason::Exhausted);
+            if self.dead_letter_or_block(idx, s, DeadReason::Exhausted) {
+                // The next unit gets a schedule of its own, not the probes this one reached.
+                self.restart_lane(lane);
+            }
             self.finish_if_resolved(idx);
             return;
         }
@@ -244,6 +252,66 @@ impl Scheduler {
             self.retry_pending += 1;
             self.timers.push(Reverse((at, Timer::Retry(idx, u.id))));
         }
+    }
+
+    /// A counted failure on `lane`: the start of a run of failures is noted (and persisted);
+    /// returns whether the run has lasted longer than
+    /// [`Config::lane_unavailable_after`](crate::config::Config::lane_unavailable_after).
+    fn note_failure(&mut self, lane: LaneId) -> bool {
+        let now = self.now;
+        let l = &mut self.lanes[lane.index()];
+        let since = match l.failing_since {
+            Some(since) => since,
+            None => {
+                l.failing_since = Some(now);
+                self.commands.push_back(Command::LaneFailing {
+                    lane,
+                    since: Some(now),
+                });
+                now
+            }
+        };
+        self.config
+            .lane_unavailable_after
+            .is_some_and(|after| now.saturating_duration_since(since) >= after)
+    }
+
+    /// Slot `s` of unit `idx` failed on a lane failing for longer than allowed (OL-8): the
+    /// lane is marked unavailable (once per run), it backs off as after a failed probe, the
+    /// unit is dead-lettered `lane_unavailable` (a strict lane blocks on it instead) and so
+    /// is every other pending unit of the lane, together. Units that reach the lane later
+    /// wait for its next probe: an answer makes it available again, a failure sets them
+    /// aside too.
+    fn lane_unavailable(&mut self, idx: u32, s: usize, retry_after: Option<Duration>) {
+        let lane = self.units[idx as usize].slots[s].lane;
+        let l = &mut self.lanes[lane.index()];
+        if !l.unavailable {
+            l.unavailable = true;
+            let since = l.failing_since.unwrap_or(self.now);
+            self.commands
+                .push_back(Command::LaneUnavailable { lane, since });
+        }
+        let retry_after = retry_after.map(|d| d.min(self.config.retry_after_cap));
+        self.extend_backoff(lane, retry_after);
+        if self.dead_letter_or_block(idx, s, DeadReason::LaneUnavailable) {
+            self.retire(lane, idx, DeadReason::LaneUnavailable);
+        }
+        self.finish_if_resolved(idx);
+    }
+
+    /// `lane`'s head was dead-lettered after its attempts (OL-8): the lane starts over at
+    /// level 0 with no backoff, so its next unit is tried on a schedule of its own; its run
+    /// of failures goes on (the unavailable rule counts from its start).
+    fn restart_lane(&mut self, lane: LaneId) {
+        let l = &mut self.lanes[lane.index()];
+        if l.level == 0 && l.not_before.is_none() {
+            return;
+        }
+        l.level = 0;
+        l.not_before = None;
+        l.throttled_here = false;
+        self.commands.push_back(Command::LaneRestart { lane });
+        self.queue_for_claim(lane);
     }
 
     /// Puts `lane` in backoff one level further (up to [`MAX_BACKOFF_LEVEL`]) for the lane
@@ -313,10 +381,12 @@ impl Scheduler {
         true
     }
 
-    /// 410 Gone with `retire_on_gone`: every pending unit of `lane` is dead-lettered by the
-    /// store; here they are dropped from the lane.
-    pub(super) fn retire(&mut self, lane: LaneId, head: u32) {
-        self.commands.push_back(Command::RetireLane { lane });
+    /// 410 Gone with `retire_on_gone`, or a lane found unavailable: every pending unit of
+    /// `lane` is dead-lettered by the store with `reason`; here they are dropped from the
+    /// lane.
+    pub(super) fn retire(&mut self, lane: LaneId, head: u32, reason: DeadReason) {
+        self.commands
+            .push_back(Command::RetireLane { lane, reason });
         // A joined unit this lane's read reached but that is not admitted yet lost this
         // recipient too: it must not be posted to it when it is admitted. First: a unit
         // finished below frees room, which admits complete joined units at once.
@@ -343,6 +413,14 @@ impl Scheduler {
     /// A recipient answered on `lane`: end its backoff, or its throttle (a `not_before` at
     /// level 0: the next throttle is a first one again, OL-7).
     pub(super) fn reopen_lane(&mut self, lane: LaneId) {
+        let l = &mut self.lanes[lane.index()];
+        if l.failing_since.is_some() || l.unavailable {
+            // The run of failures ends: the lane is available again.
+            l.failing_since = None;
+            l.unavailable = false;
+            self.commands
+                .push_back(Command::LaneFailing { lane, since: None });
+        }
         let l = &mut self.lanes[lane.index()];
         if l.level > 0 || l.stalled || l.not_before.is_some() {
             l.level = 0;

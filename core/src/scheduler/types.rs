@@ -83,6 +83,13 @@ pub struct LaneInfo {
     pub level: u32,
     /// Strict lanes block on a failing head instead of dead-lettering it (OL-8).
     pub strict: bool,
+    /// When its current run of failed attempts began (`None`: its last attempt was
+    /// answered, or none failed) — across its heads: a unit dead-lettered `exhausted` does not
+    /// end the run (OL-8).
+    pub failing_since: Option<Timestamp>,
+    /// It was found failing for longer than
+    /// [`Config::lane_unavailable_after`](crate::config::Config::lane_unavailable_after).
+    pub unavailable: bool,
 }
 
 /// A lane's persisted state read again during a pass because an operator acted on it (pause,
@@ -199,10 +206,36 @@ pub enum Command {
         /// The backoff level.
         level: u32,
     },
-    /// The lane answered again: clear its persisted backoff.
+    /// The lane answered again: clear its persisted backoff (and its run of failures, with
+    /// a [`Command::LaneFailing`] of `None` before it when it had one).
     LaneOpen {
         /// The lane.
         lane: LaneId,
+    },
+    /// Persist when the lane's current run of failed attempts began (`Some`: at its first
+    /// failure), or that it ended (`None`, before a [`Command::LaneOpen`]: the lane answered;
+    /// it is available again).
+    LaneFailing {
+        /// The lane.
+        lane: LaneId,
+        /// When the run began.
+        since: Option<Timestamp>,
+    },
+    /// The lane's head was dead-lettered after its attempts (OL-8): the lane starts over,
+    /// level 0 and no backoff persisted, so that its next unit gets a schedule of its own
+    /// (its run of failures goes on).
+    LaneRestart {
+        /// The lane.
+        lane: LaneId,
+    },
+    /// The lane has been failing for longer than allowed: persist that it is unavailable
+    /// (once per run of failures; a [`Command::RetireLane`] with
+    /// [`DeadReason::LaneUnavailable`] follows).
+    LaneUnavailable {
+        /// The lane.
+        lane: LaneId,
+        /// When its run of failures began.
+        since: Timestamp,
     },
     /// Move `unit` (for `lane`'s recipient) to the dead letters. It must be durable before
     /// the runtime executes the next command (OL-16).
@@ -214,11 +247,13 @@ pub enum Command {
         /// Why.
         reason: DeadReason,
     },
-    /// Dead-letter every pending unit of `lane` as `lane_retired` (410 Gone, OL-9). Durable
-    /// before the next command.
+    /// Dead-letter every pending unit of `lane` with `reason`: `lane_retired` (410 Gone,
+    /// OL-9) or `lane_unavailable` (OL-8). Durable before the next command.
     RetireLane {
         /// The lane.
         lane: LaneId,
+        /// The dead letters' reason.
+        reason: DeadReason,
     },
     /// `unit` goes back to the store unchanged: its lease is released and it keeps its
     /// position (OL-10, OL-14).

@@ -171,18 +171,28 @@ impl ModelStore {
                 e.not_before = Some(not_before);
                 e.level = level;
             }
-            Command::LaneOpen { lane } => {
+            Command::LaneOpen { lane } | Command::LaneRestart { lane } => {
                 let e = self.lane_state.entry(lane).or_default();
                 e.not_before = None;
                 e.level = 0;
+            }
+            Command::LaneFailing { lane, since } => {
+                let e = self.lane_state.entry(lane).or_default();
+                e.failing_since = since;
+                if since.is_none() {
+                    e.unavailable = false;
+                }
+            }
+            Command::LaneUnavailable { lane, .. } => {
+                self.lane_state.entry(lane).or_default().unavailable = true;
             }
             Command::DeadLetter { unit, lane, reason } => {
                 self.dead.push((unit, lane, reason));
                 self.resolve(unit, lane);
             }
-            Command::RetireLane { lane } => {
+            Command::RetireLane { lane, reason } => {
                 for id in self.unresolved_in(lane) {
-                    self.dead.push((id, lane, DeadReason::LaneRetired));
+                    self.dead.push((id, lane, reason));
                     self.resolve(id, lane);
                 }
             }
@@ -196,9 +206,9 @@ impl ModelStore {
     /// that recipient delivered).
     pub fn apply_exact(&mut self, cmd: &Command) {
         match *cmd {
-            Command::RetireLane { lane } => {
+            Command::RetireLane { lane, reason } => {
                 for id in self.unresolved_in(lane) {
-                    self.dead.push((id, lane, DeadReason::LaneRetired));
+                    self.dead.push((id, lane, reason));
                     self.resolve(id, lane);
                 }
             }
@@ -461,10 +471,26 @@ impl World {
                 not_before.saturating_duration_since(T0).as_secs_f64()
             ),
             Command::LaneOpen { lane } => write!(s, "open {}", n(lane)),
+            Command::LaneFailing {
+                lane,
+                since: Some(since),
+            } => write!(
+                s,
+                "failing {} since +{}s",
+                n(lane),
+                since.saturating_duration_since(T0).as_secs_f64()
+            ),
+            Command::LaneFailing { lane, since: None } => write!(s, "answering {}", n(lane)),
+            Command::LaneRestart { lane } => write!(s, "restart {}", n(lane)),
+            Command::LaneUnavailable { lane, .. } => write!(s, "unavailable {}", n(lane)),
             Command::DeadLetter { unit, lane, reason } => {
                 write!(s, "dead {unit:?} {} {reason}", n(lane))
             }
-            Command::RetireLane { lane } => write!(s, "retire {}", n(lane)),
+            Command::RetireLane {
+                lane,
+                reason: DeadReason::LaneRetired,
+            } => write!(s, "retire {}", n(lane)),
+            Command::RetireLane { lane, reason } => write!(s, "retire {} {reason}", n(lane)),
             Command::HandBack { unit } => write!(s, "back {unit:?}"),
         }
         .expect("writing to a String");
