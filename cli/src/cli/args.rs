@@ -278,9 +278,10 @@ pub(crate) struct DeliveryFlags {
     pub(crate) host_backoff_cap: Duration,
 
     /// Dead-letter (reason `host_unavailable`) the pending units of a host that has failed at
-    /// the connection level continuously for this long: `7d`. Default: never.
-    #[arg(long, value_parser = parse_timeout, env = "OUTBOX_LANES_HOST_UNAVAILABLE_AFTER")]
-    pub(crate) host_unavailable_after: Option<Duration>,
+    /// the connection level continuously for this long (its lanes' attempts wait for the
+    /// host's probes meanwhile, so they never fail on their own). `off`: never.
+    #[arg(long, value_parser = parse_off_duration, default_value = "7d", env = "OUTBOX_LANES_HOST_UNAVAILABLE_AFTER")]
+    pub(crate) host_unavailable_after: Off,
 
     /// Send every delivery through this proxy: `http://host:port` (an `http://` recipient is
     /// asked of it in absolute form, an `https://` one through a `CONNECT` tunnel, TLS to the

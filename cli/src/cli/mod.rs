@@ -284,7 +284,7 @@ fn config(d: &DeliveryFlags) -> OutboxConfig {
     c.hosts.first_contact = d.host_first_contact;
     c.hosts.backoff_base = d.host_backoff_base;
     c.hosts.backoff_cap = d.host_backoff_cap.max(d.host_backoff_base);
-    c.hosts.unavailable_after = d.host_unavailable_after;
+    c.hosts.unavailable_after = d.host_unavailable_after.0;
     c.hosts.spec_retry = d.signature_retry_after;
     c
 }

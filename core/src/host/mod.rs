@@ -112,7 +112,10 @@ pub struct HostConfig {
     /// Jitter of host backoffs and deferrals, in percent. Default 20.
     pub jitter_percent: u32,
     /// Units of a host failing at the connection level for this long are set aside
-    /// (`host_unavailable`). Default `None`: never.
+    /// (`host_unavailable`): its lanes' attempts are deferred to the host's probes meanwhile,
+    /// so they would never reach the lanes' own unavailable rule. Default 7 days
+    /// ([`DEFAULT_LANE_UNAVAILABLE_AFTER`](crate::config::DEFAULT_LANE_UNAVAILABLE_AFTER));
+    /// `None`: never.
     pub unavailable_after: Option<Duration>,
     /// The window of attempts in flight a host starts with: what a host that has not
     /// answered yet takes at once (a dead host with 200 lanes is tried by that many).
@@ -142,7 +145,7 @@ impl Default for HostConfig {
             backoff_base: DEFAULT_HOST_BACKOFF,
             backoff_cap: DEFAULT_HOST_BACKOFF_CAP,
             jitter_percent: 20,
-            unavailable_after: None,
+            unavailable_after: Some(crate::config::DEFAULT_LANE_UNAVAILABLE_AFTER),
             first_contact: DEFAULT_FIRST_CONTACT,
             max_in_flight: u32::MAX,
             probe_wait: Duration::from_secs(5),
