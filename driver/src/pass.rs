@@ -109,7 +109,7 @@ use outbox_lanes_core::{
 };
 use outbox_lanes_store::{
     AttemptRecord, ChangedLane, ClaimRange, ClaimedLane, ControlRead, DeadLetterRequest, Payload,
-    SlotToken, Store, StoreError, StoreLaneId, WrittenDeadLetter,
+    PendingLane, SlotToken, Store, StoreError, StoreLaneId, WrittenDeadLetter,
 };
 use tracing::{debug, info, trace, warn};
 
@@ -1090,13 +1090,7 @@ impl PassCore {
         let mut known = Vec::new();
         for cl in changed {
             let s = &cl.state;
-            let info = LaneInfo {
-                not_before: s.not_before,
-                level: s.backoff_level,
-                strict: s.strict,
-                failing_since: s.failing_since,
-                unavailable: s.unavailable_since.is_some(),
-            };
+            let info = lane_info(s);
             let Some(&lane) = self.lanes.get(&s.lane) else {
                 if !s.paused && cl.pending {
                     // Resumed, say: read it as a discovery would.
@@ -1207,17 +1201,7 @@ impl PassCore {
             if waits {
                 self.waiting.entry(lane).or_insert(info.backoff_level);
             }
-            self.sched.handle_lane(
-                lane,
-                LaneInfo {
-                    not_before: info.not_before,
-                    level: info.backoff_level,
-                    strict: info.strict,
-                    failing_since: info.failing_since,
-                    unavailable: info.unavailable_since.is_some(),
-                },
-                t,
-            );
+            self.sched.handle_lane(lane, lane_info(&info), t);
         }
         Ok(())
     }
@@ -1816,6 +1800,17 @@ impl PassCore {
             .remove(&unit)
             .map(|u| u.row_id)
             .unwrap_or_default()
+    }
+}
+
+/// The scheduler's view of a lane's persisted state, as a discovery or a lane control read it.
+fn lane_info(s: &PendingLane) -> LaneInfo {
+    LaneInfo {
+        not_before: s.not_before,
+        level: s.backoff_level,
+        strict: s.strict,
+        failing_since: s.failing_since,
+        unavailable: s.unavailable_since.is_some(),
     }
 }
 

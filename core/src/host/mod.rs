@@ -501,9 +501,9 @@ impl HostBook {
             let wait = jittered(wait, cfg.jitter_percent, &mut self.rng).max(wait);
             return HostAnswer::Defer { wait, why };
         }
-        if h.in_flight < limit(cfg, h, now) {
+        let knock = plan(cfg, h, now);
+        if h.in_flight < limit(cfg, h, &knock) {
             h.in_flight += 1;
-            let knock = plan(cfg, h, now);
             return HostAnswer::Go(HostTicket {
                 host,
                 probe: false,
@@ -725,17 +725,13 @@ impl HostBook {
     }
 }
 
-/// Whether `h`'s scheme is being learned: the double-knock applies, the scheme is not known
-/// (or a cavage host is due for its RFC 9421 trial), and a second request may be tried.
-fn learning(cfg: &HostConfig, h: &Host, now: Timestamp) -> bool {
-    let p = plan(cfg, h, now);
-    cfg.signing == Signing::Auto && !p.known && p.fallback.is_some()
-}
-
-/// Attempts `h` may have in flight: one while its scheme is learned or after a connection
+/// Attempts `h` may have in flight, with `knock` the plan of an attempt to it now: one while
+/// its scheme is learned (the double-knock applies, the scheme is not known or a cavage host
+/// is due for its RFC 9421 trial, and a second request may be tried) or after a connection
 /// failure (what is in flight tells first), else its window.
-fn limit(cfg: &HostConfig, h: &Host, now: Timestamp) -> u32 {
-    if learning(cfg, h, now) || (cfg.failures > 0 && h.shared.failures > 0) {
+fn limit(cfg: &HostConfig, h: &Host, knock: &KnockPlan) -> u32 {
+    let learning = cfg.signing == Signing::Auto && !knock.known && knock.fallback.is_some();
+    if learning || (cfg.failures > 0 && h.shared.failures > 0) {
         1
     } else {
         h.window.max(1)
