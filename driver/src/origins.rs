@@ -388,15 +388,10 @@ thread_local! {
 }
 
 fn dispatch_now(shared: &Arc<Shared>, jobs: VecDeque<(Job, Next)>, now: Timestamp) {
-    for (mut job, next) in jobs {
+    for (job, next) in jobs {
         match next {
             Next::Answer(HostAnswer::Go(ticket)) => {
-                job.origin = Some(ticket_for(shared, &job, ticket));
-                if let Err(mut job) = shared.inner.execute(job) {
-                    if let Some(t) = job.origin.take() {
-                        let t = t.disarm();
-                        shared.lock().book.handle_unsent(t);
-                    }
+                if let Err(job) = send(shared, job, ticket) {
                     job.finish(not_sent("delivery workers stopped"));
                 }
             }
@@ -413,12 +408,24 @@ fn dispatch_now(shared: &Arc<Shared>, jobs: VecDeque<(Job, Next)>, now: Timestam
     }
 }
 
-fn ticket_for(shared: &Arc<Shared>, job: &Job, ticket: HostTicket) -> OriginTicket {
-    OriginTicket::new(
+/// Hands `job` to the inner executor under `ticket`. A job it refuses (it stopped) comes back
+/// unrun: its place is given back to the book, nothing counted (and, unlike a ticket's end,
+/// no waiting job is let go from here: the caller decides what becomes of this one).
+// The job comes back by value on the rare refusal, as from `Executor::execute`.
+#[allow(clippy::result_large_err)]
+fn send(shared: &Arc<Shared>, mut job: Job, ticket: HostTicket) -> Result<(), Job> {
+    job.origin = Some(OriginTicket::new(
         Arc::clone(shared) as Arc<dyn TicketSink>,
         ticket,
         Arc::clone(job.recipient.origin()),
-    )
+    ));
+    shared.inner.execute(job).map_err(|mut job| {
+        if let Some(t) = job.origin.take() {
+            let t = t.disarm();
+            shared.lock().book.handle_unsent(t);
+        }
+        job
+    })
 }
 
 impl TicketSink for Shared {
@@ -463,16 +470,7 @@ impl Executor for OriginGate {
             dispatch(&self.shared, vec![(job, Next::Answer(answer))], now);
             return Ok(());
         };
-        let mut job = job;
-        job.origin = Some(ticket_for(&self.shared, &job, ticket));
-        self.shared.inner.execute(job).map_err(|mut job| {
-            // Unrun: its place is given back, nothing counted.
-            if let Some(t) = job.origin.take() {
-                let t = t.disarm();
-                self.shared.lock().book.handle_unsent(t);
-            }
-            job
-        })
+        send(&self.shared, job, ticket)
     }
 
     fn shutdown(&self) {
