@@ -10,6 +10,7 @@
 //! - [`MonitorBook`]: which actors to drain after a wake-up or a poll tick.
 //! - [`PassSession`] and [`DrainSession`]: one pass's lifecycle (lease renewal, time slice,
 //!   shutdown grace, its end) and the drain-slot protocol around passes.
+//! - [`budget::BudgetBook`]: the in-flight budget of a process shared fairly between actors.
 //! - [`host::HostBook`]: the hosts of a process — health, each host's share of the in-flight
 //!   budget, the operator's blocks and the signature double-knock.
 //! - [`policy`]: status classification, Retry-After, recipient URLs, the SSRF address policy.
@@ -21,6 +22,7 @@ extern crate alloc;
 #[cfg(feature = "std")]
 extern crate std;
 
+pub mod budget;
 pub mod config;
 pub mod host;
 pub mod ids;

@@ -28,6 +28,10 @@ pub struct OutboxConfig {
     /// process, whichever actors they come from; `None`: no cap but `concurrency`. Attempts
     /// past the cap wait in the host's queue without holding a worker ([`crate::HostCaps`]).
     pub per_host: Option<usize>,
+    /// How `concurrency` is shared between actors ([`crate::FairShares`]): an actor above
+    /// its fair share leaves this many places free for the others. Default
+    /// [`Reserve::Auto`](crate::Reserve::Auto): a tenth, once a second actor was seen.
+    pub reserve: crate::budget::Reserve,
     /// How hosts are judged: health, each host's share of the attempts in flight, the
     /// signature double-knock ([`outbox_lanes_core::host`], executed by [`crate::origins`]).
     /// Its `max_in_flight` is replaced by [`OutboxConfig::concurrency`], its `knock_on_5xx`
@@ -65,6 +69,7 @@ impl Default for OutboxConfig {
             http: HttpConfig::default(),
             concurrency: DEFAULT_CONCURRENCY,
             per_host: None,
+            reserve: crate::budget::Reserve::Auto,
             hosts: crate::origins::OriginConfig::default(),
             lease: Duration::from_secs(30),
             time_slice: Duration::from_secs(10),

@@ -63,6 +63,8 @@ pub struct Job {
     live: Arc<AtomicBool>,
     /// The job's place under its host's cap ([`crate::HostCaps`]), freed when it is dropped.
     pub(crate) permit: Option<crate::ticket::HostPermit>,
+    /// Its place in the process's in-flight budget, once [`FairShares`](crate::FairShares) gave it one.
+    pub(crate) budget: Option<crate::ticket::BudgetPermit>,
     /// The job's place under its origin's gate ([`crate::OriginGate`]): its completion is
     /// counted for the origin's health.
     pub(crate) origin: Option<crate::ticket::OriginTicket>,
@@ -117,6 +119,7 @@ impl Job {
             sink: Some(sink),
             live,
             permit: None,
+            budget: None,
             origin: None,
         }
     }

@@ -33,6 +33,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod ack;
+mod budget;
 pub mod clock;
 mod config;
 mod control;
@@ -55,6 +56,7 @@ mod ticket;
 pub mod ureq_client;
 
 pub use crate::ack::{AckWriter, AckWriterOptions};
+pub use crate::budget::{FairShares, Reserve};
 pub use crate::config::{DEFAULT_CONCURRENCY, OutboxConfig};
 pub use crate::control::{ControlSubscription, DrainControl, Signal};
 pub use crate::error::OutboxError;

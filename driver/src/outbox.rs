@@ -72,7 +72,8 @@ impl std::fmt::Debug for OutboxCore {
 }
 
 impl OutboxCore {
-    /// Starts the ack writer, puts the per-host caps (if configured) and the origin gate
+    /// Starts the ack writer, puts the fair shares of the budget between actors
+    /// ([`FairShares`](crate::FairShares)), the per-host caps (if configured) and the origin gate
     /// ([`OriginGate`], shared through the store) in front of `executor`.
     ///
     /// # Errors
@@ -97,6 +98,12 @@ impl OutboxCore {
             },
         )
         .map_err(OutboxError::Spawn)?;
+        // Innermost: a place in the budget is taken only by an attempt that goes now.
+        let executor: Arc<dyn Executor> = Arc::new(crate::budget::FairShares::new(
+            executor,
+            config.concurrency,
+            config.reserve,
+        ));
         let executor: Arc<dyn Executor> = match config.per_host {
             Some(cap) => Arc::new(HostCaps::new(executor, cap)),
             None => executor,

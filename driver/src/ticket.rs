@@ -8,8 +8,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use outbox_lanes_core::Outcome;
 use outbox_lanes_core::host::{HostEnd, HostTicket, KnockPlan, KnockReport, SignatureSpec};
+use outbox_lanes_core::{ActorId, Outcome};
 
 use crate::http::AttemptResult;
 
@@ -195,6 +195,49 @@ impl Drop for HostPermit {
     fn drop(&mut self) {
         if let Some(host) = self.host.take() {
             Arc::clone(&self.sink).release(host);
+        }
+    }
+}
+
+/// Where a [`BudgetPermit`] goes back: the fair shares of the in-flight budget.
+pub(crate) trait BudgetSink: Send + Sync {
+    /// A place `actor` held is free.
+    fn release(self: Arc<Self>, actor: ActorId);
+}
+
+/// A job's place in the process's in-flight budget ([`FairShares`](crate::FairShares));
+/// dropping it (the job finished, or was dropped unrun) frees the place.
+pub(crate) struct BudgetPermit {
+    sink: Arc<dyn BudgetSink>,
+    actor: Option<ActorId>,
+}
+
+impl std::fmt::Debug for BudgetPermit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BudgetPermit")
+            .field("actor", &self.actor)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BudgetPermit {
+    pub(crate) fn new(sink: Arc<dyn BudgetSink>, actor: ActorId) -> Self {
+        BudgetPermit {
+            sink,
+            actor: Some(actor),
+        }
+    }
+
+    /// Keeps the place: dropped, the permit frees nothing (its holder passes it on).
+    pub(crate) fn disarm(&mut self) {
+        self.actor = None;
+    }
+}
+
+impl Drop for BudgetPermit {
+    fn drop(&mut self) {
+        if let Some(actor) = self.actor.take() {
+            Arc::clone(&self.sink).release(actor);
         }
     }
 }

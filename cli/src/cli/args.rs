@@ -101,6 +101,13 @@ pub(crate) struct DeliveryFlags {
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096), env = "OUTBOX_LANES_PER_HOST_CONCURRENCY")]
     pub(crate) per_host_concurrency: Option<u32>,
 
+    /// Places of --concurrency an actor above its fair share leaves free, so that another
+    /// actor's next delivery starts at once beside a flooding one. Default: a tenth of
+    /// --concurrency, kept once a second actor was seen (a process serving one actor lends it
+    /// all); a number is kept from the start; 0 shares fairly without a reserve.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=65535), env = "OUTBOX_LANES_ACTOR_RESERVE")]
+    pub(crate) actor_reserve: Option<u32>,
+
     /// Allow loopback and private-range destinations (refused by default: SSRF guard).
     /// Link-local addresses and cloud metadata services (169.254.169.254, fd00:ec2::254,
     /// 100.100.100.200, 168.63.129.16, ...) stay refused.

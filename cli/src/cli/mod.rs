@@ -21,7 +21,9 @@ use anyhow::Context as _;
 use outbox_lanes_core::policy::AddressPolicy;
 use outbox_lanes_core::{ActorId, LaneKey, Timestamp};
 use outbox_lanes_store::{CommonOptions, DeadLetterFilter, DeadLetterId, DeadLetterSelection};
-use outbox_lanes_tokio::{DrainControl, DrainOutcome, OutboxConfig, OutboxError, PassReport};
+use outbox_lanes_tokio::{
+    DrainControl, DrainOutcome, OutboxConfig, OutboxError, PassReport, Reserve,
+};
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
@@ -242,6 +244,9 @@ fn config(d: &DeliveryFlags) -> OutboxConfig {
     }
     c.concurrency = d.concurrency as usize;
     c.per_host = d.per_host_concurrency.map(|n| n as usize);
+    c.reserve = d
+        .actor_reserve
+        .map_or(Reserve::Auto, |n| Reserve::Places(n as usize));
     c.http.addresses = address_policy(d.allow_private_destinations);
     if !d.retry_delays.is_empty() {
         c.scheduler.retry_delays.clone_from(&d.retry_delays);
