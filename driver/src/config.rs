@@ -32,6 +32,9 @@ pub struct OutboxConfig {
     /// its fair share leaves this many places free for the others. Default
     /// [`Reserve::Auto`](crate::Reserve::Auto): a tenth, once a second actor was seen.
     pub reserve: crate::budget::Reserve,
+    /// Requests-per-second limits per endpoint and per host ([`crate::RateLimits`]). Default
+    /// none.
+    pub rates: crate::rates::RateLimits,
     /// How hosts are judged: health, each host's share of the attempts in flight, the
     /// signature double-knock ([`outbox_lanes_core::host`], executed by [`crate::origins`]).
     /// Its `max_in_flight` is replaced by [`OutboxConfig::concurrency`], its `knock_on_5xx`
@@ -70,6 +73,7 @@ impl Default for OutboxConfig {
             concurrency: DEFAULT_CONCURRENCY,
             per_host: None,
             reserve: crate::budget::Reserve::Auto,
+            rates: crate::rates::RateLimits::default(),
             hosts: crate::origins::OriginConfig::default(),
             lease: Duration::from_secs(30),
             time_slice: Duration::from_secs(10),

@@ -47,6 +47,7 @@ mod job;
 pub mod origins;
 mod outbox;
 pub mod pass;
+mod rates;
 pub mod request;
 pub mod sign;
 #[cfg(test)]
@@ -68,6 +69,7 @@ pub use crate::job::{Completions, Done, Executor, Job};
 pub use crate::origins::{OriginConfig, OriginGate};
 pub use crate::outbox::{DrainOutcome, OutboxCore, drain_outcome, store_released};
 pub use crate::pass::PassReport;
+pub use crate::rates::{RateLimits, RatesFileError};
 pub use crate::request::AttemptKnock;
 pub use crate::request::{Destination, Request, RequestPolicy};
 pub use crate::sign::Signer;
