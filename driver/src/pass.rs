@@ -326,6 +326,9 @@ pub struct PassCore {
     control: ControlRead,
     /// No round ran yet.
     first_round: bool,
+    /// The endpoints' rate limits, and the memory of their last starts this process shares
+    /// between passes (OL-23).
+    rates: crate::rates::RateLimits,
 }
 
 /// Reads of the lane controls one round makes at most before it leaves its starts for the
@@ -439,6 +442,7 @@ impl PassCore {
             resolved: 0,
             control,
             first_round: true,
+            rates: config.rates.clone(),
         }
     }
 
@@ -638,6 +642,36 @@ impl PassCore {
     pub fn handle_cancel(&mut self, now: Timestamp) {
         self.session.handle_cancel(now);
         self.take_session_actions(now);
+    }
+
+    /// The scheduler's view of a lane's persisted state, as a discovery or a lane control
+    /// read it, with its endpoint's pace and the process's memory of its last start.
+    fn lane_info(&self, s: &PendingLane) -> LaneInfo {
+        let recipient = s.key.recipient();
+        let pace = self.rates.endpoint_interval(self.actor.as_str(), recipient);
+        LaneInfo {
+            not_before: s.not_before,
+            level: s.backoff_level,
+            strict: s.strict,
+            failing_since: s.failing_since,
+            unavailable: s.unavailable_since.is_some(),
+            pace,
+            paced_until: pace.and_then(|_| self.rates.paced_until(self.actor.as_str(), recipient)),
+        }
+    }
+
+    /// An attempt of `lane` starts: a paced endpoint's next start is remembered for the
+    /// passes after this one.
+    fn paced_start(&self, lane: LaneId) {
+        if self.rates.is_empty() {
+            return;
+        }
+        let recipient = self.recipient(lane);
+        if let Some(pace) = self.rates.endpoint_interval(self.actor.as_str(), recipient) {
+            let t = now();
+            self.rates
+                .started(self.actor.as_str(), recipient, t.saturating_add(pace), t);
+        }
     }
 
     fn recipient(&self, lane: LaneId) -> &str {
@@ -1090,7 +1124,7 @@ impl PassCore {
         let mut known = Vec::new();
         for cl in changed {
             let s = &cl.state;
-            let info = lane_info(s);
+            let info = self.lane_info(s);
             let Some(&lane) = self.lanes.get(&s.lane) else {
                 if !s.paused && cl.pending {
                     // Resumed, say: read it as a discovery would.
@@ -1201,7 +1235,8 @@ impl PassCore {
             if waits {
                 self.waiting.entry(lane).or_insert(info.backoff_level);
             }
-            self.sched.handle_lane(lane, lane_info(&info), t);
+            let lane_info = self.lane_info(&info);
+            self.sched.handle_lane(lane, lane_info, t);
         }
         Ok(())
     }
@@ -1468,6 +1503,7 @@ impl PassCore {
                         return;
                     }
                 }
+                self.paced_start(lane);
                 starts.push(Start {
                     unit,
                     lane,
@@ -1800,17 +1836,6 @@ impl PassCore {
             .remove(&unit)
             .map(|u| u.row_id)
             .unwrap_or_default()
-    }
-}
-
-/// The scheduler's view of a lane's persisted state, as a discovery or a lane control read it.
-fn lane_info(s: &PendingLane) -> LaneInfo {
-    LaneInfo {
-        not_before: s.not_before,
-        level: s.backoff_level,
-        strict: s.strict,
-        failing_since: s.failing_since,
-        unavailable: s.unavailable_since.is_some(),
     }
 }
 

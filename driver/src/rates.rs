@@ -34,7 +34,9 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
-use outbox_lanes_core::LaneKey;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use outbox_lanes_core::{LaneKey, Timestamp};
 
 /// The least time between two starts at `per_second` (at least a microsecond).
 fn interval(per_second: f64) -> Duration {
@@ -42,12 +44,20 @@ fn interval(per_second: f64) -> Duration {
 }
 
 /// The rate limits of a process: endpoints (per actor, per recipient, by default) and hosts.
-#[derive(Clone, Debug, Default, PartialEq)]
+///
+/// A clone shares the memory of the endpoints' last starts: the passes of one process (each
+/// a new scheduler) keep an endpoint's pace across their boundaries.
+#[derive(Clone, Debug, Default)]
 pub struct RateLimits {
     default_endpoint: Option<Duration>,
     actors: HashMap<String, ActorRates>,
     hosts: HashMap<String, Duration>,
+    /// Paced endpoints' next allowed start, by (actor, recipient), as passes started them.
+    next: Arc<Mutex<HashMap<(String, String), Timestamp>>>,
 }
+
+/// Remembered starts beyond which the memory drops those already past.
+const REMEMBERED: usize = 4096;
 
 #[derive(Clone, Debug, Default, PartialEq)]
 struct ActorRates {
@@ -76,6 +86,11 @@ impl RateLimits {
     /// Whether no limit is set.
     pub fn is_empty(&self) -> bool {
         self.default_endpoint.is_none() && self.actors.is_empty() && self.hosts.is_empty()
+    }
+
+    /// Whether a default for every endpoint is set.
+    pub fn has_default_endpoint(&self) -> bool {
+        self.default_endpoint.is_some()
     }
 
     /// Every endpoint at most `per_second` requests per second, unless a more specific
@@ -142,6 +157,26 @@ impl RateLimits {
         a.and_then(|a| a.recipients.get(recipient).copied())
             .or_else(|| a.and_then(|a| a.per_endpoint))
             .or(self.default_endpoint)
+    }
+
+    /// An attempt to `actor`'s paced endpoint `recipient` started: the next may start at
+    /// `next` (in any pass of this process).
+    pub fn started(&self, actor: &str, recipient: &str, next: Timestamp, now: Timestamp) {
+        let mut m = self.next.lock().unwrap_or_else(PoisonError::into_inner);
+        if m.len() >= REMEMBERED {
+            m.retain(|_, t| *t > now);
+        }
+        m.insert((actor.to_owned(), recipient.to_owned()), next);
+    }
+
+    /// When `actor`'s endpoint `recipient` may start again, if a pass of this process
+    /// started it less than its pace ago.
+    pub fn paced_until(&self, actor: &str, recipient: &str) -> Option<Timestamp> {
+        if self.is_empty() {
+            return None;
+        }
+        let m = self.next.lock().unwrap_or_else(PoisonError::into_inner);
+        m.get(&(actor.to_owned(), recipient.to_owned())).copied()
     }
 
     /// The least time between two attempt starts to the host of `origin`

@@ -46,8 +46,8 @@ pub use outbox_lanes_driver::engine::Stopped;
 use outbox_lanes_driver::engine::{self, Runtime};
 pub use outbox_lanes_driver::{
     Attempted, DeadLettered, Delivered, DrainControl, DrainOutcome, Hooks, HostCaps,
-    LaneUnavailable, OriginConfig, OutboxConfig, OutboxError, PassReport, Reserve, SignatureMode,
-    Signer, Started,
+    LaneUnavailable, OriginConfig, OutboxConfig, OutboxError, PassReport, RateLimits, Reserve,
+    SignatureMode, Signer, Started,
 };
 use outbox_lanes_driver::{Executor, Job, OutboxCore};
 pub use outbox_lanes_driver::{core, sign, store};

@@ -69,8 +69,8 @@ pub use outbox_lanes_driver::sign::{self, Signer};
 pub use outbox_lanes_driver::store;
 pub use outbox_lanes_driver::{
     Attempted, DeadLettered, Delivered, DrainControl, DrainOutcome, Hooks, HttpConfig,
-    LaneUnavailable, OriginConfig, OutboxConfig, OutboxError, PassReport, Reserve, SignatureMode,
-    Started,
+    LaneUnavailable, OriginConfig, OutboxConfig, OutboxError, PassReport, RateLimits, Reserve,
+    SignatureMode, Started,
 };
 use outbox_lanes_driver::{Executor, OutboxCore};
 use outbox_lanes_store::{ActorStatus, DeadLetter, Enqueued, LaneStatus, NewRow, Store};

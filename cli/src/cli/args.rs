@@ -108,6 +108,19 @@ pub(crate) struct DeliveryFlags {
     #[arg(long, value_parser = clap::value_parser!(u32).range(0..=65535), env = "OUTBOX_LANES_ACTOR_RESERVE")]
     pub(crate) actor_reserve: Option<u32>,
 
+    /// Requests-per-second limits from this TOML file: `[default] per_endpoint = N`,
+    /// `[actors."<actor>"] per_endpoint = N`, `[actors."<actor>".recipients."<url>"]
+    /// per_second = N`, `[hosts."https://host"] per_second = N` (fractions allowed). An
+    /// endpoint's attempts start at least 1/N s apart; a host's, whichever actors they come
+    /// from. Read at start; a wrong entry stops drain and relay (exit 2), naming it.
+    #[arg(long, env = "OUTBOX_LANES_RATE_LIMITS", value_name = "FILE")]
+    pub(crate) rate_limits: Option<PathBuf>,
+
+    /// Every endpoint (an actor's recipient) at most this many requests per second, unless
+    /// --rate-limits says otherwise for it. Default: no limit.
+    #[arg(long, value_parser = parse_rate, env = "OUTBOX_LANES_ENDPOINT_RATE", value_name = "PER_SECOND")]
+    pub(crate) endpoint_rate: Option<f64>,
+
     /// Allow loopback and private-range destinations (refused by default: SSRF guard).
     /// Link-local addresses and cloud metadata services (169.254.169.254, fd00:ec2::254,
     /// 100.100.100.200, 168.63.129.16, ...) stay refused.
@@ -930,6 +943,16 @@ fn parse_off_duration(s: &str) -> Result<Off, String> {
 fn parse_retry_schedule(s: &str) -> Result<RetrySchedule, String> {
     RetrySchedule::from_code(s.trim())
         .ok_or_else(|| format!("{s:?}: a retry schedule is `standard` or `svix`"))
+}
+
+/// Requests per second above 0, fractions allowed (`0.5`: one every two seconds).
+fn parse_rate(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(n) if n.is_finite() && n > 0.0 => Ok(n),
+        _ => Err(format!(
+            "{s:?} is not a rate: write requests per second above 0, e.g. 10 or 0.5"
+        )),
+    }
 }
 
 /// `30s`, `500ms`, `1m 30s`, or plain (possibly fractional) seconds.

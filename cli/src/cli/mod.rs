@@ -22,7 +22,7 @@ use outbox_lanes_core::policy::AddressPolicy;
 use outbox_lanes_core::{ActorId, LaneKey, Timestamp};
 use outbox_lanes_store::{CommonOptions, DeadLetterFilter, DeadLetterId, DeadLetterSelection};
 use outbox_lanes_tokio::{
-    DrainControl, DrainOutcome, OutboxConfig, OutboxError, PassReport, Reserve,
+    DrainControl, DrainOutcome, OutboxConfig, OutboxError, PassReport, RateLimits, Reserve,
 };
 use tokio::task::JoinSet;
 use tracing::{info, warn};
@@ -229,6 +229,29 @@ fn init_logging(format: LogFormat) {
 /// The runtime the binary runs, as its logs name it.
 const RUNTIME: &str = "tokio (passes and deliveries as tasks, hyper)";
 
+/// The rate limits of `--rate-limits` and `--endpoint-rate`; a file that cannot be used is a
+/// usage error naming the entry, before anything is delivered.
+fn rate_limits(d: &DeliveryFlags) -> anyhow::Result<RateLimits> {
+    let rates = match &d.rate_limits {
+        Some(path) => RateLimits::load(path).map_err(|e| {
+            usage(format!(
+                "--rate-limits (or OUTBOX_LANES_RATE_LIMITS): {e}; nothing delivered"
+            ))
+        })?,
+        None => RateLimits::none(),
+    };
+    match d.endpoint_rate {
+        Some(n) if !rates.has_default_endpoint() => rates
+            .with_default_endpoint(n)
+            .map_err(|e| usage(format!("--endpoint-rate: {e}"))),
+        Some(_) => Err(usage(
+            "--endpoint-rate and the rate-limits file's [default] per_endpoint both set the \
+             default: keep one",
+        )),
+        None => Ok(rates),
+    }
+}
+
 /// The outbox configuration the delivery flags ask for.
 fn config(d: &DeliveryFlags) -> OutboxConfig {
     let mut c = OutboxConfig::default();
@@ -400,6 +423,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Some(d) => signing::Signing::from_flags(d)?,
         None => signing::Signing::default(),
     };
+    let rates = match delivery {
+        Some(d) => rate_limits(d)?,
+        None => RateLimits::none(),
+    };
     let counters = Arc::new(Counters::default());
     let common = CommonOptions {
         row_id_retention: cli.row_id_retention,
@@ -416,6 +443,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         common,
         {
             let mut c = delivery.map_or_else(OutboxConfig::default, config);
+            c.rates = rates;
             if let Command::Relay(r) = &cli.command {
                 c.poll_interval = r.poll_interval;
                 c.max_passes = r.max_passes as usize;

@@ -25,9 +25,11 @@ impl Scheduler {
     /// [`Scheduler::handle_lane_control`] paused is open again.
     pub fn handle_lane(&mut self, lane: LaneId, info: LaneInfo, now: Timestamp) {
         self.advance_to(now);
-        let Some(l) = self.lanes.get_mut(lane.index()) else {
+        if self.lanes.get(lane.index()).is_none() {
             return;
-        };
+        }
+        self.set_pace(lane, info.pace, info.paced_until);
+        let l = &mut self.lanes[lane.index()];
         l.strict = info.strict;
         l.known = true;
         // Discovery reports lanes that are not paused (any more): an operator resumed it.

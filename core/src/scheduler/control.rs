@@ -39,9 +39,11 @@ impl Scheduler {
     pub fn handle_lane_control(&mut self, lane: LaneId, control: LaneControl, now: Timestamp) {
         // Nothing due fires before the lane is fenced: it must not start anything.
         self.set_now(now);
-        let Some(l) = self.lanes.get_mut(lane.index()) else {
+        if self.lanes.get(lane.index()).is_none() {
             return;
-        };
+        }
+        self.set_pace(lane, control.info.pace, control.info.paced_until);
+        let l = &mut self.lanes[lane.index()];
         l.strict = control.info.strict;
         l.paused = control.paused;
         if l.planned.is_some() {
@@ -101,6 +103,8 @@ impl Scheduler {
                 strict: l.strict,
                 failing_since: l.failing_since,
                 unavailable: l.unavailable,
+                pace: l.pace,
+                paced_until: l.next_start,
             },
             paused: true,
             pending: true,

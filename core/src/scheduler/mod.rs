@@ -128,6 +128,7 @@ use alloc::collections::{BinaryHeap, VecDeque};
 use alloc::vec::Vec;
 use core::cmp::Reverse;
 use core::hash::{BuildHasherDefault, Hasher};
+use core::time::Duration;
 
 use hashbrown::HashMap;
 use smallvec::SmallVec;
@@ -226,6 +227,12 @@ struct Lane {
     failing_since: Option<Timestamp>,
     /// Found failing for longer than allowed in this run (OL-8).
     unavailable: bool,
+    /// Its rate limit: the least time between two starts (OL-23).
+    pace: Option<Duration>,
+    /// No attempt starts before then (its last start plus `pace`).
+    next_start: Option<Timestamp>,
+    /// Its head could start but for `next_start`: a [`Timer::Pace`] is set.
+    pace_wait: bool,
 }
 
 impl Lane {
@@ -261,6 +268,8 @@ struct Reached {
 enum Timer {
     Lane(u32),
     Retry(u32, UnitId),
+    /// A paced lane may start again (OL-23).
+    Pace(u32),
 }
 
 /// A multiplicative hasher for store-assigned unit ids (integers the store picks, not
@@ -381,6 +390,8 @@ pub struct Scheduler {
     reserved: usize,
     in_flight: usize,
     retry_pending: usize,
+    /// Lanes whose head waits only for its rate limit (`pace_wait`).
+    paced: usize,
     stopping: bool,
 }
 
@@ -413,6 +424,7 @@ impl Scheduler {
             reserved: 0,
             in_flight: 0,
             retry_pending: 0,
+            paced: 0,
             stopping: false,
         }
     }
@@ -503,6 +515,7 @@ impl Scheduler {
         self.reserved = 0;
         self.in_flight = 0;
         self.retry_pending = 0;
+        self.paced = 0;
         self.stopping = false;
     }
 
@@ -574,13 +587,16 @@ impl Scheduler {
         self.commands.pop_front()
     }
 
-    /// Whether the pass is over at `now`: nothing in flight, no in-pass retry pending,
-    /// nothing startable, and nothing to read outside lanes in backoff (OL-10).
+    /// Whether the pass is over at `now`: nothing in flight, no in-pass retry pending, no
+    /// head waiting for its lane's rate limit (OL-23), nothing startable, and nothing to read
+    /// outside lanes in backoff (OL-10).
     ///
     /// A query: it changes nothing. A timer that fell due by `now` and was not handled yet
     /// (no input at `now` so far) counts as work: call [`Scheduler::handle_timeout`] first.
     pub fn is_done(&self, now: Timestamp) -> bool {
-        self.in_flight == 0 && (self.stopping || self.retry_pending == 0) && self.only_waits(now)
+        self.in_flight == 0
+            && (self.stopping || (self.retry_pending == 0 && self.paced == 0))
+            && self.only_waits(now)
     }
 
     /// Whether the pass has nothing to do at `now` but wait: for attempts in flight or for

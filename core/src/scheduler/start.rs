@@ -2,12 +2,15 @@
 //!
 //! A unit is ready when it heads every lane it occupies. It first starts only when every lane
 //! it still needs is open, idle and not blocked (OL-1), and as a whole: a unit wider than
-//! `max_in_flight` starts alone. Units held up by the in-flight bound go first next time.
+//! `max_in_flight` starts alone. Units held up by the in-flight bound go first next time. A
+//! lane with a rate limit starts its next attempt no sooner than its pace after the last
+//! (OL-23): its head waits for a [`Timer::Pace`](super::Timer).
 
 use smallvec::SmallVec;
 
 use super::types::Command;
 use super::{Phase, Scheduler};
+use crate::ids::LaneId;
 use crate::outcome::DeadReason;
 
 impl Scheduler {
@@ -44,6 +47,8 @@ impl Scheduler {
         }
         let u = &self.units[idx as usize];
         let mut startable: SmallVec<[usize; 4]> = SmallVec::new();
+        let mut paced: SmallVec<[LaneId; 1]> = SmallVec::new();
+        let mut held_up = false;
         for (i, s) in u.slots.iter().enumerate() {
             let l = &self.lanes[s.lane.index()];
             let due = match s.phase {
@@ -54,16 +59,30 @@ impl Scheduler {
                 }
             };
             let lane_ok = l.open(now) && !l.in_flight && !l.blocked && !l.paused && !l.fenced;
-            if due && lane_ok {
+            // OL-23: a rate-limited lane starts no sooner than its pace allows.
+            let on_pace = l.next_start.is_none_or(|t| t <= now);
+            if due && lane_ok && on_pace {
                 startable.push(i);
-            } else if !u.started && !s.phase.resolved() {
-                // OL-1: a unit first starts only when every lane it still needs is ready.
-                return true;
+                continue;
             }
+            if due && lane_ok {
+                paced.push(s.lane);
+            }
+            if !u.started && !s.phase.resolved() {
+                // OL-1: a unit first starts only when every lane it still needs is ready.
+                held_up = true;
+            }
+        }
+        for lane in paced {
+            self.wait_for_pace(lane);
+        }
+        if held_up {
+            return true;
         }
         if startable.is_empty() {
             return true;
         }
+        let u = &self.units[idx as usize];
         if !u.started {
             if let Some(max_age) = self.config.max_age {
                 if now.saturating_duration_since(u.enqueued_at) > max_age {
@@ -100,7 +119,11 @@ impl Scheduler {
                 self.retry_pending -= 1;
             }
             slot.phase = Phase::InFlight;
-            self.lanes[slot.lane.index()].in_flight = true;
+            let l = &mut self.lanes[slot.lane.index()];
+            l.in_flight = true;
+            if let Some(pace) = l.pace {
+                l.next_start = Some(now.saturating_add(pace));
+            }
             self.in_flight += 1;
             self.commands.push_back(Command::Start {
                 unit: id,

@@ -1,4 +1,5 @@
-//! Time: the clock the inputs bring, and the timers of in-pass retries and lane backoffs.
+//! Time: the clock the inputs bring, and the timers of in-pass retries, lane backoffs and
+//! paced lanes (OL-23).
 //!
 //! Time only moves forward (a clock that steps back is clamped). Every input that takes `now`
 //! first fires the timers due by then, so the state a runtime sees is never behind its clock;
@@ -18,7 +19,8 @@ impl Scheduler {
         self.start_ready();
     }
 
-    /// The earliest deadline (an in-pass retry, or a lane whose backoff ends) at which
+    /// The earliest deadline (an in-pass retry, a lane whose backoff ends, a paced lane that
+    /// may start again) at which
     /// [`Scheduler::handle_timeout`] should be called.
     pub fn poll_timeout(&mut self) -> Option<Timestamp> {
         while let Some(&Reverse((t, timer))) = self.timers.peek() {
@@ -53,6 +55,44 @@ impl Scheduler {
                 let u = &self.units[idx as usize];
                 u.live && u.id == id && u.slots.iter().any(|s| s.phase == Phase::RetryAt(t))
             }
+            Timer::Pace(l) => {
+                let l = &self.lanes[l as usize];
+                l.pace_wait && l.next_start == Some(t)
+            }
+        }
+    }
+
+    /// Sets `lane`'s pace to `pace` and its next start to no earlier than `until` (a start
+    /// of an earlier pass); a head waiting for the pace waits for the new time.
+    pub(super) fn set_pace(
+        &mut self,
+        lane: LaneId,
+        pace: Option<core::time::Duration>,
+        until: Option<Timestamp>,
+    ) {
+        let l = &mut self.lanes[lane.index()];
+        l.pace = pace;
+        let next = l.next_start.max(until);
+        if next != l.next_start {
+            l.next_start = next;
+            if l.pace_wait {
+                if let Some(t) = next {
+                    self.timers.push(Reverse((t, Timer::Pace(lane.0))));
+                }
+            }
+        }
+    }
+
+    /// `lane`'s head could start but for its pace: it starts at `next_start`.
+    pub(super) fn wait_for_pace(&mut self, lane: LaneId) {
+        let l = &mut self.lanes[lane.index()];
+        if l.pace_wait {
+            return;
+        }
+        if let Some(t) = l.next_start {
+            l.pace_wait = true;
+            self.paced += 1;
+            self.timers.push(Reverse((t, Timer::Pace(lane.0))));
         }
     }
 
@@ -101,6 +141,14 @@ impl Scheduler {
                         self.ready.push_back((head, u.id));
                     }
                     self.queue_for_claim(lane);
+                }
+                Timer::Pace(l) => {
+                    let ll = &mut self.lanes[l as usize];
+                    ll.pace_wait = false;
+                    self.paced -= 1;
+                    if let Some(&head) = ll.queue.front() {
+                        self.ready.push_back((head, self.units[head as usize].id));
+                    }
                 }
                 Timer::Retry(idx, id) => {
                     let u = &mut self.units[idx as usize];

@@ -3,6 +3,7 @@
 
 use alloc::vec::Vec;
 use core::fmt;
+use core::time::Duration;
 
 use smallvec::SmallVec;
 
@@ -90,6 +91,11 @@ pub struct LaneInfo {
     /// It was found failing for longer than
     /// [`Config::lane_unavailable_after`](crate::config::Config::lane_unavailable_after).
     pub unavailable: bool,
+    /// Its endpoint's rate limit: the least time between two attempt starts (OL-23).
+    /// `None`: not limited.
+    pub pace: Option<Duration>,
+    /// No attempt starts before then: an earlier pass started one less than `pace` ago.
+    pub paced_until: Option<Timestamp>,
 }
 
 /// A lane's persisted state read again during a pass because an operator acted on it (pause,
