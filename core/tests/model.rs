@@ -76,6 +76,9 @@ fn outcome_of(code: u8) -> Outcome {
     }
 }
 
+/// The pace of the rate-limited lane of the model.
+const PACE: Duration = Duration::from_millis(300);
+
 /// The reference checks, applied to every command the scheduler emits.
 struct Checker {
     in_flight: BTreeMap<LaneId, UnitId>,
@@ -119,10 +122,17 @@ impl Checker {
                     self.in_flight.insert(lane, unit).is_none(),
                     "two attempts in flight on {lane:?}"
                 );
-                let nb = store.lane_info(lane).not_before;
+                let info = store.lane_info(lane);
                 assert!(
-                    nb.is_none_or(|t| t <= now),
+                    info.not_before.is_none_or(|t| t <= now),
                     "{unit:?} started on {lane:?} before its not_before"
+                );
+                // A paced lane's starts are at least its pace apart (OL-23); time going
+                // backwards is clamped by the scheduler, not by this clock.
+                assert!(
+                    info.paced_until.is_none_or(|t| t <= now),
+                    "{unit:?} started on paced {lane:?} before {:?}",
+                    info.paced_until
                 );
                 self.flights.push((unit, lane));
             }
@@ -177,6 +187,13 @@ fn settle(w: &mut World, c: &mut Checker) {
         let mut backs = Vec::new();
         while let Some(cmd) = w.s.poll_command() {
             c.check(&w.store, w.now, &cmd);
+            if let Command::Start { lane, .. } = cmd {
+                // What a runtime remembers of a paced lane's last start, for its next pass.
+                let info = w.store.lane_state.entry(lane).or_default();
+                if let Some(pace) = info.pace {
+                    info.paced_until = Some(w.now + pace);
+                }
+            }
             if let Command::HandBack { unit } = cmd {
                 if let Some(u) = w.store.units.get(&unit) {
                     backs.push(u.admit.seq);
@@ -226,6 +243,9 @@ fn run(ops: Vec<Op>, config: Config) {
         config,
     };
     let names = ["a", "b", "c", "d", "e", "f"];
+    // Lane "b" is rate-limited (OL-23): its starts at least 300 ms apart, across passes too.
+    let b = w.lane("b");
+    w.store.lane_state.entry(b).or_default().pace = Some(PACE);
     let mut enqueued: BTreeSet<(UnitId, LaneId)> = BTreeSet::new();
     // A runtime's pass discovers its lanes before anything else: a control reaches a pass
     // that has (before it, the pass's discovery reads the lane as the operator left it).
