@@ -1,7 +1,7 @@
 //! The lane scheduler: one actor's pass, from the lanes with work to the commands a runtime
 //! executes.
 //!
-//! It implements the per-recipient ordered outbox (OL-1 … OL-20 of the design) without I/O
+//! It implements the per-recipient ordered outbox (OL-1 … OL-23 of the design) without I/O
 //! and without a clock: every input takes `now`, every output is a value the runtime pulls.
 //! A runtime feeds it what the store and the recipients said, and executes what it asks for.
 //!
@@ -61,10 +61,11 @@
 //! | blocked (strict lanes) | `blocked` (and `stalled`) | a strict lane's head would be dead-lettered (OL-8) | the pass ends (an operator acts) |
 //! | paused | `paused` | an operator paused it ([`Scheduler::handle_lane_control`]) | a control or a discovery says it is not |
 //! | fenced | `fenced` | an operator acted on it while its head had an attempt in flight | that attempt ended and its unit left |
+//! | paced | `pace`, `next_start`, `pace_wait` | it is rate-limited (OL-23): each start sets `next_start` to the start plus the pace; a head that could start before then waits (`pace_wait`, a pace timer) | the timer fires |
 //!
 //! A lane is read only when it is known and has work, is neither paused, fenced nor stalled, has no read
 //! out, waits neither at a joined unit nor for room, and is open; it starts its head only when
-//! it is open, idle, and neither blocked, paused nor fenced. A recipient of a unit (a *slot*) is `Idle`, `InFlight`, `RetryAt(t)`,
+//! it is open, idle, on pace, and neither blocked, paused nor fenced. A recipient of a unit (a *slot*) is `Idle`, `InFlight`, `RetryAt(t)`,
 //! `Stalled`, `Blocked`, `Served` or `Dead`; a unit finishes when every slot is `Served` or
 //! `Dead`.
 //!
@@ -294,7 +295,7 @@ impl Hasher for IdHasher {
 
 /// The lane scheduler for one actor's outbox pass.
 ///
-/// It keeps the ordering rules of the design (OL-1 … OL-20) for the units a runtime admits,
+/// It keeps the ordering rules of the design (OL-1 … OL-23) for the units a runtime admits,
 /// and tells the runtime what to do through [`Command`]s. It performs no I/O and reads no
 /// clock: every input takes `now`, and deadlines come back from [`Scheduler::poll_timeout`].
 ///

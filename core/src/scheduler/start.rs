@@ -4,7 +4,7 @@
 //! it still needs is open, idle and not blocked (OL-1), and as a whole: a unit wider than
 //! `max_in_flight` starts alone. Units held up by the in-flight bound go first next time. A
 //! lane with a rate limit starts its next attempt no sooner than its pace after the last
-//! (OL-23): its head waits for a [`Timer::Pace`](super::Timer).
+//! (OL-23): its head waits for a pace timer.
 
 use smallvec::SmallVec;
 
