@@ -103,11 +103,20 @@ impl OutboxConfig {
     }
 
     /// The host book's configuration: [`OutboxConfig::hosts`] with the process's
-    /// concurrency as the largest window of a host.
+    /// concurrency as the largest window of a host, and the hosts of
+    /// [`OutboxConfig::rates`] paced ([`HostConfig::paces`], after any set there: a host's
+    /// rate limit wins).
+    ///
+    /// [`HostConfig::paces`]: outbox_lanes_core::host::HostConfig::paces
     pub fn host_book(&self) -> outbox_lanes_core::host::HostConfig {
         let mut c = self.hosts.clone();
         c.max_in_flight = u32::try_from(self.concurrency.max(1)).unwrap_or(u32::MAX);
         c.knock_on_5xx = self.http.signature_fallback_on_5xx;
+        c.paces.extend(
+            self.rates
+                .hosts()
+                .map(|(origin, interval)| (origin.to_owned(), interval)),
+        );
         c
     }
 

@@ -1,5 +1,5 @@
-//! The origin gate: the executor of the core's [`HostBook`] (OL-21, OL-22), in front of an
-//! outbox's executor, and the writer of `ol_hosts`.
+//! The origin gate: the executor of the core's [`HostBook`] (OL-21, OL-22, OL-23), in front
+//! of an outbox's executor, and the writer of `ol_hosts`.
 //!
 //! Every decision about a host — health and backoff, its share of the in-flight budget, the
 //! operator's block, the signature scheme and the double-knock's plan — is the book's
@@ -8,13 +8,31 @@
 //!
 //! - [`HostAnswer::Go`]: the job carries an [`OriginTicket`] to the inner executor; its end
 //!   goes back to the book, and jobs that waited for the host are asked about again.
-//! - [`HostAnswer::Wait`]: the job waits in its host's queue, holding no worker or task.
+//! - [`HostAnswer::Wait`]: the job waits in its host's queue, holding no worker or task,
+//!   until an attempt of the host ends or, for a paced host, until its pace lets it go.
 //! - [`HostAnswer::Defer`], [`HostAnswer::Held`], [`HostAnswer::SetAside`]: the job is
 //!   finished at once with [`Outcome::Deferred`], [`Outcome::Held`] or [`Outcome::SetAside`]
 //!   (nothing sent), with an error that names the host.
 //!
 //! The gate reads no clock of its own (it is given one, [`Clock`]) and draws no random
 //! number (the book's jitter is seeded).
+//!
+//! # Pacing
+//!
+//! A host with a requests-per-second limit (OL-23) ([`HostConfig::paces`], filled from
+//! [`RateLimits::hosts`](crate::RateLimits::hosts) by
+//! [`OutboxConfig::host_book`](crate::OutboxConfig::host_book)) is paced by the book: its
+//! attempt starts are spaced at least `1 / rate` apart, whichever lanes and actors they come
+//! from, and an attempt that comes sooner waits in the host's queue like one its window
+//! holds back, holding no worker, no place in the budget and no place under a per-host cap.
+//! Since no attempt's end may come to let it go, a gate with paced hosts runs a small
+//! *pacer* thread: it sleeps until the book's earliest pace deadline
+//! ([`HostBook::poll_timeout`]; woken sooner when a job that waits makes an earlier one), then
+//! asks the book again about the waiting jobs of the hosts due ([`HostBook::poll_due`]) and
+//! sends those that go. It reads the time from the gate's [`Clock`], runs only while paces
+//! are configured, and ends when the gate is shut down or dropped. The pace holds the
+//! starts of attempts, not their ends: a paced host's window, health and the operator's
+//! control still apply (a held or backing-off host answers as ever; its probe is paced too).
 //!
 //! # Sharing through the store
 //!
@@ -28,7 +46,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use outbox_lanes_core::host::{
@@ -79,6 +97,78 @@ struct Shared {
     /// The writer thread, joined at shutdown: it holds the store, whose last reference must
     /// go before the process exits (a SQLite store removes its holder lock files on drop).
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The pacer thread's alarm, while hosts are paced (see the module documentation).
+    alarm: Option<Arc<Alarm>>,
+    /// The pacer thread, joined at shutdown.
+    pacer: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // The pacer holds the gate only while it sends; asleep, it is told here.
+        if let Some(alarm) = &self.alarm {
+            alarm.stop();
+        }
+    }
+}
+
+/// When the pacer thread wakes: the book's earliest pace deadline it was told of, unless the
+/// gate stopped.
+#[derive(Debug, Default)]
+struct Alarm {
+    state: Mutex<AlarmState>,
+    rang: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct AlarmState {
+    at: Option<Timestamp>,
+    stopped: bool,
+}
+
+impl Alarm {
+    fn lock(&self) -> MutexGuard<'_, AlarmState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Wakes the pacer at `at`, if that is sooner than it would wake.
+    fn set(&self, at: Timestamp) {
+        let mut s = self.lock();
+        if s.at.is_none_or(|t| at < t) {
+            s.at = Some(at);
+            self.rang.notify_all();
+        }
+    }
+
+    /// Ends the pacer.
+    fn stop(&self) {
+        self.lock().stopped = true;
+        self.rang.notify_all();
+    }
+
+    /// Sleeps until the alarm's time by `clock` (`true`) or the stop (`false`).
+    fn wait(&self, clock: &dyn Clock) -> bool {
+        let mut s = self.lock();
+        loop {
+            if s.stopped {
+                return false;
+            }
+            s = match s.at {
+                None => self.rang.wait(s).unwrap_or_else(PoisonError::into_inner),
+                Some(at) => {
+                    let now = clock.now();
+                    if at <= now {
+                        s.at = None;
+                        return true;
+                    }
+                    self.rang
+                        .wait_timeout(s, at - now)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0
+                }
+            };
+        }
+    }
 }
 
 /// The gate in front of an outbox's executor (see the [module documentation](self)); clones
@@ -97,6 +187,18 @@ impl std::fmt::Debug for OriginGate {
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Gate> {
         self.gate.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The book's earliest pace deadline (read under the lock, `g`), if the gate paces.
+    fn pace_deadline(&self, g: &Gate) -> Option<Timestamp> {
+        self.alarm.as_ref().and_then(|_| g.book.poll_timeout())
+    }
+
+    /// Tells the pacer of the deadline `at` (read under the lock; told outside it).
+    fn wake_pacer(&self, at: Option<Timestamp>) {
+        if let (Some(alarm), Some(at)) = (&self.alarm, at) {
+            alarm.set(at);
+        }
     }
 }
 
@@ -246,17 +348,54 @@ fn millis(d: Duration) -> u64 {
 impl OriginGate {
     /// A gate in front of `inner` with a book of `cfg`, jitter seeded with `seed`, the time
     /// from `clock`; with no store (nothing persisted or shared) until
-    /// [`OriginGate::share_through`].
+    /// [`OriginGate::share_through`]. With [`HostConfig::paces`], it starts its pacer thread
+    /// (see [Pacing](self#pacing)); should that thread not start, the paces are logged and
+    /// dropped rather than leave jobs waiting for a pace that nothing would let go.
     pub fn new(
         inner: Arc<dyn Executor>,
         cfg: HostConfig,
         seed: u64,
         clock: Arc<dyn Clock>,
     ) -> OriginGate {
-        OriginGate {
-            shared: Arc::new(Shared {
+        let pacer = !cfg.paces.is_empty();
+        OriginGate::build(inner, cfg, seed, clock, pacer)
+    }
+
+    /// [`OriginGate::new`], with the pacer thread only if `pacer` (a test drives
+    /// [`pace`] by hand instead).
+    fn build(
+        inner: Arc<dyn Executor>,
+        mut cfg: HostConfig,
+        seed: u64,
+        clock: Arc<dyn Clock>,
+        pacer: bool,
+    ) -> OriginGate {
+        let shared = Arc::new_cyclic(|weak: &Weak<Shared>| {
+            // Paced hosts need the alarm; the thread wakes at it (a test rings it by hand).
+            let alarm = (!cfg.paces.is_empty()).then(|| Arc::new(Alarm::default()));
+            let mut thread = None;
+            if let Some(alarm) = alarm.as_ref().filter(|_| pacer) {
+                let (weak, alarm, clock) = (weak.clone(), Arc::clone(alarm), Arc::clone(&clock));
+                match std::thread::Builder::new()
+                    .name("outbox-lanes-pacer".into())
+                    // It upgrades `weak` only once an alarm the gate set rang.
+                    .spawn(move || pacer_thread(&weak, &alarm, &*clock))
+                {
+                    Ok(handle) => thread = Some(handle),
+                    Err(e) => {
+                        warn!(
+                            error = %e,
+                            hosts = cfg.paces.len(),
+                            "the pacer thread did not start; hosts are not paced"
+                        );
+                        cfg.paces.clear();
+                    }
+                }
+            }
+            Shared {
                 inner,
                 clock,
+                alarm: alarm.filter(|_| !cfg.paces.is_empty()),
                 gate: Mutex::new(Gate {
                     book: HostBook::new(cfg, seed),
                     waiting: Vec::new(),
@@ -265,8 +404,10 @@ impl OriginGate {
                 stopped: AtomicBool::new(false),
                 store: std::sync::OnceLock::new(),
                 writer: Mutex::new(None),
-            }),
-        }
+                pacer: Mutex::new(thread),
+            }
+        });
+        OriginGate { shared }
     }
 
     /// Starts the thread that writes changes and reads the rows back every
@@ -436,7 +577,7 @@ impl TicketSink for Shared {
     ) {
         let now = self.clock.now();
         let mut out = Vec::new();
-        let dirty = {
+        let (dirty, deadline) = {
             let mut g = self.lock();
             match end {
                 Some((end, error, knock)) => g.book.handle_end(ticket, end, error, knock, now),
@@ -444,11 +585,12 @@ impl TicketSink for Shared {
             }
             g.readmit(ticket.host(), now, &mut out);
             g.log_events();
-            g.book.has_dirty()
+            (g.book.has_dirty(), self.pace_deadline(&g))
         };
         if dirty {
             self.changed.notify_all();
         }
+        self.wake_pacer(deadline);
         dispatch(&self, out, now);
     }
 }
@@ -462,6 +604,9 @@ impl Executor for OriginGate {
             let answer = g.book.handle_attempt(host, now);
             if answer == HostAnswer::Wait {
                 g.queue(host).push_back(job);
+                let deadline = self.shared.pace_deadline(&g);
+                drop(g);
+                self.shared.wake_pacer(deadline);
                 return Ok(());
             }
             answer
@@ -474,6 +619,19 @@ impl Executor for OriginGate {
     }
 
     fn shutdown(&self) {
+        // The pacer first: nothing it lets go after the waiting jobs are dropped.
+        if let Some(alarm) = &self.shared.alarm {
+            alarm.stop();
+        }
+        let pacer = self
+            .shared
+            .pacer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(p) = pacer.filter(|p| p.thread().id() != std::thread::current().id()) {
+            let _ = p.join();
+        }
         let waiting: Vec<Job> = self
             .shared
             .lock()
@@ -544,7 +702,7 @@ fn state(r: &HostRecord) -> HostState {
 fn apply(shared: &Arc<Shared>, rows: &HostRows) {
     let now = shared.clock.now();
     let mut out = Vec::new();
-    {
+    let deadline = {
         let mut g = shared.lock();
         let before = g.book.generation();
         g.book.handle_rows(
@@ -563,7 +721,37 @@ fn apply(shared: &Arc<Shared>, rows: &HostRows) {
             g.readmit(h, now, &mut out);
         }
         g.log_events();
+        shared.pace_deadline(&g)
+    };
+    shared.wake_pacer(deadline);
+    dispatch(shared, out, now);
+}
+
+/// The pacer thread: at each alarm, [`pace`]; ends once the gate is shut down or dropped.
+fn pacer_thread(shared: &Weak<Shared>, alarm: &Alarm, clock: &dyn Clock) {
+    while alarm.wait(clock) {
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        pace(&shared);
     }
+}
+
+/// The book's pace deadline came: the waiting jobs of every host due are asked about again,
+/// in order, until one must wait again, and sent or answered (outside the lock); the pacer is
+/// told of the next deadline.
+fn pace(shared: &Arc<Shared>) {
+    let now = shared.clock.now();
+    let mut out = Vec::new();
+    let deadline = {
+        let mut g = shared.lock();
+        while let Some(host) = g.book.poll_due(now) {
+            g.readmit(host, now, &mut out);
+        }
+        g.log_events();
+        shared.pace_deadline(&g)
+    };
+    shared.wake_pacer(deadline);
     dispatch(shared, out, now);
 }
 
@@ -659,6 +847,26 @@ mod tests {
             Arc::clone(&clock) as Arc<dyn Clock>,
         );
         (g, held, clock)
+    }
+
+    const PACED: &str = "https://p.example:443";
+
+    fn paced(interval: Duration) -> HostConfig {
+        HostConfig {
+            paces: vec![(PACED.to_owned(), interval)],
+            ..HostConfig::default()
+        }
+    }
+
+    /// The deadline the gate told its pacer of.
+    fn alarm(g: &OriginGate) -> Option<Timestamp> {
+        g.shared.alarm.as_ref().expect("paced").lock().at
+    }
+
+    /// What the pacer thread does when its alarm rings.
+    fn ring(g: &OriginGate) {
+        g.shared.alarm.as_ref().expect("paced").lock().at = None;
+        pace(&g.shared);
     }
 
     fn outcomes(rx: &mpsc::Receiver<Done>) -> Vec<(u64, Outcome)> {
@@ -814,5 +1022,196 @@ mod tests {
         held.stopped.store(true, Ordering::SeqCst);
         assert!(g.execute(job(5, "https://d.example/i", &tx)).is_err());
         assert_eq!(g.load(), [("https://d.example:443".to_owned(), 2, 4)]);
+    }
+
+    #[test]
+    fn a_paced_host_s_waiting_jobs_go_one_per_interval_when_the_pacer_rings() {
+        let held = Arc::new(Held::default());
+        let clock = ManualClock::at(Timestamp::from_secs(1_700_000_000));
+        let t0 = clock.now();
+        // No thread: the test rings the pacer by hand.
+        let g = OriginGate::build(
+            Arc::clone(&held) as Arc<dyn Executor>,
+            paced(Duration::from_millis(100)),
+            7,
+            Arc::clone(&clock) as Arc<dyn Clock>,
+            false,
+        );
+        let (tx, rx) = mpsc::channel();
+        for u in 1..=5 {
+            assert!(g.execute(job(u, "https://p.example/inbox", &tx)).is_ok());
+        }
+        // An unpaced host beside it is not slowed.
+        for u in 6..=8 {
+            assert!(g.execute(job(u, "https://q.example/inbox", &tx)).is_ok());
+        }
+        assert_eq!(held.running(), [1, 6, 7, 8]);
+        assert_eq!(alarm(&g), Some(t0 + Duration::from_millis(100)));
+        // Early: nothing is due, the alarm is set again.
+        ring(&g);
+        assert_eq!(held.running(), [1, 6, 7, 8]);
+        assert_eq!(alarm(&g), Some(t0 + Duration::from_millis(100)));
+        // No attempt ends; the pace alone lets the next go.
+        clock.advance(Duration::from_millis(100));
+        ring(&g);
+        assert_eq!(held.running(), [1, 6, 7, 8, 2]);
+        assert_eq!(alarm(&g), Some(t0 + Duration::from_millis(200)));
+        // An attempt's end asks again too, and the pace still holds.
+        held.deliver(1);
+        assert_eq!(held.running(), [6, 7, 8, 2]);
+        // A late ring lets one go, no more (no burst), and the next is an interval on.
+        clock.advance(Duration::from_millis(250));
+        ring(&g);
+        assert_eq!(held.running(), [6, 7, 8, 2, 3]);
+        assert_eq!(alarm(&g), Some(t0 + Duration::from_millis(450)));
+        // A new job while others wait for the pace waits too.
+        assert!(g.execute(job(9, "https://p.example/other", &tx)).is_ok());
+        assert_eq!(held.running(), [6, 7, 8, 2, 3]);
+        for _ in 0..3 {
+            clock.advance(Duration::from_millis(100));
+            ring(&g);
+        }
+        assert_eq!(held.running(), [6, 7, 8, 2, 3, 4, 5, 9]);
+        assert_eq!(outcomes(&rx), [(1, Outcome::Delivered)]);
+        assert_eq!(g.shared.lock().book.poll_timeout(), None);
+    }
+
+    #[test]
+    fn a_paced_host_held_by_an_operator_answers_its_waiting_jobs_at_once() {
+        let held = Arc::new(Held::default());
+        let clock = ManualClock::at(Timestamp::from_secs(1_700_000_000));
+        let g = OriginGate::build(
+            Arc::clone(&held) as Arc<dyn Executor>,
+            paced(Duration::from_secs(60)),
+            7,
+            Arc::clone(&clock) as Arc<dyn Clock>,
+            false,
+        );
+        let (tx, rx) = mpsc::channel();
+        for u in 1..=3 {
+            assert!(g.execute(job(u, "https://p.example/inbox", &tx)).is_ok());
+        }
+        assert_eq!(held.running(), [1]);
+        let mut row = HostRecord::new(PACED, Timestamp::from_secs(1));
+        row.blocked = HostControl::Hold;
+        g.apply_rows(&HostRows {
+            generation: 1,
+            hosts: vec![row],
+        });
+        assert_eq!(outcomes(&rx), [(2, Outcome::Held), (3, Outcome::Held)]);
+        // The pacer rings for nothing.
+        clock.advance(Duration::from_secs(60));
+        ring(&g);
+        assert_eq!(held.running(), [1]);
+    }
+
+    #[test]
+    fn the_host_book_paces_the_hosts_of_the_rate_limits() {
+        let mut c = crate::OutboxConfig::default();
+        assert!(c.host_book().paces.is_empty());
+        c.rates = crate::RateLimits::none()
+            .with_host("https://Hooks.Example", 50.0)
+            .expect("rate");
+        assert_eq!(
+            c.host_book().paces,
+            [(
+                "https://hooks.example:443".to_owned(),
+                Duration::from_millis(20)
+            )]
+        );
+        // Unpaced, a gate starts no pacer.
+        let g = OriginGate::new(
+            Arc::new(Held::default()),
+            HostConfig::default(),
+            7,
+            Arc::new(crate::clock::SystemClock),
+        );
+        assert!(g.shared.alarm.is_none());
+        assert!(g.shared.pacer.lock().expect("lock").is_none());
+    }
+
+    /// Records when each job reached it, on the wall clock, and holds it.
+    #[derive(Default)]
+    struct Stamped {
+        started: Mutex<Vec<(u64, std::time::SystemTime)>>,
+        jobs: Mutex<Vec<Job>>,
+        tx: Mutex<Option<mpsc::Sender<()>>>,
+    }
+
+    impl Executor for Stamped {
+        fn execute(&self, job: Job) -> Result<(), Job> {
+            let at = std::time::SystemTime::now();
+            self.started.lock().expect("lock").push((job.unit.0, at));
+            self.jobs.lock().expect("lock").push(job);
+            if let Some(tx) = self.tx.lock().expect("lock").as_ref() {
+                let _ = tx.send(());
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn on_the_wall_clock_the_pacer_sends_waiting_jobs_spaced_and_ends_with_the_gate() {
+        let (started, starts) = mpsc::channel();
+        let inner = Arc::new(Stamped {
+            tx: Mutex::new(Some(started)),
+            ..Stamped::default()
+        });
+        let g = OriginGate::new(
+            Arc::clone(&inner) as Arc<dyn Executor>,
+            paced(Duration::from_millis(20)),
+            7,
+            Arc::new(crate::clock::SystemClock),
+        );
+        let alarm = Arc::clone(g.shared.alarm.as_ref().expect("paced"));
+        let (tx, _rx) = mpsc::channel();
+        let before = std::time::SystemTime::now();
+        for u in 1..=5 {
+            assert!(g.execute(job(u, "https://p.example/inbox", &tx)).is_ok());
+        }
+        for _ in 0..5 {
+            // A guard against a hang, not a bound on the time.
+            starts
+                .recv_timeout(Duration::from_secs(60))
+                .expect("every waiting job went");
+        }
+        let got = inner.started.lock().expect("lock").clone();
+        assert_eq!(got.iter().map(|s| s.0).collect::<Vec<_>>(), [1, 2, 3, 4, 5]);
+        // Four intervals at least from before the first to the last (less the clock's
+        // millisecond), and each start well apart from the one before.
+        let span = got[4].1.duration_since(before).expect("later");
+        assert!(span >= Duration::from_millis(79), "{span:?}");
+        for w in got.windows(2) {
+            let gap = w[1].1.duration_since(w[0].1).expect("later");
+            assert!(gap >= Duration::from_millis(5), "{gap:?}");
+        }
+        // Shut down: the pacer is stopped and joined.
+        g.shutdown();
+        assert!(g.shared.pacer.lock().expect("lock").is_none());
+        assert_eq!(Arc::strong_count(&alarm), 2, "the gate's and this test's");
+
+        // A gate dropped with jobs waiting ends its pacer too.
+        let inner = Arc::new(Stamped::default());
+        let g = OriginGate::new(
+            Arc::clone(&inner) as Arc<dyn Executor>,
+            paced(Duration::from_secs(3600)),
+            7,
+            Arc::new(crate::clock::SystemClock),
+        );
+        let alarm = Arc::clone(g.shared.alarm.as_ref().expect("paced"));
+        for u in 1..=2 {
+            assert!(g.execute(job(u, "https://p.example/inbox", &tx)).is_ok());
+        }
+        drop(g);
+        // The job in flight holds its ticket, hence the gate: it goes first.
+        drop(std::mem::take(&mut *inner.jobs.lock().expect("lock")));
+        let guard = std::time::Instant::now();
+        while Arc::strong_count(&alarm) > 1 {
+            assert!(
+                guard.elapsed() < Duration::from_secs(60),
+                "the pacer thread ended"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 }

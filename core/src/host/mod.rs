@@ -1,5 +1,5 @@
 //! Hosts (origins: scheme, host and port of recipient URLs) as every lane and actor of a
-//! process sees them: the [`HostBook`] (OL-21, OL-22).
+//! process sees them: the [`HostBook`] (OL-21, OL-22, OL-23).
 //!
 //! One book per process, shared by every pass (the runtime keeps it behind a lock). Per host
 //! it keeps:
@@ -28,6 +28,20 @@
 //!   to fill the whole budget and then hangs holds it until its timeouts: the budget is
 //!   never taken back from attempts in flight.) After a connection failure, and while its
 //!   signature scheme is being learned, a host takes one attempt at a time.
+//! - **Its pace** (OL-23; [`HostConfig::paces`], a requests-per-second limit): the least time
+//!   between two attempt starts to the host, whichever lanes and actors they come from. An
+//!   attempt of a paced host goes only once `now` reaches the host's next start, which then
+//!   moves one interval past the later of itself and `now` (a GCRA with no burst: no run of
+//!   time holds more starts than it allows, rounded up); an attempt that comes sooner
+//!   [waits](HostAnswer::Wait), holding no place. The pace is checked after the operator's
+//!   control and the host's health (a held, dead-lettered or backing-off host answers as
+//!   ever, and its probe is paced like any attempt) and together with the window (an
+//!   attempt goes only if both let it). [`HostBook::poll_timeout`] says when the earliest
+//!   paced host with waiting attempts may go again, and [`HostBook::poll_due`] names the
+//!   hosts whose waiting attempts may then be asked about again: the runtime needs a timer
+//!   for them, since no attempt's end may come to wake them. The book's time is in
+//!   milliseconds: an interval is rounded up to whole milliseconds (at least one), so a pace
+//!   never goes faster than asked.
 //! - **The operator's control** ([`HostControl`]): held (its lanes are paused, and lanes that
 //!   meet it later are paused for it: [`HostAnswer::Held`]) or dead-lettered
 //!   ([`HostAnswer::SetAside`], reason `blocked`). It comes from the store, fenced: see
@@ -39,7 +53,8 @@
 //!
 //! For an attempt about to be sent, [`HostBook::handle_attempt`] answers go (with a
 //! [`HostTicket`] and the knock's plan), wait (the host's window is full: ask again when one
-//! of its attempts ends), defer, held or set aside. The attempt's end goes back with the
+//! of its attempts ends; or its pace: ask again when [`HostBook::poll_due`] names it, from
+//! [`HostBook::poll_timeout`] on), defer, held or set aside. The attempt's end goes back with the
 //! ticket ([`HostBook::handle_end`]); a ticket whose attempt was never sent gives its place
 //! back ([`HostBook::handle_unsent`]). Rows read from the store come in through
 //! [`HostBook::handle_rows`]; what changed is taken with [`HostBook::take_dirty`] to be
@@ -69,7 +84,7 @@
 
 pub mod knock;
 
-use alloc::collections::VecDeque;
+use alloc::collections::{BTreeMap, BTreeSet, VecDeque};
 use alloc::string::String;
 use alloc::vec::Vec;
 use core::time::Duration;
@@ -136,6 +151,12 @@ pub struct HostConfig {
     /// A 5xx to a request in a scheme not known for the host is read as a refusal of the
     /// signature (`--signature-fallback-on-5xx`). Default false.
     pub knock_on_5xx: bool,
+    /// Paced hosts: an origin (`scheme://host:port`, as recipients' origins are written) and
+    /// the least time between two attempt starts to it (`1 / rate`; rounded up to whole
+    /// milliseconds, at least one). A host gets its pace when the book first meets it; a
+    /// zero interval paces nothing; of two entries for one origin the later wins. Default
+    /// none.
+    pub paces: Vec<(String, Duration)>,
 }
 
 impl Default for HostConfig {
@@ -153,6 +174,7 @@ impl Default for HostConfig {
             spec_retry: DEFAULT_SPEC_RETRY,
             knock_retry: DEFAULT_KNOCK_RETRY,
             knock_on_5xx: false,
+            paces: Vec::new(),
         }
     }
 }
@@ -271,8 +293,9 @@ pub enum Deferral {
 pub enum HostAnswer {
     /// Send it.
     Go(HostTicket),
-    /// The host's window is full: ask again when one of its attempts ends (the attempt waits
-    /// without holding a worker).
+    /// The host's window is full: ask again when one of its attempts ends; or the host is
+    /// paced and its next start is later: ask again when [`HostBook::poll_due`] names it
+    /// (from [`HostBook::poll_timeout`] on). The attempt waits without holding a worker.
     Wait,
     /// Not sent: the lane waits `wait` (nothing counted, its own backoff untouched).
     Defer {
@@ -366,6 +389,27 @@ struct Host {
     opened: bool,
     /// When an attempt last found both schemes refused.
     knock_refused_at: Option<Timestamp>,
+    /// Its pace, if it is paced.
+    pace: Option<Pace>,
+}
+
+/// A paced host's spacing of attempt starts.
+#[derive(Debug)]
+struct Pace {
+    /// The least time between two starts, in whole milliseconds.
+    interval: Duration,
+    /// When the next attempt may start.
+    next: Timestamp,
+    /// While attempts wait for the pace: the host's key in [`HostBook::paced`] (its `next`
+    /// when it was put there or last moved).
+    queued: Option<Timestamp>,
+}
+
+impl Pace {
+    /// Whether an attempt may start `now`.
+    fn due(&self, now: Timestamp) -> bool {
+        now >= self.next
+    }
 }
 
 /// The hosts of a process (see the [module documentation](self)).
@@ -377,12 +421,24 @@ pub struct HostBook {
     events: VecDeque<HostEvent>,
     /// The operators' host-control generation last applied ([`HostBook::handle_rows`]).
     generation: u64,
+    /// The configured paces by origin, given to a host when it becomes known.
+    paces: BTreeMap<String, Duration>,
+    /// Paced hosts with attempts waiting for their pace, by when they may go.
+    paced: BTreeSet<(Timestamp, HostId)>,
 }
 
 impl HostBook {
     /// A book of no hosts; `seed` drives its jitter and its hasher.
     pub fn new(cfg: HostConfig, seed: u64) -> HostBook {
+        let paces = cfg
+            .paces
+            .iter()
+            .filter(|(_, d)| !d.is_zero())
+            .map(|(o, d)| (o.clone(), whole_millis(*d)))
+            .collect();
         HostBook {
+            paces,
+            paced: BTreeSet::new(),
             cfg,
             hosts: IndexMap::with_hasher(KeyedState::new(seed ^ 0x686f_7374)),
             rng: Rng::new(seed),
@@ -401,6 +457,11 @@ impl HostBook {
         if let Some(i) = self.hosts.get_index_of(origin) {
             return HostId(i as u32);
         }
+        let pace = self.paces.get(origin).map(|&interval| Pace {
+            interval,
+            next: Timestamp::EPOCH,
+            queued: None,
+        });
         let (i, _) = self.hosts.insert_full(
             String::from(origin),
             Host {
@@ -414,6 +475,7 @@ impl HostBook {
                     .clamp(1, self.cfg.max_in_flight.max(1)),
                 opened: false,
                 knock_refused_at: None,
+                pace,
             },
         );
         HostId(i as u32)
@@ -447,6 +509,35 @@ impl HostBook {
         (h.in_flight, h.window)
     }
 
+    /// `host`'s pace (the least time between two attempt starts, in whole milliseconds), if
+    /// it is paced.
+    pub fn pace(&self, host: HostId) -> Option<Duration> {
+        self.get(host).pace.as_ref().map(|p| p.interval)
+    }
+
+    /// When the earliest paced host with attempts waiting for its pace may go again: the
+    /// runtime asks [`HostBook::poll_due`] then (no attempt's end may come before to wake
+    /// them). `None`: no attempt waits for a pace.
+    pub fn poll_timeout(&self) -> Option<Timestamp> {
+        self.paced.first().map(|&(at, _)| at)
+    }
+
+    /// The next paced host whose attempts waited for its pace and may go `now`: the runtime
+    /// asks [`HostBook::handle_attempt`] again for each of its waiting attempts, in order,
+    /// until one must wait again (which puts the host back here, at its next start). Call it
+    /// until `None`. O(log paced hosts) each.
+    pub fn poll_due(&mut self, now: Timestamp) -> Option<HostId> {
+        let &(at, host) = self.paced.first()?;
+        if at > now {
+            return None;
+        }
+        self.paced.pop_first();
+        if let Some(p) = self.hosts[host.index()].pace.as_mut() {
+            p.queued = None;
+        }
+        Some(host)
+    }
+
     /// The operators' host-control generation last applied.
     pub fn generation(&self) -> u64 {
         self.generation
@@ -461,9 +552,12 @@ impl HostBook {
     }
 
     /// An attempt to `host` is about to be sent: go, wait, defer, held or set aside (see
-    /// [`HostAnswer`]). A [`HostAnswer::Go`] counts it in flight until its ticket comes back.
+    /// [`HostAnswer`]). A [`HostAnswer::Go`] counts it in flight until its ticket comes back,
+    /// and takes the host's pace: its next start moves one interval on. A wait for the pace
+    /// puts the host under [`HostBook::poll_timeout`].
     pub fn handle_attempt(&mut self, host: HostId, now: Timestamp) -> HostAnswer {
         let cfg = &self.cfg;
+        let paced = &mut self.paced;
         let h = &mut self.hosts[host.index()];
         match h.shared.control {
             HostControl::Hold => return HostAnswer::Held,
@@ -484,6 +578,11 @@ impl HostBook {
             }
             let due = h.shared.not_before.is_none_or(|nb| nb <= now);
             if due && !h.probing {
+                // The probe is paced like any attempt.
+                if wait_for_pace(h, host, paced, now) {
+                    return HostAnswer::Wait;
+                }
+                start(h, host, paced, now);
                 h.probing = true;
                 h.in_flight += 1;
                 let knock = plan(cfg, h, now);
@@ -502,7 +601,10 @@ impl HostBook {
             return HostAnswer::Defer { wait, why };
         }
         let knock = plan(cfg, h, now);
-        if h.in_flight < limit(cfg, h, &knock) {
+        // A full window waits for an attempt's end, which asks again; only a window with
+        // room waits for the pace (and the timer).
+        if h.in_flight < limit(cfg, h, &knock) && !wait_for_pace(h, host, paced, now) {
+            start(h, host, paced, now);
             h.in_flight += 1;
             return HostAnswer::Go(HostTicket {
                 host,
@@ -722,6 +824,51 @@ impl HostBook {
     /// The next change worth a log line.
     pub fn poll_event(&mut self) -> Option<HostEvent> {
         self.events.pop_front()
+    }
+}
+
+/// `d` in whole milliseconds, rounded up (the book's time is milliseconds): a pace never goes
+/// faster than asked.
+fn whole_millis(d: Duration) -> Duration {
+    let ms = d.as_nanos().div_ceil(1_000_000);
+    Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX).max(1))
+}
+
+/// Whether an attempt to paced `h` must wait for its pace `now`; if so the host is put under
+/// the book's pace timer (`paced`) at its next start, once.
+fn wait_for_pace(
+    h: &mut Host,
+    host: HostId,
+    paced: &mut BTreeSet<(Timestamp, HostId)>,
+    now: Timestamp,
+) -> bool {
+    let Some(p) = h.pace.as_mut() else {
+        return false;
+    };
+    if p.due(now) {
+        return false;
+    }
+    if p.queued != Some(p.next) {
+        if let Some(old) = p.queued {
+            paced.remove(&(old, host));
+        }
+        paced.insert((p.next, host));
+        p.queued = Some(p.next);
+    }
+    true
+}
+
+/// An attempt to `h` starts `now`: its pace's next start moves one interval past the later
+/// of itself and `now`, and attempts waiting for the pace wait for that.
+fn start(h: &mut Host, host: HostId, paced: &mut BTreeSet<(Timestamp, HostId)>, now: Timestamp) {
+    let Some(p) = h.pace.as_mut() else {
+        return;
+    };
+    p.next = p.next.max(now) + p.interval;
+    if let Some(old) = p.queued {
+        paced.remove(&(old, host));
+        paced.insert((p.next, host));
+        p.queued = Some(p.next);
     }
 }
 
