@@ -18,7 +18,8 @@
 //! ```
 //!
 //! The most specific entry wins for an endpoint (recipient, then actor, then default). A rate
-//! is requests per second, fractions allowed (`0.5`: one every two seconds); the limit spaces
+//! is requests per second, fractions allowed (`0.5`: one every two seconds), its spacing
+//! rounded up to whole milliseconds (so 300/s runs at 250/s, and at most 1,000/s); the limit spaces
 //! a lane's attempt starts at least `1 / rate` apart (the scheduler's pacing, OL-23), and a
 //! host's by the same rule in the host book, so no second of any run of seconds holds more
 //! than the rate, rounded up. Recipients and hosts are written as URLs and compared in their
@@ -38,9 +39,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use outbox_lanes_core::{LaneKey, Timestamp};
 
-/// The least time between two starts at `per_second` (at least a microsecond).
+/// The least time between two starts at `per_second`, in whole milliseconds rounded up (the
+/// core's time is in milliseconds): never faster than asked, and at most 1,000 per second.
 fn interval(per_second: f64) -> Duration {
-    Duration::from_secs_f64(1.0 / per_second).max(Duration::from_micros(1))
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // finite, above 0
+    let ms = (1000.0 / per_second).ceil().min(u64::MAX as f64) as u64;
+    Duration::from_millis(ms.max(1))
 }
 
 /// The rate limits of a process: endpoints (per actor, per recipient, by default) and hosts.
@@ -392,6 +396,11 @@ per_second = 50
         assert_eq!(ms(r.host_interval("https://hooks.example:443")), Some(20));
         assert_eq!(r.host_interval("https://other.example:443"), None);
         assert!(RateLimits::none().is_empty());
+        // Whole milliseconds, rounded up: never faster than asked.
+        let r = RateLimits::none().with_default_endpoint(300.0).unwrap();
+        assert_eq!(ms(r.endpoint_interval("a", "https://x.example/")), Some(4));
+        let r = RateLimits::none().with_default_endpoint(5000.0).unwrap();
+        assert_eq!(ms(r.endpoint_interval("a", "https://x.example/")), Some(1));
     }
 
     #[test]
