@@ -1,6 +1,6 @@
 //! Requests-per-second limits through the binary (issue 41, item 3; design.md OL-23):
 //! `--endpoint-rate` and `--rate-limits FILE` space an endpoint's requests at least 1/N s
-//! apart, per actor or per recipient, while an unlimited endpoint beside it is not slowed; a
+//! apart, per actor or per recipient, and a host's whichever endpoints and actors they are for, while an unlimited endpoint beside it is not slowed; a
 //! wrong file stops drain and relay with exit 2, naming the entry, before anything is sent.
 //!
 //! Default settings but the limits; `--allow-private-destinations` comes from the common
@@ -119,6 +119,65 @@ fn endpoint_rate_paces_every_endpoint_and_a_file_entry_overrides_it() {
         least_gap(&b) + SLACK >= Duration::from_millis(200),
         "{:?}",
         least_gap(&b)
+    );
+}
+
+#[test]
+fn a_host_rate_spaces_the_requests_of_every_endpoint_and_actor_on_it() {
+    let db = Db::new();
+    let limited = Recipient::start().unwrap();
+    let other = Recipient::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rates.toml");
+    // The host at 10 per second, whichever of its endpoints and actors.
+    std::fs::write(
+        &file,
+        format!(
+            "[hosts.\"http://127.0.0.1:{}\"]\nper_second = 10\n",
+            limited.addr().port()
+        ),
+    )
+    .unwrap();
+    for actor in ["shop-1", "shop-2"] {
+        let mut lines = Vec::new();
+        for ep in 0..3 {
+            lines.extend(rows(
+                &format!("{actor}-{ep}"),
+                3,
+                &limited.url(&format!("/{actor}/{ep}")),
+            ));
+        }
+        lines.extend(rows(
+            &format!("{actor}-other"),
+            10,
+            &other.url(&format!("/{actor}")),
+        ));
+        db.enqueue_lines(actor, &lines);
+    }
+    let relay = common::Relay::start(&db, &["--rate-limits", file.to_str().unwrap()], &[]);
+    let all_in = limited.wait_until(Duration::from_secs(60), |q| q.len() >= 18)
+        && other.wait_until(Duration::from_secs(60), |q| q.len() >= 20);
+    assert!(
+        all_in,
+        "the limited host got {} of 18, the other {} of 20",
+        limited.count_all(),
+        other.count_all()
+    );
+    let (status, lines) = relay.stop();
+    assert!(status.success(), "relay: {}", lines.join("\n"));
+    let got: Vec<Recorded> = limited.all_requests();
+    assert_eq!(got.len(), 18);
+    assert!(
+        least_gap(&got) + SLACK >= Duration::from_millis(100),
+        "two requests to the paced host {:?} apart",
+        least_gap(&got)
+    );
+    // The other host was not slowed: all of it before the limited host's fourth request.
+    let others = other.all_requests();
+    assert_eq!(others.len(), 20);
+    assert!(
+        others.iter().map(|q| q.arrived_at).max().unwrap() < got[3].arrived_at,
+        "the unlimited host was slowed by the paced one"
     );
 }
 
