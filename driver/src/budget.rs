@@ -16,7 +16,7 @@ use outbox_lanes_core::budget::BudgetBook;
 
 use crate::http::not_sent;
 use crate::job::{Executor, Job};
-use crate::ticket::{BudgetPermit, BudgetSink};
+use crate::ticket::{BudgetPermit, PermitSink};
 
 /// How the in-flight budget is shared between actors ([`crate::OutboxConfig::reserve`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -91,7 +91,7 @@ impl Executor for FairShares {
             return Ok(());
         };
         job.budget = Some(BudgetPermit::new(
-            Arc::clone(&self.shared) as Arc<dyn BudgetSink>,
+            Arc::clone(&self.shared) as Arc<dyn PermitSink<ActorId>>,
             actor,
         ));
         // Refused (the inner executor stopped): the job comes back with its permit, whose
@@ -119,7 +119,7 @@ thread_local! {
     static FREED: core::cell::RefCell<Freed> = const { core::cell::RefCell::new(None) };
 }
 
-impl BudgetSink for Shared {
+impl PermitSink<ActorId> for Shared {
     fn release(self: Arc<Self>, actor: ActorId) {
         let outer = FREED.with(|f| {
             let mut f = f.borrow_mut();
@@ -161,7 +161,7 @@ impl Shared {
                 continue;
             }
             job.budget = Some(BudgetPermit::new(
-                Arc::clone(self) as Arc<dyn BudgetSink>,
+                Arc::clone(self) as Arc<dyn PermitSink<ActorId>>,
                 actor.clone(),
             ));
             if let Err(mut job) = self.inner.execute(job) {

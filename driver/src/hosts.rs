@@ -87,7 +87,7 @@ impl Executor for HostCaps {
             h.running += 1;
         }
         job.permit = Some(HostPermit::new(
-            Arc::clone(&self.shared) as Arc<dyn PermitSink>,
+            Arc::clone(&self.shared) as Arc<dyn PermitSink<String>>,
             host,
         ));
         self.shared.inner.execute(job).map_err(|mut job| {
@@ -122,7 +122,7 @@ thread_local! {
     static FREED: core::cell::RefCell<Freed> = const { core::cell::RefCell::new(None) };
 }
 
-impl PermitSink for Shared {
+impl PermitSink<String> for Shared {
     fn release(self: Arc<Self>, host: String) {
         let freed = (self, host);
         let outer = FREED.with(|f| {
@@ -177,7 +177,7 @@ fn pass_on(shared: &Arc<Shared>, host: &str) {
             continue;
         }
         job.permit = Some(HostPermit::new(
-            Arc::clone(shared) as Arc<dyn PermitSink>,
+            Arc::clone(shared) as Arc<dyn PermitSink<String>>,
             host.to_string(),
         ));
         match shared.inner.execute(job) {

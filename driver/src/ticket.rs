@@ -156,88 +156,52 @@ fn decode(b: u8) -> Option<KnockReport> {
     })
 }
 
-/// Where a [`HostPermit`] goes back: the per-host caps.
-pub(crate) trait PermitSink: Send + Sync {
-    /// `host`'s place is free.
-    fn release(self: Arc<Self>, host: String);
+/// Where a [`Permit`] goes back: the per-host caps (keyed by host) or the fair shares of the
+/// budget (keyed by actor).
+pub(crate) trait PermitSink<K>: Send + Sync {
+    /// The place `key` held is free.
+    fn release(self: Arc<Self>, key: K);
 }
 
-/// A job's place under its host's cap ([`HostCaps`](crate::HostCaps)); dropping it (the job
-/// finished, or was dropped unrun) frees the place for the next parked job.
-pub(crate) struct HostPermit {
-    sink: Arc<dyn PermitSink>,
-    host: Option<String>,
+/// A job's place in an executor that parks jobs past a limit ([`HostCaps`](crate::HostCaps),
+/// [`FairShares`](crate::FairShares)); dropping it (the job finished, or was dropped unrun)
+/// frees the place for the next parked job.
+pub(crate) struct Permit<K> {
+    sink: Arc<dyn PermitSink<K>>,
+    key: Option<K>,
 }
 
-impl std::fmt::Debug for HostPermit {
+/// A place under a host's cap.
+pub(crate) type HostPermit = Permit<String>;
+/// A place in the process's in-flight budget.
+pub(crate) type BudgetPermit = Permit<ActorId>;
+
+impl<K: std::fmt::Debug> std::fmt::Debug for Permit<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HostPermit")
-            .field("host", &self.host)
+        f.debug_struct("Permit")
+            .field("key", &self.key)
             .finish_non_exhaustive()
     }
 }
 
-impl HostPermit {
-    pub(crate) fn new(sink: Arc<dyn PermitSink>, host: String) -> Self {
-        HostPermit {
+impl<K> Permit<K> {
+    pub(crate) fn new(sink: Arc<dyn PermitSink<K>>, key: K) -> Self {
+        Permit {
             sink,
-            host: Some(host),
+            key: Some(key),
         }
     }
 
     /// Keeps the place: dropped, the permit frees nothing (its holder passes it on).
     pub(crate) fn disarm(&mut self) {
-        self.host = None;
+        self.key = None;
     }
 }
 
-impl Drop for HostPermit {
+impl<K> Drop for Permit<K> {
     fn drop(&mut self) {
-        if let Some(host) = self.host.take() {
-            Arc::clone(&self.sink).release(host);
-        }
-    }
-}
-
-/// Where a [`BudgetPermit`] goes back: the fair shares of the in-flight budget.
-pub(crate) trait BudgetSink: Send + Sync {
-    /// A place `actor` held is free.
-    fn release(self: Arc<Self>, actor: ActorId);
-}
-
-/// A job's place in the process's in-flight budget ([`FairShares`](crate::FairShares));
-/// dropping it (the job finished, or was dropped unrun) frees the place.
-pub(crate) struct BudgetPermit {
-    sink: Arc<dyn BudgetSink>,
-    actor: Option<ActorId>,
-}
-
-impl std::fmt::Debug for BudgetPermit {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BudgetPermit")
-            .field("actor", &self.actor)
-            .finish_non_exhaustive()
-    }
-}
-
-impl BudgetPermit {
-    pub(crate) fn new(sink: Arc<dyn BudgetSink>, actor: ActorId) -> Self {
-        BudgetPermit {
-            sink,
-            actor: Some(actor),
-        }
-    }
-
-    /// Keeps the place: dropped, the permit frees nothing (its holder passes it on).
-    pub(crate) fn disarm(&mut self) {
-        self.actor = None;
-    }
-}
-
-impl Drop for BudgetPermit {
-    fn drop(&mut self) {
-        if let Some(actor) = self.actor.take() {
-            Arc::clone(&self.sink).release(actor);
+        if let Some(key) = self.key.take() {
+            Arc::clone(&self.sink).release(key);
         }
     }
 }
