@@ -60,6 +60,7 @@ mod error;
 mod exists;
 mod headers;
 pub mod hosts;
+mod lag;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod lanes;
 #[cfg(feature = "sqlite")]
@@ -103,6 +104,7 @@ use outbox_lanes_core::{ActorId, DeadReason, Timestamp, UnitId};
 pub use error::{Cause, EnqueueError, StoreError};
 pub use headers::{HeaderProblem, MAX_HEADER_BYTES, MAX_HEADERS, RefusedHeader, validate_headers};
 pub use hosts::{HostBlock, HostRecord, HostRows, HostStatus, origin_of};
+pub use lag::{LaneHold, PendingHeads};
 pub use notify::{Notifier, PendingWake, Subscription};
 #[cfg(feature = "postgres")]
 pub use postgres::{PgOptions, PgStore};
@@ -511,6 +513,15 @@ pub trait ServiceStore: Send + Sync {
     /// # Errors
     /// Database failures.
     fn oldest_pending(&self) -> Result<Vec<(ActorId, Timestamp)>, StoreError>;
+
+    /// Per actor and [`LaneHold`] at `now`, how many lanes have pending units and when the
+    /// row of the oldest of their heads was enqueued: [`ServiceStore::oldest_pending`] told
+    /// apart by what holds each lane, so that the lag excludes lanes that wait on purpose
+    /// (backoff, throttle, pauses, blocks). One statement, the same cost.
+    ///
+    /// # Errors
+    /// Database failures.
+    fn pending_heads(&self, now: Timestamp) -> Result<Vec<PendingHeads>, StoreError>;
 
     /// Pauses a lane (operator).
     ///

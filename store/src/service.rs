@@ -217,6 +217,10 @@ impl<B: Backend> ServiceStore for B {
         self.read(|db| status::oldest_pending(db))
     }
 
+    fn pending_heads(&self, now: Timestamp) -> Result<Vec<crate::PendingHeads>, StoreError> {
+        self.read(|db| crate::lag::pending_heads(db, now))
+    }
+
     fn pause_lane(&self, lane: StoreLaneId, reason: &str) -> Result<(), StoreError> {
         lane_action(self, lane, true, Reach::BeforeReturn, |db, _| {
             lanes::pause(db, lane, reason)
