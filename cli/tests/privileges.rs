@@ -184,11 +184,11 @@ fn only_migrate_upgrades_a_schema() {
     assert!(
         created
             .stdout
-            .starts_with("created the outbox schema (version 7)"),
+            .starts_with("created the outbox schema (version 8)"),
         "{}",
         created.stdout
     );
-    // Back to version 4, as an older build left it (schemas 5 to 7 only add; the extra
+    // Back to version 4, as an older build left it (schemas 5 to 8 only add; the extra
     // tables and columns are harmless to a version 4 reader, and gone here so the upgrade
     // has work to do).
     {
@@ -197,6 +197,9 @@ fn only_migrate_upgrades_a_schema() {
             "DROP TABLE ol_row_ids; DROP TABLE ol_hosts; DELETE FROM ol_meta WHERE key = 'outbox_id'; \
              ALTER TABLE ol_lanes DROP COLUMN failing_since; \
              ALTER TABLE ol_lanes DROP COLUMN unavailable_since; \
+             DROP TABLE ol_delivery_log; \
+             ALTER TABLE ol_lanes DROP COLUMN in_flight_since; \
+             ALTER TABLE ol_lanes DROP COLUMN in_flight_unit; \
              UPDATE ol_meta SET value = '4' WHERE key = 'schema_version';",
         )
         .unwrap();
@@ -211,7 +214,7 @@ fn only_migrate_upgrades_a_schema() {
         assert_eq!(out.code(), Some(2), "{args:?}: {}", out.stderr);
         assert!(
             out.stderr.contains(
-                "schema version 4 is older than this build's (7); run `outbox-lanes migrate`"
+                "schema version 4 is older than this build's (8); run `outbox-lanes migrate`"
             ),
             "{args:?}: {}",
             out.stderr
@@ -231,16 +234,16 @@ fn only_migrate_upgrades_a_schema() {
     let up = ok(&with_db(&db, &["migrate"]), "");
     assert!(
         up.stdout
-            .starts_with("upgraded the outbox schema from version 4 to 7"),
+            .starts_with("upgraded the outbox schema from version 4 to 8"),
         "{}",
         up.stdout
     );
-    assert_eq!(version(&path), "7");
+    assert_eq!(version(&path), "8");
     let again = ok(&with_db(&db, &["migrate"]), "");
     assert!(
         again
             .stdout
-            .starts_with("the outbox schema is at version 7 already"),
+            .starts_with("the outbox schema is at version 8 already"),
         "{}",
         again.stdout
     );

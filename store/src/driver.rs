@@ -12,11 +12,13 @@ use crate::hosts::{HostRecord, HostRows};
 use crate::notify::Notifier;
 use crate::types::{
     ActorsDue, AttemptRecord, ChangedLane, ClaimRange, ClaimedLane, ControlRead, DeadLetterRequest,
-    LaneControls, Payload, PendingLane, SlotAcquisition, SlotRelease, SlotToken, StoreLaneId,
-    WrittenDeadLetter,
+    DeliveryLogEntry, LaneControls, Payload, PendingLane, SlotAcquisition, SlotRelease, SlotToken,
+    StoreLaneId, WrittenDeadLetter,
 };
+use crate::util::millis_of;
 use crate::{
-    DriverStore, StoreError, dead_letters, hosts, lanes, pg_path, slots, sqlite_path, status, units,
+    DriverStore, StoreError, dead_letters, delivery_log, hosts, lanes, pg_path, slots, sqlite_path,
+    status, units,
 };
 
 /// Runs `f` in a write transaction fenced by `token` ([`StoreError::StaleToken`] and nothing
@@ -135,13 +137,61 @@ impl<B: Backend> DriverStore for B {
         if delivered.is_empty() {
             return Ok(());
         }
+        self.ack_logged(token, delivered, &[])
+    }
+
+    fn logs_deliveries(&self) -> bool {
+        !self.common().delivery_log_retention.is_zero()
+    }
+
+    fn ack_logged(
+        &self,
+        token: &SlotToken,
+        delivered: &[(UnitId, StoreLaneId)],
+        log: &[DeliveryLogEntry],
+    ) -> Result<(), StoreError> {
+        if delivered.is_empty() {
+            return Ok(());
+        }
+        let log = if self.logs_deliveries() { log } else { &[] };
         let retention = self.common().ack_retention.is_some();
         match B::DIALECT {
             Dialect::Sqlite => fenced(self, token, true, |db| {
-                sqlite_path::ack(db, token, delivered, retention)
+                sqlite_path::ack(db, token, delivered, retention)?;
+                delivery_log::write(db, token.actor().as_str(), log)
             }),
-            Dialect::Postgres => pg_path::ack(self, token, delivered, retention),
+            Dialect::Postgres => pg_path::ack(self, token, delivered, log, retention),
         }
+    }
+
+    fn record_attempts_logged(
+        &self,
+        token: &SlotToken,
+        attempts: &[AttemptRecord],
+        log: &[DeliveryLogEntry],
+    ) -> Result<(), StoreError> {
+        let log = if self.logs_deliveries() { log } else { &[] };
+        if attempts.is_empty() && log.is_empty() {
+            return Ok(());
+        }
+        fenced(self, token, true, |db| {
+            let actor = token.actor().as_str();
+            units::record_attempts(db, actor, attempts)?;
+            delivery_log::write(db, actor, log)
+        })
+    }
+
+    fn mark_in_flight(
+        &self,
+        token: &SlotToken,
+        marks: &[(StoreLaneId, Option<(UnitId, Timestamp)>)],
+    ) -> Result<(), StoreError> {
+        if marks.is_empty() {
+            return Ok(());
+        }
+        fenced(self, token, true, |db| {
+            delivery_log::mark(db, token.actor().as_str(), marks)
+        })
     }
 
     fn record_attempts(
@@ -258,7 +308,22 @@ impl<B: Backend> DriverStore for B {
             Some(keep) => crate::ServiceStore::purge_acked(self, now.saturating_sub(keep)),
             None => Ok(0),
         };
-        Ok((forgotten?, purged?))
+        // The delivery log past its window (with the log off: whatever an earlier run left).
+        let before = millis_of(now.saturating_sub(self.common().delivery_log_retention));
+        let mut logged = Ok(());
+        loop {
+            match self.write(true, |db| delivery_log::purge_once(db, before)) {
+                Ok(n) if n < delivery_log::PURGE_BATCH as u64 => break,
+                Ok(_) => {}
+                Err(e) => {
+                    logged = Err(e);
+                    break;
+                }
+            }
+        }
+        let (forgotten, purged) = (forgotten?, purged?);
+        logged?;
+        Ok((forgotten, purged))
     }
 
     fn hosts(&self) -> Result<HostRows, StoreError> {

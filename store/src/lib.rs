@@ -53,6 +53,8 @@ mod db;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod dead_letters;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
+mod delivery_log;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod driver;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod enqueue;
@@ -115,8 +117,12 @@ pub use sqlite::{SqliteOptions, SqliteStore, Synchronous};
 pub use tls::SslMode;
 pub use types::*;
 
+/// How long an attempt stays in flight before a pass marks its lane in flight
+/// ([`DriverStore::mark_in_flight`]): 5 s. Shorter attempts write nothing.
+pub const IN_FLIGHT_MARK_AFTER: Duration = Duration::from_secs(5);
+
 /// The newest schema version this build writes and understands.
-pub const SCHEMA_VERSION: u32 = 7;
+pub const SCHEMA_VERSION: u32 = 8;
 
 /// The whole store: what a runtime holds, as `Arc<dyn Store>`. It is the two sides below
 /// together and has no method of its own; every type that implements both is a `Store`.
@@ -236,6 +242,60 @@ pub trait DriverStore: Send + Sync {
         token: &SlotToken,
         attempts: &[AttemptRecord],
     ) -> Result<(), StoreError>;
+
+    /// Whether the delivery log is on
+    /// ([`CommonOptions::delivery_log_retention`] is not zero): a pass gathers
+    /// [`DeliveryLogEntry`]s only then. `false` unless a store keeps one.
+    fn logs_deliveries(&self) -> bool {
+        false
+    }
+
+    /// [`DriverStore::ack`], and the delivery log's entries of these deliveries written in
+    /// the same transaction (on Postgres in the ack's one statement). A store without a log
+    /// only acks.
+    ///
+    /// # Errors
+    /// As [`DriverStore::ack`].
+    fn ack_logged(
+        &self,
+        token: &SlotToken,
+        delivered: &[(UnitId, StoreLaneId)],
+        log: &[DeliveryLogEntry],
+    ) -> Result<(), StoreError> {
+        let _ = log;
+        self.ack(token, delivered)
+    }
+
+    /// [`DriverStore::record_attempts`], and the delivery log's entries of these attempts
+    /// written in the same transaction. A store without a log only records.
+    ///
+    /// # Errors
+    /// As [`DriverStore::record_attempts`].
+    fn record_attempts_logged(
+        &self,
+        token: &SlotToken,
+        attempts: &[AttemptRecord],
+        log: &[DeliveryLogEntry],
+    ) -> Result<(), StoreError> {
+        let _ = log;
+        self.record_attempts(token, attempts)
+    }
+
+    /// Marks lanes whose head has been in flight for longer than [`IN_FLIGHT_MARK_AFTER`]
+    /// (`Some((unit, since))`), or clears their mark (`None`), in one fenced transaction
+    /// (`ol_lanes.in_flight_since`, `in_flight_unit`). A pass sweeps at most once a second,
+    /// so a relay writes nothing for attempts that answer within the threshold.
+    ///
+    /// # Errors
+    /// [`StoreError::StaleToken`] (nothing written), database failures.
+    fn mark_in_flight(
+        &self,
+        token: &SlotToken,
+        marks: &[(StoreLaneId, Option<(UnitId, Timestamp)>)],
+    ) -> Result<(), StoreError> {
+        let _ = (token, marks);
+        Ok(())
+    }
 
     /// Moves recipients' deliveries of units to the dead letters, in one transaction: all of
     /// them are durable when it returns (OL-16), or, on an error, none is written. Finishes
@@ -445,6 +505,34 @@ pub trait ServiceStore: Send + Sync {
     /// # Errors
     /// Database failures.
     fn status(&self) -> Result<Vec<ActorStatus>, StoreError>;
+
+    /// Where each recipient of `actor`'s row `row_id` stands (pending, in flight, delivered,
+    /// dead letter), with the delivery log's history of its attempts; empty when the store
+    /// knows nothing of the row (never enqueued, or finished and past the log's window).
+    ///
+    /// # Errors
+    /// Database failures.
+    fn row_deliveries(
+        &self,
+        actor: &ActorId,
+        row_id: &str,
+    ) -> Result<Vec<RowDelivery>, StoreError> {
+        let _ = (actor, row_id);
+        Ok(Vec::new())
+    }
+
+    /// The delivery log's entries of `actor`'s row `row_id`, by lane, oldest first.
+    ///
+    /// # Errors
+    /// Database failures.
+    fn delivery_log(
+        &self,
+        actor: &ActorId,
+        row_id: &str,
+    ) -> Result<Vec<DeliveryLogRow>, StoreError> {
+        let _ = (actor, row_id);
+        Ok(Vec::new())
+    }
 
     /// Every lane of the actor (lanes are never deleted), with its depth and state.
     ///

@@ -67,6 +67,30 @@ macro_rules! ack_one_lane {
              SELECT EXISTS (SELECT 1 FROM f), (SELECT joined FROM j), (SELECT count(*) FROM s)"
         )
     };
+    ($finish:literal, logged) => {
+        concat!(
+            "WITH f AS (",
+            live_slot!(),
+            " FOR SHARE), \
+             j AS (SELECT CASE WHEN EXISTS (SELECT 1 FROM ol_units WHERE unit_id IS NOT NULL) \
+               THEN EXISTS (SELECT 1 FROM ol_units x WHERE x.unit_id = ANY($3::bigint[])) ELSE FALSE END AS joined), \
+             s AS (",
+            $finish,
+            "), \
+             r AS (DELETE FROM ol_rows r WHERE r.id = ANY(ARRAY(SELECT row_ref FROM s WHERE row_ref IS NOT NULL)) \
+               AND NOT EXISTS (SELECT 1 FROM ol_units x WHERE x.row_ref = r.id \
+                 AND NOT (x.id = ANY(ARRAY(SELECT id FROM s))) OFFSET 0) \
+               AND NOT EXISTS (SELECT 1 FROM ol_dead_letters x WHERE x.row_ref = r.id OFFSET 0)), \
+             g AS (INSERT INTO ol_delivery_log (actor, row_id, unit_id, lane_id, attempt, started_at, \
+               duration_ms, status, error_class, body, delivered) \
+               SELECT $1, g.row_id, g.unit, g.lane, g.attempt, g.started, g.took, g.status, g.class, \
+               g.body, TRUE FROM unnest($5::text[], $6::bigint[], $7::bigint[], $8::bigint[], \
+                 $9::bigint[], $10::bigint[], $11::bigint[], $12::text[], $13::text[]) \
+                 AS g(row_id, unit, lane, attempt, started, took, status, class, body) \
+               WHERE EXISTS (SELECT 1 FROM f)) \
+             SELECT EXISTS (SELECT 1 FROM f), (SELECT joined FROM j), (SELECT count(*) FROM s)"
+        )
+    };
 }
 
 static ACK_ONE_LANE_RETAIN: Sql = Sql::new(ack_one_lane!(
@@ -81,6 +105,26 @@ static ACK_ONE_LANE_DELETE: Sql = Sql::new(ack_one_lane!(
      WHERE NOT (SELECT joined FROM j) AND EXISTS (SELECT 1 FROM f) \
      AND d.id = a.id AND d.lane_id = a.lane AND d.unit_id IS NULL \
      AND d.state = 0 AND d.lanes = 1 AND d.actor = $1 RETURNING d.id, d.row_ref"
+));
+
+/// [`ACK_ONE_LANE_DELETE`] writing the delivery log's entries too (`$5`…`$13`), in the same
+/// statement: the log costs no round trip.
+static ACK_ONE_LANE_DELETE_LOGGED: Sql = Sql::new(ack_one_lane!(
+    "DELETE FROM ol_units d USING unnest($3::bigint[], $4::bigint[]) AS a(id, lane) \
+     WHERE NOT (SELECT joined FROM j) AND EXISTS (SELECT 1 FROM f) \
+     AND d.id = a.id AND d.lane_id = a.lane AND d.unit_id IS NULL \
+     AND d.state = 0 AND d.lanes = 1 AND d.actor = $1 RETURNING d.id, d.row_ref",
+    logged
+));
+
+/// [`ACK_ONE_LANE_RETAIN`] writing the delivery log's entries too.
+static ACK_ONE_LANE_RETAIN_LOGGED: Sql = Sql::new(ack_one_lane!(
+    "UPDATE ol_units d SET state = 1, pending = 0, acked_at = {now}, lane_id = NULL \
+     FROM unnest($3::bigint[], $4::bigint[]) AS a(id, lane) \
+     WHERE NOT (SELECT joined FROM j) AND EXISTS (SELECT 1 FROM f) \
+     AND d.id = a.id AND d.lane_id = a.lane AND d.unit_id IS NULL \
+     AND d.state = 0 AND d.lanes = 1 AND d.actor = $1 RETURNING d.id, NULL::bigint AS row_ref",
+    logged
 ));
 
 /// See [`lanes_with_work`].
@@ -359,8 +403,43 @@ fn ack_one_lane(
     token: &SlotToken,
     units: &Vec<i64>,
     lanes: &Vec<i64>,
+    log: &[crate::types::DeliveryLogEntry],
     retention: bool,
 ) -> Result<(bool, bool, usize), StoreError> {
+    let read = |r: &dyn crate::db::Get| {
+        Ok((
+            r.flag(0)?,
+            r.flag(1)?,
+            usize::try_from(r.int(2)?).unwrap_or(0),
+        ))
+    };
+    if !log.is_empty() {
+        let sql = if retention {
+            &ACK_ONE_LANE_RETAIN_LOGGED
+        } else {
+            &ACK_ONE_LANE_DELETE_LOGGED
+        };
+        let c = crate::delivery_log::Columns::of(log);
+        return db.query_one(
+            sql,
+            args![
+                token.actor().as_str(),
+                to_i64(token.fencing()),
+                units,
+                lanes,
+                &c.row_ids,
+                &c.units,
+                &c.lanes,
+                &c.attempts,
+                &c.started,
+                &c.took,
+                &c.status,
+                &c.class,
+                &c.body
+            ],
+            read,
+        );
+    }
     let sql = if retention {
         &ACK_ONE_LANE_RETAIN
     } else {
@@ -460,6 +539,7 @@ pub(crate) fn ack<B: Backend>(
     store: &B,
     token: &SlotToken,
     delivered: &[(UnitId, StoreLaneId)],
+    log: &[crate::types::DeliveryLogEntry],
     retention: bool,
 ) -> Result<(), StoreError> {
     let mut pairs = delivered.to_vec();
@@ -468,7 +548,7 @@ pub(crate) fn ack<B: Backend>(
     let units: Vec<i64> = pairs.iter().map(|(u, _)| to_i64(u.0)).collect();
     let lanes: Vec<i64> = pairs.iter().map(|(_, l)| l.0).collect();
     let (live, joined, done) =
-        store.read(|db| ack_one_lane(db, token, &units, &lanes, retention))?;
+        store.read(|db| ack_one_lane(db, token, &units, &lanes, log, retention))?;
     if !live {
         return Err(slots::stale(token));
     }

@@ -259,13 +259,26 @@ const MIGRATE_V6_TO_V7: &str = "ALTER TABLE ol_lanes ADD COLUMN failing_since BI
      ALTER TABLE ol_lanes ADD COLUMN unavailable_since BIGINT; \
      UPDATE ol_meta SET value = '7' WHERE key = 'schema_version';";
 
+/// Version 7 to 8 (SCHEMA.md "Migrations"): the delivery log and the lanes' in-flight marks
+/// (issue 39).
+const MIGRATE_V7_TO_V8: &str = "CREATE TABLE ol_delivery_log (id BIGSERIAL PRIMARY KEY, \
+         actor TEXT NOT NULL, row_id TEXT NOT NULL, unit_id BIGINT NOT NULL, \
+         lane_id BIGINT NOT NULL, attempt BIGINT NOT NULL, started_at BIGINT NOT NULL, \
+         duration_ms BIGINT NOT NULL, status BIGINT, error_class TEXT, body TEXT, \
+         delivered BOOLEAN NOT NULL DEFAULT FALSE); \
+     CREATE INDEX ol_delivery_log_row ON ol_delivery_log (actor, row_id); \
+     ALTER TABLE ol_lanes ADD COLUMN in_flight_since BIGINT; \
+     ALTER TABLE ol_lanes ADD COLUMN in_flight_unit BIGINT; \
+     UPDATE ol_meta SET value = '8' WHERE key = 'schema_version';";
+
 /// The migrations past version 2 and the version each reaches: a new schema runs them too.
-const MIGRATIONS: [(u32, &str); 5] = [
+const MIGRATIONS: [(u32, &str); 6] = [
     (3, MIGRATE_V2_TO_V3),
     (4, MIGRATE_V3_TO_V4),
     (5, MIGRATE_V4_TO_V5),
     (6, MIGRATE_V5_TO_V6),
     (7, MIGRATE_V6_TO_V7),
+    (8, MIGRATE_V7_TO_V8),
 ];
 
 /// A schema name the store accepts: lower-case letters, digits and `_`, not starting with a

@@ -113,6 +113,22 @@ fn host_lanes_action<B: Backend>(
 // `Backend` is crate-private on purpose (sealed): only this crate's stores implement it.
 #[allow(private_bounds)]
 impl<B: Backend> ServiceStore for B {
+    fn row_deliveries(
+        &self,
+        actor: &ActorId,
+        row_id: &str,
+    ) -> Result<Vec<crate::RowDelivery>, StoreError> {
+        self.read(|db| crate::delivery_log::row_deliveries(db, actor, row_id))
+    }
+
+    fn delivery_log(
+        &self,
+        actor: &ActorId,
+        row_id: &str,
+    ) -> Result<Vec<crate::DeliveryLogRow>, StoreError> {
+        self.read(|db| crate::delivery_log::read(db, actor.as_str(), row_id))
+    }
+
     fn host_list(&self) -> Result<Vec<HostStatus>, StoreError> {
         let (records, usage) = self.read(|db| Ok((hosts::all(db)?, hosts::usage(db)?)))?;
         Ok(hosts::statuses(records.hosts, usage))

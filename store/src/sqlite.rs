@@ -302,13 +302,25 @@ const V5_TO_V6: &str = "CREATE TABLE ol_hosts (\
 const V6_TO_V7: &str = "ALTER TABLE ol_lanes ADD COLUMN failing_since INTEGER; \
      ALTER TABLE ol_lanes ADD COLUMN unavailable_since INTEGER;";
 
+/// Version 7 → 8 (SCHEMA.md, "Migrations"): the delivery log and the lanes' in-flight marks
+/// (issue 39).
+const V7_TO_V8: &str = "CREATE TABLE ol_delivery_log (\
+         id INTEGER PRIMARY KEY, actor TEXT NOT NULL, row_id TEXT NOT NULL, \
+         unit_id INTEGER NOT NULL, lane_id INTEGER NOT NULL, attempt INTEGER NOT NULL, \
+         started_at INTEGER NOT NULL, duration_ms INTEGER NOT NULL, status INTEGER, \
+         error_class TEXT, body TEXT, delivered INTEGER NOT NULL DEFAULT 0); \
+     CREATE INDEX ol_delivery_log_row ON ol_delivery_log (actor, row_id); \
+     ALTER TABLE ol_lanes ADD COLUMN in_flight_since INTEGER; \
+     ALTER TABLE ol_lanes ADD COLUMN in_flight_unit INTEGER;";
+
 /// The migrations past version 2 and the version each reaches: a new database runs them too.
-const MIGRATIONS: [(u32, &str); 5] = [
+const MIGRATIONS: [(u32, &str); 6] = [
     (3, V2_TO_V3),
     (4, V3_TO_V4),
     (5, V4_TO_V5),
     (6, V5_TO_V6),
     (7, V6_TO_V7),
+    (8, V7_TO_V8),
 ];
 
 /// The version 2 `ol_units` alone, for the migration from version 1.

@@ -254,6 +254,140 @@ pub struct AttemptRecord {
     pub at: Timestamp,
 }
 
+/// How many bytes of a non-2xx answer's body the delivery log keeps
+/// ([`DeliveryLogEntry::body`]): 1 KiB.
+pub const LOG_BODY_EXCERPT: usize = 1024;
+
+/// One attempt's outcome for the delivery log (`ol_delivery_log`, schema 8), written in the
+/// transaction that records the attempt ([`DriverStore::record_attempts_logged`]) or acks
+/// the delivery ([`DriverStore::ack_logged`]): no write of its own.
+///
+/// [`DriverStore::record_attempts_logged`]: crate::DriverStore::record_attempts_logged
+/// [`DriverStore::ack_logged`]: crate::DriverStore::ack_logged
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeliveryLogEntry {
+    /// The unit.
+    pub unit: UnitId,
+    /// The recipient's lane.
+    pub lane: StoreLaneId,
+    /// The unit's row id (what `rows show` looks the row up by).
+    pub row_id: String,
+    /// The attempt's number (1 for the first).
+    pub attempt: u32,
+    /// When the attempt started.
+    pub started_at: Timestamp,
+    /// How long it took, in milliseconds.
+    pub duration_ms: u64,
+    /// The HTTP status, if the recipient answered.
+    pub status: Option<u16>,
+    /// The error's code ([`error_class`]: `timeout`, `status 500`, `connection_refused`…),
+    /// `None` when delivered.
+    pub error_class: Option<String>,
+    /// The start of a non-2xx answer's body, as text (at most [`LOG_BODY_EXCERPT`] bytes,
+    /// cut on a character boundary); `None` for a 2xx or no answer.
+    pub body: Option<String>,
+    /// The attempt delivered the unit to this recipient.
+    pub delivered: bool,
+}
+
+/// An error's class, as the delivery log keeps it: the text before its first `:` (the
+/// stable code every error starts with: `timeout`, `connection_refused`, `status 500`…).
+pub fn error_class(error: &str) -> &str {
+    error.split(':').next().unwrap_or(error).trim()
+}
+
+/// `body` cut to at most [`LOG_BODY_EXCERPT`] bytes, on a character boundary.
+pub fn log_excerpt(body: &str) -> &str {
+    if body.len() <= LOG_BODY_EXCERPT {
+        return body;
+    }
+    let mut end = LOG_BODY_EXCERPT;
+    while !body.is_char_boundary(end) {
+        end -= 1;
+    }
+    body.get(..end).unwrap_or("")
+}
+
+/// One entry of the delivery log, as read back
+/// ([`ServiceStore::delivery_log`](crate::ServiceStore::delivery_log)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeliveryLogRow {
+    /// The unit.
+    pub unit: UnitId,
+    /// The lane.
+    pub lane: StoreLaneId,
+    /// The recipient (canonical), `""` if its lane is unknown.
+    pub recipient: String,
+    /// The attempt's number.
+    pub attempt: u32,
+    /// When it started.
+    pub started_at: Timestamp,
+    /// How long it took, in milliseconds.
+    pub duration_ms: u64,
+    /// The HTTP status, if any.
+    pub status: Option<u16>,
+    /// The error's class, if it failed.
+    pub error_class: Option<String>,
+    /// The start of a non-2xx answer's body.
+    pub body: Option<String>,
+    /// It delivered.
+    pub delivered: bool,
+}
+
+/// Where one recipient of a row stands
+/// ([`ServiceStore::row_deliveries`](crate::ServiceStore::row_deliveries)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowDeliveryState {
+    /// Waiting for (another) attempt.
+    Pending,
+    /// Its attempt has been in flight since this time (longer than a relay's in-flight
+    /// threshold: shorter attempts are not marked).
+    InFlight(Timestamp),
+    /// Delivered (by the log's last entry, while the log keeps it).
+    Delivered,
+    /// Moved aside as a dead letter.
+    DeadLetter,
+    /// Finished: no longer pending, and the log has nothing more about it (off, or past its
+    /// window).
+    Finished,
+}
+
+impl RowDeliveryState {
+    /// `pending`, `in flight`, `delivered`, `dead letter`, `finished`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RowDeliveryState::Pending => "pending",
+            RowDeliveryState::InFlight(_) => "in flight",
+            RowDeliveryState::Delivered => "delivered",
+            RowDeliveryState::DeadLetter => "dead letter",
+            RowDeliveryState::Finished => "finished",
+        }
+    }
+}
+
+/// One recipient of a row: its state, attempts and history.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowDelivery {
+    /// The unit.
+    pub unit: UnitId,
+    /// The lane.
+    pub lane: StoreLaneId,
+    /// The recipient (canonical).
+    pub recipient: String,
+    /// Where it stands.
+    pub state: RowDeliveryState,
+    /// Attempts counted so far.
+    pub attempts: u32,
+    /// The last HTTP status, if any.
+    pub last_status: Option<u16>,
+    /// The last error, if any.
+    pub last_error: Option<String>,
+    /// When it was delivered (the delivering attempt's end), while the log keeps it.
+    pub delivered_at: Option<Timestamp>,
+    /// The attempts the delivery log keeps, oldest first.
+    pub history: Vec<DeliveryLogRow>,
+}
+
 /// A dead-lettering of one recipient of a unit (OL-8, OL-18).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeadLetterRequest {
@@ -713,6 +847,14 @@ pub struct CommonOptions {
     /// 10 minutes by default). Zero turns the window off: enqueue then writes no ledger
     /// entry (one table write per row less).
     pub row_id_retention: Duration,
+    /// How long the delivery log (`ol_delivery_log`, schema 8) keeps each attempt's outcome
+    /// ([`DeliveryLogEntry`]), counted from the attempt's start; by default the row-id window
+    /// ([`DEFAULT_ROW_ID_RETENTION`], 7 days), so that a delivered row answers "delivered at T
+    /// after N attempts" for as long as its id is remembered. The monitor's upkeep
+    /// ([`DriverStore::upkeep`](crate::DriverStore::upkeep)) deletes older entries. Zero turns
+    /// the log off: a pass then writes nothing for it
+    /// ([`DriverStore::logs_deliveries`](crate::DriverStore::logs_deliveries) is `false`).
+    pub delivery_log_retention: Duration,
     /// What opening the store may do to the schema.
     pub schema: SchemaPolicy,
 }
@@ -724,6 +866,7 @@ impl Default for CommonOptions {
             max_recipients: DEFAULT_MAX_RECIPIENTS,
             ack_retention: None,
             row_id_retention: DEFAULT_ROW_ID_RETENTION,
+            delivery_log_retention: DEFAULT_ROW_ID_RETENTION,
             schema: SchemaPolicy::Migrate,
         }
     }

@@ -73,7 +73,184 @@ contract!(
     hosts_share_health_and_schemes_and_operators_block_them,
     host_actions_move_a_generation_passes_read_and_pause_lanes_only_while_held,
     dead_letters_matching_a_time_range_recipient_and_reason,
+    delivery_log_keeps_attempts_and_answers_rows,
+    delivery_log_off_writes_nothing,
 );
+
+fn log_entry(unit: UnitId, lane: StoreLaneId, row: &str, attempt: u32) -> DeliveryLogEntry {
+    DeliveryLogEntry {
+        unit,
+        lane,
+        row_id: row.to_owned(),
+        attempt,
+        started_at: now(),
+        duration_ms: 12,
+        status: None,
+        error_class: None,
+        body: None,
+        delivered: false,
+    }
+}
+
+/// Issue 39: a failed attempt's entry goes with its record, a delivery's with its ack; a row
+/// answers per recipient (delivered at T after N attempts, in flight since, dead letter) with
+/// its history; the body excerpt is kept verbatim up to 1 KiB; the upkeep purges the log past
+/// its window.
+fn delivery_log_keeps_attempts_and_answers_rows(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        assert!(s.logs_deliveries());
+        let a = actor("alice");
+        s.enqueue(&a, &[row("r0", &[A, B]), row("r1", &[A])])
+            .expect("enqueue");
+        let t = acquire(s, &a, "h", LEASE);
+        let (la, lb) = (lane_of(s, &a, A), lane_of(s, &a, B));
+        let ua = claim_lane(s, &t, la, 0, 10).units;
+        let ub = claim_lane(s, &t, lb, 0, 10).units;
+        let (u0a, u1a, u0b) = (ua[0].id, ua[1].id, ub[0].id);
+        let body = format!("<script>alert(1)</script>é{}", "x".repeat(2000));
+        let failed = DeliveryLogEntry {
+            status: Some(500),
+            error_class: Some(error_class("status 500: <script>").to_owned()),
+            body: Some(body.clone()),
+            ..log_entry(u0a, la, "r0", 1)
+        };
+        s.record_attempts_logged(
+            &t,
+            &[AttemptRecord {
+                unit: u0a,
+                lane: la,
+                attempts: 1,
+                status: Some(500),
+                error: Some("status 500: <script>".into()),
+                at: now(),
+            }],
+            &[failed],
+        )
+        .expect("record");
+        let ok = DeliveryLogEntry {
+            status: Some(200),
+            delivered: true,
+            ..log_entry(u0a, la, "r0", 2)
+        };
+        let ok1 = DeliveryLogEntry {
+            status: Some(204),
+            delivered: true,
+            ..log_entry(u1a, la, "r1", 1)
+        };
+        s.ack_logged(&t, &[(u0a, la), (u1a, la)], &[ok, ok1])
+            .expect("ack");
+        let since = now();
+        s.mark_in_flight(&t, &[(lb, Some((u0b, since)))])
+            .expect("mark");
+
+        let rows = s.row_deliveries(&a, "r0").expect("row");
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        let ra = rows.iter().find(|r| r.lane == la).expect("A");
+        assert_eq!(ra.state, RowDeliveryState::Delivered);
+        assert_eq!(ra.attempts, 2);
+        assert!(ra.delivered_at.is_some());
+        assert_eq!(ra.history.len(), 2);
+        assert_eq!(ra.history[0].status, Some(500));
+        assert_eq!(ra.history[0].error_class.as_deref(), Some("status 500"));
+        let kept = ra.history[0].body.as_deref().expect("body");
+        assert!(kept.starts_with("<script>alert(1)</script>é"), "{kept}");
+        assert!(
+            kept.len() <= LOG_BODY_EXCERPT && kept.len() > 1000,
+            "{}",
+            kept.len()
+        );
+        assert!(ra.history[1].delivered);
+        let rb = rows.iter().find(|r| r.lane == lb).expect("B");
+        assert_eq!(rb.state, RowDeliveryState::InFlight(since));
+        assert_eq!(rb.recipient, B);
+        // Cleared: pending again.
+        s.mark_in_flight(&t, &[(lb, None)]).expect("clear");
+        let rows = s.row_deliveries(&a, "r0").expect("row");
+        let rb = rows.iter().find(|r| r.lane == lb).expect("B");
+        assert_eq!(rb.state, RowDeliveryState::Pending);
+        // Dead-lettered: the dead letter's attempts, the log's history.
+        s.record_attempts_logged(
+            &t,
+            &[AttemptRecord {
+                unit: u0b,
+                lane: lb,
+                attempts: 1,
+                status: Some(422),
+                error: Some("status 422: no".into()),
+                at: now(),
+            }],
+            &[DeliveryLogEntry {
+                status: Some(422),
+                error_class: Some("status 422".into()),
+                body: Some("no".into()),
+                ..log_entry(u0b, lb, "r0", 1)
+            }],
+        )
+        .expect("record");
+        s.write_dead_letters(
+            &t,
+            &[DeadLetterRequest {
+                unit: u0b,
+                lane: lb,
+                reason: DeadReason::Permanent,
+                status: Some(422),
+                error: Some("status 422: no".into()),
+                at: now(),
+            }],
+        )
+        .expect("dead letter");
+        let rows = s.row_deliveries(&a, "r0").expect("row");
+        let rb = rows.iter().find(|r| r.lane == lb).expect("B");
+        assert_eq!(rb.state, RowDeliveryState::DeadLetter);
+        assert_eq!(rb.attempts, 1);
+        assert_eq!(rb.history.len(), 1);
+        assert_eq!(rb.history[0].body.as_deref(), Some("no"));
+        assert_eq!(s.delivery_log(&a, "r1").expect("log").len(), 1);
+        assert!(s.row_deliveries(&a, "nope").expect("none").is_empty());
+        // A stale token writes no entry.
+        let _ = s.release_slot(&t).expect("release");
+        assert!(
+            s.ack_logged(&t, &[(u0b, lb)], &[log_entry(u0b, lb, "r0", 9)])
+                .is_err()
+        );
+        assert_eq!(s.delivery_log(&a, "r0").expect("log").len(), 3);
+        // The upkeep purges entries past the window (7 days by default).
+        s.upkeep(now().saturating_add(Duration::from_secs(8 * 86_400)))
+            .expect("upkeep");
+        assert!(s.delivery_log(&a, "r0").expect("log").is_empty());
+        assert!(s.delivery_log(&a, "r1").expect("log").is_empty());
+        // r0's dead letter remains; r1 is forgotten.
+        let rows = s.row_deliveries(&a, "r0").expect("row");
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        assert_eq!(rows[0].state, RowDeliveryState::DeadLetter);
+        assert!(s.row_deliveries(&a, "r1").expect("row").is_empty());
+    });
+}
+
+/// Issue 39: `delivery_log_retention` zero turns the log off.
+fn delivery_log_off_writes_nothing(b: Backend) {
+    let common = CommonOptions {
+        delivery_log_retention: Duration::ZERO,
+        ..CommonOptions::default()
+    };
+    run(b, common, |h| {
+        let s = &*h.store;
+        assert!(!s.logs_deliveries());
+        let a = actor("alice");
+        s.enqueue(&a, &[row("r0", &[A])]).expect("enqueue");
+        let t = acquire(s, &a, "h", LEASE);
+        let la = lane_of(s, &a, A);
+        let u = claim_lane(s, &t, la, 0, 10).units[0].id;
+        let e = DeliveryLogEntry {
+            delivered: true,
+            ..log_entry(u, la, "r0", 1)
+        };
+        s.ack_logged(&t, &[(u, la)], &[e]).expect("ack");
+        assert!(s.delivery_log(&a, "r0").expect("log").is_empty());
+        assert!(s.row_deliveries(&a, "r0").expect("row").is_empty());
+    });
+}
 
 /// OL-14 for hosts: every host action moves the operators' generation, which a pass's read of
 /// its lane controls returns; a pass pauses a lane for a held host only while it is held (its

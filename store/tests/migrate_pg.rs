@@ -972,3 +972,53 @@ fn postgres_schema_policies_refuse_what_they_may_not_change() {
         connect(&fresh.name, policy(p)).expect("current schema");
     }
 }
+
+/// Version 7 → 8 (issue 39): the delivery log appears, empty, lanes get `NULL` in-flight
+/// marks; the pending row stays, and a pass logs its delivery at once.
+#[test]
+fn postgres_v7_database_is_migrated_to_v8_with_a_delivery_log() {
+    let Some(url) = pg_url() else {
+        println!("skipped: OUTBOX_LANES_TEST_PG not set");
+        return;
+    };
+    let schema = Schema::new(&url, "v7");
+    let mut c = v6_schema(&schema);
+    c.batch_execute(
+        "ALTER TABLE ol_lanes ADD COLUMN failing_since BIGINT; \
+         ALTER TABLE ol_lanes ADD COLUMN unavailable_since BIGINT; \
+         UPDATE ol_meta SET value = '7' WHERE key = 'schema_version';",
+    )
+    .expect("v7");
+    let store = schema.store(CommonOptions::default());
+    assert_eq!(schema_version_of(&mut c), SCHEMA_VERSION.to_string());
+    let one = |c: &mut Client, sql: &str| -> i64 { c.query_one(sql, &[]).expect(sql).get(0) };
+    assert_eq!(one(&mut c, "SELECT count(*) FROM ol_delivery_log"), 0);
+    assert_eq!(
+        one(
+            &mut c,
+            "SELECT count(*) FROM ol_lanes WHERE in_flight_since IS NULL AND in_flight_unit IS NULL"
+        ),
+        1
+    );
+    let a = actor("alice");
+    let t = acquire(&store, &a, "h", LEASE);
+    let la = lane_of(&store, &a, A);
+    let u = claim_lane(&store, &t, la, 0, 100).units[0].id;
+    let entry = DeliveryLogEntry {
+        unit: u,
+        lane: la,
+        row_id: "p".into(),
+        attempt: 1,
+        started_at: Timestamp::from_millis(5_000),
+        duration_ms: 3,
+        status: Some(200),
+        error_class: None,
+        body: None,
+        delivered: true,
+    };
+    store.ack_logged(&t, &[(u, la)], &[entry]).expect("ack");
+    let rows = store.row_deliveries(&a, "p").expect("row");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].state, RowDeliveryState::Delivered);
+    let _ = store.release_slot(&t).expect("release");
+}

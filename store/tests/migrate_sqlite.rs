@@ -1099,3 +1099,51 @@ fn schema_policies_refuse_what_they_may_not_change() {
     ));
     assert!(!dir.path().join("empty.db-holders").exists());
 }
+
+/// Version 7 → 8 (issue 39): the delivery log appears, empty, lanes get `NULL` in-flight
+/// marks; the pending row stays, and a pass logs its delivery at once.
+#[test]
+fn v7_database_migrates_to_v8_with_a_delivery_log() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("v7.db");
+    let c = v6_database(&path);
+    c.execute_batch(
+        "ALTER TABLE ol_lanes ADD COLUMN failing_since INTEGER; \
+         ALTER TABLE ol_lanes ADD COLUMN unavailable_since INTEGER; \
+         UPDATE ol_meta SET value = '7' WHERE key = 'schema_version';",
+    )
+    .expect("v7");
+    drop(c);
+    assert!(!table_exists(&path, "ol_delivery_log"));
+    let store = SqliteStore::open(&path, SqliteOptions::default()).expect("open");
+    assert_eq!(schema_version(&path), SCHEMA_VERSION.to_string());
+    assert_eq!(count(&path, "SELECT count(*) FROM ol_delivery_log"), 0);
+    assert_eq!(
+        count(
+            &path,
+            "SELECT count(*) FROM ol_lanes WHERE in_flight_since IS NULL AND in_flight_unit IS NULL"
+        ),
+        1
+    );
+    let a = actor(ALICE);
+    let t = acquire(&store, &a, "h", LEASE);
+    let la = lane_of(&store, &a, A);
+    let u = claim_all(&store, &t, la.0).units[0].id;
+    let entry = DeliveryLogEntry {
+        unit: u,
+        lane: la,
+        row_id: "p".into(),
+        attempt: 1,
+        started_at: Timestamp::from_millis(5_000),
+        duration_ms: 3,
+        status: Some(200),
+        error_class: None,
+        body: None,
+        delivered: true,
+    };
+    store.ack_logged(&t, &[(u, la)], &[entry]).expect("ack");
+    let rows = store.row_deliveries(&a, "p").expect("row");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].state, RowDeliveryState::Delivered);
+    let _ = store.release_slot(&t).expect("release");
+}

@@ -1,0 +1,366 @@
+//! The delivery log (`ol_delivery_log`, schema 8, issue 39) and the lanes' in-flight marks.
+//!
+//! Every attempt's outcome — when it started, how long it took, its number, the status, the
+//! error's class and the first KiB of a non-2xx answer's body — is kept for
+//! [`CommonOptions::delivery_log_retention`](crate::CommonOptions::delivery_log_retention)
+//! (the row-id window by default). A pass hands the entries to the store with the writes it
+//! makes anyway: a failed attempt's entry with its attempt record
+//! ([`DriverStore::record_attempts_logged`](crate::DriverStore::record_attempts_logged)), a
+//! delivery's with its ack ([`DriverStore::ack_logged`](crate::DriverStore::ack_logged),
+//! which the ack writer group-commits). On SQLite that is one more `INSERT` per entry in a
+//! transaction already open; on Postgres one set-based `INSERT … SELECT FROM unnest(…)` per
+//! batch, inside the ack's own single statement (a data-modifying CTE) or the record's
+//! transaction: no round trip of its own. The table has one index, `(actor, row_id)`, for
+//! `rows show`; the upkeep deletes old entries in `id` order (ids grow with time), so no index
+//! on time is written per delivery.
+//!
+//! In-flight marks (`ol_lanes.in_flight_since`, `in_flight_unit`): a relay does not write
+//! every start. A pass marks a lane whose head has been in flight for longer than
+//! [`IN_FLIGHT_MARK_AFTER`](crate::IN_FLIGHT_MARK_AFTER) (5 s), sweeping at most once a
+//! second, and clears the mark once that attempt's outcome is written (or when the pass
+//! ends). Readers trust a mark only while the actor's drain slot is held (a relay that died
+//! mid-attempt leaves a mark that its expired lease makes stale).
+
+use outbox_lanes_core::{ActorId, Timestamp, UnitId};
+
+use crate::StoreError;
+use crate::db::{Db, Dialect, Sql, args};
+use crate::types::{
+    DeliveryLogEntry, DeliveryLogRow, RowDelivery, RowDeliveryState, StoreLaneId, log_excerpt,
+};
+use crate::util::{millis_of, status_of, timestamp_of, to_i64, to_u32, to_u64};
+
+/// One entry (SQLite, and Postgres outside a batch).
+static INSERT_ONE: Sql = Sql::new(
+    "INSERT INTO ol_delivery_log (actor, row_id, unit_id, lane_id, attempt, started_at, \
+     duration_ms, status, error_class, body, delivered) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+);
+
+/// A batch of failed attempts' entries in one statement (Postgres): `$1` actor, `$2` row ids,
+/// `$3` units, `$4` lanes, `$5` attempts, `$6` starts, `$7` durations, `$8` statuses, `$9`
+/// classes, `$10` bodies, `$11` delivered flags as 0/1.
+static INSERT_BATCH_PG: Sql = Sql::new(
+    "INSERT INTO ol_delivery_log (actor, row_id, unit_id, lane_id, attempt, started_at, \
+     duration_ms, status, error_class, body, delivered) \
+     SELECT $1, g.row_id, g.unit, g.lane, g.attempt, g.started, g.took, g.status, g.class, \
+     g.body, g.delivered <> 0 \
+     FROM unnest($2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[], \
+       $7::bigint[], $8::bigint[], $9::text[], $10::text[], $11::bigint[]) \
+       AS g(row_id, unit, lane, attempt, started, took, status, class, body, delivered)",
+);
+
+/// The arrays of a batch, bound in the order [`INSERT_BATCH_PG`] takes them.
+pub(crate) struct Columns<'a> {
+    pub(crate) row_ids: Vec<&'a str>,
+    pub(crate) units: Vec<i64>,
+    pub(crate) lanes: Vec<i64>,
+    pub(crate) attempts: Vec<i64>,
+    pub(crate) started: Vec<i64>,
+    pub(crate) took: Vec<i64>,
+    pub(crate) status: Vec<Option<i64>>,
+    pub(crate) class: Vec<Option<&'a str>>,
+    pub(crate) body: Vec<Option<&'a str>>,
+    pub(crate) delivered: Vec<i64>,
+}
+
+impl<'a> Columns<'a> {
+    pub(crate) fn of(entries: &'a [DeliveryLogEntry]) -> Columns<'a> {
+        let n = entries.len();
+        let mut c = Columns {
+            row_ids: Vec::with_capacity(n),
+            units: Vec::with_capacity(n),
+            lanes: Vec::with_capacity(n),
+            attempts: Vec::with_capacity(n),
+            started: Vec::with_capacity(n),
+            took: Vec::with_capacity(n),
+            status: Vec::with_capacity(n),
+            class: Vec::with_capacity(n),
+            body: Vec::with_capacity(n),
+            delivered: Vec::with_capacity(n),
+        };
+        for e in entries {
+            c.row_ids.push(&e.row_id);
+            c.units.push(to_i64(e.unit.0));
+            c.lanes.push(e.lane.0);
+            c.attempts.push(i64::from(e.attempt));
+            c.started.push(millis_of(e.started_at));
+            c.took.push(to_i64(e.duration_ms));
+            c.status.push(e.status.map(i64::from));
+            c.class.push(e.error_class.as_deref());
+            c.body.push(e.body.as_deref().map(log_excerpt));
+            c.delivered.push(i64::from(e.delivered));
+        }
+        c
+    }
+}
+
+/// Writes `entries` for `actor` in the caller's transaction: one statement per entry on
+/// SQLite (prepared once, in process), one set-based statement on Postgres.
+///
+/// # Errors
+/// Database failures.
+pub(crate) fn write<D: Db>(
+    db: &mut D,
+    actor: &str,
+    entries: &[DeliveryLogEntry],
+) -> Result<(), StoreError> {
+    if entries.is_empty() {
+        return Ok(());
+    }
+    if D::DIALECT == Dialect::Postgres {
+        let c = Columns::of(entries);
+        db.execute(
+            &INSERT_BATCH_PG,
+            args![
+                actor,
+                &c.row_ids,
+                &c.units,
+                &c.lanes,
+                &c.attempts,
+                &c.started,
+                &c.took,
+                &c.status,
+                &c.class,
+                &c.body,
+                &c.delivered
+            ],
+        )?;
+        return Ok(());
+    }
+    for e in entries {
+        db.execute(
+            &INSERT_ONE,
+            args![
+                actor,
+                e.row_id.as_str(),
+                to_i64(e.unit.0),
+                e.lane.0,
+                i64::from(e.attempt),
+                millis_of(e.started_at),
+                to_i64(e.duration_ms),
+                e.status.map(i64::from),
+                e.error_class.as_deref(),
+                e.body.as_deref().map(log_excerpt),
+                e.delivered
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+/// How many entries one purge statement deletes at most.
+pub(crate) const PURGE_BATCH: i64 = 5000;
+
+/// The oldest entries (by id: ids grow with time) started before `$1`, at most `$2` of them.
+static PURGE: Sql = Sql::new(
+    "DELETE FROM ol_delivery_log WHERE id IN (SELECT id FROM ol_delivery_log \
+     WHERE started_at < $1 ORDER BY id LIMIT $2)",
+);
+
+/// Deletes up to [`PURGE_BATCH`] entries started before `before` (ms); returns how many.
+///
+/// # Errors
+/// Database failures.
+pub(crate) fn purge_once(db: &mut impl Db, before: i64) -> Result<u64, StoreError> {
+    db.execute(&PURGE, args![before, PURGE_BATCH])
+}
+
+/// Marks (`Some((unit, since))`) or clears (`None`) lanes' attempt in flight.
+static MARK: Sql = Sql::new(
+    "UPDATE ol_lanes SET in_flight_since = $2, in_flight_unit = $3 WHERE id = $1 AND actor = $4",
+);
+
+/// Writes in-flight marks of `actor`'s lanes, in the caller's (fenced) transaction.
+///
+/// # Errors
+/// Database failures.
+pub(crate) fn mark(
+    db: &mut impl Db,
+    actor: &str,
+    marks: &[(StoreLaneId, Option<(UnitId, Timestamp)>)],
+) -> Result<(), StoreError> {
+    for (lane, m) in marks {
+        let since = m.map(|(_, t)| millis_of(t));
+        let unit = m.map(|(u, _)| to_i64(u.0));
+        db.execute(&MARK, args![lane.0, since, unit, actor])?;
+    }
+    Ok(())
+}
+
+/// The entries of a row, oldest first per lane.
+static READ_ROW: Sql = Sql::new(
+    "SELECT g.unit_id, g.lane_id, coalesce(l.recipient, ''), g.attempt, g.started_at, \
+     g.duration_ms, g.status, g.error_class, g.body, g.delivered \
+     FROM ol_delivery_log g LEFT JOIN ol_lanes l ON l.id = g.lane_id \
+     WHERE g.actor = $1 AND g.row_id = $2 ORDER BY g.lane_id, g.started_at, g.id",
+);
+
+/// The log's entries of `actor`'s row `row_id`.
+///
+/// # Errors
+/// Database failures.
+pub(crate) fn read(
+    db: &mut impl Db,
+    actor: &str,
+    row_id: &str,
+) -> Result<Vec<DeliveryLogRow>, StoreError> {
+    db.query(&READ_ROW, args![actor, row_id], |r| {
+        Ok(DeliveryLogRow {
+            unit: UnitId(to_u64(r.int(0)?)),
+            lane: StoreLaneId(r.int(1)?),
+            recipient: r.text(2)?,
+            attempt: to_u32(r.int(3)?),
+            started_at: timestamp_of(r.int(4)?),
+            duration_ms: to_u64(r.int(5)?),
+            status: status_of(r.opt_int(6)?),
+            error_class: r.opt_text(7)?,
+            body: r.opt_text(8)?,
+            delivered: r.flag(9)?,
+        })
+    })
+}
+
+/// The lanes of a row's pending units (heads inline or sharing an `ol_rows` payload, and the
+/// other lanes of joined units), with each lane's in-flight mark and whether the actor's slot
+/// is held now (a mark is trusted only then).
+static PENDING_OF_ROW: Sql = Sql::new(
+    "SELECT coalesce(d.unit_id, d.id), d.lane_id, l.recipient, d.state, d.attempts, \
+     d.last_status, d.last_error, l.in_flight_since, l.in_flight_unit, \
+     EXISTS (SELECT 1 FROM ol_slots s WHERE s.actor = $1 AND s.holder IS NOT NULL \
+       AND s.lease_expires > {now}) \
+     FROM (SELECT h.id FROM ol_units h WHERE h.actor = $1 AND h.row_id = $2 AND h.unit_id IS NULL \
+       AND h.acked_at IS NULL \
+       UNION SELECT h.id FROM ol_rows r JOIN ol_units h ON h.row_ref = r.id \
+       WHERE r.actor = $1 AND r.row_id = $2 AND h.unit_id IS NULL AND h.acked_at IS NULL) u \
+     JOIN ol_units d ON d.id = u.id OR d.unit_id = u.id \
+     JOIN ol_lanes l ON l.id = d.lane_id \
+     ORDER BY d.lane_id",
+);
+
+/// A row's dead letters.
+static DEAD_OF_ROW: Sql = Sql::new(
+    "SELECT unit_id, lane_id, recipient, attempts, last_status, last_error \
+     FROM ol_dead_letters WHERE actor = $1 AND row_id = $2 ORDER BY lane_id, id",
+);
+
+/// Where each recipient of `actor`'s row `row_id` stands, with the log's history.
+///
+/// # Errors
+/// Database failures.
+pub(crate) fn row_deliveries(
+    db: &mut impl Db,
+    actor: &ActorId,
+    row_id: &str,
+) -> Result<Vec<RowDelivery>, StoreError> {
+    let actor = actor.as_str();
+    let mut log = read(db, actor, row_id)?;
+    let mut out: Vec<RowDelivery> = Vec::new();
+    let pending = db.query(&PENDING_OF_ROW, args![actor, row_id], |r| {
+        Ok((
+            r.int(0)?,
+            r.int(1)?,
+            r.text(2)?,
+            r.int(3)?,
+            r.int(4)?,
+            r.opt_int(5)?,
+            r.opt_text(6)?,
+            r.opt_int(7)?,
+            r.opt_int(8)?,
+            r.flag(9)?,
+        ))
+    })?;
+    for (unit, lane, recipient, state, attempts, status, error, since, in_unit, held) in pending {
+        // A joined unit's lane already served or dead-lettered: the log or the dead letter
+        // tells it below.
+        if state != crate::units::STATE_PENDING {
+            continue;
+        }
+        let state = match (since, in_unit) {
+            (Some(since), Some(u)) if u == unit && held => {
+                RowDeliveryState::InFlight(timestamp_of(since))
+            }
+            _ => RowDeliveryState::Pending,
+        };
+        out.push(RowDelivery {
+            unit: UnitId(to_u64(unit)),
+            lane: StoreLaneId(lane),
+            recipient,
+            state,
+            attempts: to_u32(attempts),
+            last_status: status_of(status),
+            last_error: error,
+            delivered_at: None,
+            history: Vec::new(),
+        });
+    }
+    let dead = db.query(&DEAD_OF_ROW, args![actor, row_id], |r| {
+        Ok((
+            r.int(0)?,
+            r.int(1)?,
+            r.text(2)?,
+            r.int(3)?,
+            r.opt_int(4)?,
+            r.opt_text(5)?,
+        ))
+    })?;
+    for (unit, lane, recipient, attempts, status, error) in dead {
+        let (unit, lane) = (UnitId(to_u64(unit)), StoreLaneId(lane));
+        if out.iter().any(|d| d.unit == unit && d.lane == lane) {
+            continue;
+        }
+        out.push(RowDelivery {
+            unit,
+            lane,
+            recipient,
+            state: RowDeliveryState::DeadLetter,
+            attempts: to_u32(attempts),
+            last_status: status_of(status),
+            last_error: error,
+            delivered_at: None,
+            history: Vec::new(),
+        });
+    }
+    // The rest of the log: recipients no longer pending nor dead (delivered, or finished).
+    for e in &log {
+        if out.iter().any(|d| d.unit == e.unit && d.lane == e.lane) {
+            continue;
+        }
+        out.push(RowDelivery {
+            unit: e.unit,
+            lane: e.lane,
+            recipient: e.recipient.clone(),
+            state: RowDeliveryState::Finished,
+            attempts: 0,
+            last_status: None,
+            last_error: None,
+            delivered_at: None,
+            history: Vec::new(),
+        });
+    }
+    for d in &mut out {
+        let (mine, rest): (Vec<_>, Vec<_>) = log
+            .into_iter()
+            .partition(|e| e.unit == d.unit && e.lane == d.lane);
+        log = rest;
+        if let Some(last) = mine.last() {
+            if d.state == RowDeliveryState::Finished {
+                d.attempts = last.attempt;
+                d.last_status = last.status;
+                d.last_error.clone_from(&last.error_class);
+            }
+            if last.delivered {
+                if d.state == RowDeliveryState::Finished {
+                    d.state = RowDeliveryState::Delivered;
+                }
+                d.delivered_at = Some(
+                    last.started_at
+                        .saturating_add(core::time::Duration::from_millis(last.duration_ms)),
+                );
+            }
+        }
+        d.history = mine;
+    }
+    out.sort_by(|a, b| a.recipient.cmp(&b.recipient).then(a.unit.cmp(&b.unit)));
+    Ok(out)
+}
