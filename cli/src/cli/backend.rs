@@ -16,46 +16,17 @@ use super::UsageError;
 use outbox_lanes_core::{ActorId, DeadReason, LaneKey, Timestamp, UnitId};
 use outbox_lanes_store::{
     ActorStatus, CommonOptions, DeadLetter, DeadLetterId, DeadLetterSelection, Enqueued,
-    LaneStatus, NewRow, Payload, PgOptions, PgStore, SchemaPolicy, SqliteOptions, SqliteStore,
-    Store, StoreError,
+    LaneStatus, NewRow, Payload, PendingHeads, PgOptions, PgStore, SchemaPolicy, SqliteOptions,
+    SqliteStore, Store, StoreError,
 };
 use outbox_lanes_tokio::{
     Attempted, DeadLettered, Delivered, DrainControl, DrainOutcome, Hooks, LaneUnavailable,
     Monitor, Outbox, OutboxConfig, OutboxError, Signer, Started,
 };
-
-/// A Prometheus histogram: cumulative counts per upper bound, a sum and a count.
-#[derive(Debug)]
-pub(crate) struct Histogram {
-    /// Upper bounds in seconds, ascending (`+Inf` is implied).
-    pub(crate) bounds: &'static [f64],
-    /// Observations at or below each bound (not cumulative; summed when rendered).
-    pub(crate) counts: Vec<u64>,
-    /// Observations above the last bound.
-    pub(crate) over: u64,
-    /// Sum of the observations in seconds.
-    pub(crate) sum: f64,
-}
-
-impl Histogram {
-    fn new(bounds: &'static [f64]) -> Self {
-        Histogram {
-            bounds,
-            counts: vec![0; bounds.len()],
-            over: 0,
-            sum: 0.0,
-        }
-    }
-
-    fn observe(&mut self, d: Duration) {
-        let secs = d.as_secs_f64();
-        self.sum += secs;
-        match self.bounds.iter().position(|&b| secs <= b) {
-            Some(i) => self.counts[i] += 1,
-            None => self.over += 1,
-        }
-    }
-}
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 
 /// Delivery latency buckets, in seconds.
 const LATENCY: &[f64] = &[
@@ -65,6 +36,96 @@ const LATENCY: &[f64] = &[
 const QUEUE_WAIT: &[f64] = &[
     0.01, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 21600.0, 86400.0,
 ];
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(LATENCY.iter().copied())
+}
+
+/// How many hosts (origins) get series of their own in the per-host families: the first
+/// this many that this process attempts; the attempts of every later one are counted under
+/// [`OTHER_HOST`]. Chosen when a host is first seen, never moved afterwards, so that every
+/// per-host counter only grows (a top-N picked at each scrape would move counts between
+/// series, which `rate()` reads as resets).
+pub(crate) const HOST_SERIES: usize = 50;
+
+/// The `host` label of the hosts past [`HOST_SERIES`] (and of a recipient whose URL does not
+/// parse): no origin is spelled so (an origin has a `://`).
+pub(crate) const OTHER_HOST: &str = "other";
+
+/// A per-host family's label set: `host`, and `outcome` for the attempts.
+pub(crate) type HostLabels = Vec<(&'static str, String)>;
+
+/// Per-host figures of this process (`outbox_lanes_host_*`), with prometheus-client's own
+/// metric types: bounded to [`HOST_SERIES`] hosts plus [`OTHER_HOST`].
+#[derive(Debug)]
+pub(crate) struct HostFigures {
+    /// The hosts with series of their own.
+    named: Mutex<HashSet<String>>,
+    /// Attempts finished, per host and outcome.
+    pub(crate) attempts: Family<HostLabels, Counter>,
+    /// Latency of the attempts that made a request (see [`sent`]), per host.
+    pub(crate) latency: Family<HostLabels, Histogram, fn() -> Histogram>,
+    /// Attempts in flight, per host.
+    pub(crate) in_flight: Family<HostLabels, Gauge>,
+}
+
+impl Default for HostFigures {
+    fn default() -> Self {
+        HostFigures {
+            named: Mutex::new(HashSet::new()),
+            attempts: Family::default(),
+            latency: Family::new_with_constructor(latency_histogram),
+            in_flight: Family::default(),
+        }
+    }
+}
+
+/// Whether an attempt of this outcome made a request (so its latency is a host's): the
+/// others were decided before sending (refused address, not sent, deferred, held, set aside).
+pub(crate) fn sent(outcome: &str) -> bool {
+    matches!(
+        outcome,
+        "delivered" | "throttled" | "transient" | "permanent" | "gone"
+    )
+}
+
+impl HostFigures {
+    /// The `host` label of `recipient`: its origin while it has (or gets) a series of its
+    /// own, else [`OTHER_HOST`].
+    pub(crate) fn host(&self, recipient: &str) -> String {
+        let Some(origin) = outbox_lanes_store::origin_of(recipient) else {
+            return OTHER_HOST.to_owned();
+        };
+        let mut named = self.named.lock().unwrap_or_else(PoisonError::into_inner);
+        if named.contains(&origin) {
+            return origin;
+        }
+        if named.len() < HOST_SERIES {
+            named.insert(origin.clone());
+            return origin;
+        }
+        OTHER_HOST.to_owned()
+    }
+
+    pub(crate) fn started(&self, recipient: &str) {
+        let labels = vec![("host", self.host(recipient))];
+        self.in_flight.get_or_create(&labels).inc();
+    }
+
+    pub(crate) fn finished(&self, recipient: &str, outcome: &'static str, latency: Duration) {
+        let host = self.host(recipient);
+        let labels = vec![("host", host)];
+        self.in_flight.get_or_create(&labels).dec();
+        if sent(outcome) {
+            self.latency
+                .get_or_create(&labels)
+                .observe(latency.as_secs_f64());
+        }
+        let mut labels = labels;
+        labels.push(("outcome", outcome.to_owned()));
+        self.attempts.get_or_create(&labels).inc();
+    }
+}
 
 /// What the delivery hooks saw in this process.
 #[derive(Debug)]
@@ -79,6 +140,12 @@ pub(crate) struct Counters {
     pub(crate) finished: AtomicU64,
     /// The rest, under one lock (hooks run on pass threads, scrapes are rare).
     pub(crate) detail: Mutex<Detail>,
+    /// Attempt latency (payload read and HTTP exchange), every attempt.
+    pub(crate) latency: Histogram,
+    /// Enqueue to the start of the attempt that delivered.
+    pub(crate) queue_wait: Histogram,
+    /// Per-host figures.
+    pub(crate) hosts: HostFigures,
     /// `relay --on-dead-letter`: where the dead-letter hook also sends each dead letter.
     pub(crate) on_dead_letter: OnceLock<super::on_dead::Sink>,
     /// Delivering without `--allow-private-destinations`: the lanes (actor, recipient)
@@ -86,7 +153,7 @@ pub(crate) struct Counters {
     private_refused: OnceLock<Mutex<HashSet<(String, String)>>>,
 }
 
-/// Labelled counters and histograms.
+/// Labelled counters.
 #[derive(Debug)]
 pub(crate) struct Detail {
     /// Dead letters by reason code.
@@ -97,10 +164,6 @@ pub(crate) struct Detail {
     pub(crate) unavailable_by_actor: BTreeMap<String, u64>,
     /// Attempts by outcome.
     pub(crate) attempts: BTreeMap<&'static str, u64>,
-    /// Attempt latency (payload read and HTTP exchange), every attempt.
-    pub(crate) latency: Histogram,
-    /// Enqueue to the start of the attempt that delivered.
-    pub(crate) queue_wait: Histogram,
 }
 
 impl Default for Counters {
@@ -115,9 +178,10 @@ impl Default for Counters {
                 delivered_by_actor: BTreeMap::new(),
                 unavailable_by_actor: BTreeMap::new(),
                 attempts: BTreeMap::new(),
-                latency: Histogram::new(LATENCY),
-                queue_wait: Histogram::new(QUEUE_WAIT),
             }),
+            latency: latency_histogram(),
+            queue_wait: Histogram::new(QUEUE_WAIT.iter().copied()),
+            hosts: HostFigures::default(),
             on_dead_letter: OnceLock::new(),
             private_refused: OnceLock::new(),
         }
@@ -212,15 +276,17 @@ impl Counters {
             })),
             attempted: Some(Box::new(move |a: &Attempted| {
                 on_attempt.finished.fetch_add(1, Ordering::Relaxed);
-                let mut d = on_attempt.detail();
-                *d.attempts.entry(a.outcome.as_str()).or_default() += 1;
-                d.latency.observe(a.latency);
+                let outcome = a.outcome.as_str();
+                *on_attempt.detail().attempts.entry(outcome).or_default() += 1;
+                on_attempt.latency.observe(a.latency.as_secs_f64());
                 if a.outcome.is_delivered() {
-                    d.queue_wait.observe(a.queued);
+                    on_attempt.queue_wait.observe(a.queued.as_secs_f64());
                 }
+                on_attempt.hosts.finished(&a.recipient, outcome, a.latency);
             })),
-            started: Some(Box::new(move |_: &Started<'_>| {
+            started: Some(Box::new(move |s: &Started<'_>| {
                 on_start.started.fetch_add(1, Ordering::Relaxed);
+                on_start.hosts.started(s.recipient);
             })),
             lane_unavailable: Some(Box::new(move |l: &LaneUnavailable| {
                 *on_unavailable
@@ -711,10 +777,11 @@ impl Backend {
         Ok(blocking(move || store.dead_letter_payload(id)).await??)
     }
 
-    /// Per actor with pending units, when its oldest lane head was enqueued.
-    pub(crate) async fn oldest_pending(&self) -> anyhow::Result<Vec<(ActorId, Timestamp)>> {
+    /// Per actor and lane hold at `now`, the lanes with pending units and their oldest head
+    /// (the lag metric and the held lanes).
+    pub(crate) async fn pending_heads(&self, now: Timestamp) -> anyhow::Result<Vec<PendingHeads>> {
         let store = Arc::clone(self.outbox.store());
-        Ok(blocking(move || store.oldest_pending()).await??)
+        Ok(blocking(move || store.pending_heads(now)).await??)
     }
 
     /// Whether the store answers a query: one probe of the lanes' unique index (for an empty

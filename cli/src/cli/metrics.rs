@@ -8,181 +8,42 @@
 //! `_sum`, `_count`), number formatting, cumulative buckets and the `# EOF` line. It does not
 //! escape label values, so [`label`] does.
 //!
-//! A hand-written responder rather than an HTTP server crate: it answers three GET paths
-//! with `Connection: close`, and the binary otherwise needs no HTTP server (hyper comes only
-//! as the tokio runtime's client, without its server half; axum is a dev-dependency of the examples).
-//! - `/metrics` (and `/`): the exposition text; 503 if the store cannot be read.
-//! - `/healthz`: 200 while the process serves requests (liveness: it checks nothing else).
-//! - `/readyz`: 200 if the store answers a query now, else 503 with the reason (readiness);
-//!   503 too once a SQLite file was removed or replaced under the process.
-//!
-//! A store that does not answer within [`STORE_WAIT`] gets a 503 too: a probe or a scrape
-//! never hangs on it.
-//! - anything else: 404.
+//! The HTTP side (`--metrics-addr`, `--admin-addr`) is axum on hyper, in `admin/`: it calls
+//! [`metrics`] for `/metrics` and answers `/healthz` and `/readyz` itself.
 
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use outbox_lanes_core::{ActorId, Timestamp};
-use outbox_lanes_store::ActorStatus;
+use outbox_lanes_core::Timestamp;
+use outbox_lanes_store::{ActorStatus, LaneHold, PendingHeads};
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric as _, NoLabelSet};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric as _};
 use prometheus_client::metrics::MetricType;
-use prometheus_client::metrics::counter::ConstCounter;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinHandle;
 use tracing::debug;
 
-use super::args::MetricsAddr;
-use super::backend::{Backend, Counters, Histogram};
-
-/// Binds the first of `addr`'s addresses that can be bound and serves the paths of the
-/// [module docs](self) until the task is aborted.
-///
-/// # Errors
-/// None of the addresses can be bound (the last address's error).
-pub(crate) async fn serve(
-    addr: &MetricsAddr,
-    backend: Backend,
-    counters: Arc<Counters>,
-) -> std::io::Result<JoinHandle<()>> {
-    let mut last = None;
-    let mut bound = None;
-    for a in &addr.addrs {
-        match TcpListener::bind(a).await {
-            Ok(l) => {
-                bound = Some(l);
-                break;
-            }
-            Err(e) => {
-                last = Some(std::io::Error::new(
-                    e.kind(),
-                    format!("cannot bind {a}: {e}"),
-                ))
-            }
-        }
-    }
-    let listener = match (bound, last) {
-        (Some(l), _) => l,
-        (None, Some(e)) => return Err(e),
-        (None, None) => {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::AddrNotAvailable,
-                "no address to bind",
-            ));
-        }
-    };
-    tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz and /readyz");
-    Ok(tokio::spawn(async move {
-        loop {
-            let Ok((stream, peer)) = listener.accept().await else {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            };
-            let backend = backend.clone();
-            let counters = Arc::clone(&counters);
-            tokio::spawn(async move {
-                if let Err(e) = respond(stream, &backend, &counters).await {
-                    debug!(%peer, error = %e, "metrics request failed");
-                }
-            });
-        }
-    }))
-}
+use super::backend::{Backend, Counters, HostLabels};
 
 /// How long `/metrics` and `/readyz` wait for the store.
 pub(crate) const STORE_WAIT: Duration = Duration::from_secs(5);
 
 /// `f`, or an error if the store takes longer than [`STORE_WAIT`].
-async fn bounded<T>(f: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+pub(crate) async fn bounded<T>(f: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
     tokio::time::timeout(STORE_WAIT, f)
         .await
         .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within {STORE_WAIT:?}")))
 }
 
 /// The exposition text, with what it needs from the store.
-async fn metrics(backend: &Backend, counters: &Counters) -> anyhow::Result<String> {
+pub(crate) async fn metrics(backend: &Backend, counters: &Counters) -> anyhow::Result<String> {
     let status = bounded(backend.status()).await?;
-    let oldest = bounded(backend.oldest_pending()).await?;
     let now = Timestamp::from_system_time(SystemTime::now());
+    let heads = bounded(backend.pending_heads(now)).await?;
     let hosts = host_states(&bounded(backend.host_list()).await?, now);
-    Ok(render(&status, &oldest, &hosts, now, counters))
-}
-
-async fn respond(mut s: TcpStream, backend: &Backend, counters: &Counters) -> std::io::Result<()> {
-    let mut head = Vec::new();
-    let mut buf = [0u8; 1024];
-    let read = async {
-        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
-            let n = s.read(&mut buf).await?;
-            if n == 0 {
-                break;
-            }
-            head.extend_from_slice(&buf[..n]);
-        }
-        Ok::<_, std::io::Error>(())
-    };
-    tokio::time::timeout(Duration::from_secs(5), read)
-        .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "request head"))??;
-    let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
-    let mut parts = line.split_whitespace();
-    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = target.split('?').next().unwrap_or("");
-    const TEXT: &str = "text/plain; charset=utf-8";
-    let (status, ctype, body) = if method != "GET" && method != "HEAD" {
-        ("405 Method Not Allowed", TEXT, "GET only\n".to_string())
-    } else {
-        match path {
-            "/metrics" | "/" => match metrics(backend, counters).await {
-                Ok(text) => (
-                    "200 OK",
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    text,
-                ),
-                Err(e) => (
-                    "503 Service Unavailable",
-                    TEXT,
-                    format!("store: {}\n", super::message(&e)),
-                ),
-            },
-            "/healthz" => ("200 OK", TEXT, "ok\n".to_string()),
-            "/readyz" => match bounded(backend.ready()).await {
-                Ok(()) => ("200 OK", TEXT, "ready\n".to_string()),
-                Err(e) => (
-                    "503 Service Unavailable",
-                    TEXT,
-                    match e.downcast_ref::<outbox_lanes_store::StoreError>() {
-                        Some(replaced @ outbox_lanes_store::StoreError::Replaced { .. }) => {
-                            format!("not ready: {replaced}\n")
-                        }
-                        _ => format!(
-                            "not ready: the store does not answer: {}\n",
-                            super::message(&e)
-                        ),
-                    },
-                ),
-            },
-            _ => (
-                "404 Not Found",
-                TEXT,
-                "not found; try /metrics, /healthz or /readyz\n".to_string(),
-            ),
-        }
-    };
-    let mut resp = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    if method != "HEAD" {
-        resp.push_str(&body);
-    }
-    s.write_all(resp.as_bytes()).await?;
-    s.shutdown().await
+    Ok(render(&status, &heads, &hosts, now, counters))
 }
 
 /// A label value as the text format wants it (prometheus-client writes values as given).
@@ -202,34 +63,11 @@ struct ActorRow {
     stalled_lanes: u64,
     paused_lanes: u64,
     dead_letters: u64,
-    /// Age of the oldest pending unit in seconds, 0 with none pending.
+    /// Age of the oldest head of the actor's open lanes in seconds (held lanes left out), 0
+    /// with none.
     oldest_pending: f64,
-}
-
-/// A histogram as prometheus-client encodes it: per-bucket (not cumulative) counts, the last
-/// bucket's bound `f64::MAX` (`+Inf`).
-#[derive(Debug)]
-struct HistogramRow {
-    sum: f64,
-    count: u64,
-    buckets: Vec<(f64, u64)>,
-}
-
-impl From<&Histogram> for HistogramRow {
-    fn from(h: &Histogram) -> Self {
-        let mut buckets: Vec<(f64, u64)> = h
-            .bounds
-            .iter()
-            .copied()
-            .zip(h.counts.iter().copied())
-            .collect();
-        buckets.push((f64::MAX, h.over));
-        HistogramRow {
-            sum: h.sum,
-            count: buckets.iter().map(|(_, n)| n).sum(),
-            buckets,
-        }
-    }
+    /// Lanes with pending units per hold, in the order of [`LaneHold::HELD`].
+    held: [u64; LaneHold::HELD.len()],
 }
 
 /// Everything one scrape shows, taken at scrape time; encoded by [`Collector::encode`].
@@ -242,8 +80,11 @@ struct Snapshot {
     dead_lettered: Vec<(String, u64)>,
     lanes_unavailable: Vec<(String, u64)>,
     attempts: Vec<(String, u64)>,
-    latency: HistogramRow,
-    queue_wait: HistogramRow,
+    latency: Histogram,
+    queue_wait: Histogram,
+    host_attempts: Family<HostLabels, Counter>,
+    host_latency: Family<HostLabels, Histogram, fn() -> Histogram>,
+    host_in_flight: Family<HostLabels, Gauge>,
 }
 
 /// A family of gauges or counters labelled `key`: one sample per `(label value, value)`.
@@ -282,7 +123,8 @@ impl Collector for Snapshot {
         family(
             &mut e,
             "outbox_lanes_oldest_pending_seconds",
-            "Age of the actor's oldest pending unit (its oldest lane head), 0 with none pending.",
+            "Age of the oldest head of the actor's open lanes (lanes held by a backoff, a \
+             throttle, a pause or a block left out), 0 with none.",
             MetricType::Gauge,
             "actor",
             self.actors
@@ -290,6 +132,19 @@ impl Collector for Snapshot {
                 .map(|a| (a.actor.clone(), a.oldest_pending)),
             gauge,
         )?;
+        let mut m = e.encode_descriptor(
+            "outbox_lanes_lanes_held",
+            "Lanes with pending units held on purpose, per actor and reason: throttled, \
+             backoff, paused, host_blocked, strict_blocked.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for a in &self.actors {
+            for (hold, n) in LaneHold::HELD.iter().zip(a.held) {
+                let labels = [("actor", a.actor.as_str()), ("reason", hold.as_str())];
+                gauge(n, m.encode_family(&labels)?)?;
+            }
+        }
         family(
             &mut e,
             "outbox_lanes_queue_depth",
@@ -401,16 +256,32 @@ impl Collector for Snapshot {
                 &self.queue_wait,
             ),
         ] {
-            let mut m = e.encode_descriptor(name, help, None, MetricType::Histogram)?;
-            m.encode_histogram::<NoLabelSet>(h.sum, h.count, &h.buckets, None)?;
+            h.encode(e.encode_descriptor(name, help, None, MetricType::Histogram)?)?;
         }
+        self.host_attempts.encode(e.encode_descriptor(
+            "outbox_lanes_host_attempts",
+            "Delivery attempts finished by this process, per host (origin; the first 50 hosts, \
+             the others as host=\"other\") and outcome.",
+            None,
+            MetricType::Counter,
+        )?)?;
+        self.host_latency.encode(e.encode_descriptor(
+            "outbox_lanes_host_latency_seconds",
+            "Attempt latency per host, attempts that made a request (delivered, throttled, \
+             transient, permanent, gone).",
+            None,
+            MetricType::Histogram,
+        )?)?;
+        self.host_in_flight.encode(e.encode_descriptor(
+            "outbox_lanes_host_in_flight",
+            "Delivery attempts in flight in this process, per host.",
+            None,
+            MetricType::Gauge,
+        )?)?;
         Ok(())
     }
 }
 
-/// The exposition text: `status` and `oldest` (each actor's oldest pending unit's enqueue
-/// time) read from the store, ages taken at `now`. An actor with nothing pending shows an
-/// age of 0, so that its series does not vanish when its backlog is gone.
 /// Hosts per state (every state, 0 included, so no series vanishes).
 pub(crate) fn host_states(
     hosts: &[outbox_lanes_store::HostStatus],
@@ -436,28 +307,34 @@ pub(crate) fn host_states(
         .collect()
 }
 
+/// The exposition text: `status` and `heads` (each actor's lanes with pending units per
+/// hold, see `ServiceStore::pending_heads`) read from the store, ages taken at `now`. An
+/// actor with no open lane pending shows an age of 0 and its held lanes as 0, so that its
+/// series do not vanish when its backlog is gone.
 pub(crate) fn render(
     status: &[ActorStatus],
-    oldest: &[(ActorId, Timestamp)],
+    heads: &[PendingHeads],
     hosts: &[(&'static str, u64)],
     now: Timestamp,
     counters: &Counters,
 ) -> String {
     let actors = status
         .iter()
-        .map(|a| ActorRow {
-            actor: label(a.actor.as_str()),
-            pending: a.pending,
-            pass_running: u8::from(a.in_flight),
-            stalled_lanes: a.lanes_in_backoff.len() as u64,
-            paused_lanes: a.lanes_paused.len() as u64,
-            dead_letters: a.dead_letters,
-            oldest_pending: oldest
-                .iter()
-                .find(|(x, _)| *x == a.actor)
-                .map_or(0.0, |(_, t)| {
-                    now.saturating_duration_since(*t).as_secs_f64()
+        .map(|a| {
+            let mine = || heads.iter().filter(|h| h.actor == a.actor);
+            ActorRow {
+                actor: label(a.actor.as_str()),
+                pending: a.pending,
+                pass_running: u8::from(a.in_flight),
+                stalled_lanes: a.lanes_in_backoff.len() as u64,
+                paused_lanes: a.lanes_paused.len() as u64,
+                dead_letters: a.dead_letters,
+                oldest_pending: mine().find(|h| h.hold == LaneHold::Open).map_or(0.0, |h| {
+                    now.saturating_duration_since(h.oldest).as_secs_f64()
                 }),
+                held: LaneHold::HELD
+                    .map(|hold| mine().filter(|h| h.hold == hold).map(|h| h.lanes).sum()),
+            }
         })
         .collect();
     let d = counters.detail();
@@ -481,8 +358,11 @@ pub(crate) fn render(
             .map(|(k, n)| (label(k), *n))
             .collect(),
         attempts: d.attempts.iter().map(|(k, n)| (label(k), *n)).collect(),
-        latency: HistogramRow::from(&d.latency),
-        queue_wait: HistogramRow::from(&d.queue_wait),
+        latency: counters.latency.clone(),
+        queue_wait: counters.queue_wait.clone(),
+        host_attempts: counters.hosts.attempts.clone(),
+        host_latency: counters.hosts.latency.clone(),
+        host_in_flight: counters.hosts.in_flight.clone(),
     };
     drop(d);
     let mut registry = Registry::default();
@@ -498,6 +378,8 @@ pub(crate) fn render(
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
+
+    use outbox_lanes_core::ActorId;
 
     use super::*;
 
@@ -555,7 +437,12 @@ mod tests {
             (
                 "outbox_lanes_oldest_pending_seconds",
                 "gauge",
-                "Age of the actor's oldest pending unit (its oldest lane head), 0 with none pending.",
+                "Age of the oldest head of the actor's open lanes (lanes held by a backoff, a throttle, a pause or a block left out), 0 with none.",
+            ),
+            (
+                "outbox_lanes_lanes_held",
+                "gauge",
+                "Lanes with pending units held on purpose, per actor and reason: throttled, backoff, paused, host_blocked, strict_blocked.",
             ),
             (
                 "outbox_lanes_queue_depth",
@@ -622,6 +509,21 @@ mod tests {
                 "histogram",
                 "From enqueue to the start of the attempt that delivered.",
             ),
+            (
+                "outbox_lanes_host_attempts",
+                "counter",
+                "Delivery attempts finished by this process, per host (origin; the first 50 hosts, the others as host=\"other\") and outcome.",
+            ),
+            (
+                "outbox_lanes_host_latency_seconds",
+                "histogram",
+                "Attempt latency per host, attempts that made a request (delivered, throttled, transient, permanent, gone).",
+            ),
+            (
+                "outbox_lanes_host_in_flight",
+                "gauge",
+                "Delivery attempts in flight in this process, per host.",
+            ),
         ];
         for (name, kind, help) in want {
             assert_eq!(p.types.get(name).map(String::as_str), Some(kind), "{name}");
@@ -651,10 +553,9 @@ mod tests {
             d.delivered_by_actor.insert("al\"ice".into(), 3);
             d.dead_by_reason.insert("gone", 1);
             d.attempts.insert("delivered", 3);
-            d.latency.counts[0] = 2; // <= 0.005
-            d.latency.counts[7] = 1; // <= 1.0
-            d.latency.over = 1;
-            d.latency.sum = 42.5;
+        }
+        for secs in [0.001, 0.002, 0.75, 41.75] {
+            c.latency.observe(secs);
         }
         let p = parse(&render(&[], &[], &[], Timestamp::from_millis(0), &c));
         assert_eq!(
@@ -676,7 +577,73 @@ mod tests {
         assert_eq!(p.samples[&format!("{h}_bucket{{le=\"30.0\"}}")], 3.0);
         assert_eq!(p.samples[&format!("{h}_bucket{{le=\"+Inf\"}}")], 4.0);
         assert_eq!(p.samples[&format!("{h}_count")], 4.0);
-        assert_eq!(p.samples[&format!("{h}_sum")], 42.5);
+        assert_eq!(p.samples[&format!("{h}_sum")], 42.503);
+    }
+
+    /// Per-host series: attempts per outcome, latency of the attempts that made a request,
+    /// in flight; the first `HOST_SERIES` hosts by name, the later ones as `other`.
+    #[test]
+    fn per_host_series_capped() {
+        use super::super::backend::HOST_SERIES;
+        let c = Counters::default();
+        let h = &c.hosts;
+        let url = |i: usize| format!("https://h{i}.example/inbox");
+        h.started(&url(0));
+        h.started(&url(0));
+        h.finished(&url(0), "delivered", Duration::from_millis(20));
+        h.started(&url(0));
+        h.finished(&url(0), "transient", Duration::from_millis(700));
+        h.started(&url(0));
+        h.finished(&url(0), "deferred", Duration::from_millis(1));
+        for i in 1..HOST_SERIES + 5 {
+            h.started(&url(i));
+            h.finished(&url(i), "delivered", Duration::from_millis(3));
+        }
+        let p = parse(&render(&[], &[], &[], Timestamp::from_millis(0), &c));
+        let h0 = "https://h0.example:443";
+        assert_eq!(
+            p.samples[&format!(
+                "outbox_lanes_host_attempts_total{{host=\"{h0}\",outcome=\"delivered\"}}"
+            )],
+            1.0
+        );
+        assert_eq!(
+            p.samples[&format!(
+                "outbox_lanes_host_attempts_total{{host=\"{h0}\",outcome=\"deferred\"}}"
+            )],
+            1.0
+        );
+        // Two requests made (the deferral made none), one still in flight.
+        assert_eq!(
+            p.samples[&format!("outbox_lanes_host_latency_seconds_count{{host=\"{h0}\"}}")],
+            2.0
+        );
+        assert_eq!(
+            p.samples[&format!(
+                "outbox_lanes_host_latency_seconds_bucket{{le=\"0.025\",host=\"{h0}\"}}"
+            )],
+            1.0
+        );
+        assert_eq!(
+            p.samples[&format!("outbox_lanes_host_in_flight{{host=\"{h0}\"}}")],
+            1.0
+        );
+        let hosts: std::collections::BTreeSet<&str> = p
+            .samples
+            .keys()
+            .filter(|k| k.starts_with("outbox_lanes_host_attempts_total"))
+            .filter_map(|k| k.split("host=\"").nth(1)?.split('"').next())
+            .collect();
+        assert_eq!(hosts.len(), HOST_SERIES + 1, "{hosts:?}");
+        assert!(hosts.contains("other"), "{hosts:?}");
+        assert_eq!(
+            p.samples["outbox_lanes_host_attempts_total{host=\"other\",outcome=\"delivered\"}"],
+            5.0
+        );
+        assert_eq!(
+            p.samples["outbox_lanes_host_in_flight{host=\"other\"}"],
+            0.0
+        );
     }
 
     #[test]
@@ -687,9 +654,20 @@ mod tests {
     #[test]
     fn per_actor_gauges_and_oldest_pending_age() {
         let c = Counters::default();
+        let heads = |hold, lanes, at| PendingHeads {
+            actor: ActorId::new("a"),
+            hold,
+            lanes,
+            oldest: Timestamp::from_millis(at),
+        };
+        // Lanes in backoff and paused since before the open lanes' head: not the lag.
         let text = render(
             &[status("a", 4, 1), status("b", 0, 0)],
-            &[(ActorId::new("a"), Timestamp::from_millis(1_000))],
+            &[
+                heads(LaneHold::Open, 3, 1_000),
+                heads(LaneHold::Backoff, 2, 10),
+                heads(LaneHold::Paused, 1, 20),
+            ],
             &[("open", 2), ("backoff", 1)],
             Timestamp::from_millis(3_500),
             &c,
@@ -711,5 +689,16 @@ mod tests {
         assert_eq!(p.samples["outbox_lanes_paused_lanes{actor=\"b\"}"], 0.0);
         assert_eq!(p.samples["outbox_lanes_hosts{state=\"open\"}"], 2.0);
         assert_eq!(p.samples["outbox_lanes_hosts{state=\"backoff\"}"], 1.0);
+        let held = |actor: &str, reason: &str| {
+            p.samples[&format!("outbox_lanes_lanes_held{{actor=\"{actor}\",reason=\"{reason}\"}}")]
+        };
+        assert_eq!(held("a", "backoff"), 2.0);
+        assert_eq!(held("a", "paused"), 1.0);
+        for reason in ["throttled", "host_blocked", "strict_blocked"] {
+            assert_eq!(held("a", reason), 0.0);
+        }
+        for reason in LaneHold::HELD {
+            assert_eq!(held("b", reason.as_str()), 0.0);
+        }
     }
 }
