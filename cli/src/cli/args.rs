@@ -625,6 +625,19 @@ pub(crate) struct RelayArgs {
     #[arg(long, env = "OUTBOX_LANES_METRICS_ADDR", value_parser = parse_metrics_addr)]
     pub(crate) metrics_addr: Option<MetricsAddr>,
 
+    /// Serve the web dashboard (overview, lanes, hosts, dead letters, and actions on them),
+    /// with `/metrics`, `/healthz` and `/readyz`, on this address: `HOST:PORT`
+    /// (`127.0.0.1:9188`), `[::1]:PORT`, or `:PORT` for every IPv4 interface. Off by default;
+    /// meant for loopback (anyone who reaches it reads the outbox, payloads included).
+    #[arg(long, env = "OUTBOX_LANES_ADMIN_ADDR", value_parser = parse_metrics_addr)]
+    pub(crate) admin_addr: Option<MetricsAddr>,
+
+    /// A file holding the dashboard's admin token (at least 16 bytes; surrounding whitespace
+    /// ignored). An operator who logs in with it may act (pause a lane, block a host, replay
+    /// dead letters…); without it the dashboard is read-only.
+    #[arg(long, env = "OUTBOX_LANES_ADMIN_TOKEN_FILE", value_name = "FILE")]
+    pub(crate) admin_token_file: Option<std::path::PathBuf>,
+
     /// Run this command (with `sh -c`) for every dead letter, the dead letter as one JSON
     /// object on its stdin. Off the delivery path: a slow or failing command delays and
     /// loses no delivery; its failure is logged at WARN, its output as the relay's own log

@@ -1,5 +1,6 @@
 //! The `outbox-lanes` command line: parsing, dispatch and exit codes.
 
+pub(crate) mod admin;
 pub(crate) mod args;
 pub(crate) mod backend;
 pub(crate) mod config;
@@ -885,10 +886,24 @@ async fn cmd_relay(
 ) -> anyhow::Result<()> {
     let server = match &r.metrics_addr {
         Some(addr) => Some(
-            metrics::serve(addr, backend.clone(), Arc::clone(counters))
+            admin::serve_probes(addr, backend.clone(), Arc::clone(counters))
                 .await
                 .map_err(|e| usage(format!("--metrics-addr {}: {e}", addr.spec)))?,
         ),
+        None => None,
+    };
+    let dashboard = match &r.admin_addr {
+        Some(addr) => {
+            let token = match &r.admin_token_file {
+                Some(path) => Some(admin::read_token(path).map_err(usage)?),
+                None => None,
+            };
+            Some(
+                admin::serve_admin(addr, backend.clone(), Arc::clone(counters), token)
+                    .await
+                    .map_err(|e| usage(format!("--admin-addr {}: {e}", addr.spec)))?,
+            )
+        }
         None => None,
     };
     let hook = r.on_dead_letter.map(|cmd| {
@@ -931,7 +946,7 @@ async fn cmd_relay(
              units are delivered again by the next relay"
         )),
     };
-    if let Some(server) = server {
+    for server in [server, dashboard].into_iter().flatten() {
         server.abort();
         // Its clone of the backend goes with it, before the backend is closed.
         let _ = server.await;
