@@ -701,4 +701,65 @@ mod tests {
             assert_eq!(held("b", reason.as_str()), 0.0);
         }
     }
+
+    /// Every outcome the attempt hook can report, every dead-letter reason a relay makes
+    /// and every hold is in docs/cli.md's metrics tables (issue 39: `deferred` was not).
+    #[test]
+    fn every_exported_label_value_is_documented() {
+        use outbox_lanes_core::{DeadReason, Outcome};
+        let docs = include_str!("../../../docs/cli.md");
+        let every = [
+            Outcome::Delivered,
+            Outcome::Throttled { retry_after: None },
+            Outcome::Transient { retry_after: None },
+            Outcome::Permanent,
+            Outcome::Gone,
+            Outcome::Refused,
+            Outcome::NotSent,
+            Outcome::Deferred {
+                retry_after: Duration::ZERO,
+            },
+            Outcome::Held,
+            Outcome::SetAside {
+                reason: DeadReason::Blocked,
+            },
+        ];
+        for o in every {
+            // A new outcome fails to compile here until it is listed above (and documented).
+            match o {
+                Outcome::Delivered
+                | Outcome::Throttled { .. }
+                | Outcome::Transient { .. }
+                | Outcome::Permanent
+                | Outcome::Gone
+                | Outcome::Refused
+                | Outcome::NotSent
+                | Outcome::Deferred { .. }
+                | Outcome::Held
+                | Outcome::SetAside { .. } => {}
+            }
+            assert!(
+                docs.contains(&format!("\n| `{}` | ", o.as_str())),
+                "outcome {} is not in docs/cli.md's outcome table",
+                o.as_str()
+            );
+        }
+        let row = |metric: &str| {
+            docs.lines()
+                .find(|l| l.starts_with(&format!("| `{metric}` |")))
+                .unwrap_or_else(|| panic!("no row for {metric} in docs/cli.md"))
+        };
+        let dead = row("outbox_lanes_dead_lettered_total{reason}");
+        for r in DeadReason::ALL {
+            assert!(dead.contains(&format!("`{}`", r.as_str())), "{r:?}: {dead}");
+        }
+        let held = row("outbox_lanes_lanes_held{actor,reason}");
+        for h in LaneHold::HELD {
+            assert!(held.contains(&format!("`{}`", h.as_str())), "{h:?}: {held}");
+        }
+        let hosts = row("outbox_lanes_hosts{state}");
+        for (state, _) in host_states(&[], Timestamp::from_millis(0)) {
+            assert!(hosts.contains(&format!("`{state}`")), "{state}: {hosts}");
+        }
+    }
 }
