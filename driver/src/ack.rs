@@ -24,7 +24,7 @@ use std::time::Instant;
 
 use outbox_lanes_core::UnitId;
 
-use outbox_lanes_store::{SlotToken, Store, StoreError, StoreLaneId};
+use outbox_lanes_store::{DeliveryLogEntry, SlotToken, Store, StoreError, StoreLaneId};
 
 /// How the [`AckWriter`] batches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,10 +71,15 @@ impl Shared {
         self.errors.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn hand_over(&self, token: &SlotToken, items: impl IntoIterator<Item = (UnitId, StoreLaneId)>) {
+    fn hand_over(
+        &self,
+        token: &SlotToken,
+        items: impl IntoIterator<Item = (UnitId, StoreLaneId)>,
+        log: Vec<DeliveryLogEntry>,
+    ) {
         let mut st = self.state();
         let was_empty = st.batch.len == 0;
-        st.batch.push(token, items);
+        st.batch.push(token, items, log);
         if was_empty || st.batch.len >= self.max_batch {
             self.wake.notify_one();
         }
@@ -125,7 +130,7 @@ impl AckWriter {
     /// Hands one delivered recipient over for the next group commit. Not durable until a
     /// [`AckWriter::flush`] returns (or the next batch commits).
     pub fn ack(&self, token: &SlotToken, unit: UnitId, lane: StoreLaneId) {
-        self.shared.hand_over(token, [(unit, lane)]);
+        self.shared.hand_over(token, [(unit, lane)], Vec::new());
     }
 
     /// Hands several delivered recipients of one pass over at once.
@@ -133,7 +138,23 @@ impl AckWriter {
         if delivered.is_empty() {
             return;
         }
-        self.shared.hand_over(token, delivered);
+        self.shared.hand_over(token, delivered, Vec::new());
+    }
+
+    /// [`AckWriter::ack_batch`] with the delivery log's entries of these deliveries,
+    /// committed in the same transaction ([`DriverStore::ack_logged`]).
+    ///
+    /// [`DriverStore::ack_logged`]: outbox_lanes_store::DriverStore::ack_logged
+    pub fn ack_batch_logged(
+        &self,
+        token: &SlotToken,
+        delivered: Vec<(UnitId, StoreLaneId)>,
+        log: Vec<DeliveryLogEntry>,
+    ) {
+        if delivered.is_empty() {
+            return;
+        }
+        self.shared.hand_over(token, delivered, log);
     }
 
     /// The first commit error of `token`'s acks so far, if any, without waiting: a pass
@@ -202,25 +223,38 @@ impl Drop for Gone<'_> {
     }
 }
 
+/// One pass's acks waiting, and the delivery log's entries of them.
+type Group = (SlotToken, Vec<(UnitId, StoreLaneId)>, Vec<DeliveryLogEntry>);
+
 /// Acks waiting for the next commit, grouped by pass (one token clone per group, not per ack).
 #[derive(Default)]
 struct Batch {
-    groups: Vec<(SlotToken, Vec<(UnitId, StoreLaneId)>)>,
+    groups: Vec<Group>,
     len: usize,
 }
 
 impl Batch {
-    fn push(&mut self, token: &SlotToken, items: impl IntoIterator<Item = (UnitId, StoreLaneId)>) {
-        let at = match self.groups.iter().position(|(t, _)| t == token) {
+    fn push(
+        &mut self,
+        token: &SlotToken,
+        items: impl IntoIterator<Item = (UnitId, StoreLaneId)>,
+        mut log: Vec<DeliveryLogEntry>,
+    ) {
+        let at = match self.groups.iter().position(|(t, _, _)| t == token) {
             Some(at) => at,
             None => {
-                self.groups.push((token.clone(), Vec::new()));
+                self.groups.push((token.clone(), Vec::new(), Vec::new()));
                 self.groups.len() - 1
             }
         };
-        let group = &mut self.groups[at].1;
+        let (_, group, logs) = &mut self.groups[at];
         let before = group.len();
         group.extend(items);
+        if logs.is_empty() {
+            *logs = log;
+        } else {
+            logs.append(&mut log);
+        }
         self.len += group.len() - before;
     }
 }
@@ -263,18 +297,19 @@ fn run(store: &dyn Store, shared: &Shared, max_delay: Duration) {
 
 fn commit(store: &dyn Store, batch: Batch, shared: &Shared) {
     // One transaction per pass (token): a stale token refuses only its own pass's acks.
-    for (token, items) in batch.groups {
+    for (token, items, log) in batch.groups {
         if items.is_empty() {
             continue;
         }
         // A busy database (a lock held past the busy timeout, a deadlock the server broke)
-        // wrote nothing: retrying is safe, and an ack is idempotent anyway.
-        let mut result = store.ack(&token, &items);
+        // wrote nothing: retrying is safe, and an ack is idempotent anyway (its log entries
+        // go with it, all or nothing).
+        let mut result = store.ack_logged(&token, &items, &log);
         for _ in 0..3 {
             if result != Err(StoreError::Busy) {
                 break;
             }
-            result = store.ack(&token, &items);
+            result = store.ack_logged(&token, &items, &log);
         }
         if let Err(e) = result {
             shared.errors().entry(token).or_insert(e);

@@ -30,6 +30,11 @@ pub const DEFAULT_MAX_RESPONSE_BODY: usize = 64 * 1024;
 /// How much of a non-2xx answer's body goes into [`AttemptResult::error`]: enough for a
 /// recipient's one-line reason, not enough to fill the dead-letter table.
 pub const ERROR_EXCERPT: usize = 200;
+/// How much of a non-2xx answer's body the clients keep for the delivery log
+/// ([`AttemptResult::body`]): 1 KiB
+/// ([`LOG_BODY_EXCERPT`](outbox_lanes_store::LOG_BODY_EXCERPT)). The clients read at most
+/// [`HttpConfig::max_response_body`] within the request's timeout and keep only this much.
+pub const BODY_EXCERPT: usize = outbox_lanes_store::LOG_BODY_EXCERPT;
 
 /// How the HTTP clients deliver.
 #[derive(Clone)]
@@ -170,6 +175,10 @@ pub struct AttemptResult {
     /// `invalid_request`, a [`TransportError`] code (`timeout`, `connection_reset`, …), or
     /// `status <code>` followed by the start of the answer's body.
     pub error: Option<String>,
+    /// The start of a non-2xx answer's body, verbatim (lossy UTF-8, at most [`BODY_EXCERPT`]
+    /// bytes, cut on a character boundary), for the delivery log; `None` for a 2xx answer or
+    /// none at all.
+    pub body: Option<String>,
 }
 
 /// Why an HTTP client could not be built.
@@ -217,6 +226,7 @@ pub fn invalid_recipient(e: &UrlError) -> AttemptResult {
         outcome: Outcome::Permanent,
         status: None,
         error: Some(format!("invalid_recipient: {e}")),
+        body: None,
     }
 }
 
@@ -227,6 +237,7 @@ pub fn invalid_request(why: impl fmt::Display) -> AttemptResult {
         outcome: Outcome::Permanent,
         status: None,
         error: Some(format!("invalid_request: {why}")),
+        body: None,
     }
 }
 
@@ -236,6 +247,7 @@ pub fn refused_result(refused: &DestinationRefused, classifier: &Classifier) -> 
         outcome: classifier.transport(TransportError::DestinationRefused),
         status: None,
         error: Some(refusal_message(refused)),
+        body: None,
     }
 }
 
@@ -257,10 +269,16 @@ pub fn is_refusal(result: &AttemptResult) -> bool {
 }
 
 /// The result of an attempt the recipient answered with `status`, classified as `outcome`;
-/// `head` is the start of the answer's body (at most [`ERROR_EXCERPT`] bytes are used).
+/// `head` is the start of the answer's body (at most [`ERROR_EXCERPT`] bytes go into the
+/// error, at most [`BODY_EXCERPT`] into [`AttemptResult::body`]).
 /// Every HTTP client of the workspace builds its answers here, so dead letters read the
 /// same whichever runtime delivered.
 pub fn answered_result(outcome: Outcome, status: u16, head: &[u8]) -> AttemptResult {
+    let body = (!outcome.is_delivered() && !head.is_empty()).then(|| {
+        let kept = head.get(..BODY_EXCERPT).unwrap_or(head);
+        let text = String::from_utf8_lossy(kept);
+        outbox_lanes_store::log_excerpt(&text).to_owned()
+    });
     let head = head.get(..ERROR_EXCERPT).unwrap_or(head);
     let excerpt = String::from_utf8_lossy(head)
         .chars()
@@ -279,6 +297,7 @@ pub fn answered_result(outcome: Outcome, status: u16, head: &[u8]) -> AttemptRes
         outcome,
         status: Some(status),
         error,
+        body,
     }
 }
 
@@ -308,6 +327,7 @@ pub fn not_sent(why: impl fmt::Display) -> AttemptResult {
         outcome: Outcome::NotSent,
         status: None,
         error: Some(format!("not_sent: {why}")),
+        body: None,
     }
 }
 

@@ -337,6 +337,7 @@ impl Gate {
             outcome,
             status: None,
             error: Some(error),
+            body: None,
         }
     }
 }
@@ -834,6 +835,7 @@ mod tests {
             outcome: Outcome::Transient { retry_after: None },
             status: None,
             error: Some("connection_refused: Connection refused (os error 111)".into()),
+            body: None,
         }
     }
 

@@ -108,8 +108,9 @@ use outbox_lanes_core::{
     Timestamp, UnitId,
 };
 use outbox_lanes_store::{
-    AttemptRecord, ChangedLane, ClaimRange, ClaimedLane, ControlRead, DeadLetterRequest, Payload,
-    PendingLane, SlotToken, Store, StoreError, StoreLaneId, WrittenDeadLetter,
+    AttemptRecord, ChangedLane, ClaimRange, ClaimedLane, ControlRead, DeadLetterRequest,
+    DeliveryLogEntry, IN_FLIGHT_MARK_AFTER, Payload, PendingLane, SlotToken, Store, StoreError,
+    StoreLaneId, WrittenDeadLetter, error_class,
 };
 use tracing::{debug, info, trace, warn};
 
@@ -245,6 +246,31 @@ struct PendingDead {
     row: String,
 }
 
+/// An attempt handed to the executor, until its completion: its lane's in-flight mark
+/// (`ol_lanes.in_flight_since`, written once it has been in flight for
+/// [`IN_FLIGHT_MARK_AFTER`]) and its number and start for the delivery log.
+struct Flight {
+    unit: UnitId,
+    attempt: u32,
+    since: Timestamp,
+    /// Its lane's in-flight mark is written (cleared once the attempt ends).
+    marked: bool,
+}
+
+/// What the delivery log keeps of a finished attempt, until the command that records or
+/// acks it takes it ([`DeliveryLogEntry`]).
+struct LogInfo {
+    attempt: u32,
+    started_at: Timestamp,
+    duration_ms: u64,
+    status: Option<u16>,
+    error_class: Option<String>,
+    body: Option<String>,
+}
+
+/// How often at most a pass writes in-flight marks (a sweep).
+const MARK_SWEEP: Duration = Duration::from_secs(1);
+
 /// An attempt the scheduler started, waiting for its payload at the end of the round.
 struct Start {
     unit: UnitId,
@@ -304,6 +330,21 @@ pub struct PassCore {
     host_pauses: Vec<(StoreLaneId, String)>,
     /// Deliveries of this round, handed to the ack writer together at its end.
     acked: Vec<(UnitId, StoreLaneId)>,
+    /// The delivery log's entries of `acked`, committed with them.
+    acked_log: Vec<DeliveryLogEntry>,
+    /// The delivery log's entries of `records`, written with them.
+    records_log: Vec<DeliveryLogEntry>,
+    /// Finished attempts waiting for the command that records or acks them (log on only).
+    log_info: HashMap<(UnitId, LaneId), LogInfo>,
+    /// The store keeps a delivery log (`None`: not asked yet; asked at the first round).
+    log_on: Option<bool>,
+    /// Attempts handed to the executor and not yet finished, by lane.
+    flights: HashMap<LaneId, Flight>,
+    /// Lanes whose in-flight mark is to be cleared (their attempt ended).
+    unmarks: Vec<LaneId>,
+    /// When to look for attempts in flight for longer than [`IN_FLIGHT_MARK_AFTER`] next
+    /// (`None`: none could be).
+    next_sweep: Option<Timestamp>,
     /// The session asked for a lease renewal; done at the next round.
     renew_due: bool,
     /// The claim an inline round handed to the runtime, read where blocking is allowed
@@ -434,6 +475,13 @@ impl PassCore {
             host_held: HashSet::new(),
             host_pauses: Vec::new(),
             acked: Vec::new(),
+            acked_log: Vec::new(),
+            records_log: Vec::new(),
+            log_info: HashMap::new(),
+            log_on: None,
+            flights: HashMap::new(),
+            unmarks: Vec::new(),
+            next_sweep: None,
             renew_due: false,
             deferred: VecDeque::new(),
             pending_starts: Vec::new(),
@@ -531,10 +579,17 @@ impl PassCore {
             // Starts left by a round that could not read the lane controls: at once.
             return Some(now());
         }
-        match (self.sched.poll_timeout(), self.session.poll_timeout()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+        if !self.unmarks.is_empty() {
+            return Some(now());
         }
+        [
+            self.sched.poll_timeout(),
+            self.session.poll_timeout(),
+            self.next_sweep,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// An attempt finished.
@@ -555,6 +610,32 @@ impl PassCore {
         now: Timestamp,
     ) {
         let outcome = result.outcome;
+        let flight = match self.flights.get(&lane) {
+            Some(f) if f.unit == unit => self.flights.remove(&lane),
+            _ => None,
+        };
+        if let Some(f) = flight {
+            if f.marked {
+                self.unmarks.push(lane);
+            }
+            let counted = !matches!(
+                outcome,
+                Outcome::Held | Outcome::Deferred { .. } | Outcome::NotSent
+            );
+            if counted && self.log_on != Some(false) {
+                self.log_info.insert(
+                    (unit, lane),
+                    LogInfo {
+                        attempt: f.attempt,
+                        started_at: now.saturating_sub(latency),
+                        duration_ms: u64::try_from(latency.as_millis()).unwrap_or(u64::MAX),
+                        status: result.status,
+                        error_class: result.error.as_deref().map(|e| error_class(e).to_owned()),
+                        body: result.body.clone(),
+                    },
+                );
+            }
+        }
         if crate::http::is_refusal(&result) {
             // The guard refused every address the lane's host resolved to: the lane's later
             // starts come to the same for a while, in their round and without a job each, as
@@ -739,6 +820,9 @@ impl PassCore {
     /// One round (blocking); see the [module docs](self). Returns the attempts to hand to the
     /// executor, each with its payload.
     pub fn round(&mut self, cx: RoundContext<'_>) -> Vec<Job> {
+        if self.log_on.is_none() {
+            self.log_on = Some(cx.store.logs_deliveries());
+        }
         let mut starts = std::mem::take(&mut self.pending_starts);
         if self.end.is_some() {
             return Vec::new();
@@ -1022,6 +1106,7 @@ impl PassCore {
                 .get_or_insert_with(|| Arc::from(cx.store.outbox_id())),
         );
         let mut jobs = Vec::with_capacity(starts.len());
+        let t = now();
         for s in starts {
             let cached = self.units.get(&s.unit).and_then(|u| u.payload.clone());
             let Some(payload) = cached.or_else(|| fetched.remove(&s.unit)) else {
@@ -1036,6 +1121,18 @@ impl PassCore {
                 continue;
             };
             let destination = self.destination(s.lane);
+            self.flights.insert(
+                s.lane,
+                Flight {
+                    unit: s.unit,
+                    attempt: s.attempt,
+                    since: t,
+                    marked: false,
+                },
+            );
+            if self.next_sweep.is_none() {
+                self.next_sweep = Some(t.saturating_add(IN_FLIGHT_MARK_AFTER));
+            }
             jobs.push(Job::new(
                 self.actor.clone(),
                 Arc::clone(&outbox),
@@ -1201,6 +1298,8 @@ impl PassCore {
         }
         let mut ignored = Vec::new();
         let _ = self.execute(cx, &mut ignored, false);
+        self.flush_marks(cx.store, true);
+        self.log_info.clear();
         self.report.yielded = end.yielded();
         self.report.grace_over = matches!(end, PassEnd::GraceOver(_));
         let flushed = cx.acks.flush(&self.token);
@@ -1406,7 +1505,95 @@ impl PassCore {
                 attempt,
             });
         }
-        self.finished(unit, lane, result, Duration::ZERO, hooks, now());
+        let t = now();
+        self.flights.insert(
+            lane,
+            Flight {
+                unit,
+                attempt,
+                since: t,
+                marked: false,
+            },
+        );
+        self.finished(unit, lane, result, Duration::ZERO, hooks, t);
+    }
+
+    /// The delivery log's entry of a finished attempt.
+    fn log_entry(
+        &self,
+        unit: UnitId,
+        lane: LaneId,
+        row: &str,
+        i: LogInfo,
+        delivered: bool,
+    ) -> DeliveryLogEntry {
+        DeliveryLogEntry {
+            unit,
+            lane: self.store_lane(lane),
+            row_id: row.to_owned(),
+            attempt: i.attempt,
+            started_at: i.started_at,
+            duration_ms: i.duration_ms,
+            status: i.status,
+            error_class: i.error_class,
+            body: i.body,
+            delivered,
+        }
+    }
+
+    /// In-flight marks are to be written or cleared now.
+    fn marks_due(&self) -> bool {
+        !self.unmarks.is_empty() || self.next_sweep.is_some_and(|at| now() >= at)
+    }
+
+    /// Writes the in-flight marks due (see [`Flight`]): clears those of attempts that ended
+    /// and, at most once per [`MARK_SWEEP`], marks lanes whose attempt has been in flight for
+    /// longer than [`IN_FLIGHT_MARK_AFTER`]. `all`: the pass ends, every mark is cleared.
+    /// A failed write is only logged: the marks inform operators, nothing depends on them.
+    fn flush_marks(&mut self, store: &dyn Store, all: bool) {
+        if all {
+            let marked: Vec<LaneId> = self
+                .flights
+                .iter()
+                .filter(|(_, f)| f.marked)
+                .map(|(l, _)| *l)
+                .collect();
+            self.unmarks.extend(marked);
+            self.next_sweep = None;
+        }
+        let t = now();
+        let mut marks: Vec<(StoreLaneId, Option<(UnitId, Timestamp)>)> = Vec::new();
+        for lane in std::mem::take(&mut self.unmarks) {
+            marks.push((self.store_lane(lane), None));
+        }
+        if self.next_sweep.is_some_and(|at| t >= at) {
+            let mut earliest: Option<Timestamp> = None;
+            let mut due = Vec::new();
+            for (lane, f) in &mut self.flights {
+                if f.marked {
+                    continue;
+                }
+                let at = f.since.saturating_add(IN_FLIGHT_MARK_AFTER);
+                if at <= t {
+                    f.marked = true;
+                    due.push((*lane, f.unit, f.since));
+                } else {
+                    earliest = Some(earliest.map_or(at, |e| e.min(at)));
+                }
+            }
+            for (lane, unit, since) in due {
+                debug!(actor = %self.actor, unit = unit.0, recipient = self.recipient(lane),
+                    since = %rfc3339(since), "attempt in flight for long: lane marked");
+                marks.push((self.store_lane(lane), Some((unit, since))));
+            }
+            self.next_sweep = earliest.map(|e| e.max(t.saturating_add(MARK_SWEEP)));
+        }
+        if marks.is_empty() || self.error.is_some() {
+            return;
+        }
+        if let Err(e) = store.mark_in_flight(&self.token, &marks) {
+            debug!(actor = %self.actor, error = %e, "in-flight marks not written");
+        }
     }
 
     /// Writes the attempt records gathered so far, in one call.
@@ -1415,10 +1602,11 @@ impl PassCore {
             return;
         }
         let records = std::mem::take(&mut self.records);
+        let log = std::mem::take(&mut self.records_log);
         if self.error.is_some() {
             return;
         }
-        if let Err(e) = store.record_attempts(&self.token, &records) {
+        if let Err(e) = store.record_attempts_logged(&self.token, &records, &log) {
             self.store_failed("attempt record", e, now());
         }
     }
@@ -1450,14 +1638,18 @@ impl PassCore {
             self.command(cx, cmd, starts);
         }
         if inline {
-            if !self.records.is_empty() || !self.host_pauses.is_empty() {
+            if !self.records.is_empty() || !self.host_pauses.is_empty() || self.marks_due() {
                 result = Err(NeedsStore);
             }
         } else {
             self.flush_writes(cx.store, cx.hooks);
+            self.flush_marks(cx.store, false);
         }
-        cx.acks
-            .ack_batch(&self.token, std::mem::take(&mut self.acked));
+        cx.acks.ack_batch_logged(
+            &self.token,
+            std::mem::take(&mut self.acked),
+            std::mem::take(&mut self.acked_log),
+        );
         result.map(|()| n)
     }
 
@@ -1515,6 +1707,10 @@ impl PassCore {
                 self.acked.push((unit, self.store_lane(lane)));
                 self.report.delivered += 1;
                 let row = self.resolved(unit, lane);
+                if let Some(i) = self.log_info.remove(&(unit, lane)) {
+                    let entry = self.log_entry(unit, lane, &row, i, true);
+                    self.acked_log.push(entry);
+                }
                 trace!(actor = %self.actor, unit = unit.0, %row, recipient = self.recipient(lane),
                     "delivered");
                 // Only lanes that failed are in these maps: a healthy lane pays two checks.
@@ -1553,6 +1749,14 @@ impl PassCore {
                     .map_or((None, None), |r| (r.status, r.error.clone()));
                 debug!(actor = %self.actor, unit = unit.0, recipient = self.recipient(lane),
                     attempts, counted, status, error = error.as_deref(), "attempt failed");
+                if let Some(i) = self.log_info.remove(&(unit, lane)) {
+                    let row = self
+                        .units
+                        .get(&unit)
+                        .map_or_else(String::new, |u| u.row_id.clone());
+                    let entry = self.log_entry(unit, lane, &row, i, false);
+                    self.records_log.push(entry);
+                }
                 self.records.push(AttemptRecord {
                     unit,
                     lane: self.store_lane(lane),

@@ -86,6 +86,7 @@ pub(crate) fn answered(status: u16) -> AttemptResult {
         },
         status: Some(status),
         error: None,
+        body: None,
     }
 }
 

@@ -68,8 +68,8 @@ use ureq::unversioned::transport::{DefaultConnector, NextTimeout};
 use ureq::{Agent, Proxy, ProxyProtocol};
 
 use crate::http::{
-    AttemptResult, Delivery, ERROR_EXCERPT, HttpConfig, HttpError, answered_result,
-    invalid_request, io_kind, refusal_message, refused_result,
+    AttemptResult, BODY_EXCERPT, Delivery, HttpConfig, HttpError, answered_result, invalid_request,
+    io_kind, refusal_message, refused_result,
 };
 use crate::job::Job;
 use crate::request::{Request, RequestPolicy};
@@ -269,6 +269,7 @@ impl HttpClient {
             outcome: self.shared.classifier.transport(kind),
             status: None,
             error: Some(format!("{code}: {detail}")),
+            body: None,
         }
     }
 
@@ -285,7 +286,8 @@ impl fmt::Debug for HttpClient {
     }
 }
 
-/// Reads at most `cap` bytes of the body and returns the first [`ERROR_EXCERPT`] of them.
+/// Reads at most `cap` bytes of the body and returns the first [`BODY_EXCERPT`] of them (1 KiB:
+/// the delivery log keeps them, the error its first [`ERROR_EXCERPT`](crate::http::ERROR_EXCERPT)).
 ///
 /// The rest is never read: dropping the reader before the end closes the connection
 /// instead of returning it to the pool. A read error (a timeout, a reset mid-body) is
@@ -304,8 +306,8 @@ fn read_capped(body: ureq::Body, cap: usize) -> Vec<u8> {
             Ok(0) => break,
             Ok(n) => {
                 left = left.saturating_sub(n);
-                if head.len() < ERROR_EXCERPT {
-                    let room = ERROR_EXCERPT - head.len();
+                if head.len() < BODY_EXCERPT {
+                    let room = BODY_EXCERPT - head.len();
                     head.extend(chunk.iter().take(n.min(room)));
                 }
             }

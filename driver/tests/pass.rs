@@ -115,6 +115,7 @@ fn result(outcome: Outcome) -> AttemptResult {
         outcome,
         status: outcome.is_delivered().then_some(200),
         error: None,
+        body: None,
     }
 }
 
@@ -597,6 +598,7 @@ fn refused() -> AttemptResult {
         outcome: Outcome::Refused,
         status: None,
         error: Some("destination_refused: 127.0.0.1 is loopback".into()),
+        body: None,
     }
 }
 
@@ -828,6 +830,7 @@ fn a_later_unit_is_handed_out_only_once_the_dead_letters_before_it_are_committed
                 outcome: Outcome::Permanent,
                 status: Some(422),
                 error: Some("status 422".into()),
+                body: None,
             });
         }
         for d in sink.take() {

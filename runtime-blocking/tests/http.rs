@@ -84,7 +84,8 @@ fn delivered_with_idempotency_key_user_agent_content_type_and_exact_body() {
         AttemptResult {
             outcome: Outcome::Delivered,
             status: Some(200),
-            error: None
+            error: None,
+            body: None,
         }
     );
     let reqs = r.requests("/inbox");
@@ -435,6 +436,7 @@ fn default_policy_refuses_a_loopback_ipv4_literal() {
             outcome: Outcome::Refused,
             status: None,
             error: Some("destination_refused: 127.0.0.2 is loopback".to_owned()),
+            body: None,
         }
     );
     assert_eq!(r.count_all(), 0);

@@ -301,7 +301,7 @@ impl AsyncHttpClient {
                         continue;
                     };
                     read = read.saturating_add(chunk.len());
-                    let room = outbox_lanes_driver::http::ERROR_EXCERPT.saturating_sub(head.len());
+                    let room = outbox_lanes_driver::http::BODY_EXCERPT.saturating_sub(head.len());
                     head.extend(chunk.iter().take(room));
                 }
                 Ok(None | Some(Err(_))) | Err(_) => break,
@@ -321,6 +321,7 @@ impl AsyncHttpClient {
                 "{kind}: no answer within {:?}",
                 self.shared.timeout
             )),
+            body: None,
         }
     }
 
@@ -356,6 +357,7 @@ impl AsyncHttpClient {
             outcome: self.shared.classifier.transport(kind),
             status: None,
             error: Some(format!("{kind}: {}", chain(e))),
+            body: None,
         }
     }
 

@@ -304,7 +304,10 @@ macro_rules! lane_status {
               WHERE d.lane_id = l.id AND d.state = 0 ORDER BY d.seq, d.id LIMIT 1), \
              (SELECT d.last_attempt_at IS NOT NULL FROM ol_units d \
               WHERE d.lane_id = l.id AND d.state = 0 ORDER BY d.seq, d.id LIMIT 1), \
-             l.failing_since, l.unavailable_since \
+             l.failing_since, l.unavailable_since, \
+             CASE WHEN l.in_flight_since IS NOT NULL AND EXISTS (SELECT 1 FROM ol_slots s \
+               WHERE s.actor = l.actor AND s.holder IS NOT NULL AND s.lease_expires > {now}) \
+               THEN l.in_flight_since END, l.in_flight_unit \
              FROM ol_lanes l WHERE ",
             $where
         )
@@ -354,5 +357,10 @@ fn status_of_row(r: &dyn Get) -> Result<LaneStatus, StoreError> {
         head_enqueued_at: r.opt_int(11)?.map(timestamp_of),
         failing_since: r.opt_int(13)?.map(timestamp_of),
         unavailable_since: r.opt_int(14)?.map(timestamp_of),
+        in_flight_since: r.opt_int(15)?.map(timestamp_of),
+        in_flight_unit: match r.opt_int(15)? {
+            Some(_) => r.opt_int(16)?.map(|u| outbox_lanes_core::UnitId(to_u64(u))),
+            None => None,
+        },
     })
 }

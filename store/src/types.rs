@@ -674,6 +674,12 @@ pub struct LaneStatus {
     /// When the lane was found failing for longer than allowed (issue 41), if it was since
     /// its run of failures began.
     pub unavailable_since: Option<Timestamp>,
+    /// Since when the lane's head has been in flight, when a relay has had it in flight for
+    /// longer than [`IN_FLIGHT_MARK_AFTER`](crate::IN_FLIGHT_MARK_AFTER) (its mark, trusted
+    /// only while the actor's drain slot is held); `None` otherwise.
+    pub in_flight_since: Option<Timestamp>,
+    /// The unit of that attempt.
+    pub in_flight_unit: Option<UnitId>,
 }
 
 impl LaneStatus {

@@ -164,11 +164,20 @@ fn delivery_log_keeps_attempts_and_answers_rows(b: Backend) {
         let rb = rows.iter().find(|r| r.lane == lb).expect("B");
         assert_eq!(rb.state, RowDeliveryState::InFlight(since));
         assert_eq!(rb.recipient, B);
+        let lanes = s.lanes(&a).expect("lanes");
+        let l = lanes.iter().find(|l| l.lane == lb).expect("lane B");
+        assert_eq!(
+            (l.in_flight_since, l.in_flight_unit),
+            (Some(since), Some(u0b))
+        );
         // Cleared: pending again.
         s.mark_in_flight(&t, &[(lb, None)]).expect("clear");
         let rows = s.row_deliveries(&a, "r0").expect("row");
         let rb = rows.iter().find(|r| r.lane == lb).expect("B");
         assert_eq!(rb.state, RowDeliveryState::Pending);
+        let lanes = s.lanes(&a).expect("lanes");
+        let l = lanes.iter().find(|l| l.lane == lb).expect("lane B");
+        assert_eq!(l.in_flight_since, None);
         // Dead-lettered: the dead letter's attempts, the log's history.
         s.record_attempts_logged(
             &t,

@@ -59,6 +59,14 @@ pub(crate) struct Cli {
     #[arg(long, global = true, value_parser = parse_duration, default_value = "0s", env = "OUTBOX_LANES_ACK_RETENTION")]
     pub(crate) ack_retention: Duration,
 
+    /// How long the delivery log keeps every attempt's outcome (start, duration, number,
+    /// status, error class, the first KiB of a non-2xx answer's body), from the attempt's
+    /// start: `7d` (the default, the row-id window), `1h`, `0s` turns the log off. `relay`
+    /// deletes the entries past it at each upkeep (`--upkeep-interval`, 10 minutes); `rows
+    /// show` and `dead-letters show` read it.
+    #[arg(long, global = true, value_parser = parse_duration, default_value = "7d", env = "OUTBOX_LANES_DELIVERY_LOG_RETENTION")]
+    pub(crate) delivery_log_retention: Duration,
+
     /// Log format on stderr (level from RUST_LOG, default info).
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "OUTBOX_LANES_LOG_FORMAT")]
     pub(crate) log_format: LogFormat,
@@ -405,6 +413,10 @@ pub(crate) enum Command {
     /// List, replay or purge dead letters.
     #[command(subcommand)]
     DeadLetters(DeadLetterCommand),
+    /// A row's delivery: per recipient, pending, in flight, delivered or dead letter, with
+    /// the attempt history the delivery log keeps.
+    #[command(subcommand)]
+    Rows(RowsCommand),
     /// Per recipient host (origin): its connection health, lanes, pending units, last
     /// connection error, next probe and signature scheme; or an operator's action on one.
     #[command(
@@ -706,6 +718,25 @@ fn parse_metrics_addr(s: &str) -> Result<MetricsAddr, String> {
         spec: s.to_owned(),
         addrs,
     })
+}
+
+/// `rows` subcommands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum RowsCommand {
+    /// A row's state per recipient (pending, in flight, delivered, dead letter), its
+    /// attempts, last status and error, and each attempt the delivery log keeps (start,
+    /// duration, status, error class, the first KiB of a non-2xx answer's body).
+    Show {
+        /// The row's actor.
+        #[arg(long)]
+        actor: String,
+        /// The row id it was enqueued with.
+        #[arg(long)]
+        id: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// `dead-letters` subcommands.

@@ -771,6 +771,11 @@ impl Backend {
         .await?
     }
 
+    /// The store, for reads a command runs on the blocking pool itself (`rows.rs`).
+    pub(crate) fn store(&self) -> Arc<dyn Store> {
+        Arc::clone(self.outbox.store())
+    }
+
     /// A dead letter's payload.
     pub(crate) async fn dead_letter_payload(&self, id: DeadLetterId) -> anyhow::Result<Payload> {
         let store = Arc::clone(self.outbox.store());

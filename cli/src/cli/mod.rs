@@ -10,6 +10,7 @@ pub(crate) mod metrics;
 pub(crate) mod on_dead;
 pub(crate) mod output;
 pub(crate) mod progress;
+pub(crate) mod rows;
 pub(crate) mod signing;
 
 use std::collections::BTreeSet;
@@ -399,6 +400,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         })
         | Command::DeadLetters(DeadLetterCommand::List(_))
         | Command::DeadLetters(DeadLetterCommand::Show { .. })
+        | Command::Rows(_)
         | Command::Hosts(HostsArgs { action: None, .. })
         | Command::Hosts(HostsArgs {
             action: Some(HostAction::List { .. }),
@@ -432,6 +434,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let common = CommonOptions {
         row_id_retention: cli.row_id_retention,
         ack_retention: (!cli.ack_retention.is_zero()).then_some(cli.ack_retention),
+        delivery_log_retention: cli.delivery_log_retention,
         ..CommonOptions::default()
     };
     if delivery.is_some_and(|d| !d.allow_private_destinations) {
@@ -523,6 +526,9 @@ async fn dispatch(
         }
         Command::Lanes(args) => cmd_lanes(backend, args).await,
         Command::DeadLetters(c) => cmd_dead_letters(backend, c).await,
+        Command::Rows(args::RowsCommand::Show { actor, id, json }) => {
+            rows::cmd_rows_show(backend, actor, id, json).await
+        }
         Command::Hosts(args) => hosts::cmd_hosts(backend, args).await,
         Command::Migrate { .. } | Command::Completions { .. } | Command::Man => Ok(()),
     }
@@ -1123,10 +1129,23 @@ async fn cmd_dead_letter_show(backend: &Backend, id: i64, json: bool) -> anyhow:
         }
         Err(e) => return Err(e),
     };
+    let history = rows::dead_letter_history(backend, &d).await?;
     if json {
-        print_json(&output::dead_show_json(&d, &payload))
+        #[derive(serde::Serialize)]
+        struct WithHistory<S, H> {
+            #[serde(flatten)]
+            show: S,
+            attempt_history: H,
+        }
+        print_json(&WithHistory {
+            show: output::dead_show_json(&d, &payload),
+            attempt_history: rows::history_json(&history),
+        })
     } else {
-        print(&output::dead_show_text(&d, &payload))
+        let mut text = output::dead_show_text(&d, &payload);
+        text.push_str("\nattempt history (delivery log)\n");
+        text.push_str(&rows::history_text(&history));
+        print(&text)
     }
 }
 

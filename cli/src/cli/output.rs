@@ -241,6 +241,10 @@ struct LaneJson<'a> {
     strict: bool,
     paused: bool,
     pause_reason: Option<&'a str>,
+    /// Since when the head has been in flight (marked after 5 s in flight; issue 39).
+    in_flight_since: Option<String>,
+    in_flight_ms: Option<u64>,
+    in_flight_unit: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -278,6 +282,11 @@ pub(crate) fn lanes_json<'a>(actor: &'a str, lanes: &'a [LaneStatus]) -> impl Se
                 strict: l.strict,
                 paused: l.paused,
                 pause_reason: l.pause_reason.as_deref(),
+                in_flight_since: l.in_flight_since.map(time),
+                in_flight_ms: l
+                    .in_flight_since
+                    .map(|t| now.saturating_duration_since(t).as_millis() as u64),
+                in_flight_unit: l.in_flight_unit.map(|u| u.0),
             })
             .collect(),
     }
@@ -290,8 +299,17 @@ pub(crate) fn lanes_table(lanes: &[LaneStatus]) -> String {
         .iter()
         .map(|l| {
             let state = l.state(now);
-            let state = match (state, l.pause_reason.as_deref()) {
-                (LaneState::Paused, Some(r)) => format!("{state} ({r})"),
+            let state = match (state, l.pause_reason.as_deref(), l.in_flight_since) {
+                (LaneState::Paused, Some(r), _) => format!("{state} ({r})"),
+                // Its head has been in flight for longer than the relay's threshold (5 s).
+                (LaneState::Open, _, Some(t)) => {
+                    format!("in flight {} s", now.saturating_duration_since(t).as_secs())
+                }
+                // A probe hanging in a lane in backoff: in flight, and why it probes.
+                (_, _, Some(t)) => format!(
+                    "in flight {} s ({state})",
+                    now.saturating_duration_since(t).as_secs()
+                ),
                 _ => state.to_string(),
             };
             let mut last = short_error(l.last_status, l.last_error.as_deref());

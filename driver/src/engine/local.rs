@@ -249,6 +249,7 @@ mod tests {
                 outcome: Outcome::Delivered,
                 status: Some(200),
                 error: None,
+                body: None,
             },
             started: Instant::now(),
         }
