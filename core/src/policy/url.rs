@@ -452,11 +452,20 @@ fn parse_domain_or_ipv4(raw: &str) -> Result<Host, UrlError> {
     if raw.is_empty() {
         return Err(UrlError::MissingHost);
     }
-    if raw.is_ascii() {
+    if raw.is_ascii() && !has_punycode_label(raw) {
         parse_ascii_host(raw)
     } else {
-        parse_ascii_host(&idn_to_ascii(raw)?)
+        // A name with an `xn--` label is checked as UTS #46 reads it too: `xn--a.example`,
+        // whose label is not valid punycode, is refused, not sent to a resolver.
+        let ascii = idn_to_ascii(raw)?;
+        parse_ascii_host(&ascii)
     }
+}
+
+/// Whether a label of the (ASCII) host starts with the ACE prefix `xn--`.
+fn has_punycode_label(raw: &str) -> bool {
+    raw.split('.')
+        .any(|l| l.len() >= 4 && l.as_bytes()[..4].eq_ignore_ascii_case(b"xn--"))
 }
 
 /// The ASCII characters a host may contain besides letters and digits.
@@ -1148,6 +1157,8 @@ mod tests {
             "http://ü\u{200d}.example/",        // ZERO WIDTH JOINER outside a joining context
             "http://\u{0301}bücher.example/",   // a label starting with a combining mark
             "http://xn--a-ecp.bücher.example/", // an xn-- label that is not valid punycode
+            "https://xn--a.example/",           // the same in an all-ASCII name
+            "https://XN--A.example/",
             "http://ab\u{5d0}.bücher.example/", // left-to-right and right-to-left in one label
         ] {
             assert_eq!(err(bad), UrlError::InvalidIdn, "{bad}");
