@@ -478,7 +478,8 @@ fn a_short_or_bare_secret_is_refused_at_start_with_one_line() {
     assert_eq!(out.code(), Some(2), "{}", out.stderr);
     assert!(
         out.stderr.contains("error: no webhook secret in ")
-            && out.stderr.contains("for \"shop-a\""),
+            && out.stderr.contains("for \"shop-a\"")
+            && out.stderr.contains("add [actors.\"shop-a\"]"),
         "{}",
         out.stderr
     );

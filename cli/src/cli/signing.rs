@@ -150,14 +150,20 @@ impl Signing {
             PerActor::Keys(_) => ("signing key", "their requests would be refused unsigned"),
             PerActor::Secrets(_) => ("webhook secret", "their webhooks cannot be signed"),
         };
+        let names: Vec<String> = missing.iter().map(|a| format!("{a:?}")).collect();
+        // The entries to add, named: `[actors."alice"]`, the first three.
+        let mut entries: Vec<String> = missing
+            .iter()
+            .take(3)
+            .map(|a| format!("[actors.{a:?}]"))
+            .collect();
+        if missing.len() > 3 {
+            entries.push(format!("and {} more", missing.len() - 3));
+        }
         Err(UsageError(format!(
-            "no {what} in {file} for {}: {why}; add \
-             [actors.\"<actor>\"] entries (nothing delivered)",
-            missing
-                .iter()
-                .map(|a| format!("{a:?}"))
-                .collect::<Vec<_>>()
-                .join(", ")
+            "no {what} in {file} for {}: {why}; add {} (nothing delivered)",
+            names.join(", "),
+            entries.join(", ")
         ))
         .into())
     }
