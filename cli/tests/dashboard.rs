@@ -378,7 +378,6 @@ fn dashboard_in_a_real_browser() {
     // The hosts.
     browser.goto(&format!("{base}/hosts"));
     assert!(browser.text("#hosts").contains("127.0.0.1"));
-    browser.screenshot("hosts");
     seen.push_str(&browser.source());
 
     // The dead letters: the row's Authorization header is masked, the 422's body is text.
@@ -459,6 +458,45 @@ fn dashboard_in_a_real_browser() {
     browser.screenshot("lane");
     seen.push_str(&browser.source());
 
+    // A host blocked and unblocked from its page, as `hosts` then shows it.
+    let origin = format!("http://127.0.0.1:{}", r.addr().port());
+    let host_state = || {
+        let v = db.json(&["hosts", "--json"]);
+        v["hosts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h["origin"] == origin.as_str())
+            .unwrap_or_else(|| panic!("no host {origin}: {v}"))["state"]
+            .clone()
+    };
+    browser.goto(&format!("{base}/hosts"));
+    browser.screenshot("hosts");
+    browser.click("button[data-op=block]");
+    assert!(eventually(|| browser.find("#done").is_some()));
+    assert_eq!(host_state(), "blocked");
+    browser.click("button[data-op=unblock]");
+    assert!(eventually(|| browser
+        .find("#done")
+        .is_some_and(|_| browser.text("#done").starts_with("unblock"))));
+    assert_eq!(host_state(), "open");
+
+    // Dead letters replayed after a preview that lists them.
+    browser.goto(&format!(
+        "{base}/dead-letters/preview?op=replay&reason=permanent"
+    ));
+    assert_eq!(browser.text("#count"), "1");
+    browser.screenshot("replay-preview");
+    browser.click("#confirm");
+    assert!(eventually(|| browser.find("#done").is_some()));
+    assert!(
+        browser.text("#done").starts_with("replayed 1"),
+        "{}",
+        browser.text("#done")
+    );
+    // Sent again, refused again: a new dead letter.
+    assert!(r.wait_for("/bad", 2, Duration::from_secs(60)));
+
     // No page showed the token or the credential.
     assert!(!seen.contains(TOKEN));
     assert!(!seen.contains("t0k3n-do-not-show-me"));
@@ -477,4 +515,28 @@ fn dashboard_in_a_real_browser() {
         "{}",
         lines.join("\n")
     );
+
+    // Without --admin-token-file the dashboard is read-only: no login, every action 403.
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let relay = Relay::start(&db, &["--admin-addr", &addr, "--no-progress"], &[]);
+    relay.wait_for_line("serving the dashboard");
+    let (code, body) = post_form(port, "/login", &[("token", TOKEN)], None);
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("read-only"), "{body}");
+    let (code, body) = post_form(
+        port,
+        "/actions/host",
+        &[("origin", origin.as_str()), ("op", "block"), ("csrf", "")],
+        Some("outbox_lanes_admin=whatever"),
+    );
+    assert_eq!(code, 403, "{body}");
+    assert_eq!(host_state(), "open");
+    let (code, body) = get(port, "/lanes?actor=alice").unwrap();
+    assert_eq!(code, 200);
+    assert!(
+        body.contains("read-only") && !body.contains("action=\"/actions/"),
+        "{body}"
+    );
+    let _ = relay.stop();
 }

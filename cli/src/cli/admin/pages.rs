@@ -205,6 +205,9 @@ fn chart(title: &str, color: &str, minutes: &[Minute], f: fn(&Minute) -> u64) ->
     }
 }
 
+/// The overview lists the lanes in flight of at most this many actors.
+const IN_FLIGHT_ACTORS: usize = 50;
+
 async fn overview(State(app): State<App>, headers: HeaderMap) -> Response {
     let ctx = Ctx::of(&app, &headers);
     app.sample();
@@ -213,6 +216,19 @@ async fn overview(State(app): State<App>, headers: HeaderMap) -> Response {
         (Ok(s), Ok(h)) => (s, h),
         (Err(e), _) | (_, Err(e)) => return store_error(&ctx, &e),
     };
+    // The lanes whose head has been in flight for a while, of the actors a pass holds.
+    let mut in_flight = Vec::new();
+    for a in status.iter().filter(|a| a.in_flight).take(IN_FLIGHT_ACTORS) {
+        match bounded(b.lanes(a.actor.as_str().to_owned())).await {
+            Ok(lanes) => in_flight.extend(
+                lanes
+                    .into_iter()
+                    .filter(|l| l.in_flight_since.is_some())
+                    .map(|l| (a.actor.as_str().to_owned(), l)),
+            ),
+            Err(e) => return store_error(&ctx, &e),
+        }
+    }
     let now = now();
     let minutes = app.inner.ring.last_hour(super::minute_now());
     let host_states = super::super::metrics::host_states(&hosts, now);
@@ -233,6 +249,24 @@ async fn overview(State(app): State<App>, headers: HeaderMap) -> Response {
             tr { th { "lanes waiting (throttled or in backoff)" } td.n { (backoff) } }
             tr { th { "lanes paused or strict blocked" } td.n { (paused) } }
             tr { th { "dead letters kept" } td.n { (dead) } }
+        }
+        h2 { "In flight now" }
+        @if in_flight.is_empty() {
+            p.muted { "No lane's attempt has been in flight for longer than a few seconds." }
+        } @else {
+            table id="in-flight" {
+                tr { th { "actor" } th { "lane" } th { "unit" } th { "in flight since" } th { "for" } th { "state" } }
+                @for (actor, l) in &in_flight {
+                    tr {
+                        td { (actor) }
+                        td { a href=(lane_href(actor, &l.key)) { (lane_name(&l.key)) } }
+                        td.n { (l.in_flight_unit.map_or_else(|| "-".to_owned(), |u| u.0.to_string())) }
+                        td { (opt_time(l.in_flight_since)) }
+                        td { (l.in_flight_since.map_or_else(|| "-".to_owned(), |t| age(now.saturating_duration_since(t)))) }
+                        td { (lane_state(l, now)) }
+                    }
+                }
+            }
         }
         h2 { "Actors" }
         table {
@@ -266,11 +300,23 @@ struct LanesQuery {
     done: Option<String>,
 }
 
+/// A lane's state as `lanes` shows it: with its pause's reason, and `in flight N s` while
+/// its head's attempt has been in flight for longer than the relay's threshold.
 fn lane_state(l: &LaneStatus, now: Timestamp) -> String {
     let state = l.state(now);
-    match (state.name(), l.pause_reason.as_deref()) {
+    let shown = match (state.name(), l.pause_reason.as_deref()) {
         ("paused", Some(r)) => format!("{state} ({r})"),
         _ => state.to_string(),
+    };
+    match l.in_flight_since {
+        Some(t) if state.name() == "open" => {
+            format!("in flight {} s", now.saturating_duration_since(t).as_secs())
+        }
+        Some(t) => format!(
+            "in flight {} s ({shown})",
+            now.saturating_duration_since(t).as_secs()
+        ),
+        None => shown,
     }
 }
 
@@ -448,6 +494,10 @@ async fn lane(State(app): State<App>, headers: HeaderMap, Query(q): Query<LaneQu
             tr { th { "backoff level" } td.n { (l.backoff_level) } }
             tr { th { "failing since" } td { (opt_time(l.failing_since)) } }
             tr { th { "unavailable since" } td { (opt_time(l.unavailable_since)) } }
+            tr { th { "head in flight since" } td id="in-flight" {
+                (opt_time(l.in_flight_since))
+                @if let Some(u) = l.in_flight_unit { " (unit " (u.0) ")" }
+            } }
         }
         h2 { "Actions" }
         (not_logged_in(&ctx))
@@ -489,7 +539,7 @@ async fn hosts(State(app): State<App>, headers: HeaderMap, Query(q): Query<DoneQ
                     input type="hidden" name="csrf" value=(csrf);
                     input type="hidden" name="origin" value=(origin);
                     input type="hidden" name="op" value=(op);
-                    button type="submit" { (label) }
+                    button type="submit" data-op=(op) { (label) }
                 }
             }
         }
