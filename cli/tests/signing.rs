@@ -190,7 +190,7 @@ fn http_signatures(db: &Db) {
     let before = SystemTime::now();
     let keys = keys.display().to_string();
     // draft-cavage as the verifier here checks it (`auto` would knock with RFC 9421 first).
-    ok(
+    let out = ok(
         run(
             db,
             &[
@@ -204,6 +204,21 @@ fn http_signatures(db: &Db) {
         ),
         "drain",
     );
+    // The keys loaded are logged at start, by id and algorithm; the keys never are.
+    for (actor, key_id, alg) in [
+        (ALICE, format!("{ALICE}#main-key"), "rsa-v1_5-sha256"),
+        (ERIN, format!("{ERIN}#ed25519-key"), "ed25519"),
+    ] {
+        assert!(
+            out.stderr.lines().any(|l| l.contains("signing key loaded")
+                && l.contains(actor)
+                && l.contains(&key_id)
+                && l.contains(alg)),
+            "no start line for {actor}'s key:\n{}",
+            out.stderr
+        );
+    }
+    assert!(!out.stderr.contains("PRIVATE KEY"), "{}", out.stderr);
     let after = SystemTime::now();
 
     let a = r.requests("/inbox/a");

@@ -112,6 +112,13 @@ impl Signing {
                     "--signing-keys (or OUTBOX_LANES_SIGNING_KEYS): {e}\nnothing delivered"
                 ))
             })?;
+            // Which keys were loaded (their ids and algorithms, never the keys themselves).
+            for actor in keys.actors() {
+                if let Some(k) = keys.key(actor) {
+                    info!(file = %file.display(), actor, key_id = k.key_id(),
+                        algorithm = k.algorithm().rfc9421_alg(), "signing key loaded");
+                }
+            }
             let keys = Arc::new(keys);
             return Ok(Signing {
                 signer: Some(Arc::clone(&keys) as Arc<dyn Signer>),
