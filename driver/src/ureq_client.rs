@@ -98,6 +98,8 @@ struct Shared {
     max_response_body: usize,
     classifier: Classifier,
     retry_after_cap: Duration,
+    /// [`HttpConfig::timeout`], named in a timeout's error as the async client names it.
+    timeout: Duration,
 }
 
 impl HttpClient {
@@ -152,6 +154,7 @@ impl HttpClient {
                 max_response_body: cfg.max_response_body,
                 classifier: cfg.classifier,
                 retry_after_cap: cfg.retry_after_cap,
+                timeout: cfg.timeout,
             }),
         })
     }
@@ -260,7 +263,11 @@ impl HttpClient {
         // The stable code first; the client's own words after it, without repeating the code
         // when they start with it (ureq says "timeout: global").
         let code = kind.to_string();
-        let detail = e.to_string();
+        let detail = match kind {
+            // One error, one name: the async client's words, not ureq's "timeout: global".
+            TransportError::Timeout => format!("no answer within {:?}", self.shared.timeout),
+            _ => e.to_string(),
+        };
         let detail = detail
             .strip_prefix(code.as_str())
             .and_then(|d| d.strip_prefix(": "))
