@@ -254,10 +254,12 @@ pub(crate) struct DeliveryFlags {
     )]
     pub(crate) webhook_secrets: Option<PathBuf>,
 
-    /// Sign every request with HTTP Signatures (draft-cavage rsa-sha256 over
-    /// `(request-target) host date digest`, as Mastodon verifies), each actor with its key
-    /// from this TOML file: `[actors."<actor>"]` with `key_id` and `private_key_pem` or
-    /// `private_key_file`. An actor with work but no key stops drain and relay (exit 2).
+    /// Sign every request with HTTP Signatures, each actor with its key (RSA or Ed25519) from
+    /// this TOML file: `[actors."<actor>"]` with `key_id` and `private_key_pem` or
+    /// `private_key_file`. The scheme is --signature-spec's: by default `auto` (RFC 9421
+    /// first, draft-cavage over `(request-target) host date digest` as Mastodon verifies
+    /// for a host that refuses it). An actor with work but no key stops drain and relay
+    /// (exit 2).
     #[arg(long, env = "OUTBOX_LANES_SIGNING_KEYS", value_name = "FILE")]
     pub(crate) signing_keys: Option<PathBuf>,
 
