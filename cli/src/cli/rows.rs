@@ -155,7 +155,12 @@ fn row_text(actor: &str, row: &str, d: &[RowDelivery]) -> String {
                     format!("in flight {} s", since(t, now).as_secs())
                 }
                 RowDeliveryState::Delivered => match r.delivered_at {
-                    Some(t) => format!("delivered at {} after {}", time(t), r.attempts),
+                    Some(t) => format!(
+                        "delivered at {} after {} attempt{}",
+                        time(t),
+                        r.attempts,
+                        if r.attempts == 1 { "" } else { "s" }
+                    ),
                     None => "delivered".to_owned(),
                 },
                 s => s.as_str().to_owned(),
