@@ -427,3 +427,37 @@ fn a_host_failing_longer_than_host_unavailable_after_has_its_units_dead_lettered
     relay.stop();
     assert!(dead.accepted() <= 6, "{} connections", dead.accepted());
 }
+
+#[test]
+fn an_action_on_an_origin_no_lane_has_warns_and_names_the_http_one_meant() {
+    let db = Db::new();
+    let r = Recipient::start().unwrap();
+    db.enqueue(ALICE, &r.url("/inbox"));
+    let port = r.addr().port();
+    // Written without a scheme: https://, which no lane has; the http:// lane is named.
+    let out = collect(
+        db.command(&["hosts", "block", &format!("127.0.0.1:{port}")])
+            .spawn()
+            .unwrap(),
+        "",
+    );
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("no lane or host of this outbox has this origin")
+            && out
+                .stderr
+                .contains(&format!("did you mean http://127.0.0.1:{port}?")),
+        "{}",
+        out.stderr
+    );
+    // The origin a lane has: no warning.
+    let out = collect(
+        db.command(&["hosts", "unblock", &origin(&r)])
+            .spawn()
+            .unwrap(),
+        "",
+    );
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    assert!(!out.stderr.contains("no lane or host"), "{}", out.stderr);
+}

@@ -7,7 +7,7 @@ use std::time::SystemTime;
 use outbox_lanes_core::Timestamp;
 use outbox_lanes_store::{HostBlock, HostStatus, origin_of};
 use serde::Serialize;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::args::{HostAction, HostsArgs};
 use super::backend::Backend;
@@ -151,7 +151,9 @@ pub(crate) async fn cmd_hosts(backend: &Backend, args: HostsArgs) -> anyhow::Res
             ("unblock", origin, json, Some(HostBlock::Open))
         }
     };
-    let origin = parse_origin(&origin)?;
+    let given = origin;
+    let origin = parse_origin(&given)?;
+    warn_if_unknown(backend, &given, &origin).await?;
     let n = match op {
         None => backend.host_retry(origin.clone()).await?,
         Some(block) => backend.host_block(origin.clone(), block).await?,
@@ -170,6 +172,34 @@ pub(crate) async fn cmd_hosts(backend: &Backend, args: HostsArgs) -> anyhow::Res
     } else {
         print(&format!("{name}: {origin}: {what}\n"))
     }
+}
+
+/// Warns when no lane and no host row of the outbox has `origin`: the action is kept for it
+/// (a block may come before the first row to a host), but a typo, or a host written without
+/// its scheme that meant `http://`, would otherwise act on nothing without a word.
+async fn warn_if_unknown(backend: &Backend, given: &str, origin: &str) -> anyhow::Result<()> {
+    let known = backend.host_list().await?;
+    if known.iter().any(|h| h.record.origin == origin) {
+        return Ok(());
+    }
+    let hint = if given.contains("://") {
+        String::new()
+    } else {
+        let http = origin.replacen("https://", "http://", 1);
+        let http = http
+            .strip_suffix(":443")
+            .map_or(http.clone(), |h| format!("{h}:80"));
+        if known.iter().any(|h| h.record.origin == http) {
+            format!(" (a host written without a scheme means https://; did you mean {http}?)")
+        } else {
+            " (a host written without a scheme means https://)".to_owned()
+        }
+    };
+    warn!(
+        origin,
+        "no lane or host of this outbox has this origin; the action is kept for it{hint}"
+    );
+    Ok(())
 }
 
 async fn list(backend: &Backend, json: bool, now: Timestamp) -> anyhow::Result<()> {
