@@ -342,6 +342,11 @@ fn dashboard_in_a_real_browser() {
     assert!(eventually(|| !db.dead_letters().is_empty()));
     assert!(eventually(|| lane(&db, &fail)["last_status"] == 500));
 
+    // The hanging recipient's lane reads "in flight" once its attempt is in flight for a while.
+    assert!(eventually(
+        || get(port, "/lanes?actor=alice").is_some_and(|(_, body)| body.contains("in flight "))
+    ));
+
     let browser = Browser::start(&chromium, &chromedriver);
     let base = format!("http://{addr}");
     let mut seen = String::new();
@@ -351,6 +356,7 @@ fn dashboard_in_a_real_browser() {
     assert_eq!(browser.text("h1"), "Overview");
     assert!(browser.text("#pending").parse::<u64>().unwrap() >= 3);
     assert!(browser.source().contains("alice"));
+    assert!(browser.text("#in-flight").contains(hang.as_str()));
     browser.screenshot("overview");
     seen.push_str(&browser.source());
 
@@ -373,6 +379,17 @@ fn dashboard_in_a_real_browser() {
             .contains("&lt;script&gt;alert(1)&lt;/script&gt;")
     );
     browser.screenshot("lanes");
+    seen.push_str(&browser.source());
+
+    // A row's delivery per recipient, with the attempts the delivery log keeps.
+    browser.goto(&format!("{base}/row?actor=alice&id=a1"));
+    let row = browser.text("#row");
+    assert!(row.contains("delivered at"), "{row}");
+    assert!(row.contains("in flight"), "{row}");
+    let history = browser.text("table.history");
+    assert!(history.contains(SCRIPT), "{history}");
+    browser.no_alert();
+    browser.screenshot("row");
     seen.push_str(&browser.source());
 
     // The hosts.
@@ -398,6 +415,11 @@ fn dashboard_in_a_real_browser() {
             .contains("<img src=x onerror=alert(2)>")
     );
     assert!(browser.text("#payload").contains("<b>bold?</b>"));
+    let history = browser.text("table.history");
+    assert!(
+        history.contains("422") && history.contains("<img src=x onerror=alert(2)>"),
+        "{history}"
+    );
     browser.no_alert();
     browser.screenshot("dead-letter");
     seen.push_str(&browser.source());

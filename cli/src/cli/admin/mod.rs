@@ -138,7 +138,9 @@ fn spawn(listener: TcpListener, router: Router) -> JoinHandle<()> {
                 match tokio::time::timeout(CONNECTION_BOUND, conn).await {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => tracing::debug!(%peer, error = %e, "HTTP request failed"),
-                    Err(_) => tracing::debug!(%peer, "HTTP connection cut after {CONNECTION_BOUND:?}"),
+                    Err(_) => {
+                        tracing::debug!(%peer, "HTTP connection cut after {CONNECTION_BOUND:?}")
+                    }
                 }
             });
         }

@@ -14,7 +14,8 @@ use maud::{DOCTYPE, Markup, PreEscaped, html};
 use outbox_lanes_core::policy::Recipient;
 use outbox_lanes_core::{ActorId, DeadReason, LaneKey, Timestamp};
 use outbox_lanes_store::{
-    DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterSelection, HostBlock, LaneStatus,
+    DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterSelection, DeliveryLogRow, HostBlock,
+    LaneStatus, RowDeliveryState,
 };
 use serde::Deserialize;
 
@@ -32,6 +33,7 @@ pub(super) fn routes() -> Router<App> {
         .route("/dead-letters", get(dead_letters))
         .route("/dead-letters/preview", get(preview))
         .route("/dead-letters/{id}", get(dead_letter))
+        .route("/row", get(row))
         .route("/login", get(login))
 }
 
@@ -109,6 +111,7 @@ td.n{text-align:right}
 .flash{background:#eef8ee;border:1px solid #9c9;padding:.5em;margin-bottom:1em}
 .refused{background:#fbeaea;border:1px solid #c99;padding:.5em;margin-bottom:1em}
 .charts{display:flex;flex-wrap:wrap;gap:1.5em}
+pre.body{margin:0;padding:.2em;max-width:40em;max-height:8em}
 pre{background:#f7f7f7;padding:.6em;max-width:80em;overflow:auto;white-space:pre-wrap;overflow-wrap:anywhere}
 form.inline{display:inline}
 button{margin:.1em}
@@ -133,6 +136,7 @@ pub(super) fn page(ctx: &Ctx, title: &str, body: Markup) -> Markup {
                     a href="/lanes" { "Lanes" }
                     a href="/hosts" { "Hosts" }
                     a href="/dead-letters" { "Dead letters" }
+                    a href="/row" { "Rows" }
                     span.who {
                         @if let Some(csrf) = &ctx.csrf {
                             form.inline method="post" action="/logout" {
@@ -645,7 +649,7 @@ fn dead_table(list: &[DeadLetter]) -> Markup {
                 tr {
                     td { a href=(format!("/dead-letters/{}", d.id.0)) { (d.id.0) } }
                     td { (d.actor.as_str()) }
-                    td { (d.row_id) }
+                    td { a href=(row_href(d.actor.as_str(), &d.row_id)) { (d.row_id) } }
                     td { (lane_name(&d.key)) }
                     td { (d.reason.as_str()) }
                     td.err { (last_of(d).chars().take(120).collect::<String>()) }
@@ -837,6 +841,10 @@ async fn dead_letter(
         }
         Err(e) => return store_error(&ctx, &e),
     };
+    let history = match bounded(super::super::rows::dead_letter_history(b, &d)).await {
+        Ok(h) => h,
+        Err(e) => return store_error(&ctx, &e),
+    };
     let body_text = std::str::from_utf8(&payload.body).ok();
     let act = |op: &str, label: &str| -> Markup {
         html! {
@@ -855,7 +863,7 @@ async fn dead_letter(
         table id="dead-letter" {
             tr { th { "id" } td { (d.id.0) } }
             tr { th { "actor" } td { (d.actor.as_str()) } }
-            tr { th { "row" } td { (d.row_id) } }
+            tr { th { "row" } td { a href=(row_href(d.actor.as_str(), &d.row_id)) { (d.row_id) } } }
             tr { th { "unit" } td { (d.unit.0) } }
             tr { th { "recipient" } td { a href=(lane_href(d.actor.as_str(), &d.key)) { (lane_name(&d.key)) } } }
             tr { th { "reason" } td { (d.reason.as_str()) } }
@@ -876,6 +884,8 @@ async fn dead_letter(
                 }
             }
         }
+        h2 { "Attempts" }
+        (history_table(&history))
         h2 { "Payload" }
         @match body_text {
             Some(t) => pre id="payload" { (t) },
@@ -889,6 +899,111 @@ async fn dead_letter(
         StatusCode::OK,
         page(&ctx, &format!("Dead letter {id}"), body),
     )
+}
+
+/// An attempt's duration: `42 ms`, `1.2 s`.
+fn took(ms: u64) -> String {
+    if ms < 1000 {
+        format!("{ms} ms")
+    } else {
+        format!("{:.1} s", ms as f64 / 1000.0)
+    }
+}
+
+/// The link to a row's page.
+fn row_href(actor: &str, row: &str) -> String {
+    format!("/row?actor={}&id={}", enc(actor), enc(row))
+}
+
+/// The attempts the delivery log keeps, oldest first.
+fn history_table(h: &[DeliveryLogRow]) -> Markup {
+    html! {
+        @if h.is_empty() {
+            p.muted { "No attempt in the delivery log (none finished yet, the log is off, or past --delivery-log-retention)." }
+        } @else {
+            table.history {
+                tr { th { "attempt" } th { "started" } th { "took" } th { "status" } th { "error" }
+                     th { "answer's body (first KiB)" } }
+                @for e in h {
+                    tr {
+                        td.n { (e.attempt) }
+                        td { (time(e.started_at)) }
+                        td.n { (took(e.duration_ms)) }
+                        td { (e.status.map_or_else(|| "-".to_owned(), |s| s.to_string())) }
+                        td { @if e.delivered { "delivered" } @else { (e.error_class.as_deref().unwrap_or("-")) } }
+                        td.err { @if let Some(b) = &e.body { pre.body { (b) } } @else { "-" } }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct RowQuery {
+    #[serde(default)]
+    actor: String,
+    #[serde(default)]
+    id: String,
+}
+
+/// A row's delivery per recipient (as `rows show`): pending, in flight, delivered or dead
+/// letter, with the attempts the delivery log keeps.
+async fn row(State(app): State<App>, headers: HeaderMap, Query(q): Query<RowQuery>) -> Response {
+    let ctx = Ctx::of(&app, &headers);
+    let form = html! {
+        form method="get" action="/row" {
+            label { "actor " input type="text" name="actor" value=(q.actor); }
+            " "
+            label { "row id " input type="text" name="id" value=(q.id); }
+            " " button type="submit" { "Show" }
+        }
+    };
+    if q.actor.is_empty() || q.id.is_empty() {
+        return respond(StatusCode::OK, page(&ctx, "Row", form));
+    }
+    let store = app.backend().store();
+    let (actor, id) = (ActorId::new(q.actor.trim()), q.id.clone());
+    let found = bounded(async move {
+        Ok(tokio::task::spawn_blocking(move || store.row_deliveries(&actor, &id)).await??)
+    })
+    .await;
+    let rows = match found {
+        Ok(r) => r,
+        Err(e) => return store_error(&ctx, &e),
+    };
+    let now = now();
+    let body = html! {
+        (form)
+        @if rows.is_empty() {
+            p id="none" { "Actor " (q.actor) " has no row " (q.id) " (never enqueued, or finished and past the delivery log's window)." }
+        } @else {
+            table id="row" {
+                tr { th { "recipient" } th { "unit" } th { "state" } th { "attempts" } th { "last status" } th { "last error" } }
+                @for r in &rows {
+                    tr {
+                        td { a href=(format!("/lane?actor={}&recipient={}", enc(&q.actor), enc(&r.recipient))) { (r.recipient) } }
+                        td.n { (r.unit.0) }
+                        td.state { (match r.state {
+                            RowDeliveryState::InFlight(t) => format!("in flight {} s", now.saturating_duration_since(t).as_secs()),
+                            RowDeliveryState::Delivered => r.delivered_at.map_or_else(
+                                || "delivered".to_owned(),
+                                |t| format!("delivered at {} after {} attempt(s)", time(t), r.attempts)),
+                            s => s.as_str().to_owned(),
+                        }) }
+                        td.n { (r.attempts) }
+                        td { (r.last_status.map_or_else(|| "-".to_owned(), |s| s.to_string())) }
+                        td.err { (r.last_error.as_deref().unwrap_or("-")) }
+                    }
+                }
+            }
+            @for r in &rows {
+                h2 { (r.recipient) }
+                (history_table(&r.history))
+            }
+        }
+    };
+    respond(StatusCode::OK, page(&ctx, "Row", body))
 }
 
 async fn login(State(app): State<App>, headers: HeaderMap) -> Response {
