@@ -18,6 +18,10 @@ pub mod tx_sqlite;
 #[path = "../examples/tx_postgres.rs"]
 pub mod tx_postgres;
 
+#[allow(dead_code)]
+#[path = "../examples/signing.rs"]
+pub mod signing;
+
 const README: &str = include_str!("../../../README.md");
 
 /// Every example, by the path the README's marker names it with.
@@ -212,4 +216,70 @@ fn the_postgres_snippet_commits_the_note_and_its_rows_together() {
     drop(store);
     db.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
         .expect("drop the test's schema");
+}
+
+/// The signing example's functions, each request checked with verifiers we did not write
+/// (RFC 9421: httpsig-hyper; draft-cavage: sigh) and every webhook with both of a rotating
+/// customer's secrets, and not with another customer's.
+#[test]
+fn the_signing_example_signs_as_its_verifiers_expect() {
+    use outbox_lanes::blocking::sign::StandardWebhooks;
+    use outbox_lanes_test_support::Recipient;
+    use outbox_lanes_test_support::signatures::{
+        ALICE_PRIVATE_PKCS8, ALICE_PUBLIC, CAROL_ED25519_PRIVATE, CAROL_ED25519_PUBLIC,
+    };
+    use outbox_lanes_test_support::verifiers;
+
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let r = Recipient::start().expect("a recipient");
+    let keys = Arc::new(
+        signing::activitypub_keys(ALICE_PRIVATE_PKCS8, CAROL_ED25519_PRIVATE).expect("keys"),
+    );
+    let db = dir.path().join("ap.db");
+    signing::deliver(&db, keys.clone(), signing::ALICE, &r.url("/alice")).expect("alice");
+    signing::deliver(&db, keys, signing::CAROL, &r.url("/carol")).expect("carol");
+    for (path, public, key_id, alg) in [
+        ("/alice", ALICE_PUBLIC, "#main-key", "rsa-v1_5-sha256"),
+        ("/carol", CAROL_ED25519_PUBLIC, "#ed25519-key", "ed25519"),
+    ] {
+        let q = r.requests(path);
+        assert_eq!(q.len(), 1, "{path}");
+        // `auto`: RFC 9421 first, to a host whose scheme is not known yet.
+        let v = verifiers::rfc9421(&q[0], public).unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert!(v.keyid.as_deref().unwrap_or("").ends_with(key_id), "{v:?}");
+        assert_eq!(v.alg.as_deref(), Some(alg));
+    }
+
+    let (s1, old, new) = (
+        "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD",
+    );
+    let other = "whsec_dGhpcyBpcyBhbm90aGVyIGN1c3RvbWVyIQ==";
+    let secrets = Arc::new(signing::webhook_secrets(s1, old, new).expect("secrets"));
+    signing::deliver(
+        &dir.path().join("hooks.db"),
+        secrets,
+        "shop-2",
+        &r.url("/shop-2"),
+    )
+    .expect("shop-2");
+    let q = &r.requests("/shop-2")[0];
+    let check = |whsec: &str| {
+        StandardWebhooks::from_whsec(whsec)
+            .expect("a secret")
+            .verify(
+                q.header("webhook-id").expect("webhook-id"),
+                q.header("webhook-timestamp").expect("webhook-timestamp"),
+                q.header("webhook-signature").expect("webhook-signature"),
+                &q.body,
+                std::time::SystemTime::now(),
+                std::time::Duration::from_secs(300),
+            )
+    };
+    assert!(
+        check(old).is_ok() && check(new).is_ok(),
+        "both secrets of the rotation verify"
+    );
+    assert!(check(other).is_err(), "another customer's secret does not");
 }
