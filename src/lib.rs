@@ -5,6 +5,43 @@
 //! recipient, while distinct recipients proceed concurrently and one slow or dead recipient
 //! delays nobody else.
 //!
+//! # Quick start
+//!
+//! An outbox on a SQLite file, a monitor that delivers in the background, one row to one
+//! recipient — with the default features (`sqlite`, `blocking`):
+//!
+#![cfg_attr(
+    all(feature = "blocking", feature = "sqlite"),
+    doc = r##"```no_run
+use std::sync::Arc;
+
+use outbox_lanes::blocking::{Outbox, OutboxConfig};
+use outbox_lanes::store::{NewRow, SqliteOptions, SqliteStore};
+
+# fn main() -> Result<(), Box<dyn std::error::Error>> {
+let store = Arc::new(SqliteStore::open("outbox.db", SqliteOptions::default())?);
+let outbox = Outbox::open(store, OutboxConfig::default())?;
+let monitor = outbox.monitor()?; // drains every actor with work, woken on enqueue
+let row = NewRow {
+    id: "https://example.com/activities/1".into(), // used once per actor
+    body: br#"{"type":"Create"}"#.to_vec(),
+    content_type: "application/activity+json".into(),
+    recipients: vec!["https://b.example/inbox".into()], // one lane per recipient
+    ..NewRow::default()
+};
+outbox.enqueue("https://example.com/users/alice", &[row])?; // durable on return
+// ... your service runs; deliveries go on in the background ...
+let _ = monitor.stop(); // attempts in flight finish, the rest waits in the store
+# Ok(())
+# }
+```"##
+)]
+//!
+//! The same on tokio, signing (HTTP Signatures, Standard Webhooks), enqueueing inside your
+//! own transaction (rusqlite, postgres, sqlx) and the settings: the library guide
+//! (`docs/library-guide.md` in the source) and the runnable programs of
+//! `examples/readme/examples/`.
+//!
 //! This facade re-exports the sans-IO [`core`] and, by feature, a store ([`store`]: `sqlite`,
 //! the default, and `postgres`) and a runtime ([`blocking`]: the `blocking` feature;
 //! `tokio`: the `tokio` and `async-std` features).
