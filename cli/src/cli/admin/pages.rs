@@ -553,7 +553,11 @@ async fn hosts(State(app): State<App>, headers: HeaderMap, Query(q): Query<DoneQ
         (not_logged_in(&ctx))
         table id="hosts" {
             tr { th { "origin" } th { "state" } th { "lanes" } th { "pending" } th { "failures" }
-                 th { "last connection error" } th { "next probe" } th { "signature scheme" } th { "actions" } }
+                 th { "last connection error" } th { "next probe" } th { "signature scheme" }
+                 th title="attempts this relay finished to the host since it started" { "attempts" }
+                 th title="delivered among the attempts that made a request" { "success" }
+                 th { "in flight" }
+                 th { "actions" } }
             @for h in &hosts {
                 @let r = &h.record;
                 tr {
@@ -565,6 +569,10 @@ async fn hosts(State(app): State<App>, headers: HeaderMap, Query(q): Query<DoneQ
                     td.err { (r.last_error.as_deref().unwrap_or("-")) }
                     td { (opt_time(r.not_before.filter(|_| r.level > 0))) }
                     td { (r.spec.as_deref().unwrap_or("-")) }
+                    @let f = figures(app.counters(), &r.origin);
+                    td.n { (f.attempts) }
+                    td.n { (Some(f.sent).filter(|&n| n > 0).map_or_else(|| "-".to_owned(), |n| format!("{:.1} %", f.delivered as f64 * 100.0 / n as f64))) }
+                    td.n { (f.in_flight) }
                     td {
                         @if r.blocked == HostBlock::Open {
                             (host_action(&r.origin, "block", "Block"))
@@ -579,6 +587,50 @@ async fn hosts(State(app): State<App>, headers: HeaderMap, Query(q): Query<DoneQ
         }
     };
     respond(StatusCode::OK, page(&ctx, "Hosts", body))
+}
+
+/// A host's figures in this relay (the per-host series of `/metrics`; a host past their
+/// cap has none of its own, and shows zeros).
+#[derive(Default)]
+struct Figures {
+    attempts: u64,
+    sent: u64,
+    delivered: u64,
+    in_flight: i64,
+}
+
+/// Attempt outcomes, as the per-host series label them.
+const OUTCOMES: &[&str] = &[
+    "delivered",
+    "throttled",
+    "transient",
+    "permanent",
+    "gone",
+    "refused",
+    "not_sent",
+    "deferred",
+    "held",
+    "set_aside",
+];
+
+fn figures(c: &super::super::backend::Counters, origin: &str) -> Figures {
+    let h = &c.hosts;
+    let host = vec![("host", origin.to_owned())];
+    let mut f = Figures::default();
+    for o in OUTCOMES {
+        let mut labels = host.clone();
+        labels.push(("outcome", (*o).to_owned()));
+        let n = h.attempts.get(&labels).map_or(0, |c| c.get());
+        f.attempts += n;
+        if super::super::backend::sent(o) {
+            f.sent += n;
+        }
+        if *o == "delivered" {
+            f.delivered += n;
+        }
+    }
+    f.in_flight = h.in_flight.get(&host).map_or(0, |g| g.get());
+    f
 }
 
 #[derive(Deserialize, Default, Clone)]
