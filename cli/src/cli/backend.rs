@@ -80,6 +80,42 @@ impl Default for HostFigures {
     }
 }
 
+/// The origin of a recipient URL as `outbox_lanes_store::origin_of` spells it (`scheme://host:port`,
+/// the port written out), read off a canonical URL (as the store keeps them) without parsing
+/// it again: this runs twice per attempt. Anything else (user information, upper case, a
+/// scheme other than `http`/`https`) goes through `origin_of`.
+fn origin(url: &str) -> Option<String> {
+    let fast = || {
+        let (scheme, rest) = url.split_once("://")?;
+        let default = match scheme {
+            "https" => 443,
+            "http" => 80,
+            _ => return None,
+        };
+        let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+        if authority.is_empty()
+            || authority.contains('@')
+            || authority.bytes().any(|b| b.is_ascii_uppercase())
+        {
+            return None;
+        }
+        let host_end = if authority.starts_with('[') {
+            authority.find(']')? + 1
+        } else {
+            authority.find(':').unwrap_or(authority.len())
+        };
+        match &authority[host_end..] {
+            "" => Some(format!("{scheme}://{authority}:{default}")),
+            port => {
+                let digits = port.strip_prefix(':')?;
+                (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+                    .then(|| format!("{scheme}://{authority}"))
+            }
+        }
+    };
+    fast().or_else(|| outbox_lanes_store::origin_of(url))
+}
+
 /// Whether an attempt of this outcome made a request (so its latency is a host's): the
 /// others were decided before sending (refused address, not sent, deferred, held, set aside).
 pub(crate) fn sent(outcome: &str) -> bool {
@@ -93,7 +129,7 @@ impl HostFigures {
     /// The `host` label of `recipient`: its origin while it has (or gets) a series of its
     /// own, else [`OTHER_HOST`].
     pub(crate) fn host(&self, recipient: &str) -> String {
-        let Some(origin) = outbox_lanes_store::origin_of(recipient) else {
+        let Some(origin) = origin(recipient) else {
             return OTHER_HOST.to_owned();
         };
         let mut named = self.named.lock().unwrap_or_else(PoisonError::into_inner);
@@ -847,6 +883,28 @@ impl Relay {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The per-host label's origin is the store's, read faster.
+    #[test]
+    fn origin_is_the_stores() {
+        for url in [
+            "https://b.example/inbox",
+            "https://b.example",
+            "https://b.example?x=1",
+            "http://127.0.0.1:8080/x/y",
+            "http://h.example:80/",
+            "https://[::1]/a",
+            "https://[::1]:8443/a",
+            "https://xn--bcher-kva.example/inbox",
+            "https://B.Example:443/x",
+            "https://user:pw@b.example/x",
+            "https://b.example:/x",
+            "ftp://b.example/x",
+            "not a url",
+        ] {
+            assert_eq!(origin(url), outbox_lanes_store::origin_of(url), "{url}");
+        }
+    }
 
     #[test]
     fn every_password_of_a_database_url_is_masked() {
