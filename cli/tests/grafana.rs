@@ -1,5 +1,6 @@
 //! `deploy/grafana-dashboard.json` (issue 39): valid JSON, a well-formed Grafana dashboard,
-//! and every series its queries name is one a running relay exports — read from the
+//! and every series its queries (and the alerting rules of the operator guide and the README)
+//! name is one a running relay exports — read from the
 //! relay's own `/metrics` after it delivered to real loopback recipients (one answering,
 //! one failing, one refusing for good), not from a list kept beside the test.
 #![cfg(unix)]
@@ -14,6 +15,8 @@ use outbox_lanes_test_support::{Recipient, Reply};
 use serde_json::Value;
 
 const DASHBOARD: &str = include_str!("../../deploy/grafana-dashboard.json");
+const GUIDE: &str = include_str!("../../docs/operator-guide.md");
+const README: &str = include_str!("../../README.md");
 
 /// Every string under a key `key`, anywhere in `v`.
 fn strings_under<'a>(v: &'a Value, key: &str, out: &mut Vec<&'a str>) {
@@ -103,7 +106,20 @@ fn every_series_the_dashboard_names_is_exported_by_the_relay() {
     let mut queries = Vec::new();
     strings_under(&d, "expr", &mut queries);
     strings_under(&d, "definition", &mut queries);
+    // The alerting rules of the operator guide and the README too.
+    for doc in [GUIDE, README] {
+        queries.extend(
+            doc.lines()
+                .filter_map(|l| l.trim_start().strip_prefix("expr: ")),
+        );
+    }
     let named: BTreeSet<String> = queries.iter().flat_map(|q| series_in(q)).collect();
+    for rule in [
+        "outbox_lanes_lanes_held",
+        "outbox_lanes_dead_lettered_total",
+    ] {
+        assert!(named.contains(rule), "{rule}: {named:?}");
+    }
     assert!(named.len() >= 10, "{named:?}");
 
     // A relay that delivered, failed and dead-lettered, so that every family has samples.
