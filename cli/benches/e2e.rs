@@ -37,6 +37,10 @@
 //! - (d) one recipient 150 ms away, 1,000 rows over 100 ordering keys with a per-host cap of 8,
 //!   against the same rows in one lane (shortened to 200 rows: a lane is capped at one row
 //!   per round trip, 30 s for 200);
+//! - (l) the delivery log's cost: the binary (`drain --concurrency 100`, the load of (a)) with
+//!   the log on (the default) and off (`--delivery-log-retention 0s`), alternately,
+//!   `E2E_ROUNDS` (default 5) rounds each, on SQLite and (when `OUTBOX_LANES_TEST_PG` is set)
+//!   on Postgres; prints every round's CPU µs per delivery and deliveries/s, and the medians;
 //! - (e) a backlog of `E2E_BACKLOG` (default 1,000,000) units over 1,000 recipients answering at
 //!   once, drained with 1,000 in flight, in a child process of its own: deliveries/s and
 //!   peak RSS.
@@ -622,6 +626,74 @@ fn binary_drain_pg(server: &Server, l: &Load, concurrency: usize, url: &str) -> 
     run
 }
 
+/// Case (l): the binary with the delivery log on and off, alternately, `E2E_ROUNDS` rounds;
+/// `pg`: on that Postgres server instead of a SQLite file. Prints each round and the medians
+/// of CPU µs per delivery and deliveries/s.
+fn delivery_log_rounds(server: &Server, l: &Load, pg: Option<&str>) -> Res<()> {
+    let rounds = env("E2E_ROUNDS", 5).max(1);
+    let on_db = |extra: &[&str]| -> Res<Run> {
+        match pg {
+            None => {
+                let dir = tempfile::tempdir()?;
+                let db = dir.path().join("outbox.db");
+                let mut args = vec![db.to_str().ok_or("path")?];
+                args.extend_from_slice(extra);
+                binary_drain_on(server, l, 100, &args)
+            }
+            Some(url) => {
+                let schema = format!("ol_bench_log_{}", std::process::id());
+                let url = outbox_lanes_test_support::pg_url_without_tls(url);
+                let mut args = vec![url.as_str(), "--pg-schema", schema.as_str()];
+                args.extend_from_slice(extra);
+                let run = binary_drain_on(server, l, 100, &args);
+                let mut c = postgres::Client::connect(&url, postgres::NoTls)?;
+                c.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))?;
+                run
+            }
+        }
+    };
+    let (mut on, mut off) = (Vec::new(), Vec::new());
+    let store = if pg.is_some() { "Postgres" } else { "SQLite" };
+    for round in 0..rounds {
+        // Alternate which goes first, so that neither always runs on a warmer machine.
+        let order: [bool; 2] = if round % 2 == 0 {
+            [true, false]
+        } else {
+            [false, true]
+        };
+        for log in order {
+            let run = if log {
+                on_db(&[])?
+            } else {
+                on_db(&["--delivery-log-retention", "0s"])?
+            };
+            println!(
+                "(l) {store} round {round}: log {}: {:.1} us CPU per delivery, {:.0} deliveries/s",
+                if log { "on " } else { "off" },
+                run.cpu_per(),
+                run.rate()
+            );
+            if log { &mut on } else { &mut off }.push(run);
+        }
+    }
+    let median = |v: &mut Vec<Run>, f: fn(&Run) -> f64| {
+        let mut x: Vec<f64> = v.iter().map(f).collect();
+        x.sort_by(f64::total_cmp);
+        x[x.len() / 2]
+    };
+    let (cpu_on, cpu_off) = (
+        median(&mut on, Run::cpu_per),
+        median(&mut off, Run::cpu_per),
+    );
+    let (rate_on, rate_off) = (median(&mut on, Run::rate), median(&mut off, Run::rate));
+    println!(
+        "(l) {store}, {} deliveries a round, medians of {rounds} rounds: log on {cpu_on:.1} us CPU per delivery ({rate_on:.0}/s), off {cpu_off:.1} ({rate_off:.0}/s): {:+.1} % CPU per delivery",
+        l.requests.len(),
+        (cpu_on / cpu_off - 1.0) * 100.0
+    );
+    Ok(())
+}
+
 /// [`binary_drain`] with `db` as the `--db` value and the options after it.
 fn binary_drain_on(server: &Server, l: &Load, concurrency: usize, db: &[&str]) -> Res<Run> {
     // `E2E_BIN`: another build of the binary, for an A/B of two builds in one run.
@@ -951,6 +1023,14 @@ fn main() -> Res<()> {
             hyper: None,
         });
         print_rows(&rows[rows.len() - 3..]);
+    }
+    if want("l") {
+        let to: Vec<String> = (0..100).map(|r| server.url(&format!("/r{r}"))).collect();
+        let l = load(&to, n(2000), None);
+        delivery_log_rounds(&server, &l, None)?;
+        if let Ok(url) = std::env::var("OUTBOX_LANES_TEST_PG") {
+            delivery_log_rounds(&server, &l, Some(&url))?;
+        }
     }
     if want("p") {
         match std::env::var("OUTBOX_LANES_TEST_PG") {
