@@ -265,6 +265,26 @@ fn post_form(port: u16, path: &str, form: &[(&str, &str)], cookie: Option<&str>)
     (code, resp.body_mut().read_to_string().unwrap_or_default())
 }
 
+/// `GET path` of the dashboard, outside the browser, with `Host` as given: (status, body).
+fn page_as(port: u16, path: &str, host: &str) -> (u16, String) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut resp = agent
+        .get(format!("http://127.0.0.1:{port}{path}"))
+        .header("Host", host)
+        .call()
+        .unwrap();
+    let code = resp.status().as_u16();
+    (code, resp.body_mut().read_to_string().unwrap_or_default())
+}
+
+/// `GET path` of the dashboard, as a browser on 127.0.0.1 asks for it.
+fn page(port: u16, path: &str) -> (u16, String) {
+    page_as(port, path, &format!("127.0.0.1:{port}"))
+}
+
 fn enc(s: &str) -> String {
     s.bytes()
         .map(|b| {
@@ -352,9 +372,15 @@ fn dashboard_in_a_real_browser() {
     assert!(eventually(|| lane(&db, &fail)["last_status"] == 500));
 
     // The hanging recipient's lane reads "in flight" once its attempt is in flight for a while.
-    assert!(eventually(
-        || get(port, "/lanes?actor=alice").is_some_and(|(_, body)| body.contains("in flight "))
-    ));
+    assert!(eventually(|| page(port, "/lanes?actor=alice")
+        .1
+        .contains("in flight ")));
+    // A name other than localhost (DNS rebinding) gets no page; the probes answer whatever.
+    let (code, _) = page_as(port, "/", "evil.example");
+    assert_eq!(code, 421);
+    assert_eq!(page_as(port, "/healthz", "evil.example").0, 200);
+    let (code, _) = page_as(port, "/", &format!("localhost:{port}"));
+    assert_eq!(code, 200);
 
     let browser = Browser::start(&chromium, &chromedriver);
     let base = format!("http://{addr}");
@@ -566,7 +592,7 @@ fn dashboard_in_a_real_browser() {
     );
     assert_eq!(code, 403, "{body}");
     assert_eq!(host_state(), "open");
-    let (code, body) = get(port, "/lanes?actor=alice").unwrap();
+    let (code, body) = page(port, "/lanes?actor=alice");
     assert_eq!(code, 200);
     assert!(
         body.contains("read-only") && !body.contains("action=\"/actions/"),

@@ -898,6 +898,9 @@ async fn cmd_relay(
         ),
         None => None,
     };
+    if r.admin_addr.is_none() && r.admin_token_file.is_some() {
+        warn!("--admin-token-file is ignored without --admin-addr (no dashboard is served)");
+    }
     let dashboard = match &r.admin_addr {
         Some(addr) => {
             let token = match &r.admin_token_file {

@@ -192,6 +192,8 @@ pub(crate) async fn serve_admin(
     let app = App::new(backend, counters, token);
     let router = pages::routes()
         .merge(actions::routes())
+        .layer(axum::middleware::map_response(page_headers))
+        .layer(axum::middleware::from_fn(local_host))
         .fallback(probes)
         .with_state(app.clone());
     let server = spawn(listener, router);
@@ -214,6 +216,65 @@ pub(crate) async fn serve_admin(
         sampler.await;
         drop(server);
     }))
+}
+
+/// The dashboard's pages are never framed (its buttons act in one click), never cached, run
+/// no script (even one that slipped through escaping would not run) and post forms only to
+/// themselves.
+async fn page_headers(mut r: Response) -> Response {
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; \
+             form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
+/// Refuses a dashboard request whose `Host` is a name other than `localhost`: a page of
+/// another site that made its own name resolve to this address (DNS rebinding) would
+/// otherwise read the dashboard as its own origin. An IP address (`127.0.0.1:9188`, what a
+/// reverse proxy sends by default) or `localhost` passes.
+async fn local_host(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
+    if host_allowed(host) {
+        next.run(req).await
+    } else {
+        text(
+            StatusCode::MISDIRECTED_REQUEST,
+            "the dashboard answers to an IP address or localhost only (Host header)\n".into(),
+        )
+    }
+}
+
+/// Whether a `Host` header names this machine by address or as `localhost`.
+fn host_allowed(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        // [v6]:port
+        Some(rest) => {
+            return rest
+                .split_once(']')
+                .is_some_and(|(a, _)| a.parse::<std::net::Ipv6Addr>().is_ok());
+        }
+        None => host.rsplit_once(':').map_or(host, |(n, _)| n),
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::Ipv4Addr>().is_ok()
 }
 
 /// The probes, with `/` as `/metrics` (`--metrics-addr`).
@@ -277,5 +338,34 @@ async fn metrics(app: &App) -> Response {
             StatusCode::SERVICE_UNAVAILABLE,
             format!("store: {}\n", super::message(&e)),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_dashboard_answers_to_addresses_and_localhost_only() {
+        for ok in [
+            "127.0.0.1:9188",
+            "127.0.0.1",
+            "localhost:9188",
+            "LOCALHOST",
+            "[::1]:9188",
+            "10.0.0.7:80",
+        ] {
+            assert!(host_allowed(ok), "{ok}");
+        }
+        for bad in [
+            "evil.example:9188",
+            "evil.example",
+            "",
+            "127.0.0.1.evil.example:80",
+            "[::1",
+            "localhost.evil:1",
+        ] {
+            assert!(!host_allowed(bad), "{bad}");
+        }
     }
 }
