@@ -244,3 +244,42 @@ fn scenario(db: &Db) {
     drop(slow);
     let (_status, _lines) = relay.stop();
 }
+
+/// With the default delivery settings (1 s, 2 s, 4 s in the pass, then backoff): once a
+/// recipient that keeps failing has stalled its lane, the lane is counted as held and the
+/// lag of its actor falls to 0, while its row stays pending.
+#[test]
+fn a_lane_in_backoff_leaves_the_lag_with_default_settings() {
+    let db = Db::new();
+    let down = Recipient::start().unwrap();
+    down.set_server_default(Reply::Status(503));
+    ok(
+        &db,
+        &["enqueue", "--actor", "erin"],
+        &(row("e0", &down.url("/down")) + "\n"),
+    );
+    let port = free_port();
+    let relay = Relay::start(&db, &["--metrics-addr", &format!("127.0.0.1:{port}")], &[]);
+    let text = metrics_until(port, |t| {
+        sample(
+            t,
+            "outbox_lanes_lanes_held{actor=\"erin\",reason=\"backoff\"}",
+        ) == Some(1.0)
+    });
+    assert_eq!(
+        sample(&text, "outbox_lanes_oldest_pending_seconds{actor=\"erin\"}"),
+        Some(0.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "outbox_lanes_queue_depth{actor=\"erin\"}"),
+        Some(1.0),
+        "{text}"
+    );
+    let origin = origin(&down);
+    // The default --pass-attempts (4) stalled it: four requests, each with a latency.
+    let name =
+        format!("outbox_lanes_host_attempts_total{{host=\"{origin}\",outcome=\"transient\"}}");
+    assert!(sample(&text, &name) >= Some(4.0), "{text}");
+    let _ = relay.stop();
+}
