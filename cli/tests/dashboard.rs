@@ -16,7 +16,7 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -59,6 +59,8 @@ impl Drop for Driver {
 
 /// One browser session.
 struct Browser {
+    /// Whether [`Browser::screenshot`] takes them.
+    screenshots: bool,
     agent: ureq::Agent,
     session: String,
     driver: Driver,
@@ -99,6 +101,7 @@ impl Browser {
             },
         }}});
         let mut b = Browser {
+            screenshots: false,
             agent,
             session: String::new(),
             driver,
@@ -213,7 +216,8 @@ impl Browser {
     }
 
     fn screenshot(&self, name: &str) {
-        let Some(dir) = std::env::var_os("OUTBOX_LANES_SCREENSHOTS") else {
+        let Some(dir) = std::env::var_os("OUTBOX_LANES_SCREENSHOTS").filter(|_| self.screenshots)
+        else {
             return;
         };
         let b64 = self.call("GET", &self.s("/screenshot"), None);
@@ -309,8 +313,9 @@ fn lane(db: &Db, recipient: &str) -> Value {
         .clone()
 }
 
-#[test]
-fn dashboard_in_a_real_browser() {
+/// chromium and chromedriver; `None` (the test skips, and says so) when one is missing,
+/// unless `CI` is set.
+fn browser_binaries() -> Option<(PathBuf, PathBuf)> {
     let (Some(chromium), Some(chromedriver)) = (
         find(&["chromium", "chromium-browser", "google-chrome"]),
         find(&["chromedriver"]),
@@ -321,9 +326,30 @@ fn dashboard_in_a_real_browser() {
         eprintln!(
             "skipped: chromium or chromedriver is not installed (apt-get install chromium chromium-driver)"
         );
-        return;
+        return None;
     };
-    let db = Db::new();
+    Some((chromium, chromedriver))
+}
+
+#[test]
+fn dashboard_in_a_real_browser() {
+    if let Some((chromium, chromedriver)) = browser_binaries() {
+        scenario(&Db::new(), &chromium, &chromedriver, true);
+    }
+}
+
+#[test]
+fn dashboard_in_a_real_browser_on_postgres() {
+    if let Some((chromium, chromedriver)) = browser_binaries() {
+        common::on_postgres("dashboard", |db| {
+            scenario(db, &chromium, &chromedriver, false)
+        });
+    }
+}
+
+/// The scenario of the [module docs](self) on `db`; `screenshots`: this run takes them (when
+/// `OUTBOX_LANES_SCREENSHOTS` asks for them).
+fn scenario(db: &Db, chromium: &Path, chromedriver: &Path, screenshots: bool) {
     let r = Recipient::start().unwrap();
     r.set_default(
         "/fail",
@@ -352,7 +378,7 @@ fn dashboard_in_a_real_browser() {
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     let relay = Relay::start(
-        &db,
+        db,
         &[
             "--admin-addr",
             &addr,
@@ -369,7 +395,7 @@ fn dashboard_in_a_real_browser() {
     assert!(r.wait_for("/fail", 1, Duration::from_secs(60)));
     assert!(r.wait_for("/hang", 1, Duration::from_secs(60)));
     assert!(eventually(|| !db.dead_letters().is_empty()));
-    assert!(eventually(|| lane(&db, &fail)["last_status"] == 500));
+    assert!(eventually(|| lane(db, &fail)["last_status"] == 500));
 
     // The hanging recipient's lane reads "in flight" once its attempt is in flight for a while.
     assert!(eventually(|| page(port, "/lanes?actor=alice")
@@ -382,7 +408,8 @@ fn dashboard_in_a_real_browser() {
     let (code, _) = page_as(port, "/", &format!("localhost:{port}"));
     assert_eq!(code, 200);
 
-    let browser = Browser::start(&chromium, &chromedriver);
+    let mut browser = Browser::start(chromium, chromedriver);
+    browser.screenshots = screenshots;
     let base = format!("http://{addr}");
     let mut seen = String::new();
 
@@ -465,7 +492,7 @@ fn dashboard_in_a_real_browser() {
     // Not logged in: no action is offered, and one sent anyway is refused and changes nothing.
     let lane_page = format!(
         "{base}/lane?actor=alice&recipient={}",
-        enc(lane(&db, &fail)["recipient"].as_str().unwrap())
+        enc(lane(db, &fail)["recipient"].as_str().unwrap())
     );
     browser.goto(&lane_page);
     assert!(browser.find("#lane-pause").is_none());
@@ -480,7 +507,7 @@ fn dashboard_in_a_real_browser() {
     assert!(body.contains("log in"), "{body}");
     let (code, _) = post_form(port, "/login", &[("token", "not-the-token-at-all")], None);
     assert_eq!(code, 403);
-    assert_eq!(lane(&db, &fail)["paused"], false);
+    assert_eq!(lane(db, &fail)["paused"], false);
 
     // Logged in with the token: "Pause" pauses the lane, and the command sees it.
     browser.goto(&format!("{base}/login"));
@@ -501,7 +528,7 @@ fn dashboard_in_a_real_browser() {
     let (code, body) = post_form(port, "/actions/lane", &pause, Some(&cookie));
     assert_eq!(code, 403, "{body}");
     assert!(body.contains("CSRF"), "{body}");
-    assert_eq!(lane(&db, &fail)["paused"], false);
+    assert_eq!(lane(db, &fail)["paused"], false);
 
     browser.goto(&lane_page);
     browser.click("#lane-pause");
@@ -512,7 +539,7 @@ fn dashboard_in_a_real_browser() {
     );
     assert!(browser.text("#done").starts_with("pause: "));
     assert!(browser.text("#state").starts_with("paused"));
-    let l = lane(&db, &fail);
+    let l = lane(db, &fail);
     assert_eq!(l["paused"], true, "{l}");
     assert_eq!(l["state"], "paused", "{l}");
     browser.screenshot("lane");
@@ -579,7 +606,7 @@ fn dashboard_in_a_real_browser() {
     // Without --admin-token-file the dashboard is read-only: no login, every action 403.
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
-    let relay = Relay::start(&db, &["--admin-addr", &addr, "--no-progress"], &[]);
+    let relay = Relay::start(db, &["--admin-addr", &addr, "--no-progress"], &[]);
     relay.wait_for_line("serving the dashboard");
     let (code, body) = post_form(port, "/login", &[("token", TOKEN)], None);
     assert_eq!(code, 403, "{body}");
