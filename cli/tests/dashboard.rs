@@ -627,3 +627,36 @@ fn scenario(db: &Db, chromium: &Path, chromedriver: &Path, screenshots: bool) {
     );
     let _ = relay.stop();
 }
+
+/// An `--admin-token-file` that cannot serve stops the relay before it touches the database.
+#[test]
+fn a_token_file_that_cannot_serve_exits_2_and_creates_nothing() {
+    let db = Db::new();
+    let short = db.path("short-token");
+    std::fs::write(&short, "too-short\n").unwrap();
+    let missing = db.path("no-such-token");
+    for (file, says) in [
+        (&short, "shorter than 16 bytes"),
+        (&missing, "no-such-token"),
+    ] {
+        let out = common::collect(
+            db.command(&[
+                "relay",
+                "--admin-addr",
+                "127.0.0.1:0",
+                "--admin-token-file",
+                file.to_str().unwrap(),
+            ])
+            .spawn()
+            .unwrap(),
+            "",
+        );
+        assert_eq!(out.code(), Some(2), "{}", out.stderr);
+        assert!(
+            out.stderr.contains("--admin-token-file") && out.stderr.contains(says),
+            "{}",
+            out.stderr
+        );
+        assert!(!db.file().exists(), "the relay created its database");
+    }
+}

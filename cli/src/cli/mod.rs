@@ -371,6 +371,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             on_dead_letter: Some(cmd),
             ..
         }) if cmd.trim().is_empty() => return Err(usage("--on-dead-letter is empty")),
+        // Read again when the dashboard starts; a file that cannot serve leaves no trace.
+        Command::Relay(RelayArgs {
+            admin_addr: Some(_),
+            admin_token_file: Some(path),
+            ..
+        }) => {
+            admin::read_token(path).map_err(usage)?;
+            None
+        }
         Command::DeadLetters(
             DeadLetterCommand::Purge { which, .. } | DeadLetterCommand::Replay { which, .. },
         ) if !which.selects() && !which.all => {
