@@ -96,7 +96,7 @@ impl Browser {
             "goog:chromeOptions": {
                 "binary": chromium.to_string_lossy(),
                 "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
-                    "--disable-dev-shm-usage", "--window-size=1280,1000",
+                    "--disable-dev-shm-usage", "--window-size=1280,1100",
                     format!("--user-data-dir={}", driver._profile.path().display())],
             },
         }}});
@@ -419,6 +419,8 @@ fn scenario(db: &Db, chromium: &Path, chromedriver: &Path, screenshots: bool) {
     assert!(browser.text("#pending").parse::<u64>().unwrap() >= 3);
     assert!(browser.source().contains("alice"));
     assert!(browser.text("#in-flight").contains(hang.as_str()));
+    // The relay holds alice's drain slot while the hanging attempt is in flight.
+    assert!(browser.text("#relays").starts_with("1 relay"));
     browser.screenshot("overview");
     seen.push_str(&browser.source());
 

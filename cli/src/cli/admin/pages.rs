@@ -111,6 +111,7 @@ td.n{text-align:right}
 .flash{background:#eef8ee;border:1px solid #9c9;padding:.5em;margin-bottom:1em}
 .refused{background:#fbeaea;border:1px solid #c99;padding:.5em;margin-bottom:1em}
 .charts{display:flex;flex-wrap:wrap;gap:1.5em}
+figure{margin:0}
 pre.body{margin:0;padding:.2em;max-width:40em;max-height:8em}
 pre{background:#f7f7f7;padding:.6em;max-width:80em;overflow:auto;white-space:pre-wrap;overflow-wrap:anywhere}
 form.inline{display:inline}
@@ -185,7 +186,7 @@ fn flash(done: Option<&str>) -> Markup {
 
 /// A bar chart of one series over the hour.
 fn chart(title: &str, color: &str, minutes: &[Minute], f: fn(&Minute) -> u64) -> Markup {
-    const W: u64 = 9;
+    const W: u64 = 6;
     const H: u64 = 80;
     let max = minutes.iter().map(f).max().unwrap_or(0).max(1);
     let total: u64 = minutes.iter().map(f).sum();
@@ -203,7 +204,7 @@ fn chart(title: &str, color: &str, minutes: &[Minute], f: fn(&Minute) -> u64) ->
                     }
                 }
                 text x="0" y=(H + 12) font-size="10" { "-60 min" }
-                text x=(width - 22) y=(H + 12) font-size="10" { "now" }
+                text x=(width - 20) y=(H + 12) font-size="10" { "now" }
             }
         }
     }
@@ -236,6 +237,13 @@ async fn overview(State(app): State<App>, headers: HeaderMap) -> Response {
     let now = now();
     let minutes = app.inner.ring.last_hour(super::minute_now());
     let host_states = super::super::metrics::host_states(&hosts, now);
+    // The relays alive, as far as the store can tell: those whose lease on a drain slot runs.
+    let mut holders: Vec<&str> = status
+        .iter()
+        .filter_map(|a| a.slot.as_ref().map(|s| s.holder.as_str()))
+        .collect();
+    holders.sort_unstable();
+    holders.dedup();
     let pending: u64 = status.iter().map(|a| a.pending).sum();
     let backoff: usize = status.iter().map(|a| a.lanes_in_backoff.len()).sum();
     let paused: usize = status.iter().map(|a| a.lanes_paused.len()).sum();
@@ -269,6 +277,18 @@ async fn overview(State(app): State<App>, headers: HeaderMap) -> Response {
                         td { (l.in_flight_since.map_or_else(|| "-".to_owned(), |t| age(now.saturating_duration_since(t)))) }
                         td { (lane_state(l, now)) }
                     }
+                }
+            }
+        }
+        h2 { "Relays" }
+        @if holders.is_empty() {
+            p.muted { "No relay holds a drain slot now (an idle relay holds none)." }
+        } @else {
+            p id="relays" {
+                (holders.len()) " relay(s) running passes now: "
+                @for (i, h) in holders.iter().enumerate() {
+                    @if i > 0 { ", " }
+                    code { (h) }
                 }
             }
         }
