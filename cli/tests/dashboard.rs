@@ -583,8 +583,20 @@ fn scenario(db: &Db, chromium: &Path, chromedriver: &Path, screenshots: bool) {
         "{}",
         browser.text("#done")
     );
-    // Sent again, refused again: a new dead letter.
+    // Sent again, refused again: a new dead letter, which a purge after its preview removes.
     assert!(r.wait_for("/bad", 2, Duration::from_secs(60)));
+    assert!(eventually(|| db.dead_letters().len() == 1));
+    browser.goto(&format!(
+        "{base}/dead-letters/preview?op=purge&actor=alice&recipient={}",
+        enc(&bad)
+    ));
+    assert_eq!(browser.text("#count"), "1");
+    assert_eq!(db.dead_letters().len(), 1, "a preview changes nothing");
+    browser.click("#confirm");
+    assert!(eventually(|| browser
+        .try_text("#done")
+        .is_some_and(|t| t.starts_with("purged 1"))));
+    assert!(db.dead_letters().is_empty());
 
     // No page showed the token or the credential.
     assert!(!seen.contains(TOKEN));
