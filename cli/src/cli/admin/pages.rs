@@ -393,11 +393,12 @@ async fn lanes(
             } }
             " " button type="submit" { "Filter" }
         }
-        p { (shown.len()) " of " (lanes.len()) " lane(s) of " strong { (actor_name) } }
+        p { (shown.len()) " of " (lanes.len()) " lane(s) of " strong { (actor_name) }
+            @if shown.len() > ROWS_SHOWN { " (the first " (ROWS_SHOWN) " shown)" } }
         table id="lanes" {
             tr { th { "lane" } th { "depth" } th { "head age" } th { "last error" }
                  th { "not before" } th { "state" } th { "mode" } }
-            @for l in &shown {
+            @for l in shown.iter().take(ROWS_SHOWN) {
                 tr {
                     td { a href=(lane_href(&actor_name, &l.key)) { (lane_name(&l.key)) } }
                     td.n { (l.depth) }
@@ -712,12 +713,16 @@ const REASONS: &[&str] = &[
     "blocked",
 ];
 
+/// A page lists at most this many lanes or dead letters (a preview still acts on every one
+/// it counts).
+const ROWS_SHOWN: usize = 1000;
+
 fn dead_table(list: &[DeadLetter]) -> Markup {
     html! {
         table id="dead-letters" {
             tr { th { "id" } th { "actor" } th { "row" } th { "recipient" } th { "reason" }
                  th { "last" } th { "attempts" } th { "dead at" } }
-            @for d in list {
+            @for d in list.iter().take(ROWS_SHOWN) {
                 tr {
                     td { a href=(format!("/dead-letters/{}", d.id.0)) { (d.id.0) } }
                     td { (d.actor.as_str()) }
@@ -784,7 +789,8 @@ async fn dead_letters(
             label { "recipient " input type="text" name="recipient" size="40" value=(q.recipient.as_deref().unwrap_or("")); }
             " " button type="submit" { "Filter" }
         }
-        p { (list.len()) " dead letter(s)" }
+        p { (list.len()) " dead letter(s)"
+            @if list.len() > ROWS_SHOWN { " (the first " (ROWS_SHOWN) " shown; narrow the filter)" } }
         @if !list.is_empty() && ctx.csrf.is_some() {
             p {
                 a href=(format!("/dead-letters/preview?op=replay&{query}")) { "Replay these…" }
