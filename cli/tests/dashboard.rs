@@ -407,6 +407,20 @@ fn scenario(db: &Db, chromium: &Path, chromedriver: &Path, screenshots: bool) {
     assert_eq!(page_as(port, "/healthz", "evil.example").0, 200);
     let (code, _) = page_as(port, "/", &format!("localhost:{port}"));
     assert_eq!(code, 200);
+    // Pages run no script and cannot be framed.
+    let resp = ureq::get(format!("http://127.0.0.1:{port}/lanes"))
+        .call()
+        .unwrap();
+    let header = |name: &str| {
+        resp.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned()
+    };
+    assert!(header("content-security-policy").starts_with("default-src 'none';"));
+    assert!(header("content-security-policy").contains("frame-ancestors 'none'"));
+    assert_eq!(header("x-frame-options"), "DENY");
 
     let mut browser = Browser::start(chromium, chromedriver);
     browser.screenshots = screenshots;
