@@ -122,6 +122,23 @@ fn delivery_log_and_in_flight(db: &Db) {
         table.stdout
     );
 
+    // `status` counts it.
+    let status = db.json(&["status", "--json"]);
+    let flying = status["lanes_in_flight"].as_array().unwrap();
+    assert_eq!(flying.len(), 1, "{status}");
+    assert!(
+        flying[0]["recipient"].as_str().unwrap().ends_with("/hang"),
+        "{status}"
+    );
+    assert!(flying[0]["in_flight_ms"].as_u64().unwrap() >= 5_000);
+    let text = collect(db.command(&["status"]).spawn().unwrap(), "");
+    assert!(
+        text.stdout
+            .contains("1 lane(s) with an attempt in flight for longer than 5 s"),
+        "{}",
+        text.stdout
+    );
+
     // The row: the failing recipient dead-lettered after 2 attempts with their bodies, the
     // good one delivered after 1, the hanging one in flight.
     let done = poll_for(Duration::from_secs(15), || {

@@ -197,7 +197,7 @@ fn only_migrate_upgrades_a_schema() {
             "DROP TABLE ol_row_ids; DROP TABLE ol_hosts; DELETE FROM ol_meta WHERE key = 'outbox_id'; \
              ALTER TABLE ol_lanes DROP COLUMN failing_since; \
              ALTER TABLE ol_lanes DROP COLUMN unavailable_since; \
-             DROP TABLE ol_delivery_log; \
+             DROP TABLE ol_delivery_log; DROP INDEX ol_lanes_in_flight; \
              ALTER TABLE ol_lanes DROP COLUMN in_flight_since; \
              ALTER TABLE ol_lanes DROP COLUMN in_flight_unit; \
              UPDATE ol_meta SET value = '4' WHERE key = 'schema_version';",

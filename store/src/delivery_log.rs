@@ -24,11 +24,14 @@
 use outbox_lanes_core::{ActorId, Timestamp, UnitId};
 
 use crate::StoreError;
-use crate::db::{Db, Dialect, Sql, args};
+use std::sync::OnceLock;
+
+use crate::db::{Db, Dialect, Sql, Value, args};
 use crate::types::{
-    DeliveryLogEntry, DeliveryLogRow, RowDelivery, RowDeliveryState, StoreLaneId, log_excerpt,
+    DeliveryLogEntry, DeliveryLogRow, LaneInFlight, RowDelivery, RowDeliveryState, StoreLaneId,
+    log_excerpt,
 };
-use crate::util::{millis_of, status_of, timestamp_of, to_i64, to_u32, to_u64};
+use crate::util::{key_of, millis_of, status_of, timestamp_of, to_i64, to_u32, to_u64};
 
 /// One entry (SQLite, and Postgres outside a batch).
 static INSERT_ONE: Sql = Sql::new(
@@ -128,7 +131,31 @@ pub(crate) fn write<D: Db>(
         )?;
         return Ok(());
     }
-    for e in entries {
+    // SQLite: chunks of rows in one multi-row statement each (one step of the engine for
+    // many rows), the rest one by one.
+    let mut rest = entries;
+    while rest.len() >= CHUNK {
+        let (chunk, tail) = rest.split_at(CHUNK);
+        let mut values = Vec::with_capacity(CHUNK * 11);
+        for e in chunk {
+            values.extend([
+                Value::Text(actor),
+                Value::Text(&e.row_id),
+                Value::Int(to_i64(e.unit.0)),
+                Value::Int(e.lane.0),
+                Value::Int(i64::from(e.attempt)),
+                Value::Int(millis_of(e.started_at)),
+                Value::Int(to_i64(e.duration_ms)),
+                Value::OptInt(e.status.map(i64::from)),
+                Value::OptText(e.error_class.as_deref()),
+                Value::OptText(e.body.as_deref().map(log_excerpt)),
+                Value::Bool(e.delivered),
+            ]);
+        }
+        db.execute(insert_chunk(), &values)?;
+        rest = tail;
+    }
+    for e in rest {
         db.execute(
             &INSERT_ONE,
             args![
@@ -147,6 +174,28 @@ pub(crate) fn write<D: Db>(
         )?;
     }
     Ok(())
+}
+
+/// Rows of one multi-row `INSERT` on SQLite.
+const CHUNK: usize = 16;
+
+/// `INSERT … VALUES` of [`CHUNK`] rows, its text made once.
+fn insert_chunk() -> &'static Sql {
+    static SQL: OnceLock<Sql> = OnceLock::new();
+    SQL.get_or_init(|| {
+        let rows: Vec<String> = (0..CHUNK)
+            .map(|i| {
+                let p: Vec<String> = (1..=11).map(|k| format!("${}", i * 11 + k)).collect();
+                format!("({})", p.join(", "))
+            })
+            .collect();
+        let text = format!(
+            "INSERT INTO ol_delivery_log (actor, row_id, unit_id, lane_id, attempt, started_at, \
+             duration_ms, status, error_class, body, delivered) VALUES {}",
+            rows.join(", ")
+        );
+        Sql::new(Box::leak(text.into_boxed_str()))
+    })
 }
 
 /// How many entries one purge statement deletes at most.
@@ -186,6 +235,32 @@ pub(crate) fn mark(
         db.execute(&MARK, args![lane.0, since, unit, actor])?;
     }
     Ok(())
+}
+
+/// Every marked lane whose actor's slot is held, longest in flight first (the partial index
+/// `ol_lanes_in_flight` holds only marked lanes).
+static IN_FLIGHT: Sql = Sql::new(
+    "SELECT l.actor, l.id, l.recipient, l.ordering_key, l.in_flight_unit, l.in_flight_since \
+     FROM ol_lanes l WHERE l.in_flight_since IS NOT NULL AND l.in_flight_unit IS NOT NULL \
+     AND EXISTS (SELECT 1 FROM ol_slots s WHERE s.actor = l.actor AND s.holder IS NOT NULL \
+       AND s.lease_expires > {now}) \
+     ORDER BY l.in_flight_since, l.id",
+);
+
+/// The lanes in flight for long, every actor's.
+///
+/// # Errors
+/// Database failures.
+pub(crate) fn in_flight(db: &mut impl Db) -> Result<Vec<LaneInFlight>, StoreError> {
+    db.query(&IN_FLIGHT, &[], |r| {
+        Ok(LaneInFlight {
+            actor: ActorId::new(r.text(0)?),
+            lane: StoreLaneId(r.int(1)?),
+            key: key_of(r.text(2)?, r.text(3)?),
+            unit: UnitId(to_u64(r.int(4)?)),
+            since: timestamp_of(r.int(5)?),
+        })
+    })
 }
 
 /// The entries of a row, oldest first per lane.

@@ -521,6 +521,16 @@ pub trait ServiceStore: Send + Sync {
         Ok(Vec::new())
     }
 
+    /// Every lane whose head a relay has had in flight for longer than
+    /// [`IN_FLIGHT_MARK_AFTER`] (while its actor's drain slot is held), every actor's,
+    /// longest first: `status` counts them, `hosts` per host.
+    ///
+    /// # Errors
+    /// Database failures.
+    fn lanes_in_flight(&self) -> Result<Vec<LaneInFlight>, StoreError> {
+        Ok(Vec::new())
+    }
+
     /// The delivery log's entries of `actor`'s row `row_id`, by lane, oldest first.
     ///
     /// # Errors

@@ -269,6 +269,8 @@ const MIGRATE_V7_TO_V8: &str = "CREATE TABLE ol_delivery_log (id BIGSERIAL PRIMA
      CREATE INDEX ol_delivery_log_row ON ol_delivery_log (actor, row_id); \
      ALTER TABLE ol_lanes ADD COLUMN in_flight_since BIGINT; \
      ALTER TABLE ol_lanes ADD COLUMN in_flight_unit BIGINT; \
+     CREATE INDEX ol_lanes_in_flight ON ol_lanes (in_flight_since) \
+         WHERE in_flight_since IS NOT NULL; \
      UPDATE ol_meta SET value = '8' WHERE key = 'schema_version';";
 
 /// The migrations past version 2 and the version each reaches: a new schema runs them too.

@@ -121,6 +121,10 @@ impl<B: Backend> ServiceStore for B {
         self.read(|db| crate::delivery_log::row_deliveries(db, actor, row_id))
     }
 
+    fn lanes_in_flight(&self) -> Result<Vec<crate::LaneInFlight>, StoreError> {
+        self.read(|db| crate::delivery_log::in_flight(db))
+    }
+
     fn delivery_log(
         &self,
         actor: &ActorId,

@@ -311,7 +311,9 @@ const V7_TO_V8: &str = "CREATE TABLE ol_delivery_log (\
          error_class TEXT, body TEXT, delivered INTEGER NOT NULL DEFAULT 0); \
      CREATE INDEX ol_delivery_log_row ON ol_delivery_log (actor, row_id); \
      ALTER TABLE ol_lanes ADD COLUMN in_flight_since INTEGER; \
-     ALTER TABLE ol_lanes ADD COLUMN in_flight_unit INTEGER;";
+     ALTER TABLE ol_lanes ADD COLUMN in_flight_unit INTEGER; \
+     CREATE INDEX ol_lanes_in_flight ON ol_lanes (in_flight_since) \
+         WHERE in_flight_since IS NOT NULL;";
 
 /// The migrations past version 2 and the version each reaches: a new database runs them too.
 const MIGRATIONS: [(u32, &str); 6] = [

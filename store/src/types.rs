@@ -365,6 +365,23 @@ impl RowDeliveryState {
     }
 }
 
+/// A lane whose head a relay has had in flight for longer than
+/// [`IN_FLIGHT_MARK_AFTER`](crate::IN_FLIGHT_MARK_AFTER)
+/// ([`ServiceStore::lanes_in_flight`](crate::ServiceStore::lanes_in_flight)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaneInFlight {
+    /// The actor.
+    pub actor: ActorId,
+    /// The lane.
+    pub lane: StoreLaneId,
+    /// Its key (recipient and ordering key).
+    pub key: LaneKey,
+    /// The unit in flight.
+    pub unit: UnitId,
+    /// Since when.
+    pub since: Timestamp,
+}
+
 /// One recipient of a row: its state, attempts and history.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RowDelivery {

@@ -75,7 +75,45 @@ contract!(
     dead_letters_matching_a_time_range_recipient_and_reason,
     delivery_log_keeps_attempts_and_answers_rows,
     delivery_log_off_writes_nothing,
+    delivery_log_batches_of_many_acks,
 );
+
+/// Issue 39: a batch of acks larger than SQLite's multi-row chunk keeps every entry, each
+/// with its own fields.
+fn delivery_log_batches_of_many_acks(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        let rows: Vec<NewRow> = (0..37).map(|i| row(&format!("m{i}"), &[C])).collect();
+        s.enqueue(&a, &rows).expect("enqueue");
+        let t = acquire(s, &a, "h", LEASE);
+        let lc = lane_of(s, &a, C);
+        let units = claim_lane(s, &t, lc, 0, 100).units;
+        assert_eq!(units.len(), 37);
+        let acks: Vec<_> = units.iter().map(|u| (u.id, lc)).collect();
+        let log: Vec<_> = units
+            .iter()
+            .enumerate()
+            .map(|(i, u)| DeliveryLogEntry {
+                status: Some(200 + i as u16),
+                delivered: true,
+                duration_ms: i as u64,
+                ..log_entry(u.id, lc, &u.row_id, 1)
+            })
+            .collect();
+        s.ack_logged(&t, &acks, &log).expect("ack");
+        for (i, u) in units.iter().enumerate() {
+            let got = s.delivery_log(&a, &u.row_id).expect("log");
+            assert_eq!(got.len(), 1, "{}", u.row_id);
+            assert_eq!(got[0].unit, u.id);
+            assert_eq!(got[0].status, Some(200 + i as u16));
+            assert_eq!(got[0].duration_ms, i as u64);
+            assert!(got[0].delivered);
+            assert_eq!(got[0].recipient, C);
+        }
+        let _ = s.release_slot(&t).expect("release");
+    });
+}
 
 fn log_entry(unit: UnitId, lane: StoreLaneId, row: &str, attempt: u32) -> DeliveryLogEntry {
     DeliveryLogEntry {
@@ -170,6 +208,13 @@ fn delivery_log_keeps_attempts_and_answers_rows(b: Backend) {
             (l.in_flight_since, l.in_flight_unit),
             (Some(since), Some(u0b))
         );
+        let flying = s.lanes_in_flight().expect("in flight");
+        assert_eq!(flying.len(), 1, "{flying:?}");
+        assert_eq!(
+            (flying[0].lane, flying[0].unit, flying[0].since),
+            (lb, u0b, since)
+        );
+        assert_eq!(flying[0].key.recipient(), B);
         // Cleared: pending again.
         s.mark_in_flight(&t, &[(lb, None)]).expect("clear");
         let rows = s.row_deliveries(&a, "r0").expect("row");
@@ -178,6 +223,7 @@ fn delivery_log_keeps_attempts_and_answers_rows(b: Backend) {
         let lanes = s.lanes(&a).expect("lanes");
         let l = lanes.iter().find(|l| l.lane == lb).expect("lane B");
         assert_eq!(l.in_flight_since, None);
+        assert!(s.lanes_in_flight().expect("in flight").is_empty());
         // Dead-lettered: the dead letter's attempts, the log's history.
         s.record_attempts_logged(
             &t,

@@ -185,7 +185,8 @@ mod pg {
     }
 
     /// A schema at version 6 (the current one without `ol_lanes.failing_since` and
-    /// `unavailable_since`, version 7's one change), upgraded by several `migrate`s at once:
+    /// `unavailable_since`, version 7's one change, nor version 8's delivery log and in-flight
+    /// columns), upgraded by several `migrate`s at once:
     /// each succeeds and it is migrated once.
     #[test]
     fn postgres_stores_migrating_at_once_migrate_once() {
@@ -202,7 +203,8 @@ mod pg {
                 .client()
                 .batch_execute(&format!(
                     "SET search_path TO {}; ALTER TABLE ol_lanes DROP COLUMN failing_since, \
-                     DROP COLUMN unavailable_since; \
+                     DROP COLUMN unavailable_since, DROP COLUMN in_flight_since, \
+                     DROP COLUMN in_flight_unit; DROP TABLE ol_delivery_log; \
                      UPDATE ol_meta SET value = '6' WHERE key = 'schema_version'",
                     schema.name
                 ))

@@ -527,10 +527,22 @@ async fn dispatch(
         Command::Relay(r) => cmd_relay(backend, r, counters, Signals::new()?).await,
         Command::Status { json } => {
             let s = backend.status().await?;
+            let flying = rows::lanes_in_flight(backend).await?;
             if json {
-                print_json(&output::status_json(&s))
+                #[derive(serde::Serialize)]
+                struct WithInFlight<S, F> {
+                    #[serde(flatten)]
+                    status: S,
+                    lanes_in_flight: F,
+                }
+                print_json(&WithInFlight {
+                    status: output::status_json(&s),
+                    lanes_in_flight: rows::in_flight_json(&flying),
+                })
             } else {
-                print(&output::status_table(&s))
+                let mut text = output::status_table(&s);
+                text.push_str(&rows::in_flight_text(&flying));
+                print(&text)
             }
         }
         Command::Lanes(args) => cmd_lanes(backend, args).await,

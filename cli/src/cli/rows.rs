@@ -9,7 +9,7 @@
 use std::time::{Duration, SystemTime};
 
 use outbox_lanes_core::{ActorId, Timestamp};
-use outbox_lanes_store::{DeliveryLogRow, RowDelivery, RowDeliveryState};
+use outbox_lanes_store::{DeliveryLogRow, LaneInFlight, RowDelivery, RowDeliveryState};
 use serde::Serialize;
 
 use super::backend::Backend;
@@ -219,6 +219,61 @@ pub(crate) async fn cmd_rows_show(
     } else {
         super::print(&row_text(a.as_str(), &id, &rows))
     }
+}
+
+#[derive(Serialize)]
+pub(crate) struct InFlightJson<'a> {
+    actor: &'a str,
+    recipient: &'a str,
+    ordering_key: Option<&'a str>,
+    unit: u64,
+    since: String,
+    in_flight_ms: u64,
+}
+
+/// Every lane whose head a relay has had in flight for longer than 5 s, longest first.
+pub(crate) async fn lanes_in_flight(backend: &Backend) -> anyhow::Result<Vec<LaneInFlight>> {
+    let store = backend.store();
+    Ok(tokio::task::spawn_blocking(move || store.lanes_in_flight()).await??)
+}
+
+/// `status --json`'s `lanes_in_flight`.
+pub(crate) fn in_flight_json(v: &[LaneInFlight]) -> Vec<InFlightJson<'_>> {
+    let now = now();
+    v.iter()
+        .map(|l| InFlightJson {
+            actor: l.actor.as_str(),
+            recipient: l.key.recipient(),
+            ordering_key: l.key.ordering_key(),
+            unit: l.unit.0,
+            since: time(l.since),
+            in_flight_ms: since(l.since, now).as_millis() as u64,
+        })
+        .collect()
+}
+
+/// `status`'s lines about lanes in flight for long (nothing when there is none).
+pub(crate) fn in_flight_text(v: &[LaneInFlight]) -> String {
+    if v.is_empty() {
+        return String::new();
+    }
+    let now = now();
+    let rows: Vec<Vec<String>> = v
+        .iter()
+        .map(|l| {
+            vec![
+                one_line(l.actor.as_str()),
+                one_line(&super::output::lane_name(&l.key)),
+                l.unit.0.to_string(),
+                format!("{} s", since(l.since, now).as_secs()),
+            ]
+        })
+        .collect();
+    format!(
+        "\n{} lane(s) with an attempt in flight for longer than 5 s:\n{}",
+        v.len(),
+        table(&["ACTOR", "LANE", "UNIT", "IN FLIGHT"], &rows)
+    )
 }
 
 /// The attempt history of a dead letter (its unit and recipient), from the delivery log.
