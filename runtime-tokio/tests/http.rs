@@ -757,3 +757,61 @@ async fn stored_headers_the_client_sets_itself_are_never_sent() {
         ]
     );
 }
+
+/// Issue 39: both clients keep the first 1 KiB of a non-2xx answer's body for the delivery
+/// log, verbatim (a `<script>`, a multi-byte character; cut on a character boundary), none of
+/// a 2xx; and a body that never ends is cut by the request's timeout with what arrived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_clients_keep_the_first_kib_of_a_failed_answer() {
+    let r = Recipient::start().expect("recipient");
+    let body = format!("<script>alert(1)</script>\né{}", "y".repeat(3000));
+    r.set_default(
+        "/fail",
+        Response::new(500)
+            .with_body(body.clone().into_bytes())
+            .into(),
+    );
+    r.set_default("/ok", Response::new(200).with_body(b"fine".to_vec()).into());
+    let a = AsyncHttpClient::new(loopback(), None).expect("async client");
+    let b = HttpClient::new(loopback(), None).expect("blocking client");
+    for res in [
+        post_async(&a, &r.url("/fail"), CONTENT_TYPE).await,
+        post_blocking(&b, &r.url("/fail"), CONTENT_TYPE).await,
+    ] {
+        let kept = res.body.expect("a body excerpt");
+        assert!(kept.len() <= 1024 && kept.len() >= 1020, "{}", kept.len());
+        assert!(body.starts_with(&kept), "{kept}");
+        assert!(kept.starts_with("<script>alert(1)</script>\né"), "{kept}");
+    }
+    for res in [
+        post_async(&a, &r.url("/ok"), CONTENT_TYPE).await,
+        post_blocking(&b, &r.url("/ok"), CONTENT_TYPE).await,
+    ] {
+        assert_eq!((res.status, res.body), (Some(200), None));
+    }
+    // A body that never ends: the timeout cuts it, the status decides, what came is kept.
+    r.set_default(
+        "/endless",
+        Reply::SlowBody {
+            status: 502,
+            chunk: b"z".repeat(100),
+            interval: Duration::from_millis(300),
+            chunks: 1000,
+        },
+    );
+    let cfg = HttpConfig {
+        timeout: Duration::from_secs(1),
+        ..loopback()
+    };
+    let a = AsyncHttpClient::new(cfg.clone(), None).expect("async client");
+    let b = HttpClient::new(cfg, None).expect("blocking client");
+    for res in [
+        post_async(&a, &r.url("/endless"), CONTENT_TYPE).await,
+        post_blocking(&b, &r.url("/endless"), CONTENT_TYPE).await,
+    ] {
+        assert_eq!(res.status, Some(502), "{res:?}");
+        let kept = res.body.unwrap_or_default();
+        assert!(kept.len() <= 1024, "{}", kept.len());
+        assert!(kept.chars().all(|c| c == 'z'), "{kept}");
+    }
+}
