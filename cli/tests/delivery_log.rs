@@ -62,10 +62,15 @@ fn delivery_log_and_in_flight(db: &Db) {
         Reply::Response(Response::new(500).with_body(the_body())),
     );
     r.set_default("/hang", Reply::Hang);
+    // In flight for 9 s, then delivered: its mark is cleared.
+    r.set_default(
+        "/slow",
+        Reply::Delay(Duration::from_secs(9), Box::new(Reply::Status(200))),
+    );
     r.set_default("/ok", Reply::Status(200));
     let line = serde_json::json!({
         "id": "r1",
-        "to": [r.url("/fail"), r.url("/hang"), r.url("/ok")],
+        "to": [r.url("/fail"), r.url("/hang"), r.url("/ok"), r.url("/slow")],
         "body": { "n": 1 },
     })
     .to_string();
@@ -125,16 +130,15 @@ fn delivery_log_and_in_flight(db: &Db) {
     // `status` counts it.
     let status = db.json(&["status", "--json"]);
     let flying = status["lanes_in_flight"].as_array().unwrap();
-    assert_eq!(flying.len(), 1, "{status}");
-    assert!(
-        flying[0]["recipient"].as_str().unwrap().ends_with("/hang"),
-        "{status}"
-    );
-    assert!(flying[0]["in_flight_ms"].as_u64().unwrap() >= 5_000);
+    let hanging = flying
+        .iter()
+        .find(|l| l["recipient"].as_str().unwrap().ends_with("/hang"))
+        .unwrap_or_else(|| panic!("{status}"));
+    assert!(hanging["in_flight_ms"].as_u64().unwrap() >= 5_000);
     let text = collect(db.command(&["status"]).spawn().unwrap(), "");
     assert!(
         text.stdout
-            .contains("1 lane(s) with an attempt in flight for longer than 5 s"),
+            .contains("lane(s) with an attempt in flight for longer than 5 s"),
         "{}",
         text.stdout
     );
@@ -209,6 +213,24 @@ fn delivery_log_and_in_flight(db: &Db) {
         "{}",
         shown.stdout
     );
+
+    // The slow recipient: marked while in flight, delivered after 9 s, its mark cleared.
+    let delivered = poll_for(Duration::from_secs(20), || {
+        row_json(db, "r1").is_some_and(|v| recipient(&v, "/slow")["state"] == "delivered")
+    });
+    assert!(delivered, "{:?}", row_json(db, "r1"));
+    let v = row_json(db, "r1").unwrap();
+    let slow = recipient(&v, "/slow");
+    assert!(
+        slow["attempt_history"][0]["duration_ms"].as_u64().unwrap() >= 9_000,
+        "{slow}"
+    );
+    let cleared = poll_for(Duration::from_secs(5), || {
+        lanes_json()["lanes"].as_array().unwrap().iter().any(|l| {
+            l["recipient"].as_str().unwrap().ends_with("/slow") && l["in_flight_since"].is_null()
+        })
+    });
+    assert!(cleared, "{}", lanes_json());
     let _ = relay.stop();
 }
 
