@@ -143,6 +143,17 @@ fn delivery_log_and_in_flight(db: &Db) {
         text.stdout
     );
 
+    // `hosts --json` counts the loopback host's lanes in flight for long.
+    let hosts = db.json(&["hosts", "--json"]);
+    let here = format!("http://127.0.0.1:{}", r.addr().port());
+    let host = hosts["hosts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["origin"] == here.as_str())
+        .unwrap_or_else(|| panic!("{hosts}"));
+    assert!(host["in_flight_long"].as_u64().unwrap() >= 1, "{host}");
+
     // The row: the failing recipient dead-lettered after 2 attempts with their bodies, the
     // good one delivered after 1, the hanging one in flight.
     let done = poll_for(Duration::from_secs(15), || {

@@ -335,6 +335,10 @@ pub struct HostStatus {
     pub lanes: u64,
     /// Pending units of those lanes.
     pub pending: u64,
+    /// Those lanes whose head a relay has had in flight for longer than
+    /// [`IN_FLIGHT_MARK_AFTER`](crate::IN_FLIGHT_MARK_AFTER) (their in-flight marks, while
+    /// their actors' drain slots are held; issue 39).
+    pub in_flight_long: u64,
 }
 
 /// Every host that has a row or a lane, in origin order.
@@ -348,6 +352,7 @@ pub fn statuses(records: Vec<HostRecord>, usage: Vec<(String, u64, u64)>) -> Vec
                     record: r,
                     lanes: 0,
                     pending: 0,
+                    in_flight_long: 0,
                 },
             )
         })
@@ -357,6 +362,7 @@ pub fn statuses(records: Vec<HostRecord>, usage: Vec<(String, u64, u64)>) -> Vec
             record: HostRecord::new(origin, Timestamp::from_millis(0)),
             lanes: 0,
             pending: 0,
+            in_flight_long: 0,
         });
         e.lanes += lanes;
         e.pending += pending;

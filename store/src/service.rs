@@ -134,8 +134,24 @@ impl<B: Backend> ServiceStore for B {
     }
 
     fn host_list(&self) -> Result<Vec<HostStatus>, StoreError> {
-        let (records, usage) = self.read(|db| Ok((hosts::all(db)?, hosts::usage(db)?)))?;
-        Ok(hosts::statuses(records.hosts, usage))
+        let (records, usage, flying) = self.read(|db| {
+            Ok((
+                hosts::all(db)?,
+                hosts::usage(db)?,
+                crate::delivery_log::in_flight(db)?,
+            ))
+        })?;
+        let mut out = hosts::statuses(records.hosts, usage);
+        for l in flying {
+            let origin = hosts::origin_of(l.key.recipient());
+            if let Some(h) = out
+                .iter_mut()
+                .find(|h| Some(&h.record.origin) == origin.as_ref())
+            {
+                h.in_flight_long += 1;
+            }
+        }
+        Ok(out)
     }
 
     fn block_host(&self, origin: &str, block: HostBlock, at: Timestamp) -> Result<u64, StoreError> {

@@ -215,6 +215,15 @@ fn delivery_log_keeps_attempts_and_answers_rows(b: Backend) {
             (lb, u0b, since)
         );
         assert_eq!(flying[0].key.recipient(), B);
+        let hosts = s.host_list().expect("hosts");
+        let count = |origin: &str| {
+            hosts
+                .iter()
+                .find(|h| h.record.origin == origin)
+                .map(|h| h.in_flight_long)
+        };
+        assert_eq!(count("https://b.example:443"), Some(1), "{hosts:?}");
+        assert_eq!(count("https://a.example:443"), Some(0), "{hosts:?}");
         // Cleared: pending again.
         s.mark_in_flight(&t, &[(lb, None)]).expect("clear");
         let rows = s.row_deliveries(&a, "r0").expect("row");

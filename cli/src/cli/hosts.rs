@@ -59,6 +59,8 @@ struct HostJson<'a> {
     state: &'static str,
     lanes: u64,
     pending: u64,
+    /// Its lanes whose head has been in flight for longer than 5 s (issue 39).
+    in_flight_long: u64,
     failures: u32,
     backoff_level: u32,
     next_probe: Option<String>,
@@ -76,6 +78,7 @@ fn host_json(h: &HostStatus, now: Timestamp) -> HostJson<'_> {
         state: state(h, now),
         lanes: h.lanes,
         pending: h.pending,
+        in_flight_long: h.in_flight_long,
         failures: r.failures,
         backoff_level: r.level,
         next_probe: r.not_before.filter(|_| r.level > 0).map(time),
