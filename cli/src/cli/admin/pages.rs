@@ -578,6 +578,7 @@ async fn hosts(State(app): State<App>, headers: HeaderMap, Query(q): Query<DoneQ
                  th title="attempts this relay finished to the host since it started" { "attempts" }
                  th title="delivered among the attempts that made a request" { "success" }
                  th { "in flight" }
+                 th title="lanes whose attempt has been in flight for more than 5 s" { "in flight long" }
                  th { "actions" } }
             @for h in &hosts {
                 @let r = &h.record;
@@ -594,6 +595,7 @@ async fn hosts(State(app): State<App>, headers: HeaderMap, Query(q): Query<DoneQ
                     td.n { (f.attempts) }
                     td.n { (Some(f.sent).filter(|&n| n > 0).map_or_else(|| "-".to_owned(), |n| format!("{:.1} %", f.delivered as f64 * 100.0 / n as f64))) }
                     td.n { (f.in_flight) }
+                    td.n { (h.in_flight_long) }
                     td {
                         @if r.blocked == HostBlock::Open {
                             (host_action(&r.origin, "block", "Block"))
