@@ -308,17 +308,16 @@ impl<B: Backend> DriverStore for B {
             Some(keep) => crate::ServiceStore::purge_acked(self, now.saturating_sub(keep)),
             None => Ok(0),
         };
-        // The delivery log past its window (with the log off: whatever an earlier run left).
-        let before = millis_of(now.saturating_sub(self.common().delivery_log_retention));
+        // The delivery log past its window. With the log off, nothing: another relay on the
+        // same database may keep one.
+        let keep = self.common().delivery_log_retention;
+        let before = millis_of(now.saturating_sub(keep));
         let mut logged = Ok(());
-        loop {
+        while !keep.is_zero() && logged.is_ok() {
             match self.write(true, |db| delivery_log::purge_once(db, before)) {
                 Ok(n) if n < delivery_log::PURGE_BATCH as u64 => break,
                 Ok(_) => {}
-                Err(e) => {
-                    logged = Err(e);
-                    break;
-                }
+                Err(e) => logged = Err(e),
             }
         }
         let (forgotten, purged) = (forgotten?, purged?);
