@@ -23,6 +23,13 @@ pub mod tx_postgres;
 pub mod signing;
 
 const README: &str = include_str!("../../../README.md");
+const GUIDE: &str = include_str!("../../../docs/library-guide.md");
+
+/// The library guide's whole programs, by the path its marker names them with.
+const GUIDE_EXAMPLES: [(&str, &str); 1] = [(
+    "examples/readme/examples/signing.rs",
+    include_str!("../examples/signing.rs"),
+)];
 
 /// Every example, by the path the README's marker names it with.
 const EXAMPLES: [(&str, &str); 4] = [
@@ -46,8 +53,13 @@ const EXAMPLES: [(&str, &str); 4] = [
 
 /// The README's `rust` blocks, each with the file its `<!-- example: PATH -->` line names.
 fn readme_blocks() -> Vec<(String, String)> {
+    blocks_of(README)
+}
+
+/// The `rust` blocks of `doc`, each with the file its `<!-- example: PATH -->` line names.
+fn blocks_of(doc: &str) -> Vec<(String, String)> {
     let mut blocks = Vec::new();
-    let mut lines = README.lines();
+    let mut lines = doc.lines();
     while let Some(line) = lines.next() {
         let Some(path) = line
             .strip_prefix("<!-- example: ")
@@ -94,8 +106,8 @@ fn the_readme_snippets_are_the_examples() {
     files.sort();
     assert_eq!(
         files.len(),
-        EXAMPLES.len(),
-        "every example is in README.md: {files:?}"
+        EXAMPLES.len() + GUIDE_EXAMPLES.len(),
+        "every example is in README.md or the library guide: {files:?}"
     );
     for (_, text) in EXAMPLES {
         assert!(text.contains("\n#![deny(warnings)]\n"), "{text}");
@@ -104,6 +116,25 @@ fn the_readme_snippets_are_the_examples() {
             "a README snippet stays short:\n{text}"
         );
     }
+}
+
+#[test]
+fn the_library_guides_programs_are_the_examples() {
+    let blocks = blocks_of(GUIDE);
+    for (path, text) in GUIDE_EXAMPLES {
+        let shown: Vec<_> = blocks.iter().filter(|(p, _)| p == path).collect();
+        assert_eq!(shown.len(), 1, "the library guide shows {path} once");
+        assert!(
+            shown[0].1 == text,
+            "the library guide's block of {path} differs from the file: copy the file into it"
+        );
+        assert!(text.contains("\n#![deny(warnings)]\n"), "{text}");
+    }
+    assert_eq!(
+        blocks.len(),
+        GUIDE_EXAMPLES.len(),
+        "the library guide marks an unknown example"
+    );
 }
 
 /// Counts the in-process wake-ups of `notifier`.
