@@ -122,8 +122,12 @@ impl HttpClient {
                 Some(proxy)
             }
         };
+        // ring's provider, as the tokio client's (deprecated by rustls 0.23.48 for lacking the
+        // post-quantum key exchange; see runtime-tokio/src/http.rs for why it stays).
+        #[allow(deprecated)]
+        let provider = rustls::crypto::ring::default_provider();
         let tls = TlsConfig::builder()
-            .unversioned_rustls_crypto_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .unversioned_rustls_crypto_provider(Arc::new(provider))
             .build();
         let config = Config::builder()
             .http_status_as_error(false)

@@ -128,9 +128,13 @@ impl AsyncHttpClient {
     pub fn new(cfg: HttpConfig, signer: Option<Arc<dyn Signer>>) -> Result<Self, OutboxError> {
         let http_err = |e: String| OutboxError::Http(e);
         let requests = RequestPolicy::new(&cfg, signer).map_err(|e| http_err(e.to_string()))?;
-        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
+        // rustls 0.23.48 deprecates ring's provider ("no support for post-quantum
+        // algorithms"): the hybrid post-quantum key exchange is aws-lc-rs's. ring stays the one
+        // provider of both HTTP clients and the Postgres store (it builds without cmake or
+        // nasm); classical X25519 key exchange is what recipients accept.
+        #[allow(deprecated)]
+        let provider = rustls::crypto::ring::default_provider();
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
         .with_safe_default_protocol_versions()
         .map_err(|e| http_err(format!("TLS: {e}")))?
         .with_root_certificates(rustls::RootCertStore {

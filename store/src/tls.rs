@@ -296,7 +296,10 @@ pub(crate) enum ConfigError {
     Message(String),
 }
 
-/// The ring provider, as the HTTP clients use it.
+/// The ring provider, as the HTTP clients use it (deprecated by rustls 0.23.48 for lacking the
+/// post-quantum key exchange, which is aws-lc-rs's; ring stays the one provider, as
+/// runtime-tokio/src/http.rs says).
+#[allow(deprecated)]
 fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
