@@ -310,6 +310,10 @@ pub(crate) fn lanes_table(lanes: &[LaneStatus]) -> String {
                     "in flight {} s ({state})",
                     now.saturating_duration_since(t).as_secs()
                 ),
+                // Nothing pending: the backoff only applies to the lane's next row, if one comes.
+                (LaneState::Backoff(_) | LaneState::Throttled, _, None) if l.depth == 0 => {
+                    format!("idle ({state})")
+                }
                 _ => state.to_string(),
             };
             let mut last = short_error(l.last_status, l.last_error.as_deref());
@@ -534,6 +538,32 @@ pub(crate) fn dead_show_text(d: &DeadLetter, p: &Payload) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lane_with_nothing_pending_reads_idle_beside_its_backoff() {
+        let lane = |depth: u64| LaneStatus {
+            lane: outbox_lanes_store::StoreLaneId(1),
+            key: outbox_lanes_core::LaneKey::new("https://b.example/inbox", None).unwrap(),
+            depth,
+            head_enqueued_at: None,
+            last_status: Some(503),
+            last_error: None,
+            last_error_stale: false,
+            not_before: Some(now().saturating_add(std::time::Duration::from_secs(600))),
+            backoff_level: 3,
+            strict: false,
+            paused: false,
+            pause_reason: None,
+            failing_since: None,
+            unavailable_since: None,
+            in_flight_since: None,
+            in_flight_unit: None,
+        };
+        let t = lanes_table(&[lane(0)]);
+        assert!(t.contains("idle (backoff 3)"), "{t}");
+        let t = lanes_table(&[lane(2)]);
+        assert!(t.contains("backoff 3") && !t.contains("idle"), "{t}");
+    }
 
     #[test]
     fn tables_align() {
