@@ -24,9 +24,15 @@
 use outbox_lanes_core::{ActorId, Timestamp, UnitId};
 
 use crate::StoreError;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::OnceLock;
 
 use crate::db::{Db, Dialect, Sql, Value, args};
+use crate::host_figures::{
+    HOST_FIGURES_LATENCY_SAMPLE, HOST_FIGURES_MAX_ENTRIES, HostFigures, LatencyPercentiles,
+    outcome_class,
+};
+use crate::hosts::origin_of;
 use crate::types::{
     DeliveryLogEntry, DeliveryLogRow, LaneInFlight, RowDelivery, RowDeliveryState, StoreLaneId,
     log_excerpt,
@@ -438,4 +444,121 @@ pub(crate) fn row_deliveries(
     }
     out.sort_by(|a, b| a.recipient.cmp(&b.recipient).then(a.unit.cmp(&b.unit)));
     Ok(out)
+}
+
+/// The most recent [`HOST_FIGURES_MAX_ENTRIES`] entries (walking the primary key backwards),
+/// of those the ones started at or after `$1`: every figures read goes through it.
+macro_rules! recent_entries {
+    () => {
+        "(SELECT lane_id, started_at, duration_ms, status, error_class, delivered \
+         FROM ol_delivery_log ORDER BY id DESC LIMIT 100000) g"
+    };
+}
+
+/// Attempts per lane, status class (the status's hundreds) or error class, and delivered.
+static FIGURES_COUNTS: Sql = Sql::new(concat!(
+    "SELECT g.lane_id, coalesce(l.recipient, ''), \
+     CASE WHEN g.status IS NULL THEN NULL ELSE g.status / 100 END, \
+     CASE WHEN g.status IS NULL THEN g.error_class ELSE NULL END, g.delivered, count(*) \
+     FROM ",
+    recent_entries!(),
+    " LEFT JOIN ol_lanes l ON l.id = g.lane_id WHERE g.started_at >= $1 \
+     GROUP BY g.lane_id, l.recipient, \
+       CASE WHEN g.status IS NULL THEN NULL ELSE g.status / 100 END, \
+       CASE WHEN g.status IS NULL THEN g.error_class ELSE NULL END, g.delivered",
+));
+
+/// The durations of the same entries, most recent first.
+static FIGURES_DURATIONS: Sql = Sql::new(concat!(
+    "SELECT g.lane_id, g.duration_ms FROM ",
+    recent_entries!(),
+    " WHERE g.started_at >= $1 ORDER BY g.started_at DESC",
+));
+
+/// Whether the log holds more than [`HOST_FIGURES_MAX_ENTRIES`] entries since `$1`: the
+/// oldest of the most recent ones started after it.
+static FIGURES_CAPPED: Sql = Sql::new(concat!(
+    "SELECT count(*), coalesce(min(g.started_at), 0) FROM ",
+    recent_entries!(),
+));
+
+/// Per-host figures of the log's entries since `since` (bounded: see
+/// [`ServiceStore::host_figures`](crate::ServiceStore::host_figures)).
+///
+/// # Errors
+/// Database failures.
+pub(crate) fn host_figures(
+    db: &mut impl Db,
+    since: Timestamp,
+) -> Result<Vec<HostFigures>, StoreError> {
+    const _: () = assert!(
+        HOST_FIGURES_MAX_ENTRIES == 100_000,
+        "recent_entries! says 100000"
+    );
+    let from = millis_of(since);
+    let (read, oldest) = db
+        .query(&FIGURES_CAPPED, &[], |r| Ok((to_u64(r.int(0)?), r.int(1)?)))?
+        .into_iter()
+        .next()
+        .unwrap_or((0, 0));
+    // The window holds more than the read takes: the figures start at the oldest entry read.
+    let since = if read >= HOST_FIGURES_MAX_ENTRIES as u64 && oldest > from {
+        timestamp_of(oldest)
+    } else {
+        since
+    };
+    let mut by_origin: BTreeMap<String, HostFigures> = BTreeMap::new();
+    let mut origin_of_lane: HashMap<i64, String> = HashMap::new();
+    let counts = db.query(&FIGURES_COUNTS, args![from], |r| {
+        Ok((
+            r.int(0)?,
+            r.text(1)?,
+            r.opt_int(2)?,
+            r.opt_text(3)?,
+            r.flag(4)?,
+            to_u64(r.int(5)?),
+        ))
+    })?;
+    for (lane, recipient, class, error, delivered, n) in counts {
+        let Some(origin) = origin_of(&recipient) else {
+            continue;
+        };
+        origin_of_lane.insert(lane, origin.clone());
+        let h = by_origin
+            .entry(origin.clone())
+            .or_insert_with(|| HostFigures {
+                origin,
+                since,
+                attempts: 0,
+                delivered: 0,
+                outcomes: BTreeMap::new(),
+                latency_ms: None,
+            });
+        h.attempts += n;
+        if delivered {
+            h.delivered += n;
+        }
+        *h.outcomes
+            .entry(outcome_class(class, error.as_deref()))
+            .or_insert(0) += n;
+    }
+    let mut durations: HashMap<&str, Vec<u64>> = HashMap::new();
+    let rows = db.query(&FIGURES_DURATIONS, args![from], |r| {
+        Ok((r.int(0)?, to_u64(r.int(1)?)))
+    })?;
+    for (lane, took) in rows {
+        let Some(origin) = origin_of_lane.get(&lane) else {
+            continue;
+        };
+        let d = durations.entry(origin.as_str()).or_default();
+        if d.len() < HOST_FIGURES_LATENCY_SAMPLE {
+            d.push(took);
+        }
+    }
+    for (origin, mut d) in durations {
+        if let Some(h) = by_origin.get_mut(origin) {
+            h.latency_ms = LatencyPercentiles::of(&mut d);
+        }
+    }
+    Ok(by_origin.into_values().collect())
 }

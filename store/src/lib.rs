@@ -61,6 +61,7 @@ mod enqueue;
 mod error;
 mod exists;
 mod headers;
+mod host_figures;
 pub mod hosts;
 mod lag;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
@@ -105,6 +106,9 @@ use outbox_lanes_core::{ActorId, DeadReason, Timestamp, UnitId};
 
 pub use error::{Cause, EnqueueError, StoreError};
 pub use headers::{HeaderProblem, MAX_HEADER_BYTES, MAX_HEADERS, RefusedHeader, validate_headers};
+pub use host_figures::{
+    HOST_FIGURES_LATENCY_SAMPLE, HOST_FIGURES_MAX_ENTRIES, HostFigures, LatencyPercentiles,
+};
 pub use hosts::{HostBlock, HostRecord, HostRows, HostStatus, origin_of};
 pub use lag::{LaneHold, PendingHeads};
 pub use notify::{Notifier, PendingWake, Subscription};
@@ -541,6 +545,22 @@ pub trait ServiceStore: Send + Sync {
         row_id: &str,
     ) -> Result<Vec<DeliveryLogRow>, StoreError> {
         let _ = (actor, row_id);
+        Ok(Vec::new())
+    }
+
+    /// Per-host figures from the delivery log's entries that started at or after `since`
+    /// (`hosts` asks for the last hour): attempts, attempts per outcome class, success rate
+    /// and latency percentiles per origin (the lane's recipient's `scheme://host:port`),
+    /// hosts in origin order. Bounded: the read takes at most the
+    /// [`HOST_FIGURES_MAX_ENTRIES`] (100,000) most recent entries, all hosts together
+    /// (counted per class in SQL), and at most [`HOST_FIGURES_LATENCY_SAMPLE`] (10,000)
+    /// durations per origin for its percentiles. Empty when the log is off or holds nothing
+    /// since then.
+    ///
+    /// # Errors
+    /// Database failures.
+    fn host_figures(&self, since: Timestamp) -> Result<Vec<HostFigures>, StoreError> {
+        let _ = since;
         Ok(Vec::new())
     }
 

@@ -133,6 +133,10 @@ impl<B: Backend> ServiceStore for B {
         self.read(|db| crate::delivery_log::read(db, actor.as_str(), row_id))
     }
 
+    fn host_figures(&self, since: Timestamp) -> Result<Vec<crate::HostFigures>, StoreError> {
+        self.read(|db| crate::delivery_log::host_figures(db, since))
+    }
+
     fn host_list(&self) -> Result<Vec<HostStatus>, StoreError> {
         let (records, usage, flying) = self.read(|db| {
             Ok((
