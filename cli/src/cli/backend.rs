@@ -731,6 +731,22 @@ impl Backend {
         blocking(move || Ok(store.host_list()?)).await?
     }
 
+    /// Per-host figures from the delivery log since `since` (`hosts`); `None` when this
+    /// outbox keeps no log (`--delivery-log-retention 0s`).
+    pub(crate) async fn host_figures(
+        &self,
+        since: Timestamp,
+    ) -> anyhow::Result<Option<Vec<outbox_lanes_store::HostFigures>>> {
+        let store = Arc::clone(self.outbox.store());
+        blocking(move || {
+            if !store.logs_deliveries() {
+                return Ok(None);
+            }
+            Ok(Some(store.host_figures(since)?))
+        })
+        .await?
+    }
+
     /// `hosts block|unblock`: how many lanes or units it changed.
     pub(crate) async fn host_block(
         &self,

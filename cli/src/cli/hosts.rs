@@ -2,10 +2,11 @@
 //! health, lanes, pending units, last connection error, next probe, signature scheme — and an
 //! operator's `retry`, `block` and `unblock` of one.
 
-use std::time::SystemTime;
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
 
 use outbox_lanes_core::Timestamp;
-use outbox_lanes_store::{HostBlock, HostStatus, origin_of};
+use outbox_lanes_store::{HostBlock, HostFigures, HostStatus, origin_of};
 use serde::Serialize;
 use tracing::{info, warn};
 
@@ -69,9 +70,68 @@ struct HostJson<'a> {
     signature_spec: Option<&'a str>,
     signature_spec_learned: Option<String>,
     blocked: &'static str,
+    /// Its figures from the delivery log over the last hour (issue 39); `null` when the
+    /// outbox keeps no log (`--delivery-log-retention 0s`).
+    figures: Option<FiguresJson<'a>>,
 }
 
-fn host_json(h: &HostStatus, now: Timestamp) -> HostJson<'_> {
+/// The window `hosts` counts a host's figures over: the last hour.
+pub(crate) const FIGURES_WINDOW: Duration = Duration::from_secs(3600);
+
+#[derive(Serialize)]
+struct LatencyJson {
+    p50: u64,
+    p95: u64,
+    p99: u64,
+}
+
+#[derive(Serialize)]
+struct FiguresJson<'a> {
+    since: String,
+    attempts: u64,
+    outcomes: &'a BTreeMap<String, u64>,
+    success_rate: Option<f64>,
+    latency_ms: Option<LatencyJson>,
+}
+
+static NO_OUTCOMES: BTreeMap<String, u64> = BTreeMap::new();
+
+/// A host's figures as JSON: zero attempts (and `null` rate and latency) for a host without
+/// an entry in the window.
+fn figures_json<'a>(f: Option<&'a HostFigures>, since: Timestamp) -> FiguresJson<'a> {
+    match f {
+        Some(f) => FiguresJson {
+            since: time(f.since),
+            attempts: f.attempts,
+            outcomes: &f.outcomes,
+            success_rate: f.success_rate(),
+            latency_ms: f.latency_ms.map(|l| LatencyJson {
+                p50: l.p50,
+                p95: l.p95,
+                p99: l.p99,
+            }),
+        },
+        None => FiguresJson {
+            since: time(since),
+            attempts: 0,
+            outcomes: &NO_OUTCOMES,
+            success_rate: None,
+            latency_ms: None,
+        },
+    }
+}
+
+/// The figures of `origin`, if the log has any.
+fn figures_of<'a>(figures: Option<&'a [HostFigures]>, origin: &str) -> Option<&'a HostFigures> {
+    figures?.iter().find(|f| f.origin == origin)
+}
+
+fn host_json<'a>(
+    h: &'a HostStatus,
+    now: Timestamp,
+    figures: Option<&'a [HostFigures]>,
+    since: Timestamp,
+) -> HostJson<'a> {
     let r = &h.record;
     HostJson {
         origin: &r.origin,
@@ -87,6 +147,7 @@ fn host_json(h: &HostStatus, now: Timestamp) -> HostJson<'_> {
         signature_spec: r.spec.as_deref(),
         signature_spec_learned: r.spec_at.map(time),
         blocked: r.blocked.as_str(),
+        figures: figures.map(|all| figures_json(figures_of(Some(all), &r.origin), since)),
     }
 }
 
@@ -95,11 +156,24 @@ fn short(e: &str) -> &str {
     e.split(':').next().unwrap_or(e)
 }
 
-fn hosts_table(hosts: &[HostStatus], now: Timestamp) -> String {
+/// A success rate as a whole percentage (`99%`; `-` without an attempt).
+fn percent(f: Option<&HostFigures>) -> String {
+    f.and_then(HostFigures::success_rate)
+        .map_or("-".into(), |r| format!("{:.0}%", r * 100.0))
+}
+
+/// A host's 95th latency percentile (`120ms`; `-` without an attempt).
+fn p95(f: Option<&HostFigures>) -> String {
+    f.and_then(|f| f.latency_ms)
+        .map_or("-".into(), |l| format!("{}ms", l.p95))
+}
+
+fn hosts_table(hosts: &[HostStatus], now: Timestamp, figures: Option<&[HostFigures]>) -> String {
     let rows: Vec<Vec<String>> = hosts
         .iter()
         .map(|h| {
             let r = &h.record;
+            let f = figures_of(figures, &r.origin);
             vec![
                 r.origin.clone(),
                 state(h, now).to_owned(),
@@ -112,6 +186,8 @@ fn hosts_table(hosts: &[HostStatus], now: Timestamp) -> String {
                     .filter(|_| r.level > 0)
                     .map_or("-".into(), time),
                 r.spec.clone().unwrap_or_else(|| "-".into()),
+                percent(f),
+                p95(f),
             ]
         })
         .collect();
@@ -124,6 +200,8 @@ fn hosts_table(hosts: &[HostStatus], now: Timestamp) -> String {
             "LAST ERROR",
             "NEXT PROBE",
             "SIGNATURE",
+            "SUCCESS",
+            "P95",
         ],
         &rows,
     )
@@ -207,13 +285,22 @@ async fn warn_if_unknown(backend: &Backend, given: &str, origin: &str) -> anyhow
 
 async fn list(backend: &Backend, json: bool, now: Timestamp) -> anyhow::Result<()> {
     let hosts = backend.host_list().await?;
+    let since = Timestamp::from_millis(
+        now.as_millis()
+            .saturating_sub(u64::try_from(FIGURES_WINDOW.as_millis()).unwrap_or(u64::MAX)),
+    );
+    let figures = backend.host_figures(since).await?;
+    let figures = figures.as_deref();
     if json {
-        let v: Vec<HostJson<'_>> = hosts.iter().map(|h| host_json(h, now)).collect();
+        let v: Vec<HostJson<'_>> = hosts
+            .iter()
+            .map(|h| host_json(h, now, figures, since))
+            .collect();
         print_json(&serde_json::json!({ "hosts": v }))
     } else if hosts.is_empty() {
         print("no hosts\n")
     } else {
-        print(&hosts_table(&hosts, now))
+        print(&hosts_table(&hosts, now, figures))
     }
 }
 
