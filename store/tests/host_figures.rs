@@ -35,16 +35,16 @@ contract!(
     host_figures_are_empty_with_the_log_off,
 );
 
+/// An entry; `outcome` is (duration in ms, status, error class).
 fn entry(
     unit: outbox_lanes_core::UnitId,
     lane: StoreLaneId,
     row: &str,
     attempt: u32,
     started_at: Timestamp,
-    duration_ms: u64,
-    status: Option<u16>,
-    class: Option<&str>,
+    outcome: (u64, Option<u16>, Option<&str>),
 ) -> DeliveryLogEntry {
+    let (duration_ms, status, class) = outcome;
     DeliveryLogEntry {
         unit,
         lane,
@@ -100,11 +100,9 @@ fn host_figures_count_outcomes_per_origin_since_a_time(b: Backend) {
                     "r0",
                     1,
                     old,
-                    900,
-                    Some(503),
-                    Some("status 503"),
+                    (900, Some(503), Some("status 503")),
                 ),
-                entry(u1[0].id, la1, "r0", 2, t0, 30_000, None, Some("timeout")),
+                entry(u1[0].id, la1, "r0", 2, t0, (30_000, None, Some("timeout"))),
             ],
         )
         .expect("record");
@@ -112,9 +110,9 @@ fn host_figures_count_outcomes_per_origin_since_a_time(b: Backend) {
             &t,
             &[(u1[0].id, la1), (u1[1].id, la1), (u2[0].id, la2)],
             &[
-                entry(u1[0].id, la1, "r0", 3, t0, 10, Some(200), None),
-                entry(u1[1].id, la1, "r1", 1, t0, 20, Some(202), None),
-                entry(u2[0].id, la2, "r0", 1, t0, 40, Some(204), None),
+                entry(u1[0].id, la1, "r0", 3, t0, (10, Some(200), None)),
+                entry(u1[1].id, la1, "r1", 1, t0, (20, Some(202), None)),
+                entry(u2[0].id, la2, "r0", 1, t0, (40, Some(204), None)),
             ],
         )
         .expect("ack");
@@ -129,11 +127,16 @@ fn host_figures_count_outcomes_per_origin_since_a_time(b: Backend) {
                     "r0",
                     1,
                     t0,
-                    5,
-                    None,
-                    Some("connection_refused"),
+                    (5, None, Some("connection_refused")),
                 ),
-                entry(ub[0].id, lb, "r0", 2, t0, 7, Some(410), Some("status 410")),
+                entry(
+                    ub[0].id,
+                    lb,
+                    "r0",
+                    2,
+                    t0,
+                    (7, Some(410), Some("status 410")),
+                ),
             ],
         )
         .expect("record");
@@ -198,7 +201,7 @@ fn host_figures_are_empty_with_the_log_off(b: Backend) {
         s.ack_logged(
             &t,
             &[(u[0].id, la)],
-            &[entry(u[0].id, la, "r0", 1, t0, 10, Some(200), None)],
+            &[entry(u[0].id, la, "r0", 1, t0, (10, Some(200), None))],
         )
         .expect("ack");
         let since = Timestamp::from_millis(t0.as_millis() - 3600 * 1000);
