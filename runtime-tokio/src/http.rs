@@ -135,12 +135,12 @@ impl AsyncHttpClient {
         #[allow(deprecated)]
         let provider = rustls::crypto::ring::default_provider();
         let tls = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| http_err(format!("TLS: {e}")))?
-        .with_root_certificates(rustls::RootCertStore {
-            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-        })
-        .with_no_client_auth();
+            .with_safe_default_protocol_versions()
+            .map_err(|e| http_err(format!("TLS: {e}")))?
+            .with_root_certificates(rustls::RootCertStore {
+                roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+            })
+            .with_no_client_auth();
 
         let proxy = cfg.proxy.as_deref().map(ProxySpec::parse).transpose()?;
         let mut tcp = HttpConnector::new_with_resolver(GuardedResolver {
