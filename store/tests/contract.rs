@@ -2,6 +2,7 @@
 //! Postgres (when `OUTBOX_LANES_TEST_PG` is set).
 #![allow(missing_docs, clippy::std_instead_of_core)]
 
+#[macro_use]
 mod common;
 
 use std::sync::Arc;
@@ -14,20 +15,6 @@ use outbox_lanes_store::*;
 const A: &str = "https://a.example/inbox";
 const B: &str = "https://b.example/inbox";
 const C: &str = "https://c.example/inbox";
-
-macro_rules! contract {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite_file {
-            $( #[test] fn $name() { super::$name(super::Backend::SqliteFile) } )*
-        }
-        mod sqlite_memory {
-            $( #[test] fn $name() { super::$name(super::Backend::SqliteMemory) } )*
-        }
-        mod postgres {
-            $( #[test] fn $name() { super::$name(super::Backend::Postgres) } )*
-        }
-    };
-}
 
 contract!(
     enqueue_order_and_claim_order,

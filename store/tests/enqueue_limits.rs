@@ -2,26 +2,13 @@
 //! Postgres (when `OUTBOX_LANES_TEST_PG` is set).
 #![allow(missing_docs, clippy::std_instead_of_core)]
 
+#[macro_use]
 mod common;
 
 use common::*;
 use outbox_lanes_store::*;
 
 const A: &str = "https://a.example/inbox";
-
-macro_rules! contract {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite_file {
-            $( #[test] fn $name() { super::$name(super::Backend::SqliteFile) } )*
-        }
-        mod sqlite_memory {
-            $( #[test] fn $name() { super::$name(super::Backend::SqliteMemory) } )*
-        }
-        mod postgres {
-            $( #[test] fn $name() { super::$name(super::Backend::Postgres) } )*
-        }
-    };
-}
 
 contract!(
     too_many_recipients_refuse_the_batch,

@@ -3,6 +3,7 @@
 //! a SQLite file, SQLite in memory and Postgres (when `OUTBOX_LANES_TEST_PG` is set).
 #![allow(missing_docs, clippy::std_instead_of_core)]
 
+#[macro_use]
 mod common;
 
 use std::time::Duration;
@@ -15,20 +16,6 @@ use outbox_lanes_store::*;
 const A1: &str = "https://a.example/inbox";
 const A2: &str = "https://a.example/users/x/inbox";
 const B: &str = "http://b.example:8080/inbox";
-
-macro_rules! contract {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite_file {
-            $( #[test] fn $name() { super::$name(super::Backend::SqliteFile) } )*
-        }
-        mod sqlite_memory {
-            $( #[test] fn $name() { super::$name(super::Backend::SqliteMemory) } )*
-        }
-        mod postgres {
-            $( #[test] fn $name() { super::$name(super::Backend::Postgres) } )*
-        }
-    };
-}
 
 contract!(
     host_figures_count_outcomes_per_origin_since_a_time,

@@ -3,6 +3,7 @@
 //! is set).
 #![allow(missing_docs, clippy::std_instead_of_core)]
 
+#[macro_use]
 mod common;
 
 use common::*;
@@ -11,20 +12,6 @@ use outbox_lanes_store::*;
 
 const A: &str = "https://a.example/inbox";
 const B: &str = "https://b.example/inbox";
-
-macro_rules! contract {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite_file {
-            $( #[test] fn $name() { super::$name(super::Backend::SqliteFile) } )*
-        }
-        mod sqlite_memory {
-            $( #[test] fn $name() { super::$name(super::Backend::SqliteMemory) } )*
-        }
-        mod postgres {
-            $( #[test] fn $name() { super::$name(super::Backend::Postgres) } )*
-        }
-    };
-}
 
 contract!(
     dead_letter_payload_by_id,

@@ -4,6 +4,7 @@
 //! `OUTBOX_LANES_TEST_PG` is set).
 #![allow(missing_docs, clippy::std_instead_of_core)]
 
+#[macro_use]
 mod common;
 
 use std::time::Duration;
@@ -18,20 +19,6 @@ const THROTTLED: &str = "https://throttled.example/inbox";
 const PAUSED: &str = "https://paused.example/inbox";
 const STRICT: &str = "https://strict.example/inbox";
 const BLOCKED: &str = "https://blocked.example/inbox";
-
-macro_rules! contract {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite_file {
-            $( #[test] fn $name() { super::$name(super::Backend::SqliteFile) } )*
-        }
-        mod sqlite_memory {
-            $( #[test] fn $name() { super::$name(super::Backend::SqliteMemory) } )*
-        }
-        mod postgres {
-            $( #[test] fn $name() { super::$name(super::Backend::Postgres) } )*
-        }
-    };
-}
 
 contract!(pending_heads_tell_held_lanes_apart);
 

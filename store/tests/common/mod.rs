@@ -9,6 +9,24 @@ use std::time::Duration;
 use outbox_lanes_core::{ActorId, LaneKey, Seq, Timestamp, UnitId};
 use outbox_lanes_store::*;
 
+/// The same test bodies against every backend: `contract!(a, b)` makes, for each name, a test
+/// in the modules `sqlite_file`, `sqlite_memory` and `postgres` calling `name(Backend::…)`.
+/// A test file takes it with `#[macro_use] mod common;`.
+#[allow(unused_macros)]
+macro_rules! contract {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite_file {
+            $( #[test] fn $name() { super::$name(super::Backend::SqliteFile) } )*
+        }
+        mod sqlite_memory {
+            $( #[test] fn $name() { super::$name(super::Backend::SqliteMemory) } )*
+        }
+        mod postgres {
+            $( #[test] fn $name() { super::$name(super::Backend::Postgres) } )*
+        }
+    };
+}
+
 /// Which database a test body runs against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
