@@ -2501,6 +2501,22 @@ fn refused_units_dead_lettered(db: &Db) {
     assert_eq!(out.code(), Some(0), "{}", out.stderr);
     let seen = read();
     assert_eq!(seen.len(), 50, "one run per dead letter: {seen:?}");
+    // The library says so itself, at WARN, once per lane and pass (not once per unit).
+    let warned: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("dead-lettering this lane's units") && l.contains("WARN"))
+        .collect();
+    for to in std::iter::once(&deep).chain(&shallow) {
+        assert!(
+            warned
+                .iter()
+                .any(|l| l.contains(to.as_str()) && l.contains("destination_refused")),
+            "no WARN for {to}:\n{}",
+            out.stderr
+        );
+    }
+    assert!(warned.len() <= 10, "a WARN per unit: {warned:#?}");
     let listed = ok(db, &["dead-letters", "list", "--json"], "").json();
     let listed = listed["dead_letters"].as_array().unwrap();
     assert_eq!(listed.len(), 50);

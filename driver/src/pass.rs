@@ -325,6 +325,9 @@ pub struct PassCore {
     lane_failure: HashMap<LaneId, (Option<u16>, Option<String>)>,
     /// Lanes whose last attempt its host deferred (OL-21): their hold logs at DEBUG only.
     host_held: HashSet<LaneId>,
+    /// Lanes whose dead letters for a refused destination or a permanent answer this pass
+    /// logged at WARN already: once per lane and pass, the rest at INFO.
+    refusals_warned: HashSet<LaneId>,
     /// Lanes whose host an operator holds, met by an attempt: paused for the host in the
     /// store at the next write (with the host's origin).
     host_pauses: Vec<(StoreLaneId, String)>,
@@ -473,6 +476,7 @@ impl PassCore {
             waiting: HashMap::new(),
             lane_failure: HashMap::new(),
             host_held: HashSet::new(),
+            refusals_warned: HashSet::new(),
             host_pauses: Vec::new(),
             acked: Vec::new(),
             acked_log: Vec::new(),
@@ -1480,6 +1484,19 @@ impl PassCore {
                 recipient = self.recipient(p.lane), reason = reason.as_str(),
                 status = d.last_status, error = d.last_error.as_deref(), attempts = d.attempts,
                 dead_letter = d.id.0, "dead-lettered");
+            // A refused destination or a permanent answer dead-letters every unit of the lane
+            // the same way: said at WARN once per lane and pass, so an embedder with a default
+            // subscriber sees it.
+            let refusal = matches!(
+                reason,
+                DeadReason::DestinationRefused | DeadReason::Permanent
+            );
+            if refusal && self.refusals_warned.insert(p.lane) {
+                warn!(actor = %self.actor, recipient = self.recipient(p.lane),
+                    reason = reason.as_str(), status = d.last_status,
+                    error = d.last_error.as_deref(),
+                    "dead-lettering this lane's units: {}", refusal_hint(reason));
+            }
             if let Some(hook) = &hooks.dead_lettered {
                 hook(&self.dead_lettered(d, p.lane, reason));
             }
@@ -2040,6 +2057,18 @@ impl PassCore {
             .remove(&unit)
             .map(|u| u.row_id)
             .unwrap_or_default()
+    }
+}
+
+/// What a WARN of dead letters for `reason` tells the reader to look at.
+fn refusal_hint(reason: DeadReason) -> &'static str {
+    match reason {
+        DeadReason::DestinationRefused => {
+            "the address policy refuses the recipient's address (loopback and private \
+             addresses need OutboxConfig::allow_loopback or an HttpConfig::addresses policy \
+             that admits them; the binary's --allow-private-destinations)"
+        }
+        _ => "the recipient answered with a permanent error (a status the policy does not retry)",
     }
 }
 
