@@ -2065,8 +2065,9 @@ fn refusal_hint(reason: DeadReason) -> &'static str {
     match reason {
         DeadReason::DestinationRefused => {
             "the address policy refuses the recipient's address (loopback and private \
-             addresses need OutboxConfig::allow_loopback or an HttpConfig::addresses policy \
-             that admits them; the binary's --allow-private-destinations)"
+             addresses are delivered to only under a policy that admits them: \
+             OutboxConfig::allow_loopback, HttpConfig::addresses; link-local and cloud \
+             metadata addresses never are)"
         }
         _ => "the recipient answered with a permanent error (a status the policy does not retry)",
     }
