@@ -48,9 +48,11 @@ macro_rules! payload_of_d {
     };
 }
 
-/// The one-statement ack of one-lane units (see [`ack`]); `$finish` deletes or retains them.
+/// The one-statement ack of one-lane units (see [`ack`]); `$finish` deletes or retains them,
+/// and with `logged` the statement also writes their delivery-log entries.
 macro_rules! ack_one_lane {
-    ($finish:literal) => {
+    // The common part: the slot, whether joined units exist, the finish and the rows freed.
+    (@ctes $finish:literal) => {
         concat!(
             "WITH f AS (",
             live_slot!(),
@@ -63,24 +65,19 @@ macro_rules! ack_one_lane {
              r AS (DELETE FROM ol_rows r WHERE r.id = ANY(ARRAY(SELECT row_ref FROM s WHERE row_ref IS NOT NULL)) \
                AND NOT EXISTS (SELECT 1 FROM ol_units x WHERE x.row_ref = r.id \
                  AND NOT (x.id = ANY(ARRAY(SELECT id FROM s))) OFFSET 0) \
-               AND NOT EXISTS (SELECT 1 FROM ol_dead_letters x WHERE x.row_ref = r.id OFFSET 0)) \
-             SELECT EXISTS (SELECT 1 FROM f), (SELECT joined FROM j), (SELECT count(*) FROM s)"
+               AND NOT EXISTS (SELECT 1 FROM ol_dead_letters x WHERE x.row_ref = r.id OFFSET 0))"
+        )
+    };
+    ($finish:literal) => {
+        concat!(
+            ack_one_lane!(@ctes $finish),
+            " SELECT EXISTS (SELECT 1 FROM f), (SELECT joined FROM j), (SELECT count(*) FROM s)"
         )
     };
     ($finish:literal, logged) => {
         concat!(
-            "WITH f AS (",
-            live_slot!(),
-            " FOR SHARE), \
-             j AS (SELECT CASE WHEN EXISTS (SELECT 1 FROM ol_units WHERE unit_id IS NOT NULL) \
-               THEN EXISTS (SELECT 1 FROM ol_units x WHERE x.unit_id = ANY($3::bigint[])) ELSE FALSE END AS joined), \
-             s AS (",
-            $finish,
-            "), \
-             r AS (DELETE FROM ol_rows r WHERE r.id = ANY(ARRAY(SELECT row_ref FROM s WHERE row_ref IS NOT NULL)) \
-               AND NOT EXISTS (SELECT 1 FROM ol_units x WHERE x.row_ref = r.id \
-                 AND NOT (x.id = ANY(ARRAY(SELECT id FROM s))) OFFSET 0) \
-               AND NOT EXISTS (SELECT 1 FROM ol_dead_letters x WHERE x.row_ref = r.id OFFSET 0)), \
+            ack_one_lane!(@ctes $finish),
+            ", \
              g AS (INSERT INTO ol_delivery_log (actor, row_id, unit_id, lane_id, attempt, started_at, \
                duration_ms, status, error_class, body, delivered) \
                SELECT $1, g.row_id, g.unit, g.lane, g.attempt, g.started, g.took, g.status, g.class, \
