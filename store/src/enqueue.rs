@@ -24,7 +24,7 @@ use outbox_lanes_core::{ActorId, LaneKey, Seq, Timestamp, UnitId};
 use crate::db::{AsyncDb, Sql, args};
 use crate::prepare::PreparedRow;
 use crate::types::{CommonOptions, Enqueued};
-use crate::units::{ADVANCE_TAIL, ALLOC_SEQS};
+use crate::units::{ADVANCE_TAIL, alloc_seqs};
 use crate::util::{encode_headers, millis_of, to_i64, to_u64, window_millis};
 use crate::{EnqueueError, StoreError, row_ids};
 
@@ -76,20 +76,6 @@ struct Batch<'b, 'r> {
     now: i64,
     /// The row-id retention, in milliseconds.
     window: i64,
-}
-
-/// Takes `n` sequence numbers of `actor`; returns the first. The actor's row stays locked to
-/// the commit: enqueues of one actor commit in seq order, so a pass never sees seq n+1 before
-/// seq n.
-pub(crate) async fn alloc_seqs(
-    db: &mut impl AsyncDb,
-    actor: &str,
-    n: i64,
-) -> Result<i64, StoreError> {
-    let last = db
-        .query_one(&ALLOC_SEQS, args![actor, n], |r| r.int(0))
-        .await?;
-    Ok(last - n + 1)
 }
 
 /// Wakes the relays listening on channel `$1` for actor `$2` (delivered on commit only).

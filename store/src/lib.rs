@@ -81,6 +81,8 @@ mod row_ids;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod service;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
+mod set_aside;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod slots;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;

@@ -462,7 +462,7 @@ fn ack_one_lane(
 
 /// Acks of one-lane units `$3` in lanes `$4` that were no longer pending (OL-14): each lands
 /// on the dead letter an operator wrote for it while its attempt was in flight, if there is
-/// one (see [`dead_letters::delivered_on_set_aside`]), in one statement.
+/// one (see [`crate::set_aside::delivered_on_set_aside`]), in one statement.
 static DELIVERED_ON_SET_ASIDE: Sql = Sql::new(concat!(
     "UPDATE ol_dead_letters d SET attempts = d.attempts + 1, last_status = NULL, last_error = $2, \
      first_attempt_at = coalesce(d.first_attempt_at, {now}), last_attempt_at = {now} \
@@ -470,7 +470,7 @@ static DELIVERED_ON_SET_ASIDE: Sql = Sql::new(concat!(
      WHERE coalesce(d.last_error, '') <> $2 AND d.id = (SELECT max(x.id) FROM ol_dead_letters x \
        WHERE x.actor = $1 AND x.unit_id = a.unit AND x.lane_id = a.lane \
        AND x.reason IN ",
-    crate::dead_letters::operator_reasons!(),
+    crate::set_aside::operator_reasons!(),
     ")"
 ));
 

@@ -17,7 +17,7 @@ use crate::types::{
     ClaimRange, ClaimedLane, ClaimedSlot, ClaimedUnit, Payload, PendingLane, SlotToken, StoreLaneId,
 };
 use crate::util::{decode_headers, key_of, timestamp_of, to_i64, to_u32, to_u64};
-use crate::{StoreError, dead_letters, slots, units};
+use crate::{StoreError, set_aside, slots, units};
 
 /// The actor's lanes with pending units enqueued after `$2` (see [`lanes_with_work`]).
 static LANES_WITH_WORK: Sql = Sql::new(concat!(
@@ -264,7 +264,7 @@ pub(crate) fn ack(
         } else {
             // Not pending: set aside by an operator while the attempt was in flight (OL-14),
             // or an ack sent again.
-            dead_letters::delivered_on_set_aside(db, actor, unit, *lane)?;
+            set_aside::delivered_on_set_aside(db, actor, unit, *lane)?;
         }
     }
     for row_ref in rows {

@@ -7,10 +7,11 @@ use std::collections::HashMap;
 
 use outbox_lanes_core::UnitId;
 
-use crate::db::{Db, Dialect, Sql, args};
+use crate::StoreError;
+use crate::db::{AsyncDb, Db, Dialect, Sql, args};
+use crate::set_aside::RECORD_ON_SET_ASIDE;
 use crate::types::{AttemptRecord, Payload};
 use crate::util::{decode_headers, millis_of, to_i64, to_u64};
-use crate::{StoreError, dead_letters};
 
 /// `ol_units.state` of a delivery neither served nor dead-lettered.
 pub(crate) const STATE_PENDING: i64 = 0;
@@ -176,7 +177,7 @@ pub(crate) fn record_attempts<D: Db>(
         if db.execute(&RECORD_ATTEMPT, v)? == 1 {
             db.execute(&LANE_LAST_ATTEMPT, args![a.lane.0, status, error])?;
         } else {
-            db.execute(&dead_letters::RECORD_ON_SET_ASIDE, v)?;
+            db.execute(&RECORD_ON_SET_ASIDE, v)?;
         }
     }
     Ok(())
@@ -203,7 +204,7 @@ pub(crate) static ADVANCE_TAIL: Sql = Sql::with_sqlite(
     "UPDATE ol_lanes SET tail_seq = GREATEST(tail_seq, $2) WHERE id = $1",
     "UPDATE ol_lanes SET tail_seq = max(tail_seq, $2) WHERE id = $1",
 );
-pub(crate) static ALLOC_SEQS: Sql = Sql::new(
+static ALLOC_SEQS: Sql = Sql::new(
     "INSERT INTO ol_actors AS a (actor, last_seq) VALUES ($1, $2) \
      ON CONFLICT (actor) DO UPDATE SET last_seq = a.last_seq + excluded.last_seq RETURNING last_seq",
 );
@@ -241,4 +242,18 @@ pub(crate) fn drop_row_if_unused(db: &mut impl Db, row_ref: i64) -> Result<(), S
 pub(crate) fn advance_tail(db: &mut impl Db, lane: i64, seq: i64) -> Result<(), StoreError> {
     db.execute(&ADVANCE_TAIL, args![lane, seq])?;
     Ok(())
+}
+
+/// Takes `n` sequence numbers of `actor`; returns the first. The actor's row stays locked to
+/// the commit: enqueues of one actor commit in seq order, so a pass never sees seq n+1 before
+/// seq n.
+pub(crate) async fn alloc_seqs(
+    db: &mut impl AsyncDb,
+    actor: &str,
+    n: i64,
+) -> Result<i64, StoreError> {
+    let last = db
+        .query_one(&ALLOC_SEQS, args![actor, n], |r| r.int(0))
+        .await?;
+    Ok(last - n + 1)
 }
