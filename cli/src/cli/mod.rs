@@ -4,6 +4,7 @@ pub(crate) mod admin;
 pub(crate) mod args;
 pub(crate) mod backend;
 pub(crate) mod config;
+pub(crate) mod db_url;
 pub(crate) mod enqueue;
 pub(crate) mod hosts;
 pub(crate) mod metrics;
@@ -480,8 +481,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
     if let Command::Relay(_) = &cli.command {
         // A relay started in the wrong directory would create `./outbox.db` and idle.
-        let shown = backend::redact_db(&cli.db);
-        let schema = backend::is_postgres(&cli.db).then_some(cli.pg_schema.as_str());
+        let shown = db_url::redact_db(&cli.db);
+        let schema = db_url::is_postgres(&cli.db).then_some(cli.pg_schema.as_str());
         match before {
             Some(version) => info!(db = %shown, pg_schema = schema, schema_version = version,
                 "relay opened the outbox"),
@@ -564,7 +565,7 @@ fn cmd_migrate(backend: &Backend, db: &str, before: Option<u32>, json: bool) -> 
         Some(v) if v < now => format!("upgraded the outbox schema from version {v} to {now}"),
         Some(_) => format!("the outbox schema is at version {now} already"),
     };
-    let shown = backend::redact_db(db);
+    let shown = db_url::redact_db(db);
     info!(db = %shown, from = before, to = now, "{what}");
     if json {
         print_json(&serde_json::json!({

@@ -36,7 +36,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::{debug, info, warn};
 
-use super::backend::db_url_secrets;
+use super::db_url::db_url_secrets;
 use super::output::time;
 
 /// Dead letters waiting for a command, at most.
