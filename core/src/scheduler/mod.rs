@@ -1,8 +1,9 @@
 //! The lane scheduler: one actor's pass, from the lanes with work to the commands a runtime
 //! executes.
 //!
-//! It implements the per-recipient ordered outbox (OL-1 … OL-23 of the design) without I/O
-//! and without a clock: every input takes `now`, every output is a value the runtime pulls.
+//! It implements the per-recipient ordered outbox — the lane rules of `docs/design.md`:
+//! ordering, retries, stalls, dead letters and hand-backs — without I/O and without a clock:
+//! every input takes `now`, every output is a value the runtime pulls.
 //! A runtime feeds it what the store and the recipients said, and executes what it asks for.
 //!
 //! # A pass
@@ -295,7 +296,7 @@ impl Hasher for IdHasher {
 
 /// The lane scheduler for one actor's outbox pass.
 ///
-/// It keeps the ordering rules of the design (OL-1 … OL-23) for the units a runtime admits,
+/// It keeps the lane rules of the design (`docs/design.md`) for the units a runtime admits,
 /// and tells the runtime what to do through [`Command`]s. It performs no I/O and reads no
 /// clock: every input takes `now`, and deadlines come back from [`Scheduler::poll_timeout`].
 ///
