@@ -105,6 +105,13 @@ impl From<ActorId> for String {
     }
 }
 
+/// So that an API taking `impl Into<ActorId>` takes `&String` too.
+impl From<&String> for ActorId {
+    fn from(id: &String) -> Self {
+        ActorId::new(id.as_str())
+    }
+}
+
 /// So that an API taking `impl Into<ActorId>` takes `&ActorId` too.
 impl From<&ActorId> for ActorId {
     fn from(id: &ActorId) -> Self {
@@ -112,8 +119,47 @@ impl From<&ActorId> for ActorId {
     }
 }
 
+/// So that an API taking `impl AsRef<str>` takes an `ActorId` (or `&ActorId`) too.
+impl AsRef<str> for ActorId {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
 impl fmt::Display for ActorId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ActorId;
+    use alloc::string::{String, ToString};
+
+    fn id(actor: impl Into<ActorId>) -> ActorId {
+        actor.into()
+    }
+
+    fn text(actor: impl AsRef<str>) -> String {
+        actor.as_ref().to_string()
+    }
+
+    /// Every way a caller holds an actor's name converts to the same id, and reads back as
+    /// the same text.
+    #[test]
+    fn every_spelling_of_an_actor_converts() {
+        let owned = String::from("alice");
+        let canonical = ActorId::new("alice");
+        let all = [
+            id("alice"),
+            id(owned.clone()),
+            id(&owned),
+            id(canonical.clone()),
+            id(&canonical),
+        ];
+        assert!(all.iter().all(|a| *a == canonical), "{all:?}");
+        assert_eq!(text(&canonical), "alice");
+        assert_eq!(text(canonical), "alice");
     }
 }
