@@ -6,6 +6,10 @@ use std::time::Instant;
 use outbox_lanes_core::policy::Recipient;
 use outbox_lanes_core::{ActorId, DeadReason, LaneKey, Seq, Timestamp, UnitId};
 
+mod row;
+
+pub use row::{ACTIVITY_JSON, NewRow};
+
 /// A lane as the store numbers it: unique across actors, stable for the database's life.
 ///
 /// Distinct from the core's `LaneId`, which one scheduler interns densely.
@@ -420,50 +424,6 @@ pub struct DeadLetterRequest {
     pub error: Option<String>,
     /// When.
     pub at: Timestamp,
-}
-
-/// A row to enqueue. [`NewRow::default`] is a JSON row (`application/json`) with nothing else
-/// set: give it an id, a body and recipients.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NewRow {
-    /// Unique within the actor; a duplicate is refused.
-    pub id: String,
-    /// The payload, stored once per row.
-    pub body: Vec<u8>,
-    /// Its content type, sent as `Content-Type`: not empty. Default `application/json`.
-    pub content_type: String,
-    /// Inbox URLs; canonicalised, duplicates collapse to one lane (OL-19).
-    pub recipients: Vec<String>,
-    /// Dedup key (OL-17).
-    pub dedup_key: Option<String>,
-    /// Narrows each lane to (recipient, key) (OL-19). An empty key means none.
-    pub ordering_key: Option<String>,
-    /// One unit occupying every lane at once, instead of one unit per recipient.
-    pub joined: bool,
-    /// Extra request headers (name, value) sent with every delivery of the row, in this order.
-    ///
-    /// Names are HTTP tokens, at most once each (case-insensitively); values are visible
-    /// ASCII, spaces and tabs, without leading or trailing whitespace; at most
-    /// [`MAX_HEADERS`](crate::MAX_HEADERS) of them and
-    /// [`MAX_HEADER_BYTES`](crate::MAX_HEADER_BYTES) of names and values. The headers the
-    /// client or the signer sets and hop-by-hop ones are refused (see [`RESERVED_HEADERS`]):
-    /// `Content-Type` is [`NewRow::content_type`]. Empty (the default) stores nothing.
-    pub headers: Vec<(String, String)>,
-}
-
-impl Default for NewRow {
-    fn default() -> Self {
-        NewRow {
-            id: String::new(),
-            body: Vec::new(),
-            content_type: "application/json".to_owned(),
-            recipients: Vec::new(),
-            dedup_key: None,
-            ordering_key: None,
-            joined: false,
-            headers: Vec::new(),
-        }
-    }
 }
 
 /// Request headers a row may not set, lower-case: the client sets them itself (the body's
