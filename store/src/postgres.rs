@@ -6,6 +6,8 @@
 //! call into a [`PgStore`] — and its drop, which closes connections — must run on a plain
 //! thread (an async runtime calls it through `spawn_blocking`), never on an executor thread:
 //! blocking there panics or stalls the executor.
+//! [`PgStore::connect_async`] connects from async code on any executor: the connect runs on a
+//! thread of its own.
 //!
 //! # Connections and reconnection
 //!
@@ -345,6 +347,23 @@ pub struct PgStore {
     live: Mutex<HashMap<String, postgres::Client>>,
 }
 
+/// The waiting end of [`PgStore::connect_async`]. Dropped before the store came (the future
+/// was cancelled), it closes the channel, so that the connecting thread keeps the store and
+/// drops it there; a store already sent is dropped on a thread of its own. A `PgStore`
+/// dropped on an executor thread would panic (its client owns a runtime).
+struct Connecting(futures_channel::oneshot::Receiver<Result<PgStore, StoreError>>);
+
+impl Drop for Connecting {
+    fn drop(&mut self) {
+        self.0.close();
+        if let Ok(Some(Ok(store))) = self.0.try_recv() {
+            let _ = std::thread::Builder::new()
+                .name("outbox-lanes-pg-close".into())
+                .spawn(move || drop(store));
+        }
+    }
+}
+
 impl core::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("PgStore")
@@ -426,6 +445,41 @@ impl PgStore {
         store.lock_pool().open += 1;
         store.checkin(conn);
         Ok(store)
+    }
+
+    /// [`PgStore::connect`] for async code, on any executor (tokio, async-std, smol): the
+    /// connect, and the schema's creation or migration, run on a thread of their own, and the
+    /// future waits for them without blocking the executor.
+    ///
+    /// The store it gives is a `PgStore` like any other: hand it to an async runtime's
+    /// `Outbox`, which calls it (and drops it) on its blocking pool, never on an executor
+    /// thread (see the [module docs](self)). Dropping the future before it is ready leaves
+    /// the store to that thread, which closes it there.
+    ///
+    /// # Errors
+    /// As [`PgStore::connect`]; [`StoreError::Open`] if the thread could not be started.
+    pub async fn connect_async(url: &str, opts: PgOptions) -> Result<PgStore, StoreError> {
+        let url = url.to_owned();
+        let (tx, rx) = futures_channel::oneshot::channel();
+        std::thread::Builder::new()
+            .name("outbox-lanes-pg-connect".into())
+            .spawn(move || {
+                // Refused when the future was dropped: the store comes back, dropped here.
+                let _ = tx.send(PgStore::connect(&url, opts));
+            })
+            .map_err(|e| {
+                StoreError::open(
+                    "(postgres)",
+                    format!("cannot start a thread to connect: {e}"),
+                    e,
+                )
+            })?;
+        let mut answer = Connecting(rx);
+        (&mut answer.0).await.unwrap_or_else(|_| {
+            Err(StoreError::Database(
+                "the thread connecting to postgres ended without an answer".into(),
+            ))
+        })
     }
 
     fn new_conn(&self, first: bool) -> Result<Conn, StoreError> {
