@@ -105,13 +105,14 @@ mod webhooks;
 use core::fmt;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use ed25519_dalek::pkcs8::DecodePrivateKey as _;
-use outbox_lanes_core::UnitId;
 use outbox_lanes_core::policy::Recipient;
+use outbox_lanes_core::{ActorId, UnitId};
 use rsa::pkcs1::DecodeRsaPrivateKey as _;
 use rsa::pkcs1v15::SigningKey;
 use rsa::pkcs8::{PrivateKeyInfo, SecretDocument};
@@ -190,6 +191,46 @@ pub trait Signer: Send + Sync {
     fn honours_challenge(&self, actor: &str, challenge: &str, body_len: usize) -> bool {
         let _ = (actor, challenge, body_len);
         false
+    }
+}
+
+/// What an outbox builder's `signer(..)` takes: a signer by value ([`HttpSignatures`],
+/// [`StandardWebhooks`], [`WebhookSecrets`], [`WebhookSecretsFile`] or one of your own), or
+/// one already shared in an `Arc` (an `Arc<dyn Signer>`, or an `Arc<WebhookSecretsFile>` whose
+/// clone you keep to call [`reload`](WebhookSecretsFile::reload)).
+///
+/// ```
+/// use std::sync::Arc;
+/// use outbox_lanes_driver::sign::{IntoSigner, Signer, StandardWebhooks};
+///
+/// let by_value = StandardWebhooks::from_whsec("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")?;
+/// let shared: Arc<dyn Signer> = Arc::new(by_value.clone());
+/// let kept = Arc::new(by_value.clone());
+/// for signer in [by_value.into_signer(), shared.into_signer(), kept.into_signer()] {
+///     assert!(!signer.http_signatures());
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub trait IntoSigner {
+    /// The signer, shared (the HTTP client and the outbox's settings both hold it).
+    fn into_signer(self) -> Arc<dyn Signer>;
+}
+
+impl<S: Signer + 'static> IntoSigner for S {
+    fn into_signer(self) -> Arc<dyn Signer> {
+        Arc::new(self)
+    }
+}
+
+impl<S: Signer + 'static> IntoSigner for Arc<S> {
+    fn into_signer(self) -> Arc<dyn Signer> {
+        self
+    }
+}
+
+impl IntoSigner for Arc<dyn Signer> {
+    fn into_signer(self) -> Arc<dyn Signer> {
+        self
     }
 }
 
@@ -584,10 +625,55 @@ impl HttpSignatures {
         HttpSignatures::default()
     }
 
+    /// A signer with one actor's key, read from its key id and PEM private key as
+    /// [`ActorKey::from_pem`] reads it; [`with_key`](HttpSignatures::with_key) adds more:
+    ///
+    /// ```no_run
+    /// # use outbox_lanes_driver::sign::HttpSignatures;
+    /// # let (alice_pem, bob_pem) = (String::new(), String::new());
+    /// let keys = HttpSignatures::from_pem(
+    ///     "https://example.com/users/alice",
+    ///     "https://example.com/users/alice#main-key",
+    ///     &alice_pem,
+    /// )?
+    /// .with_key(
+    ///     "https://example.com/users/bob",
+    ///     "https://example.com/users/bob#main-key",
+    ///     &bob_pem,
+    /// )?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`ActorKey::from_pem`].
+    pub fn from_pem(
+        actor: impl Into<ActorId>,
+        key_id: impl Into<String>,
+        pem: &str,
+    ) -> Result<Self, KeyError> {
+        HttpSignatures::new().with_key(actor, key_id, pem)
+    }
+
+    /// This signer with `actor`'s key (the canonical actor id, as the outbox's resolver gives
+    /// it) read from its key id and PEM private key as [`ActorKey::from_pem`] reads it,
+    /// replacing a key the actor had.
+    ///
+    /// # Errors
+    /// As [`ActorKey::from_pem`].
+    pub fn with_key(
+        mut self,
+        actor: impl Into<ActorId>,
+        key_id: impl Into<String>,
+        pem: &str,
+    ) -> Result<Self, KeyError> {
+        self.insert(actor, ActorKey::from_pem(key_id, pem)?);
+        Ok(self)
+    }
+
     /// Sets `actor`'s key (the canonical actor id, as the outbox's resolver gives it);
     /// returns the key it replaces.
-    pub fn insert(&mut self, actor: impl Into<String>, key: ActorKey) -> Option<ActorKey> {
-        self.keys.insert(actor.into(), key)
+    pub fn insert(&mut self, actor: impl Into<ActorId>, key: ActorKey) -> Option<ActorKey> {
+        self.keys.insert(Into::<ActorId>::into(actor).into(), key)
     }
 
     /// The key of `actor`, if it has one.
@@ -1106,6 +1192,45 @@ mod tests {
             assert!(matches!(
                 ActorKey::from_pem("k", &ALICE_PRIVATE_PKCS8.replace("MII", "XII")),
                 Err(KeyError::Invalid(_))
+            ));
+        }
+
+        /// One call per actor: `from_pem` and `with_key` read the key as `ActorKey::from_pem`
+        /// does, take the actor in any form, and sign as keys inserted one by one do.
+        #[test]
+        fn keys_by_value_in_one_call_each() {
+            const CAROL: &str = "https://example.com/users/carol";
+            let bob = ActorId::new(BOB);
+            let carol = String::from(CAROL);
+            let s =
+                HttpSignatures::from_pem(ALICE, format!("{ALICE}#main-key"), ALICE_PRIVATE_PKCS8)
+                    .unwrap()
+                    .with_key(&bob, format!("{BOB}#main-key"), BOB_PRIVATE_PKCS1)
+                    .unwrap()
+                    .with_key(&carol, "carol-key", CAROL_ED25519_PRIVATE)
+                    .unwrap();
+            assert_eq!(s.actors().collect::<Vec<_>>(), [ALICE, BOB, CAROL]);
+            assert_eq!(s.key(BOB).unwrap().key_id(), format!("{BOB}#main-key"));
+            assert_eq!(s.key(CAROL).unwrap().algorithm(), KeyAlgorithm::Ed25519);
+            let url = Recipient::parse("https://b.example/inbox").unwrap();
+            for actor in [ALICE, BOB] {
+                assert_eq!(
+                    s.sign(&req(actor, &url, b"{}")).unwrap(),
+                    signer().sign(&req(actor, &url, b"{}")).unwrap(),
+                    "{actor}"
+                );
+            }
+            // A key replaced by a later one for the same actor.
+            let s = s.with_key(BOB, "bob-2", BOB_PRIVATE_PKCS1).unwrap();
+            assert_eq!(s.key(BOB).unwrap().key_id(), "bob-2");
+            // A refused key is the key's error.
+            assert_eq!(
+                HttpSignatures::from_pem(ALICE, " ", ALICE_PRIVATE_PKCS8).unwrap_err(),
+                KeyError::EmptyKeyId
+            );
+            assert!(matches!(
+                s.with_key("dave", "k", P256_PRIVATE_PKCS8),
+                Err(KeyError::Unsupported { .. })
             ));
         }
 

@@ -16,6 +16,7 @@ use core::fmt;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use outbox_lanes_core::ActorId;
 use outbox_lanes_core::policy::Recipient;
 
 use super::{SignError, SignRequest, Signer, StandardWebhooks, read_key_file};
@@ -79,11 +80,11 @@ impl WebhookSecrets {
     /// for each of its endpoints that has none of its own; returns the secrets replaced.
     pub fn insert(
         &mut self,
-        actor: impl Into<String>,
+        actor: impl Into<ActorId>,
         secrets: StandardWebhooks,
     ) -> Option<StandardWebhooks> {
         self.actors
-            .entry(actor.into())
+            .entry(Into::<ActorId>::into(actor).into())
             .or_default()
             .every
             .replace(secrets)
@@ -92,12 +93,12 @@ impl WebhookSecrets {
     /// Sets the secrets of `actor`'s requests to `recipient`; returns the secrets replaced.
     pub fn insert_endpoint(
         &mut self,
-        actor: impl Into<String>,
+        actor: impl Into<ActorId>,
         recipient: &Recipient,
         secrets: StandardWebhooks,
     ) -> Option<StandardWebhooks> {
         self.actors
-            .entry(actor.into())
+            .entry(Into::<ActorId>::into(actor).into())
             .or_default()
             .endpoints
             .insert(recipient.as_str().to_owned(), secrets)

@@ -75,10 +75,10 @@ fn stamp(path: &Path) -> Option<Stamp> {
 ///
 /// ```no_run
 /// use std::sync::Arc;
-/// use outbox_lanes_driver::sign::{Signer, WebhookSecretsFile};
+/// use outbox_lanes_driver::sign::WebhookSecretsFile;
 ///
 /// let signer = Arc::new(WebhookSecretsFile::open("/etc/outbox-lanes/webhook-secrets.toml")?);
-/// // Give `Arc::clone(&signer) as Arc<dyn Signer>` to `Outbox::builder(..).signer(..)`;
+/// // Give `Arc::clone(&signer)` to `Outbox::builder(..).signer(..)`;
 /// // on a signal of your own, or a deploy hook:
 /// signer.reload()?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
