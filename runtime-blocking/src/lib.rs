@@ -19,16 +19,11 @@
 //!
 //! let store = Arc::new(SqliteStore::open("outbox.db", SqliteOptions::default())?);
 //! let outbox = Outbox::open(store, OutboxConfig::default())?;
-//! outbox.enqueue("alice", &[NewRow {
-//!     id: "activity-1".into(),
-//!     body: br#"{"type":"Create"}"#.to_vec(),
-//!     content_type: "application/activity+json".into(),
-//!     recipients: vec!["https://b.example/inbox".into()],
-//!     dedup_key: None,
-//!     ordering_key: None,
-//!     joined: false,
-//!     headers: Vec::new(),
-//! }])?;
+//! let row = NewRow::new("activity-1")
+//!     .body(r#"{"type":"Create"}"#)
+//!     .content_type("application/activity+json")
+//!     .recipient("https://b.example/inbox");
+//! outbox.enqueue("alice", &[row])?;
 //! outbox.drain("alice")?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -117,9 +112,10 @@ impl OutboxBuilder {
         self
     }
 
-    /// Signs every attempt.
-    pub fn signer(mut self, signer: Arc<dyn Signer>) -> Self {
-        self.signer = Some(signer);
+    /// Signs every attempt: a signer by value (`HttpSignatures`, `StandardWebhooks`,
+    /// `WebhookSecrets`…) or shared in an `Arc` ([`IntoSigner`](sign::IntoSigner)).
+    pub fn signer(mut self, signer: impl sign::IntoSigner) -> Self {
+        self.signer = Some(signer.into_signer());
         self
     }
 
@@ -268,18 +264,26 @@ impl Outbox {
 
     /// The canonical id of an actor spelling.
     ///
+    /// Every method naming an actor takes it as `impl Into<ActorId>` (`&str`, `String`,
+    /// `&String`, `ActorId`, `&ActorId`), and resolves it here first: an `ActorId` too is a
+    /// spelling to the outbox's resolver, which maps a canonical id to itself.
+    ///
     /// # Errors
     /// [`OutboxError::UnknownActor`].
-    pub fn resolve(&self, actor: &str) -> Result<ActorId, OutboxError> {
-        self.inner.resolve(actor)
+    pub fn resolve(&self, actor: impl Into<ActorId>) -> Result<ActorId, OutboxError> {
+        self.inner.resolve(actor.into().as_str())
     }
 
     /// Enqueues rows for `actor`, all or nothing; the monitor is woken after the commit.
     ///
     /// # Errors
     /// [`OutboxError::Enqueue`] names the refused row; nothing was written.
-    pub fn enqueue(&self, actor: &str, rows: &[NewRow]) -> Result<Vec<Enqueued>, OutboxError> {
-        self.inner.enqueue(actor, rows)
+    pub fn enqueue(
+        &self,
+        actor: impl Into<ActorId>,
+        rows: &[NewRow],
+    ) -> Result<Vec<Enqueued>, OutboxError> {
+        self.inner.enqueue(actor.into().as_str(), rows)
     }
 
     /// Drains `actor`'s outbox: runs passes until nothing is admissible, unless a pass of
@@ -288,7 +292,7 @@ impl Outbox {
     ///
     /// # Errors
     /// A store failure; every unfinished unit was handed back first (OL-14).
-    pub fn drain(&self, actor: &str) -> Result<DrainOutcome, OutboxError> {
+    pub fn drain(&self, actor: impl Into<ActorId>) -> Result<DrainOutcome, OutboxError> {
         self.drain_with(actor, &Arc::new(DrainControl::default()))
     }
 
@@ -302,7 +306,7 @@ impl Outbox {
     /// As [`Outbox::drain`]; [`OutboxError::Cancelled`] after a cancellation.
     pub fn drain_with(
         &self,
-        actor: &str,
+        actor: impl Into<ActorId>,
         control: &Arc<DrainControl>,
     ) -> Result<DrainOutcome, OutboxError> {
         let actor = self.resolve(actor)?;
@@ -321,11 +325,14 @@ impl Outbox {
     ///
     /// # Errors
     /// A store failure, or an unknown actor.
-    pub fn lanes(&self, actor: &str) -> Result<Vec<LaneStatus>, OutboxError> {
-        self.inner.lanes(actor)
+    pub fn lanes(&self, actor: impl Into<ActorId>) -> Result<Vec<LaneStatus>, OutboxError> {
+        self.inner.lanes(actor.into().as_str())
     }
 
     /// Dead letters, of one actor or all.
+    ///
+    /// The actor is an `Option<&str>`, not an `impl Into<ActorId>`, so that `None` needs no
+    /// type: pass `Some(id.as_str())` for an [`ActorId`].
     ///
     /// # Errors
     /// A store failure, or an unknown actor.

@@ -38,16 +38,11 @@
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let store = Arc::new(SqliteStore::open("outbox.db", SqliteOptions::default())?);
 //! let outbox = Outbox::open(store, OutboxConfig::default())?;
-//! outbox.enqueue("alice", &[NewRow {
-//!     id: "activity-1".into(),
-//!     body: br#"{"type":"Create"}"#.to_vec(),
-//!     content_type: "application/activity+json".into(),
-//!     recipients: vec!["https://b.example/inbox".into()],
-//!     dedup_key: None,
-//!     ordering_key: None,
-//!     joined: false,
-//!     headers: Vec::new(),
-//! }]).await?;
+//! let row = NewRow::new("activity-1")
+//!     .body(r#"{"type":"Create"}"#)
+//!     .content_type("application/activity+json")
+//!     .recipient("https://b.example/inbox");
+//! outbox.enqueue("alice", &[row]).await?;
 //! outbox.drain("alice").await?;
 //! # Ok(()) }
 //! ```
@@ -162,9 +157,10 @@ impl OutboxBuilder {
         self
     }
 
-    /// Signs every attempt.
-    pub fn signer(mut self, signer: Arc<dyn Signer>) -> Self {
-        self.signer = Some(signer);
+    /// Signs every attempt: a signer by value (`HttpSignatures`, `StandardWebhooks`,
+    /// `WebhookSecrets`…) or shared in an `Arc` ([`IntoSigner`](sign::IntoSigner)).
+    pub fn signer(mut self, signer: impl sign::IntoSigner) -> Self {
+        self.signer = Some(signer.into_signer());
         self
     }
 
@@ -267,10 +263,14 @@ impl Outbox {
 
     /// The canonical id of an actor spelling.
     ///
+    /// Every method naming an actor takes it as `impl Into<ActorId>` (`&str`, `String`,
+    /// `&String`, `ActorId`, `&ActorId`), and resolves it here first: an `ActorId` too is a
+    /// spelling to the outbox's resolver, which maps a canonical id to itself.
+    ///
     /// # Errors
     /// [`OutboxError::UnknownActor`].
-    pub fn resolve(&self, actor: &str) -> Result<ActorId, OutboxError> {
-        self.inner.core().resolve(actor)
+    pub fn resolve(&self, actor: impl Into<ActorId>) -> Result<ActorId, OutboxError> {
+        self.inner.core().resolve(actor.into().as_str())
     }
 
     /// Runs `f` with the shared core on the blocking pool.
@@ -294,11 +294,12 @@ impl Outbox {
     /// [`OutboxError::Enqueue`] names the refused row; nothing was written.
     pub async fn enqueue(
         &self,
-        actor: &str,
+        actor: impl Into<ActorId>,
         rows: &[NewRow],
     ) -> Result<Vec<Enqueued>, OutboxError> {
-        let (actor, rows) = (actor.to_owned(), rows.to_vec());
-        self.call(move |core| core.enqueue(&actor, &rows)).await
+        let (actor, rows): (ActorId, _) = (actor.into(), rows.to_vec());
+        self.call(move |core| core.enqueue(actor.as_str(), &rows))
+            .await
     }
 
     /// Drains `actor`'s outbox: runs passes until nothing is admissible, unless a pass of
@@ -314,7 +315,7 @@ impl Outbox {
     ///
     /// # Errors
     /// A store failure; every unfinished unit was handed back first (OL-14).
-    pub async fn drain(&self, actor: &str) -> Result<DrainOutcome, OutboxError> {
+    pub async fn drain(&self, actor: impl Into<ActorId>) -> Result<DrainOutcome, OutboxError> {
         self.drain_with(actor, Arc::new(DrainControl::default()))
             .await
     }
@@ -327,7 +328,7 @@ impl Outbox {
     /// As [`Outbox::drain`]; [`OutboxError::Cancelled`] after a cancellation.
     pub async fn drain_with(
         &self,
-        actor: &str,
+        actor: impl Into<ActorId>,
         control: Arc<DrainControl>,
     ) -> Result<DrainOutcome, OutboxError> {
         let id = self.resolve(actor)?;
@@ -353,9 +354,9 @@ impl Outbox {
 
     /// Asks for a drain of `actor` without waiting for it: a task runs it (or merges into
     /// the running pass, OL-12) and logs a failure. For request handlers that enqueue.
-    pub fn request_drain(&self, actor: &str) {
+    pub fn request_drain(&self, actor: impl Into<ActorId>) {
         let ob = self.clone();
-        let actor = actor.to_owned();
+        let actor: ActorId = actor.into();
         self.inner.rt.spawn(Box::pin(async move {
             if let Err(e) = ob.drain(&actor).await {
                 warn!(%actor, error = %e, "requested drain failed; the monitor retries");
@@ -375,12 +376,15 @@ impl Outbox {
     ///
     /// # Errors
     /// A store failure, or an unknown actor.
-    pub async fn lanes(&self, actor: &str) -> Result<Vec<LaneStatus>, OutboxError> {
-        let actor = actor.to_owned();
-        self.call(move |core| core.lanes(&actor)).await
+    pub async fn lanes(&self, actor: impl Into<ActorId>) -> Result<Vec<LaneStatus>, OutboxError> {
+        let actor: ActorId = actor.into();
+        self.call(move |core| core.lanes(actor.as_str())).await
     }
 
     /// Dead letters, of one actor or all.
+    ///
+    /// The actor is an `Option<&str>`, not an `impl Into<ActorId>`, so that `None` needs no
+    /// type: pass `Some(id.as_str())` for an [`ActorId`].
     ///
     /// # Errors
     /// A store failure, or an unknown actor.

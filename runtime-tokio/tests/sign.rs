@@ -191,14 +191,12 @@ async fn an_actor_without_a_key_is_not_sent_and_loses_nothing() {
     );
     outbox.shutdown().await;
 
-    // With carol's key the unit goes out, signed, at its first counted attempt.
-    let mut keys = HttpSignatures::new();
-    keys.insert(
-        carol,
-        ActorKey::from_pem(format!("{carol}#main-key"), BOB_PRIVATE_PKCS1).expect("key"),
-    );
+    // With carol's key the unit goes out, signed, at its first counted attempt (the signer
+    // given by value).
+    let keys = HttpSignatures::from_pem(carol, format!("{carol}#main-key"), BOB_PRIVATE_PKCS1)
+        .expect("key");
     let outbox = Outbox::builder(Arc::clone(&f.store), config())
-        .signer(Arc::new(keys))
+        .signer(keys)
         .open()
         .expect("outbox");
     let out = outbox.drain(carol).await.expect("drain");
