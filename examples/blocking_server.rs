@@ -184,21 +184,10 @@ fn post_note(app: &App, body: &[u8]) -> (u16, Value) {
     ) else {
         return (422, json!({"error": "expected id, text and followers"}));
     };
-    let followers: Vec<String> = followers
-        .iter()
-        .filter_map(|f| f.as_str().map(String::from))
-        .collect();
     let activity = json!({"type": "Create", "actor": ACTOR, "object": {"id": id, "content": text}});
-    let row = NewRow {
-        id: id.to_string(),
-        body: activity.to_string().into_bytes(),
-        content_type: "application/activity+json".into(),
-        recipients: followers,
-        dedup_key: None,
-        ordering_key: None,
-        joined: false,
-        headers: Vec::new(),
-    };
+    let row = NewRow::activity(id, &activity)
+        .expect("a serde_json::Value always serializes")
+        .recipients(followers.iter().filter_map(Value::as_str));
     // The note and its outbox row commit together or not at all; the wake-up is fired
     // after the commit, and the monitor delivers.
     let written = (|| -> Result<usize, WriteError> {

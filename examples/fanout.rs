@@ -140,15 +140,11 @@ fn outbox_run() -> Result<(), Box<dyn Error>> {
         .map(|p| r.url(&format!("/{p}")))
         .collect();
     let rows: Vec<NewRow> = (0..ENTRIES)
-        .map(|i| NewRow {
-            id: format!("entry-{i}"),
-            body: body(i),
-            content_type: "application/activity+json".into(),
-            recipients: to.clone(),
-            dedup_key: None,
-            ordering_key: None,
-            joined: false,
-            headers: Vec::new(),
+        .map(|i| {
+            NewRow::new(format!("entry-{i}"))
+                .body(body(i))
+                .content_type("application/activity+json")
+                .recipients(&to)
         })
         .collect();
     outbox.enqueue("case-manager", &rows)?;

@@ -190,13 +190,9 @@ async fn create_note(State(app): State<App>, Json(body): Json<Value>) -> (Status
         "actor": author,
         "object": {"type": "Note", "id": id, "content": text},
     });
-    let row = NewRow {
-        id: format!("create-{id}"),
-        body: activity.to_string().into_bytes(),
-        content_type: "application/activity+json".into(),
-        recipients: followers,
-        ..NewRow::default()
-    };
+    let row = NewRow::activity(format!("create-{id}"), &activity)
+        .expect("a serde_json::Value always serializes")
+        .recipients(followers);
     match app.write(&author, &text, row).await {
         Ok(units) => {
             if units > 0 {

@@ -11,14 +11,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let store = Arc::new(SqliteStore::open("outbox.db", SqliteOptions::default())?);
     let outbox = Outbox::open(store, OutboxConfig::default())?;
     let monitor = outbox.monitor()?; // drains every actor with work, woken on enqueue
-    let row = NewRow {
-        id: "https://example.com/activities/1".into(), // used once per actor
-        body: br#"{"type":"Create"}"#.to_vec(),
-        content_type: "application/activity+json".into(), // default: application/json
-        recipients: vec!["https://b.example/inbox".into()], // one lane per recipient
-        headers: vec![("Authorization".into(), "Bearer t0k3n".into())], // sent with the row
-        ..NewRow::default()
-    };
+    let activity = serde_json::json!({"type": "Create", "object": {"content": "hi"}});
+    let row = NewRow::activity("https://example.com/activities/1", &activity)? // once per actor
+        .recipients(["https://b.example/inbox"]) // one lane per recipient
+        .header("Authorization", "Bearer t0k3n"); // sent with the row
     outbox.enqueue("https://example.com/users/alice", &[row])?; // durable on return
     std::thread::sleep(Duration::from_secs(60)); // your service runs; deliveries go on
     let _ = monitor.stop(); // attempts in flight finish, the rest waits in the store

@@ -11,9 +11,7 @@ use std::error::Error;
 use std::path::Path;
 use std::sync::Arc;
 
-use outbox_lanes::blocking::sign::{
-    ActorKey, HttpSignatures, Signer, StandardWebhooks, WebhookSecrets,
-};
+use outbox_lanes::blocking::sign::{HttpSignatures, IntoSigner, StandardWebhooks, WebhookSecrets};
 use outbox_lanes::blocking::{Outbox, OutboxConfig};
 use outbox_lanes::store::{NewRow, SqliteOptions, SqliteStore};
 
@@ -27,15 +25,9 @@ pub fn activitypub_keys(
     rsa_pem: &str,
     ed25519_pem: &str,
 ) -> Result<HttpSignatures, Box<dyn Error>> {
-    let mut keys = HttpSignatures::new();
-    keys.insert(
-        ALICE,
-        ActorKey::from_pem(format!("{ALICE}#main-key"), rsa_pem)?,
-    );
-    keys.insert(
-        CAROL,
-        ActorKey::from_pem(format!("{CAROL}#ed25519-key"), ed25519_pem)?,
-    );
+    let keys = HttpSignatures::new()
+        .with_key(ALICE, format!("{ALICE}#main-key"), rsa_pem)?
+        .with_key(CAROL, format!("{CAROL}#ed25519-key"), ed25519_pem)?;
     Ok(keys)
 }
 
@@ -54,23 +46,19 @@ pub fn webhook_secrets(
     Ok(secrets)
 }
 
-/// One row of `actor` to `inbox`, delivered by an outbox on `db` that signs with `signer`.
+/// One row of `actor` to `inbox`, delivered by an outbox on `db` that signs with `signer`
+/// (given by value, or shared in an `Arc`).
 pub fn deliver(
     db: &Path,
-    signer: Arc<dyn Signer>,
+    signer: impl IntoSigner,
     actor: &str,
     inbox: &str,
 ) -> Result<(), Box<dyn Error>> {
     let store = Arc::new(SqliteStore::open(db, SqliteOptions::default())?);
     let config = OutboxConfig::default().allow_loopback(); // the example's recipient is 127.0.0.1
     let outbox = Outbox::builder(store, config).signer(signer).open()?;
-    let row = NewRow {
-        id: format!("{actor}/activities/1"),
-        body: br#"{"type":"Create"}"#.to_vec(),
-        content_type: "application/activity+json".into(),
-        recipients: vec![inbox.to_owned()],
-        ..NewRow::default()
-    };
+    let activity = serde_json::json!({"type": "Create", "actor": actor});
+    let row = NewRow::activity(format!("{actor}/activities/1"), &activity)?.recipient(inbox);
     outbox.enqueue(actor, &[row])?;
     outbox.drain(actor)?; // signed at every attempt, with the attempt's time
     Ok(())
@@ -81,10 +69,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     use outbox_lanes_test_support::signatures::{ALICE_PRIVATE_PKCS8, CAROL_ED25519_PRIVATE};
     let dir = tempfile::tempdir()?;
     let r = Recipient::start()?;
-    let keys = Arc::new(activitypub_keys(
-        ALICE_PRIVATE_PKCS8,
-        CAROL_ED25519_PRIVATE,
-    )?);
+    let keys = activitypub_keys(ALICE_PRIVATE_PKCS8, CAROL_ED25519_PRIVATE)?;
     deliver(
         &dir.path().join("ap.db"),
         keys.clone(),
@@ -93,11 +78,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     )?;
     deliver(&dir.path().join("ap.db"), keys, CAROL, &r.url("/carol"))?;
     let whsec = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
-    let secrets = Arc::new(webhook_secrets(
-        whsec,
-        whsec,
-        "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD",
-    )?);
+    let secrets = webhook_secrets(whsec, whsec, "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD")?;
     deliver(
         &dir.path().join("hooks.db"),
         secrets,

@@ -21,12 +21,9 @@ pub(crate) fn post_note(store: &PgStore, db: &mut Client, id: &str, text: &str) 
     tx.execute("INSERT INTO notes VALUES ($1, $2)", &[&id, &text])?; // your own write
     let schema = &store.options().schema; // enqueue_in finds the outbox on the search path
     tx.batch_execute(&format!("SET LOCAL search_path TO {schema}, public"))?;
-    let row = NewRow {
-        id: format!("https://notes.example/notes/{id}"),
-        body: format!(r#"{{"type":"Create","content":{text:?}}}"#).into_bytes(),
-        recipients: vec!["https://b.example/inbox".into()],
-        ..NewRow::default() // application/json
-    };
+    let note = serde_json::json!({"type": "Create", "content": text});
+    let row = NewRow::json(format!("https://notes.example/notes/{id}"), &note)?
+        .recipient("https://b.example/inbox");
     let (enqueued, wake) = store.enqueue_in(&mut tx, "https://notes.example/actor", &[row])?;
     tx.commit()?; // the NOTIFY to other processes goes with the commit
     wake.fire(); // after the commit, never before: wakes this process's monitor

@@ -19,12 +19,9 @@ fn main() -> Result<()> {
 pub fn post_note(store: &SqliteStore, db: &mut Connection, id: &str, text: &str) -> Result<usize> {
     let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
     tx.execute("INSERT INTO notes VALUES (?1, ?2)", (id, text))?; // your own write
-    let row = NewRow {
-        id: format!("https://notes.example/notes/{id}"),
-        body: format!(r#"{{"type":"Create","content":{text:?}}}"#).into_bytes(),
-        recipients: vec!["https://b.example/inbox".into()],
-        ..NewRow::default() // application/json
-    };
+    let note = serde_json::json!({"type": "Create", "content": text});
+    let row = NewRow::json(format!("https://notes.example/notes/{id}"), &note)?
+        .recipient("https://b.example/inbox");
     let (enqueued, wake) = store.enqueue_in(&tx, "https://notes.example/actor", &[row])?;
     tx.commit()?; // an error before this line rolls back both
     wake.fire(); // after the commit, never before: wakes this process's monitor
