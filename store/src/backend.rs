@@ -79,6 +79,10 @@ pub(crate) trait Backend: Send + Sync {
     /// slots are recovered by lease expiry instead).
     fn register_holder(&self, holder: &str);
 
+    /// [`DriverStore::close_holder`](crate::DriverStore::close_holder): a clean stop of `holder`
+    /// ends its liveness (by default there is none to end).
+    fn release_holder(&self, _holder: &str) {}
+
     /// Whether `holder`, which holds a live slot, is known to be dead (SQLite: its lock file is
     /// free; Postgres: its session advisory lock is). Never for a holder that registered no
     /// liveness (an older version's).

@@ -64,6 +64,10 @@ impl<B: Backend> DriverStore for B {
         self.write(false, |db| slots::free(db, token))
     }
 
+    fn close_holder(&self, holder: &str) {
+        self.release_holder(holder);
+    }
+
     fn lanes_with_work(
         &self,
         token: &SlotToken,

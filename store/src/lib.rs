@@ -181,6 +181,16 @@ pub trait DriverStore: Send + Sync {
     /// [`StoreError::StaleToken`] if the slot was lost.
     fn free_slot(&self, token: &SlotToken) -> Result<(), StoreError>;
 
+    /// A clean stop of `holder`, which this process will not use again unless it takes a slot
+    /// anew: its liveness ends at once (OL-12). SQLite: its lock file
+    /// `<database>-holders/<holder>.lock` is removed — unless the holder still holds a live
+    /// slot (a pass that did not end), whose file then stays, unlocked, so that other relays
+    /// find the holder dead and take its slots over at once. Postgres: nothing here; its
+    /// session lock ends when the store closes. A later [`DriverStore::acquire_slot`] of the
+    /// holder takes its lock again. Failures are logged, never returned: the lease still
+    /// bounds everything.
+    fn close_holder(&self, holder: &str);
+
     /// The actor's lanes holding pending units whose last enqueued `seq` is above `since`
     /// (0: every lane with pending units), and the new watermark to pass next time.
     ///

@@ -106,6 +106,32 @@ impl Liveness {
             .remove(holder);
     }
 
+    /// A clean stop of `holder` (it holds no slot any more): its lock file is removed at once,
+    /// still locked, as a closing store removes it, while the store stays open. A later
+    /// [`Liveness::register`] of the holder takes a new one.
+    pub(crate) fn close(&self, holder: &str) {
+        let file = self
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(holder);
+        if let Some(file) = file {
+            self.remove(holder, file);
+        }
+    }
+
+    /// Removes `holder`'s lock file, then lets go of its lock, and the directory once empty.
+    fn remove(&self, holder: &str, file: File) {
+        let path = self.file_of(holder);
+        if let Err(e) = std::fs::remove_file(&path) {
+            tracing::debug!(holder, path = %path.display(), error = %e,
+                "the holder's lock file could not be removed");
+        }
+        drop(file);
+        // Empty once the last holder of the database is gone (not if another one still runs).
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+
     /// Whether `holder` is known dead: its lock file exists and nobody holds its lock.
     pub(crate) fn is_dead(&self, holder: &str) -> bool {
         if self
@@ -138,15 +164,8 @@ impl Drop for Liveness {
     fn drop(&mut self) {
         let held = std::mem::take(self.held.get_mut().unwrap_or_else(PoisonError::into_inner));
         for (holder, file) in held {
-            let path = self.file_of(&holder);
-            if let Err(e) = std::fs::remove_file(&path) {
-                tracing::debug!(holder, path = %path.display(), error = %e,
-                    "the holder's lock file could not be removed");
-            }
-            drop(file);
+            self.remove(&holder, file);
         }
-        // Empty once the last holder of the database is gone (not if another one still runs).
-        let _ = std::fs::remove_dir(&self.dir);
     }
 }
 
@@ -182,6 +201,32 @@ mod tests {
         assert!(b.is_dead("relay-1"), "its lock is gone: dead");
         assert!(!b.is_dead("relay-1"), "its file went with it");
         drop(a);
+    }
+
+    #[test]
+    fn a_closed_holder_removes_its_lock_file_while_the_store_stays_open() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = dir.path().join("outbox.db");
+        let a = Liveness::new(&db);
+        a.register("relay-1");
+        a.register("relay-2");
+        let (one, two) = (a.file_of("relay-1"), a.file_of("relay-2"));
+        a.close("relay-1");
+        assert!(!one.exists(), "a clean stop leaves no lock file behind");
+        assert!(two.exists(), "another holder of the store keeps its own");
+        assert_eq!(a.held(), vec!["relay-2".to_owned()]);
+        a.close("relay-2");
+        assert!(
+            !dir.path().join("outbox.db-holders").exists(),
+            "nor an empty directory"
+        );
+        a.register("relay-1");
+        assert!(
+            one.exists(),
+            "registered again, the holder takes a new lock"
+        );
+        drop(a);
+        assert!(!one.exists());
     }
 
     #[test]

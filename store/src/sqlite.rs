@@ -833,6 +833,20 @@ fn immutable_uri(path: &Path) -> String {
     uri
 }
 
+impl SqliteStore {
+    /// Whether `holder` may still hold a live drain slot of this database (`true` when the
+    /// check fails: its lock file then stays, the safe side).
+    fn holds_a_slot(&self, holder: &str) -> bool {
+        let held = self
+            .writer()
+            .prepare_cached(&format!(
+                "SELECT EXISTS (SELECT 1 FROM ol_slots WHERE holder = ?1 AND lease_expires > {NOW})"
+            ))
+            .and_then(|mut s| s.query_row([holder], |r| r.get::<_, bool>(0)));
+        !matches!(held, Ok(false))
+    }
+}
+
 impl Drop for SqliteStore {
     /// Before the liveness locks (`crate::liveness`) remove the lock files of this store's holders (a clean stop freed
     /// their slots already), a holder that still holds a slot (a pass cut off by a shutdown
@@ -842,18 +856,8 @@ impl Drop for SqliteStore {
         let Some(live) = &self.liveness else {
             return;
         };
-        let holders = live.held();
-        if holders.is_empty() {
-            return;
-        }
-        let c = self.writer();
-        for holder in holders {
-            let holds = c
-                .prepare_cached(&format!(
-                    "SELECT EXISTS (SELECT 1 FROM ol_slots WHERE holder = ?1 AND lease_expires > {NOW})"
-                ))
-                .and_then(|mut s| s.query_row([&holder], |r| r.get::<_, bool>(0)));
-            if !matches!(holds, Ok(false)) {
+        for holder in live.held() {
+            if self.holds_a_slot(&holder) {
                 tracing::debug!(holder = %holder,
                     "drain slots still held at close: the lock file stays, unlocked, so other relays take them over at once");
                 live.leave_unlocked(&holder);
@@ -987,6 +991,24 @@ impl Backend for SqliteStore {
     fn register_holder(&self, holder: &str) {
         if let Some(l) = &self.liveness {
             l.register(holder);
+        }
+    }
+
+    fn release_holder(&self, holder: &str) {
+        let Some(live) = &self.liveness else {
+            return;
+        };
+        if !live.held().iter().any(|h| h == holder) {
+            return;
+        }
+        if self.holds_a_slot(holder) {
+            tracing::debug!(
+                holder,
+                "drain slots still held at the stop: the lock file stays, unlocked, so other relays take them over at once"
+            );
+            live.leave_unlocked(holder);
+        } else {
+            live.close(holder);
         }
     }
 
