@@ -3,8 +3,9 @@
 //! [`Outbox`] enqueues rows and drains an actor's outbox: one pass per actor at a time (in
 //! this process through the core's drain-slot registry, across processes through the
 //! store's fenced slot), each recipient's units delivered in enqueue order with one in
-//! flight, distinct recipients concurrently on a bounded pool of worker threads
-//! ([`OutboxConfig::concurrency`] of them, which is also the in-flight window of one pass).
+//! flight, distinct recipients concurrently on a pool of worker threads started as attempts
+//! need them (at most [`OutboxConfig::concurrency`], which is also the in-flight window of one
+//! pass; idle ones end after a minute, two stay).
 //! [`Monitor`] drains every actor with work, woken on enqueue and by a safety-net poll.
 //!
 //! The drain, its passes and the monitor are the engine's ([`outbox_lanes_driver::engine`]),
@@ -29,12 +30,11 @@
 //! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod pool;
 mod thread;
 
 use std::fmt;
-use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::JoinHandle;
+use std::sync::Arc;
 
 use outbox_lanes_core::{ActorId, ActorResolver, IdentityResolver};
 pub use outbox_lanes_driver::engine::Stopped;
@@ -44,11 +44,12 @@ pub use outbox_lanes_driver::{
     LaneUnavailable, OriginConfig, OutboxConfig, OutboxError, PassReport, RateLimits, Reserve,
     SignatureMode, Signer, Started,
 };
-use outbox_lanes_driver::{Executor, Job, OutboxCore};
+use outbox_lanes_driver::{Executor, OutboxCore};
 pub use outbox_lanes_driver::{core, sign, store};
 use outbox_lanes_store::{ActorStatus, DeadLetter, Enqueued, LaneStatus, NewRow, Store};
 
 pub use crate::http::{HttpClient, HttpConfig};
+pub use crate::pool::ThreadPool;
 pub use crate::thread::{ThreadRuntime, block_on};
 
 /// HTTP delivery: the shared policy and the blocking ureq client.
@@ -119,10 +120,10 @@ impl OutboxBuilder {
         self
     }
 
-    /// Starts the worker pool and the ack writer.
+    /// Opens the outbox: starts the ack writer; delivery workers start as attempts need them.
     ///
     /// # Errors
-    /// A thread could not be started, or the HTTP client could not be built.
+    /// The ack writer's thread could not be started, or the HTTP client could not be built.
     pub fn open(self) -> Result<Outbox, OutboxError> {
         let mut config = self.config;
         config.sign_with(self.signer.as_deref());
@@ -131,7 +132,7 @@ impl OutboxBuilder {
             None => {
                 let http = HttpClient::new(config.http.clone(), self.signer)
                     .map_err(|e| OutboxError::Http(e.to_string()))?;
-                Arc::new(ThreadPool::start(http, config.concurrency)?)
+                Arc::new(ThreadPool::new(http, config.concurrency))
             }
         };
         let core = OutboxCore::new(self.store, config, self.resolver, self.hooks, executor)?;
@@ -139,95 +140,6 @@ impl OutboxBuilder {
             inner: Arc::new(core),
             rt: Arc::new(ThreadRuntime),
         })
-    }
-}
-
-/// The blocking runtime's executor: a bounded pool of worker threads (not one per unit).
-pub struct ThreadPool {
-    tx: Mutex<Option<Sender<Job>>>,
-    workers: Mutex<Vec<JoinHandle<()>>>,
-}
-
-impl fmt::Debug for ThreadPool {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ThreadPool").finish_non_exhaustive()
-    }
-}
-
-impl ThreadPool {
-    /// Starts `threads` workers delivering with `http`.
-    ///
-    /// # Errors
-    /// A thread could not be started.
-    pub fn start(http: HttpClient, threads: usize) -> Result<ThreadPool, OutboxError> {
-        let (tx, rx) = mpsc::channel::<Job>();
-        let rx = Arc::new(Mutex::new(rx));
-        let mut workers = Vec::new();
-        for i in 0..threads.max(1) {
-            let rx = Arc::clone(&rx);
-            let http = http.clone();
-            let handle = std::thread::Builder::new()
-                .name(format!("outbox-lanes-worker-{i}"))
-                .spawn(move || worker(&rx, &http))
-                .map_err(OutboxError::Spawn)?;
-            workers.push(handle);
-        }
-        Ok(ThreadPool {
-            tx: Mutex::new(Some(tx)),
-            workers: Mutex::new(workers),
-        })
-    }
-
-    /// Stops taking jobs and waits for the workers (each finishes its attempt in progress,
-    /// within the HTTP timeout).
-    pub fn shutdown(&self) {
-        self.tx
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        let workers =
-            std::mem::take(&mut *self.workers.lock().unwrap_or_else(PoisonError::into_inner));
-        for w in workers {
-            let _ = w.join();
-        }
-    }
-}
-
-impl Executor for ThreadPool {
-    fn execute(&self, job: Job) -> Result<(), Job> {
-        let tx = self.tx.lock().unwrap_or_else(PoisonError::into_inner);
-        match tx.as_ref() {
-            Some(tx) => tx.send(job).map_err(|e| e.0),
-            None => Err(job),
-        }
-    }
-
-    fn shutdown(&self) {
-        ThreadPool::shutdown(self);
-    }
-}
-
-impl Drop for ThreadPool {
-    fn drop(&mut self) {
-        self.shutdown();
-    }
-}
-
-fn worker(rx: &Mutex<Receiver<Job>>, http: &HttpClient) {
-    loop {
-        let job = {
-            let rx = rx.lock().unwrap_or_else(PoisonError::into_inner);
-            rx.recv()
-        };
-        match job {
-            // Its pass ended and handed the unit back: dropping it sends nothing.
-            Ok(job) if job.abandoned() => drop(job),
-            Ok(job) => {
-                let result = http.deliver_job(&job, std::time::SystemTime::now());
-                job.finish(result);
-            }
-            Err(_) => return,
-        }
     }
 }
 
