@@ -1,5 +1,5 @@
-//! Stopping or cancelling a running drain from another thread or task, and [`Signal`], the
-//! list of wake-up callbacks both use.
+//! Stopping or cancelling a running drain from another thread or task, [`Signal`], the list
+//! of wake-up callbacks both use, and [`StopRecord`], what an outbox's stop cut.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -118,6 +118,37 @@ impl DrainControl {
         if let Some(f) = hook {
             f(actor, waiting);
         }
+    }
+}
+
+/// What the stop of an outbox cut, noted as its passes and monitors end: read by the stop
+/// ([`crate::engine::shutdown`]) into its [`Stopped`](crate::engine::Stopped).
+#[derive(Debug, Default)]
+pub struct StopRecord {
+    grace_over: AtomicBool,
+    database_lost: AtomicBool,
+}
+
+impl StopRecord {
+    /// A pass of the stopping outbox ended because the shutdown grace ran out with attempts
+    /// in flight.
+    pub fn note_grace_over(&self) {
+        self.grace_over.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether [`StopRecord::note_grace_over`] was called.
+    pub fn grace_over(&self) -> bool {
+        self.grace_over.load(Ordering::SeqCst)
+    }
+
+    /// A monitor of the outbox stopped by itself: its database file was removed or replaced.
+    pub fn note_database_lost(&self) {
+        self.database_lost.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether [`StopRecord::note_database_lost`] was called.
+    pub fn database_lost(&self) -> bool {
+        self.database_lost.load(Ordering::SeqCst)
     }
 }
 

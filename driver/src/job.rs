@@ -192,6 +192,8 @@ pub trait Executor: Send + Sync {
     #[allow(clippy::result_large_err)]
     fn execute(&self, job: Job) -> Result<(), Job>;
 
-    /// Stops taking jobs; returns once the jobs in progress are done.
+    /// Stops taking jobs and drops those not started; returns without waiting for the HTTP
+    /// exchanges in progress (at most briefly, to let go of them): the passes that started
+    /// them ended already, and recorded them as interrupted (OL-14).
     fn shutdown(&self) {}
 }

@@ -59,7 +59,7 @@ pub mod ureq_client;
 pub use crate::ack::{AckWriter, AckWriterOptions};
 pub use crate::budget::{FairShares, Reserve};
 pub use crate::config::{DEFAULT_CONCURRENCY, OutboxConfig};
-pub use crate::control::{ControlSubscription, DrainControl, Signal};
+pub use crate::control::{ControlSubscription, DrainControl, Signal, StopRecord};
 pub use crate::error::OutboxError;
 pub use crate::hooks::{Attempted, DeadLettered, Delivered, Hooks, LaneUnavailable, Started};
 pub use crate::hosts::HostCaps;

@@ -16,7 +16,7 @@ use tracing::{debug, warn};
 
 use crate::ack::{AckWriter, AckWriterOptions};
 use crate::config::OutboxConfig;
-use crate::control::{DrainControl, Signal};
+use crate::control::{DrainControl, Signal, StopRecord};
 use crate::error::OutboxError;
 use crate::hooks::Hooks;
 use crate::hosts::HostCaps;
@@ -61,6 +61,8 @@ pub struct OutboxCore {
     shutdown: Arc<DrainControl>,
     /// Notified whenever a drain slot of this process is released.
     released: Arc<Signal>,
+    /// What the stop cut.
+    stop_record: StopRecord,
 }
 
 impl std::fmt::Debug for OutboxCore {
@@ -133,6 +135,7 @@ impl OutboxCore {
             holder,
             stopping: AtomicBool::new(false),
             shutdown: Arc::new(DrainControl::default()),
+            stop_record: StopRecord::default(),
         })
     }
 
@@ -239,6 +242,11 @@ impl OutboxCore {
         &self.shutdown
     }
 
+    /// What the stop of this outbox cut, noted as its passes and monitors end.
+    pub fn stop_record(&self) -> &StopRecord {
+        &self.stop_record
+    }
+
     /// Stops at once, for a process about to exit: nothing new starts, the acks waiting are
     /// committed, and attempts in flight are not waited for (their units are delivered again
     /// later: at-least-once). Passes still running see the shutdown and hand back.
@@ -249,8 +257,9 @@ impl OutboxCore {
         }
     }
 
-    /// After the passes ended: stops the executor (attempts in flight finish within the
-    /// HTTP timeout) and commits the acks still waiting.
+    /// After the passes ended: stops the executor — attempts still in flight are abandoned,
+    /// not waited for (their passes recorded them as interrupted; their units are sent again
+    /// later) — and commits the acks still waiting.
     pub fn finish_shutdown(&self) {
         self.executor.shutdown();
         if let Err(e) = self.acks.flush_all() {

@@ -252,11 +252,17 @@ impl Outbox {
         self.inner.dead_letters(actor)
     }
 
-    /// Graceful shutdown: running passes stop starting units, let attempts in flight finish
-    /// within the grace period and hand the rest back; then the workers stop. Nothing is lost
-    /// if the grace period passes: unfinished units stay in the store.
-    pub fn shutdown(&self) {
-        block_on(engine::shutdown(&self.rt, &self.inner));
+    /// Stops the outbox — the one stop, the same on every runtime, which [`Monitor::stop`]
+    /// also is: every monitor of the outbox stops and new drains are refused; running passes
+    /// start nothing new and their attempts in flight have
+    /// [`shutdown_grace`](OutboxConfig::shutdown_grace) (10 s by default) to finish; past it
+    /// they are abandoned, not waited for (recorded as interrupted, their units delivered
+    /// again later: [`Stopped::grace_over`]); the acks waiting are committed, the drain slots
+    /// released, and this process's holder lock file removed. Returns within the grace (plus
+    /// the passes' last store writes). Nothing is lost: what was not delivered stays pending
+    /// in the store. Calling it again returns at once.
+    pub fn shutdown(&self) -> Stopped {
+        block_on(engine::shutdown(&self.rt, &self.inner))
     }
 
     /// Starts a monitor thread draining every actor with work (OL-13).
@@ -275,9 +281,11 @@ impl Outbox {
 /// The monitor (the engine's, [`engine::Monitor`]) on a thread of its own: drains every
 /// actor with work admissible now, woken on enqueue (in this process and, through the
 /// store's watcher, in others), at the earliest lane `not_before`, and by a safety-net poll;
-/// each pass on a thread of its own. Stopped by [`Monitor::stop`] or on drop, gracefully:
-/// running passes start nothing new, attempts in flight finish within the shutdown grace,
-/// the rest is handed back.
+/// each pass on a thread of its own.
+///
+/// [`Monitor::stop`] is the stop of the outbox ([`Outbox::shutdown`]). Dropping the monitor
+/// stops only the monitor, in the background (running passes start nothing new, finish their
+/// attempts in flight and hand the rest back), and leaves the outbox open.
 pub struct Monitor {
     inner: Option<engine::Monitor>,
 }
@@ -289,7 +297,9 @@ impl fmt::Debug for Monitor {
 }
 
 impl Monitor {
-    /// Stops the monitor and waits for its passes to end (see [`Monitor`]).
+    /// Stops the monitor and its outbox: the same as [`Outbox::shutdown`] (see there), then
+    /// waits for the monitor's thread to end. Returns within the shutdown grace, with what it
+    /// cut ([`Stopped`]).
     pub fn stop(mut self) -> Stopped {
         self.inner
             .take()

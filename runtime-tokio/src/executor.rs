@@ -3,13 +3,22 @@
 //! ([`spawn_delivery`](outbox_lanes_driver::engine::spawn_delivery)): one lane's next
 //! request is written from the task that read the last response. The others, and every
 //! attempt of the blocking client, are tasks of their own.
+//!
+//! A shutdown abandons the deliveries still running (their passes ended at the shutdown
+//! grace and recorded them as interrupted): each delivery future returns at its next poll,
+//! dropping its request (hyper closes the connection), instead of waiting for the answer up to
+//! the HTTP timeout. A blocking client's exchange cannot be cut: its future returns, and the
+//! exchange ends on the blocking pool within the HTTP timeout, its answer unread.
 
+use std::future::{Future, poll_fn};
+use std::pin::pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use outbox_lanes_driver::{Executor, Job};
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, Semaphore};
 
 use outbox_lanes_driver::engine::Runtime;
 #[cfg(feature = "blocking-http")]
@@ -55,6 +64,43 @@ impl Drop for RunningGuard {
     }
 }
 
+/// How long a shutdown waits for the deliveries it abandoned to let go of their jobs (each
+/// returns at its next poll, which the abandonment wakes).
+const LET_GO: Duration = Duration::from_secs(1);
+
+/// Tells the deliveries in flight to return: set once, at shutdown.
+#[derive(Debug, Default)]
+struct Abandon {
+    now: AtomicBool,
+    notify: Notify,
+}
+
+impl Abandon {
+    /// Runs `delivery` until it completes or the deliveries are abandoned.
+    async fn unless_abandoned(&self, delivery: impl Future<Output = ()>) {
+        let abandoned = self.notify.notified();
+        let mut abandoned = pin!(abandoned);
+        // Registered before the flag is read: an abandonment in between is not missed.
+        abandoned.as_mut().enable();
+        if self.now.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut delivery = pin!(delivery);
+        poll_fn(|cx| {
+            if abandoned.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(());
+            }
+            delivery.as_mut().poll(cx)
+        })
+        .await;
+    }
+
+    fn abandon(&self) {
+        self.now.store(true, Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+}
+
 /// Runs each job as a future, on its pass's task or a task of its own
 /// ([`spawn_delivery`](outbox_lanes_driver::engine::spawn_delivery)), at most `concurrency`
 /// attempts at once.
@@ -62,10 +108,9 @@ pub(crate) struct TaskExecutor {
     pub(crate) rt: Arc<dyn Runtime>,
     pub(crate) transport: Transport,
     pub(crate) permits: Arc<Semaphore>,
-    /// How long a shutdown waits for attempts in flight (the HTTP timeout and a margin).
-    pub(crate) grace: Duration,
     open: AtomicBool,
     running: Arc<Running>,
+    abandon: Arc<Abandon>,
 }
 
 impl std::fmt::Debug for TaskExecutor {
@@ -82,15 +127,14 @@ impl TaskExecutor {
         rt: Arc<dyn Runtime>,
         transport: Transport,
         concurrency: usize,
-        grace: Duration,
     ) -> TaskExecutor {
         TaskExecutor {
             rt,
             transport,
             permits: Arc::new(Semaphore::new(concurrency.max(1))),
-            grace,
             open: AtomicBool::new(true),
             running: Arc::default(),
+            abandon: Arc::default(),
         }
     }
 }
@@ -110,8 +154,8 @@ impl Executor for TaskExecutor {
         let rt = Arc::clone(&self.rt);
         let transport = self.transport.clone();
         let permits = Arc::clone(&self.permits);
-        let run = Box::pin(async move {
-            let _guard = guard;
+        let abandon = Arc::clone(&self.abandon);
+        let delivery = async move {
             // The semaphore is never closed; should it be, the job reports NotSent on drop.
             let Ok(_permit) = permits.acquire_owned().await else {
                 return;
@@ -136,6 +180,11 @@ impl Executor for TaskExecutor {
                     .await;
                 }
             }
+        };
+        let run = Box::pin(async move {
+            let _guard = guard;
+            // Abandoned: the job is dropped here (its pass ended: nobody waits for it).
+            abandon.unless_abandoned(delivery).await;
         });
         match self.transport {
             // On the pass's own task if it has room (see `spawn_delivery`), else a task of
@@ -152,7 +201,8 @@ impl Executor for TaskExecutor {
 
     fn shutdown(&self) {
         self.open.store(false, Ordering::SeqCst);
-        let deadline = Instant::now() + self.grace;
+        self.abandon.abandon();
+        let deadline = Instant::now() + LET_GO;
         let mut n = self
             .running
             .count
@@ -164,7 +214,7 @@ impl Executor for TaskExecutor {
             if left.is_zero() {
                 tracing::warn!(
                     in_flight = n.jobs,
-                    "deliveries still running at shutdown; their units are delivered again later"
+                    "deliveries abandoned at shutdown still hold their jobs; they let go when the runtime polls them"
                 );
                 return;
             }

@@ -194,12 +194,10 @@ impl OutboxBuilder {
     }
 
     fn finish(self, rt: Arc<dyn Runtime>, transport: Transport) -> Result<Outbox, OutboxError> {
-        let grace = self.config.http.timeout + self.config.shutdown_grace;
         let executor: Arc<dyn Executor> = Arc::new(TaskExecutor::new(
             Arc::clone(&rt),
             transport,
             self.config.concurrency,
-            grace,
         ));
         let mut config = self.config;
         config.sign_with(self.signer.as_deref());
@@ -394,12 +392,17 @@ impl Outbox {
             .await
     }
 
-    /// Graceful shutdown: running passes stop starting units, let attempts in flight finish
-    /// within the grace period and hand the rest back; then deliveries still running are awaited
-    /// (within the HTTP timeout) and acks flushed. Nothing is lost if the grace period
-    /// passes: unfinished units stay in the store.
-    pub async fn shutdown(&self) {
-        engine::shutdown(&self.inner.rt, self.inner.core()).await;
+    /// Stops the outbox — the one stop, the same on every runtime, which [`Monitor::stop`]
+    /// also is: every monitor of the outbox stops and new drains are refused; running passes
+    /// start nothing new and their attempts in flight have
+    /// [`shutdown_grace`](OutboxConfig::shutdown_grace) (10 s by default) to finish; past it
+    /// they are abandoned, not waited for (recorded as interrupted, their units delivered
+    /// again later: [`Stopped::grace_over`]); the acks waiting are committed, the drain slots
+    /// released, and this process's holder lock file removed. Returns within the grace (plus
+    /// the passes' last store writes). Nothing is lost: what was not delivered stays pending
+    /// in the store. Calling it again returns at once.
+    pub async fn shutdown(&self) -> Stopped {
+        engine::shutdown(&self.inner.rt, self.inner.core()).await
     }
 
     /// Stops at once, for a process about to exit (a second signal): nothing new starts,
@@ -423,7 +426,9 @@ impl Outbox {
     /// runtime; each pass is a task of its own (its rounds of store work on the blocking
     /// pool, its first four deliveries in flight on its own task, the others this outbox's
     /// tasks). It works the same on tokio, async-std and smol. A pass that only waits on
-    /// attempts in flight does not count against `max_passes`.
+    /// attempts in flight does not count against `max_passes`. [`Monitor::stop`] stops it
+    /// and the outbox ([`Outbox::shutdown`]); dropping it stops only the monitor, in the
+    /// background.
     ///
     /// # Errors
     /// The store's cross-process watcher could not be started.

@@ -11,14 +11,16 @@
 //! ```no_run
 //! # use outbox_lanes_store::sqlx::sqlx;
 //! # async fn f(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
-//! use outbox_lanes_store::{NewRow, core_types::ActorId, sqlx::SqlxOutbox};
+//! use outbox_lanes_store::{NewRow, sqlx::SqlxOutbox};
 //! let outbox = SqlxOutbox::new(); // once; Postgres schema `outbox_lanes`
 //! let mut tx = pool.begin().await?;
 //! sqlx::query("INSERT INTO notes (id, text) VALUES ($1, $2)")
 //!     .bind("n1").bind("hi").execute(&mut *tx).await?;
-//! let row = NewRow { id: "create-n1".into(), recipients: vec!["https://b.example/inbox".into()],
-//!     content_type: "application/activity+json".into(), body: b"{}".to_vec(), ..NewRow::default() };
-//! outbox.enqueue(&mut *tx, &ActorId::new("alice"), &[row]).await?;
+//! let row = NewRow::new("create-n1") // NewRow::activity(id, &value) with the `json` feature
+//!     .body(r#"{"type":"Create"}"#)
+//!     .content_type("application/activity+json")
+//!     .recipient("https://b.example/inbox");
+//! outbox.enqueue(&mut *tx, "alice", &[row]).await?; // the actor: &str, String or ActorId
 //! tx.commit().await?; // the wake-up is delivered here
 //! # Ok(()) }
 //! ```

@@ -17,7 +17,8 @@
 //!   the first few attempts in flight polled on the pass's own task ([`spawn_delivery`]);
 //! - [`Monitor`]: drains every actor with work (OL-13), passes of several actors at once up
 //!   to `max_passes` — passes that only wait on attempts in flight not counted;
-//! - [`shutdown`]: graceful stop of every pass of the outbox.
+//! - [`shutdown`]: the one stop of an outbox (its monitors, passes, executor and holder lock
+//!   file), within the shutdown grace: [`Stopped`] says what it cut.
 //!
 //! The tokio runtime implements [`Runtime`] over tokio (or async-std, smol); the blocking
 //! runtime over std threads, where each task owns a thread and blocking calls run in place
@@ -39,7 +40,7 @@ use outbox_lanes_store::{SlotAcquisition, StoreError};
 use tracing::warn;
 
 pub use self::local::spawn_delivery;
-pub use self::monitor::{Monitor, Stopped};
+pub use self::monitor::Monitor;
 use crate::control::DrainControl;
 use crate::error::OutboxError;
 use crate::outbox::{DrainOutcome, OutboxCore, drain_outcome, store_released};
@@ -126,6 +127,12 @@ pub async fn drain(
     if core.slots().try_acquire(actor) == Acquire::Merged {
         return Ok(DrainOutcome::Merged);
     }
+    // A stop that began meanwhile saw no pass of this actor running, and goes on to remove
+    // this holder's lock file: no slot is taken after it.
+    if core.is_stopping() {
+        core.force_release_slot(actor);
+        return Err(OutboxError::ShuttingDown);
+    }
     let yield_at_slice = control
         .yield_at_slice
         .load(std::sync::atomic::Ordering::SeqCst);
@@ -165,6 +172,9 @@ pub async fn drain(
                     .expect("the session runs a pass only after acquiring the store's slot");
                 let result = pass::run_pass(rt, core, t, control, lease_renewed).await;
                 lease_renewed = result.lease_renewed;
+                if result.report.grace_over && core.is_stopping() {
+                    core.stop_record().note_grace_over();
+                }
                 total.add(&result.report);
                 if let Some(e) = result.error {
                     warn!(%actor, error = %e, end = %result.end, "pass ended on a store failure");
@@ -211,16 +221,56 @@ pub async fn drain(
     )))
 }
 
-/// Graceful shutdown of every pass of `core`: they stop starting units, attempts in flight
-/// have the shutdown grace to finish, the rest is handed back; then the executor stops.
-/// Nothing is lost if the grace passes: unfinished units stay in the store.
-pub async fn shutdown(rt: &Arc<dyn Runtime>, core: &Arc<OutboxCore>) {
+/// How long a stop waits, past the shutdown grace, for its passes to end: each ends by itself
+/// when the grace runs out (the core decides it), then hands back and releases its slot —
+/// store writes only, its attempts in flight were cut. A pass whose store does not answer
+/// within it is left to end in the background, its holder's lock file kept (unlocked: other
+/// relays take its slots over at once).
+pub const HAND_BACK_WAIT: Duration = Duration::from_secs(5);
+
+/// How a stop of an outbox went: what [`shutdown`] (the runtimes' `Outbox::shutdown`) and
+/// [`Monitor::stop`] return.
+///
+/// Whatever it says, nothing was lost: every unit not delivered is still pending in the store
+/// and is delivered by the next pass of any relay (at-least-once, with the same
+/// `Idempotency-Key`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stopped {
+    /// The shutdown grace ([`OutboxConfig::shutdown_grace`](crate::OutboxConfig::shutdown_grace),
+    /// 10 s by default) ran out with attempts still in flight, and the stop abandoned them
+    /// instead of waiting for their answers (up to the HTTP timeout, 30 s by default). Each
+    /// was recorded as an *interrupted* attempt — last error `interrupted: …`, not counted
+    /// toward `max_attempts` (OL-14) — and its unit stays pending: the recipient may or may
+    /// not have received it, and gets it again. `false`: every attempt in flight at the stop
+    /// was answered within the grace.
+    pub grace_over: bool,
+    /// A monitor of this outbox had stopped by itself before: its database file was removed
+    /// or replaced ([`Monitor::ended`] says which).
+    pub database_lost: bool,
+}
+
+/// The one stop of an outbox, the same on every runtime: nothing new starts (new drains are
+/// refused, every monitor of the outbox stops); running passes start nothing new, and their
+/// attempts in flight have the shutdown grace to finish; when it runs out, the attempts still
+/// in flight are abandoned (recorded as interrupted, their units handed back, to be delivered
+/// again later) instead of waited for up to the HTTP timeout; each pass hands back what it did
+/// not finish, commits its acks and releases its drain slot; then the executor stops, the acks
+/// still waiting are committed, and this process's holder lock file (SQLite:
+/// `<database>-holders/<holder>.lock`) is removed. Returns within the grace, plus the time the
+/// passes take to write their hand-back (at most [`HAND_BACK_WAIT`] more).
+///
+/// Calling it again (or after [`Monitor::stop`]) returns at once with the same answer. The
+/// outbox still enqueues and reads afterwards; drains are refused
+/// ([`OutboxError::ShuttingDown`]).
+pub async fn shutdown(rt: &Arc<dyn Runtime>, core: &Arc<OutboxCore>) -> Stopped {
     // Woken by every slot release (no polling); subscribed before the stop so no release
     // is missed.
     let (released, mut waiting) = wake::pair();
     let _released = core.slot_released().subscribe(move || released.wake());
     core.begin_shutdown();
-    let mut timeout = rt.sleep(core.config().shutdown_grace);
+    // The passes end by themselves at the grace; this only bounds a store that hangs.
+    let mut timeout = rt.sleep(core.config().shutdown_grace + HAND_BACK_WAIT);
     while core.slots().running() > 0 {
         let timed_out = std::future::poll_fn(|cx| {
             if waiting.poll_woken(cx).is_ready() {
@@ -230,10 +280,25 @@ pub async fn shutdown(rt: &Arc<dyn Runtime>, core: &Arc<OutboxCore>) {
         })
         .await;
         if timed_out {
+            let running = core.slots().running();
+            if running > 0 {
+                warn!(
+                    running,
+                    "passes still writing their hand-back past the shutdown grace: they end in the background (their slots end with their lease, or at once for relays that see this one gone)"
+                );
+                core.stop_record().note_grace_over();
+            }
             break;
         }
     }
     let c = Arc::clone(core);
-    // A worker busy with an attempt finishes it within the HTTP timeout.
-    let _ = unblock(&**rt, move || c.finish_shutdown()).await;
+    let _ = unblock(&**rt, move || {
+        c.finish_shutdown();
+        c.store().close_holder(c.holder());
+    })
+    .await;
+    Stopped {
+        grace_over: core.stop_record().grace_over(),
+        database_lost: core.stop_record().database_lost(),
+    }
 }

@@ -5,7 +5,8 @@
 //! work at once: the book enforces it; a pass that only waits on attempts in flight is not
 //! counted), and otherwise waits for the first of:
 //!
-//! - a stop request ([`Monitor::stop`], or the [`Monitor`] dropped);
+//! - a stop request ([`Monitor::stop`], or the [`Monitor`] dropped), or the stop of its outbox
+//!   ([`shutdown`](super::shutdown), which `Monitor::stop` runs);
 //! - a pass ending, or coming to only wait on its attempts in flight (each pass task reports
 //!   on one channel, in order, however it ends);
 //! - a wake-up from the store's [`Notifier`](outbox_lanes_store::Notifier): an enqueue in
@@ -16,12 +17,11 @@
 //!   units past the ack retention) ending, or coming due: at start, then every
 //!   [`upkeep_interval`](crate::OutboxConfig::upkeep_interval), as a task of its own (one at a
 //!   time, where blocking is allowed) so a long purge never delays a poll. A stop waits for
-//!   a running upkeep, at most the shutdown grace.
+//!   a running upkeep, at most the shutdown grace from the stop's start.
 
 use std::collections::HashMap;
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError};
 use std::task::Poll;
 use std::time::{Duration, SystemTime};
@@ -32,34 +32,26 @@ use outbox_lanes_core::{ActorId, MonitorAction, MonitorBook, Timestamp, Wake};
 use outbox_lanes_store::{StoreError, Subscription};
 use tracing::{debug, error, info, trace, warn};
 
-use super::{Runtime, unblock, wake};
+use super::{Runtime, Stopped, unblock, wake};
 use crate::control::DrainControl;
 use crate::error::OutboxError;
 use crate::outbox::{DrainOutcome, OutboxCore};
 
-/// A running monitor; see [`Monitor::start`]. Stop it with [`Monitor::stop`]; dropping it
-/// stops it in the background.
+/// A running monitor; see [`Monitor::start`]. [`Monitor::stop`] is the stop of its outbox
+/// (the same as [`shutdown`](super::shutdown)); dropping it stops only the monitor, in the
+/// background (running passes start nothing new, finish their attempts in flight and hand the
+/// rest back), and leaves the outbox open.
 pub struct Monitor {
+    rt: Arc<dyn Runtime>,
+    /// The outbox it drains; `None` once stopped or dropped (let go of where blocking is
+    /// allowed: it may hold the last reference to the store).
+    core: Option<Arc<OutboxCore>>,
     /// Sending (or dropping) it asks the loop to stop.
     stop: Option<oneshot::Sender<()>>,
     /// Completes (or closes) when the loop has returned.
     done: Option<oneshot::Receiver<()>>,
-    /// Set when a pass's shutdown grace ended with attempts in flight.
-    grace_over: Arc<AtomicBool>,
     /// Why the loop stopped by itself: the database was replaced or removed.
     lost: Arc<std::sync::Mutex<Option<StoreError>>>,
-}
-
-/// How a [`Monitor::stop`] went.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Stopped {
-    /// A pass's shutdown grace ended with attempts still in flight: they were recorded as
-    /// interrupted and handed back (their units are delivered again later).
-    pub grace_over: bool,
-    /// The monitor had stopped by itself: its database file was removed or replaced
-    /// ([`Monitor::ended`] says which).
-    pub database_lost: bool,
 }
 
 impl std::fmt::Debug for Monitor {
@@ -86,26 +78,29 @@ impl Monitor {
             .await
             .ok_or(OutboxError::ShuttingDown)??;
         let (waker, woken) = wake::pair();
+        // The outbox's stop wakes the loop as a store change does; the loop then sees it.
+        let w = waker.clone();
+        let stopping = core.shutdown_signal().subscribe(move || w.wake());
         // Runs on the notifying thread (an enqueuer, the watcher): short, never blocks; any
         // number of wake-ups before the loop looks are one.
         let subscription = notifier.subscribe(move || waker.wake());
         let (stop_tx, stop_rx) = oneshot::channel();
         let (done_tx, done_rx) = oneshot::channel();
-        let grace_over = Arc::new(AtomicBool::new(false));
-        let g = Arc::clone(&grace_over);
         let lost = Arc::new(std::sync::Mutex::new(None));
         let l = Arc::clone(&lost);
-        let r = Arc::clone(&rt);
+        let (r, c) = (Arc::clone(&rt), Arc::clone(&core));
         rt.spawn(Box::pin(async move {
-            let why = run(&r, &core, woken, subscription, stop_rx, g).await;
+            let _stopping = stopping;
+            let why = run(&r, &c, woken, subscription, stop_rx).await;
             *l.lock().unwrap_or_else(PoisonError::into_inner) = why;
-            super::drop_where_blocking(&*r, core);
+            super::drop_where_blocking(&*r, c);
             let _ = done_tx.send(());
         }));
         Ok(Monitor {
+            rt,
+            core: Some(core),
             stop: Some(stop_tx),
             done: Some(done_rx),
-            grace_over,
             lost,
         })
     }
@@ -138,10 +133,20 @@ impl Monitor {
             .clone()
     }
 
-    /// Stops the monitor gracefully: running passes start nothing new, attempts in flight
-    /// finish (within the shutdown grace), the rest is handed back and the slots released;
-    /// returns once every pass has ended. The outbox stays usable.
+    /// Stops the monitor and its outbox: the outbox's one stop
+    /// ([`shutdown`](super::shutdown), which also stops every other monitor of the outbox),
+    /// then waits for the monitor's loop to return. Within the shutdown grace, attempts in
+    /// flight finish; past it they are abandoned and their units delivered again later
+    /// ([`Stopped::grace_over`]). Calling the outbox's `shutdown` as well is harmless.
     pub async fn stop(mut self) -> Stopped {
+        let mut stopped = match self.core.take() {
+            Some(core) => {
+                let stopped = super::shutdown(&self.rt, &core).await;
+                super::drop_where_blocking(&*self.rt, core);
+                stopped
+            }
+            None => Stopped::default(),
+        };
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -149,10 +154,8 @@ impl Monitor {
             // Closed without a value: the runtime dropped the loop (it is shutting down).
             let _ = done.await;
         }
-        Stopped {
-            grace_over: self.grace_over.load(Ordering::SeqCst),
-            database_lost: self.lost().is_some(),
-        }
+        stopped.database_lost |= self.lost().is_some();
+        stopped
     }
 }
 
@@ -161,6 +164,9 @@ impl Drop for Monitor {
         // Dropping the sender closes the loop's stop channel: it stops the same way, in the
         // background.
         self.stop.take();
+        if let Some(core) = self.core.take() {
+            super::drop_where_blocking(&*self.rt, core);
+        }
     }
 }
 
@@ -244,7 +250,6 @@ async fn run(
     mut woken: wake::Woken,
     subscription: Subscription,
     stop_rx: oneshot::Receiver<()>,
-    grace_over: Arc<AtomicBool>,
 ) -> Option<StoreError> {
     // Unsubscribed when the loop returns.
     let _subscription = subscription;
@@ -267,9 +272,9 @@ async fn run(
     // `None`: never again (an interval past what a clock can hold).
     let mut upkeep_at = Some(rt.now());
     let mut upkeep_running = false;
-    // Since when the loop, stopping, has had no pass left: a running upkeep is waited for
-    // at most the shutdown grace from then.
-    let mut passes_ended_at: Option<std::time::Instant> = None;
+    // When the loop began to stop: a running upkeep is waited for at most the shutdown grace
+    // from then.
+    let mut stop_began: Option<std::time::Instant> = None;
     let grace = core.config().shutdown_grace;
     let (upkeep_tx, mut upkeep_rx) = mpsc::unbounded::<()>();
     info!(
@@ -279,6 +284,17 @@ async fn run(
     );
     loop {
         let now = wall_now();
+        if !stopping && core.is_stopping() {
+            debug!(
+                reason = "outbox_stopping",
+                running = running.len(),
+                "monitor stopping: its outbox stops"
+            );
+            stopping = true;
+        }
+        if stopping {
+            stop_began.get_or_insert_with(|| rt.now());
+        }
         if !stopping && !upkeep_running && upkeep_at.is_some_and(|t| rt.now() >= t) {
             upkeep_running = true;
             upkeep_at = rt.now().checked_add(upkeep_every);
@@ -302,6 +318,7 @@ async fn run(
                                 error!(error = %e, running = running.len(),
                                     "the database file is gone: this relay stops claiming (no new pass; running passes finish their attempts in flight and hand the rest back)");
                                 lost = Some(e);
+                                core.stop_record().note_database_lost();
                                 stopping = true;
                                 for control in running.values() {
                                     control.request_stop();
@@ -338,19 +355,13 @@ async fn run(
                             more: false,
                             tx: report_tx.clone(),
                         };
-                        let grace_over = Arc::clone(&grace_over);
                         let (r, c) = (Arc::clone(rt), Arc::clone(core));
                         rt.spawn(Box::pin(async move {
                             let Some(actor) = report.actor.clone() else {
                                 return;
                             };
                             let more = match super::drain(&r, &c, &actor, &control).await {
-                                Ok(DrainOutcome::Ran(rep)) => {
-                                    if rep.grace_over {
-                                        grace_over.store(true, Ordering::SeqCst);
-                                    }
-                                    rep.yielded
-                                }
+                                Ok(DrainOutcome::Ran(rep)) => rep.yielded,
                                 Ok(DrainOutcome::Merged) => false,
                                 Err(e) => {
                                     warn!(%actor, error = %e, "pass failed");
@@ -367,7 +378,7 @@ async fn run(
         if stopping && running.is_empty() {
             // A running upkeep is waited for at most the shutdown grace; past it, it finishes
             // in the background (each of its deletes is a transaction of its own).
-            let since = *passes_ended_at.get_or_insert_with(|| rt.now());
+            let since = *stop_began.get_or_insert_with(|| rt.now());
             let over = rt.now().saturating_duration_since(since) >= grace;
             if over && upkeep_running {
                 warn!(
@@ -397,9 +408,12 @@ async fn run(
             } else {
                 until_upkeep
             })
-            .min(passes_ended_at.map_or(Duration::MAX, |since| {
-                grace.saturating_sub(rt.now().saturating_duration_since(since))
-            }))
+            .min(match (stopping && running.is_empty(), stop_began) {
+                (true, Some(since)) => {
+                    grace.saturating_sub(rt.now().saturating_duration_since(since))
+                }
+                _ => Duration::MAX,
+            })
             .clamp(
                 Duration::from_millis(1),
                 poll_interval.max(Duration::from_millis(1)),
