@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use outbox_lanes_blocking::{
-    DeadLettered, DrainOutcome, Hooks, Outbox, OutboxConfig, store::NewRow,
+    DeadLettered, DrainOutcome, Hooks, Outbox, OutboxConfig, OutboxError, Stopped, store::NewRow,
 };
 use outbox_lanes_core::DeadReason;
 use outbox_lanes_store::{SqliteOptions, SqliteStore, Store};
@@ -563,14 +563,26 @@ fn the_monitor_drains_on_enqueue_and_stops_cleanly() {
     }
     assert!(r.wait_for("/one", 5, Duration::from_secs(20)));
     assert!(r.wait_for("/two", 5, Duration::from_secs(20)));
-    monitor.stop();
+    let stopped = monitor.stop();
+    assert_eq!(stopped, Stopped::default(), "nothing was cut: {stopped:?}");
     assert_eq!(bodies(&r, "/one"), ids(5));
     assert_eq!(bodies(&r, "/two"), ids(5));
-    // The outbox stays usable after the monitor stopped.
+    // The monitor's stop is the outbox's: it still enqueues, and refuses drains.
     outbox
         .enqueue("a1", &[row("late", &[r.url("/one")])])
         .expect("enqueue");
-    outbox.drain("a1").expect("drain");
+    assert!(
+        matches!(outbox.drain("a1"), Err(OutboxError::ShuttingDown)),
+        "a stopped outbox runs no pass"
+    );
+    assert_eq!(
+        outbox.shutdown(),
+        stopped,
+        "stopping again answers the same at once"
+    );
+    // Another outbox on the store delivers the late row.
+    let again = Outbox::open(Arc::clone(&f.store), config()).expect("outbox");
+    again.drain("a1").expect("drain");
     assert_eq!(r.count("/one"), 6);
 }
 

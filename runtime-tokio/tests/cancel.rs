@@ -122,7 +122,7 @@ async fn a_select_that_drops_the_drain_is_a_cancellation_too() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_monitor_stopped_mid_pass_hands_back_and_the_outbox_stays_usable() {
+async fn the_monitor_stopped_mid_pass_hands_back_and_the_next_outbox_takes_over_at_once() {
     let f = fixture();
     let r = Arc::new(Recipient::start().expect("recipient"));
     r.set_default("/slow", Reply::Status(200).after(Duration::from_millis(50)));
@@ -131,11 +131,17 @@ async fn the_monitor_stopped_mid_pass_hands_back_and_the_outbox_stays_usable() {
     enqueue_fan_out(&outbox, &r, 30).await;
     wait_for(&r, "/slow", 3).await;
     // Graceful: attempts in flight finish, the rest is handed back, the slot released.
-    monitor.stop().await;
+    let stopped = monitor.stop().await;
+    assert!(
+        !stopped.grace_over,
+        "answered within the grace: {stopped:?}"
+    );
     let first = r.count("/slow");
     assert!(first < 30, "the monitor's pass was stopped early");
 
-    // The slot is free at once: a graceful stop waits for its passes.
+    // The monitor's stop is the outbox's: the next outbox on the store finds the slot free
+    // at once (the stop waited for its passes; the lease is long).
+    let outbox = Outbox::open(Arc::clone(&f.store), long_lease()).expect("outbox");
     let again = outbox.drain("actor").await.expect("drain");
     assert!(
         matches!(again, DrainOutcome::Ran(rep) if rep.delivered > 0),
