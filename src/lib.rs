@@ -21,7 +21,7 @@ use outbox_lanes::store::{NewRow, SqliteOptions, SqliteStore};
 # fn main() -> Result<(), Box<dyn std::error::Error>> {
 let store = Arc::new(SqliteStore::open("outbox.db", SqliteOptions::default())?);
 let outbox = Outbox::open(store, OutboxConfig::default())?;
-let monitor = outbox.monitor()?; // drains every actor with work, woken on enqueue
+let _monitor = outbox.monitor()?; // drains every actor with work, woken on enqueue
 let row = NewRow {
     id: "https://example.com/activities/1".into(), // used once per actor
     body: br#"{"type":"Create"}"#.to_vec(),
@@ -31,13 +31,14 @@ let row = NewRow {
 };
 outbox.enqueue("https://example.com/users/alice", &[row])?; // durable on return
 // ... your service runs; deliveries go on in the background ...
-let _ = monitor.stop(); // attempts in flight finish, the rest waits in the store
+outbox.shutdown(); // the one stop: attempts in flight get the grace, the rest waits in the store
 # Ok(())
 # }
 ```"##
 )]
 //!
-//! The same on tokio, signing (HTTP Signatures, Standard Webhooks), enqueueing inside your
+//! The same on tokio, smol and async-std (`Outbox::open` and `outbox.shutdown()` alike on
+//! each), signing (HTTP Signatures, Standard Webhooks), enqueueing inside your
 //! own transaction (rusqlite, postgres, sqlx) and the settings: the library guide
 //! (`docs/library-guide.md` in the source) and the runnable programs of
 //! `examples/readme/examples/`.
@@ -56,10 +57,24 @@ pub use outbox_lanes_core as core;
 #[cfg(feature = "blocking")]
 pub use outbox_lanes_blocking as blocking;
 
-#[cfg(any(feature = "tokio", feature = "async-std"))]
+/// The async runtime on tokio (feature `tokio`): `Outbox::open` inside a tokio runtime opens
+/// on it, delivering with hyper-util's client.
+#[cfg(any(feature = "tokio", feature = "async-std", feature = "smol"))]
 pub use outbox_lanes_tokio as tokio;
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+/// The async runtime on smol (feature `smol`, no tokio runtime or hyper): the same crate as
+/// [`tokio`](mod@crate::tokio); `Outbox::open` called outside a tokio runtime and an
+/// async-std task opens on smol's global executor, delivering with ureq on its blocking pool.
+#[cfg(feature = "smol")]
+pub use outbox_lanes_tokio as smol;
+
+/// The async runtime on async-std (feature `async-std`; discontinued upstream, smol is its
+/// successor): the same crate as [`tokio`](mod@crate::tokio); `Outbox::open` inside an
+/// async-std task opens on async-std's executor, delivering with ureq on its blocking pool.
+#[cfg(feature = "async-std")]
+pub use outbox_lanes_tokio as async_std;
+
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 pub use outbox_lanes_store as store;
 
 /// The SQLite driver the store is built on (feature `sqlite`), at the version the store uses:

@@ -28,7 +28,10 @@
 //! Executors, by feature: `tokio` (default; `TokioRuntime`, hyper-util), `smol`
 //! (`SmolRuntime`) and `async-std` (`AsyncStdRuntime`; async-std is discontinued
 //! upstream, smol is its successor). The last two run the same driver with HTTP through
-//! ureq on their blocking pools (`OutboxBuilder::open_on`).
+//! ureq on their blocking pools. [`Outbox::open`] opens on the executor the caller runs on
+//! (tokio inside a tokio runtime, async-std inside an async-std task, else smol), the same
+//! call on each; [`OutboxBuilder::open_on`] names one. [`Outbox::shutdown`] (or
+//! [`Monitor::stop`], the same stop) stops it, on each executor alike.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -164,17 +167,38 @@ impl OutboxBuilder {
         self
     }
 
-    /// Opens the outbox on the tokio runtime the caller runs on, delivering with hyper-util's client.
+    /// Opens the outbox on the executor the caller runs on, among this crate's features: a
+    /// tokio runtime (feature `tokio`, delivering with hyper-util's client), else an async-std
+    /// task (feature `async-std`), else smol's global executor (feature `smol`) — those two
+    /// delivering with the blocking ureq client on their blocking pools. So with several
+    /// features (a workspace unifies them), tokio wins inside a tokio runtime, and a smol or
+    /// async-std program still gets its own. Another executor: [`OutboxBuilder::open_on`].
     ///
     /// # Errors
-    /// Called outside a tokio runtime ([`OutboxError::Spawn`]); the HTTP client could not be
-    /// built ([`OutboxError::Http`]); the ack writer's thread could not be started.
-    #[cfg(feature = "tokio")]
+    /// Called where none of the enabled executors runs (with `tokio` alone: outside a tokio
+    /// runtime), [`OutboxError::Spawn`] naming what to do; the HTTP client could not be built
+    /// ([`OutboxError::Http`]); the ack writer's thread could not be started.
+    #[cfg(any(feature = "tokio", feature = "async-std", feature = "smol"))]
     pub fn open(self) -> Result<Outbox, OutboxError> {
-        let rt = TokioRuntime::current()
-            .map_err(|e| OutboxError::Spawn(std::io::Error::other(e.to_string())))?;
-        let http = AsyncHttpClient::new(self.config.http.clone(), self.signer.clone())?;
-        self.finish(Arc::new(rt), Transport::Async(http))
+        #[cfg(feature = "tokio")]
+        if let Ok(rt) = TokioRuntime::current() {
+            let http = AsyncHttpClient::new(self.config.http.clone(), self.signer.clone())?;
+            return self.finish(Arc::new(rt), Transport::Async(http));
+        }
+        #[cfg(feature = "async-std")]
+        if async_std::task::try_current().is_some() || cfg!(not(feature = "smol")) {
+            return self.open_on(Arc::new(AsyncStdRuntime));
+        }
+        #[cfg(feature = "smol")]
+        {
+            self.open_on(Arc::new(SmolRuntime))
+        }
+        #[cfg(not(feature = "smol"))]
+        {
+            Err(OutboxError::Spawn(std::io::Error::other(
+                "no tokio runtime here: open the outbox inside one (in `#[tokio::main]`, or under `Runtime::enter`), or on another executor with `OutboxBuilder::open_on`",
+            )))
+        }
     }
 
     /// Opens the outbox on `runtime`, delivering with the blocking ureq client on its
@@ -224,11 +248,13 @@ impl OutboxBuilder {
 }
 
 impl Outbox {
-    /// An outbox on the current tokio runtime with the default resolver and no hooks.
+    /// An outbox with the default resolver and no hooks, on the executor the caller runs on:
+    /// tokio's (feature `tokio`), async-std's (`async-std`) or smol's (`smol`); see
+    /// [`OutboxBuilder::open`]. Another executor: [`OutboxBuilder::open_on`].
     ///
     /// # Errors
     /// See [`OutboxBuilder::open`].
-    #[cfg(feature = "tokio")]
+    #[cfg(any(feature = "tokio", feature = "async-std", feature = "smol"))]
     pub fn open(store: Arc<dyn Store>, config: OutboxConfig) -> Result<Outbox, OutboxError> {
         Outbox::builder(store, config).open()
     }
@@ -298,6 +324,76 @@ impl Outbox {
         let (actor, rows): (ActorId, _) = (actor.into(), rows.to_vec());
         self.call(move |core| core.enqueue(actor.as_str(), &rows))
             .await
+    }
+
+    /// Runs `f` — your own writes and [`SqliteStore::enqueue_in`] — in one transaction on
+    /// `store`'s writer connection, on the runtime's blocking pool (tokio, async-std or smol:
+    /// the outbox's [`Runtime`]), commits it, then wakes the monitor: the transactional outbox
+    /// (OL-15) from async code, without blocking the executor. `store` is the store this outbox
+    /// was opened on; your tables live in its database file. If `f` fails, nothing is written.
+    ///
+    /// Inside `f`, use only `enqueue_in` and your own SQL on the transaction: any other method
+    /// of the store waits for the connection `f` holds. Drop the [`PendingWake`] that
+    /// `enqueue_in` returns: the wake-up fires after the commit.
+    ///
+    /// ```no_run
+    /// use std::sync::Arc;
+    /// use outbox_lanes_tokio::{Outbox, OutboxConfig};
+    /// use outbox_lanes_tokio::store::{NewRow, SqliteOptions, SqliteStore};
+    ///
+    /// type Error = Box<dyn std::error::Error + Send + Sync>;
+    ///
+    /// # async fn run() -> Result<(), Error> {
+    /// let store = Arc::new(SqliteStore::open("app.db", SqliteOptions::default())?);
+    /// let outbox = Outbox::open(store.clone(), OutboxConfig::default())?;
+    /// let units = outbox
+    ///     .enqueue_in(&store, |store, tx| {
+    ///         tx.execute("INSERT INTO notes VALUES (?1, ?2)", ("n1", "hello"))?; // your write
+    ///         let row = NewRow {
+    ///             id: "https://notes.example/notes/n1".into(),
+    ///             body: br#"{"type":"Create"}"#.to_vec(),
+    ///             recipients: vec!["https://b.example/inbox".into()],
+    ///             ..NewRow::default()
+    ///         };
+    ///         let (enqueued, _wake) = store.enqueue_in(tx, "https://notes.example/actor", &[row])?;
+    ///         Ok::<_, Error>(enqueued[0].units.len())
+    ///     })
+    ///     .await?; // committed: the note and its row, or neither
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// [`SqliteStore::enqueue_in`]: outbox_lanes_store::SqliteStore::enqueue_in
+    /// [`PendingWake`]: outbox_lanes_store::PendingWake
+    ///
+    /// # Errors
+    /// `f`'s error (the transaction rolled back), the commit's; a runtime that is shutting
+    /// down and dropped the work unrun ([`StoreError::Database`](outbox_lanes_store::StoreError::Database)).
+    #[cfg(feature = "sqlite")]
+    pub async fn enqueue_in<T, E, F>(
+        &self,
+        store: &Arc<outbox_lanes_store::SqliteStore>,
+        f: F,
+    ) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<outbox_lanes_store::StoreError> + Send + 'static,
+        F: FnOnce(
+                &outbox_lanes_store::SqliteStore,
+                &outbox_lanes_store::sqlite::rusqlite::Transaction<'_>,
+            ) -> Result<T, E>
+            + Send
+            + 'static,
+    {
+        let store = Arc::clone(store);
+        unblock(&*self.inner.rt, move || {
+            store.with_transaction(|tx| f(&store, tx))
+        })
+        .await
+        .unwrap_or_else(|| {
+            Err(E::from(outbox_lanes_store::StoreError::Database(
+                "the runtime is shutting down: the transaction did not run".into(),
+            )))
+        })
     }
 
     /// Drains `actor`'s outbox: runs passes until nothing is admissible, unless a pass of

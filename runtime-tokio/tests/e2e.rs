@@ -503,6 +503,8 @@ async fn refused_rows_and_shutdown_are_typed_errors() {
     );
 }
 
+/// With `tokio` alone, opening outside a tokio runtime is an error that says what to do.
+#[cfg(not(any(feature = "smol", feature = "async-std")))]
 #[test]
 fn opening_outside_a_tokio_runtime_is_an_error() {
     let f = fixture();
@@ -511,6 +513,17 @@ fn opening_outside_a_tokio_runtime_is_an_error() {
         matches!(err, outbox_lanes_tokio::OutboxError::Spawn(_)),
         "{err:?}"
     );
+    assert!(err.to_string().contains("open_on"), "{err}");
+}
+
+/// With `smol` too, opening outside a tokio runtime (and an async-std task) opens on smol's
+/// global executor: a smol program calls the same `Outbox::open` (tests/stop.rs runs one).
+#[cfg(feature = "smol")]
+#[test]
+fn opening_outside_a_tokio_runtime_opens_on_smol() {
+    let f = fixture();
+    let outbox = Outbox::open(Arc::clone(&f.store), config()).expect("on smol");
+    assert!(format!("{outbox:?}").contains("SmolRuntime"), "{outbox:?}");
 }
 
 /// A drain runs pass after pass on one drain slot; the lease must be renewed across them, not
