@@ -1,7 +1,8 @@
 //! What a backend brings, under the operations written once: its connections and
 //! transactions, its wake-ups, and how it knows that a slot holder died.
 //!
-//! [`SqliteStore`](crate::SqliteStore) and [`PgStore`](crate::PgStore) implement [`Backend`];
+//! [`SqliteStore`](crate::SqliteStore), [`PgStore`](crate::PgStore) and `SqlxPgStore`
+//! implement [`Backend`];
 //! [`DriverStore`](crate::DriverStore) and [`ServiceStore`](crate::ServiceStore) are
 //! implemented once for every `Backend` (in `driver.rs` and `service.rs`), choosing the SQL of
 //! the backend's [`Dialect`] where the hot path differs. The trait is crate-private, so no other

@@ -1,6 +1,7 @@
 //! The store of outbox-lanes: the [`Store`] trait, SQLite (embedded default, feature
 //! `sqlite`) and Postgres (feature `postgres`); feature `sqlx` enqueues in a caller's sqlx
-//! transaction.
+//! transaction and runs the relay's Postgres store on a caller's sqlx pool (`SqlxPgStore`,
+//! for plain and `require` connections; [`PgStore`] for `verify-ca` / `verify-full`).
 //!
 //! [`Store`] is two traits: [`DriverStore`], what a pass and the monitor call, and
 //! [`ServiceStore`], what the embedding service and the operator's CLI call.
@@ -42,8 +43,8 @@
 //! `sqlx` module's enqueue is async. `SCHEMA.md` has the schema and the plain SQL of an
 //! enqueue (OL-15).
 #![cfg_attr(docsrs, feature(doc_cfg))]
-// Without a backend (no feature, or `sqlx` alone: its enqueue only) part of the shared code
-// is unused.
+// Without SQLite or `PgStore` (no feature, or `sqlx` alone: its enqueue and `SqlxPgStore`)
+// part of the shared code is unused.
 #![cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
@@ -90,6 +91,8 @@ pub mod sqlite;
 mod sqlite_path;
 #[cfg(feature = "sqlx")]
 pub mod sqlx;
+#[cfg(feature = "sqlx")]
+mod sqlx_pg;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod status;
 #[cfg(feature = "postgres")]

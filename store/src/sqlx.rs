@@ -4,9 +4,13 @@
 //! [`SqlxOutbox::enqueue`] runs the stores' own enqueue (the same checks, canonical
 //! recipients and statements) on the caller's connection: set-based with arrays on a
 //! [`PgConnection`], `SCHEMA.md`'s statements one by one on a [`SqliteConnection`] or an
-//! [`AnyConnection`] (which binds no arrays). The relay runs on a
-//! [`SqliteStore`](crate::SqliteStore) or [`PgStore`](crate::PgStore) of the same database
-//! (not on sqlx, whose TLS does not keep libpq's trust rules: `docs/ARCHITECTURE.md`).
+//! [`AnyConnection`] (which binds no arrays).
+//!
+//! The relay of such a service runs on the same pool with [`SqlxPgStore`] (Postgres with
+//! `sslmode` `disable`, `allow`, `prefer` or `require` and no root certificate: one Postgres
+//! client in the process), or on a [`PgStore`](crate::PgStore) of the same database for
+//! `verify-ca` / `verify-full` (sqlx's TLS does not verify as libpq does; see
+//! [`SqlxPgStore`]'s docs), or on a [`SqliteStore`](crate::SqliteStore) of the same file.
 //!
 //! ```no_run
 //! # use outbox_lanes_store::sqlx::sqlx;
@@ -29,12 +33,13 @@
 //!
 //! - **The schema must exist.** The store creates and migrates it: open the database once with
 //!   [`SqliteStore::open`](crate::SqliteStore::open) / [`PgStore::connect`](crate::PgStore::connect)
-//!   (or run the `outbox-lanes` relay on it) before enqueueing. Every call reads
-//!   `ol_meta.schema_version` (one indexed read) and refuses a missing or different schema with
-//!   a clear [`StoreError`], rolling back what it wrote, instead of leaving rows a relay would
-//!   misread.
+//!   / [`SqlxPgStore::new`] (or run the `outbox-lanes` relay on it) before enqueueing. Every
+//!   call reads `ol_meta.schema_version` (one indexed read) and refuses a missing or different
+//!   schema with a clear [`StoreError`], rolling back what it wrote, instead of leaving rows a
+//!   relay would misread.
 //! - **Postgres:** the tables are found in the store's schema (`outbox_lanes`, or the one given
-//!   to [`SqlxOutbox::with_schema`], the relay's `PgOptions::schema`), which the enqueue puts
+//!   to [`SqlxOutbox::with_schema`], the relay's `PgOptions::schema` or
+//!   `SqlxPgOptions::schema`), which the enqueue puts
 //!   on the `search_path` for its own statements and then gives the caller's back: the
 //!   caller's `search_path` does not matter and is left as it was. The wake-up is `pg_notify`
 //!   on the store's channel inside the transaction: relays (their `LISTEN`) get it at the
@@ -58,6 +63,7 @@ use ::sqlx::{
 };
 use outbox_lanes_core::ActorId;
 
+pub use crate::sqlx_pg::{SqlxPgOptions, SqlxPgStore};
 /// The sqlx crate this module is built on (0.9), for callers that take it from here and so
 /// stay on the same version without a dependency of their own.
 pub use ::sqlx;

@@ -1,5 +1,6 @@
 //! The store contract: the same test bodies against a SQLite file, SQLite in memory and
-//! Postgres (when `OUTBOX_LANES_TEST_PG` is set).
+//! Postgres (when `OUTBOX_LANES_TEST_PG` is set), the latter on the blocking `postgres` client
+//! and (feature `sqlx`) on a sqlx pool (`SqlxPgStore`).
 #![allow(missing_docs, clippy::std_instead_of_core)]
 
 #[macro_use]

@@ -2,7 +2,7 @@
 //! server through a loopback proxy that reads the frontend protocol (simple `Query`, and
 //! `Parse`/`Bind`/`Execute` of prepared statements) and records the SQL of every statement
 //! executed. A round's payloads are one statement whatever the number of units, on both
-//! Postgres stores.
+//! Postgres stores (`PgStore`, and `SqlxPgStore` with feature `sqlx`).
 #![allow(missing_docs, clippy::unwrap_used, clippy::std_instead_of_core)]
 #![cfg(feature = "postgres")]
 
@@ -247,5 +247,39 @@ fn a_rounds_payloads_are_one_statement_on_pgstore() {
     .expect("connect through the proxy");
     check(&store, &proxy.log);
     drop(store);
+    let _ = pg_client(&url, "public").batch_execute(&format!("DROP SCHEMA {schema} CASCADE"));
+}
+
+#[cfg(feature = "sqlx")]
+#[test]
+fn a_rounds_payloads_are_one_statement_on_the_sqlx_store() {
+    use outbox_lanes_store::sqlx::{SqlxPgOptions, SqlxPgStore, sqlx};
+    let Some(url) = pg_url() else { return };
+    let (_, upstream) = through(&url, "127.0.0.1:1".parse().unwrap());
+    let proxy = Proxy::start(upstream);
+    let (proxied, _) = through(&url, proxy.addr);
+    let schema = format!("ol_t_stmts_sqlx_{}", std::process::id());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let pool = rt
+        .block_on(
+            sqlx::postgres::PgPoolOptions::new()
+                .max_connections(2)
+                .connect(&proxied),
+        )
+        .expect("sqlx pool through the proxy");
+    let opts = SqlxPgOptions {
+        schema: schema.clone(),
+        ..SqlxPgOptions::default()
+    };
+    let store = rt
+        .block_on(SqlxPgStore::new(pool.clone(), opts))
+        .expect("sqlx store");
+    check(&store, &proxy.log);
+    drop(store);
+    rt.block_on(pool.close());
     let _ = pg_client(&url, "public").batch_execute(&format!("DROP SCHEMA {schema} CASCADE"));
 }

@@ -10,8 +10,9 @@ use outbox_lanes_core::{ActorId, LaneKey, Seq, Timestamp, UnitId};
 use outbox_lanes_store::*;
 
 /// The same test bodies against every backend: `contract!(a, b)` makes, for each name, a test
-/// in the modules `sqlite_file`, `sqlite_memory` and `postgres` calling `name(Backend::…)`.
-/// A test file takes it with `#[macro_use] mod common;`.
+/// in the modules `sqlite_file`, `sqlite_memory`, `postgres` and (feature `sqlx`)
+/// `sqlx_postgres` calling `name(Backend::…)`. A test file takes it with
+/// `#[macro_use] mod common;`.
 #[allow(unused_macros)]
 macro_rules! contract {
     ($($name:ident),* $(,)?) => {
@@ -24,6 +25,10 @@ macro_rules! contract {
         mod postgres {
             $( #[test] fn $name() { super::$name(super::Backend::Postgres) } )*
         }
+        #[cfg(feature = "sqlx")]
+        mod sqlx_postgres {
+            $( #[test] fn $name() { super::$name(super::Backend::SqlxPostgres) } )*
+        }
     };
 }
 
@@ -33,6 +38,8 @@ pub enum Backend {
     SqliteFile,
     SqliteMemory,
     Postgres,
+    /// Postgres through `SqlxPgStore`, on a sqlx pool.
+    SqlxPostgres,
 }
 
 /// The test server's URL (skipped loudly without it, a failure under `CI`): the same check
@@ -63,6 +70,16 @@ enum Kind {
         url: String,
         schema: String,
         opts: PgOptions,
+    },
+    /// The pool's runtime lives as long as the harness; the store's calls come from the test
+    /// thread (outside the runtime, as from a blocking thread).
+    #[cfg(feature = "sqlx")]
+    SqlxPg {
+        url: String,
+        schema: String,
+        opts: outbox_lanes_store::sqlx::SqlxPgOptions,
+        pool: outbox_lanes_store::sqlx::sqlx::PgPool,
+        rt: tokio::runtime::Runtime,
     },
 }
 
@@ -123,7 +140,51 @@ impl H {
                 })
             }
             Backend::Postgres => Self::open_pg(common),
+            Backend::SqlxPostgres => Self::open_sqlx_pg(common),
         }
+    }
+
+    #[cfg(feature = "sqlx")]
+    fn open_sqlx_pg(common: CommonOptions) -> Option<H> {
+        use outbox_lanes_store::sqlx::{SqlxPgOptions, SqlxPgStore, sqlx};
+        let url = pg_url()?;
+        let schema = unique_name();
+        let opts = SqlxPgOptions {
+            schema: schema.clone(),
+            common,
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let pool = rt
+            .block_on(
+                sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(8)
+                    .connect(&url),
+            )
+            .expect("sqlx pool");
+        let store = rt
+            .block_on(SqlxPgStore::new(pool.clone(), opts.clone()))
+            .expect("sqlx store");
+        Some(H {
+            store: Arc::new(store),
+            backend: Backend::SqlxPostgres,
+            kind: Kind::SqlxPg {
+                url,
+                schema,
+                opts,
+                pool,
+                rt,
+            },
+            memory: None,
+        })
+    }
+
+    #[cfg(not(feature = "sqlx"))]
+    fn open_sqlx_pg(_common: CommonOptions) -> Option<H> {
+        None
     }
 
     #[cfg(feature = "postgres")]
@@ -165,6 +226,14 @@ impl H {
             Kind::Pg { url, opts, .. } => {
                 Arc::new(PgStore::connect(url, opts.clone()).expect("reconnect"))
             }
+            #[cfg(feature = "sqlx")]
+            Kind::SqlxPg { pool, opts, rt, .. } => Arc::new(
+                rt.block_on(outbox_lanes_store::sqlx::SqlxPgStore::new(
+                    pool.clone(),
+                    opts.clone(),
+                ))
+                .expect("second sqlx store"),
+            ),
         }
     }
 
@@ -215,6 +284,8 @@ impl H {
                 tx.rollback().expect("rollback");
                 out
             }
+            #[cfg(feature = "sqlx")]
+            Kind::SqlxPg { .. } => self.sqlx_enqueue(actor, rows, false),
         }
     }
 
@@ -256,7 +327,37 @@ impl H {
                 wake.fire();
                 out
             }
+            #[cfg(feature = "sqlx")]
+            Kind::SqlxPg { .. } => self.sqlx_enqueue(actor, rows, true),
         }
+    }
+
+    /// Enqueues inside a transaction of the sqlx pool (`SqlxOutbox`), then commits or rolls
+    /// it back.
+    #[cfg(feature = "sqlx")]
+    fn sqlx_enqueue(&self, actor: &ActorId, rows: &[NewRow], commit: bool) -> Vec<Enqueued> {
+        let Kind::SqlxPg {
+            schema, pool, rt, ..
+        } = &self.kind
+        else {
+            panic!("not a sqlx store");
+        };
+        let outbox = outbox_lanes_store::sqlx::SqlxOutbox::new()
+            .with_schema(schema)
+            .expect("schema");
+        rt.block_on(async {
+            let mut tx = pool.begin().await.expect("begin");
+            let out = outbox
+                .enqueue(&mut *tx, actor.clone(), rows)
+                .await
+                .expect("enqueue");
+            if commit {
+                tx.commit().await.expect("commit");
+            } else {
+                tx.rollback().await.expect("rollback");
+            }
+            out
+        })
     }
 
     /// The path of a SQLite file database.
@@ -272,6 +373,8 @@ impl H {
         match &self.kind {
             #[cfg(feature = "postgres")]
             Kind::Pg { url, schema, .. } => Some((url.clone(), schema.clone())),
+            #[cfg(feature = "sqlx")]
+            Kind::SqlxPg { url, schema, .. } => Some((url.clone(), schema.clone())),
             _ => None,
         }
     }
@@ -288,6 +391,22 @@ pub fn pg_client(url: &str, schema: &str) -> ::postgres::Client {
 
 impl Drop for H {
     fn drop(&mut self) {
+        #[cfg(feature = "sqlx")]
+        if let Kind::SqlxPg {
+            schema, pool, rt, ..
+        } = &self.kind
+        {
+            self.store = Arc::new(SqliteStore::in_memory().expect("placeholder"));
+            let drop_schema = format!("DROP SCHEMA IF EXISTS {schema} CASCADE");
+            rt.block_on(async {
+                let _ = outbox_lanes_store::sqlx::sqlx::raw_sql(
+                    outbox_lanes_store::sqlx::sqlx::AssertSqlSafe(drop_schema),
+                )
+                .execute(pool)
+                .await;
+                pool.close().await;
+            });
+        }
         #[cfg(feature = "postgres")]
         if let Kind::Pg { url, schema, .. } = &self.kind {
             // Drop the store first: its connections must not hold locks on the schema.
