@@ -1,25 +1,36 @@
 //! Quick start, tokio runtime: passes and deliveries as tasks, hyper.
 #![deny(warnings)]
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::{error::Error, sync::Arc, time::Duration};
 
 use outbox_lanes::store::{NewRow, SqliteOptions, SqliteStore};
-use outbox_lanes::tokio::{Outbox, OutboxConfig};
+use outbox_lanes::tokio::{Outbox, OutboxConfig, Stopped};
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let store = Arc::new(SqliteStore::open("outbox.db", SqliteOptions::default())?);
-    let outbox = Outbox::open(store, OutboxConfig::default())?; // on the current runtime
-    let monitor = outbox.monitor().await?; // drains every actor with work, woken on enqueue
+async fn main() -> Result<(), Box<dyn Error>> {
+    let config = OutboxConfig::default(); // the test allows loopback, for its recorder
+    run("outbox.db", "https://b.example/inbox", config).await?;
+    Ok(())
+}
+
+/// One row to `inbox`, delivered in the background; then the one stop.
+pub async fn run(db: &str, inbox: &str, config: OutboxConfig) -> Result<Stopped, Box<dyn Error>> {
+    let store = Arc::new(SqliteStore::open(db, SqliteOptions::default())?);
+    let outbox = Outbox::open(store, config)?; // on the tokio runtime this runs on
+    let _monitor = outbox.monitor().await?; // drains every actor with work, woken on enqueue
     let activity = serde_json::json!({"type": "Create", "object": {"content": "hi"}});
     let row = NewRow::activity("https://example.com/activities/1", &activity)? // once per actor
-        .recipients(["https://b.example/inbox"]) // one lane per recipient
+        .recipients([inbox]) // one lane per recipient
         .header("Authorization", "Bearer t0k3n"); // sent with the row
     outbox
         .enqueue("https://example.com/users/alice", &[row])
         .await?; // durable on return
-    tokio::time::sleep(Duration::from_secs(60)).await; // your service runs; deliveries go on
-    let _ = monitor.stop().await; // attempts in flight finish, the rest waits in the store
-    Ok(())
+    for _ in 0..100 {
+        // your service runs; deliveries go on in the background
+        if outbox.status().await?.iter().all(|s| s.pending == 0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(outbox.shutdown().await) // the one stop: attempts in flight get the grace, the rest waits
 }

@@ -6,6 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use outbox_lanes::blocking::Stopped;
 use outbox_lanes::core::ActorId;
 use outbox_lanes::store::{DriverStore, Notifier, ServiceStore, Subscription};
 
@@ -22,14 +23,40 @@ pub mod tx_postgres;
 #[path = "../examples/signing.rs"]
 pub mod signing;
 
+#[allow(dead_code)]
+#[path = "../examples/quickstart_blocking.rs"]
+pub mod quickstart_blocking;
+
+#[allow(dead_code)]
+#[path = "../examples/quickstart_tokio.rs"]
+pub mod quickstart_tokio;
+
+#[allow(dead_code)]
+#[path = "../examples/quickstart_smol.rs"]
+pub mod quickstart_smol;
+
+#[allow(dead_code)]
+#[path = "../examples/quickstart_async_std.rs"]
+pub mod quickstart_async_std;
+
 const README: &str = include_str!("../../../README.md");
 const GUIDE: &str = include_str!("../../../docs/library-guide.md");
 
 /// The library guide's whole programs, by the path its marker names them with.
-const GUIDE_EXAMPLES: [(&str, &str); 1] = [(
-    "examples/readme/examples/signing.rs",
-    include_str!("../examples/signing.rs"),
-)];
+const GUIDE_EXAMPLES: [(&str, &str); 3] = [
+    (
+        "examples/readme/examples/signing.rs",
+        include_str!("../examples/signing.rs"),
+    ),
+    (
+        "examples/readme/examples/quickstart_smol.rs",
+        include_str!("../examples/quickstart_smol.rs"),
+    ),
+    (
+        "examples/readme/examples/quickstart_async_std.rs",
+        include_str!("../examples/quickstart_async_std.rs"),
+    ),
+];
 
 /// Every example, by the path the README's marker names it with.
 const EXAMPLES: [(&str, &str); 4] = [
@@ -313,4 +340,72 @@ fn the_signing_example_signs_as_its_verifiers_expect() {
         "both secrets of the rotation verify"
     );
     assert!(check(other).is_err(), "another customer's secret does not");
+}
+
+/// The holder lock files beside the database at `db` (`<db>-holders/*.lock`).
+fn lock_files(db: &Path) -> Vec<String> {
+    let mut dir = db.as_os_str().to_owned();
+    dir.push("-holders");
+    match std::fs::read_dir(dir) {
+        Ok(entries) => entries
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.ends_with(".lock"))
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Runs a quick start's `run` on a database of its own against a recorder on 127.0.0.1, and
+/// checks that its row arrived, that its stop (the one stop) cut nothing and left no lock
+/// file.
+fn quick_start(
+    name: &str,
+    run: impl FnOnce(&str, &str, outbox_lanes::blocking::OutboxConfig) -> Result<Stopped, String>,
+) {
+    use outbox_lanes_test_support::Recipient;
+
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let db = dir.path().join(format!("{name}.db"));
+    let r = Recipient::start().expect("a recipient");
+    let config = outbox_lanes::blocking::OutboxConfig::default().allow_loopback();
+    let stopped = run(db.to_str().expect("a UTF-8 path"), &r.url("/inbox"), config)
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_eq!(r.count("/inbox"), 1, "{name}: the row was delivered once");
+    assert_eq!(stopped, Stopped::default(), "{name}: nothing was cut");
+    assert!(
+        lock_files(&db).is_empty(),
+        "{name}: the stop left no lock file: {:?}",
+        lock_files(&db)
+    );
+}
+
+#[test]
+fn the_blocking_quick_start_delivers_and_stops() {
+    quick_start("blocking", |db, inbox, config| {
+        quickstart_blocking::run(db, inbox, config).map_err(|e| e.to_string())
+    });
+}
+
+#[test]
+fn the_tokio_quick_start_delivers_and_stops() {
+    quick_start("tokio", |db, inbox, config| {
+        let rt = tokio::runtime::Runtime::new().expect("a tokio runtime");
+        rt.block_on(quickstart_tokio::run(db, inbox, config))
+            .map_err(|e| e.to_string())
+    });
+}
+
+#[test]
+fn the_smol_quick_start_delivers_and_stops() {
+    quick_start("smol", |db, inbox, config| {
+        smol::block_on(quickstart_smol::run(db, inbox, config)).map_err(|e| e.to_string())
+    });
+}
+
+#[test]
+fn the_async_std_quick_start_delivers_and_stops() {
+    quick_start("async-std", |db, inbox, config| {
+        async_std::task::block_on(quickstart_async_std::run(db, inbox, config))
+            .map_err(|e| e.to_string())
+    });
 }
