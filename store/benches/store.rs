@@ -16,8 +16,10 @@
 //! side, one transaction per claim+ack round of 100 units and per 100-row bare delete.
 //!
 //! Run: `cargo bench -p outbox-lanes-store --all-features --bench store`
-//! (set `OUTBOX_LANES_TEST_PG` to include Postgres; `OUTBOX_LANES_BENCH_ONLY=full,normal,pg`
-//! picks a subset). It prints figures; it asserts nothing.
+//! (set `OUTBOX_LANES_TEST_PG` to include Postgres; `OUTBOX_LANES_BENCH_ONLY=full,normal,pg,sqlx`
+//! picks a subset; `OUTBOX_LANES_BENCH_ROUNDS=n` runs the chosen cases n times, alternating,
+//! e.g. PgStore and SqlxPgStore one after the other, n times). It prints figures; it asserts
+//! nothing.
 #![allow(missing_docs, clippy::unwrap_used)]
 
 use std::time::{Duration, Instant};
@@ -506,8 +508,8 @@ impl Bare for PgBare {
 }
 
 #[cfg(feature = "postgres")]
-fn postgres(url: &str) {
-    let schema = format!("ol_bench_{}", std::process::id());
+fn postgres(url: &str, round: usize) {
+    let schema = format!("ol_bench_{}_{round}", std::process::id());
     let store = PgStore::connect(
         url,
         PgOptions {
@@ -519,7 +521,36 @@ fn postgres(url: &str) {
     let mut bare = PgBare::new(url, &schema, "bare", false);
     let mut floor = PgBare::new(url, &schema, "floor", true);
     let t = measure(&store, &mut bare, &mut floor, "pg");
-    report("Postgres (127.0.0.1)", &t);
+    report("Postgres (PgStore, 127.0.0.1)", &t);
+    drop(store);
+    drop(floor);
+    let _ = bare
+        .client
+        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"));
+}
+
+/// The same bench on [`SqlxPgStore`](outbox_lanes_store::sqlx::SqlxPgStore): the Postgres
+/// store on a sqlx pool (sqlx's default size, 10), its statements waited on the pool's
+/// runtime from this (non-async) thread, as a runtime's blocking pool calls it.
+#[cfg(all(feature = "postgres", feature = "sqlx"))]
+fn postgres_sqlx(url: &str, round: usize) {
+    use outbox_lanes_store::sqlx::{SqlxPgOptions, SqlxPgStore, sqlx::PgPool};
+    let schema = format!("ol_bench_sqlx_{}_{round}", std::process::id());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let pool = rt.block_on(PgPool::connect(url)).unwrap();
+    let opts = SqlxPgOptions {
+        schema: schema.clone(),
+        ..SqlxPgOptions::default()
+    };
+    let store = rt.block_on(SqlxPgStore::new(pool, opts)).unwrap();
+    let mut bare = PgBare::new(url, &schema, "bare", false);
+    let mut floor = PgBare::new(url, &schema, "floor", true);
+    let t = measure(&store, &mut bare, &mut floor, "pgsqlx");
+    report("Postgres through sqlx (SqlxPgStore, 127.0.0.1)", &t);
     drop(store);
     drop(floor);
     let _ = bare
@@ -532,22 +563,42 @@ fn main() {
         "outbox-lanes-store bench: {SINGLE} single-row enqueues, {BATCHED} units ({BATCH} per transaction, \
          {LANES} lanes, {BODY}-byte payloads), outbox and bare table measured in alternating steps"
     );
-    // OUTBOX_LANES_BENCH_ONLY=full,normal,pg runs a subset (default: all).
+    // OUTBOX_LANES_BENCH_ONLY=full,normal,pg,sqlx runs a subset (default: all), each case
+    // OUTBOX_LANES_BENCH_ROUNDS times (default 1), the cases alternating within a round.
     let only = std::env::var("OUTBOX_LANES_BENCH_ONLY").unwrap_or_default();
     let wanted = |name: &str| only.is_empty() || only.split(',').any(|w| w.trim() == name);
-    if wanted("full") {
-        sqlite(Synchronous::Full);
-    }
-    if wanted("normal") {
-        sqlite(Synchronous::Normal);
-    }
+    let rounds: usize = std::env::var("OUTBOX_LANES_BENCH_ROUNDS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1);
     #[cfg(feature = "postgres")]
-    if wanted("pg") {
-        match std::env::var("OUTBOX_LANES_TEST_PG") {
-            Ok(url) if !url.is_empty() => {
-                postgres(&outbox_lanes_test_support::pg_url_without_tls(&url))
+    let pg = std::env::var("OUTBOX_LANES_TEST_PG")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .map(|u| outbox_lanes_test_support::pg_url_without_tls(&u));
+    for round in 0..rounds {
+        if rounds > 1 {
+            println!("--- round {} of {rounds}", round + 1);
+        }
+        if wanted("full") {
+            sqlite(Synchronous::Full);
+        }
+        if wanted("normal") {
+            sqlite(Synchronous::Normal);
+        }
+        #[cfg(feature = "postgres")]
+        if wanted("pg") {
+            match &pg {
+                Some(url) => postgres(url, round),
+                None => println!("Postgres: skipped (OUTBOX_LANES_TEST_PG not set)"),
             }
-            _ => println!("Postgres: skipped (OUTBOX_LANES_TEST_PG not set)"),
+        }
+        #[cfg(all(feature = "postgres", feature = "sqlx"))]
+        if wanted("sqlx") {
+            match &pg {
+                Some(url) => postgres_sqlx(url, round),
+                None => println!("Postgres through sqlx: skipped (OUTBOX_LANES_TEST_PG not set)"),
+            }
         }
     }
 }
