@@ -44,7 +44,8 @@ outbox.shutdown(); // the one stop: attempts in flight get the grace, the rest w
 //! `examples/readme/examples/`.
 //!
 //! This facade re-exports the sans-IO [`core`] and, by feature, a store ([`store`]: `sqlite`,
-//! the default, and `postgres`) and a runtime ([`blocking`]: the `blocking` feature;
+//! the default, `postgres`, and `sqlx`: the relay's Postgres store on your own sqlx pool) and
+//! a runtime ([`blocking`]: the `blocking` feature;
 //! `tokio`: the `tokio` and `async-std` features).
 //!
 //! The default features (`sqlite`, `blocking`) are the library's: they bring in no async
@@ -89,6 +90,7 @@ pub use outbox_lanes_store::sqlite::rusqlite;
 pub use outbox_lanes_store::postgres::postgres;
 
 /// sqlx as the store uses it (feature `sqlx`): a transaction of your own for
-/// [`SqlxOutbox::enqueue`](store::sqlx::SqlxOutbox::enqueue).
+/// [`SqlxOutbox::enqueue`](store::sqlx::SqlxOutbox::enqueue), and the pool of
+/// [`SqlxPgStore`](store::sqlx::SqlxPgStore), the relay's store on your own pool.
 #[cfg(feature = "sqlx")]
 pub use outbox_lanes_store::sqlx::sqlx;

@@ -1,9 +1,11 @@
 //! An axum service with a transactional outbox on **sqlx**: the POST handler enqueues the
 //! outgoing activity and writes the note in the **same sqlx transaction** (SQLite by default,
 //! Postgres when given a URL), then asks for a drain without waiting for it. The relay runs in
-//! the same process on the same database (`SqliteStore`, or `PgStore` with a few connections
-//! of its own). Either both are written or neither: a note whose write fails never reaches a
-//! follower, and a note that is written always does (at least once, in order per follower),
+//! the same process on the same database: on SQLite a `SqliteStore` of the file, on Postgres a
+//! `SqlxPgStore` on the service's own sqlx pool (one Postgres client in the process; it takes
+//! `sslmode` `disable`, `prefer` or `require`, and names `PgStore::connect` for `verify-ca` /
+//! `verify-full`). Either both are written or neither: a note whose write fails never reaches
+//! a follower, and a note that is written always does (at least once, in order per follower),
 //! even if the process dies right after the commit — the monitor finds the row on the next
 //! start.
 //!
@@ -31,15 +33,13 @@ use outbox_lanes::core::ActorId;
 // sqlx as the facade re-exports it (feature `sqlx`): the store's version, no dependency of
 // its own.
 use outbox_lanes::sqlx;
-use outbox_lanes::store::sqlx::{SqlxConnection, SqlxOutbox};
-use outbox_lanes::store::{
-    EnqueueError, NewRow, PgOptions, PgStore, SqliteOptions, SqliteStore, Store,
-};
+use outbox_lanes::store::sqlx::{SqlxConnection, SqlxOutbox, SqlxPgOptions, SqlxPgStore};
+use outbox_lanes::store::{EnqueueError, NewRow, SqliteOptions, SqliteStore, Store};
 use outbox_lanes::tokio::{Monitor, Outbox, OutboxConfig};
 use serde_json::{Value, json};
 use sqlx::{PgPool, SqlitePool};
 
-/// The service's pool.
+/// The service's pool: on Postgres the relay shares it.
 #[derive(Clone)]
 enum Db {
     Pg(PgPool),
@@ -75,17 +75,13 @@ impl From<EnqueueError> for WriteError {
 
 impl App {
     /// The service's sqlx pool (SQLite file or Postgres URL), the outbox's store on the same
-    /// database (it creates the outbox tables), the outbox on the current tokio runtime and
-    /// its monitor.
+    /// database (on Postgres, on that very pool; it creates the outbox tables), the outbox on
+    /// the current tokio runtime and its monitor.
     async fn open(db: &str, config: OutboxConfig) -> anyhow::Result<(App, Monitor)> {
         let (db, store): (Db, Arc<dyn Store>) = if db.starts_with("postgres") {
-            let url = db.to_owned();
-            // Making a store blocks (and `PgStore` owns a client runtime): keep it off the
-            // async workers.
-            let store =
-                tokio::task::spawn_blocking(move || PgStore::connect(&url, PgOptions::default()))
-                    .await??;
-            (Db::Pg(PgPool::connect(db).await?), Arc::new(store))
+            let pool = PgPool::connect(db).await?;
+            let store = SqlxPgStore::new(pool.clone(), SqlxPgOptions::default()).await?;
+            (Db::Pg(pool), Arc::new(store))
         } else {
             let path = db.to_owned();
             let store = tokio::task::spawn_blocking(move || {
@@ -414,8 +410,7 @@ mod tests {
             Db::Pg(p) => p.close().await,
             Db::Sqlite(p) => p.close().await,
         }
-        // A store blocks when dropped (SQLite joins its watcher, `PgStore` ends its client
-        // runtime): off the async workers.
+        // A SQLite store joins its watcher when dropped: off the async workers.
         tokio::task::spawn_blocking(move || drop(app))
             .await
             .expect("drop");
@@ -450,30 +445,18 @@ mod tests {
         };
         let name = format!("ol_axum_{}", std::process::id());
         let (base, _) = url.rsplit_once('/').expect("a database in the URL");
-        let admin = url.clone();
-        let create = name.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut c =
-                outbox_lanes::postgres::Client::connect(&admin, outbox_lanes::postgres::NoTls)
-                    .expect("admin");
-            for sql in [
-                format!("DROP DATABASE IF EXISTS {create} WITH (FORCE)"),
-                format!("CREATE DATABASE {create}"),
-            ] {
-                c.batch_execute(&sql).expect("create database");
-            }
-        })
-        .await
-        .expect("join");
+        let admin = |sql: String| async {
+            let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url)
+                .await
+                .expect("admin");
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                .execute(&mut c)
+                .await
+                .expect("admin statement");
+        };
+        admin(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await;
+        admin(format!("CREATE DATABASE {name}")).await;
         one_transaction(&format!("{base}/{name}"), true).await;
-        tokio::task::spawn_blocking(move || {
-            let mut c =
-                outbox_lanes::postgres::Client::connect(&url, outbox_lanes::postgres::NoTls)
-                    .expect("admin");
-            c.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                .expect("drop database");
-        })
-        .await
-        .expect("join");
+        admin(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await;
     }
 }
