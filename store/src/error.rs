@@ -9,6 +9,7 @@ use core::fmt;
 use std::sync::Arc;
 
 use outbox_lanes_core::policy::url::UrlError;
+use outbox_lanes_core::policy::{AddrClass, AddressPolicy};
 
 /// The database library's error behind a [`StoreError`]: what its `source()` returns.
 ///
@@ -340,6 +341,27 @@ pub enum EnqueueError {
         name: String,
         /// Why it is refused.
         reason: String,
+    },
+    /// A recipient's address is known without a lookup (an IP literal, `localhost`) and the
+    /// outbox's destination policy refuses it (OL-24): delivery would dead-letter it
+    /// `destination_refused` at its first attempt. The policy is the outbox's, stored in the
+    /// database and read by every process; its `hint` says how to widen it (an outbox opened
+    /// with `OutboxConfig::allow_loopback()` or `allow_private()`, the binary's
+    /// `--allow-private-destinations`, or `outbox-lanes destinations set`), or that nothing
+    /// does (cloud metadata, multicast, documentation, reserved space).
+    #[error("row {row:?}: recipient {recipient:?} is a {class} address, which {hint}")]
+    DestinationRefused {
+        /// The row id.
+        row: String,
+        /// The recipient as given.
+        recipient: String,
+        /// Its address class.
+        class: AddrClass,
+        /// The outbox's destination policy that refused it; `None` when no policy allows
+        /// the class (it is refused before the policy is read).
+        policy: Option<AddressPolicy>,
+        /// What refuses it and how to allow it, if anything does.
+        hint: String,
     },
     /// The database failed; nothing was written.
     #[error("enqueue failed, nothing written: {0}")]

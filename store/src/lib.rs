@@ -55,6 +55,7 @@ mod db;
 mod dead_letters;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod delivery_log;
+mod destinations;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod driver;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
@@ -107,8 +108,10 @@ mod watcher;
 use core::time::Duration;
 
 pub use outbox_lanes_core as core_types;
+use outbox_lanes_core::policy::AddressPolicy;
 use outbox_lanes_core::{ActorId, DeadReason, Timestamp, UnitId};
 
+pub use destinations::{PolicyChange, covers, parse_policy_name, policy_name, widest};
 pub use error::{Cause, EnqueueError, StoreError};
 pub use headers::{HeaderProblem, MAX_HEADER_BYTES, MAX_HEADERS, RefusedHeader, validate_headers};
 pub use host_figures::{
@@ -119,7 +122,7 @@ pub use lag::{LaneHold, PendingHeads};
 pub use notify::{Notifier, PendingWake, Subscription};
 #[cfg(feature = "postgres")]
 pub use postgres::{PgOptions, PgStore};
-pub use prepare::check_headers;
+pub use prepare::{check_destinations, check_headers};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteOptions, SqliteStore, Synchronous};
 #[cfg(feature = "postgres")]
@@ -516,8 +519,39 @@ pub trait ServiceStore: Send + Sync {
     /// ([`CommonOptions::max_recipients`]), a recipient that is not an absolute http(s) URL, a
     /// content type that is not a valid HTTP header value, a refused header
     /// ([`check_headers`]), a duplicate row id or a payload over the limit refuses the whole
-    /// batch with an error naming the row; nothing is written.
+    /// batch with an error naming the row; so does a recipient whose address the outbox's
+    /// destination policy refuses without a lookup (an IP literal, `localhost`:
+    /// [`EnqueueError::DestinationRefused`], OL-24). Nothing is written.
     fn enqueue(&self, actor: &ActorId, rows: &[NewRow]) -> Result<Vec<Enqueued>, EnqueueError>;
+
+    /// The outbox's destination policy (OL-24): which address classes beyond public space
+    /// every process on this database may deliver to. Enqueue refuses what it refuses;
+    /// delivery allows what it or the process's own configuration allows. Public only until
+    /// an outbox whose configuration asks for more, or an operator, widens it.
+    ///
+    /// # Errors
+    /// Database failures; a stored value this version does not read.
+    fn destination_policy(&self) -> Result<AddressPolicy, StoreError>;
+
+    /// Widens the outbox's destination policy to allow what `wanted` allows too: a union,
+    /// never a narrowing, and no write when it allows that already (so a store opened
+    /// read-only may ask). Every outbox calls it when it opens, with its configuration's
+    /// `HttpConfig::addresses`.
+    ///
+    /// # Errors
+    /// Database failures; a stored value this version does not read.
+    fn widen_destination_policy(&self, wanted: AddressPolicy) -> Result<PolicyChange, StoreError>;
+
+    /// Sets the outbox's destination policy, narrower or wider: an operator's act
+    /// (`outbox-lanes destinations set`). After a narrowing, units already enqueued for a
+    /// destination it now refuses are dead-lettered `destination_refused` at their next
+    /// attempt by every process whose own configuration does not allow it; a process whose
+    /// configuration still asks for more widens it again when it next opens (and says so at
+    /// WARN: [`PolicyChange::undid_narrowing`]).
+    ///
+    /// # Errors
+    /// Database failures.
+    fn set_destination_policy(&self, policy: AddressPolicy) -> Result<PolicyChange, StoreError>;
 
     /// Every actor with pending units or dead letters, at a glance.
     ///

@@ -62,7 +62,7 @@ use crate::db::{Db, Dialect, Get, Sql, Value, ready};
 use crate::enqueue::enqueue;
 use crate::notify::{Notifier, PendingWake};
 use crate::pg_schema;
-use crate::prepare::prepare;
+use crate::prepare::{check_stored_policy, prepare};
 use crate::tls::{ConfigError, Connector};
 use crate::types::*;
 use crate::watcher::WatcherThread;
@@ -694,6 +694,7 @@ impl PgStore {
             channel,
             &self.opts.common,
         ))?;
+        ready(check_stored_policy(&mut db, &prepared))?;
         db.commit()?;
         Ok((out, PendingWake::new(self.shared.notifier.clone())))
     }

@@ -1,11 +1,15 @@
 //! Enqueue validation shared by the stores: everything that can refuse a batch without
 //! touching the database is checked here first, so a bad row refuses the batch before any
-//! write (OL-4).
+//! write (OL-4); then, only for a batch that names a recipient outside public space known
+//! without a lookup, the outbox's destination policy (OL-24, [`check_stored_policy`]), read
+//! in the enqueue's transaction.
 
 use std::collections::HashSet;
 
 use outbox_lanes_core::LaneKey;
+use outbox_lanes_core::policy::{AddrClass, AddressPolicy, Recipient};
 
+use crate::destinations::{WIDEST, policy_name};
 use crate::error::EnqueueError;
 use crate::headers::{is_header_value, validate_headers};
 use crate::types::{CommonOptions, NewRow};
@@ -16,6 +20,109 @@ pub(crate) struct PreparedRow<'a> {
     /// The ordering key as stored ('' = none).
     pub(crate) ordering_key: &'a str,
     pub(crate) lanes: Vec<LaneKey>,
+    /// The recipients (index in the row's) whose address is known without a lookup and
+    /// outside public space, with its class: the outbox's destination policy judges them.
+    pub(crate) guarded: Vec<(usize, AddrClass)>,
+}
+
+/// Checks a row's recipients against a destination policy as the stores' enqueue does
+/// against the outbox's (OL-24), for callers that validate their input before they open a
+/// store: a recipient whose address is known without a lookup (an IP literal, `localhost`)
+/// and that `policy` refuses. Names resolve only at delivery, where the same policy judges
+/// the addresses they resolve to.
+///
+/// # Errors
+/// [`EnqueueError::BadRecipient`] for a recipient that is not an absolute http(s) URL;
+/// [`EnqueueError::DestinationRefused`] for the first refused one.
+pub fn check_destinations(row: &NewRow, policy: &AddressPolicy) -> Result<(), EnqueueError> {
+    for url in &row.recipients {
+        let recipient = Recipient::parse(url).map_err(|reason| EnqueueError::BadRecipient {
+            row: row.id.clone(),
+            url: url.clone(),
+            reason,
+        })?;
+        match recipient.host().known_class() {
+            Some(class) if !policy.allows(class) => {
+                return Err(destination_refused(row, url, class, Some(*policy)));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The refusal of `url`, of class `class`, by `policy` (`None`: no policy allows it).
+fn destination_refused(
+    row: &NewRow,
+    url: &str,
+    class: AddrClass,
+    policy: Option<AddressPolicy>,
+) -> EnqueueError {
+    let widen = match class {
+        AddrClass::Loopback => Some(
+            "an outbox opened on this database with OutboxConfig::allow_loopback() (or \
+             allow_private()), outbox-lanes enqueue, drain or relay with \
+             --allow-private-destinations, or `outbox-lanes destinations set loopback`",
+        ),
+        AddrClass::Private | AddrClass::SharedCgnat | AddrClass::UniqueLocal => Some(
+            "an outbox opened on this database with OutboxConfig::allow_private(), \
+             outbox-lanes enqueue, drain or relay with --allow-private-destinations, or \
+             `outbox-lanes destinations set private`",
+        ),
+        AddrClass::LinkLocal => Some(
+            "an outbox opened on this database whose HttpConfig::addresses sets \
+             allow_link_local (the binary never allows link-local space)",
+        ),
+        _ => None,
+    };
+    let hint = match (policy, widen) {
+        (Some(p), Some(widen)) => format!(
+            "this outbox's destination policy ({}) refuses (SSRF guard): delivery would \
+             dead-letter it; every process on the database allows it once it is widened by {widen}",
+            policy_name(p)
+        ),
+        _ => "delivery always refuses (SSRF guard)".to_owned(),
+    };
+    EnqueueError::DestinationRefused {
+        row: row.id.clone(),
+        recipient: url.to_owned(),
+        class,
+        policy,
+        hint,
+    }
+}
+
+/// Whether any row names a recipient the outbox's destination policy must judge.
+pub(crate) fn needs_policy(rows: &[PreparedRow<'_>]) -> bool {
+    rows.iter().any(|p| !p.guarded.is_empty())
+}
+
+/// Refuses a batch with a recipient the outbox's stored destination policy refuses (OL-24),
+/// read in the enqueue's transaction: only when [`needs_policy`], so a batch of named hosts
+/// reads nothing. Run after the enqueue's writes (the caller rolls back on a refusal): on
+/// SQLite a read first would take a snapshot that a concurrent writer could make too old to
+/// write from.
+///
+/// # Errors
+/// [`EnqueueError::DestinationRefused`] for the first refused recipient; database failures.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
+pub(crate) async fn check_stored_policy(
+    db: &mut impl crate::db::AsyncDb,
+    rows: &[PreparedRow<'_>],
+) -> Result<(), EnqueueError> {
+    if !needs_policy(rows) {
+        return Ok(());
+    }
+    let policy = crate::destinations::read(db).await?;
+    for p in rows {
+        for &(i, class) in &p.guarded {
+            if !policy.allows(class) {
+                let url = p.row.recipients.get(i).map_or("", String::as_str);
+                return Err(destination_refused(p.row, url, class, Some(policy)));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Checks a row's [`headers`](NewRow::headers) as [`ServiceStore::enqueue`](crate::ServiceStore::enqueue)
@@ -83,18 +190,31 @@ pub(crate) fn prepare<'a>(
         let ordering_key = row.ordering_key.as_deref().unwrap_or("");
         let ok = (!ordering_key.is_empty()).then_some(ordering_key);
         let mut lanes: Vec<LaneKey> = Vec::with_capacity(row.recipients.len());
-        for url in &row.recipients {
-            let key = LaneKey::new(url, ok).map_err(|reason| EnqueueError::BadRecipient {
+        let mut guarded = Vec::new();
+        for (i, url) in row.recipients.iter().enumerate() {
+            let recipient = Recipient::parse(url).map_err(|reason| EnqueueError::BadRecipient {
                 row: row.id.clone(),
                 url: url.clone(),
                 reason,
             })?;
-            lanes.push(key);
+            match recipient.host().known_class() {
+                None | Some(AddrClass::Public) => {}
+                Some(class) if !WIDEST.allows(class) => {
+                    return Err(destination_refused(row, url, class, None));
+                }
+                Some(class) => guarded.push((i, class)),
+            }
+            // `LaneKey::new`'s key, without parsing the URL twice.
+            lanes.push(LaneKey::from_canonical(
+                recipient.as_str().to_owned(),
+                ok.map(str::to_owned),
+            ));
         }
         out.push(PreparedRow {
             row,
             ordering_key,
             lanes: distinct(lanes),
+            guarded,
         });
     }
     Ok(out)

@@ -4,13 +4,15 @@
 
 use std::time::SystemTime;
 
+use outbox_lanes_core::policy::AddressPolicy;
 use outbox_lanes_core::{ActorId, DeadReason, LaneKey, Timestamp, UnitId};
 
 use crate::backend::Backend;
 use crate::db::{Db, Sql, args, ready};
+use crate::destinations::{self, PolicyChange, covers};
 use crate::enqueue::{NOTIFY, enqueue};
 use crate::hosts::{HostBlock, HostStatus};
-use crate::prepare::prepare;
+use crate::prepare::{check_stored_policy, prepare};
 use crate::types::{
     ActorStatus, CONTROL_VALIDITY, DeadLetter, DeadLetterId, DeadLetterSelection, Enqueued,
     LaneStatus, NewRow, Payload,
@@ -201,10 +203,33 @@ impl<B: Backend> ServiceStore for B {
         // COMMIT is sent certainly did not commit, so it is retried on a new connection.
         let (channel, common) = (self.shared().channel.as_deref(), self.common());
         let out = self.write(false, |db| {
-            ready(enqueue(db, actor, &prepared, channel, common))
+            let out = ready(enqueue(db, actor, &prepared, channel, common))?;
+            ready(check_stored_policy(db, &prepared))?;
+            Ok::<_, EnqueueError>(out)
         })?;
         self.shared().notifier.notify();
         Ok(out)
+    }
+
+    fn destination_policy(&self) -> Result<AddressPolicy, StoreError> {
+        self.read(|db| ready(destinations::read(db)))
+    }
+
+    fn widen_destination_policy(&self, wanted: AddressPolicy) -> Result<PolicyChange, StoreError> {
+        // A read first: the usual answer (it allows that already) needs no write access.
+        let before = self.destination_policy()?;
+        if covers(before, wanted) {
+            return Ok(PolicyChange {
+                before,
+                after: before,
+                undid_narrowing: false,
+            });
+        }
+        self.write(true, |db| destinations::widen(db, wanted))
+    }
+
+    fn set_destination_policy(&self, policy: AddressPolicy) -> Result<PolicyChange, StoreError> {
+        self.write(false, |db| destinations::set(db, policy))
     }
 
     fn status(&self) -> Result<Vec<ActorStatus>, StoreError> {

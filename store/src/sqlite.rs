@@ -33,7 +33,7 @@ use crate::db::{Db, Dialect, Get, Sql, Value, ready};
 use crate::enqueue::enqueue;
 use crate::liveness::Liveness;
 use crate::notify::{Notifier, PendingWake};
-use crate::prepare::prepare;
+use crate::prepare::{check_stored_policy, prepare};
 use crate::types::*;
 use crate::util::needs_ddl;
 use crate::watcher::WatcherThread;
@@ -734,7 +734,9 @@ impl SqliteStore {
             conn: tx,
             path: self.path.as_deref(),
         };
-        match ready(enqueue(&mut db, actor, &prepared, None, &self.opts.common)) {
+        let done = ready(enqueue(&mut db, actor, &prepared, None, &self.opts.common))
+            .and_then(|v| ready(check_stored_policy(&mut db, &prepared)).map(|()| v));
+        match done {
             Ok(v) => {
                 tx.execute_batch("RELEASE ol_enqueue").map_err(db_err)?;
                 Ok((v, PendingWake::new(self.shared.notifier.clone())))

@@ -71,7 +71,7 @@ pub use ::sqlx;
 use crate::db::{AsyncDb, Dialect, Get, Sql, Value, args};
 use crate::enqueue::enqueue;
 use crate::error::EnqueueError;
-use crate::prepare::prepare;
+use crate::prepare::{check_stored_policy, prepare};
 use crate::types::{CommonOptions, Enqueued, NewRow};
 use crate::{SchemaPolicy, StoreError, util};
 
@@ -187,6 +187,7 @@ impl SqlxOutbox {
             let restore = self.enter_schema(&mut db).await?;
             let out = enqueue(&mut db, actor, &prepared, channel, &self.limits).await?;
             self.check_version(&mut db).await?;
+            check_stored_policy(&mut db, &prepared).await?;
             if let Some(path) = restore {
                 db.execute(&SET_SEARCH_PATH, args![&path]).await?;
             }

@@ -62,7 +62,7 @@ fn killed_holder_is_taken_over(target: &str, test_name: &str) {
             id: "r1".into(),
             body: b"{}".to_vec(),
             content_type: "application/json".into(),
-            recipients: vec!["http://127.0.0.1:9/inbox".into()],
+            recipients: vec!["https://a.example/inbox".into()],
             ..Default::default()
         };
         store

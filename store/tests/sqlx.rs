@@ -333,6 +333,72 @@ fn rollback_and_refusals_postgres() {
     rollback_and_refusals(Backend::Postgres);
 }
 
+/// `SqlxOutbox::enqueue` refuses a recipient the outbox's destination policy refuses (OL-24)
+/// with the stores' error, writes nothing and leaves the caller's transaction as it was;
+/// once the policy is widened it enqueues it.
+fn destinations_refused_as_the_stores_refuse_them(backend: Backend, any: bool) {
+    run(backend, CommonOptions::default(), |h| {
+        let a = actor("alice");
+        let rt = rt();
+        let loopback = "http://127.0.0.1:9/inbox";
+        let rows = [row("ok", &[A]), row("lo", &[loopback])];
+        let by_store = h
+            .store
+            .enqueue(&a, &rows)
+            .expect_err("refused by the store");
+        let by_sqlx = rt
+            .block_on(enqueue_in_tx_as(h, &rows, true, any))
+            .expect_err("refused through sqlx");
+        assert_eq!(by_sqlx, by_store);
+        assert!(
+            matches!(
+                &by_sqlx,
+                EnqueueError::DestinationRefused { row, class: outbox_lanes_core::policy::AddrClass::Loopback, .. }
+                    if row == "lo"
+            ),
+            "{by_sqlx:?}"
+        );
+        for named in [
+            "OutboxConfig::allow_loopback()",
+            "--allow-private-destinations",
+        ] {
+            assert!(by_sqlx.to_string().contains(named), "{by_sqlx}");
+        }
+        assert!(
+            h.store.status().expect("status").is_empty(),
+            "nothing written"
+        );
+        h.store
+            .widen_destination_policy(
+                outbox_lanes_core::policy::AddressPolicy::allow_loopback_only(),
+            )
+            .expect("widen");
+        let done = rt
+            .block_on(enqueue_in_tx_as(h, &rows, true, any))
+            .expect("allowed now");
+        assert_eq!(done[0].seq.0, 1, "the refused batches took no seq");
+        let t = acquire(&*h.store, &a, "t", LEASE);
+        let lane = lane_of(&*h.store, &a, loopback);
+        assert_eq!(row_ids(&claim_lane(&*h.store, &t, lane, 0, 10)), ["lo"]);
+    });
+}
+
+#[test]
+fn destinations_refused_as_the_stores_refuse_them_sqlite_file() {
+    destinations_refused_as_the_stores_refuse_them(Backend::SqliteFile, false);
+}
+
+#[test]
+fn destinations_refused_as_the_stores_refuse_them_postgres() {
+    destinations_refused_as_the_stores_refuse_them(Backend::Postgres, false);
+}
+
+#[test]
+fn destinations_refused_as_the_stores_refuse_them_through_any() {
+    destinations_refused_as_the_stores_refuse_them(Backend::SqliteFile, true);
+    destinations_refused_as_the_stores_refuse_them(Backend::Postgres, true);
+}
+
 /// A database the store never opened, or a Postgres schema that does not exist, is refused
 /// with an error saying what to do, and the caller's transaction stays usable.
 #[test]
