@@ -2,8 +2,6 @@
 
 use std::time::Duration;
 
-use outbox_lanes_core::policy::AddressPolicy;
-
 use crate::http::HttpConfig;
 
 /// The default [`OutboxConfig::concurrency`]: attempts in flight at once per process. Sized
@@ -12,7 +10,11 @@ use crate::http::HttpConfig;
 pub const DEFAULT_CONCURRENCY: usize = 256;
 
 /// Configuration of an `Outbox` (either runtime).
-#[derive(Clone, Debug)]
+///
+/// A clone has a destination-policy handle of its own
+/// ([`HttpConfig::outbox_addresses`](crate::http::HttpConfig::outbox_addresses)): two
+/// outboxes opened from clones of one configuration never share what their databases store.
+#[derive(Debug)]
 pub struct OutboxConfig {
     /// The scheduler's configuration (window, retries, backoff). Its `max_in_flight` is
     /// replaced by [`OutboxConfig::concurrency`] and its admission window is widened to
@@ -87,10 +89,64 @@ impl Default for OutboxConfig {
     }
 }
 
+impl Clone for OutboxConfig {
+    fn clone(&self) -> Self {
+        let OutboxConfig {
+            scheduler,
+            http,
+            concurrency,
+            per_host,
+            reserve,
+            rates,
+            hosts,
+            lease,
+            time_slice,
+            shutdown_grace,
+            poll_interval,
+            max_passes,
+            upkeep_interval,
+            holder,
+            seed,
+        } = self;
+        let mut http = http.clone();
+        http.outbox_addresses = http.outbox_addresses.detached();
+        OutboxConfig {
+            scheduler: scheduler.clone(),
+            http,
+            concurrency: *concurrency,
+            per_host: *per_host,
+            reserve: *reserve,
+            rates: rates.clone(),
+            hosts: hosts.clone(),
+            lease: *lease,
+            time_slice: *time_slice,
+            shutdown_grace: *shutdown_grace,
+            poll_interval: *poll_interval,
+            max_passes: *max_passes,
+            upkeep_interval: *upkeep_interval,
+            holder: holder.clone(),
+            seed: *seed,
+        }
+    }
+}
+
 impl OutboxConfig {
-    /// Allows loopback destinations (tests and demos on 127.0.0.1).
+    /// Allows loopback destinations (tests and demos on 127.0.0.1), as well as any allowed
+    /// already. The outbox opened with it allows them for every process on its database
+    /// (OL-24: it widens the outbox's stored destination policy).
     pub fn allow_loopback(mut self) -> Self {
-        self.http.addresses = AddressPolicy::allow_loopback_only();
+        self.http.addresses.allow_loopback = true;
+        self
+    }
+
+    /// Allows loopback and private-range destinations (RFC 1918, shared CGNAT, IPv6 unique
+    /// local: a relay delivering to services on its own networks), as the binary's
+    /// `--allow-private-destinations` does; link-local space and the cloud metadata services
+    /// stay refused. The outbox opened with it allows them for every process on its
+    /// database (OL-24).
+    pub fn allow_private(mut self) -> Self {
+        self.http.addresses.allow_loopback = true;
+        self.http.addresses.allow_private = true;
         self
     }
 
@@ -136,6 +192,29 @@ impl OutboxConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_clone_has_a_destination_policy_handle_of_its_own() {
+        use outbox_lanes_core::policy::AddressPolicy;
+        let a = OutboxConfig::default().allow_private();
+        assert!(a.http.addresses.allow_loopback && a.http.addresses.allow_private);
+        assert!(!a.http.addresses.allow_link_local);
+        a.http
+            .outbox_addresses
+            .set(AddressPolicy::allow_loopback_only());
+        let b = a.clone();
+        assert_eq!(b.http.outbox_addresses.get(), a.http.outbox_addresses.get());
+        b.http.outbox_addresses.set(AddressPolicy::public_only());
+        assert_eq!(
+            a.http.outbox_addresses.get(),
+            AddressPolicy::allow_loopback_only(),
+            "two outboxes opened from clones share no handle"
+        );
+        // An HttpConfig's clone shares it: the clients an outbox builds see what it sets.
+        let http = a.http.clone();
+        http.outbox_addresses.set(AddressPolicy::public_only());
+        assert_eq!(a.http.outbox_addresses.get(), AddressPolicy::public_only());
+    }
 
     #[test]
     fn the_in_flight_window_follows_the_concurrency() {

@@ -17,6 +17,23 @@ pub enum OutboxError {
     /// Enqueue refused the batch; nothing was written.
     #[error("enqueue refused: {0}")]
     Enqueue(#[source] EnqueueError),
+    /// Opening the outbox could not read its destination policy, or widen it to what the
+    /// configuration allows (OL-24): most often a database role that may not write `ol_meta`
+    /// (the enqueuer role of `docs/privileges.md`). Nothing was changed.
+    #[error(
+        "cannot read the outbox's destination policy, or widen it to {wanted} (what this \
+         process's HttpConfig::addresses allows: OutboxConfig::allow_loopback or \
+         allow_private, --allow-private-destinations): {source}; widen it once as a role that \
+         may write ol_meta (`outbox-lanes destinations set`, or a relay started with the \
+         setting), or open without asking for more"
+    )]
+    DestinationPolicy {
+        /// The policy the configuration asked for, by name (`loopback+private`).
+        wanted: String,
+        /// The store's failure.
+        #[source]
+        source: StoreError,
+    },
     /// A thread could not be started.
     #[error("cannot start a thread: {0}")]
     Spawn(#[source] std::io::Error),

@@ -10,6 +10,8 @@
 
 use core::fmt;
 use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use outbox_lanes_core::policy::{
@@ -47,8 +49,17 @@ pub struct HttpConfig {
     /// At most this many bytes of an answer's body are read; then the connection is dropped
     /// (not reused). Default 64 KiB.
     pub max_response_body: usize,
-    /// Which destination addresses may be connected to. Default: public addresses only.
+    /// Which destination addresses this process may connect to. Default: public addresses
+    /// only. Deliveries allow what it or the outbox's stored policy allows
+    /// ([`HttpConfig::outbox_addresses`]), and an outbox opened with it widens the stored
+    /// policy to allow it too (OL-24).
     pub addresses: AddressPolicy,
+    /// The outbox's destination policy (OL-24) as this process last read it: set by the
+    /// outbox when it opens and at the start of each pass, shared by clones of this
+    /// `HttpConfig` and the HTTP clients built from them, which check every address they
+    /// connect to against [`HttpConfig::allowed`]. Leave it at its default: a client built
+    /// without an outbox allows [`HttpConfig::addresses`] alone.
+    pub outbox_addresses: OutboxAddresses,
     /// An HTTP(S) CONNECT proxy (`http://host:port`, `https://host:port`, optionally with
     /// `user:pass@`). Default `None`: no proxy, **whatever the environment says** —
     /// `HTTP_PROXY`, `HTTPS_PROXY`, `ALL_PROXY` are ignored. The SSRF guard cannot see through
@@ -82,6 +93,7 @@ impl Default for HttpConfig {
             user_agent: concat!("outbox-lanes/", env!("CARGO_PKG_VERSION")).to_owned(),
             max_response_body: DEFAULT_MAX_RESPONSE_BODY,
             addresses: AddressPolicy::public_only(),
+            outbox_addresses: OutboxAddresses::default(),
             proxy: None,
             classifier: Classifier::default(),
             retry_after_cap: DEFAULT_RETRY_AFTER_CAP,
@@ -100,6 +112,7 @@ impl fmt::Debug for HttpConfig {
             .field("user_agent", &self.user_agent)
             .field("max_response_body", &self.max_response_body)
             .field("addresses", &self.addresses)
+            .field("outbox_addresses", &self.outbox_addresses)
             .field("proxy", &self.proxy.as_deref().map(redact_userinfo))
             .field("classifier", &self.classifier)
             .field("retry_after_cap", &self.retry_after_cap)
@@ -107,6 +120,91 @@ impl fmt::Debug for HttpConfig {
             .field("signature_fallback_on_5xx", &self.signature_fallback_on_5xx)
             .field("connect_timeout", &self.connect_timeout)
             .finish()
+    }
+}
+
+impl HttpConfig {
+    /// The destinations a delivery may reach now: what [`HttpConfig::addresses`] or the
+    /// outbox's stored policy ([`HttpConfig::outbox_addresses`]) allows.
+    pub fn allowed(&self) -> AddressPolicy {
+        self.outbox_addresses.allowing(self.addresses)
+    }
+}
+
+/// The outbox's stored destination policy as a process last read it (OL-24): a handle the
+/// outbox sets and its passes and HTTP clients read (one atomic load), so that a widening
+/// by another process on the database reaches the clients' checks of the addresses they
+/// connect to at this process's next pass.
+///
+/// Clones share it: the clients an outbox builds from its [`HttpConfig`] see what the outbox
+/// sets. A cloned `OutboxConfig` gets a handle of its own
+/// ([`OutboxAddresses::detached`]), so two outboxes opened from one configuration on two
+/// databases never share one.
+#[derive(Clone, Default)]
+pub struct OutboxAddresses(Arc<Handle>);
+
+#[derive(Default)]
+struct Handle {
+    bits: AtomicU8,
+    /// How many times a `set` took away a class: a client that keeps connections opened under
+    /// the wider policy starts a new pool when it moved ([`OutboxAddresses::narrowings`]).
+    narrowings: AtomicU64,
+}
+
+const LOOPBACK: u8 = 1;
+const PRIVATE: u8 = 2;
+const LINK_LOCAL: u8 = 4;
+
+fn bits_of(p: AddressPolicy) -> u8 {
+    let bit = |on: bool, bit: u8| if on { bit } else { 0 };
+    bit(p.allow_loopback, LOOPBACK)
+        | bit(p.allow_private, PRIVATE)
+        | bit(p.allow_link_local, LINK_LOCAL)
+}
+
+impl OutboxAddresses {
+    /// The policy last set (public only until an outbox sets it).
+    pub fn get(&self) -> AddressPolicy {
+        let bits = self.0.bits.load(Ordering::Relaxed);
+        AddressPolicy {
+            allow_loopback: bits & LOOPBACK != 0,
+            allow_private: bits & PRIVATE != 0,
+            allow_link_local: bits & LINK_LOCAL != 0,
+        }
+    }
+
+    /// Sets the policy every holder of the handle reads from now on.
+    pub fn set(&self, p: AddressPolicy) {
+        let bits = bits_of(p);
+        let before = self.0.bits.swap(bits, Ordering::Relaxed);
+        if before & !bits != 0 {
+            self.0.narrowings.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// How many times [`OutboxAddresses::set`] narrowed the policy: a client whose pooled
+    /// connections were opened before the last narrowing must not reuse them (one was
+    /// allowed when it was opened, and may not be now).
+    pub fn narrowings(&self) -> u64 {
+        self.0.narrowings.load(Ordering::Acquire)
+    }
+
+    /// What `own` or this policy allows.
+    pub fn allowing(&self, own: AddressPolicy) -> AddressPolicy {
+        outbox_lanes_store::widest(own, self.get())
+    }
+
+    /// A handle of its own with the same policy, shared with nothing.
+    pub fn detached(&self) -> OutboxAddresses {
+        let h = OutboxAddresses::default();
+        h.set(self.get());
+        h
+    }
+}
+
+impl fmt::Debug for OutboxAddresses {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&outbox_lanes_store::policy_name(self.get()))
     }
 }
 
@@ -343,6 +441,48 @@ pub fn unsigned(d: &Delivery<'_>, e: &crate::sign::SignError) -> AttemptResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_outbox_policy_handle_is_shared_by_clones_and_counts_narrowings() {
+        let h = OutboxAddresses::default();
+        assert_eq!(h.get(), AddressPolicy::public_only());
+        let clone = h.clone();
+        let wide = AddressPolicy {
+            allow_loopback: true,
+            allow_private: true,
+            allow_link_local: true,
+        };
+        clone.set(wide);
+        assert_eq!(h.get(), wide, "one handle");
+        assert_eq!(h.narrowings(), 0, "a widening is no narrowing");
+        h.set(wide);
+        assert_eq!(h.narrowings(), 0, "nor is setting what is set");
+        h.set(AddressPolicy::allow_loopback_only());
+        assert_eq!(clone.narrowings(), 1);
+        let own = h.detached();
+        own.set(AddressPolicy::public_only());
+        assert_eq!(h.get(), AddressPolicy::allow_loopback_only(), "detached");
+        assert_eq!((h.narrowings(), own.narrowings()), (1, 1));
+        let private = AddressPolicy {
+            allow_private: true,
+            ..AddressPolicy::public_only()
+        };
+        assert_eq!(
+            h.allowing(private),
+            AddressPolicy {
+                allow_loopback: true,
+                allow_private: true,
+                allow_link_local: false,
+            }
+        );
+        let cfg = HttpConfig {
+            addresses: private,
+            ..HttpConfig::default()
+        };
+        cfg.outbox_addresses
+            .set(AddressPolicy::allow_loopback_only());
+        assert_eq!(cfg.allowed(), h.allowing(private));
+    }
 
     #[test]
     fn proxy_credentials_stay_out_of_debug_and_errors() {

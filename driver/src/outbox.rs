@@ -10,9 +10,9 @@ use outbox_lanes_core::{
     ActorId, ActorResolver, DrainAction, DrainEnd, DrainSession, DrainSlots, Release,
 };
 use outbox_lanes_store::{
-    ActorStatus, DeadLetter, Enqueued, LaneStatus, NewRow, Store, StoreError,
+    ActorStatus, DeadLetter, Enqueued, LaneStatus, NewRow, Store, StoreError, covers, policy_name,
 };
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::ack::{AckWriter, AckWriterOptions};
 use crate::config::OutboxConfig;
@@ -74,12 +74,18 @@ impl std::fmt::Debug for OutboxCore {
 }
 
 impl OutboxCore {
-    /// Starts the ack writer, puts the fair shares of the budget between actors
+    /// Widens the outbox's destination policy to allow what the configuration's
+    /// [`HttpConfig::addresses`](crate::http::HttpConfig::addresses) allows and reads it into
+    /// [`HttpConfig::outbox_addresses`](crate::http::HttpConfig::outbox_addresses) (OL-24),
+    /// starts the ack writer, puts the fair shares of the budget between actors
     /// ([`FairShares`](crate::FairShares)), the per-host caps (if configured) and the origin gate
-    /// ([`OriginGate`], shared through the store) in front of `executor`.
+    /// ([`OriginGate`], shared through the store) in front of `executor`. Build the
+    /// executor's HTTP clients from `config.http` (a clone of it shares the handle), so that
+    /// they allow what the outbox stores.
     ///
     /// # Errors
-    /// The ack writer's thread could not be started.
+    /// The destination policy could not be read or widened
+    /// ([`OutboxError::DestinationPolicy`]); a thread could not be started.
     pub fn new(
         store: Arc<dyn Store>,
         config: OutboxConfig,
@@ -87,6 +93,7 @@ impl OutboxCore {
         hooks: Hooks,
         executor: Arc<dyn Executor>,
     ) -> Result<OutboxCore, OutboxError> {
+        open_destination_policy(&store, &config)?;
         let acks = AckWriter::spawn(
             Arc::clone(&store),
             // Acks are group-committed (OL-16): a crash forgets at most the last 20 ms of
@@ -316,6 +323,49 @@ impl OutboxCore {
         let actor = actor.map(|a| self.resolve(a)).transpose()?;
         Ok(self.store.dead_letters(actor.as_ref())?)
     }
+}
+
+/// OL-24 at open: the outbox's stored destination policy widened to allow what this
+/// process's configuration allows (a union, never a narrowing; no write when it does
+/// already), and read into the handle the passes and HTTP clients share. On a thread of its
+/// own: an async runtime's builder opens the outbox on an executor thread, where a
+/// [`PgStore`](outbox_lanes_store::PgStore) must not be called.
+fn open_destination_policy(
+    store: &Arc<dyn Store>,
+    config: &OutboxConfig,
+) -> Result<(), OutboxError> {
+    let own = config.http.addresses;
+    let change = std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .name("outbox-lanes-open".into())
+            .spawn_scoped(s, || store.widen_destination_policy(own))
+            .map(|t| t.join())
+    })
+    .map_err(OutboxError::Spawn)?
+    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    .map_err(|source| OutboxError::DestinationPolicy {
+        wanted: policy_name(own),
+        source,
+    })?;
+    config.http.outbox_addresses.set(change.after);
+    let (before, after) = (policy_name(change.before), policy_name(change.after));
+    if change.undid_narrowing {
+        warn!(%before, %after,
+            "widened the outbox's destination policy, undoing an operator's narrowing \
+             (outbox-lanes destinations set): this process's configuration \
+             (HttpConfig::addresses, OutboxConfig::allow_loopback or allow_private, \
+             --allow-private-destinations) still asks for it; every process on this database \
+             delivers to these addresses again");
+    } else if change.changed() {
+        info!(%before, %after,
+            "widened the outbox's destination policy: every process on this database may \
+             enqueue and deliver to these addresses (OL-24)");
+    } else if !covers(own, change.after) {
+        debug!(policy = %after, own = %policy_name(own),
+            "the outbox's destination policy allows more than this process's configuration: \
+             it delivers to what either allows (OL-24)");
+    }
+    Ok(())
 }
 
 fn default_holder() -> String {

@@ -118,7 +118,7 @@ use crate::ack::AckWriter;
 use crate::config::OutboxConfig;
 use crate::fmt::rfc3339;
 use crate::hooks::{Attempted, DeadLettered, Delivered, Hooks, LaneUnavailable, Started};
-use crate::http::AttemptResult;
+use crate::http::{AttemptResult, OutboxAddresses};
 use crate::job::{Completions, Done, Job};
 use crate::origins::OriginGate;
 use crate::request::Destination;
@@ -293,8 +293,11 @@ pub struct PassCore {
     /// shared by its jobs from then on (by lane index).
     destinations: Vec<Option<LaneDestination>>,
     /// The address policy and classification of the HTTP clients: what
-    /// [`Destination::check`] answers before anything is sent.
+    /// [`Destination::check`] answers before anything is sent. The configuration's or the
+    /// outbox's stored policy (OL-24), read again when the pass begins.
     addresses: AddressPolicy,
+    own_addresses: AddressPolicy,
+    outbox_addresses: OutboxAddresses,
     classifier: Classifier,
     units: HashMap<UnitId, UnitInfo>,
     last: HashMap<(UnitId, LaneId), AttemptResult>,
@@ -459,7 +462,9 @@ impl PassCore {
             store_lanes: Vec::new(),
             recipients: Vec::new(),
             destinations: Vec::new(),
-            addresses: config.http.addresses,
+            addresses: config.http.allowed(),
+            own_addresses: config.http.addresses,
+            outbox_addresses: config.http.outbox_addresses.clone(),
             classifier: config.http.classifier.clone(),
             units: HashMap::new(),
             last: HashMap::new(),
@@ -834,6 +839,18 @@ impl PassCore {
         self.resolved = 0;
         if let Some(e) = cx.acks.failure(&self.token) {
             self.store_failed("ack", e, now());
+        }
+        if self.first_round {
+            // OL-24: the outbox's destination policy as stored now (widened by another
+            // process, or narrowed by an operator, since this one opened), before the pass's
+            // first start; the HTTP clients read the same handle.
+            match cx.store.destination_policy() {
+                Ok(p) => {
+                    self.outbox_addresses.set(p);
+                    self.addresses = self.outbox_addresses.allowing(self.own_addresses);
+                }
+                Err(e) => self.store_failed("destination policy", e, now()),
+            }
         }
         // The token's read of the lane controls carries no host-control generation: with a
         // host book, the first round reads both (OL-14 for hosts), so that a host action
@@ -2065,9 +2082,10 @@ fn refusal_hint(reason: DeadReason) -> &'static str {
     match reason {
         DeadReason::DestinationRefused => {
             "the address policy refuses the recipient's address (loopback and private \
-             addresses are delivered to only under a policy that admits them: \
-             OutboxConfig::allow_loopback, HttpConfig::addresses; link-local and cloud \
-             metadata addresses never are)"
+             addresses are delivered to only when this process's configuration or the \
+             outbox's destination policy admits them: OutboxConfig::allow_loopback or \
+             allow_private, HttpConfig::addresses, `outbox-lanes destinations set`; link-local \
+             and cloud metadata addresses never are)"
         }
         _ => "the recipient answered with a permanent error (a status the policy does not retry)",
     }

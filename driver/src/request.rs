@@ -56,8 +56,8 @@ use outbox_lanes_core::policy::{AddressPolicy, Classifier, Recipient, UrlError};
 use outbox_lanes_store::validate_headers;
 
 use crate::http::{
-    AttemptResult, Delivery, HttpConfig, HttpError, idempotency_key, invalid_recipient,
-    invalid_request, refused_result, unsigned,
+    AttemptResult, Delivery, HttpConfig, HttpError, OutboxAddresses, idempotency_key,
+    invalid_recipient, invalid_request, refused_result, unsigned,
 };
 use crate::sign::{SignRequest, SignatureSpec, Signer};
 use crate::ticket::OriginTicket;
@@ -262,6 +262,8 @@ pub struct RequestPolicy {
     user_agent: HeaderValue,
     signer: Option<Arc<dyn Signer>>,
     addresses: AddressPolicy,
+    /// The outbox's stored policy, allowed too (OL-24).
+    outbox_addresses: OutboxAddresses,
     classifier: Classifier,
     signature: SignatureMode,
     fallback_on_5xx: bool,
@@ -289,6 +291,7 @@ impl RequestPolicy {
             user_agent,
             signer,
             addresses: cfg.addresses,
+            outbox_addresses: cfg.outbox_addresses.clone(),
             classifier: cfg.classifier.clone(),
             signature: cfg.signature,
             fallback_on_5xx: cfg.signature_fallback_on_5xx,
@@ -342,7 +345,8 @@ impl RequestPolicy {
     /// `Accept-Signature` value as `challenge` (see [`SignRequest::challenge`]).
     ///
     /// Checked first, before the signer runs: [`Destination::check`], the URL parsed and an
-    /// IP-literal host allowed by the address policy (resolvers never see literals, so this
+    /// IP-literal host allowed by the address policy (the configuration's or the outbox's,
+    /// [`HttpConfig::allowed`]; resolvers never see literals, so this
     /// is the guard's check of them; names are checked by the clients' resolvers, on the
     /// addresses they connect to).
     ///
@@ -358,7 +362,8 @@ impl RequestPolicy {
         spec: SignatureSpec,
         challenge: Option<&str>,
     ) -> Result<Request<'a>, AttemptResult> {
-        let url = d.recipient.check(&self.addresses, &self.classifier)?;
+        let allowed = self.outbox_addresses.allowing(self.addresses);
+        let url = d.recipient.check(&allowed, &self.classifier)?;
         let content_type = HeaderValue::from_str(d.content_type)
             .map_err(|_| invalid_request("the content type is not a header value"))?;
         validate_headers(d.headers).map_err(|r| {

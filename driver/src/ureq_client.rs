@@ -68,8 +68,8 @@ use ureq::unversioned::transport::{DefaultConnector, NextTimeout};
 use ureq::{Agent, Proxy, ProxyProtocol};
 
 use crate::http::{
-    AttemptResult, BODY_EXCERPT, Delivery, HttpConfig, HttpError, answered_result, invalid_request,
-    io_kind, refusal_message, refused_result,
+    AttemptResult, BODY_EXCERPT, Delivery, HttpConfig, HttpError, OutboxAddresses, answered_result,
+    invalid_request, io_kind, refusal_message, refused_result,
 };
 use crate::job::Job;
 use crate::request::{Request, RequestPolicy};
@@ -148,6 +148,7 @@ impl HttpClient {
             .build();
         let resolver = GuardedResolver {
             policy: cfg.addresses,
+            outbox: cfg.outbox_addresses.clone(),
             inner: DefaultResolver::default(),
         };
         let agent = Agent::with_parts(config, DefaultConnector::new(), resolver);
@@ -388,6 +389,8 @@ impl std::error::Error for GuardError {}
 #[derive(Debug)]
 struct GuardedResolver {
     policy: AddressPolicy,
+    /// The outbox's stored policy, allowed too (OL-24): read at each lookup.
+    outbox: OutboxAddresses,
     inner: DefaultResolver,
 }
 
@@ -410,7 +413,8 @@ impl Resolver for GuardedResolver {
         }
         let mut allowed = self.empty();
         match self
-            .policy
+            .outbox
+            .allowing(self.policy)
             .admit(resolved.iter().copied(), |a| allowed.push(a))
         {
             Ok(()) => Ok(allowed),

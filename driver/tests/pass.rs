@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use outbox_lanes_core::policy::AddressPolicy;
 use outbox_lanes_core::{Outcome, PassEnd};
 use outbox_lanes_driver::http::AttemptResult;
 use outbox_lanes_driver::pass::{PassCore, PassResult, RoundContext, now};
@@ -79,6 +80,10 @@ fn fixture_with(rows: Vec<NewRow>) -> Fixture {
         SqliteStore::open(dir.path().join("outbox.db"), SqliteOptions::default())
             .expect("open sqlite"),
     );
+    // As an outbox opened with `allow_loopback` leaves it (OL-24): loopback rows are admitted.
+    store
+        .widen_destination_policy(AddressPolicy::allow_loopback_only())
+        .expect("widen");
     store
         .enqueue(&outbox_lanes_core::ActorId::new("alice"), &rows)
         .expect("enqueue");
@@ -574,9 +579,19 @@ fn a_lane_paused_mid_pass_starts_nothing_more_and_its_units_go_back() {
     assert_eq!(jobs[0].payload.row_id, "r1");
 }
 
-/// The defaults, without `allow_loopback`: the tests' 127.0.0.x recipients are refused by
-/// the SSRF guard, as rows enqueued with `--allow-private-destinations` are by a relay
-/// without it.
+/// The defaults, without `allow_loopback`, on `store` whose destination policy an operator
+/// narrowed back to public after the rows were enqueued (OL-24: `outbox-lanes destinations
+/// set public`): the tests' 127.0.0.x recipients are refused by the SSRF guard, as rows
+/// enqueued with `--allow-private-destinations` are by a relay without it after such a
+/// narrowing.
+fn refusing(store: &dyn Store) -> OutboxConfig {
+    store
+        .set_destination_policy(AddressPolicy::public_only())
+        .expect("narrow");
+    refusing_config()
+}
+
+/// The defaults, without `allow_loopback`.
 fn refusing_config() -> OutboxConfig {
     let mut c = OutboxConfig::default();
     c.scheduler.retry_delays = vec![Duration::from_millis(1)];
@@ -588,7 +603,7 @@ fn refusing_config() -> OutboxConfig {
 /// A pass of the fixture's actor with [`refusing_config`], and the sink its jobs report to.
 fn refusing_pass(store: &dyn Store) -> (PassCore, Arc<Sink>) {
     let sink = Arc::new(Sink::default());
-    let pass = PassCore::new(token(store), &refusing_config(), sink.clone(), now(), now());
+    let pass = PassCore::new(token(store), &refusing(store), sink.clone(), now(), now());
     (pass, sink)
 }
 
@@ -871,7 +886,7 @@ fn a_failed_dead_letter_write_writes_and_reports_none_of_its_dead_letters() {
     let cx = f.cx(&hooks);
     let sink = Arc::new(Sink::default());
     let t = token(&*f.store);
-    let mut pass = PassCore::new(t.clone(), &refusing_config(), sink.clone(), now(), now());
+    let mut pass = PassCore::new(t.clone(), &refusing(&*f.store), sink.clone(), now(), now());
     let _ = drive(&mut pass, cx, &sink, refused);
     let r = pass.finish(cx);
     assert_eq!(r.end, PassEnd::StoreFailed);
@@ -907,7 +922,7 @@ fn a_stale_token_dead_letters_nothing() {
     }));
     let cx = f.cx(&hooks);
     let sink = Arc::new(Sink::default());
-    let mut pass = PassCore::new(t, &refusing_config(), sink.clone(), now(), now());
+    let mut pass = PassCore::new(t, &refusing(&*f.store), sink.clone(), now(), now());
     let _ = drive(&mut pass, cx, &sink, refused);
     let r = pass.finish(cx);
     assert_eq!(r.end, PassEnd::StoreFailed);
@@ -994,4 +1009,48 @@ fn a_deep_refused_lane_is_dead_lettered_over_bounded_rounds() {
     let r = pass.finish(cx);
     assert_eq!((r.end, r.report.dead_lettered), (PassEnd::Drained, 3000));
     assert_eq!(pending(&*f.store), 0);
+}
+
+/// OL-24: a pass delivers to what the outbox's stored destination policy allows beyond its
+/// own configuration, read when the pass begins into the handle the HTTP clients share, so
+/// that a change by another process (here an operator's narrowing) reaches the next pass.
+#[test]
+fn each_pass_reads_the_outboxs_destination_policy_when_it_begins() {
+    let f = fixture(1);
+    let own = refusing_config();
+    let clients = own.http.outbox_addresses.clone();
+    assert_eq!(own.http.allowed(), AddressPolicy::public_only());
+    let hooks = Hooks::default();
+    let cx = f.cx(&hooks);
+    let sink = Arc::new(Sink::default());
+    let t = token(&*f.store);
+    let mut pass = PassCore::new(t.clone(), &own, sink.clone(), now(), now());
+    let jobs = drive(&mut pass, cx, &sink, || result(Outcome::Delivered));
+    let r = pass.finish(cx);
+    let _ = f.store.release_slot(&t).expect("release");
+    assert_eq!((jobs, r.report.delivered), (1, 1), "sent, not refused");
+    assert_eq!(r.report.dead_lettered, 0);
+    assert_eq!(clients.get(), AddressPolicy::allow_loopback_only());
+
+    f.store
+        .enqueue(
+            &outbox_lanes_core::ActorId::new("alice"),
+            &[new_row("r1", TO)],
+        )
+        .expect("enqueue");
+    f.store
+        .set_destination_policy(AddressPolicy::public_only())
+        .expect("narrow");
+    let mut pass = PassCore::new(token(&*f.store), &own, sink.clone(), now(), now());
+    let jobs = drive(&mut pass, cx, &sink, || result(Outcome::Delivered));
+    let r = pass.finish(cx);
+    assert_eq!(jobs, 0, "refused in its round, without a job");
+    assert_eq!((r.report.delivered, r.report.dead_lettered), (0, 1));
+    assert_eq!(clients.get(), AddressPolicy::public_only());
+    let dead = f.store.dead_letters(None).expect("dead letters");
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        dead[0].reason,
+        outbox_lanes_core::DeadReason::DestinationRefused
+    );
 }

@@ -54,7 +54,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
@@ -74,8 +74,8 @@ use outbox_lanes_core::policy::{
     AddressPolicy, Classifier, DestinationRefused, TransportError, parse_retry_after,
 };
 use outbox_lanes_driver::http::{
-    AttemptResult, Delivery, HttpConfig, HttpError, answered_result, invalid_request, io_kind,
-    refusal_message, refused_result,
+    AttemptResult, Delivery, HttpConfig, HttpError, OutboxAddresses, answered_result,
+    invalid_request, io_kind, refusal_message, refused_result,
 };
 use outbox_lanes_driver::request::{Request, RequestPolicy};
 use outbox_lanes_driver::sign::Signer;
@@ -100,7 +100,12 @@ pub struct AsyncHttpClient {
 }
 
 struct Shared {
-    client: Client<Connector, Full<Bytes>>,
+    /// The client and its connection pool, with the outbox policy's narrowings it was made
+    /// after (OL-24): a narrowing starts a new one, so that no connection opened while the
+    /// policy allowed more is used again.
+    client: RwLock<(u64, Client<Connector, Full<Bytes>>)>,
+    connector: Connector,
+    outbox: OutboxAddresses,
     requests: RequestPolicy,
     max_response_body: usize,
     classifier: Classifier,
@@ -145,6 +150,7 @@ impl AsyncHttpClient {
         let proxy = cfg.proxy.as_deref().map(ProxySpec::parse).transpose()?;
         let mut tcp = HttpConnector::new_with_resolver(GuardedResolver {
             policy: cfg.addresses,
+            outbox: cfg.outbox_addresses.clone(),
             proxy_host: proxy.as_ref().map(|p| Arc::clone(&p.host)),
         });
         tcp.enforce_http(false);
@@ -172,13 +178,14 @@ impl AsyncHttpClient {
             }
         };
         let proxied = via.is_some();
-        let client = Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(IDLE_PER_HOST)
-            .pool_timer(TokioTimer::new())
-            .build(Connector { direct, via });
+        let connector = Connector { direct, via };
+        let outbox = cfg.outbox_addresses.clone();
+        let client = RwLock::new((outbox.narrowings(), pooled(connector.clone())));
         Ok(AsyncHttpClient {
             shared: Arc::new(Shared {
                 client,
+                connector,
+                outbox,
                 requests,
                 max_response_body: cfg.max_response_body,
                 classifier: cfg.classifier,
@@ -188,6 +195,31 @@ impl AsyncHttpClient {
                 proxied,
             }),
         })
+    }
+
+    /// The client to send with: the one made after the outbox policy's last narrowing (one
+    /// read lock and a clone of an `Arc` when it did not move; a new pool when it did).
+    fn client(&self) -> Client<Connector, Full<Bytes>> {
+        let narrowings = self.shared.outbox.narrowings();
+        {
+            let c = self
+                .shared
+                .client
+                .read()
+                .unwrap_or_else(PoisonError::into_inner);
+            if c.0 == narrowings {
+                return c.1.clone();
+            }
+        }
+        let mut c = self
+            .shared
+            .client
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        if c.0 != narrowings {
+            *c = (narrowings, pooled(self.shared.connector.clone()));
+        }
+        c.1.clone()
     }
 
     /// Makes one delivery attempt at `now` and classifies what happened; see
@@ -259,12 +291,11 @@ impl AsyncHttpClient {
         // One deadline for the whole exchange: the answer's head, then its body. A body cut
         // by the deadline leaves the status to decide, as a body cut by the cap does.
         let deadline = tokio::time::Instant::now() + self.shared.timeout;
-        let response =
-            match tokio::time::timeout_at(deadline, self.shared.client.request(req)).await {
-                Ok(Ok(response)) => response,
-                Ok(Err(e)) => return (self.failed(&e), None),
-                Err(_) => return (self.timed_out(), None),
-            };
+        let response = match tokio::time::timeout_at(deadline, self.client().request(req)).await {
+            Ok(Ok(response)) => response,
+            Ok(Err(e)) => return (self.failed(&e), None),
+            Err(_) => return (self.timed_out(), None),
+        };
         let challenge = (!response.status().is_success())
             .then(|| response.headers().get("accept-signature"))
             .flatten()
@@ -429,6 +460,14 @@ impl ProxySpec {
         };
         Ok(ProxySpec { uri, host, auth })
     }
+}
+
+/// A hyper-util client over `connector`, with a pool of its own.
+fn pooled(connector: Connector) -> Client<Connector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(IDLE_PER_HOST)
+        .pool_timer(TokioTimer::new())
+        .build(connector)
 }
 
 /// The client's connector: straight to the recipient, or through the configured proxy.
@@ -611,6 +650,8 @@ impl StdError for GuardError {}
 #[derive(Clone)]
 struct GuardedResolver {
     policy: AddressPolicy,
+    /// The outbox's stored policy, allowed too (OL-24): read at each lookup.
+    outbox: OutboxAddresses,
     /// The configured proxy's host, exempt from the policy.
     proxy_host: Option<Arc<str>>,
 }
@@ -625,7 +666,7 @@ impl Service<Name> for GuardedResolver {
     }
 
     fn call(&mut self, name: Name) -> Self::Future {
-        let policy = self.policy;
+        let policy = self.outbox.allowing(self.policy);
         let host = name.as_str().to_owned();
         let exempt = self
             .proxy_host

@@ -334,7 +334,7 @@ async fn a_joined_row_waits_for_both_lanes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_private_destination_is_dead_lettered_unless_allowed() {
+async fn a_private_destination_is_refused_at_enqueue_and_dead_lettered_after_a_narrowing() {
     let f = fixture();
     // A recorder on another loopback address: the default policy refuses loopback.
     let r = Recipient::start_on("127.0.0.2:0".parse().expect("addr")).expect("recipient");
@@ -343,10 +343,27 @@ async fn a_private_destination_is_dead_lettered_unless_allowed() {
     let outbox = Outbox::open(Arc::clone(&f.store), cfg).expect("outbox");
     let url = r.url("/inbox");
     let by_name = url.replace("127.0.0.2", "localhost");
-    outbox
-        .enqueue("actor", &[row("e0", &[url.clone(), by_name])])
-        .await
-        .expect("enqueue");
+    let rows = [row("e0", &[url.clone(), by_name])];
+    // The outbox's destination policy (OL-24) is public: refused at enqueue, nothing written.
+    let refused = outbox.enqueue("actor", &rows).await.expect_err("refused");
+    assert!(
+        matches!(
+            refused,
+            outbox_lanes_tokio::OutboxError::Enqueue(
+                outbox_lanes_store::EnqueueError::DestinationRefused { .. }
+            )
+        ),
+        "{refused:?}"
+    );
+    // Widened (as by a process allowing loopback), enqueued, then narrowed by an operator:
+    // delivery follows the policy as stored when the pass begins.
+    f.store
+        .widen_destination_policy(outbox_lanes_core::policy::AddressPolicy::allow_loopback_only())
+        .expect("widen");
+    outbox.enqueue("actor", &rows).await.expect("enqueue");
+    f.store
+        .set_destination_policy(outbox_lanes_core::policy::AddressPolicy::public_only())
+        .expect("narrow");
     outbox.drain("actor").await.expect("drain");
     let letters = outbox
         .dead_letters(Some("actor"))

@@ -815,3 +815,42 @@ async fn both_clients_keep_the_first_kib_of_a_failed_answer() {
         assert!(kept.chars().all(|c| c == 'z'), "{kept}");
     }
 }
+
+/// OL-24: both clients check literals and resolved names against their configuration's policy
+/// or the outbox's, read from the handle they were built with at each attempt: a widening set
+/// after they were built (as an outbox does at each pass) reaches them, and so does a
+/// narrowing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_clients_follow_the_outboxs_policy_set_after_they_were_built() {
+    use outbox_lanes_core::policy::AddressPolicy;
+    let r = Recipient::start().expect("recipient");
+    let cfg = HttpConfig::default();
+    let a = AsyncHttpClient::new(cfg.clone(), None).expect("async client");
+    let b = HttpClient::new(cfg.clone(), None).expect("blocking client");
+    let urls = [
+        r.url("/inbox"),
+        format!("http://localhost:{}/inbox", r.addr().port()),
+    ];
+    for (policy, outcome) in [
+        (AddressPolicy::allow_loopback_only(), Outcome::Delivered),
+        (AddressPolicy::public_only(), Outcome::Refused),
+    ] {
+        cfg.outbox_addresses.set(policy);
+        for url in &urls {
+            let (x, y) = (
+                post_async(&a, url, CONTENT_TYPE).await,
+                post_blocking(&b, url, CONTENT_TYPE).await,
+            );
+            assert_eq!(
+                (x.outcome, y.outcome),
+                (outcome, outcome),
+                "{url}: {x:?} {y:?}"
+            );
+        }
+    }
+    assert_eq!(
+        r.count_all(),
+        4,
+        "two per client while loopback was allowed"
+    );
+}

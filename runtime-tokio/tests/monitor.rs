@@ -191,11 +191,12 @@ async fn a_stop_waits_for_a_blocked_upkeep_at_most_the_shutdown_grace() {
         ..SqliteOptions::default()
     };
     let store = SqliteStore::open(&path, opts).expect("open sqlite");
-    let holder = rusqlite::Connection::open(&path).expect("open");
-    holder.execute_batch("BEGIN IMMEDIATE").expect("write lock");
     let mut config = common::wake_only_config(8);
     config.shutdown_grace = Duration::from_millis(200);
+    // Opened first: opening widens the outbox's destination policy (a write, OL-24).
     let outbox = Outbox::open(Arc::new(store), config).expect("outbox");
+    let holder = rusqlite::Connection::open(&path).expect("open");
+    holder.execute_batch("BEGIN IMMEDIATE").expect("write lock");
     let monitor = outbox.monitor().await.expect("monitor");
     // Its first upkeep, at start, now waits for the lock.
     let stopped = tokio::time::timeout(Duration::from_secs(30), monitor.stop()).await;

@@ -43,6 +43,10 @@ fn enqueue_then_drain<C>(
     let mut r3 = row("r3", &[&ia, &ib]);
     r3.joined = true;
     let r4 = row("r4", &[&ib]);
+    // The relay opens first: allowing loopback, it widens the outbox's destination policy
+    // (OL-24), which the service's enqueue below is judged by.
+    let relay =
+        Outbox::open(store.clone(), OutboxConfig::default().allow_loopback()).expect("outbox");
     // The runtime the connection was opened on (its socket is registered there).
     rt.block_on(async {
         let actor = ActorId::new("alice");
@@ -60,8 +64,6 @@ fn enqueue_then_drain<C>(
             .expect("enqueue");
         tx.commit().await.expect("commit");
     });
-    let relay =
-        Outbox::open(store.clone(), OutboxConfig::default().allow_loopback()).expect("outbox");
     relay.drain("alice").expect("drain");
     let got = |r: &Recipient| -> Vec<String> {
         r.bodies("/inbox")
