@@ -903,8 +903,11 @@ fn per_host_concurrency_caps_one_host() {
     assert_eq!(out.code(), Some(2), "{}", out.stderr);
 }
 
+/// Enqueued with the flag (the tests' environment sets it), then the outbox's destination
+/// policy narrowed back to public by an operator (OL-24): a drain without the flag refuses the
+/// loopback destination, and its JSON logs say so.
 #[test]
-fn loopback_destinations_are_refused_by_default() {
+fn loopback_destinations_are_refused_once_the_policy_is_narrowed() {
     let db = Db::sqlite();
     let r = Recipient::start().unwrap();
     ok(
@@ -912,6 +915,7 @@ fn loopback_destinations_are_refused_by_default() {
         &["enqueue", "--actor", "max"],
         &rows(1, &[r.url("/a")]),
     );
+    ok(&db, &["destinations", "set", "public"], "");
     let Db::Sqlite { path, .. } = &db else {
         unreachable!()
     };
@@ -1631,6 +1635,7 @@ fn enqueue_refuses_destinations_delivery_would_refuse() {
             &to,
             class,
             "--allow-private-destinations",
+            "outbox-lanes destinations set",
             "nothing enqueued",
         ] {
             assert!(
@@ -1655,7 +1660,11 @@ fn enqueue_refuses_destinations_delivery_would_refuse() {
         &meta,
     );
     assert_eq!(out.code(), Some(2), "{}", out.stderr);
-    assert!(out.stderr.contains("always refuses"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("whatever the binary's flags say"),
+        "{}",
+        out.stderr
+    );
     assert!(!out.stderr.contains("pass --allow"), "{}", out.stderr);
 
     // With the flag on enqueue itself the loopback recipient is accepted, and delivered by a
@@ -2442,7 +2451,7 @@ fn refused_units_are_dead_lettered_in_lane_order_on_postgres() {
 }
 
 /// Rows that `enqueue --allow-private-destinations` accepted, drained by a relay without the
-/// flag: every unit is dead-lettered `destination_refused` (nothing is sent), one lane deep
+/// flag after an operator narrowed the outbox's destination policy to public: every unit is dead-lettered `destination_refused` (nothing is sent), one lane deep
 /// and four shallow ones, and `--on-dead-letter` runs once per dead letter, each lane's in
 /// lane order, with the id `dead-letters list` shows.
 fn refused_units_dead_lettered(db: &Db) {
@@ -2469,6 +2478,7 @@ fn refused_units_dead_lettered(db: &Db) {
         }
     }
     ok(db, &["enqueue", "--actor", "rex"], &input);
+    ok(db, &["destinations", "set", "public"], "");
     let cmd = format!("cat >> {0}; echo >> {0}", told.display());
     let mut relay = command(
         db,
@@ -2569,6 +2579,8 @@ fn a_drain_killed_while_dead_lettering_leaves_a_prefix_and_the_rest_pending() {
         })
         .collect();
     ok(&db, &["enqueue", "--actor", "kit"], &input);
+    // Refused from now on (OL-24): an operator narrowed the policy the enqueue widened.
+    ok(&db, &["destinations", "set", "public"], "");
     let mut drain = command(&db, &["drain", "--no-progress"]);
     drain
         .env_remove("OUTBOX_LANES_ALLOW_PRIVATE_DESTINATIONS")

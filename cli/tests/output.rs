@@ -55,6 +55,14 @@ fn a_relay_without_the_flag_warns_once_per_private_lane_naming_it() {
         &lines,
     );
     assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    // An operator narrows the outbox's destination policy the enqueue widened (OL-24).
+    let out = collect(
+        db.command(&["destinations", "set", "public"])
+            .spawn()
+            .unwrap(),
+        "",
+    );
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
     let relay = Relay::start(
         &db,
         &[],

@@ -534,6 +534,25 @@ fn each_postgres_role_does_what_docs_privileges_says() {
         roles.db(&roles.reader),
     );
 
+    // The enqueuer may not widen the outbox's destination policy (OL-24: it writes no
+    // `ol_meta`); the relay role does, once.
+    let refused = run(
+        &with_db(&enqueuer, &["enqueue", "--actor", "a"]),
+        &rows(&["d", "e"], &r.url("/gone")),
+    );
+    assert_eq!(refused.code(), Some(1), "{}", refused.stderr);
+    for said in [
+        "widen",
+        "permission denied",
+        "outbox-lanes destinations set",
+    ] {
+        assert!(
+            refused.stderr.contains(said),
+            "{said:?}: {}",
+            refused.stderr
+        );
+    }
+    ok(&with_db(&relay, &["destinations", "set", "private"]), "");
     // The enqueuer enqueues; it may not drain (no slot, no ack).
     ok(
         &with_db(&enqueuer, &["enqueue", "--actor", "a"]),
@@ -598,9 +617,16 @@ fn each_postgres_role_does_what_docs_privileges_says() {
         &with_db(&reader, &["dead-letters", "show", "--id", &id]),
         "",
     );
+    let policy = ok(&with_db(&reader, &["destinations"]), "");
+    assert!(
+        policy.stdout.contains("loopback+private"),
+        "{}",
+        policy.stdout
+    );
     for write in [
         &["enqueue", "--actor", "a"][..],
         &["dead-letters", "purge", "--all"][..],
+        &["destinations", "set", "public"][..],
         &[
             "lanes",
             "pause",

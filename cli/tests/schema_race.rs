@@ -141,12 +141,14 @@ fn round(db: &Db, to: &str, round: &str) -> String {
 
 /// What `ol_meta` holds after a round, and the actors in the row-id ledger (a row the relay
 /// delivered meanwhile is gone from the units, not from the ledger): the schema was made once,
-/// with the outbox id `migrate` saw, and both enqueues' rows went into it.
+/// with the outbox id `migrate` saw, the destination policy the processes' flag asked for
+/// (OL-24), and both enqueues' rows went into it.
 fn expect_made_once(meta: Vec<(String, String)>, actors: Vec<String>, id: &str, round: &str) {
     let version = outbox_lanes_store::SCHEMA_VERSION.to_string();
     assert_eq!(
         meta,
         [
+            ("destinations".to_owned(), "loopback+private".to_owned()),
             ("outbox_id".to_owned(), id.to_owned()),
             ("schema_version".to_owned(), version)
         ],

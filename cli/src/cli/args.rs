@@ -129,9 +129,10 @@ pub(crate) struct DeliveryFlags {
     #[arg(long, value_parser = parse_rate, env = "OUTBOX_LANES_ENDPOINT_RATE", value_name = "PER_SECOND")]
     pub(crate) endpoint_rate: Option<f64>,
 
-    /// Allow loopback and private-range destinations (refused by default: SSRF guard).
-    /// Link-local addresses and cloud metadata services (169.254.169.254, fd00:ec2::254,
-    /// 100.100.100.200, 168.63.129.16, ...) stay refused.
+    /// Allow loopback and private-range destinations (refused by default: SSRF guard), and
+    /// widen the outbox's destination policy to them, for every process on the database (see
+    /// `outbox-lanes destinations`). Link-local addresses and cloud metadata services
+    /// (169.254.169.254, fd00:ec2::254, 100.100.100.200, 168.63.129.16, ...) stay refused.
     #[arg(long, env = "OUTBOX_LANES_ALLOW_PRIVATE_DESTINATIONS")]
     pub(crate) allow_private_destinations: bool,
 
@@ -374,9 +375,10 @@ pub(crate) enum Command {
         /// The sending actor.
         #[arg(long)]
         actor: String,
-        /// Accept loopback and private-range recipients (IP literals, `localhost`), which
-        /// delivery refuses unless `drain`/`relay` get this flag too. Without it such a row
-        /// is refused here instead of dead-lettered at its first attempt.
+        /// Widen the outbox's destination policy to loopback and private ranges (see
+        /// `outbox-lanes destinations`), so that it accepts such recipients (IP literals,
+        /// `localhost`) and every process on the database delivers to them. Without it, a
+        /// recipient the outbox's policy refuses is refused here, naming its line.
         #[arg(long, env = "OUTBOX_LANES_ALLOW_PRIVATE_DESTINATIONS")]
         allow_private_destinations: bool,
         /// Longest input line accepted, in bytes: the largest body (the store's 1 MiB
@@ -426,6 +428,13 @@ pub(crate) enum Command {
         long_about = HOSTS_ABOUT
     )]
     Hosts(HostsArgs),
+    /// The outbox's destination policy: which addresses beyond public ones every process on
+    /// the database may enqueue for and deliver to; or set it.
+    #[command(
+        args_conflicts_with_subcommands = true,
+        long_about = DESTINATIONS_ABOUT
+    )]
+    Destinations(DestinationsArgs),
     /// Print a shell completion script to stdout (e.g. `outbox-lanes completions bash >
     /// /etc/bash_completion.d/outbox-lanes`).
     Completions {
@@ -457,6 +466,63 @@ const HOSTS_ABOUT: &str = "Per recipient host (origin: scheme, host and port): i
     `open`, `failing` (failures in a row, below the threshold), `backoff`, `blocked` or \
     `blocked (dead letters)`. An ORIGIN is written `https://host[:port]` (or any URL on it, or a \
     bare host for https).";
+
+const DESTINATIONS_ABOUT: &str = "The outbox's destination policy: which addresses beyond \
+    public ones every process on the database may enqueue for and deliver to (`public`, \
+    `loopback`, `loopback+private`); or set it.\n\n\
+    The policy is stored in the database. `enqueue` refuses a recipient it refuses (an IP \
+    literal or `localhost` outside it), naming the line; `drain` and `relay` deliver to what it \
+    or their own --allow-private-destinations allows, reading it again at each pass. A process \
+    opened with --allow-private-destinations (or a library outbox with \
+    OutboxConfig::allow_loopback or allow_private) widens it; only `destinations set` narrows \
+    it. After a narrowing, units already enqueued for a destination it now refuses are \
+    dead-lettered `destination_refused` at their next attempt (a WARN once per lane), and a \
+    process whose own setting still allows more widens it again when it next starts (at WARN). \
+    Link-local addresses and cloud metadata services stay refused whatever it says.";
+
+/// `destinations`: show the policy, or set it.
+#[derive(Debug, Args)]
+pub(crate) struct DestinationsArgs {
+    /// The action (default: show the policy).
+    #[command(subcommand)]
+    pub(crate) action: Option<DestinationsAction>,
+    /// Print JSON instead of a line of text.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// What to do to the destination policy.
+#[derive(Debug, Subcommand)]
+pub(crate) enum DestinationsAction {
+    /// Show the policy (the default).
+    Show {
+        /// Print JSON instead of a line of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Set the policy, narrower or wider.
+    Set {
+        /// `public` (public addresses only), `loopback` (and loopback), `private` (and
+        /// loopback and private ranges, as --allow-private-destinations).
+        #[arg(value_enum)]
+        policy: DestinationsArg,
+        /// Print JSON instead of a line of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// A destination policy `destinations set` takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum DestinationsArg {
+    /// Public addresses only (the default of a new outbox).
+    Public,
+    /// Public and loopback addresses.
+    Loopback,
+    /// Public, loopback and private-range addresses (RFC 1918, shared CGNAT, IPv6 unique
+    /// local).
+    Private,
+}
 
 /// `hosts`: a listing, or an action on one host.
 #[derive(Debug, Args)]
@@ -625,8 +691,9 @@ Example:
   {\"id\": \"n-2\", \"to\": [\"https://example.org/inbox\"], \"body\": {\"type\": \"Create\"}, \"content_type\": \"application/activity+json\"}
   {\"id\": \"n-3\", \"to\": [\"https://example.org/blob\"], \"body_base64\": \"AAEC/w==\"}
 
-Recipients that delivery refuses without a lookup (loopback or private IP literals,
-localhost) are refused unless --allow-private-destinations is given. Blank lines are
+Recipients the outbox's destination policy refuses without a lookup (loopback or private IP
+literals, localhost: public only unless widened, see `outbox-lanes destinations`) are refused;
+--allow-private-destinations widens it to loopback and private ranges first. Blank lines are
 skipped. A bad line, or a line longer than --max-line-bytes, refuses the whole input:
 nothing is enqueued, its line number and reason go to stderr, and the exit status is 2.";
 

@@ -14,6 +14,7 @@ use anyhow::anyhow;
 
 use super::UsageError;
 use super::db_url::{db_url_secrets, is_postgres, mask_db_url_secrets};
+use outbox_lanes_core::policy::AddressPolicy;
 use outbox_lanes_core::{ActorId, DeadReason, LaneKey, Timestamp, UnitId};
 use outbox_lanes_store::{
     ActorStatus, CommonOptions, DeadLetter, DeadLetterId, DeadLetterSelection, Enqueued,
@@ -274,7 +275,7 @@ impl Counters {
                 recipient = %d.recipient,
                 address = addr,
                 class,
-                "this lane's units are dead-lettered destination_refused: its recipient is a {class} address, which is delivered to only with --allow-private-destinations (enqueue --allow-private-destinations accepted them); restart with the flag and run `dead-letters replay --reason destination_refused` (said once per lane)"
+                "this lane's units are dead-lettered destination_refused: its recipient is a {class} address, which is delivered to only with --allow-private-destinations or while the outbox's destination policy allows it (`outbox-lanes destinations` shows it: an operator may have narrowed it since these units were enqueued); widen it with `outbox-lanes destinations set private` or restart with the flag, and run `dead-letters replay --reason destination_refused` (said once per lane)"
             );
         }
     }
@@ -720,6 +721,21 @@ impl Backend {
             Ok(n)
         })
         .await?
+    }
+
+    /// The outbox's destination policy (`destinations`, OL-24).
+    pub(crate) async fn destination_policy(&self) -> anyhow::Result<AddressPolicy> {
+        let store = Arc::clone(self.outbox.store());
+        Ok(blocking(move || store.destination_policy()).await??)
+    }
+
+    /// `destinations set`: the operator's policy, narrower or wider; what it changed.
+    pub(crate) async fn set_destination_policy(
+        &self,
+        policy: AddressPolicy,
+    ) -> anyhow::Result<outbox_lanes_store::PolicyChange> {
+        let store = Arc::clone(self.outbox.store());
+        Ok(blocking(move || store.set_destination_policy(policy)).await??)
     }
 
     /// Dead letters of one actor or all.

@@ -2,17 +2,17 @@
 //!
 //! A line is one row: its recipients, its body (a JSON value, sent as its JSON text for a
 //! JSON content type and as the string's own bytes otherwise, or bytes in base64), its
-//! content type and own headers, and its dedup and ordering keys. Everything the store or
-//! delivery would refuse later is refused here with the line's number, before the database
-//! is opened: a recipient the address policy refuses is one, since delivery would
-//! dead-letter it at once.
+//! content type and own headers, and its dedup and ordering keys. Everything the store would
+//! refuse is refused here with the line's number, before the database is opened — except a
+//! recipient the outbox's destination policy refuses (OL-24: the policy is the database's),
+//! which the store refuses and [`Batch::explain`] names by its line.
 
 use std::collections::HashMap;
 use std::fmt;
 
 use base64::Engine as _;
 use outbox_lanes_core::LaneKey;
-use outbox_lanes_core::policy::{AddressPolicy, Recipient};
+use outbox_lanes_core::policy::{AddrClass, AddressPolicy};
 use outbox_lanes_store::{EnqueueError, Enqueued, NewRow};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -80,37 +80,6 @@ fn is_json(content_type: &str) -> bool {
             .is_some_and(|sub| sub.len() > "+json".len() && sub.ends_with("+json"))
 }
 
-/// Refuses a recipient that delivery's address policy would refuse without a lookup (an IP
-/// literal, `localhost`): every unit for it would be dead-lettered at the first attempt.
-fn check_destination(url: &str, policy: &AddressPolicy) -> Result<(), String> {
-    // The URL has been parsed as a lane key already; a refusal here is not this check's.
-    let Ok(recipient) = Recipient::parse(url) else {
-        return Ok(());
-    };
-    let Some(class) = recipient.host().known_class() else {
-        return Ok(());
-    };
-    if policy.allows(class) {
-        return Ok(());
-    }
-    let opened = AddressPolicy {
-        allow_loopback: true,
-        allow_private: true,
-        ..*policy
-    };
-    if opened.allows(class) {
-        Err(format!(
-            "recipient {url:?} is a {class} address, which delivery refuses by default \
-             (SSRF guard): pass --allow-private-destinations to enqueue, and to drain or \
-             relay, to deliver to it"
-        ))
-    } else {
-        Err(format!(
-            "recipient {url:?} is a {class} address, which delivery always refuses (SSRF guard)"
-        ))
-    }
-}
-
 /// A refused input line: its 1-based number and why.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct BadLine {
@@ -148,7 +117,7 @@ fn json_reason(e: &serde_json::Error) -> String {
     format!("{kind}{msg} (column {})", e.column())
 }
 
-fn parse_line(text: &str, policy: &AddressPolicy) -> Result<NewRow, String> {
+fn parse_line(text: &str) -> Result<NewRow, String> {
     let line: Line = serde_json::from_str(text).map_err(|e| json_reason(&e))?;
     let id = match line.id {
         Some(id) if !id.trim().is_empty() => id,
@@ -162,7 +131,6 @@ fn parse_line(text: &str, policy: &AddressPolicy) -> Result<NewRow, String> {
     for url in &to {
         LaneKey::new(url, None)
             .map_err(|e| format!("recipient {url:?} is not an absolute http(s) URL: {e}"))?;
-        check_destination(url, policy)?;
     }
     let content_type = line.content_type.unwrap_or_else(|| {
         if line.body_base64.is_some() {
@@ -230,8 +198,6 @@ struct Parser {
     rows: Vec<NewRow>,
     lines: Vec<usize>,
     seen: HashMap<String, usize>,
-    /// The destinations delivery will allow.
-    policy: AddressPolicy,
 }
 
 impl Parser {
@@ -240,7 +206,7 @@ impl Parser {
         if text.trim().is_empty() {
             return Ok(());
         }
-        let row = parse_line(text, &self.policy).map_err(|reason| BadLine { line, reason })?;
+        let row = parse_line(text).map_err(|reason| BadLine { line, reason })?;
         if let Some(first) = self.seen.insert(row.id.clone(), line) {
             return Err(BadLine {
                 line,
@@ -262,11 +228,8 @@ impl Parser {
 
 /// Parses and validates every line of `input`; the first bad line refuses the whole input.
 #[cfg(test)]
-pub(crate) fn parse(input: &str, policy: AddressPolicy) -> Result<Batch, BadLine> {
-    let mut p = Parser {
-        policy,
-        ..Parser::default()
-    };
+pub(crate) fn parse(input: &str) -> Result<Batch, BadLine> {
+    let mut p = Parser::default();
     for (i, text) in input.lines().enumerate() {
         p.push(i + 1, text)?;
     }
@@ -284,25 +247,20 @@ pub(crate) enum ReadError {
 
 /// Reads and validates the input line by line, holding at most `max_line` bytes of text at a
 /// time (plus the rows parsed so far): a line longer than that is refused without being read
-/// whole. Lines may end in LF or CRLF. Recipients are checked against `policy`, the
-/// destinations delivery will allow.
+/// whole. Lines may end in LF or CRLF.
 ///
 /// # Errors
-/// The first bad line (malformed, invalid, not UTF-8, too long, a refused destination or
-/// header) refuses the whole input.
+/// The first bad line (malformed, invalid, not UTF-8, too long, a refused header) refuses the
+/// whole input.
 pub(crate) async fn read(
     input: impl tokio::io::AsyncBufRead + Unpin,
     max_line: u64,
-    policy: AddressPolicy,
 ) -> Result<Batch, ReadError> {
     use tokio::io::AsyncBufReadExt as _;
     use tokio::io::AsyncReadExt as _;
 
     let mut input = input;
-    let mut p = Parser {
-        policy,
-        ..Parser::default()
-    };
+    let mut p = Parser::default();
     let mut buf = Vec::new();
     let mut line = 0;
     loop {
@@ -343,6 +301,34 @@ pub(crate) async fn read(
 }
 
 impl Batch {
+    /// Refuses, before the database is opened, a recipient that `policy` refuses without a
+    /// lookup (an IP literal, `localhost`): the destination policy of an outbox that does not
+    /// exist yet (the one this command will make), or every class one can allow, so that
+    /// only what the outbox's own policy decides is left to the store.
+    ///
+    /// # Errors
+    /// The first refused recipient, as its line.
+    pub(crate) fn check_destinations(&self, policy: &AddressPolicy) -> Result<(), BadLine> {
+        for row in &self.rows {
+            if let Err(e) = outbox_lanes_store::check_destinations(row, policy) {
+                return Err(self.explain(&e).unwrap_or(BadLine {
+                    line: self.line_of(&row.id).unwrap_or(0),
+                    reason: e.to_string(),
+                }));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a row names a recipient outside public space known without a lookup: the
+    /// outbox's destination policy decides it.
+    pub(crate) fn names_private_destinations(&self) -> bool {
+        let public = AddressPolicy::public_only();
+        self.rows
+            .iter()
+            .any(|r| outbox_lanes_store::check_destinations(r, &public).is_err())
+    }
+
     fn line_of(&self, row: &str) -> Option<usize> {
         self.rows
             .iter()
@@ -379,6 +365,40 @@ impl Batch {
             EnqueueError::BadHeader { row, name, reason } => {
                 (row.as_str(), format!("header {name:?} refused: {reason}"))
             }
+            EnqueueError::DestinationRefused {
+                row,
+                recipient,
+                class,
+                policy: Some(policy),
+                ..
+            } if opens(*class) => (
+                row.as_str(),
+                format!(
+                    "recipient {recipient:?} is a {class} address, which this outbox's \
+                     destination policy ({}) refuses (SSRF guard): pass \
+                     --allow-private-destinations (to enqueue, drain or relay; it widens the \
+                     policy for every process on the database), or run `outbox-lanes \
+                     destinations set {}`",
+                    outbox_lanes_store::policy_name(*policy),
+                    if *class == AddrClass::Loopback {
+                        "loopback"
+                    } else {
+                        "private"
+                    }
+                ),
+            ),
+            EnqueueError::DestinationRefused {
+                row,
+                recipient,
+                class,
+                ..
+            } => (
+                row.as_str(),
+                format!(
+                    "recipient {recipient:?} is a {class} address, which delivery refuses \
+                     whatever the binary's flags say (SSRF guard)"
+                ),
+            ),
             EnqueueError::EmptyRowId { index } => {
                 return Some(BadLine {
                     line: self.lines.get(*index).copied().unwrap_or(0),
@@ -393,6 +413,11 @@ impl Batch {
             reason,
         })
     }
+}
+
+/// Whether `--allow-private-destinations` opens `class`.
+fn opens(class: AddrClass) -> bool {
+    super::address_policy(true).allows(class)
 }
 
 /// One output line.
@@ -423,7 +448,7 @@ mod tests {
         tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap()
-            .block_on(read(input, max, AddressPolicy::default()))
+            .block_on(read(input, max))
     }
 
     #[test]
@@ -456,7 +481,7 @@ mod tests {
     }
 
     fn bad(input: &str) -> BadLine {
-        parse(input, AddressPolicy::default()).expect_err("refused")
+        parse(input).expect_err("refused")
     }
 
     #[test]
@@ -465,7 +490,6 @@ mod tests {
             "{\"id\":\"a\",\"to\":[\"https://x.example/inbox\"],\"body\":{\"k\": [1, 2]}}\n\n\
              {\"id\":\"b\",\"to\":[\"http://y.example/i\"],\"body\":\"s\",\"content_type\":\"text/plain\",\
              \"dedup_key\":\"d\",\"ordering_key\":\"o\",\"joined\":true}\n",
-            AddressPolicy::default(),
         )
         .expect("parsed");
         assert_eq!(b.rows.len(), 2);
@@ -501,10 +525,9 @@ mod tests {
     #[test]
     fn bodies_and_headers() {
         let row = |fields: &str| {
-            let b = parse(
-                &format!("{{\"id\":\"a\",\"to\":[\"https://x.example/\"],{fields}}}"),
-                AddressPolicy::default(),
-            )
+            let b = parse(&format!(
+                "{{\"id\":\"a\",\"to\":[\"https://x.example/\"],{fields}}}"
+            ))
             .map_err(|e| e.to_string())
             .unwrap();
             b.rows.into_iter().next().unwrap()
@@ -525,25 +548,34 @@ mod tests {
     }
 
     #[test]
-    fn destinations_delivery_refuses_are_refused() {
-        let line = |url: &str| format!("{{\"id\":\"a\",\"to\":[\"{url}\"],\"body\":1}}");
-        let open = AddressPolicy {
-            allow_loopback: true,
-            allow_private: true,
-            allow_link_local: false,
-        };
+    fn destinations_are_refused_by_line_with_what_widens_them() {
+        let line =
+            |id: &str, url: &str| format!("{{\"id\":\"{id}\",\"to\":[\"{url}\"],\"body\":1}}");
+        let open = super::super::address_policy(true);
         for url in [
             "http://127.0.0.1:1/",
             "http://localhost/",
             "http://192.168.1.2/",
         ] {
-            let e = parse(&line(url), AddressPolicy::default()).expect_err(url);
+            let input = format!("{}\n{}", line("a", "https://x.example/"), line("b", url));
+            let batch = parse(&input).map_err(|e| e.to_string()).unwrap();
+            assert!(batch.names_private_destinations(), "{url}");
+            let e = batch
+                .check_destinations(&AddressPolicy::default())
+                .expect_err(url);
+            assert_eq!(e.line, 2, "{e}");
             assert!(e.reason.contains("--allow-private-destinations"), "{e}");
-            assert!(parse(&line(url), open).is_ok(), "{url}");
+            assert!(e.reason.contains("outbox-lanes destinations set"), "{e}");
+            assert!(batch.check_destinations(&open).is_ok(), "{url}");
         }
-        let e = parse(&line("http://[fe80::1]/"), open).expect_err("link-local");
-        assert!(e.reason.contains("always refuses"), "{e}");
-        assert!(parse(&line("https://example.org/"), AddressPolicy::default()).is_ok());
+        for url in ["http://[fe80::1]/", "http://169.254.169.254/"] {
+            let batch = parse(&line("a", url)).unwrap();
+            let e = batch.check_destinations(&open).expect_err(url);
+            assert!(e.reason.contains("whatever the binary's flags say"), "{e}");
+        }
+        let batch = parse(&line("a", "https://example.org/")).unwrap();
+        assert!(!batch.names_private_destinations());
+        assert!(batch.check_destinations(&AddressPolicy::default()).is_ok());
     }
 
     #[test]

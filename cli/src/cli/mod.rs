@@ -5,6 +5,7 @@ pub(crate) mod args;
 pub(crate) mod backend;
 pub(crate) mod config;
 pub(crate) mod db_url;
+pub(crate) mod destinations;
 pub(crate) mod enqueue;
 pub(crate) mod hosts;
 pub(crate) mod metrics;
@@ -31,8 +32,9 @@ use tokio::task::JoinSet;
 use tracing::{info, warn};
 
 use args::{
-    Cli, Command, DeadLetterArgs, DeadLetterCommand, DeliveryFlags, HostAction, HostsArgs,
-    LaneAction, LanesArgs, LogFormat, RelayArgs, SignatureSpecArg,
+    Cli, Command, DeadLetterArgs, DeadLetterCommand, DeliveryFlags, DestinationsAction,
+    DestinationsArgs, HostAction, HostsArgs, LaneAction, LanesArgs, LogFormat, RelayArgs,
+    SignatureSpecArg,
 };
 use backend::{Access, Backend, Counters, LaneOp, OpenError};
 use outbox_lanes_tokio::SignatureMode;
@@ -321,7 +323,8 @@ fn config(d: &DeliveryFlags) -> OutboxConfig {
 }
 
 /// The destinations `--allow-private-destinations` opens (loopback and private ranges; never
-/// link-local or the cloud metadata services), for delivery and for enqueue's early check.
+/// link-local or the cloud metadata services): what `enqueue`, `drain` and `relay` widen the
+/// outbox's destination policy to (OL-24), and what `drain` and `relay` deliver to.
 pub(crate) fn address_policy(allow_private_destinations: bool) -> AddressPolicy {
     if allow_private_destinations {
         AddressPolicy {
@@ -332,6 +335,32 @@ pub(crate) fn address_policy(allow_private_destinations: bool) -> AddressPolicy 
     } else {
         AddressPolicy::default()
     }
+}
+
+/// `enqueue`'s check of its recipients before the database is touched (a refused input
+/// leaves no trace): against the policy an outbox made now would have when there is none
+/// yet, else only what no policy allows — the outbox's own policy is the store's to apply
+/// (OL-24), in the enqueue's transaction. Reads whether an outbox exists only when a
+/// recipient is outside public space.
+async fn check_destinations(cli: &Cli, batch: &enqueue::Batch, flag: bool) -> anyhow::Result<()> {
+    if !batch.names_private_destinations() {
+        return Ok(());
+    }
+    let exists = Backend::schema_version(cli.db.clone(), cli.pg_schema.clone())
+        .await?
+        .is_some();
+    let policy = if exists {
+        AddressPolicy {
+            allow_loopback: true,
+            allow_private: true,
+            allow_link_local: true,
+        }
+    } else {
+        address_policy(flag)
+    };
+    batch.check_destinations(&policy).map_err(|bad| {
+        anyhow::Error::new(bad).context("input refused, nothing enqueued".to_owned())
+    })
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -354,9 +383,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 return Err(usage("--actor is empty"));
             }
             let stdin = tokio::io::BufReader::new(tokio::io::stdin());
-            let policy = address_policy(*allow_private_destinations);
-            match enqueue::read(stdin, *max_line_bytes, policy).await {
-                Ok(batch) => Some(batch),
+            match enqueue::read(stdin, *max_line_bytes).await {
+                Ok(batch) => {
+                    check_destinations(&cli, &batch, *allow_private_destinations).await?;
+                    Some(batch)
+                }
                 Err(enqueue::ReadError::Bad { bad, before }) => {
                     return Err(anyhow::Error::new(bad).context(format!(
                         "input refused, nothing enqueued (an input is all or nothing: \
@@ -415,6 +446,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         | Command::Hosts(HostsArgs {
             action: Some(HostAction::List { .. }),
             ..
+        })
+        | Command::Destinations(DestinationsArgs {
+            action: None | Some(DestinationsAction::Show { .. }),
+            ..
         }) => Access::Read,
         _ => Access::Write,
     };
@@ -457,6 +492,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         common,
         {
             let mut c = delivery.map_or_else(OutboxConfig::default, config);
+            if let Command::Enqueue {
+                allow_private_destinations: true,
+                ..
+            } = &cli.command
+            {
+                // Opening the outbox widens its destination policy (OL-24).
+                c.http.addresses = address_policy(true);
+            }
             c.rates = rates;
             if let Command::Relay(r) = &cli.command {
                 c.poll_interval = r.poll_interval;
@@ -552,6 +595,7 @@ async fn dispatch(
             rows::cmd_rows_show(backend, actor, id, json).await
         }
         Command::Hosts(args) => hosts::cmd_hosts(backend, args).await,
+        Command::Destinations(args) => destinations::cmd_destinations(backend, args).await,
         Command::Migrate { .. } | Command::Completions { .. } | Command::Man => Ok(()),
     }
 }
