@@ -979,10 +979,16 @@ fn main() -> Res<()> {
     if want("a") {
         let to: Vec<String> = (0..100).map(|r| server.url(&format!("/r{r}"))).collect();
         let l = load(&to, n(2000), None);
-        // For a profiler: `E2E_ONLY=outbox`, `E2E_ONLY=limit` or `E2E_ONLY=hyper` runs that side of (a) alone.
+        // For a profiler: `E2E_ONLY=outbox`, `E2E_ONLY=limit` or `E2E_ONLY=hyper` runs that side of (a) alone;
+        // `E2E_ONLY=blocking` the blocking runtime's outbox on (a)'s load, `blocking-c` on (c)'s.
         if let Ok(only) = std::env::var("E2E_ONLY") {
             let run = match only.as_str() {
                 "outbox" => tokio_outbox(&server, &l, 100, None)?,
+                "blocking" => blocking_outbox(&server, &l, 100)?,
+                "blocking-c" => {
+                    let one = vec![server.url("/one")];
+                    blocking_outbox(&server, &load(&one, n(2000), None), 32)?
+                }
                 "hyper" => hyper_limit(&server, &l, 100)?,
                 _ => tokio_limit(&server, &l, 100)?,
             };

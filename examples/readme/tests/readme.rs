@@ -58,6 +58,14 @@ const GUIDE_EXAMPLES: [(&str, &str); 3] = [
     ),
 ];
 
+/// The library guide's whole programs that are packages of their own (compiled by CI's
+/// `clippy -D warnings` with the workspace lints), each with the most lines it may have.
+const GUIDE_PROGRAMS: [(&str, &str, usize); 1] = [(
+    "examples/sqlx-activitypub/src/main.rs",
+    include_str!("../../sqlx-activitypub/src/main.rs"),
+    40,
+)];
+
 /// Every example, by the path the README's marker names it with.
 const EXAMPLES: [(&str, &str); 4] = [
     (
@@ -157,9 +165,19 @@ fn the_library_guides_programs_are_the_examples() {
         );
         assert!(text.contains("\n#![deny(warnings)]\n"), "{text}");
     }
+    for (path, text, most) in GUIDE_PROGRAMS {
+        let shown: Vec<_> = blocks.iter().filter(|(p, _)| p == path).collect();
+        assert_eq!(shown.len(), 1, "the library guide shows {path} once");
+        assert!(
+            shown[0].1 == text,
+            "the library guide's block of {path} differs from the file: copy the file into it"
+        );
+        let lines = text.lines().count();
+        assert!(lines <= most, "{path} has {lines} lines, more than {most}");
+    }
     assert_eq!(
         blocks.len(),
-        GUIDE_EXAMPLES.len(),
+        GUIDE_EXAMPLES.len() + GUIDE_PROGRAMS.len(),
         "the library guide marks an unknown example"
     );
 }
