@@ -45,8 +45,8 @@ outbox.shutdown(); // the one stop: attempts in flight get the grace, the rest w
 //!
 //! This facade re-exports the sans-IO [`core`] and, by feature, a store ([`store`]: `sqlite`,
 //! the default, `postgres`, and `sqlx`: the relay's Postgres store on your own sqlx pool) and
-//! a runtime ([`blocking`]: the `blocking` feature;
-//! `tokio`: the `tokio` and `async-std` features).
+//! a runtime ([`blocking`]: the `blocking` feature; [`tokio`](mod@crate::tokio), also named
+//! `smol` and `async_std`: the `tokio`, `smol` and `async-std` features).
 //!
 //! The default features (`sqlite`, `blocking`) are the library's: they bring in no async
 //! runtime, no Postgres client and no command-line parser. The `outbox-lanes` binary is its own

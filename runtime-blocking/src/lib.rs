@@ -307,11 +307,3 @@ impl Monitor {
             .unwrap_or_default()
     }
 }
-
-impl Drop for Monitor {
-    fn drop(&mut self) {
-        if let Some(m) = self.inner.take() {
-            block_on(m.stop());
-        }
-    }
-}
