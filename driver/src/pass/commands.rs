@@ -1,0 +1,474 @@
+//! The scheduler's commands executed against the store, one at a time, in order.
+
+use std::time::Instant;
+
+use outbox_lanes_core::{Command, DeadReason, HoldReason, LaneId, Timestamp, UnitId};
+use outbox_lanes_store::{
+    AttemptRecord, DeadLetterRequest, SlotToken, Store, StoreError, StoreLaneId, WrittenDeadLetter,
+};
+use tracing::{debug, info, trace, warn};
+
+use super::{
+    INTERRUPTED, NeedsStore, PassCore, PendingDead, RESOLVED_PER_ROUND, RoundContext, Start, now,
+};
+use crate::fmt::rfc3339;
+use crate::hooks::{DeadLettered, Delivered, LaneUnavailable};
+
+/// Whether executing `cmd` writes to the store.
+pub(super) fn writes(cmd: &Command) -> bool {
+    match cmd {
+        Command::Start { .. }
+        | Command::Delivered { .. }
+        | Command::RecordAttempt { .. }
+        | Command::Interrupted { .. }
+        | Command::HandBack { .. }
+        | Command::Hold {
+            reason: HoldReason::Stalled,
+            ..
+        } => false,
+        Command::Hold {
+            reason: HoldReason::Blocked,
+            ..
+        }
+        | Command::LaneBackoff { .. }
+        | Command::LaneOpen { .. }
+        | Command::LaneFailing { .. }
+        | Command::LaneRestart { .. }
+        | Command::LaneUnavailable { .. }
+        | Command::DeadLetter { .. }
+        | Command::RetireLane { .. } => true,
+    }
+}
+
+impl PassCore {
+    /// Executes every queued command in order; returns how many there were. Attempt records
+    /// are batched, but written before any other write and before the round's starts leave.
+    ///
+    /// `inline`: the store must not be called; at the first command that needs it (or if
+    /// attempt records wait) it stops, keeping that command for the next round.
+    pub(super) fn execute(
+        &mut self,
+        cx: RoundContext<'_>,
+        starts: &mut Vec<Start>,
+        inline: bool,
+    ) -> Result<usize, NeedsStore> {
+        let mut n = 0;
+        let mut result = Ok(());
+        while let Some(cmd) = self
+            .deferred
+            .pop_front()
+            .or_else(|| self.sched.poll_command())
+        {
+            if inline && self.needs_store(&cmd) {
+                self.deferred.push_front(cmd);
+                result = Err(NeedsStore);
+                break;
+            }
+            n += 1;
+            self.command(cx, cmd, starts);
+        }
+        if inline {
+            if !self.records.is_empty() || !self.host_pauses.is_empty() || self.marks_due() {
+                result = Err(NeedsStore);
+            }
+        } else {
+            self.flush_writes(cx.store, cx.hooks);
+            self.flush_marks(cx.store, false);
+        }
+        cx.acks.ack_batch_logged(
+            &self.token,
+            std::mem::take(&mut self.acked),
+            std::mem::take(&mut self.acked_log),
+        );
+        result.map(|()| n)
+    }
+
+    pub(super) fn command(&mut self, cx: RoundContext<'_>, cmd: Command, starts: &mut Vec<Start>) {
+        let writable = self.error.is_none();
+        match cmd {
+            Command::Start {
+                unit,
+                lane,
+                attempt,
+            } => {
+                if let Some(info) = self.units.get(&unit) {
+                    trace!(actor = %self.actor, unit = unit.0, row = %info.row_id,
+                        recipient = self.recipient(lane), attempt,
+                        queued_ms = now().saturating_duration_since(info.enqueued_at).as_millis() as u64,
+                        "started");
+                }
+                // A start in a lane in backoff is its probe (OL-11): one per interval.
+                if let Some(&level) = self.waiting.get(&lane) {
+                    if level > 0 {
+                        info!(actor = %self.actor, recipient = self.recipient(lane), unit = unit.0,
+                            level, attempt, "lane probed: one attempt at its head");
+                    } else {
+                        debug!(actor = %self.actor, recipient = self.recipient(lane), unit = unit.0,
+                            attempt, "throttled lane retried");
+                    }
+                }
+                // After a failure nothing starts: the unit is handed back at the end.
+                if !writable || self.end.is_some() {
+                    return;
+                }
+                // A destination nothing may be sent to (a refused IP literal) answers every
+                // attempt of its lane the same, without I/O: the attempt comes to that result
+                // here, and the scheduler's next decision for the lane (its next head's start,
+                // say) follows in this round, so a deep refused lane is dead-lettered in few
+                // rounds and transactions. Only on a fresh read of the lane controls, as a
+                // send (OL-14): an operator's action on the lane comes first.
+                let unsendable = self.lane_destination(lane).refused().cloned();
+                if let Some(result) = unsendable {
+                    if self.resolved < RESOLVED_PER_ROUND && self.control.fresh_at(Instant::now()) {
+                        self.resolved += 1;
+                        self.not_sendable(cx.hooks, unit, lane, attempt, result);
+                        return;
+                    }
+                }
+                self.paced_start(lane);
+                starts.push(Start {
+                    unit,
+                    lane,
+                    attempt,
+                });
+            }
+            Command::Delivered { unit, lane } => {
+                // Acked even after a failure: an ack is harmless, a lost one is a resend.
+                self.acked.push((unit, self.store_lane(lane)));
+                self.report.delivered += 1;
+                let row = self.resolved(unit, lane);
+                if let Some(i) = self.log_info.remove(&(unit, lane)) {
+                    let entry = self.log_entry(unit, lane, &row, i, true);
+                    self.acked_log.push(entry);
+                }
+                trace!(actor = %self.actor, unit = unit.0, %row, recipient = self.recipient(lane),
+                    "delivered");
+                // Only lanes that failed are in these maps: a healthy lane pays two checks.
+                if !self.lane_failure.is_empty() {
+                    self.lane_failure.remove(&lane);
+                }
+                // A throttle ends with the lane's first delivery: its persisted `not_before`
+                // is cleared then (a backoff is cleared by the LaneOpen that follows).
+                if !self.waiting.is_empty() && self.recovered(lane, "delivered") == Some(0) {
+                    self.write(
+                        cx,
+                        "lane state",
+                        |s, t, l| s.set_lane_state(t, l, None, 0),
+                        lane,
+                    );
+                }
+                if let Some(hook) = &cx.hooks.delivered {
+                    hook(&Delivered {
+                        actor: self.actor.clone(),
+                        unit,
+                        row_id: row,
+                        recipient: self.recipient(lane).to_owned(),
+                    });
+                }
+            }
+            Command::RecordAttempt {
+                unit,
+                lane,
+                attempts,
+                counted,
+            } => {
+                // The detail stays in `last` for a dead letter that may follow.
+                let (status, error) = self
+                    .last
+                    .get(&(unit, lane))
+                    .map_or((None, None), |r| (r.status, r.error.clone()));
+                debug!(actor = %self.actor, unit = unit.0, recipient = self.recipient(lane),
+                    attempts, counted, status, error = error.as_deref(), "attempt failed");
+                if let Some(i) = self.log_info.remove(&(unit, lane)) {
+                    let row = self
+                        .units
+                        .get(&unit)
+                        .map_or_else(String::new, |u| u.row_id.clone());
+                    let entry = self.log_entry(unit, lane, &row, i, false);
+                    self.records_log.push(entry);
+                }
+                self.records.push(AttemptRecord {
+                    unit,
+                    lane: self.store_lane(lane),
+                    attempts,
+                    status,
+                    error,
+                    at: now(),
+                });
+            }
+            Command::Interrupted {
+                unit,
+                lane,
+                attempts,
+            } => {
+                info!(actor = %self.actor, unit = unit.0, recipient = self.recipient(lane),
+                    attempts, "attempt interrupted in flight; the unit will be sent again");
+                self.records.push(AttemptRecord {
+                    unit,
+                    lane: self.store_lane(lane),
+                    attempts,
+                    status: None,
+                    error: Some(INTERRUPTED.to_owned()),
+                    at: now(),
+                });
+            }
+            Command::Hold { unit, lane, reason } => match reason {
+                HoldReason::Stalled => {
+                    debug!(actor = %self.actor, unit = unit.0, recipient = self.recipient(lane),
+                        "stalled: held until the lane's next attempt");
+                }
+                HoldReason::Blocked => {
+                    warn!(actor = %self.actor, unit = unit.0, recipient = self.recipient(lane),
+                        "strict lane blocked on its head until an operator acts");
+                    self.write(
+                        cx,
+                        "block lane",
+                        |s, t, l| s.block_lane(t, l, "its head failed for good"),
+                        lane,
+                    );
+                }
+            },
+            Command::LaneBackoff {
+                lane,
+                not_before,
+                level,
+            } => {
+                self.log_backoff(lane, not_before, level);
+                self.write(
+                    cx,
+                    "lane state",
+                    |s, t, l| s.set_lane_state(t, l, Some(not_before), level),
+                    lane,
+                );
+            }
+            Command::LaneOpen { lane } => {
+                self.recovered(lane, "the recipient answered");
+                self.write(
+                    cx,
+                    "lane state",
+                    |s, t, l| s.set_lane_state(t, l, None, 0),
+                    lane,
+                );
+            }
+            Command::LaneFailing { lane, since } => {
+                debug!(actor = %self.actor, recipient = self.recipient(lane),
+                    since = since.map(rfc3339), "lane's run of failures");
+                self.write(
+                    cx,
+                    "lane state",
+                    |s, t, l| s.set_lane_failing(t, l, since),
+                    lane,
+                );
+            }
+            Command::LaneRestart { lane } => {
+                // Its head was dead-lettered after its attempts: the next unit gets a
+                // schedule of its own (OL-8).
+                self.waiting.remove(&lane);
+                debug!(actor = %self.actor, recipient = self.recipient(lane),
+                    "lane starts over after its head's last attempt");
+                self.write(
+                    cx,
+                    "lane state",
+                    |s, t, l| s.set_lane_state(t, l, None, 0),
+                    lane,
+                );
+            }
+            Command::LaneUnavailable { lane, since } => {
+                let at = now();
+                warn!(actor = %self.actor, recipient = self.recipient(lane),
+                    failing_since = %rfc3339(since),
+                    "lane unavailable: failing for longer than allowed; its units are \
+                     dead-lettered together (lane_unavailable) until it answers again");
+                self.write(
+                    cx,
+                    "lane state",
+                    |s, t, l| s.set_lane_unavailable(t, l, at),
+                    lane,
+                );
+                if self.error.is_none()
+                    && let Some(hook) = &cx.hooks.lane_unavailable
+                {
+                    hook(&LaneUnavailable {
+                        actor: self.actor.clone(),
+                        recipient: self.recipient(lane).to_owned(),
+                        failing_since: since,
+                        at,
+                    });
+                }
+            }
+            Command::DeadLetter { unit, lane, reason } => {
+                let last = self.last.remove(&(unit, lane));
+                let (status, error) = last.map_or((None, None), |r| (r.status, r.error));
+                if !writable {
+                    return;
+                }
+                // Written with the other dead letters of this execution, at its end
+                // (`flush_dead_letters`): before any later write, and before the round sends
+                // anything, so that no later unit of the lane is sent before this outcome is
+                // durable (OL-16).
+                let row = self.resolved(unit, lane);
+                let req = DeadLetterRequest {
+                    unit,
+                    lane: self.store_lane(lane),
+                    reason,
+                    status,
+                    error,
+                    at: now(),
+                };
+                self.dead.push(PendingDead { req, lane, row });
+            }
+            Command::RetireLane { lane, reason } => {
+                if !writable {
+                    return;
+                }
+                self.flush_writes(cx.store, cx.hooks);
+                if self.error.is_some() {
+                    return;
+                }
+                let retired =
+                    match cx
+                        .store
+                        .retire_lane(&self.token, self.store_lane(lane), now(), reason)
+                    {
+                        Ok(retired) => retired,
+                        Err(e) => {
+                            self.store_failed("retire lane", e, now());
+                            return;
+                        }
+                    };
+                let units = retired.len() as u64;
+                self.report.dead_lettered += units;
+                // One INFO line for the lane, not one per unit: a retired lane can be deep.
+                if reason == DeadReason::LaneRetired {
+                    info!(actor = %self.actor, recipient = self.recipient(lane), units,
+                        "lane retired (410 Gone)");
+                } else if units > 0 {
+                    info!(actor = %self.actor, recipient = self.recipient(lane), units,
+                        reason = reason.as_str(), "the lane's pending units dead-lettered together");
+                }
+                for d in retired {
+                    // Admitted units of the lane are resolved (the scheduler dropped them).
+                    self.resolved(d.unit, lane);
+                    debug!(actor = %self.actor, unit = d.unit.0, row = %d.row_id,
+                        recipient = self.recipient(lane), reason = reason.as_str(),
+                        status = d.last_status, error = d.last_error.as_deref(),
+                        dead_letter = d.id.0, "dead-lettered");
+                    if let Some(hook) = &cx.hooks.dead_lettered {
+                        hook(&self.dead_lettered(d, lane, reason));
+                    }
+                }
+            }
+            Command::HandBack { unit } => {
+                self.units.remove(&unit);
+                self.report.handed_back += 1;
+                trace!(actor = %self.actor, unit = unit.0, "handed back");
+            }
+        }
+    }
+
+    /// What the dead-letter hook is told of a dead letter the store wrote for `lane`.
+    pub(super) fn dead_lettered(
+        &self,
+        d: WrittenDeadLetter,
+        lane: LaneId,
+        reason: DeadReason,
+    ) -> DeadLettered {
+        DeadLettered {
+            id: d.id,
+            actor: self.actor.clone(),
+            unit: d.unit,
+            row_id: d.row_id,
+            recipient: self.recipient(lane).to_owned(),
+            reason,
+            status: d.last_status,
+            error: d.last_error,
+            attempts: d.attempts,
+            at: d.dead_at,
+        }
+    }
+
+    /// The INFO line of a lane entering or staying in backoff (or a throttle), with the
+    /// failure that put it there and its next attempt.
+    pub(super) fn log_backoff(&mut self, lane: LaneId, not_before: Timestamp, level: u32) {
+        if self.host_held.remove(&lane) {
+            return;
+        }
+        let before = self.waiting.insert(lane, level);
+        let (status, error) = self
+            .lane_failure
+            .get(&lane)
+            .map_or((None, None), |(s, e)| (*s, e.as_deref()));
+        let next_attempt = rfc3339(not_before);
+        let recipient = self.recipient(lane);
+        match (before, level) {
+            (Some(0), 0) => debug!(actor = %self.actor, recipient, status, error,
+                next_attempt = %next_attempt, "lane still throttled"),
+            (_, 0) => info!(actor = %self.actor, recipient, status, error,
+                next_attempt = %next_attempt, "lane throttled by Retry-After"),
+            (Some(b), _) if b > 0 => info!(actor = %self.actor, recipient, level, status, error,
+                next_attempt = %next_attempt, "lane probe failed; backoff extended"),
+            _ => info!(actor = %self.actor, recipient, level, status, error,
+                next_attempt = %next_attempt, "lane entered backoff"),
+        }
+    }
+
+    /// The INFO line of a throttled or backed-off lane that answered again; the level it
+    /// was at (0: throttled), if it was waiting.
+    pub(super) fn recovered(&mut self, lane: LaneId, how: &'static str) -> Option<u32> {
+        let level = self.waiting.remove(&lane);
+        match level {
+            Some(level) => info!(actor = %self.actor, recipient = self.recipient(lane),
+                after_level = level, how, "lane recovered"),
+            None => debug!(actor = %self.actor, recipient = self.recipient(lane), how,
+                "lane open"),
+        }
+        level
+    }
+
+    /// Whether executing `cmd` writes to the store: [`writes`], and the delivery that ends
+    /// a throttle (its `not_before` is cleared).
+    pub(super) fn needs_store(&self, cmd: &Command) -> bool {
+        match cmd {
+            Command::Delivered { lane, .. } => self.waiting.get(lane) == Some(&0),
+            other => writes(other),
+        }
+    }
+
+    /// One fenced write about `lane`, after the attempt records and dead letters gathered
+    /// before it.
+    pub(super) fn write(
+        &mut self,
+        cx: RoundContext<'_>,
+        what: &str,
+        f: impl FnOnce(&dyn Store, &SlotToken, StoreLaneId) -> Result<(), StoreError>,
+        lane: LaneId,
+    ) {
+        if self.error.is_some() {
+            return;
+        }
+        self.flush_writes(cx.store, cx.hooks);
+        if self.error.is_some() {
+            return;
+        }
+        if let Err(e) = f(cx.store, &self.token, self.store_lane(lane)) {
+            self.store_failed(what, e, now());
+        }
+    }
+
+    /// One recipient of `unit` is resolved; forget the unit once all are.
+    pub(super) fn resolved(&mut self, unit: UnitId, lane: LaneId) -> String {
+        self.last.remove(&(unit, lane));
+        let Some(info) = self.units.get_mut(&unit) else {
+            return String::new();
+        };
+        info.open = info.open.saturating_sub(1);
+        if info.open > 0 {
+            return info.row_id.clone();
+        }
+        // Its last recipient (every one-lane unit): the row id moves out, no copy.
+        self.units
+            .remove(&unit)
+            .map(|u| u.row_id)
+            .unwrap_or_default()
+    }
+}
