@@ -7,6 +7,58 @@
 //!
 //! # Quick start
 //!
+//! A whole sqlx service on Postgres (features `tokio` and `sqlx`): one transaction writes the
+//! service's note and enqueues its ActivityPub `Create`, built from a JSON value and signed
+//! with the actor's key, to three inboxes; the relay runs in the same process on the
+//! service's own pool. It is `examples/sqlx-activitypub/src/main.rs` in the source (not a
+//! doctest here: it needs tokio's `main` macro, which this crate's tests do not build), which
+//! CI compiles, runs against Postgres and three recipients, and whose signatures it checks
+//! with verifiers we did not write; a test keeps this copy the same text.
+//!
+#![cfg_attr(
+    all(feature = "tokio", feature = "sqlx"),
+    doc = r##"```ignore
+use outbox_lanes::sqlx::{self, PgPool};
+use outbox_lanes::store::{NewRow, sqlx::SqlxOutbox, sqlx::SqlxPgOptions, sqlx::SqlxPgStore};
+use outbox_lanes::tokio::{Outbox, OutboxConfig, sign::HttpSignatures};
+use serde_json::json;
+use std::{env, error::Error, fs, sync::Arc, time::Duration};
+
+const ALICE: &str = "https://notes.example/users/alice";
+const NOTE: &str = "https://notes.example/notes/1";
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn Error>> {
+    let pool = PgPool::connect(&env::var("DATABASE_URL")?).await?; // the service's own pool
+    let store = Arc::new(SqlxPgStore::new(pool.clone(), SqlxPgOptions::default()).await?);
+    let pem = fs::read_to_string(env::var("KEY_FILE")?)?; // alice's private key
+    let keys = HttpSignatures::from_pem(ALICE, format!("{ALICE}#main-key"), &pem)?;
+    let config = OutboxConfig::default();
+    let outbox = Outbox::builder(store, config).signer(keys).open()?; // the relay, on the pool
+    let _monitor = outbox.monitor().await?; // delivers in the background, woken by the commit
+    let ddl = "CREATE TABLE IF NOT EXISTS notes (id TEXT PRIMARY KEY, content TEXT NOT NULL)";
+    sqlx::query(ddl).execute(&pool).await?;
+    let create = json!({"@context": "https://www.w3.org/ns/activitystreams", "type": "Create",
+        "actor": ALICE, "object": {"id": NOTE, "type": "Note", "content": "hello"}});
+    let inboxes = env::var("INBOXES")?; // three inbox URLs, comma-separated
+    let row = NewRow::activity(format!("{NOTE}/create"), &create)?.recipients(inboxes.split(','));
+    let mut tx = pool.begin().await?;
+    let insert = sqlx::query("INSERT INTO notes VALUES ($1, 'hello')");
+    insert.bind(NOTE).execute(&mut *tx).await?; // the service's own row
+    SqlxOutbox::new().enqueue(&mut *tx, ALICE, &[row]).await?; // and its deliveries
+    tx.commit().await?; // both, or neither
+    for _ in 0..300 {
+        if outbox.status().await?.iter().all(|s| s.pending == 0) {
+            break; // delivered (a service would go on serving)
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    outbox.shutdown().await; // the one stop: in-flight attempts get the grace
+    Ok(())
+}
+```"##
+)]
+//!
 //! An outbox on a SQLite file, a monitor that delivers in the background, one row to one
 //! recipient — with the default features (`sqlite`, `blocking`):
 //!
@@ -22,13 +74,10 @@ use outbox_lanes::store::{NewRow, SqliteOptions, SqliteStore};
 let store = Arc::new(SqliteStore::open("outbox.db", SqliteOptions::default())?);
 let outbox = Outbox::open(store, OutboxConfig::default())?;
 let _monitor = outbox.monitor()?; // drains every actor with work, woken on enqueue
-let row = NewRow {
-    id: "https://example.com/activities/1".into(), // used once per actor
-    body: br#"{"type":"Create"}"#.to_vec(),
-    content_type: "application/activity+json".into(),
-    recipients: vec!["https://b.example/inbox".into()], // one lane per recipient
-    ..NewRow::default()
-};
+let row = NewRow::new("https://example.com/activities/1") // used once per actor
+    .content_type("application/activity+json")
+    .body(br#"{"type":"Create"}"#)
+    .recipient("https://b.example/inbox"); // one lane per recipient
 outbox.enqueue("https://example.com/users/alice", &[row])?; // durable on return
 // ... your service runs; deliveries go on in the background ...
 outbox.shutdown(); // the one stop: attempts in flight get the grace, the rest waits in the store

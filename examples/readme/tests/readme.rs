@@ -182,6 +182,30 @@ fn the_library_guides_programs_are_the_examples() {
     );
 }
 
+/// The facade's rustdoc opens with the sqlx service, the same text as the example's program
+/// (after its one-line module doc), which CI compiles and runs.
+#[test]
+fn the_facade_docs_open_with_the_sqlx_service() {
+    let facade = include_str!("../../../src/lib.rs");
+    let (_, program, _) = GUIDE_PROGRAMS[0];
+    let body = program
+        .split_once("\n\n")
+        .map(|(_, rest)| rest)
+        .expect("a module doc line, then the program");
+    let at = facade
+        .find(body)
+        .expect("src/lib.rs shows examples/sqlx-activitypub/src/main.rs: copy it there");
+    let quick_start = facade
+        .find("//! # Quick start")
+        .expect("a Quick start section");
+    assert!(quick_start < at, "the Quick start opens with it");
+    assert_eq!(
+        facade[quick_start..at].matches("```").count(),
+        1,
+        "the sqlx service is the Quick start's first block"
+    );
+}
+
 /// Counts the in-process wake-ups of `notifier`.
 fn count_wakes(notifier: &Notifier) -> (Arc<AtomicUsize>, Subscription) {
     let count = Arc::new(AtomicUsize::new(0));
