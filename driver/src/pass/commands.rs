@@ -9,7 +9,8 @@ use outbox_lanes_store::{
 use tracing::{debug, info, trace, warn};
 
 use super::{
-    INTERRUPTED, NeedsStore, PassCore, PendingDead, RESOLVED_PER_ROUND, RoundContext, Start, now,
+    INTERRUPTED, NeedsStore, PassCore, PendingDead, RESOLVED_PER_ROUND, RoundContext, Start, Units,
+    now,
 };
 use crate::fmt::rfc3339;
 use crate::hooks::{DeadLettered, Delivered, LaneUnavailable};
@@ -55,12 +56,13 @@ impl PassCore {
         let mut n = 0;
         let mut result = Ok(());
         while let Some(cmd) = self
+            .round
             .deferred
             .pop_front()
             .or_else(|| self.sched.poll_command())
         {
             if inline && self.needs_store(&cmd) {
-                self.deferred.push_front(cmd);
+                self.round.deferred.push_front(cmd);
                 result = Err(NeedsStore);
                 break;
             }
@@ -68,7 +70,10 @@ impl PassCore {
             self.command(cx, cmd, starts);
         }
         if inline {
-            if !self.records.is_empty() || !self.host_pauses.is_empty() || self.marks_due() {
+            if !self.pending.records.is_empty()
+                || !self.pending.host_pauses.is_empty()
+                || self.jobs.marks_due()
+            {
                 result = Err(NeedsStore);
             }
         } else {
@@ -77,8 +82,8 @@ impl PassCore {
         }
         cx.acks.ack_batch_logged(
             &self.token,
-            std::mem::take(&mut self.acked),
-            std::mem::take(&mut self.acked_log),
+            std::mem::take(&mut self.pending.acked),
+            std::mem::take(&mut self.pending.acked_log),
         );
         result.map(|()| n)
     }
@@ -91,19 +96,19 @@ impl PassCore {
                 lane,
                 attempt,
             } => {
-                if let Some(info) = self.units.get(&unit) {
+                if let Some(info) = self.units.info.get(&unit) {
                     trace!(actor = %self.actor, unit = unit.0, row = %info.row_id,
-                        recipient = self.recipient(lane), attempt,
+                        recipient = self.lanes.recipient(lane), attempt,
                         queued_ms = now().saturating_duration_since(info.enqueued_at).as_millis() as u64,
                         "started");
                 }
                 // A start in a lane in backoff is its probe (OL-11): one per interval.
-                if let Some(&level) = self.waiting.get(&lane) {
+                if let Some(&level) = self.lane_log.waiting.get(&lane) {
                     if level > 0 {
-                        info!(actor = %self.actor, recipient = self.recipient(lane), unit = unit.0,
+                        info!(actor = %self.actor, recipient = self.lanes.recipient(lane), unit = unit.0,
                             level, attempt, "lane probed: one attempt at its head");
                     } else {
-                        debug!(actor = %self.actor, recipient = self.recipient(lane), unit = unit.0,
+                        debug!(actor = %self.actor, recipient = self.lanes.recipient(lane), unit = unit.0,
                             attempt, "throttled lane retried");
                     }
                 }
@@ -117,10 +122,12 @@ impl PassCore {
                 // say) follows in this round, so a deep refused lane is dead-lettered in few
                 // rounds and transactions. Only on a fresh read of the lane controls, as a
                 // send (OL-14): an operator's action on the lane comes first.
-                let unsendable = self.lane_destination(lane).refused().cloned();
+                let unsendable = self.lanes.lane_destination(lane).refused().cloned();
                 if let Some(result) = unsendable {
-                    if self.resolved < RESOLVED_PER_ROUND && self.control.fresh_at(Instant::now()) {
-                        self.resolved += 1;
+                    if self.round.resolved < RESOLVED_PER_ROUND
+                        && self.round.control.fresh_at(Instant::now())
+                    {
+                        self.round.resolved += 1;
                         self.not_sendable(cx.hooks, unit, lane, attempt, result);
                         return;
                     }
@@ -134,22 +141,23 @@ impl PassCore {
             }
             Command::Delivered { unit, lane } => {
                 // Acked even after a failure: an ack is harmless, a lost one is a resend.
-                self.acked.push((unit, self.store_lane(lane)));
+                self.pending.acked.push((unit, self.lanes.store_lane(lane)));
                 self.report.delivered += 1;
-                let row = self.resolved(unit, lane);
-                if let Some(i) = self.log_info.remove(&(unit, lane)) {
+                let row = self.units.resolved(unit, lane);
+                if let Some(i) = self.pending.log_info.remove(&(unit, lane)) {
                     let entry = self.log_entry(unit, lane, &row, i, true);
-                    self.acked_log.push(entry);
+                    self.pending.acked_log.push(entry);
                 }
-                trace!(actor = %self.actor, unit = unit.0, %row, recipient = self.recipient(lane),
+                trace!(actor = %self.actor, unit = unit.0, %row, recipient = self.lanes.recipient(lane),
                     "delivered");
                 // Only lanes that failed are in these maps: a healthy lane pays two checks.
-                if !self.lane_failure.is_empty() {
-                    self.lane_failure.remove(&lane);
+                if !self.lane_log.failure.is_empty() {
+                    self.lane_log.failure.remove(&lane);
                 }
                 // A throttle ends with the lane's first delivery: its persisted `not_before`
                 // is cleared then (a backoff is cleared by the LaneOpen that follows).
-                if !self.waiting.is_empty() && self.recovered(lane, "delivered") == Some(0) {
+                if !self.lane_log.waiting.is_empty() && self.recovered(lane, "delivered") == Some(0)
+                {
                     self.write(
                         cx,
                         "lane state",
@@ -162,7 +170,7 @@ impl PassCore {
                         actor: self.actor.clone(),
                         unit,
                         row_id: row,
-                        recipient: self.recipient(lane).to_owned(),
+                        recipient: self.lanes.recipient(lane).to_owned(),
                     });
                 }
             }
@@ -174,22 +182,24 @@ impl PassCore {
             } => {
                 // The detail stays in `last` for a dead letter that may follow.
                 let (status, error) = self
+                    .units
                     .last
                     .get(&(unit, lane))
                     .map_or((None, None), |r| (r.status, r.error.clone()));
-                debug!(actor = %self.actor, unit = unit.0, recipient = self.recipient(lane),
+                debug!(actor = %self.actor, unit = unit.0, recipient = self.lanes.recipient(lane),
                     attempts, counted, status, error = error.as_deref(), "attempt failed");
-                if let Some(i) = self.log_info.remove(&(unit, lane)) {
+                if let Some(i) = self.pending.log_info.remove(&(unit, lane)) {
                     let row = self
                         .units
+                        .info
                         .get(&unit)
                         .map_or_else(String::new, |u| u.row_id.clone());
                     let entry = self.log_entry(unit, lane, &row, i, false);
-                    self.records_log.push(entry);
+                    self.pending.records_log.push(entry);
                 }
-                self.records.push(AttemptRecord {
+                self.pending.records.push(AttemptRecord {
                     unit,
-                    lane: self.store_lane(lane),
+                    lane: self.lanes.store_lane(lane),
                     attempts,
                     status,
                     error,
@@ -201,11 +211,11 @@ impl PassCore {
                 lane,
                 attempts,
             } => {
-                info!(actor = %self.actor, unit = unit.0, recipient = self.recipient(lane),
+                info!(actor = %self.actor, unit = unit.0, recipient = self.lanes.recipient(lane),
                     attempts, "attempt interrupted in flight; the unit will be sent again");
-                self.records.push(AttemptRecord {
+                self.pending.records.push(AttemptRecord {
                     unit,
-                    lane: self.store_lane(lane),
+                    lane: self.lanes.store_lane(lane),
                     attempts,
                     status: None,
                     error: Some(INTERRUPTED.to_owned()),
@@ -214,11 +224,11 @@ impl PassCore {
             }
             Command::Hold { unit, lane, reason } => match reason {
                 HoldReason::Stalled => {
-                    debug!(actor = %self.actor, unit = unit.0, recipient = self.recipient(lane),
+                    debug!(actor = %self.actor, unit = unit.0, recipient = self.lanes.recipient(lane),
                         "stalled: held until the lane's next attempt");
                 }
                 HoldReason::Blocked => {
-                    warn!(actor = %self.actor, unit = unit.0, recipient = self.recipient(lane),
+                    warn!(actor = %self.actor, unit = unit.0, recipient = self.lanes.recipient(lane),
                         "strict lane blocked on its head until an operator acts");
                     self.write(
                         cx,
@@ -251,7 +261,7 @@ impl PassCore {
                 );
             }
             Command::LaneFailing { lane, since } => {
-                debug!(actor = %self.actor, recipient = self.recipient(lane),
+                debug!(actor = %self.actor, recipient = self.lanes.recipient(lane),
                     since = since.map(rfc3339), "lane's run of failures");
                 self.write(
                     cx,
@@ -263,8 +273,8 @@ impl PassCore {
             Command::LaneRestart { lane } => {
                 // Its head was dead-lettered after its attempts: the next unit gets a
                 // schedule of its own (OL-8).
-                self.waiting.remove(&lane);
-                debug!(actor = %self.actor, recipient = self.recipient(lane),
+                self.lane_log.waiting.remove(&lane);
+                debug!(actor = %self.actor, recipient = self.lanes.recipient(lane),
                     "lane starts over after its head's last attempt");
                 self.write(
                     cx,
@@ -275,7 +285,7 @@ impl PassCore {
             }
             Command::LaneUnavailable { lane, since } => {
                 let at = now();
-                warn!(actor = %self.actor, recipient = self.recipient(lane),
+                warn!(actor = %self.actor, recipient = self.lanes.recipient(lane),
                     failing_since = %rfc3339(since),
                     "lane unavailable: failing for longer than allowed; its units are \
                      dead-lettered together (lane_unavailable) until it answers again");
@@ -290,14 +300,14 @@ impl PassCore {
                 {
                     hook(&LaneUnavailable {
                         actor: self.actor.clone(),
-                        recipient: self.recipient(lane).to_owned(),
+                        recipient: self.lanes.recipient(lane).to_owned(),
                         failing_since: since,
                         at,
                     });
                 }
             }
             Command::DeadLetter { unit, lane, reason } => {
-                let last = self.last.remove(&(unit, lane));
+                let last = self.units.last.remove(&(unit, lane));
                 let (status, error) = last.map_or((None, None), |r| (r.status, r.error));
                 if !writable {
                     return;
@@ -306,16 +316,16 @@ impl PassCore {
                 // (`flush_dead_letters`): before any later write, and before the round sends
                 // anything, so that no later unit of the lane is sent before this outcome is
                 // durable (OL-16).
-                let row = self.resolved(unit, lane);
+                let row = self.units.resolved(unit, lane);
                 let req = DeadLetterRequest {
                     unit,
-                    lane: self.store_lane(lane),
+                    lane: self.lanes.store_lane(lane),
                     reason,
                     status,
                     error,
                     at: now(),
                 };
-                self.dead.push(PendingDead { req, lane, row });
+                self.pending.dead.push(PendingDead { req, lane, row });
             }
             Command::RetireLane { lane, reason } => {
                 if !writable {
@@ -325,32 +335,33 @@ impl PassCore {
                 if self.error.is_some() {
                     return;
                 }
-                let retired =
-                    match cx
-                        .store
-                        .retire_lane(&self.token, self.store_lane(lane), now(), reason)
-                    {
-                        Ok(retired) => retired,
-                        Err(e) => {
-                            self.store_failed("retire lane", e, now());
-                            return;
-                        }
-                    };
+                let retired = match cx.store.retire_lane(
+                    &self.token,
+                    self.lanes.store_lane(lane),
+                    now(),
+                    reason,
+                ) {
+                    Ok(retired) => retired,
+                    Err(e) => {
+                        self.store_failed("retire lane", e, now());
+                        return;
+                    }
+                };
                 let units = retired.len() as u64;
                 self.report.dead_lettered += units;
                 // One INFO line for the lane, not one per unit: a retired lane can be deep.
                 if reason == DeadReason::LaneRetired {
-                    info!(actor = %self.actor, recipient = self.recipient(lane), units,
+                    info!(actor = %self.actor, recipient = self.lanes.recipient(lane), units,
                         "lane retired (410 Gone)");
                 } else if units > 0 {
-                    info!(actor = %self.actor, recipient = self.recipient(lane), units,
+                    info!(actor = %self.actor, recipient = self.lanes.recipient(lane), units,
                         reason = reason.as_str(), "the lane's pending units dead-lettered together");
                 }
                 for d in retired {
                     // Admitted units of the lane are resolved (the scheduler dropped them).
-                    self.resolved(d.unit, lane);
+                    self.units.resolved(d.unit, lane);
                     debug!(actor = %self.actor, unit = d.unit.0, row = %d.row_id,
-                        recipient = self.recipient(lane), reason = reason.as_str(),
+                        recipient = self.lanes.recipient(lane), reason = reason.as_str(),
                         status = d.last_status, error = d.last_error.as_deref(),
                         dead_letter = d.id.0, "dead-lettered");
                     if let Some(hook) = &cx.hooks.dead_lettered {
@@ -359,7 +370,7 @@ impl PassCore {
                 }
             }
             Command::HandBack { unit } => {
-                self.units.remove(&unit);
+                self.units.info.remove(&unit);
                 self.report.handed_back += 1;
                 trace!(actor = %self.actor, unit = unit.0, "handed back");
             }
@@ -378,7 +389,7 @@ impl PassCore {
             actor: self.actor.clone(),
             unit: d.unit,
             row_id: d.row_id,
-            recipient: self.recipient(lane).to_owned(),
+            recipient: self.lanes.recipient(lane).to_owned(),
             reason,
             status: d.last_status,
             error: d.last_error,
@@ -390,16 +401,17 @@ impl PassCore {
     /// The INFO line of a lane entering or staying in backoff (or a throttle), with the
     /// failure that put it there and its next attempt.
     pub(super) fn log_backoff(&mut self, lane: LaneId, not_before: Timestamp, level: u32) {
-        if self.host_held.remove(&lane) {
+        if self.lane_log.host_held.remove(&lane) {
             return;
         }
-        let before = self.waiting.insert(lane, level);
+        let before = self.lane_log.waiting.insert(lane, level);
         let (status, error) = self
-            .lane_failure
+            .lane_log
+            .failure
             .get(&lane)
             .map_or((None, None), |(s, e)| (*s, e.as_deref()));
         let next_attempt = rfc3339(not_before);
-        let recipient = self.recipient(lane);
+        let recipient = self.lanes.recipient(lane);
         match (before, level) {
             (Some(0), 0) => debug!(actor = %self.actor, recipient, status, error,
                 next_attempt = %next_attempt, "lane still throttled"),
@@ -415,11 +427,11 @@ impl PassCore {
     /// The INFO line of a throttled or backed-off lane that answered again; the level it
     /// was at (0: throttled), if it was waiting.
     pub(super) fn recovered(&mut self, lane: LaneId, how: &'static str) -> Option<u32> {
-        let level = self.waiting.remove(&lane);
+        let level = self.lane_log.waiting.remove(&lane);
         match level {
-            Some(level) => info!(actor = %self.actor, recipient = self.recipient(lane),
+            Some(level) => info!(actor = %self.actor, recipient = self.lanes.recipient(lane),
                 after_level = level, how, "lane recovered"),
-            None => debug!(actor = %self.actor, recipient = self.recipient(lane), how,
+            None => debug!(actor = %self.actor, recipient = self.lanes.recipient(lane), how,
                 "lane open"),
         }
         level
@@ -429,7 +441,7 @@ impl PassCore {
     /// a throttle (its `not_before` is cleared).
     pub(super) fn needs_store(&self, cmd: &Command) -> bool {
         match cmd {
-            Command::Delivered { lane, .. } => self.waiting.get(lane) == Some(&0),
+            Command::Delivered { lane, .. } => self.lane_log.waiting.get(lane) == Some(&0),
             other => writes(other),
         }
     }
@@ -450,15 +462,17 @@ impl PassCore {
         if self.error.is_some() {
             return;
         }
-        if let Err(e) = f(cx.store, &self.token, self.store_lane(lane)) {
+        if let Err(e) = f(cx.store, &self.token, self.lanes.store_lane(lane)) {
             self.store_failed(what, e, now());
         }
     }
+}
 
+impl Units {
     /// One recipient of `unit` is resolved; forget the unit once all are.
     pub(super) fn resolved(&mut self, unit: UnitId, lane: LaneId) -> String {
         self.last.remove(&(unit, lane));
-        let Some(info) = self.units.get_mut(&unit) else {
+        let Some(info) = self.info.get_mut(&unit) else {
             return String::new();
         };
         info.open = info.open.saturating_sub(1);
@@ -466,7 +480,7 @@ impl PassCore {
             return info.row_id.clone();
         }
         // Its last recipient (every one-lane unit): the row id moves out, no copy.
-        self.units
+        self.info
             .remove(&unit)
             .map(|u| u.row_id)
             .unwrap_or_default()

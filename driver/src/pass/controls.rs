@@ -7,7 +7,7 @@ use outbox_lanes_core::{LaneControl, LaneId, LaneInfo, Outcome};
 use outbox_lanes_store::{ChangedLane, StoreError};
 use tracing::{debug, info, trace};
 
-use super::{PassCore, RoundContext, Start, now};
+use super::{LaneLog, PassCore, RoundContext, Start, now};
 
 impl PassCore {
     /// Reads the actor's lane-control generation again (OL-14) and, with `apply`, tells the
@@ -24,7 +24,7 @@ impl PassCore {
     ) -> Result<bool, StoreError> {
         let read = cx
             .store
-            .lane_controls(&self.token, self.control.generation)?;
+            .lane_controls(&self.token, self.round.control.generation)?;
         trace!(actor = %self.actor, generation = read.read.generation, hosts = read.hosts,
             changed = read.changed.len(), "lane controls read");
         if let Some(gate) = cx.hosts
@@ -36,7 +36,7 @@ impl PassCore {
             let rows = cx.store.hosts()?;
             gate.apply_rows(&rows);
         }
-        self.control = read.read;
+        self.round.control = read.read;
         if !apply || read.changed.is_empty() {
             return Ok(false);
         }
@@ -53,11 +53,11 @@ impl PassCore {
         for cl in changed {
             let s = &cl.state;
             let info = self.lane_info(s);
-            let Some(&lane) = self.lanes.get(&s.lane) else {
+            let Some(&lane) = self.lanes.ids.get(&s.lane) else {
                 if !s.paused && cl.pending {
                     // Resumed, say: read it as a discovery would.
                     let lane = self.lane(s.lane, &s.key);
-                    self.note_backoff(lane, info);
+                    self.lane_log.note_backoff(lane, info);
                     self.sched.handle_lane(lane, info, t);
                 }
                 continue;
@@ -81,10 +81,10 @@ impl PassCore {
             false
         });
         for (lane, info, paused, pending) in known {
-            info!(actor = %self.actor, recipient = self.recipient(lane), paused,
+            info!(actor = %self.actor, recipient = self.lanes.recipient(lane), paused,
                 strict = info.strict, pending,
                 "lane changed by an operator: the pass hands back what it held of it");
-            self.note_backoff(lane, info);
+            self.lane_log.note_backoff(lane, info);
             self.sched.handle_lane_control(
                 lane,
                 LaneControl {
@@ -97,7 +97,9 @@ impl PassCore {
         }
         true
     }
+}
 
+impl LaneLog {
     /// Notes a lane's persisted backoff for the log lines of its probe and recovery: any
     /// `not_before` at level 0 is a throttle not yet ended by a delivery (even one already
     /// past: it is cleared, and logged, at the next delivery).

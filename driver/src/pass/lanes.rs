@@ -8,7 +8,7 @@ use outbox_lanes_core::{Admit, AdmitSlot, LaneChunk, LaneClaim, LaneId, LaneInfo
 use outbox_lanes_store::{ClaimRange, ClaimedLane, PendingLane, Store, StoreError, StoreLaneId};
 use tracing::{trace, warn};
 
-use super::{PassCore, UnitInfo, now};
+use super::{LaneTable, PassCore, UnitInfo, now};
 use crate::http::AttemptResult;
 use crate::request::Destination;
 
@@ -42,7 +42,10 @@ impl PassCore {
     /// read it, with its endpoint's pace and the process's memory of its last start.
     pub(super) fn lane_info(&self, s: &PendingLane) -> LaneInfo {
         let recipient = s.key.recipient();
-        let pace = self.rates.endpoint_interval(self.actor.as_str(), recipient);
+        let pace = self
+            .lanes
+            .rates
+            .endpoint_interval(self.actor.as_str(), recipient);
         LaneInfo {
             not_before: s.not_before,
             level: s.backoff_level,
@@ -50,24 +53,128 @@ impl PassCore {
             failing_since: s.failing_since,
             unavailable: s.unavailable_since.is_some(),
             pace,
-            paced_until: pace.and_then(|_| self.rates.paced_until(self.actor.as_str(), recipient)),
+            paced_until: pace
+                .and_then(|_| self.lanes.rates.paced_until(self.actor.as_str(), recipient)),
         }
     }
 
     /// An attempt of `lane` starts: a paced endpoint's next start is remembered for the
     /// passes after this one.
     pub(super) fn paced_start(&self, lane: LaneId) {
-        if self.rates.is_empty() {
+        if self.lanes.rates.is_empty() {
             return;
         }
-        let recipient = self.recipient(lane);
-        if let Some(pace) = self.rates.endpoint_interval(self.actor.as_str(), recipient) {
+        let recipient = self.lanes.recipient(lane);
+        if let Some(pace) = self
+            .lanes
+            .rates
+            .endpoint_interval(self.actor.as_str(), recipient)
+        {
             let t = now();
-            self.rates
+            self.lanes
+                .rates
                 .started(self.actor.as_str(), recipient, t.saturating_add(pace), t);
         }
     }
 
+    pub(super) fn lane(&mut self, id: StoreLaneId, key: &outbox_lanes_core::LaneKey) -> LaneId {
+        if let Some(l) = self.lanes.ids.get(&id) {
+            return *l;
+        }
+        let l = self.sched.lane(key);
+        self.lanes.ids.insert(id, l);
+        if self.lanes.store_lanes.len() <= l.index() {
+            self.lanes.store_lanes.resize(l.index() + 1, StoreLaneId(0));
+            self.lanes.recipients.resize(l.index() + 1, String::new());
+        }
+        self.lanes.store_lanes[l.index()] = id;
+        self.lanes.recipients[l.index()] = key.recipient().to_string();
+        l
+    }
+
+    /// Tells the scheduler about lanes that got new units since the last look.
+    pub(super) fn discover(&mut self, store: &dyn Store) -> Result<(), StoreError> {
+        let (infos, watermark) = store.lanes_with_work(&self.token, self.round.watermark)?;
+        self.round.watermark = self.round.watermark.max(watermark);
+        let t = now();
+        for info in infos {
+            if info.paused {
+                continue;
+            }
+            let lane = self.lane(info.lane, &info.key);
+            // Any persisted `not_before` at level 0 is a throttle not yet ended by a delivery
+            // (even one already past: it is cleared, and logged, at the next delivery).
+            let waits = info.backoff_level > 0 || info.not_before.is_some();
+            if waits {
+                self.lane_log
+                    .waiting
+                    .entry(lane)
+                    .or_insert(info.backoff_level);
+            }
+            let lane_info = self.lane_info(&info);
+            self.sched.handle_lane(lane, lane_info, t);
+        }
+        Ok(())
+    }
+
+    /// Hands the store's answer to a claim to the scheduler.
+    pub(super) fn admit_claimed(&mut self, answer: Vec<ClaimedLane>) {
+        let claims = answer.len();
+        let mut chunks = Vec::with_capacity(answer.len());
+        for cl in answer {
+            let cl: ClaimedLane = cl;
+            // Only lanes this pass asked for come back.
+            let Some(lane) = self.lanes.ids.get(&cl.lane).copied() else {
+                continue;
+            };
+            let mut units = Vec::with_capacity(cl.units.len());
+            for u in cl.units {
+                let slots = u
+                    .slots
+                    .iter()
+                    .map(|s| {
+                        let lane = self.lane(s.lane, &s.key);
+                        AdmitSlot {
+                            lane,
+                            attempts: s.attempts,
+                            served: s.served,
+                        }
+                    })
+                    .collect();
+                let open = u.slots.iter().filter(|s| !s.served).count();
+                let info = self.units.info.entry(u.id).or_insert(UnitInfo {
+                    row_id: u.row_id,
+                    enqueued_at: u.enqueued_at,
+                    open,
+                    payload: None,
+                });
+                if info.payload.is_none() {
+                    info.payload = u.payload.map(Arc::new);
+                }
+                units.push(Admit {
+                    id: u.id,
+                    seq: u.seq,
+                    bytes: u.bytes,
+                    enqueued_at: u.enqueued_at,
+                    slots,
+                });
+            }
+            chunks.push(LaneChunk {
+                lane,
+                units,
+                exhausted: cl.exhausted,
+            });
+        }
+        let read: usize = chunks.iter().map(|c| c.units.len()).sum();
+        let report = self.sched.handle_claimed(chunks, now());
+        trace!(actor = %self.actor, lanes = claims, read, admitted = report.admitted, "claimed");
+        for e in report.refused {
+            warn!(actor = %self.actor, error = %e, "store answer refused by the scheduler");
+        }
+    }
+}
+
+impl LaneTable {
     pub(super) fn recipient(&self, lane: LaneId) -> &str {
         self.recipients.get(lane.index()).map_or("", String::as_str)
     }
@@ -77,21 +184,6 @@ impl PassCore {
             .get(lane.index())
             .copied()
             .unwrap_or(StoreLaneId(0))
-    }
-
-    pub(super) fn lane(&mut self, id: StoreLaneId, key: &outbox_lanes_core::LaneKey) -> LaneId {
-        if let Some(l) = self.lanes.get(&id) {
-            return *l;
-        }
-        let l = self.sched.lane(key);
-        self.lanes.insert(id, l);
-        if self.store_lanes.len() <= l.index() {
-            self.store_lanes.resize(l.index() + 1, StoreLaneId(0));
-            self.recipients.resize(l.index() + 1, String::new());
-        }
-        self.store_lanes[l.index()] = id;
-        self.recipients[l.index()] = key.recipient().to_string();
-        l
     }
 
     /// Whether nothing may be sent to `lane`'s destination ([`Destination::check`]), as
@@ -128,28 +220,6 @@ impl PassCore {
         Arc::clone(&self.lane_destination(lane).to)
     }
 
-    /// Tells the scheduler about lanes that got new units since the last look.
-    pub(super) fn discover(&mut self, store: &dyn Store) -> Result<(), StoreError> {
-        let (infos, watermark) = store.lanes_with_work(&self.token, self.watermark)?;
-        self.watermark = self.watermark.max(watermark);
-        let t = now();
-        for info in infos {
-            if info.paused {
-                continue;
-            }
-            let lane = self.lane(info.lane, &info.key);
-            // Any persisted `not_before` at level 0 is a throttle not yet ended by a delivery
-            // (even one already past: it is cleared, and logged, at the next delivery).
-            let waits = info.backoff_level > 0 || info.not_before.is_some();
-            if waits {
-                self.waiting.entry(lane).or_insert(info.backoff_level);
-            }
-            let lane_info = self.lane_info(&info);
-            self.sched.handle_lane(lane, lane_info, t);
-        }
-        Ok(())
-    }
-
     /// The store's form of the scheduler's claims.
     pub(super) fn claim_ranges(&self, claims: &[LaneClaim]) -> Vec<ClaimRange> {
         claims
@@ -160,61 +230,5 @@ impl PassCore {
                 limit: c.limit,
             })
             .collect()
-    }
-
-    /// Hands the store's answer to a claim to the scheduler.
-    pub(super) fn admit_claimed(&mut self, answer: Vec<ClaimedLane>) {
-        let claims = answer.len();
-        let mut chunks = Vec::with_capacity(answer.len());
-        for cl in answer {
-            let cl: ClaimedLane = cl;
-            // Only lanes this pass asked for come back.
-            let Some(lane) = self.lanes.get(&cl.lane).copied() else {
-                continue;
-            };
-            let mut units = Vec::with_capacity(cl.units.len());
-            for u in cl.units {
-                let slots = u
-                    .slots
-                    .iter()
-                    .map(|s| {
-                        let lane = self.lane(s.lane, &s.key);
-                        AdmitSlot {
-                            lane,
-                            attempts: s.attempts,
-                            served: s.served,
-                        }
-                    })
-                    .collect();
-                let open = u.slots.iter().filter(|s| !s.served).count();
-                let info = self.units.entry(u.id).or_insert(UnitInfo {
-                    row_id: u.row_id,
-                    enqueued_at: u.enqueued_at,
-                    open,
-                    payload: None,
-                });
-                if info.payload.is_none() {
-                    info.payload = u.payload.map(Arc::new);
-                }
-                units.push(Admit {
-                    id: u.id,
-                    seq: u.seq,
-                    bytes: u.bytes,
-                    enqueued_at: u.enqueued_at,
-                    slots,
-                });
-            }
-            chunks.push(LaneChunk {
-                lane,
-                units,
-                exhausted: cl.exhausted,
-            });
-        }
-        let read: usize = chunks.iter().map(|c| c.units.len()).sum();
-        let report = self.sched.handle_claimed(chunks, now());
-        trace!(actor = %self.actor, lanes = claims, read, admitted = report.admitted, "claimed");
-        for e in report.refused {
-            warn!(actor = %self.actor, error = %e, "store answer refused by the scheduler");
-        }
     }
 }

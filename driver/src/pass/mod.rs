@@ -268,7 +268,29 @@ pub struct PassCore {
     seed: u64,
     sched: Scheduler,
     session: PassSession,
-    lanes: HashMap<StoreLaneId, LaneId>,
+    /// The lane table: store lanes and the scheduler's, recipients, destinations and their
+    /// checks, endpoints' paces.
+    lanes: LaneTable,
+    /// The units the pass holds, and the last failure of each attempt still open.
+    units: Units,
+    /// What the log lines of lanes in backoff, held or refused need.
+    lane_log: LaneLog,
+    /// Writes gathered by the commands executed so far, and the delivery log's entries.
+    pending: Pending,
+    /// What every job shares, and the attempts in flight with their in-flight marks.
+    jobs: Jobs,
+    /// The state rounds carry from one to the next.
+    round: RoundState,
+    report: PassReport,
+    end: Option<PassEnd>,
+    /// A store write failed: nothing more is written or started (acks excepted).
+    error: Option<StoreError>,
+}
+
+/// The pass's lanes: each store lane's scheduler lane, and by lane index its store id, recipient
+/// and destination.
+struct LaneTable {
+    ids: HashMap<StoreLaneId, LaneId>,
     store_lanes: Vec<StoreLaneId>,
     recipients: Vec<String>,
     /// Each lane's recipient URL, parsed and checked at its first attempt in this pass and
@@ -281,38 +303,42 @@ pub struct PassCore {
     own_addresses: AddressPolicy,
     outbox_addresses: OutboxAddresses,
     classifier: Classifier,
-    units: HashMap<UnitId, UnitInfo>,
+    /// The endpoints' rate limits, and the memory of their last starts this process shares
+    /// between passes (OL-23).
+    rates: crate::rates::RateLimits,
+}
+
+/// The units the pass holds (admitted and not yet resolved or handed back).
+struct Units {
+    info: HashMap<UnitId, UnitInfo>,
     last: HashMap<(UnitId, LaneId), AttemptResult>,
-    watermark: u64,
-    /// Look for lanes with new units at the next round (set at the start and on wake-ups:
-    /// a burst of enqueues costs one look).
-    look: bool,
-    sink: Arc<dyn Completions>,
-    /// Shared with every job this pass started; cleared when the pass ends.
-    live: Arc<AtomicBool>,
-    /// The store's outbox id, the first half of every idempotency key, read at the first
-    /// start and shared by the pass's jobs.
-    outbox: Option<Arc<str>>,
-    report: PassReport,
-    end: Option<PassEnd>,
-    /// A store write failed: nothing more is written or started (acks excepted).
-    error: Option<StoreError>,
-    records: Vec<AttemptRecord>,
-    /// Dead letters of the commands executed so far, written together at the end of the
-    /// execution (one transaction), before any later write and before the round sends
-    /// anything (OL-16).
-    dead: Vec<PendingDead>,
+}
+
+/// Per-lane memory for log lines: backoffs, failures, host holds, refusals already warned.
+struct LaneLog {
     /// Lanes throttled or in backoff (level 0: throttled by a Retry-After), as this pass last
     /// wrote or read them: what the INFO lines of a probe and a recovery need.
     waiting: HashMap<LaneId, u32>,
     /// The last failure per lane (status, error), for the INFO line of its backoff; only
     /// failures write it, a delivery removes it.
-    lane_failure: HashMap<LaneId, (Option<u16>, Option<String>)>,
+    failure: HashMap<LaneId, (Option<u16>, Option<String>)>,
     /// Lanes whose last attempt its host deferred (OL-21): their hold logs at DEBUG only.
     host_held: HashSet<LaneId>,
     /// Lanes whose dead letters for a refused destination or a permanent answer this pass
     /// logged at WARN already: once per lane and pass, the rest at INFO.
     refusals_warned: HashSet<LaneId>,
+}
+
+/// Store writes the executed commands gathered, flushed together (OL-16), and the delivery
+/// log's entries that go with them and with the acks.
+struct Pending {
+    records: Vec<AttemptRecord>,
+    /// The delivery log's entries of `records`, written with them.
+    records_log: Vec<DeliveryLogEntry>,
+    /// Dead letters of the commands executed so far, written together at the end of the
+    /// execution (one transaction), before any later write and before the round sends
+    /// anything (OL-16).
+    dead: Vec<PendingDead>,
     /// Lanes whose host an operator holds, met by an attempt: paused for the host in the
     /// store at the next write (with the host's origin).
     host_pauses: Vec<(StoreLaneId, String)>,
@@ -320,12 +346,20 @@ pub struct PassCore {
     acked: Vec<(UnitId, StoreLaneId)>,
     /// The delivery log's entries of `acked`, committed with them.
     acked_log: Vec<DeliveryLogEntry>,
-    /// The delivery log's entries of `records`, written with them.
-    records_log: Vec<DeliveryLogEntry>,
     /// Finished attempts waiting for the command that records or acks them (log on only).
     log_info: HashMap<(UnitId, LaneId), LogInfo>,
     /// The store keeps a delivery log (`None`: not asked yet; asked at the first round).
     log_on: Option<bool>,
+}
+
+/// What the pass's jobs share, and its attempts in flight.
+struct Jobs {
+    sink: Arc<dyn Completions>,
+    /// Shared with every job this pass started; cleared when the pass ends.
+    live: Arc<AtomicBool>,
+    /// The store's outbox id, the first half of every idempotency key, read at the first
+    /// start and shared by the pass's jobs.
+    outbox: Option<Arc<str>>,
     /// Attempts handed to the executor and not yet finished, by lane.
     flights: HashMap<LaneId, Flight>,
     /// Lanes whose in-flight mark is to be cleared (their attempt ended).
@@ -333,6 +367,13 @@ pub struct PassCore {
     /// When to look for attempts in flight for longer than [`IN_FLIGHT_MARK_AFTER`] next
     /// (`None`: none could be).
     next_sweep: Option<Timestamp>,
+}
+
+/// What one round leaves for the next.
+struct RoundState {
+    /// Look for lanes with new units at the next round (set at the start and on wake-ups:
+    /// a burst of enqueues costs one look).
+    look: bool,
     /// The session asked for a lease renewal; done at the next round.
     renew_due: bool,
     /// The claim an inline round handed to the runtime, read where blocking is allowed
@@ -350,14 +391,12 @@ pub struct PassCore {
     /// Starts to a destination nothing may be sent to resolved in the current round
     /// ([`RESOLVED_PER_ROUND`] at most).
     resolved: usize,
+    /// No round ran yet.
+    first_round: bool,
+    watermark: u64,
     /// The actor's lane-control generation as last read, and when (OL-14): attempts start
     /// only while it is fresh.
     control: ControlRead,
-    /// No round ran yet.
-    first_round: bool,
-    /// The endpoints' rate limits, and the memory of their last starts this process shares
-    /// between passes (OL-23).
-    rates: crate::rates::RateLimits,
 }
 
 /// Starts to a destination nothing may be sent to that one round resolves at most: past it,
@@ -435,48 +474,60 @@ impl PassCore {
                 now,
             )
             .with_lease_renewed_at(lease_renewed),
-            lanes: HashMap::new(),
-            store_lanes: Vec::new(),
-            recipients: Vec::new(),
-            destinations: Vec::new(),
-            addresses: config.http.allowed(),
-            own_addresses: config.http.addresses,
-            outbox_addresses: config.http.outbox_addresses.clone(),
-            classifier: config.http.classifier.clone(),
-            units: HashMap::new(),
-            last: HashMap::new(),
-            watermark: 0,
-            look: true,
-            sink,
-            live: Arc::new(AtomicBool::new(true)),
-            outbox: None,
+            lanes: LaneTable {
+                ids: HashMap::new(),
+                store_lanes: Vec::new(),
+                recipients: Vec::new(),
+                destinations: Vec::new(),
+                addresses: config.http.allowed(),
+                own_addresses: config.http.addresses,
+                outbox_addresses: config.http.outbox_addresses.clone(),
+                classifier: config.http.classifier.clone(),
+                rates: config.rates.clone(),
+            },
+            units: Units {
+                info: HashMap::new(),
+                last: HashMap::new(),
+            },
+            lane_log: LaneLog {
+                waiting: HashMap::new(),
+                failure: HashMap::new(),
+                host_held: HashSet::new(),
+                refusals_warned: HashSet::new(),
+            },
+            pending: Pending {
+                records: Vec::new(),
+                records_log: Vec::new(),
+                dead: Vec::new(),
+                host_pauses: Vec::new(),
+                acked: Vec::new(),
+                acked_log: Vec::new(),
+                log_info: HashMap::new(),
+                log_on: None,
+            },
+            jobs: Jobs {
+                sink,
+                live: Arc::new(AtomicBool::new(true)),
+                outbox: None,
+                flights: HashMap::new(),
+                unmarks: Vec::new(),
+                next_sweep: None,
+            },
+            round: RoundState {
+                look: true,
+                renew_due: false,
+                claim: ClaimOut::None,
+                deferred: VecDeque::new(),
+                pending_starts: Vec::new(),
+                only_waiting: false,
+                resolved: 0,
+                first_round: true,
+                watermark: 0,
+                control,
+            },
             report: PassReport::default(),
             end: None,
             error: None,
-            records: Vec::new(),
-            dead: Vec::new(),
-            waiting: HashMap::new(),
-            lane_failure: HashMap::new(),
-            host_held: HashSet::new(),
-            refusals_warned: HashSet::new(),
-            host_pauses: Vec::new(),
-            acked: Vec::new(),
-            acked_log: Vec::new(),
-            records_log: Vec::new(),
-            log_info: HashMap::new(),
-            log_on: None,
-            flights: HashMap::new(),
-            unmarks: Vec::new(),
-            next_sweep: None,
-            renew_due: false,
-            deferred: VecDeque::new(),
-            pending_starts: Vec::new(),
-            claim: ClaimOut::None,
-            only_waiting: false,
-            resolved: 0,
-            control,
-            first_round: true,
-            rates: config.rates.clone(),
         }
     }
 
@@ -511,15 +562,15 @@ impl PassCore {
     pub fn waiting_changed(&mut self) -> Option<bool> {
         let t = now();
         let waiting = self.end.is_none()
-            && !self.look
-            && !self.renew_due
-            && self.pending_starts.is_empty()
-            && self.deferred.is_empty()
-            && self.records.is_empty()
+            && !self.round.look
+            && !self.round.renew_due
+            && self.round.pending_starts.is_empty()
+            && self.round.deferred.is_empty()
+            && self.pending.records.is_empty()
             && self.sched.in_flight() > 0
             && self.sched.only_waits(t);
-        (waiting != self.only_waiting).then(|| {
-            self.only_waiting = waiting;
+        (waiting != self.round.only_waiting).then(|| {
+            self.round.only_waiting = waiting;
             waiting
         })
     }
@@ -530,10 +581,10 @@ impl PassCore {
     /// pass goes on meanwhile: completions, acks and the starts of units already claimed do
     /// not wait for the read.
     pub fn take_claim(&mut self) -> Option<Vec<ClaimRange>> {
-        match std::mem::replace(&mut self.claim, ClaimOut::Reading) {
+        match std::mem::replace(&mut self.round.claim, ClaimOut::Reading) {
             ClaimOut::Planned(ranges) => Some(ranges),
             other => {
-                self.claim = other;
+                self.round.claim = other;
                 None
             }
         }
@@ -542,7 +593,7 @@ impl PassCore {
     /// The answer to the claim [`PassCore::take_claim`] handed out (and to a blocking round's
     /// own). A failed read releases what the claim reserved and ends the pass.
     pub fn handle_claim(&mut self, answer: Result<Vec<ClaimedLane>, StoreError>) {
-        self.claim = ClaimOut::None;
+        self.round.claim = ClaimOut::None;
         let t = now();
         match answer {
             Ok(lanes) => self.admit_claimed(lanes),
@@ -561,17 +612,17 @@ impl PassCore {
     /// The next instant the pass must be woken without an event: a retry or probe due, a
     /// lease renewal, the end of the time slice or of the grace period.
     pub fn poll_timeout(&mut self) -> Option<Timestamp> {
-        if !self.pending_starts.is_empty() {
+        if !self.round.pending_starts.is_empty() {
             // Starts left by a round that could not read the lane controls: at once.
             return Some(now());
         }
-        if !self.unmarks.is_empty() {
+        if !self.jobs.unmarks.is_empty() {
             return Some(now());
         }
         [
             self.sched.poll_timeout(),
             self.session.poll_timeout(),
-            self.next_sweep,
+            self.jobs.next_sweep,
         ]
         .into_iter()
         .flatten()
@@ -580,7 +631,7 @@ impl PassCore {
 
     /// New rows were enqueued somewhere: look for lanes with new units at the next round.
     pub fn handle_wake(&mut self) {
-        self.look = true;
+        self.round.look = true;
     }
 
     /// The time from [`PassCore::poll_timeout`] came (or any time: extra calls are harmless).
@@ -627,7 +678,7 @@ impl PassCore {
             match action {
                 SessionAction::RenewLease => {
                     // Renewed in the round (it needs the store); remembered here.
-                    self.renew_due = true;
+                    self.round.renew_due = true;
                 }
                 SessionAction::StopStarting(reason) => {
                     debug!(actor = %self.actor, %reason, "pass stopping: nothing new starts");

@@ -20,25 +20,28 @@ impl PassCore {
     /// One round (blocking); see the [module docs](super). Returns the attempts to hand to the
     /// executor, each with its payload.
     pub fn round(&mut self, cx: RoundContext<'_>) -> Vec<Job> {
-        if self.log_on.is_none() {
-            self.log_on = Some(cx.store.logs_deliveries());
+        if self.pending.log_on.is_none() {
+            self.pending.log_on = Some(cx.store.logs_deliveries());
         }
-        let mut starts = std::mem::take(&mut self.pending_starts);
+        let mut starts = std::mem::take(&mut self.round.pending_starts);
         if self.end.is_some() {
             return Vec::new();
         }
-        self.resolved = 0;
+        self.round.resolved = 0;
         if let Some(e) = cx.acks.failure(&self.token) {
             self.store_failed("ack", e, now());
         }
-        if self.first_round {
+        if self.round.first_round {
             // OL-24: the outbox's destination policy as stored now (widened by another
             // process, or narrowed by an operator, since this one opened), before the pass's
             // first start; the HTTP clients read the same handle.
             match cx.store.destination_policy() {
                 Ok(p) => {
-                    self.outbox_addresses.set(p);
-                    self.addresses = self.outbox_addresses.allowing(self.own_addresses);
+                    self.lanes.outbox_addresses.set(p);
+                    self.lanes.addresses = self
+                        .lanes
+                        .outbox_addresses
+                        .allowing(self.lanes.own_addresses);
                 }
                 Err(e) => self.store_failed("destination policy", e, now()),
             }
@@ -46,8 +49,8 @@ impl PassCore {
         // The token's read of the lane controls carries no host-control generation: with a
         // host book, the first round reads both (OL-14 for hosts), so that a host action
         // that committed before this pass began reaches the book before its first start.
-        if std::mem::take(&mut self.first_round)
-            && (cx.hosts.is_some() || !self.control.fresh_at(Instant::now()))
+        if std::mem::take(&mut self.round.first_round)
+            && (cx.hosts.is_some() || !self.round.control.fresh_at(Instant::now()))
         {
             // The token may be an earlier pass's: what the pass discovers next is read after
             // a fresh generation, so only later actions count as changes.
@@ -55,8 +58,8 @@ impl PassCore {
                 self.store_failed("lane controls", e, now());
             }
         }
-        if self.look && self.end.is_none() {
-            self.look = false;
+        if self.round.look && self.end.is_none() {
+            self.round.look = false;
             if let Err(e) = self.discover(cx.store) {
                 self.store_failed("discover", e, now());
             }
@@ -72,7 +75,7 @@ impl PassCore {
                 // with everything else by `finish`.
                 return Vec::new();
             }
-            if !self.control.fresh_at(Instant::now()) {
+            if !self.round.control.fresh_at(Instant::now()) {
                 if reads == CONTROL_READS_PER_ROUND {
                     break;
                 }
@@ -100,7 +103,7 @@ impl PassCore {
             if self.end.is_some() {
                 return Vec::new();
             }
-            if self.control.fresh_at(Instant::now()) {
+            if self.round.control.fresh_at(Instant::now()) {
                 return self.jobs(cx, &starts, &mut fetched);
             }
         }
@@ -108,7 +111,7 @@ impl PassCore {
         // round tries again, at once (see `poll_timeout`).
         debug!(actor = %self.actor, starts = starts.len(),
             "lane controls not read in time; the starts wait for the next round");
-        self.pending_starts.extend(starts);
+        self.round.pending_starts.extend(starts);
         Vec::new()
     }
 
@@ -121,26 +124,29 @@ impl PassCore {
         if self.end.is_some() {
             return Some(Vec::new());
         }
-        if self.look || self.renew_due {
+        if self.round.look || self.round.renew_due {
             return None;
         }
         if let Some(e) = cx.acks.failure(&self.token) {
             self.store_failed("ack", e, now());
         }
-        self.resolved = 0;
-        let mut starts = std::mem::take(&mut self.pending_starts);
+        self.round.resolved = 0;
+        let mut starts = std::mem::take(&mut self.round.pending_starts);
         let needs_store = self.steps(cx, &mut starts, true).is_err();
         if self.end.is_some() {
             return Some(Vec::new());
         }
         let cached = starts.iter().all(|s| {
-            self.units.get(&s.unit).is_some_and(|u| u.payload.is_some())
-                && !self.is_unsendable(s.lane)
+            self.units
+                .info
+                .get(&s.unit)
+                .is_some_and(|u| u.payload.is_some())
+                && !self.lanes.is_unsendable(s.lane)
         });
         // Starts need a fresh read of the lane controls (OL-14), which is a store read.
-        let fresh = starts.is_empty() || self.control.fresh_at(Instant::now());
+        let fresh = starts.is_empty() || self.round.control.fresh_at(Instant::now());
         if needs_store || !cached || !fresh {
-            self.pending_starts = starts;
+            self.round.pending_starts = starts;
             return None;
         }
         Some(self.jobs(cx, &starts, &mut HashMap::new()))
@@ -165,14 +171,14 @@ impl PassCore {
             let t = now();
             // Timers that fell due fire first: a retry or a probe may queue starts.
             self.sched.handle_timeout(t);
-            let idle = matches!(self.claim, ClaimOut::None);
+            let idle = matches!(self.round.claim, ClaimOut::None);
             if let Some(claims) = idle.then(|| self.sched.poll_claim(t)).flatten() {
-                let ranges = self.claim_ranges(&claims);
+                let ranges = self.lanes.claim_ranges(&claims);
                 if inline {
                     // The read goes out from the runtime and the round goes on: a lane
                     // refilling its window does not hold back its next attempt, nor a
                     // completion its ack, for a read of the store.
-                    self.claim = ClaimOut::Planned(ranges);
+                    self.round.claim = ClaimOut::Planned(ranges);
                     continue;
                 }
                 let answer = cx.store.claim(&self.token, &ranges);
@@ -185,11 +191,11 @@ impl PassCore {
             }
             self.session.handle_tick(t, self.sched.in_flight(), done);
             let stopped = self.take_session_actions(t);
-            if self.renew_due && self.end.is_none() {
+            if self.round.renew_due && self.end.is_none() {
                 if inline {
                     return Err(NeedsStore);
                 }
-                self.renew_due = false;
+                self.round.renew_due = false;
                 match cx.store.renew_slot(&self.token, self.lease) {
                     Ok(()) => self.session.handle_lease_renewed(now()),
                     Err(e) => self.store_failed("lease renewal", e, now()),
@@ -209,7 +215,7 @@ impl PassCore {
         let end = self.end.unwrap_or(PassEnd::Cancelled);
         // Jobs not yet sent (queued for a worker, parked under a host cap) are dropped from
         // now on: their units are handed back below.
-        self.live.store(false, Ordering::SeqCst);
+        self.jobs.live.store(false, Ordering::SeqCst);
         let t = now();
         if end.hands_back_in_flight() {
             if end != PassEnd::StoreFailed {
@@ -223,7 +229,7 @@ impl PassCore {
         let mut ignored = Vec::new();
         let _ = self.execute(cx, &mut ignored, false);
         self.flush_marks(cx.store, true);
-        self.log_info.clear();
+        self.pending.log_info.clear();
         self.report.yielded = end.yielded();
         self.report.grace_over = matches!(end, PassEnd::GraceOver(_));
         let flushed = cx.acks.flush(&self.token);

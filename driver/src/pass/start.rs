@@ -29,7 +29,11 @@ impl PassCore {
             .iter()
             .filter(|s| {
                 !fetched.contains_key(&s.unit)
-                    && self.units.get(&s.unit).is_none_or(|u| u.payload.is_none())
+                    && self
+                        .units
+                        .info
+                        .get(&s.unit)
+                        .is_none_or(|u| u.payload.is_none())
             })
             .map(|s| s.unit)
             .collect();
@@ -81,23 +85,23 @@ impl PassCore {
     /// executor would, up to [`RESOLVED_PER_ROUND`] in the round; those past it go to the
     /// next round's starts. Returns whether any was resolved (their commands are queued).
     pub(super) fn resolve_unsendable(&mut self, hooks: &Hooks, starts: &mut Vec<Start>) -> bool {
-        if !starts.iter().any(|s| self.is_unsendable(s.lane))
-            || !self.control.fresh_at(Instant::now())
+        if !starts.iter().any(|s| self.lanes.is_unsendable(s.lane))
+            || !self.round.control.fresh_at(Instant::now())
         {
             return false;
         }
         let mut resolved = false;
         let mut kept = Vec::with_capacity(starts.len());
         for s in std::mem::take(starts) {
-            let unsendable = self.lane_destination(s.lane).refused().cloned();
+            let unsendable = self.lanes.lane_destination(s.lane).refused().cloned();
             match unsendable {
-                Some(result) if self.resolved < RESOLVED_PER_ROUND => {
-                    self.resolved += 1;
+                Some(result) if self.round.resolved < RESOLVED_PER_ROUND => {
+                    self.round.resolved += 1;
                     resolved = true;
                     self.not_sendable(hooks, s.unit, s.lane, s.attempt, result);
                 }
                 // Never a job: the next round resolves it.
-                Some(_) => self.pending_starts.push(s),
+                Some(_) => self.round.pending_starts.push(s),
                 None => kept.push(s),
             }
         }
@@ -118,13 +122,14 @@ impl PassCore {
         }
         let hooks = cx.hooks;
         let outbox = Arc::clone(
-            self.outbox
+            self.jobs
+                .outbox
                 .get_or_insert_with(|| Arc::from(cx.store.outbox_id())),
         );
         let mut jobs = Vec::with_capacity(starts.len());
         let t = now();
         for s in starts {
-            let cached = self.units.get(&s.unit).and_then(|u| u.payload.clone());
+            let cached = self.units.info.get(&s.unit).and_then(|u| u.payload.clone());
             let Some(payload) = cached.or_else(|| fetched.remove(&s.unit)) else {
                 // Every start's payload was cached or read (`read_payloads`).
                 debug!(unit = %s.unit, "no payload; the attempt is not sent");
@@ -136,8 +141,8 @@ impl PassCore {
                 }
                 continue;
             };
-            let destination = self.destination(s.lane);
-            self.flights.insert(
+            let destination = self.lanes.destination(s.lane);
+            self.jobs.flights.insert(
                 s.lane,
                 Flight {
                     unit: s.unit,
@@ -146,8 +151,8 @@ impl PassCore {
                     marked: false,
                 },
             );
-            if self.next_sweep.is_none() {
-                self.next_sweep = Some(t.saturating_add(IN_FLIGHT_MARK_AFTER));
+            if self.jobs.next_sweep.is_none() {
+                self.jobs.next_sweep = Some(t.saturating_add(IN_FLIGHT_MARK_AFTER));
             }
             jobs.push(Job::new(
                 self.actor.clone(),
@@ -157,8 +162,8 @@ impl PassCore {
                 destination,
                 s.attempt,
                 payload,
-                Arc::clone(&self.sink),
-                Arc::clone(&self.live),
+                Arc::clone(&self.jobs.sink),
+                Arc::clone(&self.jobs.live),
             ));
         }
         if let Some(hook) = &hooks.started {
@@ -189,12 +194,12 @@ impl PassCore {
             hook(&Started {
                 actor: &self.actor,
                 unit,
-                recipient: self.recipient(lane),
+                recipient: self.lanes.recipient(lane),
                 attempt,
             });
         }
         let t = now();
-        self.flights.insert(
+        self.jobs.flights.insert(
             lane,
             Flight {
                 unit,

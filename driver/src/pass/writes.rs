@@ -9,7 +9,7 @@ use outbox_lanes_store::{
 };
 use tracing::{debug, info, trace, warn};
 
-use super::{LogInfo, PassCore, now};
+use super::{Jobs, LogInfo, PassCore, now};
 use crate::fmt::rfc3339;
 use crate::hooks::Hooks;
 
@@ -41,10 +41,10 @@ impl PassCore {
 
     /// Pauses for their host the lanes whose attempts found it held by an operator.
     pub(super) fn flush_host_pauses(&mut self, store: &dyn Store) {
-        if self.host_pauses.is_empty() {
+        if self.pending.host_pauses.is_empty() {
             return;
         }
-        let mut lanes = std::mem::take(&mut self.host_pauses);
+        let mut lanes = std::mem::take(&mut self.pending.host_pauses);
         if self.error.is_some() {
             return;
         }
@@ -72,10 +72,10 @@ impl PassCore {
     /// for them, which is lane order within each lane. A failure writes none of them and
     /// ends the pass: nothing is reported, and their units are read again by the next pass.
     pub(super) fn flush_dead_letters(&mut self, store: &dyn Store, hooks: &Hooks) {
-        if self.dead.is_empty() {
+        if self.pending.dead.is_empty() {
             return;
         }
-        let dead = std::mem::take(&mut self.dead);
+        let dead = std::mem::take(&mut self.pending.dead);
         if self.error.is_some() {
             return;
         }
@@ -94,13 +94,13 @@ impl PassCore {
                 // Not ours to report: an operator purged the lane or skipped its head
                 // while the attempt was in flight, and that made the dead letter.
                 debug!(actor = %self.actor, unit = unit.0, row = %p.row,
-                    recipient = self.recipient(p.lane), reason = reason.as_str(),
+                    recipient = self.lanes.recipient(p.lane), reason = reason.as_str(),
                     "not dead-lettered: no longer pending");
                 continue;
             };
             self.report.dead_lettered += 1;
             info!(actor = %self.actor, unit = unit.0, row = %p.row,
-                recipient = self.recipient(p.lane), reason = reason.as_str(),
+                recipient = self.lanes.recipient(p.lane), reason = reason.as_str(),
                 status = d.last_status, error = d.last_error.as_deref(), attempts = d.attempts,
                 dead_letter = d.id.0, "dead-lettered");
             // A refused destination or a permanent answer dead-letters every unit of the lane
@@ -110,8 +110,8 @@ impl PassCore {
                 reason,
                 DeadReason::DestinationRefused | DeadReason::Permanent
             );
-            if refusal && self.refusals_warned.insert(p.lane) {
-                warn!(actor = %self.actor, recipient = self.recipient(p.lane),
+            if refusal && self.lane_log.refusals_warned.insert(p.lane) {
+                warn!(actor = %self.actor, recipient = self.lanes.recipient(p.lane),
                     reason = reason.as_str(), status = d.last_status,
                     error = d.last_error.as_deref(),
                     "dead-lettering this lane's units: {}", refusal_hint(reason));
@@ -133,7 +133,7 @@ impl PassCore {
     ) -> DeliveryLogEntry {
         DeliveryLogEntry {
             unit,
-            lane: self.store_lane(lane),
+            lane: self.lanes.store_lane(lane),
             row_id: row.to_owned(),
             attempt: i.attempt,
             started_at: i.started_at,
@@ -145,11 +145,6 @@ impl PassCore {
         }
     }
 
-    /// In-flight marks are to be written or cleared now.
-    pub(super) fn marks_due(&self) -> bool {
-        !self.unmarks.is_empty() || self.next_sweep.is_some_and(|at| now() >= at)
-    }
-
     /// Writes the in-flight marks due (see [`Flight`]): clears those of attempts that ended
     /// and, at most once per [`MARK_SWEEP`], marks lanes whose attempt has been in flight for
     /// longer than [`IN_FLIGHT_MARK_AFTER`]. `all`: the pass ends, every mark is cleared.
@@ -157,23 +152,24 @@ impl PassCore {
     pub(super) fn flush_marks(&mut self, store: &dyn Store, all: bool) {
         if all {
             let marked: Vec<LaneId> = self
+                .jobs
                 .flights
                 .iter()
                 .filter(|(_, f)| f.marked)
                 .map(|(l, _)| *l)
                 .collect();
-            self.unmarks.extend(marked);
-            self.next_sweep = None;
+            self.jobs.unmarks.extend(marked);
+            self.jobs.next_sweep = None;
         }
         let t = now();
         let mut marks: Vec<(StoreLaneId, Option<(UnitId, Timestamp)>)> = Vec::new();
-        for lane in std::mem::take(&mut self.unmarks) {
-            marks.push((self.store_lane(lane), None));
+        for lane in std::mem::take(&mut self.jobs.unmarks) {
+            marks.push((self.lanes.store_lane(lane), None));
         }
-        if self.next_sweep.is_some_and(|at| t >= at) {
+        if self.jobs.next_sweep.is_some_and(|at| t >= at) {
             let mut earliest: Option<Timestamp> = None;
             let mut due = Vec::new();
-            for (lane, f) in &mut self.flights {
+            for (lane, f) in &mut self.jobs.flights {
                 if f.marked {
                     continue;
                 }
@@ -186,11 +182,11 @@ impl PassCore {
                 }
             }
             for (lane, unit, since) in due {
-                debug!(actor = %self.actor, unit = unit.0, recipient = self.recipient(lane),
+                debug!(actor = %self.actor, unit = unit.0, recipient = self.lanes.recipient(lane),
                     since = %rfc3339(since), "attempt in flight for long: lane marked");
-                marks.push((self.store_lane(lane), Some((unit, since))));
+                marks.push((self.lanes.store_lane(lane), Some((unit, since))));
             }
-            self.next_sweep = earliest.map(|e| e.max(t.saturating_add(MARK_SWEEP)));
+            self.jobs.next_sweep = earliest.map(|e| e.max(t.saturating_add(MARK_SWEEP)));
         }
         if marks.is_empty() || self.error.is_some() {
             return;
@@ -202,16 +198,23 @@ impl PassCore {
 
     /// Writes the attempt records gathered so far, in one call.
     pub(super) fn flush_records(&mut self, store: &dyn Store) {
-        if self.records.is_empty() {
+        if self.pending.records.is_empty() {
             return;
         }
-        let records = std::mem::take(&mut self.records);
-        let log = std::mem::take(&mut self.records_log);
+        let records = std::mem::take(&mut self.pending.records);
+        let log = std::mem::take(&mut self.pending.records_log);
         if self.error.is_some() {
             return;
         }
         if let Err(e) = store.record_attempts_logged(&self.token, &records, &log) {
             self.store_failed("attempt record", e, now());
         }
+    }
+}
+
+impl Jobs {
+    /// In-flight marks are to be written or cleared now.
+    pub(super) fn marks_due(&self) -> bool {
+        !self.unmarks.is_empty() || self.next_sweep.is_some_and(|at| now() >= at)
     }
 }
