@@ -33,12 +33,15 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod ack;
+mod attempt;
 mod budget;
 pub mod clock;
 mod config;
 mod control;
+mod destination;
 pub mod engine;
 mod error;
+pub mod exchange;
 pub mod fmt;
 mod hooks;
 mod hosts;

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use outbox_lanes_core::host::{HostEnd, HostTicket, KnockPlan, KnockReport, SignatureSpec};
 use outbox_lanes_core::{ActorId, Outcome};
 
-use crate::http::AttemptResult;
+use crate::attempt::AttemptResult;
 
 /// Where an [`OriginTicket`] goes back: the origin gate.
 pub(crate) trait TicketSink: Send + Sync {

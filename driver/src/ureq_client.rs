@@ -1,6 +1,10 @@
 //! The blocking HTTP client (feature `ureq`): one POST per attempt over ureq, classified
 //! into an [`Outcome`] with the shared policy of [`crate::http`].
 //!
+//! The attempt's requests (the double-knock) are [`crate::exchange::deliver`]'s, driven on
+//! the calling thread by `futures_executor::block_on` over this client's [`Exchange`], which
+//! does its I/O before it returns a ready future.
+//!
 //! [`HttpClient::deliver`] never fails and never panics on input: whatever happens (a
 //! status, a timeout, a reset, a refused destination) becomes an [`AttemptResult`] whose
 //! [`Outcome`] the scheduler consumes. What it does (design.md §5, OL-4, OL-6, OL-9):
@@ -52,14 +56,12 @@
 //! [`Outcome::Refused`]: outbox_lanes_core::Outcome::Refused
 
 use core::fmt;
+use std::future::Future;
 use std::io::{self, Read as _};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
-use outbox_lanes_core::Timestamp;
-use outbox_lanes_core::policy::{
-    AddressPolicy, Classifier, DestinationRefused, TransportError, parse_retry_after,
-};
+use outbox_lanes_core::policy::{AddressPolicy, DestinationRefused, TransportError};
 use ureq::config::{AutoHeaderValue, Config};
 use ureq::http::Uri;
 use ureq::tls::TlsConfig;
@@ -67,9 +69,9 @@ use ureq::unversioned::resolver::{DefaultResolver, ResolvedSocketAddrs, Resolver
 use ureq::unversioned::transport::{DefaultConnector, NextTimeout};
 use ureq::{Agent, Proxy, ProxyProtocol};
 
+use crate::exchange::{self, Answer, Answers, Exchange, GuardError, ProxyUrl};
 use crate::http::{
-    AttemptResult, BODY_EXCERPT, Delivery, HttpConfig, HttpError, OutboxAddresses, answered_result,
-    invalid_request, io_kind, refusal_message, refused_result,
+    AttemptResult, Delivery, HttpConfig, HttpError, OutboxAddresses, invalid_request, io_kind,
 };
 use crate::job::Job;
 use crate::request::{Request, RequestPolicy};
@@ -95,11 +97,7 @@ pub struct HttpClient {
 /// What `deliver` needs besides the agent.
 struct Shared {
     requests: RequestPolicy,
-    max_response_body: usize,
-    classifier: Classifier,
-    retry_after_cap: Duration,
-    /// [`HttpConfig::timeout`], named in a timeout's error as the async client names it.
-    timeout: Duration,
+    answers: Answers,
 }
 
 impl HttpClient {
@@ -111,16 +109,10 @@ impl HttpClient {
         let requests = RequestPolicy::new(&cfg, signer)?;
         let proxy = match &cfg.proxy {
             None => None,
-            Some(p) => {
-                let proxy = Proxy::new(p).map_err(|_| HttpError::BadProxy { proxy: p.clone() })?;
-                // SOCKS needs a ureq feature we do not enable (one would fail every attempt),
-                // and SOCKS4/5 resolve the target locally, which the guard would then
-                // filter: only CONNECT proxies have one clear meaning here.
-                if !matches!(proxy.protocol(), ProxyProtocol::Http | ProxyProtocol::Https) {
-                    return Err(HttpError::UnsupportedProxy { proxy: p.clone() });
-                }
-                Some(proxy)
-            }
+            // SOCKS needs a ureq feature we do not enable (one would fail every attempt),
+            // and SOCKS4/5 resolve the target locally, which the guard would then filter:
+            // only CONNECT proxies have one clear meaning here, and ProxyUrl admits no other.
+            Some(p) => Some(ureq_proxy(&ProxyUrl::parse(p)?, p)?),
         };
         // ring's provider, as the tokio client's (deprecated by rustls 0.23.48 for lacking the
         // post-quantum key exchange; see runtime-tokio/src/http.rs for why it stays).
@@ -156,10 +148,7 @@ impl HttpClient {
             agent,
             shared: Arc::new(Shared {
                 requests,
-                max_response_body: cfg.max_response_body,
-                classifier: cfg.classifier,
-                retry_after_cap: cfg.retry_after_cap,
-                timeout: cfg.timeout,
+                answers: Answers::new(&cfg),
             }),
         })
     }
@@ -171,7 +160,8 @@ impl HttpClient {
     /// [`RequestPolicy::build`] (which may refuse to send anything: an `invalid_recipient`,
     /// an `invalid_request` such as a refused row header, a refused IP literal, a request the
     /// signer could not sign) and then [sent](HttpClient::send). Never panics, never fails:
-    /// transport failures are classified by the [`Classifier::transport`] (transient),
+    /// transport failures are classified by the
+    /// [`Classifier::transport`](outbox_lanes_core::policy::Classifier::transport) (transient),
     /// statuses by the configured classifier.
     pub fn deliver(&self, d: &Delivery<'_>, now: SystemTime) -> AttemptResult {
         self.deliver_under(d, None, now)
@@ -183,36 +173,34 @@ impl HttpClient {
         self.deliver_under(&job.delivery(), job.origin(), now)
     }
 
+    /// The one double-knock loop ([`exchange::deliver`]), driven on this thread: every
+    /// exchange of this client is done before its future is returned, so `block_on` polls
+    /// ready futures only.
     fn deliver_under(
         &self,
         d: &Delivery<'_>,
         ticket: Option<&OriginTicket>,
         now: SystemTime,
     ) -> AttemptResult {
-        let policy = &self.shared.requests;
-        let mut knock = policy.attempt(ticket);
-        loop {
-            let request = match policy.build_with(d, now, knock.spec(), knock.challenge()) {
-                Ok(request) => request,
-                Err(result) => return result,
-            };
-            let (result, challenge) = self.exchange(&request, now);
-            if !knock.again(policy, d, &result, challenge.as_deref()) {
-                return result;
-            }
-        }
+        futures_executor::block_on(exchange::deliver(
+            self,
+            &self.shared.requests,
+            d,
+            ticket,
+            now,
+        ))
     }
 
     /// Sends `request` as it is — ureq adds only `Host` and `Content-Length` — under the
     /// client's transport rules (timeout, no redirect, capped answer, guarded resolver), and
     /// classifies what happened. `now` is the attempt's time, for an HTTP-date Retry-After.
     pub fn send(&self, request: &Request<'_>, now: SystemTime) -> AttemptResult {
-        self.exchange(request, now).0
+        self.transmit(request, now).0
     }
 
     /// [`HttpClient::send`], with the answer's `Accept-Signature` (RFC 9421 §5) if it
     /// refused.
-    fn exchange(&self, request: &Request<'_>, now: SystemTime) -> (AttemptResult, Option<String>) {
+    fn transmit(&self, request: &Request<'_>, now: SystemTime) -> (AttemptResult, Option<String>) {
         let mut builder = ureq::http::Request::builder()
             .method(request.method.clone())
             .uri(request.url.as_str());
@@ -225,69 +213,58 @@ impl HttpClient {
         };
         match self.agent.run(req) {
             Ok(response) => {
-                let challenge = (!response.status().is_success())
-                    .then(|| response.headers().get("accept-signature"))
-                    .flatten()
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_owned);
-                (self.answered(response, now), challenge)
+                let answers = &self.shared.answers;
+                let mut answer = answers.answer(response.status(), response.headers(), now);
+                read_capped(
+                    response.into_body(),
+                    answers.max_response_body(),
+                    &mut answer,
+                );
+                answer.finish()
             }
             Err(e) => (self.failed(&e), None),
         }
     }
 
-    fn answered(
-        &self,
-        response: ureq::http::Response<ureq::Body>,
-        now: SystemTime,
-    ) -> AttemptResult {
-        let status = response.status().as_u16();
-        let retry_after = response
-            .headers()
-            .get(ureq::http::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| {
-                parse_retry_after(
-                    v,
-                    Timestamp::from_system_time(now),
-                    self.shared.retry_after_cap,
-                )
-            });
-        let outcome = self.shared.classifier.status(status, retry_after);
-        let head = read_capped(response.into_body(), self.shared.max_response_body);
-        answered_result(outcome, status, &head)
-    }
-
     fn failed(&self, e: &ureq::Error) -> AttemptResult {
-        let kind = match error_kind(e) {
-            ErrorKind::Transport(kind) => kind,
-            ErrorKind::Refused(refused) => return self.refused(&refused),
-            // The same request would be built again on every retry.
-            ErrorKind::InvalidRequest => return invalid_request(e),
-        };
-        // The stable code first; the client's own words after it, without repeating the code
-        // when they start with it (ureq says "timeout: global").
-        let code = kind.to_string();
-        let detail = match kind {
+        let answers = &self.shared.answers;
+        match error_kind(e) {
             // One error, one name: the async client's words, not ureq's "timeout: global".
-            TransportError::Timeout => format!("no answer within {:?}", self.shared.timeout),
-            _ => e.to_string(),
-        };
-        let detail = detail
-            .strip_prefix(code.as_str())
-            .and_then(|d| d.strip_prefix(": "))
-            .unwrap_or(&detail);
-        AttemptResult {
-            outcome: self.shared.classifier.transport(kind),
-            status: None,
-            error: Some(format!("{code}: {detail}")),
-            body: None,
+            ErrorKind::Transport(TransportError::Timeout) => answers.timed_out(),
+            ErrorKind::Transport(kind) => answers.failed(kind, e),
+            ErrorKind::Refused(refused) => answers.refused(&refused),
+            // The same request would be built again on every retry.
+            ErrorKind::InvalidRequest => invalid_request(e),
         }
     }
+}
 
-    fn refused(&self, refused: &DestinationRefused) -> AttemptResult {
-        refused_result(refused, &self.shared.classifier)
+impl Exchange for HttpClient {
+    fn exchange(
+        &self,
+        request: &Request<'_>,
+        now: SystemTime,
+    ) -> impl Future<Output = (AttemptResult, Option<String>)> + Send {
+        std::future::ready(self.transmit(request, now))
     }
+}
+
+/// `proxy` (configured as `text`) as ureq's.
+fn ureq_proxy(proxy: &ProxyUrl, text: &str) -> Result<Proxy, HttpError> {
+    let protocol = if proxy.is_https() {
+        ProxyProtocol::Https
+    } else {
+        ProxyProtocol::Http
+    };
+    let mut builder = Proxy::builder(protocol)
+        .host(proxy.uri().host().unwrap_or_default())
+        .port(proxy.port());
+    if let Some((user, pass)) = proxy.credentials() {
+        builder = builder.username(user).password(pass);
+    }
+    builder.build().map_err(|_| HttpError::BadProxy {
+        proxy: text.to_owned(),
+    })
 }
 
 impl fmt::Debug for HttpClient {
@@ -298,15 +275,14 @@ impl fmt::Debug for HttpClient {
     }
 }
 
-/// Reads at most `cap` bytes of the body and returns the first [`BODY_EXCERPT`] of them (1 KiB:
-/// the delivery log keeps them, the error its first [`ERROR_EXCERPT`](crate::http::ERROR_EXCERPT)).
+/// Reads at most `cap` bytes of the body into `answer`, which keeps their start for the
+/// delivery log and the error.
 ///
 /// The rest is never read: dropping the reader before the end closes the connection
 /// instead of returning it to the pool. A read error (a timeout, a reset mid-body) is
 /// ignored: the status already says what the recipient decided.
-fn read_capped(body: ureq::Body, cap: usize) -> Vec<u8> {
+fn read_capped(body: ureq::Body, cap: usize, answer: &mut Answer) {
     let mut reader = body.into_reader();
-    let mut head = Vec::new();
     let mut buf = [0u8; 8 * 1024];
     let mut left = cap;
     while left > 0 {
@@ -318,17 +294,13 @@ fn read_capped(body: ureq::Body, cap: usize) -> Vec<u8> {
             Ok(0) => break,
             Ok(n) => {
                 left = left.saturating_sub(n);
-                if head.len() < BODY_EXCERPT {
-                    let room = BODY_EXCERPT - head.len();
-                    head.extend(chunk.iter().take(n.min(room)));
-                }
+                answer.keep(chunk.get(..n).unwrap_or_default());
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(_) => break,
         }
     }
     drop(reader);
-    head
 }
 
 /// How a ureq error is classified.
@@ -342,9 +314,12 @@ enum ErrorKind {
 fn error_kind(e: &ureq::Error) -> ErrorKind {
     use ureq::Error as E;
     match e {
-        E::Other(inner) => match inner.downcast_ref::<GuardError>() {
-            Some(GuardError::Refused(r)) => ErrorKind::Refused(*r),
-            Some(GuardError::Resolve(_)) => ErrorKind::Transport(TransportError::Dns),
+        E::Other(inner) => match inner
+            .downcast_ref::<GuardError>()
+            .map(GuardError::classified)
+        {
+            Some(Err(r)) => ErrorKind::Refused(r),
+            Some(Ok(kind)) => ErrorKind::Transport(kind),
             None => ErrorKind::Transport(TransportError::Other),
         },
         E::Timeout(ureq::Timeout::Connect | ureq::Timeout::Resolve) => {
@@ -360,26 +335,6 @@ fn error_kind(e: &ureq::Error) -> ErrorKind {
         _ => ErrorKind::Transport(TransportError::Other),
     }
 }
-
-/// The resolver's own failures, carried through ureq in `Error::Other`.
-#[derive(Debug)]
-enum GuardError {
-    /// Every address the name resolved to was refused by the policy (the first one here).
-    Refused(DestinationRefused),
-    /// The lookup itself failed.
-    Resolve(io::Error),
-}
-
-impl fmt::Display for GuardError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            GuardError::Refused(r) => f.write_str(&refusal_message(r)),
-            GuardError::Resolve(e) => write!(f, "name resolution failed: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for GuardError {}
 
 /// ureq's system resolver, with every address the policy refuses taken out.
 ///

@@ -5,9 +5,10 @@
 //! the blocking client (`ureq_client::HttpClient::deliver`) it turns whatever happens into an
 //! [`AttemptResult`] with the same outcome, status and error codes (`destination_refused`,
 //! `invalid_recipient`, `invalid_request`, a [`TransportError`] code, `status <code>`), so a
-//! dead letter reads the same whichever runtime delivered it. Only the client call differs;
-//! the classification, Retry-After parsing, answer excerpts and refusal messages are the
-//! shared ones.
+//! dead letter reads the same whichever runtime delivered it. Only the client call differs
+//! (this client's [`Exchange`]); the double-knock loop ([`exchange::deliver`]), the
+//! classification ([`Answers`]), Retry-After parsing, answer excerpts, refusal messages and
+//! the proxy URL's parse ([`ProxyUrl`]) are the shared ones.
 //!
 //! - the request built by `outbox_lanes_driver::request`, sent as it is: the method, the URL
 //!   parsed once for the lane, every header (`User-Agent`, `Accept`, `Idempotency-Key`,
@@ -58,9 +59,8 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
-use base64::Engine as _;
 use bytes::Bytes;
-use http::header::{PROXY_AUTHORIZATION, RETRY_AFTER};
+use http::header::PROXY_AUTHORIZATION;
 use http::{HeaderValue, Uri, uri::Scheme};
 use http_body_util::{BodyExt, Full};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
@@ -69,13 +69,10 @@ use hyper_util::client::legacy::connect::dns::Name;
 use hyper_util::client::legacy::connect::proxy::Tunnel;
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use outbox_lanes_core::Timestamp;
-use outbox_lanes_core::policy::{
-    AddressPolicy, Classifier, DestinationRefused, TransportError, parse_retry_after,
-};
+use outbox_lanes_core::policy::{AddressPolicy, TransportError};
+use outbox_lanes_driver::exchange::{self, Answers, Exchange, GuardError, ProxyUrl};
 use outbox_lanes_driver::http::{
-    AttemptResult, Delivery, HttpConfig, HttpError, OutboxAddresses, answered_result,
-    invalid_request, io_kind, refusal_message, refused_result,
+    AttemptResult, Delivery, HttpConfig, OutboxAddresses, invalid_request, io_kind,
 };
 use outbox_lanes_driver::request::{Request, RequestPolicy};
 use outbox_lanes_driver::sign::Signer;
@@ -107,9 +104,8 @@ struct Shared {
     connector: Connector,
     outbox: OutboxAddresses,
     requests: RequestPolicy,
-    max_response_body: usize,
-    classifier: Classifier,
-    retry_after_cap: Duration,
+    answers: Answers,
+    /// [`HttpConfig::timeout`], the exchange's deadline.
     timeout: Duration,
     /// The configured proxy's credentials, sent with a request asked in absolute form.
     proxy_auth: Option<HeaderValue>,
@@ -147,11 +143,18 @@ impl AsyncHttpClient {
             })
             .with_no_client_auth();
 
-        let proxy = cfg.proxy.as_deref().map(ProxySpec::parse).transpose()?;
+        let proxy = match cfg.proxy.as_deref() {
+            None => None,
+            Some(text) => {
+                let p = ProxyUrl::parse(text).map_err(|e| http_err(e.to_string()))?;
+                let auth = p.basic_auth(text).map_err(|e| http_err(e.to_string()))?;
+                Some((p, auth))
+            }
+        };
         let mut tcp = HttpConnector::new_with_resolver(GuardedResolver {
             policy: cfg.addresses,
             outbox: cfg.outbox_addresses.clone(),
-            proxy_host: proxy.as_ref().map(|p| Arc::clone(&p.host)),
+            proxy_host: proxy.as_ref().map(|(p, _)| Arc::clone(p.host())),
         });
         tcp.enforce_http(false);
         tcp.set_nodelay(true);
@@ -164,9 +167,9 @@ impl AsyncHttpClient {
             .wrap_connector(tcp);
         let (proxy_auth, via) = match proxy {
             None => (None, None),
-            Some(p) => {
-                let mut tunnel = Tunnel::new(p.uri.clone(), direct.clone());
-                if let Some(auth) = &p.auth {
+            Some((p, auth)) => {
+                let mut tunnel = Tunnel::new(p.uri().clone(), direct.clone());
+                if let Some(auth) = &auth {
                     tunnel = tunnel.with_auth(auth.clone());
                 }
                 let tunnel = HttpsConnectorBuilder::new()
@@ -174,7 +177,8 @@ impl AsyncHttpClient {
                     .https_or_http()
                     .enable_http1()
                     .wrap_connector(tunnel);
-                (p.auth, Some(Via { uri: p.uri, tunnel }))
+                let uri = p.uri().clone();
+                (auth, Some(Via { uri, tunnel }))
             }
         };
         let proxied = via.is_some();
@@ -187,9 +191,7 @@ impl AsyncHttpClient {
                 connector,
                 outbox,
                 requests,
-                max_response_body: cfg.max_response_body,
-                classifier: cfg.classifier,
-                retry_after_cap: cfg.retry_after_cap,
+                answers: Answers::new(&cfg),
                 timeout: cfg.timeout,
                 proxy_auth,
                 proxied,
@@ -237,36 +239,26 @@ impl AsyncHttpClient {
         self.deliver_under(&job.delivery(), job.origin(), now).await
     }
 
+    /// The one double-knock loop ([`exchange::deliver`]), over this client's exchange.
     async fn deliver_under(
         &self,
         d: &Delivery<'_>,
         ticket: Option<&OriginTicket>,
         now: SystemTime,
     ) -> AttemptResult {
-        let policy = &self.shared.requests;
-        let mut knock = policy.attempt(ticket);
-        loop {
-            let request = match policy.build_with(d, now, knock.spec(), knock.challenge()) {
-                Ok(request) => request,
-                Err(result) => return result,
-            };
-            let (result, challenge) = self.exchange(&request, now).await;
-            if !knock.again(policy, d, &result, challenge.as_deref()) {
-                return result;
-            }
-        }
+        exchange::deliver(self, &self.shared.requests, d, ticket, now).await
     }
 
     /// Sends `request` as it is — hyper adds only `Host` and `Content-Length` — under the
     /// client's transport rules (timeout, no redirect, capped answer, guarded resolver), and
     /// classifies what happened. `now` is the attempt's time, for an HTTP-date Retry-After.
     pub async fn send(&self, request: &Request<'_>, now: SystemTime) -> AttemptResult {
-        self.exchange(request, now).await.0
+        self.transmit(request, now).await.0
     }
 
     /// [`AsyncHttpClient::send`], with the answer's `Accept-Signature` (RFC 9421 §5) if it
     /// refused.
-    async fn exchange(
+    async fn transmit(
         &self,
         request: &Request<'_>,
         now: SystemTime,
@@ -294,14 +286,9 @@ impl AsyncHttpClient {
         let response = match tokio::time::timeout_at(deadline, self.client().request(req)).await {
             Ok(Ok(response)) => response,
             Ok(Err(e)) => return (self.failed(&e), None),
-            Err(_) => return (self.timed_out(), None),
+            Err(_) => return (self.shared.answers.timed_out(), None),
         };
-        let challenge = (!response.status().is_success())
-            .then(|| response.headers().get("accept-signature"))
-            .flatten()
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        (self.answered(response, deadline, now).await, challenge)
+        self.answered(response, deadline, now).await
     }
 
     async fn answered(
@@ -309,55 +296,28 @@ impl AsyncHttpClient {
         response: http::Response<hyper::body::Incoming>,
         deadline: tokio::time::Instant,
         now: SystemTime,
-    ) -> AttemptResult {
-        let status = response.status().as_u16();
-        let retry_after = response
-            .headers()
-            .get(RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| {
-                parse_retry_after(
-                    v,
-                    Timestamp::from_system_time(now),
-                    self.shared.retry_after_cap,
-                )
-            });
-        let outcome = self.shared.classifier.status(status, retry_after);
+    ) -> (AttemptResult, Option<String>) {
+        let answers = &self.shared.answers;
+        let mut answer = answers.answer(response.status(), response.headers(), now);
         // Read at most the cap, keep the start; dropping the body early closes the
         // connection instead of pooling it. A read error or the deadline ends the read: the
         // status decided.
         let mut body = response.into_body();
-        let mut head = Vec::new();
         let mut read = 0usize;
-        while read < self.shared.max_response_body {
+        while read < answers.max_response_body() {
             match tokio::time::timeout_at(deadline, body.frame()).await {
                 Ok(Some(Ok(frame))) => {
                     let Some(chunk) = frame.data_ref() else {
                         continue;
                     };
                     read = read.saturating_add(chunk.len());
-                    let room = outbox_lanes_driver::http::BODY_EXCERPT.saturating_sub(head.len());
-                    head.extend(chunk.iter().take(room));
+                    answer.keep(chunk);
                 }
                 Ok(None | Some(Err(_))) | Err(_) => break,
             }
         }
         drop(body);
-        answered_result(outcome, status, &head)
-    }
-
-    /// The exchange outlasted [`HttpConfig::timeout`].
-    fn timed_out(&self) -> AttemptResult {
-        let kind = TransportError::Timeout;
-        AttemptResult {
-            outcome: self.shared.classifier.transport(kind),
-            status: None,
-            error: Some(format!(
-                "{kind}: no answer within {:?}",
-                self.shared.timeout
-            )),
-            body: None,
-        }
+        answer.finish()
     }
 
     fn failed(&self, e: &hyper_util::client::legacy::Error) -> AttemptResult {
@@ -365,9 +325,9 @@ impl AsyncHttpClient {
         let mut source: Option<&(dyn StdError + 'static)> = Some(e);
         while let Some(s) = source {
             if let Some(g) = s.downcast_ref::<GuardError>() {
-                match g {
-                    GuardError::Refused(r) => return self.refused(r),
-                    GuardError::Resolve(_) => kind = kind.or(Some(TransportError::Dns)),
+                match g.classified() {
+                    Err(r) => return self.shared.answers.refused(&r),
+                    Ok(k) => kind = kind.or(Some(k)),
                 }
             } else if s.is::<rustls::Error>() {
                 kind = kind.or(Some(TransportError::Tls));
@@ -388,77 +348,17 @@ impl AsyncHttpClient {
             Some(kind) => kind,
             None => TransportError::Other,
         };
-        AttemptResult {
-            outcome: self.shared.classifier.transport(kind),
-            status: None,
-            error: Some(format!("{kind}: {}", chain(e))),
-            body: None,
-        }
-    }
-
-    fn refused(&self, refused: &DestinationRefused) -> AttemptResult {
-        refused_result(refused, &self.shared.classifier)
+        self.shared.answers.failed(kind, chain(e))
     }
 }
 
-/// The configured proxy: where it is and its credentials.
-struct ProxySpec {
-    /// `scheme://host:port`, without credentials.
-    uri: Uri,
-    /// The host, exempt from the address policy.
-    host: Arc<str>,
-    /// `Basic` credentials from the URL's user information, percent-decoded.
-    auth: Option<HeaderValue>,
-}
-
-impl ProxySpec {
-    fn parse(p: &str) -> Result<Self, OutboxError> {
-        let http_err = |e: HttpError| OutboxError::Http(e.to_string());
-        let invalid = || {
-            http_err(HttpError::BadProxy {
-                proxy: p.to_owned(),
-            })
-        };
-        let (scheme, rest) = p.split_once("://").unwrap_or(("", p));
-        let scheme = scheme.to_ascii_lowercase();
-        if !p.contains("://") || !matches!(scheme.as_str(), "http" | "https") {
-            return Err(http_err(HttpError::UnsupportedProxy {
-                proxy: p.to_owned(),
-            }));
-        }
-        let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-        let (userinfo, hostport) = match authority.rsplit_once('@') {
-            Some((u, h)) => (Some(u), h),
-            None => (None, authority),
-        };
-        let uri = Uri::try_from(format!("{scheme}://{hostport}")).map_err(|_| invalid())?;
-        let host = uri.host().ok_or_else(invalid)?;
-        if host.is_empty() {
-            return Err(invalid());
-        }
-        let host: Arc<str> = host.trim_matches(['[', ']']).into();
-        let auth = match userinfo {
-            None => None,
-            Some(u) => {
-                let (user, pass) = u.split_once(':').unwrap_or((u, ""));
-                let decode = |s: &str| {
-                    percent_encoding::percent_decode_str(s)
-                        .decode_utf8()
-                        .map(|s| s.into_owned())
-                        .map_err(|_| invalid())
-                };
-                let token = base64::engine::general_purpose::STANDARD.encode(format!(
-                    "{}:{}",
-                    decode(user)?,
-                    decode(pass)?
-                ));
-                let mut value =
-                    HeaderValue::try_from(format!("Basic {token}")).map_err(|_| invalid())?;
-                value.set_sensitive(true);
-                Some(value)
-            }
-        };
-        Ok(ProxySpec { uri, host, auth })
+impl Exchange for AsyncHttpClient {
+    fn exchange(
+        &self,
+        request: &Request<'_>,
+        now: SystemTime,
+    ) -> impl Future<Output = (AttemptResult, Option<String>)> + Send {
+        self.transmit(request, now)
     }
 }
 
@@ -625,26 +525,6 @@ fn chain(e: &(dyn StdError + 'static)) -> String {
     }
     out
 }
-
-/// The resolver's own failures, found again in the client's error chain.
-#[derive(Debug)]
-enum GuardError {
-    /// Every address the name resolved to was refused by the policy (the first one here).
-    Refused(DestinationRefused),
-    /// The lookup itself failed.
-    Resolve(io::Error),
-}
-
-impl fmt::Display for GuardError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            GuardError::Refused(r) => f.write_str(&refusal_message(r)),
-            GuardError::Resolve(e) => write!(f, "name resolution failed: {e}"),
-        }
-    }
-}
-
-impl StdError for GuardError {}
 
 /// The system resolver (through tokio), with every address the policy refuses taken out.
 #[derive(Clone)]
