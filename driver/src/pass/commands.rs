@@ -88,293 +88,349 @@ impl PassCore {
         result.map(|()| n)
     }
 
+    /// Executes one command the scheduler queued: one method per command.
     pub(super) fn command(&mut self, cx: RoundContext<'_>, cmd: Command, starts: &mut Vec<Start>) {
-        let writable = self.error.is_none();
         match cmd {
             Command::Start {
                 unit,
                 lane,
                 attempt,
-            } => {
-                if let Some(info) = self.units.info.get(&unit) {
-                    trace!(actor = %self.actor, unit = unit.0, row = %info.row_id,
-                        recipient = self.lanes.recipient(lane), attempt,
-                        queued_ms = now().saturating_duration_since(info.enqueued_at).as_millis() as u64,
-                        "started");
-                }
-                // A start in a lane in backoff is its probe (OL-11): one per interval.
-                if let Some(&level) = self.lane_log.waiting.get(&lane) {
-                    if level > 0 {
-                        info!(actor = %self.actor, recipient = self.lanes.recipient(lane), unit = unit.0,
-                            level, attempt, "lane probed: one attempt at its head");
-                    } else {
-                        debug!(actor = %self.actor, recipient = self.lanes.recipient(lane), unit = unit.0,
-                            attempt, "throttled lane retried");
-                    }
-                }
-                // After a failure nothing starts: the unit is handed back at the end.
-                if !writable || self.end.is_some() {
-                    return;
-                }
-                // A destination nothing may be sent to (a refused IP literal) answers every
-                // attempt of its lane the same, without I/O: the attempt comes to that result
-                // here, and the scheduler's next decision for the lane (its next head's start,
-                // say) follows in this round, so a deep refused lane is dead-lettered in few
-                // rounds and transactions. Only on a fresh read of the lane controls, as a
-                // send (OL-14): an operator's action on the lane comes first.
-                let unsendable = self.lanes.lane_destination(lane).refused().cloned();
-                if let Some(result) = unsendable {
-                    if self.round.resolved < RESOLVED_PER_ROUND
-                        && self.round.control.fresh_at(Instant::now())
-                    {
-                        self.round.resolved += 1;
-                        self.not_sendable(cx.hooks, unit, lane, attempt, result);
-                        return;
-                    }
-                }
-                self.paced_start(lane);
-                starts.push(Start {
-                    unit,
-                    lane,
-                    attempt,
-                });
-            }
-            Command::Delivered { unit, lane } => {
-                // Acked even after a failure: an ack is harmless, a lost one is a resend.
-                self.pending.acked.push((unit, self.lanes.store_lane(lane)));
-                self.report.delivered += 1;
-                let row = self.units.resolved(unit, lane);
-                if let Some(i) = self.pending.log_info.remove(&(unit, lane)) {
-                    let entry = self.log_entry(unit, lane, &row, i, true);
-                    self.pending.acked_log.push(entry);
-                }
-                trace!(actor = %self.actor, unit = unit.0, %row, recipient = self.lanes.recipient(lane),
-                    "delivered");
-                // Only lanes that failed are in these maps: a healthy lane pays two checks.
-                if !self.lane_log.failure.is_empty() {
-                    self.lane_log.failure.remove(&lane);
-                }
-                // A throttle ends with the lane's first delivery: its persisted `not_before`
-                // is cleared then (a backoff is cleared by the LaneOpen that follows).
-                if !self.lane_log.waiting.is_empty() && self.recovered(lane, "delivered") == Some(0)
-                {
-                    self.write(
-                        cx,
-                        "lane state",
-                        |s, t, l| s.set_lane_state(t, l, None, 0),
-                        lane,
-                    );
-                }
-                if let Some(hook) = &cx.hooks.delivered {
-                    hook(&Delivered {
-                        actor: self.actor.clone(),
-                        unit,
-                        row_id: row,
-                        recipient: self.lanes.recipient(lane).to_owned(),
-                    });
-                }
-            }
+            } => self.on_start(cx, unit, lane, attempt, starts),
+            Command::Delivered { unit, lane } => self.on_delivered(cx, unit, lane),
             Command::RecordAttempt {
                 unit,
                 lane,
                 attempts,
                 counted,
-            } => {
-                // The detail stays in `last` for a dead letter that may follow.
-                let (status, error) = self
-                    .units
-                    .last
-                    .get(&(unit, lane))
-                    .map_or((None, None), |r| (r.status, r.error.clone()));
-                debug!(actor = %self.actor, unit = unit.0, recipient = self.lanes.recipient(lane),
-                    attempts, counted, status, error = error.as_deref(), "attempt failed");
-                if let Some(i) = self.pending.log_info.remove(&(unit, lane)) {
-                    let row = self
-                        .units
-                        .info
-                        .get(&unit)
-                        .map_or_else(String::new, |u| u.row_id.clone());
-                    let entry = self.log_entry(unit, lane, &row, i, false);
-                    self.pending.records_log.push(entry);
-                }
-                self.pending.records.push(AttemptRecord {
-                    unit,
-                    lane: self.lanes.store_lane(lane),
-                    attempts,
-                    status,
-                    error,
-                    at: now(),
-                });
-            }
+            } => self.on_record_attempt(unit, lane, attempts, counted),
             Command::Interrupted {
                 unit,
                 lane,
                 attempts,
-            } => {
-                info!(actor = %self.actor, unit = unit.0, recipient = self.lanes.recipient(lane),
-                    attempts, "attempt interrupted in flight; the unit will be sent again");
-                self.pending.records.push(AttemptRecord {
-                    unit,
-                    lane: self.lanes.store_lane(lane),
-                    attempts,
-                    status: None,
-                    error: Some(INTERRUPTED.to_owned()),
-                    at: now(),
-                });
-            }
-            Command::Hold { unit, lane, reason } => match reason {
-                HoldReason::Stalled => {
-                    debug!(actor = %self.actor, unit = unit.0, recipient = self.lanes.recipient(lane),
-                        "stalled: held until the lane's next attempt");
-                }
-                HoldReason::Blocked => {
-                    warn!(actor = %self.actor, unit = unit.0, recipient = self.lanes.recipient(lane),
-                        "strict lane blocked on its head until an operator acts");
-                    self.write(
-                        cx,
-                        "block lane",
-                        |s, t, l| s.block_lane(t, l, "its head failed for good"),
-                        lane,
-                    );
-                }
-            },
+            } => self.on_interrupted(unit, lane, attempts),
+            Command::Hold { unit, lane, reason } => self.on_hold(cx, unit, lane, reason),
             Command::LaneBackoff {
                 lane,
                 not_before,
                 level,
-            } => {
-                self.log_backoff(lane, not_before, level);
-                self.write(
-                    cx,
-                    "lane state",
-                    |s, t, l| s.set_lane_state(t, l, Some(not_before), level),
-                    lane,
-                );
-            }
-            Command::LaneOpen { lane } => {
-                self.recovered(lane, "the recipient answered");
-                self.write(
-                    cx,
-                    "lane state",
-                    |s, t, l| s.set_lane_state(t, l, None, 0),
-                    lane,
-                );
-            }
-            Command::LaneFailing { lane, since } => {
-                debug!(actor = %self.actor, recipient = self.lanes.recipient(lane),
-                    since = since.map(rfc3339), "lane's run of failures");
-                self.write(
-                    cx,
-                    "lane state",
-                    |s, t, l| s.set_lane_failing(t, l, since),
-                    lane,
-                );
-            }
-            Command::LaneRestart { lane } => {
-                // Its head was dead-lettered after its attempts: the next unit gets a
-                // schedule of its own (OL-8).
-                self.lane_log.waiting.remove(&lane);
-                debug!(actor = %self.actor, recipient = self.lanes.recipient(lane),
-                    "lane starts over after its head's last attempt");
-                self.write(
-                    cx,
-                    "lane state",
-                    |s, t, l| s.set_lane_state(t, l, None, 0),
-                    lane,
-                );
-            }
-            Command::LaneUnavailable { lane, since } => {
-                let at = now();
-                warn!(actor = %self.actor, recipient = self.lanes.recipient(lane),
-                    failing_since = %rfc3339(since),
-                    "lane unavailable: failing for longer than allowed; its units are \
-                     dead-lettered together (lane_unavailable) until it answers again");
-                self.write(
-                    cx,
-                    "lane state",
-                    |s, t, l| s.set_lane_unavailable(t, l, at),
-                    lane,
-                );
-                if self.error.is_none()
-                    && let Some(hook) = &cx.hooks.lane_unavailable
-                {
-                    hook(&LaneUnavailable {
-                        actor: self.actor.clone(),
-                        recipient: self.lanes.recipient(lane).to_owned(),
-                        failing_since: since,
-                        at,
-                    });
-                }
-            }
-            Command::DeadLetter { unit, lane, reason } => {
-                let last = self.units.last.remove(&(unit, lane));
-                let (status, error) = last.map_or((None, None), |r| (r.status, r.error));
-                if !writable {
-                    return;
-                }
-                // Written with the other dead letters of this execution, at its end
-                // (`flush_dead_letters`): before any later write, and before the round sends
-                // anything, so that no later unit of the lane is sent before this outcome is
-                // durable (OL-16).
-                let row = self.units.resolved(unit, lane);
-                let req = DeadLetterRequest {
-                    unit,
-                    lane: self.lanes.store_lane(lane),
-                    reason,
-                    status,
-                    error,
-                    at: now(),
-                };
-                self.pending.dead.push(PendingDead { req, lane, row });
-            }
-            Command::RetireLane { lane, reason } => {
-                if !writable {
-                    return;
-                }
-                self.flush_writes(cx.store, cx.hooks);
-                if self.error.is_some() {
-                    return;
-                }
-                let retired = match cx.store.retire_lane(
-                    &self.token,
-                    self.lanes.store_lane(lane),
-                    now(),
-                    reason,
-                ) {
-                    Ok(retired) => retired,
-                    Err(e) => {
-                        self.store_failed("retire lane", e, now());
-                        return;
-                    }
-                };
-                let units = retired.len() as u64;
-                self.report.dead_lettered += units;
-                // One INFO line for the lane, not one per unit: a retired lane can be deep.
-                if reason == DeadReason::LaneRetired {
-                    info!(actor = %self.actor, recipient = self.lanes.recipient(lane), units,
-                        "lane retired (410 Gone)");
-                } else if units > 0 {
-                    info!(actor = %self.actor, recipient = self.lanes.recipient(lane), units,
-                        reason = reason.as_str(), "the lane's pending units dead-lettered together");
-                }
-                for d in retired {
-                    // Admitted units of the lane are resolved (the scheduler dropped them).
-                    self.units.resolved(d.unit, lane);
-                    debug!(actor = %self.actor, unit = d.unit.0, row = %d.row_id,
-                        recipient = self.lanes.recipient(lane), reason = reason.as_str(),
-                        status = d.last_status, error = d.last_error.as_deref(),
-                        dead_letter = d.id.0, "dead-lettered");
-                    if let Some(hook) = &cx.hooks.dead_lettered {
-                        hook(&self.dead_lettered(d, lane, reason));
-                    }
-                }
-            }
-            Command::HandBack { unit } => {
-                self.units.info.remove(&unit);
-                self.report.handed_back += 1;
-                trace!(actor = %self.actor, unit = unit.0, "handed back");
+            } => self.on_lane_backoff(cx, lane, not_before, level),
+            Command::LaneOpen { lane } => self.on_lane_open(cx, lane),
+            Command::LaneFailing { lane, since } => self.on_lane_failing(cx, lane, since),
+            Command::LaneRestart { lane } => self.on_lane_restart(cx, lane),
+            Command::LaneUnavailable { lane, since } => self.on_lane_unavailable(cx, lane, since),
+            Command::DeadLetter { unit, lane, reason } => self.on_dead_letter(unit, lane, reason),
+            Command::RetireLane { lane, reason } => self.on_retire_lane(cx, lane, reason),
+            Command::HandBack { unit } => self.on_hand_back(unit),
+        }
+    }
+
+    /// A start: logged, resolved in the round when nothing may be sent to its destination
+    /// (on a fresh read of the lane controls, OL-14), else kept for the round's jobs.
+    fn on_start(
+        &mut self,
+        cx: RoundContext<'_>,
+        unit: UnitId,
+        lane: LaneId,
+        attempt: u32,
+        starts: &mut Vec<Start>,
+    ) {
+        if let Some(info) = self.units.info.get(&unit) {
+            trace!(actor = %self.actor, unit = unit.0, row = %info.row_id,
+                recipient = self.lanes.recipient(lane), attempt,
+                queued_ms = now().saturating_duration_since(info.enqueued_at).as_millis() as u64,
+                "started");
+        }
+        // A start in a lane in backoff is its probe (OL-11): one per interval.
+        if let Some(&level) = self.lane_log.waiting.get(&lane) {
+            if level > 0 {
+                info!(actor = %self.actor, recipient = self.lanes.recipient(lane), unit = unit.0,
+                    level, attempt, "lane probed: one attempt at its head");
+            } else {
+                debug!(actor = %self.actor, recipient = self.lanes.recipient(lane), unit = unit.0,
+                    attempt, "throttled lane retried");
             }
         }
+        // After a failure nothing starts: the unit is handed back at the end.
+        if self.error.is_some() || self.end.is_some() {
+            return;
+        }
+        // A destination nothing may be sent to (a refused IP literal) answers every
+        // attempt of its lane the same, without I/O: the attempt comes to that result
+        // here, and the scheduler's next decision for the lane (its next head's start,
+        // say) follows in this round, so a deep refused lane is dead-lettered in few
+        // rounds and transactions. Only on a fresh read of the lane controls, as a
+        // send (OL-14): an operator's action on the lane comes first.
+        let unsendable = self.lanes.lane_destination(lane).refused().cloned();
+        if let Some(result) = unsendable {
+            if self.round.resolved < RESOLVED_PER_ROUND
+                && self.round.control.fresh_at(Instant::now())
+            {
+                self.round.resolved += 1;
+                self.not_sendable(cx.hooks, unit, lane, attempt, result);
+                return;
+            }
+        }
+        self.paced_start(lane);
+        starts.push(Start {
+            unit,
+            lane,
+            attempt,
+        });
+    }
+
+    /// A delivery: acked (even after a failure: an ack is harmless, a lost one is a resend),
+    /// logged, reported; a throttle ends with it.
+    fn on_delivered(&mut self, cx: RoundContext<'_>, unit: UnitId, lane: LaneId) {
+        // Acked even after a failure: an ack is harmless, a lost one is a resend.
+        self.pending.acked.push((unit, self.lanes.store_lane(lane)));
+        self.report.delivered += 1;
+        let row = self.units.resolved(unit, lane);
+        if let Some(i) = self.pending.log_info.remove(&(unit, lane)) {
+            let entry = self.log_entry(unit, lane, &row, i, true);
+            self.pending.acked_log.push(entry);
+        }
+        trace!(actor = %self.actor, unit = unit.0, %row, recipient = self.lanes.recipient(lane),
+            "delivered");
+        // Only lanes that failed are in these maps: a healthy lane pays two checks.
+        if !self.lane_log.failure.is_empty() {
+            self.lane_log.failure.remove(&lane);
+        }
+        // A throttle ends with the lane's first delivery: its persisted `not_before`
+        // is cleared then (a backoff is cleared by the LaneOpen that follows).
+        if !self.lane_log.waiting.is_empty() && self.recovered(lane, "delivered") == Some(0) {
+            self.write(
+                cx,
+                "lane state",
+                |s, t, l| s.set_lane_state(t, l, None, 0),
+                lane,
+            );
+        }
+        if let Some(hook) = &cx.hooks.delivered {
+            hook(&Delivered {
+                actor: self.actor.clone(),
+                unit,
+                row_id: row,
+                recipient: self.lanes.recipient(lane).to_owned(),
+            });
+        }
+    }
+
+    /// A failed attempt: its record, batched with the others of this execution.
+    fn on_record_attempt(&mut self, unit: UnitId, lane: LaneId, attempts: u32, counted: bool) {
+        // The detail stays in `last` for a dead letter that may follow.
+        let (status, error) = self
+            .units
+            .last
+            .get(&(unit, lane))
+            .map_or((None, None), |r| (r.status, r.error.clone()));
+        debug!(actor = %self.actor, unit = unit.0, recipient = self.lanes.recipient(lane),
+            attempts, counted, status, error = error.as_deref(), "attempt failed");
+        if let Some(i) = self.pending.log_info.remove(&(unit, lane)) {
+            let row = self
+                .units
+                .info
+                .get(&unit)
+                .map_or_else(String::new, |u| u.row_id.clone());
+            let entry = self.log_entry(unit, lane, &row, i, false);
+            self.pending.records_log.push(entry);
+        }
+        self.pending.records.push(AttemptRecord {
+            unit,
+            lane: self.lanes.store_lane(lane),
+            attempts,
+            status,
+            error,
+            at: now(),
+        });
+    }
+
+    /// An attempt cut off in flight: recorded with [`INTERRUPTED`], not counted.
+    fn on_interrupted(&mut self, unit: UnitId, lane: LaneId, attempts: u32) {
+        info!(actor = %self.actor, unit = unit.0, recipient = self.lanes.recipient(lane),
+            attempts, "attempt interrupted in flight; the unit will be sent again");
+        self.pending.records.push(AttemptRecord {
+            unit,
+            lane: self.lanes.store_lane(lane),
+            attempts,
+            status: None,
+            error: Some(INTERRUPTED.to_owned()),
+            at: now(),
+        });
+    }
+
+    /// A unit held: a stalled one waits for the lane's next attempt, a strict lane's blocked
+    /// head is written as blocked.
+    fn on_hold(&mut self, cx: RoundContext<'_>, unit: UnitId, lane: LaneId, reason: HoldReason) {
+        match reason {
+            HoldReason::Stalled => {
+                debug!(actor = %self.actor, unit = unit.0, recipient = self.lanes.recipient(lane),
+                "stalled: held until the lane's next attempt");
+            }
+            HoldReason::Blocked => {
+                warn!(actor = %self.actor, unit = unit.0, recipient = self.lanes.recipient(lane),
+                "strict lane blocked on its head until an operator acts");
+                self.write(
+                    cx,
+                    "block lane",
+                    |s, t, l| s.block_lane(t, l, "its head failed for good"),
+                    lane,
+                );
+            }
+        }
+    }
+
+    /// A lane entering or staying in backoff: logged and written.
+    fn on_lane_backoff(
+        &mut self,
+        cx: RoundContext<'_>,
+        lane: LaneId,
+        not_before: Timestamp,
+        level: u32,
+    ) {
+        self.log_backoff(lane, not_before, level);
+        self.write(
+            cx,
+            "lane state",
+            |s, t, l| s.set_lane_state(t, l, Some(not_before), level),
+            lane,
+        );
+    }
+
+    /// A lane that answered again: logged and written.
+    fn on_lane_open(&mut self, cx: RoundContext<'_>, lane: LaneId) {
+        self.recovered(lane, "the recipient answered");
+        self.write(
+            cx,
+            "lane state",
+            |s, t, l| s.set_lane_state(t, l, None, 0),
+            lane,
+        );
+    }
+
+    /// A lane's run of failures: written.
+    fn on_lane_failing(&mut self, cx: RoundContext<'_>, lane: LaneId, since: Option<Timestamp>) {
+        debug!(actor = %self.actor, recipient = self.lanes.recipient(lane),
+            since = since.map(rfc3339), "lane's run of failures");
+        self.write(
+            cx,
+            "lane state",
+            |s, t, l| s.set_lane_failing(t, l, since),
+            lane,
+        );
+    }
+
+    /// A lane whose head was dead-lettered after its attempts starts over (OL-8).
+    fn on_lane_restart(&mut self, cx: RoundContext<'_>, lane: LaneId) {
+        // Its head was dead-lettered after its attempts: the next unit gets a
+        // schedule of its own (OL-8).
+        self.lane_log.waiting.remove(&lane);
+        debug!(actor = %self.actor, recipient = self.lanes.recipient(lane),
+            "lane starts over after its head's last attempt");
+        self.write(
+            cx,
+            "lane state",
+            |s, t, l| s.set_lane_state(t, l, None, 0),
+            lane,
+        );
+    }
+
+    /// A lane failing for longer than allowed: written, logged at WARN, reported.
+    fn on_lane_unavailable(&mut self, cx: RoundContext<'_>, lane: LaneId, since: Timestamp) {
+        let at = now();
+        warn!(actor = %self.actor, recipient = self.lanes.recipient(lane),
+            failing_since = %rfc3339(since),
+            "lane unavailable: failing for longer than allowed; its units are \
+             dead-lettered together (lane_unavailable) until it answers again");
+        self.write(
+            cx,
+            "lane state",
+            |s, t, l| s.set_lane_unavailable(t, l, at),
+            lane,
+        );
+        if self.error.is_none()
+            && let Some(hook) = &cx.hooks.lane_unavailable
+        {
+            hook(&LaneUnavailable {
+                actor: self.actor.clone(),
+                recipient: self.lanes.recipient(lane).to_owned(),
+                failing_since: since,
+                at,
+            });
+        }
+    }
+
+    /// A dead letter, gathered for this execution's batch (OL-16).
+    fn on_dead_letter(&mut self, unit: UnitId, lane: LaneId, reason: DeadReason) {
+        let last = self.units.last.remove(&(unit, lane));
+        let (status, error) = last.map_or((None, None), |r| (r.status, r.error));
+        if self.error.is_some() {
+            return;
+        }
+        // Written with the other dead letters of this execution, at its end
+        // (`flush_dead_letters`): before any later write, and before the round sends
+        // anything, so that no later unit of the lane is sent before this outcome is
+        // durable (OL-16).
+        let row = self.units.resolved(unit, lane);
+        let req = DeadLetterRequest {
+            unit,
+            lane: self.lanes.store_lane(lane),
+            reason,
+            status,
+            error,
+            at: now(),
+        };
+        self.pending.dead.push(PendingDead { req, lane, row });
+    }
+
+    /// A lane whose pending units are dead-lettered together (410 Gone, or unavailable):
+    /// written at once, after what was gathered before it; reported.
+    fn on_retire_lane(&mut self, cx: RoundContext<'_>, lane: LaneId, reason: DeadReason) {
+        if self.error.is_some() {
+            return;
+        }
+        self.flush_writes(cx.store, cx.hooks);
+        if self.error.is_some() {
+            return;
+        }
+        let retired =
+            match cx
+                .store
+                .retire_lane(&self.token, self.lanes.store_lane(lane), now(), reason)
+            {
+                Ok(retired) => retired,
+                Err(e) => {
+                    self.store_failed("retire lane", e, now());
+                    return;
+                }
+            };
+        let units = retired.len() as u64;
+        self.report.dead_lettered += units;
+        // One INFO line for the lane, not one per unit: a retired lane can be deep.
+        if reason == DeadReason::LaneRetired {
+            info!(actor = %self.actor, recipient = self.lanes.recipient(lane), units,
+                "lane retired (410 Gone)");
+        } else if units > 0 {
+            info!(actor = %self.actor, recipient = self.lanes.recipient(lane), units,
+                reason = reason.as_str(), "the lane's pending units dead-lettered together");
+        }
+        for d in retired {
+            // Admitted units of the lane are resolved (the scheduler dropped them).
+            self.units.resolved(d.unit, lane);
+            debug!(actor = %self.actor, unit = d.unit.0, row = %d.row_id,
+                recipient = self.lanes.recipient(lane), reason = reason.as_str(),
+                status = d.last_status, error = d.last_error.as_deref(),
+                dead_letter = d.id.0, "dead-lettered");
+            if let Some(hook) = &cx.hooks.dead_lettered {
+                hook(&self.dead_lettered(d, lane, reason));
+            }
+        }
+    }
+
+    /// A unit handed back: forgotten.
+    fn on_hand_back(&mut self, unit: UnitId) {
+        self.units.info.remove(&unit);
+        self.report.handed_back += 1;
+        trace!(actor = %self.actor, unit = unit.0, "handed back");
     }
 
     /// What the dead-letter hook is told of a dead letter the store wrote for `lane`.
