@@ -36,11 +36,7 @@ pub(crate) struct PreparedRow<'a> {
 /// [`EnqueueError::DestinationRefused`] for the first refused one.
 pub fn check_destinations(row: &NewRow, policy: &AddressPolicy) -> Result<(), EnqueueError> {
     for url in &row.recipients {
-        let recipient = Recipient::parse(url).map_err(|reason| EnqueueError::BadRecipient {
-            row: row.id.clone(),
-            url: url.clone(),
-            reason,
-        })?;
+        let recipient = parse_recipient(row, url)?;
         match recipient.host().known_class() {
             Some(class) if !policy.allows(class) => {
                 return Err(destination_refused(row, url, class, Some(*policy)));
@@ -192,11 +188,7 @@ pub(crate) fn prepare<'a>(
         let mut lanes: Vec<LaneKey> = Vec::with_capacity(row.recipients.len());
         let mut guarded = Vec::new();
         for (i, url) in row.recipients.iter().enumerate() {
-            let recipient = Recipient::parse(url).map_err(|reason| EnqueueError::BadRecipient {
-                row: row.id.clone(),
-                url: url.clone(),
-                reason,
-            })?;
+            let recipient = parse_recipient(row, url)?;
             match recipient.host().known_class() {
                 None | Some(AddrClass::Public) => {}
                 Some(class) if !WIDEST.allows(class) => {
@@ -233,4 +225,14 @@ fn distinct(mut lanes: Vec<LaneKey>) -> Vec<LaneKey> {
     let mut keep = keep.into_iter();
     lanes.retain(|_| keep.next().unwrap_or(true));
     lanes
+}
+
+/// `url`, a recipient of `row`, parsed; [`EnqueueError::BadRecipient`] naming both if it is not
+/// a recipient URL.
+fn parse_recipient(row: &NewRow, url: &str) -> Result<Recipient, EnqueueError> {
+    Recipient::parse(url).map_err(|reason| EnqueueError::BadRecipient {
+        row: row.id.clone(),
+        url: url.to_owned(),
+        reason,
+    })
 }
