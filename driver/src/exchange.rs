@@ -5,16 +5,17 @@
 //!
 //! # One request path for both clients
 //!
-//! A client implements [`Exchange`]: send one [`Request`] as it is and say what happened,
+//! A client implements [`Exchange`] (or hands [`deliver_blocking`] a function): send one [`Request`] as it is and say what happened,
 //! with the answer's `Accept-Signature` when it refused. [`deliver`] is the rest, once: it
 //! builds each request with the shared [`RequestPolicy`], sends it through the exchange and
 //! asks the knock ([`AttemptKnock`](crate::request::AttemptKnock)) whether to send it again.
 //! `deliver` is an `async fn` generic over the exchange, so one loop serves both flavours:
 //!
 //! - the tokio runtime's hyper-util client awaits it, its exchange a real future;
-//! - the blocking ureq client's exchange does its I/O before it returns a ready future, and
-//!   the client drives `deliver` with [`futures_executor::block_on`], which polls a future
-//!   whose every await is ready once, on the calling thread: no runtime, no thread, no wait.
+//! - the blocking ureq client calls [`deliver_blocking`] with its transmission, which does
+//!   its I/O before a ready future is made of its answer; `deliver` is driven by
+//!   [`futures_executor::block_on`], which polls a future whose every await is ready once,
+//!   on the calling thread: no runtime, no thread, no wait.
 //!
 //! Whatever a client learns from the answer's head (the status, `Retry-After`,
 //! `Accept-Signature`) it classifies with [`Answers::answer`], and whatever fails it
@@ -43,6 +44,10 @@ use crate::http::{Delivery, HttpConfig, HttpError};
 use crate::request::{Request, RequestPolicy};
 use crate::ticket::OriginTicket;
 
+/// What one exchange came to: the attempt's result, with the answer's `Accept-Signature`
+/// (RFC 9421 §5) if it refused.
+pub type Exchanged = (AttemptResult, Option<String>);
+
 /// One HTTP client's transmission of one request: what differs between the clients.
 pub trait Exchange {
     /// Sends `request` as it is, under the client's transport rules (timeout, no redirect,
@@ -53,7 +58,7 @@ pub trait Exchange {
         &self,
         request: &Request<'_>,
         now: SystemTime,
-    ) -> impl Future<Output = (AttemptResult, Option<String>)> + Send;
+    ) -> impl Future<Output = Exchanged> + Send;
 }
 
 /// One delivery attempt of `d` at `now` through `client`: the requests `policy` builds,
@@ -77,6 +82,39 @@ pub async fn deliver<E: Exchange + Sync + ?Sized>(
         if !knock.again(policy, d, &result, challenge.as_deref()) {
             return result;
         }
+    }
+}
+
+/// [`deliver`] for a blocking client: `transmit` sends one request on the calling thread and
+/// says what happened, as [`Exchange::exchange`] would. The loop is driven by
+/// [`futures_executor::block_on`]; every future it awaits is ready when made, so nothing
+/// waits but `transmit` itself.
+pub fn deliver_blocking<F>(
+    transmit: F,
+    policy: &RequestPolicy,
+    d: &Delivery<'_>,
+    ticket: Option<&OriginTicket>,
+    now: SystemTime,
+) -> AttemptResult
+where
+    F: Fn(&Request<'_>, SystemTime) -> Exchanged + Sync,
+{
+    futures_executor::block_on(deliver(&Blocking(transmit), policy, d, ticket, now))
+}
+
+/// A blocking client's transmission as an [`Exchange`] whose future is ready when made.
+struct Blocking<F>(F);
+
+impl<F> Exchange for Blocking<F>
+where
+    F: Fn(&Request<'_>, SystemTime) -> Exchanged + Sync,
+{
+    fn exchange(
+        &self,
+        request: &Request<'_>,
+        now: SystemTime,
+    ) -> impl Future<Output = Exchanged> + Send {
+        std::future::ready((self.0)(request, now))
     }
 }
 
@@ -178,7 +216,7 @@ impl Answer {
     }
 
     /// The attempt's result, with the `Accept-Signature` of a refusal.
-    pub fn finish(self) -> (AttemptResult, Option<String>) {
+    pub fn finish(self) -> Exchanged {
         (
             answered_result(self.outcome, self.status, &self.head),
             self.challenge,

@@ -2,8 +2,7 @@
 //! into an [`Outcome`] with the shared policy of [`crate::http`].
 //!
 //! The attempt's requests (the double-knock) are [`crate::exchange::deliver`]'s, driven on
-//! the calling thread by `futures_executor::block_on` over this client's [`Exchange`], which
-//! does its I/O before it returns a ready future.
+//! the calling thread through [`crate::exchange::deliver_blocking`].
 //!
 //! [`HttpClient::deliver`] never fails and never panics on input: whatever happens (a
 //! status, a timeout, a reset, a refused destination) becomes an [`AttemptResult`] whose
@@ -56,7 +55,6 @@
 //! [`Outcome::Refused`]: outbox_lanes_core::Outcome::Refused
 
 use core::fmt;
-use std::future::Future;
 use std::io::{self, Read as _};
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -69,7 +67,7 @@ use ureq::unversioned::resolver::{DefaultResolver, ResolvedSocketAddrs, Resolver
 use ureq::unversioned::transport::{DefaultConnector, NextTimeout};
 use ureq::{Agent, Proxy, ProxyProtocol};
 
-use crate::exchange::{self, Answer, Answers, Exchange, GuardError, ProxyUrl};
+use crate::exchange::{self, Answer, Answers, Exchanged, GuardError, ProxyUrl};
 use crate::http::{
     AttemptResult, Delivery, HttpConfig, HttpError, OutboxAddresses, invalid_request, io_kind,
 };
@@ -173,22 +171,16 @@ impl HttpClient {
         self.deliver_under(&job.delivery(), job.origin(), now)
     }
 
-    /// The one double-knock loop ([`exchange::deliver`]), driven on this thread: every
-    /// exchange of this client is done before its future is returned, so `block_on` polls
-    /// ready futures only.
+    /// The one double-knock loop ([`exchange::deliver`]), driven on this thread over
+    /// [`HttpClient::transmit`].
     fn deliver_under(
         &self,
         d: &Delivery<'_>,
         ticket: Option<&OriginTicket>,
         now: SystemTime,
     ) -> AttemptResult {
-        futures_executor::block_on(exchange::deliver(
-            self,
-            &self.shared.requests,
-            d,
-            ticket,
-            now,
-        ))
+        let transmit = |request: &Request<'_>, now| self.transmit(request, now);
+        exchange::deliver_blocking(transmit, &self.shared.requests, d, ticket, now)
     }
 
     /// Sends `request` as it is — ureq adds only `Host` and `Content-Length` — under the
@@ -200,7 +192,7 @@ impl HttpClient {
 
     /// [`HttpClient::send`], with the answer's `Accept-Signature` (RFC 9421 §5) if it
     /// refused.
-    fn transmit(&self, request: &Request<'_>, now: SystemTime) -> (AttemptResult, Option<String>) {
+    fn transmit(&self, request: &Request<'_>, now: SystemTime) -> Exchanged {
         let mut builder = ureq::http::Request::builder()
             .method(request.method.clone())
             .uri(request.url.as_str());
@@ -236,16 +228,6 @@ impl HttpClient {
             // The same request would be built again on every retry.
             ErrorKind::InvalidRequest => invalid_request(e),
         }
-    }
-}
-
-impl Exchange for HttpClient {
-    fn exchange(
-        &self,
-        request: &Request<'_>,
-        now: SystemTime,
-    ) -> impl Future<Output = (AttemptResult, Option<String>)> + Send {
-        std::future::ready(self.transmit(request, now))
     }
 }
 

@@ -70,7 +70,7 @@ use hyper_util::client::legacy::connect::proxy::Tunnel;
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use outbox_lanes_core::policy::{AddressPolicy, TransportError};
-use outbox_lanes_driver::exchange::{self, Answers, Exchange, GuardError, ProxyUrl};
+use outbox_lanes_driver::exchange::{self, Answers, Exchange, Exchanged, GuardError, ProxyUrl};
 use outbox_lanes_driver::http::{
     AttemptResult, Delivery, HttpConfig, OutboxAddresses, invalid_request, io_kind,
 };
@@ -258,11 +258,7 @@ impl AsyncHttpClient {
 
     /// [`AsyncHttpClient::send`], with the answer's `Accept-Signature` (RFC 9421 §5) if it
     /// refused.
-    async fn transmit(
-        &self,
-        request: &Request<'_>,
-        now: SystemTime,
-    ) -> (AttemptResult, Option<String>) {
+    async fn transmit(&self, request: &Request<'_>, now: SystemTime) -> Exchanged {
         let uri = match Uri::try_from(request.url.as_str()) {
             Ok(uri) => uri,
             Err(e) => return (invalid_request(format!("invalid URL: {e}")), None),
@@ -296,7 +292,7 @@ impl AsyncHttpClient {
         response: http::Response<hyper::body::Incoming>,
         deadline: tokio::time::Instant,
         now: SystemTime,
-    ) -> (AttemptResult, Option<String>) {
+    ) -> Exchanged {
         let answers = &self.shared.answers;
         let mut answer = answers.answer(response.status(), response.headers(), now);
         // Read at most the cap, keep the start; dropping the body early closes the
@@ -357,7 +353,7 @@ impl Exchange for AsyncHttpClient {
         &self,
         request: &Request<'_>,
         now: SystemTime,
-    ) -> impl Future<Output = (AttemptResult, Option<String>)> + Send {
+    ) -> impl Future<Output = Exchanged> + Send {
         self.transmit(request, now)
     }
 }
