@@ -19,7 +19,8 @@ use std::path::{Path, PathBuf};
 use outbox_lanes_core::ActorId;
 use outbox_lanes_core::policy::Recipient;
 
-use super::{SignError, SignRequest, Signer, StandardWebhooks, read_key_file};
+use super::key_file::read_key_file;
+use super::{SignError, SignRequest, Signer, StandardWebhooks};
 
 /// Standard Webhooks secrets per actor, and per endpoint of an actor.
 ///
