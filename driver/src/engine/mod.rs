@@ -12,7 +12,7 @@
 //!
 //! - [`drain`]: one actor's drain: the in-process slot, the store's fenced slot, passes,
 //!   look-again (OL-12);
-//! - [`pass`]: one pass as a task: rounds on the task when they need no store, on the
+//! - [`pass_task`]: one pass as a task: rounds on the task when they need no store, on the
 //!   blocking side when they do, completions taken in batches (one wake-up for many), and
 //!   the first few attempts in flight polled on the pass's own task ([`spawn_delivery`]);
 //! - [`Monitor`]: drains every actor with work (OL-13), passes of several actors at once up
@@ -26,7 +26,7 @@
 
 mod local;
 mod monitor;
-pub mod pass;
+pub mod pass_task;
 mod wake;
 
 use std::fmt;
@@ -170,7 +170,7 @@ pub async fn drain(
                 let t = token
                     .clone()
                     .expect("the session runs a pass only after acquiring the store's slot");
-                let result = pass::run_pass(rt, core, t, control, lease_renewed).await;
+                let result = pass_task::run_pass(rt, core, t, control, lease_renewed).await;
                 lease_renewed = result.lease_renewed;
                 if result.report.grace_over && core.is_stopping() {
                     core.stop_record().note_grace_over();
