@@ -35,8 +35,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outbox_lanes_core::{Acquire, ActorId, DrainAction, DrainSession, SlotAnswer};
-use outbox_lanes_store::{SlotAcquisition, StoreError};
+use outbox_lanes_core::{Acquire, ActorId, DrainAction, DrainSession, SlotAnswer, Timestamp};
+use outbox_lanes_store::{SlotAcquisition, SlotToken, StoreError};
 use tracing::warn;
 
 pub use self::local::spawn_delivery;
@@ -145,14 +145,7 @@ pub async fn drain(
     while let Some(action) = session.poll_action() {
         match action {
             DrainAction::AcquireStoreSlot => {
-                // Read before asking: the lease runs from the database's acquisition, later.
-                let asked = crate::pass::now();
-                let (c, a) = (Arc::clone(core), actor.clone());
-                let got = unblock(&**rt, move || {
-                    c.store().acquire_slot(&a, c.holder(), c.config().lease)
-                })
-                .await
-                .unwrap_or_else(|| Err(shutting_down()));
+                let (asked, got) = acquire_store_slot(rt, core, actor).await;
                 match got {
                     Ok(SlotAcquisition::Acquired(t)) => {
                         token = Some(t);
@@ -183,30 +176,10 @@ pub async fn drain(
                 session.handle_pass_end(result.end);
             }
             DrainAction::ReleaseStoreSlot => {
-                let Some(t) = token.clone() else {
-                    session.handle_failed();
-                    continue;
-                };
-                let c = Arc::clone(core);
-                let released = unblock(&**rt, move || c.store().release_slot(&t))
-                    .await
-                    .unwrap_or_else(|| Err(shutting_down()));
-                store_released(&mut session, actor, released);
+                release_store_slot(rt, core, actor, token.clone(), &mut session).await;
             }
             DrainAction::FreeStoreSlot => {
-                let Some(t) = token.clone() else {
-                    session.handle_failed();
-                    continue;
-                };
-                let c = Arc::clone(core);
-                let freed = unblock(&**rt, move || c.store().free_slot(&t))
-                    .await
-                    .unwrap_or_else(|| Err(shutting_down()));
-                store_released(
-                    &mut session,
-                    actor,
-                    freed.map(|()| outbox_lanes_store::SlotRelease::Released),
-                );
+                free_store_slot(rt, core, actor, token.clone(), &mut session).await;
             }
             DrainAction::ReleaseLocalSlot | DrainAction::ForceReleaseLocalSlot => {
                 core.local_slot_action(actor, &action, &mut session);
@@ -219,6 +192,67 @@ pub async fn drain(
     Err(OutboxError::Store(StoreError::Database(
         "the drain session ended without finishing".into(),
     )))
+}
+
+/// Asks the store for `actor`'s slot, where blocking is allowed; with the time read before
+/// asking (the lease runs from the database's acquisition, later).
+async fn acquire_store_slot(
+    rt: &Arc<dyn Runtime>,
+    core: &Arc<OutboxCore>,
+    actor: &ActorId,
+) -> (Timestamp, Result<SlotAcquisition, StoreError>) {
+    let asked = crate::pass::now();
+    let (c, a) = (Arc::clone(core), actor.clone());
+    let got = unblock(&**rt, move || {
+        c.store().acquire_slot(&a, c.holder(), c.config().lease)
+    })
+    .await
+    .unwrap_or_else(|| Err(shutting_down()));
+    (asked, got)
+}
+
+/// Releases the store's slot `token`, where blocking is allowed, telling `session` how it
+/// went. Without a token (the session never acquired one) it fails.
+async fn release_store_slot(
+    rt: &Arc<dyn Runtime>,
+    core: &Arc<OutboxCore>,
+    actor: &ActorId,
+    token: Option<SlotToken>,
+    session: &mut DrainSession,
+) {
+    let Some(t) = token else {
+        session.handle_failed();
+        return;
+    };
+    let c = Arc::clone(core);
+    let released = unblock(&**rt, move || c.store().release_slot(&t))
+        .await
+        .unwrap_or_else(|| Err(shutting_down()));
+    store_released(session, actor, released);
+}
+
+/// Frees the store's slot `token`, where blocking is allowed, telling `session` how it went.
+/// Without a token (the session never acquired one) it fails.
+async fn free_store_slot(
+    rt: &Arc<dyn Runtime>,
+    core: &Arc<OutboxCore>,
+    actor: &ActorId,
+    token: Option<SlotToken>,
+    session: &mut DrainSession,
+) {
+    let Some(t) = token else {
+        session.handle_failed();
+        return;
+    };
+    let c = Arc::clone(core);
+    let freed = unblock(&**rt, move || c.store().free_slot(&t))
+        .await
+        .unwrap_or_else(|| Err(shutting_down()));
+    store_released(
+        session,
+        actor,
+        freed.map(|()| outbox_lanes_store::SlotRelease::Released),
+    );
 }
 
 /// How long a stop waits, past the shutdown grace, for its passes to end: each ends by itself

@@ -92,8 +92,8 @@ pub async fn run_pass(
     control: &Arc<DrainControl>,
     lease_renewed: Timestamp,
 ) -> PassResult {
-    let (tx, mut rx) = mpsc::unbounded::<Done>();
-    let (waker, mut woken) = wake::pair();
+    let (tx, rx) = mpsc::unbounded::<Done>();
+    let (waker, woken) = wake::pair();
     let enqueued = Arc::new(AtomicBool::new(false));
     let (w, e) = (waker.clone(), Arc::clone(&enqueued));
     let _enqueues = core.store().notifier().subscribe(move || {
@@ -116,48 +116,23 @@ pub async fn run_pass(
         now(),
         lease_renewed,
     ));
-    let mut batch: Vec<Done> = Vec::with_capacity(64);
-    // The claim out, if any (one at a time), and its answer once it came.
-    let mut claim: Option<oneshot::Receiver<ClaimAnswer>> = None;
-    let mut answer: Option<ClaimAnswer> = None;
+    let mut events = Events {
+        rx,
+        batch: Vec::with_capacity(64),
+        woken,
+        enqueued,
+        claim: None,
+        answer: None,
+    };
     loop {
-        pass.set_slicing(control.slicing());
-        if control.is_cancelled() {
-            pass.handle_cancel(now());
-        } else if control.is_stopped() || core.is_stopping() {
-            pass.handle_shutdown(now());
-        }
-        // A round with nothing to read or write runs here; one that needs the store moves
-        // where blocking is allowed (and goes on from where this one stopped).
-        let inline = if rt.blocking_in_place() {
-            None
-        } else {
-            pass.try_round_inline(round_context(core))
+        apply_control(&mut pass, core, control);
+        let Some((p, jobs)) = round(rt, core, pass, &mut local, &mut events.batch).await else {
+            // The runtime dropped the round unrun (it is shutting down): the pass is gone
+            // with it. Nothing it claimed is lost: claims write nothing, and the slot's lease
+            // runs out.
+            return gone(None, lease_renewed);
         };
-        let jobs = match inline {
-            Some(jobs) => jobs,
-            None => {
-                let c = Arc::clone(core);
-                let round = unblock(&**rt, move || {
-                    let jobs = pass.round(round_context(&c));
-                    (pass, jobs)
-                });
-                // The pass's own deliveries go on while the round runs.
-                let Some((p, jobs)) = local.drive(&mut batch, round).await else {
-                    // The runtime dropped the round unrun (it is shutting down): the pass is
-                    // gone with it. Nothing it claimed is lost: claims write nothing, and the
-                    // slot's lease runs out.
-                    return PassResult {
-                        report: Default::default(),
-                        end: PassEnd::Cancelled,
-                        error: Some(shutting_down()),
-                        lease_renewed,
-                    };
-                };
-                pass = p;
-                jobs
-            }
-        };
+        pass = p;
         local.capture(|| {
             for job in jobs {
                 start(core, job, &mut pass);
@@ -166,79 +141,172 @@ pub async fn run_pass(
         if pass.ended().is_some() {
             break;
         }
-        if let Some(ranges) = pass.take_claim() {
-            // The read goes where blocking is allowed; the pass goes on meanwhile.
-            let (c, token) = (Arc::clone(core), pass.token().clone());
-            let (tx, rx) = oneshot::channel();
-            rt.spawn_blocking(Box::new(move || {
-                let _ = tx.send(c.store().claim(&token, &ranges));
-            }));
-            claim = Some(rx);
+        if let Some(claim) = send_claim(rt, core, &mut pass) {
+            events.claim = Some(claim);
         }
         if let Some(waiting) = pass.waiting_changed() {
             control.report_waiting(pass.actor(), waiting);
         }
-        let t = now();
-        let wait = pass
-            .poll_timeout()
-            .map_or(MAX_WAIT, |d| {
-                Duration::from_millis(d.as_millis().saturating_sub(t.as_millis()))
-            })
-            .min(MAX_WAIT);
-        {
-            let mut sleep = rt.sleep(wait);
-            poll_fn(|cx| {
-                local.poll(cx, &mut batch);
-                if let Some(Poll::Ready(a)) = claim.as_mut().map(|rx| Pin::new(rx).poll(cx)) {
-                    claim = None;
-                    // Dropped unrun: the runtime is shutting down.
-                    answer = Some(a.unwrap_or_else(|_| Err(shutting_down())));
-                }
-                if answer.is_some()
-                    || poll_batch(&mut rx, &mut batch, cx).is_ready()
-                    || woken.poll_woken(cx).is_ready()
-                    || sleep.as_mut().poll(cx).is_ready()
-                {
-                    return Poll::Ready(());
-                }
-                Poll::Pending
-            })
-            .await;
-        }
-        // Whatever woke the pass, everything else that is ready is taken too: one round for
-        // many completions.
-        let t = now();
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        loop {
-            for d in batch.drain(..) {
-                pass.handle_done(d, core.hooks(), t);
-            }
-            if poll_batch(&mut rx, &mut batch, &mut cx).is_pending() {
-                break;
-            }
-        }
-        if let Some(a) = answer.take() {
-            pass.handle_claim(a);
-        }
-        woken.take();
-        if enqueued.swap(false, Ordering::SeqCst) {
-            pass.handle_wake();
-        }
-        pass.handle_timeout(t);
+        let wait = next_wait(&mut pass);
+        events.wait(&**rt, &mut local, wait).await;
+        events.hand_to(&mut pass, core);
     }
-    // Attempts still in flight (the pass ended without them: cancelled, or its grace ran
-    // out) finish on tasks of their own.
+    finish(rt, core, pass, local, lease_renewed).await
+}
+
+/// Tells the pass what the drain's control and the outbox ask: slicing, a cancel, a stop.
+fn apply_control(pass: &mut PassCore, core: &OutboxCore, control: &DrainControl) {
+    pass.set_slicing(control.slicing());
+    if control.is_cancelled() {
+        pass.handle_cancel(now());
+    } else if control.is_stopped() || core.is_stopping() {
+        pass.handle_shutdown(now());
+    }
+}
+
+/// One round of the pass, and the jobs it starts. A round with nothing to read or write runs
+/// here; one that needs the store moves where blocking is allowed (and goes on from where
+/// this one stopped), the pass's own deliveries going on meanwhile. `None`: the runtime
+/// dropped the round unrun (it is shutting down), and the pass with it.
+async fn round(
+    rt: &Arc<dyn Runtime>,
+    core: &Arc<OutboxCore>,
+    mut pass: Box<PassCore>,
+    local: &mut Local,
+    batch: &mut Vec<Done>,
+) -> Option<(Box<PassCore>, Vec<Job>)> {
+    let inline = if rt.blocking_in_place() {
+        None
+    } else {
+        pass.try_round_inline(round_context(core))
+    };
+    if let Some(jobs) = inline {
+        return Some((pass, jobs));
+    }
+    let c = Arc::clone(core);
+    let round = unblock(&**rt, move || {
+        let jobs = pass.round(round_context(&c));
+        (pass, jobs)
+    });
+    local.drive(batch, round).await
+}
+
+/// The claim the pass asks for, if any, read where blocking is allowed: the pass goes on
+/// meanwhile, and takes the answer from the receiver.
+fn send_claim(
+    rt: &Arc<dyn Runtime>,
+    core: &Arc<OutboxCore>,
+    pass: &mut PassCore,
+) -> Option<oneshot::Receiver<ClaimAnswer>> {
+    let ranges = pass.take_claim()?;
+    let (c, token) = (Arc::clone(core), pass.token().clone());
+    let (tx, rx) = oneshot::channel();
+    rt.spawn_blocking(Box::new(move || {
+        let _ = tx.send(c.store().claim(&token, &ranges));
+    }));
+    Some(rx)
+}
+
+/// How long the pass may wait for an event: until its next deadline, at most [`MAX_WAIT`].
+fn next_wait(pass: &mut PassCore) -> Duration {
+    let t = now();
+    pass.poll_timeout()
+        .map_or(MAX_WAIT, |d| {
+            Duration::from_millis(d.as_millis().saturating_sub(t.as_millis()))
+        })
+        .min(MAX_WAIT)
+}
+
+/// Ends the pass: attempts still in flight (the pass ended without them: cancelled, or its
+/// grace ran out) finish on tasks of their own, and the pass's last store calls run where
+/// blocking is allowed.
+async fn finish(
+    rt: &Arc<dyn Runtime>,
+    core: &Arc<OutboxCore>,
+    pass: Box<PassCore>,
+    local: Local,
+    lease_renewed: Timestamp,
+) -> PassResult {
     drop(local);
     let c = Arc::clone(core);
     let end = pass.ended();
     match unblock(&**rt, move || pass.finish(round_context(&c))).await {
         Some(r) => r,
-        None => PassResult {
-            report: Default::default(),
-            end: end.unwrap_or(PassEnd::Cancelled),
-            error: Some(shutting_down()),
-            lease_renewed,
-        },
+        None => gone(end, lease_renewed),
+    }
+}
+
+/// The result of a pass the runtime dropped unrun (it is shutting down): `end`, or
+/// cancelled.
+fn gone(end: Option<PassEnd>, lease_renewed: Timestamp) -> PassResult {
+    PassResult {
+        report: Default::default(),
+        end: end.unwrap_or(PassEnd::Cancelled),
+        error: Some(shutting_down()),
+        lease_renewed,
+    }
+}
+
+/// What the pass waits for between rounds.
+struct Events {
+    /// Completions the executor sends.
+    rx: mpsc::UnboundedReceiver<Done>,
+    /// Completions taken, not yet handed to the pass.
+    batch: Vec<Done>,
+    /// Wake-ups: an enqueue, a stop or cancel request, the outbox shutting down.
+    woken: wake::Woken,
+    /// Set by an enqueue.
+    enqueued: Arc<AtomicBool>,
+    /// The claim out, if any (one at a time), and its answer once it came.
+    claim: Option<oneshot::Receiver<ClaimAnswer>>,
+    answer: Option<ClaimAnswer>,
+}
+
+impl Events {
+    /// Waits for the first of: completions (every one waiting is taken at once), a wake-up,
+    /// the claim's answer, or `wait`, while polling the pass's own deliveries.
+    async fn wait(&mut self, rt: &dyn Runtime, local: &mut Local, wait: Duration) {
+        let mut sleep = rt.sleep(wait);
+        poll_fn(|cx| {
+            local.poll(cx, &mut self.batch);
+            if let Some(Poll::Ready(a)) = self.claim.as_mut().map(|rx| Pin::new(rx).poll(cx)) {
+                self.claim = None;
+                // Dropped unrun: the runtime is shutting down.
+                self.answer = Some(a.unwrap_or_else(|_| Err(shutting_down())));
+            }
+            if self.answer.is_some()
+                || poll_batch(&mut self.rx, &mut self.batch, cx).is_ready()
+                || self.woken.poll_woken(cx).is_ready()
+                || sleep.as_mut().poll(cx).is_ready()
+            {
+                return Poll::Ready(());
+            }
+            Poll::Pending
+        })
+        .await;
+    }
+
+    /// Hands the pass everything that is ready, whatever woke it: one round for many
+    /// completions.
+    fn hand_to(&mut self, pass: &mut PassCore, core: &OutboxCore) {
+        let t = now();
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        loop {
+            for d in self.batch.drain(..) {
+                pass.handle_done(d, core.hooks(), t);
+            }
+            if poll_batch(&mut self.rx, &mut self.batch, &mut cx).is_pending() {
+                break;
+            }
+        }
+        if let Some(a) = self.answer.take() {
+            pass.handle_claim(a);
+        }
+        self.woken.take();
+        if self.enqueued.swap(false, Ordering::SeqCst) {
+            pass.handle_wake();
+        }
+        pass.handle_timeout(t);
     }
 }
 
