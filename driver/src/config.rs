@@ -47,8 +47,9 @@ pub struct OutboxConfig {
     pub lease: Duration,
     /// A pass yields after this long so busy actors cannot starve the others (OL-13).
     pub time_slice: Duration,
-    /// On shutdown or at the end of a time slice, how long attempts in flight may finish
-    /// before they are handed back.
+    /// On shutdown, how long attempts in flight may finish before they are abandoned (their
+    /// units stay pending and are delivered again: at-least-once). A time slice has no grace:
+    /// a pass that yields never cuts an attempt in flight (OL-13).
     pub shutdown_grace: Duration,
     /// The monitor's safety-net poll.
     pub poll_interval: Duration,

@@ -1,16 +1,13 @@
-//! The Postgres schema of [`PgStore`](crate::PgStore), which the `sqlx` module's enqueue
-//! checks too: the tables of `SCHEMA.md`, the migrations, the planner settings of the store's
-//! sessions, opening a schema ([`current`], and under [`lock_ddl`] [`create_or_migrate`],
-//! which creates or migrates it in a transaction), and the holders' liveness locks
-//! ([`take_live_lock`], [`holder_is_dead`]).
+//! The Postgres schema of [`PgStore`](crate::PgStore) and `SqlxPgStore`, which the `sqlx`
+//! module's enqueue checks too: the tables of `SCHEMA.md`, the migrations, the planner
+//! settings of the store's sessions, opening a schema ([`current`], and under [`lock_ddl`]
+//! [`create_or_migrate`], which creates or migrates it in a transaction), and the holders'
+//! liveness locks ([`take_live_lock`], [`holder_is_dead`]).
 //!
 //! Any number of processes may open one schema at once, the first ones on a database where it
 //! does not exist yet: the DDL lock serialises them, and the one that finds the schema made
 //! under it runs no DDL. That finding needs a transaction begun *after* the lock was granted
 //! (see [`lock_ddl`]).
-
-// With `sqlx` but not `postgres`, only the names (`channel`, `valid_schema`) are used.
-#![cfg_attr(not(feature = "postgres"), allow(dead_code))]
 
 use crate::db::{Db, Sql, args};
 use crate::util::needs_ddl;
