@@ -36,7 +36,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_lanes_core::{Acquire, ActorId, DrainAction, DrainSession, SlotAnswer, Timestamp};
-use outbox_lanes_store::{SlotAcquisition, SlotToken, StoreError};
+use outbox_lanes_store::{SlotAcquisition, SlotRelease, SlotToken, Store, StoreError};
 use tracing::warn;
 
 pub use self::local::spawn_delivery;
@@ -176,10 +176,16 @@ pub async fn drain(
                 session.handle_pass_end(result.end);
             }
             DrainAction::ReleaseStoreSlot => {
-                release_store_slot(rt, core, actor, token.clone(), &mut session).await;
+                end_store_slot(rt, core, actor, token.clone(), &mut session, |s, t| {
+                    s.release_slot(t)
+                })
+                .await;
             }
             DrainAction::FreeStoreSlot => {
-                free_store_slot(rt, core, actor, token.clone(), &mut session).await;
+                end_store_slot(rt, core, actor, token.clone(), &mut session, |s, t| {
+                    s.free_slot(t).map(|()| SlotRelease::Released)
+                })
+                .await;
             }
             DrainAction::ReleaseLocalSlot | DrainAction::ForceReleaseLocalSlot => {
                 core.local_slot_action(actor, &action, &mut session);
@@ -211,48 +217,26 @@ async fn acquire_store_slot(
     (asked, got)
 }
 
-/// Releases the store's slot `token`, where blocking is allowed, telling `session` how it
-/// went. Without a token (the session never acquired one) it fails.
-async fn release_store_slot(
+/// Ends the store's slot `token` with `end` (`release_slot` or `free_slot`), where blocking is
+/// allowed, telling `session` how it went. Without a token (the session never acquired one)
+/// it fails.
+async fn end_store_slot(
     rt: &Arc<dyn Runtime>,
     core: &Arc<OutboxCore>,
     actor: &ActorId,
     token: Option<SlotToken>,
     session: &mut DrainSession,
+    end: fn(&dyn Store, &SlotToken) -> Result<SlotRelease, StoreError>,
 ) {
     let Some(t) = token else {
         session.handle_failed();
         return;
     };
     let c = Arc::clone(core);
-    let released = unblock(&**rt, move || c.store().release_slot(&t))
+    let ended = unblock(&**rt, move || end(&**c.store(), &t))
         .await
         .unwrap_or_else(|| Err(shutting_down()));
-    store_released(session, actor, released);
-}
-
-/// Frees the store's slot `token`, where blocking is allowed, telling `session` how it went.
-/// Without a token (the session never acquired one) it fails.
-async fn free_store_slot(
-    rt: &Arc<dyn Runtime>,
-    core: &Arc<OutboxCore>,
-    actor: &ActorId,
-    token: Option<SlotToken>,
-    session: &mut DrainSession,
-) {
-    let Some(t) = token else {
-        session.handle_failed();
-        return;
-    };
-    let c = Arc::clone(core);
-    let freed = unblock(&**rt, move || c.store().free_slot(&t))
-        .await
-        .unwrap_or_else(|| Err(shutting_down()));
-    store_released(
-        session,
-        actor,
-        freed.map(|()| outbox_lanes_store::SlotRelease::Released),
-    );
+    store_released(session, actor, ended);
 }
 
 /// How long a stop waits, past the shutdown grace, for its passes to end: each ends by itself
