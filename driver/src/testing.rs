@@ -113,27 +113,42 @@ pub(crate) fn job(unit: u64, recipient: &str, reply: &mpsc::Sender<Done>) -> Job
     )
 }
 
-/// A wall clock the test moves by hand.
-#[derive(Debug, Default)]
-pub(crate) struct ManualClock(std::sync::atomic::AtomicU64);
+/// A clock the test moves by hand: its wall clock starts where it is told, its monotonic
+/// clock where the system's was when it was made; both move only with [`ManualClock::advance`].
+#[derive(Debug)]
+pub(crate) struct ManualClock {
+    millis: std::sync::atomic::AtomicU64,
+    base: std::time::Instant,
+    start: u64,
+}
 
 impl ManualClock {
     /// A clock at `at`.
     pub(crate) fn at(at: outbox_lanes_core::Timestamp) -> Arc<ManualClock> {
-        Arc::new(ManualClock(std::sync::atomic::AtomicU64::new(
-            at.as_millis(),
-        )))
+        Arc::new(ManualClock {
+            millis: std::sync::atomic::AtomicU64::new(at.as_millis()),
+            base: crate::clock::Clock::instant(&crate::clock::SystemClock),
+            start: at.as_millis(),
+        })
     }
 
     /// Moves it `d` on.
     pub(crate) fn advance(&self, d: std::time::Duration) {
         let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-        self.0.fetch_add(ms, Ordering::SeqCst);
+        self.millis.fetch_add(ms, Ordering::SeqCst);
     }
 }
 
 impl crate::clock::Clock for ManualClock {
     fn now(&self) -> outbox_lanes_core::Timestamp {
-        outbox_lanes_core::Timestamp::from_millis(self.0.load(Ordering::SeqCst))
+        outbox_lanes_core::Timestamp::from_millis(self.millis.load(Ordering::SeqCst))
+    }
+
+    fn instant(&self) -> std::time::Instant {
+        let moved = self
+            .millis
+            .load(Ordering::SeqCst)
+            .saturating_sub(self.start);
+        self.base + std::time::Duration::from_millis(moved)
     }
 }

@@ -54,6 +54,26 @@ impl Runtime for TokioRuntime {
         let _guard = self.handle.enter();
         tokio::time::Instant::now().into_std()
     }
+
+    fn clock(&self) -> std::sync::Arc<dyn outbox_lanes_driver::clock::Clock> {
+        std::sync::Arc::new(TokioClock(self.handle.clone()))
+    }
+}
+
+/// tokio's monotonic clock (paused and advanced in tests with `tokio::time::pause`) and the
+/// system's wall clock.
+#[derive(Debug)]
+struct TokioClock(tokio::runtime::Handle);
+
+impl outbox_lanes_driver::clock::Clock for TokioClock {
+    fn now(&self) -> outbox_lanes_core::Timestamp {
+        outbox_lanes_driver::clock::Clock::now(&outbox_lanes_driver::clock::SystemClock)
+    }
+
+    fn instant(&self) -> std::time::Instant {
+        let _guard = self.0.enter();
+        tokio::time::Instant::now().into_std()
+    }
 }
 
 /// async-std: its global executor and blocking pool.

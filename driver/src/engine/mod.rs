@@ -63,9 +63,16 @@ pub trait Runtime: Send + Sync + fmt::Debug + 'static {
     /// A future that completes after `duration`.
     fn sleep(&self, duration: Duration) -> BoxFuture<()>;
 
-    /// The executor's clock (tokio's can be paused and advanced in tests).
+    /// The executor's monotonic clock (tokio's can be paused and advanced in tests).
     fn now(&self) -> Instant {
-        Instant::now()
+        crate::clock::Clock::instant(&crate::clock::SystemClock)
+    }
+
+    /// The clocks the driver reads through this runtime (the wall clock and the monotonic
+    /// one): the system's unless the runtime runs in virtual time. Asked once, when an outbox
+    /// opens.
+    fn clock(&self) -> Arc<dyn crate::clock::Clock> {
+        Arc::new(crate::clock::SystemClock)
     }
 
     /// Whether a task may run blocking calls in place (each task owns a thread: the

@@ -426,9 +426,7 @@ pub fn now() -> Timestamp {
 
 /// A fresh seed for a pass's jitter (logged with the pass, so its run can be replayed).
 pub(crate) fn fresh_seed() -> u64 {
-    let t = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
+    let t = crate::clock::system_nanos();
     // Mixed with the process id: two passes started in the same nanosecond differ.
     t ^ (u64::from(std::process::id()) << 32)
 }
