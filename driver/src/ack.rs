@@ -1,8 +1,9 @@
 //! The group-committing ack writer (OL-16): the driver's policy for acks, over any
 //! [`Store`].
 //!
-//! Delivery workers hand acks to one writer thread, which commits them in batches: every
-//! `max_delay`, or as soon as `max_batch` acks are waiting. Handing acks over only appends
+//! Delivery workers hand acks to one writer thread (started on the runtime's threads), which
+//! commits them in batches: every `max_delay` (on the clock it is given), or as soon as
+//! `max_batch` acks are waiting. Handing acks over only appends
 //! to the waiting batch under a lock: the writer is woken when a batch starts, fills, or a
 //! flush asks for it, not once per hand-over, so it wakes about once per `max_delay` under
 //! load (a channel wake-up per round cost a context switch each). At-least-once delivery allows
@@ -20,11 +21,14 @@ use std::collections::HashMap;
 use std::sync::mpsc::{self, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Instant;
 
 use outbox_lanes_core::UnitId;
 
-use outbox_lanes_store::{DeliveryLogEntry, SlotToken, Store, StoreError, StoreLaneId};
+use outbox_lanes_store::{
+    DeliveryLogEntry, SlotToken, SpawnThread, Store, StoreError, StoreLaneId,
+};
+
+use crate::clock::Clock;
 
 /// How the [`AckWriter`] batches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,11 +105,17 @@ impl core::fmt::Debug for AckWriter {
 }
 
 impl AckWriter {
-    /// Starts the writer thread.
+    /// Starts the writer thread on `threads` (an outbox's: its runtime's), measuring
+    /// [`AckWriterOptions::max_delay`] on `clock`'s monotonic time.
     ///
     /// # Errors
     /// The thread could not be spawned.
-    pub fn spawn(store: Arc<dyn Store>, opts: AckWriterOptions) -> std::io::Result<AckWriter> {
+    pub fn spawn(
+        store: Arc<dyn Store>,
+        opts: AckWriterOptions,
+        threads: &dyn SpawnThread,
+        clock: Arc<dyn Clock>,
+    ) -> std::io::Result<AckWriter> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             wake: Condvar::new(),
@@ -113,14 +123,15 @@ impl AckWriter {
             max_batch: opts.max_batch.max(1),
         });
         let sh = Arc::clone(&shared);
-        let thread = std::thread::Builder::new()
-            .name("outbox-lanes-acks".into())
-            .spawn(move || {
+        let thread = threads.spawn_thread(
+            "outbox-lanes-acks",
+            Box::new(move || {
                 // However the thread ends, a flush waiting for it is answered (with an
                 // error) instead of hanging.
                 let _gone = Gone(&sh);
-                run(&*store, &sh, opts.max_delay);
-            })?;
+                run(&*store, &sh, opts.max_delay, &*clock);
+            }),
+        )?;
         Ok(AckWriter {
             shared,
             thread: Some(thread),
@@ -259,7 +270,7 @@ impl Batch {
     }
 }
 
-fn run(store: &dyn Store, shared: &Shared, max_delay: Duration) {
+fn run(store: &dyn Store, shared: &Shared, max_delay: Duration, clock: &dyn Clock) {
     let mut st = shared.state();
     loop {
         // Idle: wait for the first ack, a flush, or the close.
@@ -267,10 +278,11 @@ fn run(store: &dyn Store, shared: &Shared, max_delay: Duration) {
             st = shared.wake.wait(st).unwrap_or_else(PoisonError::into_inner);
         }
         // Gather more until the batch is full, the delay passed, or a flush or the close asks
-        // for it now.
-        let deadline = Instant::now() + max_delay;
+        // for it now. The delay is the clock's: a virtual clock that stands still holds the
+        // batch however long the condition variable sleeps.
+        let deadline = clock.instant() + max_delay;
         while st.flushes.is_empty() && !st.closed && st.batch.len < shared.max_batch {
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.saturating_duration_since(clock.instant());
             if left.is_zero() {
                 break;
             }
@@ -314,5 +326,90 @@ fn commit(store: &dyn Store, batch: Batch, shared: &Shared) {
         if let Err(e) = result {
             shared.errors().entry(token).or_insert(e);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use outbox_lanes_core::{ActorId, LaneKey, Seq, Timestamp};
+    use outbox_lanes_store::{ClaimRange, NewRow, SlotAcquisition, SqliteStore};
+
+    use super::*;
+    use crate::testing::{ManualClock, NamedThreads};
+
+    /// The actor's units pending in `store`.
+    fn pending(store: &dyn Store) -> u64 {
+        store.status().expect("status")[0].pending
+    }
+
+    #[test]
+    fn the_group_commit_waits_for_the_clock_it_is_given_not_the_wall_clock() {
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::in_memory().expect("store"));
+        let alice = ActorId::new("alice");
+        let to = "https://a.example/inbox";
+        let rows: Vec<NewRow> = ["r1", "r2"]
+            .iter()
+            .map(|id| NewRow {
+                id: (*id).into(),
+                body: b"{}".to_vec(),
+                content_type: "application/json".into(),
+                recipients: vec![to.into()],
+                ..NewRow::default()
+            })
+            .collect();
+        store.enqueue(&alice, &rows).expect("enqueue");
+        let SlotAcquisition::Acquired(token) = store
+            .acquire_slot(&alice, "h", Duration::from_secs(60))
+            .expect("acquire")
+        else {
+            panic!("the slot is free");
+        };
+        let key = LaneKey::new(to, None).expect("url");
+        let lane = store.find_lane(&alice, &key).expect("find").expect("lane");
+        let range = ClaimRange {
+            lane,
+            from: Seq(0),
+            limit: 10,
+        };
+        let units: Vec<UnitId> = store.claim(&token, &[range]).expect("claim")[0]
+            .units
+            .iter()
+            .map(|u| u.id)
+            .collect();
+
+        let clock = ManualClock::at(Timestamp::from_secs(1_700_000_000));
+        let threads = NamedThreads::default();
+        let max_delay = Duration::from_millis(20);
+        let opts = AckWriterOptions {
+            max_batch: 100,
+            max_delay,
+        };
+        let writer =
+            AckWriter::spawn(Arc::clone(&store), opts, &threads, clock.clone()).expect("spawn");
+        assert_eq!(threads.names(), ["outbox-lanes-acks"]);
+
+        writer.ack(&token, units[0], lane);
+        // The wall clock runs past the delay many times; the writer's clock does not move, so
+        // the batch waits.
+        std::thread::sleep(max_delay * 5);
+        assert_eq!(pending(&*store), 2);
+        // The clock moves a little at a time: the batch is committed once it moved by the
+        // delay, not before.
+        let mut moved = Duration::ZERO;
+        while pending(&*store) == 2 {
+            assert!(
+                moved < Duration::from_secs(600),
+                "committed in virtual time"
+            );
+            clock.advance(Duration::from_millis(1));
+            moved += Duration::from_millis(1);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(moved >= max_delay, "{moved:?}");
+        assert_eq!(pending(&*store), 1);
+        // A flush does not wait for the clock.
+        writer.ack(&token, units[1], lane);
+        writer.flush(&token).expect("flush");
+        assert_eq!(pending(&*store), 0);
     }
 }

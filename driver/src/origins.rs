@@ -54,7 +54,7 @@ use outbox_lanes_core::host::{
     KnockReport,
 };
 use outbox_lanes_core::{DeadReason, MIN_DEFERRAL, Outcome, Timestamp};
-use outbox_lanes_store::{DriverStore, HostRecord, HostRows};
+use outbox_lanes_store::{DriverStore, HostRecord, HostRows, SpawnThread};
 use tracing::{debug, info, warn};
 
 use crate::clock::Clock;
@@ -88,6 +88,8 @@ enum Next {
 struct Shared {
     inner: Arc<dyn Executor>,
     clock: Arc<dyn Clock>,
+    /// Where the gate starts its threads (the runtime's).
+    threads: Arc<dyn SpawnThread>,
     gate: Mutex<Gate>,
     /// Wakes the writer thread: a host changed, or the gate stops.
     changed: Condvar,
@@ -348,18 +350,20 @@ fn millis(d: Duration) -> u64 {
 
 impl OriginGate {
     /// A gate in front of `inner` with a book of `cfg`, jitter seeded with `seed`, the time
-    /// from `clock`; with no store (nothing persisted or shared) until
-    /// [`OriginGate::share_through`]. With [`HostConfig::paces`], it starts its pacer thread
-    /// (see [Pacing](self#pacing)); should that thread not start, the paces are logged and
-    /// dropped rather than leave jobs waiting for a pace that nothing would let go.
+    /// from `clock`, its threads started on `threads` (an outbox's: its runtime's); with no
+    /// store (nothing persisted or shared) until [`OriginGate::share_through`]. With
+    /// [`HostConfig::paces`], it starts its pacer thread (see [Pacing](self#pacing)); should
+    /// that thread not start, the paces are logged and dropped rather than leave jobs waiting
+    /// for a pace that nothing would let go.
     pub fn new(
         inner: Arc<dyn Executor>,
         cfg: HostConfig,
         seed: u64,
         clock: Arc<dyn Clock>,
+        threads: Arc<dyn SpawnThread>,
     ) -> OriginGate {
         let pacer = !cfg.paces.is_empty();
-        OriginGate::build(inner, cfg, seed, clock, pacer)
+        OriginGate::build(inner, cfg, seed, clock, threads, pacer)
     }
 
     /// [`OriginGate::new`], with the pacer thread only if `pacer` (a test drives
@@ -369,6 +373,7 @@ impl OriginGate {
         mut cfg: HostConfig,
         seed: u64,
         clock: Arc<dyn Clock>,
+        threads: Arc<dyn SpawnThread>,
         pacer: bool,
     ) -> OriginGate {
         let shared = Arc::new_cyclic(|weak: &Weak<Shared>| {
@@ -377,11 +382,9 @@ impl OriginGate {
             let mut thread = None;
             if let Some(alarm) = alarm.as_ref().filter(|_| pacer) {
                 let (weak, alarm, clock) = (weak.clone(), Arc::clone(alarm), Arc::clone(&clock));
-                match std::thread::Builder::new()
-                    .name("outbox-lanes-pacer".into())
-                    // It upgrades `weak` only once an alarm the gate set rang.
-                    .spawn(move || pacer_thread(&weak, &alarm, &*clock))
-                {
+                // It upgrades `weak` only once an alarm the gate set rang.
+                let run = move || pacer_thread(&weak, &alarm, &*clock);
+                match threads.spawn_thread("outbox-lanes-pacer", Box::new(run)) {
                     Ok(handle) => thread = Some(handle),
                     Err(e) => {
                         warn!(
@@ -396,6 +399,7 @@ impl OriginGate {
             Shared {
                 inner,
                 clock,
+                threads,
                 alarm: alarm.filter(|_| !cfg.paces.is_empty()),
                 gate: Mutex::new(Gate {
                     book: HostBook::new(cfg, seed),
@@ -425,15 +429,17 @@ impl OriginGate {
         // Weak: the thread ends once the gate is gone (the outbox dropped).
         let shared = Arc::downgrade(&self.shared);
         let (loaded, first_read) = std::sync::mpsc::sync_channel(1);
-        let handle = std::thread::Builder::new()
-            .name("outbox-lanes-hosts".into())
-            .spawn(move || {
-                if let Some(s) = shared.upgrade() {
-                    refresh(&s, &*store);
-                }
-                let _ = loaded.send(());
-                writer(&shared, &*store);
-            })?;
+        let run = move || {
+            if let Some(s) = shared.upgrade() {
+                refresh(&s, &*store);
+            }
+            let _ = loaded.send(());
+            writer(&shared, &*store);
+        };
+        let handle = self
+            .shared
+            .threads
+            .spawn_thread("outbox-lanes-hosts", Box::new(run))?;
         // An error means the thread ended before its first read (it panicked): no thread
         // writes or reads the hosts, which open must not hide.
         first_read
@@ -826,6 +832,8 @@ mod tests {
 
     use outbox_lanes_core::host::HostControl;
 
+    use outbox_lanes_store::StdThreads;
+
     use super::*;
     use crate::job::Done;
     use crate::testing::{Held, ManualClock, answered, job};
@@ -847,6 +855,7 @@ mod tests {
             cfg,
             7,
             Arc::clone(&clock) as Arc<dyn Clock>,
+            Arc::new(StdThreads),
         );
         (g, held, clock)
     }
@@ -1037,6 +1046,7 @@ mod tests {
             paced(Duration::from_millis(100)),
             7,
             Arc::clone(&clock) as Arc<dyn Clock>,
+            Arc::new(StdThreads),
             false,
         );
         let (tx, rx) = mpsc::channel();
@@ -1087,6 +1097,7 @@ mod tests {
             paced(Duration::from_secs(60)),
             7,
             Arc::clone(&clock) as Arc<dyn Clock>,
+            Arc::new(StdThreads),
             false,
         );
         let (tx, rx) = mpsc::channel();
@@ -1127,22 +1138,62 @@ mod tests {
             HostConfig::default(),
             7,
             Arc::new(crate::clock::SystemClock),
+            Arc::new(StdThreads),
         );
         assert!(g.shared.alarm.is_none());
         assert!(g.shared.pacer.lock().expect("lock").is_none());
     }
 
-    /// Records when each job reached it, on the wall clock, and holds it.
+    #[test]
+    fn the_pacer_thread_runs_on_the_clock_it_is_given() {
+        let held = Arc::new(Held::default());
+        let clock = ManualClock::at(Timestamp::from_secs(1_700_000_000));
+        let threads = Arc::new(crate::testing::NamedThreads::default());
+        let interval = Duration::from_millis(20);
+        let g = OriginGate::new(
+            Arc::clone(&held) as Arc<dyn Executor>,
+            paced(interval),
+            7,
+            Arc::clone(&clock) as Arc<dyn Clock>,
+            Arc::clone(&threads) as Arc<dyn SpawnThread>,
+        );
+        assert_eq!(threads.names(), ["outbox-lanes-pacer"]);
+        let (tx, _rx) = mpsc::channel();
+        for u in 1..=3 {
+            assert!(g.execute(job(u, "https://p.example/inbox", &tx)).is_ok());
+        }
+        assert_eq!(held.running(), [1]);
+        // The wall clock runs past the interval many times; the gate's clock stands still,
+        // so the pace holds the next job.
+        std::thread::sleep(interval * 5);
+        assert_eq!(held.running(), [1]);
+        // Each time the clock moves by the interval, the thread lets one more go.
+        for running in [vec![1, 2], vec![1, 2, 3]] {
+            clock.advance(interval);
+            // A guard against a hang (about a minute), not a bound on the time.
+            for waited in 0.. {
+                if held.running() == running {
+                    break;
+                }
+                assert!(waited < 60_000, "the pacer let the next job go");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        g.shutdown();
+        assert!(g.shared.pacer.lock().expect("lock").is_none());
+    }
+
+    /// Records when each job reached it, on the system's monotonic clock, and holds it.
     #[derive(Default)]
     struct Stamped {
-        started: Mutex<Vec<(u64, std::time::SystemTime)>>,
+        started: Mutex<Vec<(u64, std::time::Instant)>>,
         jobs: Mutex<Vec<Job>>,
         tx: Mutex<Option<mpsc::Sender<()>>>,
     }
 
     impl Executor for Stamped {
         fn execute(&self, job: Job) -> Result<(), Job> {
-            let at = std::time::SystemTime::now();
+            let at = crate::clock::SystemClock.instant();
             self.started.lock().expect("lock").push((job.unit.0, at));
             self.jobs.lock().expect("lock").push(job);
             if let Some(tx) = self.tx.lock().expect("lock").as_ref() {
@@ -1164,10 +1215,11 @@ mod tests {
             paced(Duration::from_millis(20)),
             7,
             Arc::new(crate::clock::SystemClock),
+            Arc::new(StdThreads),
         );
         let alarm = Arc::clone(g.shared.alarm.as_ref().expect("paced"));
         let (tx, _rx) = mpsc::channel();
-        let before = std::time::SystemTime::now();
+        let before = crate::clock::SystemClock.instant();
         for u in 1..=5 {
             assert!(g.execute(job(u, "https://p.example/inbox", &tx)).is_ok());
         }
@@ -1181,10 +1233,10 @@ mod tests {
         assert_eq!(got.iter().map(|s| s.0).collect::<Vec<_>>(), [1, 2, 3, 4, 5]);
         // Four intervals at least from before the first to the last (less the clock's
         // millisecond), and each start well apart from the one before.
-        let span = got[4].1.duration_since(before).expect("later");
+        let span = got[4].1.duration_since(before);
         assert!(span >= Duration::from_millis(79), "{span:?}");
         for w in got.windows(2) {
-            let gap = w[1].1.duration_since(w[0].1).expect("later");
+            let gap = w[1].1.duration_since(w[0].1);
             assert!(gap >= Duration::from_millis(5), "{gap:?}");
         }
         // Shut down: the pacer is stopped and joined.
@@ -1199,6 +1251,7 @@ mod tests {
             paced(Duration::from_secs(3600)),
             7,
             Arc::new(crate::clock::SystemClock),
+            Arc::new(StdThreads),
         );
         let alarm = Arc::clone(g.shared.alarm.as_ref().expect("paced"));
         for u in 1..=2 {
@@ -1207,12 +1260,12 @@ mod tests {
         drop(g);
         // The job in flight holds its ticket, hence the gate: it goes first.
         drop(std::mem::take(&mut *inner.jobs.lock().expect("lock")));
-        let guard = std::time::Instant::now();
-        while Arc::strong_count(&alarm) > 1 {
-            assert!(
-                guard.elapsed() < Duration::from_secs(60),
-                "the pacer thread ended"
-            );
+        // A guard against a hang (about a minute), not a bound on the time.
+        for waited in 0.. {
+            if Arc::strong_count(&alarm) == 1 {
+                break;
+            }
+            assert!(waited < 60_000, "the pacer thread ended");
             std::thread::sleep(Duration::from_millis(1));
         }
     }

@@ -4,19 +4,22 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use outbox_lanes_core::{
     ActorId, ActorResolver, DrainAction, DrainEnd, DrainSession, DrainSlots, Release,
 };
 use outbox_lanes_store::{
-    ActorStatus, DeadLetter, Enqueued, LaneStatus, NewRow, Store, StoreError, covers, policy_name,
+    ActorStatus, DeadLetter, Enqueued, LaneStatus, NewRow, SpawnThread, Store, StoreError, covers,
+    policy_name,
 };
 use tracing::{debug, info, warn};
 
 use crate::ack::{AckWriter, AckWriterOptions};
+use crate::clock::Clock;
 use crate::config::OutboxConfig;
 use crate::control::{DrainControl, Signal, StopRecord};
+use crate::engine::Runtime;
 use crate::error::OutboxError;
 use crate::hooks::Hooks;
 use crate::hosts::HostCaps;
@@ -55,6 +58,8 @@ pub struct OutboxCore {
     acks: AckWriter,
     executor: Arc<dyn Executor>,
     gate: OriginGate,
+    /// The runtime's clocks, asked once at open: every time the engine reads.
+    clock: Arc<dyn Clock>,
     holder: String,
     stopping: AtomicBool,
     /// Stopped at shutdown: every running pass subscribes to it.
@@ -83,17 +88,25 @@ impl OutboxCore {
     /// executor's HTTP clients from `config.http` (a clone of it shares the handle), so that
     /// they allow what the outbox stores.
     ///
+    /// The runtime `rt` gives the outbox its clocks ([`Runtime::clock`]) and starts its
+    /// threads ([`Runtime::threads`]: the ack writer, the gate's writer and pacer, and the
+    /// store's watcher, which the store is given here).
+    ///
     /// # Errors
     /// The destination policy could not be read or widened
     /// ([`OutboxError::DestinationPolicy`]); a thread could not be started.
     pub fn new(
+        rt: &dyn Runtime,
         store: Arc<dyn Store>,
         config: OutboxConfig,
         resolver: Box<dyn ActorResolver + Send + Sync>,
         hooks: Hooks,
         executor: Arc<dyn Executor>,
     ) -> Result<OutboxCore, OutboxError> {
-        open_destination_policy(&store, &config)?;
+        let clock = rt.clock();
+        let threads = rt.threads();
+        store.use_threads(Arc::clone(&threads));
+        open_destination_policy(&store, &config, &*threads)?;
         let acks = AckWriter::spawn(
             Arc::clone(&store),
             // Acks are group-committed (OL-16): a crash forgets at most the last 20 ms of
@@ -105,6 +118,8 @@ impl OutboxCore {
                 max_batch: 4096,
                 max_delay: Duration::from_millis(20),
             },
+            &*threads,
+            Arc::clone(&clock),
         )
         .map_err(OutboxError::Spawn)?;
         // Innermost: a place in the budget is taken only by an attempt that goes now.
@@ -123,7 +138,8 @@ impl OutboxCore {
             executor,
             config.host_book(),
             seed,
-            Arc::new(crate::clock::SystemClock),
+            Arc::clone(&clock),
+            threads,
         );
         gate.share_through(Arc::clone(&store) as Arc<dyn outbox_lanes_store::DriverStore>)
             .map_err(OutboxError::Spawn)?;
@@ -139,6 +155,7 @@ impl OutboxCore {
             acks,
             executor,
             gate,
+            clock,
             holder,
             stopping: AtomicBool::new(false),
             shutdown: Arc::new(DrainControl::default()),
@@ -174,6 +191,11 @@ impl OutboxCore {
     /// The origin gate: the hosts this process knows (health, signature schemes).
     pub fn hosts(&self) -> &OriginGate {
         &self.gate
+    }
+
+    /// The clocks of the runtime the outbox opened on: what the engine reads the time from.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
     }
 
     /// The name this process holds drain slots under.
@@ -328,25 +350,36 @@ impl OutboxCore {
 /// OL-24 at open: the outbox's stored destination policy widened to allow what this
 /// process's configuration allows (a union, never a narrowing; no write when it does
 /// already), and read into the handle the passes and HTTP clients share. On a thread of its
-/// own: an async runtime's builder opens the outbox on an executor thread, where a
-/// [`PgStore`](outbox_lanes_store::PgStore) must not be called.
+/// own, started on `threads` and joined: an async runtime's builder opens the outbox on an
+/// executor thread, where a [`PgStore`](outbox_lanes_store::PgStore) must not be called, and
+/// opening is not async, so it cannot wait for the runtime's blocking pool.
 fn open_destination_policy(
     store: &Arc<dyn Store>,
     config: &OutboxConfig,
+    threads: &dyn SpawnThread,
 ) -> Result<(), OutboxError> {
     let own = config.http.addresses;
-    let change = std::thread::scope(|s| {
-        std::thread::Builder::new()
-            .name("outbox-lanes-open".into())
-            .spawn_scoped(s, || store.widen_destination_policy(own))
-            .map(|t| t.join())
-    })
-    .map_err(OutboxError::Spawn)?
-    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-    .map_err(|source| OutboxError::DestinationPolicy {
-        wanted: policy_name(own),
-        source,
-    })?;
+    let (answer, widened) = std::sync::mpsc::sync_channel(1);
+    let s = Arc::clone(store);
+    let run = move || {
+        let _ = answer.send(s.widen_destination_policy(own));
+    };
+    threads
+        .spawn_thread("outbox-lanes-open", Box::new(run))
+        .map_err(OutboxError::Spawn)?
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+    let change = widened
+        .recv()
+        .map_err(|_| {
+            OutboxError::Spawn(std::io::Error::other(
+                "the thread widening the destination policy ended without an answer",
+            ))
+        })?
+        .map_err(|source| OutboxError::DestinationPolicy {
+            wanted: policy_name(own),
+            source,
+        })?;
     config.http.outbox_addresses.set(change.after);
     let (before, after) = (policy_name(change.before), policy_name(change.after));
     if change.undid_narrowing {
@@ -369,9 +402,8 @@ fn open_destination_policy(
 }
 
 fn default_holder() -> String {
-    let nanos = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
+    // The nanoseconds within the second: a name, not a time.
+    let nanos = crate::clock::system_nanos() % 1_000_000_000;
     format!("pid{}-{nanos:08x}", std::process::id())
 }
 
@@ -414,5 +446,88 @@ pub fn drain_outcome(
         DrainEnd::Merged => Ok(DrainOutcome::Merged),
         DrainEnd::Cancelled => Err(OutboxError::Cancelled),
         DrainEnd::Failed => Err(error.map_or_else(otherwise, OutboxError::Store)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use outbox_lanes_core::{IdentityResolver, Timestamp};
+    use outbox_lanes_store::{SqliteOptions, SqliteStore};
+
+    use super::*;
+    use crate::engine::BoxFuture;
+    use crate::testing::{Held, ManualClock, NamedThreads};
+
+    /// A runtime that only gives its clock and its threads: opening an outbox asks nothing
+    /// else of it.
+    #[derive(Debug)]
+    struct Given {
+        clock: Arc<ManualClock>,
+        threads: Arc<NamedThreads>,
+    }
+
+    impl Runtime for Given {
+        fn spawn(&self, _: BoxFuture<()>) {
+            unreachable!("opening spawns no task")
+        }
+        fn spawn_blocking(&self, _: Box<dyn FnOnce() + Send + 'static>) {
+            unreachable!("opening runs nothing on the blocking pool")
+        }
+        fn sleep(&self, _: Duration) -> BoxFuture<()> {
+            unreachable!("opening does not sleep")
+        }
+        fn clock(&self) -> Arc<dyn Clock> {
+            Arc::clone(&self.clock) as Arc<dyn Clock>
+        }
+        fn threads(&self) -> Arc<dyn SpawnThread> {
+            Arc::clone(&self.threads) as Arc<dyn SpawnThread>
+        }
+    }
+
+    #[test]
+    fn an_outbox_starts_every_thread_on_its_runtime_and_reads_the_runtime_s_clock() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("outbox.db");
+        let store = SqliteStore::open(&path, SqliteOptions::default()).expect("store");
+        let rt = Given {
+            clock: ManualClock::at(Timestamp::from_secs(1_700_000_000)),
+            threads: Arc::default(),
+        };
+        // A paced host: the gate starts its pacer too.
+        let config = OutboxConfig {
+            rates: crate::RateLimits::none()
+                .with_host("https://hooks.example", 10.0)
+                .expect("rate"),
+            ..OutboxConfig::default()
+        };
+        let core = OutboxCore::new(
+            &rt,
+            Arc::new(store),
+            config,
+            Box::new(IdentityResolver),
+            Hooks::default(),
+            Arc::new(Held::default()),
+        )
+        .expect("open");
+        assert_eq!(
+            rt.threads.names(),
+            [
+                "outbox-lanes-open",
+                "outbox-lanes-acks",
+                "outbox-lanes-pacer",
+                "outbox-lanes-hosts"
+            ]
+        );
+        // The store was given the runtime's threads: its watcher starts on them.
+        core.store().watch().expect("watch");
+        assert_eq!(
+            rt.threads.names().last().map(String::as_str),
+            Some("outbox-lanes-sqlite-watch")
+        );
+        // The engine's time is the runtime's.
+        assert_eq!(core.clock().now(), Timestamp::from_secs(1_700_000_000));
+        rt.clock.advance(Duration::from_secs(5));
+        assert_eq!(core.clock().now(), Timestamp::from_secs(1_700_000_005));
+        core.finish_shutdown();
     }
 }

@@ -350,6 +350,11 @@ mod tests {
     use super::*;
     use crate::sign::StandardWebhooks;
 
+    /// The time every request of these tests is built at: a fixed one, so no test reads a clock.
+    fn at() -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(1_700_000_000)
+    }
+
     fn policy(signer: Option<Arc<dyn Signer>>) -> RequestPolicy {
         let cfg = HttpConfig {
             addresses: AddressPolicy::allow_loopback_only(),
@@ -468,7 +473,7 @@ mod tests {
                 "invalid_request: refused stored header \"X Bad\": not a valid HTTP header name",
             ),
         ] {
-            let res = policy(None).build(&delivery(&to, &body, &row), SystemTime::now());
+            let res = policy(None).build(&delivery(&to, &body, &row), at());
             if error.is_empty() {
                 assert!(res.is_ok(), "{row:?}");
                 continue;
@@ -493,17 +498,17 @@ mod tests {
         let p = policy(Some(Arc::new(Panics)));
         let body = Bytes::new();
         let bad = Destination::parse("ftp://x.example/i");
-        let res = p.build(&delivery(&bad, &body, &[]), SystemTime::now());
+        let res = p.build(&delivery(&bad, &body, &[]), at());
         let res = res.unwrap_err();
         assert_eq!(res.outcome, Outcome::Permanent);
         assert!(res.error.unwrap().starts_with("invalid_recipient: "));
         // A literal the policy refuses (loopback only is allowed here).
         let private = Destination::parse("http://10.0.0.1/i");
-        let res = p.build(&delivery(&private, &body, &[]), SystemTime::now());
+        let res = p.build(&delivery(&private, &body, &[]), at());
         assert_eq!(res.unwrap_err().outcome, Outcome::Refused);
         let to = Destination::parse("http://127.0.0.1/i");
         let row = owned(&[("Host", "x")]);
-        let res = p.build(&delivery(&to, &body, &row), SystemTime::now());
+        let res = p.build(&delivery(&to, &body, &row), at());
         assert_eq!(res.unwrap_err().outcome, Outcome::Permanent);
     }
 
@@ -527,7 +532,7 @@ mod tests {
         let to = Destination::parse("http://127.0.0.1:8080/inbox");
         let body = Bytes::from_static(b"{}");
         let d = delivery(&to, &body, &[]);
-        let at = SystemTime::now();
+        let at = at();
         let last = |r: Request<'_>| names(&r).pop().unwrap();
         assert_eq!(last(p.build(&d, at).unwrap()), "x-signed: cavage");
         let challenge = "sig1=(\"@method\");created";

@@ -1,5 +1,8 @@
-//! What the executors' unit tests share (`hosts.rs`, `origins.rs`): an inner executor that
-//! holds the jobs it is given until the test finishes them, and jobs to give it.
+//! What the driver's unit tests share: an inner executor that holds the jobs it is given
+//! until the test finishes them, and jobs to give it (`hosts.rs`, `origins.rs`); a clock the
+//! test moves by hand ([`ManualClock`]) and threads that remember their names
+//! ([`NamedThreads`]), to run the ack writer, the gate and an outbox's opening in virtual time
+//! on threads the test sees.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -150,5 +153,34 @@ impl crate::clock::Clock for ManualClock {
             .load(Ordering::SeqCst)
             .saturating_sub(self.start);
         self.base + std::time::Duration::from_millis(moved)
+    }
+}
+
+/// Starts threads as the system does, and remembers their names: a runtime's threads, to
+/// show which threads an outbox starts and that each goes through them.
+#[derive(Debug, Default)]
+pub(crate) struct NamedThreads(Mutex<Vec<String>>);
+
+impl NamedThreads {
+    /// The names of the threads started so far, in order.
+    pub(crate) fn names(&self) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl outbox_lanes_store::SpawnThread for NamedThreads {
+    fn spawn_thread(
+        &self,
+        name: &str,
+        f: Box<dyn FnOnce() + Send + 'static>,
+    ) -> std::io::Result<std::thread::JoinHandle<()>> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(name.to_owned());
+        outbox_lanes_store::StdThreads.spawn_thread(name, f)
     }
 }

@@ -7,10 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_lanes_core::{ActorId, Seq, UnitId};
+use outbox_lanes_driver::clock::SystemClock;
 use outbox_lanes_driver::{AckWriter, AckWriterOptions};
 use outbox_lanes_store::{
     ClaimRange, NewRow, PgOptions, PgStore, SlotAcquisition, SlotToken, SqliteOptions, SqliteStore,
-    Store, StoreError, StoreLaneId,
+    StdThreads, Store, StoreError, StoreLaneId,
 };
 
 const A: &str = "https://a.example/inbox";
@@ -58,7 +59,8 @@ fn group_commits(s: Arc<dyn Store>) {
     s.enqueue(&a, &rows).expect("enqueue");
     let t = acquire(&*s, &a);
     let (la, lb) = (lane(&*s, &a, A), lane(&*s, &a, B));
-    let writer = Arc::new(AckWriter::spawn(s.clone(), AckWriterOptions::default()).expect("spawn"));
+    let (opts, clock) = (AckWriterOptions::default(), Arc::new(SystemClock));
+    let writer = Arc::new(AckWriter::spawn(s.clone(), opts, &StdThreads, clock).expect("spawn"));
     std::thread::scope(|sc| {
         for l in [la, lb] {
             let (s, t, w) = (s.clone(), t.clone(), writer.clone());

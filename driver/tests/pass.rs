@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use outbox_lanes_core::policy::AddressPolicy;
 use outbox_lanes_core::{Outcome, PassEnd};
+use outbox_lanes_driver::clock::SystemClock;
 use outbox_lanes_driver::http::AttemptResult;
 use outbox_lanes_driver::pass::{PassCore, PassResult, RoundContext, now};
 use outbox_lanes_driver::{
@@ -87,7 +88,14 @@ fn fixture_with(rows: Vec<NewRow>) -> Fixture {
     store
         .enqueue(&outbox_lanes_core::ActorId::new("alice"), &rows)
         .expect("enqueue");
-    let acks = AckWriter::spawn(Arc::clone(&store), AckWriterOptions::default()).expect("acks");
+    let (threads, clock) = (outbox_lanes_store::StdThreads, Arc::new(SystemClock));
+    let acks = AckWriter::spawn(
+        Arc::clone(&store),
+        AckWriterOptions::default(),
+        &threads,
+        clock,
+    )
+    .expect("acks");
     Fixture { dir, store, acks }
 }
 

@@ -135,10 +135,18 @@ impl OutboxBuilder {
                 Arc::new(ThreadPool::new(http, config.concurrency))
             }
         };
-        let core = OutboxCore::new(self.store, config, self.resolver, self.hooks, executor)?;
+        let rt = Arc::new(ThreadRuntime);
+        let core = OutboxCore::new(
+            &*rt,
+            self.store,
+            config,
+            self.resolver,
+            self.hooks,
+            executor,
+        )?;
         Ok(Outbox {
             inner: Arc::new(core),
-            rt: Arc::new(ThreadRuntime),
+            rt,
         })
     }
 }

@@ -26,7 +26,9 @@ thread_local! {
     static NEXT_DEADLINE: Cell<Option<Instant>> = const { Cell::new(None) };
 }
 
-/// std threads: a thread per task, blocking calls in place.
+/// std threads: a thread per task, blocking calls in place; the library's long-lived threads
+/// (ack writer, host writer, the store's watcher) are std threads too ([`Runtime::threads`]'
+/// default).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ThreadRuntime;
 

@@ -229,7 +229,15 @@ impl OutboxBuilder {
         // go, and the last reference to a `PgStore` panics when dropped on an executor
         // thread, where this runs: that one is let go where blocking is allowed.
         let kept = Arc::clone(&self.store);
-        let core = match OutboxCore::new(self.store, config, self.resolver, self.hooks, executor) {
+        let opened = OutboxCore::new(
+            &*rt,
+            self.store,
+            config,
+            self.resolver,
+            self.hooks,
+            executor,
+        );
+        let core = match opened {
             Ok(core) => core,
             Err(e) => {
                 engine::drop_where_blocking(&*rt, kept);

@@ -5,7 +5,10 @@ use std::time::Duration;
 
 pub use outbox_lanes_driver::engine::{BoxFuture, Runtime};
 
-/// tokio: tasks on a runtime [`Handle`](tokio::runtime::Handle), `spawn_blocking`, tokio's timer.
+/// tokio: tasks on a runtime [`Handle`](tokio::runtime::Handle), `spawn_blocking`, tokio's timer
+/// and monotonic clock. The library's long-lived threads (ack writer, host writer, the store's
+/// watcher) are std threads ([`Runtime::threads`]' default): on the blocking pool each would
+/// hold one of its threads for the outbox's life.
 #[cfg(feature = "tokio")]
 #[derive(Clone, Debug)]
 pub struct TokioRuntime {

@@ -22,6 +22,9 @@ pub(crate) struct Shared {
     /// Postgres: the channel that wakes the other processes (a `NOTIFY` in the transaction).
     /// SQLite: none, its watchers see every commit by themselves.
     pub(crate) channel: Option<String>,
+    /// Where the store starts its watcher ([`DriverStore::use_threads`](crate::DriverStore::use_threads)).
+    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+    pub(crate) threads: std::sync::Mutex<std::sync::Arc<dyn crate::SpawnThread>>,
 }
 
 impl Shared {
@@ -31,7 +34,19 @@ impl Shared {
             outbox_id: String::new(),
             notifier: Notifier::new(),
             channel,
+            threads: std::sync::Mutex::new(std::sync::Arc::new(crate::StdThreads)),
         }
+    }
+
+    /// Where the store starts its threads now.
+    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+    pub(crate) fn threads(&self) -> std::sync::Arc<dyn crate::SpawnThread> {
+        std::sync::Arc::clone(
+            &self
+                .threads
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
     }
 
     /// The channel of a Postgres store's wake-ups.

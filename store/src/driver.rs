@@ -301,6 +301,14 @@ impl<B: Backend> DriverStore for B {
         Backend::watch(self)
     }
 
+    fn use_threads(&self, threads: std::sync::Arc<dyn crate::SpawnThread>) {
+        *self
+            .shared()
+            .threads
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = threads;
+    }
+
     fn outbox_id(&self) -> &str {
         &self.shared().outbox_id
     }

@@ -96,6 +96,7 @@ pub mod sqlx;
 mod sqlx_pg;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "sqlx"))]
 mod status;
+mod threads;
 #[cfg(feature = "postgres")]
 mod tls;
 mod types;
@@ -125,6 +126,7 @@ pub use postgres::{PgOptions, PgStore};
 pub use prepare::{check_destinations, check_headers};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteOptions, SqliteStore, Synchronous};
+pub use threads::{SpawnThread, StdThreads};
 #[cfg(feature = "postgres")]
 pub use tls::SslMode;
 pub use types::*;
@@ -454,6 +456,14 @@ pub trait DriverStore: Send + Sync {
     /// # Errors
     /// The watcher's connection could not be opened.
     fn watch(&self) -> Result<Notifier, StoreError>;
+
+    /// Where this store starts its threads (its watcher, when [`DriverStore::watch`] starts
+    /// it): the runtime's, given by the outbox that opens on the store, so that the runtime
+    /// owns every thread the library starts. Until then, and for a store that starts no
+    /// thread, [`StdThreads`]. A watcher already running keeps its thread.
+    fn use_threads(&self, threads: std::sync::Arc<dyn SpawnThread>) {
+        let _ = threads;
+    }
 
     /// The outbox id: random, made once with the schema (`ol_meta`), the same for every store
     /// opened on this database (or Postgres schema) and different for every other. Every

@@ -751,6 +751,7 @@ impl Backend for PgStore {
             let channel = self.shared.pg_channel().to_owned();
             let every = self.opts.watch_interval;
             *w = Some(WatcherThread::spawn(
+                &*self.shared.threads(),
                 "outbox-lanes-pg-listen",
                 move |stop| listen_loop(client, &config, &tls, &channel, stop, &notifier, every),
             )?);

@@ -1052,6 +1052,7 @@ impl Backend for SqliteStore {
             let notifier = self.shared.notifier.clone();
             let every = self.opts.watch_interval;
             *w = Some(WatcherThread::spawn(
+                &*self.shared.threads(),
                 "outbox-lanes-sqlite-watch",
                 move |stop| watch_loop(&conn, stop, &notifier, every),
             )?);

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 
-use crate::StoreError;
+use crate::{SpawnThread, StoreError};
 
 /// A store's watcher thread (SQLite's `data_version` poll, Postgres's `LISTEN`), told to stop
 /// and joined when dropped.
@@ -14,16 +14,17 @@ pub(crate) struct WatcherThread {
 }
 
 impl WatcherThread {
-    /// Starts thread `name` running `watch` until its stop flag is set.
+    /// Starts thread `name` on `threads` (the runtime's, once an outbox gave them), running
+    /// `watch` until its stop flag is set.
     pub(crate) fn spawn(
+        threads: &dyn SpawnThread,
         name: &str,
         watch: impl FnOnce(&AtomicBool) + Send + 'static,
     ) -> Result<WatcherThread, StoreError> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
-        let thread = std::thread::Builder::new()
-            .name(name.into())
-            .spawn(move || watch(&flag))
+        let thread = threads
+            .spawn_thread(name, Box::new(move || watch(&flag)))
             .map_err(|e| StoreError::Database(format!("cannot start the watcher thread: {e}")))?;
         Ok(WatcherThread {
             stop,

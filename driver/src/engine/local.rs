@@ -204,7 +204,7 @@ impl Drop for Local {
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     use outbox_lanes_core::{Config, LaneKey, Outcome, Scheduler, UnitId};
 
@@ -251,7 +251,7 @@ mod tests {
                 error: None,
                 body: None,
             },
-            started: Instant::now(),
+            started: crate::clock::Clock::instant(&crate::clock::SystemClock),
         }
     }
 

@@ -2,7 +2,8 @@
 //! for every runtime.
 //!
 //! A runtime provides only an executor, the [`Runtime`] trait (quinn's `Runtime` over
-//! quinn-proto, in small): spawn a task, sleep, run a blocking store call, and its clock.
+//! quinn-proto, in small): spawn a task, sleep, run a blocking store call, its clock, and
+//! the dedicated threads the library starts.
 //! Waiting for a store wake-up or a completion uses runtime-free primitives
 //! (`futures-channel`), and transmitting one HTTP request is the [`Executor`](crate::Executor)
 //! the runtime hands to [`OutboxCore`]. Everything that decides — the core's
@@ -37,6 +38,7 @@ use std::time::{Duration, Instant};
 
 use outbox_lanes_core::{Acquire, ActorId, DrainAction, DrainSession, SlotAnswer, Timestamp};
 use outbox_lanes_store::{SlotAcquisition, SlotRelease, SlotToken, Store, StoreError};
+pub use outbox_lanes_store::{SpawnThread, StdThreads};
 use tracing::warn;
 
 pub use self::local::spawn_delivery;
@@ -73,6 +75,15 @@ pub trait Runtime: Send + Sync + fmt::Debug + 'static {
     /// opens.
     fn clock(&self) -> Arc<dyn crate::clock::Clock> {
         Arc::new(crate::clock::SystemClock)
+    }
+
+    /// Where the library starts its long-lived threads — the ack writer, the origin gate's
+    /// writer and pacer, the store's watcher — which would hold a place of the blocking pool
+    /// for the life of the outbox: the system's ([`StdThreads`]) unless the runtime starts
+    /// threads its own way. Asked once, when an outbox opens; the store is given them too
+    /// ([`DriverStore::use_threads`](outbox_lanes_store::DriverStore::use_threads)).
+    fn threads(&self) -> Arc<dyn SpawnThread> {
+        Arc::new(StdThreads)
     }
 
     /// Whether a task may run blocking calls in place (each task owns a thread: the
@@ -148,7 +159,7 @@ pub async fn drain(
     let mut total = PassReport::default();
     let mut error: Option<StoreError> = None;
     // When the slot's lease was acquired or last renewed; handed from pass to pass.
-    let mut lease_renewed = crate::pass::now();
+    let mut lease_renewed = core.clock().now();
     while let Some(action) = session.poll_action() {
         match action {
             DrainAction::AcquireStoreSlot => {
@@ -214,7 +225,7 @@ async fn acquire_store_slot(
     core: &Arc<OutboxCore>,
     actor: &ActorId,
 ) -> (Timestamp, Result<SlotAcquisition, StoreError>) {
-    let asked = crate::pass::now();
+    let asked = core.clock().now();
     let (c, a) = (Arc::clone(core), actor.clone());
     let got = unblock(&**rt, move || {
         c.store().acquire_slot(&a, c.holder(), c.config().lease)

@@ -61,7 +61,8 @@ const SECRET_BASE64: GeneralPurpose = GeneralPurpose::new(
 /// use outbox_lanes_core::policy::Recipient;
 ///
 /// let signer = StandardWebhooks::from_whsec("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")?;
-/// let at = SystemTime::now();
+/// // The time of the attempt (the driver passes its clock's; here a fixed one).
+/// let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
 /// let recipient = Recipient::parse("https://example.com/hook")?;
 /// let req = SignRequest {
 ///     actor: "alice", unit: UnitId(7), idempotency_key: "3f1c0b5e9a7d4c2e-7",
