@@ -39,7 +39,7 @@ pub mod time;
 pub use config::Config;
 pub use ids::{ActorId, LaneId, Seq, UnitId};
 pub use lane::{LaneKey, LaneTable};
-pub use monitor::{MonitorAction, MonitorBook, Wake};
+pub use monitor::{MonitorAction, MonitorBook, MonitorStop, TimeoutReason, Wake};
 pub use outcome::{DeadReason, MIN_DEFERRAL, Outcome};
 pub use scheduler::{
     Admit, AdmitError, AdmitSlot, ClaimReport, Command, EventError, HoldReason, LaneChunk,

@@ -1,9 +1,11 @@
 //! The monitor (OL-13): the core's [`MonitorBook`] driven by one task on any [`Runtime`].
 //!
-//! One task owns the book. It asks the store which actors are due (where blocking is
-//! allowed), starts each due actor's drain as a task of its own (at most `max_passes` with
-//! work at once: the book enforces it; a pass that only waits on attempts in flight is not
-//! counted), and otherwise waits for the first of:
+//! One task owns the book, which decides everything: when to poll, which actors to drain,
+//! when the upkeep runs, how the monitor stops. The task executes its commands — it asks the
+//! store which actors are due (where blocking is allowed), starts each due actor's drain as
+//! a task of its own (at most `max_passes` with work at once: the book enforces it; a pass
+//! that only waits on attempts in flight is not counted), starts the upkeep, asks the passes
+//! to stop — and otherwise waits for the first of the inputs it hands to the book:
 //!
 //! - a stop request ([`Monitor::stop`], or the [`Monitor`] dropped), or the stop of its outbox
 //!   ([`shutdown`](super::shutdown), which `Monitor::stop` runs);
@@ -11,8 +13,8 @@
 //!   on one channel, in order, however it ends);
 //! - a wake-up from the store's [`Notifier`](outbox_lanes_store::Notifier): an enqueue in
 //!   this process (after its commit) or a change seen by the cross-process watcher;
-//! - the book's [`MonitorBook::poll_timeout`]: the safety-net poll or the earliest lane
-//!   `not_before`, on the runtime's timer;
+//! - the book's [`MonitorBook::poll_timeout`]: the safety-net poll, the earliest lane
+//!   `not_before`, the next upkeep or the end of a stop's grace, on the runtime's timer;
 //! - the store's upkeep ([`DriverStore::upkeep`](outbox_lanes_store::DriverStore::upkeep): row ids past their dedup window, finished
 //!   units past the ack retention) ending, or coming due: at start, then every
 //!   [`upkeep_interval`](crate::OutboxConfig::upkeep_interval), as a task of its own (one at a
@@ -21,18 +23,22 @@
 
 use std::collections::HashMap;
 use std::future::{Future, poll_fn};
+use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::sync::{Arc, PoisonError};
 use std::task::Poll;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant};
 
 use futures_channel::{mpsc, oneshot};
 use futures_core::Stream;
-use outbox_lanes_core::{ActorId, MonitorAction, MonitorBook, Timestamp, Wake};
+use outbox_lanes_core::{
+    ActorId, MonitorAction, MonitorBook, MonitorStop, TimeoutReason, Timestamp, Wake,
+};
 use outbox_lanes_store::{StoreError, Subscription};
 use tracing::{debug, error, info, trace, warn};
 
-use super::{Runtime, Stopped, unblock, wake};
+use super::{BoxFuture, Runtime, Stopped, unblock, wake};
+use crate::clock::Clock;
 use crate::control::DrainControl;
 use crate::error::OutboxError;
 use crate::outbox::{DrainOutcome, OutboxCore};
@@ -191,9 +197,14 @@ impl Drop for UpkeepDone {
 }
 
 /// Runs the store's upkeep where blocking is allowed, and logs what it did.
-async fn upkeep(rt: Arc<dyn Runtime>, core: Arc<OutboxCore>, done: UpkeepDone) {
+async fn upkeep(
+    rt: Arc<dyn Runtime>,
+    core: Arc<OutboxCore>,
+    clock: Arc<dyn Clock>,
+    done: UpkeepDone,
+) {
     let c = Arc::clone(&core);
-    match unblock(&*rt, move || c.store().upkeep(wall_now())).await {
+    match unblock(&*rt, move || c.store().upkeep(clock.now())).await {
         Some(Ok((0, 0))) => trace!(reason = "upkeep", "store upkeep: nothing to delete"),
         Some(Ok((forgotten, purged))) => info!(
             forgotten,
@@ -240,268 +251,352 @@ impl Drop for PassDone {
     }
 }
 
-fn wall_now() -> Timestamp {
-    Timestamp::from_system_time(SystemTime::now())
+/// The monitor's clocks, read only through the runtime's [`Clock`]. The book's time is the
+/// wall time at the monitor's start plus the monotonic time since: it never steps back, so a
+/// step of the wall clock stretches neither the upkeep interval nor the shutdown grace, and
+/// it moves with the runtime's timer (tokio's can be paused). The store is asked in
+/// wall-clock time (a lane's `not_before` is wall-clock).
+struct Clocks {
+    clock: Arc<dyn Clock>,
+    wall_at_start: Timestamp,
+    started: Instant,
 }
 
-async fn run(
-    rt: &Arc<dyn Runtime>,
-    core: &Arc<OutboxCore>,
-    mut woken: wake::Woken,
-    subscription: Subscription,
-    stop_rx: oneshot::Receiver<()>,
-) -> Option<StoreError> {
-    // Unsubscribed when the loop returns.
-    let _subscription = subscription;
-    let poll_interval = core.config().poll_interval;
-    let max_passes = core.config().max_passes;
-    let mut book = MonitorBook::new(max_passes, poll_interval);
-    // What the passes report (ends, waiting) on one channel: a pass's reports arrive in the
-    // order it sent them, so a stale "waiting" never lands on the actor's next pass.
-    let (report_tx, mut report_rx) = mpsc::unbounded::<(ActorId, Report)>();
-    // The running passes' controls, for a graceful stop.
-    let mut running: HashMap<ActorId, Arc<DrainControl>> = HashMap::new();
-    let mut stop_rx = Some(stop_rx);
-    let mut stopping = false;
-    // The earliest lane `not_before` of the last poll, to name why a timeout fired.
-    let mut next_not_before: Option<Timestamp> = None;
-    // The database file was removed or replaced: no new pass, ever (see `Monitor::ended`).
-    let mut lost: Option<StoreError> = None;
-    // The store's upkeep: when it is next due, and whether one runs.
-    let upkeep_every = core.config().upkeep_interval.max(Duration::from_millis(1));
-    // `None`: never again (an interval past what a clock can hold).
-    let mut upkeep_at = Some(rt.now());
-    let mut upkeep_running = false;
-    // When the loop began to stop: a running upkeep is waited for at most the shutdown grace
-    // from then.
-    let mut stop_began: Option<std::time::Instant> = None;
-    let grace = core.config().shutdown_grace;
-    let (upkeep_tx, mut upkeep_rx) = mpsc::unbounded::<()>();
-    info!(
-        max_passes,
-        poll_interval_ms = poll_interval.as_millis() as u64,
-        "monitor started"
-    );
-    loop {
-        let now = wall_now();
-        if !stopping && core.is_stopping() {
-            debug!(
-                reason = "outbox_stopping",
-                running = running.len(),
-                "monitor stopping: its outbox stops"
-            );
-            stopping = true;
+/// One reading of the monitor's clocks.
+#[derive(Clone, Copy)]
+struct Now {
+    /// The book's time.
+    book: Timestamp,
+    /// The wall-clock time.
+    wall: Timestamp,
+}
+
+impl Clocks {
+    fn new(clock: Arc<dyn Clock>) -> Clocks {
+        let (wall_at_start, started) = (clock.now(), clock.instant());
+        Clocks {
+            clock,
+            wall_at_start,
+            started,
         }
-        if stopping {
-            stop_began.get_or_insert_with(|| rt.now());
+    }
+
+    fn now(&self) -> Now {
+        let since = self.clock.instant().saturating_duration_since(self.started);
+        Now {
+            book: self.wall_at_start + since,
+            wall: self.clock.now(),
         }
-        if !stopping && !upkeep_running && upkeep_at.is_some_and(|t| rt.now() >= t) {
-            upkeep_running = true;
-            upkeep_at = rt.now().checked_add(upkeep_every);
-            let done = UpkeepDone(upkeep_tx.clone());
-            rt.spawn(Box::pin(upkeep(Arc::clone(rt), Arc::clone(core), done)));
-        }
-        if !stopping {
-            while let Some(action) = book.poll_action(now) {
-                match action {
-                    MonitorAction::Poll => {
-                        let c = Arc::clone(core);
-                        // The file check is one `stat`, on every poll (wake-ups and the
-                        // safety net), never per unit.
-                        let due = unblock(&**rt, move || {
-                            c.store().check_database()?;
-                            c.store().actors_with_work(now)
-                        })
-                        .await;
-                        match due {
-                            Some(Err(e @ StoreError::Replaced { .. })) => {
-                                error!(error = %e, running = running.len(),
-                                    "the database file is gone: this relay stops claiming (no new pass; running passes finish their attempts in flight and hand the rest back)");
-                                lost = Some(e);
-                                core.stop_record().note_database_lost();
-                                stopping = true;
-                                for control in running.values() {
-                                    control.request_stop();
-                                }
-                                break;
-                            }
-                            Some(Ok(due)) => {
-                                trace!(
-                                    ready = due.ready.len(),
-                                    next_not_before = due.next_not_before.map(crate::fmt::rfc3339),
-                                    "monitor poll"
-                                );
-                                next_not_before = due.next_not_before;
-                                book.handle_due(due.ready, due.next_not_before, now);
-                            }
-                            Some(Err(e)) => {
-                                warn!(error = %e, "monitor poll failed; retrying at the next tick");
-                                book.handle_poll_failed(now);
-                            }
-                            None => book.handle_poll_failed(now),
-                        }
-                    }
-                    MonitorAction::Drain(actor) => {
-                        debug!(%actor, running = running.len() + 1, "monitor starts a pass");
-                        // Back to the queue at the end of a time slice, behind the others.
-                        let control = Arc::new(DrainControl::yielding());
-                        let waiting = report_tx.clone();
-                        control.on_waiting(move |actor, w| {
-                            let _ = waiting.unbounded_send((actor.clone(), Report::Waiting(w)));
-                        });
-                        running.insert(actor.clone(), Arc::clone(&control));
-                        let report = PassDone {
-                            actor: Some(actor),
-                            more: false,
-                            tx: report_tx.clone(),
-                        };
-                        let (r, c) = (Arc::clone(rt), Arc::clone(core));
-                        rt.spawn(Box::pin(async move {
-                            let Some(actor) = report.actor.clone() else {
-                                return;
-                            };
-                            let more = match super::drain(&r, &c, &actor, &control).await {
-                                Ok(DrainOutcome::Ran(rep)) => rep.yielded,
-                                Ok(DrainOutcome::Merged) => false,
-                                Err(e) => {
-                                    warn!(%actor, error = %e, "pass failed");
-                                    false
-                                }
-                            };
-                            super::drop_where_blocking(&*r, c);
-                            report.finish(more);
-                        }));
-                    }
+    }
+}
+
+impl Now {
+    /// A wall-clock time (a lane's `not_before`) on the book's clock.
+    fn on_book(self, wall: Timestamp) -> Timestamp {
+        self.book + wall.saturating_duration_since(self.wall)
+    }
+}
+
+/// The loop's inputs besides its timer.
+struct Inputs {
+    stop: Option<oneshot::Receiver<()>>,
+    reports: mpsc::UnboundedReceiver<(ActorId, Report)>,
+    upkeep: mpsc::UnboundedReceiver<()>,
+    woken: wake::Woken,
+}
+
+impl Inputs {
+    /// The first input to arrive, or [`Event::Timeout`] once `sleep` completes.
+    async fn next(&mut self, mut sleep: BoxFuture<()>) -> Event {
+        poll_fn(|cx| {
+            if let Some(rx) = self.stop.as_mut() {
+                if let Poll::Ready(asked) = Pin::new(rx).poll(cx) {
+                    self.stop = None;
+                    return Poll::Ready(Event::Stop(asked.is_ok()));
                 }
             }
-        }
-        if stopping && running.is_empty() {
-            // A running upkeep is waited for at most the shutdown grace; past it, it finishes
-            // in the background (each of its deletes is a transaction of its own).
-            let since = *stop_began.get_or_insert_with(|| rt.now());
-            let over = rt.now().saturating_duration_since(since) >= grace;
-            if over && upkeep_running {
-                warn!(
-                    "the store's upkeep still runs past the shutdown grace: it finishes in the background"
-                );
+            if let Poll::Ready(Some((actor, report))) = Pin::new(&mut self.reports).poll_next(cx) {
+                return Poll::Ready(Event::Report(actor, report));
             }
-            if !upkeep_running || over {
+            if let Poll::Ready(Some(())) = Pin::new(&mut self.upkeep).poll_next(cx) {
+                return Poll::Ready(Event::UpkeepDone);
+            }
+            if self.woken.poll_woken(cx).is_ready() {
+                return Poll::Ready(Event::Woken);
+            }
+            if sleep.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Event::Timeout);
+            }
+            Poll::Pending
+        })
+        .await
+    }
+}
+
+/// What the loop holds beside the book: what only its executor knows.
+struct MonitorLoop<'a> {
+    rt: &'a Arc<dyn Runtime>,
+    core: &'a Arc<OutboxCore>,
+    clocks: Clocks,
+    book: MonitorBook,
+    /// The running passes' controls: to ask them to stop, and to tell them whether other
+    /// actors wait for a pass.
+    passes: HashMap<ActorId, Arc<DrainControl>>,
+    /// What the passes report (ends, waiting) on one channel: a pass's reports arrive in the
+    /// order it sent them, so a stale "waiting" never lands on the actor's next pass.
+    reports: mpsc::UnboundedSender<(ActorId, Report)>,
+    upkeep_done: mpsc::UnboundedSender<()>,
+    /// The database file was removed or replaced (see [`Monitor::ended`]).
+    lost: Option<StoreError>,
+}
+
+impl<'a> MonitorLoop<'a> {
+    fn new(
+        rt: &'a Arc<dyn Runtime>,
+        core: &'a Arc<OutboxCore>,
+        reports: mpsc::UnboundedSender<(ActorId, Report)>,
+        upkeep_done: mpsc::UnboundedSender<()>,
+    ) -> Self {
+        let config = core.config();
+        let book = MonitorBook::new(config.max_passes, config.poll_interval)
+            .with_upkeep_every(config.upkeep_interval)
+            .with_shutdown_grace(config.shutdown_grace);
+        info!(
+            max_passes = config.max_passes,
+            poll_interval_ms = config.poll_interval.as_millis() as u64,
+            "monitor started"
+        );
+        MonitorLoop {
+            rt,
+            core,
+            clocks: Clocks::new(rt.clock()),
+            book,
+            passes: HashMap::new(),
+            reports,
+            upkeep_done,
+            lost: None,
+        }
+    }
+
+    /// Runs one of the book's commands; `Break` once the monitor is done.
+    async fn execute(&mut self, action: MonitorAction, now: Now) -> ControlFlow<()> {
+        match action {
+            MonitorAction::Upkeep => {
+                let done = UpkeepDone(self.upkeep_done.clone());
+                let (rt, core) = (Arc::clone(self.rt), Arc::clone(self.core));
+                let clock = Arc::clone(&self.clocks.clock);
+                self.rt.spawn(Box::pin(upkeep(rt, core, clock, done)));
+            }
+            MonitorAction::Poll => self.poll(now).await,
+            MonitorAction::Drain(actor) => self.start_pass(actor),
+            MonitorAction::StopPasses => {
+                for control in self.passes.values() {
+                    control.request_stop();
+                }
+            }
+            MonitorAction::Stopped { upkeep_left } => {
+                if upkeep_left {
+                    warn!(
+                        "the store's upkeep still runs past the shutdown grace: it finishes in the background"
+                    );
+                }
                 info!("monitor stopped");
-                return lost;
+                return ControlFlow::Break(());
             }
         }
-        // Running passes yield at their time slice only while other actors wait for one.
-        let contended = book.queued() > 0;
-        for control in running.values() {
-            control.set_contended(contended);
+        ControlFlow::Continue(())
+    }
+
+    /// Asks the store which actors are due, where blocking is allowed.
+    async fn poll(&mut self, now: Now) {
+        let c = Arc::clone(self.core);
+        // The file check is one `stat`, on every poll (wake-ups and the safety net), never
+        // per unit.
+        let due = unblock(&**self.rt, move || {
+            c.store().check_database()?;
+            c.store().actors_with_work(now.wall)
+        })
+        .await;
+        match due {
+            Some(Err(e @ StoreError::Replaced { .. })) => {
+                error!(error = %e, running = self.passes.len(),
+                    "the database file is gone: this relay stops claiming (no new pass; running passes finish their attempts in flight and hand the rest back)");
+                self.lost = Some(e);
+                self.core.stop_record().note_database_lost();
+                self.book.handle_stop(MonitorStop::DatabaseLost, now.book);
+            }
+            Some(Ok(due)) => {
+                trace!(
+                    ready = due.ready.len(),
+                    next_not_before = due.next_not_before.map(crate::fmt::rfc3339),
+                    "monitor poll"
+                );
+                let next_not_before = due.next_not_before.map(|t| now.on_book(t));
+                self.book.handle_due(due.ready, next_not_before, now.book);
+            }
+            Some(Err(e)) => {
+                warn!(error = %e, "monitor poll failed; retrying at the next tick");
+                self.book.handle_poll_failed(now.book);
+            }
+            None => self.book.handle_poll_failed(now.book),
         }
-        // Wall-clock deadlines (lane `not_before` is wall-clock), slept on the runtime's timer.
-        let deadline = book.poll_timeout();
-        let until_upkeep =
-            upkeep_at.map_or(Duration::MAX, |t| t.saturating_duration_since(rt.now()));
-        let wait = deadline
-            .map_or(poll_interval, |t| {
-                Duration::from_millis(t.as_millis().saturating_sub(now.as_millis()))
-            })
-            .min(if upkeep_running || stopping {
-                Duration::MAX
-            } else {
-                until_upkeep
-            })
-            .min(match (stopping && running.is_empty(), stop_began) {
-                (true, Some(since)) => {
-                    grace.saturating_sub(rt.now().saturating_duration_since(since))
-                }
-                _ => Duration::MAX,
-            })
-            .clamp(
-                Duration::from_millis(1),
-                poll_interval.max(Duration::from_millis(1)),
-            );
-        let event = {
-            let mut sleep = rt.sleep(wait);
-            poll_fn(|cx| {
-                if let Some(rx) = stop_rx.as_mut() {
-                    if let Poll::Ready(asked) = Pin::new(rx).poll(cx) {
-                        stop_rx = None;
-                        return Poll::Ready(Event::Stop(asked.is_ok()));
-                    }
-                }
-                if let Poll::Ready(Some((actor, report))) = Pin::new(&mut report_rx).poll_next(cx) {
-                    return Poll::Ready(Event::Report(actor, report));
-                }
-                if let Poll::Ready(Some(())) = Pin::new(&mut upkeep_rx).poll_next(cx) {
-                    return Poll::Ready(Event::UpkeepDone);
-                }
-                if woken.poll_woken(cx).is_ready() {
-                    return Poll::Ready(Event::Woken);
-                }
-                if sleep.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(Event::Timeout);
-                }
-                Poll::Pending
-            })
-            .await
+    }
+
+    /// Starts `actor`'s drain as a task of its own, which reports its end however it ends.
+    fn start_pass(&mut self, actor: ActorId) {
+        debug!(%actor, running = self.passes.len() + 1, "monitor starts a pass");
+        // Back to the queue at the end of a time slice, behind the others.
+        let control = Arc::new(DrainControl::yielding());
+        let waiting = self.reports.clone();
+        control.on_waiting(move |actor, w| {
+            let _ = waiting.unbounded_send((actor.clone(), Report::Waiting(w)));
+        });
+        self.passes.insert(actor.clone(), Arc::clone(&control));
+        let report = PassDone {
+            actor: Some(actor),
+            more: false,
+            tx: self.reports.clone(),
         };
-        let now = wall_now();
+        let (r, c) = (Arc::clone(self.rt), Arc::clone(self.core));
+        self.rt.spawn(Box::pin(async move {
+            let Some(actor) = report.actor.clone() else {
+                return;
+            };
+            let more = match super::drain(&r, &c, &actor, &control).await {
+                Ok(DrainOutcome::Ran(rep)) => rep.yielded,
+                Ok(DrainOutcome::Merged) => false,
+                Err(e) => {
+                    warn!(%actor, error = %e, "pass failed");
+                    false
+                }
+            };
+            super::drop_where_blocking(&*r, c);
+            report.finish(more);
+        }));
+    }
+
+    /// How long to wait for an input: until the book's deadline, at least a millisecond and
+    /// at most a poll interval (the loop looks again then, whatever the timer did), and why.
+    fn wait(&self) -> (Duration, Option<TimeoutReason>) {
+        let interval = self.core.config().poll_interval;
+        let now = self.clocks.now().book;
+        let timeout = self.book.timeout();
+        let wait = timeout.map_or(interval, |(at, _)| at - now).clamp(
+            Duration::from_millis(1),
+            interval.max(Duration::from_millis(1)),
+        );
+        (wait, timeout.map(|(_, why)| why))
+    }
+
+    /// Hands what ended the wait to the book.
+    fn handle(&mut self, event: Event, wait: Duration, why: Option<TimeoutReason>) {
+        let now = self.clocks.now().book;
         match event {
             Event::Stop(asked) => {
                 debug!(
                     reason = if asked { "stop" } else { "monitor_dropped" },
-                    running = running.len(),
+                    running = self.passes.len(),
                     "monitor woken: stopping (passes finish attempts in flight, hand the rest back)"
                 );
-                stopping = true;
-                for control in running.values() {
-                    control.request_stop();
-                }
+                self.book.handle_stop(MonitorStop::Asked, now);
             }
             Event::Report(actor, Report::Done(more)) => {
                 debug!(reason = "pass_done", %actor, more, "monitor woken: a pass ended");
-                running.remove(&actor);
-                book.handle_pass_done(&actor, more, now);
+                self.passes.remove(&actor);
+                self.book.handle_pass_done(&actor, more, now);
             }
             Event::Report(actor, Report::Waiting(w)) => {
                 debug!(reason = "pass_waiting", %actor, waiting = w,
                     "monitor woken: a pass only waits on attempts in flight (not counted against max_passes), or has work again");
-                book.handle_pass_waiting(&actor, w, now);
+                self.book.handle_pass_waiting(&actor, w, now);
             }
             Event::UpkeepDone => {
                 trace!(
                     reason = "upkeep_done",
                     "monitor woken: the store's upkeep ended"
                 );
-                upkeep_running = false;
+                self.book.handle_upkeep_done(now);
             }
+            Event::Woken if self.book.stopping() => trace!(
+                reason = "store_changed",
+                "monitor woken while stopping: ignored"
+            ),
             Event::Woken => {
-                if stopping {
-                    trace!(
-                        reason = "store_changed",
-                        "monitor woken while stopping: ignored"
-                    );
-                } else {
-                    debug!(reason = "store_changed", "monitor woken: the store changed");
-                    book.handle_wake(Wake::StoreChanged, now);
-                }
+                debug!(reason = "store_changed", "monitor woken: the store changed");
+                self.book.handle_wake(Wake::StoreChanged, now);
             }
-            Event::Timeout => {
-                // The book polls the store next if a deadline passed; it says nothing if the
-                // timer merely fired early (a clamped or coarse sleep).
-                match (next_not_before, deadline) {
-                    (Some(nb), Some(d)) if nb <= d => {
-                        debug!(
-                            reason = "not_before",
-                            wait_ms = wait.as_millis() as u64,
-                            "monitor timeout: a lane is due"
-                        );
-                    }
-                    _ => trace!(
-                        reason = "safety_net_poll",
-                        wait_ms = wait.as_millis() as u64,
-                        "monitor timeout"
-                    ),
-                }
+            // The book acts next if a deadline passed; it says nothing if the timer merely
+            // fired early (a clamped or coarse sleep).
+            Event::Timeout => log_timeout(why, wait),
+        }
+    }
+}
+
+fn log_timeout(why: Option<TimeoutReason>, wait: Duration) {
+    let wait_ms = wait.as_millis() as u64;
+    match why {
+        Some(TimeoutReason::NotBefore) => debug!(
+            reason = "not_before",
+            wait_ms, "monitor timeout: a lane is due"
+        ),
+        Some(TimeoutReason::Upkeep) => {
+            trace!(
+                reason = "upkeep",
+                wait_ms, "monitor timeout: the upkeep is due"
+            )
+        }
+        Some(TimeoutReason::GraceOver) => debug!(
+            reason = "grace_over",
+            wait_ms, "monitor timeout: the shutdown grace for the upkeep is over"
+        ),
+        Some(TimeoutReason::Poll) | None => {
+            trace!(reason = "safety_net_poll", wait_ms, "monitor timeout")
+        }
+    }
+}
+
+/// The loop: runs the book's commands, then waits for the first input or its deadline and
+/// hands it to the book.
+async fn run(
+    rt: &Arc<dyn Runtime>,
+    core: &Arc<OutboxCore>,
+    woken: wake::Woken,
+    subscription: Subscription,
+    stop_rx: oneshot::Receiver<()>,
+) -> Option<StoreError> {
+    // Unsubscribed when the loop returns.
+    let _subscription = subscription;
+    let (reports, report_rx) = mpsc::unbounded();
+    let (upkeep_done, upkeep_rx) = mpsc::unbounded();
+    let mut inputs = Inputs {
+        stop: Some(stop_rx),
+        reports: report_rx,
+        upkeep: upkeep_rx,
+        woken,
+    };
+    let mut m = MonitorLoop::new(rt, core, reports, upkeep_done);
+    loop {
+        let now = m.clocks.now();
+        if core.is_stopping() && !m.book.stopping() {
+            debug!(
+                reason = "outbox_stopping",
+                running = m.passes.len(),
+                "monitor stopping: its outbox stops"
+            );
+            m.book.handle_stop(MonitorStop::OutboxStops, now.book);
+        }
+        while let Some(action) = m.book.poll_action(now.book) {
+            if m.execute(action, now).await.is_break() {
+                return m.lost;
             }
         }
+        // Running passes yield at their time slice only while other actors wait for one.
+        let contended = m.book.queued() > 0;
+        for control in m.passes.values() {
+            control.set_contended(contended);
+        }
+        let (wait, why) = m.wait();
+        let event = inputs.next(rt.sleep(wait)).await;
+        m.handle(event, wait, why);
     }
 }
