@@ -43,10 +43,19 @@
 //!   on Postgres; prints every round's CPU µs per delivery and deliveries/s, and the medians;
 //! - (e) a backlog of `E2E_BACKLOG` (default 1,000,000) units over 1,000 recipients answering at
 //!   once, drained with 1,000 in flight, in a child process of its own: deliveries/s and
-//!   peak RSS.
+//!   peak RSS;
+//! - (w) one row to `E2E_WIDE` (default 100,000) recipients, distinct paths of the one server
+//!   answering at once, through the binary: `enqueue` into a fresh SQLite file, then `drain
+//!   --concurrency E2E_WIDE_CONCURRENCY` (default 256, the binary's default), each run under
+//!   a wrapper process (this binary with `--measure`) whose `getrusage(RUSAGE_CHILDREN)` is
+//!   that one child's: time, peak RSS and CPU (user + system) of the enqueue and of the drain;
+//!   checks that every recipient got the row exactly once (requests, distinct paths, repeated
+//!   `Idempotency-Key`s at the server); against the hyper limit with as many workers,
+//!   `E2E_WIDE_ROUNDS` (default 1) alternating rounds. Not in the default set:
+//!   `E2E_CASES=w`.
 //!
 //! `cargo bench --bench e2e`; `E2E_SCALE=0.1` shrinks (a)–(d), `E2E_BACKLOG=N` sizes (e),
-//! `E2E_CASES=a,c` picks cases, `E2E_BIN` runs another build of the binary. It writes
+//! `E2E_WIDE=N` sizes (w), `E2E_CASES=a,c` picks cases, `E2E_BIN` runs another build of the binary. It writes
 //! `benches/e2e.svg` (deliveries/s as a fraction of the limit, and CPU µs per delivery,
 //! outbox vs limit, per case): hand-written SVG, since a plotting crate would be compiled by
 //! every `clippy --all-targets` run for one chart.
@@ -172,8 +181,12 @@ async fn handle(
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let cpu = self_cpu().saturating_sub(t.cpu_base);
         return Ok(text(format!(
-            "{} {} {} {}",
-            t.requests, t.violations, t.duplicates, cpu
+            "{} {} {} {} {}",
+            t.requests,
+            t.violations,
+            t.duplicates,
+            cpu,
+            t.last.len()
         )));
     }
     if path == "/reset" {
@@ -276,6 +289,8 @@ struct Stats {
     duplicates: u64,
     /// The recipients' own CPU since the last reset.
     cpu_us: u64,
+    /// Distinct inboxes (and ordering keys) that got a request since the last reset.
+    paths: u64,
 }
 
 impl Server {
@@ -320,11 +335,12 @@ impl Server {
             .filter_map(|w| w.parse().ok())
             .collect();
         match n[..] {
-            [requests, violations, duplicates, cpu_us] => Ok(Stats {
+            [requests, violations, duplicates, cpu_us, paths] => Ok(Stats {
                 requests,
                 violations,
                 duplicates,
                 cpu_us,
+                paths,
             }),
             _ => Err(format!("bad stats: {body:?}").into()),
         }
@@ -694,12 +710,8 @@ fn delivery_log_rounds(server: &Server, l: &Load, pg: Option<&str>) -> Res<()> {
     Ok(())
 }
 
-/// [`binary_drain`] with `db` as the `--db` value and the options after it.
-fn binary_drain_on(server: &Server, l: &Load, concurrency: usize, db: &[&str]) -> Res<Run> {
-    // `E2E_BIN`: another build of the binary, for an A/B of two builds in one run.
-    let bin =
-        std::env::var("E2E_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_outbox-lanes").into());
-    let bin = bin.as_str();
+/// The binary's `enqueue` input for `l`'s rows: one JSON line a row.
+fn enqueue_input(l: &Load) -> String {
     let mut lines = String::new();
     for r in &l.rows {
         let to: Vec<String> = r.recipients.iter().map(|u| format!("\"{u}\"")).collect();
@@ -710,6 +722,228 @@ fn binary_drain_on(server: &Server, l: &Load, concurrency: usize, db: &[&str]) -
             String::from_utf8_lossy(&r.body)
         ));
     }
+    lines
+}
+
+/// The binary under test: this build's, or `E2E_BIN`.
+fn bin_path() -> String {
+    std::env::var("E2E_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_outbox-lanes").into())
+}
+
+/// What one child process used, as its wrapper (`--measure`) saw it.
+#[derive(Clone, Copy, Debug, Default)]
+struct Usage {
+    /// From its start to its exit.
+    secs: f64,
+    /// Its peak resident set (`ru_maxrss`), KiB.
+    peak_rss_kib: u64,
+    user_us: u64,
+    sys_us: u64,
+}
+
+impl Usage {
+    fn cpu_us(&self) -> u64 {
+        self.user_us + self.sys_us
+    }
+}
+
+/// `--measure BIN ARGS...` (a child of the bench): runs `BIN ARGS...` (stdin and stderr
+/// inherited, stdout discarded), waits for it, and prints `measure <exit code> <wall µs>
+/// <peak RSS KiB> <user µs> <system µs>`. This process has no other child, so its
+/// `getrusage(RUSAGE_CHILDREN)` is that one command's: its own peak RSS, not the largest of
+/// every child the bench ever waited for.
+fn measure_child(cmd: &[String]) -> Res<()> {
+    let (bin, args) = cmd.split_first().ok_or("--measure: no command")?;
+    let t0 = Instant::now();
+    let status = std::process::Command::new(bin)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .status()?;
+    let wall = t0.elapsed().as_micros();
+    let u = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)?;
+    let us = |t: nix::sys::time::TimeVal| (t.tv_sec() as u64) * 1_000_000 + t.tv_usec() as u64;
+    println!(
+        "measure {} {wall} {} {} {}",
+        status.code().unwrap_or(-1),
+        u.max_rss(),
+        us(u.user_time()),
+        us(u.system_time())
+    );
+    Ok(())
+}
+
+/// Runs `bin args` under [`measure_child`], `input` on its stdin, its stderr into `log`;
+/// an error if it fails (its log's last lines in the message).
+fn measured(bin: &str, args: &[&str], input: Option<&[u8]>, log: &std::path::Path) -> Res<Usage> {
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .arg("--measure")
+        .arg(bin)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdin(if input.is_some() {
+            std::process::Stdio::piped()
+        } else {
+            std::process::Stdio::null()
+        })
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(log)?)
+        .spawn()?;
+    if let Some(input) = input {
+        let mut stdin = child.stdin.take().ok_or("stdin")?;
+        stdin.write_all(input)?;
+    }
+    let out = child.wait_with_output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let f: Vec<u64> = text
+        .strip_prefix("measure ")
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let tail = || {
+        let log = std::fs::read_to_string(log).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(5)..].join("\n")
+    };
+    match f[..] {
+        [0, wall_us, peak_rss_kib, user_us, sys_us] => Ok(Usage {
+            secs: wall_us as f64 / 1e6,
+            peak_rss_kib,
+            user_us,
+            sys_us,
+        }),
+        [code, ..] => Err(format!("{} exited with {code}: {}", args.join(" "), tail()).into()),
+        _ => Err(format!("{}: no measure ({text:?}): {}", args.join(" "), tail()).into()),
+    }
+}
+
+/// Case (w): one row to `E2E_WIDE` (default 100,000) recipients, every one a distinct path
+/// of the recipients' server (one host on 127.0.0.1, answering at once), through the binary:
+/// `enqueue` into a fresh SQLite file, then `drain --concurrency E2E_WIDE_CONCURRENCY`
+/// (default 256, the binary's default), each under [`measure_child`] (its time, peak RSS and
+/// CPU); every recipient must get the row exactly once (the server counts the requests, the
+/// distinct paths and the repeated `Idempotency-Key`s). Against the hyper limit posting the
+/// same requests with as many workers, alternately, `E2E_WIDE_ROUNDS` (default 1) rounds.
+fn wide(server: &Server) -> Res<()> {
+    let n = env("E2E_WIDE", 100_000).max(1);
+    let concurrency = env("E2E_WIDE_CONCURRENCY", 256).max(1);
+    let rounds = env("E2E_WIDE_ROUNDS", 1).max(1);
+    let to: Vec<String> = (0..n).map(|r| server.url(&format!("/w{r}"))).collect();
+    let l = load(&to, 1, None);
+    let input = enqueue_input(&l);
+    let bin = bin_path();
+    println!(
+        "\n(w) one row to {n} recipients (distinct paths of one host on 127.0.0.1, answering at once), the binary: enqueue, then drain --concurrency {concurrency}; enqueue input {} bytes",
+        input.len()
+    );
+    let once = |what: &str| -> Res<String> {
+        let st = server.stats()?;
+        let ok = st.requests == n as u64 && st.paths == n as u64 && st.duplicates == 0;
+        if !ok {
+            println!(
+                "(w) {what}: NOT exactly once: {} requests, {} distinct recipients, {} duplicates (want {n}, {n}, 0)",
+                st.requests, st.paths, st.duplicates
+            );
+        }
+        Ok(format!(
+            "{} requests to {} distinct recipients, {} duplicates: {}",
+            st.requests,
+            st.paths,
+            st.duplicates,
+            if ok {
+                "each exactly once"
+            } else {
+                "NOT exactly once"
+            }
+        ))
+    };
+    for round in 1..=rounds {
+        let hyper = hyper_limit(server, &l, concurrency)?;
+        let hyper_once = once("hyper limit")?;
+        let dir = tempfile::tempdir()?;
+        let db = dir.path().join("outbox.db");
+        let db = db.to_str().ok_or("path")?;
+        server.reset()?;
+        let enq = measured(
+            &bin,
+            &[
+                "--db",
+                db,
+                "enqueue",
+                "--actor",
+                "bench",
+                "--allow-private-destinations",
+            ],
+            Some(input.as_bytes()),
+            &dir.path().join("enqueue.log"),
+        )?;
+        let enqueued = server.stats()?.requests;
+        server.reset()?;
+        let log = dir.path().join("drain.log");
+        let drain = measured(
+            &bin,
+            &[
+                "--db",
+                db,
+                "drain",
+                "--actor",
+                "bench",
+                "--concurrency",
+                &concurrency.to_string(),
+                "--allow-private-destinations",
+                "--timeout",
+                "10s",
+            ],
+            None,
+            &log,
+        )?;
+        let drain_once = once("binary")?;
+        let size = |p: &str| std::fs::metadata(p).map_or(0, |m| m.len());
+        let last = std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .rev()
+            .find(|x| !x.trim().is_empty())
+            .unwrap_or_default()
+            .to_owned();
+        let mib = |kib: u64| kib as f64 / 1024.0;
+        println!(
+            "(w) round {round}:\n\
+             \x20   enqueue: {:.2} s, peak RSS {:.1} MiB, CPU {:.2} s (user {:.2} + sys {:.2}); requests during it: {enqueued}\n\
+             \x20   drain: {:.2} s, {:.0} deliveries/s, peak RSS {:.1} MiB, CPU {:.2} s (user {:.2} + sys {:.2}), {:.1} us per delivery; {drain_once}\n\
+             \x20   SQLite file after the drain {:.1} MiB (WAL {:.1} MiB); drain's last stderr line: {last}\n\
+             \x20   hyper limit ({concurrency} workers): {:.2} s, {:.0} deliveries/s, {:.1} us CPU per delivery; {hyper_once}\n\
+             \x20   binary drain / hyper limit: {:.2}x the throughput, {:.2}x the CPU per delivery",
+            enq.secs,
+            mib(enq.peak_rss_kib),
+            enq.cpu_us() as f64 / 1e6,
+            enq.user_us as f64 / 1e6,
+            enq.sys_us as f64 / 1e6,
+            drain.secs,
+            n as f64 / drain.secs.max(1e-9),
+            mib(drain.peak_rss_kib),
+            drain.cpu_us() as f64 / 1e6,
+            drain.user_us as f64 / 1e6,
+            drain.sys_us as f64 / 1e6,
+            drain.cpu_us() as f64 / n as f64,
+            size(db) as f64 / 1048576.0,
+            size(&format!("{db}-wal")) as f64 / 1048576.0,
+            hyper.secs,
+            hyper.rate(),
+            hyper.cpu_per(),
+            (n as f64 / drain.secs.max(1e-9)) / hyper.rate(),
+            (drain.cpu_us() as f64 / n as f64) / hyper.cpu_per().max(1e-9),
+        );
+    }
+    Ok(())
+}
+
+/// [`binary_drain`] with `db` as the `--db` value and the options after it.
+fn binary_drain_on(server: &Server, l: &Load, concurrency: usize, db: &[&str]) -> Res<Run> {
+    // `E2E_BIN`: another build of the binary, for an A/B of two builds in one run.
+    let bin = bin_path();
+    let bin = bin.as_str();
+    let lines = enqueue_input(l);
     let mut enq = std::process::Command::new(bin)
         .arg("--db")
         .args(db)
@@ -954,6 +1188,9 @@ fn svg(rows: &[Row]) -> String {
 
 fn main() -> Res<()> {
     let args: Vec<String> = std::env::args().collect();
+    if args.get(1).is_some_and(|a| a == "--measure") {
+        return measure_child(&args[2..]);
+    }
     if args.iter().any(|a| a == "--serve") {
         return serve();
     }
@@ -1155,6 +1392,9 @@ fn main() -> Res<()> {
             hyper: None,
         });
         print_rows(&rows[rows.len() - 1..]);
+    }
+    if want("w") {
+        wide(&server)?;
     }
     if want("e") {
         server.reset()?;

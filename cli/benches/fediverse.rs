@@ -37,10 +37,13 @@
 //! way), as p50/p90/p99/max of actual/ideal (a lane not complete by the end ranks as
 //! infinite); the sharedInbox lane's own ratio, and its rows answered by the end of the
 //! fan-out; when the last other healthy lane was complete, against the work bound (every
-//! answered row's latency over the 100 in flight: no schedule delivers the fan-out sooner);
+//! answered row's latency over the 100 in flight, or `FEDI_CONCURRENCY`'s: no schedule
+//! delivers the fan-out sooner);
 //! the makespan against the largest ideal; connections spent on dead origins (total, per dead
 //! origin, and within the first 15 s); deliveries, 410s, order violations (must be 0) and
-//! duplicates among answered requests; the drain's length and CPU time.
+//! duplicates among answered requests; the drain's length, CPU time (user + system, from
+//! `getrusage(RUSAGE_CHILDREN)` around it) and peak RSS (its `VmHWM` in `/proc`, sampled every
+//! 50 ms while it runs), and how long the untimed `enqueue` took.
 //!
 //! **Variants**: `before` runs the drain with `--host-failures 0` (origin health off),
 //! `after` with nothing more (its default: on). A binary without that flag refuses it (exit
@@ -55,6 +58,8 @@
 //! - `FEDI_VARIANTS` (default `before,after`);
 //! - `FEDI_DEADLINE` (seconds, default 180): when a drain still running is stopped (at seed 1
 //!   it ends by itself after about 130 s: the hanging lanes' four 30 s attempts);
+//! - `FEDI_CONCURRENCY` (default 100): the drain's `--concurrency`, or `default` to pass none
+//!   (the binary's default, read from its `drain --help`); the work bound divides by it;
 //! - `FEDI_BIN`: another build of the binary, for an A/B of two builds.
 //!
 //! It writes `benches/fediverse.svg` (the CDF of healthy lanes' actual/ideal per run, and
@@ -83,7 +88,7 @@ const MEDIAN_MS: f64 = 150.0;
 const SHARED_MEDIAN_MS: f64 = 10.0;
 /// No latency above this: under the default 30 s timeout.
 const CAP_MS: f64 = 20_000.0;
-/// The outbox's deliveries in flight.
+/// The outbox's deliveries in flight unless `FEDI_CONCURRENCY` says otherwise.
 const CONCURRENCY: usize = 100;
 /// The early window for connections to dead origins.
 const EARLY: Duration = Duration::from_secs(15);
@@ -656,6 +661,53 @@ impl Drop for FarmProcess {
 // One run
 // ---------------------------------------------------------------------------------------
 
+/// How the drain runs: its deadline and its `--concurrency`.
+struct Settings {
+    deadline: Duration,
+    /// The `--concurrency` passed, or `None`: the binary's default.
+    concurrency: Option<usize>,
+    /// Deliveries in flight at most: the work bound's divisor.
+    in_flight: usize,
+}
+
+impl Settings {
+    fn describe(&self) -> String {
+        match self.concurrency {
+            Some(c) => format!("--concurrency {c}"),
+            None => format!("default --concurrency ({})", self.in_flight),
+        }
+    }
+}
+
+/// The binary's default `--concurrency`, from its `drain --help` (`[default: N]`).
+fn default_concurrency() -> Res<usize> {
+    let out = Command::new(binary()).args(["drain", "--help"]).output()?;
+    let help = String::from_utf8_lossy(&out.stdout);
+    let after = help
+        .split("--concurrency <")
+        .nth(1)
+        .ok_or("drain --help names no --concurrency")?;
+    let n = after
+        .split("[default: ")
+        .nth(1)
+        .and_then(|r| r.split(']').next())
+        .ok_or("drain --help gives no default --concurrency")?;
+    Ok(n.trim().parse()?)
+}
+
+/// The high-water mark of a live process's resident set (`VmHWM`), KiB.
+fn vm_hwm_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// CPU time (user + system) of the waited-for children so far, in seconds.
 fn children_cpu() -> f64 {
     match nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN) {
@@ -701,6 +753,12 @@ struct Figures {
     secs: f64,
     ended: String,
     cpu: f64,
+    /// The drain's peak RSS, KiB (`VmHWM` sampled every 50 ms while it ran).
+    peak_rss_kib: u64,
+    /// The untimed `enqueue` before it, seconds.
+    enqueue_secs: f64,
+    /// Deliveries in flight at most (the work bound's divisor).
+    in_flight: usize,
     /// Per healthy lane: (ideal, actual) in seconds, actual `None` if not complete.
     lanes: Vec<(f64, Option<f64>)>,
     shared: (f64, Option<f64>),
@@ -781,12 +839,14 @@ fn run(
     input: &str,
     variant: &str,
     label: String,
-    deadline: Duration,
+    settings: &Settings,
 ) -> Res<Outcome> {
+    let deadline = settings.deadline;
     let bin = binary();
     let dir = tempfile::tempdir()?;
     let db = dir.path().join("outbox.db");
     let db = db.to_str().ok_or("path")?;
+    let enqueue_t0 = Instant::now();
     let mut enq = Command::new(&bin)
         .args(["--db", db, "enqueue", "--actor", ACTOR])
         .arg("--allow-private-destinations")
@@ -801,16 +861,16 @@ fn run(
     if !enq.wait()?.success() {
         return Err("enqueue failed".into());
     }
+    let enqueue_secs = enqueue_t0.elapsed().as_secs_f64();
     let log = dir.path().join("drain.log");
     let mut args: Vec<String> = ["--db", db, "drain", "--actor", ACTOR]
         .into_iter()
         .map(str::to_owned)
         .collect();
-    args.extend([
-        "--concurrency".into(),
-        CONCURRENCY.to_string(),
-        "--allow-private-destinations".into(),
-    ]);
+    if let Some(c) = settings.concurrency {
+        args.extend(["--concurrency".into(), c.to_string()]);
+    }
+    args.push("--allow-private-destinations".into());
     if variant == "before" {
         args.extend(["--host-failures".into(), "0".into()]);
     }
@@ -830,7 +890,11 @@ fn run(
     let mut stopped: Option<Instant> = None;
     let mut second = false;
     let mut status = None;
+    let mut peak_rss_kib = 0;
     for _ in 0..bound {
+        if let Some(k) = vm_hwm_kib(child.id()) {
+            peak_rss_kib = peak_rss_kib.max(k);
+        }
         if let Some(s) = child.try_wait()? {
             status = Some(s);
             break;
@@ -884,9 +948,20 @@ fn run(
         .unwrap_or_default()
         .to_owned();
     let d = farm.stats()?;
-    Ok(Outcome::Ran(Box::new(figures(
-        plan, &d, label, variant, secs, ended, cpu, summary,
-    ))))
+    let mut f = figures(
+        plan,
+        &d,
+        label,
+        variant,
+        secs,
+        ended,
+        cpu,
+        summary,
+        settings.in_flight,
+    );
+    f.peak_rss_kib = peak_rss_kib;
+    f.enqueue_secs = enqueue_secs;
+    Ok(Outcome::Ran(Box::new(f)))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -899,6 +974,7 @@ fn figures(
     ended: String,
     cpu: f64,
     summary: String,
+    in_flight: usize,
 ) -> Figures {
     let n = plan.inboxes.len();
     let mut max_seen: Vec<Option<u32>> = vec![None; n];
@@ -983,9 +1059,12 @@ fn figures(
         secs,
         ended,
         cpu,
+        peak_rss_kib: 0,
+        enqueue_secs: 0.0,
+        in_flight,
         lanes,
         shared: lane(plan.shared),
-        work_bound: work_us as f64 / 1e6 / CONCURRENCY as f64,
+        work_bound: work_us as f64 / 1e6 / in_flight.max(1) as f64,
         fan_out_done,
         shared_by_then,
         dead,
@@ -1017,8 +1096,15 @@ fn figures(
 fn print_run(f: &Figures) {
     let r = f.ratios();
     println!(
-        "\n{}: {:.1} s, drain {}; drain CPU {:.1} s",
-        f.label, f.secs, f.ended, f.cpu
+        "\n{}: {:.1} s, drain {}; drain CPU {:.1} s ({:.0} % of one core, {:.1} µs per answered request), peak RSS {:.1} MiB (VmHWM sampled every 50 ms); enqueue before it (untimed) {:.1} s",
+        f.label,
+        f.secs,
+        f.ended,
+        f.cpu,
+        f.cpu / f.secs.max(1e-9) * 100.0,
+        f.cpu * 1e6 / (f.deliveries + f.gone).max(1) as f64,
+        f.peak_rss_kib as f64 / 1024.0,
+        f.enqueue_secs
     );
     println!("  drain's last line: {}", f.summary);
     println!(
@@ -1031,9 +1117,10 @@ fn print_run(f: &Figures) {
         fmt_ratio(quantile(&r, 1.0)),
     );
     println!(
-        "  last fan-out lane complete at {} s, work bound {:.1} s (every answered row's latency / {CONCURRENCY} in flight); makespan {} s, largest ideal {:.1} s",
+        "  last fan-out lane complete at {} s, work bound {:.1} s (every answered row's latency / {} in flight); makespan {} s, largest ideal {:.1} s",
         secs(f.fan_out_done),
         f.work_bound,
+        f.in_flight,
         secs(f.makespan()),
         f.max_ideal()
     );
@@ -1080,14 +1167,14 @@ fn secs(t: Option<f64>) -> String {
 
 fn print_table(runs: &[Figures]) {
     println!(
-        "\n| run | healthy lanes complete | actual/ideal p50 | p90 | p99 | max | sharedInbox actual/ideal | last fan-out lane, s (work bound) | makespan, s (largest ideal) | connections to dead origins (first 15 s) | deliveries | order violations | duplicates | drain, s |"
+        "\n| run | healthy lanes complete | actual/ideal p50 | p90 | p99 | max | sharedInbox actual/ideal | last fan-out lane, s (work bound) | makespan, s (largest ideal) | connections to dead origins (first 15 s) | deliveries | order violations | duplicates | drain, s | drain CPU, s | peak RSS, MiB |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for f in runs {
         let r = f.ratios();
         let (total, early) = f.dead_conns();
         println!(
-            "| {} | {} / {} | {} | {} | {} | {} | {} | {} ({:.1}) | {} ({:.1}) | {total} ({early}) | {} | {} | {} | {:.0} |",
+            "| {} | {} / {} | {} | {} | {} | {} | {} | {} ({:.1}) | {} ({:.1}) | {total} ({early}) | {} | {} | {} | {:.0} | {:.1} | {:.0} |",
             f.label,
             f.complete(),
             f.lanes.len(),
@@ -1103,7 +1190,9 @@ fn print_table(runs: &[Figures]) {
             f.deliveries,
             f.violations,
             f.duplicates,
-            f.secs
+            f.secs,
+            f.cpu,
+            f.peak_rss_kib as f64 / 1024.0
         );
     }
 }
@@ -1253,6 +1342,33 @@ fn main() -> Res<()> {
     let seed = env("FEDI_SEED", 1) as u64;
     let rounds = env("FEDI_ROUNDS", 1).max(1);
     let deadline = Duration::from_secs(env("FEDI_DEADLINE", 180) as u64);
+    // `FEDI_CONCURRENCY`: a number, or `default` (no `--concurrency`: the binary's default).
+    let settings = match std::env::var("FEDI_CONCURRENCY")
+        .ok()
+        .as_deref()
+        .map(str::trim)
+    {
+        Some("default") => Settings {
+            deadline,
+            concurrency: None,
+            in_flight: default_concurrency()?,
+        },
+        Some(c) => {
+            let c: usize = c
+                .parse()
+                .map_err(|e| format!("FEDI_CONCURRENCY {c:?}: {e}"))?;
+            Settings {
+                deadline,
+                concurrency: Some(c),
+                in_flight: c,
+            }
+        }
+        None => Settings {
+            deadline,
+            concurrency: Some(CONCURRENCY),
+            in_flight: CONCURRENCY,
+        },
+    };
     let variants: Vec<String> = std::env::var("FEDI_VARIANTS")
         .unwrap_or_else(|_| "before,after".into())
         .split(',')
@@ -1293,7 +1409,11 @@ fn main() -> Res<()> {
         plan.inboxes.iter().filter(|i| i.gone).count()
     );
     println!(
-        "  outbox: `outbox-lanes drain --concurrency {CONCURRENCY} --allow-private-destinations` (other settings default; `before` adds `--host-failures 0`), SQLite file; deadline {} s; variants {variants:?} x {rounds} round(s)",
+        "  outbox: `outbox-lanes drain {}--allow-private-destinations` ({}; other settings default; `before` adds `--host-failures 0`), SQLite file; deadline {} s; variants {variants:?} x {rounds} round(s)",
+        settings
+            .concurrency
+            .map_or(String::new(), |c| format!("--concurrency {c} ")),
+        settings.describe(),
         deadline.as_secs()
     );
     let health = drain_has_flag("--host-failures")?;
@@ -1321,7 +1441,7 @@ fn main() -> Res<()> {
             } else {
                 name.to_owned()
             };
-            match run(&plan, &mut farm, &input, v, label, deadline)? {
+            match run(&plan, &mut farm, &input, v, label, &settings)? {
                 Outcome::Ran(f) => {
                     print_run(&f);
                     runs.push(*f);
@@ -1341,9 +1461,10 @@ fn main() -> Res<()> {
     print_table(&runs);
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/fediverse.svg");
     let title = format!(
-        "{} inboxes over {} origins, seed {seed}, drain --concurrency {CONCURRENCY}",
+        "{} inboxes over {} origins, seed {seed}, drain {}",
         plan.inboxes.len(),
-        plan.kinds.len()
+        plan.kinds.len(),
+        settings.describe()
     );
     std::fs::write(path, svg(&runs, &title))?;
     println!("\nchart: {path}");
