@@ -251,11 +251,11 @@ impl Drop for PassDone {
     }
 }
 
-/// The monitor's clocks, read only through the runtime's [`Clock`]. The book's time is the
-/// wall time at the monitor's start plus the monotonic time since: it never steps back, so a
-/// step of the wall clock stretches neither the upkeep interval nor the shutdown grace, and
-/// it moves with the runtime's timer (tokio's can be paused). The store is asked in
-/// wall-clock time (a lane's `not_before` is wall-clock).
+/// The monitor's clocks, read only through its outbox's [`Clock`] (the runtime's). The book's
+/// time is the wall time at the monitor's start plus the monotonic time since: it never steps
+/// back, so a step of the wall clock stretches neither the upkeep interval nor the shutdown
+/// grace, and it moves with the runtime's timer (tokio's can be paused). The store is asked
+/// in wall-clock time (a lane's `not_before` is wall-clock).
 struct Clocks {
     clock: Arc<dyn Clock>,
     wall_at_start: Timestamp,
@@ -369,7 +369,7 @@ impl<'a> MonitorLoop<'a> {
         MonitorLoop {
             rt,
             core,
-            clocks: Clocks::new(rt.clock()),
+            clocks: Clocks::new(Arc::clone(core.clock())),
             book,
             passes: HashMap::new(),
             reports,
