@@ -11,7 +11,7 @@
 //! This crate executes them against a [`Store`](outbox_lanes_store::Store):
 //!
 //! - [`engine`]: drains, passes as tasks, the monitor and shutdown, written once over the
-//!   small [`engine::Runtime`] trait (spawn, sleep, blocking calls, clock);
+//!   small [`engine::Runtime`] trait (spawn, sleep, blocking calls, clock, threads);
 //! - [`pass::PassCore`]: one pass, advanced in **rounds**. The engine feeds it events
 //!   (completions, wake-ups, timeouts, a stop or a cancellation) — cheap, no I/O — and then
 //!   runs one [`PassCore::round`](pass::PassCore::round) where blocking calls are allowed: it
@@ -52,6 +52,7 @@ mod outbox;
 pub mod pass;
 mod rates;
 pub mod request;
+mod runtime;
 pub mod sign;
 #[cfg(test)]
 mod testing;

@@ -19,13 +19,13 @@ use crate::ack::{AckWriter, AckWriterOptions};
 use crate::clock::Clock;
 use crate::config::OutboxConfig;
 use crate::control::{DrainControl, Signal, StopRecord};
-use crate::engine::Runtime;
 use crate::error::OutboxError;
 use crate::hooks::Hooks;
 use crate::hosts::HostCaps;
 use crate::job::Executor;
 use crate::origins::OriginGate;
 use crate::pass::PassReport;
+use crate::runtime::Runtime;
 
 /// What a drain request did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -455,7 +455,7 @@ mod tests {
     use outbox_lanes_store::{SqliteOptions, SqliteStore};
 
     use super::*;
-    use crate::engine::BoxFuture;
+    use crate::runtime::BoxFuture;
     use crate::testing::{Held, ManualClock, NamedThreads};
 
     /// A runtime that only gives its clock and its threads: opening an outbox asks nothing
