@@ -7,7 +7,8 @@
 //! - [`Scheduler`]: one actor's pass — admission of lane heads, one unit in flight per lane,
 //!   the retry ladder, stalls, lane backoff, dead letters and hand-back.
 //! - [`DrainSlots`]: at most one pass per actor in a process, without waiting.
-//! - [`MonitorBook`]: which actors to drain after a wake-up or a poll tick.
+//! - [`MonitorBook`]: which actors to drain after a wake-up or a poll tick, when the upkeep
+//!   is due, and how a stop proceeds (passes asked once, the grace).
 //! - [`PassSession`] and [`DrainSession`]: one pass's lifecycle (lease renewal, time slice,
 //!   shutdown grace, its end) and the drain-slot protocol around passes.
 //! - [`budget::BudgetBook`]: the in-flight budget of a process shared fairly between actors.

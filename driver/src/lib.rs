@@ -35,6 +35,7 @@
 mod ack;
 mod attempt;
 mod budget;
+pub mod builder;
 pub mod clock;
 mod config;
 mod control;
@@ -62,6 +63,7 @@ pub mod ureq_client;
 
 pub use crate::ack::{AckWriter, AckWriterOptions};
 pub use crate::budget::{FairShares, Reserve};
+pub use crate::builder::OutboxOptions;
 pub use crate::config::{DEFAULT_CONCURRENCY, OutboxConfig};
 pub use crate::control::{ControlSubscription, DrainControl, Signal, StopRecord};
 pub use crate::error::OutboxError;

@@ -36,7 +36,7 @@ mod thread;
 use std::fmt;
 use std::sync::Arc;
 
-use outbox_lanes_core::{ActorId, ActorResolver, IdentityResolver};
+use outbox_lanes_core::ActorId;
 pub use outbox_lanes_driver::engine::Stopped;
 use outbox_lanes_driver::engine::{self, Runtime};
 pub use outbox_lanes_driver::{
@@ -44,7 +44,7 @@ pub use outbox_lanes_driver::{
     LaneUnavailable, OriginConfig, OutboxConfig, OutboxError, PassReport, RateLimits, Reserve,
     SignatureMode, Signer, Started,
 };
-use outbox_lanes_driver::{Executor, OutboxCore};
+use outbox_lanes_driver::{Executor, OutboxCore, OutboxOptions};
 pub use outbox_lanes_driver::{core, sign, store};
 use outbox_lanes_store::{ActorStatus, DeadLetter, Enqueued, LaneStatus, NewRow, Store};
 
@@ -77,19 +77,16 @@ impl fmt::Debug for Outbox {
 
 /// Builder for an [`Outbox`] with hooks, a signer or an actor resolver.
 pub struct OutboxBuilder {
-    store: Arc<dyn Store>,
-    config: OutboxConfig,
-    resolver: Box<dyn ActorResolver + Send + Sync>,
-    hooks: Hooks,
-    signer: Option<Arc<dyn Signer>>,
+    options: OutboxOptions,
     executor: Option<Arc<dyn Executor>>,
 }
 
 impl fmt::Debug for OutboxBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OutboxBuilder")
-            .field("config", &self.config)
-            .finish_non_exhaustive()
+            .field("options", &self.options)
+            .field("executor", &self.executor.is_some())
+            .finish()
     }
 }
 
@@ -101,49 +98,24 @@ impl OutboxBuilder {
         self
     }
 
-    /// Maps actor aliases to canonical ids (two spellings of one actor share one slot).
-    pub fn resolver(mut self, r: impl ActorResolver + Send + Sync + 'static) -> Self {
-        self.resolver = Box::new(r);
-        self
-    }
-
-    /// Delivery hooks.
-    pub fn hooks(mut self, hooks: Hooks) -> Self {
-        self.hooks = hooks;
-        self
-    }
-
-    /// Signs every attempt: a signer by value (`HttpSignatures`, `StandardWebhooks`,
-    /// `WebhookSecrets`…) or shared in an `Arc` ([`IntoSigner`](sign::IntoSigner)).
-    pub fn signer(mut self, signer: impl sign::IntoSigner) -> Self {
-        self.signer = Some(signer.into_signer());
-        self
-    }
+    outbox_lanes_driver::outbox_builder_setters!();
 
     /// Opens the outbox: starts the ack writer; delivery workers start as attempts need them.
     ///
     /// # Errors
     /// The ack writer's thread could not be started, or the HTTP client could not be built.
     pub fn open(self) -> Result<Outbox, OutboxError> {
-        let mut config = self.config;
-        config.sign_with(self.signer.as_deref());
         let executor: Arc<dyn Executor> = match self.executor {
             Some(e) => e,
             None => {
-                let http = HttpClient::new(config.http.clone(), self.signer)
+                let config = self.options.config();
+                let http = HttpClient::new(config.http.clone(), self.options.signer.clone())
                     .map_err(|e| OutboxError::Http(e.to_string()))?;
                 Arc::new(ThreadPool::new(http, config.concurrency))
             }
         };
         let rt = Arc::new(ThreadRuntime);
-        let core = OutboxCore::new(
-            &*rt,
-            self.store,
-            config,
-            self.resolver,
-            self.hooks,
-            executor,
-        )?;
+        let core = self.options.open(&*rt, executor)?;
         Ok(Outbox {
             inner: Arc::new(core),
             rt,
@@ -163,11 +135,7 @@ impl Outbox {
     /// A builder, for hooks, a signer or an actor resolver.
     pub fn builder(store: Arc<dyn Store>, config: OutboxConfig) -> OutboxBuilder {
         OutboxBuilder {
-            store,
-            config,
-            resolver: Box::new(IdentityResolver),
-            hooks: Hooks::default(),
-            signer: None,
+            options: OutboxOptions::new(store, config),
             executor: None,
         }
     }

@@ -61,7 +61,7 @@ use std::fmt;
 use std::sync::Arc;
 
 pub use outbox_lanes_core as core;
-use outbox_lanes_core::{ActorId, ActorResolver, IdentityResolver};
+use outbox_lanes_core::ActorId;
 pub use outbox_lanes_driver::fmt::rfc3339;
 pub use outbox_lanes_driver::sign::{self, Signer};
 pub use outbox_lanes_driver::store;
@@ -70,7 +70,7 @@ pub use outbox_lanes_driver::{
     LaneUnavailable, OriginConfig, OutboxConfig, OutboxError, PassReport, RateLimits, Reserve,
     SignatureMode, Started,
 };
-use outbox_lanes_driver::{Executor, OutboxCore};
+use outbox_lanes_driver::{Executor, OutboxCore, OutboxOptions};
 use outbox_lanes_store::{ActorStatus, DeadLetter, Enqueued, LaneStatus, NewRow, Store};
 use tracing::warn;
 
@@ -130,42 +130,13 @@ impl fmt::Debug for Outbox {
 }
 
 /// Builder for an [`Outbox`] with hooks, a signer or an actor resolver.
+#[derive(Debug)]
 pub struct OutboxBuilder {
-    store: Arc<dyn Store>,
-    config: OutboxConfig,
-    resolver: Box<dyn ActorResolver + Send + Sync>,
-    hooks: Hooks,
-    signer: Option<Arc<dyn Signer>>,
-}
-
-impl fmt::Debug for OutboxBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("OutboxBuilder")
-            .field("config", &self.config)
-            .finish_non_exhaustive()
-    }
+    options: OutboxOptions,
 }
 
 impl OutboxBuilder {
-    /// Maps actor aliases to canonical ids (two spellings of one actor share one slot).
-    pub fn resolver(mut self, r: impl ActorResolver + Send + Sync + 'static) -> Self {
-        self.resolver = Box::new(r);
-        self
-    }
-
-    /// Delivery hooks. They are called from the pass (on the blocking pool, or on an executor
-    /// thread for `attempted`): keep them short, and do not block on the async runtime in them.
-    pub fn hooks(mut self, hooks: Hooks) -> Self {
-        self.hooks = hooks;
-        self
-    }
-
-    /// Signs every attempt: a signer by value (`HttpSignatures`, `StandardWebhooks`,
-    /// `WebhookSecrets`…) or shared in an `Arc` ([`IntoSigner`](sign::IntoSigner)).
-    pub fn signer(mut self, signer: impl sign::IntoSigner) -> Self {
-        self.signer = Some(signer.into_signer());
-        self
-    }
+    outbox_lanes_driver::outbox_builder_setters!();
 
     /// Opens the outbox on the executor the caller runs on, among this crate's features: a
     /// tokio runtime (feature `tokio`, delivering with hyper-util's client), else an async-std
@@ -182,7 +153,10 @@ impl OutboxBuilder {
     pub fn open(self) -> Result<Outbox, OutboxError> {
         #[cfg(feature = "tokio")]
         if let Ok(rt) = TokioRuntime::current() {
-            let http = AsyncHttpClient::new(self.config.http.clone(), self.signer.clone())?;
+            let http = AsyncHttpClient::new(
+                self.options.config().http.clone(),
+                self.options.signer.clone(),
+            )?;
             return self.finish(Arc::new(rt), Transport::Async(http));
         }
         #[cfg(feature = "async-std")]
@@ -210,8 +184,8 @@ impl OutboxBuilder {
     #[cfg(feature = "blocking-http")]
     pub fn open_on(self, runtime: Arc<dyn Runtime>) -> Result<Outbox, OutboxError> {
         let http = outbox_lanes_driver::ureq_client::HttpClient::new(
-            self.config.http.clone(),
-            self.signer.clone(),
+            self.options.config().http.clone(),
+            self.options.signer.clone(),
         )
         .map_err(|e| OutboxError::Http(e.to_string()))?;
         self.finish(runtime, Transport::Blocking(http))
@@ -221,30 +195,9 @@ impl OutboxBuilder {
         let executor: Arc<dyn Executor> = Arc::new(TaskExecutor::new(
             Arc::clone(&rt),
             transport,
-            self.config.concurrency,
+            self.options.config().concurrency,
         ));
-        let mut config = self.config;
-        config.sign_with(self.signer.as_deref());
-        // A core that cannot start (a thread of its own could not be spawned) lets its store
-        // go, and the last reference to a `PgStore` panics when dropped on an executor
-        // thread, where this runs: that one is let go where blocking is allowed.
-        let kept = Arc::clone(&self.store);
-        let opened = OutboxCore::new(
-            &*rt,
-            self.store,
-            config,
-            self.resolver,
-            self.hooks,
-            executor,
-        );
-        let core = match opened {
-            Ok(core) => core,
-            Err(e) => {
-                engine::drop_where_blocking(&*rt, kept);
-                return Err(e);
-            }
-        };
-        drop(kept);
+        let core = self.options.open(&*rt, executor)?;
         Ok(Outbox {
             inner: Arc::new(Inner {
                 core: Some(Arc::new(core)),
@@ -270,11 +223,7 @@ impl Outbox {
     /// A builder, for hooks, a signer, an actor resolver or another runtime.
     pub fn builder(store: Arc<dyn Store>, config: OutboxConfig) -> OutboxBuilder {
         OutboxBuilder {
-            store,
-            config,
-            resolver: Box::new(IdentityResolver),
-            hooks: Hooks::default(),
-            signer: None,
+            options: OutboxOptions::new(store, config),
         }
     }
 
