@@ -44,7 +44,7 @@ pub use monitor::{MonitorAction, MonitorBook, MonitorStop, TimeoutReason, Wake};
 pub use outcome::{DeadReason, MIN_DEFERRAL, Outcome};
 pub use scheduler::{
     Admit, AdmitError, AdmitSlot, ClaimReport, Command, EventError, HoldReason, LaneChunk,
-    LaneClaim, LaneControl, LaneInfo, Scheduler,
+    LaneClaim, LaneControl, LaneInfo, LaneWait, Scheduler,
 };
 pub use session::{
     DrainAction, DrainEnd, DrainSession, PassEnd, PassSession, SessionAction, SessionConfig,

@@ -20,7 +20,8 @@ pub struct Done {
     pub lane: LaneId,
     /// What the attempt came to.
     pub result: AttemptResult,
-    /// When the job was handed to the executor.
+    /// When the job was handed to the executor, by the monotonic clock of the pass that
+    /// started it.
     pub started: Instant,
 }
 
@@ -57,6 +58,7 @@ pub struct Job {
     pub payload: Arc<Payload>,
     /// The payload's body, as the request's body: the same bytes, not a copy.
     body: Bytes,
+    /// When the pass handed it to the executor (the pass's monotonic clock).
     started: Instant,
     sink: Option<Arc<dyn Completions>>,
     /// Cleared when the pass that started the job has ended.
@@ -93,6 +95,8 @@ impl std::fmt::Debug for Job {
 }
 
 impl Job {
+    /// A job the pass hands to the executor at `started` (the pass's monotonic clock: the
+    /// attempt's latency is measured from it).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         actor: ActorId,
@@ -102,6 +106,7 @@ impl Job {
         recipient: Arc<Destination>,
         attempt: u32,
         payload: Arc<Payload>,
+        started: Instant,
         sink: Arc<dyn Completions>,
         live: Arc<AtomicBool>,
     ) -> Job {
@@ -115,7 +120,7 @@ impl Job {
             attempt,
             payload,
             body,
-            started: Instant::now(),
+            started,
             sink: Some(sink),
             live,
             permit: None,

@@ -111,6 +111,7 @@ pub(crate) fn job(unit: u64, recipient: &str, reply: &mpsc::Sender<Done>) -> Job
             body: Vec::new(),
             headers: Vec::new(),
         }),
+        crate::clock::Clock::instant(&crate::clock::SystemClock),
         Arc::new(Chan(Mutex::new(reply.clone()))),
         Arc::new(AtomicBool::new(true)),
     )

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use outbox_lanes_core::policy::AddressPolicy;
 use outbox_lanes_core::{Outcome, PassEnd};
-use outbox_lanes_driver::clock::SystemClock;
+use outbox_lanes_driver::clock::{Clock, SystemClock};
 use outbox_lanes_driver::http::AttemptResult;
 use outbox_lanes_driver::pass::{PassCore, PassResult, RoundContext, now};
 use outbox_lanes_driver::{
@@ -59,6 +59,11 @@ impl Fixture {
         SqliteStore::open(self.dir.path().join("outbox.db"), SqliteOptions::default())
             .expect("open sqlite again")
     }
+}
+
+/// The clock a pass of these tests reads: the system's.
+fn clock() -> Arc<dyn Clock> {
+    Arc::new(SystemClock)
 }
 
 fn new_row(id: &str, to: &str) -> NewRow {
@@ -167,7 +172,7 @@ fn a_cancelled_pass_still_acks_what_was_delivered_and_calls_the_hook() {
     let cx = f.cx(&hooks);
     let sink = Arc::new(Sink::default());
     let t = token(&*f.store);
-    let mut pass = PassCore::new(t.clone(), &config(), sink.clone(), now(), now());
+    let mut pass = PassCore::new(t.clone(), &config(), sink.clone(), clock(), now());
     assert_eq!(pass.seed(), 7, "the configured seed is the pass's");
     let jobs = started(&mut pass, cx);
     assert_eq!(jobs.len(), 1, "one lane: one in flight");
@@ -196,7 +201,7 @@ fn a_cancelled_pass_still_acks_what_was_delivered_and_calls_the_hook() {
     // The next pass starts with the second unit, not the delivered one again.
     let _ = f.store.release_slot(&t).expect("release");
     let sink = Arc::new(Sink::default());
-    let mut next = PassCore::new(token(&*f.store), &config(), sink, now(), now());
+    let mut next = PassCore::new(token(&*f.store), &config(), sink, clock(), now());
     let jobs = started(&mut next, cx);
     assert_eq!(jobs.len(), 1);
     assert_ne!(jobs[0].unit, first);
@@ -208,7 +213,7 @@ fn attempts_that_never_left_are_retried_without_counting() {
     let hooks = Hooks::default();
     let cx = f.cx(&hooks);
     let sink = Arc::new(Sink::default());
-    let mut pass = PassCore::new(token(&*f.store), &config(), sink.clone(), now(), now());
+    let mut pass = PassCore::new(token(&*f.store), &config(), sink.clone(), clock(), now());
     // Twenty attempts dropped before they were sent (a delivery task the runtime dropped):
     // with max_attempts 3, counting them would have dead-lettered the unit "exhausted".
     for _ in 0..20 {
@@ -248,7 +253,7 @@ fn a_lost_slot_ends_the_pass_before_anything_else_starts() {
     let cx = f.cx(&hooks);
     let sink = Arc::new(Sink::default());
     let t = token(&*f.store);
-    let mut pass = PassCore::new(t.clone(), &config(), sink.clone(), now(), now());
+    let mut pass = PassCore::new(t.clone(), &config(), sink.clone(), clock(), now());
     let jobs = started(&mut pass, cx);
     assert_eq!(jobs.len(), 1);
     // The slot is lost (another holder took it over): this pass's acks are refused.
@@ -308,7 +313,7 @@ fn a_round_that_needs_no_store_runs_inline_and_one_that_writes_does_not() {
     let cx = f.cx(&hooks);
     let sink = Arc::new(Sink::default());
     let t = token(&*f.store);
-    let mut pass = PassCore::new(t.clone(), &config(), sink.clone(), now(), now());
+    let mut pass = PassCore::new(t.clone(), &config(), sink.clone(), clock(), now());
     // The first round must look for lanes in the store.
     assert!(pass.try_round_inline(cx).is_none());
     let jobs = started(&mut pass, cx);
@@ -373,7 +378,7 @@ fn a_lane_goes_on_while_its_refill_is_read() {
     let sink = Arc::new(Sink::default());
     let mut c = config();
     c.scheduler.max_per_lane = 16;
-    let mut pass = PassCore::new(token(&*f.store), &c, sink.clone(), now(), now());
+    let mut pass = PassCore::new(token(&*f.store), &c, sink.clone(), clock(), now());
     let mut bodies = Vec::new();
     let mut out: Option<Vec<outbox_lanes_store::ClaimRange>> = None;
     let (mut claims, mut sent_while_out) = (0, 0);
@@ -433,7 +438,7 @@ fn a_stop_without_grace_ends_the_pass_with_a_claim_out() {
     let mut c = config();
     c.shutdown_grace = Duration::ZERO;
     c.scheduler.max_per_lane = 16;
-    let mut pass = PassCore::new(token(&*f.store), &c, sink.clone(), now(), now());
+    let mut pass = PassCore::new(token(&*f.store), &c, sink.clone(), clock(), now());
     let mut sent = 0;
     let mut out = None;
     let mut jobs = started(&mut pass, cx);
@@ -488,7 +493,7 @@ fn a_lanes_url_is_parsed_once_per_pass_and_bodies_are_not_copied() {
     let hooks = Hooks::default();
     let cx = f.cx(&hooks);
     let sink = Arc::new(Sink::default());
-    let mut pass = PassCore::new(token(&*f.store), &config(), sink.clone(), now(), now());
+    let mut pass = PassCore::new(token(&*f.store), &config(), sink.clone(), clock(), now());
     let mut seen = Vec::new();
     // Each unit fails once (a retry), then is delivered: six attempts in all.
     for _ in 0..6 {
@@ -547,7 +552,7 @@ fn a_lane_paused_mid_pass_starts_nothing_more_and_its_units_go_back() {
         .expect("lane");
     let sink = Arc::new(Sink::default());
     let t = token(&*f.store);
-    let mut pass = PassCore::new(t.clone(), &config(), sink.clone(), now(), now());
+    let mut pass = PassCore::new(t.clone(), &config(), sink.clone(), clock(), now());
     let jobs = started(&mut pass, cx);
     assert_eq!(jobs.len(), 1);
     let first = jobs[0].unit;
@@ -580,7 +585,7 @@ fn a_lane_paused_mid_pass_starts_nothing_more_and_its_units_go_back() {
     let _ = f.store.release_slot(&t).expect("release");
     f.store.resume_lane(lane).expect("resume");
     let sink = Arc::new(Sink::default());
-    let mut next = PassCore::new(token(&*f.store), &config(), sink, now(), now());
+    let mut next = PassCore::new(token(&*f.store), &config(), sink, clock(), now());
     let jobs = started(&mut next, cx);
     assert_eq!(jobs.len(), 1);
     assert_ne!(jobs[0].unit, first);
@@ -611,7 +616,7 @@ fn refusing_config() -> OutboxConfig {
 /// A pass of the fixture's actor with [`refusing_config`], and the sink its jobs report to.
 fn refusing_pass(store: &dyn Store) -> (PassCore, Arc<Sink>) {
     let sink = Arc::new(Sink::default());
-    let pass = PassCore::new(token(store), &refusing(store), sink.clone(), now(), now());
+    let pass = PassCore::new(token(store), &refusing(store), sink.clone(), clock(), now());
     (pass, sink)
 }
 
@@ -819,7 +824,7 @@ fn a_later_unit_is_handed_out_only_once_the_dead_letters_before_it_are_committed
     let hooks = telling_hooks(f.second(), &told);
     let cx = f.cx(&hooks);
     let sink = Arc::new(Sink::default());
-    let mut pass = PassCore::new(token(&*f.store), &config(), sink.clone(), now(), now());
+    let mut pass = PassCore::new(token(&*f.store), &config(), sink.clone(), clock(), now());
     let mut sent = Vec::new();
     let mut jobs = started(&mut pass, cx);
     for _ in 0..100 {
@@ -894,7 +899,13 @@ fn a_failed_dead_letter_write_writes_and_reports_none_of_its_dead_letters() {
     let cx = f.cx(&hooks);
     let sink = Arc::new(Sink::default());
     let t = token(&*f.store);
-    let mut pass = PassCore::new(t.clone(), &refusing(&*f.store), sink.clone(), now(), now());
+    let mut pass = PassCore::new(
+        t.clone(),
+        &refusing(&*f.store),
+        sink.clone(),
+        clock(),
+        now(),
+    );
     let _ = drive(&mut pass, cx, &sink, refused);
     let r = pass.finish(cx);
     assert_eq!(r.end, PassEnd::StoreFailed);
@@ -930,7 +941,7 @@ fn a_stale_token_dead_letters_nothing() {
     }));
     let cx = f.cx(&hooks);
     let sink = Arc::new(Sink::default());
-    let mut pass = PassCore::new(t, &refusing(&*f.store), sink.clone(), now(), now());
+    let mut pass = PassCore::new(t, &refusing(&*f.store), sink.clone(), clock(), now());
     let _ = drive(&mut pass, cx, &sink, refused);
     let r = pass.finish(cx);
     assert_eq!(r.end, PassEnd::StoreFailed);
@@ -1032,7 +1043,7 @@ fn each_pass_reads_the_outboxs_destination_policy_when_it_begins() {
     let cx = f.cx(&hooks);
     let sink = Arc::new(Sink::default());
     let t = token(&*f.store);
-    let mut pass = PassCore::new(t.clone(), &own, sink.clone(), now(), now());
+    let mut pass = PassCore::new(t.clone(), &own, sink.clone(), clock(), now());
     let jobs = drive(&mut pass, cx, &sink, || result(Outcome::Delivered));
     let r = pass.finish(cx);
     let _ = f.store.release_slot(&t).expect("release");
@@ -1049,7 +1060,7 @@ fn each_pass_reads_the_outboxs_destination_policy_when_it_begins() {
     f.store
         .set_destination_policy(AddressPolicy::public_only())
         .expect("narrow");
-    let mut pass = PassCore::new(token(&*f.store), &own, sink.clone(), now(), now());
+    let mut pass = PassCore::new(token(&*f.store), &own, sink.clone(), clock(), now());
     let jobs = drive(&mut pass, cx, &sink, || result(Outcome::Delivered));
     let r = pass.finish(cx);
     assert_eq!(jobs, 0, "refused in its round, without a job");

@@ -123,7 +123,7 @@ mod types;
 
 pub use types::{
     Admit, AdmitError, AdmitSlot, ClaimReport, Command, EventError, HoldReason, LaneChunk,
-    LaneClaim, LaneControl, LaneInfo,
+    LaneClaim, LaneControl, LaneInfo, LaneWait,
 };
 
 use alloc::collections::{BinaryHeap, VecDeque};
@@ -362,6 +362,8 @@ impl Hasher for IdHasher {
 #[derive(Debug)]
 pub struct Scheduler {
     config: Config,
+    /// The seed `rng` and the lane hasher were made from: a run is replayed from it.
+    seed: u64,
     rng: Rng,
     now: Timestamp,
     table: LaneTable<LaneKey>,
@@ -395,6 +397,8 @@ pub struct Scheduler {
     /// Lanes whose head waits only for its rate limit (`pace_wait`).
     paced: usize,
     stopping: bool,
+    /// What [`Scheduler::poll_waiting`] said last.
+    waiting: bool,
 }
 
 impl Scheduler {
@@ -403,6 +407,7 @@ impl Scheduler {
     pub fn new(config: Config, seed: u64) -> Self {
         Scheduler {
             config,
+            seed,
             rng: Rng::new(seed),
             now: Timestamp::EPOCH,
             table: LaneTable::new(seed),
@@ -428,6 +433,7 @@ impl Scheduler {
             retry_pending: 0,
             paced: 0,
             stopping: false,
+            waiting: false,
         }
     }
 
@@ -463,6 +469,48 @@ impl Scheduler {
     /// Attempts in flight.
     pub fn in_flight(&self) -> usize {
         self.in_flight
+    }
+
+    /// The seed given at construction: the same seed replays the same run.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Whether `lane` waits before its next attempt, and how: in backoff (a level above
+    /// zero, its probe due once `not_before` has passed), or throttled (level zero with a
+    /// `not_before`, until an answer clears it, OL-7). `None`: open, or not a lane of this
+    /// scheduler. The state the inputs so far left: a [`Command::LaneBackoff`],
+    /// [`Command::LaneOpen`] or [`Command::LaneRestart`] still queued has applied already.
+    pub fn lane_wait(&self, lane: LaneId) -> Option<LaneWait> {
+        let l = self.lanes.get(lane.index())?;
+        (l.level > 0 || l.not_before.is_some()).then_some(LaneWait {
+            level: l.level,
+            not_before: l.not_before,
+        })
+    }
+
+    /// How many recipients of `unit` are neither delivered nor dead-lettered yet. `None`:
+    /// the unit is not admitted (never, or it finished or was handed back — commands about
+    /// it may still be queued).
+    pub fn unit_open(&self, unit: UnitId) -> Option<usize> {
+        let &idx = self.index.get(&unit)?;
+        let u = &self.units[idx as usize];
+        Some(u.slots.iter().filter(|s| !s.phase.resolved()).count())
+    }
+
+    /// Whether the pass came to only wait (`Some(true)`) or has work again (`Some(false)`)
+    /// since the last call; `None`: no change. Waiting: attempts in flight, and nothing
+    /// else to do now ([`Scheduler::only_waits`]) — here nor, by `busy`, in the runtime
+    /// (reads or writes it still has to make). A runtime tells its monitor, which does not
+    /// count a waiting pass against its bound (OL-13). A pass waiting only for an in-pass
+    /// retry's timer (nothing in flight) still counts: waiting passes each hold an attempt
+    /// in flight, so the monitor's `concurrency` bounds them.
+    pub fn poll_waiting(&mut self, now: Timestamp, busy: bool) -> Option<bool> {
+        let waiting = !busy && self.in_flight > 0 && self.only_waits(now);
+        (waiting != self.waiting).then(|| {
+            self.waiting = waiting;
+            waiting
+        })
     }
 
     /// Stop starting units (graceful shutdown or the end of a time slice): attempts in
@@ -519,6 +567,7 @@ impl Scheduler {
         self.retry_pending = 0;
         self.paced = 0;
         self.stopping = false;
+        self.waiting = false;
     }
 
     /// A pass that ends (stopped, interrupted) while a lane's head waits for the retry of a
@@ -628,5 +677,297 @@ impl Scheduler {
                 .iter()
                 .chain(&self.claim_queue)
                 .any(|l| Self::claimable(&self.lanes[l.index()], now, max).is_some()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Transcripts of the queries a runtime asks between commands: the exact commands of
+    //! each step, and what the query answers after it.
+
+    use alloc::vec;
+    use alloc::vec::Vec;
+    use core::time::Duration;
+
+    use super::{Admit, Command, HoldReason, LaneChunk, LaneInfo, LaneWait, Scheduler};
+    use crate::config::Config;
+    use crate::ids::{LaneId, Seq, UnitId};
+    use crate::lane::LaneKey;
+    use crate::outcome::Outcome;
+    use crate::time::Timestamp;
+
+    const T0: Timestamp = Timestamp::from_secs(1_700_000_000);
+
+    fn at(secs: u64) -> Timestamp {
+        T0.saturating_add(Duration::from_secs(secs))
+    }
+
+    fn drain(s: &mut Scheduler) -> Vec<Command> {
+        core::iter::from_fn(|| s.poll_command()).collect()
+    }
+
+    fn lane(s: &mut Scheduler, url: &str) -> LaneId {
+        let l = s.lane(&LaneKey::new(url, None).expect("a valid URL"));
+        s.handle_lane(l, LaneInfo::default(), T0);
+        l
+    }
+
+    /// Answers the scheduler's claim with `units` for each lane it asks for (all of them:
+    /// the lanes are exhausted).
+    fn admit(s: &mut Scheduler, units: impl Fn(LaneId) -> Vec<Admit>) {
+        let claims = s.poll_claim(T0).expect("a claim");
+        let chunks = claims
+            .iter()
+            .map(|c| LaneChunk {
+                lane: c.lane,
+                units: units(c.lane),
+                exhausted: true,
+            })
+            .collect();
+        let report = s.handle_claimed(chunks, T0);
+        assert!(report.refused.is_empty(), "{report:?}");
+    }
+
+    fn config() -> Config {
+        Config {
+            jitter_percent: 0,
+            pass_attempts: 2,
+            ..Config::default()
+        }
+    }
+
+    #[test]
+    fn the_seed_is_the_one_given() {
+        assert_eq!(Scheduler::new(Config::default(), 42).seed(), 42);
+    }
+
+    #[test]
+    fn lane_wait_follows_a_throttle_a_stall_its_probe_and_the_answer() {
+        let mut s = Scheduler::new(config(), 7);
+        let l = lane(&mut s, "https://a.example/inbox");
+        let (u1, u2) = (UnitId(1), UnitId(2));
+        assert_eq!(s.lane_wait(l), None);
+        admit(&mut s, |l| {
+            vec![Admit::single(u1, Seq(1), l), Admit::single(u2, Seq(2), l)]
+        });
+        assert_eq!(
+            drain(&mut s),
+            [Command::Start {
+                unit: u1,
+                lane: l,
+                attempt: 1
+            }]
+        );
+
+        // A Retry-After longer than the ladder's step throttles the lane (level 0).
+        let throttled = Outcome::Throttled {
+            retry_after: Some(Duration::from_secs(60)),
+        };
+        s.handle_outcome(u1, l, throttled, T0).expect("in flight");
+        assert_eq!(
+            drain(&mut s),
+            [
+                Command::RecordAttempt {
+                    unit: u1,
+                    lane: l,
+                    attempts: 0,
+                    counted: false
+                },
+                Command::LaneBackoff {
+                    lane: l,
+                    not_before: at(60),
+                    level: 0
+                },
+            ]
+        );
+        let throttle = LaneWait {
+            level: 0,
+            not_before: Some(at(60)),
+        };
+        assert_eq!(s.lane_wait(l), Some(throttle));
+
+        // Its end is no answer: the lane stays throttled while its head is tried again.
+        s.handle_timeout(at(60));
+        assert_eq!(
+            drain(&mut s),
+            [Command::Start {
+                unit: u1,
+                lane: l,
+                attempt: 1
+            }]
+        );
+        assert_eq!(s.lane_wait(l), Some(throttle));
+
+        // The second failure in a row stalls it: level 1, 30 s.
+        let failed = Outcome::Transient { retry_after: None };
+        s.handle_outcome(u1, l, failed, at(60)).expect("in flight");
+        assert_eq!(
+            drain(&mut s),
+            [
+                Command::RecordAttempt {
+                    unit: u1,
+                    lane: l,
+                    attempts: 1,
+                    counted: true
+                },
+                Command::LaneFailing {
+                    lane: l,
+                    since: Some(at(60))
+                },
+                Command::LaneBackoff {
+                    lane: l,
+                    not_before: at(90),
+                    level: 1
+                },
+                Command::Hold {
+                    unit: u1,
+                    lane: l,
+                    reason: HoldReason::Stalled
+                },
+                Command::HandBack { unit: u2 },
+            ]
+        );
+        assert_eq!(
+            s.lane_wait(l),
+            Some(LaneWait {
+                level: 1,
+                not_before: Some(at(90))
+            })
+        );
+
+        // The backoff ends: the probe goes out, the level stays until it is answered.
+        s.handle_timeout(at(90));
+        assert_eq!(
+            drain(&mut s),
+            [Command::Start {
+                unit: u1,
+                lane: l,
+                attempt: 2
+            }]
+        );
+        assert_eq!(
+            s.lane_wait(l),
+            Some(LaneWait {
+                level: 1,
+                not_before: None
+            })
+        );
+        s.handle_outcome(u1, l, Outcome::Delivered, at(91))
+            .expect("in flight");
+        assert_eq!(
+            drain(&mut s),
+            [
+                Command::Delivered { unit: u1, lane: l },
+                Command::LaneFailing {
+                    lane: l,
+                    since: None
+                },
+                Command::LaneOpen { lane: l },
+            ]
+        );
+        assert_eq!(s.lane_wait(l), None);
+        assert_eq!(
+            s.lane_wait(LaneId(99)),
+            None,
+            "not a lane of this scheduler"
+        );
+    }
+
+    #[test]
+    fn unit_open_counts_a_joined_units_recipients_until_it_leaves() {
+        let mut s = Scheduler::new(config(), 7);
+        let a = lane(&mut s, "https://a.example/inbox");
+        let b = lane(&mut s, "https://b.example/inbox");
+        let u = UnitId(1);
+        assert_eq!(s.unit_open(u), None, "not admitted yet");
+        admit(&mut s, |_| vec![Admit::joined(u, Seq(1), &[a, b])]);
+        assert_eq!(
+            drain(&mut s),
+            [
+                Command::Start {
+                    unit: u,
+                    lane: a,
+                    attempt: 1
+                },
+                Command::Start {
+                    unit: u,
+                    lane: b,
+                    attempt: 1
+                },
+            ]
+        );
+        assert_eq!(s.unit_open(u), Some(2));
+        s.handle_outcome(u, a, Outcome::Delivered, T0)
+            .expect("in flight");
+        assert_eq!(s.unit_open(u), Some(1));
+        // A transient failure leaves the recipient open.
+        s.handle_outcome(u, b, Outcome::Transient { retry_after: None }, T0)
+            .expect("in flight");
+        assert_eq!(s.unit_open(u), Some(1));
+        s.handle_timeout(at(1));
+        s.handle_outcome(u, b, Outcome::Delivered, at(1))
+            .expect("in flight");
+        // The unit left: its commands are still queued, for the runtime to execute.
+        assert_eq!(s.unit_open(u), None);
+        assert_eq!(
+            drain(&mut s),
+            [
+                Command::Delivered { unit: u, lane: a },
+                Command::RecordAttempt {
+                    unit: u,
+                    lane: b,
+                    attempts: 1,
+                    counted: true
+                },
+                Command::LaneFailing {
+                    lane: b,
+                    since: Some(T0)
+                },
+                Command::Start {
+                    unit: u,
+                    lane: b,
+                    attempt: 2
+                },
+                Command::Delivered { unit: u, lane: b },
+                Command::LaneFailing {
+                    lane: b,
+                    since: None
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn poll_waiting_says_each_change_once() {
+        let mut s = Scheduler::new(config(), 7);
+        let l = lane(&mut s, "https://a.example/inbox");
+        let u = UnitId(1);
+        // Lanes to read: work to do.
+        assert_eq!(s.poll_waiting(T0, false), None);
+        admit(&mut s, |l| vec![Admit::single(u, Seq(1), l)]);
+        // A command queued is work too.
+        assert_eq!(s.poll_waiting(T0, false), None);
+        assert_eq!(
+            drain(&mut s),
+            [Command::Start {
+                unit: u,
+                lane: l,
+                attempt: 1
+            }]
+        );
+        // Only the attempt in flight is left.
+        assert_eq!(s.poll_waiting(T0, false), Some(true));
+        assert_eq!(s.poll_waiting(at(5), false), None, "no change");
+        // The runtime has reads or writes of its own to make.
+        assert_eq!(s.poll_waiting(at(5), true), Some(false));
+        assert_eq!(s.poll_waiting(at(5), false), Some(true));
+        // An in-pass retry due: nothing in flight, work again.
+        s.handle_outcome(u, l, Outcome::Transient { retry_after: None }, at(5))
+            .expect("in flight");
+        assert_eq!(s.poll_waiting(at(5), false), Some(false));
+        let _ = drain(&mut s);
+        assert_eq!(s.poll_waiting(at(5), false), None, "nothing in flight");
+        s.handle_pass_end(at(5));
+        assert_eq!(s.poll_waiting(at(5), false), None);
     }
 }

@@ -331,3 +331,16 @@ pub struct ClaimReport {
     /// Units refused (the rest of their chunk is left for a later claim).
     pub refused: Vec<AdmitError>,
 }
+
+/// A lane that waits before its next attempt: in backoff, or throttled
+/// ([`Scheduler::lane_wait`](super::Scheduler::lane_wait)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaneWait {
+    /// Its backoff level: above zero its head is attempted once (a probe, OL-11); zero: a
+    /// throttle (a Retry-After or a host's deferral), or its mark left by an earlier pass,
+    /// which stays until an answer clears it (OL-7).
+    pub level: u32,
+    /// Nothing of it starts before then. `None`: its backoff ended and its probe is due or
+    /// out (level above zero only).
+    pub not_before: Option<Timestamp>,
+}

@@ -33,7 +33,7 @@ use super::{Runtime, shutting_down, unblock, wake};
 use crate::control::DrainControl;
 use crate::job::{Completions, Done, Job};
 use crate::outbox::OutboxCore;
-use crate::pass::{PassCore, PassResult, RoundContext, now};
+use crate::pass::{PassCore, PassResult, RoundContext};
 
 /// Completions taken in one wake-up, at most.
 const BATCH: usize = 4096;
@@ -113,7 +113,7 @@ pub async fn run_pass(
             tx,
             local: local.completed(),
         }),
-        now(),
+        Arc::clone(core.clock()),
         lease_renewed,
     ));
     let mut events = Events {
@@ -158,9 +158,9 @@ pub async fn run_pass(
 fn apply_control(pass: &mut PassCore, core: &OutboxCore, control: &DrainControl) {
     pass.set_slicing(control.slicing());
     if control.is_cancelled() {
-        pass.handle_cancel(now());
+        pass.handle_cancel(pass.now());
     } else if control.is_stopped() || core.is_stopping() {
-        pass.handle_shutdown(now());
+        pass.handle_shutdown(pass.now());
     }
 }
 
@@ -209,7 +209,7 @@ fn send_claim(
 
 /// How long the pass may wait for an event: until its next deadline, at most [`MAX_WAIT`].
 fn next_wait(pass: &mut PassCore) -> Duration {
-    let t = now();
+    let t = pass.now();
     pass.poll_timeout()
         .map_or(MAX_WAIT, |d| {
             Duration::from_millis(d.as_millis().saturating_sub(t.as_millis()))
@@ -289,7 +289,7 @@ impl Events {
     /// Hands the pass everything that is ready, whatever woke it: one round for many
     /// completions.
     fn hand_to(&mut self, pass: &mut PassCore, core: &OutboxCore) {
-        let t = now();
+        let t = pass.now();
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         loop {
             for d in self.batch.drain(..) {
@@ -318,6 +318,6 @@ fn start(core: &OutboxCore, job: Job, pass: &mut PassCore) {
         // The executor stopped: the job reports NotSent as it is dropped; nothing new
         // starts.
         drop(job);
-        pass.handle_shutdown(now());
+        pass.handle_shutdown(pass.now());
     }
 }

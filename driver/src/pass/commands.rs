@@ -1,7 +1,5 @@
 //! The scheduler's commands executed against the store, one at a time, in order.
 
-use std::time::Instant;
-
 use outbox_lanes_core::{Command, DeadReason, HoldReason, LaneId, Timestamp, UnitId};
 use outbox_lanes_store::{
     AttemptRecord, DeadLetterRequest, SlotToken, Store, StoreError, StoreLaneId, WrittenDeadLetter,
@@ -10,7 +8,6 @@ use tracing::{debug, info, trace, warn};
 
 use super::{
     INTERRUPTED, NeedsStore, PassCore, PendingDead, RESOLVED_PER_ROUND, RoundContext, Start, Units,
-    now,
 };
 use crate::fmt::rfc3339;
 use crate::hooks::{DeadLettered, Delivered, LaneUnavailable};
@@ -61,7 +58,7 @@ impl PassCore {
             .pop_front()
             .or_else(|| self.sched.poll_command())
         {
-            if inline && self.needs_store(&cmd) {
+            if inline && writes(&cmd) {
                 self.round.deferred.push_front(cmd);
                 result = Err(NeedsStore);
                 break;
@@ -69,10 +66,14 @@ impl PassCore {
             n += 1;
             self.command(cx, cmd, starts);
         }
+        if result.is_ok() {
+            // Nothing about them is queued any more.
+            self.forget_left_units();
+        }
         if inline {
             if !self.pending.records.is_empty()
                 || !self.pending.host_pauses.is_empty()
-                || self.jobs.marks_due()
+                || self.jobs.marks_due(self.clock.now())
             {
                 result = Err(NeedsStore);
             }
@@ -136,17 +137,18 @@ impl PassCore {
     ) {
         if let Some(info) = self.units.info.get(&unit) {
             trace!(actor = %self.actor, unit = unit.0, row = %info.row_id,
-                recipient = self.lanes.recipient(lane), attempt,
-                queued_ms = now().saturating_duration_since(info.enqueued_at).as_millis() as u64,
+                recipient = self.recipient(lane), attempt,
+                queued_ms = self.now().saturating_duration_since(info.enqueued_at).as_millis() as u64,
                 "started");
         }
-        // A start in a lane in backoff is its probe (OL-11): one per interval.
-        if let Some(&level) = self.lane_log.waiting.get(&lane) {
-            if level > 0 {
-                info!(actor = %self.actor, recipient = self.lanes.recipient(lane), unit = unit.0,
-                    level, attempt, "lane probed: one attempt at its head");
+        // A start in a lane in backoff is its probe (OL-11): one per interval. (The lane's
+        // attempt is out from now on: nothing changes its wait before its outcome.)
+        if let Some(w) = self.sched.lane_wait(lane) {
+            if w.level > 0 {
+                info!(actor = %self.actor, recipient = self.recipient(lane), unit = unit.0,
+                    level = w.level, attempt, "lane probed: one attempt at its head");
             } else {
-                debug!(actor = %self.actor, recipient = self.lanes.recipient(lane), unit = unit.0,
+                debug!(actor = %self.actor, recipient = self.recipient(lane), unit = unit.0,
                     attempt, "throttled lane retried");
             }
         }
@@ -160,11 +162,10 @@ impl PassCore {
         // say) follows in this round, so a deep refused lane is dead-lettered in few
         // rounds and transactions. Only on a fresh read of the lane controls, as a
         // send (OL-14): an operator's action on the lane comes first.
-        let unsendable = self.lanes.lane_destination(lane).refused().cloned();
+        let at = self.instant();
+        let unsendable = self.lane_destination(lane).refused(at).cloned();
         if let Some(result) = unsendable {
-            if self.round.resolved < RESOLVED_PER_ROUND
-                && self.round.control.fresh_at(Instant::now())
-            {
+            if self.round.resolved < RESOLVED_PER_ROUND && self.round.control.fresh_at(at) {
                 self.round.resolved += 1;
                 self.not_sendable(cx.hooks, unit, lane, attempt, result);
                 return;
@@ -179,7 +180,8 @@ impl PassCore {
     }
 
     /// A delivery: acked (even after a failure: an ack is harmless, a lost one is a resend),
-    /// logged, reported; a throttle ends with it.
+    /// logged, reported. (A backoff or throttle it ended is cleared by the
+    /// [`Command::LaneOpen`] that follows.)
     fn on_delivered(&mut self, cx: RoundContext<'_>, unit: UnitId, lane: LaneId) {
         // Acked even after a failure: an ack is harmless, a lost one is a resend.
         self.pending.acked.push((unit, self.lanes.store_lane(lane)));
@@ -189,28 +191,14 @@ impl PassCore {
             let entry = self.log_entry(unit, lane, &row, i, true);
             self.pending.acked_log.push(entry);
         }
-        trace!(actor = %self.actor, unit = unit.0, %row, recipient = self.lanes.recipient(lane),
+        trace!(actor = %self.actor, unit = unit.0, %row, recipient = self.recipient(lane),
             "delivered");
-        // Only lanes that failed are in these maps: a healthy lane pays two checks.
-        if !self.lane_log.failure.is_empty() {
-            self.lane_log.failure.remove(&lane);
-        }
-        // A throttle ends with the lane's first delivery: its persisted `not_before`
-        // is cleared then (a backoff is cleared by the LaneOpen that follows).
-        if !self.lane_log.waiting.is_empty() && self.recovered(lane, "delivered") == Some(0) {
-            self.write(
-                cx,
-                "lane state",
-                |s, t, l| s.set_lane_state(t, l, None, 0),
-                lane,
-            );
-        }
         if let Some(hook) = &cx.hooks.delivered {
             hook(&Delivered {
                 actor: self.actor.clone(),
                 unit,
                 row_id: row,
-                recipient: self.lanes.recipient(lane).to_owned(),
+                recipient: self.recipient(lane).to_owned(),
             });
         }
     }
@@ -223,7 +211,7 @@ impl PassCore {
             .last
             .get(&(unit, lane))
             .map_or((None, None), |r| (r.status, r.error.clone()));
-        debug!(actor = %self.actor, unit = unit.0, recipient = self.lanes.recipient(lane),
+        debug!(actor = %self.actor, unit = unit.0, recipient = self.recipient(lane),
             attempts, counted, status, error = error.as_deref(), "attempt failed");
         if let Some(i) = self.pending.log_info.remove(&(unit, lane)) {
             let row = self
@@ -240,13 +228,13 @@ impl PassCore {
             attempts,
             status,
             error,
-            at: now(),
+            at: self.now(),
         });
     }
 
     /// An attempt cut off in flight: recorded with [`INTERRUPTED`], not counted.
     fn on_interrupted(&mut self, unit: UnitId, lane: LaneId, attempts: u32) {
-        info!(actor = %self.actor, unit = unit.0, recipient = self.lanes.recipient(lane),
+        info!(actor = %self.actor, unit = unit.0, recipient = self.recipient(lane),
             attempts, "attempt interrupted in flight; the unit will be sent again");
         self.pending.records.push(AttemptRecord {
             unit,
@@ -254,7 +242,7 @@ impl PassCore {
             attempts,
             status: None,
             error: Some(INTERRUPTED.to_owned()),
-            at: now(),
+            at: self.now(),
         });
     }
 
@@ -263,11 +251,11 @@ impl PassCore {
     fn on_hold(&mut self, cx: RoundContext<'_>, unit: UnitId, lane: LaneId, reason: HoldReason) {
         match reason {
             HoldReason::Stalled => {
-                debug!(actor = %self.actor, unit = unit.0, recipient = self.lanes.recipient(lane),
+                debug!(actor = %self.actor, unit = unit.0, recipient = self.recipient(lane),
                 "stalled: held until the lane's next attempt");
             }
             HoldReason::Blocked => {
-                warn!(actor = %self.actor, unit = unit.0, recipient = self.lanes.recipient(lane),
+                warn!(actor = %self.actor, unit = unit.0, recipient = self.recipient(lane),
                 "strict lane blocked on its head until an operator acts");
                 self.write(
                     cx,
@@ -279,7 +267,9 @@ impl PassCore {
         }
     }
 
-    /// A lane entering or staying in backoff: logged and written.
+    /// A lane entering or staying in backoff, or throttled: written. (Its INFO line came
+    /// with the outcome that decided it, [`PassCore::log_lane_wait`]; a pass that ends while
+    /// a throttle's retry waits leaves the throttle's mark here, at DEBUG.)
     fn on_lane_backoff(
         &mut self,
         cx: RoundContext<'_>,
@@ -287,7 +277,8 @@ impl PassCore {
         not_before: Timestamp,
         level: u32,
     ) {
-        self.log_backoff(lane, not_before, level);
+        debug!(actor = %self.actor, recipient = self.recipient(lane), level,
+            next_attempt = %rfc3339(not_before), "lane waits: its next attempt written");
         self.write(
             cx,
             "lane state",
@@ -296,9 +287,10 @@ impl PassCore {
         );
     }
 
-    /// A lane that answered again: logged and written.
+    /// A lane that answered again: written. (Its recovery's INFO line came with the
+    /// outcome, [`PassCore::log_lane_wait`].)
     fn on_lane_open(&mut self, cx: RoundContext<'_>, lane: LaneId) {
-        self.recovered(lane, "the recipient answered");
+        debug!(actor = %self.actor, recipient = self.recipient(lane), "lane open");
         self.write(
             cx,
             "lane state",
@@ -309,7 +301,7 @@ impl PassCore {
 
     /// A lane's run of failures: written.
     fn on_lane_failing(&mut self, cx: RoundContext<'_>, lane: LaneId, since: Option<Timestamp>) {
-        debug!(actor = %self.actor, recipient = self.lanes.recipient(lane),
+        debug!(actor = %self.actor, recipient = self.recipient(lane),
             since = since.map(rfc3339), "lane's run of failures");
         self.write(
             cx,
@@ -323,8 +315,7 @@ impl PassCore {
     fn on_lane_restart(&mut self, cx: RoundContext<'_>, lane: LaneId) {
         // Its head was dead-lettered after its attempts: the next unit gets a
         // schedule of its own (OL-8).
-        self.lane_log.waiting.remove(&lane);
-        debug!(actor = %self.actor, recipient = self.lanes.recipient(lane),
+        debug!(actor = %self.actor, recipient = self.recipient(lane),
             "lane starts over after its head's last attempt");
         self.write(
             cx,
@@ -336,8 +327,8 @@ impl PassCore {
 
     /// A lane failing for longer than allowed: written, logged at WARN, reported.
     fn on_lane_unavailable(&mut self, cx: RoundContext<'_>, lane: LaneId, since: Timestamp) {
-        let at = now();
-        warn!(actor = %self.actor, recipient = self.lanes.recipient(lane),
+        let at = self.now();
+        warn!(actor = %self.actor, recipient = self.recipient(lane),
             failing_since = %rfc3339(since),
             "lane unavailable: failing for longer than allowed; its units are \
              dead-lettered together (lane_unavailable) until it answers again");
@@ -352,7 +343,7 @@ impl PassCore {
         {
             hook(&LaneUnavailable {
                 actor: self.actor.clone(),
-                recipient: self.lanes.recipient(lane).to_owned(),
+                recipient: self.recipient(lane).to_owned(),
                 failing_since: since,
                 at,
             });
@@ -377,7 +368,7 @@ impl PassCore {
             reason,
             status,
             error,
-            at: now(),
+            at: self.now(),
         };
         self.pending.dead.push(PendingDead { req, lane, row });
     }
@@ -392,14 +383,15 @@ impl PassCore {
         if self.error.is_some() {
             return;
         }
+        let t = self.now();
         let retired =
             match cx
                 .store
-                .retire_lane(&self.token, self.lanes.store_lane(lane), now(), reason)
+                .retire_lane(&self.token, self.lanes.store_lane(lane), t, reason)
             {
                 Ok(retired) => retired,
                 Err(e) => {
-                    self.store_failed("retire lane", e, now());
+                    self.store_failed("retire lane", e, t);
                     return;
                 }
             };
@@ -407,17 +399,17 @@ impl PassCore {
         self.report.dead_lettered += units;
         // One INFO line for the lane, not one per unit: a retired lane can be deep.
         if reason == DeadReason::LaneRetired {
-            info!(actor = %self.actor, recipient = self.lanes.recipient(lane), units,
+            info!(actor = %self.actor, recipient = self.recipient(lane), units,
                 "lane retired (410 Gone)");
         } else if units > 0 {
-            info!(actor = %self.actor, recipient = self.lanes.recipient(lane), units,
+            info!(actor = %self.actor, recipient = self.recipient(lane), units,
                 reason = reason.as_str(), "the lane's pending units dead-lettered together");
         }
         for d in retired {
             // Admitted units of the lane are resolved (the scheduler dropped them).
             self.units.resolved(d.unit, lane);
             debug!(actor = %self.actor, unit = d.unit.0, row = %d.row_id,
-                recipient = self.lanes.recipient(lane), reason = reason.as_str(),
+                recipient = self.recipient(lane), reason = reason.as_str(),
                 status = d.last_status, error = d.last_error.as_deref(),
                 dead_letter = d.id.0, "dead-lettered");
             if let Some(hook) = &cx.hooks.dead_lettered {
@@ -445,60 +437,12 @@ impl PassCore {
             actor: self.actor.clone(),
             unit: d.unit,
             row_id: d.row_id,
-            recipient: self.lanes.recipient(lane).to_owned(),
+            recipient: self.recipient(lane).to_owned(),
             reason,
             status: d.last_status,
             error: d.last_error,
             attempts: d.attempts,
             at: d.dead_at,
-        }
-    }
-
-    /// The INFO line of a lane entering or staying in backoff (or a throttle), with the
-    /// failure that put it there and its next attempt.
-    pub(super) fn log_backoff(&mut self, lane: LaneId, not_before: Timestamp, level: u32) {
-        if self.lane_log.host_held.remove(&lane) {
-            return;
-        }
-        let before = self.lane_log.waiting.insert(lane, level);
-        let (status, error) = self
-            .lane_log
-            .failure
-            .get(&lane)
-            .map_or((None, None), |(s, e)| (*s, e.as_deref()));
-        let next_attempt = rfc3339(not_before);
-        let recipient = self.lanes.recipient(lane);
-        match (before, level) {
-            (Some(0), 0) => debug!(actor = %self.actor, recipient, status, error,
-                next_attempt = %next_attempt, "lane still throttled"),
-            (_, 0) => info!(actor = %self.actor, recipient, status, error,
-                next_attempt = %next_attempt, "lane throttled by Retry-After"),
-            (Some(b), _) if b > 0 => info!(actor = %self.actor, recipient, level, status, error,
-                next_attempt = %next_attempt, "lane probe failed; backoff extended"),
-            _ => info!(actor = %self.actor, recipient, level, status, error,
-                next_attempt = %next_attempt, "lane entered backoff"),
-        }
-    }
-
-    /// The INFO line of a throttled or backed-off lane that answered again; the level it
-    /// was at (0: throttled), if it was waiting.
-    pub(super) fn recovered(&mut self, lane: LaneId, how: &'static str) -> Option<u32> {
-        let level = self.lane_log.waiting.remove(&lane);
-        match level {
-            Some(level) => info!(actor = %self.actor, recipient = self.lanes.recipient(lane),
-                after_level = level, how, "lane recovered"),
-            None => debug!(actor = %self.actor, recipient = self.lanes.recipient(lane), how,
-                "lane open"),
-        }
-        level
-    }
-
-    /// Whether executing `cmd` writes to the store: [`writes`], and the delivery that ends
-    /// a throttle (its `not_before` is cleared).
-    pub(super) fn needs_store(&self, cmd: &Command) -> bool {
-        match cmd {
-            Command::Delivered { lane, .. } => self.lane_log.waiting.get(lane) == Some(&0),
-            other => writes(other),
         }
     }
 
@@ -519,26 +463,32 @@ impl PassCore {
             return;
         }
         if let Err(e) = f(cx.store, &self.token, self.lanes.store_lane(lane)) {
-            self.store_failed(what, e, now());
+            let t = self.now();
+            self.store_failed(what, e, t);
+        }
+    }
+
+    /// Forgets the units the commands executed so far resolved a recipient of and that the
+    /// scheduler no longer holds ([`Scheduler::unit_open`](outbox_lanes_core::Scheduler::unit_open)):
+    /// called once no command is queued, so none about them can still come.
+    fn forget_left_units(&mut self) {
+        for unit in std::mem::take(&mut self.units.resolved) {
+            if self.sched.unit_open(unit).is_none() {
+                self.units.info.remove(&unit);
+            }
         }
     }
 }
 
 impl Units {
-    /// One recipient of `unit` is resolved; forget the unit once all are.
+    /// One recipient of `unit` is resolved: its row id. The unit is forgotten once the
+    /// scheduler no longer holds it ([`PassCore::forget_left_units`]).
     pub(super) fn resolved(&mut self, unit: UnitId, lane: LaneId) -> String {
         self.last.remove(&(unit, lane));
-        let Some(info) = self.info.get_mut(&unit) else {
+        let Some(info) = self.info.get(&unit) else {
             return String::new();
         };
-        info.open = info.open.saturating_sub(1);
-        if info.open > 0 {
-            return info.row_id.clone();
-        }
-        // Its last recipient (every one-lane unit): the row id moves out, no copy.
-        self.info
-            .remove(&unit)
-            .map(|u| u.row_id)
-            .unwrap_or_default()
+        self.resolved.push(unit);
+        info.row_id.clone()
     }
 }

@@ -3,11 +3,11 @@
 
 use std::collections::HashSet;
 
-use outbox_lanes_core::{LaneControl, LaneId, LaneInfo, Outcome};
+use outbox_lanes_core::{LaneControl, LaneId, Outcome};
 use outbox_lanes_store::{ChangedLane, StoreError};
 use tracing::{debug, info, trace};
 
-use super::{LaneLog, PassCore, RoundContext, Start, now};
+use super::{PassCore, RoundContext, Start};
 
 impl PassCore {
     /// Reads the actor's lane-control generation again (OL-14) and, with `apply`, tells the
@@ -48,7 +48,7 @@ impl PassCore {
         changed: Vec<ChangedLane>,
         starts: &mut Vec<Start>,
     ) -> bool {
-        let t = now();
+        let t = self.now();
         let mut known = Vec::new();
         for cl in changed {
             let s = &cl.state;
@@ -57,7 +57,6 @@ impl PassCore {
                 if !s.paused && cl.pending {
                     // Resumed, say: read it as a discovery would.
                     let lane = self.lane(s.lane, &s.key);
-                    self.lane_log.note_backoff(lane, info);
                     self.sched.handle_lane(lane, info, t);
                 }
                 continue;
@@ -81,10 +80,9 @@ impl PassCore {
             false
         });
         for (lane, info, paused, pending) in known {
-            info!(actor = %self.actor, recipient = self.lanes.recipient(lane), paused,
+            info!(actor = %self.actor, recipient = self.recipient(lane), paused,
                 strict = info.strict, pending,
                 "lane changed by an operator: the pass hands back what it held of it");
-            self.lane_log.note_backoff(lane, info);
             self.sched.handle_lane_control(
                 lane,
                 LaneControl {
@@ -96,18 +94,5 @@ impl PassCore {
             );
         }
         true
-    }
-}
-
-impl LaneLog {
-    /// Notes a lane's persisted backoff for the log lines of its probe and recovery: any
-    /// `not_before` at level 0 is a throttle not yet ended by a delivery (even one already
-    /// past: it is cleared, and logged, at the next delivery).
-    pub(super) fn note_backoff(&mut self, lane: LaneId, info: LaneInfo) {
-        if info.level > 0 || info.not_before.is_some() {
-            self.waiting.entry(lane).or_insert(info.level);
-        } else {
-            self.waiting.remove(&lane);
-        }
     }
 }

@@ -1,14 +1,16 @@
-//! The pass's lane table: store lanes and the scheduler's, each lane's recipient and
-//! destination (parsed and checked once per pass), discovery and claims.
+//! The pass's lane table: store lanes and the scheduler's, each lane's destination (parsed
+//! and checked once per pass), discovery and claims.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outbox_lanes_core::{Admit, AdmitSlot, LaneChunk, LaneClaim, LaneId, LaneInfo};
+use outbox_lanes_core::{
+    Admit, AdmitSlot, LaneChunk, LaneClaim, LaneId, LaneInfo, LaneKey, Scheduler,
+};
 use outbox_lanes_store::{ClaimRange, ClaimedLane, PendingLane, Store, StoreError, StoreLaneId};
 use tracing::{trace, warn};
 
-use super::{LaneTable, PassCore, UnitInfo, now};
+use super::{LaneTable, PassCore, UnitInfo};
 use crate::http::AttemptResult;
 use crate::request::Destination;
 
@@ -29,12 +31,19 @@ pub(super) struct LaneDestination {
 pub(super) const REFUSAL_TRUST: Duration = Duration::from_secs(60);
 
 impl LaneDestination {
-    /// What every attempt to the lane comes to now, if nothing may be sent to it.
-    pub(super) fn refused(&self) -> Option<&AttemptResult> {
+    /// What every attempt to the lane comes to at `now` (monotonic), if nothing may be sent
+    /// to it.
+    pub(super) fn refused(&self, now: Instant) -> Option<&AttemptResult> {
         self.unsendable
             .as_ref()
-            .filter(|_| self.until.is_none_or(|t| Instant::now() < t))
+            .filter(|_| self.until.is_none_or(|t| now < t))
     }
+}
+
+/// `lane`'s recipient URL: the scheduler's lane key names it ("" for a lane it does not
+/// know, which no command names).
+pub(super) fn recipient(sched: &Scheduler, lane: LaneId) -> &str {
+    sched.lane_key(lane).map_or("", LaneKey::recipient)
 }
 
 impl PassCore {
@@ -64,19 +73,32 @@ impl PassCore {
         if self.lanes.rates.is_empty() {
             return;
         }
-        let recipient = self.lanes.recipient(lane);
+        let recipient = self.recipient(lane);
         if let Some(pace) = self
             .lanes
             .rates
             .endpoint_interval(self.actor.as_str(), recipient)
         {
-            let t = now();
+            let t = self.now();
             self.lanes
                 .rates
                 .started(self.actor.as_str(), recipient, t.saturating_add(pace), t);
         }
     }
 
+    /// `lane`'s destination, parsed and checked at the lane's first attempt in this pass.
+    pub(super) fn lane_destination(&mut self, lane: LaneId) -> &LaneDestination {
+        let to = recipient(&self.sched, lane);
+        self.lanes.lane_destination(lane, to)
+    }
+
+    /// `lane`'s recipient URL, shared by every job of the lane in this pass.
+    pub(super) fn destination(&mut self, lane: LaneId) -> Arc<Destination> {
+        let to = recipient(&self.sched, lane);
+        self.lanes.destination(lane, to)
+    }
+
+    /// The scheduler's lane for the store's lane `id` (interned on first sight).
     pub(super) fn lane(&mut self, id: StoreLaneId, key: &outbox_lanes_core::LaneKey) -> LaneId {
         if let Some(l) = self.lanes.ids.get(&id) {
             return *l;
@@ -85,10 +107,8 @@ impl PassCore {
         self.lanes.ids.insert(id, l);
         if self.lanes.store_lanes.len() <= l.index() {
             self.lanes.store_lanes.resize(l.index() + 1, StoreLaneId(0));
-            self.lanes.recipients.resize(l.index() + 1, String::new());
         }
         self.lanes.store_lanes[l.index()] = id;
-        self.lanes.recipients[l.index()] = key.recipient().to_string();
         l
     }
 
@@ -96,21 +116,12 @@ impl PassCore {
     pub(super) fn discover(&mut self, store: &dyn Store) -> Result<(), StoreError> {
         let (infos, watermark) = store.lanes_with_work(&self.token, self.round.watermark)?;
         self.round.watermark = self.round.watermark.max(watermark);
-        let t = now();
+        let t = self.now();
         for info in infos {
             if info.paused {
                 continue;
             }
             let lane = self.lane(info.lane, &info.key);
-            // Any persisted `not_before` at level 0 is a throttle not yet ended by a delivery
-            // (even one already past: it is cleared, and logged, at the next delivery).
-            let waits = info.backoff_level > 0 || info.not_before.is_some();
-            if waits {
-                self.lane_log
-                    .waiting
-                    .entry(lane)
-                    .or_insert(info.backoff_level);
-            }
             let lane_info = self.lane_info(&info);
             self.sched.handle_lane(lane, lane_info, t);
         }
@@ -141,11 +152,9 @@ impl PassCore {
                         }
                     })
                     .collect();
-                let open = u.slots.iter().filter(|s| !s.served).count();
                 let info = self.units.info.entry(u.id).or_insert(UnitInfo {
                     row_id: u.row_id,
                     enqueued_at: u.enqueued_at,
-                    open,
                     payload: None,
                 });
                 if info.payload.is_none() {
@@ -166,7 +175,8 @@ impl PassCore {
             });
         }
         let read: usize = chunks.iter().map(|c| c.units.len()).sum();
-        let report = self.sched.handle_claimed(chunks, now());
+        let t = self.now();
+        let report = self.sched.handle_claimed(chunks, t);
         trace!(actor = %self.actor, lanes = claims, read, admitted = report.admitted, "claimed");
         for e in report.refused {
             warn!(actor = %self.actor, error = %e, "store answer refused by the scheduler");
@@ -175,10 +185,6 @@ impl PassCore {
 }
 
 impl LaneTable {
-    pub(super) fn recipient(&self, lane: LaneId) -> &str {
-        self.recipients.get(lane.index()).map_or("", String::as_str)
-    }
-
     pub(super) fn store_lane(&self, lane: LaneId) -> StoreLaneId {
         self.store_lanes
             .get(lane.index())
@@ -186,23 +192,24 @@ impl LaneTable {
             .unwrap_or(StoreLaneId(0))
     }
 
-    /// Whether nothing may be sent to `lane`'s destination ([`Destination::check`]), as
-    /// checked when the lane's first start in this pass was executed.
-    pub(super) fn is_unsendable(&self, lane: LaneId) -> bool {
+    /// Whether nothing may be sent to `lane`'s destination ([`Destination::check`]) at `now`
+    /// (monotonic), as checked when the lane's first start in this pass was executed.
+    pub(super) fn is_unsendable(&self, lane: LaneId, now: Instant) -> bool {
         self.destinations
             .get(lane.index())
             .and_then(Option::as_ref)
-            .is_some_and(|d| d.refused().is_some())
+            .is_some_and(|d| d.refused(now).is_some())
     }
 
-    /// `lane`'s recipient URL, parsed and checked at the lane's first attempt in this pass.
-    pub(super) fn lane_destination(&mut self, lane: LaneId) -> &LaneDestination {
+    /// `lane`'s recipient URL (`recipient`), parsed and checked at the lane's first attempt
+    /// in this pass.
+    pub(super) fn lane_destination(&mut self, lane: LaneId, recipient: &str) -> &LaneDestination {
         let i = lane.index();
         if self.destinations.len() <= i {
             self.destinations.resize_with(i + 1, || None);
         }
         if self.destinations[i].is_none() {
-            let to = Arc::new(Destination::parse(self.recipient(lane)));
+            let to = Arc::new(Destination::parse(recipient));
             let unsendable = to.check(&self.addresses, &self.classifier).err();
             self.destinations[i] = Some(LaneDestination {
                 to,
@@ -215,9 +222,9 @@ impl LaneTable {
             .expect("the lane's destination was just set")
     }
 
-    /// `lane`'s recipient URL, shared by every job of the lane in this pass.
-    pub(super) fn destination(&mut self, lane: LaneId) -> Arc<Destination> {
-        Arc::clone(&self.lane_destination(lane).to)
+    /// `lane`'s recipient URL (`recipient`), shared by every job of the lane in this pass.
+    pub(super) fn destination(&mut self, lane: LaneId, recipient: &str) -> Arc<Destination> {
+        Arc::clone(&self.lane_destination(lane, recipient).to)
     }
 
     /// The store's form of the scheduler's claims.

@@ -111,7 +111,7 @@ mod writes;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant};
 
 use outbox_lanes_core::policy::{AddressPolicy, Classifier};
 use outbox_lanes_core::{
@@ -125,6 +125,7 @@ use outbox_lanes_store::{
 use tracing::{debug, warn};
 
 use crate::ack::AckWriter;
+use crate::clock::Clock;
 use crate::config::OutboxConfig;
 use crate::hooks::Hooks;
 use crate::http::{AttemptResult, OutboxAddresses};
@@ -212,12 +213,10 @@ pub struct RoundContext<'a> {
     pub hosts: Option<&'a OriginGate>,
 }
 
-/// Per-unit facts the pass keeps for tracing, hooks and its attempts.
+/// What the store's claim said of a unit, for tracing, hooks and its attempts.
 struct UnitInfo {
     row_id: String,
     enqueued_at: Timestamp,
-    /// Recipients not yet delivered or dead-lettered in this pass.
-    open: usize,
     /// The payload, when the claim brought it: every attempt of the unit in this pass shares
     /// it, with no store read and no copy. Kept while the unit is admitted (the scheduler's
     /// byte budget bounds them all), dropped once it is resolved or handed back.
@@ -261,19 +260,30 @@ struct Start {
 }
 
 /// One pass; see the [module docs](self).
+///
+/// It decides nothing and keeps no copy of what the core knows: the [`Scheduler`] holds
+/// every lane's and unit's state (a lane's backoff, a unit's open recipients, whether the
+/// pass only waits) and the [`PassSession`] the pass's lifecycle; the pass asks them. What
+/// it holds besides is what only an executor knows: the store's names and answers, the
+/// jobs and the claim out, the writes gathered, and the memory of its own log lines.
 pub struct PassCore {
+    /// The actor, for every log line and hook (the token's, shared).
     actor: ActorId,
+    /// The drain slot the pass holds: every store call is fenced with it.
     token: SlotToken,
+    /// The slot's lease, renewed when the session says so.
     lease: Duration,
-    seed: u64,
+    /// Where the pass reads the time: the runtime's clock.
+    clock: Arc<dyn Clock>,
     sched: Scheduler,
     session: PassSession,
-    /// The lane table: store lanes and the scheduler's, recipients, destinations and their
-    /// checks, endpoints' paces.
+    /// The store's side of the scheduler's lanes: store ids, destinations and their
+    /// checks, the address policy, endpoints' paces.
     lanes: LaneTable,
-    /// The units the pass holds, and the last failure of each attempt still open.
+    /// What the claims said of the units the pass holds, and the last result of each
+    /// failed attempt.
     units: Units,
-    /// What the log lines of lanes in backoff, held or refused need.
+    /// Lanes whose refusals were logged at WARN already.
     lane_log: LaneLog,
     /// Writes gathered by the commands executed so far, and the delivery log's entries.
     pending: Pending,
@@ -281,49 +291,58 @@ pub struct PassCore {
     jobs: Jobs,
     /// The state rounds carry from one to the next.
     round: RoundState,
+    /// The totals, for [`PassResult`].
     report: PassReport,
+    /// Why the pass ended, once the session said so.
     end: Option<PassEnd>,
     /// A store write failed: nothing more is written or started (acks excepted).
     error: Option<StoreError>,
 }
 
-/// The pass's lanes: each store lane's scheduler lane, and by lane index its store id, recipient
-/// and destination.
+/// The store's side of the scheduler's lanes (whose recipients and states the scheduler
+/// keeps): by store lane its scheduler lane, and by scheduler lane its store id and
+/// destination.
 struct LaneTable {
+    /// The store's lane ids, as the scheduler's: store answers name lanes so.
     ids: HashMap<StoreLaneId, LaneId>,
+    /// The other way, by lane index: every write names the store's lane.
     store_lanes: Vec<StoreLaneId>,
-    recipients: Vec<String>,
     /// Each lane's recipient URL, parsed and checked at its first attempt in this pass and
-    /// shared by its jobs from then on (by lane index).
+    /// shared by its jobs from then on (by lane index); a host the resolver's guard refused
+    /// is remembered here for a while (an executor's answer, not a decision).
     destinations: Vec<Option<LaneDestination>>,
     /// The address policy and classification of the HTTP clients: what
     /// [`Destination::check`] answers before anything is sent. The configuration's or the
     /// outbox's stored policy (OL-24), read again when the pass begins.
     addresses: AddressPolicy,
+    /// The configuration's own policy, which the stored one widens.
     own_addresses: AddressPolicy,
+    /// The outbox's handle on the stored policy, shared with the HTTP clients: the pass's
+    /// first round gives it the store's answer.
     outbox_addresses: OutboxAddresses,
+    /// The clients' classification of an address, for the same checks.
     classifier: Classifier,
     /// The endpoints' rate limits, and the memory of their last starts this process shares
     /// between passes (OL-23).
     rates: crate::rates::RateLimits,
 }
 
-/// The units the pass holds (admitted and not yet resolved or handed back).
+/// What the store's claims said of the units the pass holds (which of them are still
+/// admitted, and which recipients are open, the scheduler knows: [`Scheduler::unit_open`]).
 struct Units {
+    /// By unit: its row, its age and its payload. Kept while commands about the unit may
+    /// still come, forgotten once the scheduler no longer holds it and none is queued.
     info: HashMap<UnitId, UnitInfo>,
+    /// The last result of a failed attempt, by recipient: the executor's answer, which the
+    /// attempt record and a dead letter that may follow it carry.
     last: HashMap<(UnitId, LaneId), AttemptResult>,
+    /// Units a recipient of which the commands executed since the scheduler's queue was
+    /// last empty resolved: forgotten then, unless the scheduler still holds them.
+    resolved: Vec<UnitId>,
 }
 
-/// Per-lane memory for log lines: backoffs, failures, host holds, refusals already warned.
+/// The memory of the pass's own log lines.
 struct LaneLog {
-    /// Lanes throttled or in backoff (level 0: throttled by a Retry-After), as this pass last
-    /// wrote or read them: what the INFO lines of a probe and a recovery need.
-    waiting: HashMap<LaneId, u32>,
-    /// The last failure per lane (status, error), for the INFO line of its backoff; only
-    /// failures write it, a delivery removes it.
-    failure: HashMap<LaneId, (Option<u16>, Option<String>)>,
-    /// Lanes whose last attempt its host deferred (OL-21): their hold logs at DEBUG only.
-    host_held: HashSet<LaneId>,
     /// Lanes whose dead letters for a refused destination or a permanent answer this pass
     /// logged at WARN already: once per lane and pass, the rest at INFO.
     refusals_warned: HashSet<LaneId>,
@@ -386,13 +405,13 @@ struct RoundState {
     /// that could not make its read of the lane controls fresh; the next round sends them
     /// with its own.
     pending_starts: Vec<Start>,
-    /// What [`PassCore::waiting_changed`] last said.
-    only_waiting: bool,
     /// Starts to a destination nothing may be sent to resolved in the current round
     /// ([`RESOLVED_PER_ROUND`] at most).
     resolved: usize,
     /// No round ran yet.
     first_round: bool,
+    /// The store's answer to the last discovery: only lanes with units enqueued after it
+    /// are news to the next one.
     watermark: u64,
     /// The actor's lane-control generation as last read, and when (OL-14): attempts start
     /// only while it is fresh.
@@ -413,15 +432,16 @@ impl std::fmt::Debug for PassCore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PassCore")
             .field("actor", &self.actor)
-            .field("seed", &self.seed)
+            .field("seed", &self.sched.seed())
             .field("end", &self.end)
             .finish_non_exhaustive()
     }
 }
 
-/// The wall clock as the core's timestamp.
+/// The system's wall clock as the core's timestamp. (A pass reads its own clock,
+/// [`PassCore::now`].)
 pub fn now() -> Timestamp {
-    Timestamp::from_system_time(SystemTime::now())
+    crate::clock::SystemClock.now()
 }
 
 /// A fresh seed for a pass's jitter (logged with the pass, so its run can be replayed).
@@ -442,26 +462,28 @@ enum ClaimOut {
 }
 
 impl PassCore {
-    /// A pass holding `token`, whose completions arrive through `sink`, starting at `now`;
-    /// the slot's lease was acquired or last renewed at `lease_renewed` (the acquisition
-    /// time for a drain's first pass, then [`PassResult::lease_renewed`] of the one before),
-    /// so the lease is renewed every third of it across back-to-back passes.
+    /// A pass holding `token`, whose completions arrive through `sink`, starting now by
+    /// `clock` (the runtime's: the pass reads the time nowhere else); the slot's lease was
+    /// acquired or last renewed at `lease_renewed` (the acquisition time for a drain's first
+    /// pass, then [`PassResult::lease_renewed`] of the one before), so the lease is renewed
+    /// every third of it across back-to-back passes.
     pub fn new(
         token: SlotToken,
         config: &OutboxConfig,
         sink: Arc<dyn Completions>,
-        now: Timestamp,
+        clock: Arc<dyn Clock>,
         lease_renewed: Timestamp,
     ) -> PassCore {
         let seed = config.seed.unwrap_or_else(fresh_seed);
         let actor = token.actor().clone();
         let control = token.control();
+        let now = clock.now();
         debug!(%actor, seed, "pass started");
         PassCore {
             actor,
             token,
             lease: config.lease,
-            seed,
+            clock,
             sched: Scheduler::new(config.pass_scheduler(), seed),
             session: PassSession::new(
                 SessionConfig {
@@ -475,7 +497,6 @@ impl PassCore {
             lanes: LaneTable {
                 ids: HashMap::new(),
                 store_lanes: Vec::new(),
-                recipients: Vec::new(),
                 destinations: Vec::new(),
                 addresses: config.http.allowed(),
                 own_addresses: config.http.addresses,
@@ -486,11 +507,9 @@ impl PassCore {
             units: Units {
                 info: HashMap::new(),
                 last: HashMap::new(),
+                resolved: Vec::new(),
             },
             lane_log: LaneLog {
-                waiting: HashMap::new(),
-                failure: HashMap::new(),
-                host_held: HashSet::new(),
                 refusals_warned: HashSet::new(),
             },
             pending: Pending {
@@ -517,7 +536,6 @@ impl PassCore {
                 claim: ClaimOut::None,
                 deferred: VecDeque::new(),
                 pending_starts: Vec::new(),
-                only_waiting: false,
                 resolved: 0,
                 first_round: true,
                 watermark: 0,
@@ -531,7 +549,22 @@ impl PassCore {
 
     /// The seed of this pass's jitter.
     pub fn seed(&self) -> u64 {
-        self.seed
+        self.sched.seed()
+    }
+
+    /// The wall-clock time now, by the pass's clock.
+    pub fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
+    /// The monotonic time now, by the pass's clock.
+    fn instant(&self) -> Instant {
+        self.clock.instant()
+    }
+
+    /// `lane`'s recipient URL (the scheduler's lane key).
+    fn recipient(&self, lane: LaneId) -> &str {
+        lanes::recipient(&self.sched, lane)
     }
 
     /// The slot token the pass holds.
@@ -554,23 +587,18 @@ impl PassCore {
     /// startable, to read or to write now ([`Scheduler::only_waits`]). A runtime reports
     /// it through [`DrainControl::report_waiting`](crate::DrainControl::report_waiting)
     /// after each round, so a monitor does not count a pass that waits on a hanging
-    /// recipient against its bound (OL-13). A pass waiting only for an in-pass retry's timer
-    /// still counts: waiting passes each hold an attempt in flight, so `concurrency` bounds
-    /// them.
+    /// recipient against its bound (OL-13). The scheduler decides and remembers what it
+    /// said ([`Scheduler::poll_waiting`]); the pass adds only that it has reads or writes
+    /// of its own to make.
     pub fn waiting_changed(&mut self) -> Option<bool> {
-        let t = now();
-        let waiting = self.end.is_none()
-            && !self.round.look
-            && !self.round.renew_due
-            && self.round.pending_starts.is_empty()
-            && self.round.deferred.is_empty()
-            && self.pending.records.is_empty()
-            && self.sched.in_flight() > 0
-            && self.sched.only_waits(t);
-        (waiting != self.round.only_waiting).then(|| {
-            self.round.only_waiting = waiting;
-            waiting
-        })
+        let busy = self.end.is_some()
+            || self.round.look
+            || self.round.renew_due
+            || !self.round.pending_starts.is_empty()
+            || !self.round.deferred.is_empty()
+            || !self.pending.records.is_empty();
+        let t = self.now();
+        self.sched.poll_waiting(t, busy)
     }
 
     /// The claim an inline round planned, once: the runtime reads it where blocking is
@@ -592,7 +620,7 @@ impl PassCore {
     /// own). A failed read releases what the claim reserved and ends the pass.
     pub fn handle_claim(&mut self, answer: Result<Vec<ClaimedLane>, StoreError>) {
         self.round.claim = ClaimOut::None;
-        let t = now();
+        let t = self.now();
         match answer {
             Ok(lanes) => self.admit_claimed(lanes),
             Err(e) => {
@@ -610,12 +638,10 @@ impl PassCore {
     /// The next instant the pass must be woken without an event: a retry or probe due, a
     /// lease renewal, the end of the time slice or of the grace period.
     pub fn poll_timeout(&mut self) -> Option<Timestamp> {
-        if !self.round.pending_starts.is_empty() {
-            // Starts left by a round that could not read the lane controls: at once.
-            return Some(now());
-        }
-        if !self.jobs.unmarks.is_empty() {
-            return Some(now());
+        if !self.round.pending_starts.is_empty() || !self.jobs.unmarks.is_empty() {
+            // Starts left by a round that could not read the lane controls, or in-flight
+            // marks to clear: at once.
+            return Some(self.now());
         }
         [
             self.sched.poll_timeout(),

@@ -1,14 +1,12 @@
 //! A round, blocking or inline, its steps, and the end of the pass.
 
-use std::collections::HashMap;
-use std::sync::atomic::Ordering;
-use std::time::Instant;
-
 use outbox_lanes_core::PassEnd;
 use outbox_lanes_store::StoreError;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use tracing::{debug, warn};
 
-use super::{ClaimOut, NeedsStore, PassCore, PassResult, RoundContext, Start, now};
+use super::{ClaimOut, NeedsStore, PassCore, PassResult, RoundContext, Start};
 use crate::job::Job;
 
 /// Reads of the lane controls one round makes at most before it leaves its starts for the
@@ -29,7 +27,7 @@ impl PassCore {
         }
         self.round.resolved = 0;
         if let Some(e) = cx.acks.failure(&self.token) {
-            self.store_failed("ack", e, now());
+            self.store_failed("ack", e, self.now());
         }
         if self.round.first_round {
             // OL-24: the outbox's destination policy as stored now (widened by another
@@ -43,25 +41,25 @@ impl PassCore {
                         .outbox_addresses
                         .allowing(self.lanes.own_addresses);
                 }
-                Err(e) => self.store_failed("destination policy", e, now()),
+                Err(e) => self.store_failed("destination policy", e, self.now()),
             }
         }
         // The token's read of the lane controls carries no host-control generation: with a
         // host book, the first round reads both (OL-14 for hosts), so that a host action
         // that committed before this pass began reaches the book before its first start.
         if std::mem::take(&mut self.round.first_round)
-            && (cx.hosts.is_some() || !self.round.control.fresh_at(Instant::now()))
+            && (cx.hosts.is_some() || !self.round.control.fresh_at(self.instant()))
         {
             // The token may be an earlier pass's: what the pass discovers next is read after
             // a fresh generation, so only later actions count as changes.
             if let Err(e) = self.read_controls(cx, &mut starts, false) {
-                self.store_failed("lane controls", e, now());
+                self.store_failed("lane controls", e, self.now());
             }
         }
         if self.round.look && self.end.is_none() {
             self.round.look = false;
             if let Err(e) = self.discover(cx.store) {
-                self.store_failed("discover", e, now());
+                self.store_failed("discover", e, self.now());
             }
         }
         // Payloads read this round for starts whose claim did not bring them.
@@ -75,7 +73,7 @@ impl PassCore {
                 // with everything else by `finish`.
                 return Vec::new();
             }
-            if !self.round.control.fresh_at(Instant::now()) {
+            if !self.round.control.fresh_at(self.instant()) {
                 if reads == CONTROL_READS_PER_ROUND {
                     break;
                 }
@@ -88,7 +86,7 @@ impl PassCore {
                     Ok(false) => {}
                     Err(StoreError::Busy) => break,
                     Err(e) => {
-                        self.store_failed("lane controls", e, now());
+                        self.store_failed("lane controls", e, self.now());
                         return Vec::new();
                     }
                 }
@@ -103,7 +101,7 @@ impl PassCore {
             if self.end.is_some() {
                 return Vec::new();
             }
-            if self.round.control.fresh_at(Instant::now()) {
+            if self.round.control.fresh_at(self.instant()) {
                 return self.jobs(cx, &starts, &mut fetched);
             }
         }
@@ -128,7 +126,7 @@ impl PassCore {
             return None;
         }
         if let Some(e) = cx.acks.failure(&self.token) {
-            self.store_failed("ack", e, now());
+            self.store_failed("ack", e, self.now());
         }
         self.round.resolved = 0;
         let mut starts = std::mem::take(&mut self.round.pending_starts);
@@ -136,15 +134,16 @@ impl PassCore {
         if self.end.is_some() {
             return Some(Vec::new());
         }
+        let at = self.instant();
         let cached = starts.iter().all(|s| {
             self.units
                 .info
                 .get(&s.unit)
                 .is_some_and(|u| u.payload.is_some())
-                && !self.lanes.is_unsendable(s.lane)
+                && !self.lanes.is_unsendable(s.lane, at)
         });
         // Starts need a fresh read of the lane controls (OL-14), which is a store read.
-        let fresh = starts.is_empty() || self.round.control.fresh_at(Instant::now());
+        let fresh = starts.is_empty() || self.round.control.fresh_at(self.instant());
         if needs_store || !cached || !fresh {
             self.round.pending_starts = starts;
             return None;
@@ -168,7 +167,7 @@ impl PassCore {
             if self.end.is_some() {
                 return Ok(());
             }
-            let t = now();
+            let t = self.now();
             // Timers that fell due fire first: a retry or a probe may queue starts.
             self.sched.handle_timeout(t);
             let idle = matches!(self.round.claim, ClaimOut::None);
@@ -197,10 +196,10 @@ impl PassCore {
                 }
                 self.round.renew_due = false;
                 match cx.store.renew_slot(&self.token, self.lease) {
-                    Ok(()) => self.session.handle_lease_renewed(now()),
-                    Err(e) => self.store_failed("lease renewal", e, now()),
+                    Ok(()) => self.session.handle_lease_renewed(self.now()),
+                    Err(e) => self.store_failed("lease renewal", e, self.now()),
                 }
-                let _ = self.take_session_actions(now());
+                let _ = self.take_session_actions(self.now());
             }
             if !stopped {
                 return Ok(());
@@ -216,7 +215,7 @@ impl PassCore {
         // Jobs not yet sent (queued for a worker, parked under a host cap) are dropped from
         // now on: their units are handed back below.
         self.jobs.live.store(false, Ordering::SeqCst);
-        let t = now();
+        let t = self.now();
         if end.hands_back_in_flight() {
             if end != PassEnd::StoreFailed {
                 warn!(actor = %self.actor, %end, in_flight = self.sched.in_flight(),

@@ -3,13 +3,13 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use outbox_lanes_core::{LaneId, Outcome, UnitId};
 use outbox_lanes_store::{IN_FLIGHT_MARK_AFTER, Payload, Store, StoreError};
 use tracing::debug;
 
-use super::{Flight, PassCore, RESOLVED_PER_ROUND, RoundContext, Start, now};
+use super::{Flight, PassCore, RESOLVED_PER_ROUND, RoundContext, Start};
 use crate::hooks::{Hooks, Started};
 use crate::http::AttemptResult;
 use crate::job::Job;
@@ -56,7 +56,7 @@ impl PassCore {
         if failed.is_empty() {
             return;
         }
-        let t = now();
+        let t = self.now();
         let mut kept = Vec::with_capacity(starts.len());
         for s in starts.drain(..) {
             let Some(e) = failed.get(&s.unit) else {
@@ -85,15 +85,16 @@ impl PassCore {
     /// executor would, up to [`RESOLVED_PER_ROUND`] in the round; those past it go to the
     /// next round's starts. Returns whether any was resolved (their commands are queued).
     pub(super) fn resolve_unsendable(&mut self, hooks: &Hooks, starts: &mut Vec<Start>) -> bool {
-        if !starts.iter().any(|s| self.lanes.is_unsendable(s.lane))
-            || !self.round.control.fresh_at(Instant::now())
+        let at = self.instant();
+        if !starts.iter().any(|s| self.lanes.is_unsendable(s.lane, at))
+            || !self.round.control.fresh_at(at)
         {
             return false;
         }
         let mut resolved = false;
         let mut kept = Vec::with_capacity(starts.len());
         for s in std::mem::take(starts) {
-            let unsendable = self.lanes.lane_destination(s.lane).refused().cloned();
+            let unsendable = self.lane_destination(s.lane).refused(at).cloned();
             match unsendable {
                 Some(result) if self.round.resolved < RESOLVED_PER_ROUND => {
                     self.round.resolved += 1;
@@ -127,21 +128,23 @@ impl PassCore {
                 .get_or_insert_with(|| Arc::from(cx.store.outbox_id())),
         );
         let mut jobs = Vec::with_capacity(starts.len());
-        let t = now();
+        let t = self.now();
+        // When the jobs are handed to the executor, on the monotonic clock: their latency.
+        let started = self.instant();
         for s in starts {
             let cached = self.units.info.get(&s.unit).and_then(|u| u.payload.clone());
             let Some(payload) = cached.or_else(|| fetched.remove(&s.unit)) else {
                 // Every start's payload was cached or read (`read_payloads`).
                 debug!(unit = %s.unit, "no payload; the attempt is not sent");
-                if let Err(e) = self
-                    .sched
-                    .handle_outcome(s.unit, s.lane, Outcome::NotSent, now())
+                if let Err(e) =
+                    self.sched
+                        .handle_outcome(s.unit, s.lane, Outcome::NotSent, self.now())
                 {
                     debug!(error = %e, "not-sent outcome ignored");
                 }
                 continue;
             };
-            let destination = self.lanes.destination(s.lane);
+            let destination = self.destination(s.lane);
             self.jobs.flights.insert(
                 s.lane,
                 Flight {
@@ -162,6 +165,7 @@ impl PassCore {
                 destination,
                 s.attempt,
                 payload,
+                started,
                 Arc::clone(&self.jobs.sink),
                 Arc::clone(&self.jobs.live),
             ));
@@ -194,11 +198,11 @@ impl PassCore {
             hook(&Started {
                 actor: &self.actor,
                 unit,
-                recipient: self.lanes.recipient(lane),
+                recipient: self.recipient(lane),
                 attempt,
             });
         }
-        let t = now();
+        let t = self.now();
         self.jobs.flights.insert(
             lane,
             Flight {

@@ -9,7 +9,7 @@ use outbox_lanes_store::{
 };
 use tracing::{debug, info, trace, warn};
 
-use super::{Jobs, LogInfo, PassCore, now};
+use super::{Jobs, LogInfo, PassCore};
 use crate::fmt::rfc3339;
 use crate::hooks::Hooks;
 
@@ -63,7 +63,10 @@ impl PassCore {
                     let _ = self.apply_controls(open, &mut Vec::new());
                 }
             }
-            Err(e) => self.store_failed("host pause", e, now()),
+            Err(e) => {
+                let t = self.now();
+                self.store_failed("host pause", e, t);
+            }
         }
     }
 
@@ -83,7 +86,8 @@ impl PassCore {
         let written = match store.write_dead_letters(&self.token, &reqs) {
             Ok(written) => written,
             Err(e) => {
-                self.store_failed("dead letter", e, now());
+                let t = self.now();
+                self.store_failed("dead letter", e, t);
                 return;
             }
         };
@@ -94,13 +98,13 @@ impl PassCore {
                 // Not ours to report: an operator purged the lane or skipped its head
                 // while the attempt was in flight, and that made the dead letter.
                 debug!(actor = %self.actor, unit = unit.0, row = %p.row,
-                    recipient = self.lanes.recipient(p.lane), reason = reason.as_str(),
+                    recipient = self.recipient(p.lane), reason = reason.as_str(),
                     "not dead-lettered: no longer pending");
                 continue;
             };
             self.report.dead_lettered += 1;
             info!(actor = %self.actor, unit = unit.0, row = %p.row,
-                recipient = self.lanes.recipient(p.lane), reason = reason.as_str(),
+                recipient = self.recipient(p.lane), reason = reason.as_str(),
                 status = d.last_status, error = d.last_error.as_deref(), attempts = d.attempts,
                 dead_letter = d.id.0, "dead-lettered");
             // A refused destination or a permanent answer dead-letters every unit of the lane
@@ -111,7 +115,7 @@ impl PassCore {
                 DeadReason::DestinationRefused | DeadReason::Permanent
             );
             if refusal && self.lane_log.refusals_warned.insert(p.lane) {
-                warn!(actor = %self.actor, recipient = self.lanes.recipient(p.lane),
+                warn!(actor = %self.actor, recipient = self.recipient(p.lane),
                     reason = reason.as_str(), status = d.last_status,
                     error = d.last_error.as_deref(),
                     "dead-lettering this lane's units: {}", refusal_hint(reason));
@@ -161,7 +165,7 @@ impl PassCore {
             self.jobs.unmarks.extend(marked);
             self.jobs.next_sweep = None;
         }
-        let t = now();
+        let t = self.now();
         let mut marks: Vec<(StoreLaneId, Option<(UnitId, Timestamp)>)> = Vec::new();
         for lane in std::mem::take(&mut self.jobs.unmarks) {
             marks.push((self.lanes.store_lane(lane), None));
@@ -182,7 +186,7 @@ impl PassCore {
                 }
             }
             for (lane, unit, since) in due {
-                debug!(actor = %self.actor, unit = unit.0, recipient = self.lanes.recipient(lane),
+                debug!(actor = %self.actor, unit = unit.0, recipient = self.recipient(lane),
                     since = %rfc3339(since), "attempt in flight for long: lane marked");
                 marks.push((self.lanes.store_lane(lane), Some((unit, since))));
             }
@@ -207,14 +211,15 @@ impl PassCore {
             return;
         }
         if let Err(e) = store.record_attempts_logged(&self.token, &records, &log) {
-            self.store_failed("attempt record", e, now());
+            let t = self.now();
+            self.store_failed("attempt record", e, t);
         }
     }
 }
 
 impl Jobs {
-    /// In-flight marks are to be written or cleared now.
-    pub(super) fn marks_due(&self) -> bool {
-        !self.unmarks.is_empty() || self.next_sweep.is_some_and(|at| now() >= at)
+    /// In-flight marks are to be written or cleared at `now`.
+    pub(super) fn marks_due(&self, now: Timestamp) -> bool {
+        !self.unmarks.is_empty() || self.next_sweep.is_some_and(|at| now >= at)
     }
 }
