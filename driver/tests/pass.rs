@@ -11,7 +11,7 @@ use outbox_lanes_core::policy::AddressPolicy;
 use outbox_lanes_core::{Outcome, PassEnd};
 use outbox_lanes_driver::clock::{Clock, SystemClock};
 use outbox_lanes_driver::http::AttemptResult;
-use outbox_lanes_driver::pass::{PassCore, PassResult, RoundContext, now};
+use outbox_lanes_driver::pass::{PassCore, PassResult, RoundContext};
 use outbox_lanes_driver::{
     AckWriter, AckWriterOptions, Completions, Done, Hooks, Job, OutboxConfig,
 };
@@ -64,6 +64,10 @@ impl Fixture {
 /// The clock a pass of these tests reads: the system's.
 fn clock() -> Arc<dyn Clock> {
     Arc::new(SystemClock)
+}
+
+fn now() -> outbox_lanes_core::Timestamp {
+    SystemClock.now()
 }
 
 fn new_row(id: &str, to: &str) -> NewRow {

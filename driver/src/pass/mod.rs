@@ -438,12 +438,6 @@ impl std::fmt::Debug for PassCore {
     }
 }
 
-/// The system's wall clock as the core's timestamp. (A pass reads its own clock,
-/// [`PassCore::now`].)
-pub fn now() -> Timestamp {
-    crate::clock::SystemClock.now()
-}
-
 /// A fresh seed for a pass's jitter (logged with the pass, so its run can be replayed).
 pub(crate) fn fresh_seed() -> u64 {
     let t = crate::clock::system_nanos();
