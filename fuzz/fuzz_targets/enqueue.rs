@@ -20,6 +20,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use libfuzzer_sys::arbitrary::{Result as AResult, Unstructured};
 use libfuzzer_sys::fuzz_target;
+use outbox_lanes_core::policy::AddressPolicy;
 use outbox_lanes_core::{ActorId, LaneKey};
 use outbox_lanes_store::{CommonOptions, EnqueueError, NewRow, SqliteOptions, SqliteStore, ServiceStore};
 
@@ -191,6 +192,13 @@ fn run(u: &mut Unstructured<'_>) -> AResult<()> {
         ..SqliteOptions::default()
     })
     .expect("in-memory store");
+    // Some recipients of `URLS` are loopback literals, which an outbox of the default
+    // (public) destination policy refuses at enqueue (OL-24, `DestinationRefused`; tested in
+    // store/tests/destinations.rs). This target checks validation and atomicity, so its
+    // outbox allows loopback, as one opened with `OutboxConfig::allow_loopback()` would.
+    store
+        .set_destination_policy(AddressPolicy::allow_loopback_only())
+        .expect("destination policy");
     let actors = [ActorId::new("alice"), ActorId::new("bob")];
     let mut models: BTreeMap<usize, ActorModel> = BTreeMap::new();
 
