@@ -183,35 +183,16 @@ impl Checker {
 
 fn settle(w: &mut World, c: &mut Checker) {
     loop {
-        let mut any = false;
-        let mut backs = Vec::new();
-        while let Some(cmd) = w.s.poll_command() {
-            c.check(&w.store, w.now, &cmd);
-            if let Command::Start { lane, .. } = cmd {
-                // What a runtime remembers of a paced lane's last start, for its next pass.
-                let info = w.store.lane_state.entry(lane).or_default();
-                if let Some(pace) = info.pace {
-                    info.paced_until = Some(w.now + pace);
-                }
-            }
-            if let Command::HandBack { unit } = cmd {
-                if let Some(u) = w.store.units.get(&unit) {
-                    backs.push(u.admit.seq);
-                }
-            }
-            w.store.apply(&cmd);
-            any = true;
-        }
-        // A batch of hand-backs comes in enqueue order.
-        assert!(
-            backs.windows(2).all(|p| p[0] <= p[1]),
-            "hand-backs out of order: {backs:?}"
-        );
+        let mut any = execute(w, c);
         if let Some(claims) = w.s.poll_claim(w.now) {
             let chunks = w.store.claim(&claims);
             let report = w.s.handle_claimed(chunks, w.now);
             assert!(report.refused.is_empty(), "refused {:?}", report.refused);
             any = true;
+        } else {
+            // It may have handed back heads held in backoff to make room: executed before
+            // the next claim.
+            any |= execute(w, c);
         }
         assert!(w.s.admitted() <= c.config.max_units, "window exceeded");
         assert!(
@@ -222,6 +203,35 @@ fn settle(w: &mut World, c: &mut Checker) {
             break;
         }
     }
+}
+
+/// Executes the queued commands, checking each; returns whether there were any.
+fn execute(w: &mut World, c: &mut Checker) -> bool {
+    let mut any = false;
+    let mut backs = Vec::new();
+    while let Some(cmd) = w.s.poll_command() {
+        c.check(&w.store, w.now, &cmd);
+        if let Command::Start { lane, .. } = cmd {
+            // What a runtime remembers of a paced lane's last start, for its next pass.
+            let info = w.store.lane_state.entry(lane).or_default();
+            if let Some(pace) = info.pace {
+                info.paced_until = Some(w.now + pace);
+            }
+        }
+        if let Command::HandBack { unit } = cmd {
+            if let Some(u) = w.store.units.get(&unit) {
+                backs.push(u.admit.seq);
+            }
+        }
+        w.store.apply(&cmd);
+        any = true;
+    }
+    // A batch of hand-backs comes in enqueue order.
+    assert!(
+        backs.windows(2).all(|p| p[0] <= p[1]),
+        "hand-backs out of order: {backs:?}"
+    );
+    any
 }
 
 fn complete(w: &mut World, c: &mut Checker, i: usize, o: Outcome) {

@@ -248,6 +248,8 @@ enum Cause {
     Interrupt,
     /// A completion or claim answer from before an interruption.
     Stale,
+    /// `poll_claim` handed back heads held in backoff to make room for lanes with work.
+    MakeRoom,
 }
 
 #[derive(Clone, Debug)]
@@ -284,6 +286,8 @@ struct Stats {
     retires: u64,
     backoffs: u64,
     handbacks: u64,
+    /// `poll_claim` calls that handed back held heads to make room.
+    make_room: u64,
     redeliveries: u64,
     window_full: u64,
     steps: u64,
@@ -313,6 +317,7 @@ impl Stats {
         self.retires += o.retires;
         self.backoffs += o.backoffs;
         self.handbacks += o.handbacks;
+        self.make_room += o.make_room;
         self.redeliveries += o.redeliveries;
         self.window_full += o.window_full;
         self.steps += o.steps;
@@ -926,7 +931,14 @@ impl Sim {
                 return Ok(());
             }
             let Some(claims) = self.s.poll_claim(self.now) else {
-                return Ok(());
+                // It may have handed back heads held in backoff to make room (OL-10): their
+                // commands first, then it is asked again.
+                if self.drain(Cause::MakeRoom)?.is_empty() {
+                    return Ok(());
+                }
+                self.inputs += 1;
+                self.stats.make_room += 1;
+                continue;
             };
             ensure!(!self.stopping, "a claim after handle_stop");
             self.stats.claims += 1;
@@ -1077,7 +1089,7 @@ impl Sim {
     fn drain(&mut self, cause: Cause) -> Result<Vec<Command>, String> {
         if !matches!(
             cause,
-            Cause::Claimed | Cause::ClaimFailed | Cause::Stale | Cause::Idle
+            Cause::Claimed | Cause::ClaimFailed | Cause::Stale | Cause::Idle | Cause::MakeRoom
         ) {
             self.inputs += 1;
         }
@@ -1618,7 +1630,9 @@ impl Sim {
                 let flying = self.in_flight.keys().any(|k| k.0 == unit);
                 match cause {
                     Cause::Interrupt => {}
-                    Cause::PassEnd => ensure!(!flying, "handed back while in flight"),
+                    Cause::PassEnd | Cause::MakeRoom => {
+                        ensure!(!flying, "handed back while in flight");
+                    }
                     Cause::Outcome { .. } => {
                         ensure!(!flying, "handed back while in flight");
                         ensure!(
@@ -1915,6 +1929,7 @@ fn simulated_passes_keep_lane_order_and_lose_nothing() {
         assert!(total.stops > 0 && total.claim_failures > 0 && total.deferred_claims > 0);
         assert!(total.retries > 0 && total.stalls > 0 && total.lane_opens > 0);
         assert!(total.backoffs > total.stalls && total.handbacks > 0 && total.window_full > 0);
+        assert!(total.make_room > 0, "no held head made room");
         for r in [
             DeadReason::Exhausted,
             DeadReason::Permanent,

@@ -17,6 +17,10 @@ use crate::config::MAX_BACKOFF_LEVEL;
 use crate::ids::{LaneId, Seq, UnitId};
 use crate::time::Timestamp;
 
+/// The most held heads one [`Scheduler::poll_claim`] hands back to make room: a bound on its
+/// cost; the next call hands back more if lanes still wait.
+pub(super) const MAX_HAND_BACKS: usize = 64;
+
 impl Scheduler {
     /// The store has pending units in `lane` (discovered at pass start, or after new rows
     /// were enqueued); `info` is its persisted state. During a pass the scheduler's own view
@@ -60,6 +64,17 @@ impl Scheduler {
     /// refills once it is down to half its depth, and only when the room for the whole refill
     /// is free: few, larger reads, not one read per unit that leaves the window.
     ///
+    /// A full window whose units include heads held while their lanes wait in backoff
+    /// (stalled, or deferred by their host) does not keep lanes with work out: when lanes
+    /// wait for room (hungry lanes that could be read, lanes whose next unit did not fit,
+    /// joined units complete but not admitted), it hands back as many of those heads as
+    /// they need, those whose wait ends last first, and returns `None`. Drain the
+    /// [`Command::HandBack`](super::Command::HandBack)s (and what the room they freed
+    /// admitted), then ask again. A head handed back keeps its `seq` and its lane its
+    /// backoff: the lane is read again, head first, when its wait ends (OL-10, OL-11).
+    /// Without this, a thousand lanes in backoff would fill a window of 1,024 and end the
+    /// pass with every healthy lane still waiting.
+    ///
     /// Its cost is the lanes it takes from its queues (each leaves them, read or not), not
     /// the length of the queues: with 10,000 lanes waiting and one unit of room, it looks at
     /// one or a few.
@@ -68,13 +83,17 @@ impl Scheduler {
         if self.stopping {
             return None;
         }
+        if self.window_full() {
+            let wanted = self.room_wanted(self.now);
+            if wanted > 0 {
+                self.hand_back_held(wanted);
+            }
+            return None;
+        }
         let mut room = self
             .config
             .max_units
             .saturating_sub(self.admitted + self.reserved);
-        if room == 0 || (self.admitted > 0 && self.admitted_bytes >= self.config.max_bytes) {
-            return None;
-        }
         debug_assert_eq!(
             self.occupied,
             self.lanes.iter().filter(|l| !l.queue.is_empty()).count(),
@@ -130,6 +149,89 @@ impl Scheduler {
             out.push(self.plan(lane, limit));
         }
         (!out.is_empty()).then_some(out)
+    }
+
+    /// No room for another read: the window is full by count (reads out included) or by
+    /// bytes.
+    #[inline]
+    pub(super) fn window_full(&self) -> bool {
+        self.admitted + self.reserved >= self.config.max_units
+            || (self.admitted > 0 && self.admitted_bytes >= self.config.max_bytes)
+    }
+
+    /// With the window full and no read out: how many units of room lanes with work wait
+    /// for now — complete joined units, lanes whose next unit did not fit, and hungry lanes
+    /// that could be read (up to [`MAX_HAND_BACKS`] of these, looked at among the first few
+    /// of the queue) — at most [`MAX_HAND_BACKS`].
+    pub(super) fn room_wanted(&self, now: Timestamp) -> usize {
+        if self.reserved > 0 {
+            return 0;
+        }
+        let max = self.config.max_per_lane;
+        let hungry = self
+            .hungry_queue
+            .iter()
+            .take(4 * MAX_HAND_BACKS)
+            .filter(|l| Self::claimable(&self.lanes[l.index()], now, max).is_some())
+            .take(MAX_HAND_BACKS)
+            .count();
+        (self.complete_joined.len() + self.room_waiters.len() + hungry).min(MAX_HAND_BACKS)
+    }
+
+    /// The head `lane` holds while it waits in backoff until `t`, if it may be handed back
+    /// to make room: its wait still ends at `t`, after `now`; it is stalled (not blocked,
+    /// paused or fenced); no recipient of the head is in flight. `Err(true)`: not now, but
+    /// it may be later (another recipient of a joined head is in flight); `Err(false)`: the
+    /// entry is stale.
+    pub(super) fn evictable(
+        &self,
+        t: Timestamp,
+        lane: LaneId,
+        now: Timestamp,
+    ) -> Result<u32, bool> {
+        let l = &self.lanes[lane.index()];
+        if !l.stalled || l.blocked || l.paused || l.fenced || l.not_before != Some(t) || t <= now {
+            return Err(false);
+        }
+        let &head = l.queue.front().ok_or(false)?;
+        let u = &self.units[head as usize];
+        let held = u
+            .slots
+            .iter()
+            .any(|s| s.lane == lane && s.phase == Phase::Stalled);
+        if !u.live || !held {
+            return Err(false);
+        }
+        if u.slots.iter().any(|s| s.phase == Phase::InFlight) {
+            return Err(true);
+        }
+        Ok(head)
+    }
+
+    /// Hands back up to `wanted` heads held in backoff, those whose wait ends last first;
+    /// returns how many.
+    pub(super) fn hand_back_held(&mut self, wanted: usize) -> usize {
+        let mut handed = 0;
+        let mut later: SmallVec<[(Timestamp, LaneId); 4]> = SmallVec::new();
+        while handed < wanted {
+            let Some((t, lane)) = self.held.pop() else {
+                break;
+            };
+            let head = match self.evictable(t, lane, self.now) {
+                Ok(head) => head,
+                Err(true) => {
+                    later.push((t, lane));
+                    continue;
+                }
+                Err(false) => continue,
+            };
+            // Not stalled any more: it is read again (head first) when its wait ends.
+            self.lanes[lane.index()].stalled = false;
+            self.hand_back(alloc::vec![head]);
+            handed += 1;
+        }
+        self.held.extend(later);
+        handed
     }
 
     /// Reserves `limit` units of room for a read of `lane`.

@@ -58,7 +58,7 @@
 //! | waiting for room | `room_wait` | its next unit did not fit the window | any unit leaves the window |
 //! | attempt in flight | `in_flight` | its head starts | the outcome arrives |
 //! | in backoff (probe mode above level 0) | `not_before`, `level` | a stall, a failed probe, a Retry-After longer than the ladder's step (a throttle, level 0), a pass that ends on a throttle's retry | its timer fires (`not_before` ends, probe mode stays; at level 0 it stays, past: the throttle's mark, OL-7); an answer reopens it (level 0, cleared) |
-//! | stalled | `stalled` | its head failed `pass_attempts` times in a row (persisted, across passes), its probe failed, or it was throttled while still throttled by an earlier pass: the head is held, the rest handed back (OL-7) | the head is resolved, or the lane reopens |
+//! | stalled | `stalled` | its head failed `pass_attempts` times in a row (persisted, across passes), its probe failed, it was throttled while still throttled by an earlier pass, or its host deferred it: the head is held, the rest handed back (OL-7) | the head is resolved, the lane reopens, or the head is handed back to make room for lanes with work (`poll_claim`, OL-10) |
 //! | blocked (strict lanes) | `blocked` (and `stalled`) | a strict lane's head would be dead-lettered (OL-8) | the pass ends (an operator acts) |
 //! | paused | `paused` | an operator paused it ([`Scheduler::handle_lane_control`]) | a control or a discovery says it is not |
 //! | fenced | `fenced` | an operator acted on it while its head had an attempt in flight | that attempt ended and its unit left |
@@ -386,6 +386,11 @@ pub struct Scheduler {
     room_waiters: Vec<LaneId>,
     /// The lanes with `fenced` set (few: the lanes an operator acted on mid-attempt).
     fenced: Vec<LaneId>,
+    /// Lanes whose head is held while they wait in backoff (stalled or deferred), by the
+    /// end of that wait, latest on top: the heads [`Scheduler::poll_claim`] hands back when
+    /// the window is full and lanes with work wait for room. Stale entries (the lane moved
+    /// on since) are skipped when they come up.
+    held: BinaryHeap<(Timestamp, LaneId)>,
     timers: BinaryHeap<Reverse<(Timestamp, Timer)>>,
     admitted: usize,
     admitted_bytes: u64,
@@ -424,6 +429,7 @@ impl Scheduler {
             claim_queue: VecDeque::new(),
             room_waiters: Vec::new(),
             fenced: Vec::new(),
+            held: BinaryHeap::new(),
             timers: BinaryHeap::new(),
             admitted: 0,
             admitted_bytes: 0,
@@ -555,6 +561,7 @@ impl Scheduler {
         self.claim_queue.clear();
         self.room_waiters.clear();
         self.fenced.clear();
+        self.held.clear();
         self.timers.clear();
         for l in &mut self.lanes {
             *l = Lane::default();
@@ -669,14 +676,20 @@ impl Scheduler {
         if self.timer_due(now) || !self.ready.is_empty() || !self.capacity_wait.is_empty() {
             return false;
         }
-        let room = self.admitted < self.config.max_units;
+        if self.window_full() {
+            // Heads held in backoff make room for lanes with work ([`Scheduler::poll_claim`]).
+            return self.room_wanted(now) == 0
+                || !self
+                    .held
+                    .iter()
+                    .any(|&(t, lane)| self.evictable(t, lane, now).is_ok());
+        }
         let max = self.config.max_per_lane;
-        !(room
-            && self
-                .hungry_queue
-                .iter()
-                .chain(&self.claim_queue)
-                .any(|l| Self::claimable(&self.lanes[l.index()], now, max).is_some()))
+        !self
+            .hungry_queue
+            .iter()
+            .chain(&self.claim_queue)
+            .any(|l| Self::claimable(&self.lanes[l.index()], now, max).is_some())
     }
 }
 
@@ -969,5 +982,210 @@ mod tests {
         assert_eq!(s.poll_waiting(at(5), false), None, "nothing in flight");
         s.handle_pass_end(at(5));
         assert_eq!(s.poll_waiting(at(5), false), None);
+    }
+
+    fn deferred(secs: u64) -> Outcome {
+        Outcome::Deferred {
+            retry_after: Duration::from_secs(secs),
+        }
+    }
+
+    /// Two lanes whose heads fill a window of two, both deferred by their hosts (a for
+    /// 60 s, b for 120 s), with `max_units` 2.
+    fn window_of_held_heads() -> (Scheduler, LaneId, LaneId) {
+        let mut s = Scheduler::new(
+            Config {
+                max_units: 2,
+                ..config()
+            },
+            7,
+        );
+        let a = lane(&mut s, "https://a.example/inbox");
+        let b = lane(&mut s, "https://b.example/inbox");
+        admit(&mut s, |l| {
+            let (id, seq) = if l == a { (1, 1) } else { (2, 2) };
+            vec![Admit::single(UnitId(id), Seq(seq), l)]
+        });
+        let _ = drain(&mut s);
+        s.handle_outcome(UnitId(1), a, deferred(60), T0)
+            .expect("in flight");
+        s.handle_outcome(UnitId(2), b, deferred(120), T0)
+            .expect("in flight");
+        assert_eq!(
+            drain(&mut s),
+            [
+                Command::LaneBackoff {
+                    lane: a,
+                    not_before: at(60),
+                    level: 0
+                },
+                Command::Hold {
+                    unit: UnitId(1),
+                    lane: a,
+                    reason: HoldReason::Stalled
+                },
+                Command::LaneBackoff {
+                    lane: b,
+                    not_before: at(120),
+                    level: 0
+                },
+                Command::Hold {
+                    unit: UnitId(2),
+                    lane: b,
+                    reason: HoldReason::Stalled
+                },
+            ]
+        );
+        (s, a, b)
+    }
+
+    #[test]
+    fn held_heads_of_lanes_in_backoff_make_room_for_a_lane_with_work() {
+        let (mut s, a, b) = window_of_held_heads();
+        let (a1, b1, c1) = (UnitId(1), UnitId(2), UnitId(3));
+        // A third lane has work; the window is full of heads that wait.
+        let c = lane(&mut s, "https://c.example/inbox");
+        assert!(!s.is_done(T0), "the held heads can make room: not done");
+        // The head whose wait ends last goes back; the claim comes at the next call.
+        assert_eq!(s.poll_claim(T0), None);
+        assert_eq!(drain(&mut s), [Command::HandBack { unit: b1 }]);
+        assert_eq!(s.admitted(), 1);
+        assert_eq!(
+            s.lane_wait(b),
+            Some(LaneWait {
+                level: 0,
+                not_before: Some(at(120))
+            }),
+            "b keeps its wait"
+        );
+        let claims = s.poll_claim(T0).expect("c is read");
+        assert_eq!(
+            claims,
+            [super::LaneClaim {
+                lane: c,
+                from: Seq(0),
+                limit: 1
+            }]
+        );
+        let report = s.handle_claimed(
+            vec![LaneChunk {
+                lane: c,
+                units: vec![Admit::single(c1, Seq(3), c)],
+                exhausted: true,
+            }],
+            T0,
+        );
+        assert!(report.refused.is_empty(), "{report:?}");
+        assert_eq!(
+            drain(&mut s),
+            [Command::Start {
+                unit: c1,
+                lane: c,
+                attempt: 1
+            }]
+        );
+        s.handle_outcome(c1, c, Outcome::Delivered, at(1))
+            .expect("in flight");
+        assert_eq!(drain(&mut s), [Command::Delivered { unit: c1, lane: c }]);
+        // Nothing waits for room any more: a's head stays held until its wait ends.
+        assert_eq!(s.poll_claim(at(1)), None);
+        assert_eq!(drain(&mut s), []);
+        s.handle_timeout(at(60));
+        assert_eq!(
+            drain(&mut s),
+            [Command::Start {
+                unit: a1,
+                lane: a,
+                attempt: 1
+            }]
+        );
+        s.handle_outcome(a1, a, Outcome::Delivered, at(61))
+            .expect("in flight");
+        assert_eq!(
+            drain(&mut s),
+            [
+                Command::Delivered { unit: a1, lane: a },
+                Command::LaneOpen { lane: a },
+            ]
+        );
+        // b's wait ends: it is read again from its head, which starts.
+        assert_eq!(s.poll_claim(at(61)), None, "b still waits");
+        s.handle_timeout(at(120));
+        let claims = s.poll_claim(at(120)).expect("b is read again");
+        assert_eq!(
+            claims,
+            [super::LaneClaim {
+                lane: b,
+                from: Seq(2),
+                limit: 2
+            }]
+        );
+        s.handle_claimed(
+            vec![LaneChunk {
+                lane: b,
+                units: vec![Admit::single(b1, Seq(2), b)],
+                exhausted: true,
+            }],
+            at(120),
+        );
+        assert_eq!(
+            drain(&mut s),
+            [Command::Start {
+                unit: b1,
+                lane: b,
+                attempt: 1
+            }]
+        );
+    }
+
+    #[test]
+    fn held_heads_stay_held_when_no_lane_waits_for_room() {
+        let (mut s, _, _) = window_of_held_heads();
+        assert_eq!(s.poll_claim(T0), None);
+        assert_eq!(drain(&mut s), []);
+        assert_eq!(s.admitted(), 2);
+        // Nothing to do but wait for the lanes in backoff: the pass may end (OL-10).
+        assert!(s.is_done(T0));
+    }
+
+    #[test]
+    fn a_head_with_an_attempt_in_flight_is_not_handed_back() {
+        // A joined unit held in one lane while its other recipient is still in flight.
+        let mut s = Scheduler::new(
+            Config {
+                max_units: 1,
+                ..config()
+            },
+            7,
+        );
+        let a = lane(&mut s, "https://a.example/inbox");
+        let b = lane(&mut s, "https://b.example/inbox");
+        let u = UnitId(1);
+        // A window of one is read one lane at a time: the unit is admitted when both
+        // reads reached it.
+        for _ in 0..2 {
+            admit(&mut s, |_| vec![Admit::joined(u, Seq(1), &[a, b])]);
+        }
+        assert_eq!(s.admitted(), 1);
+        let _ = drain(&mut s);
+        s.handle_outcome(u, a, deferred(60), T0).expect("in flight");
+        let _ = drain(&mut s);
+        let c = lane(&mut s, "https://c.example/inbox");
+        assert_eq!(s.poll_claim(T0), None);
+        assert_eq!(
+            drain(&mut s),
+            [],
+            "b's attempt is in flight: a's head stays"
+        );
+        // b answers: now the head may go back for c.
+        s.handle_outcome(u, b, Outcome::Delivered, at(1))
+            .expect("in flight");
+        assert_eq!(drain(&mut s), [Command::Delivered { unit: u, lane: b }]);
+        assert!(!s.is_done(at(1)));
+        assert_eq!(s.poll_claim(at(1)), None);
+        assert_eq!(drain(&mut s), [Command::HandBack { unit: u }]);
+        let claims = s.poll_claim(at(1)).expect("c is read");
+        assert_eq!(claims.len(), 1);
+        assert_eq!(claims[0].lane, c);
     }
 }

@@ -342,7 +342,12 @@ impl Scheduler {
         let u = &mut self.units[idx as usize];
         u.slots[s].phase = Phase::Stalled;
         let (unit, lane) = (u.id, u.slots[s].lane);
-        self.lanes[lane.index()].stalled = true;
+        let l = &mut self.lanes[lane.index()];
+        l.stalled = true;
+        if let Some(t) = l.not_before.filter(|&t| t > self.now) {
+            // Its head may make room for lanes with work while it waits (`poll_claim`).
+            self.held.push((t, lane));
+        }
         self.commands.push_back(Command::Hold {
             unit,
             lane,

@@ -354,22 +354,31 @@ impl World {
     /// Drains commands into the store and the log, and answers claims, until quiet.
     pub fn settle(&mut self) {
         loop {
-            let mut any = false;
-            while let Some(c) = self.s.poll_command() {
-                self.store.apply(&c);
-                self.log.push(c);
-                any = true;
-            }
+            let mut any = self.execute();
             if let Some(claims) = self.s.poll_claim(self.now) {
                 let chunks = self.store.claim(&claims);
                 let report = self.s.handle_claimed(chunks, self.now);
                 assert!(report.refused.is_empty(), "refused: {:?}", report.refused);
                 any = true;
+            } else {
+                // Hand-backs of heads held in backoff, to make room, come before the claim.
+                any |= self.execute();
             }
             if !any {
                 break;
             }
         }
+    }
+
+    /// Drains the queued commands into the store and the log; returns whether there were any.
+    fn execute(&mut self) -> bool {
+        let mut any = false;
+        while let Some(c) = self.s.poll_command() {
+            self.store.apply(&c);
+            self.log.push(c);
+            any = true;
+        }
+        any
     }
 
     pub fn outcome(&mut self, unit: UnitId, lane: &str, o: outbox_lanes_core::Outcome) {
