@@ -275,7 +275,7 @@ fn run(ops: Vec<Op>, config: Config) {
             Op::Discover => {
                 discovered = true;
                 for lane in w.store.lanes_with_work() {
-                    let info = w.store.lane_info(lane);
+                    let info = w.store.discovery_info(lane);
                     w.s.handle_lane(lane, info, w.now);
                 }
                 settle(&mut w, &mut c);
@@ -412,7 +412,7 @@ fn run(ops: Vec<Op>, config: Config) {
                 w.now = t;
             }
             for lane in w.store.lanes_with_work() {
-                let info = w.store.lane_info(lane);
+                let info = w.store.discovery_info(lane);
                 w.s.handle_lane(lane, info, w.now);
             }
             settle(&mut w, &mut c);

@@ -696,7 +696,7 @@ impl Sim {
         self.throttled_here.clear();
         self.note(|| "pass starts".into());
         for lane in self.store.lanes_with_work() {
-            let info = self.store.lane_info(lane);
+            let info = self.store.discovery_info(lane);
             self.s.handle_lane(lane, info, self.now);
             self.drain(Cause::Discover)?;
         }
@@ -832,7 +832,7 @@ impl Sim {
             self.note(|| format!("enqueue {ids:?} {seq:?} to {lanes:?} joined={}", row.joined));
             if in_pass {
                 for &l in &lanes {
-                    let info = self.store.lane_info(l);
+                    let info = self.store.discovery_info(l);
                     self.s.handle_lane(l, info, self.now);
                     self.drain(Cause::Arrival)?;
                 }

@@ -22,6 +22,15 @@ macro_rules! pending_lane_cols {
 }
 pub(crate) use pending_lane_cols;
 
+/// The units lane `l` holds, counted up to [`PENDING_COUNT_CAP`](crate::types::PENDING_COUNT_CAP)
+/// (the lane index's entries: acked units leave it).
+macro_rules! pending_count_col {
+    () => {
+        "(SELECT count(*) FROM (SELECT 1 FROM ol_units c WHERE c.lane_id = l.id LIMIT 100000) c)"
+    };
+}
+pub(crate) use pending_count_col;
+
 /// How many columns [`pending_lane`] reads.
 pub(crate) const PENDING_LANE_COLS: usize = 9;
 
@@ -38,6 +47,7 @@ pub(crate) fn pending_lane(r: &dyn Get, at: usize) -> Result<PendingLane, StoreE
         paused: r.flag(at + 6)?,
         failing_since: r.opt_int(at + 7)?.map(timestamp_of),
         unavailable_since: r.opt_int(at + 8)?.map(timestamp_of),
+        pending: 0,
     })
 }
 

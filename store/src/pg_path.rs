@@ -128,7 +128,9 @@ static ACK_ONE_LANE_RETAIN_LOGGED: Sql = Sql::new(ack_one_lane!(
 static LANES_WITH_WORK: Sql = Sql::new(concat!(
     "SELECT f.live, ",
     lanes::pending_lane_cols!(),
-    ", l.tail_seq FROM (SELECT EXISTS (",
+    ", l.tail_seq, ",
+    lanes::pending_count_col!(),
+    " FROM (SELECT EXISTS (",
     live_slot!(),
     ") AS live) f \
                      LEFT JOIN LATERAL (SELECT * FROM ol_lanes l WHERE f.live AND l.actor = $1 AND l.tail_seq > $3 \
@@ -227,7 +229,11 @@ pub(crate) fn lanes_with_work(
         |r| {
             let lane = match r.opt_int(1)? {
                 None => None,
-                Some(_) => Some((pending_lane(r, 1)?, r.int(1 + lanes::PENDING_LANE_COLS)?)),
+                Some(_) => {
+                    let mut lane = pending_lane(r, 1)?;
+                    lane.pending = to_u64(r.int(2 + lanes::PENDING_LANE_COLS)?);
+                    Some((lane, r.int(1 + lanes::PENDING_LANE_COLS)?))
+                }
             };
             Ok((r.flag(0)?, lane))
         },

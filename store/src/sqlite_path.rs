@@ -23,7 +23,9 @@ use crate::{StoreError, set_aside, slots, units};
 static LANES_WITH_WORK: Sql = Sql::new(concat!(
     "SELECT ",
     lanes::pending_lane_cols!(),
-    ", l.tail_seq FROM ol_lanes l WHERE l.actor = $1 AND l.tail_seq > $2 \
+    ", l.tail_seq, ",
+    lanes::pending_count_col!(),
+    " FROM ol_lanes l WHERE l.actor = $1 AND l.tail_seq > $2 \
      AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id) ORDER BY l.id"
 ));
 
@@ -39,10 +41,9 @@ pub(crate) fn lanes_with_work(
         &LANES_WITH_WORK,
         args![token.actor().as_str(), to_i64(since)],
         |r| {
-            Ok((
-                pending_lane(r, 0)?,
-                to_u64(r.int(lanes::PENDING_LANE_COLS)?),
-            ))
+            let mut lane = pending_lane(r, 0)?;
+            lane.pending = to_u64(r.int(lanes::PENDING_LANE_COLS + 1)?);
+            Ok((lane, to_u64(r.int(lanes::PENDING_LANE_COLS)?)))
         },
     )?;
     let mark = rows.iter().map(|(_, tail)| *tail).fold(since, u64::max);

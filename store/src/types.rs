@@ -165,7 +165,15 @@ pub struct PendingLane {
     /// When the lane was found failing for longer than allowed, if it was since its run of
     /// failures began ([`set_lane_unavailable`](crate::DriverStore::set_lane_unavailable)).
     pub unavailable_since: Option<Timestamp>,
+    /// How many units of the lane the store holds (counted up to [`PENDING_COUNT_CAP`]), for
+    /// the scheduler's start order: a free place goes first to the lane with the most work
+    /// left. `0` where it was not counted.
+    pub pending: u64,
 }
+
+/// The most units [`PendingLane::pending`] counts: a lane deeper than that is "deep" all the
+/// same, and the count stays cheap.
+pub const PENDING_COUNT_CAP: u64 = 100_000;
 
 /// One lane's part of a claim: up to `limit` pending units with `seq >= from`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -657,6 +657,11 @@ fn enqueue_order_and_claim_order(b: Backend) {
                 .all(|l| !l.paused && !l.strict && l.not_before.is_none())
         );
         let la = lane_of(s, &a, A);
+        // Each lane says how many units it holds (the scheduler's start order weighs them).
+        let mut pending: Vec<(bool, u64)> =
+            lanes.iter().map(|l| (l.lane == la, l.pending)).collect();
+        pending.sort_unstable();
+        assert_eq!(pending, [(false, 5), (true, 6)]);
         let all = claim_lane(s, &t, la, 0, 100);
         assert_eq!(row_ids(&all), ["r0", "r1", "r2", "r3", "r4", "r5"]);
         assert!(all.exhausted);

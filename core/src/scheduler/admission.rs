@@ -46,6 +46,10 @@ impl Scheduler {
             l.unavailable = info.unavailable;
         }
         l.more = true;
+        // The store's count, less nothing yet: it counts the units admitted too.
+        l.remaining = info
+            .pending
+            .max(u32::try_from(l.queue.len()).unwrap_or(u32::MAX));
         if let Some(t) = l.not_before.filter(|&t| t > self.now) {
             self.timers.push(Reverse((t, Timer::Lane(lane.0))));
         }
@@ -543,6 +547,7 @@ impl Scheduler {
                 .collect(),
             started: false,
             live: true,
+            wait: 0,
         };
         let idx = match self.free.pop() {
             Some(i) => {

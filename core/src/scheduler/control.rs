@@ -105,6 +105,7 @@ impl Scheduler {
                 unavailable: l.unavailable,
                 pace: l.pace,
                 paced_until: l.next_start,
+                pending: l.remaining,
             },
             paused: true,
             pending: true,

@@ -20,7 +20,10 @@
 //!    *all* its lanes have reached it, so it sits behind every earlier unit of each (OL-3).
 //! 4. **Starts** — a unit that heads every lane it occupies is *ready*; it starts when each
 //!    lane it still needs is open (not in backoff), has nothing in flight and is not blocked
-//!    (OL-1), within `max_in_flight`: one [`Command::Start`] per recipient.
+//!    (OL-1), within `max_in_flight`: one [`Command::Start`] per recipient. When that bound
+//!    binds, a free place goes to the unit whose lanes hold the most work (the store's count
+//!    at discovery, [`LaneInfo::pending`], less what finished since), every fourth to the
+//!    unit waiting longest (OL-2, `start.rs`).
 //! 5. **Outcomes** — [`Scheduler::handle_outcome`]: a 2xx resolves the recipient; a transient
 //!    or throttled failure retries in the pass, throttles the lane (a Retry-After longer than
 //!    the ladder's step), stalls the lane, or dead-letters the unit (OL-5 … OL-8); a
@@ -186,6 +189,9 @@ struct Unit {
     slots: SmallVec<[Slot; 1]>,
     started: bool,
     live: bool,
+    /// Its entry in [`Scheduler::start_queue`] (`0`: none): it could start but for the in-flight
+    /// bound.
+    wait: u64,
 }
 
 /// A lane's state in this pass; the flags are the states of the table in the module doc.
@@ -235,6 +241,9 @@ struct Lane {
     next_start: Option<Timestamp>,
     /// Its head could start but for `next_start`: a [`Timer::Pace`] is set.
     pace_wait: bool,
+    /// Units of it the store held when it was discovered, less those finished since: the
+    /// work left in the lane, as far as this pass knows (at least its admitted units).
+    remaining: u32,
 }
 
 impl Lane {
@@ -378,7 +387,10 @@ pub struct Scheduler {
     complete_joined: VecDeque<UnitId>,
     commands: VecDeque<Command>,
     ready: VecDeque<(u32, UnitId)>,
-    capacity_wait: VecDeque<(u32, UnitId)>,
+    /// Units that could start but for the in-flight bound: the one with the most work left
+    /// in its lanes goes first, and every [`start::AGING`]-th place to the one waiting
+    /// longest.
+    start_queue: start::StartQueue,
     /// Lanes to read that had nothing admitted when they were queued: served first.
     hungry_queue: VecDeque<LaneId>,
     /// Lanes to read that only refill.
@@ -424,7 +436,7 @@ impl Scheduler {
             complete_joined: VecDeque::new(),
             commands: VecDeque::new(),
             ready: VecDeque::new(),
-            capacity_wait: VecDeque::new(),
+            start_queue: start::StartQueue::default(),
             hungry_queue: VecDeque::new(),
             claim_queue: VecDeque::new(),
             room_waiters: Vec::new(),
@@ -556,7 +568,7 @@ impl Scheduler {
         self.joined.clear();
         self.complete_joined.clear();
         self.ready.clear();
-        self.capacity_wait.clear();
+        self.start_queue.clear();
         self.hungry_queue.clear();
         self.claim_queue.clear();
         self.room_waiters.clear();
@@ -673,7 +685,7 @@ impl Scheduler {
             return true;
         }
         let now = now.max(self.now);
-        if self.timer_due(now) || !self.ready.is_empty() || !self.capacity_wait.is_empty() {
+        if self.timer_due(now) || !self.ready.is_empty() || !self.start_queue.is_empty() {
             return false;
         }
         if self.window_full() {
@@ -1187,5 +1199,162 @@ mod tests {
         let claims = s.poll_claim(at(1)).expect("c is read");
         assert_eq!(claims.len(), 1);
         assert_eq!(claims[0].lane, c);
+    }
+
+    /// A lane the store says holds `pending` units.
+    fn lane_with(s: &mut Scheduler, url: &str, pending: u32) -> LaneId {
+        let l = s.lane(&LaneKey::new(url, None).expect("a valid URL"));
+        let info = LaneInfo {
+            pending,
+            ..LaneInfo::default()
+        };
+        s.handle_lane(l, info, T0);
+        l
+    }
+
+    fn start(unit: UnitId, lane: LaneId) -> Command {
+        Command::Start {
+            unit,
+            lane,
+            attempt: 1,
+        }
+    }
+
+    /// Delivers `unit` on `lane` and returns the commands: its `Delivered`, then what started.
+    fn deliver(s: &mut Scheduler, unit: UnitId, lane: LaneId) -> Vec<Command> {
+        s.handle_outcome(unit, lane, Outcome::Delivered, T0)
+            .expect("in flight");
+        drain(s)
+    }
+
+    fn in_flight_of(max: usize) -> Config {
+        Config {
+            max_in_flight: max,
+            ..config()
+        }
+    }
+
+    #[test]
+    fn a_free_place_goes_to_the_lane_with_the_most_work_left() {
+        let mut s = Scheduler::new(in_flight_of(2), 7);
+        let a = lane_with(&mut s, "https://a.example/inbox", 1);
+        let b = lane_with(&mut s, "https://b.example/inbox", 1);
+        let c = lane_with(&mut s, "https://c.example/inbox", 1);
+        let d = lane_with(&mut s, "https://d.example/inbox", 5);
+        let (a1, b1, c1, d1, d2) = (UnitId(1), UnitId(2), UnitId(3), UnitId(4), UnitId(5));
+        admit(&mut s, |l| match l {
+            l if l == a => vec![Admit::single(a1, Seq(1), l)],
+            l if l == b => vec![Admit::single(b1, Seq(2), l)],
+            l if l == c => vec![Admit::single(c1, Seq(3), l)],
+            l => vec![Admit::single(d1, Seq(4), l), Admit::single(d2, Seq(5), l)],
+        });
+        // The first two ready heads take the two places; c and d wait.
+        assert_eq!(drain(&mut s), [start(a1, a), start(b1, b)]);
+        // A place frees: d's chain (5 units) goes before c's single unit, which came first.
+        assert_eq!(
+            deliver(&mut s, a1, a),
+            [Command::Delivered { unit: a1, lane: a }, start(d1, d)]
+        );
+        // d's next head is ready at once and takes the next place (4 units left).
+        assert_eq!(
+            deliver(&mut s, d1, d),
+            [Command::Delivered { unit: d1, lane: d }, start(d2, d)]
+        );
+        assert_eq!(
+            deliver(&mut s, b1, b),
+            [Command::Delivered { unit: b1, lane: b }, start(c1, c)]
+        );
+    }
+
+    #[test]
+    fn a_light_unit_waits_at_most_aging_places() {
+        let mut s = Scheduler::new(in_flight_of(1), 7);
+        let x = lane_with(&mut s, "https://x.example/inbox", 1);
+        let light = lane_with(&mut s, "https://light.example/inbox", 1);
+        let heavy: Vec<LaneId> = (1..=3)
+            .map(|i| lane_with(&mut s, &alloc::format!("https://h{i}.example/inbox"), 10))
+            .collect();
+        let (x1, l1) = (UnitId(1), UnitId(2));
+        let h = |i: usize, k: u64| UnitId(10 * (i as u64 + 1) + k);
+        admit(&mut s, |l| {
+            if l == x {
+                vec![Admit::single(x1, Seq(1), l)]
+            } else if l == light {
+                vec![Admit::single(l1, Seq(2), l)]
+            } else {
+                let i = heavy.iter().position(|&hl| hl == l).expect("a heavy lane");
+                (0..2)
+                    .map(|k| Admit::single(h(i, k), Seq(10 * (i as u64 + 1) + k), l))
+                    .collect()
+            }
+        });
+        assert_eq!(drain(&mut s), [start(x1, x)]);
+        // Places 1-3 go to the heaviest heads (ties: the first to wait)...
+        assert_eq!(
+            deliver(&mut s, x1, x),
+            [
+                Command::Delivered { unit: x1, lane: x },
+                start(h(0, 0), heavy[0])
+            ]
+        );
+        assert_eq!(
+            deliver(&mut s, h(0, 0), heavy[0]),
+            [
+                Command::Delivered {
+                    unit: h(0, 0),
+                    lane: heavy[0]
+                },
+                start(h(1, 0), heavy[1])
+            ]
+        );
+        assert_eq!(
+            deliver(&mut s, h(1, 0), heavy[1]),
+            [
+                Command::Delivered {
+                    unit: h(1, 0),
+                    lane: heavy[1]
+                },
+                start(h(2, 0), heavy[2])
+            ]
+        );
+        // ...the fourth to the unit waiting longest: the light lane's, though the heavy
+        // lanes' next heads weigh more.
+        assert_eq!(
+            deliver(&mut s, h(2, 0), heavy[2]),
+            [
+                Command::Delivered {
+                    unit: h(2, 0),
+                    lane: heavy[2]
+                },
+                start(l1, light)
+            ]
+        );
+    }
+
+    #[test]
+    fn equal_weights_start_in_the_order_they_became_ready() {
+        let mut s = Scheduler::new(in_flight_of(1), 7);
+        let lanes: Vec<LaneId> = (1..=4)
+            .map(|i| lane(&mut s, &alloc::format!("https://e{i}.example/inbox")))
+            .collect();
+        admit(&mut s, |l| {
+            let i = lanes.iter().position(|&x| x == l).expect("a lane") as u64;
+            vec![Admit::single(UnitId(i + 1), Seq(i + 1), l)]
+        });
+        let mut order = Vec::new();
+        for c in drain(&mut s) {
+            if let Command::Start { unit, .. } = c {
+                order.push(unit);
+            }
+        }
+        for _ in 0..4 {
+            let (unit, lane) = (order[order.len() - 1], lanes[order.len() - 1]);
+            for c in deliver(&mut s, unit, lane) {
+                if let Command::Start { unit, .. } = c {
+                    order.push(unit);
+                }
+            }
+        }
+        assert_eq!(order, [UnitId(1), UnitId(2), UnitId(3), UnitId(4)]);
     }
 }

@@ -412,7 +412,9 @@ impl Scheduler {
             }
             self.finish_if_resolved(idx);
         }
-        self.lanes[lane.index()].more = false;
+        let l = &mut self.lanes[lane.index()];
+        l.more = false;
+        l.remaining = 0;
     }
 
     /// A recipient answered on `lane`: end its backoff, or its throttle (a `not_before` at
@@ -455,6 +457,8 @@ impl Scheduler {
             .collect();
         for lane in lanes {
             self.remove_from_lane(lane, idx);
+            let l = &mut self.lanes[lane.index()];
+            l.remaining = l.remaining.saturating_sub(1);
             if let Some(&head) = self.lanes[lane.index()].queue.front() {
                 self.ready.push_back((head, self.units[head as usize].id));
             }
@@ -483,6 +487,11 @@ impl Scheduler {
     pub(super) fn leave_window(&mut self, idx: u32) {
         let u = &mut self.units[idx as usize];
         u.live = false;
+        if u.wait != 0 {
+            // It waited for a place: its entry is stale now.
+            u.wait = 0;
+            self.start_queue.live -= 1;
+        }
         for s in u.slots.iter() {
             if let Phase::RetryAt(_) = s.phase {
                 self.retry_pending -= 1;

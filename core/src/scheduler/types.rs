@@ -96,6 +96,11 @@ pub struct LaneInfo {
     pub pace: Option<Duration>,
     /// No attempt starts before then: an earlier pass started one less than `pace` ago.
     pub paced_until: Option<Timestamp>,
+    /// How many units the store holds for the lane (an estimate; `0`: not known). When the
+    /// in-flight bound binds, a free place goes first to the lane with the most work left
+    /// ([`Scheduler`](super::Scheduler)'s start order): a deep lane's serial chain is the
+    /// critical path of a drain.
+    pub pending: u32,
 }
 
 /// A lane's persisted state read again during a pass because an operator acted on it (pause,

@@ -91,6 +91,15 @@ impl ModelStore {
         self.lane_state.get(&lane).copied().unwrap_or_default()
     }
 
+    /// What discovery says of `lane`: its state and how many units it holds (the start
+    /// order's weight).
+    pub fn discovery_info(&self, lane: LaneId) -> LaneInfo {
+        LaneInfo {
+            pending: u32::try_from(self.pending_in(lane).len()).unwrap_or(u32::MAX),
+            ..self.lane_info(lane)
+        }
+    }
+
     pub fn pending_in(&self, lane: LaneId) -> Vec<&StoredUnit> {
         let mut v: Vec<&StoredUnit> = self
             .units

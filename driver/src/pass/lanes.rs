@@ -64,6 +64,7 @@ impl PassCore {
             pace,
             paced_until: pace
                 .and_then(|_| self.lanes.rates.paced_until(self.actor.as_str(), recipient)),
+            pending: u32::try_from(s.pending).unwrap_or(u32::MAX),
         }
     }
 
