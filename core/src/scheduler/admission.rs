@@ -118,7 +118,7 @@ impl Scheduler {
             };
             let l = &mut self.lanes[lane.index()];
             l.in_claim_queue = false;
-            let Some(limit) = Self::claimable(l, self.now, depth) else {
+            let Some(limit) = Self::claimable(l, self.now, depth, self.config.max_per_lane) else {
                 continue;
             };
             let limit = limit
@@ -134,7 +134,7 @@ impl Scheduler {
                 break;
             };
             let l = &mut self.lanes[lane.index()];
-            let Some(limit) = Self::claimable(l, self.now, depth) else {
+            let Some(limit) = Self::claimable(l, self.now, depth, self.config.max_per_lane) else {
                 self.claim_queue.pop_front();
                 l.in_claim_queue = false;
                 continue;
@@ -176,7 +176,7 @@ impl Scheduler {
             .hungry_queue
             .iter()
             .take(4 * MAX_HAND_BACKS)
-            .filter(|l| Self::claimable(&self.lanes[l.index()], now, max).is_some())
+            .filter(|l| Self::claimable(&self.lanes[l.index()], now, max, max).is_some())
             .take(MAX_HAND_BACKS)
             .count();
         (self.complete_joined.len() + self.room_waiters.len() + hungry).min(MAX_HAND_BACKS)
@@ -262,9 +262,18 @@ impl Scheduler {
     }
 
     /// How many units `l` may be asked for now, up to `depth` admitted, or `None` if it must
-    /// not be claimed.
+    /// not be claimed. A deep lane (holding at least `max_per_lane` units, the most a lane
+    /// ever has admitted) keeps two admitted even when its share is one: its next head is
+    /// there when the one in flight is answered, instead of a store read later (its serial
+    /// chain is what a drain waits for last; the cost is one unit of the window per deep
+    /// lane).
     #[inline]
-    pub(super) fn claimable(l: &Lane, now: Timestamp, depth: u32) -> Option<u32> {
+    pub(super) fn claimable(
+        l: &Lane,
+        now: Timestamp,
+        depth: u32,
+        max_per_lane: u32,
+    ) -> Option<u32> {
         if !l.more
             || !l.known
             || l.paused
@@ -280,7 +289,13 @@ impl Scheduler {
         let queued = u32::try_from(l.queue.len()).unwrap_or(u32::MAX);
         // A lane in probe mode (backoff level above zero) gets its head only: a dead
         // recipient costs one probe per interval, not one per unit (OL-11).
-        let cap = if l.level > 0 { 1 } else { depth.max(1) };
+        let cap = if l.level > 0 {
+            1
+        } else if l.remaining >= max_per_lane {
+            depth.max(2).min(max_per_lane.max(1))
+        } else {
+            depth.max(1)
+        };
         // Refill a lane once it is down to half, not one unit at a time: fewer, larger reads.
         if queued > 0 && queued * 2 > cap {
             return None;

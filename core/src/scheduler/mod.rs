@@ -701,7 +701,7 @@ impl Scheduler {
             .hungry_queue
             .iter()
             .chain(&self.claim_queue)
-            .any(|l| Self::claimable(&self.lanes[l.index()], now, max).is_some())
+            .any(|l| Self::claimable(&self.lanes[l.index()], now, max, max).is_some())
     }
 }
 
@@ -1356,5 +1356,62 @@ mod tests {
             }
         }
         assert_eq!(order, [UnitId(1), UnitId(2), UnitId(3), UnitId(4)]);
+    }
+
+    /// Lanes d (the store holds `pending` units of it), a and b, in a window of three: each
+    /// gets one unit; a's is delivered, so d's share stays one (d and b have work). Returns
+    /// what the scheduler asks to read then.
+    fn claim_after_a_frees_room(pending: u32) -> Option<Vec<super::LaneClaim>> {
+        let mut s = Scheduler::new(
+            Config {
+                max_units: 3,
+                ..config()
+            },
+            7,
+        );
+        let d = lane_with(&mut s, "https://d.example/inbox", pending);
+        let a = lane_with(&mut s, "https://a.example/inbox", 1);
+        let b = lane_with(&mut s, "https://b.example/inbox", 1);
+        let (d1, a1, b1) = (UnitId(1), UnitId(2), UnitId(3));
+        let claims = s.poll_claim(T0).expect("every lane is read");
+        assert_eq!(
+            claims.iter().map(|c| c.limit).collect::<Vec<_>>(),
+            [1, 1, 1]
+        );
+        let chunk = |lane, unit, seq, exhausted| LaneChunk {
+            lane,
+            units: vec![Admit::single(unit, Seq(seq), lane)],
+            exhausted,
+        };
+        s.handle_claimed(
+            vec![
+                chunk(d, d1, 1, false),
+                chunk(a, a1, 2, true),
+                chunk(b, b1, 3, false),
+            ],
+            T0,
+        );
+        assert_eq!(drain(&mut s), [start(d1, d), start(a1, a), start(b1, b)]);
+        assert_eq!(
+            deliver(&mut s, a1, a),
+            [Command::Delivered { unit: a1, lane: a }]
+        );
+        s.poll_claim(T0)
+    }
+
+    #[test]
+    fn a_deep_lane_keeps_its_next_head_admitted() {
+        // d holds as many units as a lane may have admitted (64): while its head is in
+        // flight, its next one is read.
+        assert_eq!(
+            claim_after_a_frees_room(64),
+            Some(vec![super::LaneClaim {
+                lane: LaneId(0),
+                from: Seq(2),
+                limit: 1
+            }])
+        );
+        // A lane of a few units waits until its head is answered, as before.
+        assert_eq!(claim_after_a_frees_room(5), None);
     }
 }
