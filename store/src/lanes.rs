@@ -26,7 +26,7 @@ pub(crate) use pending_lane_cols;
 /// (the lane index's entries: acked units leave it).
 macro_rules! pending_count_col {
     () => {
-        "(SELECT count(*) FROM (SELECT 1 FROM ol_units c WHERE c.lane_id = l.id LIMIT 100000) c)"
+        "(SELECT count(*) FROM (SELECT 1 FROM ol_units c WHERE c.lane_id = l.id LIMIT 10000) c)"
     };
 }
 pub(crate) use pending_count_col;

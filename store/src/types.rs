@@ -172,8 +172,9 @@ pub struct PendingLane {
 }
 
 /// The most units [`PendingLane::pending`] counts: a lane deeper than that is "deep" all the
-/// same, and the count stays cheap.
-pub const PENDING_COUNT_CAP: u64 = 100_000;
+/// same, and the count stays cheap (it runs at every discovery of the lane: an index range
+/// of at most this many entries). The SQL's `LIMIT` (`store/src/lanes.rs`) is this number.
+pub const PENDING_COUNT_CAP: u64 = 10_000;
 
 /// One lane's part of a claim: up to `limit` pending units with `seq >= from`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -88,6 +88,18 @@ impl Scheduler {
             return None;
         }
         if self.window_full() {
+            // Lanes that cannot be read now leave the front of the queue, as they would with
+            // room (each is queued again when it can be): the lanes counted below are
+            // readable.
+            let max = self.config.max_per_lane;
+            while let Some(&lane) = self.hungry_queue.front() {
+                let l = &mut self.lanes[lane.index()];
+                if Self::claimable(l, self.now, max, max).is_some() {
+                    break;
+                }
+                l.in_claim_queue = false;
+                self.hungry_queue.pop_front();
+            }
             let wanted = self.room_wanted(self.now);
             if wanted > 0 {
                 self.hand_back_held(wanted);
@@ -203,7 +215,8 @@ impl Scheduler {
             .slots
             .iter()
             .any(|s| s.lane == lane && s.phase == Phase::Stalled);
-        if !u.live || !held {
+        if !u.live || !held || u.slots.iter().any(|s| s.phase == Phase::Blocked) {
+            // (A joined head blocking a strict lane stays: that lane waits for an operator.)
             return Err(false);
         }
         if u.slots.iter().any(|s| s.phase == Phase::InFlight) {
@@ -212,30 +225,51 @@ impl Scheduler {
         Ok(head)
     }
 
-    /// Hands back up to `wanted` heads held in backoff, those whose wait ends last first;
-    /// returns how many.
+    /// Hands back up to `wanted` heads held in backoff, those whose wait ends last first, in
+    /// one batch (in enqueue order); returns how many.
     pub(super) fn hand_back_held(&mut self, wanted: usize) -> usize {
-        let mut handed = 0;
+        let mut victims = Vec::new();
         let mut later: SmallVec<[(Timestamp, LaneId); 4]> = SmallVec::new();
-        while handed < wanted {
+        while victims.len() < wanted {
             let Some((t, lane)) = self.held.pop() else {
                 break;
             };
-            let head = match self.evictable(t, lane, self.now) {
-                Ok(head) => head,
-                Err(true) => {
-                    later.push((t, lane));
-                    continue;
+            match self.evictable(t, lane, self.now) {
+                Ok(head) => {
+                    self.release_held(head);
+                    victims.push(head);
                 }
-                Err(false) => continue,
-            };
-            // Not stalled any more: it is read again (head first) when its wait ends.
-            self.lanes[lane.index()].stalled = false;
-            self.hand_back(alloc::vec![head]);
-            handed += 1;
+                Err(true) => later.push((t, lane)),
+                Err(false) => {}
+            }
         }
         self.held.extend(later);
+        let handed = victims.len();
+        if handed > 0 {
+            self.hand_back(victims);
+        }
         handed
+    }
+
+    /// Head `idx`, held in backoff, is about to go back: every lane it is held in is no
+    /// longer stalled (it is read again, head first, when its wait ends), and a lane whose
+    /// throttles of this pass were not counted keeps them the way a pass end does (OL-7): its
+    /// level-0 `not_before` now counts as an earlier pass's mark, so its next throttle stalls
+    /// it, as it would have with the head kept.
+    fn release_held(&mut self, idx: u32) {
+        let held: SmallVec<[(LaneId, bool); 4]> = self.units[idx as usize]
+            .slots
+            .iter()
+            .filter(|s| s.phase == Phase::Stalled)
+            .map(|s| (s.lane, s.failures > s.attempts))
+            .collect();
+        for (lane, uncounted) in held {
+            let l = &mut self.lanes[lane.index()];
+            l.stalled = false;
+            if uncounted && l.level == 0 {
+                l.throttled_here = false;
+            }
+        }
     }
 
     /// Reserves `limit` units of room for a read of `lane`.

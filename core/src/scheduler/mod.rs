@@ -1414,4 +1414,138 @@ mod tests {
         // A lane of a few units waits until its head is answered, as before.
         assert_eq!(claim_after_a_frees_room(5), None);
     }
+
+    /// A joined unit of lanes a and b in a window of one, started on both.
+    fn joined_in_a_window_of_one() -> (Scheduler, LaneId, LaneId, UnitId) {
+        let mut s = Scheduler::new(
+            Config {
+                max_units: 1,
+                ..config()
+            },
+            7,
+        );
+        let a = lane(&mut s, "https://a.example/inbox");
+        let b = lane(&mut s, "https://b.example/inbox");
+        let u = UnitId(1);
+        for _ in 0..2 {
+            admit(&mut s, |_| vec![Admit::joined(u, Seq(1), &[a, b])]);
+        }
+        assert_eq!(drain(&mut s), [start(u, a), start(u, b)]);
+        (s, a, b, u)
+    }
+
+    /// Answers a claim of `lane` with `units`, the lane exhausted.
+    fn answer(s: &mut Scheduler, lane: LaneId, units: Vec<Admit>, now: Timestamp) {
+        let report = s.handle_claimed(
+            vec![LaneChunk {
+                lane,
+                units,
+                exhausted: true,
+            }],
+            now,
+        );
+        assert!(report.refused.is_empty(), "{report:?}");
+    }
+
+    #[test]
+    fn a_joined_head_handed_back_is_read_again_in_each_of_its_lanes() {
+        let (mut s, a, b, u) = joined_in_a_window_of_one();
+        s.handle_outcome(u, a, deferred(60), T0).expect("in flight");
+        s.handle_outcome(u, b, deferred(120), T0)
+            .expect("in flight");
+        let _ = drain(&mut s);
+        let c = lane(&mut s, "https://c.example/inbox");
+        assert_eq!(s.poll_claim(T0), None);
+        assert_eq!(drain(&mut s), [Command::HandBack { unit: u }]);
+        let claims = s.poll_claim(T0).expect("c is read");
+        assert_eq!(claims[0].lane, c);
+        answer(&mut s, c, vec![Admit::single(UnitId(3), Seq(3), c)], T0);
+        assert_eq!(drain(&mut s), [start(UnitId(3), c)]);
+        s.handle_outcome(UnitId(3), c, Outcome::Delivered, at(1))
+            .expect("in flight");
+        let _ = drain(&mut s);
+        // a's wait ends: a is read again and reaches the joined unit, which waits for b.
+        s.handle_timeout(at(60));
+        let claims = s.poll_claim(at(60)).expect("a is read again");
+        assert_eq!(
+            (claims.len(), claims[0].lane, claims[0].from),
+            (1, a, Seq(1))
+        );
+        answer(&mut s, a, vec![Admit::joined(u, Seq(1), &[a, b])], at(60));
+        assert_eq!(drain(&mut s), []);
+        assert_eq!(s.poll_claim(at(60)), None, "b still waits");
+        // b's wait ends: b reaches it too, and it starts in both lanes.
+        s.handle_timeout(at(120));
+        let claims = s.poll_claim(at(120)).expect("b is read again");
+        assert_eq!(
+            (claims.len(), claims[0].lane, claims[0].from),
+            (1, b, Seq(1))
+        );
+        answer(&mut s, b, vec![Admit::joined(u, Seq(1), &[a, b])], at(120));
+        assert_eq!(drain(&mut s), [start(u, a), start(u, b)]);
+    }
+
+    #[test]
+    fn a_head_handed_back_keeps_its_uncounted_throttles() {
+        // pass_attempts 2: two throttles in a row stall a lane (OL-7), however the head
+        // comes and goes.
+        let mut s = Scheduler::new(
+            Config {
+                max_units: 1,
+                ..config()
+            },
+            7,
+        );
+        let a = lane(&mut s, "https://a.example/inbox");
+        let u = UnitId(1);
+        admit(&mut s, |l| vec![Admit::single(u, Seq(1), l)]);
+        let _ = drain(&mut s);
+        // A throttle waited in the pass (uncounted), then the host defers the retry.
+        let throttle = Outcome::Throttled {
+            retry_after: Some(Duration::from_secs(1)),
+        };
+        s.handle_outcome(u, a, throttle, T0).expect("in flight");
+        s.handle_timeout(at(1));
+        let _ = drain(&mut s);
+        s.handle_outcome(u, a, deferred(60), at(1))
+            .expect("in flight");
+        let _ = drain(&mut s);
+        // A lane with work waits for room: the head goes back.
+        let c = lane(&mut s, "https://c.example/inbox");
+        assert_eq!(s.poll_claim(at(1)), None);
+        assert_eq!(drain(&mut s), [Command::HandBack { unit: u }]);
+        let _ = s.poll_claim(at(1)).expect("c is read");
+        answer(&mut s, c, vec![Admit::single(UnitId(2), Seq(2), c)], at(1));
+        s.handle_outcome(UnitId(2), c, Outcome::Delivered, at(2))
+            .expect("in flight");
+        let _ = drain(&mut s);
+        // The head comes back with its persisted count (no counted attempt)...
+        s.handle_timeout(at(61));
+        let _ = s.poll_claim(at(61)).expect("a is read again");
+        answer(&mut s, a, vec![Admit::single(u, Seq(1), a)], at(61));
+        assert_eq!(drain(&mut s), [start(u, a)]);
+        // ...and its next throttle is its second in a row: the lane stalls.
+        s.handle_outcome(u, a, throttle, at(61)).expect("in flight");
+        assert_eq!(
+            drain(&mut s),
+            [
+                Command::RecordAttempt {
+                    unit: u,
+                    lane: a,
+                    attempts: 0,
+                    counted: false
+                },
+                Command::LaneBackoff {
+                    lane: a,
+                    not_before: at(91),
+                    level: 1
+                },
+                Command::Hold {
+                    unit: u,
+                    lane: a,
+                    reason: HoldReason::Stalled
+                },
+            ]
+        );
+    }
 }

@@ -10,7 +10,8 @@
 //! While the in-flight bound (`max_in_flight`) has room, ready units start in the order they
 //! became ready. When it binds, the units that could start wait in a [`StartQueue`], and each
 //! place that frees goes to the unit with the **most work left in its lanes** (a lane's units
-//! the store held when the pass discovered it, less those finished since: its serial chain),
+//! the store held when the pass discovered it, less those finished since, counted when the
+//! unit starts to wait: its serial chain),
 //! ties in the order they came; every [`AGING`]-th place goes to the unit waiting longest
 //! instead, so no unit waits more than [`AGING`] times as many places as it would first come,
 //! first served. A drain's makespan is at least its deepest lane's chain; serving that lane's
