@@ -1630,8 +1630,18 @@ impl Sim {
                 let flying = self.in_flight.keys().any(|k| k.0 == unit);
                 match cause {
                     Cause::Interrupt => {}
-                    Cause::PassEnd | Cause::MakeRoom => {
+                    Cause::PassEnd => ensure!(!flying, "handed back while in flight"),
+                    Cause::MakeRoom => {
                         ensure!(!flying, "handed back while in flight");
+                        // A held head going back mid-pass is a pass end for its lanes: a
+                        // level-0 wait counts as an earlier pass's mark from now on (OL-7).
+                        for &l in &info.lanes {
+                            let head = self.store.pending_in(l).first().map(|u| u.admit.id);
+                            let li = self.store.lane_info(l);
+                            if head == Some(unit) && li.level == 0 && li.not_before.is_some() {
+                                self.throttled_here.remove(&l);
+                            }
+                        }
                     }
                     Cause::Outcome { .. } => {
                         ensure!(!flying, "handed back while in flight");

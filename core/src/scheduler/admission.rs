@@ -118,11 +118,27 @@ impl Scheduler {
         // (Lanes queued as hungry may have become unclaimable since: they only make the
         // share and the depth smaller, never zero.)
         let hungry = self.hungry_queue.len();
-        let depth = self.depth(hungry);
+        let depth = self.depth(hungry + self.deep_queue.len());
         let share = u32::try_from(room / hungry.max(1))
             .unwrap_or(u32::MAX)
             .max(1);
         let mut out = Vec::new();
+        // Deep lanes first, each what it may take (its share; two while that is one): the
+        // chain of a deep lane is what a drain waits for last, and each of them holds at
+        // most its share of the window, so the others are not crowded out.
+        while room > 0 {
+            let Some(lane) = self.deep_queue.pop_front() else {
+                break;
+            };
+            let l = &mut self.lanes[lane.index()];
+            l.in_claim_queue = false;
+            let Some(limit) = Self::claimable(l, self.now, depth, self.config.max_per_lane) else {
+                continue;
+            };
+            let limit = limit.min(u32::try_from(room).unwrap_or(u32::MAX));
+            room -= limit as usize;
+            out.push(self.plan(lane, limit));
+        }
         // Hungry lanes first, each its share (one unit at least) while there is room.
         while room > 0 {
             let Some(lane) = self.hungry_queue.pop_front() else {
@@ -185,8 +201,9 @@ impl Scheduler {
         }
         let max = self.config.max_per_lane;
         let hungry = self
-            .hungry_queue
+            .deep_queue
             .iter()
+            .chain(&self.hungry_queue)
             .take(4 * MAX_HAND_BACKS)
             .filter(|l| Self::claimable(&self.lanes[l.index()], now, max, max).is_some())
             .take(MAX_HAND_BACKS)
@@ -252,21 +269,22 @@ impl Scheduler {
     }
 
     /// Head `idx`, held in backoff, is about to go back: every lane it is held in is no
-    /// longer stalled (it is read again, head first, when its wait ends), and a lane whose
-    /// throttles of this pass were not counted keeps them the way a pass end does (OL-7): its
-    /// level-0 `not_before` now counts as an earlier pass's mark, so its next throttle stalls
-    /// it, as it would have with the head kept.
+    /// longer stalled (it is read again, head first, when its wait ends), and each of its
+    /// lanes waiting at level 0 (a throttle or a deferral) sees that wait as an earlier
+    /// pass's mark from now on, as it would after a pass end: throttles of this pass that
+    /// were not counted are not forgotten with the head, its next throttle stalls it (OL-7).
     fn release_held(&mut self, idx: u32) {
-        let held: SmallVec<[(LaneId, bool); 4]> = self.units[idx as usize]
+        let lanes: SmallVec<[(LaneId, bool); 4]> = self.units[idx as usize]
             .slots
             .iter()
-            .filter(|s| s.phase == Phase::Stalled)
-            .map(|s| (s.lane, s.failures > s.attempts))
+            .map(|s| (s.lane, s.phase == Phase::Stalled))
             .collect();
-        for (lane, uncounted) in held {
+        for (lane, held) in lanes {
             let l = &mut self.lanes[lane.index()];
-            l.stalled = false;
-            if uncounted && l.level == 0 {
+            if held {
+                l.stalled = false;
+            }
+            if l.level == 0 && l.not_before.is_some() {
                 l.throttled_here = false;
             }
         }
@@ -634,7 +652,9 @@ impl Scheduler {
         let l = &mut self.lanes[lane.index()];
         if l.more && !l.in_claim_queue && !l.stalled && l.planned.is_none() {
             l.in_claim_queue = true;
-            if l.queue.is_empty() {
+            if l.remaining >= self.config.max_per_lane && l.level == 0 {
+                self.deep_queue.push_back(lane);
+            } else if l.queue.is_empty() {
                 self.hungry_queue.push_back(lane);
             } else {
                 self.claim_queue.push_back(lane);

@@ -391,6 +391,10 @@ pub struct Scheduler {
     /// in its lanes goes first, and every [`start::AGING`]-th place to the one waiting
     /// longest.
     start_queue: start::StartQueue,
+    /// Deep lanes to read (holding at least `max_per_lane` units): served before the others,
+    /// each at most its share (two while its share is one): their chains are a drain's
+    /// critical path.
+    deep_queue: VecDeque<LaneId>,
     /// Lanes to read that had nothing admitted when they were queued: served first.
     hungry_queue: VecDeque<LaneId>,
     /// Lanes to read that only refill.
@@ -437,6 +441,7 @@ impl Scheduler {
             commands: VecDeque::new(),
             ready: VecDeque::new(),
             start_queue: start::StartQueue::default(),
+            deep_queue: VecDeque::new(),
             hungry_queue: VecDeque::new(),
             claim_queue: VecDeque::new(),
             room_waiters: Vec::new(),
@@ -569,6 +574,7 @@ impl Scheduler {
         self.complete_joined.clear();
         self.ready.clear();
         self.start_queue.clear();
+        self.deep_queue.clear();
         self.hungry_queue.clear();
         self.claim_queue.clear();
         self.room_waiters.clear();
@@ -698,8 +704,9 @@ impl Scheduler {
         }
         let max = self.config.max_per_lane;
         !self
-            .hungry_queue
+            .deep_queue
             .iter()
+            .chain(&self.hungry_queue)
             .chain(&self.claim_queue)
             .any(|l| Self::claimable(&self.lanes[l.index()], now, max, max).is_some())
     }
@@ -1400,19 +1407,67 @@ mod tests {
     }
 
     #[test]
-    fn a_deep_lane_keeps_its_next_head_admitted() {
-        // d holds as many units as a lane may have admitted (64): while its head is in
-        // flight, its next one is read.
-        assert_eq!(
-            claim_after_a_frees_room(64),
-            Some(vec![super::LaneClaim {
-                lane: LaneId(0),
-                from: Seq(2),
-                limit: 1
-            }])
-        );
-        // A lane of a few units waits until its head is answered, as before.
+    fn a_lane_of_a_few_units_waits_for_its_head_when_its_share_is_one() {
+        // d holds 5 units: its next is read only once its head is answered.
         assert_eq!(claim_after_a_frees_room(5), None);
+    }
+
+    #[test]
+    fn a_deep_lane_is_read_first_and_keeps_its_next_head_admitted() {
+        // d holds more units than a lane may have admitted (64): in a window of three, with
+        // a and b hungry too, it is read first, two units (its share is one).
+        let mut s = Scheduler::new(
+            Config {
+                max_units: 3,
+                ..config()
+            },
+            7,
+        );
+        let a = lane_with(&mut s, "https://a.example/inbox", 1);
+        let b = lane_with(&mut s, "https://b.example/inbox", 1);
+        let d = lane_with(&mut s, "https://d.example/inbox", 100);
+        let claim = |lane, from, limit| super::LaneClaim {
+            lane,
+            from: Seq(from),
+            limit,
+        };
+        assert_eq!(
+            s.poll_claim(T0),
+            Some(vec![claim(d, 0, 2), claim(a, 0, 1)]),
+            "b waits for room"
+        );
+        let (d1, d2, d3, a1, b1) = (UnitId(1), UnitId(2), UnitId(3), UnitId(4), UnitId(5));
+        s.handle_claimed(
+            vec![
+                LaneChunk {
+                    lane: d,
+                    units: vec![Admit::single(d1, Seq(1), d), Admit::single(d2, Seq(2), d)],
+                    exhausted: false,
+                },
+                LaneChunk {
+                    lane: a,
+                    units: vec![Admit::single(a1, Seq(10), a)],
+                    exhausted: true,
+                },
+            ],
+            T0,
+        );
+        assert_eq!(drain(&mut s), [start(d1, d), start(a1, a)]);
+        // d's head answered: its next one starts at once, and d reads its third.
+        assert_eq!(
+            deliver(&mut s, d1, d),
+            [Command::Delivered { unit: d1, lane: d }, start(d2, d)]
+        );
+        assert_eq!(s.poll_claim(T0), Some(vec![claim(d, 3, 1)]));
+        answer(&mut s, d, vec![Admit::single(d3, Seq(3), d)], T0);
+        // a's unit answered: b, which waited, takes the room.
+        assert_eq!(
+            deliver(&mut s, a1, a),
+            [Command::Delivered { unit: a1, lane: a }]
+        );
+        assert_eq!(s.poll_claim(T0), Some(vec![claim(b, 0, 1)]));
+        answer(&mut s, b, vec![Admit::single(b1, Seq(20), b)], T0);
+        assert_eq!(drain(&mut s), [start(b1, b)]);
     }
 
     /// A joined unit of lanes a and b in a window of one, started on both.
