@@ -58,15 +58,24 @@ fn pending(db: &str) -> u64 {
     v["actors"][0]["pending"].as_u64().unwrap()
 }
 
+/// Enqueues `lines` (JSON rows) for actor `sig`.
+fn enqueue(db: &str, lines: &str) {
+    let mut enqueue = command(db, &["enqueue", "--actor", "sig"]).spawn().unwrap();
+    enqueue
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(lines.as_bytes())
+        .unwrap();
+    assert!(enqueue.wait().unwrap().success());
+}
+
 /// `cmd` (drain or relay) with a hanging recipient, then `signals` with `gap` between them.
 fn run(cmd: &str, signals: &[Signal], gap: Duration) -> (Option<i32>, u64) {
     let r = Recipient::start().unwrap();
     r.set_default("/hang", Reply::Hang);
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("outbox.db").display().to_string();
-    let mut enqueue = command(&db, &["enqueue", "--actor", "sig"])
-        .spawn()
-        .unwrap();
     let lines: String = (0..N)
         .map(|i| {
             format!(
@@ -75,13 +84,7 @@ fn run(cmd: &str, signals: &[Signal], gap: Duration) -> (Option<i32>, u64) {
             )
         })
         .collect();
-    enqueue
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(lines.as_bytes())
-        .unwrap();
-    assert!(enqueue.wait().unwrap().success());
+    enqueue(&db, &lines);
     let child = command(&db, &[cmd]).spawn().unwrap();
     assert!(
         r.wait_for("/hang", 1, Duration::from_secs(30)),
@@ -125,4 +128,57 @@ fn a_grace_that_ends_with_an_attempt_in_flight_exits_1_and_loses_nothing() {
         assert_eq!(code, Some(1), "{cmd}");
         assert_eq!(pending, N as u64, "{cmd}");
     }
+}
+
+/// Issue 43 (noticed at the fediverse bench's deadline): the last line of a drain stopped by
+/// a second signal counts what its interrupted pass delivered, not only passes that returned.
+#[test]
+fn a_second_signal_reports_what_the_interrupted_pass_delivered() {
+    const FAST: usize = 3;
+    let r = Recipient::start().unwrap();
+    r.set_default("/hang", Reply::Hang);
+    r.set_default("/ok", Reply::Status(202));
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("outbox.db").display().to_string();
+    let mut lines = format!(
+        "{{\"id\":\"hang\",\"to\":[\"{}\"],\"body\":0}}\n",
+        r.url("/hang")
+    );
+    for i in 0..FAST {
+        lines.push_str(&format!(
+            "{{\"id\":\"ok-{i}\",\"to\":[\"{}\"],\"body\":{i}}}\n",
+            r.url("/ok")
+        ));
+    }
+    enqueue(&db, &lines);
+    let child = command(&db, &["drain"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(
+        r.wait_for("/hang", 1, Duration::from_secs(30)),
+        "no attempt"
+    );
+    assert!(
+        r.wait_for("/ok", FAST, Duration::from_secs(30)),
+        "the other lane's rows were not delivered"
+    );
+    // The hanging attempt keeps the pass running: wait until the deliveries are acknowledged.
+    let start = Instant::now();
+    while pending(&db) != 1 && start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(pending(&db), 1, "the fast rows were acknowledged");
+    send(&child, Signal::SIGTERM);
+    std::thread::sleep(Duration::from_millis(200));
+    send(&child, Signal::SIGTERM);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "stopped at once by a second signal: {FAST} delivered"
+        )),
+        "{stderr}"
+    );
 }

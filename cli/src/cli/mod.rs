@@ -921,10 +921,14 @@ async fn cmd_drain(
         return Err(e);
     }
     if control.is_cancelled() {
+        // A cancelled pass returns no report: the delivery hooks counted what it delivered.
+        let delivered = counters
+            .delivered
+            .load(std::sync::atomic::Ordering::SeqCst)
+            .max(total.delivered);
         return Err(Interrupted(format!(
-            "stopped at once by a second signal: {} delivered; every unit not acknowledged \
-             was handed back and is delivered again by the next drain",
-            total.delivered
+            "stopped at once by a second signal: {delivered} delivered; every unit not \
+             acknowledged was handed back and is delivered again by the next drain"
         ))
         .into());
     }
