@@ -7,7 +7,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub use outbox_lanes_store::{SpawnThread, StdThreads};
 
@@ -27,11 +27,6 @@ pub trait Runtime: Send + Sync + fmt::Debug + 'static {
 
     /// A future that completes after `duration`.
     fn sleep(&self, duration: Duration) -> BoxFuture<()>;
-
-    /// The executor's monotonic clock (tokio's can be paused and advanced in tests).
-    fn now(&self) -> Instant {
-        crate::clock::Clock::instant(&crate::clock::SystemClock)
-    }
 
     /// The clocks the driver reads through this runtime (the wall clock and the monotonic
     /// one): the system's unless the runtime runs in virtual time. Asked once, when an outbox

@@ -36,10 +36,11 @@ fn names() -> Vec<String> {
     names
 }
 
-/// Waits (bounded) until `pred` holds of the library's thread count; the last count.
+/// Waits (bounded: 30 s, as long as a loaded machine may take to start a thread) until
+/// `pred` holds of the library's thread count; the last count.
 fn settle(pred: impl Fn(usize) -> bool) -> usize {
     let mut n = threads("outbox-lanes");
-    for _ in 0..500 {
+    for _ in 0..3_000 {
         if pred(n) {
             break;
         }

@@ -53,11 +53,6 @@ impl Runtime for TokioRuntime {
         Box::pin(tokio::time::sleep(duration))
     }
 
-    fn now(&self) -> std::time::Instant {
-        let _guard = self.handle.enter();
-        tokio::time::Instant::now().into_std()
-    }
-
     fn clock(&self) -> std::sync::Arc<dyn outbox_lanes_driver::clock::Clock> {
         std::sync::Arc::new(TokioClock(self.handle.clone()))
     }
