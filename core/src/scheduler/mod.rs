@@ -1219,6 +1219,10 @@ mod tests {
         l
     }
 
+    fn delivered(unit: UnitId, lane: LaneId) -> Command {
+        Command::Delivered { unit, lane }
+    }
+
     fn start(unit: UnitId, lane: LaneId) -> Command {
         Command::Start {
             unit,
@@ -1258,19 +1262,10 @@ mod tests {
         // The first two ready heads take the two places; c and d wait.
         assert_eq!(drain(&mut s), [start(a1, a), start(b1, b)]);
         // A place frees: d's chain (5 units) goes before c's single unit, which came first.
-        assert_eq!(
-            deliver(&mut s, a1, a),
-            [Command::Delivered { unit: a1, lane: a }, start(d1, d)]
-        );
+        assert_eq!(deliver(&mut s, a1, a), [delivered(a1, a), start(d1, d)]);
         // d's next head is ready at once and takes the next place (4 units left).
-        assert_eq!(
-            deliver(&mut s, d1, d),
-            [Command::Delivered { unit: d1, lane: d }, start(d2, d)]
-        );
-        assert_eq!(
-            deliver(&mut s, b1, b),
-            [Command::Delivered { unit: b1, lane: b }, start(c1, c)]
-        );
+        assert_eq!(deliver(&mut s, d1, d), [delivered(d1, d), start(d2, d)]);
+        assert_eq!(deliver(&mut s, b1, b), [delivered(b1, b), start(c1, c)]);
     }
 
     #[test]
@@ -1299,10 +1294,7 @@ mod tests {
         // Places 1-3 go to the heaviest heads (ties: the first to wait)...
         assert_eq!(
             deliver(&mut s, x1, x),
-            [
-                Command::Delivered { unit: x1, lane: x },
-                start(h(0, 0), heavy[0])
-            ]
+            [delivered(x1, x), start(h(0, 0), heavy[0])]
         );
         assert_eq!(
             deliver(&mut s, h(0, 0), heavy[0]),
@@ -1399,10 +1391,7 @@ mod tests {
             T0,
         );
         assert_eq!(drain(&mut s), [start(d1, d), start(a1, a), start(b1, b)]);
-        assert_eq!(
-            deliver(&mut s, a1, a),
-            [Command::Delivered { unit: a1, lane: a }]
-        );
+        assert_eq!(deliver(&mut s, a1, a), [delivered(a1, a)]);
         s.poll_claim(T0)
     }
 
@@ -1454,17 +1443,11 @@ mod tests {
         );
         assert_eq!(drain(&mut s), [start(d1, d), start(a1, a)]);
         // d's head answered: its next one starts at once, and d reads its third.
-        assert_eq!(
-            deliver(&mut s, d1, d),
-            [Command::Delivered { unit: d1, lane: d }, start(d2, d)]
-        );
+        assert_eq!(deliver(&mut s, d1, d), [delivered(d1, d), start(d2, d)]);
         assert_eq!(s.poll_claim(T0), Some(vec![claim(d, 3, 1)]));
         answer(&mut s, d, vec![Admit::single(d3, Seq(3), d)], T0);
         // a's unit answered: b, which waited, takes the room.
-        assert_eq!(
-            deliver(&mut s, a1, a),
-            [Command::Delivered { unit: a1, lane: a }]
-        );
+        assert_eq!(deliver(&mut s, a1, a), [delivered(a1, a)]);
         assert_eq!(s.poll_claim(T0), Some(vec![claim(b, 0, 1)]));
         answer(&mut s, b, vec![Admit::single(b1, Seq(20), b)], T0);
         assert_eq!(drain(&mut s), [start(b1, b)]);
