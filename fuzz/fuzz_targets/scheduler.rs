@@ -319,27 +319,37 @@ struct World {
 }
 
 impl World {
+    /// Executes the queued commands, checking each; returns whether there were any.
+    fn execute(&mut self) -> bool {
+        let mut any = false;
+        let mut backs = Vec::new();
+        while let Some(cmd) = self.s.poll_command() {
+            self.c.check(&self.store, self.now, &cmd);
+            if let Command::HandBack { unit } = cmd {
+                backs.push(self.store.units[&unit].admit.seq);
+            }
+            self.store.apply(&cmd);
+            any = true;
+        }
+        assert!(
+            backs.windows(2).all(|p| p[0] <= p[1]),
+            "hand-backs out of order: {backs:?}"
+        );
+        any
+    }
+
     fn settle(&mut self) {
         loop {
-            let mut any = false;
-            let mut backs = Vec::new();
-            while let Some(cmd) = self.s.poll_command() {
-                self.c.check(&self.store, self.now, &cmd);
-                if let Command::HandBack { unit } = cmd {
-                    backs.push(self.store.units[&unit].admit.seq);
-                }
-                self.store.apply(&cmd);
-                any = true;
-            }
-            assert!(
-                backs.windows(2).all(|p| p[0] <= p[1]),
-                "hand-backs out of order: {backs:?}"
-            );
+            let mut any = self.execute();
             if let Some(claims) = self.s.poll_claim(self.now) {
                 let chunks = self.store.claim(&claims);
                 let report = self.s.handle_claimed(chunks, self.now);
                 assert!(report.refused.is_empty(), "refused {:?}", report.refused);
                 any = true;
+            } else {
+                // It may have handed back heads held in backoff to make room: executed
+                // before the next claim.
+                any |= self.execute();
             }
             assert!(
                 self.s.admitted() <= self.c.config.max_units,
