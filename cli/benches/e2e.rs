@@ -20,15 +20,18 @@
 //!
 //! All report deliveries/s and CPU time per delivery (user + system from `getrusage` of this
 //! process, or of the binary's process, around the drain; the enqueue before it is not
-//! timed).
+//! timed). Runs inside this process also report, per delivery, their allocations and bytes
+//! allocated (the bench's global allocator is the system's behind `stats_alloc`, which
+//! counts) and context switches (`getrusage`): what one delivery costs besides its request.
 //!
 //! - (a) 100 recipients answering at once, 2,000 rows each (200,000 deliveries), 100 in flight;
 //!   also the `outbox-lanes drain --concurrency 100` binary on the same rows, against the
 //!   hyper limit in `E2E_ROUNDS` (default 5) alternating rounds, its row the round of the
 //!   median ratio;
 //! - (p) the binary on Postgres against the binary on SQLite, 100 recipients answering at once,
-//!   500 rows each, alternately twice (when `OUTBOX_LANES_TEST_PG` names the server; the CPU
-//!   is the relay process's, the Postgres server's is not in it);
+//!   500 rows each, alternately `E2E_PG_ROUNDS` (default 2) times (when `OUTBOX_LANES_TEST_PG`
+//!   names the server; the CPU is the relay process's, and the Postgres server's processes'
+//!   CPU during the drain is printed beside it, read from `/proc`);
 //! - (b) 1,000 recipients answering after 100 ms, 20 rows each, 1,000 in flight; also the
 //!   `outbox-lanes drain --concurrency 1000` binary on the same rows;
 //! - (c) 1 recipient answering at once, 2,000 rows (one lane: one in flight; the limits post
@@ -108,6 +111,56 @@ fn peak_rss_kib() -> u64 {
         .map_or(0, |u| u.max_rss() as u64)
 }
 
+/// The bench's allocator: the system's, counting every allocation (`stats_alloc`: atomic
+/// adds, paid alike by the outbox and the limits), so that a run can say what one delivery
+/// allocates.
+#[global_allocator]
+static COUNTING: &stats_alloc::StatsAlloc<std::alloc::System> = &stats_alloc::INSTRUMENTED_SYSTEM;
+
+/// What this process has used so far: CPU (µs), allocations (with reallocations), bytes
+/// asked for, and context switches (voluntary: a thread blocked, to be woken by another;
+/// involuntary: preempted).
+#[derive(Clone, Copy, Debug, Default)]
+struct Hops {
+    cpu_us: u64,
+    allocs: u64,
+    alloc_bytes: u64,
+    voluntary: u64,
+    involuntary: u64,
+}
+
+impl Hops {
+    fn now() -> Hops {
+        let (voluntary, involuntary) = nix::sys::resource::getrusage(
+            nix::sys::resource::UsageWho::RUSAGE_SELF,
+        )
+        .map_or((0, 0), |u| {
+            (
+                u.voluntary_context_switches() as u64,
+                u.involuntary_context_switches() as u64,
+            )
+        });
+        let stats = COUNTING.stats();
+        Hops {
+            cpu_us: self_cpu(),
+            allocs: (stats.allocations + stats.reallocations) as u64,
+            alloc_bytes: stats.bytes_allocated as u64,
+            voluntary,
+            involuntary,
+        }
+    }
+
+    fn since(self, before: Hops) -> Hops {
+        Hops {
+            cpu_us: self.cpu_us.saturating_sub(before.cpu_us),
+            allocs: self.allocs.saturating_sub(before.allocs),
+            alloc_bytes: self.alloc_bytes.saturating_sub(before.alloc_bytes),
+            voluntary: self.voluntary.saturating_sub(before.voluntary),
+            involuntary: self.involuntary.saturating_sub(before.involuntary),
+        }
+    }
+}
+
 /// One measured run.
 #[derive(Clone, Debug, Default)]
 struct Run {
@@ -116,6 +169,10 @@ struct Run {
     cpu_us: u64,
     violations: u64,
     duplicates: u64,
+    /// The Postgres server's CPU (all its processes) during the drain, µs; 0 on SQLite.
+    server_cpu_us: u64,
+    /// An in-process run's allocations and context switches (none for a child process).
+    hops: Option<Hops>,
 }
 
 impl Run {
@@ -125,6 +182,41 @@ impl Run {
     fn cpu_per(&self) -> f64 {
         self.cpu_us as f64 / self.deliveries.max(1) as f64
     }
+    fn server_cpu_per(&self) -> f64 {
+        self.server_cpu_us as f64 / self.deliveries.max(1) as f64
+    }
+}
+
+/// CPU time (user + system) of every `postgres` process on this machine so far, in µs, with
+/// what the reaped backends used (the postmaster's `cutime` + `cstime`); from `/proc`. A
+/// backend that ends between two readings moves its time from its own entry to its parent's.
+fn postgres_cpu_us() -> u64 {
+    // `/proc` counts in USER_HZ, which Linux fixes at 100 for user space.
+    const TICK: u64 = 100;
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    let mut ticks = 0;
+    for e in dir.flatten() {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid …`: fields after the command's closing parenthesis.
+        let Some((head, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        if !head.ends_with("(postgres") {
+            continue;
+        }
+        let f: Vec<u64> = rest
+            .split_whitespace()
+            .skip(11)
+            .take(4)
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        ticks += f.iter().sum::<u64>();
+    }
+    ticks * 1_000_000 / TICK
 }
 
 // ---------------------------------------------------------------------------------------
@@ -423,6 +515,13 @@ fn open_store(dir: &tempfile::TempDir) -> Res<Arc<dyn Store>> {
     )?))
 }
 
+/// [`finish`] for a run in this process, with what it allocated and switched.
+fn finish_in_process(server: &Server, deliveries: usize, secs: f64, hops: Hops) -> Res<Run> {
+    let mut run = finish(server, deliveries, secs, hops.cpu_us)?;
+    run.hops = Some(hops);
+    Ok(run)
+}
+
 fn finish(server: &Server, deliveries: usize, secs: f64, cpu_us: u64) -> Res<Run> {
     let st = server.stats()?;
     if st.requests < deliveries as u64 {
@@ -434,6 +533,8 @@ fn finish(server: &Server, deliveries: usize, secs: f64, cpu_us: u64) -> Res<Run
         cpu_us,
         violations: st.violations,
         duplicates: st.duplicates,
+        server_cpu_us: 0,
+        hops: None,
     })
 }
 
@@ -458,13 +559,13 @@ fn tokio_outbox(
             outbox.enqueue("bench", chunk).await?;
         }
         server.reset()?;
-        let (c0, t0) = (self_cpu(), Instant::now());
+        let (h0, t0) = (Hops::now(), Instant::now());
         outbox.drain("bench").await?;
-        let r = (t0.elapsed().as_secs_f64(), self_cpu() - c0);
+        let r = (t0.elapsed().as_secs_f64(), Hops::now().since(h0));
         outbox.shutdown().await;
         Ok::<_, Box<dyn Error>>(r)
     })?;
-    finish(server, units, secs, cpu)
+    finish_in_process(server, units, secs, cpu)
 }
 
 /// The limit on tokio: the outbox's own client, the same requests from memory,
@@ -478,7 +579,7 @@ fn tokio_limit(server: &Server, l: &Load, concurrency: usize) -> Res<Run> {
         let http = outbox_lanes::tokio::AsyncHttpClient::new(config(concurrency, None).http, None)?;
         server.reset()?;
         let next = Arc::new(AtomicUsize::new(0));
-        let (c0, t0) = (self_cpu(), Instant::now());
+        let (h0, t0) = (Hops::now(), Instant::now());
         let mut tasks = tokio::task::JoinSet::new();
         for _ in 0..concurrency.min(requests.len()) {
             let (http, requests, next) = (http.clone(), Arc::clone(&requests), Arc::clone(&next));
@@ -508,9 +609,9 @@ fn tokio_limit(server: &Server, l: &Load, concurrency: usize) -> Res<Run> {
         while let Some(r) = tasks.join_next().await {
             r??;
         }
-        Ok::<_, Box<dyn Error>>((t0.elapsed().as_secs_f64(), self_cpu() - c0))
+        Ok::<_, Box<dyn Error>>((t0.elapsed().as_secs_f64(), Hops::now().since(h0)))
     })?;
-    finish(server, requests.len(), secs, cpu)
+    finish_in_process(server, requests.len(), secs, cpu)
 }
 
 /// The strong limit: a bare hyper-util client (HTTP/1.1, pooled keep-alive connections, no
@@ -538,7 +639,7 @@ fn hyper_limit(server: &Server, l: &Load, concurrency: usize) -> Res<Run> {
                 .build::<_, http_body_util::Full<hyper::body::Bytes>>(connector);
         server.reset()?;
         let next = Arc::new(AtomicUsize::new(0));
-        let (c0, t0) = (self_cpu(), Instant::now());
+        let (h0, t0) = (Hops::now(), Instant::now());
         let mut tasks = tokio::task::JoinSet::new();
         for _ in 0..concurrency.min(requests.len()) {
             let (client, requests, next) =
@@ -567,9 +668,9 @@ fn hyper_limit(server: &Server, l: &Load, concurrency: usize) -> Res<Run> {
         while let Some(r) = tasks.join_next().await {
             r??;
         }
-        Ok::<_, Box<dyn Error>>((t0.elapsed().as_secs_f64(), self_cpu() - c0))
+        Ok::<_, Box<dyn Error>>((t0.elapsed().as_secs_f64(), Hops::now().since(h0)))
     })?;
-    finish(server, requests.len(), secs, cpu)
+    finish_in_process(server, requests.len(), secs, cpu)
 }
 
 /// The outbox on the blocking runtime.
@@ -582,11 +683,11 @@ fn blocking_outbox(server: &Server, l: &Load, concurrency: usize) -> Res<Run> {
         outbox.enqueue("bench", chunk)?;
     }
     server.reset()?;
-    let (c0, t0) = (self_cpu(), Instant::now());
+    let (h0, t0) = (Hops::now(), Instant::now());
     outbox.drain("bench")?;
-    let (secs, cpu) = (t0.elapsed().as_secs_f64(), self_cpu() - c0);
+    let (secs, hops) = (t0.elapsed().as_secs_f64(), Hops::now().since(h0));
     outbox.shutdown();
-    finish(server, l.requests.len(), secs, cpu)
+    finish_in_process(server, l.requests.len(), secs, hops)
 }
 
 /// The limit of the blocking runtime: its ureq client, `concurrency` threads.
@@ -595,7 +696,7 @@ fn blocking_limit(server: &Server, l: &Load, concurrency: usize) -> Res<Run> {
     server.reset()?;
     let requests = &l.requests;
     let next = AtomicUsize::new(0);
-    let (c0, t0) = (self_cpu(), Instant::now());
+    let (h0, t0) = (Hops::now(), Instant::now());
     std::thread::scope(|s| {
         for _ in 0..concurrency.min(requests.len()) {
             let (http, next) = (http.clone(), &next);
@@ -620,8 +721,8 @@ fn blocking_limit(server: &Server, l: &Load, concurrency: usize) -> Res<Run> {
             });
         }
     });
-    let (secs, cpu) = (t0.elapsed().as_secs_f64(), self_cpu() - c0);
-    finish(server, requests.len(), secs, cpu)
+    let (secs, hops) = (t0.elapsed().as_secs_f64(), Hops::now().since(h0));
+    finish_in_process(server, requests.len(), secs, hops)
 }
 
 /// The `outbox-lanes` binary: `enqueue`, then `drain --concurrency N`, timed; its CPU from
@@ -684,9 +785,14 @@ fn delivery_log_rounds(server: &Server, l: &Load, pg: Option<&str>) -> Res<()> {
                 on_db(&["--delivery-log-retention", "0s"])?
             };
             println!(
-                "(l) {store} round {round}: log {}: {:.1} us CPU per delivery, {:.0} deliveries/s",
+                "(l) {store} round {round}: log {}: {:.1} us CPU per delivery{}, {:.0} deliveries/s",
                 if log { "on " } else { "off" },
                 run.cpu_per(),
+                if pg.is_some() {
+                    format!(" (the Postgres server's {:.1} us)", run.server_cpu_per())
+                } else {
+                    String::new()
+                },
                 run.rate()
             );
             if log { &mut on } else { &mut off }.push(run);
@@ -966,6 +1072,9 @@ fn binary_drain_on(server: &Server, l: &Load, concurrency: usize, db: &[&str]) -
     }
     server.reset()?;
     let children = || cpu_us(nix::sys::resource::UsageWho::RUSAGE_CHILDREN);
+    let on_pg = db.first().is_some_and(|d| d.starts_with("postgres"));
+    let pg_cpu = || if on_pg { postgres_cpu_us() } else { 0 };
+    let s0 = pg_cpu();
     let (c0, t0) = (children(), Instant::now());
     let status = std::process::Command::new(bin)
         .arg("--db")
@@ -985,10 +1094,13 @@ fn binary_drain_on(server: &Server, l: &Load, concurrency: usize, db: &[&str]) -
         .stderr(std::process::Stdio::null())
         .status()?;
     let (secs, cpu) = (t0.elapsed().as_secs_f64(), children() - c0);
+    let server_cpu_us = pg_cpu().saturating_sub(s0);
     if !status.success() {
         return Err(format!("drain: {status}").into());
     }
-    finish(server, l.requests.len(), secs, cpu)
+    let mut run = finish(server, l.requests.len(), secs, cpu)?;
+    run.server_cpu_us = server_cpu_us;
+    Ok(run)
 }
 
 /// The binary (`drain --concurrency {concurrency}`) against the hyper limit (`workers` in
@@ -1122,6 +1234,31 @@ fn print_rows(rows: &[Row]) {
             r.outbox.duplicates,
             r.limit.duplicates
         );
+    }
+    println!(
+        "\nPer delivery, in-process runs (the bench's allocator counts; context switches from \
+         getrusage):\n\n| case | run | allocations | bytes allocated | voluntary context switches | involuntary |\n|---|---|---|---|---|---|"
+    );
+    for r in rows.iter().filter(|r| r.outbox.hops.is_some()) {
+        let runs = [
+            ("outbox", Some(&r.outbox)),
+            ("same client", Some(&r.limit)),
+            ("hyper", r.hyper.as_ref()),
+        ];
+        for (name, run) in runs {
+            let Some((run, h)) = run.and_then(|run| run.hops.map(|h| (run, h))) else {
+                continue;
+            };
+            let per = |x: u64| x as f64 / run.deliveries.max(1) as f64;
+            println!(
+                "| {} | {name} | {:.1} | {:.0} | {:.2} | {:.2} |",
+                r.case,
+                per(h.allocs),
+                per(h.alloc_bytes),
+                per(h.voluntary),
+                per(h.involuntary)
+            );
+        }
     }
 }
 
@@ -1283,18 +1420,20 @@ fn main() -> Res<()> {
                 // CPU is the relay process's (the Postgres server's own is not in it).
                 let to: Vec<String> = (0..100).map(|r| server.url(&format!("/r{r}"))).collect();
                 let l = load(&to, n(500), None);
-                for round in 1..=2 {
+                for round in 1..=env("E2E_PG_ROUNDS", 2) {
                     let sqlite = binary_drain(&server, &l, 100)?;
                     let pg = binary_drain_pg(&server, &l, 100, &url)?;
                     println!(
                         "(p) round {round}, 100 lanes x {} rows, instant, drain --concurrency 100: \
-                         SQLite {:.0}/s at {:.1} us CPU per delivery, Postgres {:.0}/s at {:.1} us: \
+                         SQLite {:.0}/s at {:.1} us CPU per delivery, Postgres {:.0}/s at {:.1} us \
+                         (the Postgres server's {:.1} us): \
                          Postgres {:.2}x SQLite; order violations {} / {}, duplicates {} / {}",
                         l.rows.len(),
                         sqlite.rate(),
                         sqlite.cpu_per(),
                         pg.rate(),
                         pg.cpu_per(),
+                        pg.server_cpu_per(),
                         pg.rate() / sqlite.rate(),
                         sqlite.violations,
                         pg.violations,
