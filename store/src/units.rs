@@ -73,14 +73,24 @@ fn payload_of(
 }
 
 /// The pending payloads of the units in the array `$1`, in one statement (Postgres only:
-/// SQLite has no arrays, and there the claim brings one-lane payloads with it).
+/// SQLite has no arrays, and there the claim brings one-lane payloads with it): each unit's
+/// own columns (`id` set), then each shared payload they refer to once (`id` NULL, its
+/// `ol_rows` id in the second column). A round's starts are often the same fan-out row on
+/// many lanes: its payload is probed and sent once, not once per unit.
 static PAYLOADS_PG: Sql = Sql::new(
-    "SELECT h.id, coalesce(h.row_id, r.row_id), coalesce(h.content_type, r.content_type), \
-     coalesce(h.body, r.body), CASE WHEN h.row_ref IS NULL THEN h.headers ELSE r.headers END \
-     FROM ol_units h \
-     LEFT JOIN LATERAL (SELECT r.row_id, r.content_type, r.body, r.headers FROM ol_rows r \
-       WHERE r.id = h.row_ref LIMIT 1) r ON TRUE \
-     WHERE h.id = ANY($1) AND h.unit_id IS NULL AND h.acked_at IS NULL",
+    "WITH h AS MATERIALIZED (SELECT h.id, h.row_ref, h.row_id, h.content_type, h.body, h.headers \
+       FROM ol_units h WHERE h.id = ANY($1) AND h.unit_id IS NULL AND h.acked_at IS NULL) \
+     SELECT h.id, h.row_ref, h.row_id, h.content_type, h.body, h.headers FROM h \
+     UNION ALL SELECT NULL, r.id, r.row_id, r.content_type, r.body, r.headers FROM ol_rows r \
+       WHERE r.id = ANY(ARRAY(SELECT DISTINCT h.row_ref FROM h WHERE h.row_ref IS NOT NULL))",
+);
+
+/// A payload's columns as read: row id, content type, body, encoded headers.
+type PayloadColumns = (
+    Option<String>,
+    Option<String>,
+    Option<Vec<u8>>,
+    Option<String>,
 );
 
 /// The payloads of `units`, in their order, read with ONE statement whatever their number
@@ -94,20 +104,47 @@ pub(crate) fn payloads_pg(
     units: &[UnitId],
 ) -> Result<Vec<Result<Payload, StoreError>>, StoreError> {
     let ids: Vec<i64> = units.iter().map(|u| to_i64(u.0)).collect();
-    let mut found: HashMap<i64, Result<Payload, StoreError>> = HashMap::with_capacity(ids.len());
-    for (id, row) in db.query(&PAYLOADS_PG, args![&ids], |r| {
+    let read = db.query(&PAYLOADS_PG, args![&ids], |r| {
         Ok((
-            r.int(0)?,
+            r.opt_int(0)?,
+            r.opt_int(1)?,
             (
-                r.opt_text(1)?,
                 r.opt_text(2)?,
-                r.opt_bytes(3)?,
-                r.opt_text(4)?,
+                r.opt_text(3)?,
+                r.opt_bytes(4)?,
+                r.opt_text(5)?,
             ),
         ))
-    })? {
-        let unit = UnitId(to_u64(id));
-        found.insert(id, payload_of(unit, row));
+    })?;
+    // The shared payloads first, then each unit's own columns completed from its row's the
+    // way `payload` does: the unit's own value where it has one, the row's headers always.
+    let mut shared: HashMap<i64, PayloadColumns> = HashMap::new();
+    let mut own: Vec<(i64, Option<i64>, PayloadColumns)> = Vec::with_capacity(ids.len());
+    for (id, row_ref, cols) in read {
+        match (id, row_ref) {
+            (Some(id), row_ref) => own.push((id, row_ref, cols)),
+            (None, Some(row)) => {
+                shared.insert(row, cols);
+            }
+            (None, None) => {}
+        }
+    }
+    let mut found: HashMap<i64, Result<Payload, StoreError>> = HashMap::with_capacity(own.len());
+    for (id, row_ref, (row_id, content_type, body, headers)) in own {
+        let cols = match row_ref {
+            None => (row_id, content_type, body, headers),
+            Some(row) => match shared.get(&row) {
+                Some((r_id, r_type, r_body, r_headers)) => (
+                    row_id.or_else(|| r_id.clone()),
+                    content_type.or_else(|| r_type.clone()),
+                    body.or_else(|| r_body.clone()),
+                    r_headers.clone(),
+                ),
+                // The row is gone (the tables were edited): no payload, as `payload` says.
+                None => (row_id, content_type, body, None),
+            },
+        };
+        found.insert(id, payload_of(UnitId(to_u64(id)), cols));
     }
     // A unit asked for twice (a joined unit's starts on several lanes) gets its payload each
     // time: the last ask takes it, earlier ones copy it.
