@@ -60,7 +60,9 @@
 //!   it ends by itself after about 130 s: the hanging lanes' four 30 s attempts);
 //! - `FEDI_CONCURRENCY` (default 100): the drain's `--concurrency`, or `default` to pass none
 //!   (the binary's default, read from its `drain --help`); the work bound divides by it;
-//! - `FEDI_BIN`: another build of the binary, for an A/B of two builds.
+//! - `FEDI_BIN`: another build of the binary, for an A/B of two builds;
+//! - `FEDI_DRAIN_LOG` (a path): the drain logs at `info` and its log is kept there, the run's
+//!   label appended (otherwise it logs at `warn` into a temporary directory).
 //!
 //! It writes `benches/fediverse.svg` (the CDF of healthy lanes' actual/ideal per run, and
 //! the connections to dead origins per run): hand-written SVG, as `e2e.rs` does. Every loop
@@ -877,9 +879,13 @@ fn run(
     farm.reset()?;
     let cpu0 = children_cpu();
     let t0 = Instant::now();
+    // `FEDI_DRAIN_LOG=path`: the drain logs at `info` (each lane's backoff, probe and
+    // recovery, each pass's end) and its log is kept at that path (the run's label added),
+    // to see why a drain ended when it did.
+    let keep_log = std::env::var("FEDI_DRAIN_LOG").ok();
     let mut child = Command::new(&bin)
         .args(&args)
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", if keep_log.is_some() { "info" } else { "warn" })
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log)?)
         .spawn()?;
@@ -924,6 +930,11 @@ fn run(
     };
     let secs = t0.elapsed().as_secs_f64();
     let cpu = children_cpu() - cpu0;
+    if let Some(keep) = &keep_log {
+        let to = format!("{keep}-{}", label.replace([' ', '/'], "-"));
+        std::fs::copy(&log, &to)?;
+        println!("  the drain's log: {to}");
+    }
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     if status.code() == Some(2) && text.contains("unexpected argument") {
         let why = text
