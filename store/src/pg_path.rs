@@ -31,20 +31,20 @@ macro_rules! live_slot {
     };
 }
 
-/// In a claim, what lane row `d` does not hold itself, with one probe of each table at most:
-/// another lane's row reads its unit's head (and the head's shared payload, if any); a head
-/// whose payload is shared reads that payload's row; a head with its payload inline reads
-/// nothing (both branches are gated off before any probe). It was three subqueries, each
-/// probing the head and the payload again: 9 index probes per delivery of a fan-out row
-/// where 4 remain (`pg_stat_user_indexes` over a 100 lanes x 500 rows drain).
+/// In a claim, what a joined unit's lane row `d` does not hold itself: its head's row id,
+/// length, time and lane count (and the head's shared payload's, if any), one probe of each
+/// table at most. A fan-out unit's shared payload is not probed here but once per statement
+/// for all the units that refer to it (see [`CLAIM`]); a head with its payload inline reads
+/// nothing (the branch is gated off before any probe). It was three subqueries, each probing
+/// the head and the payload again: 9 index probes per delivery of a fan-out row where 4
+/// remained (`pg_stat_user_indexes` over a 100 lanes x 500 rows drain), then fewer as the
+/// shared row went out of the per-unit path.
 macro_rules! payload_of_d {
     () => {
         "SELECT coalesce(h.row_id, r.row_id) AS row_id, coalesce(h.body_len, r.body_len) AS len, \
            coalesce(h.enqueued_at, r.enqueued_at) AS at, h.lanes \
          FROM ol_units h LEFT JOIN ol_rows r ON r.id = h.row_ref \
-         WHERE d.unit_id IS NOT NULL AND h.id = d.unit_id \
-         UNION ALL SELECT r.row_id, r.body_len, r.enqueued_at, NULL FROM ol_rows r \
-         WHERE d.unit_id IS NULL AND d.row_ref IS NOT NULL AND r.id = d.row_ref"
+         WHERE d.unit_id IS NOT NULL AND h.id = d.unit_id"
     };
 }
 
@@ -138,10 +138,12 @@ static LANES_WITH_WORK: Sql = Sql::new(concat!(
                      ORDER BY d.lane_id DESC, d.seq DESC, d.id DESC LIMIT 1 OFFSET 0)) l ON TRUE ORDER BY l.id"
 ));
 
-/// See [`claim`].
+/// See [`claim`]. The lanes' units (`c`, in lane order, then seq), then, once each, the
+/// shared payloads (`ol_rows`) the fan-out units among them refer to: their row id, length
+/// and time, marked by a NULL unit and lane and their id in the last column.
 static CLAIM: Sql = Sql::new(concat!(
-    "SELECT f.live, d.unit, d.seq, d.attempts, d.state, d.row_id, d.len, d.at, d.lanes, \
-                       l.ord, l.id, l.recipient, l.ordering_key, l.paused \
+    "WITH c AS MATERIALIZED (SELECT f.live, d.unit, d.seq, d.attempts, d.state, d.row_id, d.len, \
+                       d.at, d.lanes, l.ord, l.id, l.recipient, l.ordering_key, l.paused, d.row_ref \
                      FROM (SELECT EXISTS (",
     live_slot!(),
     ") AS live) f \
@@ -153,13 +155,17 @@ static CLAIM: Sql = Sql::new(concat!(
                      LEFT JOIN LATERAL (SELECT coalesce(d.unit_id, d.id) AS unit, d.seq, d.id, d.attempts, d.state, \
                          coalesce(d.row_id, x.row_id) AS row_id, coalesce(d.body_len, x.len) AS len, \
                          coalesce(d.enqueued_at, x.at) AS at, \
-                         CASE WHEN d.unit_id IS NULL THEN d.lanes ELSE x.lanes END AS lanes \
+                         CASE WHEN d.unit_id IS NULL THEN d.lanes ELSE x.lanes END AS lanes, \
+                         CASE WHEN d.unit_id IS NULL THEN d.row_ref END AS row_ref \
                        FROM ol_units d LEFT JOIN LATERAL (",
     payload_of_d!(),
     ") x ON TRUE \
                        WHERE NOT l.paused AND d.lane_id = l.id AND d.seq >= l.from_seq \
-                       ORDER BY d.lane_id, d.seq, d.id LIMIT l.lim) d ON TRUE \
-                     ORDER BY l.ord, d.seq, d.id"
+                       ORDER BY d.lane_id, d.seq, d.id LIMIT l.lim) d ON TRUE) \
+     SELECT * FROM c \
+     UNION ALL SELECT TRUE, NULL, NULL, NULL, NULL, r.row_id, r.body_len, r.enqueued_at, NULL, NULL, \
+       NULL, NULL, NULL, NULL, r.id FROM ol_rows r \
+       WHERE r.id = ANY(ARRAY(SELECT DISTINCT c.row_ref FROM c WHERE c.row_ref IS NOT NULL))"
 ));
 
 /// Every lane's row of the joined units `$1`.
@@ -262,7 +268,13 @@ struct ClaimRow {
     lanes: i64,
     ord: i64,
     lane: Option<(i64, LaneKey, bool)>,
+    /// The shared payload the unit refers to (a fan-out unit), or, on a shared payload's
+    /// own row (no unit, no lane), its id.
+    row_ref: Option<i64>,
 }
+
+/// A shared payload's row id, length and enqueue time, as a claim reads them.
+type SharedRow = (Option<String>, Option<i64>, Option<i64>);
 
 /// For each requested lane, up to its limit of units from its cursor (see
 /// [`DriverStore::claim`](crate::DriverStore::claim)).
@@ -308,17 +320,24 @@ pub(crate) fn claim(
                 lanes: r.opt_int(8)?.unwrap_or(1),
                 ord: r.opt_int(9)?.unwrap_or(0),
                 lane,
+                row_ref: r.opt_int(14)?,
             };
             Ok((r.flag(0)?, row))
         },
     )?;
-    if !rows.first().is_some_and(|r| r.0) {
+    // A stale token reads one row, not live; a live one reads only live rows.
+    if rows.is_empty() || rows.iter().any(|r| !r.0) {
         return Err(slots::stale(token));
     }
     let mut info: HashMap<i64, (LaneKey, bool)> = HashMap::new();
     let mut heads: Vec<Vec<ClaimRow>> = lanes.iter().map(|_| Vec::new()).collect();
+    // The shared payloads' row id, length and time, read once each.
+    let mut shared: HashMap<i64, SharedRow> = HashMap::new();
     for (_, mut r) in rows {
         let Some((lane, key, paused)) = r.lane.take() else {
+            if let (None, Some(id)) = (r.unit, r.row_ref) {
+                shared.insert(id, (r.row_id, r.len, r.at));
+            }
             continue;
         };
         info.entry(lane).or_insert((key, paused));
@@ -329,6 +348,19 @@ pub(crate) fn claim(
         if let Some(v) = ord.checked_sub(1).and_then(|k| heads.get_mut(k)) {
             v.push(r);
         }
+    }
+    for r in heads.iter_mut().flatten() {
+        // A fan-out unit's own columns win; the rest is its shared payload's.
+        if let Some((row_id, len, at)) = r.row_ref.and_then(|id| shared.get(&id)) {
+            r.row_id = r.row_id.take().or_else(|| row_id.clone());
+            r.len = r.len.or(*len);
+            r.at = r.at.or(*at);
+        }
+    }
+    // The units of `c` are in lane order, then seq (the statement's `ORDER BY`); a `UNION ALL`
+    // does not promise to keep it, so each lane's units are put in seq order here.
+    for v in &mut heads {
+        v.sort_by_key(|r| r.seq);
     }
     let joined: Vec<i64> = heads
         .iter()

@@ -701,6 +701,36 @@ fn enqueue_order_and_claim_order(b: Backend) {
         let bl = claim_lane(s, &t, lb, 0, 100);
         assert_eq!(bl.units[0].seq, u0.seq);
         assert_ne!(bl.units[0].id, u0.id);
+        // Both lanes in one claim: each unit of a fan-out row (its payload shared) says the
+        // row's id, length and enqueue time, in seq order per lane, as the inline r5 does.
+        let both = s
+            .claim(
+                &t,
+                &[
+                    ClaimRange {
+                        lane: lb,
+                        from: Seq(0),
+                        limit: 100,
+                    },
+                    ClaimRange {
+                        lane: la,
+                        from: Seq(0),
+                        limit: 100,
+                    },
+                ],
+            )
+            .expect("claim");
+        assert_eq!(both.len(), 2);
+        assert_eq!((both[0].lane, both[1].lane), (lb, la));
+        assert_eq!(row_ids(&both[0]), ["r0", "r1", "r2", "r3", "r4"]);
+        assert_eq!(row_ids(&both[1]), ["r0", "r1", "r2", "r3", "r4", "r5"]);
+        for u in both.iter().flat_map(|l| &l.units) {
+            let body = format!("{{\"id\":\"{}\"}}", u.row_id);
+            assert_eq!(u.bytes as usize, body.len(), "{}", u.row_id);
+            // Enqueued before r5 (or in its millisecond), and not left at zero.
+            assert!(u.enqueued_at <= r5.enqueued_at, "{}", u.row_id);
+            assert!(u.enqueued_at > Timestamp::from_millis(0), "{}", u.row_id);
+        }
         let _ = s.release_slot(&t).expect("release");
     });
 }
