@@ -13,15 +13,17 @@
 #![cfg(unix)]
 #![allow(missing_docs, clippy::unwrap_used)]
 
+mod common;
+
+use common::BIN;
+
 use std::collections::HashMap;
-use std::io::Write as _;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use outbox_lanes_test_support::{Recipient, Reply, Response};
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_outbox-lanes");
 const RECIPIENTS: usize = 3;
 /// Each answer takes this long at least: a lane delivers at most one unit per 30 ms.
 const LATENCY: Duration = Duration::from_millis(30);
@@ -152,7 +154,7 @@ fn harness(db: &[String], relays: usize) {
                 + "\n"
         })
         .collect();
-    let mut enqueue = Command::new(BIN)
+    let enqueue = Command::new(BIN)
         .args(db)
         .args([
             "enqueue",
@@ -161,16 +163,12 @@ fn harness(db: &[String], relays: usize) {
             "--allow-private-destinations",
         ])
         .stdin(Stdio::piped())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    enqueue
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(lines.as_bytes())
-        .unwrap();
-    assert!(enqueue.wait().unwrap().success());
+    let out = common::collect(enqueue, &lines);
+    assert_eq!(out.code(), Some(0), "enqueue: {}", out.stderr);
 
     let mut recoveries = Vec::new();
     let mut children: Vec<Child> = (0..relays).map(|_| relay(db)).collect();

@@ -7,14 +7,16 @@
 #![cfg(unix)]
 #![allow(missing_docs, clippy::unwrap_used)]
 
-use std::io::Write as _;
+mod common;
+
+use common::BIN;
+
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use outbox_lanes_test_support::{Recipient, Reply};
 
-const BIN: &str = env!("CARGO_BIN_EXE_outbox-lanes");
 const N: usize = 5;
 
 fn command(db: &str, args: &[&str]) -> Command {
@@ -60,14 +62,13 @@ fn pending(db: &str) -> u64 {
 
 /// Enqueues `lines` (JSON rows) for actor `sig`.
 fn enqueue(db: &str, lines: &str) {
-    let mut enqueue = command(db, &["enqueue", "--actor", "sig"]).spawn().unwrap();
-    enqueue
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(lines.as_bytes())
+    let enqueue = command(db, &["enqueue", "--actor", "sig"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
-    assert!(enqueue.wait().unwrap().success());
+    let out = common::collect(enqueue, lines);
+    assert_eq!(out.code(), Some(0), "enqueue: {}", out.stderr);
 }
 
 /// `cmd` (drain or relay) with a hanging recipient, then `signals` with `gap` between them.
