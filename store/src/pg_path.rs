@@ -138,9 +138,10 @@ static LANES_WITH_WORK: Sql = Sql::new(concat!(
                      ORDER BY d.lane_id DESC, d.seq DESC, d.id DESC LIMIT 1 OFFSET 0)) l ON TRUE ORDER BY l.id"
 ));
 
-/// See [`claim`]. The lanes' units (`c`, in lane order, then seq), then, once each, the
-/// shared payloads (`ol_rows`) the fan-out units among them refer to: their row id, length
-/// and time, marked by a NULL unit and lane and their id in the last column.
+/// See [`claim`]. The lanes' units (`c`, each with its lane's place in the request, `ord`),
+/// then, once each, the shared payloads (`ol_rows`) the fan-out units among them refer to:
+/// their row id, length and time, marked by a NULL unit and lane and their id in the last
+/// column. No `ORDER BY`: [`claim`] groups the units by `ord` and orders each lane's by seq.
 static CLAIM: Sql = Sql::new(concat!(
     "WITH c AS MATERIALIZED (SELECT f.live, d.unit, d.seq, d.attempts, d.state, d.row_id, d.len, \
                        d.at, d.lanes, l.ord, l.id, l.recipient, l.ordering_key, l.paused, d.row_ref \
@@ -357,8 +358,8 @@ pub(crate) fn claim(
             r.at = r.at.or(*at);
         }
     }
-    // The units of `c` are in lane order, then seq (the statement's `ORDER BY`); a `UNION ALL`
-    // does not promise to keep it, so each lane's units are put in seq order here.
+    // The statement does not order its rows: each lane's units are put in seq order here (a
+    // lane holds one unit per seq).
     for v in &mut heads {
         v.sort_by_key(|r| r.seq);
     }
