@@ -612,6 +612,47 @@ fn scenario(db: &Db, chromium: &Path, chromedriver: &Path, screenshots: bool) {
         .is_some_and(|t| t.starts_with("purged 1"))));
     assert!(db.dead_letters().is_empty());
 
+    // A dead letter whose recipient already has it (an attempt in flight when its unit was
+    // set aside delivered it; cli/tests/host_fence.rs makes one the real way, here its last
+    // error is written directly): a replay's preview leaves it out and says so, and its own
+    // page warns beside the Replay button.
+    db.enqueue_lines(
+        "alice",
+        &[json!({"id": "again", "to": [&bad], "body": {}}).to_string()],
+    );
+    assert!(eventually(|| db.dead_letters().len() == 1));
+    let dead = db.dead_letters()[0]["id"].as_i64().unwrap();
+    db.sql(&format!(
+        "UPDATE ol_dead_letters SET last_error = '{}' WHERE id = {dead}",
+        outbox_lanes::store::DELIVERED_AFTER_SET_ASIDE
+    ));
+    browser.goto(&format!(
+        "{base}/dead-letters/preview?op=replay&actor=alice"
+    ));
+    assert_eq!(browser.text("#count"), "0");
+    assert!(
+        browser
+            .text("#skipped")
+            .starts_with("Left out: 1 dead letter(s)"),
+        "{}",
+        browser.text("#skipped")
+    );
+    assert!(browser.find("#confirm").is_none(), "nothing to replay");
+    browser.screenshot("replay-preview-delivered");
+    browser.goto(&format!("{base}/dead-letters/preview?op=purge&actor=alice"));
+    assert_eq!(browser.text("#count"), "1", "a purge keeps it");
+    assert!(browser.find("#skipped").is_none());
+    browser.goto(&format!("{base}/dead-letters/{dead}"));
+    assert!(
+        browser.text("#delivered").contains("already has it"),
+        "{}",
+        browser.source()
+    );
+    assert!(
+        browser.find("#dead-replay").is_some(),
+        "still replayable by hand"
+    );
+
     // No page showed the token or the credential.
     assert!(!seen.contains(TOKEN));
     assert!(!seen.contains("t0k3n-do-not-show-me"));

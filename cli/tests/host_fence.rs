@@ -1,8 +1,9 @@
 //! Operators' host controls are fenced like lane controls (issue 38, items 1-4): once `hosts
 //! block|unblock|retry` has returned, every running relay acts on it before it starts anything
 //! — a unit enqueued for a blocked host right after is held or dead-lettered, never sent; an
-//! attempt in flight when a `--dead-letter` block committed is recorded on its dead letter; a
-//! replay right after an unblock is delivered; the lanes an unblock or a retry releases come
+//! attempt in flight when a `--dead-letter` block committed is recorded on its dead letter (and
+//! `dead-letters replay --all` leaves it out: its recipient has it); a replay right after an
+//! unblock is delivered; the lanes an unblock or a retry releases come
 //! back at once.
 //!
 //! Through the binary with its DEFAULT delivery settings (`relay` started plainly), against
@@ -468,6 +469,61 @@ fn in_flight_attempts_are_recorded_on_their_dead_letters(db: &Db, relays: usize)
             assert!(ok || dead_units.contains(&key), "{key:?}: lost");
         }
     }
+
+    // A replay of every dead letter leaves out the marked ones (their recipient has them):
+    // after it and a drain, every unit was answered 200 exactly once, and the marked dead
+    // letters are still listed.
+    host_action(db, "unblock", &origin(&r), &[]);
+    let dry = json_of(
+        db,
+        &["dead-letters", "replay", "--all", "--dry-run", "--json"],
+    );
+    assert_eq!(
+        dry["skipped_delivered"].as_u64(),
+        Some(marked.len() as u64),
+        "{dry}"
+    );
+    let to_replay = (dead.len() - marked.len()) as u64;
+    assert_eq!(dry["would_replay"].as_u64(), Some(to_replay), "{dry}");
+    let text = text_of(db, &["dead-letters", "replay", "--all", "--dry-run"]);
+    assert!(
+        text.contains(&format!("skipped {} dead letter(s)", marked.len())),
+        "{text}"
+    );
+    let done = json_of(db, &["dead-letters", "replay", "--all", "--json"]);
+    assert_eq!(
+        done["skipped_delivered"].as_u64(),
+        Some(marked.len() as u64),
+        "{done}"
+    );
+    text_of(db, &["drain"]);
+    let mut oks: BTreeMap<(String, String), u64> = BTreeMap::new();
+    for q in r.all_requests() {
+        if q.completion.status() == Some(200) {
+            *oks.entry((q.path.clone(), n_of(&q))).or_default() += 1;
+        }
+    }
+    for lane in 0..LANES {
+        for i in 0..ROWS {
+            let key = (format!("/lane-{lane}"), format!("l{lane}-{i}"));
+            assert_eq!(
+                oks.get(&key),
+                Some(&1),
+                "{key:?}: answered 200 this many times"
+            );
+        }
+    }
+    let left: BTreeSet<(String, String)> = dead_letters(db)
+        .iter()
+        .map(|d| {
+            assert_eq!(d["last_error"], DELIVERED_AFTER_SET_ASIDE, "{d}");
+            (
+                path_of(&r, d["recipient"].as_str().unwrap()).to_owned(),
+                d["row_id"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(left, marked, "the dead letters the replay left");
 }
 
 #[test]

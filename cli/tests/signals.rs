@@ -71,8 +71,9 @@ fn enqueue(db: &str, lines: &str) {
     assert_eq!(out.code(), Some(0), "enqueue: {}", out.stderr);
 }
 
-/// `cmd` (drain or relay) with a hanging recipient, then `signals` with `gap` between them.
-fn run(cmd: &str, signals: &[Signal], gap: Duration) -> (Option<i32>, u64) {
+/// `cmd` (drain or relay) with a hanging recipient, then `signals` with `gap` between them:
+/// its exit code, the units still pending, and its stderr.
+fn run(cmd: &str, signals: &[Signal], gap: Duration) -> (Option<i32>, u64, String) {
     let r = Recipient::start().unwrap();
     r.set_default("/hang", Reply::Hang);
     let dir = tempfile::tempdir().unwrap();
@@ -86,7 +87,12 @@ fn run(cmd: &str, signals: &[Signal], gap: Duration) -> (Option<i32>, u64) {
         })
         .collect();
     enqueue(&db, &lines);
-    let child = command(&db, &[cmd]).spawn().unwrap();
+    // Into a file: read once the process is gone, it cannot fill a pipe meanwhile.
+    let log = dir.path().join("stderr.log");
+    let child = command(&db, &[cmd])
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
     assert!(
         r.wait_for("/hang", 1, Duration::from_secs(30)),
         "{cmd}: no attempt started"
@@ -98,7 +104,7 @@ fn run(cmd: &str, signals: &[Signal], gap: Duration) -> (Option<i32>, u64) {
         send(&child, *sig);
     }
     let code = exit_code(child);
-    (code, pending(&db))
+    (code, pending(&db), std::fs::read_to_string(&log).unwrap())
 }
 
 #[test]
@@ -110,7 +116,7 @@ fn a_second_signal_exits_1_at_once_and_loses_nothing() {
             (Signal::SIGINT, Signal::SIGINT, 500),
             (Signal::SIGTERM, Signal::SIGINT, 100),
         ] {
-            let (code, pending) = run(cmd, &[first, second], Duration::from_millis(gap_ms));
+            let (code, pending, _) = run(cmd, &[first, second], Duration::from_millis(gap_ms));
             assert_eq!(
                 code,
                 Some(1),
@@ -125,9 +131,14 @@ fn a_second_signal_exits_1_at_once_and_loses_nothing() {
 fn a_grace_that_ends_with_an_attempt_in_flight_exits_1_and_loses_nothing() {
     // One signal; the hanging attempt outlives the grace (--shutdown-grace 3s).
     for cmd in ["drain", "relay"] {
-        let (code, pending) = run(cmd, &[Signal::SIGTERM], Duration::ZERO);
-        assert_eq!(code, Some(1), "{cmd}");
+        let (code, pending, stderr) = run(cmd, &[Signal::SIGTERM], Duration::ZERO);
+        assert_eq!(code, Some(1), "{cmd}: {stderr}");
         assert_eq!(pending, N as u64, "{cmd}");
+        // The one lane's head was the only attempt in flight: the message counts it.
+        assert!(
+            stderr.contains("the shutdown grace ended with 1 attempt(s) in flight"),
+            "{cmd}: {stderr}"
+        );
     }
 }
 

@@ -127,6 +127,7 @@ impl DrainControl {
 pub struct StopRecord {
     grace_over: AtomicBool,
     database_lost: AtomicBool,
+    interrupted: AtomicU64,
 }
 
 impl StopRecord {
@@ -134,6 +135,16 @@ impl StopRecord {
     /// in flight.
     pub fn note_grace_over(&self) {
         self.grace_over.store(true, Ordering::SeqCst);
+    }
+
+    /// A pass of the stopping outbox cut off `n` attempts in flight (recorded as interrupted).
+    pub fn note_interrupted(&self, n: u64) {
+        self.interrupted.fetch_add(n, Ordering::SeqCst);
+    }
+
+    /// The attempts [`StopRecord::note_interrupted`] counted.
+    pub fn interrupted(&self) -> u64 {
+        self.interrupted.load(Ordering::SeqCst)
     }
 
     /// Whether [`StopRecord::note_grace_over`] was called.

@@ -83,6 +83,10 @@ fn the_stop_abandons_an_attempt_hanging_past_the_default_grace_and_leaves_no_loc
         "the grace ran out with the attempt in flight: {stopped:?}"
     );
     assert_eq!(
+        stopped.interrupted, 1,
+        "the one attempt cut off: {stopped:?}"
+    );
+    assert_eq!(
         r.requests("/hang")[0].completion,
         Completion::Pending,
         "the stop returned before the client gave up on the answer: it did not wait for the HTTP timeout"
@@ -135,5 +139,6 @@ fn the_stop_abandons_an_attempt_hanging_past_the_default_grace_and_leaves_no_loc
     assert_eq!(r.count("/hang"), 2, "sent again after the stop");
     let stopped = next.shutdown();
     assert!(!stopped.grace_over, "nothing was in flight: {stopped:?}");
+    assert_eq!(stopped.interrupted, 0, "{stopped:?}");
     assert!(lock_files(&db).is_empty(), "{:?}", lock_files(&db));
 }

@@ -97,6 +97,10 @@ async fn stop_with_a_hanging_attempt(runtime: &str, stop_with_monitor: bool) {
         stopped.grace_over,
         "the grace ran out with the attempt in flight: {stopped:?}"
     );
+    assert_eq!(
+        stopped.interrupted, 1,
+        "the one attempt cut off: {stopped:?}"
+    );
     assert!(
         lock_files(&db).is_empty(),
         "a clean stop leaves no holder lock file: {:?}",

@@ -228,9 +228,12 @@ mod ops {
     static PAUSE_FOR_HOST: Sql = Sql::new(
         "UPDATE ol_lanes SET paused = TRUE, pause_reason = $2 WHERE id = $1 AND NOT paused",
     );
+    /// As an operator's resume, the unblock forgets the lane's run of failures: the time it
+    /// was held is not the recipient's failure (a run from before the block would otherwise
+    /// make the lane unavailable at its first failure after it).
     static RESUME_FOR_HOST: Sql = Sql::new(
-        "UPDATE ol_lanes SET paused = FALSE, pause_reason = NULL WHERE id = $1 AND paused \
-         AND pause_reason = $2",
+        "UPDATE ol_lanes SET paused = FALSE, pause_reason = NULL, failing_since = NULL, \
+         unavailable_since = NULL WHERE id = $1 AND paused AND pause_reason = $2",
     );
     /// A lane waiting (its own backoff, or held for its host) comes back at once, and a
     /// failing one starts a new run of failures.

@@ -29,11 +29,12 @@ static HELD: Sql = Sql::new(
     "SELECT actor, holder, lease_expires FROM ol_slots \
      WHERE holder IS NOT NULL AND lease_expires > {now}",
 );
-/// Every lane that may not be open and has pending units; `LaneState::of` says which.
+/// Every lane that may not be open and has pending units; `assemble_status` says which.
 static WAITING: Sql = Sql::new(
     "SELECT l.actor, l.recipient, l.ordering_key, l.not_before, l.backoff_level, l.paused, \
-     l.pause_reason FROM ol_lanes l \
-     WHERE (l.paused OR l.backoff_level > 0 OR l.not_before > $1) \
+     l.pause_reason, l.unavailable_since FROM ol_lanes l \
+     WHERE (l.paused OR l.backoff_level > 0 OR l.not_before > $1 \
+       OR l.unavailable_since IS NOT NULL) \
      AND EXISTS (SELECT 1 FROM ol_units d WHERE d.lane_id = l.id AND d.state = 0) \
      ORDER BY l.actor, l.not_before, l.id",
 );
@@ -53,6 +54,7 @@ pub(crate) fn status(db: &mut impl Db, now: Timestamp) -> Result<Vec<ActorStatus
             r.int(4)?,
             r.flag(5)?,
             r.opt_text(6)?,
+            r.opt_int(7)?,
         ))
     })?;
     let dead = db.query(&DEAD, &[], |r| Ok((r.text(0)?, r.int(1)?)))?;

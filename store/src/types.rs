@@ -515,6 +515,10 @@ pub struct ActorStatus {
     /// Lanes with pending units that wait for an operator: [`LaneState::Paused`] or
     /// [`LaneState::StrictBlocked`].
     pub lanes_paused: Vec<LaneSummary>,
+    /// Lanes with pending units found failing for longer than allowed and not paused
+    /// ([`LaneState::Unavailable`]: each of their units waits for the lane's next probe),
+    /// earliest next probe first.
+    pub lanes_unavailable: Vec<LaneSummary>,
     /// Dead letters kept for the actor.
     pub dead_letters: u64,
 }
@@ -718,6 +722,16 @@ pub struct DeadLetter {
     pub seq: Seq,
     /// When it was dead-lettered.
     pub dead_at: Timestamp,
+}
+
+impl DeadLetter {
+    /// Whether its recipient already has it: an attempt in flight when an operator set the
+    /// unit aside delivered it afterwards (its `last_error` is [`DELIVERED_AFTER_SET_ASIDE`]).
+    /// A replay sends it a second time, so the binary's `dead-letters replay` and the
+    /// dashboard leave these out unless asked for them.
+    pub fn delivered_after_set_aside(&self) -> bool {
+        self.last_error.as_deref() == Some(DELIVERED_AFTER_SET_ASIDE)
+    }
 }
 
 /// A dead letter a pass wrote, as [`DriverStore::dead_letter`] and

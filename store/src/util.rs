@@ -38,7 +38,7 @@ pub(crate) fn key_of(recipient: String, ordering_key: String) -> LaneKey {
 }
 
 /// One lane that is not open, as the status queries read it: actor, recipient, ordering key,
-/// `not_before`, backoff level, paused, pause reason.
+/// `not_before`, backoff level, paused, pause reason, `unavailable_since`.
 pub(crate) type WaitingLane = (
     String,
     String,
@@ -47,6 +47,7 @@ pub(crate) type WaitingLane = (
     i64,
     bool,
     Option<String>,
+    Option<i64>,
 );
 
 pub(crate) fn assemble_status(
@@ -65,6 +66,7 @@ pub(crate) fn assemble_status(
             slot: None,
             lanes_in_backoff: Vec::new(),
             lanes_paused: Vec::new(),
+            lanes_unavailable: Vec::new(),
             dead_letters: 0,
         })
     }
@@ -79,8 +81,17 @@ pub(crate) fn assemble_status(
             lease_expires: timestamp_of(lease),
         });
     }
-    for (a, r, k, nb, level, paused, reason) in waiting {
+    for (a, r, k, nb, level, paused, reason, unavailable) in waiting {
         let not_before = nb.map(timestamp_of);
+        // As `LaneStatus::state`: unavailable unless paused, else the persisted columns say.
+        if unavailable.is_some() && !paused {
+            get(map, a).lanes_unavailable.push(LaneSummary {
+                key: key_of(r, k),
+                state: LaneState::Unavailable,
+                next_attempt: not_before.filter(|&t| t > now),
+            });
+            continue;
+        }
         let state = LaneState::of(not_before, to_u32(level), paused, reason.as_deref(), now);
         let lane = LaneSummary {
             key: key_of(r, k),

@@ -2055,6 +2055,19 @@ fn a_lanes_run_of_failures_round_trips_and_operators_clear_it(b: Backend) {
             (Some(ms(1_000)), Some(ms(5_000)))
         );
         assert_eq!(st.state(now()), LaneState::Unavailable);
+        // `status` lists it as unavailable (not open, not in backoff, not paused).
+        let status = s.status().expect("status");
+        let mine = status
+            .iter()
+            .find(|x| x.actor == a)
+            .expect("alice's status");
+        let unavailable: Vec<(LaneKey, LaneState)> = mine
+            .lanes_unavailable
+            .iter()
+            .map(|l| (l.key.clone(), l.state))
+            .collect();
+        assert_eq!(unavailable, [(key(A), LaneState::Unavailable)]);
+        assert!(mine.lanes_in_backoff.is_empty() && mine.lanes_paused.is_empty());
         assert_eq!(st.state(now()).name(), "unavailable");
         assert_eq!(st.state(now()).to_string(), "unavailable");
         let other = s.lane_status(lb).expect("status").expect("lane");
@@ -2137,6 +2150,10 @@ fn a_lanes_run_of_failures_round_trips_and_operators_clear_it(b: Backend) {
         );
         s.block_host(origin_b, HostBlock::Open, now())
             .expect("unblock");
+        // The unblock forgets the run, as a resume does: the held time is not a failure.
+        assert_eq!(listed(), [(la, None, None), (lb, None, None)]);
+        let l = s.lane_status(lb).expect("status").expect("lane");
+        assert_eq!((l.paused, l.state(now())), (false, LaneState::Open));
 
         // `hosts retry` clears the runs of the host's lanes, and counts a failing lane.
         s.set_lane_unavailable(&t, lb, ms(4_000))

@@ -824,12 +824,19 @@ pub(crate) enum DeadLetterCommand {
     },
     /// Put dead letters back at the tail of their lanes, in their original order: those
     /// selected, or every one with `--all`.
+    ///
+    /// A dead letter whose recipient already has it (an attempt in flight when an operator
+    /// set its unit aside delivered it: its last error says so) is left out, and counted as
+    /// skipped, unless `--include-delivered` is given.
     Replay {
         #[command(flatten)]
         which: DeadLetterArgs,
         /// Print what would be replayed, and change nothing.
         #[arg(long, env = "OUTBOX_LANES_DRY_RUN", value_parser = BoolishValueParser::new())]
         dry_run: bool,
+        /// Replay the dead letters their recipients already have too (they get them twice).
+        #[arg(long)]
+        include_delivered: bool,
     },
     /// Delete dead letters: those selected, or every one with `--all`.
     Purge {

@@ -847,9 +847,10 @@ pub(crate) struct Relay {
 impl Relay {
     /// Stops the monitor: passes stop starting units, attempts in flight finish, the rest
     /// is handed back.
-    /// `true` if a pass's grace ended with attempts in flight (handed back unanswered).
-    pub(crate) async fn stop(self) -> bool {
-        self.monitor.stop().await.grace_over
+    /// Whether a pass's grace ended with attempts in flight (handed back unanswered), and
+    /// how many, in its [`Stopped`](outbox_lanes_tokio::Stopped).
+    pub(crate) async fn stop(self) -> outbox_lanes_tokio::Stopped {
+        self.monitor.stop().await
     }
 
     /// Completes when the monitor stopped by itself: its database file was removed or

@@ -858,6 +858,7 @@ async fn cmd_drain(
                         total.dead_lettered += r.dead_lettered;
                         total.handed_back = r.handed_back;
                         total.grace_over |= r.grace_over;
+                        total.interrupted += r.interrupted;
                         // A pass yields at its time slice: run the next one, unless stopping.
                         if !r.yielded || control.stop.load(std::sync::atomic::Ordering::SeqCst) {
                             return Ok::<_, anyhow::Error>((actor, Some(total)));
@@ -910,6 +911,7 @@ async fn cmd_drain(
                 total.dead_lettered += r.dead_lettered;
                 total.handed_back += r.handed_back;
                 total.grace_over |= r.grace_over;
+                total.interrupted += r.interrupted;
                 info!(%actor, delivered = r.delivered, dead_lettered = r.dead_lettered,
                     handed_back = r.handed_back, "drained");
             }
@@ -934,10 +936,10 @@ async fn cmd_drain(
     }
     if total.grace_over {
         return Err(Interrupted(format!(
-            "stopped by a signal, but the shutdown grace ended with attempts in flight: {} \
-             delivered; those attempts were handed back unanswered and are delivered again by \
-             the next drain",
-            total.delivered
+            "stopped by a signal, but the shutdown grace ended with {} attempt(s) in flight: \
+             {} delivered; those attempts were handed back unanswered and are delivered again \
+             by the next drain",
+            total.interrupted, total.delivered
         ))
         .into());
     }
@@ -1012,10 +1014,13 @@ async fn cmd_relay(
         e = relay.ended() => Some(e),
     };
     let interrupted = tokio::select! {
-        grace_over = relay.stop() => grace_over.then(|| {
-            "stopped by a signal, but the shutdown grace ended with attempts in flight: they \
-             were handed back unanswered and are delivered again by the next relay"
-                .to_owned()
+        stopped = relay.stop() => stopped.grace_over.then(|| {
+            format!(
+                "stopped by a signal, but the shutdown grace ended with {} attempt(s) in \
+                 flight: they were handed back unanswered and are delivered again by the next \
+                 relay",
+                stopped.interrupted
+            )
         }),
         // Nothing is lost: the acks waiting are committed on the way out, and units not
         // acknowledged are taken over at once by the next relay (this one's holder lock goes
@@ -1056,13 +1061,17 @@ async fn cmd_dead_letters(backend: &Backend, c: DeadLetterCommand) -> anyhow::Re
         Replay,
         Purge,
     }
-    let (op, a, dry_run): (Op, DeadLetterArgs, bool) = match c {
-        DeadLetterCommand::List(a) => (Op::List, a, false),
+    let (op, a, dry_run, include_delivered): (Op, DeadLetterArgs, bool, bool) = match c {
+        DeadLetterCommand::List(a) => (Op::List, a, false, true),
         DeadLetterCommand::Show { id, json } => {
             return cmd_dead_letter_show(backend, id, json).await;
         }
-        DeadLetterCommand::Replay { which, dry_run } => (Op::Replay, which, dry_run),
-        DeadLetterCommand::Purge { which, dry_run, .. } => (Op::Purge, which, dry_run),
+        DeadLetterCommand::Replay {
+            which,
+            dry_run,
+            include_delivered,
+        } => (Op::Replay, which, dry_run, include_delivered),
+        DeadLetterCommand::Purge { which, dry_run, .. } => (Op::Purge, which, dry_run, true),
     };
     let now = now();
     let (since, until) = a.time_range(now).map_err(usage)?;
@@ -1108,6 +1117,13 @@ async fn cmd_dead_letters(backend: &Backend, c: DeadLetterCommand) -> anyhow::Re
     if let Some(age) = a.older_than {
         listed.retain(|d| now.saturating_duration_since(d.dead_at) >= age);
     }
+    // A replay leaves out what the recipients already have, unless asked (list and purge
+    // keep them).
+    let selected = listed.len();
+    if !include_delivered {
+        listed.retain(|d| !d.delivered_after_set_aside());
+    }
+    let skipped = selected - listed.len();
     let selection = vec![DeadLetterSelection::Ids(
         listed.iter().map(|d| DeadLetterId(d.id.0)).collect(),
     )];
@@ -1127,13 +1143,14 @@ async fn cmd_dead_letters(backend: &Backend, c: DeadLetterCommand) -> anyhow::Re
             };
             if a.json {
                 print_json(&output::dead_dry_run_json(
-                    matches!(op, Op::Replay),
+                    matches!(op, Op::Replay).then_some(skipped),
                     &listed,
                 ))
             } else {
                 print(&format!(
-                    "dry run: would {verb} {} dead letter(s); nothing changed\n{}",
+                    "dry run: would {verb} {} dead letter(s); nothing changed\n{}{}",
                     listed.len(),
+                    output::skipped_delivered_text(skipped),
                     if listed.is_empty() {
                         String::new()
                     } else {
@@ -1152,11 +1169,13 @@ async fn cmd_dead_letters(backend: &Backend, c: DeadLetterCommand) -> anyhow::Re
                 print_json(&serde_json::json!({
                     "replayed": units.len(),
                     "units": units.iter().map(|u| u.0).collect::<Vec<_>>(),
+                    "skipped_delivered": skipped,
                 }))
             } else {
                 print(&format!(
-                    "replayed {} dead letter(s) to the tail of their lanes; `drain` or a relay delivers them\n",
-                    units.len()
+                    "replayed {} dead letter(s) to the tail of their lanes; `drain` or a relay delivers them\n{}",
+                    units.len(),
+                    output::skipped_delivered_text(skipped)
                 ))
             }
         }

@@ -99,11 +99,11 @@ pub(crate) fn lane_name(k: &LaneKey) -> String {
 struct WaitingLaneJson<'a> {
     recipient: &'a str,
     ordering_key: Option<&'a str>,
-    /// `throttled`, `backoff`, `paused` or `strict_blocked`.
+    /// `throttled`, `backoff`, `paused`, `strict_blocked` or `unavailable`.
     state: &'static str,
     /// The backoff level, for `backoff`.
     backoff_level: Option<u32>,
-    /// RFC 3339, for `throttled` and `backoff`.
+    /// RFC 3339, for `throttled` and `backoff`, and an `unavailable` lane's next probe.
     next_attempt: Option<String>,
 }
 
@@ -122,6 +122,7 @@ struct ActorJson<'a> {
     slot: Option<SlotJson<'a>>,
     lanes_in_backoff: Vec<WaitingLaneJson<'a>>,
     lanes_paused: Vec<WaitingLaneJson<'a>>,
+    lanes_unavailable: Vec<WaitingLaneJson<'a>>,
     dead_letters: u64,
 }
 
@@ -158,6 +159,7 @@ pub(crate) fn status_json(s: &[ActorStatus]) -> impl Serialize + '_ {
                 }),
                 lanes_in_backoff: a.lanes_in_backoff.iter().map(waiting_json).collect(),
                 lanes_paused: a.lanes_paused.iter().map(waiting_json).collect(),
+                lanes_unavailable: a.lanes_unavailable.iter().map(waiting_json).collect(),
                 dead_letters: a.dead_letters,
             })
             .collect(),
@@ -184,6 +186,7 @@ pub(crate) fn status_table(s: &[ActorStatus]) -> String {
                 .map_or("-".into(), |h| time(h.lease_expires)),
             count(a.lanes_in_backoff.len()),
             count(a.lanes_paused.len()),
+            count(a.lanes_unavailable.len()),
             a.dead_letters.to_string(),
         ]);
     }
@@ -195,6 +198,7 @@ pub(crate) fn status_table(s: &[ActorStatus]) -> String {
             "LEASE ENDS",
             "LANES IN BACKOFF",
             "LANES PAUSED",
+            "LANES UNAVAILABLE",
             "DEAD LETTERS",
         ],
         &rows,
@@ -202,7 +206,8 @@ pub(crate) fn status_table(s: &[ActorStatus]) -> String {
     let waiting: Vec<Vec<String>> = s
         .iter()
         .flat_map(|a| {
-            a.lanes_in_backoff.iter().chain(&a.lanes_paused).map(|l| {
+            let not_open = a.lanes_in_backoff.iter().chain(&a.lanes_paused);
+            not_open.chain(&a.lanes_unavailable).map(|l| {
                 vec![
                     a.actor.as_str().to_owned(),
                     lane_name(&l.key),
@@ -437,18 +442,34 @@ struct DryRunJson<'a> {
     would_replay: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     would_purge: Option<usize>,
+    /// A replay's: the selected dead letters left out because their recipients have them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    skipped_delivered: Option<usize>,
     dead_letters: Vec<DeadJson<'a>>,
 }
 
-/// `dead-letters replay|purge --dry-run --json`: what would be replayed (`replay`) or purged,
-/// each dead letter as `list --json` has it.
-pub(crate) fn dead_dry_run_json(replay: bool, d: &[DeadLetter]) -> impl Serialize + '_ {
+/// `dead-letters replay|purge --dry-run --json`: what would be replayed (`replay`, with the
+/// count of those skipped as delivered) or purged (`None`), each dead letter as `list --json`
+/// has it.
+pub(crate) fn dead_dry_run_json(replay: Option<usize>, d: &[DeadLetter]) -> impl Serialize + '_ {
     DryRunJson {
         dry_run: true,
-        would_replay: replay.then_some(d.len()),
-        would_purge: (!replay).then_some(d.len()),
+        would_replay: replay.map(|_| d.len()),
+        would_purge: replay.is_none().then_some(d.len()),
+        skipped_delivered: replay,
         dead_letters: d.iter().map(dead_one).collect(),
     }
+}
+
+/// What a replay says of the dead letters it left out as delivered (empty when none).
+pub(crate) fn skipped_delivered_text(skipped: usize) -> String {
+    if skipped == 0 {
+        return String::new();
+    }
+    format!(
+        "skipped {skipped} dead letter(s) their recipients already have (an attempt in flight \
+         when the unit was set aside delivered it); --include-delivered replays them too\n"
+    )
 }
 
 /// A payload in JSON: `body` when it is JSON text (what `enqueue` stores), else `body_text`

@@ -135,6 +135,22 @@ impl Db {
             .unwrap()
             .clone()
     }
+
+    /// Runs `sql` on the database directly (a state a test needs and cannot make quickly
+    /// through the binary; another test makes it the real way).
+    pub fn sql(&self, sql: &str) {
+        match &self.pg {
+            Some((url, schema)) => {
+                let mut c = postgres::Client::connect(url, postgres::NoTls).unwrap();
+                c.batch_execute(&format!("SET search_path TO {schema}; {sql}"))
+                    .unwrap();
+            }
+            None => rusqlite::Connection::open(self.file())
+                .unwrap()
+                .execute_batch(sql)
+                .unwrap(),
+        }
+    }
 }
 
 impl Drop for Db {

@@ -135,8 +135,12 @@ pub async fn drain(
                     .expect("the session runs a pass only after acquiring the store's slot");
                 let result = pass_task::run_pass(rt, core, t, control, lease_renewed).await;
                 lease_renewed = result.lease_renewed;
-                if result.report.grace_over && core.is_stopping() {
-                    core.stop_record().note_grace_over();
+                if core.is_stopping() {
+                    if result.report.grace_over {
+                        core.stop_record().note_grace_over();
+                    }
+                    core.stop_record()
+                        .note_interrupted(result.report.interrupted);
                 }
                 total.add(&result.report);
                 if let Some(e) = result.error {
@@ -233,6 +237,9 @@ pub struct Stopped {
     /// not have received it, and gets it again. `false`: every attempt in flight at the stop
     /// was answered within the grace.
     pub grace_over: bool,
+    /// The attempts the stop abandoned in flight when the grace ran out (each recorded as
+    /// interrupted, its unit pending again); 0 when none was.
+    pub interrupted: u64,
     /// A monitor of this outbox had stopped by itself before: its database file was removed
     /// or replaced ([`Monitor::ended`] says which).
     pub database_lost: bool,
@@ -287,6 +294,7 @@ pub async fn shutdown(rt: &Arc<dyn Runtime>, core: &Arc<OutboxCore>) -> Stopped 
     .await;
     Stopped {
         grace_over: core.stop_record().grace_over(),
+        interrupted: core.stop_record().interrupted(),
         database_lost: core.stop_record().database_lost(),
     }
 }

@@ -236,6 +236,7 @@ impl PassCore {
     fn on_interrupted(&mut self, unit: UnitId, lane: LaneId, attempts: u32) {
         info!(actor = %self.actor, unit = unit.0, recipient = self.recipient(lane),
             attempts, "attempt interrupted in flight; the unit will be sent again");
+        self.report.interrupted += 1;
         self.pending.records.push(AttemptRecord {
             unit,
             lane: self.lanes.store_lane(lane),

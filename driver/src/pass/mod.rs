@@ -153,10 +153,14 @@ pub struct PassReport {
     /// A graceful stop's grace ended with attempts in flight: they were handed back
     /// unanswered (their units are delivered again later).
     pub grace_over: bool,
+    /// Attempts cut off in flight (at a stop's grace): each recorded as interrupted, not
+    /// counted toward `max_attempts`, its unit handed back.
+    pub interrupted: u64,
 }
 
 impl std::fmt::Display for PassReport {
-    /// `12 delivered, 1 dead-lettered, 3 handed back` (and `, yielded`, `, grace over`).
+    /// `12 delivered, 1 dead-lettered, 3 handed back` (and `, yielded`, `, grace over`,
+    /// `, 2 interrupted`).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
@@ -168,6 +172,9 @@ impl std::fmt::Display for PassReport {
         }
         if self.grace_over {
             f.write_str(", grace over")?;
+        }
+        if self.interrupted > 0 {
+            write!(f, ", {} interrupted", self.interrupted)?;
         }
         Ok(())
     }
@@ -181,6 +188,7 @@ impl PassReport {
         self.handed_back += other.handed_back;
         self.yielded |= other.yielded;
         self.grace_over |= other.grace_over;
+        self.interrupted += other.interrupted;
     }
 }
 

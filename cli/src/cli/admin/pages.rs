@@ -247,6 +247,7 @@ async fn overview(State(app): State<App>, headers: HeaderMap) -> Response {
     let pending: u64 = status.iter().map(|a| a.pending).sum();
     let backoff: usize = status.iter().map(|a| a.lanes_in_backoff.len()).sum();
     let paused: usize = status.iter().map(|a| a.lanes_paused.len()).sum();
+    let unavailable: usize = status.iter().map(|a| a.lanes_unavailable.len()).sum();
     let dead: u64 = status.iter().map(|a| a.dead_letters).sum();
     let body = html! {
         div.charts {
@@ -260,6 +261,7 @@ async fn overview(State(app): State<App>, headers: HeaderMap) -> Response {
             tr { th { "attempts in flight in this relay" } td.n { (app.counters().in_flight()) } }
             tr { th { "lanes waiting (throttled or in backoff)" } td.n { (backoff) } }
             tr { th { "lanes paused or strict blocked" } td.n { (paused) } }
+            tr { th { "lanes unavailable (failing for longer than allowed)" } td.n id="unavailable" { (unavailable) } }
             tr { th { "dead letters kept" } td.n { (dead) } }
         }
         h2 { "In flight now" }
@@ -295,7 +297,7 @@ async fn overview(State(app): State<App>, headers: HeaderMap) -> Response {
         h2 { "Actors" }
         table {
             tr { th { "actor" } th { "pending" } th { "pass held by" } th { "lease ends" }
-                 th { "lanes waiting" } th { "lanes paused" } th { "dead letters" } }
+                 th { "lanes waiting" } th { "lanes paused" } th { "lanes unavailable" } th { "dead letters" } }
             @for a in &status {
                 tr {
                     td { a href=(format!("/lanes?actor={}", enc(a.actor.as_str()))) { (a.actor.as_str()) } }
@@ -304,6 +306,7 @@ async fn overview(State(app): State<App>, headers: HeaderMap) -> Response {
                     td { (a.slot.as_ref().map_or_else(|| "-".to_owned(), |s| time(s.lease_expires))) }
                     td.n { (a.lanes_in_backoff.len()) }
                     td.n { (a.lanes_paused.len()) }
+                    td.n { (a.lanes_unavailable.len()) }
                     td.n { a href=(format!("/dead-letters?actor={}", enc(a.actor.as_str()))) { (a.dead_letters) } }
                 }
             }
@@ -832,7 +835,7 @@ async fn preview(
             );
         }
     };
-    let list = match select(&app, &q.which).await {
+    let mut list = match select(&app, &q.which).await {
         Ok(l) => l,
         Err(Ok(bad)) => {
             return respond(
@@ -842,9 +845,22 @@ async fn preview(
         }
         Err(Err(e)) => return store_error(&ctx, &e),
     };
+    // A replay leaves out what the recipients already have (as `dead-letters replay` does).
+    let selected = list.len();
+    if verb == "Replay" {
+        list.retain(|d| !d.delivered_after_set_aside());
+    }
+    let skipped = selected - list.len();
     let ids: Vec<String> = list.iter().map(|d| d.id.0.to_string()).collect();
     let body = html! {
         p { "Would " (q.op) " " strong id="count" { (list.len()) } " dead letter(s); nothing changed yet." }
+        @if skipped > 0 {
+            p id="skipped" {
+                "Left out: " strong { (skipped) } " dead letter(s) their recipients already have (an attempt in \
+                 flight when the unit was set aside delivered it). Each one's page can replay it; \
+                 `dead-letters replay --include-delivered` replays them all."
+            }
+        }
         (not_logged_in(&ctx))
         @if let Some(csrf) = &ctx.csrf {
             @if !list.is_empty() {
@@ -973,6 +989,9 @@ async fn dead_letter(
         }
         h2 { "Actions" }
         (not_logged_in(&ctx))
+        @if d.delivered_after_set_aside() {
+            p.err id="delivered" { "Its recipient already has it: a replay sends it a second time." }
+        }
         p { (act("replay", "Replay")) (act("purge", "Purge")) }
     };
     respond(
