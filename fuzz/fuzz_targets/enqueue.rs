@@ -22,7 +22,9 @@ use libfuzzer_sys::arbitrary::{Result as AResult, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use outbox_lanes_core::policy::AddressPolicy;
 use outbox_lanes_core::{ActorId, LaneKey};
-use outbox_lanes_store::{CommonOptions, EnqueueError, NewRow, SqliteOptions, SqliteStore, ServiceStore};
+use outbox_lanes_store::{
+    CommonOptions, EnqueueError, NewRow, ServiceStore, SqliteOptions, SqliteStore,
+};
 
 const MAX_PAYLOAD: usize = 48;
 const MAX_RECIPIENTS: usize = 4;
