@@ -524,6 +524,39 @@ fn in_flight_attempts_are_recorded_on_their_dead_letters(db: &Db, relays: usize)
         })
         .collect();
     assert_eq!(left, marked, "the dead letters the replay left");
+    // Named by id, one is skipped too; --include-delivered would replay every one.
+    let id = dead_letters(db)[0]["id"].as_i64().unwrap().to_string();
+    let by_id = json_of(
+        db,
+        &["dead-letters", "replay", "--id", &id, "--dry-run", "--json"],
+    );
+    assert_eq!(
+        (
+            by_id["would_replay"].as_u64(),
+            by_id["skipped_delivered"].as_u64()
+        ),
+        (Some(0), Some(1)),
+        "{by_id}"
+    );
+    let all = json_of(
+        db,
+        &[
+            "dead-letters",
+            "replay",
+            "--all",
+            "--include-delivered",
+            "--dry-run",
+            "--json",
+        ],
+    );
+    assert_eq!(
+        (
+            all["would_replay"].as_u64(),
+            all["skipped_delivered"].as_u64()
+        ),
+        (Some(marked.len() as u64), Some(0)),
+        "{all}"
+    );
 }
 
 #[test]

@@ -228,12 +228,17 @@ mod ops {
     static PAUSE_FOR_HOST: Sql = Sql::new(
         "UPDATE ol_lanes SET paused = TRUE, pause_reason = $2 WHERE id = $1 AND NOT paused",
     );
-    /// As an operator's resume, the unblock forgets the lane's run of failures: the time it
-    /// was held is not the recipient's failure (a run from before the block would otherwise
-    /// make the lane unavailable at its first failure after it).
     static RESUME_FOR_HOST: Sql = Sql::new(
-        "UPDATE ol_lanes SET paused = FALSE, pause_reason = NULL, failing_since = NULL, \
-         unavailable_since = NULL WHERE id = $1 AND paused AND pause_reason = $2",
+        "UPDATE ol_lanes SET paused = FALSE, pause_reason = NULL WHERE id = $1 AND paused \
+         AND pause_reason = $2",
+    );
+    /// The unblock forgets the run of failures of every lane to the host, held (paused) or
+    /// dead-lettered by the block, as an operator's resume does: the time the block lasted is
+    /// not the recipient's failure (a run from before it would otherwise make the lane
+    /// unavailable at its first failure after it).
+    static FORGET_RUN: Sql = Sql::new(
+        "UPDATE ol_lanes SET failing_since = NULL, unavailable_since = NULL WHERE id = $1 \
+         AND (failing_since IS NOT NULL OR unavailable_since IS NOT NULL)",
     );
     /// A lane waiting (its own backoff, or held for its host) comes back at once, and a
     /// failing one starts a new run of failures.
@@ -295,8 +300,10 @@ mod ops {
         })
     }
 
-    /// Resumes `lane` if it was paused for its host's block. Whether it did.
+    /// Resumes `lane` if it was paused for its host's block, and forgets its run of failures
+    /// in any case ([`FORGET_RUN`]). Whether it resumed it.
     pub(crate) fn resume_for_host(db: &mut impl Db, lane: StoreLaneId) -> Result<bool, StoreError> {
+        db.execute(&FORGET_RUN, args![lane.0])?;
         Ok(db.execute(&RESUME_FOR_HOST, args![lane.0, HOST_BLOCKED_REASON])? > 0)
     }
 

@@ -806,8 +806,9 @@ pub trait ServiceStore: Send + Sync {
     /// [`HOST_BLOCKED_REASON`](hosts::HOST_BLOCKED_REASON); a lane an operator paused already
     /// stays as it is) and returns how many; [`HostBlock::DeadLetter`] dead-letters every
     /// pending unit to it as `blocked` and returns how many; `Open` resumes the lanes the
-    /// block paused, their runs of failures forgotten (`failing_since`, `unavailable_since`,
-    /// as [`ServiceStore::resume_lane`] does). Running relays hold (or dead-letter) units enqueued later for it too.
+    /// block paused and forgets the run of failures of every lane to the host
+    /// (`failing_since`, `unavailable_since`, as [`ServiceStore::resume_lane`] does: the time
+    /// the block lasted is not the recipient's failure). Running relays hold (or dead-letter) units enqueued later for it too.
     /// Like [`ServiceStore::pause_lane`], it returns once no pass starts an attempt to the
     /// host any more (OL-14).
     ///

@@ -509,16 +509,13 @@ pub struct ActorStatus {
     pub in_flight: bool,
     /// The holder of the drain slot and its lease end, while a lease is live.
     pub slot: Option<SlotHolder>,
-    /// Lanes with pending units that wait for a time: [`LaneState::Throttled`] or
-    /// [`LaneState::Backoff`], earliest next attempt first.
+    /// Lanes with pending units that wait for a time: [`LaneState::Throttled`],
+    /// [`LaneState::Backoff`] or [`LaneState::Unavailable`] (found failing for longer than
+    /// allowed and not paused: it waits for its next probe), earliest next attempt first.
     pub lanes_in_backoff: Vec<LaneSummary>,
     /// Lanes with pending units that wait for an operator: [`LaneState::Paused`] or
     /// [`LaneState::StrictBlocked`].
     pub lanes_paused: Vec<LaneSummary>,
-    /// Lanes with pending units found failing for longer than allowed and not paused
-    /// ([`LaneState::Unavailable`]: each of their units waits for the lane's next probe),
-    /// earliest next probe first.
-    pub lanes_unavailable: Vec<LaneSummary>,
     /// Dead letters kept for the actor.
     pub dead_letters: u64,
 }

@@ -66,7 +66,6 @@ pub(crate) fn assemble_status(
             slot: None,
             lanes_in_backoff: Vec::new(),
             lanes_paused: Vec::new(),
-            lanes_unavailable: Vec::new(),
             dead_letters: 0,
         })
     }
@@ -83,9 +82,10 @@ pub(crate) fn assemble_status(
     }
     for (a, r, k, nb, level, paused, reason, unavailable) in waiting {
         let not_before = nb.map(timestamp_of);
-        // As `LaneStatus::state`: unavailable unless paused, else the persisted columns say.
+        // As `LaneStatus::state`: unavailable unless paused (it waits for its next probe, in
+        // backoff), else the persisted columns say.
         if unavailable.is_some() && !paused {
-            get(map, a).lanes_unavailable.push(LaneSummary {
+            get(map, a).lanes_in_backoff.push(LaneSummary {
                 key: key_of(r, k),
                 state: LaneState::Unavailable,
                 next_attempt: not_before.filter(|&t| t > now),

@@ -2055,19 +2055,19 @@ fn a_lanes_run_of_failures_round_trips_and_operators_clear_it(b: Backend) {
             (Some(ms(1_000)), Some(ms(5_000)))
         );
         assert_eq!(st.state(now()), LaneState::Unavailable);
-        // `status` lists it as unavailable (not open, not in backoff, not paused).
+        // `status` shows it unavailable, among the lanes waiting for a time (its next probe).
         let status = s.status().expect("status");
         let mine = status
             .iter()
             .find(|x| x.actor == a)
             .expect("alice's status");
-        let unavailable: Vec<(LaneKey, LaneState)> = mine
-            .lanes_unavailable
+        let waiting: Vec<(LaneKey, LaneState)> = mine
+            .lanes_in_backoff
             .iter()
             .map(|l| (l.key.clone(), l.state))
             .collect();
-        assert_eq!(unavailable, [(key(A), LaneState::Unavailable)]);
-        assert!(mine.lanes_in_backoff.is_empty() && mine.lanes_paused.is_empty());
+        assert_eq!(waiting, [(key(A), LaneState::Unavailable)]);
+        assert!(mine.lanes_paused.is_empty());
         assert_eq!(st.state(now()).name(), "unavailable");
         assert_eq!(st.state(now()).to_string(), "unavailable");
         let other = s.lane_status(lb).expect("status").expect("lane");
@@ -2198,6 +2198,29 @@ fn a_lanes_run_of_failures_round_trips_and_operators_clear_it(b: Backend) {
         );
         assert_eq!(listed(), [(la, Some(ms(1_000)), None), (lb, None, None)]);
         assert!(s.dead_letters(None).expect("dead letters").is_empty());
+
+        // A `--dead-letter` block pauses nothing, yet its unblock forgets the runs of the
+        // host's lanes too (the lane to the other host keeps its own).
+        let t = acquire(s, &a, "h", LEASE);
+        s.set_lane_failing(&t, lb, Some(ms(3_000)))
+            .expect("failing");
+        s.set_lane_unavailable(&t, lb, ms(4_000))
+            .expect("unavailable");
+        assert_eq!(
+            s.block_host(origin_b, HostBlock::DeadLetter, now())
+                .expect("block --dead-letter"),
+            1
+        );
+        assert_eq!(
+            listed(),
+            [
+                (la, Some(ms(1_000)), None),
+                (lb, Some(ms(3_000)), Some(ms(4_000)))
+            ]
+        );
+        s.block_host(origin_b, HostBlock::Open, now())
+            .expect("unblock");
+        assert_eq!(listed(), [(la, Some(ms(1_000)), None), (lb, None, None)]);
     });
 }
 

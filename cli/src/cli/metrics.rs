@@ -424,7 +424,6 @@ mod tests {
             slot: None,
             lanes_in_backoff: Vec::new(),
             lanes_paused: Vec::new(),
-            lanes_unavailable: Vec::new(),
             dead_letters,
         }
     }

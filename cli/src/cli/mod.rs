@@ -936,10 +936,11 @@ async fn cmd_drain(
     }
     if total.grace_over {
         return Err(Interrupted(format!(
-            "stopped by a signal, but the shutdown grace ended with {} attempt(s) in flight: \
-             {} delivered; those attempts were handed back unanswered and are delivered again \
-             by the next drain",
-            total.interrupted, total.delivered
+            "stopped by a signal, but the shutdown grace ended with {} in flight: {} \
+             delivered; those attempts were handed back unanswered and are delivered again by \
+             the next drain",
+            attempts_cut(total.interrupted),
+            total.delivered
         ))
         .into());
     }
@@ -1016,10 +1017,9 @@ async fn cmd_relay(
     let interrupted = tokio::select! {
         stopped = relay.stop() => stopped.grace_over.then(|| {
             format!(
-                "stopped by a signal, but the shutdown grace ended with {} attempt(s) in \
-                 flight: they were handed back unanswered and are delivered again by the next \
-                 relay",
-                stopped.interrupted
+                "stopped by a signal, but the shutdown grace ended with {} in flight: they were \
+                 handed back unanswered and are delivered again by the next relay",
+                attempts_cut(stopped.interrupted)
             )
         }),
         // Nothing is lost: the acks waiting are committed on the way out, and units not
@@ -1191,6 +1191,16 @@ async fn cmd_dead_letters(backend: &Backend, c: DeadLetterCommand) -> anyhow::Re
                 print(&format!("purged {n} dead letter(s)\n"))
             }
         }
+    }
+}
+
+/// The attempts a stop cut off, as its message says them: `2 attempt(s)`, or `attempts` when
+/// the count is not known (a pass still writing its hand-back when the stop gave up on it).
+fn attempts_cut(n: u64) -> String {
+    if n == 0 {
+        "attempts".to_owned()
+    } else {
+        format!("{n} attempt(s)")
     }
 }
 

@@ -122,7 +122,6 @@ struct ActorJson<'a> {
     slot: Option<SlotJson<'a>>,
     lanes_in_backoff: Vec<WaitingLaneJson<'a>>,
     lanes_paused: Vec<WaitingLaneJson<'a>>,
-    lanes_unavailable: Vec<WaitingLaneJson<'a>>,
     dead_letters: u64,
 }
 
@@ -159,7 +158,6 @@ pub(crate) fn status_json(s: &[ActorStatus]) -> impl Serialize + '_ {
                 }),
                 lanes_in_backoff: a.lanes_in_backoff.iter().map(waiting_json).collect(),
                 lanes_paused: a.lanes_paused.iter().map(waiting_json).collect(),
-                lanes_unavailable: a.lanes_unavailable.iter().map(waiting_json).collect(),
                 dead_letters: a.dead_letters,
             })
             .collect(),
@@ -186,7 +184,6 @@ pub(crate) fn status_table(s: &[ActorStatus]) -> String {
                 .map_or("-".into(), |h| time(h.lease_expires)),
             count(a.lanes_in_backoff.len()),
             count(a.lanes_paused.len()),
-            count(a.lanes_unavailable.len()),
             a.dead_letters.to_string(),
         ]);
     }
@@ -198,7 +195,6 @@ pub(crate) fn status_table(s: &[ActorStatus]) -> String {
             "LEASE ENDS",
             "LANES IN BACKOFF",
             "LANES PAUSED",
-            "LANES UNAVAILABLE",
             "DEAD LETTERS",
         ],
         &rows,
@@ -206,8 +202,7 @@ pub(crate) fn status_table(s: &[ActorStatus]) -> String {
     let waiting: Vec<Vec<String>> = s
         .iter()
         .flat_map(|a| {
-            let not_open = a.lanes_in_backoff.iter().chain(&a.lanes_paused);
-            not_open.chain(&a.lanes_unavailable).map(|l| {
+            a.lanes_in_backoff.iter().chain(&a.lanes_paused).map(|l| {
                 vec![
                     a.actor.as_str().to_owned(),
                     lane_name(&l.key),

@@ -135,10 +135,8 @@ pub async fn drain(
                     .expect("the session runs a pass only after acquiring the store's slot");
                 let result = pass_task::run_pass(rt, core, t, control, lease_renewed).await;
                 lease_renewed = result.lease_renewed;
-                if core.is_stopping() {
-                    if result.report.grace_over {
-                        core.stop_record().note_grace_over();
-                    }
+                if result.report.grace_over && core.is_stopping() {
+                    core.stop_record().note_grace_over();
                     core.stop_record()
                         .note_interrupted(result.report.interrupted);
                 }
@@ -238,7 +236,9 @@ pub struct Stopped {
     /// was answered within the grace.
     pub grace_over: bool,
     /// The attempts the stop abandoned in flight when the grace ran out (each recorded as
-    /// interrupted, its unit pending again); 0 when none was.
+    /// interrupted, its unit pending again), as the passes that ended by then counted them:
+    /// 0 when none was, or when `grace_over` comes only from a pass still writing its
+    /// hand-back when the stop stopped waiting (its count is not known yet).
     pub interrupted: u64,
     /// A monitor of this outbox had stopped by itself before: its database file was removed
     /// or replaced ([`Monitor::ended`] says which).

@@ -247,7 +247,6 @@ async fn overview(State(app): State<App>, headers: HeaderMap) -> Response {
     let pending: u64 = status.iter().map(|a| a.pending).sum();
     let backoff: usize = status.iter().map(|a| a.lanes_in_backoff.len()).sum();
     let paused: usize = status.iter().map(|a| a.lanes_paused.len()).sum();
-    let unavailable: usize = status.iter().map(|a| a.lanes_unavailable.len()).sum();
     let dead: u64 = status.iter().map(|a| a.dead_letters).sum();
     let body = html! {
         div.charts {
@@ -259,9 +258,8 @@ async fn overview(State(app): State<App>, headers: HeaderMap) -> Response {
         table {
             tr { th { "pending units" } td.n id="pending" { (pending) } }
             tr { th { "attempts in flight in this relay" } td.n { (app.counters().in_flight()) } }
-            tr { th { "lanes waiting (throttled or in backoff)" } td.n { (backoff) } }
+            tr { th { "lanes waiting (throttled, in backoff or unavailable)" } td.n { (backoff) } }
             tr { th { "lanes paused or strict blocked" } td.n { (paused) } }
-            tr { th { "lanes unavailable (failing for longer than allowed)" } td.n id="unavailable" { (unavailable) } }
             tr { th { "dead letters kept" } td.n { (dead) } }
         }
         h2 { "In flight now" }
@@ -297,7 +295,7 @@ async fn overview(State(app): State<App>, headers: HeaderMap) -> Response {
         h2 { "Actors" }
         table {
             tr { th { "actor" } th { "pending" } th { "pass held by" } th { "lease ends" }
-                 th { "lanes waiting" } th { "lanes paused" } th { "lanes unavailable" } th { "dead letters" } }
+                 th { "lanes waiting" } th { "lanes paused" } th { "dead letters" } }
             @for a in &status {
                 tr {
                     td { a href=(format!("/lanes?actor={}", enc(a.actor.as_str()))) { (a.actor.as_str()) } }
@@ -306,7 +304,6 @@ async fn overview(State(app): State<App>, headers: HeaderMap) -> Response {
                     td { (a.slot.as_ref().map_or_else(|| "-".to_owned(), |s| time(s.lease_expires))) }
                     td.n { (a.lanes_in_backoff.len()) }
                     td.n { (a.lanes_paused.len()) }
-                    td.n { (a.lanes_unavailable.len()) }
                     td.n { a href=(format!("/dead-letters?actor={}", enc(a.actor.as_str()))) { (a.dead_letters) } }
                 }
             }
