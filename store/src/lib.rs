@@ -193,8 +193,10 @@ pub trait DriverStore: Send + Sync {
     /// anew: its liveness ends at once (OL-12). SQLite: its lock file
     /// `<database>-holders/<holder>.lock` is removed — unless the holder still holds a live
     /// slot (a pass that did not end), whose file then stays, unlocked, so that other relays
-    /// find the holder dead and take its slots over at once. Postgres: nothing here; its
-    /// session lock ends when the store closes. A later [`DriverStore::acquire_slot`] of the
+    /// find the holder dead and take its slots over at once. Postgres: the holder's liveness
+    /// session ends (its advisory lock with it), and its row in `ol_live_holders` is deleted
+    /// first unless it still holds a live slot (then other relays find it dead at once, and
+    /// forget it). A later [`DriverStore::acquire_slot`] of the
     /// holder takes its lock again. Failures are logged, never returned: the lease still
     /// bounds everything.
     fn close_holder(&self, holder: &str);

@@ -498,6 +498,26 @@ pub(crate) fn log_no_live_lock(holder: &str, why: Option<&StoreError>) {
     }
 }
 
+/// Whether `holder` holds a drain slot whose lease runs.
+static HOLDS_A_SLOT: Sql =
+    Sql::new("SELECT EXISTS (SELECT 1 FROM ol_slots WHERE holder = $1 AND lease_expires > {now})");
+
+/// A holder's clean stop, on the session that holds its liveness lock (which the caller then
+/// closes, freeing the lock): holding no drain slot any more, it leaves `ol_live_holders`, so
+/// that a relay's restarts do not leave a row each behind. One that still holds a slot (a
+/// pass cut off when a shutdown grace ended) stays listed: once its session is gone, other
+/// relays find it dead and take its slots over at once. Whether it left.
+///
+/// # Errors
+/// Database failures (the row then stays; it is harmless, and forgotten when another relay
+/// finds the holder dead).
+pub(crate) fn leave_live_holders(db: &mut impl Db, holder: &str) -> Result<bool, StoreError> {
+    if db.query_one(&HOLDS_A_SLOT, args![holder], |r| r.flag(0))? {
+        return Ok(false);
+    }
+    Ok(db.execute(&FORGET_HOLDER, args![holder])? > 0)
+}
+
 /// Whether `holder`, which holds a live slot, is dead: its lock, taken at once when nobody
 /// holds it, is given back at once (a session lock outlives the transaction) and the holder
 /// forgotten. Never for a holder that registered no liveness.

@@ -736,6 +736,24 @@ impl Backend for PgStore {
         self.keep_alive(holder);
     }
 
+    /// The holder's liveness session ends here rather than with the store: its row in
+    /// `ol_live_holders` goes first when it holds no slot ([`pg_schema::leave_live_holders`]),
+    /// then the session (and with it the advisory lock).
+    fn release_holder(&self, holder: &str) {
+        let client = self
+            .live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(holder);
+        let Some(mut client) = client else {
+            return;
+        };
+        if let Err(e) = pg_schema::leave_live_holders(&mut PgDb::of_client(&mut client), holder) {
+            tracing::debug!(target: "outbox_lanes::store", holder, error = %e,
+                "could not leave the live holders; another relay forgets this one when it finds it dead");
+        }
+    }
+
     fn holder_is_dead(&self, db: &mut PgDb<'_>, holder: &str) -> Result<bool, StoreError> {
         pg_schema::holder_is_dead(db, &self.opts.schema, holder)
     }

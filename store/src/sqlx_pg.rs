@@ -509,6 +509,25 @@ impl Backend for SqlxPgStore {
         }
     }
 
+    /// The holder leaves `ol_live_holders` when it holds no slot
+    /// ([`pg_schema::leave_live_holders`], on a pooled connection), then its liveness session
+    /// ends (the task that keeps it is aborted, which closes the connection and frees the lock).
+    fn release_holder(&self, holder: &str) {
+        let task = self
+            .live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(holder);
+        if task.is_none() {
+            return;
+        }
+        if let Err(e) = self.write(false, |db| pg_schema::leave_live_holders(db, holder)) {
+            tracing::debug!(target: "outbox_lanes::store", holder, error = %e,
+                "could not leave the live holders; another relay forgets this one when it finds it dead");
+        }
+        drop(task);
+    }
+
     fn holder_is_dead(&self, db: &mut SqlxDb<'_>, holder: &str) -> Result<bool, StoreError> {
         pg_schema::holder_is_dead(db, &self.opts.schema, holder)
     }

@@ -42,6 +42,7 @@ contract!(
     dead_letters_of_one_call_are_one_transaction_in_request_order,
     retire_lane_dead_letters_only_that_recipient,
     a_lanes_run_of_failures_round_trips_and_operators_clear_it,
+    a_clean_close_leaves_no_liveness_and_a_holder_cut_off_is_taken_over,
     retire_lane_with_lane_unavailable_dead_letters_every_pending_unit_in_order,
     operator_ops,
     operator_lane_purge_skip_and_retry,
@@ -65,6 +66,65 @@ contract!(
     delivery_log_off_writes_nothing,
     delivery_log_batches_of_many_acks,
 );
+
+/// `close_holder` after a clean stop (no slot held) leaves nothing of the holder's liveness
+/// behind (Postgres: its row in `ol_live_holders`, which a relay's restarts used to leave one
+/// each of); closed while it still holds a slot (a pass cut off at a shutdown grace), it is
+/// found dead at once by another store, which takes the slot over without waiting for the
+/// 10-minute lease, and is then forgotten; the same holder coming back registers again.
+fn a_clean_close_leaves_no_liveness_and_a_holder_cut_off_is_taken_over(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        if !h.can_reopen() {
+            return;
+        }
+        let s = &*h.store;
+        let (alice, bob) = (actor("alice"), actor("bob"));
+        let lease = Duration::from_secs(600);
+        // Postgres: the holder's rows in `ol_live_holders` (None elsewhere).
+        let listed = |holder: &str| -> Option<i64> {
+            #[cfg(feature = "postgres")]
+            if let Some((url, schema)) = h.pg() {
+                let row = pg_client(&url, &schema)
+                    .query_one(
+                        "SELECT count(*) FROM ol_live_holders WHERE holder = $1",
+                        &[&holder],
+                    )
+                    .expect("count");
+                return Some(row.get(0));
+            }
+            let _ = holder;
+            None
+        };
+        let t = acquire(s, &alice, "relay-1", lease);
+        assert_eq!(listed("relay-1").unwrap_or(1), 1);
+        s.release_slot(&t).expect("release");
+        s.close_holder("relay-1");
+        assert_eq!(
+            listed("relay-1").unwrap_or(0),
+            0,
+            "a clean stop left its row"
+        );
+
+        let _cut = acquire(s, &bob, "relay-2", lease);
+        s.close_holder("relay-2");
+        assert_eq!(
+            listed("relay-2").unwrap_or(1),
+            1,
+            "a holder with a slot stays listed"
+        );
+        let other = h.second();
+        // Bounded (20 s), far below the lease: the session's lock is gone with its connection.
+        let _taken = acquire_eventually(&*other, &bob, "relay-3", lease);
+        assert_eq!(
+            listed("relay-2").unwrap_or(0),
+            0,
+            "found dead, then forgotten"
+        );
+
+        let _back = acquire(s, &alice, "relay-1", lease);
+        assert_eq!(listed("relay-1").unwrap_or(1), 1, "registered again");
+    });
+}
 
 /// Issue 39: a batch of acks larger than SQLite's multi-row chunk keeps every entry, each
 /// with its own fields.
