@@ -504,6 +504,49 @@ impl Drop for Roles {
     }
 }
 
+/// Postgres: a schema a DBA made and gave to a role that may not create schemas in the
+/// database (no `CREATE` on it): `migrate` as that role creates the outbox in it. (It failed
+/// with "permission denied for database": `CREATE SCHEMA IF NOT EXISTS` asks for the
+/// database's `CREATE` before it looks whether the schema exists.)
+#[test]
+fn migrate_into_a_schema_a_dba_made_needs_no_create_on_the_database() {
+    let Some(url) = outbox_lanes_test_support::pg_url() else {
+        println!("skipped: OUTBOX_LANES_TEST_PG not set");
+        return;
+    };
+    let roles = Roles::new(&url);
+    // The relay's name stands for the schema's owner here (Drop removes it).
+    let owner = roles.relay.clone();
+    let mut admin = roles.admin();
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {owner} LOGIN; CREATE SCHEMA {} AUTHORIZATION {owner};",
+            roles.schema
+        ))
+        .unwrap();
+    let may_create: bool = admin
+        .query_one(
+            "SELECT has_database_privilege($1, current_database(), 'CREATE')",
+            &[&owner],
+        )
+        .unwrap()
+        .get(0);
+    assert!(!may_create, "the role must not have CREATE on the database");
+    let db = roles.db(&owner);
+    let out = ok(&with_db(&db, &["migrate"]), "");
+    assert!(out.stdout.contains("created"), "{}", out.stdout);
+    let tables: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tableowner = $2",
+            &[&roles.schema, &owner],
+        )
+        .unwrap()
+        .get(0);
+    assert!(tables > 5, "{tables} tables of {owner} in {}", roles.schema);
+    // And the outbox works as that role.
+    ok(&with_db(&db, &["status"]), "");
+}
+
 /// Postgres: `migrate` as the owner, then the document's GRANTs; the reader runs the
 /// inspection commands and nothing else, the enqueuer enqueues and cannot drain, the relay
 /// drains and acts on lanes. No role but the owner runs DDL (a current schema needs none).

@@ -418,13 +418,21 @@ fn outbox_id(db: &mut impl Db) -> Result<String, StoreError> {
         .ok_or_else(|| StoreError::Database("the schema has no outbox_id in ol_meta".into()))
 }
 
+/// Whether the schema `$1` exists.
+static SCHEMA_EXISTS: Sql =
+    Sql::new("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)");
+
 /// Creates (`found` is `None`) or migrates the schema, under [`lock_ddl`].
 fn ddl(db: &mut impl Db, schema: &str, found: Option<u32>) -> Result<(), StoreError> {
     match found {
         None => {
             // Created as version 2 and migrated at once: new and migrated databases
-            // cannot differ.
-            db.batch(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))?;
+            // cannot differ. A schema that exists (a DBA made it, and gave it to this role)
+            // is used as it is: `CREATE SCHEMA IF NOT EXISTS` would ask for `CREATE` on the
+            // database first, even for a schema that exists.
+            if !db.query_one(&SCHEMA_EXISTS, args![schema], |r| r.flag(0))? {
+                db.batch(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))?;
+            }
             db.batch(
                 "CREATE TABLE IF NOT EXISTS ol_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
             )?;
