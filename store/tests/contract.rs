@@ -97,7 +97,7 @@ fn a_clean_close_leaves_no_liveness_and_a_holder_cut_off_is_taken_over(b: Backen
         };
         let t = acquire(s, &alice, "relay-1", lease);
         assert_eq!(listed("relay-1").unwrap_or(1), 1);
-        s.release_slot(&t).expect("release");
+        let _ = s.release_slot(&t).expect("release");
         s.close_holder("relay-1");
         assert_eq!(
             listed("relay-1").unwrap_or(0),
