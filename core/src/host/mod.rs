@@ -425,6 +425,10 @@ pub struct HostBook {
     paces: BTreeMap<String, Duration>,
     /// Paced hosts with attempts waiting for their pace, by when they may go.
     paced: BTreeSet<(Timestamp, HostId)>,
+    /// The hosts marked dirty since the last [`HostBook::take_dirty`], each once per marking
+    /// (one made clean again by [`HostBook::handle_rows`] may stay listed: the flag decides),
+    /// so that finding and taking them does not scan every host at each attempt's end.
+    marked: Vec<HostId>,
 }
 
 impl HostBook {
@@ -439,6 +443,7 @@ impl HostBook {
         HostBook {
             paces,
             paced: BTreeSet::new(),
+            marked: Vec::new(),
             cfg,
             hosts: IndexMap::with_hasher(KeyedState::new(seed ^ 0x686f_7374)),
             rng: Rng::new(seed),
@@ -676,7 +681,10 @@ impl HostBook {
         s.failing_since.get_or_insert(now);
         s.last_error = error.map(String::from);
         s.updated_at = now;
-        h.dirty = true;
+        if !h.dirty {
+            h.dirty = true;
+            self.marked.push(host);
+        }
         if probe || (s.open() && s.failures >= cfg.failures) {
             s.level = s.level.saturating_add(1);
             let wait = jittered(
@@ -703,7 +711,7 @@ impl HostBook {
 
     fn answered(&mut self, host: HostId, now: Timestamp) {
         let max = self.cfg.max_in_flight.max(1);
-        let h = self.get_mut(host);
+        let h = &mut self.hosts[host.index()];
         let s = &mut h.shared;
         let level = s.level;
         if s.failures > 0 || s.level > 0 || s.failing_since.is_some() {
@@ -712,7 +720,10 @@ impl HostBook {
             s.not_before = None;
             s.failing_since = None;
             s.updated_at = now;
-            h.dirty = true;
+            if !h.dirty {
+                h.dirty = true;
+                self.marked.push(host);
+            }
             h.probing = false;
         }
         if !h.opened {
@@ -734,7 +745,7 @@ impl HostBook {
         if self.cfg.signing != Signing::Auto {
             return;
         }
-        let h = self.get_mut(host);
+        let h = &mut self.hosts[host.index()];
         if report.refused_both {
             h.knock_refused_at = Some(now);
         }
@@ -752,7 +763,10 @@ impl HostBook {
         }
         h.shared.spec = Some((spec, now));
         h.shared.updated_at = now;
-        h.dirty = true;
+        if !h.dirty {
+            h.dirty = true;
+            self.marked.push(host);
+        }
         if known != Some(spec) {
             self.events
                 .push_back(HostEvent::SchemeLearned { host, spec });
@@ -802,23 +816,30 @@ impl HostBook {
     /// The hosts whose shared state changed since the last call, to be written.
     pub fn take_dirty(&mut self) -> Vec<HostId> {
         let mut out = Vec::new();
-        for (i, h) in self.hosts.values_mut().enumerate() {
+        for id in core::mem::take(&mut self.marked) {
+            let h = &mut self.hosts[id.index()];
             if h.dirty {
                 h.dirty = false;
-                out.push(HostId(i as u32));
+                out.push(id);
             }
         }
+        // In the hosts' order, as a scan of every host gave them.
+        out.sort_unstable();
         out
     }
 
     /// The write of `host` failed: it is taken again at the next [`HostBook::take_dirty`].
     pub fn mark_dirty(&mut self, host: HostId) {
-        self.get_mut(host).dirty = true;
+        let h = &mut self.hosts[host.index()];
+        if !h.dirty {
+            h.dirty = true;
+            self.marked.push(host);
+        }
     }
 
     /// Whether a change waits to be written.
     pub fn has_dirty(&self) -> bool {
-        self.hosts.values().any(|h| h.dirty)
+        self.marked.iter().any(|id| self.hosts[id.index()].dirty)
     }
 
     /// The next change worth a log line.
