@@ -810,7 +810,8 @@ pub trait ServiceStore: Send + Sync {
     /// pending unit to it as `blocked` and returns how many; `Open` resumes the lanes the
     /// block paused and forgets the run of failures of every lane to the host
     /// (`failing_since`, `unavailable_since`, as [`ServiceStore::resume_lane`] does: the time
-    /// the block lasted is not the recipient's failure). Running relays hold (or dead-letter) units enqueued later for it too.
+    /// the block lasted is not the recipient's failure). Running relays hold (or dead-letter)
+    /// units enqueued later for it too.
     /// Like [`ServiceStore::pause_lane`], it returns once no pass starts an attempt to the
     /// host any more (OL-14).
     ///

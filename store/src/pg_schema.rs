@@ -506,10 +506,6 @@ pub(crate) fn log_no_live_lock(holder: &str, why: Option<&StoreError>) {
     }
 }
 
-/// Whether `holder` holds a drain slot whose lease runs.
-static HOLDS_A_SLOT: Sql =
-    Sql::new("SELECT EXISTS (SELECT 1 FROM ol_slots WHERE holder = $1 AND lease_expires > {now})");
-
 /// A holder's clean stop, on the session that holds its liveness lock (which the caller then
 /// closes, freeing the lock): holding no drain slot any more, it leaves `ol_live_holders`, so
 /// that a relay's restarts do not leave a row each behind. One that still holds a slot (a
@@ -520,7 +516,7 @@ static HOLDS_A_SLOT: Sql =
 /// Database failures (the row then stays; it is harmless, and forgotten when another relay
 /// finds the holder dead).
 pub(crate) fn leave_live_holders(db: &mut impl Db, holder: &str) -> Result<bool, StoreError> {
-    if db.query_one(&HOLDS_A_SLOT, args![holder], |r| r.flag(0))? {
+    if crate::slots::holds_a_slot(db, holder)? {
         return Ok(false);
     }
     Ok(db.execute(&FORGET_HOLDER, args![holder])? > 0)

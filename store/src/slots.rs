@@ -33,6 +33,18 @@ static LIVE_HOLDER: Sql = Sql::new(
      AND lease_expires > {now}",
 );
 static EXPIRE_HOLDER: Sql = Sql::new("UPDATE ol_slots SET lease_expires = 0 WHERE holder = $1");
+/// Whether holder `$1` holds a drain slot whose lease runs.
+static HOLDS_A_SLOT: Sql =
+    Sql::new("SELECT EXISTS (SELECT 1 FROM ol_slots WHERE holder = $1 AND lease_expires > {now})");
+
+/// Whether `holder` holds a drain slot whose lease runs (a stopping holder that does keeps
+/// its liveness listed, so that other relays find it dead and take its slots over at once).
+///
+/// # Errors
+/// Database failures.
+pub(crate) fn holds_a_slot(db: &mut impl Db, holder: &str) -> Result<bool, StoreError> {
+    db.query_one(&HOLDS_A_SLOT, args![holder], |r| r.flag(0))
+}
 
 /// Takes `actor`'s slot if it is free or its lease expired; else sets "look again". When
 /// another holder's lease is live and `is_dead` says that holder is gone (the backend's

@@ -117,9 +117,6 @@ impl core::fmt::Debug for SqliteStore {
     }
 }
 
-/// SQLite's clock in milliseconds, read inside the statement.
-const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
-
 // The DDL pieces are macros so that `concat!` can assemble the constants from them.
 
 /// The tables version 2 shares with version 1, unchanged.
@@ -839,12 +836,7 @@ impl SqliteStore {
     /// Whether `holder` may still hold a live drain slot of this database (`true` when the
     /// check fails: its lock file then stays, the safe side).
     fn holds_a_slot(&self, holder: &str) -> bool {
-        let held = self
-            .writer()
-            .prepare_cached(&format!(
-                "SELECT EXISTS (SELECT 1 FROM ol_slots WHERE holder = ?1 AND lease_expires > {NOW})"
-            ))
-            .and_then(|mut s| s.query_row([holder], |r| r.get::<_, bool>(0)));
+        let held = self.read(|db| crate::slots::holds_a_slot(db, holder));
         !matches!(held, Ok(false))
     }
 }

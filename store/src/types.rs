@@ -593,6 +593,23 @@ impl LaneState {
         }
     }
 
+    /// [`LaneState::Unavailable`] for a lane found failing for longer than allowed
+    /// (`unavailable`) that is not paused, else [`LaneState::of`]: the one rule of every view
+    /// ([`LaneStatus::state`], `status`).
+    pub(crate) fn with_unavailable(
+        unavailable: bool,
+        not_before: Option<Timestamp>,
+        backoff_level: u32,
+        paused: bool,
+        pause_reason: Option<&str>,
+        now: Timestamp,
+    ) -> LaneState {
+        if unavailable && !paused {
+            return LaneState::Unavailable;
+        }
+        LaneState::of(not_before, backoff_level, paused, pause_reason, now)
+    }
+
     /// The state's name without its level: `open`, `throttled`, `backoff`, `paused`,
     /// `strict_blocked`, `unavailable` (for JSON).
     pub fn name(self) -> &'static str {
@@ -673,10 +690,8 @@ impl LaneStatus {
     /// The lane's state at `now`: [`LaneState::Unavailable`] when it was found failing for
     /// longer than allowed and is not paused, else [`LaneState::of`].
     pub fn state(&self, now: Timestamp) -> LaneState {
-        if self.unavailable_since.is_some() && !self.paused {
-            return LaneState::Unavailable;
-        }
-        LaneState::of(
+        LaneState::with_unavailable(
+            self.unavailable_since.is_some(),
             self.not_before,
             self.backoff_level,
             self.paused,

@@ -82,23 +82,23 @@ pub(crate) fn assemble_status(
     }
     for (a, r, k, nb, level, paused, reason, unavailable) in waiting {
         let not_before = nb.map(timestamp_of);
-        // As `LaneStatus::state`: unavailable unless paused (it waits for its next probe, in
-        // backoff), else the persisted columns say.
-        if unavailable.is_some() && !paused {
-            get(map, a).lanes_in_backoff.push(LaneSummary {
-                key: key_of(r, k),
-                state: LaneState::Unavailable,
-                next_attempt: not_before.filter(|&t| t > now),
-            });
-            continue;
-        }
-        let state = LaneState::of(not_before, to_u32(level), paused, reason.as_deref(), now);
+        let state = LaneState::with_unavailable(
+            unavailable.is_some(),
+            not_before,
+            to_u32(level),
+            paused,
+            reason.as_deref(),
+            now,
+        );
+        // An unavailable lane waits for its next probe (while that is ahead), in backoff.
+        let probing = state == LaneState::Unavailable;
         let lane = LaneSummary {
             key: key_of(r, k),
             state,
-            next_attempt: not_before.filter(|_| state.is_waiting_for_time()),
+            next_attempt: not_before
+                .filter(|&t| state.is_waiting_for_time() || (probing && t > now)),
         };
-        if state.is_waiting_for_time() {
+        if state.is_waiting_for_time() || probing {
             get(map, a).lanes_in_backoff.push(lane);
         } else if state.is_waiting_for_operator() {
             get(map, a).lanes_paused.push(lane);
