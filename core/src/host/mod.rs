@@ -393,6 +393,16 @@ struct Host {
     pace: Option<Pace>,
 }
 
+impl Host {
+    /// Marks it changed, to be written: listed in `marked` (the book's) the first time.
+    fn mark_dirty(&mut self, id: HostId, marked: &mut Vec<HostId>) {
+        if !self.dirty {
+            self.dirty = true;
+            marked.push(id);
+        }
+    }
+}
+
 /// A paced host's spacing of attempt starts.
 #[derive(Debug)]
 struct Pace {
@@ -676,15 +686,12 @@ impl HostBook {
     ) {
         let cfg = &self.cfg;
         let h = &mut self.hosts[host.index()];
+        h.mark_dirty(host, &mut self.marked);
         let s = &mut h.shared;
         s.failures = s.failures.saturating_add(1);
         s.failing_since.get_or_insert(now);
         s.last_error = error.map(String::from);
         s.updated_at = now;
-        if !h.dirty {
-            h.dirty = true;
-            self.marked.push(host);
-        }
         if probe || (s.open() && s.failures >= cfg.failures) {
             s.level = s.level.saturating_add(1);
             let wait = jittered(
@@ -720,10 +727,7 @@ impl HostBook {
             s.not_before = None;
             s.failing_since = None;
             s.updated_at = now;
-            if !h.dirty {
-                h.dirty = true;
-                self.marked.push(host);
-            }
+            h.mark_dirty(host, &mut self.marked);
             h.probing = false;
         }
         if !h.opened {
@@ -763,10 +767,7 @@ impl HostBook {
         }
         h.shared.spec = Some((spec, now));
         h.shared.updated_at = now;
-        if !h.dirty {
-            h.dirty = true;
-            self.marked.push(host);
-        }
+        h.mark_dirty(host, &mut self.marked);
         if known != Some(spec) {
             self.events
                 .push_back(HostEvent::SchemeLearned { host, spec });
@@ -831,10 +832,7 @@ impl HostBook {
     /// The write of `host` failed: it is taken again at the next [`HostBook::take_dirty`].
     pub fn mark_dirty(&mut self, host: HostId) {
         let h = &mut self.hosts[host.index()];
-        if !h.dirty {
-            h.dirty = true;
-            self.marked.push(host);
-        }
+        h.mark_dirty(host, &mut self.marked);
     }
 
     /// Whether a change waits to be written.
