@@ -1119,11 +1119,11 @@ async fn cmd_dead_letters(backend: &Backend, c: DeadLetterCommand) -> anyhow::Re
     }
     // A replay leaves out what the recipients already have, unless asked (list and purge
     // keep them).
-    let selected = listed.len();
-    if !include_delivered {
-        listed.retain(|d| !d.delivered_after_set_aside());
-    }
-    let skipped = selected - listed.len();
+    let skipped = if include_delivered {
+        0
+    } else {
+        leave_out_delivered(&mut listed)
+    };
     let selection = vec![DeadLetterSelection::Ids(
         listed.iter().map(|d| DeadLetterId(d.id.0)).collect(),
     )];
@@ -1192,6 +1192,14 @@ async fn cmd_dead_letters(backend: &Backend, c: DeadLetterCommand) -> anyhow::Re
             }
         }
     }
+}
+
+/// Leaves out of a replay's selection the dead letters whose recipients already have them
+/// (`dead-letters replay`, the dashboard's preview); how many it left out.
+pub(crate) fn leave_out_delivered(selected: &mut Vec<outbox_lanes_store::DeadLetter>) -> usize {
+    let before = selected.len();
+    selected.retain(|d| !d.delivered_after_set_aside());
+    before - selected.len()
 }
 
 /// The attempts a stop cut off, as its message says them: `2 attempt(s)`, or `attempts` when

@@ -843,11 +843,11 @@ async fn preview(
         Err(Err(e)) => return store_error(&ctx, &e),
     };
     // A replay leaves out what the recipients already have (as `dead-letters replay` does).
-    let selected = list.len();
-    if verb == "Replay" {
-        list.retain(|d| !d.delivered_after_set_aside());
-    }
-    let skipped = selected - list.len();
+    let skipped = if verb == "Replay" {
+        super::super::leave_out_delivered(&mut list)
+    } else {
+        0
+    };
     let ids: Vec<String> = list.iter().map(|d| d.id.0.to_string()).collect();
     let body = html! {
         p { "Would " (q.op) " " strong id="count" { (list.len()) } " dead letter(s); nothing changed yet." }
