@@ -24,6 +24,7 @@
 use outbox_lanes_core::{ActorId, Timestamp, UnitId};
 
 use crate::StoreError;
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::OnceLock;
 
@@ -102,6 +103,43 @@ impl<'a> Columns<'a> {
         }
         c
     }
+}
+
+/// The entries of an ack's log that belong to the deliveries the ack took (`taken`: the
+/// (unit, lane) pairs it served, or landed on a dead letter an operator wrote meanwhile),
+/// each pair's first entry only. An ack sent again (a retried commit whose answer was lost),
+/// or a pair handed over twice in one batch, takes nothing more and so logs nothing more.
+/// Borrows `log` when every entry stays (the common case).
+pub(crate) fn taken_once(
+    log: &[DeliveryLogEntry],
+    mut taken: Vec<(UnitId, StoreLaneId)>,
+) -> Cow<'_, [DeliveryLogEntry]> {
+    if log.is_empty() {
+        return Cow::Borrowed(log);
+    }
+    taken.sort_unstable();
+    taken.dedup();
+    let mut logged = vec![false; taken.len()];
+    let keep: Vec<bool> = log
+        .iter()
+        .map(|e| match taken.binary_search(&(e.unit, e.lane)) {
+            Ok(i) if !logged[i] => {
+                logged[i] = true;
+                true
+            }
+            _ => false,
+        })
+        .collect();
+    if keep.iter().all(|k| *k) {
+        return Cow::Borrowed(log);
+    }
+    Cow::Owned(
+        log.iter()
+            .zip(keep)
+            .filter(|(_, k)| *k)
+            .map(|(e, _)| e.clone())
+            .collect(),
+    )
 }
 
 /// Writes `entries` for `actor` in the caller's transaction: one statement per entry on

@@ -161,8 +161,9 @@ impl<B: Backend> DriverStore for B {
         let retention = self.common().ack_retention.is_some();
         match B::DIALECT {
             Dialect::Sqlite => fenced(self, token, true, |db| {
-                sqlite_path::ack(db, token, delivered, retention)?;
-                delivery_log::write(db, token.actor().as_str(), log)
+                let taken = sqlite_path::ack(db, token, delivered, retention)?;
+                let log = delivery_log::taken_once(log, taken);
+                delivery_log::write(db, token.actor().as_str(), &log)
             }),
             Dialect::Postgres => pg_path::ack(self, token, delivered, log, retention),
         }

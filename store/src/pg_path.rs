@@ -19,7 +19,7 @@ use crate::types::{
 };
 use crate::units::STATE_PENDING;
 use crate::util::{key_of, timestamp_of, to_i64, to_u32, to_u64};
-use crate::{StoreError, slots};
+use crate::{StoreError, delivery_log, slots};
 
 /// The drain-slot check as an SQL condition on `$1` (actor) and `$2` (fencing token), for
 /// statements that fence themselves instead of spending a round trip on
@@ -71,7 +71,7 @@ macro_rules! ack_one_lane {
     ($finish:literal) => {
         concat!(
             ack_one_lane!(@ctes $finish),
-            " SELECT EXISTS (SELECT 1 FROM f), (SELECT joined FROM j), (SELECT count(*) FROM s)"
+            " SELECT EXISTS (SELECT 1 FROM f), (SELECT joined FROM j), ARRAY(SELECT id FROM s)"
         )
     };
     ($finish:literal, logged) => {
@@ -84,8 +84,8 @@ macro_rules! ack_one_lane {
                g.body, TRUE FROM unnest($5::text[], $6::bigint[], $7::bigint[], $8::bigint[], \
                  $9::bigint[], $10::bigint[], $11::bigint[], $12::text[], $13::text[]) \
                  AS g(row_id, unit, lane, attempt, started, took, status, class, body) \
-               WHERE EXISTS (SELECT 1 FROM f)) \
-             SELECT EXISTS (SELECT 1 FROM f), (SELECT joined FROM j), (SELECT count(*) FROM s)"
+               WHERE EXISTS (SELECT 1 FROM s WHERE s.id = g.unit)) \
+             SELECT EXISTS (SELECT 1 FROM f), (SELECT joined FROM j), ARRAY(SELECT id FROM s)"
         )
     };
 }
@@ -179,14 +179,15 @@ static CLAIM_JOINED: Sql = Sql::new(
                      JOIN ol_lanes l ON l.id = d.lane_id ORDER BY d.unit, d.lane_id",
 );
 
-/// The joined units' other lanes served, and the heads acked on their own lane.
+/// The joined units' other lanes served, and the heads acked on their own lane (the last
+/// column says which).
 static ACK_JOINED_OTHER_LANES: Sql = Sql::new(
     "WITH a AS (SELECT * FROM unnest($1::bigint[], $2::bigint[]) AS a(unit, lane)), \
                  o AS (UPDATE ol_units d SET state = 1 FROM a \
                    WHERE d.unit_id = a.unit AND d.lane_id = a.lane AND d.state = 0 AND d.actor = $3 \
-                   RETURNING d.unit_id) \
-                 SELECT unit_id, NULL::bigint FROM o \
-                 UNION ALL SELECT h.id, h.lane_id FROM a JOIN ol_units h ON h.id = a.unit AND h.lane_id = a.lane \
+                   RETURNING d.unit_id, d.lane_id) \
+                 SELECT unit_id, lane_id, FALSE FROM o \
+                 UNION ALL SELECT h.id, h.lane_id, TRUE FROM a JOIN ol_units h ON h.id = a.unit AND h.lane_id = a.lane \
                    WHERE h.unit_id IS NULL AND h.state = 0 AND h.actor = $3",
 );
 
@@ -432,8 +433,11 @@ pub(crate) fn claim(
 /// goes with its last unit; the statement's snapshot still shows the units it deletes, so that
 /// check skips them by id.
 ///
+/// With `log`, the statement writes the entries of the units it finished (an ack sent again
+/// finishes nothing, and logs nothing).
+///
 /// Returns whether the token was live, whether a unit is joined (then nothing was written:
-/// run [`ack_joined`]) and how many units it finished.
+/// run [`ack_joined`]) and the units it finished.
 fn ack_one_lane(
     db: &mut impl Db,
     token: &SlotToken,
@@ -441,67 +445,49 @@ fn ack_one_lane(
     lanes: &Vec<i64>,
     log: &[crate::types::DeliveryLogEntry],
     retention: bool,
-) -> Result<(bool, bool, usize), StoreError> {
-    let read = |r: &dyn crate::db::Get| {
-        Ok((
-            r.flag(0)?,
-            r.flag(1)?,
-            usize::try_from(r.int(2)?).unwrap_or(0),
-        ))
-    };
-    if !log.is_empty() {
+) -> Result<(bool, bool, Vec<i64>), StoreError> {
+    let read =
+        |r: &dyn crate::db::Get| Ok((r.flag(0)?, r.flag(1)?, r.opt_ints(2)?.unwrap_or_default()));
+    let (actor, fencing) = (token.actor().as_str(), to_i64(token.fencing()));
+    if log.is_empty() {
         let sql = if retention {
-            &ACK_ONE_LANE_RETAIN_LOGGED
+            &ACK_ONE_LANE_RETAIN
         } else {
-            &ACK_ONE_LANE_DELETE_LOGGED
+            &ACK_ONE_LANE_DELETE
         };
-        let c = crate::delivery_log::Columns::of(log);
-        return db.query_one(
-            sql,
-            args![
-                token.actor().as_str(),
-                to_i64(token.fencing()),
-                units,
-                lanes,
-                &c.row_ids,
-                &c.units,
-                &c.lanes,
-                &c.attempts,
-                &c.started,
-                &c.took,
-                &c.status,
-                &c.class,
-                &c.body
-            ],
-            read,
-        );
+        return db.query_one(sql, args![actor, fencing, units, lanes], read);
     }
     let sql = if retention {
-        &ACK_ONE_LANE_RETAIN
+        &ACK_ONE_LANE_RETAIN_LOGGED
     } else {
-        &ACK_ONE_LANE_DELETE
+        &ACK_ONE_LANE_DELETE_LOGGED
     };
+    let c = crate::delivery_log::Columns::of(log);
     db.query_one(
         sql,
         args![
-            token.actor().as_str(),
-            to_i64(token.fencing()),
+            actor,
+            fencing,
             units,
-            lanes
+            lanes,
+            &c.row_ids,
+            &c.units,
+            &c.lanes,
+            &c.attempts,
+            &c.started,
+            &c.took,
+            &c.status,
+            &c.class,
+            &c.body
         ],
-        |r| {
-            Ok((
-                r.flag(0)?,
-                r.flag(1)?,
-                usize::try_from(r.int(2)?).unwrap_or(0),
-            ))
-        },
+        read,
     )
 }
 
 /// Acks of one-lane units `$3` in lanes `$4` that were no longer pending (OL-14): each lands
 /// on the dead letter an operator wrote for it while its attempt was in flight, if there is
-/// one (see [`crate::set_aside::delivered_on_set_aside`]), in one statement.
+/// one (see [`crate::set_aside::delivered_on_set_aside`]), in one statement; returns the pairs
+/// it recorded (an ack sent again records nothing more).
 static DELIVERED_ON_SET_ASIDE: Sql = Sql::new(concat!(
     "UPDATE ol_dead_letters d SET attempts = d.attempts + 1, last_status = NULL, last_error = $2, \
      first_attempt_at = coalesce(d.first_attempt_at, {now}), last_attempt_at = {now} \
@@ -510,32 +496,36 @@ static DELIVERED_ON_SET_ASIDE: Sql = Sql::new(concat!(
        WHERE x.actor = $1 AND x.unit_id = a.unit AND x.lane_id = a.lane \
        AND x.reason IN ",
     crate::set_aside::operator_reasons!(),
-    ")"
+    ") RETURNING a.unit, a.lane"
 ));
 
-/// Acks a batch holding joined units, in the caller's fenced transaction.
+/// Acks a batch holding joined units, in the caller's fenced transaction. Returns the pairs
+/// it served.
 fn ack_joined(
     db: &mut impl Db,
     actor: &str,
     units: &Vec<i64>,
     lanes: &Vec<i64>,
     retention: bool,
-) -> Result<(), StoreError> {
+) -> Result<Vec<(i64, i64)>, StoreError> {
     // Each statement writes a row once (Postgres does not let one statement update a row
     // twice): first the other lanes' rows, with a read of the heads acked on their own lane (a
     // one-lane unit's head is its only row)...
+    let served = db.query(&ACK_JOINED_OTHER_LANES, args![units, lanes, actor], |r| {
+        Ok((r.int(0)?, r.int(1)?, r.flag(2)?))
+    })?;
     let mut per_unit: BTreeMap<i64, (i64, Option<i64>)> = BTreeMap::new();
-    for (unit, own) in db.query(&ACK_JOINED_OTHER_LANES, args![units, lanes, actor], |r| {
-        Ok((r.int(0)?, r.opt_int(1)?))
-    })? {
+    for &(unit, lane, head) in &served {
         let e = per_unit.entry(unit).or_insert((0, None));
-        match own {
-            None => e.0 += 1,
-            own => e.1 = own,
+        if head {
+            e.1 = Some(lane);
+        } else {
+            e.0 += 1;
         }
     }
+    let served: Vec<(i64, i64)> = served.into_iter().map(|(u, l, _)| (u, l)).collect();
     if per_unit.is_empty() {
-        return Ok(());
+        return Ok(served);
     }
     // ...then each head once: served on its own lane (if still pending there) and counted
     // down; the units with nothing pending left are finished.
@@ -554,7 +544,7 @@ fn ack_joined(
         .map(|(id, _, row_ref)| (id, row_ref))
         .collect();
     if done.is_empty() {
-        return Ok(());
+        return Ok(served);
     }
     let ids: Vec<i64> = done.iter().map(|d| d.0).collect();
     if retention {
@@ -565,7 +555,7 @@ fn ack_joined(
         // the finished units, so it skips them by id.
         db.execute(&ACK_JOINED_DELETE, args![&ids, &rows])?;
     }
-    Ok(())
+    Ok(served)
 }
 
 /// Marks these recipients served (see [`DriverStore::ack`](crate::DriverStore::ack)): the
@@ -581,27 +571,46 @@ pub(crate) fn ack<B: Backend>(
     let mut pairs = delivered.to_vec();
     pairs.sort();
     pairs.dedup();
+    // One entry per pair of the batch; the statements log only the pairs they take.
+    let log = delivery_log::taken_once(log, pairs.clone());
     let units: Vec<i64> = pairs.iter().map(|(u, _)| to_i64(u.0)).collect();
     let lanes: Vec<i64> = pairs.iter().map(|(_, l)| l.0).collect();
-    let (live, joined, done) =
-        store.read(|db| ack_one_lane(db, token, &units, &lanes, log, retention))?;
+    let (live, joined, mut done) =
+        store.read(|db| ack_one_lane(db, token, &units, &lanes, &log, retention))?;
     if !live {
         return Err(slots::stale(token));
     }
-    if !joined && done == units.len() {
+    if !joined && done.len() == units.len() {
         return Ok(());
     }
     let actor = token.actor().as_str();
     store.write(true, |db| {
         slots::fence(db, token)?;
-        if joined {
-            // The statement above wrote nothing.
-            return ack_joined(db, actor, &units, &lanes, retention);
+        // The pairs taken here: a joined batch's served (the statement above wrote nothing)...
+        let mut taken: Vec<(i64, i64)> = if joined {
+            ack_joined(db, actor, &units, &lanes, retention)?
+        } else {
+            Vec::new()
+        };
+        // ...and the rest, not pending: set aside by an operator while their attempt was in
+        // flight (OL-14), or acked before (an ack sent again, which takes nothing more).
+        done.sort_unstable();
+        taken.sort_unstable();
+        let (mut r_units, mut r_lanes) = (Vec::new(), Vec::new());
+        for (&u, &l) in units.iter().zip(&lanes) {
+            if done.binary_search(&u).is_err() && taken.binary_search(&(u, l)).is_err() {
+                r_units.push(u);
+                r_lanes.push(l);
+            }
         }
-        // Some were not pending: set aside by an operator while their attempt was in flight
-        // (OL-14), or acked before (an ack sent again).
-        let a = args![actor, DELIVERED_AFTER_SET_ASIDE, &units, &lanes];
-        db.execute(&DELIVERED_ON_SET_ASIDE, a)?;
-        Ok(())
+        if !r_units.is_empty() {
+            let a = args![actor, DELIVERED_AFTER_SET_ASIDE, &r_units, &r_lanes];
+            taken.extend(db.query(&DELIVERED_ON_SET_ASIDE, a, |r| Ok((r.int(0)?, r.int(1)?)))?);
+        }
+        let taken = taken
+            .into_iter()
+            .map(|(u, l)| (UnitId(to_u64(u)), StoreLaneId(l)))
+            .collect();
+        delivery_log::write(db, actor, &delivery_log::taken_once(&log, taken))
     })
 }

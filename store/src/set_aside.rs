@@ -55,16 +55,17 @@ static DELIVERED_ON_SET_ASIDE: Sql = Sql::new(concat!(
 ));
 
 /// Records a delivery of a unit that was no longer pending in its lane on the dead letter an
-/// operator wrote for it while the attempt was in flight, if there is one.
+/// operator wrote for it while the attempt was in flight, if there is one. Returns whether it
+/// did (not for an ack sent again: the letter has it already).
 pub(crate) fn delivered_on_set_aside(
     db: &mut impl Db,
     actor: &str,
     unit: i64,
     lane: StoreLaneId,
-) -> Result<(), StoreError> {
-    db.execute(
+) -> Result<bool, StoreError> {
+    let n = db.execute(
         &DELIVERED_ON_SET_ASIDE,
         args![unit, lane.0, actor, DELIVERED_AFTER_SET_ASIDE],
     )?;
-    Ok(())
+    Ok(n > 0)
 }

@@ -231,13 +231,15 @@ static ACK_JOINED_LANE: Sql = Sql::new(
 );
 
 /// Marks these recipients served, in the caller's fenced write transaction (see
-/// [`DriverStore::ack`](crate::DriverStore::ack)).
+/// [`DriverStore::ack`](crate::DriverStore::ack)). Returns the pairs the ack took (served, or
+/// landed on an operator's dead letter), for the delivery log
+/// ([`delivery_log::taken_once`](crate::delivery_log::taken_once)).
 pub(crate) fn ack(
     db: &mut impl Db,
     token: &SlotToken,
     delivered: &[(UnitId, StoreLaneId)],
     retention: bool,
-) -> Result<(), StoreError> {
+) -> Result<Vec<(UnitId, StoreLaneId)>, StoreError> {
     let actor = token.actor().as_str();
     // Shared payloads (rows fanned out to many recipients keep theirs in `ol_rows`) that may
     // have lost their last unit; the retention keeps every head, and so every payload.
@@ -253,23 +255,27 @@ pub(crate) fn ack(
         db.query(&ACK_ROWS, args![ids.as_str()], |r| r.int(0))?
     };
     let one = if retention { &ACK_RETAIN } else { &ACK_ONE };
-    for (unit, lane) in delivered {
-        let unit = to_i64(unit.0);
+    let mut taken = Vec::with_capacity(delivered.len());
+    for &(id, lane) in delivered {
+        let unit = to_i64(id.0);
         let a = args![unit, lane.0, actor];
-        if db.execute(one, a)? == 1 {
-            continue;
-        }
-        // A joined unit: this lane is served; the unit finishes with its last lane.
-        if db.execute(&ACK_JOINED_LANE, a)? == 1 {
+        let took = if db.execute(one, a)? == 1 {
+            true
+        } else if db.execute(&ACK_JOINED_LANE, a)? == 1 {
+            // A joined unit: this lane is served; the unit finishes with its last lane.
             units::settle(db, unit, retention)?;
+            true
         } else {
             // Not pending: set aside by an operator while the attempt was in flight (OL-14),
             // or an ack sent again.
-            set_aside::delivered_on_set_aside(db, actor, unit, *lane)?;
+            set_aside::delivered_on_set_aside(db, actor, unit, lane)?
+        };
+        if took {
+            taken.push((id, lane));
         }
     }
     for row_ref in rows {
         units::drop_row_if_unused(db, row_ref)?;
     }
-    Ok(())
+    Ok(taken)
 }

@@ -65,6 +65,7 @@ contract!(
     delivery_log_keeps_attempts_and_answers_rows,
     delivery_log_off_writes_nothing,
     delivery_log_batches_of_many_acks,
+    delivery_log_counts_an_ack_sent_again_once,
 );
 
 /// `close_holder` after a clean stop (no slot held) leaves nothing of the holder's liveness
@@ -150,6 +151,8 @@ fn delivery_log_batches_of_many_acks(b: Backend) {
             })
             .collect();
         s.ack_logged(&t, &acks, &log).expect("ack");
+        // Sent again (a commit whose answer was lost): the units are gone, nothing more logged.
+        s.ack_logged(&t, &acks, &log).expect("ack again");
         for (i, u) in units.iter().enumerate() {
             let got = s.delivery_log(&a, &u.row_id).expect("log");
             assert_eq!(got.len(), 1, "{}", u.row_id);
@@ -160,6 +163,102 @@ fn delivery_log_batches_of_many_acks(b: Backend) {
             assert_eq!(got[0].recipient, C);
         }
         let _ = s.release_slot(&t).expect("release");
+    });
+}
+
+/// An ack sent again (a retried commit whose answer was lost, a pair handed over twice in one
+/// batch) logs its deliveries once: one-lane units and a joined unit's lanes in one batch (the
+/// joined path on Postgres), a unit set aside while its attempt was in flight.
+fn delivery_log_counts_an_ack_sent_again_once(b: Backend) {
+    run(b, CommonOptions::default(), |h| {
+        let s = &*h.store;
+        let a = actor("alice");
+        let joined = NewRow {
+            joined: true,
+            ..row("j", &[A, B])
+        };
+        s.enqueue(
+            &a,
+            &[row("m0", &[C]), row("m1", &[C]), joined, row("p", &[C])],
+        )
+        .expect("enqueue");
+        let t = acquire(s, &a, "h", LEASE);
+        let (la, lb, lc) = (lane_of(s, &a, A), lane_of(s, &a, B), lane_of(s, &a, C));
+        let claimed = claim_lane(s, &t, lc, 0, 10);
+        assert_eq!(row_ids(&claimed), ["m0", "m1", "p"]);
+        let uc = claimed.units;
+        let j = claim_lane(s, &t, la, 0, 10).units[0].id;
+        let entry = |unit: UnitId, lane: StoreLaneId, row: &str| DeliveryLogEntry {
+            status: Some(202),
+            delivered: true,
+            ..log_entry(unit, lane, row, 1)
+        };
+        let entries = |row: &str| s.delivery_log(&a, row).expect("log").len();
+
+        let acks = [(uc[0].id, lc), (uc[1].id, lc), (j, la)];
+        let log = [
+            entry(uc[0].id, lc, "m0"),
+            entry(uc[1].id, lc, "m1"),
+            entry(j, la, "j"),
+        ];
+        for _ in 0..2 {
+            s.ack_logged(&t, &acks, &log).expect("ack");
+        }
+        // Then m0 twice in one batch.
+        s.ack_logged(&t, &[acks[0], acks[0]], &[log[0].clone(), log[0].clone()])
+            .expect("ack");
+        assert_eq!((entries("m0"), entries("m1"), entries("j")), (1, 1, 1));
+        for _ in 0..2 {
+            s.ack_logged(&t, &[(j, lb)], &[entry(j, lb, "j")])
+                .expect("ack b");
+        }
+        let lanes: Vec<_> = s
+            .delivery_log(&a, "j")
+            .expect("log")
+            .iter()
+            .map(|e| e.lane)
+            .collect();
+        assert!(
+            lanes.len() == 2 && lanes.contains(&la) && lanes.contains(&lb),
+            "{lanes:?}"
+        );
+
+        // p set aside while in flight, then delivered (in a batch with a joined unit, k):
+        // logged once, its dead letter says so.
+        let joined = NewRow {
+            joined: true,
+            ..row("k", &[A, B])
+        };
+        s.enqueue(&a, &[joined]).expect("enqueue");
+        let k = claim_lane(s, &t, la, 0, 10).units[0].id;
+        assert_eq!(s.purge_lane(lc, now()).expect("purge"), 1);
+        for _ in 0..2 {
+            s.ack_logged(
+                &t,
+                &[(uc[2].id, lc), (k, la)],
+                &[entry(uc[2].id, lc, "p"), entry(k, la, "k")],
+            )
+            .expect("ack p");
+        }
+        assert_eq!((entries("p"), entries("k")), (1, 1));
+        s.ack_logged(&t, &[(k, lb)], &[entry(k, lb, "k")])
+            .expect("ack k");
+        let dead = s.dead_letters(Some(&a)).expect("dead letters");
+        assert_eq!(
+            (dead.len(), dead[0].attempts, dead[0].last_error.as_deref()),
+            (1, 1, Some(DELIVERED_AFTER_SET_ASIDE))
+        );
+
+        // A new unit handed over twice in its first batch.
+        s.enqueue(&a, &[row("q", &[C])]).expect("enqueue");
+        let q = claim_lane(s, &t, lc, 0, 10).units[0].id;
+        let e = entry(q, lc, "q");
+        s.ack_logged(&t, &[(q, lc), (q, lc)], &[e.clone(), e])
+            .expect("ack q");
+        assert_eq!(entries("q"), 1);
+        let _ = s.release_slot(&t).expect("release");
+        let st = s.status().expect("status");
+        assert!(st.iter().all(|a| a.pending == 0), "{st:?}");
     });
 }
 
