@@ -234,11 +234,99 @@ fn a_hanging_host_holds_half_the_budget_at_most_and_timeouts_shrink_it() {
     assert_eq!(book.load(h), (0, 14));
 }
 
-/// A host that never answers (it accepts and hangs) keeps its first-contact window: its
-/// lanes' attempts wait out their timeouts side by side, not one after another.
+/// A host that has never answered in this process and times out (it accepts and hangs) is
+/// judged as a dead one (issue 43: 40 such origins held ~31 % of a 20x drain's budget, each
+/// lane's attempts taking a place for the whole timeout, again at every lane's retry): its
+/// first contact goes side by side, their timeouts count as failures in a row, and after three
+/// it backs off, one probe per interval, a timed-out probe extending it. Any answer reopens
+/// it; from then on it is judged by its window (the next test), so one hanging inbox on a
+/// server that answers the others does not hold its other lanes back.
 #[test]
-fn a_host_that_never_answers_keeps_its_first_contact_window() {
-    let mut book = HostBook::new(HostConfig::default(), 13);
+fn a_host_that_never_answers_backs_off_after_three_timeouts_and_probes() {
+    let mut book = HostBook::new(
+        HostConfig {
+            max_in_flight: 256,
+            ..HostConfig::default()
+        },
+        13,
+    );
+    let h = book.host(A);
+    let timeout = Some("timeout: no answer within 30s");
+    // First contact: five lanes' heads at once, side by side.
+    let out: Vec<HostTicket> = (0..5).map(|_| go(&mut book, h, t(0))).collect();
+    book.handle_end(out[0], HostEnd::TimedOut, timeout, None, t(30_000));
+    // Failing: the next attempt waits for what is in flight.
+    assert_eq!(book.handle_attempt(h, t(30_000)), HostAnswer::Wait);
+    book.handle_end(out[1], HostEnd::TimedOut, timeout, None, t(30_001));
+    assert!(events(&mut book).is_empty());
+    book.handle_end(out[2], HostEnd::TimedOut, timeout, None, t(30_002));
+    let ev = events(&mut book);
+    let HostEvent::BackedOff {
+        failures: 3, wait, ..
+    } = ev[0]
+    else {
+        panic!("{ev:?}")
+    };
+    assert!(wait >= Duration::from_secs(8) && wait <= Duration::from_secs(12));
+    // The last two of the first contact end while it backs off: counted, not extending it.
+    book.handle_end(out[3], HostEnd::TimedOut, timeout, None, t(30_003));
+    book.handle_end(out[4], HostEnd::TimedOut, timeout, None, t(30_004));
+    assert!(events(&mut book).is_empty());
+    let s = book.state(h);
+    assert_eq!((s.failures, s.level), (5, 1));
+    assert_eq!(s.last_error.as_deref(), timeout);
+    assert!(matches!(
+        book.handle_attempt(h, t(30_005)),
+        HostAnswer::Defer {
+            why: Deferral::BackingOff,
+            ..
+        }
+    ));
+    // Due: one probe; it times out too: level 2.
+    let due = t(30_002) + wait;
+    let probe = go(&mut book, h, due);
+    assert!(probe.probe());
+    assert!(matches!(
+        book.handle_attempt(h, due),
+        HostAnswer::Defer {
+            why: Deferral::ProbeOut,
+            ..
+        }
+    ));
+    book.handle_end(
+        probe,
+        HostEnd::TimedOut,
+        timeout,
+        None,
+        due + Duration::from_secs(30),
+    );
+    let ev = events(&mut book);
+    let HostEvent::ProbeFailed { level: 2, wait, .. } = ev[0] else {
+        panic!("{ev:?}")
+    };
+    // The next probe is answered: open again, with the window of a host that answered.
+    let due = due + Duration::from_secs(30) + wait;
+    let probe = go(&mut book, h, due);
+    book.handle_end(probe, HostEnd::Answered, None, None, due);
+    assert_eq!(
+        events(&mut book),
+        [HostEvent::Reopened { host: h, level: 2 }]
+    );
+    assert_eq!(book.state(h).failures, 0);
+    assert_eq!(book.load(h), (0, 128));
+}
+
+/// With host health off (`failures` 0), a host that never answers keeps its first-contact
+/// window: its lanes' attempts wait out their timeouts side by side, not one after another.
+#[test]
+fn without_health_a_host_that_never_answers_keeps_its_first_contact_window() {
+    let mut book = HostBook::new(
+        HostConfig {
+            failures: 0,
+            ..HostConfig::default()
+        },
+        13,
+    );
     let h = book.host(A);
     for round in 0..3 {
         let out: Vec<HostTicket> = (0..5)

@@ -246,7 +246,7 @@ impl Gate {
                         failures,
                         error = s.last_error.as_deref(),
                         next_probe_in_ms = millis(wait),
-                        "host backing off after connection failures in a row"
+                        "host backing off after failures in a row (connections, or timeouts of a host that has not answered)"
                     );
                 }
                 HostEvent::ProbeFailed { host, level, wait } => {

@@ -461,7 +461,8 @@ const HOSTS_ABOUT: &str = "Per recipient host (origin: scheme, host and port): i
     health, lanes, pending units, last connection error, next probe and signature scheme; or an \
     operator's action on one.\n\n\
     A host whose connections keep failing (refused, reset before an answer, DNS, TLS handshake, \
-    connect timeout: --host-failures in a row, across every lane and actor) backs off: its lanes \
+    connect timeout; or no answer within --timeout from a host that has not answered since the \
+    process started: --host-failures in a row, across every lane and actor) backs off: its lanes \
     hold without attempts, one probe goes per interval, and an answer reopens them all. STATE is \
     `open`, `failing` (failures in a row, below the threshold), `backoff`, `blocked` or \
     `blocked (dead letters)`. An ORIGIN is written `https://host[:port]` (or any URL on it, or a \

@@ -5,7 +5,9 @@
 //! it keeps:
 //!
 //! - **Health** (OL-21): connection-level failures in a row (refused, reset before an answer,
-//!   name resolution, TLS handshake, connect timeout), counted across every lane and actor.
+//!   name resolution, TLS handshake, connect timeout), counted across every lane and actor;
+//!   a timeout (connected, no answer) counts too while the host has not answered in this
+//!   process, and for a probe.
 //!   After [`HostConfig::failures`] of them the host **backs off**: `backoff_base` doubled per
 //!   failed probe, capped at `backoff_cap`, jittered (the functions lanes use:
 //!   [`doubling`], [`jittered`]). Its
@@ -24,7 +26,9 @@
 //!   and then hangs holds at most half the budget, and every other host's attempts keep
 //!   starting beside it; its timeouts then shrink it back to what a host never seen gets (no
 //!   further: its lanes' attempts would wait for each other's timeouts, and a drain that
-//!   waits for them would take a timeout per lane instead of one). (A host that answered long enough
+//!   waits for them would take a timeout per lane instead of one). A host that never
+//!   answered does not keep its first contact in flight forever: its timeouts count as
+//!   failures, and after [`HostConfig::failures`] of them it backs off as a dead host does. (A host that answered long enough
 //!   to fill the whole budget and then hangs holds it until its timeouts: the budget is
 //!   never taken back from attempts in flight.) After a connection failure, and while its
 //!   signature scheme is being learned, a host takes one attempt at a time.
@@ -322,7 +326,8 @@ pub enum HostEnd {
     /// A connection-level failure: refused, reset or closed before an answer, name
     /// resolution, TLS handshake, connect timeout.
     ConnectionFailed,
-    /// Connected, but no answer within the timeout: the host may hang.
+    /// Connected, but no answer within the timeout: the host may hang. Counted as a failure
+    /// while the host has not answered in this process, and for a probe.
     TimedOut,
     /// Nothing the host did (not sent, a refused address, a failure on our side).
     Silent,
@@ -664,10 +669,16 @@ impl HostBook {
                     .clamp(1, self.cfg.max_in_flight.max(1));
                 let h = self.get_mut(host);
                 let window = (h.window / 2).max(floor);
+                let opened = h.opened;
                 if window < h.window {
                     h.window = window;
                     self.events
                         .push_back(HostEvent::WindowShrunk { host, window });
+                }
+                // A host that never answered in this process, or a probe, timing out: judged
+                // as a dead host (a place held for a whole timeout per lane and retry, else).
+                if self.cfg.failures > 0 && (!opened || ticket.probe) {
+                    self.connection_failed(host, ticket.probe, error, now);
                 }
             }
             HostEnd::ConnectionFailed | HostEnd::Silent => {}
