@@ -105,6 +105,50 @@ impl<'a> Columns<'a> {
     }
 }
 
+/// A one-statement ack's log columns, aligned with its units (Postgres): entry `i` belongs to
+/// unit `i` in its lane; a NULL row id (and empty columns) where a unit has none. The statement
+/// writes the entries of the units it finishes from its own result, with no join.
+pub(crate) struct Aligned<'a> {
+    pub(crate) row_ids: Vec<Option<&'a str>>,
+    pub(crate) attempts: Vec<i64>,
+    pub(crate) started: Vec<i64>,
+    pub(crate) took: Vec<i64>,
+    pub(crate) status: Vec<Option<i64>>,
+    pub(crate) class: Vec<Option<&'a str>>,
+    pub(crate) body: Vec<Option<&'a str>>,
+}
+
+impl<'a> Aligned<'a> {
+    /// `units` and `lanes` sorted by (unit, lane), as the ack sorts its pairs; `log` at most
+    /// one entry per pair ([`taken_once`]).
+    pub(crate) fn of(units: &[i64], lanes: &[i64], log: &'a [DeliveryLogEntry]) -> Aligned<'a> {
+        let n = units.len();
+        let mut c = Aligned {
+            row_ids: vec![None; n],
+            attempts: vec![0; n],
+            started: vec![0; n],
+            took: vec![0; n],
+            status: vec![None; n],
+            class: vec![None; n],
+            body: vec![None; n],
+        };
+        let pairs: Vec<(i64, i64)> = units.iter().copied().zip(lanes.iter().copied()).collect();
+        for e in log {
+            let Ok(i) = pairs.binary_search(&(to_i64(e.unit.0), e.lane.0)) else {
+                continue;
+            };
+            c.row_ids[i] = Some(&e.row_id);
+            c.attempts[i] = i64::from(e.attempt);
+            c.started[i] = millis_of(e.started_at);
+            c.took[i] = to_i64(e.duration_ms);
+            c.status[i] = e.status.map(i64::from);
+            c.class[i] = e.error_class.as_deref();
+            c.body[i] = e.body.as_deref().map(log_excerpt);
+        }
+        c
+    }
+}
+
 /// The entries of an ack's log that belong to the deliveries the ack took (`taken`: the
 /// (unit, lane) pairs it served, or landed on a dead letter an operator wrote meanwhile),
 /// each pair's first entry only. An ack sent again (a retried commit whose answer was lost),

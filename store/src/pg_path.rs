@@ -52,7 +52,7 @@ macro_rules! payload_of_d {
 /// and with `logged` the statement also writes their delivery-log entries.
 macro_rules! ack_one_lane {
     // The common part: the slot, whether joined units exist, the finish and the rows freed.
-    (@ctes $finish:literal) => {
+    (@ctes $finish:expr) => {
         concat!(
             "WITH f AS (",
             live_slot!(),
@@ -68,23 +68,23 @@ macro_rules! ack_one_lane {
                AND NOT EXISTS (SELECT 1 FROM ol_dead_letters x WHERE x.row_ref = r.id OFFSET 0))"
         )
     };
-    ($finish:literal) => {
+    ($finish:expr) => {
         concat!(
             ack_one_lane!(@ctes $finish),
             " SELECT EXISTS (SELECT 1 FROM f), (SELECT joined FROM j), ARRAY(SELECT id FROM s)"
         )
     };
-    ($finish:literal, logged) => {
+    // `$finish` returns each finished unit's log entry (`$5`…`$11`, aligned with the units;
+    // a NULL row id where a unit has none): the log is written from the statement's own result,
+    // only for the units it finished, with no join.
+    ($finish:expr, logged) => {
         concat!(
             ack_one_lane!(@ctes $finish),
             ", \
              g AS (INSERT INTO ol_delivery_log (actor, row_id, unit_id, lane_id, attempt, started_at, \
                duration_ms, status, error_class, body, delivered) \
-               SELECT $1, g.row_id, g.unit, g.lane, g.attempt, g.started, g.took, g.status, g.class, \
-               g.body, TRUE FROM unnest($5::text[], $6::bigint[], $7::bigint[], $8::bigint[], \
-                 $9::bigint[], $10::bigint[], $11::bigint[], $12::text[], $13::text[]) \
-                 AS g(row_id, unit, lane, attempt, started, took, status, class, body) \
-               WHERE EXISTS (SELECT 1 FROM s WHERE s.id = g.unit)) \
+               SELECT $1, s.log_row_id, s.id, s.lane, s.attempt, s.started, s.took, s.status, \
+               s.class, s.body, TRUE FROM s WHERE s.log_row_id IS NOT NULL) \
              SELECT EXISTS (SELECT 1 FROM f), (SELECT joined FROM j), ARRAY(SELECT id FROM s)"
         )
     };
@@ -104,23 +104,47 @@ static ACK_ONE_LANE_DELETE: Sql = Sql::new(ack_one_lane!(
      AND d.state = 0 AND d.lanes = 1 AND d.actor = $1 RETURNING d.id, d.row_ref"
 ));
 
-/// [`ACK_ONE_LANE_DELETE`] writing the delivery log's entries too (`$5`…`$13`), in the same
+/// The units `$3` in lanes `$4` with their log entries' columns, aligned (see
+/// [`crate::delivery_log::Aligned`]).
+macro_rules! units_with_log {
+    () => {
+        "unnest($3::bigint[], $4::bigint[], $5::text[], $6::bigint[], $7::bigint[], $8::bigint[], \
+           $9::bigint[], $10::text[], $11::text[]) \
+           AS a(id, lane, log_row_id, attempt, started, took, status, class, body)"
+    };
+}
+
+/// The log columns a logged finish returns.
+macro_rules! log_returned {
+    () => {
+        "a.lane, a.log_row_id, a.attempt, a.started, a.took, a.status, a.class, a.body"
+    };
+}
+
+/// [`ACK_ONE_LANE_DELETE`] writing the delivery log's entries too (`$5`…`$11`), in the same
 /// statement: the log costs no round trip.
 static ACK_ONE_LANE_DELETE_LOGGED: Sql = Sql::new(ack_one_lane!(
-    "DELETE FROM ol_units d USING unnest($3::bigint[], $4::bigint[]) AS a(id, lane) \
-     WHERE NOT (SELECT joined FROM j) AND EXISTS (SELECT 1 FROM f) \
-     AND d.id = a.id AND d.lane_id = a.lane AND d.unit_id IS NULL \
-     AND d.state = 0 AND d.lanes = 1 AND d.actor = $1 RETURNING d.id, d.row_ref",
+    concat!(
+        "DELETE FROM ol_units d USING ",
+        units_with_log!(),
+        " WHERE NOT (SELECT joined FROM j) AND EXISTS (SELECT 1 FROM f) \
+         AND d.id = a.id AND d.lane_id = a.lane AND d.unit_id IS NULL \
+         AND d.state = 0 AND d.lanes = 1 AND d.actor = $1 RETURNING d.id, d.row_ref, ",
+        log_returned!()
+    ),
     logged
 ));
 
 /// [`ACK_ONE_LANE_RETAIN`] writing the delivery log's entries too.
 static ACK_ONE_LANE_RETAIN_LOGGED: Sql = Sql::new(ack_one_lane!(
-    "UPDATE ol_units d SET state = 1, pending = 0, acked_at = {now}, lane_id = NULL \
-     FROM unnest($3::bigint[], $4::bigint[]) AS a(id, lane) \
-     WHERE NOT (SELECT joined FROM j) AND EXISTS (SELECT 1 FROM f) \
-     AND d.id = a.id AND d.lane_id = a.lane AND d.unit_id IS NULL \
-     AND d.state = 0 AND d.lanes = 1 AND d.actor = $1 RETURNING d.id, NULL::bigint AS row_ref",
+    concat!(
+        "UPDATE ol_units d SET state = 1, pending = 0, acked_at = {now}, lane_id = NULL FROM ",
+        units_with_log!(),
+        " WHERE NOT (SELECT joined FROM j) AND EXISTS (SELECT 1 FROM f) \
+         AND d.id = a.id AND d.lane_id = a.lane AND d.unit_id IS NULL \
+         AND d.state = 0 AND d.lanes = 1 AND d.actor = $1 RETURNING d.id, NULL::bigint AS row_ref, ",
+        log_returned!()
+    ),
     logged
 ));
 
@@ -462,7 +486,7 @@ fn ack_one_lane(
     } else {
         &ACK_ONE_LANE_DELETE_LOGGED
     };
-    let c = crate::delivery_log::Columns::of(log);
+    let c = crate::delivery_log::Aligned::of(units, lanes, log);
     db.query_one(
         sql,
         args![
@@ -471,8 +495,6 @@ fn ack_one_lane(
             units,
             lanes,
             &c.row_ids,
-            &c.units,
-            &c.lanes,
             &c.attempts,
             &c.started,
             &c.took,
