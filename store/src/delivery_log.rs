@@ -60,9 +60,10 @@ static INSERT_BATCH_PG: Sql = Sql::new(
        AS g(row_id, unit, lane, attempt, started, took, status, class, body, delivered)",
 );
 
-/// The arrays of a batch, bound in the order [`INSERT_BATCH_PG`] takes them.
+/// The arrays of a batch, bound in the order [`INSERT_BATCH_PG`] takes them; or a
+/// one-statement ack's log columns aligned with its units ([`Columns::aligned`]).
 pub(crate) struct Columns<'a> {
-    pub(crate) row_ids: Vec<&'a str>,
+    pub(crate) row_ids: Vec<Option<&'a str>>,
     pub(crate) units: Vec<i64>,
     pub(crate) lanes: Vec<i64>,
     pub(crate) attempts: Vec<i64>,
@@ -76,7 +77,33 @@ pub(crate) struct Columns<'a> {
 
 impl<'a> Columns<'a> {
     pub(crate) fn of(entries: &'a [DeliveryLogEntry]) -> Columns<'a> {
-        let n = entries.len();
+        Columns::of_slots(entries.len(), entries.iter().map(Some))
+    }
+
+    /// A one-statement ack's log columns (Postgres), aligned with its units: entry `i`
+    /// belongs to unit `i` in its lane, a NULL row id (and empty columns) where a unit has
+    /// none, so the statement writes the entries of the units it finishes from its own
+    /// result, with no join. `units` and `lanes` sorted by (unit, lane), as the ack sorts its
+    /// pairs; `log` at most one entry per pair ([`taken_once`]).
+    pub(crate) fn aligned(
+        units: &[i64],
+        lanes: &[i64],
+        log: &'a [DeliveryLogEntry],
+    ) -> Columns<'a> {
+        let pairs: Vec<(i64, i64)> = units.iter().copied().zip(lanes.iter().copied()).collect();
+        let mut slots = vec![None; pairs.len()];
+        for e in log {
+            if let Ok(i) = pairs.binary_search(&(to_i64(e.unit.0), e.lane.0)) {
+                slots[i] = Some(e);
+            }
+        }
+        Columns::of_slots(slots.len(), slots.into_iter())
+    }
+
+    fn of_slots(
+        n: usize,
+        slots: impl Iterator<Item = Option<&'a DeliveryLogEntry>>,
+    ) -> Columns<'a> {
         let mut c = Columns {
             row_ids: Vec::with_capacity(n),
             units: Vec::with_capacity(n),
@@ -89,61 +116,18 @@ impl<'a> Columns<'a> {
             body: Vec::with_capacity(n),
             delivered: Vec::with_capacity(n),
         };
-        for e in entries {
-            c.row_ids.push(&e.row_id);
-            c.units.push(to_i64(e.unit.0));
-            c.lanes.push(e.lane.0);
-            c.attempts.push(i64::from(e.attempt));
-            c.started.push(millis_of(e.started_at));
-            c.took.push(to_i64(e.duration_ms));
-            c.status.push(e.status.map(i64::from));
-            c.class.push(e.error_class.as_deref());
-            c.body.push(e.body.as_deref().map(log_excerpt));
-            c.delivered.push(i64::from(e.delivered));
-        }
-        c
-    }
-}
-
-/// A one-statement ack's log columns, aligned with its units (Postgres): entry `i` belongs to
-/// unit `i` in its lane; a NULL row id (and empty columns) where a unit has none. The statement
-/// writes the entries of the units it finishes from its own result, with no join.
-pub(crate) struct Aligned<'a> {
-    pub(crate) row_ids: Vec<Option<&'a str>>,
-    pub(crate) attempts: Vec<i64>,
-    pub(crate) started: Vec<i64>,
-    pub(crate) took: Vec<i64>,
-    pub(crate) status: Vec<Option<i64>>,
-    pub(crate) class: Vec<Option<&'a str>>,
-    pub(crate) body: Vec<Option<&'a str>>,
-}
-
-impl<'a> Aligned<'a> {
-    /// `units` and `lanes` sorted by (unit, lane), as the ack sorts its pairs; `log` at most
-    /// one entry per pair ([`taken_once`]).
-    pub(crate) fn of(units: &[i64], lanes: &[i64], log: &'a [DeliveryLogEntry]) -> Aligned<'a> {
-        let n = units.len();
-        let mut c = Aligned {
-            row_ids: vec![None; n],
-            attempts: vec![0; n],
-            started: vec![0; n],
-            took: vec![0; n],
-            status: vec![None; n],
-            class: vec![None; n],
-            body: vec![None; n],
-        };
-        let pairs: Vec<(i64, i64)> = units.iter().copied().zip(lanes.iter().copied()).collect();
-        for e in log {
-            let Ok(i) = pairs.binary_search(&(to_i64(e.unit.0), e.lane.0)) else {
-                continue;
-            };
-            c.row_ids[i] = Some(&e.row_id);
-            c.attempts[i] = i64::from(e.attempt);
-            c.started[i] = millis_of(e.started_at);
-            c.took[i] = to_i64(e.duration_ms);
-            c.status[i] = e.status.map(i64::from);
-            c.class[i] = e.error_class.as_deref();
-            c.body[i] = e.body.as_deref().map(log_excerpt);
+        for e in slots {
+            c.row_ids.push(e.map(|e| e.row_id.as_str()));
+            c.units.push(e.map_or(0, |e| to_i64(e.unit.0)));
+            c.lanes.push(e.map_or(0, |e| e.lane.0));
+            c.attempts.push(e.map_or(0, |e| i64::from(e.attempt)));
+            c.started.push(e.map_or(0, |e| millis_of(e.started_at)));
+            c.took.push(e.map_or(0, |e| to_i64(e.duration_ms)));
+            c.status.push(e.and_then(|e| e.status.map(i64::from)));
+            c.class.push(e.and_then(|e| e.error_class.as_deref()));
+            c.body
+                .push(e.and_then(|e| e.body.as_deref().map(log_excerpt)));
+            c.delivered.push(e.map_or(0, |e| i64::from(e.delivered)));
         }
         c
     }

@@ -105,7 +105,7 @@ static ACK_ONE_LANE_DELETE: Sql = Sql::new(ack_one_lane!(
 ));
 
 /// The units `$3` in lanes `$4` with their log entries' columns, aligned (see
-/// [`crate::delivery_log::Aligned`]).
+/// [`crate::delivery_log::Columns::aligned`]).
 macro_rules! units_with_log {
     () => {
         "unnest($3::bigint[], $4::bigint[], $5::text[], $6::bigint[], $7::bigint[], $8::bigint[], \
@@ -486,7 +486,7 @@ fn ack_one_lane(
     } else {
         &ACK_ONE_LANE_DELETE_LOGGED
     };
-    let c = crate::delivery_log::Aligned::of(units, lanes, log);
+    let c = crate::delivery_log::Columns::aligned(units, lanes, log);
     db.query_one(
         sql,
         args![
