@@ -83,18 +83,16 @@ impl<'a> Columns<'a> {
     /// A one-statement ack's log columns (Postgres), aligned with its units: entry `i`
     /// belongs to unit `i` in its lane, a NULL row id (and empty columns) where a unit has
     /// none, so the statement writes the entries of the units it finishes from its own
-    /// result, with no join. `units` and `lanes` sorted by (unit, lane), as the ack sorts its
-    /// pairs; `log` at most one entry per pair ([`taken_once`]).
+    /// result, with no join. `pairs` sorted and deduplicated, as the ack makes them; a pair's
+    /// first entry only, as [`taken_once`] keeps, and none for a pair not in the batch.
     pub(crate) fn aligned(
-        units: &[i64],
-        lanes: &[i64],
+        pairs: &[(UnitId, StoreLaneId)],
         log: &'a [DeliveryLogEntry],
     ) -> Columns<'a> {
-        let pairs: Vec<(i64, i64)> = units.iter().copied().zip(lanes.iter().copied()).collect();
         let mut slots = vec![None; pairs.len()];
         for e in log {
-            if let Ok(i) = pairs.binary_search(&(to_i64(e.unit.0), e.lane.0)) {
-                slots[i] = Some(e);
+            if let Ok(i) = pairs.binary_search(&(e.unit, e.lane)) {
+                slots[i].get_or_insert(e);
             }
         }
         Columns::of_slots(slots.len(), slots.into_iter())

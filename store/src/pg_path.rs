@@ -465,6 +465,7 @@ pub(crate) fn claim(
 fn ack_one_lane(
     db: &mut impl Db,
     token: &SlotToken,
+    pairs: &[(UnitId, StoreLaneId)],
     units: &Vec<i64>,
     lanes: &Vec<i64>,
     log: &[crate::types::DeliveryLogEntry],
@@ -486,7 +487,7 @@ fn ack_one_lane(
     } else {
         &ACK_ONE_LANE_DELETE_LOGGED
     };
-    let c = crate::delivery_log::Columns::aligned(units, lanes, log);
+    let c = crate::delivery_log::Columns::aligned(pairs, log);
     db.query_one(
         sql,
         args![
@@ -593,12 +594,10 @@ pub(crate) fn ack<B: Backend>(
     let mut pairs = delivered.to_vec();
     pairs.sort();
     pairs.dedup();
-    // One entry per pair of the batch; the statements log only the pairs they take.
-    let log = delivery_log::taken_once(log, pairs.clone());
     let units: Vec<i64> = pairs.iter().map(|(u, _)| to_i64(u.0)).collect();
     let lanes: Vec<i64> = pairs.iter().map(|(_, l)| l.0).collect();
     let (live, joined, mut done) =
-        store.read(|db| ack_one_lane(db, token, &units, &lanes, &log, retention))?;
+        store.read(|db| ack_one_lane(db, token, &pairs, &units, &lanes, log, retention))?;
     if !live {
         return Err(slots::stale(token));
     }
@@ -633,6 +632,6 @@ pub(crate) fn ack<B: Backend>(
             .into_iter()
             .map(|(u, l)| (UnitId(to_u64(u)), StoreLaneId(l)))
             .collect();
-        delivery_log::write(db, actor, &delivery_log::taken_once(&log, taken))
+        delivery_log::write(db, actor, &delivery_log::taken_once(log, taken))
     })
 }

@@ -659,7 +659,7 @@ impl HostBook {
         let host = ticket.host;
         match end {
             HostEnd::ConnectionFailed if self.cfg.failures > 0 => {
-                self.connection_failed(host, ticket.probe, error, now);
+                self.failed_in_a_row(host, ticket.probe, error, now);
             }
             HostEnd::Answered => self.answered(host, now),
             HostEnd::TimedOut => {
@@ -678,7 +678,7 @@ impl HostBook {
                 // A host that never answered in this process, or a probe, timing out: judged
                 // as a dead host (a place held for a whole timeout per lane and retry, else).
                 if self.cfg.failures > 0 && (!opened || ticket.probe) {
-                    self.connection_failed(host, ticket.probe, error, now);
+                    self.failed_in_a_row(host, ticket.probe, error, now);
                 }
             }
             HostEnd::ConnectionFailed | HostEnd::Silent => {}
@@ -688,13 +688,9 @@ impl HostBook {
         }
     }
 
-    fn connection_failed(
-        &mut self,
-        host: HostId,
-        probe: bool,
-        error: Option<&str>,
-        now: Timestamp,
-    ) {
+    /// A failure counted in a row: a connection failure, or a timeout of a host that has
+    /// not answered (or of a probe); backs the host off at the threshold, or extends it.
+    fn failed_in_a_row(&mut self, host: HostId, probe: bool, error: Option<&str>, now: Timestamp) {
         let cfg = &self.cfg;
         let h = &mut self.hosts[host.index()];
         h.mark_dirty(host, &mut self.marked);
