@@ -465,6 +465,151 @@ fn hanging_host(db: &Db) {
     drop(relay);
 }
 
+/// The same within ONE actor: its 400 lanes to a host that has never answered (it hangs from
+/// the first request) and, 2 s later, its 10 lanes to a healthy host. The hanging host's
+/// first contact (`--host-first-contact`) goes, and its other lanes' attempts wait at its
+/// gate without taking a place of the pass's in-flight bound (256): the healthy host's rows
+/// all arrive before the first hanging attempt times out. Before, those waiting attempts
+/// held the pass's places until the host's timeouts backed it off, and the healthy rows
+/// waited the whole 30 s. SQLite only: the gate and the pass decide it, not the store.
+#[test]
+fn a_hanging_host_does_not_hold_its_own_actors_places_for_other_hosts() {
+    let db = Db::new();
+    let hanging = Recipient::start().unwrap();
+    hanging.set_default("/inbox", Reply::Hang);
+    let healthy = Recipient::start().unwrap();
+    let lines: Vec<String> = (0..400)
+        .map(|i| {
+            serde_json::json!({
+                "id": format!("h{i}"),
+                "to": [hanging.url("/inbox")],
+                "ordering_key": format!("k{i}"),
+                "body": { "n": format!("h{i}") },
+            })
+            .to_string()
+        })
+        .collect();
+    db.enqueue_lines(ALICE, &lines);
+    let relay = Relay::start(&db, &[], &[]);
+    assert!(
+        hanging.wait_for("/inbox", 1, Duration::from_secs(30)),
+        "the hanging endpoint got no request"
+    );
+    let hang_began = hanging.all_requests()[0].arrived_at;
+    std::thread::sleep(Duration::from_secs(2));
+    let lines: Vec<String> = (0..10)
+        .map(|i| {
+            serde_json::json!({
+                "id": format!("g{i}"),
+                "to": [healthy.url(&format!("/inbox/{i}"))],
+                "body": { "n": format!("g{i}") },
+            })
+            .to_string()
+        })
+        .collect();
+    db.enqueue_lines(ALICE, &lines);
+    let done = healthy.wait_until(Duration::from_secs(60), |log| {
+        log.iter()
+            .filter(|q| q.completion.status() == Some(200))
+            .count()
+            >= 10
+    });
+    assert!(
+        done,
+        "the healthy host's rows did not all arrive within 60 s"
+    );
+    let last = healthy
+        .all_requests()
+        .iter()
+        .map(|q| q.arrived_at)
+        .max()
+        .unwrap();
+    let waiting_then = hanging.count_all();
+    assert!(
+        hanging.wait_until(Duration::from_secs(45), |log| first_close(log).is_some()),
+        "no hanging attempt ended within 45 s"
+    );
+    let closed = first_close(&hanging.all_requests()).unwrap();
+    eprintln!(
+        "the healthy host's last row arrived {:?} after the hang began; the first hanging \
+         attempt ended {:?} after it; {waiting_then} requests to the hanging host by then",
+        last.saturating_duration_since(hang_began),
+        closed.saturating_duration_since(hang_began),
+    );
+    assert!(
+        last < closed,
+        "the healthy host's last row arrived {:?} after the first hanging attempt timed out: \
+         the hanging host's waiting attempts held the pass's places",
+        last.saturating_duration_since(closed)
+    );
+    assert!(
+        waiting_then <= 10,
+        "the hanging host got {waiting_then} attempts at once, more than its first contact"
+    );
+    drop(relay);
+}
+
+/// The same under `--per-host-concurrency 2`: one actor's 300 lanes to a host that answers
+/// after 5 s, and 1 s later its 10 lanes to another host. The slow host's attempts past its
+/// cap are parked without taking a place of the pass's in-flight bound (256), so the other
+/// host's rows all arrive while the slow host has answered only its first few. Before, the
+/// parked attempts held the pass's places and the other rows waited for the slow host's
+/// 300 rows (150 rounds of 5 s).
+#[test]
+fn attempts_parked_under_a_per_host_cap_do_not_hold_the_actors_places() {
+    let db = Db::new();
+    let slow = Recipient::start().unwrap();
+    slow.set_default(
+        "/inbox",
+        Reply::Delay(Duration::from_secs(5), Box::new(Reply::Status(200))),
+    );
+    let other = Recipient::start().unwrap();
+    let lines: Vec<String> = (0..300)
+        .map(|i| {
+            serde_json::json!({
+                "id": format!("s{i}"),
+                "to": [slow.url("/inbox")],
+                "ordering_key": format!("k{i}"),
+                "body": { "n": format!("s{i}") },
+            })
+            .to_string()
+        })
+        .collect();
+    db.enqueue_lines(ALICE, &lines);
+    let relay = Relay::start(&db, &["--per-host-concurrency", "2"], &[]);
+    assert!(
+        slow.wait_for("/inbox", 1, Duration::from_secs(30)),
+        "the slow endpoint got no request"
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let lines: Vec<String> = (0..10)
+        .map(|i| row(&format!("o{i}"), &other.url(&format!("/inbox/{i}"))))
+        .collect();
+    db.enqueue_lines(ALICE, &lines);
+    let done = other.wait_until(Duration::from_secs(60), |log| {
+        log.iter()
+            .filter(|q| q.completion.status() == Some(200))
+            .count()
+            >= 10
+    });
+    let slow_then = slow.all_requests();
+    let answered = slow_then
+        .iter()
+        .filter(|q| q.completion.status() == Some(200))
+        .count();
+    assert!(
+        done,
+        "the other host's rows did not all arrive within 60 s; the slow host answered {answered}"
+    );
+    assert!(
+        slow_then.len() <= 10,
+        "the other host's rows waited for the slow host's: it had {} requests ({answered} \
+         answered) when they were complete",
+        slow_then.len()
+    );
+    drop(relay);
+}
+
 #[test]
 fn a_hanging_host_takes_a_bounded_share_and_another_hosts_rows_go_meanwhile() {
     hanging_host(&Db::new());

@@ -19,9 +19,12 @@ fn t(ms: u64) -> Timestamp {
     Timestamp::from_millis(1_700_000_000_000 + ms)
 }
 
+/// `origin` paced; a first contact of ten, so that the window is not what holds the
+/// attempts back before the first answer (the pace is).
 fn paced(origin: &str, interval_ms: u64) -> HostConfig {
     HostConfig {
         paces: vec![(origin.to_owned(), Duration::from_millis(interval_ms))],
+        first_contact: 10,
         ..HostConfig::default()
     }
 }

@@ -87,9 +87,15 @@ fn row(control: HostControl, at: Timestamp) -> HostState {
 
 #[test]
 fn a_dead_host_backs_off_after_three_failures_probes_once_per_interval_and_reopens() {
-    let mut book = HostBook::new(HostConfig::default(), 1);
+    let mut book = HostBook::new(
+        HostConfig {
+            first_contact: 10,
+            ..HostConfig::default()
+        },
+        1,
+    );
     let h = book.host(A);
-    // First contact: ten at once, the eleventh waits.
+    // First contact (ten here): ten at once, the eleventh waits.
     let tickets: Vec<_> = (0..10).map(|_| go(&mut book, h, t(0))).collect();
     assert_eq!(book.handle_attempt(h, t(0)), HostAnswer::Wait);
     let refused = Some("connection_refused: Connection refused");
@@ -187,6 +193,7 @@ fn a_hanging_host_holds_half_the_budget_at_most_and_timeouts_shrink_it() {
     let mut book = HostBook::new(
         HostConfig {
             max_in_flight: 256,
+            first_contact: 10,
             ..HostConfig::default()
         },
         3,
@@ -246,6 +253,7 @@ fn a_host_that_never_answers_backs_off_after_three_timeouts_and_probes() {
     let mut book = HostBook::new(
         HostConfig {
             max_in_flight: 256,
+            first_contact: 5,
             ..HostConfig::default()
         },
         13,
@@ -316,6 +324,48 @@ fn a_host_that_never_answers_backs_off_after_three_timeouts_and_probes() {
     assert_eq!(book.load(h), (0, 128));
 }
 
+/// By default a host's first contact is `failures` (3) attempts: a host that never answers
+/// costs three timeouts side by side and then backs off; a fourth attempt before its first
+/// answer could only hang beside them (issue 43: at 20x, 40 hanging origins' first contacts
+/// of 10 held up to 126 of the 256 places for their first 30 s).
+#[test]
+fn by_default_a_host_that_never_answers_costs_three_timeouts_side_by_side() {
+    let cfg = HostConfig::default();
+    assert_eq!(cfg.first_contact, cfg.failures);
+    let mut book = HostBook::new(cfg, 17);
+    let h = book.host(A);
+    let timeout = Some("timeout: no answer within 30s");
+    let out: Vec<HostTicket> = (0..3).map(|_| go(&mut book, h, t(0))).collect();
+    assert_eq!(book.handle_attempt(h, t(0)), HostAnswer::Wait);
+    for (i, done) in out.into_iter().enumerate() {
+        book.handle_end(done, HostEnd::TimedOut, timeout, None, t(30_000 + i as u64));
+    }
+    let ev = events(&mut book);
+    assert!(
+        matches!(ev[..], [HostEvent::BackedOff { failures: 3, .. }]),
+        "{ev:?}"
+    );
+    assert!(matches!(
+        book.handle_attempt(h, t(30_003)),
+        HostAnswer::Defer {
+            why: Deferral::BackingOff,
+            ..
+        }
+    ));
+    // An answer opens it to half the budget, as for any host.
+    let mut book = HostBook::new(
+        HostConfig {
+            max_in_flight: 256,
+            ..HostConfig::default()
+        },
+        17,
+    );
+    let h = book.host(A);
+    let first = go(&mut book, h, t(0));
+    book.handle_end(first, HostEnd::Answered, None, None, t(150));
+    assert_eq!(book.load(h), (0, 128));
+}
+
 /// With host health off (`failures` 0), a host that never answers keeps its first-contact
 /// window: its lanes' attempts wait out their timeouts side by side, not one after another.
 #[test]
@@ -323,6 +373,7 @@ fn without_health_a_host_that_never_answers_keeps_its_first_contact_window() {
     let mut book = HostBook::new(
         HostConfig {
             failures: 0,
+            first_contact: 10,
             ..HostConfig::default()
         },
         13,

@@ -5,8 +5,10 @@
 //! host's queue, holding no worker thread or task, and handed to the inner executor when an
 //! attempt to the same host finishes; attempts to other hosts go straight through. So a slow
 //! or huge host cannot take every worker, and a small server is not hit by more than N
-//! requests at once from here. From the pass's point of view a parked attempt is simply in
-//! flight: its lane stays busy, so per-lane order (OL-1) is untouched.
+//! requests at once from here. From the pass's point of view a parked attempt is in flight:
+//! its lane stays busy, so per-lane order (OL-1) is untouched; but it is told that the
+//! attempt waits ([`Job::report_host_wait`]), so the attempt takes no place of the pass's
+//! in-flight bound until it goes, and other hosts' lanes start meanwhile.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -81,6 +83,8 @@ impl Executor for HostCaps {
             let mut hosts = lock(&self.shared.hosts);
             let h = hosts.entry(host.clone()).or_default();
             if h.running >= self.shared.cap {
+                // It takes no place of its pass's in-flight bound while it is parked.
+                job.report_host_wait(true);
                 h.parked.push_back(job);
                 return Ok(());
             }
@@ -176,6 +180,7 @@ fn pass_on(shared: &Arc<Shared>, host: &str) {
             // Its pass ended and handed the unit back: not sent, and the place passes on.
             continue;
         }
+        job.report_host_wait(false);
         job.permit = Some(HostPermit::new(
             Arc::clone(shared) as Arc<dyn PermitSink<String>>,
             host.to_string(),

@@ -25,12 +25,34 @@ pub struct Done {
     pub started: Instant,
 }
 
+/// An attempt that waits at its host's gate (the host's window is full, or its pace is not
+/// due: [`OriginGate`](crate::OriginGate)), or goes after such a wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostWait {
+    /// The unit.
+    pub unit: UnitId,
+    /// The recipient's lane.
+    pub lane: LaneId,
+    /// The attempt's number ([`Job::attempt`]).
+    pub attempt: u32,
+    /// It waits (`true`), or goes (`false`).
+    pub waits: bool,
+}
+
 /// Where a pass receives its completions: a channel whose receiving side the pass waits on
 /// (completions of many jobs taken together, one wake-up for many), or, for the deliveries a
 /// pass polls on its own task, straight into its batch.
 pub trait Completions: Send + Sync {
     /// Reports one finished attempt. A pass that is gone ignores it.
     fn complete(&self, done: Done);
+
+    /// Reports that an attempt waits at its host, or goes after that: while it waits it
+    /// takes no place of the pass's in-flight bound, so another lane's attempt may start
+    /// (`Scheduler::handle_host_wait`). A pass that is gone ignores it; a sink that ignores
+    /// it keeps such attempts counted in its bound until their outcome.
+    fn host_wait(&self, wait: HostWait) {
+        let _ = wait;
+    }
 }
 
 /// One attempt for an [`Executor`] to run: deliver [`Job::delivery`], then [`Job::finish`].
@@ -149,6 +171,19 @@ impl Job {
     /// recipient does not get a unit that will be sent again anyway.
     pub fn abandoned(&self) -> bool {
         !self.live.load(Ordering::SeqCst)
+    }
+
+    /// Tells the pass that this attempt waits at its host (`waits`), or goes after such a
+    /// wait ([`Completions::host_wait`]).
+    pub(crate) fn report_host_wait(&self, waits: bool) {
+        if let Some(sink) = &self.sink {
+            sink.host_wait(HostWait {
+                unit: self.unit,
+                lane: self.lane,
+                attempt: self.attempt,
+                waits,
+            });
+        }
     }
 
     /// Reports the result to the pass. A pass that is gone no longer cares.

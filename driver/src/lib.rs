@@ -71,7 +71,7 @@ pub use crate::hooks::{Attempted, DeadLettered, Delivered, Hooks, LaneUnavailabl
 pub use crate::hosts::HostCaps;
 pub use crate::http::SignatureMode;
 pub use crate::http::{AttemptResult, Delivery, HttpConfig, HttpError};
-pub use crate::job::{Completions, Done, Executor, Job};
+pub use crate::job::{Completions, Done, Executor, HostWait, Job};
 pub use crate::origins::{OriginConfig, OriginGate};
 pub use crate::outbox::{DrainOutcome, OutboxCore, drain_outcome, store_released};
 pub use crate::pass::PassReport;

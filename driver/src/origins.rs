@@ -9,7 +9,11 @@
 //! - [`HostAnswer::Go`]: the job carries an [`OriginTicket`] to the inner executor; its end
 //!   goes back to the book, and jobs that waited for the host are asked about again.
 //! - [`HostAnswer::Wait`]: the job waits in its host's queue, holding no worker or task,
-//!   until an attempt of the host ends or, for a paced host, until its pace lets it go.
+//!   until an attempt of the host ends or, for a paced host, until its pace lets it go. Its
+//!   pass is told ([`Job::report_host_wait`], through [`Completions::host_wait`](crate::Completions::host_wait)), and when it
+//!   goes: meanwhile it takes no place of the pass's in-flight bound, so a host that holds
+//!   back its lanes' attempts (one not answered yet, or hanging) does not keep the pass
+//!   from starting other hosts' lanes.
 //! - [`HostAnswer::Defer`], [`HostAnswer::Held`], [`HostAnswer::SetAside`]: the job is
 //!   finished at once with [`Outcome::Deferred`], [`Outcome::Held`] or [`Outcome::SetAside`]
 //!   (nothing sent), with an error that names the host.
@@ -539,6 +543,9 @@ fn dispatch_now(shared: &Arc<Shared>, jobs: VecDeque<(Job, Next)>, now: Timestam
     for (job, next) in jobs {
         match next {
             Next::Answer(HostAnswer::Go(ticket)) => {
+                // It waited (only a job that waited is let go from here): it takes its
+                // pass's place again.
+                job.report_host_wait(false);
                 if let Err(job) = send(shared, job, ticket) {
                     job.finish(not_sent("delivery workers stopped"));
                 }
@@ -610,6 +617,8 @@ impl Executor for OriginGate {
             let host = g.book.host(job.recipient.origin());
             let answer = g.book.handle_attempt(host, now);
             if answer == HostAnswer::Wait {
+                // It takes no place of its pass's in-flight bound while it waits.
+                job.report_host_wait(true);
                 g.queue(host).push_back(job);
                 let deadline = self.shared.pace_deadline(&g);
                 drop(g);
@@ -862,9 +871,12 @@ mod tests {
 
     const PACED: &str = "https://p.example:443";
 
+    /// `PACED` paced at `interval`, with a first contact of ten: the pace, not the window,
+    /// holds back the jobs of these tests (none of them answers).
     fn paced(interval: Duration) -> HostConfig {
         HostConfig {
             paces: vec![(PACED.to_owned(), interval)],
+            first_contact: 10,
             ..HostConfig::default()
         }
     }

@@ -296,7 +296,7 @@ pub(crate) struct DeliveryFlags {
     /// opens its share to half of --concurrency, each later answer widens it by one (up to
     /// --concurrency) and each timeout halves it (down to this again), so a host that hangs
     /// cannot hold every attempt in flight.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=65536), env = "OUTBOX_LANES_HOST_FIRST_CONTACT")]
+    #[arg(long, default_value_t = outbox_lanes_core::host::DEFAULT_FIRST_CONTACT, value_parser = clap::value_parser!(u32).range(1..=65536), env = "OUTBOX_LANES_HOST_FIRST_CONTACT")]
     pub(crate) host_first_contact: u32,
 
     /// A host's first backoff after --host-failures; each failed probe doubles it, up to

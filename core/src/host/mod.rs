@@ -17,8 +17,9 @@
 //!   (`host_unavailable`).
 //! - **Its share of the in-flight budget**: a window of attempts in flight, like a TCP
 //!   congestion window. A host that has not answered yet in this process takes
-//!   [`HostConfig::first_contact`] (10) at once — a dead host with 200 lanes is tried by that
-//!   many. Its first HTTP answer opens the window to half of
+//!   [`HostConfig::first_contact`] (3, as many as its failures in a row that back it off:
+//!   a fourth attempt before its first answer could only fail or hang beside them) at once —
+//!   a dead host with 200 lanes is tried by that many. Its first HTTP answer opens the window to half of
 //!   [`HostConfig::max_in_flight`] (the process's concurrency); from there every answer that
 //!   comes while the host uses at least half of its window adds one (so it doubles per round
 //!   trip while the host keeps up), up to the whole budget; every timeout (connected, no
@@ -116,7 +117,7 @@ pub const DEFAULT_SPEC_RETRY: Duration = Duration::from_secs(7 * 24 * 3600);
 /// The default [`HostConfig::knock_retry`]: 1 hour.
 pub const DEFAULT_KNOCK_RETRY: Duration = Duration::from_secs(3600);
 /// The default [`HostConfig::first_contact`].
-pub const DEFAULT_FIRST_CONTACT: u32 = 10;
+pub const DEFAULT_FIRST_CONTACT: u32 = 3;
 
 /// How hosts are judged (see the [module documentation](self)).
 #[derive(Clone, Debug)]
@@ -138,7 +139,7 @@ pub struct HostConfig {
     pub unavailable_after: Option<Duration>,
     /// The window of attempts in flight a host starts with: what a host that has not
     /// answered yet takes at once (a dead host with 200 lanes is tried by that many).
-    /// Default 10.
+    /// Default 3 ([`DEFAULT_HOST_FAILURES`]).
     pub first_contact: u32,
     /// The largest window of a host: the process's concurrency. Default `u32::MAX`.
     pub max_in_flight: u32,

@@ -610,6 +610,7 @@ impl Scheduler {
                     failures: s.attempts,
                     not_sent: 0,
                     phase: if s.served { Phase::Served } else { Phase::Idle },
+                    host_waits: false,
                 })
                 .collect(),
             started: false,

@@ -23,7 +23,9 @@
 //!    (OL-1), within `max_in_flight`: one [`Command::Start`] per recipient. When that bound
 //!    binds, a free place goes to the unit whose lanes hold the most work (the store's count
 //!    at discovery, [`LaneInfo::pending`], less what finished since), every fourth to the
-//!    unit waiting longest (OL-2, `start.rs`).
+//!    unit waiting longest (OL-2, `start.rs`). An attempt its host holds back
+//!    ([`Scheduler::handle_host_wait`]: the host's window is full, or its pace not due,
+//!    OL-21, OL-23) stays in flight but takes no place of the bound while it waits.
 //! 5. **Outcomes** — [`Scheduler::handle_outcome`]: a 2xx resolves the recipient; a transient
 //!    or throttled failure retries in the pass, throttles the lane (a Retry-After longer than
 //!    the ladder's step), stalls the lane, or dead-letters the unit (OL-5 … OL-8); a
@@ -177,6 +179,9 @@ struct Slot {
     /// count for nothing else.
     not_sent: u32,
     phase: Phase,
+    /// In flight, but its host holds it back (its window is full, or its pace not due):
+    /// it takes no place of the in-flight bound ([`Scheduler::handle_host_wait`]).
+    host_waits: bool,
 }
 
 /// An admitted unit (a slot of the slab; `live` is false once it left the window).
@@ -414,6 +419,9 @@ pub struct Scheduler {
     occupied: usize,
     reserved: usize,
     in_flight: usize,
+    /// Attempts in flight that their host holds back (`Slot::host_waits`): they take no
+    /// place of the in-flight bound.
+    host_waiting: usize,
     retry_pending: usize,
     /// Lanes whose head waits only for its rate limit (`pace_wait`).
     paced: usize,
@@ -453,6 +461,7 @@ impl Scheduler {
             occupied: 0,
             reserved: 0,
             in_flight: 0,
+            host_waiting: 0,
             retry_pending: 0,
             paced: 0,
             stopping: false,
@@ -489,9 +498,15 @@ impl Scheduler {
         self.admitted_bytes
     }
 
-    /// Attempts in flight.
+    /// Attempts in flight (those their host holds back included).
     pub fn in_flight(&self) -> usize {
         self.in_flight
+    }
+
+    /// Places of the in-flight bound taken: attempts in flight but those their host holds
+    /// back ([`Scheduler::handle_host_wait`]).
+    pub fn places_taken(&self) -> usize {
+        self.in_flight - self.host_waiting
     }
 
     /// The seed given at construction: the same seed replays the same run.
@@ -589,6 +604,7 @@ impl Scheduler {
         self.occupied = 0;
         self.reserved = 0;
         self.in_flight = 0;
+        self.host_waiting = 0;
         self.retry_pending = 0;
         self.paced = 0;
         self.stopping = false;
@@ -1266,6 +1282,49 @@ mod tests {
         // d's next head is ready at once and takes the next place (4 units left).
         assert_eq!(deliver(&mut s, d1, d), [delivered(d1, d), start(d2, d)]);
         assert_eq!(deliver(&mut s, b1, b), [delivered(b1, b), start(c1, c)]);
+    }
+
+    #[test]
+    fn an_attempt_its_host_holds_back_gives_its_place_to_another_lane() {
+        let mut s = Scheduler::new(in_flight_of(2), 7);
+        let a = lane_with(&mut s, "https://hangs.example/a", 1);
+        let b = lane_with(&mut s, "https://hangs.example/b", 1);
+        let c = lane_with(&mut s, "https://c.example/inbox", 1);
+        let d = lane_with(&mut s, "https://d.example/inbox", 1);
+        let (a1, b1, c1, d1) = (UnitId(1), UnitId(2), UnitId(3), UnitId(4));
+        admit(&mut s, |l| match l {
+            l if l == a => vec![Admit::single(a1, Seq(1), l)],
+            l if l == b => vec![Admit::single(b1, Seq(2), l)],
+            l if l == c => vec![Admit::single(c1, Seq(3), l)],
+            l => vec![Admit::single(d1, Seq(4), l)],
+        });
+        assert_eq!(drain(&mut s), [start(a1, a), start(b1, b)]);
+        // b's host holds it back (its window is full): b's place goes to c; b is still in
+        // flight (its lane busy, the pass waiting for it).
+        s.handle_host_wait(b1, b, 1, true, T0);
+        assert_eq!(drain(&mut s), [start(c1, c)]);
+        assert_eq!((s.in_flight(), s.places_taken()), (3, 2));
+        // Reports that change nothing, or are about another attempt, are ignored.
+        s.handle_host_wait(b1, b, 1, true, T0);
+        s.handle_host_wait(a1, a, 2, true, T0);
+        s.handle_host_wait(c1, c, 1, false, T0);
+        assert_eq!(drain(&mut s), []);
+        assert_eq!((s.in_flight(), s.places_taken()), (3, 2));
+        // b goes: three places taken, above the bound; nothing starts until two are free.
+        s.handle_host_wait(b1, b, 1, false, T0);
+        assert_eq!((s.in_flight(), s.places_taken()), (3, 3));
+        assert_eq!(deliver(&mut s, a1, a), [delivered(a1, a)]);
+        assert_eq!(deliver(&mut s, b1, b), [delivered(b1, b), start(d1, d)]);
+        // An attempt whose outcome comes while its host holds it back gives nothing twice;
+        // a report after its outcome is ignored.
+        s.handle_host_wait(d1, d, 1, true, T0);
+        assert_eq!((s.in_flight(), s.places_taken()), (2, 1));
+        assert_eq!(deliver(&mut s, d1, d), [delivered(d1, d)]);
+        s.handle_host_wait(d1, d, 1, false, T0);
+        assert_eq!((s.in_flight(), s.places_taken()), (1, 1));
+        assert!(!s.is_done(T0), "c is still in flight");
+        assert_eq!(deliver(&mut s, c1, c), [delivered(c1, c)]);
+        assert_eq!((s.in_flight(), s.places_taken()), (0, 0));
     }
 
     #[test]

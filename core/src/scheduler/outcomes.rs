@@ -48,7 +48,12 @@ impl Scheduler {
         }
         self.lanes[lane.index()].in_flight = false;
         self.in_flight -= 1;
-        self.units[idx as usize].slots[s].phase = Phase::Idle;
+        let slot = &mut self.units[idx as usize].slots[s];
+        if slot.host_waits {
+            slot.host_waits = false;
+            self.host_waiting -= 1;
+        }
+        slot.phase = Phase::Idle;
 
         match outcome {
             Outcome::Delivered => {
@@ -144,6 +149,55 @@ impl Scheduler {
         u.slots[s].phase = Phase::RetryAt(at);
         self.retry_pending += 1;
         self.timers.push(Reverse((at, Timer::Retry(idx, u.id))));
+    }
+
+    /// The attempt `attempt` of `unit` on `lane` (the number its [`Command::Start`] gave)
+    /// waits at its host (`waits`: the host's window is full or its pace is not due, OL-21,
+    /// OL-23), or goes after such a wait (`!waits`). While it waits it takes no place of the
+    /// in-flight bound, so another ready unit may start in its place: a host that holds
+    /// back its lanes' attempts (one that has not answered yet, or hangs) does not hold
+    /// the places every other host's lanes wait for. When it goes it takes a place again,
+    /// even above the bound for a while (the runtime's budget still bounds what is sent);
+    /// nothing new starts until the places taken are below the bound.
+    ///
+    /// The attempt is still in flight either way: its lane stays busy (OL-1), and the pass
+    /// waits for its outcome. A report about an attempt that is no longer in flight (its
+    /// outcome came first), about another attempt, or that changes nothing, is ignored: the
+    /// runtime may report from other threads than the one that reports outcomes.
+    ///
+    /// [`Command::Start`]: super::Command::Start
+    pub fn handle_host_wait(
+        &mut self,
+        unit: UnitId,
+        lane: LaneId,
+        attempt: u32,
+        waits: bool,
+        now: Timestamp,
+    ) {
+        self.set_now(now);
+        let Some(&idx) = self.index.get(&unit) else {
+            return;
+        };
+        let Some(slot) = self.units[idx as usize]
+            .slots
+            .iter_mut()
+            .find(|s| s.lane == lane)
+        else {
+            return;
+        };
+        if slot.phase != Phase::InFlight
+            || slot.attempts.saturating_add(1) != attempt
+            || slot.host_waits == waits
+        {
+            return;
+        }
+        slot.host_waits = waits;
+        if waits {
+            self.host_waiting += 1;
+            self.start_ready();
+        } else {
+            self.host_waiting -= 1;
+        }
     }
 
     /// An attempt its host deferred (origin health, an operator's hold): nothing was sent, so

@@ -8,7 +8,9 @@
 //! # Who gets a free place
 //!
 //! While the in-flight bound (`max_in_flight`) has room, ready units start in the order they
-//! became ready. When it binds, the units that could start wait in a [`StartQueue`], and each
+//! became ready. The bound counts the places taken: attempts in flight but those their host
+//! holds back ([`Scheduler::handle_host_wait`]), which wait at the host's gate for its window
+//! or pace and would otherwise keep every other host's lanes from starting. When it binds, the units that could start wait in a [`StartQueue`], and each
 //! place that frees goes to the unit with the **most work left in its lanes** (a lane's units
 //! the store held when the pass discovered it, less those finished since, counted when the
 //! unit starts to wait: its serial chain),
@@ -76,7 +78,8 @@ impl Scheduler {
             return;
         }
         loop {
-            if self.in_flight >= self.config.max_in_flight && self.in_flight > 0 {
+            let taken = self.places_taken();
+            if taken >= self.config.max_in_flight && taken > 0 {
                 // No place: what is ready waits by weight.
                 self.queue_ready();
                 return;
@@ -232,12 +235,13 @@ impl Scheduler {
                 }
             }
         }
-        let room = self.config.max_in_flight.saturating_sub(self.in_flight);
+        let taken = self.places_taken();
+        let room = self.config.max_in_flight.saturating_sub(taken);
         let mut partial = false;
         if startable.len() > room {
             if !u.started {
                 // A unit starts as a whole; one wider than the bound starts alone.
-                if self.in_flight > 0 {
+                if taken > 0 {
                     return false;
                 }
             } else {

@@ -31,7 +31,7 @@ use outbox_lanes_store::{ClaimedLane, SlotToken, StoreError};
 use super::local::{Completed, Local};
 use super::{Runtime, shutting_down, unblock, wake};
 use crate::control::DrainControl;
-use crate::job::{Completions, Done, Job};
+use crate::job::{Completions, Done, HostWait, Job};
 use crate::outbox::OutboxCore;
 use crate::pass::{PassCore, PassResult, RoundContext};
 
@@ -42,6 +42,8 @@ const MAX_WAIT: Duration = Duration::from_secs(5);
 
 struct TaskSink {
     tx: mpsc::UnboundedSender<Done>,
+    /// Attempts that wait at their host, or go after that.
+    waits: mpsc::UnboundedSender<HostWait>,
     /// The pass takes its own deliveries' completions as it polls them.
     local: Arc<Completed>,
 }
@@ -52,6 +54,10 @@ impl Completions for TaskSink {
             // A pass that is gone no longer cares.
             let _ = self.tx.unbounded_send(done);
         }
+    }
+
+    fn host_wait(&self, wait: HostWait) {
+        let _ = self.waits.unbounded_send(wait);
     }
 }
 
@@ -93,6 +99,7 @@ pub async fn run_pass(
     lease_renewed: Timestamp,
 ) -> PassResult {
     let (tx, rx) = mpsc::unbounded::<Done>();
+    let (waits, waits_rx) = mpsc::unbounded::<HostWait>();
     let (waker, woken) = wake::pair();
     let enqueued = Arc::new(AtomicBool::new(false));
     let (w, e) = (waker.clone(), Arc::clone(&enqueued));
@@ -111,6 +118,7 @@ pub async fn run_pass(
         core.config(),
         Arc::new(TaskSink {
             tx,
+            waits,
             local: local.completed(),
         }),
         Arc::clone(core.clock()),
@@ -118,6 +126,8 @@ pub async fn run_pass(
     ));
     let mut events = Events {
         rx,
+        waits: waits_rx,
+        host_waits: Vec::new(),
         batch: Vec::with_capacity(64),
         woken,
         enqueued,
@@ -251,6 +261,10 @@ fn gone(end: Option<PassEnd>, lease_renewed: Timestamp) -> PassResult {
 struct Events {
     /// Completions the executor sends.
     rx: mpsc::UnboundedReceiver<Done>,
+    /// Attempts that wait at their host, or go after that (the origin gate sends them).
+    waits: mpsc::UnboundedReceiver<HostWait>,
+    /// Host-wait reports taken, not yet handed to the pass.
+    host_waits: Vec<HostWait>,
     /// Completions taken, not yet handed to the pass.
     batch: Vec<Done>,
     /// Wake-ups: an enqueue, a stop or cancel request, the outbox shutting down.
@@ -276,6 +290,7 @@ impl Events {
             }
             if self.answer.is_some()
                 || poll_batch(&mut self.rx, &mut self.batch, cx).is_ready()
+                || poll_waits(&mut self.waits, &mut self.host_waits, cx)
                 || self.woken.poll_woken(cx).is_ready()
                 || sleep.as_mut().poll(cx).is_ready()
             {
@@ -291,6 +306,12 @@ impl Events {
     fn hand_to(&mut self, pass: &mut PassCore, core: &OutboxCore) {
         let t = pass.now();
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        // Before the completions, as they were sent (a report that comes after its
+        // attempt's outcome is ignored).
+        poll_waits(&mut self.waits, &mut self.host_waits, &mut cx);
+        for w in self.host_waits.drain(..) {
+            pass.handle_host_wait(w, t);
+        }
         loop {
             for d in self.batch.drain(..) {
                 pass.handle_done(d, core.hooks(), t);
@@ -308,6 +329,19 @@ impl Events {
         }
         pass.handle_timeout(t);
     }
+}
+
+/// Takes every host-wait report waiting; ready once there is at least one.
+fn poll_waits(
+    rx: &mut mpsc::UnboundedReceiver<HostWait>,
+    taken: &mut Vec<HostWait>,
+    cx: &mut std::task::Context<'_>,
+) -> bool {
+    // The pass holds a sender itself: the channel never closes while it runs.
+    while let Poll::Ready(Some(w)) = Pin::new(&mut *rx).poll_next(cx) {
+        taken.push(w);
+    }
+    !taken.is_empty()
 }
 
 /// What a claim read where blocking is allowed answers.

@@ -660,6 +660,14 @@ impl PassCore {
         self.round.look = true;
     }
 
+    /// An attempt of this pass waits at its host, or goes after such a wait (see
+    /// [`HostWait`](crate::HostWait)): while it waits it takes no place of the pass's
+    /// in-flight bound ([`Scheduler::handle_host_wait`]).
+    pub fn handle_host_wait(&mut self, w: crate::HostWait, now: Timestamp) {
+        self.sched
+            .handle_host_wait(w.unit, w.lane, w.attempt, w.waits, now);
+    }
+
     /// The time from [`PassCore::poll_timeout`] came (or any time: extra calls are harmless).
     pub fn handle_timeout(&mut self, now: Timestamp) {
         self.sched.handle_timeout(now);
