@@ -39,7 +39,10 @@
 //! fan-out; when the last other healthy lane was complete, against the work bound (every
 //! answered row's latency over the 100 in flight, or `FEDI_CONCURRENCY`'s: no schedule
 //! delivers the fan-out sooner);
-//! the makespan against the largest ideal; connections spent on dead origins (total, per dead
+//! the makespan against the largest ideal; until that last fan-out lane, where the places
+//! went (requests to answering origins from arrival to answer, connections to hanging
+//! origins for the 30 s timeout from accept, the rest idle or on dead origins), overall and
+//! as the mean in flight per 20 s; connections spent on dead origins (total, per dead
 //! origin, and within the first 15 s); deliveries, 410s, order violations (must be 0) and
 //! duplicates among answered requests; the drain's length, CPU time (user + system, from
 //! `getrusage(RUSAGE_CHILDREN)` around it) and peak RSS (its `VmHWM` in `/proc`, sampled every
@@ -94,6 +97,11 @@ const CAP_MS: f64 = 20_000.0;
 const CONCURRENCY: usize = 100;
 /// The early window for connections to dead origins.
 const EARLY: Duration = Duration::from_secs(15);
+/// The outbox's default request timeout: how long a connection to a hanging origin holds
+/// one of its places.
+const TIMEOUT_US: u64 = 30_000_000;
+/// The buckets of the place timeline, seconds.
+const BUCKET_S: f64 = 20.0;
 const ACTOR: &str = "bench";
 
 /// Lognormal sigma for median 150 ms and p99 2 s (z of the 99th percentile: 2.326).
@@ -319,6 +327,17 @@ impl Plan {
 // ---------------------------------------------------------------------------------------
 // The farm: the recipients, in a child process
 // ---------------------------------------------------------------------------------------
+
+/// Place-seconds until the last fan-out lane was complete (see [`Figures::places`]).
+struct Places {
+    end_s: f64,
+    answering: f64,
+    hanging: f64,
+    /// Mean requests in flight to answering origins per [`BUCKET_S`] from 0.
+    timeline: Vec<f64>,
+    /// Mean connections held by hanging origins per [`BUCKET_S`] from 0.
+    hanging_timeline: Vec<f64>,
+}
 
 struct Req {
     inbox: u32,
@@ -774,6 +793,10 @@ struct Figures {
     hanging: Vec<(usize, usize, usize)>,
     /// Connections accepted by the answering origins (the client's reuse shows here).
     healthy_conns: usize,
+    /// Until the last fan-out lane was complete: where the places went, as place-seconds
+    /// (in flight x seconds) of requests to answering origins, and of connections to
+    /// hanging origins (each held for the default timeout from its accept, cut at the end).
+    places: Option<Places>,
     deliveries: usize,
     gone: usize,
     violations: usize,
@@ -1064,7 +1087,9 @@ fn figures(
         })
         .collect();
     let hanging = plan.origins_of(Kind::Hanging);
+    let places = fan_out_done.map(|end_s| places(plan, d, end_s));
     Figures {
+        places,
         label,
         variant: variant.to_owned(),
         secs,
@@ -1097,6 +1122,55 @@ fn figures(
         duplicates,
         stray: d.stray,
         summary,
+    }
+}
+
+/// Where the places went until `end_s`: each request to an answering origin holds one from
+/// its arrival to its answer (or `end_s`), each connection to a hanging origin one for the
+/// outbox's timeout from its accept.
+fn places(plan: &Plan, d: &Dump, end_s: f64) -> Places {
+    let end = (end_s * 1e6) as u64;
+    let buckets = (end_s / BUCKET_S).ceil().max(1.0) as usize;
+    let bucket = (BUCKET_S * 1e6) as u64;
+    let mut timeline = vec![0.0_f64; buckets];
+    let held = |from: u64, to: u64, timeline: &mut Vec<f64>| -> f64 {
+        let (from, to) = (from.min(end), to.min(end));
+        if to <= from {
+            return 0.0;
+        }
+        for (b, slot) in timeline.iter_mut().enumerate() {
+            let (lo, hi) = (b as u64 * bucket, (b as u64 + 1) * bucket);
+            *slot += to.min(hi).saturating_sub(from.max(lo)) as f64 / 1e6;
+        }
+        (to - from) as f64 / 1e6
+    };
+    let mut answering = 0.0;
+    for r in &d.reqs {
+        let o = plan.inboxes[r.inbox as usize].origin;
+        if plan.kinds[o] == Kind::Healthy {
+            let to = if r.answered { r.done_us } else { end };
+            answering += held(r.arrived_us, to, &mut timeline);
+        }
+    }
+    let mut hanging_timeline = vec![0.0_f64; buckets];
+    let hanging = d
+        .conns
+        .iter()
+        .filter(|c| plan.kinds[c.0] == Kind::Hanging)
+        .map(|c| held(c.1, c.1 + TIMEOUT_US, &mut hanging_timeline))
+        .sum();
+    for line in [&mut timeline, &mut hanging_timeline] {
+        for (b, slot) in line.iter_mut().enumerate() {
+            let width = (end_s - b as f64 * BUCKET_S).min(BUCKET_S);
+            *slot /= width.max(1e-9);
+        }
+    }
+    Places {
+        end_s,
+        answering,
+        hanging,
+        timeline,
+        hanging_timeline,
     }
 }
 
@@ -1135,6 +1209,19 @@ fn print_run(f: &Figures) {
         secs(f.makespan()),
         f.max_ideal()
     );
+    if let Some(p) = &f.places {
+        let all = p.end_s * f.in_flight as f64;
+        println!(
+            "  places until then ({} x {:.1} s): answering origins' requests {:.1} %, hanging origins' connections {:.1} %, the rest (idle, dead origins) {:.1} %; mean in flight per {BUCKET_S} s to answering origins: {}; to hanging origins: {}",
+            f.in_flight,
+            p.end_s,
+            p.answering / all * 100.0,
+            p.hanging / all * 100.0,
+            (all - p.answering - p.hanging) / all * 100.0,
+            timeline(&p.timeline),
+            timeline(&p.hanging_timeline),
+        );
+    }
     println!(
         "  sharedInbox lane: ideal {:.1} s, actual {} s, ratio {}; {} of its rows answered when the last fan-out lane was complete",
         f.shared.0,
@@ -1170,6 +1257,14 @@ fn print_run(f: &Figures) {
         f.duplicates,
         f.stray
     );
+}
+
+fn timeline(means: &[f64]) -> String {
+    means
+        .iter()
+        .map(|m| format!("{m:.0}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn secs(t: Option<f64>) -> String {
