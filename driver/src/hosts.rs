@@ -7,7 +7,7 @@
 //! or huge host cannot take every worker, and a small server is not hit by more than N
 //! requests at once from here. From the pass's point of view a parked attempt is in flight:
 //! its lane stays busy, so per-lane order (OL-1) is untouched; but it is told that the
-//! attempt waits ([`Job::report_host_wait`]), so the attempt takes no place of the pass's
+//! attempt waits ([`Completions::host_wait`](crate::Completions::host_wait)), so the attempt takes no place of the pass's
 //! in-flight bound until it goes, and other hosts' lanes start meanwhile.
 
 use std::collections::{HashMap, VecDeque};

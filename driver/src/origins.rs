@@ -10,7 +10,7 @@
 //!   goes back to the book, and jobs that waited for the host are asked about again.
 //! - [`HostAnswer::Wait`]: the job waits in its host's queue, holding no worker or task,
 //!   until an attempt of the host ends or, for a paced host, until its pace lets it go. Its
-//!   pass is told ([`Job::report_host_wait`], through [`Completions::host_wait`](crate::Completions::host_wait)), and when it
+//!   pass is told (through [`Completions::host_wait`](crate::Completions::host_wait)), and when it
 //!   goes: meanwhile it takes no place of the pass's in-flight bound, so a host that holds
 //!   back its lanes' attempts (one not answered yet, or hanging) does not keep the pass
 //!   from starting other hosts' lanes.
