@@ -37,15 +37,7 @@ impl Scheduler {
         // The input applies to the state the runtime saw: timers that fell due meanwhile
         // fire after it, so a stale answer never lands on a restarted attempt.
         self.set_now(now);
-        let &idx = self.index.get(&unit).ok_or(EventError::UnknownUnit(unit))?;
-        let s = self.units[idx as usize]
-            .slots
-            .iter()
-            .position(|s| s.lane == lane)
-            .ok_or(EventError::UnknownLane(unit, lane))?;
-        if self.units[idx as usize].slots[s].phase != Phase::InFlight {
-            return Err(EventError::NotInFlight(unit, lane));
-        }
+        let (idx, s) = self.in_flight_slot(unit, lane)?;
         self.lanes[lane.index()].in_flight = false;
         self.in_flight -= 1;
         let slot = &mut self.units[idx as usize].slots[s];
@@ -175,20 +167,11 @@ impl Scheduler {
         now: Timestamp,
     ) {
         self.set_now(now);
-        let Some(&idx) = self.index.get(&unit) else {
+        let Ok((idx, s)) = self.in_flight_slot(unit, lane) else {
             return;
         };
-        let Some(slot) = self.units[idx as usize]
-            .slots
-            .iter_mut()
-            .find(|s| s.lane == lane)
-        else {
-            return;
-        };
-        if slot.phase != Phase::InFlight
-            || slot.attempts.saturating_add(1) != attempt
-            || slot.host_waits == waits
-        {
+        let slot = &mut self.units[idx as usize].slots[s];
+        if slot.attempts.saturating_add(1) != attempt || slot.host_waits == waits {
             return;
         }
         slot.host_waits = waits;
@@ -198,6 +181,20 @@ impl Scheduler {
         } else {
             self.host_waiting -= 1;
         }
+    }
+
+    /// The unit's slab index and the slot of `lane` in it, for an attempt in flight.
+    fn in_flight_slot(&self, unit: UnitId, lane: LaneId) -> Result<(u32, usize), EventError> {
+        let &idx = self.index.get(&unit).ok_or(EventError::UnknownUnit(unit))?;
+        let s = self.units[idx as usize]
+            .slots
+            .iter()
+            .position(|s| s.lane == lane)
+            .ok_or(EventError::UnknownLane(unit, lane))?;
+        if self.units[idx as usize].slots[s].phase != Phase::InFlight {
+            return Err(EventError::NotInFlight(unit, lane));
+        }
+        Ok((idx, s))
     }
 
     /// An attempt its host deferred (origin health, an operator's hold): nothing was sent, so
